@@ -1,0 +1,93 @@
+"""jixu: a durable runtime for AI agents that never guesses whether a side effect happened.
+
+The public surface is what ``__all__`` lists; everything else is internal.
+"""
+
+from __future__ import annotations
+
+from jixu.errors import (
+    ConcurrencyError,
+    FencingError,
+    IdempotencyConflict,
+    InvalidId,
+    InvalidInput,
+    JixuError,
+    LeaseHeld,
+    MalformedEvent,
+    NotFound,
+    PayloadTooLarge,
+    SchemaTooNew,
+    StoreError,
+    StoreLocked,
+    StoreNotFound,
+    StoreReadOnly,
+)
+from jixu.ledger import (
+    DEFAULT_STORE_URL,
+    Checkpoint,
+    Event,
+    Fence,
+    Lease,
+    MemoryStore,
+    NewEvent,
+    Projected,
+    Projection,
+    SQLiteStore,
+    Store,
+    StreamInfo,
+    VerifyReport,
+    canonical_bytes,
+    content_hash,
+    new_id,
+    open_store,
+    project,
+    save_checkpoint,
+    verify,
+    verify_all,
+)
+from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_STORE_URL",
+    "Analysis",
+    "Checkpoint",
+    "ConcurrencyError",
+    "EffectDecision",
+    "Event",
+    "Fence",
+    "FencingError",
+    "IdempotencyConflict",
+    "InvalidId",
+    "InvalidInput",
+    "JixuError",
+    "Lease",
+    "LeaseHeld",
+    "MalformedEvent",
+    "MemoryStore",
+    "NewEvent",
+    "NotFound",
+    "PayloadTooLarge",
+    "Projected",
+    "Projection",
+    "RecoveryResolver",
+    "SQLiteStore",
+    "SchemaTooNew",
+    "Store",
+    "StoreError",
+    "StoreLocked",
+    "StoreNotFound",
+    "StoreReadOnly",
+    "StreamInfo",
+    "VerifyReport",
+    "__version__",
+    "canonical_bytes",
+    "content_hash",
+    "new_id",
+    "open_store",
+    "project",
+    "save_checkpoint",
+    "verify",
+    "verify_all",
+]

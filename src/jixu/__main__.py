@@ -1,0 +1,5 @@
+"""``python -m jixu`` runs the CLI."""
+
+from jixu.cli.main import main
+
+main()

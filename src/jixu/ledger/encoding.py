@@ -1,0 +1,95 @@
+"""The canonical byte encoding of JSON values and the hashes built on it.
+
+One value has exactly one encoding: keys sorted by code point, no whitespace,
+UTF-8 (non-ASCII characters written as themselves, not escaped), no NaN or
+Infinity, integers written exactly, floats in Python's shortest round-trip
+form. Only plain JSON types are accepted (``dict`` with ``str`` keys, ``list``,
+``str``, ``int``, ``float``, ``bool``, ``None``), so nothing is converted
+silently: a tuple or a subclass would not read back as what was written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any, TypeAlias
+
+from jixu.errors import MalformedEvent
+
+JSONValue: TypeAlias = Any
+"""A value made only of dict/list/str/int/float/bool/None."""
+
+JSONObject: TypeAlias = dict[str, Any]
+
+_ENCODER = json.JSONEncoder(
+    ensure_ascii=False,
+    allow_nan=False,
+    sort_keys=True,
+    separators=(",", ":"),
+    check_circular=True,
+)
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _check(value: JSONValue, path: str) -> None:
+    kind = type(value)
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                raise MalformedEvent(
+                    f"object key {key!r} at {path} is a {type(key).__name__}; "
+                    "JSON object keys must be str",
+                    path=path,
+                )
+            _check(item, f"{path}.{key}")
+    elif kind is list:
+        for index, item in enumerate(value):
+            _check(item, f"{path}[{index}]")
+    elif kind not in _SCALARS:
+        raise MalformedEvent(
+            f"value at {path} is a {kind.__name__}; only dict, list, str, int, "
+            "float, bool and None can be stored",
+            path=path,
+        )
+    elif kind is float and not math.isfinite(value):
+        raise MalformedEvent(f"value at {path} is {value!r}; NaN and Infinity are not JSON", path=path)
+
+
+def canonical_text(value: JSONValue, *, path: str = "$") -> str:
+    """Return the canonical JSON text of ``value`` (raises :class:`MalformedEvent`)."""
+    _check(value, path)
+    text = _ENCODER.encode(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise MalformedEvent(
+            f"value at {path} contains a lone surrogate and is not valid UTF-8", path=path
+        ) from exc
+    return text
+
+
+def canonical_bytes(value: JSONValue) -> bytes:
+    """Return the canonical UTF-8 bytes of ``value``."""
+    return canonical_text(value).encode("utf-8")
+
+
+def sha256_hex(data: bytes) -> str:
+    """Lower-case hex SHA-256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def content_hash(value: JSONValue) -> str:
+    """SHA-256 of the canonical encoding, e.g. for tool arguments (``args_hash``)."""
+    return sha256_hex(canonical_bytes(value))
+
+
+__all__ = [
+    "JSONObject",
+    "JSONValue",
+    "canonical_bytes",
+    "canonical_text",
+    "content_hash",
+    "sha256_hex",
+]

@@ -1,0 +1,297 @@
+"""The event envelope and its hash chain.
+
+An :class:`Event` is immutable once stored. Its ``hash`` is::
+
+    sha256(DOMAIN_TAG || canonical({data, id, meta, prev_hash, recorded_at,
+                                    seq, stream, type}))
+
+and ``prev_hash`` is the hash of the event before it in the same stream (for
+``seq`` 1: the stream's genesis value, :data:`GENESIS_HASH` unless the stream
+was forked, in which case it is the parent's hash at the fork point).
+
+Identifiers (``id``, ``stream``, ``type``) are restricted to ASCII characters
+that JSON never escapes, so the envelope's canonical text can be assembled
+from the stored canonical ``data`` and ``meta`` texts without re-encoding.
+That keeps verification fast and byte-exact; a test proves the fast path
+equals the general canonical encoder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from jixu.errors import InvalidId, MalformedEvent, PayloadTooLarge
+from jixu.ledger.encoding import JSONObject, canonical_text
+from jixu.ledger.ids import check_id, new_id
+
+DOMAIN_TAG = b"jixu.event.v1\x00"
+"""Prefix of every hashed envelope, so an event hash is never confused with another hash."""
+
+GENESIS_HASH = "0" * 64
+"""``prev_hash`` of seq 1 in a stream that was not forked."""
+
+MAX_PAYLOAD_BYTES = 1024 * 1024
+"""Default limit of an event's encoded ``data`` plus ``meta``."""
+
+STREAM_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,199}$")
+TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
+HASH_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+_MAX_TYPE_LENGTH = 100
+
+
+def check_stream(stream: object) -> str:
+    """Return ``stream`` if it is a valid stream name, else raise :class:`InvalidId`."""
+    if not isinstance(stream, str) or not STREAM_PATTERN.match(stream):
+        raise InvalidId(
+            f"stream name {stream!r} is invalid: use 1-200 characters from "
+            "A-Z a-z 0-9 . _ : / @ + = -, starting with a letter or digit",
+            field="stream",
+        )
+    return stream
+
+
+def check_type(event_type: object) -> str:
+    """Return ``event_type`` if it is a dotted lower-case name like ``tool.requested``."""
+    if (
+        not isinstance(event_type, str)
+        or len(event_type) > _MAX_TYPE_LENGTH
+        or not TYPE_PATTERN.match(event_type)
+    ):
+        raise MalformedEvent(
+            f"event type {event_type!r} is invalid: use dotted lower-case words, "
+            "e.g. 'tool.requested' (at most 100 characters)",
+            field="type",
+        )
+    return event_type
+
+
+def check_hash(value: object, what: str = "hash") -> str:
+    """Return ``value`` if it is 64 lower-case hex characters."""
+    if not isinstance(value, str) or not HASH_PATTERN.match(value):
+        raise InvalidId(f"{what} {value!r} is not a 64-character lower-case hex SHA-256", field=what)
+    return value
+
+
+def format_timestamp(moment: datetime) -> str:
+    """The one textual form of ``recorded_at``: ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (UTC)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def utc_now_text() -> str:
+    """The current UTC time in the ``recorded_at`` form."""
+    return format_timestamp(datetime.now(UTC))
+
+
+def envelope_text(
+    *,
+    id: str,
+    stream: str,
+    seq: int,
+    type: str,
+    data_json: str,
+    meta_json: str,
+    recorded_at: str,
+    prev_hash: str,
+) -> str:
+    """Canonical text of the envelope without ``hash`` (keys in sorted order)."""
+    return (
+        f'{{"data":{data_json},"id":"{id}","meta":{meta_json},"prev_hash":"{prev_hash}",'
+        f'"recorded_at":"{recorded_at}","seq":{seq},"stream":"{stream}","type":"{type}"}}'
+    )
+
+
+def compute_hash(
+    *,
+    id: str,
+    stream: str,
+    seq: int,
+    type: str,
+    data_json: str,
+    meta_json: str,
+    recorded_at: str,
+    prev_hash: str,
+) -> str:
+    """The event hash over the canonical envelope (see the module docstring)."""
+    text = envelope_text(
+        id=id,
+        stream=stream,
+        seq=seq,
+        type=type,
+        data_json=data_json,
+        meta_json=meta_json,
+        recorded_at=recorded_at,
+        prev_hash=prev_hash,
+    )
+    return hashlib.sha256(DOMAIN_TAG + text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event to append: the store assigns ``seq``, ``recorded_at`` and the hashes.
+
+    ``id`` defaults to a fresh ULID; pass your own to make a retried append
+    idempotent (same id and content: no-op; same id, other content: error).
+    """
+
+    type: str
+    data: JSONObject = field(default_factory=dict)
+    meta: JSONObject = field(default_factory=dict)
+    id: str = field(default_factory=new_id)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedEvent:
+    """A validated :class:`NewEvent` with its canonical data and meta texts."""
+
+    id: str
+    type: str
+    data_json: str
+    meta_json: str
+
+    def same_content(self, data_json: str, meta_json: str, type: str) -> bool:
+        """True when a stored event with this id carries exactly this content."""
+        return self.type == type and self.data_json == data_json and self.meta_json == meta_json
+
+
+def prepare(event: NewEvent, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> PreparedEvent:
+    """Validate ``event`` and encode its payload canonically (writes nothing)."""
+    if not isinstance(event, NewEvent):
+        raise MalformedEvent(f"expected a NewEvent, got {type(event).__name__}")
+    check_id(event.id, "event id")
+    check_type(event.type)
+    if type(event.data) is not dict:
+        raise MalformedEvent(f"event {event.id}: data must be a JSON object (dict)", field="data")
+    if type(event.meta) is not dict:
+        raise MalformedEvent(f"event {event.id}: meta must be a JSON object (dict)", field="meta")
+    data_json = canonical_text(event.data, path="data")
+    meta_json = canonical_text(event.meta, path="meta")
+    size = len(data_json.encode("utf-8")) + len(meta_json.encode("utf-8"))
+    if size > max_payload_bytes:
+        raise PayloadTooLarge(
+            f"event {event.id} ({event.type}) encodes to {size} bytes; the limit is "
+            f"{max_payload_bytes}. Store large values as artifacts and reference them.",
+            size=size,
+            limit=max_payload_bytes,
+        )
+    return PreparedEvent(id=event.id, type=event.type, data_json=data_json, meta_json=meta_json)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A stored, immutable event. ``data`` and ``meta`` must not be mutated."""
+
+    id: str
+    stream: str
+    seq: int
+    type: str
+    data: JSONObject
+    meta: JSONObject
+    recorded_at: str
+    prev_hash: str
+    hash: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The full envelope as a JSON-ready dict."""
+        return {
+            "id": self.id,
+            "stream": self.stream,
+            "seq": self.seq,
+            "type": self.type,
+            "data": self.data,
+            "meta": self.meta,
+            "recorded_at": self.recorded_at,
+            "prev_hash": self.prev_hash,
+            "hash": self.hash,
+        }
+
+    def computed_hash(self) -> str:
+        """Recompute this event's hash from its fields (re-encoding data and meta)."""
+        return compute_hash(
+            id=self.id,
+            stream=self.stream,
+            seq=self.seq,
+            type=self.type,
+            data_json=canonical_text(self.data),
+            meta_json=canonical_text(self.meta),
+            recorded_at=self.recorded_at,
+            prev_hash=self.prev_hash,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRow:
+    """An event as the stores keep it: canonical texts, not parsed objects."""
+
+    id: str
+    stream: str
+    seq: int
+    type: str
+    data_json: str
+    meta_json: str
+    recorded_at: str
+    prev_hash: str
+    hash: str
+
+    def to_event(self) -> Event:
+        """Parse the stored texts into an :class:`Event`."""
+        return Event(
+            id=self.id,
+            stream=self.stream,
+            seq=self.seq,
+            type=self.type,
+            data=json.loads(self.data_json),
+            meta=json.loads(self.meta_json),
+            recorded_at=self.recorded_at,
+            prev_hash=self.prev_hash,
+            hash=self.hash,
+        )
+
+
+def seal(prepared: PreparedEvent, *, stream: str, seq: int, prev_hash: str, recorded_at: str) -> StoredRow:
+    """Give a prepared event its place in the chain: seq, time, prev_hash and hash."""
+    digest = compute_hash(
+        id=prepared.id,
+        stream=stream,
+        seq=seq,
+        type=prepared.type,
+        data_json=prepared.data_json,
+        meta_json=prepared.meta_json,
+        recorded_at=recorded_at,
+        prev_hash=prev_hash,
+    )
+    return StoredRow(
+        id=prepared.id,
+        stream=stream,
+        seq=seq,
+        type=prepared.type,
+        data_json=prepared.data_json,
+        meta_json=prepared.meta_json,
+        recorded_at=recorded_at,
+        prev_hash=prev_hash,
+        hash=digest,
+    )
+
+
+__all__ = [
+    "DOMAIN_TAG",
+    "GENESIS_HASH",
+    "MAX_PAYLOAD_BYTES",
+    "Event",
+    "NewEvent",
+    "PreparedEvent",
+    "StoredRow",
+    "check_hash",
+    "check_stream",
+    "check_type",
+    "compute_hash",
+    "envelope_text",
+    "format_timestamp",
+    "prepare",
+    "seal",
+    "utc_now_text",
+]

@@ -1,0 +1,167 @@
+"""An in-memory store for unit tests: the full contract, no durability."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections.abc import Iterator
+
+from jixu.errors import ConcurrencyError
+from jixu.ledger.chain import VerifyReport
+from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow, seal, utc_now_text
+from jixu.ledger.store import (
+    Checkpoint,
+    Fence,
+    Lease,
+    Store,
+    StreamInfo,
+    existing_batch,
+    fence_problem,
+    next_lease,
+)
+
+
+class MemoryStore(Store):
+    """Keeps everything in process memory; for tests and experiments only."""
+
+    def __init__(self, *, max_payload_bytes: int | None = None) -> None:
+        self.url = "memory://"
+        if max_payload_bytes is not None:
+            self.max_payload_bytes = max_payload_bytes
+        self._lock = threading.RLock()
+        self._streams: dict[str, list[StoredRow]] = {}
+        self._genesis: dict[str, str] = {}
+        self._created: dict[str, str] = {}
+        self._names: list[str] = []
+        self._by_id: dict[str, StoredRow] = {}
+        self._leases: dict[str, Lease] = {}
+        self._checkpoints: dict[tuple[str, str], Checkpoint] = {}
+        self._clock_offset = 0.0
+
+    def now(self) -> float:
+        return time.time() + self._clock_offset
+
+    def advance_clock(self, seconds: float) -> None:
+        """Move this store's clock forward (tests of lease expiry)."""
+        self._clock_offset += seconds
+
+    def schema_version(self) -> int:
+        return 1
+
+    def close(self) -> None:
+        pass
+
+    def _append(
+        self,
+        stream: str,
+        batch: list[PreparedEvent],
+        expected_seq: int,
+        fence: Fence | None,
+        genesis_hash: str,
+    ) -> list[StoredRow]:
+        with self._lock:
+            found = {p.id: self._by_id[p.id] for p in batch if p.id in self._by_id}
+            stored = existing_batch(stream, batch, found)
+            if stored is not None:
+                return stored
+            if fence is not None:
+                problem = fence_problem(self._leases.get(fence.key), fence, self.now())
+                if problem:
+                    raise problem
+            rows = self._streams.get(stream, [])
+            head_seq = len(rows)
+            if head_seq != expected_seq:
+                raise ConcurrencyError(
+                    f"stream {stream!r} is at seq {head_seq}, not the expected {expected_seq}; "
+                    "read the new events and decide again",
+                    stream=stream,
+                    expected_seq=expected_seq,
+                    actual_seq=head_seq,
+                )
+            prev = rows[-1].hash if rows else genesis_hash
+            recorded_at = utc_now_text()
+            new_rows = []
+            for offset, prepared in enumerate(batch, start=1):
+                row = seal(prepared, stream=stream, seq=head_seq + offset, prev_hash=prev, recorded_at=recorded_at)
+                new_rows.append(row)
+                prev = row.hash
+            if not rows:
+                self._streams[stream] = rows
+                self._genesis[stream] = genesis_hash
+                self._created[stream] = recorded_at
+                bisect.insort(self._names, stream)
+            rows.extend(new_rows)
+            for row in new_rows:
+                self._by_id[row.id] = row
+            return new_rows
+
+    def _verify_snapshot(self, stream: str) -> VerifyReport:
+        with self._lock:
+            return super()._verify_snapshot(stream)
+
+    def _read_rows(self, stream: str, from_seq: int, to_seq: int | None) -> Iterator[StoredRow]:
+        with self._lock:
+            rows = self._streams.get(stream, [])
+            end = len(rows) if to_seq is None else min(to_seq, len(rows))
+            return iter(rows[from_seq - 1 : end])
+
+    def _get_row(self, event_id: str) -> StoredRow | None:
+        return self._by_id.get(event_id)
+
+    def _stream_info(self, stream: str) -> StreamInfo | None:
+        with self._lock:
+            rows = self._streams.get(stream)
+            if not rows:
+                return None
+            return StreamInfo(stream, len(rows), rows[-1].hash, self._genesis.get(stream, GENESIS_HASH),
+                              self._created[stream])
+
+    def _list_streams(self, prefix: str, after: str, limit: int) -> list[StreamInfo]:
+        with self._lock:
+            start = bisect.bisect_right(self._names, after) if after else 0
+            out: list[StreamInfo] = []
+            for name in self._names[start:]:
+                if len(out) >= limit:
+                    break
+                if name.startswith(prefix):
+                    info = self._stream_info(name)
+                    assert info is not None
+                    out.append(info)
+            return out
+
+    def _acquire_lease(self, key: str, owner: str, ttl: float) -> Fence:
+        with self._lock:
+            lease = next_lease(self._leases.get(key), key, owner, self.now(), ttl)
+            self._leases[key] = lease
+            return lease.fence()
+
+    def _renew_lease(self, fence: Fence, ttl: float) -> Lease:
+        with self._lock:
+            now = self.now()
+            problem = fence_problem(self._leases.get(fence.key), fence, now)
+            if problem:
+                raise problem
+            lease = Lease(fence.key, fence.owner, fence.epoch, now + ttl, now, False)
+            self._leases[fence.key] = lease
+            return lease
+
+    def _release_lease(self, fence: Fence) -> None:
+        with self._lock:
+            current = self._leases.get(fence.key)
+            if current and current.owner == fence.owner and current.epoch == fence.epoch:
+                self._leases[fence.key] = Lease(fence.key, fence.owner, fence.epoch, current.expires_at,
+                                                current.heartbeat_at, True)
+
+    def _get_lease(self, key: str) -> Lease | None:
+        return self._leases.get(key)
+
+    def _write_checkpoint(self, checkpoint: Checkpoint) -> None:
+        with self._lock:
+            self._checkpoints[(checkpoint.stream, checkpoint.name)] = checkpoint
+
+    def _read_checkpoint(self, stream: str, name: str) -> Checkpoint | None:
+        return self._checkpoints.get((stream, name))
+
+
+__all__ = ["MemoryStore"]

@@ -1,0 +1,466 @@
+"""The embedded SQLite store: one file, WAL, durable commits.
+
+Connection discipline: one connection per store object, used under a lock so
+the object is safe to share between threads; every write is one
+``BEGIN IMMEDIATE`` transaction, so writers in other processes queue on the
+database lock (up to ``busy_timeout``) and then see the head they must check.
+Commits are durable by default (``synchronous=FULL``): an append that
+returned is on disk. ``synchronous="NORMAL"`` trades the last commits before a
+power loss (not a process crash) for speed.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Literal, TypeVar
+
+from jixu.errors import (
+    ConcurrencyError,
+    InvalidInput,
+    SchemaTooNew,
+    StoreError,
+    StoreLocked,
+    StoreNotFound,
+    StoreReadOnly,
+)
+from jixu.ledger.chain import VerifyReport, verify_rows
+from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow, seal, utc_now_text
+from jixu.ledger.store import (
+    Checkpoint,
+    Fence,
+    Lease,
+    Store,
+    StreamInfo,
+    existing_batch,
+    fence_problem,
+    next_lease,
+)
+
+Synchronous = Literal["FULL", "NORMAL", "EXTRA"]
+
+_T = TypeVar("_T")
+_CHUNK = 4096
+_ROW_COLUMNS = "id, stream, seq, type, data, meta, recorded_at, prev_hash, hash"
+_NOW_SQL = "SELECT (julianday('now') - 2440587.5) * 86400.0"
+
+MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
+    (
+        1,
+        "events, streams, leases, checkpoints; events immutable by trigger",
+        (
+            """CREATE TABLE jixu_streams (
+                stream       TEXT PRIMARY KEY,
+                head_seq     INTEGER NOT NULL,
+                head_hash    TEXT NOT NULL,
+                genesis_hash TEXT NOT NULL,
+                created_at   TEXT NOT NULL
+            ) WITHOUT ROWID""",
+            """CREATE TABLE jixu_events (
+                position    INTEGER PRIMARY KEY,
+                id          TEXT NOT NULL UNIQUE,
+                stream      TEXT NOT NULL,
+                seq         INTEGER NOT NULL CHECK (seq >= 1),
+                type        TEXT NOT NULL,
+                data        TEXT NOT NULL,
+                meta        TEXT NOT NULL,
+                recorded_at TEXT NOT NULL,
+                prev_hash   TEXT NOT NULL,
+                hash        TEXT NOT NULL,
+                UNIQUE (stream, seq)
+            )""",
+            """CREATE TRIGGER jixu_events_no_update BEFORE UPDATE ON jixu_events
+            BEGIN SELECT RAISE(ABORT, 'jixu: events are immutable; UPDATE is refused'); END""",
+            """CREATE TRIGGER jixu_events_no_delete BEFORE DELETE ON jixu_events
+            BEGIN SELECT RAISE(ABORT, 'jixu: events are immutable; DELETE is refused'); END""",
+            """CREATE TABLE jixu_leases (
+                key          TEXT PRIMARY KEY,
+                owner        TEXT,
+                epoch        INTEGER NOT NULL,
+                expires_at   REAL NOT NULL,
+                heartbeat_at REAL NOT NULL,
+                released     INTEGER NOT NULL
+            ) WITHOUT ROWID""",
+            """CREATE TABLE jixu_checkpoints (
+                stream          TEXT NOT NULL,
+                name            TEXT NOT NULL,
+                seq             INTEGER NOT NULL,
+                reducer_version INTEGER NOT NULL,
+                head_hash       TEXT NOT NULL,
+                state           TEXT NOT NULL,
+                digest          TEXT NOT NULL,
+                created_at      TEXT NOT NULL,
+                PRIMARY KEY (stream, name)
+            ) WITHOUT ROWID""",
+        ),
+    ),
+]
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+def _translate(exc: sqlite3.Error, path: str) -> StoreError:
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return StoreLocked(f"{path}: the database stayed locked by another connection past the busy "
+                           "timeout; retry, or raise busy_timeout", path=path)
+    if "readonly" in text or "read-only" in text:
+        return StoreReadOnly(f"{path}: the database is read-only; open it writable to append", path=path)
+    if isinstance(exc, sqlite3.IntegrityError):
+        return StoreError(f"{path}: the store's tables disagree ({text}); run `jixu verify {path}`",
+                          path=path)
+    if "not a database" in text or "malformed" in text:
+        return StoreError(f"{path}: not a jixu SQLite database or the file is damaged ({text})", path=path)
+    return StoreError(f"{path}: {text}", path=path)
+
+
+class SQLiteStore(Store):
+    """The embedded default store. ``path`` is a file path (created if missing)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Synchronous = "FULL",
+        busy_timeout: float = 10.0,
+        read_only: bool = False,
+        create: bool = True,
+        max_payload_bytes: int | None = None,
+    ) -> None:
+        if synchronous not in ("FULL", "NORMAL", "EXTRA"):
+            raise InvalidInput(f"synchronous must be FULL, NORMAL or EXTRA, not {synchronous!r}",
+                               field="synchronous")
+        if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float) or busy_timeout < 0:
+            raise InvalidInput(f"busy_timeout {busy_timeout!r} must be a number of seconds >= 0",
+                               field="busy_timeout")
+        self.path = str(Path(path))
+        self.url = f"sqlite:///{self.path}"
+        self.synchronous = synchronous
+        self.read_only = read_only
+        if max_payload_bytes is not None:
+            self.max_payload_bytes = max_payload_bytes
+        self._lock = threading.Lock()
+        self._closed = False
+        exists = os.path.exists(self.path)
+        if not exists and (read_only or not create):
+            raise StoreNotFound(f"{self.path}: no such database (nothing was created)",
+                                path=self.path)
+        try:
+            if read_only:
+                uri = f"{Path(self.path).resolve().as_uri().replace('file://', 'file:', 1)}?mode=ro"
+                self._conn = sqlite3.connect(uri, uri=True, isolation_level=None,
+                                             check_same_thread=False, timeout=busy_timeout)
+            else:
+                self._conn = sqlite3.connect(self.path, isolation_level=None,
+                                             check_same_thread=False, timeout=busy_timeout)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+        try:
+            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            if not read_only:
+                self._ensure_wal(busy_timeout)
+            self._conn.execute(f"PRAGMA synchronous = {synchronous}")
+            self._migrate()
+        except sqlite3.Error as exc:
+            self._conn.close()
+            raise _translate(exc, self.path) from exc
+        except StoreError:
+            self._conn.close()
+            raise
+
+    # --- plumbing -------------------------------------------------------------------
+
+    def _ensure_wal(self, busy_timeout: float) -> None:
+        """Switch the file to WAL once; the mode persists in the file.
+
+        Changing the journal mode reports "locked" at once, without waiting on
+        the busy handler, while another process is opening the same new file,
+        so the switch is retried here until ``busy_timeout``.
+        """
+        deadline = time.monotonic() + busy_timeout
+        while True:
+            try:
+                mode = str(self._conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+                if mode != "wal":
+                    mode = str(self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
+                if mode != "wal":
+                    raise StoreError(f"{self.path}: could not switch the database to WAL mode ({mode})")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
+
+    def _run(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``fn`` under the connection lock, translating sqlite errors."""
+        if self._closed:
+            raise StoreError(f"{self.path}: the store is closed")
+        with self._lock:
+            try:
+                return fn(self._conn)
+            except sqlite3.Error as exc:
+                raise _translate(exc, self.path) from exc
+
+    def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``fn`` inside one ``BEGIN IMMEDIATE`` transaction (rolled back on any error)."""
+        if self.read_only:
+            raise StoreReadOnly(f"{self.path}: opened read-only; open it writable to change it",
+                                path=self.path)
+
+        def transaction(conn: sqlite3.Connection) -> _T:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(conn)
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return result
+
+        return self._run(transaction)
+
+    def _installed_version(self, conn: sqlite3.Connection) -> int:
+        has_table = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jixu_schema'"
+        ).fetchone()
+        if not has_table:
+            return 0
+        row = conn.execute("SELECT max(version) FROM jixu_schema").fetchone()
+        return int(row[0] or 0)
+
+    def _check_version(self, version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNew(
+                f"{self.path} has schema version {version}, newer than this jixu understands "
+                f"({SCHEMA_VERSION}); upgrade jixu to open it",
+                found=version,
+                supported=SCHEMA_VERSION,
+            )
+
+    def _migrate(self) -> None:
+        conn = self._conn
+        version = self._installed_version(conn)
+        self._check_version(version)
+        if version == SCHEMA_VERSION:
+            return
+        if self.read_only:
+            if version == 0:
+                raise StoreError(f"{self.path} is not a jixu database (no schema table)", path=self.path)
+            raise StoreReadOnly(f"{self.path} needs a schema migration; open it writable once",
+                                path=self.path)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = self._installed_version(conn)  # another process may have migrated meanwhile
+            self._check_version(version)
+            if version == 0:
+                has_tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+                if has_tables:
+                    raise StoreError(f"{self.path} holds other tables and is not a jixu database",
+                                     path=self.path)
+                conn.execute("CREATE TABLE jixu_schema (version INTEGER PRIMARY KEY, "
+                             "applied_at TEXT NOT NULL, description TEXT NOT NULL)")
+            for number, description, statements in MIGRATIONS:
+                if number <= version:
+                    continue
+                for statement in statements:
+                    conn.execute(statement)
+                conn.execute("INSERT INTO jixu_schema VALUES (?, ?, ?)", (number, utc_now_text(), description))
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def schema_version(self) -> int:
+        return self._run(self._installed_version)
+
+    def now(self) -> float:
+        return self._run(lambda conn: float(conn.execute(_NOW_SQL).fetchone()[0]))
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._conn.close()
+
+    # --- events ---------------------------------------------------------------------
+
+    def _append(
+        self,
+        stream: str,
+        batch: list[PreparedEvent],
+        expected_seq: int,
+        fence: Fence | None,
+        genesis_hash: str,
+    ) -> list[StoredRow]:
+        def append(conn: sqlite3.Connection) -> list[StoredRow]:
+            ids = [p.id for p in batch]
+            found = {
+                row[0]: StoredRow(*row)
+                for row in conn.execute(
+                    f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE id IN ({','.join('?' * len(ids))})", ids
+                )
+            }
+            stored = existing_batch(stream, batch, found)
+            if stored is not None:
+                return stored
+            if fence is not None:
+                problem = fence_problem(self._lease_row(conn, fence.key), fence,
+                                        float(conn.execute(_NOW_SQL).fetchone()[0]))
+                if problem:
+                    raise problem
+            head = conn.execute(
+                "SELECT head_seq, head_hash FROM jixu_streams WHERE stream = ?", (stream,)
+            ).fetchone()
+            head_seq, prev = (head[0], head[1]) if head else (0, genesis_hash)
+            if head_seq != expected_seq:
+                raise ConcurrencyError(
+                    f"stream {stream!r} is at seq {head_seq}, not the expected {expected_seq}; "
+                    "read the new events and decide again",
+                    stream=stream,
+                    expected_seq=expected_seq,
+                    actual_seq=head_seq,
+                )
+            recorded_at = utc_now_text()
+            rows = []
+            for offset, prepared in enumerate(batch, start=1):
+                row = seal(prepared, stream=stream, seq=head_seq + offset, prev_hash=prev, recorded_at=recorded_at)
+                rows.append(row)
+                prev = row.hash
+            conn.executemany(
+                f"INSERT INTO jixu_events ({_ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(r.id, r.stream, r.seq, r.type, r.data_json, r.meta_json, r.recorded_at, r.prev_hash, r.hash)
+                 for r in rows],
+            )
+            if head:
+                conn.execute("UPDATE jixu_streams SET head_seq = ?, head_hash = ? WHERE stream = ?",
+                             (rows[-1].seq, rows[-1].hash, stream))
+            else:
+                conn.execute("INSERT INTO jixu_streams VALUES (?, ?, ?, ?, ?)",
+                             (stream, rows[-1].seq, rows[-1].hash, genesis_hash, recorded_at))
+            return rows
+
+        return self._write(append)
+
+    def _read_rows(self, stream: str, from_seq: int, to_seq: int | None) -> Iterator[StoredRow]:
+        last = to_seq if to_seq is not None else 2**62
+        start = from_seq
+        while start <= last:
+            chunk = self._run(lambda conn, start=start: conn.execute(  # type: ignore[misc]
+                f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE stream = ? AND seq >= ? AND seq <= ? "
+                "ORDER BY seq LIMIT ?",
+                (stream, start, last, _CHUNK),
+            ).fetchall())
+            for row in chunk:
+                yield StoredRow(*row)
+            if len(chunk) < _CHUNK:
+                return
+            start = chunk[-1][2] + 1
+
+    def _verify_snapshot(self, stream: str) -> VerifyReport:
+        def snapshot(conn: sqlite3.Connection) -> VerifyReport:
+            # One read transaction: WAL gives it a snapshot that concurrent appends do not change.
+            conn.execute("BEGIN")
+            try:
+                info = conn.execute(
+                    "SELECT head_seq, head_hash, genesis_hash FROM jixu_streams WHERE stream = ?", (stream,)
+                ).fetchone()
+                head = (info[0], info[1]) if info else (0, GENESIS_HASH)
+                rows = (StoredRow(*row) for row in conn.execute(
+                    f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE stream = ? ORDER BY seq", (stream,)))
+                return verify_rows(stream, rows, genesis_hash=info[2] if info else GENESIS_HASH,
+                                   recorded_head=head)
+            finally:
+                conn.execute("COMMIT")
+
+        return self._run(snapshot)
+
+    def _get_row(self, event_id: str) -> StoredRow | None:
+        row = self._run(lambda conn: conn.execute(
+            f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE id = ?", (event_id,)).fetchone())
+        return StoredRow(*row) if row else None
+
+    def _stream_info(self, stream: str) -> StreamInfo | None:
+        row = self._run(lambda conn: conn.execute(
+            "SELECT stream, head_seq, head_hash, genesis_hash, created_at FROM jixu_streams WHERE stream = ?",
+            (stream,)).fetchone())
+        return StreamInfo(*row) if row else None
+
+    def _list_streams(self, prefix: str, after: str, limit: int) -> list[StreamInfo]:
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        rows = self._run(lambda conn: conn.execute(
+            "SELECT stream, head_seq, head_hash, genesis_hash, created_at FROM jixu_streams "
+            "WHERE stream LIKE ? ESCAPE '\\' AND stream > ? ORDER BY stream LIMIT ?",
+            (escaped + "%", after, limit)).fetchall())
+        return [StreamInfo(*row) for row in rows]
+
+    # --- leases ---------------------------------------------------------------------
+
+    @staticmethod
+    def _lease_row(conn: sqlite3.Connection, key: str) -> Lease | None:
+        row = conn.execute(
+            "SELECT key, owner, epoch, expires_at, heartbeat_at, released FROM jixu_leases WHERE key = ?",
+            (key,),
+        ).fetchone()
+        return Lease(row[0], row[1], row[2], row[3], row[4], bool(row[5])) if row else None
+
+    @staticmethod
+    def _put_lease(conn: sqlite3.Connection, lease: Lease) -> None:
+        conn.execute(
+            "INSERT INTO jixu_leases VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET "
+            "owner = excluded.owner, epoch = excluded.epoch, expires_at = excluded.expires_at, "
+            "heartbeat_at = excluded.heartbeat_at, released = excluded.released",
+            (lease.key, lease.owner, lease.epoch, lease.expires_at, lease.heartbeat_at, int(lease.released)),
+        )
+
+    def _acquire_lease(self, key: str, owner: str, ttl: float) -> Fence:
+        def acquire(conn: sqlite3.Connection) -> Fence:
+            now = float(conn.execute(_NOW_SQL).fetchone()[0])
+            lease = next_lease(self._lease_row(conn, key), key, owner, now, ttl)
+            self._put_lease(conn, lease)
+            return lease.fence()
+
+        return self._write(acquire)
+
+    def _renew_lease(self, fence: Fence, ttl: float) -> Lease:
+        def renew(conn: sqlite3.Connection) -> Lease:
+            now = float(conn.execute(_NOW_SQL).fetchone()[0])
+            problem = fence_problem(self._lease_row(conn, fence.key), fence, now)
+            if problem:
+                raise problem
+            lease = Lease(fence.key, fence.owner, fence.epoch, now + ttl, now, False)
+            self._put_lease(conn, lease)
+            return lease
+
+        return self._write(renew)
+
+    def _release_lease(self, fence: Fence) -> None:
+        self._write(lambda conn: conn.execute(
+            "UPDATE jixu_leases SET released = 1 WHERE key = ? AND owner = ? AND epoch = ?",
+            (fence.key, fence.owner, fence.epoch)))
+
+    def _get_lease(self, key: str) -> Lease | None:
+        return self._run(lambda conn: self._lease_row(conn, key))
+
+    # --- checkpoints ----------------------------------------------------------------
+
+    def _write_checkpoint(self, checkpoint: Checkpoint) -> None:
+        self._write(lambda conn: conn.execute(
+            "INSERT INTO jixu_checkpoints VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (stream, name) DO UPDATE "
+            "SET seq = excluded.seq, reducer_version = excluded.reducer_version, head_hash = excluded.head_hash, "
+            "state = excluded.state, digest = excluded.digest, created_at = excluded.created_at",
+            (checkpoint.stream, checkpoint.name, checkpoint.seq, checkpoint.reducer_version,
+             checkpoint.head_hash, checkpoint.state_json, checkpoint.digest, checkpoint.created_at or utc_now_text())))
+
+    def _read_checkpoint(self, stream: str, name: str) -> Checkpoint | None:
+        row = self._run(lambda conn: conn.execute(
+            "SELECT stream, name, seq, reducer_version, head_hash, state, digest, created_at "
+            "FROM jixu_checkpoints WHERE stream = ? AND name = ?", (stream, name)).fetchone())
+        return Checkpoint(*row) if row else None
+
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SQLiteStore"]

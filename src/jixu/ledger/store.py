@@ -1,0 +1,425 @@
+"""The Store contract every backend (memory, SQLite, PostgreSQL) fulfils.
+
+A store keeps streams of immutable events, leases that fence writers, and
+disposable checkpoints. The contract is written once as a test suite
+(``tests/ledger/test_store_contract.py``) and run against every backend.
+
+Backends implement the ``_``-prefixed primitives; the public methods here
+validate input first, so bad input raises a typed error and writes nothing.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+from jixu.errors import FencingError, IdempotencyConflict, InvalidInput, LeaseHeld
+from jixu.ledger.chain import VerifyReport, verify_rows
+from jixu.ledger.event import (
+    GENESIS_HASH,
+    MAX_PAYLOAD_BYTES,
+    Event,
+    NewEvent,
+    PreparedEvent,
+    StoredRow,
+    check_hash,
+    check_stream,
+    prepare,
+)
+
+_MAX_LEASE_KEY = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Proof of holding a lease: only this owner at this epoch may append."""
+
+    key: str
+    owner: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The current state of a lease, read from the store.
+
+    ``expires_at`` and ``heartbeat_at`` are seconds since the Unix epoch on the
+    *store's* clock (:meth:`Store.now`), never the caller's.
+    """
+
+    key: str
+    owner: str | None
+    epoch: int
+    expires_at: float
+    heartbeat_at: float
+    released: bool
+
+    def fence(self) -> Fence:
+        """The fence a holder of this lease appends with."""
+        return Fence(key=self.key, owner=self.owner or "", epoch=self.epoch)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    """A stream's head and origin."""
+
+    stream: str
+    head_seq: int
+    head_hash: str
+    genesis_hash: str
+    created_at: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return {
+            "stream": self.stream,
+            "head_seq": self.head_seq,
+            "head_hash": self.head_hash,
+            "genesis_hash": self.genesis_hash,
+            "created_at": self.created_at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A disposable snapshot of a projection's state at ``seq``.
+
+    ``state_json`` is the canonical JSON text of the state, ``head_hash`` the
+    hash of the event at ``seq`` and ``digest`` a hash over all other fields,
+    so a stale, foreign or damaged checkpoint is recognised and ignored (see
+    :mod:`jixu.ledger.projection`).
+    """
+
+    stream: str
+    name: str
+    seq: int
+    reducer_version: int
+    head_hash: str
+    state_json: str
+    digest: str
+    created_at: str = ""
+
+
+def check_lease_key(key: object) -> str:
+    """Return ``key`` if it is a usable lease key (1-200 printable characters)."""
+    if not isinstance(key, str) or not key or len(key) > _MAX_LEASE_KEY or not key.isprintable():
+        raise InvalidInput(f"lease key {key!r} must be 1-200 printable characters", field="key")
+    return key
+
+
+def check_owner(owner: object) -> str:
+    """Return ``owner`` if it is a non-empty printable name of at most 200 characters."""
+    if not isinstance(owner, str) or not owner or len(owner) > 200 or not owner.isprintable():
+        raise InvalidInput(f"lease owner {owner!r} must be 1-200 printable characters", field="owner")
+    return owner
+
+
+def check_ttl(ttl: object) -> float:
+    """Return ``ttl`` (seconds) if it is a positive finite number."""
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < 10**7:
+        raise InvalidInput(f"lease ttl {ttl!r} must be a number of seconds > 0", field="ttl")
+    return float(ttl)
+
+
+def check_fence(fence: object) -> Fence:
+    """Return ``fence`` if it is a well-formed :class:`Fence`."""
+    if not isinstance(fence, Fence):
+        raise InvalidInput(f"fence must be a jixu Fence, got {type(fence).__name__}", field="fence")
+    check_lease_key(fence.key)
+    check_owner(fence.owner)
+    if isinstance(fence.epoch, bool) or not isinstance(fence.epoch, int) or fence.epoch < 1:
+        raise InvalidInput(f"fence epoch {fence.epoch!r} must be an integer >= 1", field="fence")
+    return fence
+
+
+def existing_batch(
+    stream: str, batch: Sequence[PreparedEvent], found: dict[str, StoredRow]
+) -> list[StoredRow] | None:
+    """Decide an append whose ids may already be stored.
+
+    Returns the stored rows when the whole batch is already there with
+    identical content (the append is a no-op), ``None`` when none of it is,
+    and raises :class:`IdempotencyConflict` otherwise.
+    """
+    if not found:
+        return None
+    for prepared in batch:
+        row = found.get(prepared.id)
+        if row is None:
+            raise IdempotencyConflict(
+                f"part of this batch is already stored (e.g. {next(iter(found))}) but event "
+                f"{prepared.id} is not: a retried append must repeat the same batch",
+                event_id=prepared.id,
+            )
+        if row.stream != stream or not prepared.same_content(row.data_json, row.meta_json, row.type):
+            raise IdempotencyConflict(
+                f"event id {prepared.id} is already stored in stream {row.stream!r} with "
+                "different content; use a new id for a new event",
+                event_id=prepared.id,
+            )
+    rows = sorted(found.values(), key=lambda r: r.seq)
+    return rows
+
+
+def next_lease(current: Lease | None, key: str, owner: str, now: float, ttl: float) -> Lease:
+    """The lease after ``owner`` asks for ``key`` at store time ``now`` (pure).
+
+    Raises :class:`LeaseHeld` when another owner holds it unexpired.
+    """
+    if current is None:
+        return Lease(key, owner, 1, now + ttl, now, False)
+    live = not current.released and current.expires_at > now
+    if live and current.owner == owner:
+        return Lease(key, owner, current.epoch, now + ttl, now, False)
+    if live:
+        raise LeaseHeld(
+            f"lease {key!r} is held by {current.owner!r} (epoch {current.epoch}) for another "
+            f"{current.expires_at - now:.1f}s",
+            key=key,
+            owner=current.owner,
+            epoch=current.epoch,
+        )
+    return Lease(key, owner, current.epoch + 1, now + ttl, now, False)
+
+
+def fence_problem(current: Lease | None, fence: Fence, now: float) -> FencingError | None:
+    """Why ``fence`` may not write at store time ``now``, or ``None`` if it may (pure)."""
+    if current is None:
+        return FencingError(f"no lease exists for key {fence.key!r}", key=fence.key)
+    if current.owner != fence.owner or current.epoch != fence.epoch:
+        return FencingError(
+            f"fence ({fence.owner!r}, epoch {fence.epoch}) on {fence.key!r} is stale: the lease is "
+            f"now held by {current.owner!r} at epoch {current.epoch}",
+            key=fence.key,
+            epoch=current.epoch,
+        )
+    if current.released:
+        return FencingError(f"lease {fence.key!r} was released by its owner", key=fence.key)
+    if current.expires_at <= now:
+        return FencingError(
+            f"lease {fence.key!r} (owner {fence.owner!r}, epoch {fence.epoch}) expired "
+            f"{now - current.expires_at:.3f}s ago by the store's clock",
+            key=fence.key,
+        )
+    return None
+
+
+class Store(abc.ABC):
+    """An event ledger: streams, leases and checkpoints (see the module docstring)."""
+
+    url: str = ""
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES
+
+    # --- events ---------------------------------------------------------------------
+
+    def append(
+        self,
+        stream: str,
+        events: Sequence[NewEvent],
+        expected_seq: int,
+        fence: Fence | None = None,
+        *,
+        genesis_hash: str | None = None,
+    ) -> list[Event]:
+        """Append ``events`` atomically after seq ``expected_seq`` (0 for a new stream).
+
+        All or nothing. Raises :class:`~jixu.errors.ConcurrencyError` when the
+        head is not ``expected_seq``, :class:`~jixu.errors.FencingError` when
+        ``fence`` is not the current holder of an unexpired lease (checked in the
+        same transaction), :class:`~jixu.errors.IdempotencyConflict` when an id is
+        reused with other content. Re-appending a stored batch is a no-op that
+        returns the stored events. ``genesis_hash`` sets ``prev_hash`` of seq 1
+        for a new (forked) stream.
+        """
+        check_stream(stream)
+        if isinstance(expected_seq, bool) or not isinstance(expected_seq, int) or expected_seq < 0:
+            raise InvalidInput(f"expected_seq {expected_seq!r} must be an integer >= 0", field="expected_seq")
+        if isinstance(events, NewEvent) or not isinstance(events, Sequence) or not events:
+            raise InvalidInput("events must be a non-empty list of NewEvent", field="events")
+        batch = [prepare(event, self.max_payload_bytes) for event in events]
+        if len({p.id for p in batch}) != len(batch):
+            raise InvalidInput("the batch contains the same event id twice", field="events")
+        if fence is not None:
+            check_fence(fence)
+        if genesis_hash is not None:
+            check_hash(genesis_hash, "genesis_hash")
+            if expected_seq != 0:
+                raise InvalidInput("genesis_hash can only be given when creating a stream (expected_seq=0)",
+                                   field="genesis_hash")
+        rows = self._append(stream, batch, expected_seq, fence, genesis_hash or GENESIS_HASH)
+        return [row.to_event() for row in rows]
+
+    def read(self, stream: str, from_seq: int = 1, to_seq: int | None = None) -> list[Event]:
+        """Events of ``stream`` with ``from_seq <= seq <= to_seq``, in order (``[]`` if none)."""
+        return [row.to_event() for row in self.read_rows(stream, from_seq, to_seq)]
+
+    def read_rows(self, stream: str, from_seq: int = 1, to_seq: int | None = None) -> Iterator[StoredRow]:
+        """Stored rows (canonical texts, unparsed) of ``stream`` in seq order."""
+        check_stream(stream)
+        _check_seq_range(from_seq, to_seq)
+        return self._read_rows(stream, from_seq, to_seq)
+
+    def get_event(self, event_id: str) -> Event | None:
+        """The event with this id, or ``None``."""
+        from jixu.ledger.ids import check_id
+
+        check_id(event_id, "event id")
+        row = self._get_row(event_id)
+        return row.to_event() if row else None
+
+    def stream_info(self, stream: str) -> StreamInfo | None:
+        """Head and origin of ``stream``, or ``None`` if it has no events."""
+        check_stream(stream)
+        return self._stream_info(stream)
+
+    def list_streams(self, prefix: str = "", *, after: str = "", limit: int = 1000) -> list[StreamInfo]:
+        """Streams whose name starts with ``prefix``, ordered by name, after ``after``."""
+        if not isinstance(prefix, str) or not isinstance(after, str):
+            raise InvalidInput("prefix and after must be strings")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
+            raise InvalidInput(f"limit {limit!r} must be between 1 and 100000", field="limit")
+        return self._list_streams(prefix, after, limit)
+
+    def verify(self, stream: str) -> VerifyReport:
+        """Recompute ``stream``'s hash chain and report the first bad seq, if any.
+
+        The head record and the events are read from one consistent snapshot,
+        so appends running meanwhile never make a valid stream look broken.
+        Events stored without a head record, or beyond it, are reported.
+        """
+        check_stream(stream)
+        return self._verify_snapshot(stream)
+
+    def _verify_snapshot(self, stream: str) -> VerifyReport:
+        info = self._stream_info(stream)
+        genesis = info.genesis_hash if info else GENESIS_HASH
+        head = (info.head_seq, info.head_hash) if info else (0, GENESIS_HASH)
+        return verify_rows(stream, self._read_rows(stream, 1, None), genesis_hash=genesis, recorded_head=head)
+
+    # --- leases ---------------------------------------------------------------------
+
+    def acquire_lease(self, key: str, owner: str, ttl: float) -> Fence:
+        """Take the lease on ``key`` for ``ttl`` seconds of store time.
+
+        A free, released or expired lease is taken with the epoch incremented;
+        one held by the same owner is renewed at its epoch; one held by another
+        owner and not expired raises :class:`~jixu.errors.LeaseHeld`.
+        """
+        return self._acquire_lease(check_lease_key(key), check_owner(owner), check_ttl(ttl))
+
+    def renew_lease(self, fence: Fence, ttl: float) -> Lease:
+        """Extend the lease ``fence`` holds; :class:`~jixu.errors.FencingError` if it lost it."""
+        return self._renew_lease(check_fence(fence), check_ttl(ttl))
+
+    def release_lease(self, fence: Fence) -> None:
+        """Give the lease up (a no-op if ``fence`` no longer holds it)."""
+        self._release_lease(check_fence(fence))
+
+    def get_lease(self, key: str) -> Lease | None:
+        """The lease on ``key`` as the store sees it now, or ``None``."""
+        return self._get_lease(check_lease_key(key))
+
+    @abc.abstractmethod
+    def now(self) -> float:
+        """The store's clock: seconds since the Unix epoch."""
+
+    # --- checkpoints ----------------------------------------------------------------
+
+    def write_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Store ``checkpoint``, replacing the earlier one of the same stream and name."""
+        check_stream(checkpoint.stream)
+        self._write_checkpoint(checkpoint)
+
+    def read_checkpoint(self, stream: str, name: str) -> Checkpoint | None:
+        """The latest checkpoint of ``name`` for ``stream``, unchecked (see projection)."""
+        check_stream(stream)
+        return self._read_checkpoint(stream, name)
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def schema_version(self) -> int:
+        """The schema version this store's database is at."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections; the store cannot be used afterwards."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- backend primitives ---------------------------------------------------------
+
+    @abc.abstractmethod
+    def _append(
+        self,
+        stream: str,
+        batch: list[PreparedEvent],
+        expected_seq: int,
+        fence: Fence | None,
+        genesis_hash: str,
+    ) -> list[StoredRow]: ...
+
+    @abc.abstractmethod
+    def _read_rows(self, stream: str, from_seq: int, to_seq: int | None) -> Iterator[StoredRow]: ...
+
+    @abc.abstractmethod
+    def _get_row(self, event_id: str) -> StoredRow | None: ...
+
+    @abc.abstractmethod
+    def _stream_info(self, stream: str) -> StreamInfo | None: ...
+
+    @abc.abstractmethod
+    def _list_streams(self, prefix: str, after: str, limit: int) -> list[StreamInfo]: ...
+
+    @abc.abstractmethod
+    def _acquire_lease(self, key: str, owner: str, ttl: float) -> Fence: ...
+
+    @abc.abstractmethod
+    def _renew_lease(self, fence: Fence, ttl: float) -> Lease: ...
+
+    @abc.abstractmethod
+    def _release_lease(self, fence: Fence) -> None: ...
+
+    @abc.abstractmethod
+    def _get_lease(self, key: str) -> Lease | None: ...
+
+    @abc.abstractmethod
+    def _write_checkpoint(self, checkpoint: Checkpoint) -> None: ...
+
+    @abc.abstractmethod
+    def _read_checkpoint(self, stream: str, name: str) -> Checkpoint | None: ...
+
+
+def _check_seq_range(from_seq: object, to_seq: object) -> None:
+    if isinstance(from_seq, bool) or not isinstance(from_seq, int) or from_seq < 1:
+        raise InvalidInput(f"from_seq {from_seq!r} must be an integer >= 1", field="from_seq")
+    if to_seq is not None and (isinstance(to_seq, bool) or not isinstance(to_seq, int) or to_seq < 0):
+        raise InvalidInput(f"to_seq {to_seq!r} must be an integer >= 0 or None", field="to_seq")
+
+
+__all__ = [
+    "Checkpoint",
+    "Fence",
+    "Lease",
+    "Store",
+    "StreamInfo",
+    "check_fence",
+    "check_lease_key",
+    "check_owner",
+    "check_ttl",
+    "existing_batch",
+    "fence_problem",
+    "next_lease",
+]

@@ -1,0 +1,86 @@
+"""Opening a store from a URL or path: ``sqlite:///rel.db``, ``sqlite:////abs.db``, a bare path, ``memory://``."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from jixu.errors import InvalidInput, UnsupportedStoreUrl
+from jixu.ledger.store import Store
+
+DEFAULT_STORE_URL = "sqlite:///jixu.db"
+"""The embedded default: ``jixu.db`` in the current directory."""
+
+_SQLITE_OPTIONS = {"synchronous", "busy_timeout", "read_only", "create"}
+
+
+def _flag(name: str, value: str) -> bool:
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise InvalidInput(f"store URL option {name}={value!r} must be true or false", field=name)
+
+
+def sqlite_path_and_options(url: str) -> tuple[str, dict[str, Any]]:
+    """Split a ``sqlite:///`` URL or a bare path into a file path and store options."""
+    if not url.startswith("sqlite:"):
+        return url, {}
+    parts = urlsplit(url)
+    if parts.netloc:
+        raise InvalidInput(f"store URL {url!r}: use sqlite:///relative.db or sqlite:////absolute.db",
+                           field="store")
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if not path:
+        raise InvalidInput(f"store URL {url!r} names no file", field="store")
+    options: dict[str, Any] = {}
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if name not in _SQLITE_OPTIONS:
+            raise InvalidInput(f"store URL option {name!r} is unknown; known: {sorted(_SQLITE_OPTIONS)}",
+                               field=name)
+        if name == "synchronous":
+            options[name] = value.upper()
+        elif name == "busy_timeout":
+            try:
+                options[name] = float(value)
+            except ValueError as exc:
+                raise InvalidInput(f"busy_timeout={value!r} must be seconds", field=name) from exc
+        else:
+            options[name] = _flag(name, value)
+    return path, options
+
+
+def open_store(target: str | os.PathLike[str] | Store | None = None, **options: Any) -> Store:
+    """Return a store for ``target``: a Store (returned as is), a URL or a file path.
+
+    ``None`` means :data:`DEFAULT_STORE_URL`. Keyword ``options`` go to the
+    store's constructor (e.g. ``synchronous="NORMAL"``, ``create=False``).
+    """
+    if isinstance(target, Store):
+        return target
+    if target is None:
+        target = DEFAULT_STORE_URL
+    if not isinstance(target, str | os.PathLike):
+        raise InvalidInput(f"store must be a Store, a URL or a path, not {type(target).__name__}",
+                           field="store")
+    text = os.fspath(target)
+    if text in {"memory://", ":memory:"}:
+        from jixu.ledger.memory import MemoryStore
+
+        return MemoryStore(**options)
+    scheme = urlsplit(text).scheme if "://" in text else ""
+    if scheme in ("", "sqlite", "file") or text.startswith("sqlite:"):
+        from jixu.ledger.sqlite import SQLiteStore
+
+        if scheme == "file":
+            text = urlsplit(text).path
+        path, url_options = sqlite_path_and_options(text)
+        return SQLiteStore(path, **{**url_options, **options})
+    raise UnsupportedStoreUrl(
+        f"store URL scheme {scheme!r} is not supported; use sqlite:///PATH, a file path or memory://",
+        url=text,
+    )
+
+
+__all__ = ["DEFAULT_STORE_URL", "open_store", "sqlite_path_and_options"]

@@ -1,0 +1,40 @@
+"""Test helpers: build hash-chained events without a store, and run child processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from jixu.ledger.event import GENESIS_HASH, Event, NewEvent, prepare, seal
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def chain(specs: Iterable[tuple[str, dict[str, Any]]], stream: str = "test/1",
+          recorded_at: str = "2026-01-01T00:00:00.000000Z") -> list[Event]:
+    """Hash-chained events from ``(type, data)`` pairs, as a store would seal them."""
+    events: list[Event] = []
+    prev = GENESIS_HASH
+    for seq, (event_type, data) in enumerate(specs, start=1):
+        row = seal(prepare(NewEvent(event_type, data)), stream=stream, seq=seq, prev_hash=prev,
+                   recorded_at=recorded_at)
+        events.append(row.to_event())
+        prev = row.hash
+    return events
+
+
+def python_env() -> dict[str, str]:
+    """The environment for a child Python that imports jixu from this checkout."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+def spawn_python(code: str, *args: str) -> subprocess.Popen[str]:
+    """Start ``python -c code args…`` with jixu importable; stdout/stderr piped as text."""
+    return subprocess.Popen([sys.executable, "-c", code, *args], env=python_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -1,0 +1,140 @@
+"""Canonical encoding and the hash chain are pinned by golden vectors: they can never drift silently."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jixu.errors import InvalidId, MalformedEvent, PayloadTooLarge
+from jixu.ledger.encoding import canonical_bytes, canonical_text, content_hash
+from jixu.ledger.event import (
+    GENESIS_HASH,
+    NewEvent,
+    compute_hash,
+    envelope_text,
+    prepare,
+    seal,
+)
+from jixu.ledger.ids import is_valid_id, new_id
+
+GOLDEN_VALUES: list[tuple[Any, str]] = [
+    ({"b": 1, "a": [True, False, None], "c": {"z": "é", "y": 1.5}},
+     '{"a":[true,false,null],"b":1,"c":{"y":1.5,"z":"é"}}'),
+    ({"n": 2**70, "neg": -0.0, "big": 1e16, "small": 1e-7, "uni": "日本\u2028\n\"\\"},
+     '{"big":1e+16,"n":1180591620717411303424,"neg":-0.0,"small":1e-07,"uni":"日本\u2028\\n\\"\\\\"}'),
+    ({"": [], "A": {}, "a": 0.1, "é": -12}, '{"":[],"A":{},"a":0.1,"é":-12}'),
+]
+
+# (id, type, data_json, meta_json) sealed into stream "threads/golden" at 2026-01-02T03:04:0{seq}Z.
+GOLDEN_EVENTS = [
+    ("01JD0000000000000000000001", "tool.requested",
+     '{"args":{"to":"a@example.com"},"effect_id":"e1","name":"send_email"}', '{"actor":"alice"}',
+     "ead7164bd0d4d54cf3e433c0c4b8deb383b4cf9fe4035e874ffefa09b6369ced"),
+    ("01JD0000000000000000000002", "tool.dispatched", '{"attempt":1,"effect_id":"e1"}', "{}",
+     "2945bc2bfe4d28f5ce8810e942180fbbc631fd2ed7442600504fc91514d23707"),
+    ("01JD0000000000000000000003", "tool.completed",
+     '{"attempt":1,"effect_id":"e1","result":"Sent to 日本"}', "{}",
+     "6579b9d1e46d5d9aa17b64f27bb3e4398fc7eb1d444a1952e5d9ea49d32ceea3"),
+]
+
+
+@pytest.mark.parametrize(("value", "expected"), GOLDEN_VALUES)
+def test_canonical_encoding_matches_golden_bytes(value: Any, expected: str) -> None:
+    assert canonical_text(value) == expected
+    assert canonical_bytes(value) == expected.encode("utf-8")
+
+
+def test_golden_event_chain_hashes_are_fixed() -> None:
+    prev = GENESIS_HASH
+    for seq, (event_id, event_type, data_json, meta_json, expected) in enumerate(GOLDEN_EVENTS, start=1):
+        digest = compute_hash(id=event_id, stream="threads/golden", seq=seq, type=event_type,
+                              data_json=data_json, meta_json=meta_json,
+                              recorded_at=f"2026-01-02T03:04:0{seq}.000000Z", prev_hash=prev)
+        assert digest == expected, f"hash of golden event {seq} drifted"
+        prev = digest
+
+
+def test_sealing_parsed_payloads_reproduces_the_golden_hashes() -> None:
+    prev = GENESIS_HASH
+    for seq, (event_id, event_type, data_json, meta_json, expected) in enumerate(GOLDEN_EVENTS, start=1):
+        prepared = prepare(NewEvent(event_type, json.loads(data_json), json.loads(meta_json), event_id))
+        row = seal(prepared, stream="threads/golden", seq=seq, prev_hash=prev,
+                   recorded_at=f"2026-01-02T03:04:0{seq}.000000Z")
+        assert row.hash == expected
+        assert row.to_event().computed_hash() == expected
+        prev = row.hash
+
+
+def test_envelope_fast_path_equals_the_general_canonical_encoder() -> None:
+    data = {"z": [1, 2.5, "ü"], "a": None}
+    meta = {"actor": "bob", "correlation_id": "c"}
+    fast = envelope_text(id="01JD0000000000000000000009", stream="s/1", seq=7, type="x.y",
+                         data_json=canonical_text(data), meta_json=canonical_text(meta),
+                         recorded_at="2026-01-02T03:04:05.000006Z", prev_hash=GENESIS_HASH)
+    general = canonical_text({"id": "01JD0000000000000000000009", "stream": "s/1", "seq": 7, "type": "x.y",
+                              "data": data, "meta": meta, "recorded_at": "2026-01-02T03:04:05.000006Z",
+                              "prev_hash": GENESIS_HASH})
+    assert fast == general
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(json_values)
+def test_canonical_text_round_trips_and_is_a_fixed_point(value: Any) -> None:
+    try:
+        text = canonical_text(value)
+    except MalformedEvent:
+        # Only strings with lone surrogates are refused among generated values.
+        assert "\\ud" in json.dumps(value) or "\\udc" in json.dumps(value)
+        return
+    assert canonical_text(json.loads(text)) == text
+
+
+@given(st.dictionaries(st.text(max_size=5), st.integers(), max_size=6))
+def test_key_order_of_the_input_does_not_change_the_bytes(value: dict[str, int]) -> None:
+    reordered = dict(reversed(list(value.items())))
+    assert canonical_text(reordered) == canonical_text(value)
+
+
+@pytest.mark.parametrize("bad", [
+    {"x": float("nan")}, {"x": float("inf")}, {"x": (1, 2)}, {"x": {1, 2}}, {1: "int key"},
+    {"x": b"bytes"}, {"x": "\ud800"}, {"x": object()},
+])
+def test_non_json_values_are_refused_with_a_typed_error(bad: Any) -> None:
+    with pytest.raises(MalformedEvent):
+        canonical_text(bad)
+
+
+def test_content_hash_is_sha256_of_canonical_bytes() -> None:
+    assert content_hash({"b": 1, "a": 2}) == content_hash({"a": 2, "b": 1})
+    assert content_hash({}) == "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+
+
+@pytest.mark.parametrize(("event", "error"), [
+    (NewEvent("Tool.Requested"), MalformedEvent),
+    (NewEvent("tool"), MalformedEvent),
+    (NewEvent("tool.requested", id="not-a-ulid"), InvalidId),
+    (NewEvent("tool.requested", data=[1, 2]), MalformedEvent),  # type: ignore[arg-type]
+    (NewEvent("tool.requested", meta="x"), MalformedEvent),  # type: ignore[arg-type]
+    (NewEvent("tool.requested", {"blob": "x" * 2048}), PayloadTooLarge),
+])
+def test_prepare_rejects_bad_events(event: NewEvent, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        prepare(event, max_payload_bytes=1024)
+
+
+def test_new_ids_are_valid_unique_and_time_ordered() -> None:
+    ids = [new_id() for _ in range(5000)]
+    assert all(is_valid_id(i) for i in ids)
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(ids)

@@ -1,0 +1,223 @@
+"""What only the SQLite store has: its file, pragmas, triggers, schema versions and failure modes."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from jixu.errors import (
+    InvalidInput,
+    SchemaTooNew,
+    StoreError,
+    StoreLocked,
+    StoreNotFound,
+    StoreReadOnly,
+    UnsupportedStoreUrl,
+)
+from jixu.ledger import MemoryStore, NewEvent, SQLiteStore, open_store
+from jixu.ledger.sqlite import SCHEMA_VERSION
+from tests.helpers import spawn_python
+
+
+def test_the_database_refuses_update_and_delete_of_events(sqlite_path: Path) -> None:
+    with SQLiteStore(sqlite_path) as store:
+        store.append("orders/1", [NewEvent("order.placed", {"total": 1})], 0)
+    raw = sqlite3.connect(sqlite_path)
+    with pytest.raises(sqlite3.DatabaseError, match="immutable"):
+        raw.execute("UPDATE jixu_events SET data = '{\"total\":2}'")
+    with pytest.raises(sqlite3.DatabaseError, match="immutable"):
+        raw.execute("DELETE FROM jixu_events")
+    raw.close()
+    with SQLiteStore(sqlite_path) as store:
+        assert store.read("orders/1")[0].data == {"total": 1}
+        assert store.verify("orders/1").valid
+
+
+def test_durable_defaults_wal_and_synchronous_full(sqlite_path: Path) -> None:
+    with SQLiteStore(sqlite_path) as store:
+        assert store._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    with SQLiteStore(sqlite_path, synchronous="NORMAL") as store:
+        assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1
+    with pytest.raises(InvalidInput):
+        SQLiteStore(sqlite_path, synchronous="OFF")  # type: ignore[arg-type]
+
+
+def test_a_new_database_records_its_schema_version(sqlite_path: Path) -> None:
+    with SQLiteStore(sqlite_path) as store:
+        assert store.schema_version() == SCHEMA_VERSION
+    rows = sqlite3.connect(sqlite_path).execute("SELECT version, description FROM jixu_schema").fetchall()
+    assert [r[0] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
+
+
+def test_a_database_from_a_newer_jixu_fails_closed(sqlite_path: Path) -> None:
+    SQLiteStore(sqlite_path).close()
+    raw = sqlite3.connect(sqlite_path)
+    raw.execute("INSERT INTO jixu_schema VALUES (?, '2030-01-01', 'from the future')", (SCHEMA_VERSION + 1,))
+    raw.commit()
+    raw.close()
+    with pytest.raises(SchemaTooNew, match="upgrade jixu"):
+        SQLiteStore(sqlite_path)
+    with pytest.raises(SchemaTooNew):
+        SQLiteStore(sqlite_path, read_only=True)
+
+
+def test_a_missing_database_is_reported_when_creation_is_not_allowed(tmp_path: Path) -> None:
+    with pytest.raises(StoreNotFound):
+        SQLiteStore(tmp_path / "absent.db", create=False)
+    with pytest.raises(StoreNotFound):
+        SQLiteStore(tmp_path / "absent.db", read_only=True)
+    assert not (tmp_path / "absent.db").exists()
+
+
+def test_a_read_only_store_reads_but_refuses_every_write(sqlite_path: Path) -> None:
+    with SQLiteStore(sqlite_path) as store:
+        store.append("orders/1", [NewEvent("order.placed")], 0)
+    with SQLiteStore(sqlite_path, read_only=True) as store:
+        assert len(store.read("orders/1")) == 1
+        assert store.verify("orders/1").valid
+        with pytest.raises(StoreReadOnly):
+            store.append("orders/1", [NewEvent("order.paid")], 1)
+        with pytest.raises(StoreReadOnly):
+            store.acquire_lease("k", "me", 10)
+    with SQLiteStore(sqlite_path) as store:
+        assert len(store.read("orders/1")) == 1
+
+
+def test_a_file_that_is_not_a_jixu_database_is_refused(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(StoreError, match="not a jixu SQLite database"):
+        SQLiteStore(junk)
+    other = tmp_path / "other.db"
+    raw = sqlite3.connect(other)
+    raw.execute("CREATE TABLE customers (id INTEGER)")
+    raw.commit()
+    raw.close()
+    with pytest.raises(StoreError, match="not a jixu database"):
+        SQLiteStore(other)
+
+
+_HOLD_LOCK = """
+import sqlite3, sys, time
+c = sqlite3.connect(sys.argv[1], isolation_level=None)
+c.execute("BEGIN IMMEDIATE"); print("locked", flush=True); time.sleep(float(sys.argv[2])); c.execute("ROLLBACK")
+"""
+
+
+def test_a_database_locked_past_the_busy_timeout_raises_store_locked(sqlite_path: Path) -> None:
+    store = SQLiteStore(sqlite_path, busy_timeout=0.2)
+    holder = spawn_python(_HOLD_LOCK, str(sqlite_path), "3")
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    started = time.monotonic()
+    with pytest.raises(StoreLocked, match="busy timeout"):
+        store.append("orders/1", [NewEvent("order.placed")], 0)
+    assert time.monotonic() - started < 2.5
+    holder.wait(timeout=10)
+    assert store.append("orders/1", [NewEvent("order.placed")], 0)[0].seq == 1
+    store.close()
+
+
+def test_a_closed_store_refuses_use(sqlite_path: Path) -> None:
+    store = SQLiteStore(sqlite_path)
+    store.close()
+    with pytest.raises(StoreError, match="closed"):
+        store.read("orders/1")
+
+
+@pytest.mark.parametrize(("url", "synchronous"), [
+    ("sqlite:///{dir}/a.db", "FULL"),
+    ("sqlite:///{dir}/a.db?synchronous=normal", "NORMAL"),
+    ("{dir}/a.db", "FULL"),
+])
+def test_open_store_understands_urls_and_paths(tmp_path: Path, url: str, synchronous: str) -> None:
+    store = open_store(url.format(dir=tmp_path))
+    assert isinstance(store, SQLiteStore)
+    assert store.synchronous == synchronous
+    assert Path(store.path) == tmp_path / "a.db"
+    store.close()
+
+
+def test_open_store_relative_sqlite_url_is_relative_to_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with open_store("sqlite:///rel.db") as store:
+        store.append("a/1", [NewEvent("a.b")], 0)
+    assert (tmp_path / "rel.db").exists()
+    assert isinstance(open_store("memory://"), MemoryStore)
+
+
+@pytest.mark.parametrize("url", ["redis://localhost/0", "mysql://x"])
+def test_open_store_rejects_unknown_schemes(url: str) -> None:
+    with pytest.raises(UnsupportedStoreUrl):
+        open_store(url)
+
+
+@pytest.mark.parametrize("url", ["sqlite:///x.db?synchronous=bogus", "sqlite:///x.db?color=red",
+                                 "sqlite://host/x.db", "sqlite:///"])
+def test_open_store_rejects_bad_url_options(tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidInput):
+        open_store(url)
+    assert not (tmp_path / "x.db").exists()
+
+
+_MIGRATE = """
+import sys, time
+from jixu.ledger import SQLiteStore
+start = float(sys.argv[2])
+while time.time() < start: pass
+s = SQLiteStore(sys.argv[1]); print(s.schema_version())
+"""
+
+
+def test_two_processes_opening_a_new_file_at_once_migrate_it_once(sqlite_path: Path) -> None:
+    start = time.time() + 0.5
+    procs = [spawn_python(_MIGRATE, str(sqlite_path), str(start)) for _ in range(3)]
+    outputs = [p.communicate(timeout=30) for p in procs]
+    assert [o[0].strip() for o in outputs] == [str(SCHEMA_VERSION)] * 3, outputs
+    rows = sqlite3.connect(sqlite_path).execute("SELECT count(*) FROM jixu_schema").fetchone()[0]
+    assert rows == SCHEMA_VERSION
+
+
+def test_verify_reads_one_snapshot_while_another_process_appends(sqlite_path: Path) -> None:
+    with SQLiteStore(sqlite_path) as store:
+        store.append("s/1", [NewEvent("agent.step", {"i": i}) for i in range(3000)], 0)
+    writer = spawn_python(_APPEND_FOREVER, str(sqlite_path))
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "appending"
+        with SQLiteStore(sqlite_path) as reader:
+            reports = [reader.verify("s/1") for _ in range(15)]
+            counts = {r.count for r in reports}
+    finally:
+        writer.kill()
+        writer.wait()
+    assert all(r.valid for r in reports), [r for r in reports if not r.valid][:1]
+    assert len(counts) > 1, "the writer should have appended between verifications"
+
+
+_APPEND_FOREVER = """
+import sys
+from jixu.ledger import SQLiteStore, NewEvent
+store = SQLiteStore(sys.argv[1], synchronous="NORMAL")
+head = store.stream_info("s/1").head_seq
+print("appending", flush=True)
+while True:
+    head = store.append("s/1", [NewEvent("agent.step", {"i": head})], head)[-1].seq
+"""
+
+
+def test_events_without_a_head_record_are_reported_and_appends_fail_clearly(sqlite_path: Path) -> None:
+    with SQLiteStore(sqlite_path) as store:
+        store.append("s/1", [NewEvent("agent.step", {"i": i}) for i in range(5)], 0)
+    raw = sqlite3.connect(sqlite_path)
+    raw.execute("DELETE FROM jixu_streams")
+    raw.commit()
+    raw.close()
+    with SQLiteStore(sqlite_path) as store:
+        report = store.verify("s/1")
+        assert (report.valid, report.reason, report.first_bad_seq) == (False, "head_mismatch", 1)
+        with pytest.raises(StoreError, match="disagree"):
+            store.append("s/1", [NewEvent("agent.step")], 0)
