@@ -1,0 +1,790 @@
+"""The RecoveryResolver: classify every effect in a stream from its events alone.
+
+This is the single authority on effect status. The harness, runs, HTTP API,
+CLI and Studio consume its :class:`Analysis`; none of them derives effect state
+on its own. It is a pure function of its input: no I/O, no clock, no
+randomness, and it never mutates the events it is given.
+
+Lifecycle events are typed ``<kind>.<phase>``: ``kind`` is any dotted prefix
+(``tool``, ``model``, ``remote.deploy``) and ``phase`` the last segment, one of
+:data:`PHASES`. Every other event type is ignored here, though it still takes
+part in the chain-link check.
+
+Each effect gets exactly one state from :data:`STATES`:
+
+* ``completed``: a terminal receipt: ``completed``, a determinate ``failed``
+  (after a dispatch, or before any: a rejection) or a ``denied`` before
+  dispatch. Never re-run.
+* ``not_dispatched``: the intent (approved, when approval is required) and no
+  dispatch marker. Safe to dispatch.
+* ``unknown``: the latest dispatch has no receipt, or an indeterminate
+  failure. Retry-safe only for ``read_only``/``idempotent`` effects without an
+  operator resolution; a resolution keeps the effect ``unknown`` (it is an
+  operator fact, not a receipt) and is reported in ``resolution``.
+* ``parked``: parked, or requiring approval, with no decision yet.
+* ``corrupt``: the events contradict each other.
+
+A corrupt effect's reason is the first code of :data:`CORRUPTION_REASONS`
+whose rule its events break, in this fixed priority order:
+
+1. ``broken_chain``: one of its events is at or after the first chain break;
+2. ``malformed_lifecycle_event``: a required field is missing or ill-typed;
+3. ``dispatch_without_intent``, ``receipt_without_intent``,
+   ``event_without_intent``: an event with no *earlier* intent;
+4. ``duplicate_intent``;
+5. ``identity_mismatch``: kind, name or idempotency key differ from the intent's;
+6. ``args_hash_mismatch``: in the intent itself, or in a dispatch;
+7. ``duplicate_receipt``: two receipts for an attempt, or two terminal receipts;
+8. ``unsafe_redispatch``: a second dispatch of an ``unsafe`` effect;
+9. ``out_of_order``: any other event the history so far does not allow;
+10. ``resolution_of_non_unknown``;
+11. ``conflicting_resolutions``.
+
+Where rules 9-11 meet:
+
+* a lifecycle event (other than another resolution) after an
+  ``outcome_resolved`` is ``out_of_order``;
+* a second ``outcome_resolved`` is ``conflicting_resolutions``, whatever its
+  body (an idempotent re-submission is the writer's job: it must not append);
+* the first ``outcome_resolved`` when the effect was not ``unknown`` at that
+  point is ``resolution_of_non_unknown``;
+* ``parked`` / ``approved`` / ``denied`` belong before the first dispatch; any
+  of them after a dispatch is ``out_of_order``, as is a second park or decision.
+
+Lifecycle events without a usable ``effect_id`` belong to no effect; they are
+listed in :attr:`Analysis.unattributed_events` and make the stream corrupt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any, Final, Literal, TypeAlias
+
+from jixu.errors import JixuError
+from jixu.ledger.encoding import content_hash
+from jixu.ledger.event import Event
+
+State: TypeAlias = Literal["completed", "not_dispatched", "unknown", "parked", "corrupt"]
+
+STATES: Final[tuple[State, ...]] = ("completed", "not_dispatched", "unknown", "parked", "corrupt")
+"""The five states; every effect is in exactly one."""
+
+PHASES: Final[tuple[str, ...]] = (
+    "requested",
+    "parked",
+    "approved",
+    "denied",
+    "dispatched",
+    "completed",
+    "failed",
+    "outcome_resolved",
+)
+"""The last type segment of lifecycle events (``tool.requested`` …)."""
+
+SEMANTICS: Final[tuple[str, ...]] = ("read_only", "idempotent", "unsafe")
+"""Declared effect semantics; only ``read_only`` and ``idempotent`` may be retried."""
+
+RESOLUTIONS: Final[tuple[str, ...]] = ("occurred", "not_occurred", "abandoned_unknown")
+"""The operator's possible decisions about an unknown effect."""
+
+CORRUPTION_REASONS: Final[dict[str, str]] = {
+    "broken_chain": "an event of the effect is at or after the first break of the hash chain",
+    "malformed_lifecycle_event": "a lifecycle event lacks a required field or has one of the wrong type/value",
+    "dispatch_without_intent": "a dispatch marker with no earlier intent (requested event)",
+    "receipt_without_intent": "a completed/failed/denied event with no earlier intent",
+    "event_without_intent": "a parked/approved/outcome_resolved event with no earlier intent",
+    "duplicate_intent": "more than one requested event for the same effect id",
+    "identity_mismatch": "a later event's kind, name or idempotency key differs from the intent's",
+    "args_hash_mismatch": "the intent's args_hash is not the hash of its args, or a dispatch names other args",
+    "duplicate_receipt": "two receipts for one attempt, or two terminal receipts",
+    "unsafe_redispatch": "an unsafe effect was dispatched more than once",
+    "out_of_order": "a lifecycle event where the effect's history does not allow it",
+    "resolution_of_non_unknown": "an outcome resolution for an effect that was not unknown at that point",
+    "conflicting_resolutions": "more than one outcome resolution for the same effect",
+}
+"""Corruption reason codes in priority order: the first rule an effect breaks names it."""
+
+DECISION_REASONS: Final[dict[str, State]] = {
+    "succeeded": "completed",
+    "failed": "completed",
+    "rejected_before_dispatch": "completed",
+    "denied": "completed",
+    "intent_only": "not_dispatched",
+    "approved_not_dispatched": "not_dispatched",
+    "dispatched_without_receipt": "unknown",
+    "indeterminate_failure": "unknown",
+    "resolved_by_operator": "unknown",
+    "parked": "parked",
+    "awaiting_approval": "parked",
+    **dict.fromkeys(CORRUPTION_REASONS, "corrupt"),
+}
+"""Every reason code a decision can carry, with the state it belongs to."""
+
+# Rank of each corruption rule = its index in CORRUPTION_REASONS; lower wins.
+_CODES: Final[tuple[str, ...]] = tuple(CORRUPTION_REASONS)
+_BROKEN_CHAIN = _CODES.index("broken_chain")
+_MALFORMED = _CODES.index("malformed_lifecycle_event")
+_DISPATCH_WITHOUT_INTENT = _CODES.index("dispatch_without_intent")
+_RECEIPT_WITHOUT_INTENT = _CODES.index("receipt_without_intent")
+_EVENT_WITHOUT_INTENT = _CODES.index("event_without_intent")
+_DUPLICATE_INTENT = _CODES.index("duplicate_intent")
+_IDENTITY_MISMATCH = _CODES.index("identity_mismatch")
+_ARGS_HASH_MISMATCH = _CODES.index("args_hash_mismatch")
+_DUPLICATE_RECEIPT = _CODES.index("duplicate_receipt")
+_UNSAFE_REDISPATCH = _CODES.index("unsafe_redispatch")
+_OUT_OF_ORDER = _CODES.index("out_of_order")
+_RESOLUTION_OF_NON_UNKNOWN = _CODES.index("resolution_of_non_unknown")
+_CONFLICTING_RESOLUTIONS = _CODES.index("conflicting_resolutions")
+
+_PHASE_SET: Final[frozenset[str]] = frozenset(PHASES)
+_SEMANTICS_SET: Final[frozenset[str]] = frozenset(SEMANTICS)
+_RETRYABLE: Final[frozenset[str]] = frozenset(("read_only", "idempotent"))
+_RESOLUTION_SET: Final[frozenset[str]] = frozenset(RESOLUTIONS)
+_WITHOUT_INTENT_RANK: Final[dict[str, int]] = {
+    "dispatched": _DISPATCH_WITHOUT_INTENT,
+    "completed": _RECEIPT_WITHOUT_INTENT,
+    "failed": _RECEIPT_WITHOUT_INTENT,
+    "denied": _RECEIPT_WITHOUT_INTENT,
+    "parked": _EVENT_WITHOUT_INTENT,
+    "approved": _EVENT_WITHOUT_INTENT,
+    "outcome_resolved": _EVENT_WITHOUT_INTENT,
+}
+
+# Marks an event type not parsed yet in analyze()'s per-call cache.
+_UNSEEN: Final[tuple[str, str]] = ("", "")
+
+
+
+@dataclass(frozen=True, slots=True)
+class EffectDecision:
+    """The resolver's verdict on one effect."""
+
+    effect_id: str
+    kind: str
+    name: str | None
+    state: State
+    reason: str
+    evidence: tuple[str, ...]
+    """Ids of the events the decision rests on (for ``corrupt``: the contradicting ones)."""
+    retry_safe: bool
+    semantics: str | None
+    idempotency_key: str | None
+    args_hash: str | None
+    attempts: int
+    """Number of dispatch markers."""
+    resolution: dict[str, Any] | None
+    requested_seq: int | None
+    last_seq: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return {
+            "effect_id": self.effect_id,
+            "kind": self.kind,
+            "name": self.name,
+            "state": self.state,
+            "reason": self.reason,
+            "evidence": list(self.evidence),
+            "retry_safe": self.retry_safe,
+            "semantics": self.semantics,
+            "idempotency_key": self.idempotency_key,
+            "args_hash": self.args_hash,
+            "attempts": self.attempts,
+            "resolution": None if self.resolution is None else dict(self.resolution),
+            "requested_seq": self.requested_seq,
+            "last_seq": self.last_seq,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Analysis:
+    """Every effect's decision plus the stream-level flags derived from them.
+
+    Build it with :meth:`from_decisions` so the flags agree with the decisions.
+    """
+
+    decisions: dict[str, EffectDecision]
+    """Keyed by effect id, in the order effects first appear."""
+    chain_break_seq: int | None
+    unattributed_events: tuple[str, ...]
+    """Ids of lifecycle events without a usable ``effect_id`` (they make the stream corrupt)."""
+    has_corruption: bool
+    requires_resolution: tuple[str, ...]
+    waiting_on_parked: tuple[str, ...]
+    retry_safe_unknown: tuple[str, ...]
+    not_dispatched: tuple[str, ...]
+    corrupt: tuple[str, ...]
+    safe_to_continue: bool
+
+    @classmethod
+    def from_decisions(
+        cls,
+        decisions: dict[str, EffectDecision],
+        *,
+        chain_break_seq: int | None = None,
+        unattributed_events: tuple[str, ...] = (),
+    ) -> Analysis:
+        """Derive the stream flags from ``decisions``."""
+        requires_resolution: list[str] = []
+        waiting: list[str] = []
+        retry_safe_unknown: list[str] = []
+        not_dispatched: list[str] = []
+        corrupt: list[str] = []
+        for effect_id, decision in decisions.items():
+            state = decision.state
+            if state == "unknown":
+                if decision.retry_safe:
+                    retry_safe_unknown.append(effect_id)
+                elif decision.semantics == "unsafe" and decision.resolution is None:
+                    requires_resolution.append(effect_id)
+            elif state == "parked":
+                waiting.append(effect_id)
+            elif state == "not_dispatched":
+                not_dispatched.append(effect_id)
+            elif state == "corrupt":
+                corrupt.append(effect_id)
+        has_corruption = bool(corrupt) or chain_break_seq is not None or bool(unattributed_events)
+        return cls(
+            decisions=decisions,
+            chain_break_seq=chain_break_seq,
+            unattributed_events=unattributed_events,
+            has_corruption=has_corruption,
+            requires_resolution=tuple(requires_resolution),
+            waiting_on_parked=tuple(waiting),
+            retry_safe_unknown=tuple(retry_safe_unknown),
+            not_dispatched=tuple(not_dispatched),
+            corrupt=tuple(corrupt),
+            safe_to_continue=not has_corruption and not requires_resolution and not waiting,
+        )
+
+    def by_state(self, state: State) -> list[EffectDecision]:
+        """The decisions in ``state``, in order of first appearance."""
+        return [d for d in self.decisions.values() if d.state == state]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: the flags and every decision (keyed by effect id)."""
+        return {
+            "decisions": {eid: d.to_dict() for eid, d in self.decisions.items()},
+            "chain_break_seq": self.chain_break_seq,
+            "unattributed_events": list(self.unattributed_events),
+            "has_corruption": self.has_corruption,
+            "requires_resolution": list(self.requires_resolution),
+            "waiting_on_parked": list(self.waiting_on_parked),
+            "retry_safe_unknown": list(self.retry_safe_unknown),
+            "not_dispatched": list(self.not_dispatched),
+            "corrupt": list(self.corrupt),
+            "safe_to_continue": self.safe_to_continue,
+        }
+
+
+def _positive_int(value: object) -> bool:
+    # bool is an int subclass; an attempt of True is malformed, not attempt 1.
+    return type(value) is int and value >= 1
+
+
+def _str_or_absent(data: dict[str, Any], key: str) -> bool:
+    value = data.get(key)
+    return value is None or type(value) is str
+
+
+def _well_formed(phase: str, data: dict[str, Any]) -> bool:
+    """True when ``data`` has every field ``phase`` requires, with the right types."""
+    if phase == "dispatched":
+        return (
+            _positive_int(data.get("attempt"))
+            and _str_or_absent(data, "name")
+            and _str_or_absent(data, "args_hash")
+            and _str_or_absent(data, "idempotency_key")
+        )
+    if phase == "completed":
+        return _positive_int(data.get("attempt")) and "result" in data
+    if phase == "requested":
+        semantics = data.get("semantics")
+        return (
+            type(data.get("name")) is str
+            and type(data.get("args")) is dict
+            and type(data.get("args_hash")) is str
+            and type(semantics) is str
+            and semantics in _SEMANTICS_SET
+            and type(data.get("idempotency_key")) is str
+            and type(data.get("requires_approval", False)) is bool
+        )
+    if phase == "failed":
+        attempt = data.get("attempt")
+        return (
+            (attempt is None or _positive_int(attempt))
+            and type(data.get("error")) is dict
+            and type(data.get("indeterminate")) is bool
+        )
+    if phase == "parked":
+        return type(data.get("reason")) is str
+    if phase == "outcome_resolved":
+        resolution = data.get("resolution")
+        resolution_id = data.get("resolution_id")
+        return (
+            type(resolution) is str
+            and resolution in _RESOLUTION_SET
+            and type(resolution_id) is str
+            and resolution_id != ""
+            and _str_or_absent(data, "actor")
+            and _str_or_absent(data, "note")
+        )
+    # approved / denied: only effect_id is required; actor and note are optional text.
+    return _str_or_absent(data, "actor") and _str_or_absent(data, "note")
+
+
+def _args_hash_ok(data: dict[str, Any]) -> bool | None:
+    """True/False: does args_hash match the args? None: the args cannot be hashed."""
+    try:
+        return bool(content_hash(data["args"]) == data["args_hash"])
+    except (JixuError, TypeError, ValueError, RecursionError):
+        return None
+
+
+def _resolution_of(event: Event) -> dict[str, Any]:
+    data = event.data
+    return {
+        "resolution": data.get("resolution"),
+        "resolution_id": data.get("resolution_id"),
+        "actor": data.get("actor"),
+        "note": data.get("note"),
+        "event_id": event.id,
+        # Optional facts the operator attached (e.g. for "occurred"), only when recorded.
+        **{key: data[key] for key in ("evidence", "result") if key in data},
+    }
+
+
+def _text(data: dict[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    return value if type(value) is str else None
+
+
+def _decide(
+    effect_id: str,
+    group: list[Event],
+    types: dict[str, tuple[str, str] | None],
+    covered: frozenset[int],
+    break_seq: int | None,
+) -> EffectDecision:
+    """Classify one effect from its lifecycle events (in input order)."""
+    last_seq = group[-1].seq
+    if type(last_seq) is not int:
+        last_seq = -1
+
+    # Rule 1 first and on its own: nothing at or after a chain break can be trusted.
+    if covered or break_seq is not None:
+        broken = tuple(
+            event.id
+            for event in group
+            if id(event) in covered
+            or (break_seq is not None and type(event.seq) is int and event.seq >= break_seq)
+        )
+        if broken:
+            return _corrupt(effect_id, group, types, _BROKEN_CHAIN, broken, last_seq)
+
+    # (rank, culprit event ids) of every rule broken; the lowest rank (first found on ties) wins.
+    findings: list[tuple[int, tuple[str, ...]]] = []
+
+    intent: Event | None = None
+    kind = ""
+    name: str | None = None
+    key: str | None = None
+    claimed_hash: str | None = None
+    semantics: str | None = None
+    requires_approval = False
+
+    # The walk's view of the effect so far.
+    parked_event: Event | None = None
+    approved_event: Event | None = None
+    decided = False  # approved or denied was recorded
+    terminal_event: Event | None = None
+    terminal_reason = ""
+    dispatch_count = 0
+    last_dispatch: Event | None = None
+    last_attempt = 0
+    attempt_unknown = False  # the latest dispatch has no receipt, or an indeterminate one
+    indeterminate_event: Event | None = None
+    receipts: dict[int, Event] | None = None  # attempt -> first receipt; made on first use
+    resolution_event: Event | None = None
+    attempt: Any  # an int once the event is known to be well formed, else anything
+
+    for event in group:
+        # Grouped events are lifecycle events, so the cache holds a (kind, phase) for them.
+        event_kind, phase = types[event.type] or ("", "")
+        data = event.data
+
+        # Identity fields a later event may repeat; read once, for rules 2, 5 and 6.
+        attempt = data.get("attempt")
+        other_name = data.get("name")
+        other_key = data.get("idempotency_key")
+        other_hash = data.get("args_hash")
+
+        # Rule 2, inlined for the two most frequent phases (the hot path).
+        if phase == "dispatched":
+            well_formed = (
+                type(attempt) is int
+                and attempt >= 1
+                and (other_name is None or type(other_name) is str)
+                and (other_key is None or type(other_key) is str)
+                and (other_hash is None or type(other_hash) is str)
+            )
+        elif phase == "completed":
+            well_formed = type(attempt) is int and attempt >= 1 and "result" in data
+        else:
+            well_formed = _well_formed(phase, data)
+        if not well_formed:
+            findings.append((_MALFORMED, (event.id,)))
+            if phase == "requested" and intent is None:
+                # Still the intent for ordering, so later events are not also "without intent".
+                intent, kind = event, event_kind
+            continue
+
+        if phase == "requested":
+            if intent is not None:
+                findings.append((_DUPLICATE_INTENT, (intent.id, event.id)))
+                continue
+            intent, kind = event, event_kind
+            name = other_name
+            key = other_key
+            claimed_hash = other_hash
+            semantics = data["semantics"]
+            requires_approval = data.get("requires_approval", False)
+            hash_ok = _args_hash_ok(data)  # the one re-hash of the args, once per intent
+            if hash_ok is None:
+                findings.append((_MALFORMED, (event.id,)))
+            elif not hash_ok:
+                findings.append((_ARGS_HASH_MISMATCH, (event.id,)))
+            continue
+
+        if intent is None:
+            findings.append((_WITHOUT_INTENT_RANK[phase], (event.id,)))
+            continue
+
+        if event_kind != kind or (other_name is not None and other_name != name) or (
+            other_key is not None and other_key != key
+        ):
+            findings.append((_IDENTITY_MISMATCH, (intent.id, event.id)))
+        if other_hash is not None and other_hash != claimed_hash:
+            findings.append((_ARGS_HASH_MISMATCH, (intent.id, event.id)))
+
+        # Nothing but a (conflicting) second resolution may follow a resolution.
+        out_of_order = resolution_event is not None and phase != "outcome_resolved"
+
+        if phase == "dispatched":
+            dispatch_count += 1
+            if semantics == "unsafe" and dispatch_count > 1:
+                findings.append((_UNSAFE_REDISPATCH, _ids_of_phase(group, types, "dispatched", event)))
+            if (
+                terminal_event is not None
+                or ((requires_approval or parked_event is not None) and approved_event is None)
+                or attempt != last_attempt + 1
+                or (last_attempt > 0 and not attempt_unknown)
+            ):
+                out_of_order = True
+            last_dispatch = event
+            last_attempt = attempt
+            attempt_unknown = True
+            indeterminate_event = None
+        elif phase == "completed" or phase == "failed":  # noqa: PLR1714 (faster than a tuple test)
+            indeterminate = phase == "failed" and data["indeterminate"]
+            if receipts is None:
+                receipts = {}
+            if terminal_event is not None:
+                findings.append((_DUPLICATE_RECEIPT, (terminal_event.id, event.id)))
+            elif attempt is not None and attempt in receipts:
+                findings.append((_DUPLICATE_RECEIPT, (receipts[attempt].id, event.id)))
+            if attempt is not None:
+                receipts.setdefault(attempt, event)
+            if last_attempt == 0:
+                # No dispatch yet: only a determinate failure without an attempt (a rejection) fits.
+                if phase == "completed" or indeterminate or attempt is not None:
+                    out_of_order = True
+            elif attempt != last_attempt:
+                out_of_order = True
+            attempt_unknown = indeterminate
+            if indeterminate:
+                indeterminate_event = event
+            elif terminal_event is None:
+                terminal_event = event
+                if phase == "completed":
+                    terminal_reason = "succeeded"
+                else:
+                    terminal_reason = "failed" if last_attempt else "rejected_before_dispatch"
+        elif phase == "outcome_resolved":
+            if resolution_event is not None:
+                findings.append((_CONFLICTING_RESOLUTIONS, (resolution_event.id, event.id)))
+            else:
+                if terminal_event is not None or not attempt_unknown:
+                    findings.append((_RESOLUTION_OF_NON_UNKNOWN, (event.id,)))
+                resolution_event = event
+        elif phase == "parked":
+            # Parking belongs before the first dispatch, once, before any decision.
+            if terminal_event is not None or dispatch_count or parked_event is not None or decided:
+                out_of_order = True
+            if parked_event is None:
+                parked_event = event
+        else:  # approved / denied
+            if terminal_event is not None and phase == "denied":
+                # A denial is a terminal receipt, so this is a second terminal receipt.
+                findings.append((_DUPLICATE_RECEIPT, (terminal_event.id, event.id)))
+            elif (
+                terminal_event is not None
+                or dispatch_count
+                or decided
+                or (parked_event is None and not requires_approval)
+            ):
+                out_of_order = True
+            decided = True
+            if phase == "approved":
+                if approved_event is None:
+                    approved_event = event
+            elif terminal_event is None:
+                terminal_event = event
+                terminal_reason = "denied"
+
+        if out_of_order:
+            findings.append((_OUT_OF_ORDER, (event.id,)))
+
+    if findings:
+        rank, culprits = min(findings, key=_rank_of)
+        return _corrupt(effect_id, group, types, rank, culprits, last_seq)
+
+    # Without findings there is exactly one well-formed intent, and it came first.
+    assert intent is not None
+    resolution: dict[str, Any] | None = None
+    retry_safe = False
+    state: State
+    evidence: tuple[str, ...]
+    if terminal_event is not None:
+        state, reason = "completed", terminal_reason
+        if terminal_reason == "denied":
+            evidence = (intent.id, *_ids(parked_event), terminal_event.id)
+        else:
+            evidence = (intent.id, *_ids(last_dispatch), terminal_event.id)
+    elif last_dispatch is not None:
+        state = "unknown"
+        evidence = (intent.id, last_dispatch.id, *_ids(indeterminate_event), *_ids(resolution_event))
+        if resolution_event is not None:
+            # An operator fact, not a receipt: the effect stays unknown but needs no more waiting.
+            reason = "resolved_by_operator"
+            resolution = _resolution_of(resolution_event)
+        else:
+            reason = "dispatched_without_receipt" if indeterminate_event is None else "indeterminate_failure"
+            retry_safe = semantics in _RETRYABLE
+    elif approved_event is None and (parked_event is not None or requires_approval):
+        # A required approval with no parked record yet (crash in between) is still parked.
+        state = "parked"
+        reason = "parked" if parked_event is not None else "awaiting_approval"
+        evidence = (intent.id, *_ids(parked_event))
+    else:
+        state = "not_dispatched"
+        retry_safe = True
+        if approved_event is not None:
+            reason = "approved_not_dispatched"
+            evidence = (intent.id, *_ids(parked_event), approved_event.id)
+        else:
+            reason, evidence = "intent_only", (intent.id,)
+    return EffectDecision(
+        effect_id=effect_id,
+        kind=kind,
+        name=name,
+        state=state,
+        reason=reason,
+        evidence=evidence,
+        retry_safe=retry_safe,
+        semantics=semantics,
+        idempotency_key=key,
+        args_hash=claimed_hash,
+        attempts=dispatch_count,
+        resolution=resolution,
+        requested_seq=intent.seq,
+        last_seq=last_seq,
+    )
+
+
+def _rank_of(finding: tuple[int, tuple[str, ...]]) -> int:
+    return finding[0]
+
+
+def _ids(event: Event | None) -> tuple[str, ...]:
+    return () if event is None else (event.id,)
+
+
+def _ids_of_phase(
+    group: list[Event], types: dict[str, tuple[str, str] | None], phase: str, upto: Event
+) -> tuple[str, ...]:
+    """Ids of ``group``'s events of ``phase`` up to and including ``upto``."""
+    found: list[str] = []
+    for event in group:
+        parsed = types[event.type]
+        if parsed is not None and parsed[1] == phase:
+            found.append(event.id)
+        if event is upto:
+            break
+    return tuple(found)
+
+
+def _corrupt(
+    effect_id: str,
+    group: list[Event],
+    types: dict[str, tuple[str, str] | None],
+    rank: int,
+    culprits: tuple[str, ...],
+    last_seq: int,
+) -> EffectDecision:
+    """A corrupt decision that still names what the first intent claimed, for operators."""
+    intent: Event | None = None
+    kind = ""
+    attempts = 0
+    resolution_event: Event | None = None
+    for event in group:
+        event_kind, phase = types[event.type] or ("", "")
+        if not kind:
+            kind = event_kind
+        if phase == "requested" and intent is None:
+            intent, kind = event, event_kind
+        elif phase == "dispatched":
+            attempts += 1
+        elif phase == "outcome_resolved" and resolution_event is None and _well_formed(phase, event.data):
+            resolution_event = event
+    data = intent.data if intent is not None else {}
+    return EffectDecision(
+        effect_id=effect_id,
+        kind=kind,
+        name=_text(data, "name"),
+        state="corrupt",
+        reason=_CODES[rank],
+        evidence=culprits,
+        retry_safe=False,
+        semantics=_text(data, "semantics"),
+        idempotency_key=_text(data, "idempotency_key"),
+        args_hash=_text(data, "args_hash"),
+        attempts=attempts,
+        resolution=None if resolution_event is None else _resolution_of(resolution_event),
+        requested_seq=intent.seq if intent is not None and type(intent.seq) is int else None,
+        last_seq=last_seq,
+    )
+
+
+class RecoveryResolver:
+    """The single authority on effect state; see :meth:`analyze`."""
+
+    @staticmethod
+    def analyze(
+        events: Sequence[Event],
+        *,
+        anchor_hash: str | None = None,
+        chain_break_seq: int | None = None,
+    ) -> Analysis:
+        """Classify every effect in ``events`` (one stream, in seq order, possibly a tail).
+
+        The chain-link check is cheap (no rehashing): seq must grow by exactly
+        one and each ``prev_hash`` must equal the previous event's ``hash``;
+        the first event is checked against ``anchor_hash`` when given. A caller
+        that ran full verification passes the first bad seq it found as
+        ``chain_break_seq``; the earlier of the two breaks is reported. An
+        effect is ``broken_chain`` when one of its events comes at or after the
+        first bad link in the given order, or has a seq at or above the
+        reported break.
+
+        Never raises on odd input: what cannot be understood is corrupt.
+        """
+        # Per-effect lists of events only: no per-event tuples, which (with the
+        # cyclic GC they provoke) were the largest cost on long streams.
+        groups: dict[str, list[Event]] = {}
+        unattributed: list[str] = []
+        types: dict[str, tuple[str, str] | None] = {}  # per-call cache: no regex or split per event
+
+        break_index, detected_seq = _first_break(events, anchor_hash)
+
+        for event in events:
+            event_type = event.type
+            parsed = types.get(event_type, _UNSEEN) if type(event_type) is str else None
+            if parsed is _UNSEEN:
+                parsed = _parse_type(event_type)
+                types[event_type] = parsed
+            if parsed is None:
+                continue
+            data = event.data
+            effect_id = data.get("effect_id") if type(data) is dict else None
+            if type(effect_id) is not str or not effect_id:
+                unattributed.append(event.id)
+                continue
+            group = groups.get(effect_id)
+            if group is None:
+                groups[effect_id] = [event]
+            else:
+                group.append(event)
+
+        if detected_seq is None:
+            break_seq = chain_break_seq
+        elif chain_break_seq is None:
+            break_seq = detected_seq
+        else:
+            break_seq = min(detected_seq, chain_break_seq)
+        # Identity of the events after the first bad link (they may carry any seq at all).
+        covered = (
+            frozenset(id(event) for event in islice(events, break_index, None))
+            if break_index >= 0
+            else frozenset()
+        )
+
+        decisions = {
+            effect_id: _decide(effect_id, group, types, covered, break_seq)
+            for effect_id, group in groups.items()
+        }
+        return Analysis.from_decisions(
+            decisions, chain_break_seq=break_seq, unattributed_events=tuple(unattributed)
+        )
+
+
+def _first_break(events: Sequence[Event], anchor_hash: str | None) -> tuple[int, int | None]:
+    """Position and seq of the first event that does not link to the one before it, or (-1, None)."""
+    expected_seq: int | None = None
+    expected_prev = anchor_hash
+    for index, event in enumerate(events):
+        seq = event.seq
+        if type(seq) is not int:
+            return index, expected_seq or 1
+        if expected_seq is not None and seq != expected_seq:
+            return index, seq
+        if expected_prev is not None and event.prev_hash != expected_prev:
+            return index, seq
+        expected_seq = seq + 1
+        expected_prev = event.hash
+    return -1, None
+
+
+def _parse_type(event_type: str) -> tuple[str, str] | None:
+    """``(kind, phase)`` for a lifecycle event type, else None."""
+    kind, _dot, phase = event_type.rpartition(".")
+    if not kind or phase not in _PHASE_SET:
+        return None
+    return kind, phase
+
+
+def analyze(
+    events: Sequence[Event],
+    *,
+    anchor_hash: str | None = None,
+    chain_break_seq: int | None = None,
+) -> Analysis:
+    """Alias of :meth:`RecoveryResolver.analyze`."""
+    return RecoveryResolver.analyze(events, anchor_hash=anchor_hash, chain_break_seq=chain_break_seq)
+
+
+__all__ = [
+    "CORRUPTION_REASONS",
+    "DECISION_REASONS",
+    "PHASES",
+    "RESOLUTIONS",
+    "SEMANTICS",
+    "STATES",
+    "Analysis",
+    "EffectDecision",
+    "RecoveryResolver",
+    "State",
+    "analyze",
+]
