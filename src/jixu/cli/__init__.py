@@ -1,0 +1,1 @@
+"""The ``jixu`` command line: one module per command group."""

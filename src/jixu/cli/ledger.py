@@ -1,0 +1,174 @@
+"""``jixu verify``, ``jixu ledger …`` and ``jixu effects``: the ledger and the resolver from the shell."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.table import Table
+
+from jixu.cli.output import EXIT_CHECK_FAILED, console, emit_json, handled, json_option
+from jixu.errors import InvalidInput, NotFound
+from jixu.ledger import NewEvent, open_store, verify_all
+from jixu.ledger.chain import REASONS
+from jixu.recovery import RecoveryResolver
+
+STORE_HELP = "Store: a SQLite file path, sqlite:///PATH, or another store URL."
+
+
+@click.command("verify")
+@click.argument("store")
+@click.option("--stream", default=None, help="Verify only this stream.")
+@json_option
+def verify_command(store: str, stream: str | None, as_json: bool) -> None:
+    """Recompute the hash chain of every stream in STORE (exit 1 if any is invalid)."""
+    with handled(as_json), open_store(store, create=False) as opened:
+        if stream is None:
+            reports = verify_all(opened)
+        elif opened.stream_info(stream) is None:
+            raise NotFound(f"stream {stream!r} does not exist in {store}", stream=stream)
+        else:
+            reports = [opened.verify(stream)]
+    valid = all(r.valid for r in reports)
+    if as_json:
+        emit_json({"valid": valid, "streams": [r.to_dict() for r in reports]})
+    else:
+        table = Table(title=f"jixu verify {store}")
+        for column in ("stream", "valid", "events", "head hash", "first bad seq", "why"):
+            table.add_column(column)
+        for r in reports:
+            table.add_row(
+                r.stream,
+                "[green]valid[/]" if r.valid else "[bold red]INVALID[/]",
+                str(r.count),
+                r.head_hash[:16] + "…",
+                "" if r.first_bad_seq is None else str(r.first_bad_seq),
+                "" if r.reason is None else f"{r.reason}: {REASONS[r.reason]} ({r.detail})",
+            )
+        console.print(table)
+        total = sum(r.count for r in reports)
+        verdict = "[green]all valid[/]" if valid else "[bold red]tampering or damage detected[/]"
+        console.print(f"{len(reports)} stream(s), {total} event(s): {verdict}")
+    if not valid:
+        sys.exit(EXIT_CHECK_FAILED)
+
+
+@click.group("ledger")
+def ledger_group() -> None:
+    """Read and append raw ledger events."""
+
+
+@ledger_group.command("append")
+@click.argument("store")
+@click.argument("stream")
+@click.argument("event_type")
+@click.argument("data", default="{}")
+@click.option("--expected-seq", type=int, default=None,
+              help="The head seq you expect (default: the current head, read just before).")
+@click.option("--id", "event_id", default=None, help="Event id (a ULID) to make a retried append idempotent.")
+@click.option("--actor", default=None, help="Recorded in the event's meta as the actor.")
+@json_option
+def append_command(store: str, stream: str, event_type: str, data: str, expected_seq: int | None,
+                   event_id: str | None, actor: str | None, as_json: bool) -> None:
+    """Append one event of EVENT_TYPE with DATA (a JSON object) to STREAM."""
+    with handled(as_json):
+        try:
+            payload = json.loads(data)
+        except ValueError as exc:
+            raise InvalidInput(f"DATA is not valid JSON: {exc}", field="data") from exc
+        meta = {"actor": actor} if actor else {}
+        event = NewEvent(event_type, payload, meta) if event_id is None else NewEvent(event_type, payload, meta, event_id)
+        with open_store(store) as opened:
+            if expected_seq is None:
+                info = opened.stream_info(stream)
+                expected_seq = info.head_seq if info else 0
+            [stored] = opened.append(stream, [event], expected_seq)
+    if as_json:
+        emit_json(stored.to_dict())
+    else:
+        console.print(f"appended [bold]{stored.type}[/] to {stored.stream} at seq {stored.seq} "
+                      f"(id {stored.id}, hash {stored.hash[:16]}…)", highlight=False)
+
+
+@ledger_group.command("streams")
+@click.argument("store")
+@click.option("--prefix", default="", help="Only streams whose name starts with this.")
+@json_option
+def streams_command(store: str, prefix: str, as_json: bool) -> None:
+    """List the streams in STORE with their heads."""
+    with handled(as_json), open_store(store, create=False) as opened:
+        infos = opened.list_streams(prefix, limit=100_000)
+    if as_json:
+        emit_json([i.to_dict() for i in infos])
+        return
+    table = Table(title=f"streams in {store}")
+    for column in ("stream", "events", "head hash", "created"):
+        table.add_column(column)
+    for i in infos:
+        table.add_row(i.stream, str(i.head_seq), i.head_hash[:16] + "…", i.created_at)
+    console.print(table)
+
+
+@ledger_group.command("events")
+@click.argument("store")
+@click.argument("stream")
+@click.option("--from-seq", type=int, default=1, help="First seq to show.")
+@json_option
+def events_command(store: str, stream: str, from_seq: int, as_json: bool) -> None:
+    """Show the events of STREAM in order."""
+    with handled(as_json), open_store(store, create=False) as opened:
+        events = opened.read(stream, from_seq)
+    if as_json:
+        emit_json([e.to_dict() for e in events])
+        return
+    table = Table(title=f"{stream} in {store}")
+    for column in ("seq", "type", "id", "recorded at", "data"):
+        table.add_column(column)
+    for e in events:
+        text = json.dumps(e.data, ensure_ascii=False)
+        table.add_row(str(e.seq), e.type, e.id, e.recorded_at, text if len(text) < 80 else text[:77] + "…")
+    console.print(table)
+
+
+_STATE_STYLE = {
+    "completed": "green",
+    "not_dispatched": "cyan",
+    "unknown": "bold yellow",
+    "parked": "magenta",
+    "corrupt": "bold red",
+}
+
+
+@click.command("effects")
+@click.argument("store")
+@click.argument("stream")
+@json_option
+def effects_command(store: str, stream: str, as_json: bool) -> None:
+    """Classify every effect in STREAM with the RecoveryResolver (exit 1 if corrupt or needing an operator)."""
+    with handled(as_json), open_store(store, create=False) as opened:
+        report = opened.verify(stream)
+        events = opened.read(stream)
+        if not events:
+            raise NotFound(f"stream {stream!r} has no events in {store}", stream=stream)
+    analysis = RecoveryResolver.analyze(events, chain_break_seq=None if report.valid else report.first_bad_seq)
+    if as_json:
+        emit_json(analysis.to_dict())
+    else:
+        table = Table(title=f"effects in {stream}")
+        for column in ("effect", "kind", "name", "state", "reason", "retry safe", "resolution"):
+            table.add_column(column)
+        for d in analysis.decisions.values():
+            style = _STATE_STYLE.get(d.state, "")
+            table.add_row(d.effect_id, d.kind, d.name or "", f"[{style}]{d.state}[/]", d.reason,
+                          "yes" if d.retry_safe else "no",
+                          (d.resolution or {}).get("resolution", "") if d.resolution else "")
+        console.print(table)
+        console.print(
+            f"safe to continue: {'yes' if analysis.safe_to_continue else 'no'}; "
+            f"needs an operator's resolution: {len(analysis.requires_resolution)}; "
+            f"parked: {len(analysis.waiting_on_parked)}; corruption: {'YES' if analysis.has_corruption else 'no'}",
+            highlight=False,
+        )
+    if analysis.has_corruption or analysis.requires_resolution:
+        sys.exit(EXIT_CHECK_FAILED)

@@ -1,0 +1,32 @@
+"""The ``jixu`` entry point."""
+
+from __future__ import annotations
+
+import click
+
+from jixu import __version__
+from jixu.cli.ledger import effects_command, ledger_group, verify_command
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="jixu")
+def cli() -> None:
+    """jixu: durable agent work that never guesses whether a side effect happened.
+
+    Exit codes: 0 ok, 1 check failed (invalid chain, corrupt or unresolved effects),
+    2 usage, 3 not found, 4 conflict, 5 store problem, 6 invalid input.
+    """
+
+
+cli.add_command(verify_command)
+cli.add_command(effects_command)
+cli.add_command(ledger_group)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli()
+
+
+if __name__ == "__main__":
+    main()

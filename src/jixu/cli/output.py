@@ -1,0 +1,69 @@
+"""Shared CLI plumbing: exit codes per error kind, JSON output, Rich tables."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+from rich.console import Console
+
+from jixu.errors import JixuError
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+"""Verification failed, or the thing inspected is corrupt / needs an operator."""
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_CONFLICT = 4
+EXIT_STORE = 5
+EXIT_INVALID_INPUT = 6
+
+_EXIT_BY_CODE: dict[str, int] = {
+    "not_found": EXIT_NOT_FOUND,
+    "store_not_found": EXIT_NOT_FOUND,
+    "concurrency_conflict": EXIT_CONFLICT,
+    "stale_fence": EXIT_CONFLICT,
+    "idempotency_conflict": EXIT_CONFLICT,
+    "lease_held": EXIT_CONFLICT,
+    "store_error": EXIT_STORE,
+    "store_locked": EXIT_STORE,
+    "store_read_only": EXIT_STORE,
+    "schema_too_new": EXIT_STORE,
+    "unsupported_store_url": EXIT_USAGE,
+}
+
+
+def exit_code_for(error: JixuError) -> int:
+    """The process exit status for ``error`` (invalid input unless listed)."""
+    return _EXIT_BY_CODE.get(error.code, EXIT_INVALID_INPUT)
+
+
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+
+
+def emit_json(value: Any) -> None:
+    """Print ``value`` as one JSON document on stdout."""
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False))
+
+
+@contextmanager
+def handled(as_json: bool) -> Iterator[None]:
+    """Turn a :class:`JixuError` into a clear message (or JSON error) and its exit code."""
+    try:
+        yield
+    except JixuError as error:
+        if as_json:
+            click.echo(json.dumps({"error": error.to_dict()}, ensure_ascii=False))
+        else:
+            err_console.print(f"[bold red]error[/] ({error.code}): {error.message}", highlight=False)
+        sys.exit(exit_code_for(error))
+
+
+def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The ``--json`` flag every inspecting command has."""
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table.")(fn)

@@ -1,0 +1,95 @@
+"""The ``jixu`` command as a user runs it: a real subprocess, real files, exit codes that mean something."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+from jixu.ledger import SQLiteStore
+from jixu.ledger.encoding import content_hash
+from tests.helpers import python_env
+
+
+def jixu(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "jixu", *args], capture_output=True, text=True,
+                          env=python_env(), cwd=cwd, timeout=60, check=False)
+
+
+def test_the_readme_main_job_appends_and_verifies(tmp_path: Path) -> None:
+    appended = jixu("ledger", "append", "jixu.db", "orders/42", "order.placed", '{"total": 42}', cwd=tmp_path)
+    assert appended.returncode == 0, appended.stderr
+    assert "seq 1" in appended.stdout
+    verified = jixu("verify", "jixu.db", cwd=tmp_path)
+    assert verified.returncode == 0, verified.stderr
+    assert "orders/42" in verified.stdout and "all valid" in verified.stdout
+
+
+def test_verify_json_names_the_first_bad_seq_and_exits_1(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    for n in range(5):
+        assert jixu("ledger", "append", str(db), "orders/1", "order.noted", json.dumps({"n": n})).returncode == 0
+    raw = sqlite3.connect(db)
+    raw.execute("DROP TRIGGER jixu_events_no_update")
+    raw.execute("""UPDATE jixu_events SET data = '{"n":7}' WHERE seq = 3""")
+    raw.commit()
+    raw.close()
+    result = jixu("verify", str(db), "--json")
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    assert report["valid"] is False
+    assert report["streams"][0]["first_bad_seq"] == 3
+    assert report["streams"][0]["reason"] == "payload_changed"
+    human = jixu("verify", str(db))
+    assert human.returncode == 1 and "INVALID" in human.stdout
+
+
+def test_append_json_output_is_the_stored_event(tmp_path: Path) -> None:
+    result = jixu("ledger", "append", str(tmp_path / "t.db"), "orders/1", "order.placed", '{"a": 1}',
+                  "--actor", "alice", "--json")
+    event = json.loads(result.stdout)
+    assert (event["seq"], event["data"], event["meta"]) == (1, {"a": 1}, {"actor": "alice"})
+    listed = json.loads(jixu("ledger", "events", str(tmp_path / "t.db"), "orders/1", "--json").stdout)
+    assert listed == [event]
+    streams = json.loads(jixu("ledger", "streams", str(tmp_path / "t.db"), "--json").stdout)
+    assert [s["stream"] for s in streams] == ["orders/1"]
+
+
+def test_errors_have_distinct_exit_codes_and_change_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    assert jixu("ledger", "append", str(db), "orders/1", "order.placed").returncode == 0
+    missing = jixu("verify", str(tmp_path / "absent.db"))
+    assert missing.returncode == 3 and "no such database" in missing.stderr
+    assert not (tmp_path / "absent.db").exists()
+    assert jixu("verify", str(db), "--stream", "orders/999").returncode == 3
+    bad_json = jixu("ledger", "append", str(db), "orders/1", "order.paid", "{not json")
+    assert bad_json.returncode == 6 and "not valid JSON" in bad_json.stderr
+    bad_type = jixu("ledger", "append", str(db), "orders/1", "Order Paid")
+    assert bad_type.returncode == 6
+    stale = jixu("ledger", "append", str(db), "orders/1", "order.paid", "--expected-seq", "0", "--json")
+    assert stale.returncode == 4 and json.loads(stale.stdout)["error"]["code"] == "concurrency_conflict"
+    with SQLiteStore(db) as store:
+        assert len(store.read("orders/1")) == 1
+
+
+def test_effects_shows_the_resolver_decisions_and_exits_1_when_an_operator_is_needed(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    args = {"to": "a@example.com"}
+    intent = {"effect_id": "e1", "name": "send_email", "args": args, "args_hash": content_hash(args),
+              "semantics": "unsafe", "idempotency_key": "k1", "requires_approval": False}
+    steps = [("tool.requested", intent), ("tool.dispatched", {"effect_id": "e1", "attempt": 1})]
+    for event_type, data in steps:
+        assert jixu("ledger", "append", str(db), "threads/1", event_type, json.dumps(data)).returncode == 0
+    result = jixu("effects", str(db), "threads/1", "--json")
+    assert result.returncode == 1, result.stderr
+    analysis = json.loads(result.stdout)
+    assert analysis["decisions"]["e1"]["state"] == "unknown"
+    assert analysis["requires_resolution"] == ["e1"]
+    human = jixu("effects", str(db), "threads/1")
+    assert "unknown" in human.stdout and "send_email" in human.stdout
+    receipt = {"effect_id": "e1", "attempt": 1, "result": "sent"}
+    assert jixu("ledger", "append", str(db), "threads/1", "tool.completed", json.dumps(receipt)).returncode == 0
+    done = jixu("effects", str(db), "threads/1", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["decisions"]["e1"]["state"] == "completed"
