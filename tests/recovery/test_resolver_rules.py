@@ -686,3 +686,30 @@ def test_hand_built_odd_events_never_raise() -> None:
     assert analysis.has_corruption is True
     assert analysis.unattributed_events == ("x1", "x5")
     assert analysis.chain_break_seq is not None
+
+
+def test_check_links_false_accepts_a_selection_of_verified_events() -> None:
+    from tests.helpers import chain as build
+
+    args = {"q": 1}
+    history = build([
+        ("tool.requested", {"effect_id": "a", "name": "t", "args": args, "args_hash": content_hash(args),
+                            "semantics": "unsafe", "idempotency_key": "ka"}),
+        ("note.added", {}),
+        ("tool.dispatched", {"effect_id": "a", "attempt": 1}),
+    ])
+    selection = [history[0], history[2]]
+    assert RecoveryResolver.analyze(selection).decisions["a"].state == "corrupt"
+    relaxed = RecoveryResolver.analyze(selection, check_links=False)
+    assert relaxed.decisions["a"].state == "unknown" and not relaxed.has_corruption
+
+
+def test_a_decision_round_trips_through_its_dict() -> None:
+    from tests.helpers import chain as build
+
+    args = {"q": 1}
+    history = build([("tool.requested", {"effect_id": "a", "name": "t", "args": args,
+                                         "args_hash": content_hash(args), "semantics": "idempotent",
+                                         "idempotency_key": "ka"})])
+    decision = RecoveryResolver.analyze(history).decisions["a"]
+    assert EffectDecision.from_dict(decision.to_dict()) == decision

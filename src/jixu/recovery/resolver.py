@@ -197,6 +197,26 @@ class EffectDecision:
             "last_seq": self.last_seq,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EffectDecision:
+        """The decision back from :meth:`to_dict` (e.g. out of a checkpoint)."""
+        return cls(
+            effect_id=data["effect_id"],
+            kind=data["kind"],
+            name=data["name"],
+            state=data["state"],
+            reason=data["reason"],
+            evidence=tuple(data["evidence"]),
+            retry_safe=data["retry_safe"],
+            semantics=data["semantics"],
+            idempotency_key=data["idempotency_key"],
+            args_hash=data["args_hash"],
+            attempts=data["attempts"],
+            resolution=None if data["resolution"] is None else dict(data["resolution"]),
+            requested_seq=data["requested_seq"],
+            last_seq=data["last_seq"],
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Analysis:
@@ -677,8 +697,14 @@ class RecoveryResolver:
         *,
         anchor_hash: str | None = None,
         chain_break_seq: int | None = None,
+        check_links: bool = True,
     ) -> Analysis:
         """Classify every effect in ``events`` (one stream, in seq order, possibly a tail).
+
+        ``check_links=False`` is for callers that pass a selection of events
+        from a chain they verified themselves (e.g. only the events of effects
+        still open at a checkpoint): the link check is skipped and only
+        ``chain_break_seq`` marks a break.
 
         The chain-link check is cheap (no rehashing): seq must grow by exactly
         one and each ``prev_hash`` must equal the previous event's ``hash``;
@@ -697,7 +723,7 @@ class RecoveryResolver:
         unattributed: list[str] = []
         types: dict[str, tuple[str, str] | None] = {}  # per-call cache: no regex or split per event
 
-        break_index, detected_seq = _first_break(events, anchor_hash)
+        break_index, detected_seq = _first_break(events, anchor_hash) if check_links else (-1, None)
 
         for event in events:
             event_type = event.type
@@ -770,9 +796,11 @@ def analyze(
     *,
     anchor_hash: str | None = None,
     chain_break_seq: int | None = None,
+    check_links: bool = True,
 ) -> Analysis:
     """Alias of :meth:`RecoveryResolver.analyze`."""
-    return RecoveryResolver.analyze(events, anchor_hash=anchor_hash, chain_break_seq=chain_break_seq)
+    return RecoveryResolver.analyze(events, anchor_hash=anchor_hash, chain_break_seq=chain_break_seq,
+                                    check_links=check_links)
 
 
 __all__ = [
