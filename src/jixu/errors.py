@@ -53,6 +53,24 @@ class PayloadTooLarge(InvalidInput):
     code = "payload_too_large"
 
 
+class ToolDefinitionError(InvalidInput):
+    """A ``@tool`` declaration is unusable (bad option, annotation or signature)."""
+
+    code = "tool_definition_invalid"
+
+
+class ToolInputError(InvalidInput):
+    """Arguments for a tool call do not match the tool's parameter schema."""
+
+    code = "tool_input_invalid"
+
+
+class ToolOutputError(JixuError):
+    """A tool returned a value that is not plain JSON or does not match its return annotation."""
+
+    code = "tool_output_invalid"
+
+
 class NotFound(JixuError):
     """A stream, event or other object does not exist."""
 
@@ -125,8 +143,74 @@ class UnsupportedStoreUrl(StoreError):
     code = "unsupported_store_url"
 
 
+# --- threads --------------------------------------------------------------------------
+
+
+class ThreadNotFound(NotFound):
+    """No thread with this id exists in the store."""
+
+    code = "thread_not_found"
+
+
+class ThreadCorrupt(JixuError):
+    """The thread's events contradict themselves; it will not run until an operator repairs it."""
+
+    code = "thread_corrupt"
+
+
+class ThreadBusy(JixuError):
+    """The thread cannot take this request in its current status (running, waiting, failed)."""
+
+    code = "thread_busy"
+
+
+class IncompatibleAgent(JixuError):
+    """The thread was recorded under an agent whose name or tool contract differs."""
+
+    code = "incompatible_agent"
+
+
+class EffectNotUnknown(JixuError):
+    """An outcome resolution names an effect that is not in the ``unknown`` state."""
+
+    code = "effect_not_unknown"
+
+
+class EffectNotParked(JixuError):
+    """An approval or denial names an effect that is not waiting for one."""
+
+    code = "effect_not_parked"
+
+
+class ResolutionConflict(JixuError):
+    """The effect was already resolved differently, or a resolution id was reused with another body."""
+
+    code = "resolution_conflict"
+
+
+class ModelError(JixuError):
+    """A model driver failed. ``indeterminate`` says whether the call may have been processed."""
+
+    code = "model_error"
+
+    def __init__(self, message: str, *, kind: str = "transient", indeterminate: bool = True,
+                 retry_after: float | None = None, **details: Any) -> None:
+        super().__init__(message, kind=kind, indeterminate=indeterminate, retry_after=retry_after, **details)
+        self.kind = kind
+        self.indeterminate = indeterminate
+        self.retry_after = retry_after
+
+
 __all__ = [
     "ConcurrencyError",
+    "EffectNotParked",
+    "EffectNotUnknown",
+    "IncompatibleAgent",
+    "ModelError",
+    "ResolutionConflict",
+    "ThreadBusy",
+    "ThreadCorrupt",
+    "ThreadNotFound",
     "FencingError",
     "IdempotencyConflict",
     "InvalidId",
@@ -141,5 +225,8 @@ __all__ = [
     "StoreLocked",
     "StoreNotFound",
     "StoreReadOnly",
+    "ToolDefinitionError",
+    "ToolInputError",
+    "ToolOutputError",
     "UnsupportedStoreUrl",
 ]

@@ -1,0 +1,74 @@
+"""The immutable Agent definition a harness runs threads under."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from jixu.errors import InvalidInput
+from jixu.ledger.encoding import content_hash
+from jixu.threads.model import ModelDriver
+from jixu.threads.tools import Tool
+
+
+@dataclass(frozen=True)
+class Agent:
+    """A name, instructions, a model driver and tools.
+
+    ``contract`` is a digest of the name and every tool's contract (name,
+    schemas, semantics, approval): a thread refuses to continue under an agent
+    whose contract differs, because its recorded effects would no longer mean
+    the same thing. ``digest`` also covers instructions and the model's name,
+    and is recorded for audit.
+    """
+
+    name: str
+    model: ModelDriver
+    instructions: str = ""
+    tools: Sequence[Tool] = field(default_factory=tuple)
+    max_steps: int = 32
+    """Model calls allowed in one turn before the turn fails."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise InvalidInput("an agent needs a non-empty name", field="name")
+        if not hasattr(self.model, "complete"):
+            raise InvalidInput("model must be a model driver (with an async complete())", field="model")
+        tools = tuple(self.tools)
+        for item in tools:
+            if not isinstance(item, Tool):
+                raise InvalidInput(f"{item!r} is not a tool; decorate it with @jixu.tool", field="tools")
+        names = [t.name for t in tools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise InvalidInput(f"tool names must be unique; repeated: {duplicates}", field="tools")
+        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or self.max_steps < 1:
+            raise InvalidInput("max_steps must be an integer >= 1", field="max_steps")
+        object.__setattr__(self, "tools", tools)
+
+    def tool(self, name: str) -> Tool | None:
+        """The tool called ``name``, or ``None``."""
+        for candidate in self.tools:
+            if candidate.name == name:
+                return candidate
+        return None
+
+    @property
+    def contract(self) -> str:
+        """Digest of what must not change under a running thread."""
+        return content_hash({"name": self.name, "tools": sorted((t.contract() for t in self.tools),
+                                                                key=lambda c: str(c["name"]))})
+
+    @property
+    def digest(self) -> str:
+        """Digest of the whole definition (contract, instructions, model name)."""
+        return content_hash({"contract": self.contract, "instructions": self.instructions,
+                             "model": self.model.name, "max_steps": self.max_steps})
+
+    def describe(self) -> dict[str, Any]:
+        """What a thread records about its agent."""
+        return {"name": self.name, "contract": self.contract, "digest": self.digest, "model": self.model.name}
+
+
+__all__ = ["Agent"]

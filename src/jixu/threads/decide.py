@@ -1,0 +1,120 @@
+"""The pure decision of what a thread does next, from its state and the resolver's analysis.
+
+This is the only place the agent loop's policy lives; :mod:`jixu.threads.thread`
+carries the decisions out and records every step as events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jixu.ledger.encoding import JSONObject
+from jixu.recovery import Analysis
+from jixu.threads.projection import ThreadState
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Nothing to do until something outside changes: ``idle``, ``waiting``, ``failed`` or ``corrupt``."""
+
+    status: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Dispatch these recorded effects now (never dispatched, or retry-safe with an unknown outcome)."""
+
+    effect_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestModel:
+    """Record the intent of the turn's next model call."""
+
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTools:
+    """Record intents for tool calls the model made that have none yet."""
+
+    turn_id: str
+    calls: tuple[JSONObject, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteTurn:
+    """The model gave its final reply."""
+
+    turn_id: str
+    reply: str
+
+
+@dataclass(frozen=True, slots=True)
+class FailTurn:
+    """The turn cannot continue."""
+
+    turn_id: str
+    error: JSONObject
+
+
+Action = Stop | Dispatch | RequestModel | RequestTools | CompleteTurn | FailTurn
+
+
+def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attempts: int) -> Action:
+    """The next action for a thread (pure: reads its arguments only)."""
+    if analysis.has_corruption or state.contradiction:
+        corrupt = ", ".join(analysis.corrupt) or "the event stream"
+        return Stop("corrupt", f"contradictory events ({corrupt}); an operator must inspect the ledger")
+    turn = state.active_turn()
+    exhausted: list[str] = []
+    if turn is not None:
+        ready: list[str] = []
+        for effect_id in analysis.not_dispatched:
+            if state.effect_turn.get(effect_id) == turn.turn_id:
+                ready.append(effect_id)
+        for effect_id in analysis.retry_safe_unknown:
+            if state.effect_turn.get(effect_id) != turn.turn_id:
+                continue
+            decision = analysis.decisions[effect_id]
+            if decision.attempts < max_attempts:
+                ready.append(effect_id)
+            elif decision.kind == "model":
+                return FailTurn(turn.turn_id, {"source": "model", "type": "retries_exhausted",
+                                               "message": f"model call {effect_id} failed {decision.attempts} "
+                                                          "times with an unknown outcome"})
+            else:
+                exhausted.append(effect_id)
+        if ready:
+            return Dispatch(tuple(ready))
+    if analysis.requires_resolution or exhausted:
+        pending = ", ".join([*analysis.requires_resolution, *exhausted])
+        return Stop("waiting", f"effects with an unknown outcome need an operator's resolution: {pending}")
+    if analysis.waiting_on_parked:
+        return Stop("waiting", f"calls awaiting approval: {', '.join(analysis.waiting_on_parked)}")
+    if turn is None:
+        failed = bool(state.turns) and state.turns[-1].status == "failed"
+        return Stop("failed" if failed else "idle")
+    if turn.error is not None:
+        return FailTurn(turn.turn_id, turn.error)
+    messages = state.messages[turn.message_index:]
+    last_assistant = next((m for m in reversed(messages) if m.get("role") == "assistant"), None)
+    if last_assistant is not None:
+        calls = list(last_assistant.get("tool_calls") or [])
+        if not calls:
+            return CompleteTurn(turn.turn_id, str(last_assistant.get("content") or ""))
+        answered = {m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
+        unanswered = [c for c in calls if c.get("id") not in answered]
+        if unanswered:
+            without_intent = tuple(c for c in unanswered if c.get("id") not in state.step_calls)
+            if without_intent:
+                return RequestTools(turn.turn_id, without_intent)
+            return Stop("waiting", "tool calls are still in flight")
+    if turn.model_calls >= max_steps:
+        return FailTurn(turn.turn_id, {"source": "agent", "type": "max_steps",
+                                       "message": f"the turn used all {max_steps} model calls"})
+    return RequestModel(turn.turn_id)
+
+
+__all__ = ["Action", "CompleteTurn", "Dispatch", "FailTurn", "RequestModel", "RequestTools", "Stop", "decide"]

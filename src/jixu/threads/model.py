@@ -1,0 +1,177 @@
+"""Model drivers: the interface a language model sits behind, and the scripted model for tests and demos.
+
+A driver turns a :class:`ModelRequest` (instructions, the conversation in
+jixu's neutral message format, tool specs) into a :class:`ModelResponse` (text
+and/or tool calls, usage). Drivers do I/O and decide nothing about durability:
+the harness records the intent before calling, the dispatch marker right
+before, and the receipt after.
+
+Neutral messages are dicts:
+
+- ``{"role": "user", "content": str}``
+- ``{"role": "assistant", "content": str | None, "tool_calls": [{"id", "name", "args"}]}``
+- ``{"role": "tool", "tool_call_id": str, "name": str, "content": str, "status": str}``
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeAlias
+
+from jixu.errors import InvalidInput, ModelError
+from jixu.ledger.encoding import JSONObject, canonical_text
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A model's request to call tool ``name`` with ``args``; ``id`` is assigned when omitted."""
+
+    name: str
+    args: JSONObject = field(default_factory=dict)
+    id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"id", "name", "args"}``."""
+        return {"id": self.id, "name": self.name, "args": self.args}
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens and cost of one model call; ``cost`` stays ``None`` when the price is unknown."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    cost: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                "cached_tokens": self.cached_tokens, "cost": self.cost}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    """Everything a driver needs for one call, plus the effect identity it runs under."""
+
+    instructions: str
+    messages: tuple[JSONObject, ...]
+    tools: tuple[JSONObject, ...]
+    effect_id: str
+    idempotency_key: str
+    attempt: int
+    thread_id: str
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelResponse:
+    """What the model answered: final ``text``, or ``tool_calls`` to run first (or both)."""
+
+    text: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage = field(default_factory=Usage)
+    model: str = ""
+    stop_reason: str = ""
+
+    def to_result(self, effect_id: str) -> JSONObject:
+        """The receipt's ``result``: tool calls get stable ids derived from ``effect_id``."""
+        calls = [
+            {"id": call.id or f"call_{effect_id}_{index}", "name": call.name, "args": call.args}
+            for index, call in enumerate(self.tool_calls)
+        ]
+        result: JSONObject = {"text": self.text, "tool_calls": calls, "usage": self.usage.to_dict(),
+                              "model": self.model, "stop_reason": self.stop_reason}
+        canonical_text(result, path="model result")  # refuse non-JSON arguments before recording
+        return result
+
+
+class ModelDriver(Protocol):
+    """The interface every model driver implements."""
+
+    @property
+    def name(self) -> str:
+        """A stable name recorded with each call (e.g. ``openai:gpt-4o``)."""
+        ...
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """Answer ``request``; raise :class:`~jixu.errors.ModelError` on failure."""
+        ...
+
+
+Step: TypeAlias = str | ToolCall | Sequence[ToolCall] | ModelResponse
+ScriptFunction: TypeAlias = Callable[[list[JSONObject]], Step | Awaitable[Step]]
+
+
+class ScriptedModel:
+    """A deterministic model for tests and offline demos.
+
+    Given a list, it answers the *n*-th model call of a thread with the *n*-th
+    step, where *n* is the number of assistant messages already in the
+    conversation, so a reopened or forked thread continues the script exactly
+    where its history stands. A step is a ``str`` (final reply), a
+    :class:`ToolCall`, a list of them (parallel calls) or a
+    :class:`ModelResponse`. Given a function, it calls ``fn(messages)`` for
+    each step. Every request is kept in :attr:`calls`.
+    """
+
+    def __init__(self, script: Sequence[Step] | ScriptFunction, *, name: str = "scripted") -> None:
+        if callable(script):
+            self._fn: ScriptFunction | None = script
+            self._steps: tuple[Step, ...] = ()
+        elif isinstance(script, Sequence) and not isinstance(script, str):
+            self._fn = None
+            self._steps = tuple(script)
+            for step in self._steps:
+                _check_step(step)
+        else:
+            raise InvalidInput("ScriptedModel takes a list of steps or a function of the messages")
+        self._name = name
+        self.calls: list[ModelRequest] = []
+
+    @property
+    def name(self) -> str:
+        """``scripted`` unless named otherwise."""
+        return self._name
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """The next step of the script as a response."""
+        self.calls.append(request)
+        messages = list(request.messages)
+        if self._fn is not None:
+            step = self._fn(messages)
+            if inspect.isawaitable(step):
+                step = await step
+        else:
+            index = sum(1 for m in messages if m.get("role") == "assistant")
+            if index >= len(self._steps):
+                raise ModelError(
+                    f"the script has {len(self._steps)} step(s) and all are used; add more steps",
+                    kind="invalid_request",
+                    indeterminate=False,
+                )
+            step = self._steps[index]
+        return _as_response(_check_step(step), self._name)
+
+
+def _check_step(step: object) -> Step:
+    if isinstance(step, str | ToolCall | ModelResponse):
+        return step
+    if isinstance(step, Sequence) and step and all(isinstance(s, ToolCall) for s in step):
+        return list(step)
+    raise InvalidInput(f"a script step must be a str, a ToolCall, a list of ToolCalls or a ModelResponse, "
+                       f"not {step!r}")
+
+
+def _as_response(step: Step, model: str) -> ModelResponse:
+    if isinstance(step, ModelResponse):
+        return step
+    if isinstance(step, str):
+        return ModelResponse(text=step, model=model, stop_reason="end_turn")
+    calls = (step,) if isinstance(step, ToolCall) else tuple(step)
+    return ModelResponse(tool_calls=calls, model=model, stop_reason="tool_use")
+
+
+__all__ = ["ModelDriver", "ModelRequest", "ModelResponse", "ScriptedModel", "ToolCall", "Usage"]

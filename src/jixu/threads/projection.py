@@ -1,0 +1,354 @@
+"""The pure projection of a thread's events into its state.
+
+``ThreadProjection.apply`` folds one event into a :class:`ThreadState` and
+does no I/O. Effect status is never derived here: the projection keeps the
+lifecycle events of effects that are still open and asks the
+:class:`~jixu.recovery.RecoveryResolver` about them; once the resolver calls
+an effect settled (``completed``, or ``unknown`` with an operator resolution)
+only its decision is kept. An event that touches a settled effect marks the
+state ``contradiction``: the caller must then analyze the full history.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from jixu.ledger.encoding import JSONObject
+from jixu.ledger.event import Event
+from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
+
+REDUCER_VERSION = 1
+
+LIFECYCLE_PHASES = frozenset(
+    {"requested", "parked", "approved", "denied", "dispatched", "completed", "failed", "outcome_resolved"}
+)
+_SETTLING_PHASES = frozenset({"completed", "failed", "denied", "outcome_resolved"})
+
+RESOLUTION_MESSAGES = {
+    "occurred": "An operator confirmed that this call happened.",
+    "not_occurred": "An operator confirmed that this call did NOT happen. You may call the tool again "
+                    "if it is still needed.",
+    "abandoned_unknown": "The outcome of this call is unknown: an operator accepted the uncertainty "
+                         "without confirming whether it happened.",
+}
+NOT_INHERITED_MESSAGE = "This tool call was not carried into the fork: it did not run in this thread."
+
+
+@dataclass
+class Turn:
+    """One ``send``: its input, and how it ended."""
+
+    turn_id: str
+    input: str
+    status: str = "running"  # running | completed | failed | interrupted
+    reply: str | None = None
+    error: JSONObject | None = None
+    model_calls: int = 0
+    started_seq: int = 0
+    ended_seq: int | None = None
+    message_index: int = 0
+    """Index of this turn's user message in the conversation."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return {"turn_id": self.turn_id, "input": self.input, "status": self.status, "reply": self.reply,
+                "error": self.error, "model_calls": self.model_calls, "started_seq": self.started_seq,
+                "ended_seq": self.ended_seq, "message_index": self.message_index}
+
+
+@dataclass
+class ThreadState:
+    """Everything the projection knows (mutable; owned by the reducer)."""
+
+    thread_id: str = ""
+    agent: JSONObject = field(default_factory=dict)
+    parent: JSONObject | None = None
+    metadata: JSONObject = field(default_factory=dict)
+    messages: list[JSONObject] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    open_events: dict[str, list[Event]] = field(default_factory=dict)
+    """Lifecycle events of effects not yet settled, by effect id."""
+    settled: dict[str, EffectDecision] = field(default_factory=dict)
+    effect_turn: dict[str, str] = field(default_factory=dict)
+    """Turn id of every open effect."""
+    step_calls: dict[str, str] = field(default_factory=dict)
+    """Tool call id -> effect id, for the calls of the latest assistant message."""
+    stray_events: list[Event] = field(default_factory=list)
+    """Lifecycle events without a usable effect id (they make the thread corrupt)."""
+    usage: JSONObject = field(default_factory=lambda: {"input_tokens": 0, "output_tokens": 0,
+                                                       "cached_tokens": 0, "cost": None,
+                                                       "model_calls": 0, "tool_calls": 0})
+    contradiction: bool = False
+    seq: int = 0
+    head_hash: str = ""
+
+    # --- derived views (pure) ------------------------------------------------------------
+
+    def active_turn(self) -> Turn | None:
+        """The running turn, if any."""
+        return self.turns[-1] if self.turns and self.turns[-1].status == "running" else None
+
+    def open_event_list(self) -> list[Event]:
+        """All open lifecycle events plus stray ones, in seq order."""
+        events = [e for group in self.open_events.values() for e in group]
+        events.extend(self.stray_events)
+        events.sort(key=lambda e: e.seq)
+        return events
+
+    def analysis(self, chain_break_seq: int | None = None) -> Analysis:
+        """The resolver's answer for every effect: settled decisions plus the open ones analyzed now."""
+        current = RecoveryResolver.analyze(self.open_event_list(), check_links=False,
+                                           chain_break_seq=chain_break_seq)
+        if not self.settled:
+            return current
+        decisions = dict(self.settled)
+        decisions.update(current.decisions)
+        ordered = dict(sorted(decisions.items(), key=lambda item: item[1].requested_seq or item[1].last_seq))
+        return Analysis.from_decisions(ordered, chain_break_seq=current.chain_break_seq,
+                                       unattributed_events=current.unattributed_events)
+
+    def intent(self, effect_id: str) -> JSONObject | None:
+        """The ``requested`` data of an open effect."""
+        group = self.open_events.get(effect_id)
+        if group and group[0].type.endswith(".requested"):
+            return group[0].data
+        return None
+
+
+def _phase(event_type: str) -> tuple[str, str] | None:
+    kind, _dot, phase = event_type.rpartition(".")
+    return (kind, phase) if kind and phase in LIFECYCLE_PHASES else None
+
+
+def _tool_message(call_id: str, name: str, content: Any, status: str) -> JSONObject:
+    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, sort_keys=True)
+    return {"role": "tool", "tool_call_id": call_id, "name": name, "content": text, "status": status}
+
+
+class ThreadProjection:
+    """The reducer from thread events to :class:`ThreadState` (a :class:`~jixu.ledger.Projection`)."""
+
+    name = "thread"
+    version = REDUCER_VERSION
+
+    def initial(self) -> ThreadState:
+        """The state before any event."""
+        return ThreadState()
+
+    def apply(self, state: ThreadState, event: Event) -> ThreadState:
+        """Fold ``event`` into ``state`` (mutates and returns it)."""
+        state.seq = event.seq
+        state.head_hash = event.hash
+        parsed = _phase(event.type)
+        if parsed is not None:
+            self._lifecycle(state, event, parsed[0], parsed[1])
+            return state
+        handler = _HANDLERS.get(event.type)
+        if handler is not None:
+            handler(state, event)
+        return state
+
+    # --- effect lifecycle -------------------------------------------------------------
+
+    def _lifecycle(self, state: ThreadState, event: Event, kind: str, phase: str) -> None:
+        data = event.data
+        effect_id = data.get("effect_id")
+        if not isinstance(effect_id, str) or not effect_id:
+            state.stray_events.append(event)
+            return
+        if effect_id in state.settled:
+            state.contradiction = True
+            return
+        group = state.open_events.setdefault(effect_id, [])
+        group.append(event)
+        if phase == "requested":
+            turn_id = data.get("turn_id")
+            if isinstance(turn_id, str):
+                state.effect_turn[effect_id] = turn_id
+            call_id = data.get("call_id")
+            if kind == "tool" and isinstance(call_id, str):
+                state.step_calls[call_id] = effect_id
+            turn = state.active_turn()
+            if kind == "model" and turn is not None and turn.turn_id == turn_id:
+                turn.model_calls += 1
+            return
+        if phase not in _SETTLING_PHASES:
+            return
+        decision = RecoveryResolver.analyze(group, check_links=False).decisions.get(effect_id)
+        if decision is None:
+            return
+        settled = decision.state == "completed" or (decision.state == "unknown" and decision.resolution)
+        if not settled:
+            return
+        intent = group[0].data if group[0].type.endswith(".requested") else {}
+        del state.open_events[effect_id]
+        turn_id = state.effect_turn.pop(effect_id, None)
+        state.settled[effect_id] = decision
+        if kind == "model":
+            self._model_settled(state, event, phase, turn_id)
+        elif kind == "tool":
+            self._tool_settled(state, event, phase, intent)
+
+    def _model_settled(self, state: ThreadState, event: Event, phase: str, turn_id: str | None) -> None:
+        turn = state.active_turn()
+        if turn is None or turn.turn_id != turn_id:
+            return
+        if phase == "completed":
+            result = event.data.get("result") or {}
+            calls = result.get("tool_calls") or []
+            state.messages.append({"role": "assistant", "content": result.get("text"), "tool_calls": calls})
+            state.step_calls = {}
+            usage = result.get("usage") or {}
+            for key in ("input_tokens", "output_tokens", "cached_tokens"):
+                state.usage[key] += int(usage.get(key) or 0)
+            if usage.get("cost") is not None:
+                state.usage["cost"] = (state.usage["cost"] or 0.0) + float(usage["cost"])
+            state.usage["model_calls"] += 1
+        elif phase == "failed":
+            turn.error = {"source": "model", **(event.data.get("error") or {})}
+
+    def _tool_settled(self, state: ThreadState, event: Event, phase: str, intent: JSONObject) -> None:
+        call_id = str(intent.get("call_id") or "")
+        name = str(intent.get("name") or "")
+        data = event.data
+        if phase == "completed":
+            state.messages.append(_tool_message(call_id, name, data.get("result"), "ok"))
+            state.usage["tool_calls"] += 1
+        elif phase == "failed":
+            state.messages.append(_tool_message(call_id, name, {"error": data.get("error")}, "error"))
+            state.usage["tool_calls"] += 1
+        elif phase == "denied":
+            note = data.get("note") or ""
+            state.messages.append(_tool_message(call_id, name, f"An operator denied this call. {note}".strip(),
+                                                "denied"))
+        elif phase == "outcome_resolved":
+            resolution = str(data.get("resolution"))
+            content: Any = RESOLUTION_MESSAGES.get(resolution, resolution)
+            if resolution == "occurred" and data.get("result") is not None:
+                content = {"note": content, "result": data.get("result")}
+            state.messages.append(_tool_message(call_id, name, content, resolution))
+
+    # --- checkpoints ------------------------------------------------------------------
+
+    def dump(self, state: ThreadState) -> JSONObject:
+        """The state as JSON (for checkpoints and fork points)."""
+        return {
+            "thread_id": state.thread_id,
+            "agent": state.agent,
+            "parent": state.parent,
+            "metadata": state.metadata,
+            "messages": state.messages,
+            "turns": [t.to_dict() for t in state.turns],
+            "open_events": {k: [e.to_dict() for e in v] for k, v in state.open_events.items()},
+            "settled": {k: d.to_dict() for k, d in state.settled.items()},
+            "effect_turn": state.effect_turn,
+            "step_calls": state.step_calls,
+            "stray_events": [e.to_dict() for e in state.stray_events],
+            "usage": state.usage,
+            "contradiction": state.contradiction,
+            "seq": state.seq,
+            "head_hash": state.head_hash,
+        }
+
+    def load(self, data: JSONObject) -> ThreadState:
+        """The state back from :meth:`dump`."""
+        return ThreadState(
+            thread_id=data["thread_id"],
+            agent=dict(data["agent"]),
+            parent=data["parent"],
+            metadata=dict(data["metadata"]),
+            messages=list(data["messages"]),
+            turns=[Turn(**t) for t in data["turns"]],
+            open_events={k: [Event(**e) for e in v] for k, v in data["open_events"].items()},
+            settled={k: EffectDecision.from_dict(d) for k, d in data["settled"].items()},
+            effect_turn=dict(data["effect_turn"]),
+            step_calls=dict(data["step_calls"]),
+            stray_events=[Event(**e) for e in data["stray_events"]],
+            usage=dict(data["usage"]),
+            contradiction=bool(data["contradiction"]),
+            seq=int(data["seq"]),
+            head_hash=str(data["head_hash"]),
+        )
+
+
+def _created(state: ThreadState, event: Event) -> None:
+    state.thread_id = str(event.data.get("thread_id", ""))
+    state.agent = dict(event.data.get("agent") or {})
+    state.metadata = dict(event.data.get("metadata") or {})
+
+
+def _forked(state: ThreadState, event: Event) -> None:
+    inherited = ThreadProjection().load(event.data["state"])
+    state.messages = inherited.messages
+    state.turns = inherited.turns
+    state.usage = inherited.usage
+    state.thread_id = str(event.data.get("thread_id", ""))
+    state.agent = dict(event.data.get("agent") or {})
+    state.parent = dict(event.data.get("parent") or {})
+    state.metadata = dict(event.data.get("metadata") or {})
+
+
+def _turn_started(state: ThreadState, event: Event) -> None:
+    text = str(event.data.get("input", ""))
+    state.turns.append(Turn(turn_id=str(event.data.get("turn_id")), input=text, started_seq=event.seq,
+                            message_index=len(state.messages)))
+    state.messages.append({"role": "user", "content": text})
+
+
+def _turn_ended(state: ThreadState, event: Event) -> None:
+    turn = state.active_turn()
+    if turn is None or turn.turn_id != event.data.get("turn_id"):
+        return
+    outcome = str(event.data.get("outcome"))
+    turn.status = outcome if outcome in ("completed", "failed", "interrupted") else "failed"
+    turn.ended_seq = event.seq
+    if turn.status == "completed":
+        turn.reply = event.data.get("reply")
+    elif event.data.get("error") is not None:
+        turn.error = event.data.get("error")
+    elif turn.status == "interrupted":
+        turn.error = {"source": "interrupt", "reason": event.data.get("reason")}
+
+
+_HANDLERS = {
+    "thread.created": _created,
+    "thread.forked": _forked,
+    "turn.started": _turn_started,
+    "turn.ended": _turn_ended,
+}
+
+
+def fork_state(parent: ThreadState) -> ThreadState:
+    """The state a fork child starts from: the parent's at the fork point, minus open effects.
+
+    Tool calls still open there get a message saying they were not carried
+    over, so the child's conversation stays complete; a running turn is
+    closed as interrupted.
+    """
+    child = ThreadProjection().load(ThreadProjection().dump(parent))
+    answered = {m.get("tool_call_id") for m in child.messages if m.get("role") == "tool"}
+    last_calls: list[JSONObject] = []
+    for message in reversed(child.messages):
+        if message.get("role") == "assistant":
+            last_calls = list(message.get("tool_calls") or [])
+            break
+    for call in last_calls:
+        if call.get("id") not in answered:
+            child.messages.append(_tool_message(str(call.get("id")), str(call.get("name")), NOT_INHERITED_MESSAGE,
+                                                "not_inherited"))
+    turn = child.active_turn()
+    if turn is not None:
+        turn.status = "interrupted"
+        turn.error = {"source": "fork", "reason": "the thread was forked while this turn was running"}
+    child.open_events = {}
+    child.settled = {}
+    child.effect_turn = {}
+    child.step_calls = {}
+    child.stray_events = []
+    child.contradiction = False
+    return child
+
+
+__all__ = ["REDUCER_VERSION", "ThreadProjection", "ThreadState", "Turn", "fork_state"]

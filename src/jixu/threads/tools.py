@@ -1,0 +1,903 @@
+"""Tools an agent can call, declared from type hints with ``@tool``.
+
+A tool is a plain function (sync or async). Its parameters and return value
+are described by a JSON Schema built from the annotations, deterministically,
+so the same function always yields the same :meth:`Tool.contract`. Arguments
+are validated against that schema before a call and stay plain JSON (they are
+recorded in the ledger); the function receives Python values (``Enum``
+members, dataclass instances, tuples) converted from them. The return value
+must be plain JSON and match the return annotation.
+
+Supported annotations: ``str``, ``int``, ``float``, ``bool``, ``None``,
+``Any``, ``list[T]``, ``tuple[T, ...]``, ``dict[str, T]``, unions (``X | Y``,
+``Optional[X]``), ``Literal[...]``, ``enum.Enum`` subclasses with ``str`` or
+``int`` values, ``Annotated[T, "description"]``, ``NewType`` over a supported
+type, dataclasses and ``TypedDict``. A parameter annotated :class:`ToolContext`
+is injected by the runtime and is not part of the schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import enum
+import inspect
+import json
+import math
+import re
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, Literal, TypeAlias, overload
+
+from jixu.errors import InvalidInput, MalformedEvent, ToolDefinitionError, ToolInputError, ToolOutputError
+from jixu.ledger.encoding import canonical_text
+
+Semantics: TypeAlias = Literal["read_only", "idempotent", "unsafe"]
+"""How safe it is to call a tool again: see SPEC section 3."""
+
+_SEMANTICS: tuple[str, ...] = typing.get_args(Semantics)
+_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_-]{0,63}")
+_NONE_TYPE = type(None)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolContext:
+    """The identity of one tool call, injected into a parameter annotated ``ToolContext``."""
+
+    effect_id: str
+    idempotency_key: str
+    attempt: int
+    thread_id: str
+    turn_id: str
+
+
+class ToolError(Exception):
+    """Raised by a tool to report a determinate failure (the outcome of the call is known).
+
+    ``data`` must be plain JSON; it is recorded with the failure.
+    """
+
+    def __init__(self, message: str, *, code: str = "tool_error", data: Any = None) -> None:
+        if type(code) is not str or not code:
+            raise InvalidInput(f"ToolError code must be a non-empty string, got {code!r}", code_value=repr(code))
+        if data is not None:
+            canonical_text(data, path="data")
+        super().__init__(message)
+        self.message = str(message)
+        self.code = code
+        self.data = data
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"type": "tool_error", "code", "message", "data"}``, ready for JSON."""
+        return {"type": "tool_error", "code": self.code, "message": self.message, "data": copy.deepcopy(self.data)}
+
+
+# --- compiled annotations -------------------------------------------------------------
+
+
+class _Mismatch(Exception):
+    """A value does not match a schema; ``path`` names where."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.message = message
+
+
+class _Unsupported(Exception):
+    """An annotation or default cannot be turned into a schema."""
+
+
+class _NotJSON(Exception):
+    """A Python value has no JSON form under an annotation."""
+
+
+class _NoDefault:
+    """Marks a field without a JSON default."""
+
+    def __repr__(self) -> str:
+        return "<no default>"
+
+
+_NO_DEFAULT: Any = _NoDefault()
+
+
+def _kind(value: object) -> str:
+    """The JSON type name of ``value`` (or its Python type name when it is not JSON)."""
+    kind = type(value)
+    names: dict[type, str] = {
+        _NONE_TYPE: "null", bool: "boolean", int: "integer", float: "number",
+        str: "string", list: "array", dict: "object",
+    }
+    return names.get(kind, kind.__name__)
+
+
+def _got(value: object) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{_kind(value)} {text}"
+
+
+def _child(path: str, key: object) -> str:
+    if isinstance(key, str) and key.isidentifier():
+        return f"{path}.{key}"
+    text = json.dumps(key, ensure_ascii=False) if isinstance(key, str) else repr(key)
+    return f"{path}[{text}]"
+
+
+def _copy_json(value: Any) -> Any:
+    if type(value) is dict:
+        return {key: _copy_json(item) for key, item in value.items()}
+    if type(value) is list:
+        return [_copy_json(item) for item in value]
+    return value
+
+
+def _json_literal(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+class _Node:
+    """A compiled annotation: its JSON Schema, a validator and converters."""
+
+    converts = False
+    """Whether :meth:`to_python` changes anything (Enum members, dataclasses, tuples)."""
+
+    def schema(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def same_kind(self, value: object) -> bool:
+        """Whether ``value`` has the right outer JSON type (used to pick the error to report)."""
+        raise NotImplementedError
+
+    def check(self, value: object, path: str) -> Any:
+        """Return a plain-JSON copy of ``value`` or raise :class:`_Mismatch`."""
+        raise NotImplementedError
+
+    def to_python(self, value: Any) -> Any:
+        """Convert a checked JSON value into what the function receives."""
+        return value
+
+    def to_json(self, value: object) -> Any:
+        """Convert a Python value (a default) into its JSON form, or raise :class:`_NotJSON`."""
+        return value
+
+    def _fail(self, value: object, path: str) -> _Mismatch:
+        return _Mismatch(path, f"{path}: expected {self.describe()}, got {_got(value)}")
+
+
+class _AnyNode(_Node):
+    def schema(self) -> dict[str, Any]:
+        return {}
+
+    def describe(self) -> str:
+        return "any JSON value"
+
+    def same_kind(self, value: object) -> bool:
+        return True
+
+    def check(self, value: object, path: str) -> Any:
+        try:
+            canonical_text(value, path=path)
+        except MalformedEvent as exc:
+            raise _Mismatch(str(exc.details.get("path", path)), exc.message) from None
+        return _copy_json(value)
+
+
+class _ScalarNode(_Node):
+    _TYPES: typing.ClassVar[dict[str, type]] = {
+        "string": str, "integer": int, "boolean": bool, "null": _NONE_TYPE,
+    }
+
+    def __init__(self, json_type: str) -> None:
+        self.json_type = json_type
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": self.json_type}
+
+    def describe(self) -> str:
+        return self.json_type
+
+    def same_kind(self, value: object) -> bool:
+        if self.json_type == "number":
+            return type(value) in (int, float)
+        return type(value) is self._TYPES[self.json_type]
+
+    def check(self, value: object, path: str) -> Any:
+        if not self.same_kind(value):
+            raise self._fail(value, path)
+        if type(value) is float and not math.isfinite(value):
+            raise _Mismatch(path, f"{path}: expected a finite number, got {value!r} (NaN and Infinity are not JSON)")
+        return value
+
+
+def _enum_type(values: list[Any]) -> str | None:
+    kinds = {_kind(value) for value in values}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+class _LiteralNode(_Node):
+    def __init__(self, values: list[Any]) -> None:
+        self.values = values
+
+    def schema(self) -> dict[str, Any]:
+        result: dict[str, Any] = {"enum": list(self.values)}
+        json_type = _enum_type(self.values)
+        if json_type is not None:
+            result["type"] = json_type
+        return result
+
+    def describe(self) -> str:
+        return "one of " + ", ".join(_json_literal(value) for value in self.values)
+
+    def same_kind(self, value: object) -> bool:
+        return any(type(value) is type(option) for option in self.values)
+
+    def check(self, value: object, path: str) -> Any:
+        if any(type(value) is type(option) and value == option for option in self.values):
+            return value
+        raise self._fail(value, path)
+
+
+class _EnumNode(_Node):
+    converts = True
+
+    def __init__(self, cls: type[enum.Enum]) -> None:
+        self.cls = cls
+        self.values = [member.value for member in cls]
+        self.value_type = type(self.values[0])
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": _kind(self.values[0]), "enum": list(self.values)}
+
+    def describe(self) -> str:
+        return f"{self.cls.__name__} (one of {', '.join(_json_literal(value) for value in self.values)})"
+
+    def same_kind(self, value: object) -> bool:
+        return type(value) is self.value_type or isinstance(value, self.cls)
+
+    def check(self, value: object, path: str) -> Any:
+        if isinstance(value, self.cls):
+            return value.value
+        if type(value) is self.value_type and value in self.values:
+            return value
+        raise self._fail(value, path)
+
+    def to_python(self, value: Any) -> Any:
+        return self.cls(value)
+
+    def to_json(self, value: object) -> Any:
+        return value.value if isinstance(value, self.cls) else value
+
+
+class _ArrayNode(_Node):
+    def __init__(self, item: _Node, *, as_tuple: bool) -> None:
+        self.item = item
+        self.as_tuple = as_tuple
+        self.converts = as_tuple or item.converts
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "array", "items": self.item.schema()}
+
+    def describe(self) -> str:
+        return "array"
+
+    def same_kind(self, value: object) -> bool:
+        return type(value) is list
+
+    def check(self, value: object, path: str) -> Any:
+        if type(value) is not list:
+            raise self._fail(value, path)
+        return [self.item.check(item, f"{path}[{index}]") for index, item in enumerate(value)]
+
+    def to_python(self, value: Any) -> Any:
+        items = [self.item.to_python(item) for item in value] if self.item.converts else list(value)
+        return tuple(items) if self.as_tuple else items
+
+    def to_json(self, value: object) -> Any:
+        if type(value) is list or (self.as_tuple and type(value) is tuple):
+            return [self.item.to_json(item) for item in typing.cast("list[Any]", value)]
+        raise _NotJSON
+
+
+class _MapNode(_Node):
+    def __init__(self, item: _Node) -> None:
+        self.item = item
+        self.converts = item.converts
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "object", "additionalProperties": self.item.schema()}
+
+    def describe(self) -> str:
+        return "object"
+
+    def same_kind(self, value: object) -> bool:
+        return type(value) is dict
+
+    def check(self, value: object, path: str) -> Any:
+        if type(value) is not dict:
+            raise self._fail(value, path)
+        result: dict[str, Any] = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _Mismatch(path, f"{path}: object keys must be strings, got {_got(key)}")
+            result[key] = self.item.check(item, _child(path, key))
+        return result
+
+    def to_python(self, value: Any) -> Any:
+        if not self.item.converts:
+            return dict(value)
+        return {key: self.item.to_python(item) for key, item in value.items()}
+
+    def to_json(self, value: object) -> Any:
+        if type(value) is not dict:
+            raise _NotJSON
+        return {key: self.item.to_json(item) for key, item in value.items()}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Field:
+    """One property of an object schema (a parameter, dataclass field or TypedDict key)."""
+
+    name: str
+    node: _Node
+    required: bool
+    default: Any = _NO_DEFAULT
+
+    def schema(self) -> dict[str, Any]:
+        result = self.node.schema()
+        if self.default is not _NO_DEFAULT:
+            result["default"] = _copy_json(self.default)
+        return result
+
+
+class _ObjectNode(_Node):
+    """A closed object: tool parameters, a dataclass or a TypedDict."""
+
+    def __init__(self, label: str, fields: list[_Field], factory: type | None = None) -> None:
+        self.label = label
+        self.fields = {field.name: field for field in fields}
+        self.factory = factory
+        self.converts = factory is not None or any(field.node.converts for field in fields)
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "properties": {name: field.schema() for name, field in self.fields.items()},
+            "required": [name for name, field in self.fields.items() if field.required],
+            "additionalProperties": False,
+        }
+
+    def describe(self) -> str:
+        return f"{self.label} object"
+
+    def same_kind(self, value: object) -> bool:
+        return type(value) is dict
+
+    def check(self, value: object, path: str) -> Any:
+        if type(value) is not dict:
+            raise self._fail(value, path)
+        for key in value:
+            if type(key) is not str:
+                raise _Mismatch(path, f"{path}: object keys must be strings, got {_got(key)}")
+            if key not in self.fields:
+                known = ", ".join(self.fields) or "nothing"
+                raise _Mismatch(_child(path, key), f"{_child(path, key)}: unexpected key {key!r}; "
+                                                   f"{self.label} accepts: {known}")
+        result: dict[str, Any] = {}
+        for name, field in self.fields.items():
+            where = _child(path, name)
+            if name in value:
+                result[name] = field.node.check(value[name], where)
+            elif field.required:
+                raise _Mismatch(where, f"{where}: missing required key {name!r} of {self.label}")
+            elif field.default is not _NO_DEFAULT:
+                result[name] = _copy_json(field.default)
+        return result
+
+    def to_python(self, value: Any) -> Any:
+        converted = {name: self.fields[name].node.to_python(item) for name, item in value.items()}
+        return self.factory(**converted) if self.factory is not None else converted
+
+    def to_json(self, value: object) -> Any:
+        if self.factory is not None and isinstance(value, self.factory):
+            return {name: field.node.to_json(getattr(value, name)) for name, field in self.fields.items()}
+        if type(value) is dict:
+            return {key: self.fields[key].node.to_json(item) if key in self.fields else item
+                    for key, item in value.items()}
+        raise _NotJSON
+
+
+class _UnionNode(_Node):
+    def __init__(self, options: list[_Node]) -> None:
+        self.options = options
+        self.converts = any(option.converts for option in options)
+
+    def schema(self) -> dict[str, Any]:
+        return {"anyOf": [option.schema() for option in self.options]}
+
+    def describe(self) -> str:
+        return " or ".join(option.describe() for option in self.options)
+
+    def same_kind(self, value: object) -> bool:
+        return any(option.same_kind(value) for option in self.options)
+
+    def check(self, value: object, path: str) -> Any:
+        for option in self.options:
+            try:
+                return option.check(value, path)
+            except _Mismatch:
+                continue
+        candidates = [option for option in self.options if option.same_kind(value)]
+        if len(candidates) == 1:
+            candidates[0].check(value, path)  # raises the more precise, nested mismatch
+        raise self._fail(value, path)
+
+    def to_python(self, value: Any) -> Any:
+        for option in self.options:
+            try:
+                option.check(value, "$")
+            except _Mismatch:
+                continue
+            return option.to_python(value)
+        return value  # unreachable for checked values
+
+    def to_json(self, value: object) -> Any:
+        for option in self.options:
+            try:
+                converted = option.to_json(value)
+                option.check(converted, "$")
+            except (_NotJSON, _Mismatch):
+                continue
+            return converted
+        raise _NotJSON
+
+
+class _DescribedNode(_Node):
+    """``Annotated[T, "text"]``: T's schema plus a ``description``."""
+
+    def __init__(self, inner: _Node, text: str) -> None:
+        self.inner = inner
+        self.text = text
+        self.converts = inner.converts
+
+    def schema(self) -> dict[str, Any]:
+        return {**self.inner.schema(), "description": self.text}
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def same_kind(self, value: object) -> bool:
+        return self.inner.same_kind(value)
+
+    def check(self, value: object, path: str) -> Any:
+        return self.inner.check(value, path)
+
+    def to_python(self, value: Any) -> Any:
+        return self.inner.to_python(value)
+
+    def to_json(self, value: object) -> Any:
+        return self.inner.to_json(value)
+
+
+_SUPPORTED = ("str, int, float, bool, None, Any, list[T], tuple[T, ...], dict[str, T], unions, Literal[...], "
+              "Enum (str or int values), Annotated[T, 'description'], NewType, dataclasses and TypedDict")
+
+
+def _type_name(tp: object) -> str:
+    if isinstance(tp, type):
+        return tp.__qualname__
+    return repr(tp).replace("typing.", "")
+
+
+def _hints(owner: object) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(owner, include_extras=True)
+    except Exception as exc:
+        raise _Unsupported(f"cannot resolve the type hints of {_type_name(owner)}: {exc!r}") from exc
+
+
+def _json_default(node: _Node, value: object) -> Any:
+    """The JSON form of a default, or ``_NO_DEFAULT`` when it has none; raise if it contradicts the type."""
+    try:
+        converted = node.to_json(value)
+        canonical_text(converted)
+    except (_NotJSON, MalformedEvent):
+        return _NO_DEFAULT
+    try:
+        return node.check(converted, "default")
+    except _Mismatch as exc:
+        raise _Unsupported(f"the default {value!r} does not match the annotation ({exc.message})") from None
+
+
+def _build(tp: Any, seen: tuple[type, ...] = ()) -> _Node:
+    """Compile an annotation into a node, or raise :class:`_Unsupported`."""
+    if tp is Any:
+        return _AnyNode()
+    if tp is None or tp is _NONE_TYPE:
+        return _ScalarNode("null")
+    scalars: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
+    if tp in scalars:
+        return _ScalarNode(scalars[tp])
+    if tp is ToolContext:
+        raise _Unsupported("ToolContext can only annotate a whole parameter (the runtime injects it)")
+    if isinstance(tp, typing.NewType):
+        return _build(tp.__supertype__, seen)
+    if tp is list:
+        return _ArrayNode(_AnyNode(), as_tuple=False)
+    if tp is dict:
+        return _MapNode(_AnyNode())
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        texts = tp.__metadata__
+        if not all(isinstance(text, str) for text in texts):
+            raise _Unsupported(f"Annotated metadata must be description strings, got {_type_name(tp)}")
+        return _DescribedNode(_build(args[0], seen), " ".join(texts))
+    if origin is typing.Union or origin is types.UnionType:
+        return _UnionNode([_build(arg, seen) for arg in args])
+    if origin is Literal:
+        for value in args:
+            if type(value) not in (str, int, bool, _NONE_TYPE):
+                raise _Unsupported(f"Literal values must be str, int, bool or None, got {value!r}")
+        return _LiteralNode(list(args))
+    if origin is list:
+        return _ArrayNode(_build(args[0], seen), as_tuple=False)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return _ArrayNode(_build(args[0], seen), as_tuple=True)
+        raise _Unsupported(f"{_type_name(tp)} is not supported; use tuple[T, ...] or list[T]")
+    if origin is dict:
+        if args[0] is not str:
+            raise _Unsupported(f"{_type_name(tp)} is not supported; JSON object keys are strings: use dict[str, T]")
+        return _MapNode(_build(args[1], seen))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _enum_node(tp)
+    if typing.is_typeddict(tp):
+        return _typeddict_node(tp, seen)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _dataclass_node(tp, seen)
+    raise _Unsupported(f"{_type_name(tp)} is not supported; supported annotations: {_SUPPORTED}")
+
+
+def _enum_node(cls: type[enum.Enum]) -> _Node:
+    values = [member.value for member in cls]
+    if not values:
+        raise _Unsupported(f"enum {cls.__qualname__} has no members")
+    kinds = {type(value) for value in values}
+    if len(kinds) != 1 or kinds.pop() not in (str, int):
+        raise _Unsupported(f"enum {cls.__qualname__} must have values that are all str or all int")
+    return _EnumNode(cls)
+
+
+def _enter(cls: type, seen: tuple[type, ...]) -> tuple[type, ...]:
+    if cls in seen:
+        raise _Unsupported(f"{cls.__qualname__} refers to itself; recursive types are not supported")
+    return (*seen, cls)
+
+
+def _typeddict_node(cls: type, seen: tuple[type, ...]) -> _Node:
+    inner = _enter(cls, seen)
+    required_keys: frozenset[str] = getattr(cls, "__required_keys__", frozenset())
+    fields: list[_Field] = []
+    for name, declared in _hints(cls).items():
+        # The wrappers win over __required_keys__, which misses them in string annotations (PEP 563).
+        hint, required = declared, name in required_keys
+        while typing.get_origin(hint) in (typing.Required, typing.NotRequired):
+            required = typing.get_origin(hint) is typing.Required
+            hint = typing.get_args(hint)[0]
+        try:
+            node = _build(hint, inner)
+        except _Unsupported as exc:
+            raise _Unsupported(f"{cls.__qualname__}.{name}: {exc}") from None
+        fields.append(_Field(name, node, required))
+    return _ObjectNode(cls.__qualname__, fields)
+
+
+def _dataclass_node(cls: type, seen: tuple[type, ...]) -> _Node:
+    inner = _enter(cls, seen)
+    hints = _hints(cls)
+    fields: list[_Field] = []
+    for field in dataclasses.fields(cls):
+        if not field.init:
+            continue
+        try:
+            node = _build(hints[field.name], inner)
+            default = _NO_DEFAULT
+            if field.default is not dataclasses.MISSING:
+                default = _json_default(node, field.default)
+        except _Unsupported as exc:
+            raise _Unsupported(f"{cls.__qualname__}.{field.name}: {exc}") from None
+        required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+        fields.append(_Field(field.name, node, required, default))
+    return _ObjectNode(cls.__qualname__, fields, factory=cls)
+
+
+def _is_context(hint: Any) -> bool:
+    if hint is ToolContext:
+        return True
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return set(typing.get_args(hint)) == {ToolContext, _NONE_TYPE}
+    return False
+
+
+# --- tools ----------------------------------------------------------------------------
+
+
+class Tool:
+    """A function an agent can call, with its JSON Schemas and declared semantics.
+
+    Build one with :func:`tool`. Calling the object calls the function directly.
+    """
+
+    __slots__ = (
+        "_ctx_name", "_description", "_fn", "_is_async", "_name", "_parameters", "_params",
+        "_requires_approval", "_returns", "_returns_schema", "_semantics", "_timeout",
+    )
+    _ctx_name: str | None
+    _description: str
+    _fn: Callable[..., Any]
+    _is_async: bool
+    _name: str
+    _parameters: dict[str, Any]
+    _params: _ObjectNode
+    _requires_approval: bool
+    _returns: _Node
+    _returns_schema: dict[str, Any]
+    _semantics: Semantics
+    _timeout: float | None
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        semantics: Semantics = "unsafe",
+        requires_approval: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """Compile ``fn`` into a tool; raises :class:`ToolDefinitionError` when it cannot be one."""
+        if isinstance(fn, Tool):
+            raise ToolDefinitionError(f"{fn.name!r} is already a tool; apply @tool once", function=fn.name)
+        if not (inspect.isfunction(fn) or inspect.ismethod(fn)):
+            raise ToolDefinitionError(f"@tool needs a function (def or async def), got {fn!r}",
+                                      function=repr(fn))
+        qualname: str = fn.__qualname__
+
+        def fail(problem: str, parameter: str | None = None) -> ToolDefinitionError:
+            where = f"@tool {qualname}" + (f", parameter {parameter!r}" if parameter is not None else "")
+            return ToolDefinitionError(f"{where}: {problem}", function=qualname, parameter=parameter)
+
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            raise fail("generator functions cannot be tools; return a value instead")
+        tool_name = fn.__name__ if name is None else name
+        if type(tool_name) is not str or not _NAME.fullmatch(tool_name):
+            raise fail(f"tool name {tool_name!r} must match {_NAME.pattern} (pass name=... to choose one)")
+        if type(semantics) is not str or semantics not in _SEMANTICS:
+            raise fail(f"semantics must be one of {', '.join(_SEMANTICS)}, got {semantics!r}")
+        if type(requires_approval) is not bool:
+            raise fail(f"requires_approval must be True or False, got {requires_approval!r}")
+        if timeout is not None and (type(timeout) not in (int, float) or not math.isfinite(timeout)
+                                    or timeout <= 0):
+            raise fail(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        if description is None:
+            description = inspect.cleandoc(fn.__doc__) if fn.__doc__ else ""
+        elif type(description) is not str:
+            raise fail(f"description must be a string, got {description!r}")
+
+        try:
+            hints = _hints(fn)
+        except _Unsupported as exc:
+            raise fail(str(exc)) from exc
+        ctx_name: str | None = None
+        fields: list[_Field] = []
+        for pname, param in inspect.signature(fn).parameters.items():
+            if param.kind is inspect.Parameter.POSITIONAL_ONLY:
+                raise fail("positional-only parameters are not supported (arguments are passed by name)", pname)
+            if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+                raise fail("*args and **kwargs are not supported; declare each parameter with a type", pname)
+            if pname not in hints:
+                raise fail("has no type annotation; every parameter needs one", pname)
+            hint = hints[pname]
+            if _is_context(hint):
+                if ctx_name is not None:
+                    raise fail(f"only one ToolContext parameter is allowed (already {ctx_name!r})", pname)
+                ctx_name = pname
+                continue
+            try:
+                node = _build(hint)
+                required = param.default is inspect.Parameter.empty
+                default = _NO_DEFAULT if required else _json_default(node, param.default)
+            except _Unsupported as exc:
+                raise fail(str(exc), pname) from None
+            fields.append(_Field(pname, node, required, default))
+        try:
+            returns = _build(hints["return"]) if "return" in hints else _AnyNode()
+        except _Unsupported as exc:
+            raise fail(f"return annotation: {exc}") from None
+
+        params = _ObjectNode(f"tool {tool_name!r}", fields)
+        object.__setattr__(self, "_fn", fn)
+        object.__setattr__(self, "_name", tool_name)
+        object.__setattr__(self, "_description", description)
+        object.__setattr__(self, "_semantics", semantics)
+        object.__setattr__(self, "_requires_approval", requires_approval)
+        object.__setattr__(self, "_timeout", None if timeout is None else float(timeout))
+        object.__setattr__(self, "_is_async", inspect.iscoroutinefunction(fn))
+        object.__setattr__(self, "_ctx_name", ctx_name)
+        object.__setattr__(self, "_params", params)
+        object.__setattr__(self, "_parameters", params.schema())
+        object.__setattr__(self, "_returns", returns)
+        object.__setattr__(self, "_returns_schema", returns.schema())
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Tool is immutable; cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Tool is immutable; cannot delete {name!r}")
+
+    def __repr__(self) -> str:
+        return f"<Tool {self._name} semantics={self._semantics} requires_approval={self._requires_approval}>"
+
+    @property
+    def name(self) -> str:
+        """The name the model calls the tool by."""
+        return self._name
+
+    @property
+    def description(self) -> str:
+        """The cleaned docstring, or the ``description=`` given."""
+        return self._description
+
+    @property
+    def semantics(self) -> Semantics:
+        """``read_only``, ``idempotent`` or ``unsafe``."""
+        return self._semantics
+
+    @property
+    def requires_approval(self) -> bool:
+        """Whether every call is parked until approved or denied."""
+        return self._requires_approval
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds the caller allows a call to take (enforced by the caller), or None."""
+        return self._timeout
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the function is ``async def``."""
+        return self._is_async
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        """The decorated function."""
+        return self._fn
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """The JSON Schema of the arguments (a fresh copy)."""
+        return copy.deepcopy(self._parameters)
+
+    @property
+    def returns(self) -> dict[str, Any]:
+        """The JSON Schema of the result (``{}`` when unannotated or ``Any``)."""
+        return copy.deepcopy(self._returns_schema)
+
+    def spec(self) -> dict[str, Any]:
+        """``{"name", "description", "parameters"}``: what a model provider needs."""
+        return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
+    def contract(self) -> dict[str, Any]:
+        """The part that must not change under a running thread (hashed into the agent digest)."""
+        return {
+            "name": self.name,
+            "parameters": self.parameters,
+            "returns": self.returns,
+            "semantics": self.semantics,
+            "requires_approval": self.requires_approval,
+        }
+
+    def validate_args(self, args: object) -> dict[str, Any]:
+        """Check ``args`` against :attr:`parameters`; return a new plain-JSON dict with defaults filled in.
+
+        Raises :class:`ToolInputError` naming the offending path, e.g. ``args.items[2]``.
+        """
+        try:
+            return typing.cast("dict[str, Any]", self._params.check(args, "args"))
+        except _Mismatch as exc:
+            raise ToolInputError(f"tool {self.name!r}: {exc.message}", tool=self.name, path=exc.path) from None
+
+    async def invoke(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        """Validate ``args``, call the function (sync ones in a worker thread) and check the result.
+
+        Exceptions raised by the function, :class:`ToolError` included, propagate unchanged; a
+        result that is not plain JSON or does not match :attr:`returns` raises :class:`ToolOutputError`.
+        """
+        if not isinstance(ctx, ToolContext):
+            raise InvalidInput(f"tool {self.name!r}: ctx must be a ToolContext, got {type(ctx).__name__}",
+                               tool=self.name)
+        checked = self.validate_args(args)
+        kwargs: dict[str, Any] = self._params.to_python(checked)
+        if self._ctx_name is not None:
+            kwargs[self._ctx_name] = ctx
+        if self.is_async:
+            result = await self.fn(**kwargs)
+        else:
+            result = await asyncio.to_thread(self.fn, **kwargs)
+        self._check_result(result)
+        return result
+
+    def _check_result(self, result: object) -> None:
+        try:
+            canonical_text(result, path="result")
+        except MalformedEvent as exc:
+            raise ToolOutputError(f"tool {self.name!r} returned a value that is not plain JSON: {exc.message}",
+                                  tool=self.name, path=exc.details.get("path", "result")) from exc
+        try:
+            self._returns.check(result, "result")
+        except _Mismatch as exc:
+            raise ToolOutputError(f"tool {self.name!r} returned a value that does not match its return "
+                                  f"annotation: {exc.message}", tool=self.name, path=exc.path) from None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the underlying function directly (no validation, no context injection)."""
+        return self.fn(*args, **kwargs)
+
+
+@overload
+def tool(
+    fn: Callable[..., Any],
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    semantics: Semantics = "unsafe",
+    requires_approval: bool = False,
+    timeout: float | None = None,
+) -> Tool: ...
+
+
+@overload
+def tool(
+    fn: None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    semantics: Semantics = "unsafe",
+    requires_approval: bool = False,
+    timeout: float | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    semantics: Semantics = "unsafe",
+    requires_approval: bool = False,
+    timeout: float | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Declare a tool from a function's type hints: ``@tool`` or ``@tool(semantics=..., ...)``.
+
+    Invalid options or annotations raise :class:`ToolDefinitionError` at decoration time.
+    """
+
+    def decorate(function: Callable[..., Any]) -> Tool:
+        return Tool(function, name=name, description=description, semantics=semantics,
+                    requires_approval=requires_approval, timeout=timeout)
+
+    if fn is None:
+        return decorate
+    return decorate(fn)
+
+
+__all__ = ["Semantics", "Tool", "ToolContext", "ToolError", "tool"]
