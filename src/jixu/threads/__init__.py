@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from jixu.threads.agent import Agent
 from jixu.threads.harness import Harness, ThreadSummary
+from jixu.threads.log import ThreadLog
 from jixu.threads.model import ModelDriver, ModelRequest, ModelResponse, ScriptedModel, ToolCall, Usage
 from jixu.threads.projection import ThreadProjection
 from jixu.threads.thread import State, Thread
@@ -18,6 +19,7 @@ __all__ = [
     "ScriptedModel",
     "State",
     "Thread",
+    "ThreadLog",
     "ThreadProjection",
     "ThreadSummary",
     "Tool",

@@ -7,14 +7,11 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
-from jixu.errors import IncompatibleAgent, InvalidInput, ThreadNotFound
-from jixu.ledger import NewEvent, Store, new_id, open_store, project
-from jixu.ledger.ids import is_valid_id
+from jixu.errors import IncompatibleAgent, InvalidInput
+from jixu.ledger import Store, open_store
 from jixu.threads.agent import Agent
-from jixu.threads.projection import ThreadProjection
-from jixu.threads.thread import Thread, stream_of
-
-THREAD_PREFIX = "thread/"
+from jixu.threads.log import THREAD_PREFIX, ThreadLog
+from jixu.threads.thread import Thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +50,8 @@ class Harness:
 
     async def create_thread(self, *, metadata: dict[str, Any] | None = None) -> Thread:
         """A new, idle thread recorded under this harness's agent."""
-        if metadata is not None and not isinstance(metadata, dict):
-            raise InvalidInput("metadata must be a JSON object", field="metadata")
-        thread_id = new_id()
-        created = NewEvent("thread.created", {"thread_id": thread_id, "agent": self.agent.describe(),
-                                              "metadata": metadata or {}}, {"actor": self.actor})
-        [event] = self.store.append(stream_of(thread_id), [created], 0)
-        projection = ThreadProjection()
-        return Thread(self, projection.apply(projection.initial(), event))
+        return Thread(self, ThreadLog.create(self.store, self.agent.describe(), metadata=metadata,
+                                             actor=self.actor))
 
     async def open_thread(self, thread_id: str, *, resume: bool = True) -> Thread:
         """Reopen a thread after a process boundary and, with ``resume``, continue its pending work.
@@ -71,23 +62,15 @@ class Harness:
         ``waiting``) on unknown unsafe effects or parked calls. A corrupt thread
         opens for inspection but does not run.
         """
-        if not is_valid_id(thread_id):
-            raise InvalidInput(f"thread id {thread_id!r} is not a valid id", field="thread_id")
-        stream = stream_of(thread_id)
-        if self.store.stream_info(stream) is None:
-            raise ThreadNotFound(f"no thread {thread_id} in {self.store.url}", thread_id=thread_id)
-        projected = project(self.store, stream, ThreadProjection())
-        state = projected.state
-        recorded = state.agent.get("contract")
+        log = ThreadLog.load(self.store, thread_id, actor=self.actor)
+        recorded = log.state.agent.get("contract")
         if recorded != self.agent.contract:
             raise IncompatibleAgent(
-                f"thread {thread_id} was recorded under agent {state.agent.get('name')!r} with contract "
+                f"thread {thread_id} was recorded under agent {log.state.agent.get('name')!r} with contract "
                 f"{str(recorded)[:12]}…; this harness runs {self.agent.name!r} with contract "
                 f"{self.agent.contract[:12]}… (tool names, schemas or semantics differ)",
                 thread_id=thread_id)
-        chain_break = None if projected.chain.valid else projected.chain.first_bad_seq
-        thread = Thread(self, state, chain_break_seq=chain_break)
-        thread.checkpoint_status = projected.checkpoint
+        thread = Thread(self, log)
         if resume and thread.state().status == "running":
             thread.wait_in_background()
         return thread

@@ -1,0 +1,377 @@
+"""A thread's durable record and the operator operations that need no agent.
+
+:class:`ThreadLog` loads a thread's events (checkpoint + tail), keeps the
+projected state current, appends with optimistic concurrency, and records
+operator decisions: outcome resolutions, approvals and denials, forks and
+interruptions. It never calls a model or a tool, so the CLI and the HTTP API
+use it directly; :class:`~jixu.threads.thread.Thread` runs the agent loop on top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jixu.errors import (
+    EffectNotParked,
+    EffectNotUnknown,
+    InvalidInput,
+    NotFound,
+    ResolutionConflict,
+    ThreadCorrupt,
+    ThreadNotFound,
+)
+from jixu.ledger import Event, NewEvent, Store, new_id, project
+from jixu.ledger.encoding import canonical_text
+from jixu.ledger.ids import is_valid_id
+from jixu.ledger.projection import make_checkpoint
+from jixu.recovery import RESOLUTIONS, Analysis, EffectDecision, RecoveryResolver
+from jixu.threads.decide import Stop, decide
+from jixu.threads.projection import ThreadProjection, ThreadState, fork_state
+
+THREAD_PREFIX = "thread/"
+DEFAULT_MAX_STEPS = 32
+DEFAULT_MAX_ATTEMPTS = 3
+MAX_NOTE_CHARS = 10_000
+
+
+def stream_of(thread_id: str) -> str:
+    """The ledger stream that holds a thread's events."""
+    return f"{THREAD_PREFIX}{thread_id}"
+
+
+@dataclass(frozen=True)
+class State:
+    """A thread's state as users see it: a snapshot, derived from events only."""
+
+    thread_id: str
+    status: str
+    """``idle``, ``running``, ``waiting``, ``failed`` or ``corrupt``."""
+    reason: str
+    messages: tuple[dict[str, Any], ...]
+    turns: tuple[dict[str, Any], ...]
+    effects: dict[str, EffectDecision]
+    """The RecoveryResolver's decision for every effect, by effect id."""
+    waiting_on: tuple[dict[str, Any], ...]
+    last_reply: str | None
+    usage: dict[str, Any]
+    seq: int
+    head_hash: str
+    parent: dict[str, Any] | None
+    agent: dict[str, Any]
+    analysis: Analysis
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the analysis flags included, the decisions as dicts)."""
+        return {
+            "thread_id": self.thread_id,
+            "status": self.status,
+            "reason": self.reason,
+            "messages": list(self.messages),
+            "turns": list(self.turns),
+            "effects": {k: d.to_dict() for k, d in self.effects.items()},
+            "waiting_on": list(self.waiting_on),
+            "last_reply": self.last_reply,
+            "usage": self.usage,
+            "seq": self.seq,
+            "head_hash": self.head_hash,
+            "parent": self.parent,
+            "agent": self.agent,
+            "safe_to_continue": self.analysis.safe_to_continue,
+            "has_corruption": self.analysis.has_corruption,
+        }
+
+
+def build_state(thread_state: ThreadState, analysis: Analysis, *, max_steps: int = DEFAULT_MAX_STEPS,
+                max_attempts: int = DEFAULT_MAX_ATTEMPTS, running: bool = False) -> State:
+    """The public :class:`State` of a projected thread (pure)."""
+    action = decide(thread_state, analysis, max_steps=max_steps, max_attempts=max_attempts)
+    if isinstance(action, Stop) and not running:
+        status, reason = action.status, action.reason
+    else:
+        status, reason = "running", ""
+    waiting = []
+    for effect_id in (*analysis.requires_resolution, *analysis.waiting_on_parked):
+        decision = analysis.decisions[effect_id]
+        waiting.append({"effect_id": effect_id, "kind": decision.kind, "name": decision.name,
+                        "state": decision.state, "reason": decision.reason})
+    replies = [t.reply for t in thread_state.turns if t.status == "completed"]
+    return State(
+        thread_id=thread_state.thread_id,
+        status=status,
+        reason=reason,
+        messages=tuple(dict(m) for m in thread_state.messages),
+        turns=tuple(t.to_dict() for t in thread_state.turns),
+        effects=dict(analysis.decisions),
+        waiting_on=tuple(waiting),
+        last_reply=replies[-1] if replies else None,
+        usage=dict(thread_state.usage),
+        seq=thread_state.seq,
+        head_hash=thread_state.head_hash,
+        parent=thread_state.parent,
+        agent=dict(thread_state.agent),
+        analysis=analysis,
+    )
+
+
+class ThreadLog:
+    """One thread's events and projected state in a store; operator operations, no agent loop."""
+
+    def __init__(self, store: Store, state: ThreadState, *, chain_break_seq: int | None = None,
+                 checkpoint_status: str = "none", actor: str = "jixu") -> None:
+        self.store = store
+        self.state = state
+        self.thread_id = state.thread_id
+        self.stream = stream_of(state.thread_id)
+        self.chain_break_seq = chain_break_seq
+        self.checkpoint_status = checkpoint_status
+        """How opening used the checkpoint: ``used``, ``none`` or why it was ignored."""
+        self.actor = actor
+        self._projection = ThreadProjection()
+        self._checkpoint_seq = 0
+
+    @classmethod
+    def load(cls, store: Store, thread_id: str, *, actor: str = "jixu") -> ThreadLog:
+        """Open a thread's record from its latest valid checkpoint plus the events after it."""
+        if not isinstance(thread_id, str) or not is_valid_id(thread_id):
+            raise InvalidInput(f"thread id {thread_id!r} is not a valid id", field="thread_id")
+        stream = stream_of(thread_id)
+        if store.stream_info(stream) is None:
+            raise ThreadNotFound(f"no thread {thread_id} in {store.url}", thread_id=thread_id)
+        projected = project(store, stream, ThreadProjection())
+        chain_break = None if projected.chain.valid else projected.chain.first_bad_seq
+        log = cls(store, projected.state, chain_break_seq=chain_break, checkpoint_status=projected.checkpoint,
+                  actor=actor)
+        log._checkpoint_seq = projected.checkpoint_seq or 0
+        return log
+
+    @classmethod
+    def create(cls, store: Store, agent_record: dict[str, Any], *, metadata: dict[str, Any] | None = None,
+               actor: str = "jixu") -> ThreadLog:
+        """Record a new thread (its ``thread.created`` event)."""
+        if metadata is not None and not isinstance(metadata, dict):
+            raise InvalidInput("metadata must be a JSON object", field="metadata")
+        thread_id = new_id()
+        created = NewEvent("thread.created", {"thread_id": thread_id, "agent": agent_record,
+                                              "metadata": metadata or {}}, {"actor": actor})
+        [event] = store.append(stream_of(thread_id), [created], 0)
+        projection = ThreadProjection()
+        return cls(store, projection.apply(projection.initial(), event), actor=actor)
+
+    # --- reading ------------------------------------------------------------------------
+
+    def analysis(self) -> Analysis:
+        """The RecoveryResolver's answer for this thread as it stands."""
+        if self.state.contradiction:
+            return RecoveryResolver.analyze(self.store.read(self.stream), chain_break_seq=self.chain_break_seq)
+        return self.state.analysis(self.chain_break_seq)
+
+    def snapshot(self, *, max_steps: int = DEFAULT_MAX_STEPS, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+                 running: bool = False) -> State:
+        """The public state."""
+        return build_state(self.state, self.analysis(), max_steps=max_steps, max_attempts=max_attempts,
+                           running=running)
+
+    def events(self, from_seq: int = 1) -> list[Event]:
+        """The thread's events, in order."""
+        return self.store.read(self.stream, from_seq)
+
+    def sync(self) -> None:
+        """Apply events other writers appended since this record's head."""
+        for event in self.store.read(self.stream, self.state.seq + 1):
+            if event.prev_hash != self.state.head_hash:
+                if self.chain_break_seq is None:
+                    self.chain_break_seq = event.seq
+                break
+            self.state = self._projection.apply(self.state, event)
+
+    # --- writing ------------------------------------------------------------------------
+
+    def append(self, events: Sequence[NewEvent]) -> list[Event]:
+        """Append after this record's head (ConcurrencyError if another writer moved it) and project."""
+        self.refuse_if_corrupt()
+        stored = self.store.append(self.stream, events, self.state.seq)
+        for event in stored:
+            self.state = self._projection.apply(self.state, event)
+        return stored
+
+    def meta(self, actor: str | None = None) -> dict[str, Any]:
+        """The ``meta`` of events written on behalf of ``actor``."""
+        return {"actor": actor or self.actor, "thread_id": self.thread_id}
+
+    def refuse_if_corrupt(self) -> None:
+        """Raise :class:`~jixu.errors.ThreadCorrupt` when the history is broken or contradictory."""
+        if self.chain_break_seq is not None or self.state.contradiction:
+            raise ThreadCorrupt(f"thread {self.thread_id} has a broken or contradictory history; it will not "
+                                f"run. Inspect it with `jixu threads verify STORE {self.thread_id}`",
+                                thread_id=self.thread_id)
+        corrupt = self.state.analysis().corrupt
+        if corrupt:
+            raise ThreadCorrupt(f"thread {self.thread_id} has corrupt effects {list(corrupt)}; it will not run",
+                                thread_id=self.thread_id)
+
+    def checkpoint(self) -> bool:
+        """Write a checkpoint of the current state if it moved since the last one; True if written."""
+        state = self.state
+        if state.seq <= self._checkpoint_seq or state.contradiction or self.chain_break_seq is not None:
+            return False
+        self.store.write_checkpoint(make_checkpoint(self.stream, self._projection, state, state.seq,
+                                                    state.head_hash))
+        self._checkpoint_seq = state.seq
+        return True
+
+    # --- operator decisions -------------------------------------------------------------
+
+    def resolve(self, effect_id: str, resolution: str, *, resolution_id: str | None = None,
+                note: str | None = None, actor: str = "operator", evidence: dict[str, Any] | None = None,
+                result: Any = None) -> bool:
+        """Record an operator's decision about an unknown effect; False if it was an idempotent repeat.
+
+        See :meth:`jixu.threads.thread.Thread.resolve_tool_outcome` for the rules.
+        """
+        if resolution not in RESOLUTIONS:
+            raise InvalidInput(f"resolution {resolution!r} must be one of {list(RESOLUTIONS)}",
+                               field="resolution")
+        if resolution_id is None:
+            resolution_id = new_id()
+        check_text(resolution_id, "resolution_id", 100, required=True)
+        check_text(note, "note", MAX_NOTE_CHARS)
+        check_text(actor, "actor", 200, required=True)
+        if evidence is not None and not isinstance(evidence, dict):
+            raise InvalidInput("evidence must be a JSON object", field="evidence")
+        if result is not None and resolution != "occurred":
+            raise InvalidInput("a result can only accompany resolution 'occurred'", field="result")
+        body: dict[str, Any] = {"effect_id": effect_id, "resolution": resolution, "resolution_id": resolution_id,
+                                "actor": actor, "note": note}
+        if evidence is not None:
+            body["evidence"] = evidence
+        if result is not None:
+            body["result"] = result
+        canonical_text(body, path="resolution")  # refuse non-JSON evidence or results before reading
+        self.sync()
+        analysis = self.analysis()
+        decision = analysis.decisions.get(effect_id)
+        if decision is None:
+            raise NotFound(f"thread {self.thread_id} has no effect {effect_id!r}", effect_id=effect_id)
+        if decision.resolution is not None:
+            recorded = decision.resolution
+            same = (recorded.get("resolution_id") == resolution_id and recorded.get("resolution") == resolution
+                    and recorded.get("note") == note and recorded.get("evidence") == evidence
+                    and recorded.get("result") == result)
+            if same:
+                return False
+            raise ResolutionConflict(
+                f"effect {effect_id} was already resolved as {recorded.get('resolution')!r} "
+                f"(resolution id {recorded.get('resolution_id')}); a resolution cannot be changed",
+                effect_id=effect_id)
+        for other in analysis.decisions.values():
+            if other.resolution and other.resolution.get("resolution_id") == resolution_id:
+                raise ResolutionConflict(f"resolution id {resolution_id} was already used for effect "
+                                         f"{other.effect_id}", effect_id=effect_id)
+        if decision.state != "unknown":
+            raise EffectNotUnknown(
+                f"effect {effect_id} is {decision.state} ({decision.reason}), not unknown: only an unknown "
+                "outcome can be resolved", effect_id=effect_id, state=decision.state)
+        self.append([NewEvent(f"{decision.kind}.outcome_resolved", body, self.meta(actor))])
+        return True
+
+    def decide_parked(self, effect_id: str, decision_phase: str, *, actor: str = "operator",
+                      note: str | None = None) -> None:
+        """Record ``approved`` or ``denied`` for a parked call."""
+        if decision_phase not in ("approved", "denied"):
+            raise InvalidInput("the decision must be 'approved' or 'denied'", field="decision")
+        check_text(actor, "actor", 200, required=True)
+        check_text(note, "note", MAX_NOTE_CHARS)
+        self.sync()
+        decision = self.analysis().decisions.get(effect_id)
+        if decision is None:
+            raise NotFound(f"thread {self.thread_id} has no effect {effect_id!r}", effect_id=effect_id)
+        if decision.state != "parked":
+            raise EffectNotParked(f"effect {effect_id} is {decision.state}, not parked", effect_id=effect_id)
+        self.append([NewEvent(f"{decision.kind}.{decision_phase}",
+                              {"effect_id": effect_id, "actor": actor, "note": note}, self.meta(actor))])
+
+    def start_turn(self, text: str) -> str:
+        """Record a ``turn.started`` with user input ``text``; returns the turn id."""
+        turn_id = new_id()
+        self.append([NewEvent("turn.started", {"turn_id": turn_id, "input": text}, self.meta())])
+        return turn_id
+
+    def end_running_turn(self, reason: str) -> bool:
+        """Record that the running turn was interrupted; False if no turn was running."""
+        turn = self.state.active_turn()
+        if turn is None:
+            return False
+        self.append([NewEvent("turn.ended", {"turn_id": turn.turn_id, "outcome": "interrupted",
+                                             "reason": str(reason)}, self.meta())])
+        return True
+
+    # --- replay and fork ----------------------------------------------------------------
+
+    def replay(self, upto: int | str | None = None) -> State:
+        """Rebuild the state from events alone, calling no driver; decisions come from the resolver afresh."""
+        last = self.resolve_upto(upto)
+        events = self.store.read(self.stream, 1, last)
+        state = ThreadProjection().initial()
+        for event in events:
+            state = self._projection.apply(state, event)
+        report = self.store.verify(self.stream)
+        break_seq = None if report.valid else report.first_bad_seq
+        return build_state(state, RecoveryResolver.analyze(events, chain_break_seq=break_seq))
+
+    def fork(self, at: str, *, agent_record: dict[str, Any] | None = None) -> ThreadLog:
+        """Record a child thread with this thread's state at event ``at`` (open effects not inherited)."""
+        if not isinstance(at, str) or not is_valid_id(at):
+            raise InvalidInput(f"fork point {at!r} is not an event id", field="at")
+        event = self.store.get_event(at)
+        if event is None or event.stream != self.stream:
+            raise NotFound(f"event {at} is not in thread {self.thread_id}; fork at one of its events",
+                           event_id=at)
+        events = self.store.read(self.stream, 1, event.seq)
+        parent_state = ThreadProjection().initial()
+        for item in events:
+            parent_state = self._projection.apply(parent_state, item)
+        if RecoveryResolver.analyze(events).has_corruption or parent_state.contradiction:
+            raise ThreadCorrupt(f"thread {self.thread_id} is corrupt at or before event {at}; cannot fork there")
+        child_state = fork_state(parent_state)
+        child_id = new_id()
+        parent = {"thread_id": self.thread_id, "event_id": event.id, "seq": event.seq, "hash": event.hash}
+        child_state.thread_id = child_id
+        child_state.parent = parent
+        forked = NewEvent("thread.forked", {
+            "thread_id": child_id, "parent": parent, "agent": agent_record or parent_state.agent,
+            "metadata": parent_state.metadata, "state": self._projection.dump(child_state)}, self.meta())
+        [stored] = self.store.append(stream_of(child_id), [forked], 0, genesis_hash=event.hash)
+        return ThreadLog(self.store, self._projection.apply(ThreadProjection().initial(), stored),
+                         actor=self.actor)
+
+    def resolve_upto(self, upto: int | str | None) -> int | None:
+        """A seq from a seq or an event id of this thread (None stays None)."""
+        if upto is None:
+            return None
+        if isinstance(upto, bool):
+            raise InvalidInput("upto must be a seq or an event id", field="upto")
+        if isinstance(upto, int):
+            if upto < 1:
+                raise InvalidInput("upto must be >= 1", field="upto")
+            return upto
+        if not isinstance(upto, str) or not is_valid_id(upto):
+            raise InvalidInput(f"upto {upto!r} is neither a seq nor an event id", field="upto")
+        event = self.store.get_event(upto)
+        if event is None or event.stream != self.stream:
+            raise NotFound(f"event {upto} is not in thread {self.thread_id}", event_id=upto)
+        return event.seq
+
+
+def check_text(value: object, name: str, limit: int, *, required: bool = False) -> None:
+    """Raise :class:`~jixu.errors.InvalidInput` unless ``value`` is a string within ``limit``."""
+    if value is None and not required:
+        return
+    if not isinstance(value, str) or (required and not value.strip()) or len(value) > limit:
+        raise InvalidInput(f"{name} must be a string of at most {limit} characters"
+                           + (" (not empty)" if required else ""), field=name)
+
+
+__all__ = ["DEFAULT_MAX_ATTEMPTS", "DEFAULT_MAX_STEPS", "THREAD_PREFIX", "State", "ThreadLog", "build_state",
+           "check_text", "stream_of"]
