@@ -124,6 +124,7 @@ class Thread:
         while True:
             analysis = log.analysis()
             action = decide(log.state, analysis, max_steps=agent.max_steps, max_attempts=harness.max_attempts)
+            head = log.state.seq
             try:
                 if isinstance(action, Stop):
                     log.checkpoint()
@@ -144,6 +145,10 @@ class Thread:
             except ConcurrencyError:
                 # Another writer appended: read what it wrote and decide again.
                 log.sync()
+            if log.state.seq == head:
+                # Every action records at least one event; a loop that records nothing would spin forever.
+                raise JixuError(f"thread {self.thread_id}: {type(action).__name__} recorded nothing; "
+                                "stopping instead of looping", thread_id=self.thread_id)
 
     # --- effects ------------------------------------------------------------------------
 
@@ -184,6 +189,9 @@ class Thread:
             await self._call_model(effect_id, intent, attempt)
         elif decision.kind == "tool":
             await self._call_tool(effect_id, intent, attempt)
+        else:
+            raise JixuError(f"thread {self.thread_id}: effect {effect_id} has kind {decision.kind!r}, which "
+                            "threads do not dispatch", effect_id=effect_id)
 
     async def _call_model(self, effect_id: str, intent: dict[str, Any], attempt: int) -> None:
         agent, log = self._agent, self.log
