@@ -19,6 +19,8 @@ class Stop:
 
     status: str
     reason: str = ""
+    effect_ids: tuple[str, ...] = ()
+    """For ``waiting``: the effects an operator must resolve, approve or deny."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,22 +91,27 @@ def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attemp
         if ready:
             return Dispatch(tuple(ready))
     if analysis.requires_resolution or exhausted:
-        pending = ", ".join([*analysis.requires_resolution, *exhausted])
-        return Stop("waiting", f"effects with an unknown outcome need an operator's resolution: {pending}")
+        pending = (*analysis.requires_resolution, *exhausted)
+        return Stop("waiting", f"effects with an unknown outcome need an operator's resolution: "
+                    f"{', '.join(pending)}", pending)
     if analysis.waiting_on_parked:
-        return Stop("waiting", f"calls awaiting approval: {', '.join(analysis.waiting_on_parked)}")
+        return Stop("waiting", f"calls awaiting approval: {', '.join(analysis.waiting_on_parked)}",
+                    analysis.waiting_on_parked)
     if turn is None:
         failed = bool(state.turns) and state.turns[-1].status == "failed"
         return Stop("failed" if failed else "idle")
     if turn.error is not None:
         return FailTurn(turn.turn_id, turn.error)
-    messages = state.messages[turn.message_index:]
-    last_assistant = next((m for m in reversed(messages) if m.get("role") == "assistant"), None)
-    if last_assistant is not None:
+    messages = state.messages
+    last_index = next((i for i in range(len(messages) - 1, turn.message_index - 1, -1)
+                       if messages[i].get("role") == "assistant"), None)
+    if last_index is not None:
+        last_assistant = messages[last_index]
         calls = list(last_assistant.get("tool_calls") or [])
         if not calls:
             return CompleteTurn(turn.turn_id, str(last_assistant.get("content") or ""))
-        answered = {m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
+        # Only answers after this message count: a provider may reuse call ids across steps.
+        answered = {m.get("tool_call_id") for m in messages[last_index + 1:] if m.get("role") == "tool"}
         unanswered = [c for c in calls if c.get("id") not in answered]
         if unanswered:
             without_intent = tuple(c for c in unanswered if c.get("id") not in state.step_calls)

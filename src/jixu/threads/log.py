@@ -34,6 +34,10 @@ THREAD_PREFIX = "thread/"
 DEFAULT_MAX_STEPS = 32
 DEFAULT_MAX_ATTEMPTS = 3
 MAX_NOTE_CHARS = 10_000
+MAX_INPUT_CHARS = 200_000
+INHERIT_CHUNK_CHARS = 128 * 1024
+"""Characters of inherited state per ``thread.inherited`` event: even if every character needed a
+six-byte escape, a chunk stays under the ledger's 1 MiB payload limit."""
 
 
 def stream_of(thread_id: str) -> str:
@@ -92,7 +96,8 @@ def build_state(thread_state: ThreadState, analysis: Analysis, *, max_steps: int
     else:
         status, reason = "running", ""
     waiting = []
-    for effect_id in (*analysis.requires_resolution, *analysis.waiting_on_parked):
+    blocking = action.effect_ids if isinstance(action, Stop) else ()
+    for effect_id in dict.fromkeys((*analysis.requires_resolution, *analysis.waiting_on_parked, *blocking)):
         decision = analysis.decisions[effect_id]
         waiting.append({"effect_id": effect_id, "kind": decision.kind, "name": decision.name,
                         "state": decision.state, "reason": decision.reason})
@@ -132,8 +137,14 @@ class ThreadLog:
         self._checkpoint_seq = 0
 
     @classmethod
-    def load(cls, store: Store, thread_id: str, *, actor: str = "jixu") -> ThreadLog:
-        """Open a thread's record from its latest valid checkpoint plus the events after it."""
+    def load(cls, store: Store, thread_id: str, *, actor: str = "jixu", verify: bool = False) -> ThreadLog:
+        """Open a thread's record from its latest valid checkpoint plus the events after it.
+
+        Only the events after the checkpoint are chain-checked, so opening costs
+        O(tail). ``verify=True`` also recomputes the whole chain (O(history)),
+        so a change made inside the store before the checkpoint marks the
+        thread corrupt too.
+        """
         if not isinstance(thread_id, str) or not is_valid_id(thread_id):
             raise InvalidInput(f"thread id {thread_id!r} is not a valid id", field="thread_id")
         stream = stream_of(thread_id)
@@ -141,6 +152,10 @@ class ThreadLog:
             raise ThreadNotFound(f"no thread {thread_id} in {store.url}", thread_id=thread_id)
         projected = project(store, stream, ThreadProjection())
         chain_break = None if projected.chain.valid else projected.chain.first_bad_seq
+        if verify:
+            report = store.verify(stream)
+            if not report.valid and report.first_bad_seq is not None:
+                chain_break = min(chain_break or report.first_bad_seq, report.first_bad_seq)
         log = cls(store, projected.state, chain_break_seq=chain_break, checkpoint_status=projected.checkpoint,
                   actor=actor)
         log._checkpoint_seq = projected.checkpoint_seq or 0
@@ -162,10 +177,16 @@ class ThreadLog:
     # --- reading ------------------------------------------------------------------------
 
     def analysis(self) -> Analysis:
-        """The RecoveryResolver's answer for this thread as it stands."""
+        """The RecoveryResolver's answer for every effect of this thread as it stands."""
         if self.state.contradiction:
             return RecoveryResolver.analyze(self.store.read(self.stream), chain_break_seq=self.chain_break_seq)
         return self.state.analysis(self.chain_break_seq)
+
+    def open_analysis(self) -> Analysis:
+        """The resolver's answer for the effects still open: all the agent loop needs, at O(open) cost."""
+        if self.state.contradiction:
+            return self.analysis()
+        return self.state.open_analysis(self.chain_break_seq)
 
     def snapshot(self, *, max_steps: int = DEFAULT_MAX_STEPS, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
                  running: bool = False) -> State:
@@ -206,10 +227,11 @@ class ThreadLog:
             raise ThreadCorrupt(f"thread {self.thread_id} has a broken or contradictory history; it will not "
                                 f"run. Inspect it with `jixu threads verify STORE {self.thread_id}`",
                                 thread_id=self.thread_id)
-        corrupt = self.state.analysis().corrupt
-        if corrupt:
-            raise ThreadCorrupt(f"thread {self.thread_id} has corrupt effects {list(corrupt)}; it will not run",
-                                thread_id=self.thread_id)
+        analysis = self.open_analysis()
+        if analysis.has_corruption:
+            what = list(analysis.corrupt) or list(analysis.unattributed_events)
+            raise ThreadCorrupt(f"thread {self.thread_id} has contradictory effect events ({what}); it will "
+                                "not run", thread_id=self.thread_id)
 
     def checkpoint(self) -> bool:
         """Write a checkpoint of the current state if it moved since the last one; True if written."""
@@ -230,6 +252,7 @@ class ThreadLog:
 
         See :meth:`jixu.threads.thread.Thread.resolve_tool_outcome` for the rules.
         """
+        check_text(effect_id, "effect_id", 100, required=True)
         if resolution not in RESOLUTIONS:
             raise InvalidInput(f"resolution {resolution!r} must be one of {list(RESOLUTIONS)}",
                                field="resolution")
@@ -279,6 +302,7 @@ class ThreadLog:
     def decide_parked(self, effect_id: str, decision_phase: str, *, actor: str = "operator",
                       note: str | None = None) -> None:
         """Record ``approved`` or ``denied`` for a parked call."""
+        check_text(effect_id, "effect_id", 100, required=True)
         if decision_phase not in ("approved", "denied"):
             raise InvalidInput("the decision must be 'approved' or 'denied'", field="decision")
         check_text(actor, "actor", 200, required=True)
@@ -294,6 +318,7 @@ class ThreadLog:
 
     def start_turn(self, text: str) -> str:
         """Record a ``turn.started`` with user input ``text``; returns the turn id."""
+        check_text(text, "input", MAX_INPUT_CHARS, required=True)
         turn_id = new_id()
         self.append([NewEvent("turn.started", {"turn_id": turn_id, "input": text}, self.meta())])
         return turn_id
@@ -320,8 +345,15 @@ class ThreadLog:
         break_seq = None if report.valid else report.first_bad_seq
         return build_state(state, RecoveryResolver.analyze(events, chain_break_seq=break_seq))
 
-    def fork(self, at: str, *, agent_record: dict[str, Any] | None = None) -> ThreadLog:
-        """Record a child thread with this thread's state at event ``at`` (open effects not inherited)."""
+    def fork(self, at: str, *, agent_record: dict[str, Any] | None = None, input: str | None = None) -> ThreadLog:
+        """Record a child thread with this thread's state at event ``at`` (open effects not inherited).
+
+        The inherited state travels in ``thread.inherited`` chunks appended with
+        the ``thread.forked`` event in one atomic batch, so any size fits the
+        per-event limit. With ``input``, the child's first turn is recorded too.
+        """
+        if input is not None:
+            check_text(input, "input", MAX_INPUT_CHARS, required=True)
         if not isinstance(at, str) or not is_valid_id(at):
             raise InvalidInput(f"fork point {at!r} is not an event id", field="at")
         event = self.store.get_event(at)
@@ -339,12 +371,21 @@ class ThreadLog:
         parent = {"thread_id": self.thread_id, "event_id": event.id, "seq": event.seq, "hash": event.hash}
         child_state.thread_id = child_id
         child_state.parent = parent
-        forked = NewEvent("thread.forked", {
+        text = canonical_text(self._projection.dump(child_state))
+        parts = [text[i:i + INHERIT_CHUNK_CHARS] for i in range(0, len(text), INHERIT_CHUNK_CHARS)] or [""]
+        meta = self.meta()
+        batch = [NewEvent("thread.forked", {
             "thread_id": child_id, "parent": parent, "agent": agent_record or parent_state.agent,
-            "metadata": parent_state.metadata, "state": self._projection.dump(child_state)}, self.meta())
-        [stored] = self.store.append(stream_of(child_id), [forked], 0, genesis_hash=event.hash)
-        return ThreadLog(self.store, self._projection.apply(ThreadProjection().initial(), stored),
-                         actor=self.actor)
+            "metadata": parent_state.metadata, "inherited_parts": len(parts)}, meta)]
+        batch.extend(NewEvent("thread.inherited", {"part": i, "of": len(parts), "text": part}, meta)
+                     for i, part in enumerate(parts))
+        if input is not None:
+            batch.append(NewEvent("turn.started", {"turn_id": new_id(), "input": input}, meta))
+        stored = self.store.append(stream_of(child_id), batch, 0, genesis_hash=event.hash)
+        state = ThreadProjection().initial()
+        for item in stored:
+            state = self._projection.apply(state, item)
+        return ThreadLog(self.store, state, actor=self.actor)
 
     def resolve_upto(self, upto: int | str | None) -> int | None:
         """A seq from a seq or an event id of this thread (None stays None)."""
@@ -353,8 +394,11 @@ class ThreadLog:
         if isinstance(upto, bool):
             raise InvalidInput("upto must be a seq or an event id", field="upto")
         if isinstance(upto, int):
-            if upto < 1:
-                raise InvalidInput("upto must be >= 1", field="upto")
+            info = self.store.stream_info(self.stream)
+            head = info.head_seq if info else 0
+            if not 1 <= upto <= head:
+                raise InvalidInput(f"upto {upto} is outside thread {self.thread_id}'s events (1..{head})",
+                                   field="upto")
             return upto
         if not isinstance(upto, str) or not is_valid_id(upto):
             raise InvalidInput(f"upto {upto!r} is neither a seq nor an event id", field="upto")

@@ -78,10 +78,14 @@ class ModelResponse:
 
     def to_result(self, effect_id: str) -> JSONObject:
         """The receipt's ``result``: tool calls get stable ids derived from ``effect_id``."""
-        calls = [
-            {"id": call.id or f"call_{effect_id}_{index}", "name": call.name, "args": call.args}
-            for index, call in enumerate(self.tool_calls)
-        ]
+        calls = []
+        seen: set[str] = set()
+        for index, call in enumerate(self.tool_calls):
+            call_id = call.id or f"call_{effect_id}_{index}"
+            if call_id in seen:  # a repeated id within one answer would make one call's result look like another's
+                call_id = f"{call_id}_{index}"
+            seen.add(call_id)
+            calls.append({"id": call_id, "name": call.name, "args": call.args})
         result: JSONObject = {"text": self.text, "tool_calls": calls, "usage": self.usage.to_dict(),
                               "model": self.model, "stop_reason": self.stop_reason}
         canonical_text(result, path="model result")  # refuse non-JSON arguments before recording

@@ -34,6 +34,8 @@ RESOLUTION_MESSAGES = {
                          "without confirming whether it happened.",
 }
 NOT_INHERITED_MESSAGE = "This tool call was not carried into the fork: it did not run in this thread."
+INTERRUPTED_MESSAGE = ("The turn ended before this call's result was recorded; its outcome is unknown. "
+                       "Do not assume it happened or that it did not.")
 
 
 @dataclass
@@ -77,6 +79,10 @@ class ThreadState:
     """Tool call id -> effect id, for the calls of the latest assistant message."""
     stray_events: list[Event] = field(default_factory=list)
     """Lifecycle events without a usable effect id (they make the thread corrupt)."""
+    closed_calls: list[str] = field(default_factory=list)
+    """Tool call ids answered with a placeholder when their turn ended before they settled."""
+    inherit_parts: list[str] = field(default_factory=list)
+    """Chunks of a fork's inherited state, until the last one arrives."""
     usage: JSONObject = field(default_factory=lambda: {"input_tokens": 0, "output_tokens": 0,
                                                        "cached_tokens": 0, "cost": None,
                                                        "model_calls": 0, "tool_calls": 0})
@@ -97,10 +103,18 @@ class ThreadState:
         events.sort(key=lambda e: e.seq)
         return events
 
+    def open_analysis(self, chain_break_seq: int | None = None) -> Analysis:
+        """The resolver's answer for the effects still open (settled ones cannot need any action).
+
+        Its flags (corruption, effects to dispatch, to resolve, parked) equal the
+        full analysis's, at a cost that does not grow with the thread's history.
+        """
+        return RecoveryResolver.analyze(self.open_event_list(), check_links=False,
+                                        chain_break_seq=chain_break_seq)
+
     def analysis(self, chain_break_seq: int | None = None) -> Analysis:
         """The resolver's answer for every effect: settled decisions plus the open ones analyzed now."""
-        current = RecoveryResolver.analyze(self.open_event_list(), check_links=False,
-                                           chain_break_seq=chain_break_seq)
+        current = self.open_analysis(chain_break_seq)
         if not self.settled:
             return current
         decisions = dict(self.settled)
@@ -213,6 +227,11 @@ class ThreadProjection:
         call_id = str(intent.get("call_id") or "")
         name = str(intent.get("name") or "")
         data = event.data
+        if call_id in state.closed_calls:
+            # Its turn already ended and the conversation holds a placeholder answer for it;
+            # the decision is kept (see ``settled``), the conversation stays valid.
+            state.closed_calls.remove(call_id)
+            return
         if phase == "completed":
             state.messages.append(_tool_message(call_id, name, data.get("result"), "ok"))
             state.usage["tool_calls"] += 1
@@ -246,6 +265,8 @@ class ThreadProjection:
             "effect_turn": state.effect_turn,
             "step_calls": state.step_calls,
             "stray_events": [e.to_dict() for e in state.stray_events],
+            "closed_calls": state.closed_calls,
+            "inherit_parts": state.inherit_parts,
             "usage": state.usage,
             "contradiction": state.contradiction,
             "seq": state.seq,
@@ -266,6 +287,8 @@ class ThreadProjection:
             effect_turn=dict(data["effect_turn"]),
             step_calls=dict(data["step_calls"]),
             stray_events=[Event(**e) for e in data["stray_events"]],
+            closed_calls=list(data["closed_calls"]),
+            inherit_parts=list(data["inherit_parts"]),
             usage=dict(data["usage"]),
             contradiction=bool(data["contradiction"]),
             seq=int(data["seq"]),
@@ -280,10 +303,7 @@ def _created(state: ThreadState, event: Event) -> None:
 
 
 def _forked(state: ThreadState, event: Event) -> None:
-    inherited = ThreadProjection().load(event.data["state"])
-    state.messages = inherited.messages
-    state.turns = inherited.turns
-    state.usage = inherited.usage
+    state.inherit_parts = []
     state.thread_id = str(event.data.get("thread_id", ""))
     state.agent = dict(event.data.get("agent") or {})
     state.parent = dict(event.data.get("parent") or {})
@@ -304,6 +324,8 @@ def _turn_ended(state: ThreadState, event: Event) -> None:
     outcome = str(event.data.get("outcome"))
     turn.status = outcome if outcome in ("completed", "failed", "interrupted") else "failed"
     turn.ended_seq = event.seq
+    if turn.status != "completed":
+        _close_unanswered_calls(state, turn.message_index, INTERRUPTED_MESSAGE, "interrupted")
     if turn.status == "completed":
         turn.reply = event.data.get("reply")
     elif event.data.get("error") is not None:
@@ -312,12 +334,48 @@ def _turn_ended(state: ThreadState, event: Event) -> None:
         turn.error = {"source": "interrupt", "reason": event.data.get("reason")}
 
 
+def _inherited(state: ThreadState, event: Event) -> None:
+    """A chunk of the state a fork inherits; the last chunk completes it."""
+    state.inherit_parts.append(str(event.data.get("text", "")))
+    if event.data.get("part") != event.data.get("of", 0) - 1:
+        return
+    try:
+        inherited = ThreadProjection().load(json.loads("".join(state.inherit_parts)))
+    except (ValueError, KeyError, TypeError):
+        state.contradiction = True  # a fork record that does not decode cannot be trusted
+        return
+    finally:
+        state.inherit_parts = []
+    state.messages = inherited.messages
+    state.turns = inherited.turns
+    state.usage = inherited.usage
+
+
 _HANDLERS = {
     "thread.created": _created,
     "thread.forked": _forked,
+    "thread.inherited": _inherited,
     "turn.started": _turn_started,
     "turn.ended": _turn_ended,
 }
+
+
+def _close_unanswered_calls(state: ThreadState, since: int, content: str, status: str) -> list[str]:
+    """Answer the latest assistant message's unanswered tool calls with a placeholder; return their ids."""
+    messages = state.messages
+    last = next((i for i in range(len(messages) - 1, since - 1, -1) if messages[i].get("role") == "assistant"),
+                None)
+    if last is None:
+        return []
+    answered = {m.get("tool_call_id") for m in messages[last + 1:] if m.get("role") == "tool"}
+    closed = []
+    for call in messages[last].get("tool_calls") or []:
+        call_id = str(call.get("id"))
+        if call_id not in answered:
+            messages.append(_tool_message(call_id, str(call.get("name")), content, status))
+            closed.append(call_id)
+    state.closed_calls.extend(c for c in closed if c in state.step_calls)
+    return closed
 
 
 def fork_state(parent: ThreadState) -> ThreadState:
@@ -328,16 +386,7 @@ def fork_state(parent: ThreadState) -> ThreadState:
     closed as interrupted.
     """
     child = ThreadProjection().load(ThreadProjection().dump(parent))
-    answered = {m.get("tool_call_id") for m in child.messages if m.get("role") == "tool"}
-    last_calls: list[JSONObject] = []
-    for message in reversed(child.messages):
-        if message.get("role") == "assistant":
-            last_calls = list(message.get("tool_calls") or [])
-            break
-    for call in last_calls:
-        if call.get("id") not in answered:
-            child.messages.append(_tool_message(str(call.get("id")), str(call.get("name")), NOT_INHERITED_MESSAGE,
-                                                "not_inherited"))
+    _close_unanswered_calls(child, 0, NOT_INHERITED_MESSAGE, "not_inherited")
     turn = child.active_turn()
     if turn is not None:
         turn.status = "interrupted"
@@ -347,6 +396,8 @@ def fork_state(parent: ThreadState) -> ThreadState:
     child.effect_turn = {}
     child.step_calls = {}
     child.stray_events = []
+    child.closed_calls = []
+    child.inherit_parts = []
     child.contradiction = False
     return child
 

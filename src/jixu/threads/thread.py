@@ -18,15 +18,12 @@ from jixu.errors import ConcurrencyError, InvalidInput, JixuError, MalformedEven
 from jixu.ledger import Event, NewEvent, content_hash, new_id
 from jixu.recovery import Analysis, EffectDecision
 from jixu.threads.decide import CompleteTurn, Dispatch, FailTurn, RequestModel, RequestTools, Stop, decide
-from jixu.threads.log import State, ThreadLog, stream_of
+from jixu.threads.log import MAX_INPUT_CHARS, State, ThreadLog, stream_of
 from jixu.threads.model import ModelRequest
 from jixu.threads.tools import ToolContext, ToolError
 
 if TYPE_CHECKING:
     from jixu.threads.harness import Harness
-
-MAX_INPUT_CHARS = 200_000
-
 
 class Thread:
     """One durable conversation with an agent. Get one from :class:`~jixu.Harness`."""
@@ -81,13 +78,13 @@ class Thread:
                                field="input")
         self.log.sync()
         self.log.refuse_if_corrupt()
-        if self.running or self.log.state.active_turn() is not None:
-            raise ThreadBusy(f"thread {self.thread_id} is still working on a turn; wait() for it first",
-                             thread_id=self.thread_id)
         state = self.state()
         if state.status == "waiting":
             raise ThreadBusy(f"thread {self.thread_id} is waiting: {state.reason}. Resolve or approve first "
                              "(jixu threads resolve …)", thread_id=self.thread_id)
+        if self.running or self.log.state.active_turn() is not None:
+            raise ThreadBusy(f"thread {self.thread_id} is still working on a turn; wait() for it first",
+                             thread_id=self.thread_id)
         turn_id = self.log.start_turn(text)
         self._start()
         return turn_id
@@ -122,7 +119,7 @@ class Thread:
     async def _run(self) -> None:
         agent, harness, log = self._agent, self._harness, self.log
         while True:
-            analysis = log.analysis()
+            analysis = log.open_analysis()
             action = decide(log.state, analysis, max_steps=agent.max_steps, max_attempts=harness.max_attempts)
             head = log.state.seq
             try:
@@ -197,7 +194,7 @@ class Thread:
         agent, log = self._agent, self.log
         request = ModelRequest(
             instructions=agent.instructions,
-            messages=tuple(dict(m) for m in log.state.messages),
+            messages=tuple(log.state.messages),  # drivers read, never mutate, the conversation
             tools=tuple(t.spec() for t in agent.tools),
             effect_id=effect_id,
             idempotency_key=str(intent["idempotency_key"]),
@@ -257,8 +254,10 @@ class Thread:
         except asyncio.CancelledError:
             self._receipt("tool", effect_id, attempt, error={"type": "interrupted"}, indeterminate=True)
             raise
-        except JixuError as error:  # e.g. the tool returned something that is not JSON
-            self._receipt("tool", effect_id, attempt, error=error.to_dict(), indeterminate=False)
+        except JixuError as error:
+            # The tool ran (its effect may have happened) but returned something unusable, e.g. not JSON:
+            # that is no receipt of what it did, so the outcome stays unknown.
+            self._receipt("tool", effect_id, attempt, error=error.to_dict(), indeterminate=True)
         except Exception as error:
             self._receipt("tool", effect_id, attempt, error=_exception_dict(error), indeterminate=True)
         else:
@@ -333,11 +332,9 @@ class Thread:
         Effects still open at that event are not inherited (their calls are
         marked as not carried over). With ``input``, the child starts a turn.
         """
-        if input is not None and (not isinstance(input, str) or not input.strip()):
-            raise InvalidInput("input must be a non-empty string", field="input")
-        child = Thread(self._harness, self.log.fork(at, agent_record=self._agent.describe()))
+        child = Thread(self._harness, self.log.fork(at, agent_record=self._agent.describe(), input=input))
         if input is not None:
-            await child.send(input)
+            child.wait_in_background()
         return child
 
 
