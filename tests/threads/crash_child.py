@@ -1,0 +1,343 @@
+"""The child program of ``tests/threads/test_crash.py``: a jixu thread in a process that gets SIGKILLed.
+
+Run as ``python -m tests.threads.crash_child MODE …`` (see :func:`main`):
+
+``scenario DB OUTSIDE SEMANTICS CRASH_POINT``
+    Runs one settled turn ("Charge order 41"), then arms the crash point and
+    starts a second turn ("Charge order 42"); the process SIGKILLs *itself* at
+    the crash point. It never exits on its own.
+``recover DB OUTSIDE SEMANTICS CRASH_POINT THREAD_ID``
+    Reopens the scenario thread THREAD_ID with the crash point armed at once:
+    the process SIGKILLs itself when recovery reaches it again.
+``random DB OUTSIDE [THREAD_ID]``
+    Creates a thread (or reopens THREAD_ID, recovering what it left open)
+    and sends turns forever, each with several calls, some in parallel, of
+    three tools of different semantics; the parent SIGKILLs it at a random
+    moment.
+
+Both modes print, flushed, one line per fact the parent may rely on:
+
+- ``T <thread_id>``: the thread exists;
+- ``E <seq> <event_id> <type>``: an event that is committed (printed after the
+  store's ``append`` returned, so every printed event is durable);
+- ``X <effect_id> <attempt>``: a tool's side effect is in the outside file;
+- ``C+ <seq>`` / ``C- <seq>``: a checkpoint transaction begins / committed;
+- ``W <bytes>``: (crash point ``checkpoint``) what the open checkpoint transaction
+  already wrote into the WAL file when the process kills itself;
+- ``R <status>``: the recovery of a reopened thread settled (random mode);
+- ``S <turn> <status>``: a turn settled (random mode).
+
+The "outside system" is a plain file: each tool execution appends one line
+``<effect_id> <idempotency_key> <attempt> <tool>`` with one ``O_APPEND`` write
+and fsyncs it before the tool returns.
+
+The crash points are set by wrapping the SQLite store's methods inside this
+process only (jixu itself is not changed): after an ``append`` that stored an
+event of the chosen type returned; in the tool after the side effect; and
+inside the checkpoint's write transaction, after its INSERT and before its
+COMMIT. This module imports only jixu and the standard library, so a child
+starts in about a tenth of a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from jixu import Agent, Harness, ScriptedModel, ToolCall, ToolContext, tool
+from jixu.ledger.event import Event
+from jixu.ledger.sqlite import SQLiteStore
+from jixu.threads.tools import Semantics, Tool
+
+CRASH_POINTS: tuple[str, ...] = (
+    "tool.requested",  # 1. the intent is committed, nothing dispatched
+    "tool.dispatched",  # 2. the dispatch marker is committed, the tool has not run
+    "side_effect",  # 3. the tool changed the outside system, no receipt yet
+    "tool.completed",  # 4. the receipt is committed
+    "checkpoint",  # 5. inside the checkpoint's write transaction, before COMMIT
+    "model.dispatched",  # 6. a model call left the process, no receipt
+)
+SEMANTICS: tuple[Semantics, ...] = ("unsafe", "idempotent", "read_only")
+
+FIRST_INPUT = "Charge order 41"
+SECOND_INPUT = "Charge order 42"
+
+_T = TypeVar("_T")
+
+
+def say(*fields: object) -> None:
+    """Report one line with a single ``write`` to the pipe: atomic, so lines from the tool's worker thread
+    and the event loop never interleave, and a kill leaves whole lines only."""
+    os.write(1, (" ".join(map(str, fields)) + "\n").encode())
+
+
+def die() -> None:
+    """SIGKILL this process: no cleanup, no ``finally``, no atexit, like a power cut of the process."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+# --- the outside system --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OutsideLine:
+    """One execution of a tool, as the outside system saw it."""
+
+    effect_id: str
+    idempotency_key: str
+    attempt: int
+    tool: str
+
+
+def touch_outside(path: str, ctx: ToolContext, name: str) -> None:
+    """Record one execution: a single appended line, fsynced before returning."""
+    line = f"{ctx.effect_id} {ctx.idempotency_key} {ctx.attempt} {name}\n".encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_outside(path: str | Path) -> list[OutsideLine]:
+    """Every execution recorded in the outside file, in order (a torn last line would fail loudly)."""
+    if not os.path.exists(path):
+        return []
+    lines = []
+    for text in Path(path).read_text().splitlines():
+        effect_id, key, attempt, name = text.split(" ")
+        lines.append(OutsideLine(effect_id, key, int(attempt), name))
+    return lines
+
+
+Hook = Callable[[ToolContext], None]
+
+
+def outside_tool(name: str, semantics: Semantics, outside: str, hook: Hook | None, pad: int = 0) -> Tool:
+    """A tool that changes the outside system once per execution; ``hook`` runs right after the change.
+
+    Its result carries ``pad`` filler characters (to make the thread's checkpoints large).
+    """
+
+    def body(item: str, ctx: ToolContext) -> str:
+        touch_outside(outside, ctx, name)
+        if hook is not None:
+            hook(ctx)
+        return f"{name} {item}: ok" + "." * pad
+
+    body.__doc__ = f"{name} an item ({semantics})."
+    return tool(name=name, semantics=semantics)(body)
+
+
+# --- agents (the parent builds the same ones: the contract must match) ----------------
+
+
+def _this_turn(messages: Sequence[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """The input of the latest turn and the messages after it."""
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].get("role") == "user":
+            return str(messages[index].get("content")), list(messages[index + 1:])
+    raise AssertionError("no user message")
+
+
+def scenario_step(messages: list[dict[str, Any]]) -> str | ToolCall:
+    """Charge the order named in the input; call again only after a ``not_occurred`` resolution."""
+    text, turn = _this_turn(messages)
+    order = text.rsplit(" ", 1)[-1]
+    if not any(m.get("role") == "assistant" for m in turn):
+        return ToolCall("charge", {"item": order})
+    if turn[-1].get("role") == "tool" and turn[-1].get("status") == "not_occurred":
+        return ToolCall("charge", {"item": order})
+    return f"Charged order {order}."
+
+
+SCENARIO_PAD = 200_000
+"""Filler in each scenario tool result: the second checkpoint is then far larger than the child's page cache."""
+
+
+def scenario_agent(semantics: Semantics, outside: str, hook: Hook | None = None) -> Agent:
+    """One tool, ``charge``, with the given semantics."""
+    return Agent(name="crash-shop", model=ScriptedModel(scenario_step),
+                 tools=[outside_tool("charge", semantics, outside, hook, SCENARIO_PAD)])
+
+
+RANDOM_TOOLS: dict[str, Semantics] = {"lookup": "read_only", "reserve": "idempotent", "charge": "unsafe"}
+_PLANS: tuple[tuple[tuple[str, ...], ...], ...] = (
+    (("lookup",), ("reserve", "charge"), ("charge", "lookup")),
+    (("charge",), ("lookup", "reserve", "charge")),
+    (("reserve", "lookup"), ("charge", "charge"), ("reserve",)),
+)
+
+
+def random_reply(turn: int) -> str:
+    """The final reply of turn ``turn`` of the random agent."""
+    return f"Done with turn {turn}."
+
+
+def random_step(messages: list[dict[str, Any]]) -> str | list[ToolCall]:
+    """Turn ``k`` follows plan ``k % 3``: a few steps of (parallel) calls, then a reply."""
+    text, turn = _this_turn(messages)
+    number = int(text.rsplit(" ", 1)[-1])
+    plan = _PLANS[number % len(_PLANS)]
+    step = sum(1 for m in turn if m.get("role") == "assistant")
+    if step >= len(plan):
+        return random_reply(number)
+    return [ToolCall(name, {"item": f"t{number}s{step}c{index}"}) for index, name in enumerate(plan[step])]
+
+
+def random_agent(outside: str, hook: Hook | None = None) -> Agent:
+    """Three tools: ``lookup`` (read_only), ``reserve`` (idempotent), ``charge`` (unsafe)."""
+    return Agent(name="crash-mix", model=ScriptedModel(random_step),
+                 tools=[outside_tool(name, semantics, outside, hook) for name, semantics in RANDOM_TOOLS.items()])
+
+
+# --- instrumentation (this process only) ----------------------------------------------
+
+
+class Crash:
+    """Wraps the SQLite store to report what is committed and to die at ``point`` once ``armed``."""
+
+    def __init__(self, point: str | None) -> None:
+        self.point = point
+        self.armed = False
+        self._in_checkpoint = False
+
+    def install(self) -> None:
+        crash = self
+        original_init = SQLiteStore.__init__
+        original_append = SQLiteStore.append
+        original_checkpoint = SQLiteStore._write_checkpoint
+        original_write = SQLiteStore._write
+
+        def init(self: SQLiteStore, *args: Any, **kwargs: Any) -> None:
+            original_init(self, *args, **kwargs)
+            # A tiny page cache: a large transaction spills its pages into the WAL file before COMMIT,
+            # so a kill inside it leaves uncommitted frames on disk that the next reader must ignore.
+            self._conn.execute("PRAGMA cache_size = 10")
+
+        def append(self: SQLiteStore, *args: Any, **kwargs: Any) -> list[Event]:
+            stored: list[Event] = original_append(self, *args, **kwargs)
+            for event in stored:  # returned, so committed: report it
+                say("E", event.seq, event.id, event.type)
+            if crash.armed and any(event.type == crash.point for event in stored):
+                die()
+            return stored
+
+        def write_checkpoint(self: SQLiteStore, checkpoint: Any) -> None:
+            say("C+", checkpoint.seq)
+            crash._in_checkpoint = True
+            try:
+                original_checkpoint(self, checkpoint)
+            finally:
+                crash._in_checkpoint = False
+            say("C-", checkpoint.seq)
+
+        def write(self: SQLiteStore, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+            if not (crash._in_checkpoint and crash.armed and crash.point == "checkpoint"):
+                return original_write(self, fn)
+
+            wal = f"{self.path}-wal"
+
+            def then_die(conn: sqlite3.Connection) -> _T:
+                size = os.path.getsize(wal)
+                result = fn(conn)  # the checkpoint row is written, the transaction is open
+                assert conn.in_transaction
+                say("W", os.path.getsize(wal) - size)  # bytes of uncommitted frames already in the WAL
+                die()
+                return result  # pragma: no cover
+
+            return original_write(self, then_die)
+
+        SQLiteStore.__init__ = init  # type: ignore[method-assign]
+        SQLiteStore.append = append  # type: ignore[method-assign, assignment]
+        SQLiteStore._write_checkpoint = write_checkpoint  # type: ignore[method-assign]
+        SQLiteStore._write = write  # type: ignore[method-assign]
+
+    def after_side_effect(self, ctx: ToolContext) -> None:
+        say("X", ctx.effect_id, ctx.attempt)
+        if self.armed and self.point == "side_effect":
+            die()
+
+
+# --- the two programs ---------------------------------------------------------------
+
+
+async def run_scenario(db: str, outside: str, semantics: Semantics, point: str) -> None:
+    crash = Crash(point)
+    crash.install()
+    harness = Harness(scenario_agent(semantics, outside, crash.after_side_effect), store=f"sqlite:///{db}")
+    thread = await harness.create_thread()
+    say("T", thread.thread_id)
+    await thread.send(FIRST_INPUT)
+    state = await asyncio.wait_for(thread.wait(), 30)
+    if state.status != "idle":
+        raise SystemExit(f"the first turn ended {state.status}: {state.reason}")
+    crash.armed = True
+    await thread.send(SECOND_INPUT)
+    await asyncio.wait_for(thread.wait(), 30)
+    raise SystemExit(f"crash point {point!r} was never reached")
+
+
+async def run_recover(db: str, outside: str, semantics: Semantics, point: str, thread_id: str) -> None:
+    crash = Crash(point)
+    crash.install()
+    crash.armed = True
+    harness = Harness(scenario_agent(semantics, outside, crash.after_side_effect), store=f"sqlite:///{db}")
+    thread = await harness.open_thread(thread_id)
+    say("T", thread.thread_id)
+    state = await asyncio.wait_for(thread.wait(), 30)
+    raise SystemExit(f"crash point {point!r} was never reached; the thread is {state.status}: {state.reason}")
+
+
+async def run_random(db: str, outside: str, thread_id: str | None) -> None:
+    crash = Crash(None)
+    crash.install()
+    harness = Harness(random_agent(outside, crash.after_side_effect), store=f"sqlite:///{db}")
+    if thread_id is None:
+        thread = await harness.create_thread()
+        say("T", thread.thread_id)
+    else:  # recover it here: the parent may leave open effects to this process (and kill it meanwhile)
+        thread = await harness.open_thread(thread_id)
+        say("T", thread.thread_id)
+        state = await asyncio.wait_for(thread.wait(), 30)
+        say("R", state.status)
+        if state.status != "idle":
+            raise SystemExit(f"reopened thread is {state.status}: {state.reason}")
+    first = len(thread.state().turns)
+    for number in range(first, first + 10_000):
+        await thread.send(f"turn {number}")
+        state = await asyncio.wait_for(thread.wait(), 30)
+        say("S", number, state.status)
+        if state.status != "idle":
+            raise SystemExit(f"turn {number} ended {state.status}: {state.reason}")
+
+
+def main(argv: Sequence[str]) -> None:
+    mode, *args = argv
+    if mode == "scenario":
+        db, outside, semantics, point = args
+        if semantics not in SEMANTICS or point not in CRASH_POINTS:
+            raise SystemExit(f"bad arguments {args}")
+        asyncio.run(run_scenario(db, outside, semantics, point))
+    elif mode == "recover":
+        db, outside, semantics, point, thread_id = args
+        if semantics not in SEMANTICS or point not in CRASH_POINTS:
+            raise SystemExit(f"bad arguments {args}")
+        asyncio.run(run_recover(db, outside, semantics, point, thread_id))
+    elif mode == "random":
+        db, outside, *rest = args
+        asyncio.run(run_random(db, outside, rest[0] if rest else None))
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
