@@ -5,7 +5,9 @@ from __future__ import annotations
 import click
 
 from jixu import __version__
+from jixu.cli.demo import demo_command
 from jixu.cli.ledger import effects_command, ledger_group, verify_command
+from jixu.cli.threads import threads_group
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,6 +23,8 @@ def cli() -> None:
 cli.add_command(verify_command)
 cli.add_command(effects_command)
 cli.add_command(ledger_group)
+cli.add_command(threads_group)
+cli.add_command(demo_command)
 
 
 def main() -> None:

@@ -34,6 +34,13 @@ _EXIT_BY_CODE: dict[str, int] = {
     "store_read_only": EXIT_STORE,
     "schema_too_new": EXIT_STORE,
     "unsupported_store_url": EXIT_USAGE,
+    "thread_not_found": EXIT_NOT_FOUND,
+    "thread_corrupt": EXIT_CHECK_FAILED,
+    "thread_busy": EXIT_CONFLICT,
+    "incompatible_agent": EXIT_CONFLICT,
+    "effect_not_unknown": EXIT_CONFLICT,
+    "effect_not_parked": EXIT_CONFLICT,
+    "resolution_conflict": EXIT_CONFLICT,
 }
 
 

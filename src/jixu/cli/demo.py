@@ -1,0 +1,378 @@
+"""``jixu demo``: one minute that shows what jixu is for.
+
+A refund agent (a scripted, offline model and a real side-effecting tool)
+runs in a child process that kills itself with SIGKILL right after the refund
+reached the "payment system" (an append-only file) and before jixu recorded
+the receipt. The parent reopens the thread: the refund's outcome is
+``unknown``, the tool is unsafe, so jixu does not retry it and waits. The
+demo checks the outside system, records the operator's resolution, lets the
+thread finish, replays it without calling any driver, verifies the hash chain
+and forks it. Every step checks its own expectation; any surprise exits 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+import jixu
+from jixu.cli.output import console, err_console, handled
+from jixu.cli.threads import STATUS_STYLE, effects_table, messages_table, styled
+from jixu.ledger import Event
+from jixu.ledger.encoding import JSONObject
+from jixu.recovery import EffectDecision
+from jixu.threads import Agent, Harness, ScriptedModel, Thread, ToolCall, ToolContext, tool
+from jixu.threads.model import Step
+
+ORDER = "42"
+AMOUNT = 25.0
+REQUEST = f"Refund order {ORDER}"
+FINAL_REPLY = f"Refund for order {ORDER} issued."
+FORK_INPUT = "Actually, refund only half."
+TOOL_NAME = "issue_refund"
+
+
+class DemoFailed(Exception):
+    """A step of the demo did not turn out as the story says it must."""
+
+
+def expect(condition: bool, message: str) -> None:
+    """Stop the demo with ``message`` unless ``condition`` holds."""
+    if not condition:
+        raise DemoFailed(message)
+
+
+@dataclass
+class RefundAgent:
+    """The demo's agent, its scripted model and the refunds its tool issued in this process."""
+
+    agent: Agent
+    model: ScriptedModel
+    issued: list[str] = field(default_factory=list)
+    """Effect ids the tool ran for in this process."""
+
+
+def refund_script(messages: list[JSONObject]) -> Step:
+    """The scripted model: ask for the refund, then report on the tool's answer."""
+    last = messages[-1] if messages else {}
+    if last.get("role") == "user":
+        amount = AMOUNT / 2 if "half" in str(last.get("content")).lower() else AMOUNT
+        return ToolCall(TOOL_NAME, {"order": ORDER, "amount": amount})
+    status = last.get("status")
+    if last.get("role") == "tool" and status in ("ok", "occurred"):
+        return FINAL_REPLY
+    if last.get("role") == "tool" and status == "not_occurred":
+        return ToolCall(TOOL_NAME, {"order": ORDER, "amount": AMOUNT})
+    return f"The refund for order {ORDER} could not be confirmed ({status}); an operator should check it."
+
+
+def refund_agent(outside: Path, *, crash_after_write: bool = False) -> RefundAgent:
+    """The one agent definition both processes use, so the thread's recorded contract matches.
+
+    Its ``issue_refund`` tool is ``unsafe``: it appends a line to ``outside``
+    (fsynced), standing in for a payment system. With ``crash_after_write``
+    the process SIGKILLs itself right after the line is durable, before jixu
+    can record the receipt.
+    """
+    issued: list[str] = []
+
+    @tool(semantics="unsafe")
+    def issue_refund(order: str, amount: float, ctx: ToolContext) -> str:
+        """Refund ``amount`` on ``order`` in the payment system (a retry could refund twice)."""
+        line = (f"refund order={order} amount={amount:.2f} effect={ctx.effect_id} "
+                f"key={ctx.idempotency_key}\n")
+        with outside.open("a", encoding="utf-8") as handle:
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())
+        issued.append(ctx.effect_id)
+        if crash_after_write:
+            print(f"worker: the payment system recorded the refund (effect {ctx.effect_id}); "
+                  "killing myself with SIGKILL before jixu records the receipt", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return f"refunded {amount:.2f} on order {order}"
+
+    model = ScriptedModel(refund_script)
+    agent = Agent("refunds", model, instructions="Issue the refunds customers ask for, exactly once.",
+                  tools=[issue_refund])
+    return RefundAgent(agent, model, issued)
+
+
+def lines_for(outside: Path, effect_id: str) -> list[tuple[int, str]]:
+    """``(line number, text)`` of every line of ``outside`` that records ``effect_id``."""
+    if not outside.exists():
+        return []
+    found = []
+    for number, text in enumerate(outside.read_text(encoding="utf-8").splitlines(), start=1):
+        if f"effect={effect_id} " in text + " ":
+            found.append((number, text))
+    return found
+
+
+def events_table(events: list[Event], title: str) -> Table:
+    """Seq, type and effect of ``events``."""
+    table = Table(title=title)
+    table.add_column("seq")
+    table.add_column("type")
+    table.add_column("effect", no_wrap=True, min_width=26)
+    for e in events:
+        effect = e.data.get("effect_id")
+        table.add_row(str(e.seq), e.type, effect if isinstance(effect, str) else "")
+    return table
+
+
+class Demo:
+    """The parent's side of the story, step by step."""
+
+    def __init__(self, store: Path, outside: Path, shown_store: str) -> None:
+        self.store = store
+        self.outside = outside
+        self.shown_store = shown_store
+        self.out = Console() if console.is_terminal else Console(width=120)  # panels wrap; pipes get 120 columns
+
+    def step(self, number: int, title: str, text: str) -> None:
+        """Print a step's heading and what it is about to show."""
+        self.out.print()
+        self.out.print(Panel(text, title=f"[bold]{number}. {title}[/]", title_align="left", border_style="blue"))
+
+    def say(self, text: str) -> None:
+        """One plain line."""
+        self.out.print(text, highlight=False)
+
+    async def run(self) -> None:
+        """All six steps."""
+        demo = refund_agent(self.outside)
+        harness = Harness(demo.agent, self.store)
+        try:
+            thread = await harness.create_thread(metadata={"demo": "refund"})
+        finally:
+            harness.close()
+        thread_id = thread.thread_id
+        self.step(1, "An agent that issues refunds",
+                  f"Agent [bold]refunds[/]: a scripted, offline model and one tool, [bold]{TOOL_NAME}[/]"
+                  f"(order, amount), declared [bold]unsafe[/]: calling it twice would refund twice.\n"
+                  f"The tool appends a line (order, amount, effect id, idempotency key) to "
+                  f"[bold]{self.outside}[/] and fsyncs it: that file stands in for the payment system.\n"
+                  f"Store:  {self.store}\nThread: {thread_id}")
+
+        self.step(2, "A worker process sends the request and dies mid-call",
+                  f"A child process opens the thread, sends [italic]{REQUEST!r}[/] and runs the agent. Right "
+                  "after the tool's line is durable in the payment system, and before jixu can record the "
+                  "receipt, the worker kills itself with SIGKILL: no cleanup, no exception handler, nothing.")
+        returncode = self.run_worker(thread_id)
+        expect(returncode == -signal.SIGKILL,
+               f"the worker should have died of SIGKILL (exit -{int(signal.SIGKILL)}); it exited {returncode}")
+        self.say(f"The worker died: killed by signal {int(signal.SIGKILL)} (SIGKILL), exit status {returncode}.")
+
+        demo = refund_agent(self.outside)
+        harness = Harness(demo.agent, self.store)
+        try:
+            await self.recover(harness, demo, thread_id)
+        finally:
+            harness.close()
+
+    def run_worker(self, thread_id: str) -> int:
+        """Run the worker in a child process; print what it said; return its exit status."""
+        env = dict(os.environ)
+        src = str(Path(jixu.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+        command = [sys.executable, "-m", "jixu", "demo", "--store", str(self.store), "--outside",
+                   str(self.outside), "--worker", thread_id]
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
+        for line in done.stdout.splitlines():
+            self.say(f"  [dim]│[/] {line}")
+        if done.returncode != -signal.SIGKILL and done.stderr.strip():
+            err_console.print(done.stderr, markup=False, highlight=False)
+        return done.returncode
+
+    async def recover(self, harness: Harness, demo: RefundAgent, thread_id: str) -> None:
+        """Steps 3 to 6, with the parent's harness."""
+        thread = await harness.open_thread(thread_id)
+        self.step(3, "The parent reopens the thread: the refund's outcome is unknown",
+                  "Harness.open_thread(thread_id) loads the events and asks the RecoveryResolver, the single "
+                  "authority on every effect, what is known.")
+        tail = [e for e in await thread.events() if e.type.startswith("tool.")]
+        self.out.print(events_table(tail, "what the ledger holds about the tool call"))
+        state = thread.state()
+        self.out.print(effects_table(state.effects, "the resolver's decision on every effect", compact=True))
+        refunds = [d for d in state.effects.values() if d.kind == "tool" and d.name == TOOL_NAME]
+        expect(len(refunds) == 1, f"expected one {TOOL_NAME} effect, found {len(refunds)}")
+        refund = refunds[0]
+        effect_id = refund.effect_id
+        expect(refund.state == "unknown" and refund.reason == "dispatched_without_receipt",
+               f"the refund should be unknown (dispatched, no receipt); it is {refund.state} ({refund.reason})")
+        expect(refund.semantics == "unsafe" and not refund.retry_safe, "the refund should be unsafe to retry")
+        self.say(f"Effect {effect_id} ({TOOL_NAME}) is [bold yellow]unknown[/]: it was dispatched and no receipt "
+                 "was recorded. It is [bold]unsafe[/], so retrying could refund twice.")
+        state = await thread.wait()
+        expect(state.status == "waiting", f"the thread should be waiting; it is {state.status}")
+        self.say(f"Even asked to run (thread.wait()), the thread is {styled(state.status, STATUS_STYLE)}: "
+                 f"{state.reason}.")
+        lines = lines_for(self.outside, effect_id)
+        expect(len(lines) == 1, f"the payment system should hold exactly 1 line for {effect_id}; it holds "
+                                f"{len(lines)}")
+        expect(not demo.issued, "the tool must not run again in the parent")
+        self.say(f"jixu did [bold]not[/] retry it: {self.outside.name} still has exactly 1 line for this effect.")
+
+        self.step(4, "An operator checks the outside system and records what happened",
+                  f"Only an operator can say what happened to an unknown unsafe effect. The demo reads "
+                  f"{self.outside.name}, finds the refund by its effect id, and records the resolution "
+                  f"[bold]occurred[/] with a note citing the evidence. The original events stay untouched.")
+        number, text = lines[0]
+        self.say(f"Evidence, {self.outside.name} line {number}: {text}")
+        note = f"{self.outside.name} line {number} shows this refund with effect id {effect_id}"
+        state = await thread.resolve_tool_outcome(effect_id, "occurred", note=note, actor="demo-operator",
+                                                  evidence={"source": str(self.outside), "line": number,
+                                                            "text": text})
+        self.say(f"Recorded: {effect_id} → occurred (actor demo-operator). The thread continues.")
+        state = await thread.wait()
+        expect(state.status == "idle" and state.last_reply == FINAL_REPLY,
+               f"the thread should finish with {FINAL_REPLY!r}; it is {state.status} with {state.last_reply!r}")
+        decision = state.effects[effect_id]
+        expect(decision.resolution is not None and decision.resolution.get("resolution") == "occurred",
+               "the resolution should be recorded on the effect")
+        self.out.print(effects_table(state.effects, "the resolver's decisions now", compact=True))
+        self.out.print(messages_table(state.messages, "the conversation"))
+        self.say(f"Final reply: [bold green]{state.last_reply}[/]")
+        lines = lines_for(self.outside, effect_id)
+        expect(len(lines) == 1 and not demo.issued, "the refund must not have been issued again")
+        self.say(f"{self.outside.name} still has exactly 1 line for this effect: the refund was issued once.")
+
+        await self.replay_and_verify(thread, demo, state.effects)
+        child_id = await self.fork(thread, effect_id)
+        self.finish(thread_id, child_id)
+
+    async def replay_and_verify(self, thread: Thread, demo: RefundAgent, live: dict[str, EffectDecision]) -> None:
+        """Step 5: pure replay and hash-chain verification."""
+        self.step(5, "Replay and verify",
+                  "Replay rebuilds the state from the events alone: it calls no model and no tool. "
+                  "Verification recomputes the hash chain over every event.")
+        model_calls, tool_calls = len(demo.model.calls), len(demo.issued)
+        replayed = await thread.replay()
+        expect(len(demo.model.calls) == model_calls and len(demo.issued) == tool_calls,
+               "replay must not call the model or the tool")
+        expect(replayed.status == "idle" and replayed.last_reply == FINAL_REPLY,
+               f"the replayed thread should be idle with the final reply; it is {replayed.status}")
+        expect({k: d.to_dict() for k, d in replayed.effects.items()} == {k: d.to_dict() for k, d in live.items()},
+               "the replayed decisions should equal the live ones")
+        self.say(f"replay: status {styled(replayed.status, STATUS_STYLE)}, {len(replayed.effects)} effects, the "
+                 f"same decisions as live; model calls {model_calls} → {len(demo.model.calls)}, tool calls "
+                 f"{tool_calls} → {len(demo.issued)}: no driver was called.")
+        report = thread.log.store.verify(thread.stream)
+        expect(report.valid, f"the hash chain should verify: {report.reason} at seq {report.first_bad_seq}")
+        self.say(f"verify: hash chain [green]valid[/], {report.count} events, head hash {report.head_hash}")
+
+    async def fork(self, thread: Thread, effect_id: str) -> str:
+        """Step 6: fork where the model asked for the refund; the parent does not change."""
+        events = await thread.events()
+        asked = [e for e in events if e.type == "model.completed"
+                 and any(c.get("name") == TOOL_NAME for c in (e.data.get("result") or {}).get("tool_calls", []))]
+        expect(bool(asked), "the model's request for the refund should be in the thread")
+        at = asked[0]
+        self.step(6, "Fork: try another path without touching the original",
+                  f"Fork the thread at event {at.id} (seq {at.seq}, the model's answer asking for the refund, "
+                  f"before the tool ran) and give the child the input [italic]{FORK_INPUT!r}[/]. The refund "
+                  "call still open at that point is not inherited: the child never claims the parent's effect.")
+        before = thread.log.store.verify(thread.stream)
+        child = await thread.fork(at.id)
+        child.log.start_turn(FORK_INPUT)
+        after = thread.log.store.verify(thread.stream)
+        expect((before.count, before.head_hash) == (after.count, after.head_hash),
+               "forking must not change the parent")
+        parent = child.log.state.parent or {}
+        expect(parent.get("thread_id") == thread.thread_id and parent.get("event_id") == at.id
+               and parent.get("hash") == at.hash, "the child's lineage should name the fork point")
+        child_report = child.log.store.verify(child.stream)
+        expect(child_report.valid, "the child's hash chain should verify")
+        child_state = child.state()
+        expect(effect_id not in child_state.effects, "the child must not inherit the parent's effect")
+        lineage = Table(title=f"child thread {child.thread_id}")
+        lineage.add_column("lineage")
+        lineage.add_column("value")
+        lineage.add_row("parent thread", str(parent.get("thread_id")))
+        lineage.add_row("fork event", f"{parent.get('event_id')} (seq {parent.get('seq')})")
+        lineage.add_row("parent hash there", str(parent.get("hash")))
+        lineage.add_row("child events", f"{child_report.count} (chain valid, linked to the parent hash)")
+        self.out.print(lineage)
+        self.out.print(messages_table(child_state.messages, "the child's conversation"))
+        self.say(f"The child's turn {FORK_INPUT!r} is pending: the application that owns the agent runs it when "
+                 "it opens the child (Harness.open_thread).")
+        self.say(f"Parent unchanged: {before.count} events before and after, head hash {after.head_hash[:16]}… "
+                 "both times.")
+        return child.thread_id
+
+    def finish(self, thread_id: str, child_id: str) -> None:
+        """The commands to look further."""
+        store = shlex.quote(self.shown_store)
+        commands = "\n".join([
+            f"jixu threads show {store} {thread_id}",
+            f"jixu threads events {store} {thread_id}",
+            f"jixu threads show {store} {child_id}",
+            f"jixu threads list {store}",
+            f"jixu verify {store}",
+        ])
+        self.out.print()
+        self.out.print(Panel(f"A crash between the side effect and its receipt left the refund [bold]unknown[/]; "
+                             f"jixu did not guess or retry, an operator's recorded decision let the thread finish, "
+                             f"and the refund happened exactly once.\n\nLook further:\n{commands}",
+                             title="[bold green]demo complete[/]", title_align="left", border_style="green"))
+
+
+async def run_worker(store: Path, outside: Path, thread_id: str) -> int:
+    """The child process: open the thread, send the request and run until the tool kills us."""
+    demo = refund_agent(outside, crash_after_write=True)
+    harness = Harness(demo.agent, store)
+    try:
+        thread = await harness.open_thread(thread_id)
+        print(f"worker (pid {os.getpid()}): opened thread {thread_id}; sending {REQUEST!r}", flush=True)
+        await thread.send(REQUEST)
+        state = await thread.wait()
+    finally:
+        harness.close()
+    print(f"worker: finished without crashing (status {state.status}); the demo expected a SIGKILL", flush=True)
+    return 1
+
+
+@click.command("demo", short_help="See jixu in one minute: a crash mid-refund, and no guessing.")
+@click.option("--store", default="jixu.db", show_default=True, type=click.Path(dir_okay=False),
+              help="SQLite file for the demo's threads (created if missing; re-runs add a new thread).")
+@click.option("--outside", default=None, type=click.Path(dir_okay=False),
+              help="The file standing in for the payment system [default: outside-system.log beside the store].")
+@click.option("--worker", "worker", default=None, hidden=True, help="Internal: run the crashing worker.")
+def demo_command(store: str, outside: str | None, worker: str | None) -> None:
+    """See jixu in one minute: a crash mid-refund, no guessing, an operator's decision, replay and fork.
+
+    Runs offline (a scripted model) in the current directory: a worker process
+    is SIGKILLed after its refund reached the outside system but before the
+    receipt was recorded; jixu reopens the thread, finds the outcome unknown,
+    refuses to retry, and continues once the outcome is resolved. Exit 0 when
+    every step turned out as promised, 1 otherwise.
+    """
+    store_path = Path(store)
+    outside_path = Path(outside) if outside is not None else store_path.parent / "outside-system.log"
+    if outside_path.is_dir():
+        raise click.UsageError(f"--outside {outside_path} is a directory; give the path of a file")
+    if worker is not None:
+        sys.exit(asyncio.run(run_worker(store_path.resolve(), outside_path.resolve(), worker)))
+    demo = Demo(store_path.resolve(), outside_path.resolve(), store)
+    with handled(False):
+        try:
+            asyncio.run(demo.run())
+        except DemoFailed as failure:
+            err_console.print(Panel(str(failure), title="[bold red]the demo's expectation was violated[/]",
+                                    title_align="left", border_style="red"))
+            sys.exit(1)
+
+
+__all__ = ["FINAL_REPLY", "RefundAgent", "demo_command", "refund_agent", "refund_script"]
