@@ -1,10 +1,20 @@
-"""Shared fixtures: real stores in temporary directories, and a ban on silent skips."""
+"""Shared fixtures: real stores (in temporary directories, or a throwaway PostgreSQL), and a ban on silent skips.
+
+PostgreSQL: ``JIXU_TEST_POSTGRES_DSN`` (a ``postgresql://`` URL whose role may
+create schemas and databases) when set, else a throwaway server from the ``pgserver`` wheel,
+started once per session. Each test gets a fresh schema of its own.
+"""
 
 from __future__ import annotations
 
+import itertools
 import os
+import shutil
+import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from hypothesis import settings
@@ -15,18 +25,81 @@ settings.register_profile("ci", max_examples=200, deadline=None, print_blob=True
 settings.register_profile("dev", max_examples=100, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
-STORE_KINDS = ["memory", "sqlite"]
+STORE_KINDS = ["memory", "sqlite", "postgres"]
+
+_SCHEMA_NUMBERS = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> Iterator[str]:
+    """An admin ``postgresql://`` URL: ``JIXU_TEST_POSTGRES_DSN``, or a throwaway pgserver for the session.
+
+    Fails (never skips) when no server can be had.
+    """
+    given = os.environ.get("JIXU_TEST_POSTGRES_DSN")
+    if given:
+        if not given.startswith(("postgresql://", "postgres://")):
+            pytest.fail("JIXU_TEST_POSTGRES_DSN must be a postgresql:// URL", pytrace=False)
+        yield given
+        return
+    data_dir = tempfile.mkdtemp(prefix="jixu-pg-")
+    try:
+        with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset (e.g. as root)
+            warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+            import pgserver
+
+            server = pgserver.get_server(data_dir, cleanup_mode="stop")
+        dsn = str(server.get_uri())
+    except Exception as exc:
+        shutil.rmtree(data_dir, ignore_errors=True)
+        pytest.fail(f"could not start a throwaway PostgreSQL with pgserver ({type(exc).__name__}: {exc}); "
+                    "install pgserver or set JIXU_TEST_POSTGRES_DSN to an existing server", pytrace=False)
+    try:
+        yield dsn
+    finally:
+        server.cleanup()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def postgres_url_with_schema(dsn: str, schema: str) -> str:
+    """``dsn`` with ``search_path`` set to ``schema`` (libpq ``options``), still a URL."""
+    return f"{dsn}{'&' if '?' in dsn else '?'}options={quote(f'-csearch_path={schema}', safe='')}"
+
+
+class PostgresSchema:
+    """A fresh, empty schema in the test server; ``url`` opens stores in it. Dropped by ``drop``."""
+
+    def __init__(self, admin_dsn: str) -> None:
+        import psycopg
+
+        self.admin_dsn = admin_dsn
+        self.name = f"jixu_test_{os.getpid()}_{next(_SCHEMA_NUMBERS)}"
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {self.name} CASCADE")
+            conn.execute(f"CREATE SCHEMA {self.name}")
+        self.url = postgres_url_with_schema(admin_dsn, self.name)
+
+    def drop(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {self.name} CASCADE")
 
 
 class StoreFactory:
     """Makes stores of one kind; ``url`` is set for kinds other processes can open."""
 
-    def __init__(self, kind: str, tmp_path: Path) -> None:
+    def __init__(self, kind: str, tmp_path: Path, postgres_dsn: str | None = None) -> None:
         self.kind = kind
         self.tmp_path = tmp_path
         self._made: list[Store] = []
         self._shared: MemoryStore | None = None
+        self._schema: PostgresSchema | None = None
         self.url: str | None = f"sqlite:///{tmp_path / 'ledger.db'}" if kind == "sqlite" else None
+        if kind == "postgres":
+            assert postgres_dsn is not None
+            self._schema = PostgresSchema(postgres_dsn)
+            self.url = self._schema.url
 
     def __call__(self) -> Store:
         """A store; calling again opens the *same* ledger (a second connection)."""
@@ -34,19 +107,28 @@ class StoreFactory:
             if self._shared is None:
                 self._shared = MemoryStore()
             return self._shared
-        store = SQLiteStore(self.tmp_path / "ledger.db")
+        if self.kind == "postgres":
+            from jixu.ledger import PostgresStore
+
+            assert self.url is not None
+            store: Store = PostgresStore(self.url, max_size=4)
+        else:
+            store = SQLiteStore(self.tmp_path / "ledger.db")
         self._made.append(store)
         return store
 
     def close(self) -> None:
         for store in self._made:
             store.close()
+        if self._schema is not None:
+            self._schema.drop()
 
 
 @pytest.fixture(params=STORE_KINDS)
 def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
-    """A factory for each store kind the contract suite covers."""
-    factory = StoreFactory(request.param, tmp_path)
+    """A factory for each store kind the contract suite covers (PostgreSQL: a fresh schema per test)."""
+    dsn = request.getfixturevalue("postgres_dsn") if request.param == "postgres" else None
+    factory = StoreFactory(request.param, tmp_path, dsn)
     yield factory
     factory.close()
 

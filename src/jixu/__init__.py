@@ -5,6 +5,8 @@ The public surface is what ``__all__`` lists; everything else is internal.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from jixu.errors import (
     ConcurrencyError,
     EffectNotParked,
@@ -72,7 +74,20 @@ from jixu.threads import (
     tool,
 )
 
+if TYPE_CHECKING:
+    from jixu.ledger.postgres import PostgresStore
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """Import :class:`PostgresStore` (and psycopg) only when it is first used."""
+    if name == "PostgresStore":
+        from jixu.ledger.postgres import PostgresStore
+
+        return PostgresStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_STORE_URL",
@@ -117,6 +132,7 @@ __all__ = [
     "NewEvent",
     "NotFound",
     "PayloadTooLarge",
+    "PostgresStore",
     "Projected",
     "Projection",
     "RecoveryResolver",

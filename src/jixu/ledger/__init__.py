@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
 from jixu.ledger.chain import REASONS, VerifyReport, verify_rows
 from jixu.ledger.encoding import JSONObject, canonical_bytes, canonical_text, content_hash
@@ -13,6 +14,18 @@ from jixu.ledger.projection import Projected, Projection, project, save_checkpoi
 from jixu.ledger.sqlite import SQLiteStore
 from jixu.ledger.store import Checkpoint, Fence, Lease, Store, StreamInfo
 from jixu.ledger.urls import DEFAULT_STORE_URL, open_store
+
+if TYPE_CHECKING:
+    from jixu.ledger.postgres import PostgresStore
+
+
+def __getattr__(name: str) -> Any:
+    """Import :class:`PostgresStore` (and psycopg) only when it is first used."""
+    if name == "PostgresStore":
+        from jixu.ledger.postgres import PostgresStore
+
+        return PostgresStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def verify(store: Store | str | os.PathLike[str], stream: str) -> VerifyReport:
@@ -53,6 +66,7 @@ __all__ = [
     "Lease",
     "MemoryStore",
     "NewEvent",
+    "PostgresStore",
     "Projected",
     "Projection",
     "SQLiteStore",

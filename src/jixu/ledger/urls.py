@@ -1,4 +1,9 @@
-"""Opening a store from a URL or path: ``sqlite:///rel.db``, ``sqlite:////abs.db``, a bare path, ``memory://``."""
+"""Opening a store from a URL or path.
+
+``sqlite:///rel.db``, ``sqlite:////abs.db``, a bare path, ``memory://``, or a
+PostgreSQL URL (``postgresql://user:password@host:5432/db?sslmode=require``,
+also spelled ``postgres://``), which is handed to libpq unchanged.
+"""
 
 from __future__ import annotations
 
@@ -55,7 +60,8 @@ def open_store(target: str | os.PathLike[str] | Store | None = None, **options: 
     """Return a store for ``target``: a Store (returned as is), a URL or a file path.
 
     ``None`` means :data:`DEFAULT_STORE_URL`. Keyword ``options`` go to the
-    store's constructor (e.g. ``synchronous="NORMAL"``, ``create=False``).
+    store's constructor (e.g. ``synchronous="NORMAL"``, ``create=False``,
+    ``max_size=20`` for PostgreSQL).
     """
     if isinstance(target, Store):
         return target
@@ -77,8 +83,13 @@ def open_store(target: str | os.PathLike[str] | Store | None = None, **options: 
             text = urlsplit(text).path
         path, url_options = sqlite_path_and_options(text)
         return SQLiteStore(path, **{**url_options, **options})
+    if scheme in ("postgresql", "postgres"):
+        from jixu.ledger.postgres import PostgresStore
+
+        return PostgresStore(text, **options)
     raise UnsupportedStoreUrl(
-        f"store URL scheme {scheme!r} is not supported; use sqlite:///PATH, a file path or memory://",
+        f"store URL scheme {scheme!r} is not supported; use sqlite:///PATH, a file path, "
+        "postgresql://USER@HOST/DB or memory://",
         url=text,
     )
 

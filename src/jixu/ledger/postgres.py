@@ -1,0 +1,651 @@
+"""The PostgreSQL store: one ledger shared by many worker processes on many machines.
+
+Same contract and same tables as the SQLite store (``data`` and ``meta`` are
+TEXT holding the canonical JSON, never ``jsonb``: verification is byte-exact).
+What differs is how concurrency is settled:
+
+- **Appends** run in one READ COMMITTED transaction that locks the stream's
+  head row ``FOR UPDATE`` first; every later read in the transaction sees what
+  the previous holder committed. A new stream has no row to lock: its head row
+  is inserted ``ON CONFLICT DO NOTHING`` and, when another appender created it
+  first, the checks run again under that row's lock. So two appenders at the
+  same ``expected_seq`` end with exactly one winner and one
+  :class:`~jixu.errors.ConcurrencyError` (or a no-op, when the loser was a
+  retry of the winner's batch) and never a raw unique violation.
+- **Fences** lock the lease row ``FOR UPDATE`` in the append's transaction
+  and judge expiry by the *database* clock (``clock_timestamp()``, read after
+  the locks are held), so no worker's clock skew can extend a lease.
+- **Verification** reads the head record and the events in one REPEATABLE
+  READ, READ ONLY transaction: one snapshot, whatever appends run meanwhile.
+- **Migrations** are versioned in ``jixu_schema`` and run on open in one
+  transaction holding ``pg_advisory_xact_lock`` (keyed by the schema), so
+  processes opening a fresh database at once migrate it exactly once. A
+  database at a newer version than this code fails closed.
+
+Tables live in the connection's current schema (the first existing schema on
+``search_path``); other tables in the same database are left alone.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+from urllib.parse import unquote
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import TupleRow
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
+
+from jixu.errors import (
+    ConcurrencyError,
+    InvalidInput,
+    JixuError,
+    SchemaTooNew,
+    StoreError,
+    StoreLocked,
+    StoreNotFound,
+    StoreReadOnly,
+)
+from jixu.ledger.chain import VerifyReport, verify_rows
+from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow, seal
+from jixu.ledger.store import (
+    Checkpoint,
+    Fence,
+    Lease,
+    Store,
+    StreamInfo,
+    existing_batch,
+    fence_problem,
+    next_lease,
+)
+
+_T = TypeVar("_T")
+_Conn = psycopg.Connection[TupleRow]
+
+_CHUNK = 4096
+_ATTEMPTS = 6  # tries of one transaction that the database aborted for a conflict
+_ROW_COLUMNS = "id, stream, seq, type, data, meta, recorded_at, prev_hash, hash"
+_LEASE_COLUMNS = "key, owner, epoch, expires_at, heartbeat_at, released"
+_UTC_TEXT = "to_char({} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+_NOW_SQL = "SELECT extract(epoch FROM clock_timestamp())::float8"
+_CLOCK_SQL = (f"SELECT extract(epoch FROM t)::float8, {_UTC_TEXT.format('t')} "
+              "FROM (SELECT clock_timestamp() AS t) AS clock")
+_MIGRATION_LOCK_SQL = (
+    "SELECT pg_advisory_xact_lock(hashtextextended('jixu.migrate:' || coalesce(current_schema(), ''), 0))"
+)
+_JIXU_TABLES_SQL = (
+    "SELECT c.relname FROM pg_catalog.pg_class c "
+    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE n.nspname = current_schema() AND c.relname LIKE 'jixu\\_%' "
+    "AND c.relkind IN ('r', 'p', 'v', 'm', 'f') ORDER BY c.relname"
+)
+_ID_CONSTRAINT = "jixu_events_id_key"
+
+MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
+    (
+        1,
+        "events, streams, leases, checkpoints; events immutable by trigger",
+        (
+            """CREATE TABLE jixu_streams (
+                stream       text COLLATE "C" PRIMARY KEY,
+                head_seq     bigint NOT NULL,
+                head_hash    text NOT NULL,
+                genesis_hash text NOT NULL,
+                created_at   text NOT NULL
+            )""",
+            """CREATE TABLE jixu_events (
+                position    bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                id          text COLLATE "C" NOT NULL,
+                stream      text COLLATE "C" NOT NULL,
+                seq         bigint NOT NULL CHECK (seq >= 1),
+                type        text NOT NULL,
+                data        text NOT NULL,
+                meta        text NOT NULL,
+                recorded_at text NOT NULL,
+                prev_hash   text NOT NULL,
+                hash        text NOT NULL,
+                CONSTRAINT jixu_events_id_key UNIQUE (id),
+                CONSTRAINT jixu_events_stream_seq_key UNIQUE (stream, seq)
+            )""",
+            """CREATE FUNCTION jixu_events_immutable() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                RAISE EXCEPTION 'jixu: events are immutable; % is refused', TG_OP
+                    USING HINT = 'the ledger is append-only: append a correcting event instead';
+            END
+            $$""",
+            """CREATE TRIGGER jixu_events_no_update BEFORE UPDATE ON jixu_events
+            FOR EACH ROW EXECUTE FUNCTION jixu_events_immutable()""",
+            """CREATE TRIGGER jixu_events_no_delete BEFORE DELETE ON jixu_events
+            FOR EACH ROW EXECUTE FUNCTION jixu_events_immutable()""",
+            """CREATE TRIGGER jixu_events_no_truncate BEFORE TRUNCATE ON jixu_events
+            FOR EACH STATEMENT EXECUTE FUNCTION jixu_events_immutable()""",
+            """CREATE TABLE jixu_leases (
+                key          text COLLATE "C" PRIMARY KEY,
+                owner        text,
+                epoch        bigint NOT NULL,
+                expires_at   double precision NOT NULL,
+                heartbeat_at double precision NOT NULL,
+                released     boolean NOT NULL
+            )""",
+            """CREATE TABLE jixu_checkpoints (
+                stream          text COLLATE "C" NOT NULL,
+                name            text NOT NULL,
+                seq             bigint NOT NULL,
+                reducer_version bigint NOT NULL,
+                head_hash       text NOT NULL,
+                state           text NOT NULL,
+                digest          text NOT NULL,
+                created_at      text NOT NULL,
+                PRIMARY KEY (stream, name)
+            )""",
+        ),
+    ),
+]
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+# --- DSN handling: never show a password -------------------------------------------------------------
+
+_URL_USERINFO = re.compile(r"^(postgres(?:ql)?://)([^@/?#]*)@", re.IGNORECASE)
+_KV_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s]*)", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"([?&]password=)([^&#]*)", re.IGNORECASE)
+
+
+def mask_dsn(dsn: str) -> str:
+    """``dsn`` with any password replaced by ``***`` (URL or ``key=value`` form)."""
+    match = _URL_USERINFO.match(dsn)
+    if match or dsn.lower().startswith(("postgresql://", "postgres://")):
+        if match and ":" in match.group(2):
+            user, _, password = match.group(2).partition(":")
+            if password:
+                dsn = f"{match.group(1)}{user}:***@{dsn[match.end():]}"
+        return _QUERY_PASSWORD.sub(r"\1***", dsn)
+    return _KV_PASSWORD.sub(r"\1***", dsn)
+
+
+def _secrets(dsn: str) -> list[str]:
+    """Every spelling of the password ``dsn`` carries, longest first (for scrubbing messages)."""
+    found: set[str] = set()
+    match = _URL_USERINFO.match(dsn)
+    if match and ":" in match.group(2):
+        found.add(match.group(2).partition(":")[2])
+    found.update(m.group(2) for m in _QUERY_PASSWORD.finditer(dsn))
+    found.update(m.group(2) for m in _KV_PASSWORD.finditer(dsn))
+    try:
+        parsed = conninfo_to_dict(dsn).get("password")
+    except psycopg.Error:
+        parsed = None
+    if parsed is not None:
+        found.add(str(parsed))
+    found |= {unquote(s) for s in found}
+    found |= {s.strip("'") for s in found}
+    return sorted((s for s in found if s), key=len, reverse=True)
+
+
+def _describe(dsn: str) -> str:
+    """``PostgreSQL database 'x' on host 'y'`` from ``dsn``, without credentials."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return "PostgreSQL (malformed DSN)"
+    dbname = params.get("dbname") or params.get("user") or "(default)"
+    host = params.get("host") or params.get("hostaddr") or "(default host)"
+    port = f" port {params['port']}" if params.get("port") else ""
+    return f"PostgreSQL database {str(dbname)!r} on host {str(host)!r}{port}"
+
+
+class _Again(Exception):
+    """Internal: the transaction must run again from the start (never leaves this module)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class PostgresStore(Store):
+    """The store for many workers: a PostgreSQL database given by a DSN (URL or ``key=value``).
+
+    ``min_size``/``max_size`` bound the connection pool; ``connect_timeout``
+    (seconds) bounds connecting and waiting for a pooled connection.
+    ``read_only`` refuses every write; ``create=False`` refuses to install the
+    schema into a database that has none (:class:`~jixu.errors.StoreNotFound`).
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        max_payload_bytes: int | None = None,
+        connect_timeout: float = 10.0,
+        read_only: bool = False,
+        create: bool = True,
+    ) -> None:
+        if not isinstance(dsn, str) or not dsn.strip():
+            raise InvalidInput("the PostgreSQL DSN must be a non-empty string", field="dsn")
+        for name, size in (("min_size", min_size), ("max_size", max_size)):
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise InvalidInput(f"{name} {size!r} must be an integer >= 0", field=name)
+        if max_size < max(min_size, 1):
+            raise InvalidInput(f"max_size {max_size} must be >= 1 and >= min_size {min_size}", field="max_size")
+        if (isinstance(connect_timeout, bool) or not isinstance(connect_timeout, int | float)
+                or not 0 < connect_timeout < 10**6):
+            raise InvalidInput(f"connect_timeout {connect_timeout!r} must be a number of seconds > 0",
+                               field="connect_timeout")
+        self.url = mask_dsn(dsn)
+        self.read_only = read_only
+        self.create = create
+        self.connect_timeout = float(connect_timeout)
+        if max_payload_bytes is not None:
+            self.max_payload_bytes = max_payload_bytes
+        self._secrets = _secrets(dsn)
+        self._where = _describe(dsn)
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._max_size = max_size
+        connect_kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "connect_timeout": max(1, round(self.connect_timeout)),
+        }
+        if "application_name" not in dsn:
+            connect_kwargs["application_name"] = "jixu"  # visible in pg_stat_activity
+        try:
+            with psycopg.connect(dsn, **connect_kwargs) as conn:
+                self._configure(conn)
+                self._migrate(conn)
+        except psycopg.Error as exc:
+            if getattr(exc, "sqlstate", None) is None and not isinstance(exc, psycopg.OperationalError):
+                raise self._translate(exc) from None  # a malformed DSN: the driver's error may quote it
+            raise self._translate(exc) from exc
+        self._pool: ConnectionPool[_Conn] = ConnectionPool(
+            dsn,
+            kwargs=connect_kwargs,
+            min_size=min_size,
+            max_size=max_size,
+            open=False,
+            name="jixu",
+            timeout=max(30.0, self.connect_timeout),
+            configure=self._configure,
+            check=ConnectionPool.check_connection,
+        )
+        try:
+            self._pool.open(wait=True, timeout=self.connect_timeout)
+        except (psycopg.Error, PoolTimeout) as exc:
+            self._pool.close()
+            raise self._translate(exc) from exc
+
+    # --- plumbing -------------------------------------------------------------------
+
+    def _configure(self, conn: _Conn) -> None:
+        if self.read_only:
+            conn.execute("SET default_transaction_read_only = on")
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _translate(self, exc: BaseException) -> JixuError:
+        """The typed jixu error for a psycopg or pool error (the password never appears)."""
+        text = self._scrub(" ".join(str(exc).split()) or type(exc).__name__)
+        where = self._where
+        if isinstance(exc, PoolClosed):
+            return StoreError(f"{where}: the store is closed")
+        if isinstance(exc, PoolTimeout):
+            return StoreError(f"{where}: no pooled connection became free in time (max_size="
+                              f"{self._max_size}); raise max_size or lower the concurrency ({text})")
+        if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
+            return StoreReadOnly(f"{where}: the database refuses writes (read-only transaction or "
+                                 f"standby server): {text}")
+        if isinstance(exc, pg_errors.SerializationFailure | pg_errors.DeadlockDetected):
+            return ConcurrencyError(f"{where}: the database kept aborting the transaction for a "
+                                    f"conflicting one; read again and retry ({text})")
+        if isinstance(exc, pg_errors.LockNotAvailable | pg_errors.QueryCanceled):
+            return StoreLocked(f"{where}: gave up waiting for a lock or a statement ({text}); retry")
+        if isinstance(exc, pg_errors.UndefinedTable | pg_errors.UndefinedFunction):
+            return StoreError(f"{where}: jixu's tables are missing or damaged ({text}); was the schema "
+                              "dropped? Reopen the store to recreate an empty one")
+        if isinstance(exc, psycopg.IntegrityError):
+            return StoreError(f"{where}: the store's tables disagree ({text}); run `jixu verify`")
+        if isinstance(exc, pg_errors.RaiseException):
+            return StoreError(f"{where}: refused by the database: {text}")
+        if isinstance(exc, pg_errors.InsufficientPrivilege):
+            return StoreError(f"{where}: permission denied ({text}); the role needs SELECT, INSERT and "
+                              "UPDATE on the jixu_* tables (and CREATE for the first open)")
+        if isinstance(exc, psycopg.DataError):
+            return InvalidInput(f"{where}: the database rejected a value: {text}")
+        if isinstance(exc, psycopg.OperationalError) or (
+            isinstance(exc, psycopg.ProgrammingError) and not getattr(exc, "sqlstate", None)
+        ):
+            return StoreError(f"cannot use {where}: {text}")
+        return StoreError(f"{where}: {text}")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"{self._where}: the store is closed")
+
+    def _run(
+        self,
+        fn: Callable[[_Conn], _T],
+        *,
+        write: bool = False,
+        transaction: bool = False,
+        snapshot: bool = False,
+    ) -> _T:
+        """Run ``fn`` on a pooled connection, in one transaction when asked, translating errors.
+
+        A transaction the database aborts for a conflict (serialization failure,
+        deadlock, a concurrent insert of the same event id) runs again, a
+        bounded number of times, from the start.
+        """
+        self._check_open()
+        if write and self.read_only:
+            raise StoreReadOnly(f"{self._where}: opened read-only; open it writable to change it")
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                with self._pool.connection() as conn:
+                    if not (transaction or snapshot):
+                        return fn(conn)
+                    with conn.transaction():
+                        if snapshot:
+                            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                        return fn(conn)
+            except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, _Again) as exc:
+                cause = exc.cause if isinstance(exc, _Again) else exc
+                if attempt == _ATTEMPTS:
+                    raise self._translate(cause) from cause
+                time.sleep(random.uniform(0, min(0.2, 0.002 * 2**attempt)))
+            except (psycopg.Error, PoolTimeout) as exc:
+                raise self._translate(exc) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _inspect(self, conn: _Conn) -> tuple[list[str], int]:
+        """The jixu tables in the current schema and the installed schema version (0 if none)."""
+        names = [str(row[0]) for row in conn.execute(_JIXU_TABLES_SQL).fetchall()]
+        if "jixu_schema" not in names:
+            return names, 0
+        row = conn.execute("SELECT coalesce(max(version), 0) FROM jixu_schema").fetchone()
+        return names, int(row[0]) if row else 0
+
+    def _check_version(self, version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNew(
+                f"{self._where} has jixu schema version {version}, newer than this jixu understands "
+                f"({SCHEMA_VERSION}); upgrade jixu to open it",
+                found=version,
+                supported=SCHEMA_VERSION,
+            )
+
+    def _migrate(self, conn: _Conn) -> None:
+        names, version = self._inspect(conn)
+        self._check_version(version)
+        if version == SCHEMA_VERSION:
+            return
+        if version == 0 and names:
+            self._refuse_foreign(names)
+        if self.read_only:
+            if version == 0:
+                raise StoreNotFound(f"{self._where} holds no jixu schema (nothing was created); "
+                                    "open it writable once to install it")
+            raise StoreReadOnly(f"{self._where} needs a schema migration to version {SCHEMA_VERSION}; "
+                                "open it writable once")
+        if version == 0 and not self.create:
+            raise StoreNotFound(f"{self._where} holds no jixu schema and create=False (nothing was created)")
+        with conn.transaction():
+            conn.execute(_MIGRATION_LOCK_SQL)
+            names, version = self._inspect(conn)  # another process may have migrated meanwhile
+            self._check_version(version)
+            if version == SCHEMA_VERSION:
+                return
+            if version == 0:
+                if names:
+                    self._refuse_foreign(names)
+                conn.execute("CREATE TABLE jixu_schema (version integer PRIMARY KEY, "
+                             "applied_at text NOT NULL, description text NOT NULL)")
+            for number, description, statements in MIGRATIONS:
+                if number <= version:
+                    continue
+                for statement in statements:
+                    conn.execute(statement)
+                conn.execute(f"INSERT INTO jixu_schema VALUES (%s, {_UTC_TEXT.format('clock_timestamp()')}, %s)",
+                             (number, description))
+
+    def _refuse_foreign(self, names: list[str]) -> None:
+        raise StoreError(
+            f"{self._where}: the schema holds jixu tables ({', '.join(names)}) but no jixu_schema record; "
+            "refusing to touch them. Use another database or schema (search_path)."
+        )
+
+    @staticmethod
+    def _clock(conn: _Conn) -> tuple[float, str]:
+        """The database clock now: epoch seconds and the ``recorded_at`` text."""
+        row = conn.execute(_CLOCK_SQL).fetchone()
+        assert row is not None
+        return float(row[0]), str(row[1])
+
+    def schema_version(self) -> int:
+        return self._run(lambda conn: self._inspect(conn)[1])
+
+    def now(self) -> float:
+        def clock(conn: _Conn) -> float:
+            row = conn.execute(_NOW_SQL).fetchone()
+            assert row is not None
+            return float(row[0])
+
+        return self._run(clock)
+
+    def close(self) -> None:
+        with self._close_lock:
+            if not self._closed:
+                self._closed = True
+                self._pool.close()
+
+    # --- events ---------------------------------------------------------------------
+
+    def _append(
+        self,
+        stream: str,
+        batch: list[PreparedEvent],
+        expected_seq: int,
+        fence: Fence | None,
+        genesis_hash: str,
+    ) -> list[StoredRow]:
+        ids = [p.id for p in batch]
+
+        def append(conn: _Conn) -> list[StoredRow]:
+            for _ in range(3):
+                # Lock the head first: everything read below then includes what its last holder committed.
+                head = conn.execute("SELECT head_seq, head_hash FROM jixu_streams WHERE stream = %s FOR UPDATE",
+                                    (stream,)).fetchone()
+                found = {
+                    row[0]: StoredRow(*row)
+                    for row in conn.execute(f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE id = ANY(%s)", (ids,))
+                }
+                stored = existing_batch(stream, batch, found)
+                if stored is not None:
+                    return stored
+                if fence is not None:
+                    current = self._lease_row(conn, fence.key, lock=True)
+                    problem = fence_problem(current, fence, self._clock(conn)[0])
+                    if problem:
+                        raise problem
+                head_seq, prev = (int(head[0]), str(head[1])) if head else (0, genesis_hash)
+                if head_seq != expected_seq:
+                    raise ConcurrencyError(
+                        f"stream {stream!r} is at seq {head_seq}, not the expected {expected_seq}; "
+                        "read the new events and decide again",
+                        stream=stream,
+                        expected_seq=expected_seq,
+                        actual_seq=head_seq,
+                    )
+                recorded_at = self._clock(conn)[1]
+                rows = []
+                for offset, prepared in enumerate(batch, start=1):
+                    row = seal(prepared, stream=stream, seq=head_seq + offset, prev_hash=prev,
+                               recorded_at=recorded_at)
+                    rows.append(row)
+                    prev = row.hash
+                if head is None:
+                    created = conn.execute(
+                        "INSERT INTO jixu_streams (stream, head_seq, head_hash, genesis_hash, created_at) "
+                        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (stream) DO NOTHING RETURNING stream",
+                        (stream, rows[-1].seq, rows[-1].hash, genesis_hash, recorded_at),
+                    ).fetchone()
+                    if created is None:
+                        continue  # another appender created the stream meanwhile: decide again under its lock
+                else:
+                    conn.execute("UPDATE jixu_streams SET head_seq = %s, head_hash = %s WHERE stream = %s",
+                                 (rows[-1].seq, rows[-1].hash, stream))
+                try:
+                    with conn.cursor() as cursor:
+                        cursor.executemany(
+                            f"INSERT INTO jixu_events ({_ROW_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                            [(r.id, r.stream, r.seq, r.type, r.data_json, r.meta_json, r.recorded_at,
+                              r.prev_hash, r.hash) for r in rows],
+                        )
+                except pg_errors.UniqueViolation as exc:
+                    if exc.diag.constraint_name == _ID_CONSTRAINT:
+                        raise _Again(exc) from exc  # the same id was committed meanwhile: decide again
+                    raise
+                return rows
+            raise StoreError(f"{self._where}: the head of stream {stream!r} kept changing; retry")
+
+        return self._run(append, write=True, transaction=True)
+
+    def _chunk(self, conn: _Conn, stream: str, start: int, last: int) -> list[StoredRow]:
+        return [StoredRow(*row) for row in conn.execute(
+            f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE stream = %s AND seq >= %s AND seq <= %s "
+            "ORDER BY seq LIMIT %s",
+            (stream, start, last, _CHUNK),
+        ).fetchall()]
+
+    def _read_rows(self, stream: str, from_seq: int, to_seq: int | None) -> Iterator[StoredRow]:
+        last = to_seq if to_seq is not None else 2**62
+        start = from_seq
+        while start <= last:
+            chunk = self._run(lambda conn, start=start: self._chunk(conn, stream, start, last))  # type: ignore[misc]
+            yield from chunk
+            if len(chunk) < _CHUNK:
+                return
+            start = chunk[-1].seq + 1
+
+    def _verify_snapshot(self, stream: str) -> VerifyReport:
+        def snapshot(conn: _Conn) -> VerifyReport:
+            info = conn.execute("SELECT head_seq, head_hash, genesis_hash FROM jixu_streams WHERE stream = %s",
+                                (stream,)).fetchone()
+            head = (int(info[0]), str(info[1])) if info else (0, GENESIS_HASH)
+
+            def rows() -> Iterator[StoredRow]:
+                start = 1
+                while True:  # keyset chunks, all inside this transaction's one snapshot
+                    chunk = self._chunk(conn, stream, start, 2**62)
+                    yield from chunk
+                    if len(chunk) < _CHUNK:
+                        return
+                    start = chunk[-1].seq + 1
+
+            return verify_rows(stream, rows(), genesis_hash=str(info[2]) if info else GENESIS_HASH,
+                               recorded_head=head)
+
+        return self._run(snapshot, snapshot=True)
+
+    def _get_row(self, event_id: str) -> StoredRow | None:
+        row = self._run(lambda conn: conn.execute(
+            f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE id = %s", (event_id,)).fetchone())
+        return StoredRow(*row) if row else None
+
+    def _stream_info(self, stream: str) -> StreamInfo | None:
+        row = self._run(lambda conn: conn.execute(
+            "SELECT stream, head_seq, head_hash, genesis_hash, created_at FROM jixu_streams WHERE stream = %s",
+            (stream,)).fetchone())
+        return StreamInfo(*row) if row else None
+
+    def _list_streams(self, prefix: str, after: str, limit: int) -> list[StreamInfo]:
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        rows = self._run(lambda conn: conn.execute(
+            "SELECT stream, head_seq, head_hash, genesis_hash, created_at FROM jixu_streams "
+            "WHERE stream LIKE %s ESCAPE '\\' AND stream > %s ORDER BY stream LIMIT %s",
+            (escaped + "%", after, limit)).fetchall())
+        return [StreamInfo(*row) for row in rows]
+
+    # --- leases ---------------------------------------------------------------------
+
+    @staticmethod
+    def _lease_row(conn: _Conn, key: str, *, lock: bool = False) -> Lease | None:
+        row = conn.execute(
+            f"SELECT {_LEASE_COLUMNS} FROM jixu_leases WHERE key = %s{' FOR UPDATE' if lock else ''}", (key,)
+        ).fetchone()
+        return Lease(row[0], row[1], int(row[2]), float(row[3]), float(row[4]), bool(row[5])) if row else None
+
+    def _acquire_lease(self, key: str, owner: str, ttl: float) -> Fence:
+        def acquire(conn: _Conn) -> Fence:
+            for _ in range(3):
+                current = self._lease_row(conn, key, lock=True)
+                lease = next_lease(current, key, owner, self._clock(conn)[0], ttl)
+                values = (lease.owner, lease.epoch, lease.expires_at, lease.heartbeat_at, lease.key)
+                if current is not None:
+                    conn.execute("UPDATE jixu_leases SET owner = %s, epoch = %s, expires_at = %s, "
+                                 "heartbeat_at = %s, released = false WHERE key = %s", values)
+                    return lease.fence()
+                inserted = conn.execute(
+                    f"INSERT INTO jixu_leases ({_LEASE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, false) "
+                    "ON CONFLICT (key) DO NOTHING RETURNING key",
+                    (lease.key, lease.owner, lease.epoch, lease.expires_at, lease.heartbeat_at),
+                ).fetchone()
+                if inserted is not None:
+                    return lease.fence()
+                # another owner created the lease meanwhile: decide again under its row lock
+            raise StoreError(f"{self._where}: lease {key!r} kept changing; retry")
+
+        return self._run(acquire, write=True, transaction=True)
+
+    def _renew_lease(self, fence: Fence, ttl: float) -> Lease:
+        def renew(conn: _Conn) -> Lease:
+            current = self._lease_row(conn, fence.key, lock=True)
+            now = self._clock(conn)[0]
+            problem = fence_problem(current, fence, now)
+            if problem:
+                raise problem
+            lease = Lease(fence.key, fence.owner, fence.epoch, now + ttl, now, False)
+            conn.execute("UPDATE jixu_leases SET expires_at = %s, heartbeat_at = %s, released = false "
+                         "WHERE key = %s", (lease.expires_at, lease.heartbeat_at, lease.key))
+            return lease
+
+        return self._run(renew, write=True, transaction=True)
+
+    def _release_lease(self, fence: Fence) -> None:
+        self._run(lambda conn: conn.execute(
+            "UPDATE jixu_leases SET released = true WHERE key = %s AND owner = %s AND epoch = %s",
+            (fence.key, fence.owner, fence.epoch)), write=True)
+
+    def _get_lease(self, key: str) -> Lease | None:
+        return self._run(lambda conn: self._lease_row(conn, key))
+
+    # --- checkpoints ----------------------------------------------------------------
+
+    def _write_checkpoint(self, checkpoint: Checkpoint) -> None:
+        self._run(lambda conn: conn.execute(
+            "INSERT INTO jixu_checkpoints (stream, name, seq, reducer_version, head_hash, state, digest, "
+            "created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, "
+            f"coalesce(nullif(%s, ''), {_UTC_TEXT.format('clock_timestamp()')})) "
+            "ON CONFLICT (stream, name) DO UPDATE SET seq = excluded.seq, "
+            "reducer_version = excluded.reducer_version, head_hash = excluded.head_hash, "
+            "state = excluded.state, digest = excluded.digest, created_at = excluded.created_at",
+            (checkpoint.stream, checkpoint.name, checkpoint.seq, checkpoint.reducer_version,
+             checkpoint.head_hash, checkpoint.state_json, checkpoint.digest, checkpoint.created_at)), write=True)
+
+    def _read_checkpoint(self, stream: str, name: str) -> Checkpoint | None:
+        row = self._run(lambda conn: conn.execute(
+            "SELECT stream, name, seq, reducer_version, head_hash, state, digest, created_at "
+            "FROM jixu_checkpoints WHERE stream = %s AND name = %s", (stream, name)).fetchone())
+        return Checkpoint(row[0], row[1], int(row[2]), int(row[3]), row[4], row[5], row[6], row[7]) if row else None
+
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresStore", "mask_dsn"]
