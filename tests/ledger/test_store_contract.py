@@ -311,3 +311,28 @@ def test_two_writers_racing_for_one_seq_exactly_one_wins(store_factory: StoreFac
                 t.join()
         assert sorted(outcomes) == ["concurrency_conflict", "won"], outcomes
         assert len(store.read(stream)) == 1
+
+
+def test_take_over_needs_the_observed_epoch_and_an_expired_lease(store: Store) -> None:
+    old = store.acquire_lease("turn/1", "worker-a", 0.3)
+    with pytest.raises(LeaseHeld):
+        store.take_over_lease("turn/1", "recovery", 30, expected_epoch=1)
+    expire(store, 0.4)
+    with pytest.raises(FencingError):
+        store.take_over_lease("turn/1", "recovery", 30, expected_epoch=2)
+    new = store.take_over_lease("turn/1", "recovery", 30, expected_epoch=1)
+    assert (new.owner, new.epoch) == ("recovery", 2)
+    with pytest.raises(FencingError):
+        store.append("turn/1", events(1), 0, old)
+    with pytest.raises(FencingError):  # the same observation cannot be used twice
+        store.take_over_lease("turn/1", "other", 30, expected_epoch=1, require_expired=False)
+
+
+def test_take_over_without_expiry_is_an_explicit_assertion(store: Store) -> None:
+    store.acquire_lease("turn/1", "worker-a", 30)
+    fence = store.take_over_lease("turn/1", "worker-a", 30, expected_epoch=1, require_expired=False)
+    assert fence.epoch == 2
+    legacy = store.take_over_lease("turn/never-leased", "recovery", 30, expected_epoch=0)
+    assert legacy.epoch == 1
+    with pytest.raises(InvalidInput):
+        store.take_over_lease("turn/1", "x", 30, expected_epoch=-1)

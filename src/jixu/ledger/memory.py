@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from jixu.errors import ConcurrencyError
 from jixu.ledger.chain import VerifyReport
@@ -18,7 +18,6 @@ from jixu.ledger.store import (
     StreamInfo,
     existing_batch,
     fence_problem,
-    next_lease,
 )
 
 
@@ -130,20 +129,10 @@ class MemoryStore(Store):
                     out.append(info)
             return out
 
-    def _acquire_lease(self, key: str, owner: str, ttl: float) -> Fence:
+    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
         with self._lock:
-            lease = next_lease(self._leases.get(key), key, owner, self.now(), ttl)
+            lease = change(self._leases.get(key), self.now())
             self._leases[key] = lease
-            return lease.fence()
-
-    def _renew_lease(self, fence: Fence, ttl: float) -> Lease:
-        with self._lock:
-            now = self.now()
-            problem = fence_problem(self._leases.get(fence.key), fence, now)
-            if problem:
-                raise problem
-            lease = Lease(fence.key, fence.owner, fence.epoch, now + ttl, now, False)
-            self._leases[fence.key] = lease
             return lease
 
     def _release_lease(self, fence: Fence) -> None:

@@ -62,7 +62,6 @@ from jixu.ledger.store import (
     StreamInfo,
     existing_batch,
     fence_problem,
-    next_lease,
 )
 
 _T = TypeVar("_T")
@@ -584,41 +583,28 @@ class PostgresStore(Store):
         ).fetchone()
         return Lease(row[0], row[1], int(row[2]), float(row[3]), float(row[4]), bool(row[5])) if row else None
 
-    def _acquire_lease(self, key: str, owner: str, ttl: float) -> Fence:
-        def acquire(conn: _Conn) -> Fence:
+    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
+        def apply(conn: _Conn) -> Lease:
             for _ in range(3):
                 current = self._lease_row(conn, key, lock=True)
-                lease = next_lease(current, key, owner, self._clock(conn)[0], ttl)
-                values = (lease.owner, lease.epoch, lease.expires_at, lease.heartbeat_at, lease.key)
+                lease = change(current, self._clock(conn)[0])
                 if current is not None:
                     conn.execute("UPDATE jixu_leases SET owner = %s, epoch = %s, expires_at = %s, "
-                                 "heartbeat_at = %s, released = false WHERE key = %s", values)
-                    return lease.fence()
+                                 "heartbeat_at = %s, released = %s WHERE key = %s",
+                                 (lease.owner, lease.epoch, lease.expires_at, lease.heartbeat_at, lease.released,
+                                  lease.key))
+                    return lease
                 inserted = conn.execute(
-                    f"INSERT INTO jixu_leases ({_LEASE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, false) "
+                    f"INSERT INTO jixu_leases ({_LEASE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s) "
                     "ON CONFLICT (key) DO NOTHING RETURNING key",
-                    (lease.key, lease.owner, lease.epoch, lease.expires_at, lease.heartbeat_at),
+                    (lease.key, lease.owner, lease.epoch, lease.expires_at, lease.heartbeat_at, lease.released),
                 ).fetchone()
                 if inserted is not None:
-                    return lease.fence()
+                    return lease
                 # another owner created the lease meanwhile: decide again under its row lock
             raise StoreError(f"{self._where}: lease {key!r} kept changing; retry")
 
-        return self._run(acquire, write=True, transaction=True)
-
-    def _renew_lease(self, fence: Fence, ttl: float) -> Lease:
-        def renew(conn: _Conn) -> Lease:
-            current = self._lease_row(conn, fence.key, lock=True)
-            now = self._clock(conn)[0]
-            problem = fence_problem(current, fence, now)
-            if problem:
-                raise problem
-            lease = Lease(fence.key, fence.owner, fence.epoch, now + ttl, now, False)
-            conn.execute("UPDATE jixu_leases SET expires_at = %s, heartbeat_at = %s, released = false "
-                         "WHERE key = %s", (lease.expires_at, lease.heartbeat_at, lease.key))
-            return lease
-
-        return self._run(renew, write=True, transaction=True)
+        return self._run(apply, write=True, transaction=True)
 
     def _release_lease(self, fence: Fence) -> None:
         self._run(lambda conn: conn.execute(

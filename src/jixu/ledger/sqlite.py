@@ -38,7 +38,6 @@ from jixu.ledger.store import (
     StreamInfo,
     existing_batch,
     fence_problem,
-    next_lease,
 )
 
 Synchronous = Literal["FULL", "NORMAL", "EXTRA"]
@@ -417,26 +416,13 @@ class SQLiteStore(Store):
             (lease.key, lease.owner, lease.epoch, lease.expires_at, lease.heartbeat_at, int(lease.released)),
         )
 
-    def _acquire_lease(self, key: str, owner: str, ttl: float) -> Fence:
-        def acquire(conn: sqlite3.Connection) -> Fence:
-            now = float(conn.execute(_NOW_SQL).fetchone()[0])
-            lease = next_lease(self._lease_row(conn, key), key, owner, now, ttl)
-            self._put_lease(conn, lease)
-            return lease.fence()
-
-        return self._write(acquire)
-
-    def _renew_lease(self, fence: Fence, ttl: float) -> Lease:
-        def renew(conn: sqlite3.Connection) -> Lease:
-            now = float(conn.execute(_NOW_SQL).fetchone()[0])
-            problem = fence_problem(self._lease_row(conn, fence.key), fence, now)
-            if problem:
-                raise problem
-            lease = Lease(fence.key, fence.owner, fence.epoch, now + ttl, now, False)
+    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
+        def apply(conn: sqlite3.Connection) -> Lease:
+            lease = change(self._lease_row(conn, key), float(conn.execute(_NOW_SQL).fetchone()[0]))
             self._put_lease(conn, lease)
             return lease
 
-        return self._write(renew)
+        return self._write(apply)
 
     def _release_lease(self, fence: Fence) -> None:
         self._write(lambda conn: conn.execute(

@@ -11,7 +11,7 @@ validate input first, so bad input raises a typed error and writes nothing.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -185,6 +185,21 @@ def next_lease(current: Lease | None, key: str, owner: str, now: float, ttl: flo
     return Lease(key, owner, current.epoch + 1, now + ttl, now, False)
 
 
+def taken_over_lease(current: Lease | None, key: str, owner: str, now: float, ttl: float, expected_epoch: int,
+                     require_expired: bool) -> Lease:
+    """The lease after ``owner`` takes it over from the holder at ``expected_epoch`` (pure)."""
+    epoch = current.epoch if current is not None else 0
+    if epoch != expected_epoch:
+        raise FencingError(
+            f"lease {key!r} is at epoch {epoch}, not the expected {expected_epoch}: it changed hands since "
+            "you looked; look again", key=key, epoch=epoch)
+    if require_expired and current is not None and not current.released and current.expires_at > now:
+        raise LeaseHeld(
+            f"lease {key!r} held by {current.owner!r} (epoch {epoch}) is still valid for "
+            f"{current.expires_at - now:.1f}s by the store's clock", key=key, owner=current.owner, epoch=epoch)
+    return Lease(key, owner, epoch + 1, now + ttl, now, False)
+
+
 def fence_problem(current: Lease | None, fence: Fence, now: float) -> FencingError | None:
     """Why ``fence`` may not write at store time ``now``, or ``None`` if it may (pure)."""
     if current is None:
@@ -308,11 +323,38 @@ class Store(abc.ABC):
         one held by the same owner is renewed at its epoch; one held by another
         owner and not expired raises :class:`~jixu.errors.LeaseHeld`.
         """
-        return self._acquire_lease(check_lease_key(key), check_owner(owner), check_ttl(ttl))
+        key, owner, ttl = check_lease_key(key), check_owner(owner), check_ttl(ttl)
+        return self._change_lease(key, lambda current, now: next_lease(current, key, owner, now, ttl)).fence()
 
     def renew_lease(self, fence: Fence, ttl: float) -> Lease:
         """Extend the lease ``fence`` holds; :class:`~jixu.errors.FencingError` if it lost it."""
-        return self._renew_lease(check_fence(fence), check_ttl(ttl))
+        check_fence(fence)
+        ttl = check_ttl(ttl)
+
+        def renew(current: Lease | None, now: float) -> Lease:
+            problem = fence_problem(current, fence, now)
+            if problem:
+                raise problem
+            return Lease(fence.key, fence.owner, fence.epoch, now + ttl, now, False)
+
+        return self._change_lease(fence.key, renew)
+
+    def take_over_lease(self, key: str, owner: str, ttl: float, *, expected_epoch: int,
+                        require_expired: bool = True) -> Fence:
+        """Take the lease from its holder at ``expected_epoch``, incrementing the epoch.
+
+        With ``require_expired`` (the default) the holder's lease must have
+        expired by the store's clock, or been released
+        (:class:`~jixu.errors.LeaseHeld` otherwise); without it the caller
+        asserts the holder has stopped. ``expected_epoch`` 0 means no lease
+        exists yet. Any other epoch raises :class:`~jixu.errors.FencingError`:
+        somebody else moved the lease since the caller looked.
+        """
+        key, owner, ttl = check_lease_key(key), check_owner(owner), check_ttl(ttl)
+        if isinstance(expected_epoch, bool) or not isinstance(expected_epoch, int) or expected_epoch < 0:
+            raise InvalidInput(f"expected_epoch {expected_epoch!r} must be an integer >= 0", field="expected_epoch")
+        return self._change_lease(key, lambda current, now: taken_over_lease(
+            current, key, owner, now, ttl, expected_epoch, require_expired)).fence()
 
     def release_lease(self, fence: Fence) -> None:
         """Give the lease up (a no-op if ``fence`` no longer holds it)."""
@@ -384,10 +426,8 @@ class Store(abc.ABC):
     def _list_streams(self, prefix: str, after: str, limit: int) -> list[StreamInfo]: ...
 
     @abc.abstractmethod
-    def _acquire_lease(self, key: str, owner: str, ttl: float) -> Fence: ...
-
-    @abc.abstractmethod
-    def _renew_lease(self, fence: Fence, ttl: float) -> Lease: ...
+    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
+        """In one transaction: lock the lease row, call ``change(current, store_now)``, store its result."""
 
     @abc.abstractmethod
     def _release_lease(self, fence: Fence) -> None: ...
@@ -422,4 +462,5 @@ __all__ = [
     "existing_batch",
     "fence_problem",
     "next_lease",
+    "taken_over_lease",
 ]
