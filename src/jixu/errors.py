@@ -164,6 +164,18 @@ class ThreadBusy(JixuError):
     code = "thread_busy"
 
 
+class TurnOwned(ThreadBusy):
+    """Another process owns the thread's active turn (its lease is live, or expired but not recovered)."""
+
+    code = "turn_owned"
+
+
+class OwnershipLost(JixuError):
+    """This process's claim on a turn was fenced out (its lease expired or was taken over)."""
+
+    code = "ownership_lost"
+
+
 class IncompatibleAgent(JixuError):
     """The thread was recorded under an agent whose name or tool contract differs."""
 
@@ -211,6 +223,8 @@ __all__ = [
     "ThreadBusy",
     "ThreadCorrupt",
     "ThreadNotFound",
+    "OwnershipLost",
+    "TurnOwned",
     "FencingError",
     "IdempotencyConflict",
     "InvalidId",

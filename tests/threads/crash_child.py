@@ -71,6 +71,9 @@ SECOND_INPUT = "Charge order 42"
 
 _T = TypeVar("_T")
 
+WORKER_OWNER = "crash-test-worker"
+"""Every child and the recovering parent share one owner name: a restarted worker reclaims its own turns."""
+
 
 def say(*fields: object) -> None:
     """Report one line with a single ``write`` to the pipe: atomic, so lines from the tool's worker thread
@@ -273,7 +276,7 @@ class Crash:
 async def run_scenario(db: str, outside: str, semantics: Semantics, point: str) -> None:
     crash = Crash(point)
     crash.install()
-    harness = Harness(scenario_agent(semantics, outside, crash.after_side_effect), store=f"sqlite:///{db}")
+    harness = Harness(scenario_agent(semantics, outside, crash.after_side_effect), store=f"sqlite:///{db}", owner=WORKER_OWNER)
     thread = await harness.create_thread()
     say("T", thread.thread_id)
     await thread.send(FIRST_INPUT)
@@ -290,7 +293,7 @@ async def run_recover(db: str, outside: str, semantics: Semantics, point: str, t
     crash = Crash(point)
     crash.install()
     crash.armed = True
-    harness = Harness(scenario_agent(semantics, outside, crash.after_side_effect), store=f"sqlite:///{db}")
+    harness = Harness(scenario_agent(semantics, outside, crash.after_side_effect), store=f"sqlite:///{db}", owner=WORKER_OWNER)
     thread = await harness.open_thread(thread_id)
     say("T", thread.thread_id)
     state = await asyncio.wait_for(thread.wait(), 30)
@@ -300,7 +303,7 @@ async def run_recover(db: str, outside: str, semantics: Semantics, point: str, t
 async def run_random(db: str, outside: str, thread_id: str | None) -> None:
     crash = Crash(None)
     crash.install()
-    harness = Harness(random_agent(outside, crash.after_side_effect), store=f"sqlite:///{db}")
+    harness = Harness(random_agent(outside, crash.after_side_effect), store=f"sqlite:///{db}", owner=WORKER_OWNER)
     if thread_id is None:
         thread = await harness.create_thread()
         say("T", thread.thread_id)

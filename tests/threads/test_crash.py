@@ -54,6 +54,7 @@ from tests.threads.crash_child import (
     CRASH_POINTS,
     RANDOM_TOOLS,
     SEMANTICS,
+    WORKER_OWNER,
     OutsideLine,
     random_agent,
     random_reply,
@@ -291,7 +292,7 @@ def _second_turn(events: Sequence[Event]) -> list[Event]:
 
 
 async def _check_crash_point(db: Path, outside: Path, semantics: str, point: str, report: Report) -> None:
-    harness = Harness(scenario_agent(cast(Semantics, semantics), str(outside)), store=f"sqlite:///{db}")
+    harness = Harness(scenario_agent(cast(Semantics, semantics), str(outside)), store=f"sqlite:///{db}", owner=WORKER_OWNER)
     others: list[Harness] = []
     try:
         thread_id = report.thread_id
@@ -368,7 +369,7 @@ async def _check_crash_point(db: Path, outside: Path, semantics: str, point: str
             # an operator resolves from another connection, as another process would, starting from there.
             checkpoint = harness.store.read_checkpoint(stream, ThreadProjection.name)
             assert checkpoint is not None and checkpoint.seq == state.seq
-            operator = Harness(scenario_agent(cast(Semantics, semantics), str(outside)), store=f"sqlite:///{db}")
+            operator = Harness(scenario_agent(cast(Semantics, semantics), str(outside)), store=f"sqlite:///{db}", owner=WORKER_OWNER)
             others.append(operator)
             thread = await operator.open_thread(thread_id)
             assert thread.checkpoint_status == "used"
@@ -464,7 +465,7 @@ def test_crash_looping_retries_run_out_and_wait_for_an_operator(tmp_path: Path, 
 
 async def _check_crash_loop(db: Path, outside: Path, semantics: Semantics, point: str,
                             reports: list[Report]) -> None:
-    harness = Harness(scenario_agent(semantics, str(outside)), store=f"sqlite:///{db}")
+    harness = Harness(scenario_agent(semantics, str(outside)), store=f"sqlite:///{db}", owner=WORKER_OWNER)
     try:
         thread_id = reports[0].thread_id
         before = harness.store.read(stream_of(thread_id))
@@ -522,7 +523,7 @@ async def _check_random_kill(db: Path, outside: Path, report: Report, tally: Tal
 
     Returns what became of the thread (a key of ``Tally.final``).
     """
-    harness = Harness(random_agent(str(outside)), store=f"sqlite:///{db}")
+    harness = Harness(random_agent(str(outside)), store=f"sqlite:///{db}", owner=WORKER_OWNER)
     try:
         thread_id = report.thread_id
         stream = stream_of(thread_id)

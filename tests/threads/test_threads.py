@@ -1048,7 +1048,7 @@ def test_reopening_a_thread_whose_turn_was_started_but_never_run_runs_it(ledger:
 
     async def scenario() -> None:
         thread = await first.create_thread()
-        turn_id = thread.log.start_turn("hi")  # the process stopped right after recording the turn
+        turn_id, _ = thread.log.start_turn("hi")  # queued: recorded, never claimed or run
         second = ledger.harness(Agent("greeter", ScriptedModel(["hello"])))
         reopened = await second.open_thread(thread.thread_id)
         assert reopened.running or reopened.state().status in ("running", "idle")
@@ -1060,9 +1060,6 @@ def test_reopening_a_thread_whose_turn_was_started_but_never_run_runs_it(ledger:
     run(scenario())
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (no turn ownership yet, SPEC 4.5): open_thread() on a second Harness "
-                                       "while the first is mid-turn resumes the turn and re-dispatches the "
-                                       "in-flight model call (attempt 2); the first owner's receipt is dropped")
 def test_opening_a_thread_another_harness_is_running_does_not_redispatch_its_calls(ledger: Ledger) -> None:
     entered: list[int] = []
     gate: dict[str, asyncio.Event] = {}

@@ -41,6 +41,8 @@ REQUEST = f"Refund order {ORDER}"
 FINAL_REPLY = f"Refund for order {ORDER} issued."
 FORK_INPUT = "Actually, refund only half."
 TOOL_NAME = "issue_refund"
+WORKER_OWNER = "refund-worker"
+"""The worker's owner name: a restarted worker with the same name reclaims its own turns at once."""
 
 
 class DemoFailed(Exception):
@@ -175,8 +177,10 @@ class Demo:
                f"the worker should have died of SIGKILL (exit -{int(signal.SIGKILL)}); it exited {returncode}")
         self.say(f"The worker died: killed by signal {int(signal.SIGKILL)} (SIGKILL), exit status {returncode}.")
 
+        # The parent plays the restarted worker: the same owner name lets it reclaim the dead worker's turn
+        # at once instead of waiting for the lease to expire (see Harness(owner=...)).
         demo = refund_agent(self.outside)
-        harness = Harness(demo.agent, self.store)
+        harness = Harness(demo.agent, self.store, owner=WORKER_OWNER)
         try:
             await self.recover(harness, demo, thread_id)
         finally:
@@ -286,7 +290,7 @@ class Demo:
                   "call still open at that point is not inherited: the child never claims the parent's effect.")
         before = thread.log.store.verify(thread.stream)
         child = await thread.fork(at.id)
-        child.log.start_turn(FORK_INPUT)
+        child.log.start_turn(FORK_INPUT)  # queued: the application that owns the agent claims and runs it
         after = thread.log.store.verify(thread.stream)
         expect((before.count, before.head_hash) == (after.count, after.head_hash),
                "forking must not change the parent")
@@ -332,7 +336,7 @@ class Demo:
 async def run_worker(store: Path, outside: Path, thread_id: str) -> int:
     """The child process: open the thread, send the request and run until the tool kills us."""
     demo = refund_agent(outside, crash_after_write=True)
-    harness = Harness(demo.agent, store)
+    harness = Harness(demo.agent, store, owner=WORKER_OWNER)
     try:
         thread = await harness.open_thread(thread_id)
         print(f"worker (pid {os.getpid()}): opened thread {thread_id}; sending {REQUEST!r}", flush=True)

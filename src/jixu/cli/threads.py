@@ -485,7 +485,7 @@ def fork_command(store: str, thread_id: str, at: str, text: str | None, actor: s
             raise InvalidInput(f"--input must be non-empty text of at most {MAX_INPUT_CHARS} characters",
                                field="input")
         child = log.fork(at)
-        turn_id = child.start_turn(text) if text is not None else None
+        turn_id = child.start_turn(text)[0] if text is not None else None
         state = child.snapshot()
     if as_json:
         emit_json({"thread_id": state.thread_id, "parent": state.parent, "turn_id": turn_id,

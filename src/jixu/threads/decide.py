@@ -71,6 +71,13 @@ def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attemp
         return Stop("corrupt", f"contradictory events ({corrupt}); an operator must inspect the ledger")
     turn = state.active_turn()
     exhausted: list[str] = []
+    if turn is not None and turn.status == "needs_reconciliation":
+        # An operator fenced out the turn's owner: nothing runs until the open outcomes are established
+        # and someone continues the turn (which records a new claim).
+        pending = (*analysis.requires_resolution, *analysis.waiting_on_parked)
+        return Stop("waiting", f"turn {turn.turn_id} needs reconciliation after recovery"
+                    + (f"; resolve {', '.join(pending)} first" if pending else "; continue it or end it"),
+                    pending)
     if turn is not None:
         ready: list[str] = []
         for effect_id in analysis.not_dispatched:

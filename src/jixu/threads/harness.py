@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import secrets
+import socket
+import weakref
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
-from jixu.errors import IncompatibleAgent, InvalidInput
+from jixu.errors import IncompatibleAgent, InvalidInput, ThreadBusy
 from jixu.ledger import Store, open_store
 from jixu.threads.agent import Agent
 from jixu.threads.log import THREAD_PREFIX, ThreadLog
@@ -34,24 +38,49 @@ class Harness:
 
     ``max_attempts`` bounds automatic retries of retry-safe effects whose
     outcome is unknown (model calls, ``read_only`` and ``idempotent`` tools).
+
+    Turn ownership: the process running a turn holds a lease on it, renewed
+    every ``lease_ttl / 3`` seconds against the store's clock, and every event
+    of the turn is appended fenced by that claim. ``owner`` names this process
+    (default: host, pid and a random suffix); a restarted process with the same ``owner``
+    reclaims its own turns at once (so give each concurrently running process
+    its own name; the default is unique to this Harness object). Another owner's turn whose lease expired is taken over
+    automatically only with ``takeover="safe"`` and only when the resolver
+    finds every open effect safe; otherwise it must be recovered explicitly
+    (``ThreadLog.recover_turn`` / ``jixu turns recover``).
     """
 
     def __init__(self, agent: Agent, store: Store | str | os.PathLike[str] | None = None, *,
-                 max_attempts: int = 3, actor: str = "jixu") -> None:
+                 max_attempts: int = 3, actor: str = "jixu", owner: str | None = None, lease_ttl: float = 30.0,
+                 takeover: Literal["never", "safe"] = "never") -> None:
         if not isinstance(agent, Agent):
             raise InvalidInput("Harness needs a jixu Agent", field="agent")
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise InvalidInput("max_attempts must be an integer >= 1", field="max_attempts")
+        if takeover not in ("never", "safe"):
+            raise InvalidInput("takeover must be 'never' or 'safe'", field="takeover")
+        if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int | float) or not 0.05 <= lease_ttl <= 3600:
+            raise InvalidInput("lease_ttl must be between 0.05 and 3600 seconds", field="lease_ttl")
+        owner = owner if owner is not None else f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        if not isinstance(owner, str) or not owner or len(owner) > 200 or not owner.isprintable():
+            raise InvalidInput("owner must be 1-200 printable characters", field="owner")
         self.agent = agent
         self._owns_store = not isinstance(store, Store)
         self.store = open_store(store)
         self.max_attempts = max_attempts
         self.actor = actor
+        self.owner = owner
+        self.lease_ttl = float(lease_ttl)
+        self.takeover = takeover
+        self.closing = False
+        self._threads: weakref.WeakSet[Thread] = weakref.WeakSet()
 
     async def create_thread(self, *, metadata: dict[str, Any] | None = None) -> Thread:
         """A new, idle thread recorded under this harness's agent."""
-        return Thread(self, ThreadLog.create(self.store, self.agent.describe(), metadata=metadata,
-                                             actor=self.actor))
+        if self.closing:
+            raise ThreadBusy("the harness is shutting down and admits no new threads")
+        return self._track(Thread(self, ThreadLog.create(self.store, self.agent.describe(), metadata=metadata,
+                                                         actor=self.actor)))
 
     async def open_thread(self, thread_id: str, *, resume: bool = True) -> Thread:
         """Reopen a thread after a process boundary and, with ``resume``, continue its pending work.
@@ -70,10 +99,26 @@ class Harness:
                 f"{str(recorded)[:12]}…; this harness runs {self.agent.name!r} with contract "
                 f"{self.agent.contract[:12]}… (tool names, schemas or semantics differ)",
                 thread_id=thread_id)
-        thread = Thread(self, log)
-        if resume and thread.state().status == "running":
+        thread = self._track(Thread(self, log))
+        if resume and not self.closing and thread.state().status == "running" and thread.claim_problem() is None:
             thread.wait_in_background()
         return thread
+
+    def _track(self, thread: Thread) -> Thread:
+        self._threads.add(thread)
+        return thread
+
+    async def shutdown(self, drain_timeout: float = 10.0) -> None:
+        """Stop admitting work, drain this process's running turns (up to ``drain_timeout``), close the store.
+
+        Each drained turn stays active with its lease released, so another
+        process continues it; calls cut off at the timeout are recorded as
+        having an unknown outcome. Abrupt loss (SIGKILL) instead leaves the
+        claims to expire for inspection and explicit recovery.
+        """
+        self.closing = True
+        await asyncio.gather(*(thread.drain(drain_timeout) for thread in list(self._threads)))
+        self.close()
 
     async def list_threads(self, *, limit: int = 1000, after: str = "") -> list[ThreadSummary]:
         """Threads in this store, oldest id first."""

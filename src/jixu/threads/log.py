@@ -9,6 +9,7 @@ use it directly; :class:`~jixu.threads.thread.Thread` runs the agent loop on top
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,12 +18,15 @@ from jixu.errors import (
     EffectNotParked,
     EffectNotUnknown,
     InvalidInput,
+    LeaseHeld,
     NotFound,
     ResolutionConflict,
+    ThreadBusy,
     ThreadCorrupt,
     ThreadNotFound,
+    TurnOwned,
 )
-from jixu.ledger import Event, NewEvent, Store, new_id, project
+from jixu.ledger import Event, Fence, NewEvent, Store, new_id, project
 from jixu.ledger.encoding import canonical_text
 from jixu.ledger.ids import is_valid_id
 from jixu.ledger.projection import make_checkpoint
@@ -35,6 +39,8 @@ DEFAULT_MAX_STEPS = 32
 DEFAULT_MAX_ATTEMPTS = 3
 MAX_NOTE_CHARS = 10_000
 MAX_INPUT_CHARS = 200_000
+REQUEST_ID = re.compile(r"^[0-9a-f]{32}$")
+RECOVERY_TTL = 30.0
 INHERIT_CHUNK_CHARS = 128 * 1024
 """Characters of inherited state per ``thread.inherited`` event: even if every character needed a
 six-byte escape, a chunk stays under the ledger's 1 MiB payload limit."""
@@ -209,10 +215,18 @@ class ThreadLog:
 
     # --- writing ------------------------------------------------------------------------
 
-    def append(self, events: Sequence[NewEvent]) -> list[Event]:
-        """Append after this record's head (ConcurrencyError if another writer moved it) and project."""
+    @property
+    def turn_key(self) -> str:
+        """The lease key that fences the owner of this thread's active turn."""
+        return f"{self.stream}/turn"
+
+    def append(self, events: Sequence[NewEvent], fence: Fence | None = None) -> list[Event]:
+        """Append after this record's head (ConcurrencyError if another writer moved it) and project.
+
+        With ``fence``, the store refuses the append unless that turn claim is still current.
+        """
         self.refuse_if_corrupt()
-        stored = self.store.append(self.stream, events, self.state.seq)
+        stored = self.store.append(self.stream, events, self.state.seq, fence)
         for event in stored:
             self.state = self._projection.apply(self.state, event)
         return stored
@@ -316,21 +330,121 @@ class ThreadLog:
         self.append([NewEvent(f"{decision.kind}.{decision_phase}",
                               {"effect_id": effect_id, "actor": actor, "note": note}, self.meta(actor))])
 
-    def start_turn(self, text: str) -> str:
-        """Record a ``turn.started`` with user input ``text``; returns the turn id."""
-        check_text(text, "input", MAX_INPUT_CHARS, required=True)
-        turn_id = new_id()
-        self.append([NewEvent("turn.started", {"turn_id": turn_id, "input": text}, self.meta())])
-        return turn_id
+    def start_turn(self, text: str, *, owner: str | None = None, ttl: float = 30.0) -> tuple[str, Fence | None]:
+        """Record ``turn.started``; returns (turn id, fence).
 
-    def end_running_turn(self, reason: str) -> bool:
-        """Record that the running turn was interrupted; False if no turn was running."""
+        With ``owner``, the thread's turn lease is claimed first and the turn is
+        started fenced by it (:class:`~jixu.errors.TurnOwned` while another
+        process holds a live claim). Without, the turn is queued: recorded
+        unowned, for whichever process (a worker, the owning application)
+        claims it next.
+        """
+        check_text(text, "input", MAX_INPUT_CHARS, required=True)
+        if self.state.active_turn() is not None:
+            raise ThreadBusy(f"thread {self.thread_id} already has an active turn", thread_id=self.thread_id)
+        if owner is None:
+            turn_id = new_id()
+            self.append([NewEvent("turn.started", {"turn_id": turn_id, "input": text, "owner": None, "epoch": 0,
+                                                   "queued": True}, self.meta())])
+            return turn_id, None
+        try:
+            fence = self.store.acquire_lease(self.turn_key, owner, ttl)
+        except LeaseHeld as error:
+            raise TurnOwned(f"thread {self.thread_id}'s turn lease is held by {error.details.get('owner')!r}; "
+                            "wait for it to finish", thread_id=self.thread_id) from error
+        turn_id = new_id()
+        self.append([NewEvent("turn.started", {"turn_id": turn_id, "input": text, "owner": owner,
+                                               "epoch": fence.epoch}, self.meta())], fence)
+        return turn_id, fence
+
+    def end_running_turn(self, reason: str, fence: Fence | None = None) -> bool:
+        """Record that the active turn was interrupted; False if no turn was active."""
         turn = self.state.active_turn()
         if turn is None:
             return False
         self.append([NewEvent("turn.ended", {"turn_id": turn.turn_id, "outcome": "interrupted",
-                                             "reason": str(reason)}, self.meta())])
+                                             "reason": str(reason)}, self.meta())], fence)
         return True
+
+    def ownership(self) -> dict[str, Any] | None:
+        """Who owns the active turn, by the store's clock: owner, epoch, expiry, heartbeat, expired."""
+        turn = self.state.active_turn()
+        if turn is None:
+            return None
+        lease = self.store.get_lease(self.turn_key)
+        now = self.store.now()
+        if lease is None:
+            return {"turn_id": turn.turn_id, "status": turn.status, "owner": None, "epoch": 0,
+                    "expires_at": None, "heartbeat_at": None, "released": False, "expired": False,
+                    "legacy": True}
+        return {"turn_id": turn.turn_id, "status": turn.status, "owner": lease.owner, "epoch": lease.epoch,
+                "expires_at": lease.expires_at, "heartbeat_at": lease.heartbeat_at, "released": lease.released,
+                "expired": lease.expires_at <= now, "legacy": False, "store_now": now}
+
+    def recover_turn(self, turn_id: str, *, request_id: str, expected_epoch: int,
+                     legacy_confirmed_stopped: bool = False, actor: str = "operator") -> dict[str, Any]:
+        """Fence out the owner of an expired turn and record an immutable recovery receipt.
+
+        The store verifies expiry by its own clock and increments the epoch;
+        the turn becomes ``needs_reconciliation``: nothing is retried, no model
+        is called, and a late reply from the former owner is refused. A turn
+        recorded before ownership existed (epoch 0, no owner) needs
+        ``legacy_confirmed_stopped=True``, your assertion that its process
+        stopped, recorded as such. Idempotent on ``request_id`` (32 hex
+        characters): the same request returns the original receipt; the same id
+        with another body raises :class:`~jixu.errors.ResolutionConflict`.
+        """
+        check_text(turn_id, "turn_id", 100, required=True)
+        if not isinstance(request_id, str) or not REQUEST_ID.match(request_id):
+            raise InvalidInput("request_id must be 32 lower-case hex characters", field="request_id")
+        if isinstance(expected_epoch, bool) or not isinstance(expected_epoch, int) or expected_epoch < 0:
+            raise InvalidInput("expected_epoch must be an integer >= 0", field="expected_epoch")
+        if not isinstance(legacy_confirmed_stopped, bool):
+            raise InvalidInput("legacy_confirmed_stopped must be true or false", field="legacy_confirmed_stopped")
+        check_text(actor, "actor", 200, required=True)
+        body = {"turn_id": turn_id, "expected_epoch": expected_epoch,
+                "legacy_confirmed_stopped": legacy_confirmed_stopped}
+        self.sync()
+        earlier = self.state.recovery(request_id)
+        if earlier is not None:
+            if {k: earlier.get(k) for k in body} == body:
+                return earlier
+            raise ResolutionConflict(f"recovery request {request_id} was already used with another body",
+                                     request_id=request_id)
+        turn = self.state.active_turn()
+        if turn is None or turn.turn_id != turn_id:
+            raise NotFound(f"turn {turn_id} is not the active turn of thread {self.thread_id}", turn_id=turn_id)
+        if turn.status == "needs_reconciliation":
+            raise ThreadBusy(f"turn {turn_id} was already recovered; reconcile its effects and continue it",
+                             turn_id=turn_id)
+        legacy = turn.owner is None and not turn.queued
+        if legacy and not legacy_confirmed_stopped:
+            raise InvalidInput(f"turn {turn_id} was recorded before turn ownership existed (epoch 0, no owner): "
+                               "recover it only with legacy_confirmed_stopped=True, asserting that its process "
+                               "has stopped", field="legacy_confirmed_stopped")
+        if not legacy and legacy_confirmed_stopped:
+            raise InvalidInput(f"turn {turn_id} has an owner; it is recovered by lease expiry, not by assertion",
+                               field="legacy_confirmed_stopped")
+        recoverer = f"recovery:{request_id}"
+        previous = self.store.get_lease(self.turn_key)
+        if previous is not None and previous.owner == recoverer and previous.epoch == expected_epoch + 1:
+            fence = previous.fence()  # this request took the lease before and stopped before its receipt
+            self.store.renew_lease(fence, RECOVERY_TTL)
+        else:
+            try:
+                fence = self.store.take_over_lease(self.turn_key, recoverer, RECOVERY_TTL,
+                                                   expected_epoch=expected_epoch, require_expired=not legacy)
+            except LeaseHeld as error:
+                raise TurnOwned(f"turn {turn_id} is still owned: {error.message}. Recover it only after its "
+                                "lease expired", thread_id=self.thread_id, turn_id=turn_id) from error
+        receipt = {**body, "request_id": request_id, "epoch": fence.epoch, "actor": actor,
+                   "previous_owner": previous.owner if previous else None,
+                   "previous_expires_at": previous.expires_at if previous else None,
+                   "reason": "legacy_confirmed_stopped" if legacy else "lease_expired",
+                   "store_time": self.store.now()}
+        self.append([NewEvent("turn.recovered", receipt, self.meta(actor))], fence)
+        self.store.release_lease(fence)
+        return receipt
 
     # --- replay and fork ----------------------------------------------------------------
 
@@ -380,7 +494,8 @@ class ThreadLog:
         batch.extend(NewEvent("thread.inherited", {"part": i, "of": len(parts), "text": part}, meta)
                      for i, part in enumerate(parts))
         if input is not None:
-            batch.append(NewEvent("turn.started", {"turn_id": new_id(), "input": input}, meta))
+            batch.append(NewEvent("turn.started", {"turn_id": new_id(), "input": input, "owner": None, "epoch": 0,
+                                                   "queued": True}, meta))
         stored = self.store.append(stream_of(child_id), batch, 0, genesis_hash=event.hash)
         state = ThreadProjection().initial()
         for item in stored:

@@ -19,7 +19,7 @@ from jixu.ledger.encoding import JSONObject
 from jixu.ledger.event import Event
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 
-REDUCER_VERSION = 1
+REDUCER_VERSION = 2
 
 LIFECYCLE_PHASES = frozenset(
     {"requested", "parked", "approved", "denied", "dispatched", "completed", "failed", "outcome_resolved"}
@@ -44,7 +44,7 @@ class Turn:
 
     turn_id: str
     input: str
-    status: str = "running"  # running | completed | failed | interrupted
+    status: str = "running"  # running | needs_reconciliation | completed | failed | interrupted
     reply: str | None = None
     error: JSONObject | None = None
     model_calls: int = 0
@@ -52,12 +52,21 @@ class Turn:
     ended_seq: int | None = None
     message_index: int = 0
     """Index of this turn's user message in the conversation."""
+    owner: str | None = None
+    """The process that claimed the turn last (``None`` for turns recorded before ownership existed)."""
+    epoch: int = 0
+    """The claim epoch of that owner's lease; 0 for a legacy turn."""
+    recoveries: list[JSONObject] = field(default_factory=list)
+    """Immutable receipts of explicit recoveries (``turn.recovered`` data)."""
+    queued: bool = False
+    """Recorded without an owner, for the next process that claims it (not a legacy turn)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
         return {"turn_id": self.turn_id, "input": self.input, "status": self.status, "reply": self.reply,
                 "error": self.error, "model_calls": self.model_calls, "started_seq": self.started_seq,
-                "ended_seq": self.ended_seq, "message_index": self.message_index}
+                "ended_seq": self.ended_seq, "message_index": self.message_index, "owner": self.owner,
+                "epoch": self.epoch, "recoveries": self.recoveries, "queued": self.queued}
 
 
 @dataclass
@@ -93,8 +102,18 @@ class ThreadState:
     # --- derived views (pure) ------------------------------------------------------------
 
     def active_turn(self) -> Turn | None:
-        """The running turn, if any."""
-        return self.turns[-1] if self.turns and self.turns[-1].status == "running" else None
+        """The turn not yet ended (``running`` or ``needs_reconciliation``), if any."""
+        if self.turns and self.turns[-1].status in ("running", "needs_reconciliation"):
+            return self.turns[-1]
+        return None
+
+    def recovery(self, request_id: str) -> JSONObject | None:
+        """The receipt of the turn recovery with this request id, if one was recorded."""
+        for turn in self.turns:
+            for receipt in turn.recoveries:
+                if receipt.get("request_id") == request_id:
+                    return receipt
+        return None
 
     def open_event_list(self) -> list[Event]:
         """All open lifecycle events plus stray ones, in seq order."""
@@ -312,9 +331,32 @@ def _forked(state: ThreadState, event: Event) -> None:
 
 def _turn_started(state: ThreadState, event: Event) -> None:
     text = str(event.data.get("input", ""))
+    owner = event.data.get("owner")
     state.turns.append(Turn(turn_id=str(event.data.get("turn_id")), input=text, started_seq=event.seq,
-                            message_index=len(state.messages)))
+                            message_index=len(state.messages), owner=owner if isinstance(owner, str) else None,
+                            epoch=int(event.data.get("epoch") or 0), queued=event.data.get("queued") is True))
     state.messages.append({"role": "user", "content": text})
+
+
+def _turn_claimed(state: ThreadState, event: Event) -> None:
+    """A process took ownership of the turn (continuing, reclaiming, or taking over an expired lease)."""
+    turn = state.active_turn()
+    if turn is None or turn.turn_id != event.data.get("turn_id"):
+        return
+    turn.status = "running"
+    turn.owner = str(event.data.get("owner"))
+    turn.epoch = int(event.data.get("epoch") or 0)
+
+
+def _turn_recovered(state: ThreadState, event: Event) -> None:
+    """An operator fenced out the turn's owner; the turn waits until its outcome is reconciled."""
+    turn = state.active_turn()
+    if turn is None or turn.turn_id != event.data.get("turn_id"):
+        return
+    turn.status = "needs_reconciliation"
+    turn.owner = None
+    turn.epoch = int(event.data.get("epoch") or 0)
+    turn.recoveries.append(dict(event.data))
 
 
 def _turn_ended(state: ThreadState, event: Event) -> None:
@@ -357,6 +399,8 @@ _HANDLERS = {
     "thread.inherited": _inherited,
     "turn.started": _turn_started,
     "turn.ended": _turn_ended,
+    "turn.claimed": _turn_claimed,
+    "turn.recovered": _turn_recovered,
 }
 
 

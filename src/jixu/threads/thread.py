@@ -14,8 +14,19 @@ import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from jixu.errors import ConcurrencyError, InvalidInput, JixuError, MalformedEvent, ModelError, ThreadBusy
-from jixu.ledger import Event, NewEvent, content_hash, new_id
+from jixu.errors import (
+    ConcurrencyError,
+    FencingError,
+    InvalidInput,
+    JixuError,
+    LeaseHeld,
+    MalformedEvent,
+    ModelError,
+    OwnershipLost,
+    ThreadBusy,
+    TurnOwned,
+)
+from jixu.ledger import Event, Fence, NewEvent, content_hash, new_id
 from jixu.recovery import Analysis, EffectDecision
 from jixu.threads.decide import CompleteTurn, Dispatch, FailTurn, RequestModel, RequestTools, Stop, decide
 from jixu.threads.log import MAX_INPUT_CHARS, State, ThreadLog, stream_of
@@ -34,6 +45,9 @@ class Thread:
         self.log = log
         """The durable record (events, projected state, operator operations)."""
         self._task: asyncio.Task[None] | None = None
+        self._fence: Fence | None = None
+        """This process's claim on the active turn, while it runs it."""
+        self._draining = False
         self.thread_id = log.thread_id
         self.stream = log.stream
 
@@ -85,7 +99,9 @@ class Thread:
         if self.running or self.log.state.active_turn() is not None:
             raise ThreadBusy(f"thread {self.thread_id} is still working on a turn; wait() for it first",
                              thread_id=self.thread_id)
-        turn_id = self.log.start_turn(text)
+        if self._harness.closing:
+            raise ThreadBusy("the harness is shutting down and admits no new turns", thread_id=self.thread_id)
+        turn_id, self._fence = self.log.start_turn(text, owner=self._harness.owner, ttl=self._harness.lease_ttl)
         self._start()
         return turn_id
 
@@ -109,8 +125,13 @@ class Thread:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self.log.sync()
-        if self.log.end_running_turn(reason):
-            self.log.checkpoint()
+        if self.log.state.active_turn() is not None:
+            fence = self._claim()
+            try:
+                self.log.end_running_turn(reason, fence)
+                self.log.checkpoint()
+            finally:
+                self._release()
         return self.state()
 
     def _start(self) -> None:
@@ -118,34 +139,169 @@ class Thread:
 
     async def _run(self) -> None:
         agent, harness, log = self._agent, self._harness, self.log
-        while True:
-            analysis = log.open_analysis()
-            action = decide(log.state, analysis, max_steps=agent.max_steps, max_attempts=harness.max_attempts)
-            head = log.state.seq
-            try:
-                if isinstance(action, Stop):
+        log.sync()
+        fence = self._claim()
+        heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(fence)) if fence else None
+        try:
+            while True:
+                analysis = log.open_analysis()
+                action = decide(log.state, analysis, max_steps=agent.max_steps, max_attempts=harness.max_attempts)
+                if isinstance(action, Stop) or self._draining:
                     log.checkpoint()
                     return
-                if isinstance(action, Dispatch):
-                    await asyncio.gather(*(self._dispatch(eid, analysis.decisions[eid])
-                                           for eid in action.effect_ids))
-                elif isinstance(action, RequestModel):
-                    self._request_model(action.turn_id)
-                elif isinstance(action, RequestTools):
-                    self._request_tools(action.turn_id, action.calls)
-                elif isinstance(action, CompleteTurn):
-                    log.append([NewEvent("turn.ended", {"turn_id": action.turn_id, "outcome": "completed",
-                                                        "reply": action.reply}, log.meta())])
-                elif isinstance(action, FailTurn):
-                    log.append([NewEvent("turn.ended", {"turn_id": action.turn_id, "outcome": "failed",
-                                                        "error": action.error}, log.meta())])
-            except ConcurrencyError:
-                # Another writer appended: read what it wrote and decide again.
-                log.sync()
-            if log.state.seq == head:
-                # Every action records at least one event; a loop that records nothing would spin forever.
-                raise JixuError(f"thread {self.thread_id}: {type(action).__name__} recorded nothing; "
-                                "stopping instead of looping", thread_id=self.thread_id)
+                head = log.state.seq
+                try:
+                    if isinstance(action, Dispatch):
+                        await asyncio.gather(*(self._dispatch(eid, analysis.decisions[eid])
+                                               for eid in action.effect_ids))
+                    elif isinstance(action, RequestModel):
+                        self._request_model(action.turn_id)
+                    elif isinstance(action, RequestTools):
+                        self._request_tools(action.turn_id, action.calls)
+                    elif isinstance(action, CompleteTurn):
+                        self._append([NewEvent("turn.ended", {"turn_id": action.turn_id, "outcome": "completed",
+                                                              "reply": action.reply}, log.meta())])
+                    elif isinstance(action, FailTurn):
+                        self._append([NewEvent("turn.ended", {"turn_id": action.turn_id, "outcome": "failed",
+                                                              "error": action.error}, log.meta())])
+                except ConcurrencyError:
+                    # Another writer appended (e.g. an operator's decision): read it and decide again.
+                    log.sync()
+                if log.state.seq == head:
+                    # Every action records at least one event; a loop that records nothing would spin forever.
+                    raise JixuError(f"thread {self.thread_id}: {type(action).__name__} recorded nothing; "
+                                    "stopping instead of looping", thread_id=self.thread_id)
+        except FencingError as error:
+            raise OwnershipLost(f"thread {self.thread_id}: this process no longer owns the turn ({error.message});"
+                                " it stopped without writing anything more", thread_id=self.thread_id) from error
+        finally:
+            if heartbeat is not None:
+                heartbeat.cancel()
+            self._release()
+
+    # --- turn ownership -----------------------------------------------------------------
+
+    def _append(self, events: list[NewEvent]) -> list[Event]:
+        return self.log.append(events, self._fence)
+
+    def claim_problem(self) -> str | None:
+        """Why this process cannot run the active turn now (another live owner, an unrecovered expired
+        claim, a legacy turn), or ``None`` if it can. Reads the lease; writes nothing."""
+        turn = self.log.state.active_turn()
+        if turn is None:
+            return None
+        lease = self.log.store.get_lease(self.log.turn_key)
+        if self._fence is not None and lease is not None and not lease.released \
+                and (lease.owner, lease.epoch) == (self._fence.owner, self._fence.epoch):
+            return None
+        if lease is None:
+            if turn.owner is None and not turn.queued:
+                return (f"turn {turn.turn_id} was recorded before turn ownership existed; recover it with "
+                        "legacy_confirmed_stopped once you know its process stopped")
+            return None
+        if lease.released or lease.owner == self._harness.owner:
+            return None
+        now = self.log.store.now()
+        if lease.expires_at > now:
+            return (f"turn {turn.turn_id} is owned by {lease.owner} (epoch {lease.epoch}) for another "
+                    f"{lease.expires_at - now:.1f}s")
+        if self._harness.takeover == "safe" and self._safe_to_take_over():
+            return None
+        return (f"turn {turn.turn_id}'s owner {lease.owner} (epoch {lease.epoch}) stopped renewing its lease "
+                f"{now - lease.expires_at:.1f}s ago; recover the turn explicitly: jixu turns recover STORE "
+                f"{self.thread_id} {turn.turn_id} --request-id HEX --expected-epoch {lease.epoch}")
+
+    def _safe_to_take_over(self) -> bool:
+        """True when no open effect's outcome is in doubt (the resolver decides each effect's state)."""
+        analysis = self.log.open_analysis()
+        if analysis.has_corruption:
+            return False
+        return all(d.state in ("not_dispatched", "parked") or (d.state == "unknown" and d.retry_safe)
+                   for d in analysis.decisions.values())
+
+    def _claim(self) -> Fence | None:
+        """Own the active turn before running it; returns the fence, or None when there is nothing to run."""
+        log, harness = self.log, self._harness
+        turn = log.state.active_turn()
+        if turn is None:
+            return None
+        analysis = log.open_analysis()
+        if turn.status == "needs_reconciliation":
+            if analysis.requires_resolution or analysis.waiting_on_parked or analysis.has_corruption:
+                return None  # decide() reports what must be reconciled first
+        elif isinstance(decide(log.state, analysis, max_steps=self._agent.max_steps,
+                               max_attempts=harness.max_attempts), Stop):
+            return None
+        problem = self.claim_problem()
+        if problem is not None:
+            raise TurnOwned(problem, thread_id=self.thread_id, turn_id=turn.turn_id)
+        store, key = log.store, log.turn_key
+        lease = store.get_lease(key)
+        if self._fence is not None and lease is not None and not lease.released \
+                and (lease.owner, lease.epoch) == (self._fence.owner, self._fence.epoch):
+            return self._fence
+        if lease is None:
+            reason, previous_owner, previous_epoch, expired = "claimed", None, 0, False
+        else:
+            previous_owner, previous_epoch = lease.owner, lease.epoch
+            expired = not lease.released and lease.owner != harness.owner
+            reason = ("continued" if lease.released else
+                      "reclaimed_by_same_owner" if lease.owner == harness.owner else "took_over_expired")
+        try:
+            fence = store.take_over_lease(key, harness.owner, harness.lease_ttl, expected_epoch=previous_epoch,
+                                          require_expired=expired)
+        except (FencingError, LeaseHeld) as error:
+            raise TurnOwned(f"turn {turn.turn_id} changed hands while claiming it: {error.message}",
+                            thread_id=self.thread_id, turn_id=turn.turn_id) from error
+        self._fence = fence
+        try:
+            log.append([NewEvent("turn.claimed", {"turn_id": turn.turn_id, "owner": fence.owner,
+                                                  "epoch": fence.epoch, "reason": reason,
+                                                  "previous_owner": previous_owner,
+                                                  "previous_epoch": previous_epoch}, log.meta())], fence)
+        except ConcurrencyError:
+            # Someone wrote meanwhile (the turn may even have ended): give the claim back and look again.
+            self._release()
+            log.sync()
+            return self._claim()
+        return fence
+
+    async def _heartbeat(self, fence: Fence) -> None:
+        """Renew the turn lease against the store's clock; stop the loop if the claim was lost."""
+        interval = self._harness.lease_ttl / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.log.store.renew_lease(fence, self._harness.lease_ttl)
+            except FencingError:
+                if self._task is not None:
+                    self._task.cancel()
+                return
+
+    def _release(self) -> None:
+        if self._fence is not None:
+            with contextlib.suppress(JixuError):
+                self.log.store.release_lease(self._fence)
+            self._fence = None
+
+    async def drain(self, timeout: float) -> None:
+        """Stop starting new work, let calls in flight finish for up to ``timeout`` seconds, then cancel.
+
+        A turn stopped this way stays active: its lease is released, so another
+        process can continue it; calls cancelled mid-flight are recorded as
+        having an unknown outcome.
+        """
+        self._draining = True
+        if self._task is None or self._task.done():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        except TimeoutError:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, JixuError):
+                await self._task
+        except (asyncio.CancelledError, JixuError):
+            pass
 
     # --- effects ------------------------------------------------------------------------
 
@@ -153,7 +309,7 @@ class Thread:
         log = self.log
         effect_id = new_id()
         args = {"turn_id": turn_id, "context_seq": log.state.seq, "messages": len(log.state.messages)}
-        log.append([NewEvent("model.requested", {
+        self._append([NewEvent("model.requested", {
             "effect_id": effect_id, "name": self._agent.model.name, "args": args, "args_hash": content_hash(args),
             "semantics": "read_only", "idempotency_key": f"jixu:{effect_id}", "requires_approval": False,
             "turn_id": turn_id,
@@ -175,7 +331,7 @@ class Thread:
             if needs_approval:
                 batch.append(NewEvent("tool.parked", {"effect_id": effect_id, "reason": "requires_approval"},
                                       self.log.meta()))
-        self.log.append(batch)
+        self._append(batch)
 
     async def _dispatch(self, effect_id: str, decision: EffectDecision) -> None:
         intent = self.log.state.intent(effect_id)
@@ -202,7 +358,7 @@ class Thread:
             thread_id=self.thread_id,
             turn_id=str(intent.get("turn_id")),
         )
-        log.append([NewEvent("model.dispatched", {"effect_id": effect_id, "attempt": attempt,
+        self._append([NewEvent("model.dispatched", {"effect_id": effect_id, "attempt": attempt,
                                                   "idempotency_key": intent["idempotency_key"],
                                                   "args_hash": intent["args_hash"]}, log.meta())])
         try:
@@ -219,7 +375,7 @@ class Thread:
         except Exception as error:
             self._receipt("model", effect_id, attempt, error=_exception_dict(error), indeterminate=True)
         else:
-            log.append([NewEvent("model.completed", {"effect_id": effect_id, "attempt": attempt,
+            self._append([NewEvent("model.completed", {"effect_id": effect_id, "attempt": attempt,
                                                      "result": result}, log.meta())])
 
     async def _call_tool(self, effect_id: str, intent: dict[str, Any], attempt: int) -> None:
@@ -238,7 +394,7 @@ class Thread:
                           error={"type": "invalid_arguments", **error.to_dict()})
             return
         key = str(intent["idempotency_key"])
-        log.append([NewEvent("tool.dispatched", {"effect_id": effect_id, "attempt": attempt, "name": name,
+        self._append([NewEvent("tool.dispatched", {"effect_id": effect_id, "attempt": attempt, "name": name,
                                                  "args_hash": intent["args_hash"], "idempotency_key": key},
                              log.meta())])
         context = ToolContext(effect_id=effect_id, idempotency_key=key, attempt=attempt,
@@ -261,7 +417,7 @@ class Thread:
         except Exception as error:
             self._receipt("tool", effect_id, attempt, error=_exception_dict(error), indeterminate=True)
         else:
-            log.append([NewEvent("tool.completed", {"effect_id": effect_id, "attempt": attempt,
+            self._append([NewEvent("tool.completed", {"effect_id": effect_id, "attempt": attempt,
                                                     "result": result}, log.meta())])
 
     def _receipt(self, kind: str, effect_id: str, attempt: int | None, *, error: dict[str, Any],
@@ -269,7 +425,7 @@ class Thread:
         data: dict[str, Any] = {"effect_id": effect_id, "error": error, "indeterminate": indeterminate}
         if attempt is not None:
             data["attempt"] = attempt
-        self.log.append([NewEvent(f"{kind}.failed", data, self.log.meta())])
+        self._append([NewEvent(f"{kind}.failed", data, self.log.meta())])
 
     # --- operator decisions -------------------------------------------------------------
 

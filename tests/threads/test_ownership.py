@@ -1,0 +1,295 @@
+"""Turn ownership (SPEC 4.5): one owner per active turn, fenced appends, explicit recovery by the store's clock."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from jixu import Agent, ScriptedModel, ToolCall, tool
+from jixu.errors import (
+    FencingError,
+    InvalidInput,
+    NotFound,
+    OwnershipLost,
+    ResolutionConflict,
+    ThreadBusy,
+    TurnOwned,
+)
+from jixu.ledger import NewEvent
+from jixu.threads.log import ThreadLog
+from tests.threads.conftest import Ledger, of_type, run, wait_for
+
+REQUEST = "0123456789abcdef0123456789abcdef"
+
+
+def blocking_agent(ran: list[str], block: float) -> Agent:
+    """An agent whose unsafe tool blocks the event loop (so the owner cannot heartbeat) for ``block`` s."""
+
+    @tool(semantics="unsafe")
+    async def charge(order: str) -> str:
+        ran.append(order)
+        time.sleep(block)  # deliberately blocks the loop: the lease is not renewed meanwhile
+        return f"charged {order}"
+
+    return Agent("shop", ScriptedModel([ToolCall("charge", {"order": "42"}), "Charged."]), tools=[charge])
+
+
+def quick_agent(calls: list[Any] | None = None) -> Agent:
+    model = ScriptedModel([ToolCall("charge", {"order": "42"}), "Charged."])
+
+    @tool(semantics="unsafe")
+    def charge(order: str) -> str:
+        if calls is not None:
+            calls.append(order)
+        return f"charged {order}"
+
+    return Agent("shop", model, tools=[charge])
+
+
+def test_a_turn_is_started_by_a_claim_and_every_event_is_fenced(ledger: Ledger) -> None:
+    harness = ledger.harness(quick_agent(), owner="worker-a")
+
+    async def scenario() -> None:
+        thread = await harness.create_thread()
+        await thread.send("charge 42")
+        state = await thread.wait()
+        assert state.status == "idle"
+        [started] = of_type(await thread.events(), "turn.started")
+        assert (started.data["owner"], started.data["epoch"]) == ("worker-a", 1)
+        lease = ledger.store().get_lease(thread.log.turn_key)
+        assert lease is not None and lease.released and lease.owner == "worker-a"
+
+    run(scenario())
+
+
+def test_a_second_process_reads_but_does_not_run_a_live_owners_turn(ledger: Ledger) -> None:
+    ran: list[str] = []
+    owner = ledger.harness(blocking_agent(ran, 0.0), owner="worker-a", lease_ttl=30)
+    other = ledger.harness(blocking_agent(ran, 0.0), owner="worker-b", lease_ttl=30)
+
+    async def scenario() -> None:
+        thread = await owner.create_thread()
+        # Record a claimed turn without running it: the owner "is busy elsewhere".
+        thread.log.start_turn("charge 42", owner="worker-a", ttl=30)
+        seen = await other.open_thread(thread.thread_id)
+        assert not seen.running and seen.state().status == "running"
+        problem = seen.claim_problem()
+        assert problem is not None and "owned by worker-a" in problem
+        with pytest.raises(TurnOwned):
+            await seen.wait()
+        assert ran == []
+
+    run(scenario())
+
+
+def test_an_expired_turn_stays_until_it_is_recovered_with_the_observed_epoch(ledger: Ledger) -> None:
+    calls: list[Any] = []
+    first = ledger.harness(quick_agent(calls), owner="worker-a", lease_ttl=0.2)
+    second = ledger.harness(quick_agent(calls), owner="worker-b")
+
+    async def scenario() -> None:
+        thread = await first.create_thread()
+        turn_id, _fence = thread.log.start_turn("charge 42", owner="worker-a", ttl=0.2)
+        await asyncio.sleep(0.3)  # the owner "died": its lease expires by the store's clock
+        seen = await second.open_thread(thread.thread_id)
+        assert not seen.running, "an expired turn is not taken over without an explicit decision"
+        assert "recover the turn explicitly" in (seen.claim_problem() or "")
+        log = seen.log
+        ownership = log.ownership()
+        assert ownership is not None and ownership["expired"] and ownership["epoch"] == 1
+        with pytest.raises(FencingError):
+            log.recover_turn(turn_id, request_id=REQUEST, expected_epoch=7)
+        before = len(await seen.events())
+        receipt = log.recover_turn(turn_id, request_id=REQUEST, expected_epoch=1, actor="ops")
+        assert receipt["reason"] == "lease_expired" and receipt["epoch"] == 2
+        assert receipt["previous_owner"] == "worker-a"
+        events = await seen.events()
+        assert [e.type for e in events[before:]] == ["turn.recovered"]
+        assert seen.state().status == "waiting" and "needs reconciliation" in seen.state().reason
+        # Idempotent on the request id; a changed body is refused.
+        assert log.recover_turn(turn_id, request_id=REQUEST, expected_epoch=1, actor="ops") == receipt
+        assert len(await seen.events()) == len(events)
+        with pytest.raises(ResolutionConflict):
+            log.recover_turn(turn_id, request_id=REQUEST, expected_epoch=2)
+        # Recovery retried nothing: no model and no tool was called.
+        assert calls == [] and of_type(events, "model.dispatched") == []
+        # The former owner's late writes are refused by the fence.
+        with pytest.raises(FencingError):
+            ledger.store().append(thread.stream, [NewEvent("model.requested", {"late": True})], len(events),
+                                  _fence)
+        # Continuing after reconciliation is an explicit new claim.
+        state = await seen.wait()
+        assert state.status == "idle" and state.last_reply == "Charged." and calls == ["42"]
+        [claimed] = of_type(await seen.events(), "turn.claimed")
+        assert claimed.data["reason"] == "continued" and claimed.data["epoch"] == 3
+
+    run(scenario())
+
+
+def test_recovering_a_live_turn_is_refused_by_the_store_clock(ledger: Ledger) -> None:
+    harness = ledger.harness(quick_agent(), owner="worker-a")
+
+    async def scenario() -> None:
+        thread = await harness.create_thread()
+        turn_id, _ = thread.log.start_turn("charge 42", owner="worker-a", ttl=30)
+        other = ThreadLog.load(ledger.store(), thread.thread_id)
+        before = len(other.events())
+        with pytest.raises(TurnOwned):
+            other.recover_turn(turn_id, request_id=REQUEST, expected_epoch=1)
+        with pytest.raises(InvalidInput):
+            other.recover_turn(turn_id, request_id="not-hex", expected_epoch=1)
+        with pytest.raises(InvalidInput):
+            other.recover_turn(turn_id, request_id=REQUEST, expected_epoch=1, legacy_confirmed_stopped=True)
+        with pytest.raises(NotFound):
+            other.recover_turn("01JD0000000000000000000000", request_id=REQUEST, expected_epoch=1)
+        assert len(other.events()) == before
+
+    run(scenario())
+
+
+def test_a_legacy_turn_needs_an_explicit_assertion_recorded_as_such(ledger: Ledger) -> None:
+    harness = ledger.harness(quick_agent(), owner="worker-a")
+
+    async def scenario() -> None:
+        thread = await harness.create_thread()
+        # A turn recorded before ownership existed: no owner, epoch 0, not queued.
+        store = ledger.store()
+        store.append(thread.stream, [NewEvent("turn.started", {"turn_id": "01JD0000000000000000000001",
+                                                               "input": "old"})], 1)
+        log = ThreadLog.load(store, thread.thread_id)
+        with pytest.raises(InvalidInput, match="legacy_confirmed_stopped"):
+            log.recover_turn("01JD0000000000000000000001", request_id=REQUEST, expected_epoch=0)
+        receipt = log.recover_turn("01JD0000000000000000000001", request_id=REQUEST, expected_epoch=0,
+                                   legacy_confirmed_stopped=True)
+        assert receipt["reason"] == "legacy_confirmed_stopped" and receipt["legacy_confirmed_stopped"] is True
+
+    run(scenario())
+
+
+def test_a_late_reply_from_the_former_owner_is_rejected(sqlite_ledger: Ledger) -> None:
+    """The owner blocks past its lease; another connection recovers; the owner's receipt cannot be written."""
+    ran: list[str] = []
+    owner = sqlite_ledger.harness(blocking_agent(ran, 0.8), owner="worker-a", lease_ttl=0.2)
+
+    def recover_when_expired(thread_id: str) -> dict[str, Any]:
+        # Runs in another OS thread, with its own connection, while the owner's loop is blocked in the tool.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            log = ThreadLog.load(sqlite_ledger.store(), thread_id)
+            turn, ownership = log.state.active_turn(), log.ownership()
+            if turn is not None and ownership and ownership["expired"] and of_type(log.events(), "tool.dispatched"):
+                return log.recover_turn(turn.turn_id, request_id=REQUEST, expected_epoch=ownership["epoch"])
+        raise AssertionError("the owner's lease never expired")
+
+    async def scenario() -> None:
+        thread = await owner.create_thread()
+        recovery = asyncio.get_running_loop().run_in_executor(None, recover_when_expired, thread.thread_id)
+        turn_id = await thread.send("charge 42")
+        with pytest.raises(OwnershipLost):
+            await thread.wait()
+        receipt = await recovery
+        events = await thread.events()
+        assert of_type(events, "tool.completed") == [], "the late receipt must not be recorded"
+        assert events[-1].type == "turn.recovered" and receipt["turn_id"] == turn_id
+        assert ran == ["42"]
+
+    run(scenario())
+
+
+def test_safe_takeover_continues_an_expired_turn_only_when_no_outcome_is_in_doubt(ledger: Ledger) -> None:
+    calls: list[Any] = []
+    dead = ledger.harness(quick_agent(calls), owner="worker-a", lease_ttl=0.2)
+    rescuer = ledger.harness(quick_agent(calls), owner="worker-b", takeover="safe")
+
+    async def scenario() -> None:
+        thread = await dead.create_thread()
+        thread.log.start_turn("charge 42", owner="worker-a", ttl=0.2)  # claimed, then the owner died
+        await asyncio.sleep(0.3)
+        seen = await rescuer.open_thread(thread.thread_id)
+        state = await seen.wait()
+        assert state.status == "idle" and calls == ["42"]
+        [claimed] = of_type(await seen.events(), "turn.claimed")
+        assert (claimed.data["reason"], claimed.data["previous_owner"]) == ("took_over_expired", "worker-a")
+
+    run(scenario())
+
+
+def test_safe_takeover_refuses_when_an_unsafe_outcome_is_unknown(ledger: Ledger) -> None:
+    dead = ledger.harness(quick_agent(), owner="worker-a", lease_ttl=0.2)
+    rescuer = ledger.harness(quick_agent(), owner="worker-b", takeover="safe")
+
+    async def scenario() -> None:
+        thread = await dead.create_thread()
+        _turn, fence = thread.log.start_turn("charge 42", owner="worker-a", ttl=0.2)
+        # The owner recorded a dispatched unsafe call and died before its receipt.
+        from jixu.ledger import content_hash
+
+        args = {"order": "42"}
+        thread.log.append([
+            NewEvent("tool.requested", {"effect_id": "e1", "name": "charge", "args": args,
+                                        "args_hash": content_hash(args), "semantics": "unsafe",
+                                        "idempotency_key": "jixu:e1", "turn_id": _turn, "call_id": "c1"}),
+            NewEvent("tool.dispatched", {"effect_id": "e1", "attempt": 1}),
+        ], fence)
+        await asyncio.sleep(0.3)
+        seen = await rescuer.open_thread(thread.thread_id)
+        assert not seen.running and "recover the turn explicitly" in (seen.claim_problem() or "")
+
+    run(scenario())
+
+
+def test_the_store_clock_decides_expiry_whatever_the_workers_clock_says(sqlite_ledger: Ledger,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    harness = sqlite_ledger.harness(quick_agent(), owner="worker-a", lease_ttl=30)
+
+    async def scenario() -> None:
+        thread = await harness.create_thread()
+        turn_id, _ = thread.log.start_turn("charge 42", owner="worker-a", ttl=30)
+        skewed = time.time() + 3600  # this process's clock is an hour fast
+        monkeypatch.setattr(time, "time", lambda: skewed)
+        log = ThreadLog.load(sqlite_ledger.store(), thread.thread_id)
+        ownership = log.ownership()
+        assert ownership is not None and not ownership["expired"]
+        with pytest.raises(TurnOwned):
+            log.recover_turn(turn_id, request_id=REQUEST, expected_epoch=1)
+
+    run(scenario())
+
+
+def test_shutdown_drains_running_work_and_leaves_the_turn_for_another_process(ledger: Ledger) -> None:
+    ran: list[str] = []
+    release = asyncio.Event()
+
+    @tool(semantics="unsafe")
+    async def charge(order: str) -> str:
+        ran.append(order)
+        await release.wait()
+        return f"charged {order}"
+
+    def agent() -> Agent:
+        return Agent("shop", ScriptedModel([ToolCall("charge", {"order": "42"}), "Charged."]), tools=[charge])
+
+    first = ledger.harness(agent(), owner="worker-a")
+    second = ledger.harness(agent(), owner="worker-b")
+
+    async def scenario() -> None:
+        thread = await first.create_thread()
+        await thread.send("charge 42")
+        await wait_for(lambda: bool(ran))
+        shutting = asyncio.create_task(first.shutdown(drain_timeout=5))
+        await asyncio.sleep(0.05)
+        with pytest.raises(ThreadBusy):
+            await first.create_thread()
+        release.set()  # the call in flight finishes within the drain timeout
+        await shutting
+        events = ledger.store().read(thread.stream)  # the first harness closed its store
+        assert len(of_type(events, "tool.completed")) == 1 and of_type(events, "turn.ended") == []
+        continued = await second.open_thread(thread.thread_id)
+        state = await continued.wait()
+        assert state.status == "idle" and state.last_reply == "Charged." and ran == ["42"]
+
+    run(scenario())
