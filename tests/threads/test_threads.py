@@ -824,7 +824,7 @@ def test_an_indeterminate_model_failure_is_retried_under_the_same_effect_id(ledg
         return "hello"
 
     model = ScriptedModel(script)
-    harness = ledger.harness(Agent("greeter", model))
+    harness = ledger.harness(Agent("greeter", model), retry_backoff=0.01)
 
     async def scenario() -> None:
         thread = await harness.create_thread()
@@ -833,6 +833,12 @@ def test_an_indeterminate_model_failure_is_retried_under_the_same_effect_id(ledg
         events = await thread.events()
         assert_lifecycle_order(events)
         [eid] = effect_ids(events, "model")
+        # Each indeterminate failure pauses the turn for a recorded delay, then retries the same call.
+        pauses = of_type(events, "turn.paused")
+        assert [(p.data["reason"], p.data["automatic"], p.data["model_effect_id"]) for p in pauses] == [
+            ("transient", True, eid)] * 2
+        assert all(0 < p.data["delay"] < 1 for p in pauses)
+        assert [e.data["reason"] for e in of_type(events, "turn.resumed")] == ["automatic", "automatic"]
         assert [(r.effect_id, r.idempotency_key, r.attempt) for r in model.calls] == [
             (eid, f"jixu:{eid}", 1), (eid, f"jixu:{eid}", 2), (eid, f"jixu:{eid}", 3)]
         assert [e.type for e in lifecycle(events, eid)] == [
@@ -885,12 +891,16 @@ def test_a_determinate_model_failure_fails_the_turn(ledger: Ledger) -> None:
     run(scenario())
 
 
-def test_a_model_that_keeps_raising_fails_the_turn_after_max_attempts(ledger: Ledger) -> None:
+def test_a_model_that_keeps_raising_pauses_after_three_automatic_retries(ledger: Ledger) -> None:
+    healthy = [False]
+
     def script(messages: Messages) -> Step:
-        raise RuntimeError("socket closed")
+        if not healthy[0]:
+            raise RuntimeError("socket closed")
+        return "back"
 
     model = ScriptedModel(script)
-    harness = ledger.harness(Agent("greeter", model), max_attempts=3)
+    harness = ledger.harness(Agent("greeter", model), retry_backoff=0.01)
 
     async def scenario() -> None:
         thread = await harness.create_thread()
@@ -898,14 +908,23 @@ def test_a_model_that_keeps_raising_fails_the_turn_after_max_attempts(ledger: Le
         state = await thread.wait()
         events = await thread.events()
         [eid] = effect_ids(events, "model")
-        assert [r.attempt for r in model.calls] == [1, 2, 3]
+        assert [r.attempt for r in model.calls] == [1, 2, 3, 4], "one call and three automatic retries"
         failed = of_type(events, "model.failed")
-        assert len(failed) == 3 and all(e.data["indeterminate"] for e in failed)
+        assert len(failed) == 4 and all(e.data["indeterminate"] for e in failed)
         assert failed[0].data["error"] == {"type": "exception", "exception": "RuntimeError",
-                                           "message": "socket closed"}
-        assert state.status == "failed"
-        assert state.turns[-1]["error"]["type"] == "retries_exhausted"
-        assert state.effects[eid].state == "unknown" and state.effects[eid].attempts == 3
+                                           "message": "socket closed", "kind": "transient"}
+        assert [p.data["automatic"] for p in of_type(events, "turn.paused")] == [True, True, True, False]
+        assert state.status == "paused" and "resume it explicitly" in state.reason
+        assert state.effects[eid].state == "unknown" and state.effects[eid].attempts == 4
+        await assert_same_answer(harness, thread)
+        with pytest.raises(ThreadBusy):
+            await thread.send("anyone there?")
+        # An explicit resume retries the same call once more, with a fresh automatic budget.
+        healthy[0] = True
+        await thread.resume(actor="ops", note="provider is back")
+        state = await thread.wait()
+        assert state.status == "idle" and state.last_reply == "back"
+        assert [r.attempt for r in model.calls] == [1, 2, 3, 4, 5]
         await assert_same_answer(harness, thread)
 
     run(scenario())

@@ -46,6 +46,18 @@ class RequestTools:
 
 
 @dataclass(frozen=True, slots=True)
+class PauseTurn:
+    """The provider refused or failed: pause the turn, with an automatic retry when ``automatic``."""
+
+    turn_id: str
+    reason: str
+    """``rate_limit``, ``transient``, ``quota`` or ``authentication``."""
+    retry_after: float | None
+    automatic: bool
+    effect_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class CompleteTurn:
     """The model gave its final reply."""
 
@@ -61,7 +73,12 @@ class FailTurn:
     error: JSONObject
 
 
-Action = Stop | Dispatch | RequestModel | RequestTools | CompleteTurn | FailTurn
+Action = Stop | Dispatch | RequestModel | RequestTools | CompleteTurn | FailTurn | PauseTurn
+
+MAX_AUTOMATIC_RETRIES = 3
+"""Automatic retries after rate limits and transient provider failures before the turn stays paused."""
+AUTOMATIC_PAUSES = frozenset({"rate_limit", "transient"})
+OPERATOR_PAUSES = frozenset({"quota", "authentication"})
 
 
 def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attempts: int) -> Action:
@@ -78,6 +95,11 @@ def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attemp
         return Stop("waiting", f"turn {turn.turn_id} needs reconciliation after recovery"
                     + (f"; resolve {', '.join(pending)} first" if pending else "; continue it or end it"),
                     pending)
+    if turn is not None and turn.pause is not None:
+        automatic = bool(turn.pause.get("automatic"))
+        return Stop("paused", f"paused ({turn.pause.get('reason')}): "
+                    + ("retrying automatically after the recorded delay" if automatic
+                       else "resume it explicitly (thread.resume()) once the cause is fixed"))
     if turn is not None:
         ready: list[str] = []
         for effect_id in analysis.not_dispatched:
@@ -87,7 +109,11 @@ def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attemp
             if state.effect_turn.get(effect_id) != turn.turn_id:
                 continue
             decision = analysis.decisions[effect_id]
-            if decision.attempts < max_attempts:
+            if decision.kind == "model" and decision.reason == "indeterminate_failure":
+                # A recorded provider failure: the pause below decides when (and whether) to call again.
+                if turn.failure is None or turn.failure.get("effect_id") != effect_id:
+                    ready.append(effect_id)
+            elif decision.attempts < max_attempts:
                 ready.append(effect_id)
             elif decision.kind == "model":
                 return FailTurn(turn.turn_id, {"source": "model", "type": "retries_exhausted",
@@ -109,6 +135,19 @@ def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attemp
         return Stop("failed" if failed else "idle")
     if turn.error is not None:
         return FailTurn(turn.turn_id, turn.error)
+    if turn.failure is not None:
+        error = turn.failure.get("error") or {}
+        kind = str(error.get("kind") or "")
+        if kind not in AUTOMATIC_PAUSES | OPERATOR_PAUSES and turn.failure.get("indeterminate"):
+            kind = "transient"  # it may have been processed and a retry may succeed: treat as transient
+        retry_after = error.get("retry_after")
+        delay = float(retry_after) if isinstance(retry_after, int | float) else None
+        if kind in AUTOMATIC_PAUSES:
+            return PauseTurn(turn.turn_id, kind, delay, turn.auto_retries < MAX_AUTOMATIC_RETRIES,
+                             str(turn.failure.get("effect_id")))
+        if kind in OPERATOR_PAUSES:
+            return PauseTurn(turn.turn_id, kind, delay, False, str(turn.failure.get("effect_id")))
+        return FailTurn(turn.turn_id, {"source": "model", **error})
     messages = state.messages
     last_index = next((i for i in range(len(messages) - 1, turn.message_index - 1, -1)
                        if messages[i].get("role") == "assistant"), None)
@@ -131,4 +170,5 @@ def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attemp
     return RequestModel(turn.turn_id)
 
 
-__all__ = ["Action", "CompleteTurn", "Dispatch", "FailTurn", "RequestModel", "RequestTools", "Stop", "decide"]
+__all__ = ["AUTOMATIC_PAUSES", "MAX_AUTOMATIC_RETRIES", "OPERATOR_PAUSES", "Action", "CompleteTurn", "Dispatch",
+           "FailTurn", "PauseTurn", "RequestModel", "RequestTools", "Stop", "decide"]

@@ -39,6 +39,12 @@ class Harness:
     ``max_attempts`` bounds automatic retries of retry-safe effects whose
     outcome is unknown (model calls, ``read_only`` and ``idempotent`` tools).
 
+    Provider failures pause the turn: a rate limit or a transient failure is
+    retried automatically after the recorded delay (the provider's
+    retry-after, else ``retry_backoff * 2**n`` with jitter, capped at
+    ``retry_backoff_cap``), at most 3 times, then stays paused; quota and
+    authentication failures wait for ``thread.resume()``.
+
     Turn ownership: the process running a turn holds a lease on it, renewed
     every ``lease_ttl / 3`` seconds against the store's clock, and every event
     of the turn is appended fenced by that claim. ``owner`` names this process
@@ -52,7 +58,8 @@ class Harness:
 
     def __init__(self, agent: Agent, store: Store | str | os.PathLike[str] | None = None, *,
                  max_attempts: int = 3, actor: str = "jixu", owner: str | None = None, lease_ttl: float = 30.0,
-                 takeover: Literal["never", "safe"] = "never") -> None:
+                 takeover: Literal["never", "safe"] = "never", retry_backoff: float = 1.0,
+                 retry_backoff_cap: float = 60.0) -> None:
         if not isinstance(agent, Agent):
             raise InvalidInput("Harness needs a jixu Agent", field="agent")
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
@@ -72,6 +79,12 @@ class Harness:
         self.owner = owner
         self.lease_ttl = float(lease_ttl)
         self.takeover = takeover
+        for name, value in (("retry_backoff", retry_backoff), ("retry_backoff_cap", retry_backoff_cap)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 3600:
+                raise InvalidInput(f"{name} must be between 0 and 3600 seconds", field=name)
+        self.retry_backoff = float(retry_backoff)
+        """Base delay of automatic retries after transient failures without a provider retry-after."""
+        self.retry_backoff_cap = float(retry_backoff_cap)
         self.closing = False
         self._threads: weakref.WeakSet[Thread] = weakref.WeakSet()
 

@@ -366,6 +366,17 @@ class ThreadLog:
                                              "reason": str(reason)}, self.meta())], fence)
         return True
 
+    def resume_turn(self, *, actor: str = "operator", note: str | None = None) -> None:
+        """Record an explicit resume of a paused turn (the application's loop then continues it)."""
+        check_text(actor, "actor", 200, required=True)
+        check_text(note, "note", MAX_NOTE_CHARS)
+        self.sync()
+        turn = self.state.active_turn()
+        if turn is None or turn.pause is None:
+            raise ThreadBusy(f"thread {self.thread_id} has no paused turn to resume", thread_id=self.thread_id)
+        self.append([NewEvent("turn.resumed", {"turn_id": turn.turn_id, "reason": "explicit", "actor": actor,
+                                               "note": note}, self.meta(actor))])
+
     def ownership(self) -> dict[str, Any] | None:
         """Who owns the active turn, by the store's clock: owner, epoch, expiry, heartbeat, expired."""
         turn = self.state.active_turn()

@@ -60,13 +60,20 @@ class Turn:
     """Immutable receipts of explicit recoveries (``turn.recovered`` data)."""
     queued: bool = False
     """Recorded without an owner, for the next process that claims it (not a legacy turn)."""
+    failure: JSONObject | None = None
+    """The latest model failure not yet acted on: ``{effect_id, error, indeterminate}``."""
+    pause: JSONObject | None = None
+    """The current pause (``turn.paused`` data) while the turn is paused."""
+    auto_retries: int = 0
+    """Automatic resumes since the last successful model call or explicit resume."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
         return {"turn_id": self.turn_id, "input": self.input, "status": self.status, "reply": self.reply,
                 "error": self.error, "model_calls": self.model_calls, "started_seq": self.started_seq,
                 "ended_seq": self.ended_seq, "message_index": self.message_index, "owner": self.owner,
-                "epoch": self.epoch, "recoveries": self.recoveries, "queued": self.queued}
+                "epoch": self.epoch, "recoveries": self.recoveries, "queued": self.queued,
+                "failure": self.failure, "pause": self.pause, "auto_retries": self.auto_retries}
 
 
 @dataclass
@@ -209,6 +216,12 @@ class ThreadProjection:
             return
         if phase not in _SETTLING_PHASES:
             return
+        if kind == "model" and phase == "failed":
+            turn = state.active_turn()
+            if turn is not None and turn.turn_id == state.effect_turn.get(effect_id):
+                # Recorded whether or not the failure is determinate: decide() pauses or fails the turn.
+                turn.failure = {"effect_id": effect_id, "error": data.get("error") or {},
+                                "indeterminate": data.get("indeterminate") is True}
         decision = RecoveryResolver.analyze(group, check_links=False).decisions.get(effect_id)
         if decision is None:
             return
@@ -239,8 +252,7 @@ class ThreadProjection:
             if usage.get("cost") is not None:
                 state.usage["cost"] = (state.usage["cost"] or 0.0) + float(usage["cost"])
             state.usage["model_calls"] += 1
-        elif phase == "failed":
-            turn.error = {"source": "model", **(event.data.get("error") or {})}
+            turn.auto_retries = 0
 
     def _tool_settled(self, state: ThreadState, event: Event, phase: str, intent: JSONObject) -> None:
         call_id = str(intent.get("call_id") or "")
@@ -348,6 +360,26 @@ def _turn_claimed(state: ThreadState, event: Event) -> None:
     turn.epoch = int(event.data.get("epoch") or 0)
 
 
+def _turn_paused(state: ThreadState, event: Event) -> None:
+    """The provider refused or failed: the turn waits, automatically or for an explicit resume."""
+    turn = state.active_turn()
+    if turn is None or turn.turn_id != event.data.get("turn_id"):
+        return
+    turn.pause = dict(event.data)
+    turn.failure = None
+
+
+def _turn_resumed(state: ThreadState, event: Event) -> None:
+    turn = state.active_turn()
+    if turn is None or turn.turn_id != event.data.get("turn_id"):
+        return
+    turn.pause = None
+    if event.data.get("reason") == "automatic":
+        turn.auto_retries += 1
+    else:
+        turn.auto_retries = 0
+
+
 def _turn_recovered(state: ThreadState, event: Event) -> None:
     """An operator fenced out the turn's owner; the turn waits until its outcome is reconciled."""
     turn = state.active_turn()
@@ -401,6 +433,8 @@ _HANDLERS = {
     "turn.ended": _turn_ended,
     "turn.claimed": _turn_claimed,
     "turn.recovered": _turn_recovered,
+    "turn.paused": _turn_paused,
+    "turn.resumed": _turn_resumed,
 }
 
 

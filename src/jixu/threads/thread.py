@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,16 @@ from jixu.errors import (
 )
 from jixu.ledger import Event, Fence, NewEvent, content_hash, new_id
 from jixu.recovery import Analysis, EffectDecision
-from jixu.threads.decide import CompleteTurn, Dispatch, FailTurn, RequestModel, RequestTools, Stop, decide
+from jixu.threads.decide import (
+    CompleteTurn,
+    Dispatch,
+    FailTurn,
+    PauseTurn,
+    RequestModel,
+    RequestTools,
+    Stop,
+    decide,
+)
 from jixu.threads.log import MAX_INPUT_CHARS, State, ThreadLog, stream_of
 from jixu.threads.model import ModelRequest
 from jixu.threads.tools import ToolContext, ToolError
@@ -93,6 +103,8 @@ class Thread:
         self.log.sync()
         self.log.refuse_if_corrupt()
         state = self.state()
+        if state.status == "paused":
+            raise ThreadBusy(f"thread {self.thread_id} is {state.reason}", thread_id=self.thread_id)
         if state.status == "waiting":
             raise ThreadBusy(f"thread {self.thread_id} is waiting: {state.reason}. Resolve or approve first "
                              "(jixu threads resolve …)", thread_id=self.thread_id)
@@ -146,6 +158,9 @@ class Thread:
             while True:
                 analysis = log.open_analysis()
                 action = decide(log.state, analysis, max_steps=agent.max_steps, max_attempts=harness.max_attempts)
+                paused = isinstance(action, Stop) and action.status == "paused" and not self._draining
+                if paused and await self._automatic_resume():
+                    continue
                 if isinstance(action, Stop) or self._draining:
                     log.checkpoint()
                     return
@@ -161,6 +176,8 @@ class Thread:
                     elif isinstance(action, CompleteTurn):
                         self._append([NewEvent("turn.ended", {"turn_id": action.turn_id, "outcome": "completed",
                                                               "reply": action.reply}, log.meta())])
+                    elif isinstance(action, PauseTurn):
+                        self._pause(action)
                     elif isinstance(action, FailTurn):
                         self._append([NewEvent("turn.ended", {"turn_id": action.turn_id, "outcome": "failed",
                                                               "error": action.error}, log.meta())])
@@ -178,6 +195,46 @@ class Thread:
             if heartbeat is not None:
                 heartbeat.cancel()
             self._release()
+
+    # --- pauses -------------------------------------------------------------------------
+
+    def _pause(self, action: PauseTurn) -> None:
+        """Record a pause; an automatic one carries its delay and when it ends by the store's clock."""
+        harness = self._harness
+        turn = self.log.state.active_turn()
+        retries = turn.auto_retries if turn is not None else 0
+        if action.automatic:
+            delay = action.retry_after if action.retry_after is not None else min(
+                harness.retry_backoff * (2 ** retries) * random.uniform(0.8, 1.2), harness.retry_backoff_cap)
+        else:
+            delay = None
+        now = self.log.store.now()
+        self._append([NewEvent("turn.paused", {
+            "turn_id": action.turn_id, "reason": action.reason, "automatic": action.automatic,
+            "retry_after": action.retry_after, "delay": delay,
+            "resume_at": None if delay is None else now + delay, "model_effect_id": action.effect_id,
+            "automatic_retries_used": retries}, self.log.meta())])
+
+    async def _automatic_resume(self) -> bool:
+        """Wait out an automatic pause and record the resume; False if the pause needs an operator."""
+        turn = self.log.state.active_turn()
+        pause = turn.pause if turn is not None else None
+        if turn is None or pause is None or not pause.get("automatic"):
+            return False
+        resume_at = pause.get("resume_at")
+        if isinstance(resume_at, int | float):
+            remaining = resume_at - self.log.store.now()
+            if remaining > 0:
+                await asyncio.sleep(remaining)
+        self._append([NewEvent("turn.resumed", {"turn_id": turn.turn_id, "reason": "automatic"},
+                               self.log.meta())])
+        return True
+
+    async def resume(self, *, actor: str = "operator", note: str | None = None) -> State:
+        """Resume a turn paused for quota, authentication or exhausted automatic retries; it continues."""
+        self.log.resume_turn(actor=actor, note=note)
+        self._continue()
+        return self.state()
 
     # --- turn ownership -----------------------------------------------------------------
 
@@ -373,7 +430,9 @@ class Thread:
             self._receipt("model", effect_id, attempt, error={"type": "interrupted"}, indeterminate=True)
             raise
         except Exception as error:
-            self._receipt("model", effect_id, attempt, error=_exception_dict(error), indeterminate=True)
+            # An unexpected driver failure: the request may have been processed, and a retry may succeed.
+            self._receipt("model", effect_id, attempt, error={**_exception_dict(error), "kind": "transient"},
+                          indeterminate=True)
         else:
             self._append([NewEvent("model.completed", {"effect_id": effect_id, "attempt": attempt,
                                                      "result": result}, log.meta())])
