@@ -1,8 +1,11 @@
 """Fixtures and helpers for the thread behaviour suites: real stores, recording tools, one-answer checks.
 
-Every thread test runs against a real store of each kind: the in-memory store
-and a SQLite file in ``tmp_path`` (opened by URL, so a second Harness on the
-same ledger really is a second connection, as after a process boundary).
+Every thread test runs against a real store of each kind: the in-memory store,
+a SQLite file in ``tmp_path`` and a fresh schema in the test session's
+PostgreSQL (see ``tests/conftest.py``). SQLite and PostgreSQL ledgers are
+opened by URL, so a second Harness on the same ledger really is a second
+connection (for PostgreSQL, a second connection pool), as after a process
+boundary.
 """
 
 from __future__ import annotations
@@ -15,27 +18,53 @@ from typing import Any, TypeVar
 import pytest
 
 from jixu.ledger import Event, MemoryStore, SQLiteStore, Store, is_valid_id
+from jixu.ledger.postgres import PostgresStore, mask_dsn
 from jixu.recovery import PHASES, RecoveryResolver
 from jixu.threads import Agent, Harness, ModelRequest, ModelResponse, State, Thread, Tool
 from jixu.threads.log import stream_of
+from tests.conftest import PostgresSchema
 
 T = TypeVar("T")
-LEDGER_KINDS = ["memory", "sqlite"]
+LEDGER_KINDS = ["memory", "sqlite", "postgres"]
+DURABLE_KINDS = ["sqlite", "postgres"]
+
+_POSTGRES_URLS: dict[str, str] = {}
+"""The full URL of every PostgreSQL test ledger by its masked form (``PostgresStore.url`` hides a password)."""
+
+
+def reopen_target(store: Store) -> Store | str:
+    """What opens ``store``'s ledger again on a new connection: its URL (the MemoryStore itself)."""
+    if isinstance(store, SQLiteStore):
+        return store.url
+    if isinstance(store, PostgresStore):
+        return _POSTGRES_URLS.get(store.url, store.url)
+    return store
 
 
 class Ledger:
-    """One ledger of one kind; every Harness made here works on it and is closed at teardown."""
+    """One ledger of one kind; every Harness made here works on it and is closed at teardown.
 
-    def __init__(self, kind: str, tmp_path: Path) -> None:
+    ``memory``: one shared MemoryStore; ``sqlite``: the file ``path``;
+    ``postgres``: a fresh schema of its own in the session's server (dropped at
+    teardown). For the last two, ``url`` opens the ledger on a new connection.
+    """
+
+    def __init__(self, kind: str, tmp_path: Path, postgres_dsn: str | None = None) -> None:
         self.kind = kind
         self.path = tmp_path / "t.db"
         self.url = f"sqlite:///{tmp_path}/t.db"
         self._memory = MemoryStore() if kind == "memory" else None
+        self._schema: PostgresSchema | None = None
+        if kind == "postgres":
+            assert postgres_dsn is not None, "a postgres ledger needs the session's server"
+            self._schema = PostgresSchema(postgres_dsn)
+            self.url = self._schema.url
+            _POSTGRES_URLS[mask_dsn(self.url)] = self.url
         self._harnesses: list[Harness] = []
         self._stores: list[Store] = []
 
     def target(self) -> Store | str:
-        """What to give a Harness: the shared MemoryStore, or the SQLite URL (a new connection each time)."""
+        """What to give a Harness: the shared MemoryStore, or the URL (a new connection each time)."""
         return self._memory if self._memory is not None else self.url
 
     def harness(self, agent: Agent, **options: Any) -> Harness:
@@ -45,10 +74,10 @@ class Ledger:
         return made
 
     def store(self) -> Store:
-        """A store handle for inspecting (or tampering with) the ledger directly."""
+        """A store handle for inspecting (or tampering with) the ledger directly (a new connection)."""
         if self._memory is not None:
             return self._memory
-        opened = SQLiteStore(self.path)
+        opened: Store = PostgresStore(self.url, max_size=4) if self.kind == "postgres" else SQLiteStore(self.path)
         self._stores.append(opened)
         return opened
 
@@ -57,12 +86,20 @@ class Ledger:
             made.close()
         for opened in self._stores:
             opened.close()
+        if self._schema is not None:
+            _POSTGRES_URLS.pop(mask_dsn(self.url), None)
+            self._schema.drop()
+
+
+def _made(request: pytest.FixtureRequest, kind: str, tmp_path: Path) -> Ledger:
+    dsn = request.getfixturevalue("postgres_dsn") if kind == "postgres" else None
+    return Ledger(kind, tmp_path, dsn)
 
 
 @pytest.fixture(params=LEDGER_KINDS)
 def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
-    """A real ledger: in memory, or a SQLite file in tmp_path."""
-    made = Ledger(request.param, tmp_path)
+    """A real ledger: in memory, a SQLite file in tmp_path, or a fresh PostgreSQL schema."""
+    made = _made(request, request.param, tmp_path)
     yield made
     made.close()
 
@@ -71,6 +108,14 @@ def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
 def sqlite_ledger(tmp_path: Path) -> Iterator[Ledger]:
     """A SQLite-file ledger only (for tests about a reopen from another connection)."""
     made = Ledger("sqlite", tmp_path)
+    yield made
+    made.close()
+
+
+@pytest.fixture(params=DURABLE_KINDS)
+def durable_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
+    """A ledger other connections can open: a SQLite file or a fresh PostgreSQL schema."""
+    made = _made(request, request.param, tmp_path)
     yield made
     made.close()
 
@@ -225,15 +270,14 @@ async def assert_same_answer(harness: Harness, thread: Thread, *, checkpoint: bo
 
     Online = the state ``thread.wait()`` returns; reopen = ``open_thread``
     on the same harness and on a fresh Harness (a new store connection for
-    SQLite), both using the checkpoint the loop wrote; replay = the pure
+    SQLite and PostgreSQL), both using the checkpoint the loop wrote; replay = the pure
     projection over every event; plus ``RecoveryResolver.analyze`` over every
     event. Decisions are compared as dicts, the flags too, and the thread views.
     """
     online = await thread.wait()  # the loop stops (and checkpoints) where the thread must stop
     events = await thread.events()
     direct = RecoveryResolver.analyze(events)
-    fresh_target: Store | str = harness.store.url if isinstance(harness.store, SQLiteStore) else harness.store
-    fresh = Harness(harness.agent, fresh_target, max_attempts=harness.max_attempts)
+    fresh = Harness(harness.agent, reopen_target(harness.store), max_attempts=harness.max_attempts)
     try:
         reopened = [await harness.open_thread(thread.thread_id, resume=False),
                     await fresh.open_thread(thread.thread_id, resume=False)]
@@ -293,6 +337,7 @@ def _clone(original: Tool, body: Callable[..., Any], make_tool: Callable[..., An
 
 
 __all__ = [
+    "DURABLE_KINDS",
     "LEDGER_KINDS",
     "Calls",
     "Ledger",
@@ -305,6 +350,7 @@ __all__ = [
     "ids_in",
     "lifecycle",
     "of_type",
+    "reopen_target",
     "run",
     "same_contract_tools",
     "stream_of",

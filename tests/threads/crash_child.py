@@ -2,28 +2,33 @@
 
 Run as ``python -m tests.threads.crash_child MODE …`` (see :func:`main`):
 
-``scenario DB OUTSIDE SEMANTICS CRASH_POINT``
+``scenario STORE OUTSIDE SEMANTICS CRASH_POINT``
     Runs one settled turn ("Charge order 41"), then arms the crash point and
     starts a second turn ("Charge order 42"); the process SIGKILLs *itself* at
     the crash point. It never exits on its own.
-``recover DB OUTSIDE SEMANTICS CRASH_POINT THREAD_ID``
+``recover STORE OUTSIDE SEMANTICS CRASH_POINT THREAD_ID``
     Reopens the scenario thread THREAD_ID with the crash point armed at once:
     the process SIGKILLs itself when recovery reaches it again.
-``random DB OUTSIDE [THREAD_ID]``
+``random STORE OUTSIDE [THREAD_ID]``
     Creates a thread (or reopens THREAD_ID, recovering what it left open)
     and sends turns forever, each with several calls, some in parallel, of
     three tools of different semantics; the parent SIGKILLs it at a random
     moment.
 
-Both modes print, flushed, one line per fact the parent may rely on:
+``STORE`` is a store URL: ``sqlite:///PATH`` or a ``postgresql://`` URL (the
+test's own schema, chosen with ``options=-csearch_path=…``).
+
+Every mode prints, flushed, one line per fact the parent may rely on:
 
 - ``T <thread_id>``: the thread exists;
 - ``E <seq> <event_id> <type>``: an event that is committed (printed after the
   store's ``append`` returned, so every printed event is durable);
 - ``X <effect_id> <attempt>``: a tool's side effect is in the outside file;
 - ``C+ <seq>`` / ``C- <seq>``: a checkpoint transaction begins / committed;
-- ``W <bytes>``: (crash point ``checkpoint``) what the open checkpoint transaction
-  already wrote into the WAL file when the process kills itself;
+- ``W <bytes>`` (SQLite) / ``W <bytes> <xid>`` (PostgreSQL): (crash point
+  ``checkpoint``) what the open checkpoint transaction already wrote into the
+  WAL when the process kills itself (PostgreSQL: and the transaction's id, so
+  the parent can ask the server whether it was rolled back);
 - ``R <status>``: the recovery of a reopened thread settled (random mode);
 - ``S <turn> <status>``: a turn settled (random mode).
 
@@ -31,12 +36,16 @@ The "outside system" is a plain file: each tool execution appends one line
 ``<effect_id> <idempotency_key> <attempt> <tool>`` with one ``O_APPEND`` write
 and fsyncs it before the tool returns.
 
-The crash points are set by wrapping the SQLite store's methods inside this
-process only (jixu itself is not changed): after an ``append`` that stored an
-event of the chosen type returned; in the tool after the side effect; and
-inside the checkpoint's write transaction, after its INSERT and before its
-COMMIT. This module imports only jixu and the standard library, so a child
-starts in about a tenth of a second.
+The crash points are set by wrapping the store's methods inside this process
+only (jixu itself is not changed): after an ``append`` that stored an event of
+the chosen type returned; in the tool after the side effect; and inside the
+checkpoint's write transaction, after its INSERT and before its COMMIT.
+(``PostgresStore`` writes a checkpoint as one upsert in autocommit mode; the
+armed child runs that same statement through the store's own transaction path,
+``_run(..., transaction=True)``, so the kill lands after the upsert executed and
+before its COMMIT.) For a SQLite ledger this module imports only jixu and the
+standard library, so a child starts in about a tenth of a second; psycopg is
+imported only for a PostgreSQL one.
 """
 
 from __future__ import annotations
@@ -206,27 +215,30 @@ def random_agent(outside: str, hook: Hook | None = None) -> Agent:
 
 
 class Crash:
-    """Wraps the SQLite store to report what is committed and to die at ``point`` once ``armed``."""
+    """Wraps the store class of ``url`` to report what is committed and to die at ``point`` once ``armed``."""
 
-    def __init__(self, point: str | None) -> None:
+    def __init__(self, point: str | None, url: str) -> None:
         self.point = point
+        self.url = url
         self.armed = False
         self._in_checkpoint = False
 
+    def _dies_in_checkpoint(self) -> bool:
+        return self._in_checkpoint and self.armed and self.point == "checkpoint"
+
     def install(self) -> None:
+        if self.url.startswith(("postgresql://", "postgres://")):
+            self._install_postgres()
+        else:
+            self._install_sqlite()
+
+    def _report(self, store_class: type[Any]) -> None:
+        """Wrap ``append`` (report each committed event, die after the crash point's) and the checkpoint write."""
         crash = self
-        original_init = SQLiteStore.__init__
-        original_append = SQLiteStore.append
-        original_checkpoint = SQLiteStore._write_checkpoint
-        original_write = SQLiteStore._write
+        original_append = store_class.append
+        original_checkpoint = store_class._write_checkpoint
 
-        def init(self: SQLiteStore, *args: Any, **kwargs: Any) -> None:
-            original_init(self, *args, **kwargs)
-            # A tiny page cache: a large transaction spills its pages into the WAL file before COMMIT,
-            # so a kill inside it leaves uncommitted frames on disk that the next reader must ignore.
-            self._conn.execute("PRAGMA cache_size = 10")
-
-        def append(self: SQLiteStore, *args: Any, **kwargs: Any) -> list[Event]:
+        def append(self: Any, *args: Any, **kwargs: Any) -> list[Event]:
             stored: list[Event] = original_append(self, *args, **kwargs)
             for event in stored:  # returned, so committed: report it
                 say("E", event.seq, event.id, event.type)
@@ -234,7 +246,7 @@ class Crash:
                 die()
             return stored
 
-        def write_checkpoint(self: SQLiteStore, checkpoint: Any) -> None:
+        def write_checkpoint(self: Any, checkpoint: Any) -> None:
             say("C+", checkpoint.seq)
             crash._in_checkpoint = True
             try:
@@ -243,8 +255,22 @@ class Crash:
                 crash._in_checkpoint = False
             say("C-", checkpoint.seq)
 
+        store_class.append = append
+        store_class._write_checkpoint = write_checkpoint
+
+    def _install_sqlite(self) -> None:
+        crash = self
+        original_init = SQLiteStore.__init__
+        original_write = SQLiteStore._write
+
+        def init(self: SQLiteStore, *args: Any, **kwargs: Any) -> None:
+            original_init(self, *args, **kwargs)
+            # A tiny page cache: a large transaction spills its pages into the WAL file before COMMIT,
+            # so a kill inside it leaves uncommitted frames on disk that the next reader must ignore.
+            self._conn.execute("PRAGMA cache_size = 10")
+
         def write(self: SQLiteStore, fn: Callable[[sqlite3.Connection], _T]) -> _T:
-            if not (crash._in_checkpoint and crash.armed and crash.point == "checkpoint"):
+            if not crash._dies_in_checkpoint():
                 return original_write(self, fn)
 
             wal = f"{self.path}-wal"
@@ -259,10 +285,36 @@ class Crash:
 
             return original_write(self, then_die)
 
+        self._report(SQLiteStore)
         SQLiteStore.__init__ = init  # type: ignore[method-assign]
-        SQLiteStore.append = append  # type: ignore[method-assign, assignment]
-        SQLiteStore._write_checkpoint = write_checkpoint  # type: ignore[method-assign]
         SQLiteStore._write = write  # type: ignore[method-assign]
+
+    def _install_postgres(self) -> None:
+        from psycopg.pq import TransactionStatus
+
+        from jixu.ledger.postgres import PostgresStore
+
+        crash = self
+        original_run = PostgresStore._run
+
+        def run(self: PostgresStore, fn: Callable[[Any], _T], **how: Any) -> _T:
+            if not crash._dies_in_checkpoint():
+                return original_run(self, fn, **how)
+
+            def then_die(conn: Any) -> _T:
+                start = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+                result = fn(conn)  # the checkpoint upsert has run; its transaction is open
+                assert conn.info.transaction_status == TransactionStatus.INTRANS
+                wrote, xid = conn.execute("SELECT pg_current_wal_insert_lsn() - %s::pg_lsn, "
+                                          "pg_current_xact_id_if_assigned()::text", (start,)).fetchone()
+                say("W", int(wrote), xid)  # WAL written by the open transaction, and its id
+                die()
+                return result  # pragma: no cover
+
+            return original_run(self, then_die, **{**how, "transaction": True})
+
+        self._report(PostgresStore)
+        PostgresStore._run = run  # type: ignore[method-assign]
 
     def after_side_effect(self, ctx: ToolContext) -> None:
         say("X", ctx.effect_id, ctx.attempt)
@@ -273,10 +325,10 @@ class Crash:
 # --- the two programs ---------------------------------------------------------------
 
 
-async def run_scenario(db: str, outside: str, semantics: Semantics, point: str) -> None:
-    crash = Crash(point)
+async def run_scenario(url: str, outside: str, semantics: Semantics, point: str) -> None:
+    crash = Crash(point, url)
     crash.install()
-    harness = Harness(scenario_agent(semantics, outside, crash.after_side_effect), store=f"sqlite:///{db}", owner=WORKER_OWNER)
+    harness = Harness(scenario_agent(semantics, outside, crash.after_side_effect), store=url, owner=WORKER_OWNER)
     thread = await harness.create_thread()
     say("T", thread.thread_id)
     await thread.send(FIRST_INPUT)
@@ -289,21 +341,21 @@ async def run_scenario(db: str, outside: str, semantics: Semantics, point: str) 
     raise SystemExit(f"crash point {point!r} was never reached")
 
 
-async def run_recover(db: str, outside: str, semantics: Semantics, point: str, thread_id: str) -> None:
-    crash = Crash(point)
+async def run_recover(url: str, outside: str, semantics: Semantics, point: str, thread_id: str) -> None:
+    crash = Crash(point, url)
     crash.install()
     crash.armed = True
-    harness = Harness(scenario_agent(semantics, outside, crash.after_side_effect), store=f"sqlite:///{db}", owner=WORKER_OWNER)
+    harness = Harness(scenario_agent(semantics, outside, crash.after_side_effect), store=url, owner=WORKER_OWNER)
     thread = await harness.open_thread(thread_id)
     say("T", thread.thread_id)
     state = await asyncio.wait_for(thread.wait(), 30)
     raise SystemExit(f"crash point {point!r} was never reached; the thread is {state.status}: {state.reason}")
 
 
-async def run_random(db: str, outside: str, thread_id: str | None) -> None:
-    crash = Crash(None)
+async def run_random(url: str, outside: str, thread_id: str | None) -> None:
+    crash = Crash(None, url)
     crash.install()
-    harness = Harness(random_agent(outside, crash.after_side_effect), store=f"sqlite:///{db}", owner=WORKER_OWNER)
+    harness = Harness(random_agent(outside, crash.after_side_effect), store=url, owner=WORKER_OWNER)
     if thread_id is None:
         thread = await harness.create_thread()
         say("T", thread.thread_id)
@@ -326,18 +378,18 @@ async def run_random(db: str, outside: str, thread_id: str | None) -> None:
 def main(argv: Sequence[str]) -> None:
     mode, *args = argv
     if mode == "scenario":
-        db, outside, semantics, point = args
+        url, outside, semantics, point = args
         if semantics not in SEMANTICS or point not in CRASH_POINTS:
             raise SystemExit(f"bad arguments {args}")
-        asyncio.run(run_scenario(db, outside, semantics, point))
+        asyncio.run(run_scenario(url, outside, semantics, point))
     elif mode == "recover":
-        db, outside, semantics, point, thread_id = args
+        url, outside, semantics, point, thread_id = args
         if semantics not in SEMANTICS or point not in CRASH_POINTS:
             raise SystemExit(f"bad arguments {args}")
-        asyncio.run(run_recover(db, outside, semantics, point, thread_id))
+        asyncio.run(run_recover(url, outside, semantics, point, thread_id))
     elif mode == "random":
-        db, outside, *rest = args
-        asyncio.run(run_random(db, outside, rest[0] if rest else None))
+        url, outside, *rest = args
+        asyncio.run(run_random(url, outside, rest[0] if rest else None))
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

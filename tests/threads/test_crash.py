@@ -1,7 +1,8 @@
 """Real SIGKILLs of a process running a durable thread: recovery never loses, repeats or guesses.
 
-A child process (``tests/threads/crash_child.py``) runs a thread on a SQLite
-ledger with tools whose side effect appends ``<effect_id> <key> <attempt>`` to
+A child process (``tests/threads/crash_child.py``) runs a thread on a ledger
+opened by URL (every test runs on a SQLite file and on a fresh schema of the
+session's PostgreSQL, see ``tests/conftest.py``) with tools whose side effect appends ``<effect_id> <key> <attempt>`` to
 an "outside system" file. It reports every event once its append has returned
 (so it is committed), then dies by SIGKILL: at a chosen crash point, killing
 itself (one test per crash point and tool semantics), or at a random moment
@@ -23,6 +24,9 @@ the outside file:
 
 A last test kills three processes in a row at the same point of one
 retry-safe call, to check that its retries run out and the thread waits.
+
+Nothing here reads this process's clock to judge the ledger: PostgreSQL stamps
+``recorded_at`` and judges leases with the database clock.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, cast
@@ -49,6 +53,7 @@ import pytest
 from jixu import Analysis, EffectDecision, Event, Harness, RecoveryResolver, State, Thread
 from jixu.threads import ThreadProjection
 from jixu.threads.tools import Semantics
+from tests.conftest import PostgresSchema
 from tests.helpers import ROOT, python_env
 from tests.threads.crash_child import (
     CRASH_POINTS,
@@ -68,6 +73,46 @@ CHILD_TIMEOUT = 30.0  # seconds a child may take to reach its crash point or its
 WAIT_TIMEOUT = 20.0  # seconds for any thread.wait() in the parent
 REPLY_41 = "Charged order 41."
 REPLY_42 = "Charged order 42."
+STORE_KINDS = ["sqlite", "postgres"]
+
+
+@dataclass
+class CrashLedger:
+    """The ledger the children and this process share: a SQLite file or a fresh PostgreSQL schema."""
+
+    kind: str
+    url: str
+    admin_dsn: str | None = None
+
+
+@pytest.fixture(params=STORE_KINDS)
+def crash_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CrashLedger]:
+    """A store URL for the child processes and the recovering parent (PostgreSQL: dropped at teardown)."""
+    if request.param == "sqlite":
+        yield CrashLedger("sqlite", f"sqlite:///{tmp_path / 'jixu.db'}")
+        return
+    admin_dsn: str = request.getfixturevalue("postgres_dsn")
+    schema = PostgresSchema(admin_dsn)
+    try:
+        yield CrashLedger("postgres", schema.url, admin_dsn)
+    finally:
+        schema.drop()
+
+
+def assert_rolled_back(ledger: CrashLedger, xid: str) -> None:
+    """PostgreSQL: the server rolled back transaction ``xid`` of the killed child (it did not commit)."""
+    import psycopg
+
+    assert ledger.admin_dsn is not None
+    deadline = time.monotonic() + CHILD_TIMEOUT
+    with psycopg.connect(ledger.admin_dsn, autocommit=True) as conn:
+        while True:  # "in progress" until the server has noticed the closed connection
+            row = conn.execute("SELECT pg_xact_status(%s::xid8)", (xid,)).fetchone()
+            status = row[0] if row else None
+            if status != "in progress" or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+    assert status == "aborted", f"the killed checkpoint transaction {xid} is {status!r}, not rolled back"
 
 
 # --- running children ----------------------------------------------------------------
@@ -291,8 +336,10 @@ def _second_turn(events: Sequence[Event]) -> list[Event]:
     return list(events[starts[1]:])
 
 
-async def _check_crash_point(db: Path, outside: Path, semantics: str, point: str, report: Report) -> None:
-    harness = Harness(scenario_agent(cast(Semantics, semantics), str(outside)), store=f"sqlite:///{db}", owner=WORKER_OWNER)
+async def _check_crash_point(ledger: CrashLedger, outside: Path, semantics: str, point: str,
+                             report: Report) -> None:
+    harness = Harness(scenario_agent(cast(Semantics, semantics), str(outside)), store=ledger.url,
+                      owner=WORKER_OWNER)
     others: list[Harness] = []
     try:
         thread_id = report.thread_id
@@ -330,11 +377,14 @@ async def _check_crash_point(db: Path, outside: Path, semantics: str, point: str
         elif point == "checkpoint":
             assert before[-1].type == "turn.ended"
             assert state.status == "idle"
-            # The kill came inside the checkpoint transaction, after it had spilled uncommitted frames into
-            # the WAL file (the child's page cache is tiny); it was rolled back: the stored one is turn 1's.
+            # The kill came inside the checkpoint transaction, after it had written uncommitted WAL (SQLite:
+            # spilled frames in the WAL file, the child's page cache is tiny; PostgreSQL: the upsert's WAL
+            # records); it was rolled back: the stored one is turn 1's.
             assert report.checkpoints_begun()[-1] == before[-1].seq
-            spilled = [int(f[1]) for f in (line.split() for line in report.lines) if f[:1] == ["W"]]
-            assert spilled and spilled[-1] > 0, "the kill did not land inside a checkpoint transaction"
+            written = [f for f in (line.split() for line in report.lines) if f[:1] == ["W"]]
+            assert written and int(written[-1][1]) > 0, "the kill did not land inside a checkpoint transaction"
+            if ledger.kind == "postgres":
+                assert_rolled_back(ledger, written[-1][2])
         else:
             assert len(tools_two) == 1
             effect = state.effects[tools_two[0]]
@@ -369,7 +419,8 @@ async def _check_crash_point(db: Path, outside: Path, semantics: str, point: str
             # an operator resolves from another connection, as another process would, starting from there.
             checkpoint = harness.store.read_checkpoint(stream, ThreadProjection.name)
             assert checkpoint is not None and checkpoint.seq == state.seq
-            operator = Harness(scenario_agent(cast(Semantics, semantics), str(outside)), store=f"sqlite:///{db}", owner=WORKER_OWNER)
+            operator = Harness(scenario_agent(cast(Semantics, semantics), str(outside)), store=ledger.url,
+                               owner=WORKER_OWNER)
             others.append(operator)
             thread = await operator.open_thread(thread_id)
             assert thread.checkpoint_status == "used"
@@ -428,7 +479,8 @@ async def _check_crash_point(db: Path, outside: Path, semantics: str, point: str
 
 @pytest.mark.parametrize("semantics", SEMANTICS)
 @pytest.mark.parametrize("point", CRASH_POINTS)
-def test_sigkill_at_a_crash_point_then_reopen(tmp_path: Path, point: str, semantics: str) -> None:
+def test_sigkill_at_a_crash_point_then_reopen(crash_ledger: CrashLedger, tmp_path: Path, point: str,
+                                              semantics: str) -> None:
     """The child settles turn 1, then kills itself at ``point`` in turn 2; this process recovers the thread.
 
     Expected after reopen: (1) ``tool.requested``: the call runs exactly once (attempt 1); (2)
@@ -439,14 +491,15 @@ def test_sigkill_at_a_crash_point_then_reopen(tmp_path: Path, point: str, semant
     ``checkpoint``: the half-written checkpoint is rolled back, turn 1's stays, nothing runs again;
     (6) ``model.dispatched``: the model call is retried (attempt 2), then the tool runs once.
     """
-    db, outside = tmp_path / "jixu.db", tmp_path / "outside.txt"
-    report = run_self_killing_child(tmp_path, "scenario", str(db), str(outside), semantics, point)
-    asyncio.run(_check_crash_point(db, outside, semantics, point, report))
+    outside = tmp_path / "outside.txt"
+    report = run_self_killing_child(tmp_path, "scenario", crash_ledger.url, str(outside), semantics, point)
+    asyncio.run(_check_crash_point(crash_ledger, outside, semantics, point, report))
 
 
 @pytest.mark.parametrize("semantics", ["idempotent", "read_only"])
 @pytest.mark.parametrize("point", ["tool.dispatched", "side_effect"])
-def test_crash_looping_retries_run_out_and_wait_for_an_operator(tmp_path: Path, point: str, semantics: str) -> None:
+def test_crash_looping_retries_run_out_and_wait_for_an_operator(crash_ledger: CrashLedger, tmp_path: Path,
+                                                                point: str, semantics: str) -> None:
     """Three processes in a row die while running one retry-safe call: it keeps its id and key, then waits.
 
     The first child dies at ``point`` in its second turn; two more each reopen the thread, retry the call
@@ -454,18 +507,18 @@ def test_crash_looping_retries_run_out_and_wait_for_an_operator(tmp_path: Path, 
     default ``max_attempts`` of 3 spent, the thread must wait for an operator, naming the effect, instead
     of retrying forever; the resolution then lets the turn finish.
     """
-    db, outside = tmp_path / "jixu.db", tmp_path / "outside.txt"
-    reports = [run_self_killing_child(tmp_path, "scenario", str(db), str(outside), semantics, point)]
+    url, outside = crash_ledger.url, tmp_path / "outside.txt"
+    reports = [run_self_killing_child(tmp_path, "scenario", url, str(outside), semantics, point)]
     thread_id = reports[0].thread_id
     for _ in range(2):
-        reports.append(run_self_killing_child(tmp_path, "recover", str(db), str(outside), semantics, point,
+        reports.append(run_self_killing_child(tmp_path, "recover", url, str(outside), semantics, point,
                                               thread_id))
-    asyncio.run(_check_crash_loop(db, outside, cast(Semantics, semantics), point, reports))
+    asyncio.run(_check_crash_loop(url, outside, cast(Semantics, semantics), point, reports))
 
 
-async def _check_crash_loop(db: Path, outside: Path, semantics: Semantics, point: str,
+async def _check_crash_loop(url: str, outside: Path, semantics: Semantics, point: str,
                             reports: list[Report]) -> None:
-    harness = Harness(scenario_agent(semantics, str(outside)), store=f"sqlite:///{db}", owner=WORKER_OWNER)
+    harness = Harness(scenario_agent(semantics, str(outside)), store=url, owner=WORKER_OWNER)
     try:
         thread_id = reports[0].thread_id
         before = harness.store.read(stream_of(thread_id))
@@ -518,12 +571,12 @@ class Tally:
 HANDED_OVER = "left open for the next child to recover"
 
 
-async def _check_random_kill(db: Path, outside: Path, report: Report, tally: Tally, *, may_hand_over: bool) -> str:
+async def _check_random_kill(url: str, outside: Path, report: Report, tally: Tally, *, may_hand_over: bool) -> str:
     """Check a killed child's thread, then recover it here (or, when allowed and safe, leave that to the next child).
 
     Returns what became of the thread (a key of ``Tally.final``).
     """
-    harness = Harness(random_agent(str(outside)), store=f"sqlite:///{db}", owner=WORKER_OWNER)
+    harness = Harness(random_agent(str(outside)), store=url, owner=WORKER_OWNER)
     try:
         thread_id = report.thread_id
         stream = stream_of(thread_id)
@@ -531,8 +584,9 @@ async def _check_random_kill(db: Path, outside: Path, report: Report, tally: Tal
         assert_committed_kept(report, before)
         assert harness.store.verify(stream).valid
         if len(before) > max(report.committed(), default=0):
-            # killed after a commit reached the WAL file but before the child printed it (mostly in the
-            # commit's fsync): durable for the next process all the same
+            # killed after a commit was durable (SQLite: in the WAL file, mostly during the commit's fsync;
+            # PostgreSQL: committed by the server before its reply arrived) but before the child printed
+            # it: durable for the next process all the same
             tally.committed_unreported += 1
         lines_before = read_outside(outside)
         assert_outside_matches_ledger(before, lines_before)
@@ -613,16 +667,27 @@ async def _check_random_kill(db: Path, outside: Path, report: Report, tally: Tal
         harness.close()
 
 
-def test_random_sigkills_never_lose_repeat_or_guess(tmp_path: Path) -> None:
-    """200 (CI) or 40 random kills of a child running turns of parallel calls; each reopened and checked.
+RANDOM_RUNS = {"sqlite": (200, 40), "postgres": (100, 20)}
+"""Random kills per store kind: (in CI, locally). PostgreSQL's children start slower (psycopg, a connection
+pool) and its turns take about twice as long (each commit waits for the server): fewer runs keep the whole
+crash file well under two minutes in CI."""
+COVERAGE_RUNS = 100
+"""From this many runs on, the tally must show every kind of outcome (an unknown unsafe effect resolved, an
+intent never dispatched, a thread handed over to the next child)."""
+
+
+def test_random_sigkills_never_lose_repeat_or_guess(crash_ledger: CrashLedger, tmp_path: Path) -> None:
+    """Random kills (SQLite: 200 in CI, 40 locally; PostgreSQL: 100 / 20) of a child running turns of parallel
+    calls; each reopened and checked.
 
     All runs share one ledger. A run starts a new thread, or (a quarter of the time, and always after a
     hand-over) a new child continues the previous run's thread: then the kill can also land while that
     child recovers the effects the previous kill left open.
     """
-    runs = 200 if os.environ.get("CI") else 40
+    ci_runs, local_runs = RANDOM_RUNS[crash_ledger.kind]
+    runs = ci_runs if os.environ.get("CI") else local_runs
     rng = random.Random(20260317)
-    db = tmp_path / "jixu.db"
+    url = crash_ledger.url
     tally = Tally()
     turn_seconds: list[float] = [0.02]
     started = time.perf_counter()
@@ -636,14 +701,14 @@ def test_random_sigkills_never_lose_repeat_or_guess(tmp_path: Path) -> None:
             outside = tmp_path / f"outside-{run}.txt"  # one outside system per thread
         window = 3 * statistics.median(turn_seconds[-50:])  # kills spread over about three turns
         delay = rng.uniform(0, window)
-        args = ["random", str(db), str(outside), *([thread_id] if continuing and thread_id else [])]
+        args = ["random", url, str(outside), *([thread_id] if continuing and thread_id else [])]
         killed = run_and_kill(tmp_path / "child.stderr", delay, *args)
         turn_seconds += killed.turn_seconds
         turns_reached[len(killed.turn_seconds)] += 1
         phase = killed.report.last_fact()
         recovering = handed_over and not any(line.startswith("R ") for line in killed.report.lines)
         tally.phases[f"{phase} (while recovering)" if recovering else phase] += 1
-        final = asyncio.run(_check_random_kill(db, outside, killed.report, tally,
+        final = asyncio.run(_check_random_kill(url, outside, killed.report, tally,
                                                may_hand_over=rng.random() < 0.2))
         tally.final[final] += 1
         handed_over = final == HANDED_OVER
@@ -651,10 +716,10 @@ def test_random_sigkills_never_lose_repeat_or_guess(tmp_path: Path) -> None:
     if handed_over:  # the last thread still has open effects: recover it here
         assert thread_id is not None
         report = Report([f"T {thread_id}"])
-        asyncio.run(_check_random_kill(db, outside, report, tally, may_hand_over=False))
+        asyncio.run(_check_random_kill(url, outside, report, tally, may_hand_over=False))
     elapsed = time.perf_counter() - started
     print(
-        f"\n[thread crash] {runs} random SIGKILLs in {elapsed:.1f}s "
+        f"\n[thread crash, {crash_ledger.kind}] {runs} random SIGKILLs in {elapsed:.1f}s "
         f"(median turn {1000 * statistics.median(turn_seconds):.1f} ms, "
         f"turns settled per child {dict(sorted(turns_reached.items()))})\n"
         f"  last report line before the kill: {dict(tally.phases.most_common())}\n"
@@ -666,7 +731,7 @@ def test_random_sigkills_never_lose_repeat_or_guess(tmp_path: Path) -> None:
     assert unknown > 0, "no kill left an effect with an unknown outcome"
     assert tally.outcomes["no open effect"] > 0, "every kill left an open effect"
     assert sum(tally.final.values()) == runs
-    if runs >= 200:
+    if runs >= COVERAGE_RUNS:
         assert tally.final["waited, resolved abandoned_unknown"] > 0, "no kill left an unknown unsafe effect"
         assert any(what.startswith("not_dispatched") for what in tally.outcomes)
         assert tally.final[HANDED_OVER] > 0

@@ -169,17 +169,17 @@ def test_a_legacy_turn_needs_an_explicit_assertion_recorded_as_such(ledger: Ledg
     run(scenario())
 
 
-def test_a_late_reply_from_the_former_owner_is_rejected(sqlite_ledger: Ledger) -> None:
+def test_a_late_reply_from_the_former_owner_is_rejected(durable_ledger: Ledger) -> None:
     """The owner blocks past its lease; another connection recovers; the owner's receipt cannot be written."""
     ran: list[str] = []
-    owner = sqlite_ledger.harness(blocking_agent(ran, 0.8), owner="worker-a", lease_ttl=0.2)
+    owner = durable_ledger.harness(blocking_agent(ran, 0.8), owner="worker-a", lease_ttl=0.2)
 
     def recover_when_expired(thread_id: str) -> dict[str, Any]:
         # Runs in another OS thread, with its own connection, while the owner's loop is blocked in the tool.
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             time.sleep(0.05)
-            log = ThreadLog.load(sqlite_ledger.store(), thread_id)
+            log = ThreadLog.load(durable_ledger.store(), thread_id)
             turn, ownership = log.state.active_turn(), log.ownership()
             if turn is not None and ownership and ownership["expired"] and of_type(log.events(), "tool.dispatched"):
                 return log.recover_turn(turn.turn_id, request_id=REQUEST, expected_epoch=ownership["epoch"])
@@ -242,16 +242,16 @@ def test_safe_takeover_refuses_when_an_unsafe_outcome_is_unknown(ledger: Ledger)
     run(scenario())
 
 
-def test_the_store_clock_decides_expiry_whatever_the_workers_clock_says(sqlite_ledger: Ledger,
+def test_the_store_clock_decides_expiry_whatever_the_workers_clock_says(durable_ledger: Ledger,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    harness = sqlite_ledger.harness(quick_agent(), owner="worker-a", lease_ttl=30)
+    harness = durable_ledger.harness(quick_agent(), owner="worker-a", lease_ttl=30)
 
     async def scenario() -> None:
         thread = await harness.create_thread()
         turn_id, _ = thread.log.start_turn("charge 42", owner="worker-a", ttl=30)
         skewed = time.time() + 3600  # this process's clock is an hour fast
         monkeypatch.setattr(time, "time", lambda: skewed)
-        log = ThreadLog.load(sqlite_ledger.store(), thread.thread_id)
+        log = ThreadLog.load(durable_ledger.store(), thread.thread_id)
         ownership = log.ownership()
         assert ownership is not None and not ownership["expired"]
         with pytest.raises(TurnOwned):

@@ -572,10 +572,10 @@ def test_a_denied_call_is_never_dispatched_and_the_model_is_told(ledger: Ledger)
     run(scenario())
 
 
-def test_an_approval_survives_a_reopen_on_a_new_harness(sqlite_ledger: Ledger) -> None:
+def test_an_approval_survives_a_reopen_on_a_new_harness(durable_ledger: Ledger) -> None:
     calls = Calls()
     agent = _approval_agent(calls)
-    first = sqlite_ledger.harness(agent)
+    first = durable_ledger.harness(agent)
 
     async def scenario() -> None:
         thread = await first.create_thread()
@@ -584,7 +584,7 @@ def test_an_approval_survives_a_reopen_on_a_new_harness(sqlite_ledger: Ledger) -
         [eid] = effect_ids(await thread.events())
         first.close()
 
-        second = sqlite_ledger.harness(agent)
+        second = durable_ledger.harness(agent)
         reopened = await second.open_thread(thread.thread_id)
         assert reopened.checkpoint_status == "used"
         state = reopened.state()
