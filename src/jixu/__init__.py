@@ -76,22 +76,36 @@ from jixu.threads import (
 
 if TYPE_CHECKING:
     from jixu.ledger.postgres import PostgresStore
+    from jixu.threads.anthropic import AnthropicModel
+    from jixu.threads.openai import OpenAIModel
 
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    """Import :class:`PostgresStore` (and psycopg) only when it is first used."""
+    """Import :class:`PostgresStore` (and psycopg) and the provider drivers only when first used.
+
+    The drivers import their SDK (an optional extra) only when constructed.
+    """
     if name == "PostgresStore":
         from jixu.ledger.postgres import PostgresStore
 
         return PostgresStore
+    if name == "OpenAIModel":
+        from jixu.threads.openai import OpenAIModel
+
+        return OpenAIModel
+    if name == "AnthropicModel":
+        from jixu.threads.anthropic import AnthropicModel
+
+        return AnthropicModel
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
     "DEFAULT_STORE_URL",
     "Agent",
+    "AnthropicModel",
     "EffectNotParked",
     "EffectNotUnknown",
     "Harness",
@@ -100,6 +114,7 @@ __all__ = [
     "ModelError",
     "ModelRequest",
     "ModelResponse",
+    "OpenAIModel",
     "ResolutionConflict",
     "ScriptedModel",
     "State",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from jixu.threads.agent import Agent
 from jixu.threads.harness import Harness, ThreadSummary
 from jixu.threads.log import ThreadLog
@@ -10,13 +12,38 @@ from jixu.threads.projection import ThreadProjection
 from jixu.threads.thread import State, Thread
 from jixu.threads.tools import Tool, ToolContext, ToolError, tool
 
+if TYPE_CHECKING:
+    from jixu.threads.anthropic import AnthropicModel
+    from jixu.threads.openai import OpenAIModel
+    from jixu.threads.streaming import Signal
+
+_LAZY = {
+    "AnthropicModel": "jixu.threads.anthropic",
+    "OpenAIModel": "jixu.threads.openai",
+    "Signal": "jixu.threads.streaming",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the provider drivers only when first used (their SDKs are optional extras)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
 __all__ = [
     "Agent",
+    "AnthropicModel",
     "Harness",
     "ModelDriver",
     "ModelRequest",
     "ModelResponse",
+    "OpenAIModel",
     "ScriptedModel",
+    "Signal",
     "State",
     "Thread",
     "ThreadLog",

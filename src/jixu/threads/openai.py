@@ -1,0 +1,260 @@
+"""A model driver for the OpenAI Chat Completions API and the servers that speak it.
+
+Covers OpenAI itself and compatible servers (vLLM, Ollama, LM Studio,
+OpenRouter, ...) through the official ``openai`` SDK (``pip install
+'jixu[openai]'``), imported only when a driver is constructed::
+
+    model = OpenAIModel("gpt-4o-mini")                                   # OPENAI_API_KEY
+    local = OpenAIModel("llama3.1", base_url="http://localhost:11434/v1")  # Ollama, no key needed
+
+The API key comes from ``api_key=`` or ``OPENAI_API_KEY`` and the endpoint
+from ``base_url=`` or ``OPENAI_BASE_URL``; the key is never written into an
+event, a result or an error message. The SDK's own retries are off: jixu
+records every attempt and decides retries itself (see
+:class:`~jixu.errors.ModelError` ``kind`` and ``indeterminate``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+from jixu.errors import InvalidInput, ModelError
+from jixu.ledger.encoding import JSONObject
+from jixu.threads.model import ModelRequest, ModelResponse, ToolCall, Usage
+from jixu.threads.pricing import PriceTable
+from jixu.threads.streaming import (
+    Emit,
+    ProviderDriver,
+    SignalCallback,
+    check_number,
+    close_quietly,
+    parse_arguments,
+    resolve_setting,
+    well_formed,
+)
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    from openai.types.completion_usage import CompletionUsage
+
+EXTRA_HINT = "pip install 'jixu[openai]'"
+PLACEHOLDER_KEY = "not-needed"
+"""Sent as the key to a custom ``base_url`` when no key is configured (local servers ignore it)."""
+
+
+def tool_specs(tools: tuple[JSONObject, ...] | list[JSONObject]) -> list[JSONObject]:
+    """jixu tool specs (``Tool.spec()``) as Chat Completions ``tools``."""
+    mapped: list[JSONObject] = []
+    for spec in tools:
+        function: JSONObject = {"name": spec["name"],
+                                "parameters": spec.get("parameters") or {"type": "object", "properties": {}}}
+        if spec.get("description"):
+            function["description"] = spec["description"]
+        mapped.append({"type": "function", "function": function})
+    return mapped
+
+
+def chat_messages(instructions: str, messages: tuple[JSONObject, ...] | list[JSONObject]) -> list[JSONObject]:
+    """The system instructions and the neutral conversation as Chat Completions ``messages``.
+
+    Every assistant tool call is answered by exactly one ``tool`` message right
+    after it (see :func:`~jixu.threads.streaming.well_formed`); a tool result's
+    status travels in its content, which jixu already words for the model.
+    """
+    out: list[JSONObject] = []
+    if instructions:
+        out.append({"role": "system", "content": instructions})
+    for message in well_formed(messages):
+        role = message["role"]
+        if role == "user":
+            out.append({"role": "user", "content": message["content"]})
+        elif role == "assistant":
+            item: JSONObject = {"role": "assistant", "content": message["content"]}
+            if message["tool_calls"]:
+                item["tool_calls"] = [
+                    {"id": call["id"], "type": "function",
+                     "function": {"name": call["name"], "arguments": _dumps(call["args"])}}
+                    for call in message["tool_calls"]]
+            elif item["content"] is None:
+                item["content"] = ""
+            out.append(item)
+        else:
+            out.append({"role": "tool", "tool_call_id": message["tool_call_id"], "content": message["content"]})
+    return out
+
+
+def _dumps(value: object) -> str:
+    import json
+
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class OpenAIModel(ProviderDriver):
+    """A :class:`~jixu.threads.model.ModelDriver` over the Chat Completions API (``openai`` SDK).
+
+    ``model`` is the provider's model name. ``api_key``/``base_url`` default to
+    ``OPENAI_API_KEY``/``OPENAI_BASE_URL``; a custom ``base_url`` without a key
+    sends a placeholder (local servers need none). ``client`` is an
+    ``openai.AsyncOpenAI`` to use instead (its retries are turned off).
+    ``timeout`` bounds the connection and each read, in seconds.
+    ``max_tokens`` and ``temperature`` are sent only when given. ``prices``
+    overrides :data:`~jixu.threads.pricing.DEFAULT_PRICES` (USD per million
+    tokens); a model without a price has ``cost=None``. With ``stream`` (the
+    default) the response is streamed and its progress published as
+    :class:`~jixu.threads.streaming.Signal` s (``on_signal``, :meth:`subscribe`,
+    :meth:`signals`); only the assembled response is returned. ``name`` is what
+    threads record (default ``openai:<model>``).
+    """
+
+    provider = "openai"
+
+    def __init__(self, model: str, *, api_key: str | None = None, base_url: str | None = None,
+                 client: AsyncOpenAI | None = None, timeout: float = 60.0, max_tokens: int | None = None,
+                 temperature: float | None = None, prices: PriceTable | None = None, stream: bool = True,
+                 name: str | None = None, on_signal: SignalCallback | None = None) -> None:
+        try:
+            import openai
+        except ImportError as error:
+            raise InvalidInput(f"OpenAIModel needs the openai package, which is not installed: {EXTRA_HINT}",
+                               extra="openai") from error
+        check_number(timeout, "timeout", allow_none=False)
+        check_number(max_tokens, "max_tokens", integer=True)
+        check_number(temperature, "temperature", minimum=0.0, exclusive=False)
+        key = resolve_setting(api_key, os.environ, "OPENAI_API_KEY")
+        url = resolve_setting(base_url, os.environ, "OPENAI_BASE_URL")
+        super().__init__(model, api_key=key, prices=prices, stream=stream, name=name, on_signal=on_signal)
+        if client is not None:
+            if not isinstance(client, openai.AsyncOpenAI):
+                raise InvalidInput("client must be an openai.AsyncOpenAI", field="client")
+            self._client = client.with_options(max_retries=0, timeout=timeout)
+        else:
+            if key is None and url is None:
+                raise InvalidInput("OpenAIModel needs an API key: pass api_key=... or set OPENAI_API_KEY "
+                                   "(or point base_url at a server that needs none)", field="api_key")
+            self._client = openai.AsyncOpenAI(api_key=key or PLACEHOLDER_KEY, base_url=url, timeout=timeout,
+                                              max_retries=0)
+        self.base_url = str(self._client.base_url)
+        self.timeout = float(timeout)
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (its connections)."""
+        await self._client.close()
+
+    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+        """The Chat Completions parameters for ``request`` (without ``stream``)."""
+        params: dict[str, Any] = {"model": self.model,
+                                  "messages": chat_messages(request.instructions, request.messages)}
+        if request.tools:
+            params["tools"] = tool_specs(request.tools)
+        if self.max_tokens is not None:
+            params["max_tokens"] = self.max_tokens
+        if self.temperature is not None:
+            params["temperature"] = self.temperature
+        return params
+
+    async def _whole(self, request: ModelRequest) -> ModelResponse:
+        completion = cast("ChatCompletion",
+                          await self._client.chat.completions.create(**self.request_body(request)))
+        if not completion.choices:
+            raise self._error("the response has no choices", kind="invalid_response", indeterminate=False)
+        choice = completion.choices[0]
+        message = choice.message
+        calls: list[ToolCall] = []
+        for call in message.tool_calls or []:
+            function = getattr(call, "function", None)
+            if function is None:
+                continue
+            calls.append(ToolCall(name=str(function.name or ""), args=parse_arguments(function.arguments),
+                                  id=call.id or None))
+        text = message.content if message.content is not None else getattr(message, "refusal", None)
+        return ModelResponse(text=text or None, tool_calls=tuple(calls),
+                             usage=self._usage_of(completion.usage, completion.model),
+                             model=completion.model or self.model, stop_reason=str(choice.finish_reason or ""))
+
+    async def _streamed(self, request: ModelRequest, emit: Emit) -> ModelResponse:
+        params = self.request_body(request)
+        params["stream_options"] = {"include_usage": True}
+        stream = await self._client.chat.completions.create(**params, stream=True)
+        text: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        finish: str | None = None
+        usage: CompletionUsage | None = None
+        model = ""
+        try:
+            async for chunk in stream:
+                chunk = cast("ChatCompletionChunk", chunk)
+                model = chunk.model or model
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                if not chunk.choices:
+                    continue
+                choice = chunk.choices[0]
+                delta = choice.delta
+                if delta is not None and delta.content:
+                    text.append(delta.content)
+                    emit("text_delta", {"text": delta.content})
+                for part in (delta.tool_calls if delta is not None else None) or []:
+                    index = part.index if isinstance(part.index, int) else len(calls)
+                    slot = calls.setdefault(index, {"id": None, "name": "", "arguments": []})
+                    function = part.function
+                    name = function.name if function is not None and function.name else ""
+                    fragment = function.arguments if function is not None and function.arguments else ""
+                    if part.id:
+                        slot["id"] = part.id
+                    if name:
+                        slot["name"] += name
+                    if fragment:
+                        slot["arguments"].append(fragment)
+                    emit("tool_call_delta", {"index": index, "id": slot["id"], "name": slot["name"],
+                                             "arguments": fragment})
+                if choice.finish_reason:
+                    finish = str(choice.finish_reason)
+        finally:
+            await close_quietly(stream)
+        if finish is None:
+            raise self._incomplete("no finish_reason was received")
+        tool_calls = tuple(ToolCall(name=slot["name"], args=parse_arguments("".join(slot["arguments"])),
+                                    id=slot["id"]) for _index, slot in sorted(calls.items()))
+        return ModelResponse(text="".join(text) or None, tool_calls=tool_calls,
+                             usage=self._usage_of(usage, model), model=model or self.model, stop_reason=finish)
+
+    def _usage_of(self, usage: CompletionUsage | None, model: str | None) -> Usage:
+        if usage is None:
+            return Usage()  # the server reported nothing: tokens 0, cost unknown
+        details = getattr(usage, "prompt_tokens_details", None)
+        cached = getattr(details, "cached_tokens", None) or 0
+        return self._usage(model=model, input_tokens=int(usage.prompt_tokens or 0),
+                           output_tokens=int(usage.completion_tokens or 0), cached_tokens=int(cached))
+
+    def _translate(self, error: Exception) -> ModelError:
+        """Any failure of a call as a :class:`ModelError` (see the module's error table)."""
+        import openai
+
+        if isinstance(error, ModelError):
+            return error
+        if isinstance(error, openai.APIStatusError):
+            headers = cast("Mapping[str, str]", error.response.headers)
+            body: object = error.body
+            if isinstance(body, dict) and "error" not in body:
+                body = {"error": body}
+            return self._status_error(error.status_code, headers, body, error.message,
+                                      getattr(error, "request_id", None))
+        if isinstance(error, openai.APITimeoutError):
+            return self._connection_error(error, timeout=True)
+        if isinstance(error, openai.APIConnectionError):
+            return self._connection_error(error, timeout=False)
+        if isinstance(error, openai.APIResponseValidationError):
+            return self._error(f"the response did not match the API's schema: {error.message}",
+                               kind="invalid_response", indeterminate=False)
+        if isinstance(error, openai.APIError):  # an error object inside a 200 stream
+            return self._status_error(200, None, {"error": error.body} if error.body is not None else None,
+                                      error.message, None)
+        return self._unexpected(error)
+
+
+__all__ = ["OpenAIModel", "chat_messages", "tool_specs"]

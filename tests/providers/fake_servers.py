@@ -1,0 +1,413 @@
+"""Local HTTP servers that speak the OpenAI Chat Completions and Anthropic Messages wire formats.
+
+Each server runs on 127.0.0.1 (a random port) in a thread of the test
+process, using only the standard library. A test scripts it with a queue of
+replies, in order, one per request:
+
+- :class:`Completion`: a successful answer (text and/or tool calls, usage),
+  rendered as one JSON body, or as Server-Sent Events when the request asks
+  for ``stream: true``, exactly as the provider sends them. Streaming options
+  break the connection mid-body (``drop_after``), end the body cleanly but
+  early (``end_after``) or send the provider's in-stream error event
+  (``error_after``).
+- :class:`Failure`: an HTTP error status with the provider's error body and
+  headers (``{api_key}`` in the body is replaced by the key the client sent,
+  to prove drivers redact it).
+- :class:`Hangup`: close the connection without answering.
+- :class:`Slow`: wait, then send another reply (for client timeouts).
+
+Every request is recorded (:attr:`FakeServer.requests`: path, headers, JSON
+body) so tests assert exactly what the SDK sent.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Self, TypeAlias
+
+
+@dataclass(frozen=True)
+class Call:
+    """A tool call as the model emits it: ``arguments`` is the raw JSON text (it may be invalid)."""
+
+    id: str | None
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A successful answer.
+
+    ``input_tokens`` is what the provider reports as input: for OpenAI the
+    whole prompt (``cached_tokens`` of it from the cache), for Anthropic the
+    uncached part (``cached_tokens`` read and ``cache_write_tokens`` written
+    come on top). ``fragment`` is how many characters each streamed text or
+    argument delta carries; ``event_delay`` the seconds between streamed events.
+    """
+
+    text: str | None = None
+    calls: Sequence[Call] = ()
+    model: str | None = None
+    input_tokens: int = 12
+    output_tokens: int = 7
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    usage: bool = True
+    stop: str | None = None
+    fragment: int = 4
+    drop_after: int | None = None
+    end_after: int | None = None
+    error_after: int | None = None
+    error_body: Any = None
+    event_delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An HTTP error answer."""
+
+    status: int
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Hangup:
+    """Close the connection without sending a response."""
+
+
+@dataclass(frozen=True)
+class Slow:
+    """Wait ``seconds``, then send ``then``."""
+
+    seconds: float
+    then: Reply
+
+
+Reply: TypeAlias = Completion | Failure | Hangup | Slow
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One request the server received."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)] or [""]
+
+
+class FakeServer:
+    """The scripted server; subclasses render :class:`Completion` in one provider's format."""
+
+    endpoint = "/"
+    default_model = "model"
+
+    def __init__(self) -> None:
+        self.replies: deque[Reply] = deque()
+        self.requests: list[Recorded] = []
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def do_POST(self) -> None:
+                try:
+                    server._handle(self)
+                except (BrokenPipeError, ConnectionResetError):  # the client went away (e.g. cancelled)
+                    self.close_connection = True
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02},
+                                        name="fake-provider", daemon=True)
+
+    # --- control ------------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """The base URL to give the SDK."""
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def script(self, *replies: Reply) -> None:
+        """Queue replies, answered in order."""
+        with self._lock:
+            self.replies.extend(replies)
+
+    @property
+    def bodies(self) -> list[dict[str, Any]]:
+        """The JSON body of every request, in order."""
+        return [r.body for r in self.requests]
+
+    # --- serving ------------------------------------------------------------------------------
+
+    def _handle(self, handler: BaseHTTPRequestHandler) -> None:
+        length = int(handler.headers.get("Content-Length") or 0)
+        raw = handler.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            body = {"__unparsed__": raw.decode("utf-8", "replace")}
+        headers = {k.lower(): v for k, v in handler.headers.items()}
+        with self._lock:
+            self.requests.append(Recorded("POST", handler.path, headers, body))
+            reply: Reply | None = self.replies.popleft() if self.replies else None
+        if handler.path.split("?")[0] != self.endpoint:
+            self._send_json(handler, 404, {"error": {"message": f"no route {handler.path}", "type": "not_found"}})
+            return
+        if reply is None:
+            self._send_json(handler, 500, self.error_body("api_error", "fake server: the script is exhausted"))
+            return
+        while isinstance(reply, Slow):
+            time.sleep(reply.seconds)
+            reply = reply.then
+        if isinstance(reply, Hangup):
+            self._hang_up(handler)
+        elif isinstance(reply, Failure):
+            text = json.dumps(reply.body) if not isinstance(reply.body, str) else reply.body
+            text = text.replace("{api_key}", self.received_key(headers))
+            self._send(handler, reply.status, text.encode(), "application/json", reply.headers)
+        elif body.get("stream"):
+            self._send_events(handler, reply, body)
+        else:
+            self._send_json(handler, 200, self.render_json(reply, body))
+
+    def received_key(self, headers: dict[str, str]) -> str:
+        """The API key the client sent (``x-api-key``, or a bearer token)."""
+        value = headers.get("x-api-key") or headers.get("authorization", "")
+        return value.removeprefix("Bearer ")
+
+    def _send_json(self, handler: BaseHTTPRequestHandler, status: int, body: Any) -> None:
+        self._send(handler, status, json.dumps(body).encode(), "application/json", {})
+
+    @staticmethod
+    def _send(handler: BaseHTTPRequestHandler, status: int, payload: bytes, content_type: str,
+              headers: dict[str, str]) -> None:
+        handler.send_response(status)
+        handler.send_header("Content-Type", content_type)
+        handler.send_header("Content-Length", str(len(payload)))
+        for name, value in headers.items():
+            handler.send_header(name, value)
+        handler.end_headers()
+        handler.wfile.write(payload)
+        handler.wfile.flush()
+
+    @staticmethod
+    def _hang_up(handler: BaseHTTPRequestHandler) -> None:
+        handler.close_connection = True
+        try:
+            handler.wfile.flush()
+            handler.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _send_events(self, handler: BaseHTTPRequestHandler, reply: Completion, request: dict[str, Any]) -> None:
+        events = list(self.render_events(reply, request))
+        if reply.error_after is not None:
+            events = [*events[:reply.error_after], self.render_error_event(reply.error_body)]
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.send_header("Cache-Control", "no-cache")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        for number, event in enumerate(events):
+            if reply.drop_after is not None and number == reply.drop_after:
+                # Announce a chunk, send half of it, and cut the connection: a broken stream.
+                data = event.encode()
+                handler.wfile.write(f"{len(data):x}\r\n".encode() + data[: len(data) // 2])
+                self._hang_up(handler)
+                return
+            if reply.end_after is not None and number == reply.end_after:
+                break  # end the body properly, but before the provider's terminating event
+            data = event.encode()
+            handler.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            handler.wfile.flush()
+            if reply.event_delay:
+                time.sleep(reply.event_delay)
+        handler.wfile.write(b"0\r\n\r\n")
+        handler.wfile.flush()
+
+    # --- the provider's format (subclasses) ---------------------------------------------------
+
+    def render_json(self, reply: Completion, request: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def render_events(self, reply: Completion, request: dict[str, Any]) -> Iterator[str]:
+        raise NotImplementedError
+
+    def render_error_event(self, body: Any) -> str:
+        raise NotImplementedError
+
+    def error_body(self, error_type: str, message: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class FakeOpenAI(FakeServer):
+    """``POST /v1/chat/completions`` as OpenAI (and compatible servers) answer it."""
+
+    endpoint = "/v1/chat/completions"
+    default_model = "gpt-4o-mini-2024-07-18"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def _usage(self, reply: Completion) -> dict[str, Any]:
+        return {"prompt_tokens": reply.input_tokens, "completion_tokens": reply.output_tokens,
+                "total_tokens": reply.input_tokens + reply.output_tokens,
+                "prompt_tokens_details": {"cached_tokens": reply.cached_tokens, "audio_tokens": 0},
+                "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0}}
+
+    def _finish(self, reply: Completion) -> str:
+        return reply.stop or ("tool_calls" if reply.calls else "stop")
+
+    def render_json(self, reply: Completion, request: dict[str, Any]) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": reply.text, "refusal": None}
+        if reply.calls:
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.name, "arguments": c.arguments}} for c in reply.calls]
+        body: dict[str, Any] = {
+            "id": "chatcmpl-fake", "object": "chat.completion", "created": 1_700_000_000,
+            "model": reply.model or self.default_model, "system_fingerprint": "fp_fake",
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": self._finish(reply)}],
+        }
+        if reply.usage:
+            body["usage"] = self._usage(reply)
+        return body
+
+    def render_events(self, reply: Completion, request: dict[str, Any]) -> Iterator[str]:
+        include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
+        model = reply.model or self.default_model
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+            data: dict[str, Any] = {"id": "chatcmpl-fake", "object": "chat.completion.chunk",
+                                    "created": 1_700_000_000, "model": model, "system_fingerprint": "fp_fake",
+                                    "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                 "finish_reason": finish}]}
+            if include_usage:
+                data["usage"] = None
+            return f"data: {json.dumps(data)}\n\n"
+
+        yield chunk({"role": "assistant", "content": "", "refusal": None})
+        if reply.text:
+            for piece in _pieces(reply.text, reply.fragment):
+                yield chunk({"content": piece})
+        for index, call in enumerate(reply.calls):
+            yield chunk({"tool_calls": [{"index": index, "id": call.id, "type": "function",
+                                         "function": {"name": call.name, "arguments": ""}}]})
+            for piece in _pieces(call.arguments, reply.fragment):
+                if piece:
+                    yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+        yield chunk({}, self._finish(reply))
+        if include_usage and reply.usage:
+            data = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1_700_000_000,
+                    "model": model, "system_fingerprint": "fp_fake", "choices": [], "usage": self._usage(reply)}
+            yield f"data: {json.dumps(data)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    def render_error_event(self, body: Any) -> str:
+        return f"data: {json.dumps({'error': body})}\n\n"
+
+    def error_body(self, error_type: str, message: str) -> dict[str, Any]:
+        return {"error": {"message": message, "type": error_type, "param": None, "code": None}}
+
+
+class FakeAnthropic(FakeServer):
+    """``POST /v1/messages`` as Anthropic answers it."""
+
+    endpoint = "/v1/messages"
+    default_model = "claude-sonnet-4-20250514"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _usage(self, reply: Completion, output: int) -> dict[str, Any]:
+        return {"input_tokens": reply.input_tokens, "output_tokens": output,
+                "cache_read_input_tokens": reply.cached_tokens,
+                "cache_creation_input_tokens": reply.cache_write_tokens, "service_tier": "standard"}
+
+    def _stop(self, reply: Completion) -> str:
+        return reply.stop or ("tool_use" if reply.calls else "end_turn")
+
+    def render_json(self, reply: Completion, request: dict[str, Any]) -> dict[str, Any]:
+        content: list[dict[str, Any]] = []
+        if reply.text:
+            content.append({"type": "text", "text": reply.text})
+        for call in reply.calls:
+            content.append({"type": "tool_use", "id": call.id, "name": call.name,
+                            "input": json.loads(call.arguments)})
+        body: dict[str, Any] = {"id": "msg_fake", "type": "message", "role": "assistant",
+                                "model": reply.model or self.default_model, "content": content,
+                                "stop_reason": self._stop(reply), "stop_sequence": None}
+        body["usage"] = self._usage(reply, reply.output_tokens) if reply.usage else {"input_tokens": 0,
+                                                                                      "output_tokens": 0}
+        return body
+
+    def render_events(self, reply: Completion, request: dict[str, Any]) -> Iterator[str]:
+        def event(name: str, data: dict[str, Any]) -> str:
+            return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n"
+
+        start_usage = self._usage(reply, 1) if reply.usage else {"input_tokens": 0, "output_tokens": 0}
+        yield event("message_start", {"message": {
+            "id": "msg_fake", "type": "message", "role": "assistant", "model": reply.model or self.default_model,
+            "content": [], "stop_reason": None, "stop_sequence": None, "usage": start_usage}})
+        index = 0
+        if reply.text:
+            yield event("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
+            yield event("ping", {})
+            for piece in _pieces(reply.text, reply.fragment):
+                yield event("content_block_delta", {"index": index,
+                                                    "delta": {"type": "text_delta", "text": piece}})
+            yield event("content_block_stop", {"index": index})
+            index += 1
+        for call in reply.calls:
+            yield event("content_block_start", {"index": index, "content_block": {
+                "type": "tool_use", "id": call.id, "name": call.name, "input": {}}})
+            for piece in _pieces(call.arguments, reply.fragment):
+                yield event("content_block_delta", {"index": index, "delta": {"type": "input_json_delta",
+                                                                              "partial_json": piece}})
+            yield event("content_block_stop", {"index": index})
+            index += 1
+        yield event("message_delta", {"delta": {"stop_reason": self._stop(reply), "stop_sequence": None},
+                                      "usage": {"output_tokens": reply.output_tokens if reply.usage else 0}})
+        yield event("message_stop", {})
+
+    def render_error_event(self, body: Any) -> str:
+        return f"event: error\ndata: {json.dumps(body)}\n\n"
+
+    def error_body(self, error_type: str, message: str) -> dict[str, Any]:
+        return {"type": "error", "error": {"type": error_type, "message": message}}
+
+
+__all__ = ["Call", "Completion", "Failure", "FakeAnthropic", "FakeOpenAI", "FakeServer", "Hangup", "Recorded",
+           "Reply", "Slow"]

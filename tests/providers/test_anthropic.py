@@ -1,0 +1,296 @@
+"""AnthropicModel through the real ``anthropic`` SDK against a local server speaking the Messages API format."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from jixu import Agent, Harness, MemoryStore, tool
+from jixu.errors import ModelError
+from jixu.threads.anthropic import AnthropicModel
+from jixu.threads.model import ModelResponse, ToolCall
+from jixu.threads.streaming import Signal
+from tests.providers.conftest import (
+    ADD_SPEC,
+    ANTHROPIC_KEY,
+    LOOKUP_SPEC,
+    STATUSES,
+    every_status_conversation,
+    make_request,
+    run,
+)
+from tests.providers.fake_servers import Call, Completion, Failure, FakeAnthropic, Hangup, Slow
+from tests.providers.test_mapping import assert_valid_anthropic
+
+MODEL = "claude-sonnet-4-20250514"
+
+
+def driver(server: FakeAnthropic, model: str = MODEL, **options: Any) -> AnthropicModel:
+    return AnthropicModel(model, base_url=server.url, api_key=ANTHROPIC_KEY, **options)
+
+
+def complete(model: AnthropicModel, **request: Any) -> ModelResponse:
+    return run(model.complete(make_request(**request)))
+
+
+def fail(model: AnthropicModel, **request: Any) -> ModelError:
+    with pytest.raises(ModelError) as caught:
+        complete(model, **request)
+    return caught.value
+
+
+# --- answers ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_plain_text(anthropic_server: FakeAnthropic, stream: bool) -> None:
+    anthropic_server.script(Completion(text="Hello! How can I help?"))
+    response = complete(driver(anthropic_server, stream=stream))
+    assert response.text == "Hello! How can I help?"
+    assert response.tool_calls == ()
+    assert response.model == MODEL
+    assert response.stop_reason == "end_turn"
+    [sent] = anthropic_server.requests
+    assert sent.path == "/v1/messages"
+    assert anthropic_server.received_key(sent.headers) == ANTHROPIC_KEY
+    assert "anthropic-version" in sent.headers
+    assert sent.body["model"] == MODEL and sent.body["max_tokens"] == 1024
+    assert sent.body["system"] == "You are terse."
+    assert sent.body["messages"] == [{"role": "user", "content": [{"type": "text", "text": "Hello?"}]}]
+    assert "tools" not in sent.body
+    assert sent.body.get("stream", False) is stream
+
+
+def test_no_instructions_means_no_system_and_options_are_sent(anthropic_server: FakeAnthropic) -> None:
+    anthropic_server.script(Completion(text="ok"))
+    complete(driver(anthropic_server, max_tokens=300, temperature=0.5), instructions="")
+    body = anthropic_server.bodies[0]
+    assert "system" not in body
+    assert body["max_tokens"] == 300 and body["temperature"] == 0.5
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_tool_call_round_trip(anthropic_server: FakeAnthropic, stream: bool) -> None:
+    anthropic_server.script(Completion(text="I'll add them.", calls=[Call("toolu_01A", "add", '{"a": 2, "b": 3}')]))
+    response = complete(driver(anthropic_server, stream=stream), tools=[ADD_SPEC])
+    assert response.text == "I'll add them."
+    assert response.tool_calls == (ToolCall(name="add", args={"a": 2, "b": 3}, id="toolu_01A"),)
+    assert response.stop_reason == "tool_use"
+    assert anthropic_server.bodies[0]["tools"] == [
+        {"name": "add", "description": "Add two integers.", "input_schema": ADD_SPEC["parameters"]}]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_parallel_tool_calls(anthropic_server: FakeAnthropic, stream: bool) -> None:
+    anthropic_server.script(Completion(calls=[Call("toolu_1", "add", '{"a": 1, "b": 2}'),
+                                              Call("toolu_2", "lookup", '{"key": "colour"}'),
+                                              Call("toolu_3", "add", "{}")]))
+    response = complete(driver(anthropic_server, stream=stream), tools=[ADD_SPEC, LOOKUP_SPEC])
+    assert response.text is None
+    assert response.tool_calls == (ToolCall("add", {"a": 1, "b": 2}, "toolu_1"),
+                                   ToolCall("lookup", {"key": "colour"}, "toolu_2"),
+                                   ToolCall("add", {}, "toolu_3"))
+
+
+def test_streamed_arguments_that_are_not_json_pass_through_marked_invalid(anthropic_server: FakeAnthropic) -> None:
+    anthropic_server.script(Completion(calls=[Call("toolu_1", "add", '{"a": 1, "b": ')], stop="max_tokens"))
+    response = complete(driver(anthropic_server), tools=[ADD_SPEC])
+    assert response.tool_calls[0].args == {"__invalid_json__": '{"a": 1, "b": '}
+    assert response.stop_reason == "max_tokens"
+
+
+def test_a_conversation_with_every_tool_status_is_sent_valid(anthropic_server: FakeAnthropic) -> None:
+    anthropic_server.script(Completion(text="ok"))
+    complete(driver(anthropic_server), messages=every_status_conversation(), tools=[ADD_SPEC])
+    sent = anthropic_server.bodies[0]["messages"]
+    assert_valid_anthropic(sent)
+    uses = [b["id"] for m in sent for b in m["content"] if b["type"] == "tool_use"]
+    results = [b for m in sent for b in m["content"] if b["type"] == "tool_result"]
+    assert uses == [r["tool_use_id"] for r in results] == [f"call_{s}" for s in STATUSES]
+    errors = {r["tool_use_id"] for r in results if r.get("is_error")}
+    assert errors == {f"call_{s}" for s in STATUSES if s not in ("ok", "occurred")}
+    # parallel calls: one assistant message with several tool_use blocks, one user message with their results
+    assert [b["type"] for b in sent[1]["content"]] == ["text", "tool_use", "tool_use", "tool_use", "tool_use"]
+    assert [b["type"] for b in sent[2]["content"]] == ["tool_result"] * 4
+
+
+# --- streaming -----------------------------------------------------------------------------------------
+
+
+def test_streaming_assembles_fragments_and_publishes_signals(anthropic_server: FakeAnthropic) -> None:
+    raw = ['{"a": 20, "b": 22}', '{"key": "k"}']
+    anthropic_server.script(Completion(text="Adding now.", fragment=3, calls=[
+        Call("toolu_1", "add", raw[0]), Call("toolu_2", "lookup", raw[1])]))
+    observed: list[Signal] = []
+    model = driver(anthropic_server, on_signal=observed.append)
+
+    async def scenario() -> tuple[ModelResponse, list[Signal]]:
+        queue = model.subscribe()
+        response = await model.complete(make_request(tools=[ADD_SPEC, LOOKUP_SPEC], effect_id="01HSTREAM"))
+        model.unsubscribe(queue)
+        return response, [queue.get_nowait() for _ in range(queue.qsize())]
+
+    response, queued = run(scenario())
+    assert queued == observed
+    assert response.text == "Adding now."
+    assert response.tool_calls == (ToolCall("add", {"a": 20, "b": 22}, "toolu_1"),
+                                   ToolCall("lookup", {"key": "k"}, "toolu_2"))
+    texts = [s.data["text"] for s in observed if s.kind == "text_delta"]
+    assert len(texts) == 4 and "".join(texts) == "Adding now."
+    for block, call in zip((1, 2), response.tool_calls, strict=True):
+        parts = [s for s in observed if s.kind == "tool_call_delta" and s.data["index"] == block]
+        assert "".join(s.data["arguments"] for s in parts) == raw[block - 1]
+        assert {(s.data["id"], s.data["name"]) for s in parts} == {(call.id, call.name)}
+    assert observed[-1].kind == "done" and observed[-1].data == {"ok": True, "stop_reason": "tool_use"}
+    assert {s.effect_id for s in observed} == {"01HSTREAM"}
+
+
+# --- usage and cost ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_usage_counts_cache_reads_and_writes_and_prices_them(anthropic_server: FakeAnthropic, stream: bool) -> None:
+    anthropic_server.script(Completion(text="hi", input_tokens=1_000, cached_tokens=3_000, cache_write_tokens=500,
+                                       output_tokens=200))
+    response = complete(driver(anthropic_server, stream=stream))
+    # claude-sonnet-4: $3 / M input, $0.30 / M cache read, $3.75 / M cache write, $15 / M output
+    expected = (1_000 * 3 + 3_000 * 0.30 + 500 * 3.75 + 200 * 15) / 1_000_000
+    usage = response.usage
+    assert (usage.input_tokens, usage.output_tokens, usage.cached_tokens) == (4_500, 200, 3_000)
+    assert usage.cost == pytest.approx(expected)
+
+
+def test_an_unknown_model_has_unknown_cost_unless_priced(anthropic_server: FakeAnthropic) -> None:
+    anthropic_server.script(Completion(text="hi", model="claude-next"), Completion(text="hi", model="claude-next"))
+    assert complete(driver(anthropic_server, "claude-next")).usage.cost is None
+    priced = complete(driver(anthropic_server, "claude-next", prices={"claude-next": {"input": 1, "output": 5}}))
+    assert priced.usage.cost == pytest.approx((12 * 1 + 7 * 5) / 1_000_000)
+
+
+# --- errors --------------------------------------------------------------------------------------------
+
+
+def _error(error_type: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": error_type, "message": message}}
+
+
+RATE_LIMITED = _error("rate_limit_error", "This request would exceed the rate limit for your organization of "
+                                          "50 requests per minute.")
+LOW_CREDIT = _error("invalid_request_error", "Your credit balance is too low to access the Anthropic API. "
+                                             "Please go to Plans & Billing to upgrade or purchase credits.")
+BAD_KEY = _error("authentication_error", "invalid x-api-key: {api_key}")
+OVERLOADED = _error("overloaded_error", "Overloaded")
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize(("reply", "kind", "indeterminate", "retry_after"), [
+    (Failure(429, RATE_LIMITED, {"retry-after": "12"}), "rate_limit", False, 12.0),
+    (Failure(429, RATE_LIMITED), "rate_limit", False, None),
+    (Failure(400, LOW_CREDIT), "quota", False, None),
+    (Failure(402, _error("billing_error", "Your account has a billing issue.")), "quota", False, None),
+    (Failure(401, BAD_KEY), "authentication", False, None),
+    (Failure(403, _error("permission_error", "Your API key does not have permission to use the specified "
+                                             "resource.")), "authentication", False, None),
+    (Failure(500, _error("api_error", "Internal server error")), "transient", True, None),
+    (Failure(529, OVERLOADED), "transient", True, None),
+    (Failure(400, _error("invalid_request_error", "messages: roles must alternate")), "invalid_request", False,
+     None),
+    (Failure(404, _error("not_found_error", "model: claude-9")), "invalid_request", False, None),
+    (Hangup(), "transient", True, None),
+])
+def test_provider_errors_map_to_kinds(anthropic_server: FakeAnthropic, stream: bool, reply: Any, kind: str,
+                                      indeterminate: bool, retry_after: float | None) -> None:
+    anthropic_server.script(reply)
+    observed: list[Signal] = []
+    error = fail(driver(anthropic_server, stream=stream, on_signal=observed.append))
+    assert (error.kind, error.indeterminate, error.retry_after) == (kind, indeterminate, retry_after)
+    assert error.message.startswith("anthropic: ")
+    assert len(anthropic_server.requests) == 1, "the SDK's own retries are off: jixu decides retries"
+    assert observed[-1].data == {"ok": False, "error_kind": kind}
+    assert ANTHROPIC_KEY not in json.dumps(error.to_dict()) and ANTHROPIC_KEY not in str(error)
+
+
+def test_the_api_key_echoed_by_the_provider_is_redacted(anthropic_server: FakeAnthropic) -> None:
+    anthropic_server.script(Failure(401, BAD_KEY))
+    error = fail(driver(anthropic_server))
+    assert "invalid x-api-key: [redacted]" in error.message
+    assert error.to_dict()["error_type"] == "authentication_error"
+
+
+@pytest.mark.parametrize(("reply", "detail"), [
+    (Completion(text="This answer breaks off in the middle", calls=[Call("t1", "add", '{"a": 1, "b": 2}')],
+                drop_after=5), "lost the connection"),
+    (Completion(text="This answer ends early", end_after=4), "ended early"),
+    (Completion(text="An error arrives mid-way", error_after=4, error_body=OVERLOADED), "in the stream"),
+])
+def test_a_stream_that_breaks_mid_way_is_transient_and_indeterminate(anthropic_server: FakeAnthropic,
+                                                                    reply: Completion, detail: str) -> None:
+    anthropic_server.script(reply)
+    observed: list[Signal] = []
+    error = fail(driver(anthropic_server, on_signal=observed.append))
+    assert (error.kind, error.indeterminate) == ("transient", True)
+    assert detail in error.message
+    assert any(s.kind == "text_delta" for s in observed), "partial deltas were streamed before the break"
+    assert observed[-1].data == {"ok": False, "error_kind": "transient"}
+
+
+def test_a_timeout_is_transient_and_indeterminate(anthropic_server: FakeAnthropic) -> None:
+    anthropic_server.script(Slow(1.0, Completion(text="too late")))
+    error = fail(driver(anthropic_server, timeout=0.2))
+    assert (error.kind, error.indeterminate) == ("transient", True)
+
+
+# --- configuration ---------------------------------------------------------------------------------------
+
+
+def test_configuration_from_the_environment(anthropic_server: FakeAnthropic, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", ANTHROPIC_KEY)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", anthropic_server.url)
+    anthropic_server.script(Completion(text="from env"))
+    assert complete(AnthropicModel(MODEL)).text == "from env"
+    assert anthropic_server.received_key(anthropic_server.requests[0].headers) == ANTHROPIC_KEY
+
+
+# --- end to end through the harness ------------------------------------------------------------------------
+
+
+def test_a_thread_runs_to_completion_with_a_real_tool(anthropic_server: FakeAnthropic) -> None:
+    @tool(semantics="read_only")
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    anthropic_server.script(
+        Completion(text="Let me add.", calls=[Call("toolu_add_1", "add", '{"a": 2, "b": 3}')]),
+        Completion(text="2 + 3 = 5", input_tokens=90, output_tokens=9),
+    )
+    agent = Agent("calc", driver(anthropic_server), instructions="Use the add tool.", tools=[add])
+    harness = Harness(agent, MemoryStore())
+
+    async def scenario() -> tuple[Any, list[Any]]:
+        thread = await harness.create_thread()
+        await thread.send("what is 2 + 3?")
+        state = await thread.wait()
+        return state, await thread.events()
+
+    state, events = run(scenario())
+    assert state.status == "idle" and state.last_reply == "2 + 3 = 5"
+    completed = [e.data["result"] for e in events if e.type == "model.completed"]
+    assert completed[0]["tool_calls"] == [{"id": "toolu_add_1", "name": "add", "args": {"a": 2, "b": 3}}]
+    assert completed[1] == {
+        "text": "2 + 3 = 5", "tool_calls": [], "model": MODEL, "stop_reason": "end_turn",
+        "usage": {"input_tokens": 90, "output_tokens": 9, "cached_tokens": 0,
+                  "cost": pytest.approx((90 * 3 + 9 * 15) / 1_000_000)},
+    }
+    second = anthropic_server.bodies[1]
+    assert second["system"] == "Use the add tool."
+    assert second["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "what is 2 + 3?"}]},
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "Let me add."},
+            {"type": "tool_use", "id": "toolu_add_1", "name": "add", "input": {"a": 2, "b": 3}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_add_1", "content": "5"}]},
+    ]
+    assert ANTHROPIC_KEY not in json.dumps([e.to_dict() for e in events])

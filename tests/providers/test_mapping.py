@@ -1,0 +1,456 @@
+"""The pure parts of the provider drivers: conversation mapping, arguments, errors, prices, signals, imports."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import itertools
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from jixu.errors import InvalidInput
+from jixu.threads.anthropic import anthropic_messages
+from jixu.threads.anthropic import tool_specs as anthropic_tools
+from jixu.threads.openai import chat_messages
+from jixu.threads.openai import tool_specs as openai_tools
+from jixu.threads.pricing import DEFAULT_PRICES, Price, find_price, price_table
+from jixu.threads.streaming import (
+    MISSING_RESULT,
+    Signal,
+    SignalSource,
+    classify_status,
+    error_fields,
+    parse_arguments,
+    retry_after_seconds,
+    well_formed,
+)
+from tests.helpers import python_env
+from tests.providers.conftest import (
+    ADD_SPEC,
+    LOOKUP_SPEC,
+    STATUSES,
+    every_status_conversation,
+    make_request,
+    run,
+)
+
+# --- validity checks shared by the tests ---------------------------------------------------------------
+
+
+def assert_valid_openai(messages: list[dict[str, Any]]) -> None:
+    """Chat Completions rules: each assistant tool call is answered by one tool message right after it."""
+    index = 0
+    seen: set[str] = set()
+    while index < len(messages):
+        message = messages[index]
+        assert message["role"] in ("system", "user", "assistant", "tool")
+        assert message["role"] != "tool", f"tool message {index} answers no call right before it"
+        index += 1
+        if message["role"] != "assistant":
+            assert isinstance(message["content"], str)
+            continue
+        ids = [c["id"] for c in message.get("tool_calls", [])]
+        assert not seen & set(ids) and len(ids) == len(set(ids)), "tool call ids are unique"
+        seen |= set(ids)
+        for call in message.get("tool_calls", []):
+            assert call["type"] == "function" and isinstance(call["function"]["arguments"], str)
+        answers = []
+        while index < len(messages) and messages[index]["role"] == "tool":
+            answers.append(messages[index]["tool_call_id"])
+            assert isinstance(messages[index]["content"], str)
+            index += 1
+        assert answers == ids, f"calls {ids} answered by {answers}"
+
+
+def assert_valid_anthropic(messages: list[dict[str, Any]]) -> None:
+    """Messages API rules: user first, roles alternate, every tool_use answered once in the next message."""
+    assert messages and messages[0]["role"] == "user"
+    for first, second in itertools.pairwise(messages):
+        assert first["role"] != second["role"], "roles alternate"
+    for number, message in enumerate(messages):
+        blocks = message["content"]
+        assert blocks, "no empty content"
+        for block in blocks:
+            if block["type"] == "text":
+                assert block["text"], "no empty text blocks"
+        if message["role"] == "assistant":
+            ids = [b["id"] for b in blocks if b["type"] == "tool_use"]
+            results = [b for b in messages[number + 1]["content"] if b["type"] == "tool_result"] \
+                if ids else []
+            assert [r["tool_use_id"] for r in results] == ids, "every tool_use answered exactly once"
+            # tool_result blocks come first in the next user message
+            kinds = [b["type"] for b in messages[number + 1]["content"]] if ids else []
+            assert kinds[:len(ids)] == ["tool_result"] * len(ids)
+        else:
+            assert all(b["type"] in ("text", "tool_result") for b in blocks)
+            results = [b for b in blocks if b["type"] == "tool_result"]
+            if results:
+                previous = messages[number - 1]
+                assert previous["role"] == "assistant"
+                assert {r["tool_use_id"] for r in results} <= {b["id"] for b in previous["content"]
+                                                               if b["type"] == "tool_use"}
+
+
+# --- the neutral conversation, made well formed ------------------------------------------------------
+
+
+def test_every_call_is_answered_once_missing_results_are_filled_and_orphans_dropped() -> None:
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "go"},
+        {"role": "tool", "tool_call_id": "ghost", "name": "add", "content": "orphan", "status": "ok"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "a", "name": "add", "args": {"a": 1, "b": 2}},
+            {"id": "b", "name": "add", "args": {"a": 3, "b": 4}},
+        ]},
+        {"role": "user", "content": "an interjection recorded before the results"},
+        {"role": "tool", "tool_call_id": "b", "name": "add", "content": "7", "status": "ok"},
+        {"role": "tool", "tool_call_id": "b", "name": "add", "content": "duplicate", "status": "ok"},
+        {"role": "assistant", "content": "done", "tool_calls": []},
+    ]
+    out = well_formed(messages)
+    assert out == [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "a", "name": "add", "args": {"a": 1, "b": 2}},
+            {"id": "b", "name": "add", "args": {"a": 3, "b": 4}},
+        ]},
+        {"role": "tool", "tool_call_id": "a", "name": "add", "content": MISSING_RESULT, "status": "missing"},
+        {"role": "tool", "tool_call_id": "b", "name": "add", "content": "7", "status": "ok"},
+        {"role": "user", "content": "an interjection recorded before the results"},
+        {"role": "assistant", "content": "done", "tool_calls": []},
+    ]
+    assert messages[1]["content"] == "orphan", "the input is not changed"
+
+
+def test_unusable_and_repeated_call_ids_are_replaced_consistently_and_deterministically() -> None:
+    long_id = "x" * 80
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_0", "name": "add", "args": {}},
+                                                              {"id": "bad id!", "name": "tools.add", "args": {}},
+                                                              {"id": long_id, "name": "add", "args": {}}]},
+        {"role": "tool", "tool_call_id": "call_0", "name": "add", "content": "first", "status": "ok"},
+        {"role": "tool", "tool_call_id": "bad id!", "name": "add", "content": "second", "status": "ok"},
+        {"role": "tool", "tool_call_id": long_id, "name": "add", "content": "third", "status": "ok"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_0", "name": "add", "args": {}}]},
+        {"role": "tool", "tool_call_id": "call_0", "name": "add", "content": "again", "status": "error"},
+    ]
+    out = well_formed(messages)
+    assert out == well_formed(messages), "deterministic: the same conversation maps the same way every call"
+    first_ids = [c["id"] for c in out[1]["tool_calls"]]
+    assert first_ids[0] == "call_0"
+    assert first_ids[1] != "bad id!" and first_ids[2] != long_id
+    assert out[1]["tool_calls"][1]["name"] == "tools_add"
+    assert [m["tool_call_id"] for m in out[2:5]] == first_ids
+    assert [m["content"] for m in out[2:5]] == ["first", "second", "third"]
+    second_id = out[5]["tool_calls"][0]["id"]
+    assert second_id != "call_0", "a repeated id gets a fresh one"
+    assert out[6] == {"role": "tool", "tool_call_id": second_id, "name": "add", "content": "again",
+                      "status": "error"}
+    assert_valid_openai(chat_messages("", messages))
+    assert_valid_anthropic(anthropic_messages(messages))
+
+
+def test_the_every_status_conversation_is_valid_for_openai() -> None:
+    out = chat_messages("Be careful.", every_status_conversation())
+    assert out[0] == {"role": "system", "content": "Be careful."}
+    assert_valid_openai(out)
+    tool_messages = [m for m in out if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tool_messages] == [f"call_{s}" for s in STATUSES]
+    assert all(set(m) == {"role", "tool_call_id", "content"} for m in tool_messages)
+    parallel = out[2]
+    assert parallel["content"] == "Working on it." and len(parallel["tool_calls"]) == len(STATUSES) // 2
+    assert parallel["tool_calls"][0] == {"id": "call_ok", "type": "function",
+                                         "function": {"name": "add", "arguments": '{"a":0,"b":1}'}}
+
+
+def test_the_every_status_conversation_is_valid_for_anthropic_with_errors_flagged() -> None:
+    out = anthropic_messages(every_status_conversation())
+    assert_valid_anthropic(out)
+    results = [b for m in out if m["role"] == "user" for b in m["content"] if b["type"] == "tool_result"]
+    assert [r["tool_use_id"] for r in results] == [f"call_{s}" for s in STATUSES]
+    flagged = {r["tool_use_id"].removeprefix("call_"): r.get("is_error", False) for r in results}
+    assert flagged == {"ok": False, "occurred": False, "error": True, "denied": True, "not_occurred": True,
+                       "abandoned_unknown": True, "interrupted": True, "not_inherited": True}
+    # Parallel calls: several tool_use blocks, then one user message with all their results.
+    parallel = out[1]
+    assert parallel["role"] == "assistant"
+    assert [b["type"] for b in parallel["content"]] == ["text"] + ["tool_use"] * (len(STATUSES) // 2)
+    assert [b["type"] for b in out[2]["content"]] == ["tool_result"] * (len(STATUSES) // 2)
+    # The last tool results and the user's next message merge into one user message, results first.
+    assert out[-1]["role"] == "user"
+    assert [b["type"] for b in out[-3]["content"]] == ["tool_result"]
+    assert out[-1]["content"] == [{"type": "text", "text": "Thanks. Once more?"}]
+
+
+def test_anthropic_gets_a_user_message_first_and_no_empty_content() -> None:
+    out = anthropic_messages([
+        {"role": "assistant", "content": "", "tool_calls": []},
+        {"role": "user", "content": "first"},
+        {"role": "user", "content": "second"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "t1", "name": "lookup", "args": {}}]},
+        {"role": "tool", "tool_call_id": "t1", "name": "lookup", "content": "", "status": "ok"},
+    ])
+    assert_valid_anthropic(out)
+    assert out[0] == {"role": "user", "content": [{"type": "text", "text": "(continuing the conversation)"}]}
+    assert out[2]["content"] == [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]
+    assert out[-1]["content"] == [{"type": "tool_result", "tool_use_id": "t1", "content": "(empty)"}]
+
+
+def test_tool_specs_map_to_each_providers_format() -> None:
+    assert openai_tools([ADD_SPEC, LOOKUP_SPEC]) == [
+        {"type": "function", "function": {"name": "add", "description": "Add two integers.",
+                                          "parameters": ADD_SPEC["parameters"]}},
+        {"type": "function", "function": {"name": "lookup", "parameters": LOOKUP_SPEC["parameters"]}},
+    ]
+    assert anthropic_tools([ADD_SPEC, LOOKUP_SPEC]) == [
+        {"name": "add", "description": "Add two integers.", "input_schema": ADD_SPEC["parameters"]},
+        {"name": "lookup", "input_schema": LOOKUP_SPEC["parameters"]},
+    ]
+
+
+def test_tool_specs_from_the_tool_decorator_map_too() -> None:
+    from jixu import tool
+
+    @tool
+    def greet(name: str, times: int = 1) -> str:
+        """Greet someone."""
+        return name * times
+
+    spec = greet.spec()
+    assert openai_tools([spec])[0]["function"]["parameters"] == greet.parameters
+    assert anthropic_tools([spec])[0]["input_schema"]["type"] == "object"
+
+
+# --- model output ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ('{"a": 1}', {"a": 1}),
+    ("", {}),
+    ("  ", {}),
+    (None, {}),
+    ('{"a": 1', {"__invalid_json__": '{"a": 1'}),
+    ("[1, 2]", {"__invalid_json__": "[1, 2]"}),
+    ('"text"', {"__invalid_json__": '"text"'}),
+])
+def test_tool_arguments_that_are_not_a_json_object_pass_through_marked_invalid(raw: str | None,
+                                                                              expected: dict[str, Any]) -> None:
+    assert parse_arguments(raw) == expected
+
+
+def test_invalid_arguments_are_rejected_by_the_tool_before_dispatch() -> None:
+    from jixu import tool
+    from jixu.errors import ToolInputError
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add."""
+        return a + b
+
+    with pytest.raises(ToolInputError, match="__invalid_json__"):
+        add.validate_args(parse_arguments('{"a": 1,'))
+
+
+# --- errors ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("status", "error_type", "code", "message", "expected"), [
+    (429, "requests", "rate_limit_exceeded", "Rate limit reached", ("rate_limit", False)),
+    (429, "rate_limit_error", None, "Number of request tokens has exceeded your per-minute rate limit",
+     ("rate_limit", False)),
+    (429, "insufficient_quota", "insufficient_quota", "You exceeded your current quota", ("quota", False)),
+    (400, "invalid_request_error", None, "Your credit balance is too low to access the Anthropic API.",
+     ("quota", False)),
+    (402, None, None, "Insufficient credits", ("quota", False)),
+    (403, "billing_error", None, "Billing issue", ("quota", False)),
+    (401, "authentication_error", None, "invalid x-api-key", ("authentication", False)),
+    (403, "permission_error", None, "Your API key does not have permission", ("authentication", False)),
+    (500, "api_error", None, "Internal server error", ("transient", True)),
+    (503, None, None, "unavailable", ("transient", True)),
+    (529, "overloaded_error", None, "Overloaded", ("transient", True)),
+    (408, None, None, "request timeout", ("transient", True)),
+    (400, "invalid_request_error", None, "messages: roles must alternate", ("invalid_request", False)),
+    (404, "not_found_error", None, "model: claude-9", ("invalid_request", False)),
+    (413, "request_too_large", None, "Request exceeds the maximum size", ("invalid_request", False)),
+    (200, "overloaded_error", None, "Overloaded (inside a stream)", ("transient", True)),
+])
+def test_http_statuses_map_to_kinds(status: int, error_type: str | None, code: str | None, message: str,
+                                   expected: tuple[str, bool]) -> None:
+    assert classify_status(status, error_type, code, message) == expected
+
+
+def test_error_fields_read_both_providers_bodies() -> None:
+    openai_body = {"error": {"message": "quota", "type": "insufficient_quota", "param": None,
+                             "code": "insufficient_quota"}}
+    anthropic_body = {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}
+    assert error_fields(openai_body) == ("insufficient_quota", "insufficient_quota", "quota")
+    assert error_fields(anthropic_body) == ("rate_limit_error", None, "slow down")
+    assert error_fields("plain text") == (None, None, None)
+
+
+def test_retry_after_comes_from_the_headers() -> None:
+    assert retry_after_seconds({"retry-after": "7"}) == 7.0
+    assert retry_after_seconds({"Retry-After": "2.5"}) == 2.5
+    assert retry_after_seconds({"retry-after-ms": "1500", "retry-after": "9"}) == 1.5
+    assert retry_after_seconds({"retry-after": "-3"}) == 0.0
+    assert retry_after_seconds({"retry-after": "soon"}) is None
+    assert retry_after_seconds({}) is None
+    assert retry_after_seconds(None) is None
+    now = 1_800_000_000.0
+    date = email.utils.formatdate(now + 30, usegmt=True)
+    assert retry_after_seconds({"retry-after": date}, now=now) == 30.0
+
+
+# --- prices ----------------------------------------------------------------------------------------
+
+
+def test_known_models_have_prices_by_exact_name_or_dated_snapshot_and_unknown_ones_none() -> None:
+    table = price_table()
+    assert find_price(table, "gpt-4o-mini") == DEFAULT_PRICES["gpt-4o-mini"]
+    assert find_price(table, "gpt-4o-mini-2024-07-18") == DEFAULT_PRICES["gpt-4o-mini"]
+    assert find_price(table, "claude-sonnet-4-20250514") == DEFAULT_PRICES["claude-sonnet-4"]
+    assert find_price(table, "claude-3-5-sonnet-latest") == DEFAULT_PRICES["claude-3-5-sonnet"]
+    assert find_price(table, "gpt-4o-audio-preview") is None
+    assert find_price(table, "llama3.1:8b") is None
+    assert find_price(table, "unknown", "gpt-4o") == DEFAULT_PRICES["gpt-4o"], "falls back to the reported model"
+
+
+def test_cost_counts_cached_and_cache_write_tokens_at_their_own_price() -> None:
+    price = Price(input=3.0, output=15.0, cached_input=0.3, cache_write=3.75)
+    cost = price.cost(input_tokens=1_000_000, output_tokens=100_000, cached_tokens=400_000,
+                      cache_write_tokens=100_000)
+    assert cost == pytest.approx(500_000 * 3e-6 + 400_000 * 0.3e-6 + 100_000 * 3.75e-6 + 100_000 * 15e-6)
+    assert Price(input=1.0, output=2.0).cost(input_tokens=10, output_tokens=10, cached_tokens=5) == \
+        pytest.approx(30e-6), "no cached price: cached tokens cost as input"
+    assert Price(input=0.0, output=0.0).cost(input_tokens=10, output_tokens=10) == 0.0
+
+
+def test_prices_can_be_overridden_and_are_validated() -> None:
+    table = price_table({"llama3.1": {"input": 0, "output": 0}, "gpt-4o": Price(input=1, output=2)})
+    assert table["llama3.1"] == Price(input=0.0, output=0.0)
+    assert table["gpt-4o"] == Price(input=1, output=2)
+    assert "gpt-4o" in DEFAULT_PRICES and DEFAULT_PRICES["gpt-4o"].input == 2.5, "defaults stay untouched"
+    for bad in ({"m": {"input": 1}}, {"m": {"input": -1, "output": 1}}, {"m": {"input": 1, "output": "2"}},
+                {"m": {"input": 1, "output": 2, "surcharge": 1}}, {"m": 3}, {"": {"input": 1, "output": 1}}):
+        with pytest.raises(InvalidInput):
+            price_table(bad)  # type: ignore[arg-type]
+
+
+# --- signals ---------------------------------------------------------------------------------------
+
+
+def test_signals_reach_callbacks_queues_and_iterators_and_slow_readers_lose_the_oldest() -> None:
+    seen: list[Signal] = []
+
+    def broken(signal: Signal) -> None:
+        seen.append(signal)
+        raise RuntimeError("observer bug")
+
+    async def scenario() -> None:
+        source = SignalSource(on_signal=broken)
+        small = source.subscribe(maxsize=2)
+        collected: list[Signal] = []
+
+        async def iterate() -> None:
+            async for signal in source.signals(thread_id="t1"):
+                collected.append(signal)
+                if signal.kind == "done":
+                    break
+
+        reader = asyncio.create_task(iterate())
+        await asyncio.sleep(0)
+        for kind, thread in (("text_delta", "t1"), ("text_delta", "t2"), ("tool_call_delta", "t1"),
+                             ("done", "t1")):
+            source.publish(Signal(kind, "e1", {"n": len(seen)}, thread_id=thread))  # type: ignore[arg-type]
+        await asyncio.wait_for(reader, 2)
+        assert [s.kind for s in collected] == ["text_delta", "tool_call_delta", "done"]
+        assert small.qsize() == 2 and [small.get_nowait().kind for _ in range(2)] == ["tool_call_delta", "done"]
+        source.unsubscribe(small)
+        source.unsubscribe(small)  # twice is harmless
+        assert len(source._queues) == 0, "the finished iterator unsubscribed itself"
+
+    run(scenario())
+    assert len(seen) == 4, "a raising callback still got every signal and broke nothing"
+
+
+def test_subscribe_validates_its_size() -> None:
+    with pytest.raises(InvalidInput):
+        SignalSource().subscribe(maxsize=0)
+    with pytest.raises(InvalidInput):
+        SignalSource(on_signal="print")  # type: ignore[arg-type]
+
+
+# --- imports without the extras --------------------------------------------------------------------
+
+
+def test_importing_jixu_does_not_import_the_sdks() -> None:
+    code = ("import sys, jixu; from jixu import OpenAIModel, AnthropicModel; "
+            "from jixu.threads import OpenAIModel as A, AnthropicModel as B, Signal; "
+            "assert OpenAIModel is A and AnthropicModel is B; "
+            "assert 'openai' not in sys.modules and 'anthropic' not in sys.modules, sorted(sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], env=python_env(), capture_output=True, text=True,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(("name", "module", "extra"), [("OpenAIModel", "openai", "openai"),
+                                                       ("AnthropicModel", "anthropic", "anthropic")])
+def test_constructing_a_driver_without_its_extra_names_the_extra(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                                 module: str, extra: str) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # as if the SDK were not installed
+    import jixu
+
+    driver_class = getattr(jixu, name)
+    with pytest.raises(InvalidInput, match=rf"pip install 'jixu\[{extra}\]'") as caught:
+        driver_class("some-model", api_key="sk-whatever")
+    assert caught.value.details["extra"] == extra
+
+
+def test_unknown_attributes_still_raise_attribute_error() -> None:
+    import jixu
+    import jixu.threads
+
+    with pytest.raises(AttributeError):
+        jixu.NoSuchThing  # noqa: B018
+    with pytest.raises(AttributeError):
+        jixu.threads.NoSuchThing  # noqa: B018
+
+
+def test_drivers_validate_their_options() -> None:
+    from jixu import AnthropicModel, OpenAIModel
+
+    for bad in ({"timeout": 0}, {"timeout": "5"}, {"max_tokens": 0}, {"max_tokens": 1.5}, {"temperature": -1},
+                {"stream": "yes"}, {"name": ""}, {"prices": {"m": {"input": 1}}}):
+        with pytest.raises(InvalidInput):
+            OpenAIModel("gpt-4o", api_key="sk-x", **bad)
+    with pytest.raises(InvalidInput):
+        OpenAIModel("", api_key="sk-x")
+    with pytest.raises(InvalidInput, match="OPENAI_API_KEY"):
+        OpenAIModel("gpt-4o")
+    with pytest.raises(InvalidInput, match="ANTHROPIC_API_KEY"):
+        AnthropicModel("claude-sonnet-4")
+    with pytest.raises(InvalidInput):
+        AnthropicModel("claude-sonnet-4", api_key="sk-x", max_tokens=None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="client"):
+        OpenAIModel("gpt-4o", client=object())  # type: ignore[arg-type]
+    model = OpenAIModel("gpt-4o", api_key="sk-proj-abcdefghijklmnop")
+    assert model.name == "openai:gpt-4o" and "sk-proj" not in repr(model)
+    assert AnthropicModel("claude-x", api_key="k", name="claude").name == "claude"
+
+
+def test_request_helper_builds_what_the_harness_builds() -> None:
+    request = make_request()
+    assert request.messages[0]["role"] == "user" and request.attempt == 1
+
+
+def test_redaction_removes_the_drivers_key_and_anything_shaped_like_a_provider_key() -> None:
+    from jixu import OpenAIModel
+
+    model = OpenAIModel("gpt-4o", api_key="my-private-token-123")
+    text = model.redact("got my-private-token-123 and sk-proj-abcdefghijklmnopqrstuvwxyz0123 and task-list")
+    assert "my-private-token-123" not in text and "abcdefghijklmnopqrstuvwxyz" not in text
+    assert "sk-proj-a...[redacted]" in text and "task-list" in text

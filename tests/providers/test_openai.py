@@ -1,0 +1,412 @@
+"""OpenAIModel through the real ``openai`` SDK against a local server speaking the Chat Completions format."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from jixu import Agent, Harness, MemoryStore, tool
+from jixu.errors import ModelError
+from jixu.threads.model import ModelResponse, ToolCall, Usage
+from jixu.threads.openai import OpenAIModel
+from jixu.threads.streaming import Signal
+from tests.providers.conftest import (
+    ADD_SPEC,
+    LOOKUP_SPEC,
+    OPENAI_KEY,
+    every_status_conversation,
+    make_request,
+    run,
+)
+from tests.providers.fake_servers import Call, Completion, Failure, FakeOpenAI, Hangup, Slow
+from tests.providers.test_mapping import assert_valid_openai
+
+
+def driver(server: FakeOpenAI, model: str = "gpt-4o-mini", **options: Any) -> OpenAIModel:
+    return OpenAIModel(model, base_url=server.url, api_key=OPENAI_KEY, **options)
+
+
+def complete(model: OpenAIModel, **request: Any) -> ModelResponse:
+    return run(model.complete(make_request(**request)))
+
+
+def fail(model: OpenAIModel, **request: Any) -> ModelError:
+    with pytest.raises(ModelError) as caught:
+        complete(model, **request)
+    return caught.value
+
+
+# --- answers ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_plain_text(openai_server: FakeOpenAI, stream: bool) -> None:
+    openai_server.script(Completion(text="Hello! How can I help?"))
+    response = complete(driver(openai_server, stream=stream))
+    assert response.text == "Hello! How can I help?"
+    assert response.tool_calls == ()
+    assert response.model == "gpt-4o-mini-2024-07-18"
+    assert response.stop_reason == "stop"
+    [sent] = openai_server.requests
+    assert sent.path == "/v1/chat/completions"
+    assert sent.headers["authorization"] == f"Bearer {OPENAI_KEY}"
+    assert sent.body["model"] == "gpt-4o-mini"
+    assert sent.body["messages"] == [{"role": "system", "content": "You are terse."},
+                                     {"role": "user", "content": "Hello?"}]
+    assert "tools" not in sent.body
+    assert sent.body.get("stream", False) is stream
+    if stream:
+        assert sent.body["stream_options"] == {"include_usage": True}
+
+
+def test_no_instructions_means_no_system_message_and_options_are_sent_when_given(openai_server: FakeOpenAI) -> None:
+    openai_server.script(Completion(text="ok"))
+    complete(driver(openai_server, max_tokens=256, temperature=0.2), instructions="")
+    body = openai_server.bodies[0]
+    assert body["messages"] == [{"role": "user", "content": "Hello?"}]
+    assert body["max_tokens"] == 256 and body["temperature"] == 0.2
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_tool_call_round_trip(openai_server: FakeOpenAI, stream: bool) -> None:
+    openai_server.script(Completion(calls=[Call("call_abc123", "add", '{"a": 2, "b": 3}')]))
+    response = complete(driver(openai_server, stream=stream), tools=[ADD_SPEC])
+    assert response.tool_calls == (ToolCall(name="add", args={"a": 2, "b": 3}, id="call_abc123"),)
+    assert response.text is None
+    assert response.stop_reason == "tool_calls"
+    assert openai_server.bodies[0]["tools"] == [{"type": "function", "function": {
+        "name": "add", "description": "Add two integers.", "parameters": ADD_SPEC["parameters"]}}]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_parallel_tool_calls_with_text(openai_server: FakeOpenAI, stream: bool) -> None:
+    openai_server.script(Completion(text="Let me check both.", calls=[
+        Call("call_1", "add", '{"a": 1, "b": 2}'),
+        Call("call_2", "lookup", '{"key": "colour"}'),
+        Call("call_3", "add", "{}"),
+    ]))
+    response = complete(driver(openai_server, stream=stream), tools=[ADD_SPEC, LOOKUP_SPEC])
+    assert response.text == "Let me check both."
+    assert response.tool_calls == (ToolCall("add", {"a": 1, "b": 2}, "call_1"),
+                                   ToolCall("lookup", {"key": "colour"}, "call_2"),
+                                   ToolCall("add", {}, "call_3"))
+    result = response.to_result("01HEFFECT0000000000000000000")
+    assert [c["id"] for c in result["tool_calls"]] == ["call_1", "call_2", "call_3"]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_arguments_that_are_not_json_pass_through_marked_invalid(openai_server: FakeOpenAI, stream: bool) -> None:
+    openai_server.script(Completion(calls=[Call("call_1", "add", '{"a": 1, "b": '),
+                                           Call("call_2", "add", "[1, 2]")]))
+    response = complete(driver(openai_server, stream=stream), tools=[ADD_SPEC])
+    assert [c.args for c in response.tool_calls] == [{"__invalid_json__": '{"a": 1, "b": '},
+                                                    {"__invalid_json__": "[1, 2]"}]
+
+
+def test_a_conversation_with_every_tool_status_is_sent_valid(openai_server: FakeOpenAI) -> None:
+    openai_server.script(Completion(text="ok"))
+    complete(driver(openai_server), messages=every_status_conversation(), tools=[ADD_SPEC])
+    sent = openai_server.bodies[0]["messages"]
+    assert_valid_openai(sent)
+    calls = [c["id"] for m in sent if m["role"] == "assistant" for c in m.get("tool_calls", [])]
+    answers = [m["tool_call_id"] for m in sent if m["role"] == "tool"]
+    assert sorted(calls) == sorted(answers) and len(answers) == len(set(answers)), "each call answered once"
+    assert sent[-1] == {"role": "user", "content": "Thanks. Once more?"}
+
+
+# --- streaming -----------------------------------------------------------------------------------------
+
+
+def test_streaming_assembles_fragments_and_publishes_signals(openai_server: FakeOpenAI) -> None:
+    openai_server.script(Completion(text="The sum is coming.", fragment=3, calls=[
+        Call("call_1", "add", '{"a": 20, "b": 22}'), Call("call_2", "lookup", '{"key": "k"}')]))
+    observed: list[Signal] = []
+    model = driver(openai_server, on_signal=observed.append)
+
+    async def scenario() -> tuple[ModelResponse, list[Signal]]:
+        queue = model.subscribe()
+        response = await model.complete(make_request(tools=[ADD_SPEC, LOOKUP_SPEC], effect_id="01HSTREAM"))
+        model.unsubscribe(queue)
+        return response, [queue.get_nowait() for _ in range(queue.qsize())]
+
+    response, queued = run(scenario())
+    assert queued == observed
+    assert response.text == "The sum is coming."
+    assert response.tool_calls == (ToolCall("add", {"a": 20, "b": 22}, "call_1"),
+                                   ToolCall("lookup", {"key": "k"}, "call_2"))
+    texts = [s.data["text"] for s in observed if s.kind == "text_delta"]
+    assert len(texts) > 3 and "".join(texts) == response.text
+    raw = ['{"a": 20, "b": 22}', '{"key": "k"}']
+    for index, call in enumerate(response.tool_calls):
+        parts = [s for s in observed if s.kind == "tool_call_delta" and s.data["index"] == index]
+        assert len(parts) > 2 and "".join(s.data["arguments"] for s in parts) == raw[index]
+        assert parts[-1].data["id"] == call.id and parts[-1].data["name"] == call.name
+    assert observed[-1].kind == "done" and observed[-1].data == {"ok": True, "stop_reason": "tool_calls"}
+    assert {s.effect_id for s in observed} == {"01HSTREAM"}
+    assert {s.thread_id for s in observed} == {"01HTHREAD0000000000000000000"}
+
+
+def test_without_streaming_only_the_done_signal_is_published(openai_server: FakeOpenAI) -> None:
+    openai_server.script(Completion(text="whole"))
+    observed: list[Signal] = []
+    complete(driver(openai_server, stream=False, on_signal=observed.append))
+    assert [s.kind for s in observed] == ["done"]
+
+
+def test_the_signals_iterator_follows_one_call(openai_server: FakeOpenAI) -> None:
+    import asyncio
+
+    openai_server.script(Completion(text="abcdefghij", fragment=2))
+    model = driver(openai_server)
+
+    async def scenario() -> list[str]:
+        texts: list[str] = []
+
+        async def follow() -> None:
+            async for signal in model.signals(effect_id="01HFOLLOW"):
+                if signal.kind == "done":
+                    return
+                texts.append(signal.data["text"])
+
+        follower = asyncio.create_task(follow())
+        await asyncio.sleep(0)
+        await model.complete(make_request(effect_id="01HFOLLOW"))
+        await asyncio.wait_for(follower, 5)
+        return texts
+
+    assert run(scenario()) == ["ab", "cd", "ef", "gh", "ij"]
+
+
+# --- usage and cost ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_usage_and_cost_of_a_known_model(openai_server: FakeOpenAI, stream: bool) -> None:
+    openai_server.script(Completion(text="hi", input_tokens=2_000, cached_tokens=1_000, output_tokens=500))
+    response = complete(driver(openai_server, "gpt-4o-mini", stream=stream))
+    # gpt-4o-mini: $0.15 / M input, $0.075 / M cached input, $0.60 / M output
+    expected = (1_000 * 0.15 + 1_000 * 0.075 + 500 * 0.60) / 1_000_000
+    usage = response.usage
+    assert (usage.input_tokens, usage.output_tokens, usage.cached_tokens) == (2_000, 500, 1_000)
+    assert usage.cost == pytest.approx(expected)
+
+
+def test_an_unknown_model_has_unknown_cost_unless_priced(openai_server: FakeOpenAI) -> None:
+    openai_server.script(Completion(text="hi", model="llama3.1:8b"), Completion(text="hi", model="llama3.1:8b"))
+    unknown = complete(driver(openai_server, "llama3.1:8b"))
+    assert unknown.usage == Usage(input_tokens=12, output_tokens=7, cached_tokens=0, cost=None)
+    priced = complete(driver(openai_server, "llama3.1:8b", prices={"llama3.1:8b": {"input": 1, "output": 2}}))
+    assert priced.usage.cost == pytest.approx((12 * 1 + 7 * 2) / 1_000_000)
+
+
+def test_a_response_without_usage_has_unknown_cost(openai_server: FakeOpenAI) -> None:
+    openai_server.script(Completion(text="hi", usage=False))
+    response = complete(driver(openai_server, "gpt-4o"))
+    assert response.usage == Usage() and response.usage.cost is None
+
+
+# --- errors --------------------------------------------------------------------------------------------
+
+
+def _error(message: str, error_type: str, code: str | None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+
+
+RATE_LIMITED = _error("Rate limit reached for gpt-4o-mini in organization org-x on requests per min (RPM): "
+                      "Limit 3, Used 3, Requested 1.", "requests", "rate_limit_exceeded")
+NO_QUOTA = _error("You exceeded your current quota, please check your plan and billing details.",
+                  "insufficient_quota", "insufficient_quota")
+BAD_KEY = _error("Incorrect API key provided: {api_key}. You can find your API key at "
+                 "https://platform.openai.com/account/api-keys.", "invalid_request_error", "invalid_api_key")
+SERVER_ERROR = _error("The server had an error while processing your request. Sorry about that!",
+                      "server_error", None)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize(("reply", "kind", "indeterminate", "retry_after"), [
+    (Failure(429, RATE_LIMITED, {"retry-after": "7"}), "rate_limit", False, 7.0),
+    (Failure(429, RATE_LIMITED, {"retry-after-ms": "1500", "retry-after": "2"}), "rate_limit", False, 1.5),
+    (Failure(429, RATE_LIMITED), "rate_limit", False, None),
+    (Failure(429, NO_QUOTA), "quota", False, None),
+    (Failure(402, _error("Insufficient credits. Add more using https://openrouter.ai/credits", "", None)),
+     "quota", False, None),
+    (Failure(401, BAD_KEY), "authentication", False, None),
+    (Failure(403, _error("You are not allowed to sample from this model", "invalid_request_error", None)),
+     "authentication", False, None),
+    (Failure(500, SERVER_ERROR), "transient", True, None),
+    (Failure(503, SERVER_ERROR, {"retry-after": "3"}), "transient", True, 3.0),
+    (Failure(400, _error("Invalid 'messages[1].content'", "invalid_request_error", None)),
+     "invalid_request", False, None),
+    (Failure(404, _error("The model `gpt-9` does not exist", "invalid_request_error", "model_not_found")),
+     "invalid_request", False, None),
+    (Hangup(), "transient", True, None),
+])
+def test_provider_errors_map_to_kinds(openai_server: FakeOpenAI, stream: bool, reply: Any, kind: str,
+                                      indeterminate: bool, retry_after: float | None) -> None:
+    openai_server.script(reply)
+    observed: list[Signal] = []
+    error = fail(driver(openai_server, stream=stream, on_signal=observed.append))
+    assert (error.kind, error.indeterminate, error.retry_after) == (kind, indeterminate, retry_after)
+    assert error.to_dict()["kind"] == kind and error.to_dict()["indeterminate"] is indeterminate
+    assert error.message.startswith("openai: ")
+    assert len(openai_server.requests) == 1, "the SDK's own retries are off: jixu decides retries"
+    assert observed[-1].kind == "done" and observed[-1].data == {"ok": False, "error_kind": kind}
+    assert OPENAI_KEY not in json.dumps(error.to_dict()) and OPENAI_KEY not in str(error)
+
+
+def test_the_api_key_echoed_by_the_provider_is_redacted(openai_server: FakeOpenAI) -> None:
+    openai_server.script(Failure(401, BAD_KEY))
+    error = fail(driver(openai_server))
+    assert "[redacted]" in error.message and "Incorrect API key provided" in error.message
+    assert OPENAI_KEY not in json.dumps(error.to_dict())
+    assert error.__cause__ is None and error.__suppress_context__, "the SDK exception (with its request) is not chained"
+
+
+@pytest.mark.parametrize(("reply", "detail"), [
+    (Completion(text="This answer breaks off in the middle", calls=[Call("c1", "add", '{"a": 1, "b": 2}')],
+                drop_after=4), "lost the connection"),
+    (Completion(text="This answer ends early", end_after=3), "ended early"),
+    (Completion(text="An error arrives mid-way", error_after=3,
+                error_body={"message": "The server had an error", "type": "server_error", "code": None}),
+     "stream"),
+])
+def test_a_stream_that_breaks_mid_way_is_transient_and_indeterminate(openai_server: FakeOpenAI, reply: Completion,
+                                                                    detail: str) -> None:
+    openai_server.script(reply)
+    observed: list[Signal] = []
+    error = fail(driver(openai_server, on_signal=observed.append))
+    assert (error.kind, error.indeterminate) == ("transient", True)
+    assert detail in error.message
+    assert any(s.kind == "text_delta" for s in observed), "partial deltas were streamed before the break"
+    assert observed[-1].data == {"ok": False, "error_kind": "transient"}, "and declared void"
+
+
+def test_a_timeout_is_transient_and_indeterminate(openai_server: FakeOpenAI) -> None:
+    openai_server.script(Slow(1.0, Completion(text="too late")))
+    error = fail(driver(openai_server, timeout=0.2))
+    assert (error.kind, error.indeterminate) == ("transient", True)
+    assert "timed out" in error.message
+
+
+def test_an_unreachable_server_is_transient_and_indeterminate() -> None:
+    server = FakeOpenAI().start()
+    url = server.url
+    server.stop()
+    error = fail(OpenAIModel("gpt-4o", base_url=url, api_key=OPENAI_KEY))
+    assert (error.kind, error.indeterminate) == ("transient", True)
+
+
+# --- configuration ---------------------------------------------------------------------------------------
+
+
+def test_configuration_from_the_environment(openai_server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", OPENAI_KEY)
+    monkeypatch.setenv("OPENAI_BASE_URL", openai_server.url)
+    openai_server.script(Completion(text="from env"))
+    model = OpenAIModel("gpt-4o-mini")
+    assert complete(model).text == "from env"
+    assert openai_server.requests[0].headers["authorization"] == f"Bearer {OPENAI_KEY}"
+
+
+def test_a_local_server_needs_no_key(openai_server: FakeOpenAI) -> None:
+    openai_server.script(Completion(text="local"))
+    model = OpenAIModel("llama3.1", base_url=openai_server.url)
+    assert complete(model).text == "local"
+
+
+def test_a_given_client_is_used_with_retries_off(openai_server: FakeOpenAI) -> None:
+    import openai
+
+    openai_server.script(Failure(500, SERVER_ERROR))
+    client = openai.AsyncOpenAI(api_key=OPENAI_KEY, base_url=openai_server.url, max_retries=5)
+    error = fail(OpenAIModel("gpt-4o", client=client))
+    assert error.kind == "transient" and len(openai_server.requests) == 1
+
+
+# --- end to end through the harness ------------------------------------------------------------------------
+
+
+def test_a_thread_runs_to_completion_with_a_real_tool(openai_server: FakeOpenAI) -> None:
+    @tool(semantics="read_only")
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    openai_server.script(
+        Completion(calls=[Call("call_add_1", "add", '{"a": 2, "b": 3}')], input_tokens=50, output_tokens=10),
+        Completion(text="2 + 3 = 5", input_tokens=80, output_tokens=8),
+    )
+    agent = Agent("calc", driver(openai_server), instructions="Use the add tool.", tools=[add])
+    harness = Harness(agent, MemoryStore())
+
+    async def scenario() -> tuple[Any, list[Any]]:
+        thread = await harness.create_thread()
+        await thread.send("what is 2 + 3?")
+        state = await thread.wait()
+        return state, await thread.events()
+
+    state, events = run(scenario())
+    assert state.status == "idle" and state.last_reply == "2 + 3 = 5"
+    completed = [e.data["result"] for e in events if e.type == "model.completed"]
+    assert completed[0]["tool_calls"] == [{"id": "call_add_1", "name": "add", "args": {"a": 2, "b": 3}}]
+    assert completed[1] == {
+        "text": "2 + 3 = 5", "tool_calls": [], "model": "gpt-4o-mini-2024-07-18", "stop_reason": "stop",
+        "usage": {"input_tokens": 80, "output_tokens": 8, "cached_tokens": 0,
+                  "cost": pytest.approx((80 * 0.15 + 8 * 0.60) / 1_000_000)},
+    }
+    second = openai_server.bodies[1]["messages"]
+    assert second == [
+        {"role": "system", "content": "Use the add tool."},
+        {"role": "user", "content": "what is 2 + 3?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_add_1", "type": "function", "function": {"name": "add", "arguments": '{"a":2,"b":3}'}}]},
+        {"role": "tool", "tool_call_id": "call_add_1", "content": "5"},
+    ]
+    assert OPENAI_KEY not in json.dumps([e.to_dict() for e in events])
+
+
+def test_invalid_arguments_are_refused_before_dispatch_and_the_model_is_told(openai_server: FakeOpenAI) -> None:
+    calls: list[int] = []
+
+    @tool(semantics="read_only")
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        calls.append(a + b)
+        return a + b
+
+    openai_server.script(Completion(calls=[Call("call_bad", "add", '{"a": 1,')]), Completion(text="Sorry."))
+    harness = Harness(Agent("calc", driver(openai_server), tools=[add]), MemoryStore())
+
+    async def scenario() -> Any:
+        thread = await harness.create_thread()
+        await thread.send("add")
+        return await thread.wait()
+
+    state = run(scenario())
+    assert state.status == "idle" and state.last_reply == "Sorry." and calls == []
+    second = openai_server.bodies[1]["messages"]
+    assert_valid_openai(second)
+    assert second[-2]["tool_calls"][0]["function"]["arguments"] == '{"__invalid_json__":"{\\"a\\": 1,"}'
+    assert second[-1]["tool_call_id"] == "call_bad" and "__invalid_json__" in second[-1]["content"]
+
+
+def test_a_cancelled_call_closes_its_stream_and_says_so(openai_server: FakeOpenAI) -> None:
+    import asyncio
+
+    openai_server.script(Completion(text="slow " * 50, fragment=1, event_delay=0.01))
+    observed: list[Signal] = []
+    model = driver(openai_server, on_signal=observed.append)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(model.complete(make_request()))
+        while not any(s.kind == "text_delta" for s in observed):
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await model.aclose()
+
+    run(scenario())
+    assert observed[-1].data == {"ok": False, "error_kind": "cancelled"}
