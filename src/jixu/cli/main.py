@@ -8,6 +8,8 @@ from jixu import __version__
 from jixu.cli.demo import demo_command
 from jixu.cli.ledger import effects_command, ledger_group, verify_command
 from jixu.cli.threads import threads_group
+from jixu.cli.turns import turns_group
+from jixu.cli.worker import worker_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -24,6 +26,8 @@ cli.add_command(verify_command)
 cli.add_command(effects_command)
 cli.add_command(ledger_group)
 cli.add_command(threads_group)
+cli.add_command(turns_group)
+cli.add_command(worker_command)
 cli.add_command(demo_command)
 
 

@@ -41,6 +41,8 @@ _EXIT_BY_CODE: dict[str, int] = {
     "effect_not_unknown": EXIT_CONFLICT,
     "effect_not_parked": EXIT_CONFLICT,
     "resolution_conflict": EXIT_CONFLICT,
+    "turn_owned": EXIT_CONFLICT,
+    "ownership_lost": EXIT_CONFLICT,
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,8 +17,15 @@ from jixu.ledger.store import (
     Lease,
     Store,
     StreamInfo,
+    WorkClaim,
+    WorkItem,
+    WorkLimits,
+    WorkRow,
+    claim_order,
+    claimed_row,
     existing_batch,
     fence_problem,
+    work_claim_of,
 )
 
 
@@ -36,6 +44,9 @@ class MemoryStore(Store):
         self._by_id: dict[str, StoredRow] = {}
         self._leases: dict[str, Lease] = {}
         self._checkpoints: dict[tuple[str, str], Checkpoint] = {}
+        self._work: dict[str, WorkRow] = {}
+        self._work_positions = 0
+        self._last_claimed: dict[str, int] = {}
         self._clock_offset = 0.0
 
     def now(self) -> float:
@@ -46,7 +57,7 @@ class MemoryStore(Store):
         self._clock_offset += seconds
 
     def schema_version(self) -> int:
-        return 1
+        return 2
 
     def close(self) -> None:
         pass
@@ -151,6 +162,52 @@ class MemoryStore(Store):
 
     def _read_checkpoint(self, stream: str, name: str) -> Checkpoint | None:
         return self._checkpoints.get((stream, name))
+
+    # --- work queue -----------------------------------------------------------------
+
+    def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow], *,
+                     renew: bool = False) -> tuple[WorkItem, WorkRow]:
+        with self._lock:
+            now = self.now()
+            current = self._work.get(key)
+            row = change(current, now)
+            if row is not current:
+                if current is None:
+                    self._work_positions += 1
+                    row = dataclasses.replace(row, position=self._work_positions)
+                self._work[key] = row
+            return row.item(now), row
+
+    def _claim_work(self, owner: str, ttl: float, limits: WorkLimits) -> WorkClaim | None:
+        with self._lock:
+            now = self.now()
+            live: dict[str, int] = {}
+            oldest: dict[str, tuple[float, int]] = {}
+            for row in self._work.values():
+                if row.live(now):
+                    live[row.project] = live.get(row.project, 0) + 1
+                elif row.claimable(now):
+                    here = (row.ready_at, row.position)
+                    oldest[row.project] = min(oldest.get(row.project, here), here)
+            for project in claim_order(live, oldest, self._last_claimed, limits):
+                candidates = [r for r in self._work.values() if r.project == project and r.claimable(now)]
+                if candidates:
+                    chosen = min(candidates, key=lambda r: (r.ready_at, r.position))
+                    row = claimed_row(chosen, owner, ttl, now)
+                    self._work[row.key] = row
+                    self._last_claimed[project] = max(self._last_claimed.values(), default=0) + 1
+                    return work_claim_of(row)
+            return None
+
+    def _list_work(self, project: str | None, status: str | None) -> tuple[list[WorkRow], float]:
+        with self._lock:
+            rows = [r for r in self._work.values()
+                    if (project is None or r.project == project) and (status is None or r.status == status)]
+            return sorted(rows, key=lambda r: (r.ready_at, r.position)), self.now()
+
+    def _get_work(self, key: str) -> tuple[WorkRow | None, float]:
+        with self._lock:
+            return self._work.get(key), self.now()
 
 
 __all__ = ["MemoryStore"]

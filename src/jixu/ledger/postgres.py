@@ -17,6 +17,10 @@ What differs is how concurrency is settled:
   the locks are held), so no worker's clock skew can extend a lease.
 - **Verification** reads the head record and the events in one REPEATABLE
   READ, READ ONLY transaction: one snapshot, whatever appends run meanwhile.
+- **Work claims** take a transaction-level advisory lock first, so claimers
+  take turns and the live-claim count they check stays true until commit;
+  the item itself is selected ``FOR UPDATE SKIP LOCKED`` (passing over rows a
+  finisher or enqueuer holds). Renewals take the same lock in shared mode.
 - **Migrations** are versioned in ``jixu_schema`` and run on open in one
   transaction holding ``pg_advisory_xact_lock`` (keyed by the schema), so
   processes opening a fresh database at once migrate it exactly once. A
@@ -60,8 +64,15 @@ from jixu.ledger.store import (
     Lease,
     Store,
     StreamInfo,
+    WorkClaim,
+    WorkItem,
+    WorkLimits,
+    WorkRow,
+    claim_order,
+    claimed_row,
     existing_batch,
     fence_problem,
+    work_claim_of,
 )
 
 _T = TypeVar("_T")
@@ -145,8 +156,45 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
             )""",
         ),
     ),
+    (
+        2,
+        "work queue: durable work items with fenced claims",
+        (
+            """CREATE TABLE jixu_work (
+                position     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                key          text COLLATE "C" NOT NULL,
+                project      text COLLATE "C" NOT NULL,
+                status       text NOT NULL CHECK (status IN ('pending', 'claimed', 'done')),
+                ready_at     double precision NOT NULL,
+                enqueued_at  double precision NOT NULL,
+                claimed_by   text,
+                epoch        bigint NOT NULL,
+                expires_at   double precision,
+                heartbeat_at double precision,
+                rerun        boolean NOT NULL,
+                CONSTRAINT jixu_work_key_key UNIQUE (key)
+            )""",
+            "CREATE INDEX jixu_work_ready ON jixu_work (project, ready_at, position) WHERE status <> 'done'",
+            "CREATE INDEX jixu_work_claims ON jixu_work (status, expires_at)",
+            """CREATE TABLE jixu_work_projects (
+                project         text COLLATE "C" PRIMARY KEY,
+                last_claim      bigint NOT NULL,
+                last_claimed_at double precision NOT NULL,
+                claims          bigint NOT NULL
+            )""",
+        ),
+    ),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
+_WORK_COLUMNS = ("key, project, status, ready_at, enqueued_at, claimed_by, epoch, expires_at, heartbeat_at, "
+                 "rerun, position")
+_CLAIMABLE = ("((status = 'pending' AND ready_at <= %(now)s) OR "
+              "(status = 'claimed' AND expires_at <= %(now)s))")
+_WORK_LOCK = "hashtextextended('jixu.work:' || coalesce(current_schema(), ''), 0)"
+_WORK_LOCK_SQL = f"SELECT pg_advisory_xact_lock({_WORK_LOCK})"
+"""Taken by every claimer: counting live claims and claiming one item is one serialised step."""
+_WORK_LOCK_SHARED_SQL = f"SELECT pg_advisory_xact_lock_shared({_WORK_LOCK})"
+"""Taken by renewals, so a claim cannot be renewed while a claimer counts it as expired."""
 
 
 # --- DSN handling: never show a password -------------------------------------------------------------
@@ -632,6 +680,104 @@ class PostgresStore(Store):
             "SELECT stream, name, seq, reducer_version, head_hash, state, digest, created_at "
             "FROM jixu_checkpoints WHERE stream = %s AND name = %s", (stream, name)).fetchone())
         return Checkpoint(row[0], row[1], int(row[2]), int(row[3]), row[4], row[5], row[6], row[7]) if row else None
+
+    # --- work queue -----------------------------------------------------------------
+
+    @staticmethod
+    def _work_row(row: Any) -> WorkRow:
+        key, project, status, ready_at, enqueued_at, claimed_by, epoch, expires_at, heartbeat_at, rerun, pos = row
+        return WorkRow(str(key), str(project), str(status), float(ready_at), float(enqueued_at),
+                       None if claimed_by is None else str(claimed_by), int(epoch),
+                       None if expires_at is None else float(expires_at),
+                       None if heartbeat_at is None else float(heartbeat_at), bool(rerun), int(pos))
+
+    @staticmethod
+    def _update_work(conn: _Conn, row: WorkRow) -> None:
+        conn.execute("UPDATE jixu_work SET status = %s, ready_at = %s, enqueued_at = %s, claimed_by = %s, "
+                     "epoch = %s, expires_at = %s, heartbeat_at = %s, rerun = %s WHERE key = %s",
+                     (row.status, row.ready_at, row.enqueued_at, row.claimed_by, row.epoch, row.expires_at,
+                      row.heartbeat_at, row.rerun, row.key))
+
+    def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow], *,
+                     renew: bool = False) -> tuple[WorkItem, WorkRow]:
+        def apply(conn: _Conn) -> tuple[WorkItem, WorkRow]:
+            if renew:
+                conn.execute(_WORK_LOCK_SHARED_SQL)
+            for _ in range(3):
+                found = conn.execute(f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE key = %s FOR UPDATE",
+                                     (key,)).fetchone()
+                current = self._work_row(found) if found else None
+                now = self._clock(conn)[0]
+                row = change(current, now)
+                if row is current:
+                    return row.item(now), row
+                if current is not None:
+                    self._update_work(conn, row)
+                    return row.item(now), row
+                inserted = conn.execute(
+                    "INSERT INTO jixu_work (key, project, status, ready_at, enqueued_at, claimed_by, epoch, "
+                    "expires_at, heartbeat_at, rerun) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                    "ON CONFLICT (key) DO NOTHING RETURNING position",
+                    (row.key, row.project, row.status, row.ready_at, row.enqueued_at, row.claimed_by, row.epoch,
+                     row.expires_at, row.heartbeat_at, row.rerun)).fetchone()
+                if inserted is not None:
+                    row = WorkRow(row.key, row.project, row.status, row.ready_at, row.enqueued_at, row.claimed_by,
+                                  row.epoch, row.expires_at, row.heartbeat_at, row.rerun, int(inserted[0]))
+                    return row.item(now), row
+                # another caller created the item meanwhile: decide again under its row lock
+            raise StoreError(f"{self._where}: work item {key!r} kept changing; retry")
+
+        return self._run(apply, write=True, transaction=True)
+
+    def _claim_work(self, owner: str, ttl: float, limits: WorkLimits) -> WorkClaim | None:
+        def claim(conn: _Conn) -> WorkClaim | None:
+            conn.execute(_WORK_LOCK_SQL)  # claimers take turns: the count below stays true until commit
+            now = self._clock(conn)[0]
+            live = {str(p): int(n) for p, n in conn.execute(
+                "SELECT project, count(*) FROM jixu_work WHERE status = 'claimed' AND expires_at > %s "
+                "GROUP BY project", (now,)).fetchall()}
+            oldest = {str(p): (float(r), int(pos)) for p, r, pos in conn.execute(
+                f"SELECT DISTINCT ON (project) project, ready_at, position FROM jixu_work WHERE {_CLAIMABLE} "
+                "ORDER BY project, ready_at, position", {"now": now}).fetchall()}
+            served = {str(p): int(n) for p, n in conn.execute(
+                "SELECT project, last_claim FROM jixu_work_projects").fetchall()}
+            for project in claim_order(live, oldest, served, limits):
+                # SKIP LOCKED: pass over an item a finisher or enqueuer holds right now.
+                found = conn.execute(
+                    f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE project = %(project)s AND {_CLAIMABLE} "
+                    "ORDER BY ready_at, position LIMIT 1 FOR UPDATE SKIP LOCKED",
+                    {"project": project, "now": now}).fetchone()
+                if found:
+                    row = claimed_row(self._work_row(found), owner, ttl, now)
+                    self._update_work(conn, row)
+                    conn.execute("INSERT INTO jixu_work_projects (project, last_claim, last_claimed_at, claims) "
+                                 "VALUES (%s, %s, %s, 1) ON CONFLICT (project) DO UPDATE SET "
+                                 "last_claim = excluded.last_claim, last_claimed_at = excluded.last_claimed_at, "
+                                 "claims = jixu_work_projects.claims + 1",
+                                 (project, max(served.values(), default=0) + 1, now))
+                    return work_claim_of(row)
+            return None
+
+        return self._run(claim, write=True, transaction=True)
+
+    def _list_work(self, project: str | None, status: str | None) -> tuple[list[WorkRow], float]:
+        def read(conn: _Conn) -> tuple[list[WorkRow], float]:
+            now = self._clock(conn)[0]
+            rows = conn.execute(
+                f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE (%(project)s::text IS NULL OR project = %(project)s) "
+                "AND (%(status)s::text IS NULL OR status = %(status)s) ORDER BY ready_at, position",
+                {"project": project, "status": status}).fetchall()
+            return [self._work_row(r) for r in rows], now
+
+        return self._run(read, snapshot=True)
+
+    def _get_work(self, key: str) -> tuple[WorkRow | None, float]:
+        def read(conn: _Conn) -> tuple[WorkRow | None, float]:
+            now = self._clock(conn)[0]
+            found = conn.execute(f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE key = %s", (key,)).fetchone()
+            return (self._work_row(found) if found else None), now
+
+        return self._run(read)
 
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresStore", "mask_dsn"]

@@ -4,6 +4,7 @@ Connection discipline: one connection per store object, used under a lock so
 the object is safe to share between threads; every write is one
 ``BEGIN IMMEDIATE`` transaction, so writers in other processes queue on the
 database lock (up to ``busy_timeout``) and then see the head they must check.
+A work claim (count the live claims, pick, claim) is one such transaction.
 Commits are durable by default (``synchronous=FULL``): an append that
 returned is on disk. ``synchronous="NORMAL"`` trades the last commits before a
 power loss (not a process crash) for speed.
@@ -11,13 +12,14 @@ power loss (not a process crash) for speed.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from jixu.errors import (
     ConcurrencyError,
@@ -36,8 +38,15 @@ from jixu.ledger.store import (
     Lease,
     Store,
     StreamInfo,
+    WorkClaim,
+    WorkItem,
+    WorkLimits,
+    WorkRow,
+    claim_order,
+    claimed_row,
     existing_batch,
     fence_problem,
+    work_claim_of,
 )
 
 Synchronous = Literal["FULL", "NORMAL", "EXTRA"]
@@ -97,8 +106,38 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
             ) WITHOUT ROWID""",
         ),
     ),
+    (
+        2,
+        "work queue: durable work items with fenced claims",
+        (
+            """CREATE TABLE jixu_work (
+                position     INTEGER PRIMARY KEY,
+                key          TEXT NOT NULL UNIQUE,
+                project      TEXT NOT NULL,
+                status       TEXT NOT NULL CHECK (status IN ('pending', 'claimed', 'done')),
+                ready_at     REAL NOT NULL,
+                enqueued_at  REAL NOT NULL,
+                claimed_by   TEXT,
+                epoch        INTEGER NOT NULL,
+                expires_at   REAL,
+                heartbeat_at REAL,
+                rerun        INTEGER NOT NULL
+            )""",
+            "CREATE INDEX jixu_work_ready ON jixu_work (project, ready_at, position) WHERE status <> 'done'",
+            "CREATE INDEX jixu_work_claims ON jixu_work (status, expires_at)",
+            """CREATE TABLE jixu_work_projects (
+                project         TEXT PRIMARY KEY,
+                last_claim      INTEGER NOT NULL,
+                last_claimed_at REAL NOT NULL,
+                claims          INTEGER NOT NULL
+            ) WITHOUT ROWID""",
+        ),
+    ),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
+_WORK_COLUMNS = ("key, project, status, ready_at, enqueued_at, claimed_by, epoch, expires_at, heartbeat_at, "
+                 "rerun, position")
+_CLAIMABLE = "((status = 'pending' AND ready_at <= :now) OR (status = 'claimed' AND expires_at <= :now))"
 
 
 def _translate(exc: sqlite3.Error, path: str) -> StoreError:
@@ -447,6 +486,91 @@ class SQLiteStore(Store):
             "SELECT stream, name, seq, reducer_version, head_hash, state, digest, created_at "
             "FROM jixu_checkpoints WHERE stream = ? AND name = ?", (stream, name)).fetchone())
         return Checkpoint(*row) if row else None
+
+    # --- work queue -----------------------------------------------------------------
+
+    @staticmethod
+    def _work_row(row: Any) -> WorkRow:
+        key, project, status, ready_at, enqueued_at, claimed_by, epoch, expires_at, heartbeat_at, rerun, pos = row
+        return WorkRow(str(key), str(project), str(status), float(ready_at), float(enqueued_at),
+                       None if claimed_by is None else str(claimed_by), int(epoch),
+                       None if expires_at is None else float(expires_at),
+                       None if heartbeat_at is None else float(heartbeat_at), bool(rerun), int(pos))
+
+    @staticmethod
+    def _put_work(conn: sqlite3.Connection, row: WorkRow, *, new: bool) -> WorkRow:
+        values = (row.project, row.status, row.ready_at, row.enqueued_at, row.claimed_by, row.epoch, row.expires_at,
+                  row.heartbeat_at, int(row.rerun))
+        if new:
+            cursor = conn.execute(
+                "INSERT INTO jixu_work (project, status, ready_at, enqueued_at, claimed_by, epoch, expires_at, "
+                "heartbeat_at, rerun, key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (*values, row.key))
+            return dataclasses.replace(row, position=int(cursor.lastrowid or 0))
+        conn.execute("UPDATE jixu_work SET project = ?, status = ?, ready_at = ?, enqueued_at = ?, claimed_by = ?, "
+                     "epoch = ?, expires_at = ?, heartbeat_at = ?, rerun = ? WHERE key = ?", (*values, row.key))
+        return row
+
+    def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow], *,
+                     renew: bool = False) -> tuple[WorkItem, WorkRow]:
+        def apply(conn: sqlite3.Connection) -> tuple[WorkItem, WorkRow]:
+            now = float(conn.execute(_NOW_SQL).fetchone()[0])
+            found = conn.execute(f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE key = ?", (key,)).fetchone()
+            current = self._work_row(found) if found else None
+            row = change(current, now)
+            if row is not current:
+                row = self._put_work(conn, row, new=current is None)
+            return row.item(now), row
+
+        return self._write(apply)
+
+    def _claim_work(self, owner: str, ttl: float, limits: WorkLimits) -> WorkClaim | None:
+        def claim(conn: sqlite3.Connection) -> WorkClaim | None:
+            # BEGIN IMMEDIATE: no other writer (claimer, renewer, finisher) runs until this commits.
+            now = float(conn.execute(_NOW_SQL).fetchone()[0])
+            live = {str(p): int(n) for p, n in conn.execute(
+                "SELECT project, count(*) FROM jixu_work WHERE status = 'claimed' AND expires_at > ? "
+                "GROUP BY project", (now,))}
+            oldest = {str(p): (float(r), int(pos)) for p, r, pos in conn.execute(
+                "SELECT project, ready_at, position FROM (SELECT project, ready_at, position, row_number() OVER "
+                f"(PARTITION BY project ORDER BY ready_at, position) AS rank FROM jixu_work WHERE {_CLAIMABLE}) "
+                "WHERE rank = 1", {"now": now})}
+            served = {str(p): int(n) for p, n in conn.execute("SELECT project, last_claim FROM jixu_work_projects")}
+            for project in claim_order(live, oldest, served, limits):
+                found = conn.execute(
+                    f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE project = :project AND {_CLAIMABLE} "
+                    "ORDER BY ready_at, position LIMIT 1", {"project": project, "now": now}).fetchone()
+                if found:
+                    row = self._put_work(conn, claimed_row(self._work_row(found), owner, ttl, now), new=False)
+                    conn.execute("INSERT INTO jixu_work_projects VALUES (?, ?, ?, 1) ON CONFLICT (project) DO UPDATE "
+                                 "SET last_claim = excluded.last_claim, last_claimed_at = excluded.last_claimed_at, "
+                                 "claims = claims + 1", (project, max(served.values(), default=0) + 1, now))
+                    return work_claim_of(row)
+            return None
+
+        return self._write(claim)
+
+    def _list_work(self, project: str | None, status: str | None) -> tuple[list[WorkRow], float]:
+        def read(conn: sqlite3.Connection) -> tuple[list[WorkRow], float]:
+            conn.execute("BEGIN")
+            try:
+                now = float(conn.execute(_NOW_SQL).fetchone()[0])
+                rows = conn.execute(
+                    f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE (:project IS NULL OR project = :project) "
+                    "AND (:status IS NULL OR status = :status) ORDER BY ready_at, position",
+                    {"project": project, "status": status}).fetchall()
+            finally:
+                conn.execute("COMMIT")
+            return [self._work_row(r) for r in rows], now
+
+        return self._run(read)
+
+    def _get_work(self, key: str) -> tuple[WorkRow | None, float]:
+        def read(conn: sqlite3.Connection) -> tuple[WorkRow | None, float]:
+            now = float(conn.execute(_NOW_SQL).fetchone()[0])
+            found = conn.execute(f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE key = ?", (key,)).fetchone()
+            return (self._work_row(found) if found else None), now
+
+        return self._run(read)
 
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SQLiteStore"]

@@ -1,7 +1,8 @@
 """The Store contract every backend (memory, SQLite, PostgreSQL) fulfils.
 
-A store keeps streams of immutable events, leases that fence writers, and
-disposable checkpoints. The contract is written once as a test suite
+A store keeps streams of immutable events, leases that fence writers,
+disposable checkpoints, and a work queue (durable rows, not events: which
+aggregates are ready to run, who claimed each, under which epoch). The contract is written once as a test suite
 (``tests/ledger/test_store_contract.py``) and run against every backend.
 
 Backends implement the ``_``-prefixed primitives; the public methods here
@@ -222,6 +223,263 @@ def fence_problem(current: Lease | None, fence: Fence, now: float) -> FencingErr
     return None
 
 
+WORK_STATES = ("pending", "claimed", "expired", "done")
+"""States of a work item as :meth:`Store.list_work` reports them (``claimed``/``expired`` by the store's clock)."""
+_MAX_PROJECT = 100
+_MAX_LIMIT = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class WorkClaim:
+    """Proof of holding a work item: only this owner at this epoch may renew or finish it.
+
+    ``expires_at`` is on the store's clock.
+    """
+
+    key: str
+    project: str
+    owner: str
+    epoch: int
+    expires_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return {"key": self.key, "project": self.project, "owner": self.owner, "epoch": self.epoch,
+                "expires_at": self.expires_at}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    """A work item as the store sees it now (times in seconds on the store's clock).
+
+    ``state`` is ``pending`` (waiting, ready from ``ready_at``), ``claimed`` (a
+    live claim), ``expired`` (claimed, but the claim lapsed by the store's
+    clock: claimable again) or ``done``. ``claimed_by``, ``expires_at`` and
+    ``heartbeat_at`` describe the current claim (``None`` unless claimed or
+    expired); ``epoch`` counts claims and never goes back. ``rerun`` means it
+    was enqueued again while claimed: finishing it makes it pending again.
+    """
+
+    key: str
+    project: str
+    state: str
+    ready_at: float
+    enqueued_at: float
+    claimed_by: str | None
+    epoch: int
+    expires_at: float | None
+    heartbeat_at: float | None
+    rerun: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return {"key": self.key, "project": self.project, "state": self.state, "ready_at": self.ready_at,
+                "enqueued_at": self.enqueued_at, "claimed_by": self.claimed_by, "epoch": self.epoch,
+                "expires_at": self.expires_at, "heartbeat_at": self.heartbeat_at, "rerun": self.rerun}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkRow:
+    """A work item as stored (backends only): ``status`` is ``pending``, ``claimed`` or ``done``.
+
+    ``position`` orders items enqueued at the same ``ready_at`` (assigned by
+    the backend on insert; 0 until then).
+    """
+
+    key: str
+    project: str
+    status: str
+    ready_at: float
+    enqueued_at: float
+    claimed_by: str | None
+    epoch: int
+    expires_at: float | None
+    heartbeat_at: float | None
+    rerun: bool
+    position: int = 0
+
+    def item(self, now: float) -> WorkItem:
+        """The :class:`WorkItem` this row is at store time ``now``."""
+        state = self.status
+        if state == "claimed" and (self.expires_at is None or self.expires_at <= now):
+            state = "expired"
+        return WorkItem(self.key, self.project, state, self.ready_at, self.enqueued_at, self.claimed_by,
+                        self.epoch, self.expires_at, self.heartbeat_at, self.rerun)
+
+    def live(self, now: float) -> bool:
+        """True while the row is claimed and the claim has not expired by the store's clock."""
+        return self.status == "claimed" and self.expires_at is not None and self.expires_at > now
+
+    def claimable(self, now: float) -> bool:
+        """True when a claimer may take it: pending and ready, or claimed with an expired claim."""
+        if self.status == "pending":
+            return self.ready_at <= now
+        return self.status == "claimed" and not self.live(now)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkLimits:
+    """Concurrency bounds a claimer respects: live claims in total and per project."""
+
+    global_limit: int
+    project_limits: dict[str, int]
+    default_project_limit: int
+
+    def limit_of(self, project: str) -> int:
+        """The most live claims ``project`` may have."""
+        return self.project_limits.get(project, self.default_project_limit)
+
+
+def check_project(project: object) -> str:
+    """Return ``project`` if it is a usable project name (1-100 printable characters)."""
+    if not isinstance(project, str) or not project or len(project) > _MAX_PROJECT or not project.isprintable():
+        raise InvalidInput(f"project {project!r} must be 1-100 printable characters", field="project")
+    return project
+
+
+def _check_limit(value: object, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= _MAX_LIMIT:
+        raise InvalidInput(f"{name} {value!r} must be an integer between {minimum} and {_MAX_LIMIT}", field=name)
+    return value
+
+
+def check_limits(global_limit: object, project_limits: object, default_project_limit: object) -> WorkLimits:
+    """Validate claim limits: ``global_limit`` >= 1, each project limit >= 0 (0 holds a project back).
+
+    ``default_project_limit`` ``None`` means a project is bounded by the global limit only.
+    """
+    total = _check_limit(global_limit, "global_limit", 1)
+    if project_limits is None:
+        project_limits = {}
+    if not isinstance(project_limits, dict):
+        raise InvalidInput("project_limits must be a dict of project name -> limit", field="project_limits")
+    limits = {check_project(p): _check_limit(n, f"project limit of {p!r}", 0) for p, n in project_limits.items()}
+    default = total if default_project_limit is None else _check_limit(
+        default_project_limit, "default_project_limit", 0)
+    return WorkLimits(total, limits, default)
+
+
+def check_work_claim(claim: object) -> WorkClaim:
+    """Return ``claim`` if it is a well-formed :class:`WorkClaim`."""
+    if not isinstance(claim, WorkClaim):
+        raise InvalidInput(f"claim must be a jixu WorkClaim, got {type(claim).__name__}", field="claim")
+    check_lease_key(claim.key)
+    check_owner(claim.owner)
+    if isinstance(claim.epoch, bool) or not isinstance(claim.epoch, int) or claim.epoch < 1:
+        raise InvalidInput(f"claim epoch {claim.epoch!r} must be an integer >= 1", field="claim")
+    return claim
+
+
+def _check_time(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 10**11:
+        raise InvalidInput(f"{name} {value!r} must be seconds since the Unix epoch on the store's clock",
+                           field=name)
+    return float(value)
+
+
+def enqueued_row(current: WorkRow | None, key: str, project: str, ready_at: float | None, now: float) -> WorkRow:
+    """The row after ``key`` is enqueued at store time ``now`` (pure; ``current`` returned when unchanged).
+
+    New -> pending; pending -> unchanged; done -> pending again; claimed (live
+    or expired) -> ``rerun``, so finishing the claim makes it pending again.
+    """
+    if current is not None and current.project != project:
+        raise InvalidInput(f"work item {key!r} belongs to project {current.project!r}, not {project!r}",
+                           field="project")
+    ready = now if ready_at is None else ready_at
+    if current is None:
+        return WorkRow(key, project, "pending", ready, now, None, 0, None, None, False)
+    if current.status == "pending":
+        return current
+    if current.status == "done":
+        return WorkRow(key, project, "pending", ready, now, None, current.epoch, None, None, False,
+                       current.position)
+    if current.rerun:
+        return current
+    return WorkRow(key, project, current.status, current.ready_at, current.enqueued_at, current.claimed_by,
+                   current.epoch, current.expires_at, current.heartbeat_at, True, current.position)
+
+
+def claim_order(live: dict[str, int], oldest: dict[str, tuple[float, int]], last_claimed: dict[str, int],
+                limits: WorkLimits) -> list[str]:
+    """Projects a claimer should try, best first (pure); empty when the global limit is reached.
+
+    ``live`` counts live claims per project, ``oldest`` gives each project's
+    oldest claimable item as ``(ready_at, position)``, ``last_claimed`` the
+    number of each project's latest claim (claims are numbered 1, 2, … per
+    store, so the order is exact whatever the clock's resolution). Only projects under their own limit
+    are eligible; fewest live claims first; among equals, the project served
+    longest ago (never served first), then the one whose oldest item waited
+    longest. So a project's backlog cannot hold every slot, and even a single
+    worker takes turns between projects instead of draining one backlog first.
+    """
+    if sum(live.values()) >= limits.global_limit:
+        return []
+    eligible = [p for p in oldest if live.get(p, 0) < limits.limit_of(p)]
+    return sorted(eligible, key=lambda p: (live.get(p, 0), last_claimed.get(p, 0), oldest[p], p))
+
+
+def claimed_row(row: WorkRow, owner: str, ttl: float, now: float) -> WorkRow:
+    """``row`` claimed by ``owner`` at store time ``now`` for ``ttl`` seconds (pure; epoch + 1)."""
+    return WorkRow(row.key, row.project, "claimed", row.ready_at, row.enqueued_at, owner, row.epoch + 1,
+                   now + ttl, now, False, row.position)
+
+
+def work_claim_of(row: WorkRow) -> WorkClaim:
+    """The claim a freshly claimed ``row`` hands its owner."""
+    assert row.claimed_by is not None and row.expires_at is not None
+    return WorkClaim(row.key, row.project, row.claimed_by, row.epoch, row.expires_at)
+
+
+def work_fence_problem(row: WorkRow | None, claim: WorkClaim, now: float, *, allow_expired: bool) -> FencingError | None:
+    """Why ``claim`` may not renew (or finish) ``row`` at store time ``now``, or ``None`` (pure).
+
+    A claim is stale once the item was finished or claimed again (another
+    owner or epoch). An expired claim nobody took since may still finish
+    (``allow_expired``) but never renew.
+    """
+    if row is None:
+        return FencingError(f"no work item {claim.key!r}", key=claim.key)
+    if row.status != "claimed" or row.claimed_by != claim.owner or row.epoch != claim.epoch:
+        holder = f"claimed by {row.claimed_by!r} at epoch {row.epoch}" if row.status == "claimed" else (
+            f"{row.status} at epoch {row.epoch}")
+        return FencingError(f"work claim ({claim.owner!r}, epoch {claim.epoch}) on {claim.key!r} is stale: the "
+                            f"item is now {holder}", key=claim.key, epoch=row.epoch)
+    if not allow_expired and not row.live(now):
+        return FencingError(f"work claim ({claim.owner!r}, epoch {claim.epoch}) on {claim.key!r} expired "
+                            f"{now - (row.expires_at or now):.3f}s ago by the store's clock", key=claim.key,
+                            epoch=row.epoch)
+    return None
+
+
+def renewed_row(row: WorkRow | None, claim: WorkClaim, ttl: float, now: float) -> WorkRow:
+    """``row`` with ``claim`` extended to ``now + ttl`` (pure); :class:`FencingError` if it lost the item."""
+    problem = work_fence_problem(row, claim, now, allow_expired=False)
+    if problem:
+        raise problem
+    assert row is not None
+    return WorkRow(row.key, row.project, "claimed", row.ready_at, row.enqueued_at, row.claimed_by, row.epoch,
+                   now + ttl, now, row.rerun, row.position)
+
+
+def finished_row(row: WorkRow | None, claim: WorkClaim, now: float, *, requeue: bool, delay: float) -> WorkRow:
+    """``row`` after ``claim`` finishes it (pure): done, or pending again when requeued or enqueued meanwhile.
+
+    A requeued item keeps its place (its ``ready_at``) unless ``delay`` > 0
+    puts it ``delay`` seconds after ``now``.
+    """
+    problem = work_fence_problem(row, claim, now, allow_expired=True)
+    if problem:
+        raise problem
+    assert row is not None
+    if requeue or row.rerun:
+        ready = now + delay if delay > 0 else (row.ready_at if requeue else now)
+        return WorkRow(row.key, row.project, "pending", ready, row.enqueued_at, None, row.epoch, None, None,
+                       False, row.position)
+    return WorkRow(row.key, row.project, "done", row.ready_at, row.enqueued_at, None, row.epoch, None, None,
+                   False, row.position)
+
+
 class Store(abc.ABC):
     """An event ledger: streams, leases and checkpoints (see the module docstring)."""
 
@@ -364,6 +622,76 @@ class Store(abc.ABC):
         """The lease on ``key`` as the store sees it now, or ``None``."""
         return self._get_lease(check_lease_key(key))
 
+    # --- work queue -----------------------------------------------------------------
+
+    def enqueue(self, key: str, project: str, *, ready_at: float | None = None) -> WorkItem:
+        """Make the work item ``key`` of ``project`` pending (ready from ``ready_at``, store clock; default now).
+
+        Idempotent per key: enqueueing a pending item changes nothing; a done
+        item becomes pending again; a claimed item is marked to run again
+        once its claim finishes (so no wake-up is lost). A key belongs to one
+        project for good (:class:`~jixu.errors.InvalidInput` otherwise).
+        """
+        key, project = check_lease_key(key), check_project(project)
+        ready = None if ready_at is None else _check_time(ready_at, "ready_at")
+        return self._change_work(key, lambda current, now: enqueued_row(current, key, project, ready, now))[0]
+
+    def claim_work(self, owner: str, ttl: float, *, global_limit: int, project_limits: dict[str, int] | None = None,
+                   default_project_limit: int | None = None) -> WorkClaim | None:
+        """Atomically claim one ready item for ``owner`` for ``ttl`` seconds of store time, or ``None``.
+
+        Ready means pending with ``ready_at`` reached, or claimed with a claim
+        expired by the store's clock. Live claims stay below ``global_limit``
+        in total and below each project's limit (``project_limits``, else
+        ``default_project_limit``, else only the global limit). Fair across
+        projects: the eligible project with the fewest live claims wins (ties:
+        the one served longest ago, then the one whose oldest ready item
+        waited longest), then its oldest item.
+        The claim's epoch is the item's previous epoch + 1.
+        """
+        owner, ttl = check_owner(owner), check_ttl(ttl)
+        limits = check_limits(global_limit, project_limits, default_project_limit)
+        return self._claim_work(owner, ttl, limits)
+
+    def renew_work(self, claim: WorkClaim, ttl: float) -> WorkClaim:
+        """Extend ``claim`` to ``ttl`` seconds from the store's now; :class:`~jixu.errors.FencingError`
+        if the claim expired, or the item was finished or claimed again."""
+        claim, ttl = check_work_claim(claim), check_ttl(ttl)
+        row = self._change_work(claim.key, lambda current, now: renewed_row(current, claim, ttl, now), renew=True)[1]
+        return work_claim_of(row)
+
+    def finish_work(self, claim: WorkClaim, *, requeue: bool = False, delay: float = 0.0) -> WorkItem:
+        """Finish ``claim``: the item is done, or pending again with ``requeue`` (after ``delay`` seconds).
+
+        Fenced by owner and epoch: a stale claim (the item was finished or
+        claimed again since) raises :class:`~jixu.errors.FencingError`. A
+        claim that expired but that nobody took since may still finish.
+        An item enqueued again while claimed becomes pending, not done.
+        """
+        claim = check_work_claim(claim)
+        if not isinstance(requeue, bool):
+            raise InvalidInput("requeue must be true or false", field="requeue")
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay < 10**7:
+            raise InvalidInput(f"delay {delay!r} must be a number of seconds >= 0", field="delay")
+        return self._change_work(claim.key, lambda current, now: finished_row(
+            current, claim, now, requeue=requeue, delay=float(delay)))[0]
+
+    def list_work(self, project: str | None = None, state: str | None = None) -> list[WorkItem]:
+        """Work items (of ``project``, in ``state``), oldest first; states judged by the store's clock."""
+        if project is not None:
+            check_project(project)
+        if state is not None and state not in WORK_STATES:
+            raise InvalidInput(f"state {state!r} must be one of {list(WORK_STATES)}", field="state")
+        stored = {"expired": "claimed"}.get(state, state) if state is not None else None
+        rows, now = self._list_work(project, stored)
+        items = [row.item(now) for row in rows]
+        return [item for item in items if state is None or item.state == state]
+
+    def get_work(self, key: str) -> WorkItem | None:
+        """The work item ``key`` as the store sees it now, or ``None``."""
+        row, now = self._get_work(check_lease_key(key))
+        return row.item(now) if row is not None else None
+
     @abc.abstractmethod
     def now(self) -> float:
         """The store's clock: seconds since the Unix epoch."""
@@ -441,6 +769,25 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def _read_checkpoint(self, stream: str, name: str) -> Checkpoint | None: ...
 
+    @abc.abstractmethod
+    def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow], *,
+                     renew: bool = False) -> tuple[WorkItem, WorkRow]:
+        """In one transaction: lock the item's row, call ``change(current, store_now)``, store its result
+        (unless it returned ``current`` itself); return it as an item and as a row. ``renew`` marks a claim
+        renewal, which must not overlap a claimer's count of live claims."""
+
+    @abc.abstractmethod
+    def _claim_work(self, owner: str, ttl: float, limits: WorkLimits) -> WorkClaim | None:
+        """In one transaction serialised with every other claim: count live claims, pick by
+        :func:`claim_order`, claim the chosen project's oldest claimable item."""
+
+    @abc.abstractmethod
+    def _list_work(self, project: str | None, status: str | None) -> tuple[list[WorkRow], float]:
+        """Rows (filtered by stored status) in (ready_at, position) order, and the store's now."""
+
+    @abc.abstractmethod
+    def _get_work(self, key: str) -> tuple[WorkRow | None, float]: ...
+
 
 def _check_seq_range(from_seq: object, to_seq: object) -> None:
     if isinstance(from_seq, bool) or not isinstance(from_seq, int) or from_seq < 1:
@@ -450,12 +797,27 @@ def _check_seq_range(from_seq: object, to_seq: object) -> None:
 
 
 __all__ = [
+    "WORK_STATES",
     "Checkpoint",
     "Fence",
     "Lease",
     "Store",
     "StreamInfo",
+    "WorkClaim",
+    "WorkItem",
+    "WorkLimits",
+    "WorkRow",
     "check_fence",
+    "check_limits",
+    "check_project",
+    "check_work_claim",
+    "claim_order",
+    "claimed_row",
+    "enqueued_row",
+    "finished_row",
+    "renewed_row",
+    "work_claim_of",
+    "work_fence_problem",
     "check_lease_key",
     "check_owner",
     "check_ttl",

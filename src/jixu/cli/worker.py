@@ -1,0 +1,136 @@
+"""``jixu worker``: worker processes that claim queued threads from a store and run their turns."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import click
+from rich.markup import escape
+
+from jixu.cli.output import EXIT_OK, console, handled
+from jixu.errors import InvalidInput
+from jixu.ledger import open_store
+from jixu.runs.workers import UNBOUNDED, Report, WorkerConfig, WorkerPool, default_owner, make_agent, serve
+
+KIND_STYLE = {"start": "bold green", "claim": "cyan", "finish": "green", "requeue": "yellow",
+              "operator": "bold yellow", "lost": "bold red", "error": "bold red", "stop": "bold"}
+"""Colour of each kind of worker report."""
+
+
+def parse_project_limits(values: tuple[str, ...]) -> dict[str, int]:
+    """``--project-limit P=N`` options as a dict (typed error for a malformed one)."""
+    limits: dict[str, int] = {}
+    for value in values:
+        project, sep, number = value.rpartition("=")
+        if not sep or not project or not number.strip().isdigit():
+            raise InvalidInput(f"--project-limit {value!r} must be PROJECT=N with N >= 0, e.g. billing=2",
+                               field="project_limit")
+        if project in limits:
+            raise InvalidInput(f"--project-limit names project {project!r} twice", field="project_limit")
+        limits[project] = int(number)
+    return limits
+
+
+def rich_report(owner: str) -> Report:
+    """A reporter printing coloured ``HH:MM:SS owner message`` lines."""
+
+    def report(kind: str, message: str) -> None:
+        style = KIND_STYLE.get(kind, "")
+        text = escape(message)
+        console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] [bold]{escape(owner)}[/] "
+                      + (f"[{style}]{text}[/]" if style else text), highlight=False)
+
+    return report
+
+
+@click.command("worker", short_help="Run worker processes that claim queued threads and run their turns.")
+@click.option("--store", "store_url", required=True, metavar="URL",
+              help="The shared store: postgresql://… for workers on many machines, or a SQLite path/URL.")
+@click.option("--agent", "agent_spec", required=True, metavar="MODULE:FACTORY",
+              help="A zero-argument callable returning a jixu.Agent, importable here (e.g. myapp.agents:support).")
+@click.option("--processes", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Worker processes to run (each runs one thread at a time).")
+@click.option("--owner", default=None, metavar="NAME",
+              help="Worker name (prefix NAME-1…NAME-N with several processes); stable across restarts, unique "
+                   "among running workers. Default: worker@<hostname>.")
+@click.option("--global-limit", type=click.IntRange(1, UNBOUNDED), default=None,
+              help="Most items claimed at once across all workers and projects (default: unbounded).")
+@click.option("--project-limit", "project_limits", multiple=True, metavar="PROJECT=N",
+              help="Most items of PROJECT claimed at once (repeatable).")
+@click.option("--default-project-limit", type=click.IntRange(0, UNBOUNDED), default=None,
+              help="Most items claimed at once for projects without --project-limit (default: the global limit).")
+@click.option("--takeover", type=click.Choice(["never", "safe"]), default="never", show_default=True,
+              help="safe: continue another worker's expired turn when the resolver finds every open effect safe; "
+                   "never: leave it for `jixu turns recover`.")
+@click.option("--lease-ttl", type=click.FloatRange(0.05, 3600), default=30.0, show_default=True,
+              help="Seconds a claim lives without a heartbeat (renewed every third of it, by the store's clock).")
+@click.option("--drain-timeout", type=click.FloatRange(0, 3600), default=10.0, show_default=True,
+              help="On SIGTERM/SIGINT, seconds to finish the step in flight before cutting it off and exiting.")
+@click.option("--poll-interval", type=click.FloatRange(0.001, 60), default=0.5, show_default=True,
+              help="Seconds between claims while the queue has nothing ready.")
+@click.option("--exit-when-idle", is_flag=True, help="Exit 0 once nothing is pending or claimed (batch runs).")
+@click.option("--quiet", is_flag=True, help="Report start, stop and problems only, not every item.")
+def worker_command(store_url: str, agent_spec: str, processes: int, owner: str | None, global_limit: int | None,
+                   project_limits: tuple[str, ...], default_project_limit: int | None, takeover: str,
+                   lease_ttl: float, drain_timeout: float, poll_interval: float, exit_when_idle: bool,
+                   quiet: bool) -> None:
+    """Claim queued threads from STORE and run their turns, fairly across projects, within the limits.
+
+    Threads get into the queue with jixu.runs.submit_turn(store, thread_id,
+    text) (or enqueue_thread). Each worker claims one thread at a time, opens it
+    with a Harness owned by the worker's name, runs the turn until it stops, and
+    heartbeats both claims against the store's clock.
+
+    The agent: MODULE:FACTORY names a zero-argument function returning the
+    jixu.Agent whose threads these workers run, e.g. `--agent
+    myapp.agents:support_agent` for `def support_agent() -> Agent`. The
+    current directory is importable.
+
+    SIGTERM or SIGINT: stop claiming, drain the turn in flight (within
+    --drain-timeout), put unfinished items back in the queue, exit 0. A worker
+    killed abruptly leaves claims that expire; see `jixu turns list --expired`.
+
+    Exit codes: 0 stopped cleanly, 1 a worker process failed, 2 usage,
+    5 store problem, 6 invalid input (limits, agent factory).
+    """
+    with handled(False):
+        limits = parse_project_limits(project_limits)
+        name = owner if owner is not None else default_owner()
+        make_agent(agent_spec)  # fail here, once, on a bad factory
+        config = WorkerConfig(store_url=store_url, agent=agent_spec, owner=name, lease_ttl=lease_ttl,
+                              global_limit=global_limit, project_limits=limits,
+                              default_project_limit=default_project_limit,
+                              takeover="safe" if takeover == "safe" else "never", poll_interval=poll_interval,
+                              drain_timeout=drain_timeout, exit_when_idle=exit_when_idle, quiet=quiet)
+        open_store(store_url).close()  # migrate once before the workers start, and fail early
+        if processes == 1:
+            stats = asyncio.run(serve(config, report=rich_report(name)))
+            if not quiet:
+                console.print(f"done: {stats.claimed} claimed, {stats.finished} finished, {stats.requeued} requeued, "
+                              f"{stats.lost} lost, {stats.errors} errors", highlight=False)
+            sys.exit(EXIT_OK)
+        pool = WorkerPool(agent_spec, store_url, processes=processes, owner_prefix=name, lease_ttl=lease_ttl,
+                          global_limit=global_limit, project_limits=limits,
+                          default_project_limit=default_project_limit, takeover=config.takeover,
+                          poll_interval=poll_interval, drain_timeout=drain_timeout, exit_when_idle=exit_when_idle,
+                          quiet=quiet)
+    console.print(f"[bold]jixu worker[/]: starting {processes} processes ({', '.join(pool.owners)}) on "
+                  f"{escape(open_store_label(store_url))}", highlight=False)
+    code = pool.run()
+    console.print(f"[bold]jixu worker[/]: all {processes} processes stopped"
+                  + ("" if code == EXIT_OK else " [bold red](some failed)[/]"), highlight=False)
+    sys.exit(code)
+
+
+def open_store_label(url: str) -> str:
+    """The store URL to print (a PostgreSQL password masked)."""
+    if url.lower().startswith(("postgresql://", "postgres://")):
+        from jixu.ledger.postgres import mask_dsn
+
+        return mask_dsn(url)
+    return url
+
+
+__all__ = ["worker_command"]

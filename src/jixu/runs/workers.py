@@ -1,0 +1,555 @@
+"""Worker processes: claim queued threads from the ledger, run their turns, finish the claims.
+
+A :class:`Worker` is one process's loop: ``claim_work`` (fair across
+projects, bounded globally and per project, by the store) -> open the thread
+with a :class:`~jixu.threads.Harness` whose owner is the worker's stable name
+-> run until the turn stops -> ``finish_work``. The work claim is renewed
+every ``lease_ttl / 3`` seconds while the item runs (the Harness renews the
+turn's lease likewise); both expire by the store's clock. The turn lease, not
+the work claim, is what fences the thread's events: even two workers holding
+the same item could not both commit a turn.
+
+A :class:`WorkerPool` starts N such processes (``python -c`` children, each
+with its own name ``<prefix>-<i>``) and stops them gracefully: SIGTERM or
+SIGINT makes each stop claiming, drain its running turn within the drain
+timeout (``Harness.shutdown``), put unfinished items back in the queue and
+exit 0. An abruptly killed worker leaves its claims to expire; a turn it owned
+is taken over automatically only with ``takeover="safe"`` when the resolver
+finds every open effect safe, otherwise it waits for ``jixu turns recover``.
+
+The agent comes from a factory given as ``MODULE:FACTORY``: a zero-argument
+callable returning a :class:`~jixu.Agent`, importable in every worker process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any, Literal
+
+from jixu.errors import (
+    FencingError,
+    IncompatibleAgent,
+    InvalidInput,
+    JixuError,
+    OwnershipLost,
+    StoreError,
+    ThreadCorrupt,
+    ThreadNotFound,
+    TurnOwned,
+)
+from jixu.ledger import Store, open_store
+from jixu.ledger.store import WorkClaim, check_limits, check_owner
+from jixu.runs.scheduler import thread_id_of
+from jixu.threads.agent import Agent
+from jixu.threads.harness import Harness
+
+UNBOUNDED = 1_000_000
+"""The global limit when none is given: each worker process still runs one item at a time."""
+CONFIG_ENV = "JIXU_WORKER_CONFIG"
+"""The environment variable a pool hands each child its configuration in (kept out of ``ps``)."""
+EXIT_OK, EXIT_FAILED, EXIT_STORE, EXIT_INVALID_INPUT = 0, 1, 5, 6
+"""Exit codes of a worker process (the same meanings as the ``jixu`` CLI's)."""
+_CHILD_CODE = "from jixu.runs.workers import child_main; child_main()"
+
+Report = Callable[[str, str], None]
+"""``report(kind, message)``: how a worker says what it does (kinds: ``start``, ``claim``, ``finish``,
+``requeue``, ``operator``, ``lost``, ``error``, ``stop``)."""
+
+
+def load_agent_factory(spec: str) -> Callable[[], Agent]:
+    """The factory ``MODULE:FACTORY`` names (e.g. ``myapp.agents:support_agent``); typed error if unusable."""
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        raise InvalidInput(f"agent {spec!r} must be MODULE:FACTORY, e.g. myapp.agents:make_agent", field="agent")
+    module_name, attribute = spec.split(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as error:
+        raise InvalidInput(f"agent {spec!r}: cannot import {module_name!r} ({error})", field="agent") from error
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise InvalidInput(f"agent {spec!r}: {module_name!r} has no attribute {attribute!r}", field="agent")
+        target = getattr(target, part)
+    if not callable(target):
+        raise InvalidInput(f"agent {spec!r} is not callable; give a zero-argument factory", field="agent")
+    factory: Callable[[], Agent] = target
+    return factory
+
+
+def make_agent(spec: str) -> Agent:
+    """Call the factory ``spec`` names and check that it returned an Agent."""
+    factory = load_agent_factory(spec)
+    try:
+        agent = factory()
+    except JixuError:
+        raise
+    except Exception as error:
+        raise InvalidInput(f"agent factory {spec!r} failed: {type(error).__name__}: {error}",
+                           field="agent") from error
+    if not isinstance(agent, Agent):
+        raise InvalidInput(f"agent factory {spec!r} returned {type(agent).__name__}, not a jixu Agent",
+                           field="agent")
+    return agent
+
+
+def factory_spec(factory: str | Callable[[], Agent]) -> str:
+    """``MODULE:FACTORY`` for a factory given as such a string or as an importable module-level callable."""
+    if isinstance(factory, str):
+        load_agent_factory(factory)
+        return factory
+    module, name = getattr(factory, "__module__", None), getattr(factory, "__qualname__", None)
+    if not callable(factory) or not module or not name or module == "__main__" or "<" in name:
+        raise InvalidInput("the agent factory must be MODULE:FACTORY or a module-level function importable by "
+                           "worker processes (not defined in __main__ or inside a function)", field="agent")
+    return f"{module}:{name}"
+
+
+def default_owner() -> str:
+    """A worker name stable across restarts on this machine: ``worker@<hostname>``."""
+    return f"worker@{socket.gethostname()}"
+
+
+def _number(value: object, name: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise InvalidInput(f"{name} {value!r} must be a number between {low} and {high}", field=name)
+    return float(value)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything one worker process needs (JSON-serialisable, so a pool can hand it to a child)."""
+
+    store_url: str
+    agent: str
+    """``MODULE:FACTORY``."""
+    owner: str = field(default_factory=default_owner)
+    lease_ttl: float = 30.0
+    global_limit: int | None = None
+    project_limits: dict[str, int] = field(default_factory=dict)
+    default_project_limit: int | None = None
+    takeover: Literal["never", "safe"] = "never"
+    poll_interval: float = 0.5
+    drain_timeout: float = 10.0
+    exit_when_idle: bool = False
+    """Exit 0 once nothing is pending or claimed (batch runs, benchmarks)."""
+    quiet: bool = False
+    """Report only start, stop and problems, not every item."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.store_url, str) or not self.store_url:
+            raise InvalidInput("store must be a store URL or path", field="store")
+        check_owner(self.owner)
+        _number(self.lease_ttl, "lease_ttl", 0.05, 3600)
+        _number(self.poll_interval, "poll_interval", 0.001, 60)
+        _number(self.drain_timeout, "drain_timeout", 0, 3600)
+        check_limits(UNBOUNDED if self.global_limit is None else self.global_limit, self.project_limits,
+                     self.default_project_limit)
+        if self.takeover not in ("never", "safe"):
+            raise InvalidInput("takeover must be 'never' or 'safe'", field="takeover")
+
+    @property
+    def limits(self) -> dict[str, Any]:
+        """The keyword arguments of :meth:`~jixu.ledger.Store.claim_work`."""
+        return {"global_limit": UNBOUNDED if self.global_limit is None else self.global_limit,
+                "project_limits": dict(self.project_limits), "default_project_limit": self.default_project_limit}
+
+    def to_json(self) -> str:
+        """The configuration as JSON text."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerConfig:
+        """A configuration from :meth:`to_json` text (typed error when malformed)."""
+        try:
+            data = json.loads(text)
+            return cls(**data)
+        except (ValueError, TypeError) as error:
+            raise InvalidInput(f"malformed worker configuration: {error}", field="config") from error
+
+
+@dataclass
+class WorkerStats:
+    """What one worker did."""
+
+    claimed: int = 0
+    finished: int = 0
+    requeued: int = 0
+    lost: int = 0
+    errors: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    requeue: bool
+    note: str
+    delay: float = 0.0
+    kind: str = "finish"
+
+
+def print_report(owner: str) -> Report:
+    """A reporter printing ``HH:MM:SS owner message`` lines on stdout (flushed)."""
+
+    def report(kind: str, message: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} {owner} {message}", flush=True)
+
+    return report
+
+
+class Worker:
+    """One worker loop over a store (see the module docstring). Run it with ``await worker.run()``."""
+
+    def __init__(self, agent: Agent, store: Store, config: WorkerConfig, *, report: Report | None = None) -> None:
+        if not isinstance(agent, Agent):
+            raise InvalidInput("a worker needs a jixu Agent", field="agent")
+        self.config = config
+        self.store = store
+        self.harness = Harness(agent, store, owner=config.owner, lease_ttl=config.lease_ttl,
+                               takeover=config.takeover)
+        self.stats = WorkerStats()
+        self._report = report or print_report(config.owner)
+        self._stopping = False
+        self._stop_event: asyncio.Event | None = None
+        self._stop_reason = ""
+
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called: no new work is claimed."""
+        return self._stopping
+
+    def report(self, kind: str, message: str) -> None:
+        """Say what the worker does (per-item lines only unless ``quiet``)."""
+        if self.config.quiet and kind in ("claim", "finish", "requeue"):
+            return
+        self._report(kind, message)
+
+    def stop(self, reason: str = "asked to stop") -> None:
+        """Stop admitting work; the item in hand is drained within the drain timeout (idempotent)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self._stop_reason = reason
+        if self._stop_event is not None:
+            self._stop_event.set()
+
+    async def run(self) -> WorkerStats:
+        """Claim and run items until :meth:`stop` (or, with ``exit_when_idle``, until the queue is empty)."""
+        config = self.config
+        self._stop_event = asyncio.Event()
+        if self._stopping:
+            self._stop_event.set()
+        limits = config.limits
+        default = limits["default_project_limit"]
+        per_project = ", ".join(f"{p}={n}" for p, n in sorted(limits["project_limits"].items()))
+        self.report("start", f"started on {self.store.url}: agent {config.agent}, lease {config.lease_ttl:g}s, "
+                             f"global limit {'none' if config.global_limit is None else config.global_limit}, "
+                             f"project limits {per_project or '-'} (others: "
+                             f"{'global' if default is None else default}), takeover {config.takeover}")
+        while not self._stopping:
+            try:
+                claim = self.store.claim_work(config.owner, config.lease_ttl, **limits)
+                idle = claim is None and config.exit_when_idle and self._queue_empty()
+            except StoreError as error:  # e.g. the database restarting: keep trying, slowly
+                self.stats.errors += 1
+                self.report("error", f"could not claim work ({error.message}); retrying")
+                await self._pause(max(1.0, min(5.0, config.poll_interval * 10)))
+                continue
+            if claim is None:
+                if idle:
+                    self.report("stop", "the queue is empty; exiting")
+                    break
+                await self._pause(config.poll_interval)
+                continue
+            self.stats.claimed += 1
+            self.report("claim", f"claimed {claim.key} (project {claim.project}, epoch {claim.epoch})")
+            item = asyncio.create_task(self._process(claim), name=f"jixu-work-{claim.key}")
+            stopped = asyncio.create_task(self._stop_event.wait())
+            await asyncio.wait({item, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if not item.done():
+                await self._drain(busy=True)
+            await item
+        if self._stopping:
+            await self._drain(busy=False)
+            self.report("stop", f"stopped ({self._stop_reason}): {json.dumps(self.stats.to_dict())}")
+        return self.stats
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, waking at once when the worker is asked to stop."""
+        assert self._stop_event is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop_event.wait(), seconds)
+
+    def _queue_empty(self) -> bool:
+        return not any(self.store.list_work(state=state) for state in ("pending", "claimed", "expired"))
+
+    async def _drain(self, *, busy: bool) -> None:
+        """Let the running turn stop at its next step, cutting it off before the drain timeout runs out."""
+        timeout = self.config.drain_timeout
+        budget = max(0.0, timeout - min(1.0, 0.25 * timeout))  # leave time to requeue and exit
+        if not self.harness.closing:
+            if busy:
+                self.report("stop", f"draining the turn in flight ({self._stop_reason}) for up to {budget:.1f}s")
+            await self.harness.shutdown(budget)
+
+    async def _process(self, claim: WorkClaim) -> None:
+        heartbeat = asyncio.create_task(self._heartbeat(claim))
+        try:
+            outcome = await self._run_item(claim)
+        except Exception as error:  # a bug or an unusable store: put the item back, slowly
+            self.stats.errors += 1
+            outcome = _Outcome(True, f"error {type(error).__name__}: {error}", self.config.lease_ttl, "error")
+        finally:
+            heartbeat.cancel()
+        try:
+            self.store.finish_work(claim, requeue=outcome.requeue, delay=outcome.delay)
+        except FencingError as error:
+            self.stats.lost += 1
+            self.report("lost", f"{claim.key}: {outcome.note}; the work claim was lost meanwhile "
+                                f"({error.message})")
+            return
+        except JixuError as error:
+            self.stats.errors += 1
+            self.report("error", f"{claim.key}: could not finish the claim ({error.message}); it expires")
+            return
+        if outcome.requeue:
+            self.stats.requeued += 1
+        else:
+            self.stats.finished += 1
+        self.report(outcome.kind, f"{claim.key}: {outcome.note}" + (" (requeued)" if outcome.requeue else ""))
+
+    async def _heartbeat(self, claim: WorkClaim) -> None:
+        """Renew the work claim every ``lease_ttl / 3`` against the store's clock until cancelled."""
+        ttl = self.config.lease_ttl
+        while True:
+            await asyncio.sleep(ttl / 3)
+            try:
+                claim = self.store.renew_work(claim, ttl)
+            except FencingError as error:
+                self.report("lost", f"{claim.key}: lost the work claim ({error.message}); the turn's own lease "
+                                    "still fences its events")
+                return
+            except JixuError as error:
+                self.report("error", f"{claim.key}: could not renew the work claim ({error.message})")
+
+    async def _run_item(self, claim: WorkClaim) -> _Outcome:
+        thread_id = thread_id_of(claim.key)
+        if thread_id is None:
+            return _Outcome(False, "not a thread: this worker runs threads only", kind="error")
+        try:
+            thread = await self.harness.open_thread(thread_id, resume=False)
+        except ThreadNotFound:
+            return _Outcome(False, "no such thread", kind="error")
+        except IncompatibleAgent as error:
+            # Meant for workers of another agent: leave it for them, without spinning on it.
+            return _Outcome(True, error.message, max(self.config.lease_ttl, 5.0), "error")
+        problem = thread.claim_problem()
+        if problem is not None:
+            ownership = thread.log.ownership() or {}
+            if ownership.get("owner") and not ownership.get("expired") and not ownership.get("released"):
+                wait = max(self.config.poll_interval, float(ownership["expires_at"]) - float(ownership["store_now"]))
+                return _Outcome(True, f"another process owns the turn: {problem}", min(wait, self.config.lease_ttl),
+                                "requeue")
+            return _Outcome(False, f"needs an operator: {problem}", kind="operator")
+        if self._stopping:  # stopped before the turn started here: leave it to the next worker
+            return _Outcome(True, "not started: the worker is stopping", kind="requeue")
+        try:
+            state = await thread.wait()
+        except TurnOwned as error:  # someone claimed the turn between our look and our claim
+            return _Outcome(True, f"turn taken meanwhile: {error.message}", self.config.poll_interval, "requeue")
+        except OwnershipLost as error:
+            return _Outcome(False, f"OwnershipLost: {error.message}", kind="lost")
+        except ThreadCorrupt as error:
+            return _Outcome(False, f"corrupt: {error.message}", kind="operator")
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this worker itself is being cancelled
+            state = thread.state()  # the turn was cut off by the drain timeout
+        thread.log.sync()
+        if self._stopping and thread.log.state.active_turn() is not None:
+            return _Outcome(True, f"drained at seq {thread.log.state.seq}; the turn continues elsewhere",
+                            kind="requeue")
+        state = thread.state()
+        detail = state.reason or (f"reply {state.last_reply!r}"[:120] if state.last_reply is not None else "")
+        kind = "operator" if state.status in ("waiting", "corrupt", "paused") else "finish"
+        return _Outcome(False, f"{state.status}" + (f": {detail}" if detail else ""), kind=kind)
+
+
+async def serve(config: WorkerConfig, *, report: Report | None = None,
+                on_ready: Callable[[Worker], None] | None = None) -> WorkerStats:
+    """Run one worker in this process until SIGTERM/SIGINT (or an empty queue with ``exit_when_idle``)."""
+    agent = make_agent(config.agent)
+    store = open_store(config.store_url)
+    try:
+        worker = Worker(agent, store, config, report=report)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, worker.stop, f"{signal.Signals(signum).name} received")
+        if on_ready is not None:
+            on_ready(worker)
+        try:
+            return await worker.run()
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+    finally:
+        store.close()
+
+
+def exit_code_of(error: BaseException) -> int:
+    """A worker process's exit code for ``error``: 6 bad input, 5 store problem, 1 anything else."""
+    if isinstance(error, InvalidInput):
+        return EXIT_INVALID_INPUT
+    if isinstance(error, StoreError):
+        return EXIT_STORE
+    return EXIT_FAILED
+
+
+def child_main() -> None:
+    """Entry point of a pool's child process: the configuration is in ``$JIXU_WORKER_CONFIG``."""
+    text = os.environ.get(CONFIG_ENV)
+    if not text:
+        print(f"{CONFIG_ENV} is not set", file=sys.stderr)
+        sys.exit(EXIT_INVALID_INPUT)
+    try:
+        config = WorkerConfig.from_json(text)
+        asyncio.run(serve(config))
+    except JixuError as error:
+        print(f"worker error ({error.code}): {error.message}", file=sys.stderr, flush=True)
+        sys.exit(exit_code_of(error))
+    sys.exit(EXIT_OK)
+
+
+class WorkerPool:
+    """N worker processes over one store (see the module docstring).
+
+    ``agent_factory`` is ``MODULE:FACTORY`` or an importable module-level
+    callable; each child is named ``<owner_prefix>-<i>`` (stable across
+    restarts, so a restarted pool reclaims its own turns at once: give each
+    concurrently running pool its own prefix). Limits are enforced by the
+    store on every claim; give every worker of a deployment the same limits.
+    """
+
+    def __init__(self, agent_factory: str | Callable[[], Agent], store_url: str, *, processes: int = 1,
+                 owner_prefix: str | None = None, lease_ttl: float = 30.0, global_limit: int | None = None,
+                 project_limits: dict[str, int] | None = None, default_project_limit: int | None = None,
+                 takeover: Literal["never", "safe"] = "never", poll_interval: float = 0.5,
+                 drain_timeout: float = 10.0, exit_when_idle: bool = False, quiet: bool = False,
+                 env: dict[str, str] | None = None, stdout: IO[str] | int | None = None,
+                 stderr: IO[str] | int | None = None) -> None:
+        if isinstance(processes, bool) or not isinstance(processes, int) or not 1 <= processes <= 256:
+            raise InvalidInput("processes must be an integer between 1 and 256", field="processes")
+        spec = factory_spec(agent_factory)
+        prefix = owner_prefix if owner_prefix is not None else default_owner()
+        self.configs = [WorkerConfig(store_url=store_url, agent=spec, owner=f"{prefix}-{i}", lease_ttl=lease_ttl,
+                                     global_limit=global_limit, project_limits=dict(project_limits or {}),
+                                     default_project_limit=default_project_limit, takeover=takeover,
+                                     poll_interval=poll_interval, drain_timeout=drain_timeout,
+                                     exit_when_idle=exit_when_idle, quiet=quiet)
+                        for i in range(1, processes + 1)]
+        self.drain_timeout = float(drain_timeout)
+        self._env = dict(env or {})
+        self._stdout, self._stderr = stdout, stderr
+        self.processes: list[subprocess.Popen[str]] = []
+        self._stopping = False
+
+    @property
+    def owners(self) -> list[str]:
+        """The workers' names, in process order."""
+        return [c.owner for c in self.configs]
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the started workers."""
+        return [p.pid for p in self.processes]
+
+    def start(self) -> None:
+        """Start every worker process."""
+        if self.processes:
+            raise InvalidInput("this pool was started already", field="pool")
+        for config in self.configs:
+            env = {**os.environ, **self._env, CONFIG_ENV: config.to_json()}
+            self.processes.append(subprocess.Popen([sys.executable, "-c", _CHILD_CODE], env=env, text=True,
+                                                   stdout=self._stdout, stderr=self._stderr))
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        """Send ``signum`` to every worker still running."""
+        for process in self.processes:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signum)
+
+    def wait(self, timeout: float | None = None) -> list[int | None]:
+        """Wait up to ``timeout`` seconds (forever if None) for every worker; their exit codes (None: running)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for process in self.processes:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(left)
+        return [p.poll() for p in self.processes]
+
+    def stop(self, grace: float = 5.0) -> list[int | None]:
+        """SIGTERM every worker, wait for them to drain (drain timeout + ``grace``), SIGKILL stragglers."""
+        self._stopping = True
+        self.signal(signal.SIGTERM)
+        codes = self.wait(self.drain_timeout + grace)
+        if any(code is None for code in codes):
+            self.signal(signal.SIGKILL)
+            codes = self.wait(grace)
+        return codes
+
+    def run(self) -> int:
+        """Start the workers and wait for them; SIGTERM/SIGINT here stops them gracefully.
+
+        Returns 0 when every worker exited 0, else 1.
+        """
+        previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+
+        def forward(signum: int, frame: object) -> None:
+            self._stopping = True
+            self.signal(signal.SIGTERM)
+
+        for signum in previous:
+            signal.signal(signum, forward)
+        try:
+            self.start()
+            while True:
+                codes = self.wait(0.2)
+                if all(code is not None for code in codes):
+                    break
+                if self._stopping:
+                    codes = self.wait(self.drain_timeout + 5.0)
+                    if any(code is None for code in codes):
+                        self.signal(signal.SIGKILL)
+                        codes = self.wait(5.0)
+                    break
+            return EXIT_OK if all(code == 0 for code in codes) else EXIT_FAILED
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def __enter__(self) -> WorkerPool:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = ["CONFIG_ENV", "UNBOUNDED", "Report", "Worker", "WorkerConfig", "WorkerPool", "WorkerStats", "child_main",
+           "default_owner", "exit_code_of", "factory_spec", "load_agent_factory", "make_agent", "print_report",
+           "serve"]

@@ -1,0 +1,82 @@
+"""Agent factories the worker-process tests start workers with (``--agent tests.runs.agents:NAME``).
+
+Configured through the environment, since a factory takes no arguments:
+
+- ``JIXU_TEST_OUTSIDE``: the "outside system": every tool call appends one
+  line ``<thread_id> <effect_id> <idempotency_key> <pid> <time>`` to it
+  (``O_APPEND``, one ``write``: lines from several processes never interleave);
+- ``JIXU_TEST_TOOL_SLEEP``: seconds the tool then takes (default 0);
+- ``JIXU_TEST_CLOCK_SKEW``: seconds added to this process's ``time.time``
+  (a worker whose local clock is wrong; the store's clock must not care).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from jixu import Agent, ScriptedModel, ToolCall, ToolContext, tool
+from jixu.ledger.encoding import JSONObject
+from jixu.threads.model import Step
+
+
+def _skew_clock() -> None:
+    skew = float(os.environ.get("JIXU_TEST_CLOCK_SKEW") or 0)
+    if skew and not getattr(time.time, "skewed", False):
+        real = time.time
+
+        def skewed() -> float:
+            return real() + skew
+
+        skewed.skewed = True  # type: ignore[attr-defined]
+        time.time = skewed
+
+
+async def _outside(ctx: ToolContext) -> str:
+    line = f"{ctx.thread_id} {ctx.effect_id} {ctx.idempotency_key} {os.getpid()} {time.monotonic():.6f}\n"
+    fd = os.open(os.environ["JIXU_TEST_OUTSIDE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+    delay = float(os.environ.get("JIXU_TEST_TOOL_SLEEP") or 0)
+    if delay:
+        await asyncio.sleep(delay)
+    return f"recorded for {ctx.thread_id}"
+
+
+@tool(semantics="unsafe")
+async def charge(ctx: ToolContext) -> str:
+    """Charge once in the outside system (unsafe: a retry could charge twice)."""
+    return await _outside(ctx)
+
+
+@tool(semantics="idempotent")
+async def book(ctx: ToolContext) -> str:
+    """Book in the outside system, deduplicated there by the idempotency key."""
+    return await _outside(ctx)
+
+
+def _one_call(name: str) -> ScriptedModel:
+    def script(messages: list[JSONObject]) -> Step:
+        return "done" if messages and messages[-1].get("role") == "tool" else ToolCall(name)
+
+    return ScriptedModel(script)
+
+
+def counter_agent() -> Agent:
+    """One unsafe tool call per turn, then the reply ``done``."""
+    _skew_clock()
+    return Agent("counter", _one_call("charge"), tools=[charge])
+
+
+def booking_agent() -> Agent:
+    """One idempotent tool call per turn, then the reply ``done``."""
+    _skew_clock()
+    return Agent("booker", _one_call("book"), tools=[book])
+
+
+def not_an_agent() -> str:
+    """A factory that returns the wrong thing (the worker must refuse it)."""
+    return "nope"

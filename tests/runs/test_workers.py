@@ -1,0 +1,209 @@
+"""The runs layer's pieces: queueing turns, one worker's decisions, the pool API and ``jixu worker``'s errors."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from jixu.errors import InvalidInput, ThreadBusy, ThreadNotFound
+from jixu.ledger import MemoryStore, Store
+from jixu.runs import (
+    Worker,
+    WorkerConfig,
+    WorkerPool,
+    create_thread_for,
+    enqueue_thread,
+    make_agent,
+    submit_turn,
+    thread_id_of,
+    thread_work_key,
+)
+from jixu.runs.workers import factory_spec, load_agent_factory
+from jixu.threads.log import ThreadLog
+from tests.conftest import StoreFactory
+from tests.runs.agents import counter_agent
+from tests.runs.conftest import WAIT, jixu, outside_lines, thread_state
+
+# --- queueing -------------------------------------------------------------------------------------------
+
+
+def test_submit_turn_records_a_queued_turn_and_enqueues_the_thread_in_its_project() -> None:
+    store = MemoryStore()
+    thread_id = create_thread_for(store, counter_agent(), project="billing", metadata={"customer": 7})
+    log = ThreadLog.load(store, thread_id)
+    assert log.state.metadata == {"customer": 7, "project": "billing"}
+    turn_id = submit_turn(store, thread_id, "charge it")
+    turn = ThreadLog.load(store, thread_id).state.active_turn()
+    assert turn is not None and turn.turn_id == turn_id and turn.queued and turn.owner is None
+    [item] = store.list_work()
+    assert (item.key, item.project, item.state) == (thread_work_key(thread_id), "billing", "pending")
+    assert thread_id_of(item.key) == thread_id and thread_id_of("run/1") is None
+    events = len(store.read(f"thread/{thread_id}"))
+    with pytest.raises(ThreadBusy):
+        submit_turn(store, thread_id, "again")
+    assert len(store.read(f"thread/{thread_id}")) == events
+    assert enqueue_thread(store, thread_id) == item, "enqueueing a pending thread changes nothing"
+
+
+def test_queueing_refuses_bad_input_and_writes_nothing() -> None:
+    store = MemoryStore()
+    for project in ("", "x" * 101, 7):
+        with pytest.raises(InvalidInput):
+            create_thread_for(store, counter_agent(), project=project)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput):
+        create_thread_for(store, {"name": "no contract"})
+    assert store.list_streams() == [] and store.list_work() == []
+    thread_id = create_thread_for(store, counter_agent())
+    with pytest.raises(InvalidInput):
+        submit_turn(store, thread_id, "   ")
+    with pytest.raises(ThreadNotFound):
+        submit_turn(store, "01JD0000000000000000000009", "hello")
+    assert store.list_work() == [] and len(store.read(f"thread/{thread_id}")) == 1
+
+
+def test_agent_factories_and_worker_configs_are_checked() -> None:
+    assert make_agent("tests.runs.agents:counter_agent").name == "counter"
+    assert factory_spec(counter_agent) == "tests.runs.agents:counter_agent"
+    for spec in ("tests.runs.agents", "nope.nope:f", "tests.runs.agents:missing", "tests.runs.agents:WAIT:x"):
+        with pytest.raises(InvalidInput):
+            load_agent_factory(spec)
+    with pytest.raises(InvalidInput, match="not a jixu Agent"):
+        make_agent("tests.runs.agents:not_an_agent")
+    def local_factory() -> object:
+        return counter_agent()
+
+    with pytest.raises(InvalidInput):
+        factory_spec(local_factory)  # type: ignore[arg-type]
+    for bad in ({"lease_ttl": 0}, {"owner": ""}, {"global_limit": 0}, {"project_limits": {"a": -1}},
+                {"takeover": "always"}, {"drain_timeout": -1}):
+        with pytest.raises(InvalidInput):
+            WorkerConfig(store_url="memory://", agent="tests.runs.agents:counter_agent", **bad)  # type: ignore[arg-type]
+    config = WorkerConfig(store_url="x.db", agent="m:f", owner="w", project_limits={"a": 1}, global_limit=3)
+    assert WorkerConfig.from_json(config.to_json()) == config
+    with pytest.raises(InvalidInput):
+        WorkerConfig.from_json('{"store_url": 1}')
+
+
+# --- one worker's decisions (in process, on the memory store) -------------------------------------------
+
+
+def run_worker(store: Store, until: Callable[[], bool], **options: object) -> list[tuple[str, str]]:
+    """Run one in-process worker on ``store`` until ``until()`` holds; what it reported."""
+    said: list[tuple[str, str]] = []
+    config = WorkerConfig(store_url="memory://", agent="tests.runs.agents:counter_agent", owner="w-1",
+                          poll_interval=0.01, lease_ttl=5, **options)  # type: ignore[arg-type]
+    worker = Worker(counter_agent(), store, config, report=lambda kind, text: said.append((kind, text)))
+
+    async def main() -> None:
+        task = asyncio.create_task(worker.run())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT
+        while not until():
+            assert loop.time() < deadline, said
+            await asyncio.sleep(0.01)
+        worker.stop("test over")
+        await asyncio.wait_for(task, WAIT)
+
+    asyncio.run(main())
+    return said
+
+
+def test_a_worker_runs_a_queued_turn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JIXU_TEST_OUTSIDE", str(tmp_path / "outside.txt"))
+    store = MemoryStore()
+    thread_id = create_thread_for(store, counter_agent())
+    submit_turn(store, thread_id, "charge")
+    said = run_worker(store, lambda: bool(store.list_work(state="done")))
+    assert thread_state(store, thread_id)["status"] == "idle" and len(outside_lines(tmp_path / "outside.txt")) == 1
+    assert ("finish", f"thread/{thread_id}: idle: reply 'done'") in said
+
+
+def test_a_turn_a_live_process_owns_is_put_back_for_later_untouched() -> None:
+    store = MemoryStore()
+    thread_id = create_thread_for(store, counter_agent())
+    ThreadLog.load(store, thread_id).start_turn("charge", owner="app-process", ttl=30)
+    store.enqueue(thread_work_key(thread_id), "default")
+    events = len(store.read(f"thread/{thread_id}"))
+    said = run_worker(store, lambda: store.list_work()[0].epoch >= 1 and store.list_work()[0].state == "pending")
+    [item] = store.list_work()
+    assert item.ready_at > store.now(), "requeued with a delay, not spun on"
+    assert len(store.read(f"thread/{thread_id}")) == events
+    assert any(kind == "requeue" and "another process owns the turn" in text for kind, text in said)
+
+
+def test_an_expired_turn_waits_for_an_operator_unless_takeover_is_safe(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JIXU_TEST_OUTSIDE", str(tmp_path / "outside.txt"))
+    store = MemoryStore()
+    thread_id = create_thread_for(store, counter_agent())
+    ThreadLog.load(store, thread_id).start_turn("charge", owner="dead-worker", ttl=1)
+    store.advance_clock(2)  # the owner stopped renewing
+    store.enqueue(thread_work_key(thread_id), "default")
+    events = len(store.read(f"thread/{thread_id}"))
+    said = run_worker(store, lambda: bool(store.list_work(state="done")))
+    assert len(store.read(f"thread/{thread_id}")) == events, "never taken over without an explicit decision"
+    assert any(kind == "operator" and "recover the turn explicitly" in text for kind, text in said)
+    # takeover="safe": nothing is in doubt (no effect was dispatched), so the worker continues it.
+    enqueue_thread(store, thread_id)
+    run_worker(store, lambda: thread_state(store, thread_id)["status"] == "idle", takeover="safe")
+    claimed = [e for e in store.read(f"thread/{thread_id}") if e.type == "turn.claimed"]
+    assert [(e.data["reason"], e.data["previous_owner"]) for e in claimed] == [("took_over_expired", "dead-worker")]
+
+
+def test_work_that_is_not_a_thread_is_finished_with_a_report() -> None:
+    store = MemoryStore()
+    store.enqueue("run/1", "default")
+    said = run_worker(store, lambda: bool(store.list_work(state="done")))
+    assert ("error", "run/1: not a thread: this worker runs threads only") in said
+
+
+# --- the pool and the command ---------------------------------------------------------------------------
+
+
+def test_a_pool_runs_the_queue_empty_and_exits(sqlite: StoreFactory, tmp_path: Path) -> None:
+    store = sqlite()
+    assert sqlite.url is not None
+    threads = [create_thread_for(store, counter_agent(), project=p) for p in ("a", "b", "a")]
+    for thread_id in threads:
+        submit_turn(store, thread_id, "charge")
+    log = (tmp_path / "pool.log").open("w")
+    pool = WorkerPool(counter_agent, sqlite.url, processes=2, owner_prefix="pool", poll_interval=0.02,
+                      exit_when_idle=True, env={"JIXU_TEST_OUTSIDE": str(tmp_path / "outside.txt")},
+                      stdout=log, stderr=subprocess.STDOUT)
+    assert pool.owners == ["pool-1", "pool-2"]
+    pool.start()
+    try:
+        assert pool.wait(WAIT) == [0, 0], (tmp_path / "pool.log").read_text()
+    finally:
+        pool.stop()
+        log.close()
+    assert all(thread_state(store, t)["status"] == "idle" for t in threads)
+    assert len(outside_lines(tmp_path / "outside.txt")) == 3
+
+
+def test_jixu_worker_refuses_bad_options_with_meaningful_exit_codes(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'w.db'}"
+    cases = [
+        (["--agent", "tests.runs.agents"], 6, "MODULE:FACTORY"),
+        (["--agent", "tests.runs.agents:not_an_agent"], 6, "not a jixu Agent"),
+        (["--agent", "tests.runs.agents:counter_agent", "--project-limit", "billing"], 6, "PROJECT=N"),
+        (["--agent", "tests.runs.agents:counter_agent", "--project-limit", "a=1", "--project-limit", "a=2"], 6,
+         "twice"),
+        (["--agent", "tests.runs.agents:counter_agent", "--processes", "0"], 2, ""),
+    ]
+    for args, code, text in cases:
+        result = jixu("worker", "--store", db, *args)
+        assert result.returncode == code, (args, result.stdout, result.stderr)
+        assert text in result.stderr, (args, result.stderr)
+    wrong = jixu("worker", "--store", "mysql://db/x", "--agent", "tests.runs.agents:counter_agent")
+    assert wrong.returncode == 2 and "not supported" in wrong.stderr
+    unusable = jixu("worker", "--store", str(tmp_path / "no-such-dir" / "x.db"), "--agent",
+                    "tests.runs.agents:counter_agent")
+    assert unusable.returncode == 5, unusable.stderr
+    assert not (tmp_path / "w.db").exists(), "nothing was created"
+    help_text = jixu("worker", "--help")
+    assert help_text.returncode == 0 and "MODULE:FACTORY" in help_text.stdout and "Exit codes" in help_text.stdout
