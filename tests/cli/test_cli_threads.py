@@ -371,3 +371,22 @@ def test_help_says_the_cli_records_decisions_and_the_application_continues() -> 
     assert "Harness.open_thread" in result.stdout
     for command in ("list", "show", "events", "verify", "replay", "resolve", "approve", "deny", "fork"):
         assert command in result.stdout
+
+
+def test_a_decision_puts_a_thread_that_workers_run_back_in_their_queue(ledger: Ledger) -> None:
+    from jixu.runs.scheduler import thread_work_key
+
+    key = thread_work_key(ledger.parked)
+    with SQLiteStore(ledger.db) as store:
+        store.enqueue(key, "default")
+        claim = store.claim_work("worker-a", 30, global_limit=1, project_limits={}, default_project_limit=1)
+        assert claim is not None and claim.key == key
+        store.finish_work(claim)  # the worker stopped: the call is parked, an operator is needed
+        assert store.get_work(key).state == "done"  # type: ignore[union-attr]
+        untouched = thread_work_key(ledger.done)
+        assert store.get_work(untouched) is None
+    result = jixu("approve", str(ledger.db), ledger.parked, ledger.delete_effect, "--note", "checked")
+    assert result.returncode == 0, result.stderr
+    with SQLiteStore(ledger.db) as store:
+        assert store.get_work(key).state == "pending"  # type: ignore[union-attr]
+        assert store.get_work(untouched) is None, "threads no worker runs are not enqueued"

@@ -24,6 +24,7 @@ from jixu.cli.output import EXIT_CHECK_FAILED, console, emit_json, handled, json
 from jixu.errors import InvalidInput, JixuError, NotFound
 from jixu.ledger import Event, Store, is_valid_id, open_store
 from jixu.recovery import RESOLUTIONS, EffectDecision
+from jixu.runs.scheduler import enqueue_thread, thread_work_key
 from jixu.threads.log import MAX_INPUT_CHARS, THREAD_PREFIX, State, ThreadLog, stream_of
 
 CONTINUES = ("The CLI records decisions only; the application that owns the thread's agent continues the "
@@ -425,8 +426,15 @@ def resolve_command(store: str, thread_id: str, effect_id: str, resolution: str 
         check_effect_id(log, effect_id)
         recorded = log.resolve(effect_id, resolution, resolution_id=resolution_id, note=note, actor=who,
                                evidence=parse_evidence(evidence))
+        wake_worker(log)
         effect_summary(log, effect_id, recorded, f"effect {effect_id} resolved as {resolution} by {who}",
                        as_json)
+
+
+def wake_worker(log: ThreadLog) -> None:
+    """Put a thread that workers run back in their queue, so an operator's decision is not lost."""
+    if log.store.get_work(thread_work_key(log.thread_id)) is not None:
+        enqueue_thread(log.store, log.thread_id)
 
 
 def parked_decision(store: str, thread_id: str, effect_id: str, phase: str, note: str | None,
@@ -436,6 +444,7 @@ def parked_decision(store: str, thread_id: str, effect_id: str, phase: str, note
     with opened_thread(store, thread_id, as_json, actor=who) as log:
         check_effect_id(log, effect_id)
         log.decide_parked(effect_id, phase, actor=who, note=note)
+        wake_worker(log)
         effect_summary(log, effect_id, True, f"call {effect_id} {phase} by {who}", as_json)
 
 
