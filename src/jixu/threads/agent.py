@@ -14,7 +14,7 @@ from jixu.threads.tools import Tool
 
 @dataclass(frozen=True)
 class Agent:
-    """A name, instructions, a model driver and tools.
+    """A name, instructions, a model driver and tools (and optionally a context budget).
 
     ``contract`` is a digest of the name and every tool's contract (name,
     schemas, semantics, approval): a thread refuses to continue under an agent
@@ -29,6 +29,11 @@ class Agent:
     tools: Sequence[Tool] = field(default_factory=tuple)
     max_steps: int = 32
     """Model calls allowed in one turn before the turn fails."""
+    context_budget: int | None = None
+    """The conversation's size, in estimated tokens (characters / 4 of the message contents and tool-call
+    arguments), above which the messages before the active turn are compacted into a model-written summary
+    before the next model call. ``None``: never compact. Leave room for the instructions and tool schemas,
+    which the estimate does not count."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -45,6 +50,10 @@ class Agent:
             raise InvalidInput(f"tool names must be unique; repeated: {duplicates}", field="tools")
         if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or self.max_steps < 1:
             raise InvalidInput("max_steps must be an integer >= 1", field="max_steps")
+        budget = self.context_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise InvalidInput("context_budget must be an integer >= 1 (estimated tokens) or None",
+                               field="context_budget")
         object.__setattr__(self, "tools", tools)
 
     def tool(self, name: str) -> Tool | None:
@@ -62,9 +71,12 @@ class Agent:
 
     @property
     def digest(self) -> str:
-        """Digest of the whole definition (contract, instructions, model name)."""
-        return content_hash({"contract": self.contract, "instructions": self.instructions,
-                             "model": self.model.name, "max_steps": self.max_steps})
+        """Digest of the whole definition (contract, instructions, model name, limits)."""
+        definition: dict[str, Any] = {"contract": self.contract, "instructions": self.instructions,
+                                      "model": self.model.name, "max_steps": self.max_steps}
+        if self.context_budget is not None:  # absent when unset, so earlier digests stay as recorded
+            definition["context_budget"] = self.context_budget
+        return content_hash(definition)
 
     def describe(self) -> dict[str, Any]:
         """What a thread records about its agent."""

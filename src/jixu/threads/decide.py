@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from jixu.ledger.encoding import JSONObject
 from jixu.recovery import Analysis
+from jixu.threads.compaction import MIN_COMPACTED_MESSAGES, over_budget
 from jixu.threads.projection import ThreadState
 
 
@@ -35,6 +36,15 @@ class RequestModel:
     """Record the intent of the turn's next model call."""
 
     turn_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCompaction:
+    """The conversation exceeds the context budget: record a compaction of its first ``upto`` messages."""
+
+    turn_id: str
+    upto: int
+    """How many messages (all before the active turn's user message) the summary replaces."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +83,7 @@ class FailTurn:
     error: JSONObject
 
 
-Action = Stop | Dispatch | RequestModel | RequestTools | CompleteTurn | FailTurn | PauseTurn
+Action = Stop | Dispatch | RequestModel | RequestCompaction | RequestTools | CompleteTurn | FailTurn | PauseTurn
 
 MAX_AUTOMATIC_RETRIES = 3
 """Automatic retries after rate limits and transient provider failures before the turn stays paused."""
@@ -81,8 +91,14 @@ AUTOMATIC_PAUSES = frozenset({"rate_limit", "transient"})
 OPERATOR_PAUSES = frozenset({"quota", "authentication"})
 
 
-def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attempts: int) -> Action:
-    """The next action for a thread (pure: reads its arguments only)."""
+def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attempts: int,
+           context_budget: int | None = None) -> Action:
+    """The next action for a thread (pure: reads its arguments only).
+
+    With a ``context_budget`` (estimated tokens), a model call over budget is
+    preceded by a compaction of the messages before the active turn, at most
+    once per turn if it fails.
+    """
     if analysis.has_corruption or state.contradiction:
         corrupt = ", ".join(analysis.corrupt) or "the event stream"
         return Stop("corrupt", f"contradictory events ({corrupt}); an operator must inspect the ledger")
@@ -109,6 +125,9 @@ def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attemp
             if state.effect_turn.get(effect_id) != turn.turn_id:
                 continue
             decision = analysis.decisions[effect_id]
+            if decision.kind == "compaction" and (decision.reason == "indeterminate_failure"
+                                                  or decision.attempts >= max_attempts):
+                continue  # the turn gave up on this summary and goes on with its full context
             if decision.kind == "model" and decision.reason == "indeterminate_failure":
                 # A recorded provider failure: the pause below decides when (and whether) to call again.
                 if turn.failure is None or turn.failure.get("effect_id") != effect_id:
@@ -167,8 +186,15 @@ def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attemp
     if turn.model_calls >= max_steps:
         return FailTurn(turn.turn_id, {"source": "agent", "type": "max_steps",
                                        "message": f"the turn used all {max_steps} model calls"})
+    if (turn.message_index >= MIN_COMPACTED_MESSAGES and not turn.compaction_failed
+            and over_budget(messages, context_budget)
+            and not any(d.kind == "compaction" and state.effect_turn.get(effect_id) == turn.turn_id
+                        for effect_id, d in analysis.decisions.items())):
+        # The messages before this turn's input are summarized (its own messages stay whole); an open
+        # compaction that may not run again counts as a failed one.
+        return RequestCompaction(turn.turn_id, turn.message_index)
     return RequestModel(turn.turn_id)
 
 
 __all__ = ["AUTOMATIC_PAUSES", "MAX_AUTOMATIC_RETRIES", "OPERATOR_PAUSES", "Action", "CompleteTurn", "Dispatch",
-           "FailTurn", "PauseTurn", "RequestModel", "RequestTools", "Stop", "decide"]
+           "FailTurn", "PauseTurn", "RequestCompaction", "RequestModel", "RequestTools", "Stop", "decide"]

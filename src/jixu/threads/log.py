@@ -94,9 +94,11 @@ class State:
 
 
 def build_state(thread_state: ThreadState, analysis: Analysis, *, max_steps: int = DEFAULT_MAX_STEPS,
-                max_attempts: int = DEFAULT_MAX_ATTEMPTS, running: bool = False) -> State:
+                max_attempts: int = DEFAULT_MAX_ATTEMPTS, running: bool = False,
+                context_budget: int | None = None) -> State:
     """The public :class:`State` of a projected thread (pure)."""
-    action = decide(thread_state, analysis, max_steps=max_steps, max_attempts=max_attempts)
+    action = decide(thread_state, analysis, max_steps=max_steps, max_attempts=max_attempts,
+                    context_budget=context_budget)
     if isinstance(action, Stop) and not running:
         status, reason = action.status, action.reason
     else:
@@ -195,10 +197,10 @@ class ThreadLog:
         return self.state.open_analysis(self.chain_break_seq)
 
     def snapshot(self, *, max_steps: int = DEFAULT_MAX_STEPS, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-                 running: bool = False) -> State:
+                 running: bool = False, context_budget: int | None = None) -> State:
         """The public state."""
         return build_state(self.state, self.analysis(), max_steps=max_steps, max_attempts=max_attempts,
-                           running=running)
+                           running=running, context_budget=context_budget)
 
     def events(self, from_seq: int = 1) -> list[Event]:
         """The thread's events, in order."""
@@ -491,7 +493,8 @@ class ThreadLog:
             parent_state = self._projection.apply(parent_state, item)
         if RecoveryResolver.analyze(events).has_corruption or parent_state.contradiction:
             raise ThreadCorrupt(f"thread {self.thread_id} is corrupt at or before event {at}; cannot fork there")
-        child_state = fork_state(parent_state)
+        forked_id = new_id()
+        child_state = fork_state(parent_state, cause=forked_id)
         child_id = new_id()
         parent = {"thread_id": self.thread_id, "event_id": event.id, "seq": event.seq, "hash": event.hash}
         child_state.thread_id = child_id
@@ -501,7 +504,7 @@ class ThreadLog:
         meta = self.meta()
         batch = [NewEvent("thread.forked", {
             "thread_id": child_id, "parent": parent, "agent": agent_record or parent_state.agent,
-            "metadata": parent_state.metadata, "inherited_parts": len(parts)}, meta)]
+            "metadata": parent_state.metadata, "inherited_parts": len(parts)}, meta, id=forked_id)]
         batch.extend(NewEvent("thread.inherited", {"part": i, "of": len(parts), "text": part}, meta)
                      for i, part in enumerate(parts))
         if input is not None:

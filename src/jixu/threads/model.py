@@ -11,6 +11,8 @@ Neutral messages are dicts:
 - ``{"role": "user", "content": str}``
 - ``{"role": "assistant", "content": str | None, "tool_calls": [{"id", "name", "args"}]}``
 - ``{"role": "tool", "tool_call_id": str, "name": str, "content": str, "status": str}``
+- ``{"role": "user", "content": str, "compacted": True}``: the summary that replaced earlier messages
+  after a context compaction (drivers send it as an ordinary user message)
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ class ModelRequest:
     attempt: int
     thread_id: str
     turn_id: str
+    purpose: str = "reply"
+    """``reply`` for a turn's model call; ``compaction`` for a summary request (the covered messages plus
+    a final user message asking for the summary, which the driver answers with text)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,9 +124,16 @@ class ScriptedModel:
     :class:`ToolCall`, a list of them (parallel calls) or a
     :class:`ModelResponse`. Given a function, it calls ``fn(messages)`` for
     each step. Every request is kept in :attr:`calls`.
+
+    A summary request (``purpose == "compaction"``) is answered with
+    ``summarize(messages)`` (the covered messages, without the final
+    instruction), by default one line per message. A list script counts the
+    assistant messages still in the conversation, so after a compaction use a
+    function script.
     """
 
-    def __init__(self, script: Sequence[Step] | ScriptFunction, *, name: str = "scripted") -> None:
+    def __init__(self, script: Sequence[Step] | ScriptFunction, *, name: str = "scripted",
+                 summarize: Callable[[list[JSONObject]], str] | None = None) -> None:
         if callable(script):
             self._fn: ScriptFunction | None = script
             self._steps: tuple[Step, ...] = ()
@@ -132,7 +144,10 @@ class ScriptedModel:
                 _check_step(step)
         else:
             raise InvalidInput("ScriptedModel takes a list of steps or a function of the messages")
+        if summarize is not None and not callable(summarize):
+            raise InvalidInput("summarize must be a function of the messages returning the summary")
         self._name = name
+        self._summarize = summarize or _default_summary
         self.calls: list[ModelRequest] = []
 
     @property
@@ -144,6 +159,8 @@ class ScriptedModel:
         """The next step of the script as a response."""
         self.calls.append(request)
         messages = list(request.messages)
+        if request.purpose == "compaction":
+            return ModelResponse(text=self._summarize(messages[:-1]), model=self._name, stop_reason="end_turn")
         if self._fn is not None:
             step = self._fn(messages)
             if inspect.isawaitable(step):
@@ -158,6 +175,18 @@ class ScriptedModel:
                 )
             step = self._steps[index]
         return _as_response(_check_step(step), self._name)
+
+
+def _default_summary(messages: list[JSONObject]) -> str:
+    lines = []
+    for message in messages:
+        content = message.get("content")
+        text = content if isinstance(content, str) else ""
+        calls = [str(c.get("name")) for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+        if calls:
+            text = f"{text} (called {', '.join(calls)})".strip()
+        lines.append(f"{message.get('role')}: {text[:200]}")
+    return "\n".join(lines)
 
 
 def _check_step(step: object) -> Step:

@@ -18,8 +18,9 @@ from typing import Any
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.event import Event
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
+from jixu.threads.compaction import summary_message
 
-REDUCER_VERSION = 2
+REDUCER_VERSION = 3
 
 LIFECYCLE_PHASES = frozenset(
     {"requested", "parked", "approved", "denied", "dispatched", "completed", "failed", "outcome_resolved"}
@@ -66,6 +67,8 @@ class Turn:
     """The current pause (``turn.paused`` data) while the turn is paused."""
     auto_retries: int = 0
     """Automatic resumes since the last successful model call or explicit resume."""
+    compaction_failed: bool = False
+    """A compaction of this turn failed: the turn keeps the full context and does not try again."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
@@ -73,7 +76,8 @@ class Turn:
                 "error": self.error, "model_calls": self.model_calls, "started_seq": self.started_seq,
                 "ended_seq": self.ended_seq, "message_index": self.message_index, "owner": self.owner,
                 "epoch": self.epoch, "recoveries": self.recoveries, "queued": self.queued,
-                "failure": self.failure, "pause": self.pause, "auto_retries": self.auto_retries}
+                "failure": self.failure, "pause": self.pause, "auto_retries": self.auto_retries,
+                "compaction_failed": self.compaction_failed}
 
 
 @dataclass
@@ -85,6 +89,11 @@ class ThreadState:
     parent: JSONObject | None = None
     metadata: JSONObject = field(default_factory=dict)
     messages: list[JSONObject] = field(default_factory=list)
+    message_events: list[str] = field(default_factory=list)
+    """The id of the event each message came from (parallel to ``messages``): ``turn.started``,
+    ``model.completed``, a tool receipt, denial or resolution, ``turn.ended`` or ``thread.forked`` for a
+    placeholder answer, ``compaction.completed`` for a summary (``thread.inherited`` for the messages of
+    a fork recorded before sources were kept)."""
     turns: list[Turn] = field(default_factory=list)
     open_events: dict[str, list[Event]] = field(default_factory=dict)
     """Lifecycle events of effects not yet settled, by effect id."""
@@ -162,6 +171,12 @@ def _phase(event_type: str) -> tuple[str, str] | None:
     return (kind, phase) if kind and phase in LIFECYCLE_PHASES else None
 
 
+def _add_message(state: ThreadState, message: JSONObject, event_id: str) -> None:
+    """Append ``message`` to the conversation, remembering the event it came from."""
+    state.messages.append(message)
+    state.message_events.append(event_id)
+
+
 def _tool_message(call_id: str, name: str, content: Any, status: str) -> JSONObject:
     text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, sort_keys=True)
     return {"role": "tool", "tool_call_id": call_id, "name": name, "content": text, "status": status}
@@ -222,6 +237,11 @@ class ThreadProjection:
                 # Recorded whether or not the failure is determinate: decide() pauses or fails the turn.
                 turn.failure = {"effect_id": effect_id, "error": data.get("error") or {},
                                 "indeterminate": data.get("indeterminate") is True}
+        if kind == "compaction" and phase == "failed":
+            turn = state.active_turn()
+            if turn is not None and turn.turn_id == state.effect_turn.get(effect_id):
+                # Any failed summary request, determinate or not: the old context stays, no second try.
+                turn.compaction_failed = True
         decision = RecoveryResolver.analyze(group, check_links=False).decisions.get(effect_id)
         if decision is None:
             return
@@ -236,6 +256,8 @@ class ThreadProjection:
             self._model_settled(state, event, phase, turn_id)
         elif kind == "tool":
             self._tool_settled(state, event, phase, intent)
+        elif kind == "compaction":
+            self._compaction_settled(state, event, phase, turn_id, intent)
 
     def _model_settled(self, state: ThreadState, event: Event, phase: str, turn_id: str | None) -> None:
         turn = state.active_turn()
@@ -244,7 +266,8 @@ class ThreadProjection:
         if phase == "completed":
             result = event.data.get("result") or {}
             calls = result.get("tool_calls") or []
-            state.messages.append({"role": "assistant", "content": result.get("text"), "tool_calls": calls})
+            _add_message(state, {"role": "assistant", "content": result.get("text"), "tool_calls": calls},
+                         event.id)
             state.step_calls = {}
             usage = result.get("usage") or {}
             for key in ("input_tokens", "output_tokens", "cached_tokens"):
@@ -253,6 +276,32 @@ class ThreadProjection:
                 state.usage["cost"] = (state.usage["cost"] or 0.0) + float(usage["cost"])
             state.usage["model_calls"] += 1
             turn.auto_retries = 0
+
+    def _compaction_settled(self, state: ThreadState, event: Event, phase: str, turn_id: str | None,
+                            intent: JSONObject) -> None:
+        """A summary arrived: it replaces the messages it covers, if they are still the ones it covers."""
+        turn = state.active_turn()
+        if turn is None or turn.turn_id != turn_id or phase != "completed":
+            return
+        args = intent.get("args") or {}
+        upto, covers = args.get("upto_message"), args.get("covers")
+        result = event.data.get("result") or {}
+        summary = result.get("summary") if isinstance(result, dict) else None
+        if not (isinstance(upto, int) and not isinstance(upto, bool) and isinstance(covers, list)
+                and isinstance(summary, str) and summary.strip() and 1 <= upto == len(covers)
+                and upto <= turn.message_index and state.message_events[:upto] == covers):
+            turn.compaction_failed = True  # the conversation moved on meanwhile: keep it whole
+            return
+        state.messages[0:upto] = [summary_message(summary, [str(c) for c in covers])]
+        state.message_events[0:upto] = [event.id]
+        for each in state.turns:
+            # A turn whose user message is now inside the summary points at the summary.
+            each.message_index = each.message_index - (upto - 1) if each.message_index >= upto else 0
+        usage = result.get("usage") or {}
+        for key in ("input_tokens", "output_tokens", "cached_tokens"):
+            state.usage[key] += int(usage.get(key) or 0)
+        if usage.get("cost") is not None:
+            state.usage["cost"] = (state.usage["cost"] or 0.0) + float(usage["cost"])
 
     def _tool_settled(self, state: ThreadState, event: Event, phase: str, intent: JSONObject) -> None:
         call_id = str(intent.get("call_id") or "")
@@ -264,21 +313,21 @@ class ThreadProjection:
             state.closed_calls.remove(call_id)
             return
         if phase == "completed":
-            state.messages.append(_tool_message(call_id, name, data.get("result"), "ok"))
+            _add_message(state, _tool_message(call_id, name, data.get("result"), "ok"), event.id)
             state.usage["tool_calls"] += 1
         elif phase == "failed":
-            state.messages.append(_tool_message(call_id, name, {"error": data.get("error")}, "error"))
+            _add_message(state, _tool_message(call_id, name, {"error": data.get("error")}, "error"), event.id)
             state.usage["tool_calls"] += 1
         elif phase == "denied":
             note = data.get("note") or ""
-            state.messages.append(_tool_message(call_id, name, f"An operator denied this call. {note}".strip(),
-                                                "denied"))
+            _add_message(state, _tool_message(call_id, name, f"An operator denied this call. {note}".strip(),
+                                              "denied"), event.id)
         elif phase == "outcome_resolved":
             resolution = str(data.get("resolution"))
             content: Any = RESOLUTION_MESSAGES.get(resolution, resolution)
             if resolution == "occurred" and data.get("result") is not None:
                 content = {"note": content, "result": data.get("result")}
-            state.messages.append(_tool_message(call_id, name, content, resolution))
+            _add_message(state, _tool_message(call_id, name, content, resolution), event.id)
 
     # --- checkpoints ------------------------------------------------------------------
 
@@ -290,6 +339,7 @@ class ThreadProjection:
             "parent": state.parent,
             "metadata": state.metadata,
             "messages": state.messages,
+            "message_events": state.message_events,
             "turns": [t.to_dict() for t in state.turns],
             "open_events": {k: [e.to_dict() for e in v] for k, v in state.open_events.items()},
             "settled": {k: d.to_dict() for k, d in state.settled.items()},
@@ -305,13 +355,22 @@ class ThreadProjection:
         }
 
     def load(self, data: JSONObject) -> ThreadState:
-        """The state back from :meth:`dump`."""
+        """The state back from :meth:`dump`.
+
+        A dump from before ``message_events`` existed (a fork recorded by
+        reducer version 2) gets ``""`` for each message's source event.
+        """
+        messages = list(data["messages"])
+        sources = data.get("message_events")
+        if not isinstance(sources, list) or len(sources) != len(messages):
+            sources = [""] * len(messages)
         return ThreadState(
             thread_id=data["thread_id"],
             agent=dict(data["agent"]),
             parent=data["parent"],
             metadata=dict(data["metadata"]),
-            messages=list(data["messages"]),
+            messages=messages,
+            message_events=[str(s) for s in sources],
             turns=[Turn(**t) for t in data["turns"]],
             open_events={k: [Event(**e) for e in v] for k, v in data["open_events"].items()},
             settled={k: EffectDecision.from_dict(d) for k, d in data["settled"].items()},
@@ -347,7 +406,7 @@ def _turn_started(state: ThreadState, event: Event) -> None:
     state.turns.append(Turn(turn_id=str(event.data.get("turn_id")), input=text, started_seq=event.seq,
                             message_index=len(state.messages), owner=owner if isinstance(owner, str) else None,
                             epoch=int(event.data.get("epoch") or 0), queued=event.data.get("queued") is True))
-    state.messages.append({"role": "user", "content": text})
+    _add_message(state, {"role": "user", "content": text}, event.id)
 
 
 def _turn_claimed(state: ThreadState, event: Event) -> None:
@@ -399,7 +458,7 @@ def _turn_ended(state: ThreadState, event: Event) -> None:
     turn.status = outcome if outcome in ("completed", "failed", "interrupted") else "failed"
     turn.ended_seq = event.seq
     if turn.status != "completed":
-        _close_unanswered_calls(state, turn.message_index, INTERRUPTED_MESSAGE, "interrupted")
+        _close_unanswered_calls(state, turn.message_index, INTERRUPTED_MESSAGE, "interrupted", event.id)
     if turn.status == "completed":
         turn.reply = event.data.get("reply")
     elif event.data.get("error") is not None:
@@ -421,6 +480,8 @@ def _inherited(state: ThreadState, event: Event) -> None:
     finally:
         state.inherit_parts = []
     state.messages = inherited.messages
+    # Messages whose source the fork record does not name (an old record) cite the record itself.
+    state.message_events = [source or event.id for source in inherited.message_events]
     state.turns = inherited.turns
     state.usage = inherited.usage
 
@@ -438,8 +499,11 @@ _HANDLERS = {
 }
 
 
-def _close_unanswered_calls(state: ThreadState, since: int, content: str, status: str) -> list[str]:
-    """Answer the latest assistant message's unanswered tool calls with a placeholder; return their ids."""
+def _close_unanswered_calls(state: ThreadState, since: int, content: str, status: str, cause: str) -> list[str]:
+    """Answer the latest assistant message's unanswered tool calls with a placeholder; return their ids.
+
+    ``cause`` is the id of the event that closes them (the placeholders' source event).
+    """
     messages = state.messages
     last = next((i for i in range(len(messages) - 1, since - 1, -1) if messages[i].get("role") == "assistant"),
                 None)
@@ -450,21 +514,22 @@ def _close_unanswered_calls(state: ThreadState, since: int, content: str, status
     for call in messages[last].get("tool_calls") or []:
         call_id = str(call.get("id"))
         if call_id not in answered:
-            messages.append(_tool_message(call_id, str(call.get("name")), content, status))
+            _add_message(state, _tool_message(call_id, str(call.get("name")), content, status), cause)
             closed.append(call_id)
     state.closed_calls.extend(c for c in closed if c in state.step_calls)
     return closed
 
 
-def fork_state(parent: ThreadState) -> ThreadState:
+def fork_state(parent: ThreadState, cause: str = "") -> ThreadState:
     """The state a fork child starts from: the parent's at the fork point, minus open effects.
 
     Tool calls still open there get a message saying they were not carried
-    over, so the child's conversation stays complete; a running turn is
-    closed as interrupted.
+    over (its source event is ``cause``, the child's ``thread.forked``), so
+    the child's conversation stays complete; a running turn is closed as
+    interrupted.
     """
     child = ThreadProjection().load(ThreadProjection().dump(parent))
-    _close_unanswered_calls(child, 0, NOT_INHERITED_MESSAGE, "not_inherited")
+    _close_unanswered_calls(child, 0, NOT_INHERITED_MESSAGE, "not_inherited", cause)
     turn = child.active_turn()
     if turn is not None:
         turn.status = "interrupted"

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from jixu.errors import (
     ConcurrencyError,
@@ -29,11 +29,13 @@ from jixu.errors import (
 )
 from jixu.ledger import Event, Fence, NewEvent, content_hash, new_id
 from jixu.recovery import Analysis, EffectDecision
+from jixu.threads.compaction import compaction_prompt, summary_problem
 from jixu.threads.decide import (
     CompleteTurn,
     Dispatch,
     FailTurn,
     PauseTurn,
+    RequestCompaction,
     RequestModel,
     RequestTools,
     Stop,
@@ -45,6 +47,7 @@ from jixu.threads.tools import ToolContext, ToolError
 
 if TYPE_CHECKING:
     from jixu.threads.harness import Harness
+    from jixu.threads.streaming import Signal
 
 class Thread:
     """One durable conversation with an agent. Get one from :class:`~jixu.Harness`."""
@@ -75,7 +78,7 @@ class Thread:
     def state(self) -> State:
         """The current state (no I/O unless the history contradicts itself)."""
         return self.log.snapshot(max_steps=self._agent.max_steps, max_attempts=self._harness.max_attempts,
-                                 running=self.running)
+                                 running=self.running, context_budget=self._agent.context_budget)
 
     @property
     def running(self) -> bool:
@@ -85,6 +88,31 @@ class Thread:
     async def events(self, from_seq: int = 1) -> list[Event]:
         """The thread's events, in order."""
         return self.log.events(from_seq)
+
+    def signals(self, *, maxsize: int = 1000) -> AsyncIterator[Signal]:
+        """The transient progress of this thread's model calls, as the driver streams it::
+
+            async for signal in thread.signals():
+                if signal.kind == "text_delta":
+                    print(signal.data["text"], end="", flush=True)
+
+        Text deltas, tool-call deltas and one ``done`` per call (see
+        :mod:`jixu.threads.streaming`), of every model call of this thread in
+        this process (summary requests of a compaction included: their
+        ``effect_id`` is the compaction's). Signals are never recorded: the
+        events hold only each call's final response. The iterator subscribes
+        when iteration starts (start it before ``send`` to see a whole call)
+        and runs until you break out of it; a reader that falls more than
+        ``maxsize`` signals behind loses the oldest. Raises
+        :class:`~jixu.errors.InvalidInput` at once when the agent's driver
+        publishes no signals (e.g. :class:`~jixu.ScriptedModel`).
+        """
+        source = getattr(self._agent.model, "signals", None)
+        if not callable(source):
+            raise InvalidInput(f"the model driver {self._agent.model.name!r} publishes no signals; streaming "
+                               "needs a driver with signals(), such as OpenAIModel or AnthropicModel",
+                               field="model")
+        return cast("AsyncIterator[Signal]", source(thread_id=self.thread_id, maxsize=maxsize))
 
     async def refresh(self) -> State:
         """Pick up events other processes appended, and return the state."""
@@ -157,7 +185,8 @@ class Thread:
         try:
             while True:
                 analysis = log.open_analysis()
-                action = decide(log.state, analysis, max_steps=agent.max_steps, max_attempts=harness.max_attempts)
+                action = decide(log.state, analysis, max_steps=agent.max_steps, max_attempts=harness.max_attempts,
+                                context_budget=agent.context_budget)
                 paused = isinstance(action, Stop) and action.status == "paused" and not self._draining
                 if paused and await self._automatic_resume():
                     continue
@@ -171,6 +200,8 @@ class Thread:
                                                for eid in action.effect_ids))
                     elif isinstance(action, RequestModel):
                         self._request_model(action.turn_id)
+                    elif isinstance(action, RequestCompaction):
+                        self._request_compaction(action.turn_id, action.upto)
                     elif isinstance(action, RequestTools):
                         self._request_tools(action.turn_id, action.calls)
                     elif isinstance(action, CompleteTurn):
@@ -287,7 +318,8 @@ class Thread:
             if analysis.requires_resolution or analysis.waiting_on_parked or analysis.has_corruption:
                 return None  # decide() reports what must be reconciled first
         elif isinstance(decide(log.state, analysis, max_steps=self._agent.max_steps,
-                               max_attempts=harness.max_attempts), Stop):
+                               max_attempts=harness.max_attempts, context_budget=self._agent.context_budget),
+                        Stop):
             return None
         problem = self.claim_problem()
         if problem is not None:
@@ -372,6 +404,17 @@ class Thread:
             "turn_id": turn_id,
         }, log.meta())])
 
+    def _request_compaction(self, turn_id: str, upto: int) -> None:
+        """Record the intent to summarize the first ``upto`` messages, citing the events they came from."""
+        log = self.log
+        effect_id = new_id()
+        args = {"turn_id": turn_id, "upto_message": upto, "covers": list(log.state.message_events[:upto])}
+        self._append([NewEvent("compaction.requested", {
+            "effect_id": effect_id, "name": self._agent.model.name, "args": args, "args_hash": content_hash(args),
+            "semantics": "read_only", "idempotency_key": f"jixu:{effect_id}", "requires_approval": False,
+            "turn_id": turn_id,
+        }, log.meta())])
+
     def _request_tools(self, turn_id: str, calls: Sequence[dict[str, Any]]) -> None:
         batch = []
         for call in calls:
@@ -399,6 +442,8 @@ class Thread:
             await self._call_model(effect_id, intent, attempt)
         elif decision.kind == "tool":
             await self._call_tool(effect_id, intent, attempt)
+        elif decision.kind == "compaction":
+            await self._call_compaction(effect_id, intent, attempt)
         else:
             raise JixuError(f"thread {self.thread_id}: effect {effect_id} has kind {decision.kind!r}, which "
                             "threads do not dispatch", effect_id=effect_id)
@@ -436,6 +481,66 @@ class Thread:
         else:
             self._append([NewEvent("model.completed", {"effect_id": effect_id, "attempt": attempt,
                                                      "result": result}, log.meta())])
+
+    async def _call_compaction(self, effect_id: str, intent: dict[str, Any], attempt: int) -> None:
+        """Ask the model for a summary of the covered messages; its receipt carries the summary.
+
+        The request is the covered messages plus a final user message asking
+        for a faithful summary citing the covered event ids. It offers the
+        agent's tools (a provider may refuse a conversation holding tool calls
+        without tool definitions) and says not to call them; an answer with
+        tool calls or no text is a failed compaction.
+        """
+        agent, log = self._agent, self.log
+        args = intent.get("args") or {}
+        upto, covers = args.get("upto_message"), args.get("covers")
+        key = str(intent["idempotency_key"])
+        dispatched = NewEvent("compaction.dispatched", {"effect_id": effect_id, "attempt": attempt,
+                                                        "idempotency_key": key, "args_hash": intent["args_hash"]},
+                              log.meta())
+        if not (isinstance(upto, int) and isinstance(covers, list) and log.state.message_events[:upto] == covers):
+            # Defensive: the messages before the turn changed since the intent. Nothing is sent.
+            error = {"type": "stale_context", "message": "the conversation no longer starts with the messages "
+                                                         "this compaction covers"}
+            if attempt == 1:
+                self._receipt("compaction", effect_id, None, error=error, indeterminate=False)
+            else:  # it was dispatched before: this attempt ends at once, with a determinate receipt
+                self._append([dispatched, NewEvent("compaction.failed", {
+                    "effect_id": effect_id, "attempt": attempt, "error": error, "indeterminate": False},
+                    log.meta())])
+            return
+        request = ModelRequest(
+            instructions=agent.instructions,
+            messages=(*log.state.messages[:upto], compaction_prompt([str(c) for c in covers])),
+            tools=tuple(t.spec() for t in agent.tools),
+            effect_id=effect_id,
+            idempotency_key=key,
+            attempt=attempt,
+            thread_id=self.thread_id,
+            turn_id=str(intent.get("turn_id")),
+            purpose="compaction",
+        )
+        self._append([dispatched])
+        try:
+            response = await agent.model.complete(request)
+            problem = summary_problem(response.text, response.tool_calls)
+            usage = response.usage.to_dict()
+        except ModelError as error:
+            self._receipt("compaction", effect_id, attempt, error=error.to_dict(), indeterminate=error.indeterminate)
+        except asyncio.CancelledError:
+            self._receipt("compaction", effect_id, attempt, error={"type": "interrupted"}, indeterminate=True)
+            raise
+        except Exception as error:
+            self._receipt("compaction", effect_id, attempt, error={**_exception_dict(error), "kind": "transient"},
+                          indeterminate=True)
+        else:
+            if problem is not None:
+                self._receipt("compaction", effect_id, attempt, indeterminate=False,
+                              error={"type": "invalid_summary", "message": problem, "usage": usage})
+                return
+            self._append([NewEvent("compaction.completed", {"effect_id": effect_id, "attempt": attempt, "result": {
+                "summary": response.text, "covers": covers, "upto_message": upto, "usage": usage,
+                "model": response.model}}, log.meta())])
 
     async def _call_tool(self, effect_id: str, intent: dict[str, Any], attempt: int) -> None:
         log = self.log

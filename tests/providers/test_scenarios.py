@@ -1,0 +1,367 @@
+"""Issue-5 scenarios end to end: a Harness thread, the real SDK, a local server speaking the provider's wire
+format. Rate limits, quota, authentication, server errors, a dropped stream, streaming to callers, and a
+SIGKILL in the middle of a streamed model call."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jixu import Agent, Harness, MemoryStore, RecoveryResolver, State, tool
+from jixu.ledger import Event, open_store
+from jixu.threads.anthropic import AnthropicModel
+from jixu.threads.openai import OpenAIModel
+from jixu.threads.streaming import Signal
+from tests.conftest import PostgresSchema
+from tests.helpers import ROOT, python_env
+from tests.providers.conftest import ANTHROPIC_KEY, OPENAI_KEY, run
+from tests.providers.fake_servers import Call, Completion, Failure, FakeAnthropic, FakeOpenAI
+from tests.providers.stream_crash_child import QUESTION, stream_agent
+from tests.providers.stream_crash_child import driver as child_driver
+from tests.providers.test_mapping import assert_valid_openai
+from tests.providers.test_openai import BAD_KEY as OPENAI_BAD_KEY
+from tests.providers.test_openai import NO_QUOTA, RATE_LIMITED, SERVER_ERROR
+
+RETRY_AFTER_MS = {"retry-after-ms": "50"}
+ANTHROPIC_RATE_LIMITED = {"type": "error", "error": {
+    "type": "rate_limit_error", "message": "This request would exceed the rate limit for your organization of "
+                                          "50 requests per minute."}}
+
+
+@tool(semantics="read_only")
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def openai_harness(server: FakeOpenAI, *, stream: bool = True) -> Harness:
+    model = OpenAIModel("gpt-4o-mini", base_url=server.url, api_key=OPENAI_KEY, stream=stream)
+    return Harness(Agent("scenario", model, tools=[add]), MemoryStore(), retry_backoff=0.01)
+
+
+def anthropic_harness(server: FakeAnthropic) -> Harness:
+    model = AnthropicModel("claude-sonnet-4-20250514", base_url=server.url, api_key=ANTHROPIC_KEY)
+    return Harness(Agent("scenario", model, tools=[add]), MemoryStore(), retry_backoff=0.01)
+
+
+async def ask(harness: Harness, text: str = "hello") -> tuple[Any, State, list[Event]]:
+    thread = await harness.create_thread()
+    await thread.send(text)
+    state = await asyncio.wait_for(thread.wait(), 20)
+    return thread, state, await thread.events()
+
+
+def of_type(events: list[Event], event_type: str) -> list[Event]:
+    return [e for e in events if e.type == event_type]
+
+
+def pauses(events: list[Event]) -> list[tuple[str, bool, float | None]]:
+    return [(p.data["reason"], p.data["automatic"], p.data["delay"]) for p in of_type(events, "turn.paused")]
+
+
+# --- rate limits -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_openai_three_rate_limits_then_success_are_exactly_three_recorded_automatic_retries(
+        openai_server: FakeOpenAI, stream: bool) -> None:
+    openai_server.script(*[Failure(429, RATE_LIMITED, RETRY_AFTER_MS)] * 3, Completion(text="At last."))
+    _thread, state, events = run(ask(openai_harness(openai_server, stream=stream)))
+    assert state.status == "idle" and state.last_reply == "At last."
+    assert pauses(events) == [("rate_limit", True, 0.05)] * 3
+    assert [p.data["retry_after"] for p in of_type(events, "turn.paused")] == [0.05] * 3
+    assert [p.data["automatic_retries_used"] for p in of_type(events, "turn.paused")] == [0, 1, 2]
+    assert [r.data["reason"] for r in of_type(events, "turn.resumed")] == ["automatic"] * 3
+    # A refused call is determinate: each retry is a new model effect, and each was one request.
+    assert len(of_type(events, "model.requested")) == 4 and len(openai_server.requests) == 4
+    assert [f.data["error"]["kind"] for f in of_type(events, "model.failed")] == ["rate_limit"] * 3
+    assert all(f.data["indeterminate"] is False for f in of_type(events, "model.failed"))
+    for paused in of_type(events, "turn.paused"):
+        assert paused.data["resume_at"] is not None
+
+
+def test_openai_a_fourth_rate_limit_pauses_instead_of_retrying(openai_server: FakeOpenAI) -> None:
+    openai_server.script(*[Failure(429, RATE_LIMITED, RETRY_AFTER_MS)] * 4)
+    harness = openai_harness(openai_server)
+
+    async def scenario() -> None:
+        thread, state, events = await ask(harness)
+        assert state.status == "paused" and "rate_limit" in state.reason
+        assert pauses(events) == [("rate_limit", True, 0.05)] * 3 + [("rate_limit", False, None)]
+        assert of_type(events, "turn.paused")[3].data["retry_after"] == 0.05, "the provider's hint is kept"
+        assert len(of_type(events, "turn.resumed")) == 3
+        assert len(openai_server.requests) == 4
+        # Waiting calls nothing more; an explicit resume continues the turn.
+        assert (await thread.wait()).status == "paused" and len(openai_server.requests) == 4
+        openai_server.script(Completion(text="Resumed."))
+        await thread.resume(actor="ops", note="limit raised")
+        state = await asyncio.wait_for(thread.wait(), 20)
+        assert state.status == "idle" and state.last_reply == "Resumed." and len(openai_server.requests) == 5
+
+    run(scenario())
+
+
+def test_anthropic_three_rate_limits_then_success(anthropic_server: FakeAnthropic) -> None:
+    anthropic_server.script(*[Failure(429, ANTHROPIC_RATE_LIMITED, RETRY_AFTER_MS)] * 3, Completion(text="Done."))
+    _thread, state, events = run(ask(anthropic_harness(anthropic_server)))
+    assert state.status == "idle" and state.last_reply == "Done."
+    assert pauses(events) == [("rate_limit", True, 0.05)] * 3
+    assert len(of_type(events, "model.requested")) == 4 and len(anthropic_server.requests) == 4
+
+
+def test_anthropic_a_fourth_rate_limit_pauses(anthropic_server: FakeAnthropic) -> None:
+    anthropic_server.script(*[Failure(429, ANTHROPIC_RATE_LIMITED, RETRY_AFTER_MS)] * 4)
+    _thread, state, events = run(ask(anthropic_harness(anthropic_server)))
+    assert state.status == "paused"
+    assert [p[1] for p in pauses(events)] == [True, True, True, False]
+    assert len(anthropic_server.requests) == 4
+
+
+# --- quota, authentication, server errors -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("reply", "reason"), [
+    (Failure(429, NO_QUOTA), "quota"),
+    (Failure(401, OPENAI_BAD_KEY), "authentication"),
+])
+def test_quota_and_authentication_pause_without_an_automatic_retry(openai_server: FakeOpenAI, reply: Failure,
+                                                                 reason: str) -> None:
+    openai_server.script(reply)
+    harness = openai_harness(openai_server)
+
+    async def scenario() -> None:
+        thread, state, events = await ask(harness)
+        assert state.status == "paused" and reason in state.reason
+        assert pauses(events) == [(reason, False, None)]
+        assert of_type(events, "turn.resumed") == [] and len(openai_server.requests) == 1
+        [failed] = of_type(events, "model.failed")
+        assert failed.data["error"]["kind"] == reason and failed.data["indeterminate"] is False
+        assert OPENAI_KEY not in json.dumps([e.to_dict() for e in events])
+        openai_server.script(Completion(text="Fixed."))
+        await thread.resume(actor="ops", note=f"{reason} fixed")
+        state = await asyncio.wait_for(thread.wait(), 20)
+        assert state.status == "idle" and state.last_reply == "Fixed."
+
+    run(scenario())
+
+
+def test_server_errors_are_retried_under_the_same_effect_id(openai_server: FakeOpenAI) -> None:
+    openai_server.script(*[Failure(500, SERVER_ERROR)] * 3, Completion(text="Recovered."))
+    _thread, state, events = run(ask(openai_harness(openai_server)))
+    assert state.status == "idle" and state.last_reply == "Recovered."
+    [requested] = of_type(events, "model.requested")
+    effect_id = requested.data["effect_id"]
+    lifecycle = [(e.type, e.data.get("attempt")) for e in events if e.data.get("effect_id") == effect_id]
+    assert lifecycle == [("model.requested", None),
+                         ("model.dispatched", 1), ("model.failed", 1),
+                         ("model.dispatched", 2), ("model.failed", 2),
+                         ("model.dispatched", 3), ("model.failed", 3),
+                         ("model.dispatched", 4), ("model.completed", 4)]
+    assert all(f.data["indeterminate"] is True for f in of_type(events, "model.failed"))
+    assert [p[:2] for p in pauses(events)] == [("transient", True)] * 3
+    assert all(p.data["model_effect_id"] == effect_id for p in of_type(events, "turn.paused"))
+    # The same call each time: the same prompt, sent four times.
+    bodies = openai_server.bodies
+    assert len(bodies) == 4 and all(body == bodies[0] for body in bodies)
+
+
+def test_a_dropped_stream_is_retried_and_its_partial_text_never_recorded(openai_server: FakeOpenAI) -> None:
+    openai_server.script(Completion(text="PARTIAL-ATTEMPT never to be seen again", drop_after=4),
+                         Completion(text="The whole answer."))
+    _thread, state, events = run(ask(openai_harness(openai_server)))
+    assert state.status == "idle" and state.last_reply == "The whole answer."
+    [completed] = of_type(events, "model.completed")
+    assert completed.data["attempt"] == 2 and completed.data["result"]["text"] == "The whole answer."
+    assert "PARTIAL" not in json.dumps([e.to_dict() for e in events])
+    assert len(of_type(events, "model.requested")) == 1
+
+
+# --- streaming to callers ---------------------------------------------------------------------------------
+
+
+def test_thread_signals_stream_text_deltas_that_are_never_recorded(openai_server: FakeOpenAI) -> None:
+    answer = "Streaming, one small piece at a time."
+    openai_server.script(Completion(text="Another thread's answer.", fragment=3), Completion(text=answer, fragment=3))
+    harness = openai_harness(openai_server)
+
+    async def scenario() -> tuple[Any, list[Signal], list[Event]]:
+        other = await harness.create_thread()
+        thread = await harness.create_thread()
+        seen: list[Signal] = []
+
+        async def follow() -> None:
+            async for item in thread.signals():
+                seen.append(item)
+                if item.kind == "done":
+                    return
+
+        follower = asyncio.create_task(follow())
+        await asyncio.sleep(0)  # the follower subscribes
+        await other.send("first")  # another thread's signals are not this thread's
+        assert (await other.wait()).status == "idle"
+        await thread.send("second")
+        state = await thread.wait()
+        await asyncio.wait_for(follower, 5)
+        return state, seen, await thread.events()
+
+    state, seen, events = run(scenario())
+    assert state.last_reply == answer
+    deltas = [s for s in seen if s.kind == "text_delta"]
+    assert len(deltas) > 5 and "".join(s.data["text"] for s in deltas) == answer
+    assert {s.thread_id for s in seen} == {state.thread_id}
+    [completed] = of_type(events, "model.completed")
+    assert {s.effect_id for s in seen} == {completed.data["effect_id"]}
+    assert seen[-1].kind == "done" and seen[-1].data == {"ok": True, "stop_reason": "stop"}
+    # Only the final response is recorded: no event per delta, no partial text anywhere.
+    assert completed.data["result"]["text"] == answer
+    assert [e.type for e in events] == ["thread.created", "turn.started", "model.requested", "model.dispatched",
+                                        "model.completed", "turn.ended"]
+
+
+# --- a SIGKILL in the middle of a streamed model call -------------------------------------------------------
+
+OWNER = "stream-crash-worker"
+PARTIAL = "PARTIAL-ATTEMPT " * 12
+FINAL = "2 + 3 = 5"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def crash_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A ledger URL the child and this process share: a SQLite file or a fresh PostgreSQL schema."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'jixu.db'}"
+        return
+    schema = PostgresSchema(request.getfixturevalue("postgres_dsn"))
+    try:
+        yield schema.url
+    finally:
+        schema.drop()
+
+
+@pytest.mark.crash
+def test_sigkill_during_a_streamed_model_call(openai_server: FakeOpenAI, crash_store_url: str) -> None:
+    openai_server.script(
+        Completion(calls=[Call("call_add_1", "add", '{"a": 2, "b": 3}')]),
+        Completion(text=PARTIAL, fragment=4, event_delay=0.05),  # cut after three deltas
+        Completion(text=FINAL, fragment=2),
+    )
+    command = [sys.executable, "-m", "tests.providers.stream_crash_child", crash_store_url, openai_server.url,
+               OWNER, "3"]
+    proc = subprocess.run(command, env=python_env(), cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == -signal.SIGKILL, f"child exited {proc.returncode}: {proc.stderr[-3000:]}"
+    lines = [line.split(" ", 3) for line in proc.stdout.splitlines()]
+    [thread_id] = [fields[1] for fields in lines if fields[0] == "T"]
+    deltas = [fields for fields in lines if fields[0] == "D"]
+    assert len(deltas) == 3 and "".join(json.loads(d[3]) for d in deltas) == PARTIAL[:12]
+    [cut_effect] = {d[1] for d in deltas}
+    assert {d[2] for d in deltas} == {"1"}
+    assert len(openai_server.requests) == 2, "the child died inside the second call"
+
+    async def recover() -> tuple[State, list[Event]]:
+        harness = Harness(stream_agent(child_driver(openai_server.url)), store=crash_store_url, owner=OWNER)
+        try:
+            thread = await harness.open_thread(thread_id)  # a restarted worker reclaims its own turn at once
+            state = await asyncio.wait_for(thread.wait(), 20)
+            return state, await thread.events()
+        finally:
+            harness.close()
+
+    state, events = run(recover())
+    assert state.status == "idle" and state.last_reply == FINAL
+    [claimed] = of_type(events, "turn.claimed")
+    assert (claimed.data["reason"], claimed.data["previous_owner"]) == ("reclaimed_by_same_owner", OWNER)
+    # Retried under the same effect id (attempt 2); the partial stream was never recorded.
+    lifecycle = [(e.type, e.data.get("attempt")) for e in events if e.data.get("effect_id") == cut_effect]
+    assert lifecycle == [("model.requested", None), ("model.dispatched", 1), ("model.dispatched", 2),
+                         ("model.completed", 2)]
+    completed = of_type(events, "model.completed")
+    assert len(completed) == 2 and completed[1].data["result"]["text"] == FINAL
+    assert completed[1].data["effect_id"] == cut_effect
+    assert "PARTIAL" not in json.dumps([e.to_dict() for e in events])
+    analysis = RecoveryResolver.analyze(events)
+    assert {d.state for d in analysis.decisions.values()} == {"completed"}
+    store = open_store(crash_store_url)
+    try:
+        assert store.verify(f"thread/{thread_id}").valid
+    finally:
+        store.close()
+    # The conversation the provider got is valid, every tool call answered exactly once, and the retry sent
+    # exactly the prompt of the interrupted attempt.
+    bodies = openai_server.bodies
+    assert len(bodies) == 3 and bodies[2] == bodies[1]
+    sent = bodies[2]["messages"]
+    assert_valid_openai(sent)
+    calls = [c["id"] for m in sent if m["role"] == "assistant" for c in m.get("tool_calls", [])]
+    answers = [m["tool_call_id"] for m in sent if m["role"] == "tool"]
+    assert calls == answers == ["call_add_1"]
+    assert sent[1] == {"role": "user", "content": QUESTION}
+    assert sent[-1] == {"role": "tool", "tool_call_id": "call_add_1", "content": "5"}
+
+
+# --- compaction through the real SDKs -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_a_compaction_request_is_valid_for_the_provider_and_the_next_call_sees_the_summary(
+        openai_server: FakeOpenAI, anthropic_server: FakeAnthropic, provider: str) -> None:
+    from tests.providers.test_mapping import assert_valid_anthropic
+
+    server: FakeOpenAI | FakeAnthropic = openai_server if provider == "openai" else anthropic_server
+    model = (OpenAIModel("gpt-4o-mini", base_url=openai_server.url, api_key=OPENAI_KEY) if provider == "openai"
+             else AnthropicModel("claude-sonnet-4-20250514", base_url=anthropic_server.url, api_key=ANTHROPIC_KEY))
+    harness = Harness(Agent("scenario", model, instructions="Use the add tool.", tools=[add], context_budget=100),
+                      MemoryStore())
+    server.script(Completion(calls=[Call("call_add_1", "add", '{"a": 2, "b": 3}')]),
+                  Completion(text="It is 5. " + "Let me explain at length. " * 25),
+                  Completion(text="The user asked for 2 + 3; add returned 5."),
+                  Completion(text="Still 5."))
+
+    async def scenario() -> tuple[State, list[Event]]:
+        thread = await harness.create_thread()
+        await thread.send("What is 2 + 3?")
+        assert (await thread.wait()).status == "idle"
+        await thread.send("Are you sure?")
+        return await thread.wait(), await thread.events()
+
+    state, events = run(scenario())
+    assert state.status == "idle" and state.last_reply == "Still 5."
+    [requested] = of_type(events, "compaction.requested")
+    covers = requested.data["args"]["covers"]
+    assert len(covers) == 4
+    [completed] = of_type(events, "compaction.completed")
+    assert completed.data["result"]["summary"] == "The user asked for 2 + 3; add returned 5."
+    assert completed.data["result"]["usage"]["input_tokens"] == 12
+    bodies = server.bodies
+    assert len(bodies) == 4
+    summary_body, next_body = bodies[2], bodies[3]
+    # The covered history holds a tool call, so the tools are defined (the Messages API refuses tool_use
+    # blocks without them); the last message asks for the summary and names exactly the covered events.
+    assert summary_body["tools"] == bodies[1]["tools"]
+    if provider == "openai":
+        assert_valid_openai(summary_body["messages"])
+        # system, the question, the call, its result (as sent before), the reply, then the request
+        assert summary_body["messages"][:4] == bodies[1]["messages"]
+        assert summary_body["messages"][4]["content"].startswith("It is 5.") and len(summary_body["messages"]) == 6
+        instruction = summary_body["messages"][-1]["content"]
+        first_user = next_body["messages"][1]["content"]
+        assert next_body["messages"][2] == {"role": "user", "content": "Are you sure?"}
+    else:
+        assert_valid_anthropic(summary_body["messages"])
+        assert_valid_anthropic(next_body["messages"])
+        instruction = summary_body["messages"][-1]["content"][-1]["text"]
+        first_user = next_body["messages"][0]["content"][0]["text"]
+        assert len(next_body["messages"]) == 1, "the summary and the new input merge into one user message"
+    assert "Summarize the conversation above" in instruction
+    assert [c for c in covers if c in instruction] == covers
+    assert first_user.startswith("Summary of the earlier conversation (events " + ", ".join(covers))
+    assert first_user.endswith("The user asked for 2 + 3; add returned 5.")
+    assert "call_add_1" not in json.dumps(next_body["messages"]), "the old tool call is summarized away"
