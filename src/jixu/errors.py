@@ -200,6 +200,84 @@ class ResolutionConflict(JixuError):
     code = "resolution_conflict"
 
 
+# --- runs ---------------------------------------------------------------------------
+
+
+class ProjectNotFound(NotFound):
+    """No project with this name is registered in the store."""
+
+    code = "project_not_found"
+
+
+class ProjectExists(JixuError):
+    """A project with this name is already registered with a different origin or policy."""
+
+    code = "project_exists"
+
+
+class InvalidPolicy(InvalidInput):
+    """A project policy is malformed (checks, timeouts, allowed paths, limits); nothing was written."""
+
+    code = "invalid_policy"
+
+
+class SourceUnavailable(JixuError):
+    """The project's git origin cannot be read, or the requested commit or ref does not exist there."""
+
+    code = "source_unavailable"
+
+
+class GitError(JixuError):
+    """A git command in a run's workspace failed (the message carries git's own words)."""
+
+    code = "git_error"
+
+
+class RunNotFound(NotFound):
+    """No run with this id exists in the store."""
+
+    code = "run_not_found"
+
+
+class RunStateError(JixuError):
+    """The run cannot take this operation in its current status (e.g. resuming a succeeded run)."""
+
+    code = "run_state_error"
+
+
+class RunOwned(RunStateError):
+    """Another process is executing the run (its run lease is live)."""
+
+    code = "run_owned"
+
+
+class WorkspaceMismatch(JixuError):
+    """The run's workspace does not match its journal (git root, origin, HEAD or tree moved).
+
+    The finding is recorded (``run.reconciled`` with outcome ``mismatch``); the run needs reconciliation.
+    """
+
+    code = "workspace_mismatch"
+
+
+class UnknownProvider(InvalidInput):
+    """No provider with this name is configured."""
+
+    code = "unknown_provider"
+
+
+class ProviderTestFailed(JixuError):
+    """A provider failed its test before a handoff; nothing was written."""
+
+    code = "provider_test_failed"
+
+
+class ProviderMismatch(JixuError):
+    """The configured provider no longer matches the run's frozen provider snapshot; hand the run off."""
+
+    code = "provider_mismatch"
+
+
 class ModelError(JixuError):
     """A model driver failed. ``indeterminate`` says whether the call may have been processed."""
 
@@ -218,7 +296,18 @@ __all__ = [
     "EffectNotParked",
     "EffectNotUnknown",
     "IncompatibleAgent",
+    "InvalidPolicy",
     "ModelError",
+    "ProjectExists",
+    "ProjectNotFound",
+    "ProviderMismatch",
+    "ProviderTestFailed",
+    "RunNotFound",
+    "RunOwned",
+    "RunStateError",
+    "SourceUnavailable",
+    "UnknownProvider",
+    "WorkspaceMismatch",
     "ResolutionConflict",
     "ThreadBusy",
     "ThreadCorrupt",
@@ -226,6 +315,7 @@ __all__ = [
     "OwnershipLost",
     "TurnOwned",
     "FencingError",
+    "GitError",
     "IdempotencyConflict",
     "InvalidId",
     "InvalidInput",

@@ -154,11 +154,13 @@ def test_an_expired_turn_waits_for_an_operator_unless_takeover_is_safe(tmp_path:
     assert [(e.data["reason"], e.data["previous_owner"]) for e in claimed] == [("took_over_expired", "dead-worker")]
 
 
-def test_work_that_is_not_a_thread_is_finished_with_a_report() -> None:
+def test_work_that_is_not_a_thread_is_left_in_the_queue_for_its_own_workers() -> None:
     store = MemoryStore()
     store.enqueue("run/1", "default")
-    said = run_worker(store, lambda: bool(store.list_work(state="done")))
-    assert ("error", "run/1: not a thread: this worker runs threads only") in said
+    said = run_worker(store, lambda: store.list_work()[0].epoch >= 1 and store.list_work()[0].state == "pending")
+    assert any(kind == "error" and text.startswith("run/1: not a thread: left in the queue") for kind, text in said)
+    [item] = store.list_work()
+    assert item.key == "run/1" and item.state == "pending", "a run must not be marked done by a thread worker"
 
 
 # --- the pool and the command ---------------------------------------------------------------------------

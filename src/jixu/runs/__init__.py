@@ -1,11 +1,46 @@
-"""Runs layer: scheduling queued work and the worker processes that run it.
+"""Runs layer: durable work orders (runs) and the queued work and worker processes that run them.
+
+Runs (SPEC section 5, decision 0005): :func:`register_project` records a
+project (authorized git origin + policy); :class:`Runs` creates runs, executes
+them (``prepare`` -> ``implement`` -> ``verify`` as ``task`` effects in the
+run's hash-chained journal) and operates them (``resume``, ``handoff``,
+``retry``, ``cancel``); :func:`submit_run` puts a run in the work queue.
+Providers implement the brief: :class:`CommandProvider` (an external agent
+CLI), :class:`ScriptedProvider` (deterministic, for tests).
 
 Threads become queued work with :func:`submit_turn` (or :func:`enqueue_thread`);
 :class:`WorkerPool` / ``jixu worker`` run them with bounded, fair concurrency.
+The thread :class:`Worker` does not execute run keys yet (``run/<id>``); a
+worker for runs builds a :class:`Runs` with its own owner name and calls
+:meth:`Runs.execute` for each claimed key (see :func:`run_id_of`).
 """
 
 from __future__ import annotations
 
+from jixu.runs.command_provider import CommandProvider
+from jixu.runs.engine import RunLog, Runs, submit_run
+from jixu.runs.model import (
+    RUN_STATUSES,
+    PlanView,
+    Project,
+    RunState,
+    TaskView,
+    get_project,
+    list_projects,
+    register_project,
+    run_id_of,
+    run_work_key,
+    update_policy,
+    validate_policy,
+)
+from jixu.runs.providers import (
+    ImplementContext,
+    ImplementResult,
+    Provider,
+    ProviderError,
+    ProviderTest,
+    provider_snapshot,
+)
 from jixu.runs.scheduler import (
     DEFAULT_PROJECT,
     create_thread_for,
@@ -15,6 +50,7 @@ from jixu.runs.scheduler import (
     thread_id_of,
     thread_work_key,
 )
+from jixu.runs.scripted_provider import ScriptedProvider, write_files
 from jixu.runs.workers import (
     Worker,
     WorkerConfig,
@@ -27,17 +63,41 @@ from jixu.runs.workers import (
 
 __all__ = [
     "DEFAULT_PROJECT",
+    "RUN_STATUSES",
+    "CommandProvider",
+    "ImplementContext",
+    "ImplementResult",
+    "PlanView",
+    "Project",
+    "Provider",
+    "ProviderError",
+    "ProviderTest",
+    "RunLog",
+    "RunState",
+    "Runs",
+    "ScriptedProvider",
+    "TaskView",
     "Worker",
     "WorkerConfig",
     "WorkerPool",
     "WorkerStats",
     "create_thread_for",
     "enqueue_thread",
+    "get_project",
+    "list_projects",
     "load_agent_factory",
     "make_agent",
     "project_of",
+    "provider_snapshot",
+    "register_project",
+    "run_id_of",
+    "run_work_key",
     "serve",
+    "submit_run",
     "submit_turn",
     "thread_id_of",
     "thread_work_key",
+    "update_policy",
+    "validate_policy",
+    "write_files",
 ]

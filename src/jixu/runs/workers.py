@@ -348,7 +348,9 @@ class Worker:
     async def _run_item(self, claim: WorkClaim) -> _Outcome:
         thread_id = thread_id_of(claim.key)
         if thread_id is None:
-            return _Outcome(False, "not a thread: this worker runs threads only", kind="error")
+            # Another kind of work (e.g. a run): leave it in the queue for a worker that runs it.
+            return _Outcome(True, "not a thread: left in the queue for a worker of its kind",
+                            max(self.config.lease_ttl, 5.0), "error")
         try:
             thread = await self.harness.open_thread(thread_id, resume=False)
         except ThreadNotFound:

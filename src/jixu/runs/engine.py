@@ -1,0 +1,795 @@
+"""The run engine: the :class:`Runs` service that creates, executes and operates runs.
+
+Durability rules (the same as threads'):
+
+* Every task attempt is an effect of kind ``task``: its intent
+  (``task.requested``) is recorded before anything happens, its dispatch marker
+  (``task.dispatched``) immediately before the work, its receipt
+  (``task.completed`` with the evidence observed, or ``task.failed``) after.
+* What happens next is decided by the pure :func:`~jixu.runs.projection.decide`
+  from the journal and the RecoveryResolver's analysis; status is derived the
+  same way (:func:`~jixu.runs.projection.derive_status`), never stored.
+* One process executes a run at a time: it holds the run's lease
+  (``run/<id>/owner``: owner name, TTL, renewed every TTL/3 against the store's
+  clock) and appends every event of its session fenced by it
+  (``run.claimed`` opens the session). A process restarted under the same owner
+  name reclaims the lease at once (epoch + 1); another owner only after it
+  expired. A fenced-out process stops with :class:`~jixu.errors.OwnershipLost`.
+* A session starts by checking the workspace against the journal; a mismatch
+  is recorded (``run.reconciled``, outcome ``mismatch``) and nothing runs.
+* Operator operations (:meth:`Runs.resume`, :meth:`Runs.handoff`,
+  :meth:`Runs.retry`, :meth:`Runs.cancel`) validate everything first: bad input
+  raises a typed error and writes nothing. They record decisions; running is
+  :meth:`Runs.execute`'s job (or a worker's, for runs put in the work queue
+  with :func:`submit_run`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import random
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from jixu.errors import (
+    ConcurrencyError,
+    FencingError,
+    GitError,
+    InvalidInput,
+    JixuError,
+    LeaseHeld,
+    MalformedEvent,
+    OwnershipLost,
+    ProviderMismatch,
+    ProviderTestFailed,
+    RunNotFound,
+    RunOwned,
+    RunStateError,
+    UnknownProvider,
+    WorkspaceMismatch,
+)
+from jixu.ledger import Event, Fence, NewEvent, Store, new_id, project
+from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
+from jixu.ledger.ids import is_valid_id
+from jixu.ledger.store import WorkItem, check_owner, check_ttl
+from jixu.recovery import Analysis, RecoveryResolver
+from jixu.runs.checks import run_checks
+from jixu.runs.model import (
+    FINISHED,
+    LOCAL_TASKS,
+    MAX_BRIEF_CHARS,
+    RUN_PREFIX,
+    TASK_SEMANTICS,
+    PlanView,
+    RunState,
+    check_text,
+    get_project,
+    run_lease_key,
+    run_stream,
+    run_work_key,
+)
+from jixu.runs.projection import (
+    AutoResume,
+    Dispatch,
+    Finish,
+    Pause,
+    RequestTask,
+    Revise,
+    RunProjection,
+    RunRecord,
+    Stop,
+    build_state,
+    compare,
+    decide,
+    derive_status,
+    expected_workspace,
+    plan_view,
+)
+from jixu.runs.providers import ImplementContext, ImplementResult, Provider, ProviderError, provider_snapshot
+from jixu.runs.workspace import changes, clone, inspect, resolve_source, tree_of
+
+DEFAULT_LEASE_TTL = 30.0
+_CONFLICT_RETRIES = 5
+
+
+def default_run_owner() -> str:
+    """An owner name stable across restarts on this machine: ``runs@<hostname>``."""
+    return f"runs@{socket.gethostname()}"
+
+
+class RunLog:
+    """One run's journal and projected record in a store: loading, syncing, appending. No decisions."""
+
+    def __init__(self, store: Store, run_id: str) -> None:
+        if not isinstance(run_id, str) or not is_valid_id(run_id):
+            raise InvalidInput(f"run id {run_id!r} is not a valid id", field="run_id")
+        self.store = store
+        self.run_id = run_id
+        self.stream = run_stream(run_id)
+        if store.stream_info(self.stream) is None:
+            raise RunNotFound(f"no run {run_id} in {store.url}", run_id=run_id)
+        projected = project(store, self.stream, RunProjection(), use_checkpoint=False)
+        self.record: RunRecord = projected.state
+        self.chain_break: int | None = None if projected.chain.valid else projected.chain.first_bad_seq
+        self._projection = RunProjection()
+
+    def sync(self) -> None:
+        """Apply events other writers appended since this record's head."""
+        for event in self.store.read(self.stream, self.record.seq + 1):
+            if event.prev_hash != self.record.head_hash:
+                self.chain_break = self.chain_break or event.seq
+                break
+            self.record = self._projection.apply(self.record, event)
+
+    def append(self, events: list[NewEvent], fence: Fence | None = None) -> list[Event]:
+        """Append after this record's head (ConcurrencyError if another writer moved it) and project."""
+        stored = self.store.append(self.stream, events, self.record.seq, fence)
+        for event in stored:
+            self.record = self._projection.apply(self.record, event)
+        return stored
+
+    def analysis(self) -> Analysis:
+        """The RecoveryResolver's answer for every task effect of the run."""
+        return RecoveryResolver.analyze(self.record.lifecycle, check_links=False, chain_break_seq=self.chain_break)
+
+    def meta(self, actor: str) -> JSONObject:
+        return {"actor": actor, "run_id": self.run_id}
+
+
+def submit_run(store: Store, run_id: str) -> WorkItem:
+    """Put a run in the work queue: key ``run/<run_id>`` in the run's project (idempotent, like threads').
+
+    A worker that claims the key runs :meth:`Runs.execute` (see the module
+    docstring of :mod:`jixu.runs` for what the thread worker still lacks).
+    """
+    log = RunLog(store, run_id)
+    return store.enqueue(run_work_key(run_id), log.record.project)
+
+
+def _allowed(path: str, globs: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(path, glob) for glob in globs)
+
+
+def _json_or_repr(value: Any) -> Any:
+    try:
+        canonical_text(value)
+    except MalformedEvent:
+        return {"unencodable": repr(value)[:2000]}
+    return value
+
+
+class Runs:
+    """Create, execute, inspect and operate runs (async; one instance per process and owner name).
+
+    ``providers`` maps each configured provider's name to it (the key must
+    equal ``provider.name``). ``owner`` names this process for the run lease
+    (stable across restarts, so a restarted process reclaims its runs).
+    """
+
+    def __init__(self, store: Store, workspace_root: Path | str, providers: Mapping[str, Provider], *,
+                 owner: str | None = None, lease_ttl: float = DEFAULT_LEASE_TTL, actor: str = "jixu",
+                 retry_backoff: float = 1.0, retry_backoff_cap: float = 60.0,
+                 check_env: Mapping[str, str] | None = None) -> None:
+        if not isinstance(store, Store):
+            raise InvalidInput("store must be a jixu Store", field="store")
+        for name, provider in providers.items():
+            if getattr(provider, "name", None) != name:
+                raise InvalidInput(f"provider configured as {name!r} calls itself {getattr(provider, 'name', None)!r};"
+                                   " the key must be the provider's name", field="providers")
+        self.store = store
+        self.workspace_root = Path(workspace_root).expanduser().resolve()
+        self.providers: dict[str, Provider] = dict(providers)
+        self.owner = check_owner(owner or default_run_owner())
+        self.lease_ttl = check_ttl(lease_ttl)
+        check_text(actor, "actor", 200, required=True)
+        self.actor = actor
+        self.retry_backoff = float(retry_backoff)
+        self.retry_backoff_cap = float(retry_backoff_cap)
+        self.check_env = dict(check_env) if check_env is not None else None
+        self._executing: set[str] = set()
+
+    # --- reading ---------------------------------------------------------------------------------
+
+    def _load(self, run_id: str) -> RunLog:
+        return RunLog(self.store, run_id)
+
+    def _ownership(self, log: RunLog) -> tuple[str, JSONObject | None]:
+        lease = self.store.get_lease(run_lease_key(log.run_id))
+        if lease is None:
+            return ("live" if log.run_id in self._executing else "stale" if log.record.claims else "none"), None
+        now = self.store.now()
+        expired = lease.expires_at <= now
+        info: JSONObject = {"owner": lease.owner, "epoch": lease.epoch, "expires_at": lease.expires_at,
+                            "heartbeat_at": lease.heartbeat_at, "released": lease.released, "expired": expired,
+                            "store_now": now}
+        if log.run_id in self._executing:
+            return "live", info
+        if lease.released:
+            return "released", info
+        if not expired:
+            # This very owner name is not executing it here: a restarted process whose claim is stale.
+            return ("stale" if lease.owner == self.owner else "live"), info
+        return "stale", info
+
+    def _status(self, log: RunLog) -> tuple[str, str, Analysis, JSONObject | None]:
+        analysis = log.analysis()
+        ownership, info = self._ownership(log)
+        status, reason = derive_status(log.record, analysis, ownership)
+        return status, reason, analysis, info
+
+    def _state(self, log: RunLog) -> RunState:
+        status, reason, analysis, info = self._status(log)
+        return build_state(log.record, analysis, status, reason, info)
+
+    async def state(self, run_id: str) -> RunState:
+        """The run as it stands: status (derived), plan, tasks with the resolver's decisions, pauses, outcome."""
+        return self._state(self._load(run_id))
+
+    async def plan(self, run_id: str) -> PlanView:
+        """The current plan revision with its tasks' states, and every earlier revision."""
+        log = self._load(run_id)
+        return plan_view(log.record, log.analysis())
+
+    async def journal(self, run_id: str) -> tuple[list[JSONObject], bool]:
+        """The run's hash-chained entries and whether the whole chain verifies."""
+        log = self._load(run_id)
+        entries = [event.to_dict() for event in self.store.read(log.stream)]
+        return entries, self.store.verify(log.stream).valid
+
+    async def list_runs(self, *, project: str | None = None) -> list[RunState]:
+        """Every run (of ``project``), oldest first."""
+        states: list[RunState] = []
+        after = ""
+        while True:
+            page = self.store.list_streams(RUN_PREFIX, after=after, limit=1000)
+            for info in page:
+                run_id = info.stream[len(RUN_PREFIX):]
+                if not is_valid_id(run_id):
+                    continue
+                log = self._load(run_id)
+                if project is None or log.record.project == project:
+                    states.append(self._state(log))
+            if len(page) < 1000:
+                return states
+            after = page[-1].stream
+
+    # --- creating --------------------------------------------------------------------------------
+
+    def _provider_named(self, name: object) -> Provider:
+        provider = self.providers.get(name) if isinstance(name, str) else None
+        if provider is None:
+            raise UnknownProvider(f"no provider named {name!r} is configured; configured: {sorted(self.providers)}",
+                                  provider=name)
+        return provider
+
+    async def create_run(self, project: str, brief: str, *, provider: str, commit: str | None = None,
+                         parent_run_id: str | None = None, knowledge: JSONObject | None = None,
+                         actor: str | None = None) -> str:
+        """Record a new run of ``brief`` on ``project``'s source with ``provider``; its id (nothing runs yet).
+
+        Freezes the source (origin, the commit resolved on the origin: the
+        default branch's tip, or ``commit`` — a ref or commit id), the provider
+        snapshot, the project's current policy and its digest, and the
+        workspace path ``<workspace_root>/<run_id>``; the initial plan is
+        prepare -> implement -> verify.
+        """
+        check_text(brief, "brief", MAX_BRIEF_CHARS, required=True)
+        chosen = self._provider_named(provider)
+        actor = actor or self.actor
+        check_text(actor, "actor", 200, required=True)
+        if knowledge is not None:
+            if not isinstance(knowledge, dict):
+                raise InvalidInput("knowledge must be a JSON object", field="knowledge")
+            canonical_text(knowledge, path="knowledge")
+        found = get_project(self.store, project)
+        if parent_run_id is not None:
+            self._load(parent_run_id)
+        source = await asyncio.to_thread(resolve_source, found.origin, commit, found.default_branch)
+        return self._create(found.name, brief, source, found.policy, found.policy_digest, chosen, parent_run_id,
+                            None if knowledge is None else {"content": knowledge, "digest": content_hash(knowledge)},
+                            actor)
+
+    def _create(self, project_name: str, brief: str, source: JSONObject, policy: JSONObject, digest: str,
+                provider: Provider, parent_run_id: str | None, knowledge: JSONObject | None, actor: str) -> str:
+        run_id = new_id()
+        workspace = self.workspace_root / run_id
+        snapshot = provider_snapshot(provider, 1)
+        tasks = [{"task_id": new_id(), "kind": "prepare", "params": {}},
+                 {"task_id": new_id(), "kind": "implement", "params": {}},
+                 {"task_id": new_id(), "kind": "verify", "params": {"checks": [c["name"] for c in policy["checks"]]}}]
+        meta = {"actor": actor, "run_id": run_id}
+        created = NewEvent("run.created", {
+            "run_id": run_id, "project": project_name, "brief": brief, "source": source, "provider": snapshot,
+            "policy": policy, "policy_digest": digest, "workspace": str(workspace), "parent_run_id": parent_run_id,
+            "knowledge": knowledge}, meta)
+        plan = NewEvent("plan.revised", {"revision": 1, "provider_revision": 1, "reason": "initial",
+                                         "tasks": tasks}, meta)
+        self.store.append(run_stream(run_id), [created, plan], 0)
+        return run_id
+
+    # --- executing -------------------------------------------------------------------------------
+
+    def _provider_of(self, record: RunRecord) -> Provider:
+        """The configured provider matching the run's current snapshot (typed error, nothing written, if none)."""
+        snapshot = record.provider
+        name = snapshot.get("name")
+        provider = self.providers.get(name) if isinstance(name, str) else None
+        if provider is None:
+            raise ProviderMismatch(f"run {record.run_id} uses provider {name!r} (revision {snapshot.get('revision')}),"
+                                   " which is not configured here; configure it or hand the run off",
+                                   run_id=record.run_id, provider=name)
+        current = provider_snapshot(provider, int(snapshot.get("revision") or 1))
+        if current["digest"] != snapshot.get("digest"):
+            raise ProviderMismatch(f"provider {name!r} is configured differently from run {record.run_id}'s frozen "
+                                   "snapshot; hand the run off to record a fresh snapshot", run_id=record.run_id,
+                                   provider=name)
+        return provider
+
+    async def execute(self, run_id: str) -> RunState:
+        """Drive the run until it succeeds, fails, pauses for an operator, needs reconciliation or is interrupted.
+
+        Runs nothing (and writes nothing) when the run is finished, paused for
+        an operator, interrupted (resume it first) or needs reconciliation;
+        :class:`~jixu.errors.RunOwned` while another process executes it.
+        Automatic pauses are waited out here (their recorded delay).
+        """
+        log = self._load(run_id)
+        status = self._status(log)[0]
+        if status == "running":
+            raise RunOwned(f"run {run_id} is being executed by another process", run_id=run_id)
+        pause = log.record.open_pause
+        if not (status == "queued" or (status == "paused" and pause is not None and pause.get("automatic"))):
+            return self._state(log)
+        provider = self._provider_of(log.record)
+        fence = self._claim(log)
+        if fence is None:
+            return self._state(log)
+        me = asyncio.current_task()
+        lost: list[FencingError] = []
+        self._executing.add(run_id)
+        heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(fence, me, lost))
+        try:
+            if await self._workspace_matches(log, fence):
+                await self._loop(log, fence, provider)
+        except asyncio.CancelledError:
+            if lost and me is not None and me.uncancel() == 0:
+                raise OwnershipLost(f"run {run_id}: this process lost the run's lease ({lost[0].message}); it "
+                                    "stopped without writing anything more", run_id=run_id) from lost[0]
+            raise
+        except FencingError as error:
+            raise OwnershipLost(f"run {run_id}: this process no longer owns the run ({error.message}); it stopped "
+                                "without writing anything more", run_id=run_id) from error
+        finally:
+            heartbeat.cancel()
+            self._executing.discard(run_id)
+            with contextlib.suppress(JixuError):
+                self.store.release_lease(fence)
+        return self._state(log)
+
+    def _claim(self, log: RunLog) -> Fence | None:
+        """Take the run's lease and record ``run.claimed``; ``None`` if the run stopped being runnable meanwhile."""
+        key = run_lease_key(log.run_id)
+        lease = self.store.get_lease(key)
+        if lease is None:
+            reason, previous_owner, previous_epoch, require_expired = "claimed", None, 0, False
+        else:
+            previous_owner, previous_epoch = lease.owner, lease.epoch
+            if lease.released:
+                reason, require_expired = "continued", False
+            elif lease.owner == self.owner:
+                reason, require_expired = "reclaimed_by_same_owner", False
+            else:
+                reason, require_expired = "took_over_expired", True
+        try:
+            fence = self.store.take_over_lease(key, self.owner, self.lease_ttl, expected_epoch=previous_epoch,
+                                               require_expired=require_expired)
+        except (FencingError, LeaseHeld) as error:
+            raise RunOwned(f"run {log.run_id} changed hands while claiming it: {error.message}",
+                           run_id=log.run_id) from error
+        claimed = NewEvent("run.claimed", {"owner": fence.owner, "epoch": fence.epoch, "reason": reason,
+                                           "previous_owner": previous_owner, "previous_epoch": previous_epoch},
+                           log.meta(self.owner))
+        for _ in range(_CONFLICT_RETRIES):
+            try:
+                log.append([claimed], fence)
+                return fence
+            except ConcurrencyError:
+                log.sync()  # someone wrote meanwhile (an operator's cancel, say): is there still work?
+                if isinstance(decide(log.record, log.analysis()), Stop):
+                    break
+        with contextlib.suppress(JixuError):
+            self.store.release_lease(fence)
+        return None
+
+    async def _heartbeat(self, fence: Fence, task: asyncio.Task[Any] | None, lost: list[FencingError]) -> None:
+        """Renew the run lease every TTL/3 against the store's clock; stop the session if it was lost."""
+        while True:
+            await asyncio.sleep(self.lease_ttl / 3)
+            try:
+                self.store.renew_lease(fence, self.lease_ttl)
+            except FencingError as error:
+                lost.append(error)
+                if task is not None:
+                    task.cancel()
+                return
+
+    async def _loop(self, log: RunLog, fence: Fence, provider: Provider) -> None:
+        while True:
+            action = decide(log.record, log.analysis())
+            if isinstance(action, Stop):
+                return
+            head = log.record.seq
+            try:
+                if isinstance(action, AutoResume):
+                    await self._auto_resume(log, fence, action)
+                elif isinstance(action, RequestTask):
+                    self._request(log, fence, action)
+                elif isinstance(action, Dispatch):
+                    await self._dispatch(log, fence, provider, action)
+                elif isinstance(action, Pause):
+                    self._pause(log, fence, action)
+                elif isinstance(action, Revise):
+                    self._revise(log, fence, action)
+                elif isinstance(action, Finish):
+                    await self._finish(log, fence, action)
+            except ConcurrencyError:
+                log.sync()  # an operator wrote meanwhile (e.g. cancelled): look again
+            if log.record.seq == head:
+                raise JixuError(f"run {log.run_id}: {type(action).__name__} recorded nothing; stopping instead of "
+                                "looping", run_id=log.run_id)
+
+    def _append_receipt(self, log: RunLog, fence: Fence, event: NewEvent) -> None:
+        """A receipt is a fact: record it even if an operator wrote meanwhile (same event id on each try)."""
+        for _ in range(_CONFLICT_RETRIES):
+            try:
+                log.append([event], fence)
+                return
+            except ConcurrencyError:
+                log.sync()
+        log.append([event], fence)
+
+    async def _workspace_matches(self, log: RunLog, fence: Fence | None, trigger: str = "execute") -> bool:
+        """Check the workspace against the journal; record a mismatch (``run.reconciled``) and return False."""
+        event, outcome = await self._reconciliation(log, self.owner, trigger)
+        if outcome == "mismatch":
+            log.append([event], fence)
+            return False
+        return True
+
+    async def _reconciliation(self, log: RunLog, actor: str, trigger: str) -> tuple[NewEvent, str]:
+        expected = expected_workspace(log.record, log.analysis())
+        evidence = await asyncio.to_thread(inspect, Path(log.record.workspace))
+        outcome, details = compare(evidence, expected)
+        return NewEvent("run.reconciled", {"evidence": evidence, "expected": expected, "outcome": outcome,
+                                           "details": details, "actor": actor, "trigger": trigger},
+                        log.meta(actor)), outcome
+
+    # --- actions ---------------------------------------------------------------------------------
+
+    async def _auto_resume(self, log: RunLog, fence: Fence, action: AutoResume) -> None:
+        if action.resume_at is not None:
+            remaining = action.resume_at - self.store.now()
+            if remaining > 0:
+                await asyncio.sleep(remaining)
+        log.append([NewEvent("run.resumed", {"reason": "automatic", "actor": self.owner},
+                             log.meta(self.owner))], fence)
+
+    def _request(self, log: RunLog, fence: Fence, action: RequestTask) -> None:
+        plan = log.record.plan or {}
+        effect_id = new_id()
+        args = {"task_id": action.task_id, "revision": plan.get("revision"), "attempt": action.attempt}
+        log.append([NewEvent("task.requested", {
+            "effect_id": effect_id, "name": action.kind, "args": args, "args_hash": content_hash(args),
+            "semantics": TASK_SEMANTICS[action.kind], "idempotency_key": f"jixu:{effect_id}",
+            "requires_approval": False, "task_id": action.task_id, "attempt": action.attempt,
+        }, log.meta(self.owner))], fence)
+
+    def _pause(self, log: RunLog, fence: Fence, action: Pause) -> None:
+        delay: float | None = None
+        if action.automatic:
+            delay = action.retry_after if action.retry_after is not None else min(
+                self.retry_backoff * (2 ** action.retries_used) * random.uniform(0.8, 1.2), self.retry_backoff_cap)
+        now = self.store.now()
+        log.append([NewEvent("run.paused", {
+            "reason": action.reason, "automatic": action.automatic, "retry_after": action.retry_after,
+            "delay": delay, "resume_at": None if delay is None else now + delay, "task_id": action.task_id,
+            "effect_id": action.effect_id, "automatic_retries_used": action.retries_used,
+        }, log.meta(self.owner))], fence)
+
+    def _revise(self, log: RunLog, fence: Fence, action: Revise) -> None:
+        record = log.record
+        plan = record.plan or {"revision": 0, "tasks": []}
+        repair = record.repairs_used + 1
+        implement = {"task_id": new_id(), "kind": "implement",
+                     "params": {"repair_of": action.repair_of.get("task_id"), "repair": repair}}
+        verify = {"task_id": new_id(), "kind": "verify",
+                  "params": {"checks": [c["name"] for c in record.policy.get("checks") or []],
+                             "after": implement["task_id"]}}
+        log.append([NewEvent("plan.revised", {
+            "revision": int(plan["revision"]) + 1, "provider_revision": len(record.providers), "reason": action.reason,
+            "tasks": [*plan["tasks"], implement, verify], "repair_of": action.repair_of,
+        }, log.meta(self.owner))], fence)
+
+    async def _finish(self, log: RunLog, fence: Fence, action: Finish) -> None:
+        evidence = dict(action.evidence)
+        if action.outcome == "succeeded":
+            # Success is claimed only for the snapshot that was verified: look at the workspace once more.
+            event, outcome = await self._reconciliation(log, self.owner, "finish")
+            if outcome == "mismatch":
+                log.append([event], fence)
+                return
+            evidence["final_workspace"] = {k: event.data["evidence"].get(k) for k in ("head", "tree", "dirty")}
+        log.append([NewEvent("run.finished", {"outcome": action.outcome, "reason": action.reason,
+                                              "evidence": evidence, "actor": self.owner},
+                             log.meta(self.owner))], fence)
+
+    async def _dispatch(self, log: RunLog, fence: Fence, provider: Provider, action: Dispatch) -> None:
+        record = log.record
+        effect = record.effects[action.effect_id]
+        meta = log.meta(self.owner)
+        if action.kind not in LOCAL_TASKS:
+            # Remote effects are completed by the execution-requests work; refuse before dispatch (a receipt).
+            self._append_receipt(log, fence, NewEvent("task.failed", {
+                "effect_id": action.effect_id, "indeterminate": False,
+                "error": {"type": "not_supported", "message": f"{action.kind} tasks are not executed by this engine"},
+            }, meta))
+            return
+        log.append([NewEvent("task.dispatched", {
+            "effect_id": action.effect_id, "attempt": action.attempt, "name": action.kind,
+            "args_hash": effect["args_hash"], "idempotency_key": effect["idempotency_key"],
+            "task_id": action.task_id}, meta)], fence)
+        try:
+            if action.kind == "prepare":
+                phase, body = await self._prepare(record)
+            elif action.kind == "implement":
+                phase, body = await self._implement(record, provider, action)
+            else:
+                phase, body = await self._verify(record)
+        except asyncio.CancelledError:
+            with contextlib.suppress(JixuError):
+                self._append_receipt(log, fence, NewEvent("task.failed", {
+                    "effect_id": action.effect_id, "attempt": action.attempt, "indeterminate": True,
+                    "error": {"type": "interrupted", "message": "the worker stopped while the task ran"}}, meta))
+            raise
+        data: JSONObject = {"effect_id": action.effect_id, "attempt": action.attempt, **body}
+        if phase == "failed":
+            data["indeterminate"] = False
+        self._append_receipt(log, fence, NewEvent(f"task.{phase}", data, meta))
+
+    async def _prepare(self, record: RunRecord) -> tuple[str, JSONObject]:
+        workspace, source = Path(record.workspace), record.source
+
+        def work() -> JSONObject:
+            adopted = workspace.exists()
+            if adopted:
+                seen = inspect(workspace)
+                if not (seen["git_root"] == str(workspace) and seen["origin"] == source["origin"]
+                        and seen["head"] == source["commit"] and seen["dirty"] is False):
+                    raise GitError(f"workspace {workspace} exists but is not a clean checkout of {source['commit']} "
+                                   "from the authorized origin; refusing to touch it", evidence=seen)
+            else:
+                clone(str(source["origin"]), str(source["commit"]), workspace)
+            seen = inspect(workspace)
+            return {"git_root": seen["git_root"], "origin": seen["origin"], "head": seen["head"],
+                    "tree": seen["tree"], "adopted": adopted}
+
+        try:
+            return "completed", {"result": await asyncio.to_thread(work)}
+        except (GitError, OSError) as error:
+            message = error.message if isinstance(error, GitError) else f"{type(error).__name__}: {error}"
+            return "failed", {"error": {"type": "prepare_failed", "message": message}}
+
+    def _repair_evidence(self, record: RunRecord, task_id: str) -> JSONObject | None:
+        """For a repair implementation: the failed checks' evidence recorded in its plan revision."""
+        repair_of = (record.tasks.get(task_id) or {}).get("params", {}).get("repair_of")
+        if not repair_of:
+            return None
+        for revision in reversed(record.revisions):
+            evidence = revision.get("repair_of")
+            if isinstance(evidence, dict) and evidence.get("task_id") == repair_of:
+                return dict(evidence)
+        return None
+
+    async def _implement(self, record: RunRecord, provider: Provider, action: Dispatch) -> tuple[str, JSONObject]:
+        workspace = Path(record.workspace)
+        context = ImplementContext(run_id=record.run_id, brief=record.brief,
+                                   attempt=int(record.effects[action.effect_id]["attempt"]),
+                                   repair_of=self._repair_evidence(record, action.task_id),
+                                   knowledge=record.knowledge)
+        try:
+            outcome = await provider.implement(workspace, context)
+            if not isinstance(outcome, ImplementResult):
+                raise TypeError(f"provider {provider.name!r} returned {type(outcome).__name__}, not an ImplementResult")
+        except ProviderError as error:
+            return "failed", {"error": {"type": "provider_error", "kind": error.kind, "retry_after": error.retry_after,
+                                        "message": error.message, "provider": provider.name},
+                              "workspace": await asyncio.to_thread(self._observe, workspace)}
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as error:
+            return "failed", {"error": {"type": "exception", "exception": type(error).__name__,
+                                        "message": str(error)[:2000], "provider": provider.name},
+                              "workspace": await asyncio.to_thread(self._observe, workspace)}
+        base = str(record.source["commit"])
+        globs = [str(g) for g in record.policy.get("allowed_paths") or ["*"]]
+
+        def observe() -> JSONObject:
+            seen = inspect(workspace)
+            diff = changes(workspace, base, str(seen["tree"]))
+            return {"head": seen["head"], "tree": seen["tree"], **diff,
+                    "disallowed_paths": [p for p in diff["changed_paths"] if not _allowed(p, globs)]}
+
+        try:
+            seen = await asyncio.to_thread(observe)
+        except GitError as error:
+            return "failed", {"error": {"type": "workspace_unreadable", "message": error.message}}
+        provider_record = record.provider
+        return "completed", {"result": {
+            "summary": str(outcome.summary)[:10_000], "details": _json_or_repr(outcome.details), **seen,
+            "provider": {"name": provider_record.get("name"), "revision": provider_record.get("revision")}}}
+
+    @staticmethod
+    def _observe(workspace: Path) -> JSONObject:
+        seen = inspect(workspace)
+        return {"head": seen["head"], "tree": seen["tree"]}
+
+    async def _verify(self, record: RunRecord) -> tuple[str, JSONObject]:
+        workspace = Path(record.workspace)
+        before = await asyncio.to_thread(self._observe, workspace)
+        if before["tree"] is None:
+            return "failed", {"error": {"type": "workspace_unreadable",
+                                        "message": f"cannot read the source tree of {workspace}"}}
+        results = await run_checks(list(record.policy.get("checks") or []), workspace, env=self.check_env)
+        try:
+            after = await asyncio.to_thread(tree_of, workspace)
+        except GitError:
+            after = None
+        return "completed", {"result": {"head": before["head"], "tree": before["tree"], "tree_after": after,
+                                        "checks": results, "passed": all(c["passed"] for c in results)}}
+
+    # --- operator operations ------------------------------------------------------------------
+
+    def _wake(self, log: RunLog) -> None:
+        """Re-enqueue the run if it is in the work queue, so a worker picks the decision up."""
+        key = run_work_key(log.run_id)
+        if self.store.get_work(key) is not None:
+            self.store.enqueue(key, log.record.project)
+
+    def _refuse_unless_operable(self, log: RunLog, status: str, reason: str, analysis: Analysis, what: str) -> None:
+        if status in FINISHED:
+            raise RunStateError(f"run {log.run_id} is {status} ({reason}); a finished run cannot be {what}"
+                                + ("; retry creates a new run" if status != "succeeded" else ""),
+                                run_id=log.run_id, status=status)
+        if status == "running":
+            raise RunOwned(f"run {log.run_id} is being executed by another process; it cannot be {what} now",
+                           run_id=log.run_id, status=status)
+        if log.record.problems or analysis.has_corruption:
+            raise RunStateError(f"run {log.run_id}'s journal is broken or contradicts itself ({reason}); it cannot be "
+                                f"{what}", run_id=log.run_id, status=status)
+        if analysis.requires_resolution:
+            raise RunStateError(f"run {log.run_id} has remote tasks with unknown outcomes; establish them first",
+                                run_id=log.run_id, status=status)
+
+    async def resume(self, run_id: str, actor: str = "operator", *, note: str | None = None) -> RunState:
+        """Continue a paused, interrupted or unreconciled run in place (then :meth:`execute` or :func:`submit_run`).
+
+        First reconciles the workspace against the journal (git root,
+        authorized origin, HEAD, source tree) and records it
+        (``run.reconciled``); a mismatch raises
+        :class:`~jixu.errors.WorkspaceMismatch` and the run needs
+        reconciliation. Otherwise records ``run.resumed`` (explicit): the
+        workspace, brief, policy and provider revision are kept, the automatic
+        retry budget is renewed. Finished or queued runs: :class:`RunStateError`.
+        """
+        check_text(actor, "actor", 200, required=True)
+        check_text(note, "note", 10_000)
+        log = self._load(run_id)
+        status, reason, analysis, _info = self._status(log)
+        self._refuse_unless_operable(log, status, reason, analysis, "resumed")
+        if status == "queued":
+            raise RunStateError(f"run {run_id} is queued ({reason}); there is nothing to resume: execute it or "
+                                "submit it to the work queue", run_id=run_id, status=status)
+        reconciled, outcome = await self._reconciliation(log, actor, "resume")
+        if outcome == "mismatch":
+            log.append([reconciled])
+            self._wake(log)
+            raise WorkspaceMismatch(f"run {run_id}'s workspace does not match its journal: "
+                                    f"{'; '.join(reconciled.data['details'])}. Nothing was run; restore the "
+                                    "workspace and resume again, or cancel and retry", run_id=run_id,
+                                    details=reconciled.data["details"])
+        log.append([reconciled, NewEvent("run.resumed", {"reason": "explicit", "actor": actor, "note": note,
+                                                         "previous_status": status}, log.meta(actor))])
+        self._wake(log)
+        return self._state(log)
+
+    async def handoff(self, run_id: str, provider: str, actor: str = "operator", *,
+                      note: str | None = None) -> RunState:
+        """Hand the run to ``provider`` (tested first): a new provider snapshot and plan revision.
+
+        Earlier revisions, partial files, checks and policy stay as they are;
+        the workspace is reconciled first (as in :meth:`resume`). An unknown
+        provider (:class:`~jixu.errors.UnknownProvider`) or one whose test fails
+        (:class:`~jixu.errors.ProviderTestFailed`) writes nothing.
+        """
+        check_text(actor, "actor", 200, required=True)
+        check_text(note, "note", 10_000)
+        chosen = self._provider_named(provider)
+        log = self._load(run_id)
+        status, reason, analysis, _info = self._status(log)
+        self._refuse_unless_operable(log, status, reason, analysis, "handed off")
+        if status == "needs_reconciliation":
+            raise RunStateError(f"run {run_id} needs reconciliation ({reason}); resume it once the workspace is "
+                                "restored, then hand it off", run_id=run_id, status=status)
+        try:
+            tested = await chosen.test()
+        except Exception as error:
+            raise ProviderTestFailed(f"provider {provider!r} failed its test: {type(error).__name__}: {error}",
+                                     provider=provider) from error
+        if not tested.ok:
+            raise ProviderTestFailed(f"provider {provider!r} failed its test: {tested.message}", provider=provider)
+        log.sync()
+        status, reason, analysis, _info = self._status(log)
+        self._refuse_unless_operable(log, status, reason, analysis, "handed off")
+        reconciled, outcome = await self._reconciliation(log, actor, "handoff")
+        if outcome == "mismatch":
+            log.append([reconciled])
+            raise WorkspaceMismatch(f"run {run_id}'s workspace does not match its journal: "
+                                    f"{'; '.join(reconciled.data['details'])}; nothing was handed off",
+                                    run_id=run_id, details=reconciled.data["details"])
+        record = log.record
+        snapshot = provider_snapshot(chosen, len(record.providers) + 1)
+        plan = record.plan or {"revision": 0, "tasks": []}
+        meta = log.meta(actor)
+        log.append([
+            reconciled,
+            NewEvent("run.handed_off", {"provider": snapshot, "previous_provider": record.provider,
+                                        "tested": {"ok": tested.ok, "message": tested.message}, "actor": actor,
+                                        "note": note, "previous_status": status}, meta),
+            NewEvent("plan.revised", {"revision": int(plan["revision"]) + 1, "provider_revision": snapshot["revision"],
+                                      "reason": "handoff", "tasks": list(plan["tasks"])}, meta),
+        ])
+        self._wake(log)
+        return self._state(log)
+
+    async def cancel(self, run_id: str, actor: str = "operator", *, reason: str | None = None) -> RunState:
+        """Finish the run as ``cancelled`` (a process executing it stops at its next step)."""
+        check_text(actor, "actor", 200, required=True)
+        check_text(reason, "reason", 10_000)
+        log = self._load(run_id)
+        for _ in range(_CONFLICT_RETRIES):
+            status, why, _analysis, _info = self._status(log)
+            if status in FINISHED:
+                raise RunStateError(f"run {run_id} is already {status} ({why})", run_id=run_id, status=status)
+            try:
+                log.append([NewEvent("run.finished", {
+                    "outcome": "cancelled", "reason": reason or f"cancelled by {actor}", "actor": actor,
+                    "evidence": {"status_before": status, "reason_before": why}}, log.meta(actor))])
+                break
+            except ConcurrencyError:
+                log.sync()
+        return self._state(log)
+
+    async def retry(self, run_id: str, actor: str = "operator", *, provider: str | None = None) -> str:
+        """A fresh run (new id, fresh clone) of a failed or cancelled run: same project, brief, source commit and
+        frozen policy, with ``parent_run_id`` lineage. The failed run's journal is not touched; nothing it did
+        is rolled back."""
+        check_text(actor, "actor", 200, required=True)
+        log = self._load(run_id)
+        status, reason, _analysis, _info = self._status(log)
+        if status not in ("failed", "cancelled"):
+            raise RunStateError(f"run {run_id} is {status} ({reason}); only a failed or cancelled run is retried "
+                                "(resume continues a paused or interrupted one)", run_id=run_id, status=status)
+        record = log.record
+        chosen = self._provider_named(provider if provider is not None else record.provider.get("name"))
+        created = record.created or {}
+        knowledge = created.get("knowledge")
+        return self._create(record.project, record.brief, record.source, record.policy,
+                            str(created.get("policy_digest")), chosen, run_id,
+                            knowledge if isinstance(knowledge, dict) else None, actor)
+
+
+__all__ = ["DEFAULT_LEASE_TTL", "RunLog", "Runs", "default_run_owner", "submit_run"]

@@ -1,0 +1,407 @@
+"""The runs vocabulary: projects and their policies, stream and key names, task kinds, public views.
+
+A project (stream ``project/<name>``) names an authorized git origin and a
+policy: the checks a run must pass, the paths it may change, its limits. A run
+freezes the policy content it started with (``run.created``); later updates
+(``project.policy_updated``) never change a run.
+
+Policy (normalised by :func:`validate_policy`)::
+
+    {"checks": [{"name": "tests", "argv": ["python", "-m", "pytest", "-q"], "timeout_s": 600}],
+     "allowed_paths": ["*"],                       # fnmatch globs; "*" also crosses "/"
+     "limits": {"max_repair_attempts": 1, "check_timeout_s": 600}}
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from jixu.errors import InvalidInput, InvalidPolicy, ProjectExists, ProjectNotFound
+from jixu.ledger import NewEvent, Store
+from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
+from jixu.ledger.event import Event
+from jixu.recovery import Analysis
+from jixu.runs.workspace import check_origin
+from jixu.runs.workspace import default_branch as origin_branch
+
+RUN_PREFIX: Final = "run/"
+PROJECT_PREFIX: Final = "project/"
+
+TASK_SEMANTICS: Final[dict[str, str]] = {
+    "prepare": "idempotent",
+    "implement": "idempotent",
+    "verify": "read_only",
+    "publish": "unsafe",
+    "deploy": "unsafe",
+    "rollback": "unsafe",
+    "knowledge_write": "unsafe",
+}
+"""Every task kind and the effect semantics its intents declare."""
+LOCAL_TASKS: Final = ("prepare", "implement", "verify")
+"""The task kinds this engine executes; the remote ones come with execution requests."""
+
+RUN_STATUSES: Final = ("queued", "running", "paused", "interrupted", "needs_reconciliation", "failed",
+                       "succeeded", "cancelled")
+FINISHED: Final = frozenset({"failed", "succeeded", "cancelled"})
+AUTOMATIC_PAUSES: Final = frozenset({"rate_limit", "transient"})
+OPERATOR_PAUSES: Final = frozenset({"quota", "authentication"})
+MAX_AUTOMATIC_RETRIES: Final = 3
+"""Automatic resumes after rate limits and transient failures before a pause waits for an operator."""
+MAX_DISPATCHES: Final = 3
+"""Dispatches of one retry-safe task intent whose outcome stayed unknown before it needs an operator."""
+
+DEFAULT_CHECK_TIMEOUT_S: Final = 600.0
+MAX_TIMEOUT_S: Final = 86_400.0
+DEFAULT_MAX_REPAIR_ATTEMPTS: Final = 1
+MAX_REPAIR_ATTEMPTS: Final = 5
+MAX_CHECKS: Final = 50
+MAX_BRIEF_CHARS: Final = 100_000
+PROJECT_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+CHECK_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def run_stream(run_id: str) -> str:
+    """The stream holding a run's journal."""
+    return f"{RUN_PREFIX}{run_id}"
+
+
+def run_lease_key(run_id: str) -> str:
+    """The lease that fences the process executing a run."""
+    return f"{RUN_PREFIX}{run_id}/owner"
+
+
+def run_work_key(run_id: str) -> str:
+    """The work-queue key of a run (the same text as its stream's name)."""
+    return f"{RUN_PREFIX}{run_id}"
+
+
+def run_id_of(key: str) -> str | None:
+    """The run id a work key names, or ``None`` for another kind of work."""
+    return key[len(RUN_PREFIX):] if key.startswith(RUN_PREFIX) and len(key) > len(RUN_PREFIX) else None
+
+
+def project_stream(name: str) -> str:
+    """The stream holding a project's registration and policy updates."""
+    return f"{PROJECT_PREFIX}{name}"
+
+
+def check_text(value: object, name: str, limit: int, *, required: bool = False) -> None:
+    """Raise :class:`InvalidInput` unless ``value`` is ``None`` (when allowed) or a string of at most ``limit``."""
+    if value is None and not required:
+        return
+    if not isinstance(value, str) or (required and not value.strip()) or len(value) > limit:
+        raise InvalidInput(f"{name} must be a {'non-empty ' if required else ''}string of at most {limit} "
+                           "characters", field=name)
+
+
+# --- policies ----------------------------------------------------------------------------------
+
+
+def _timeout(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_TIMEOUT_S:
+        raise InvalidPolicy(f"{where} {value!r} must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}]",
+                            field=where)
+    return float(value)
+
+
+def _only(data: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise InvalidPolicy(f"{where} has unknown keys {unknown}; allowed: {sorted(allowed)}", field=where)
+
+
+def validate_policy(policy: object) -> JSONObject:
+    """The normalised policy (defaults filled in); :class:`~jixu.errors.InvalidPolicy` when malformed."""
+    if not isinstance(policy, dict):
+        raise InvalidPolicy("policy must be a JSON object with 'checks' (and optionally 'allowed_paths', "
+                            "'limits')", field="policy")
+    _only(policy, {"checks", "allowed_paths", "limits"}, "policy")
+    limits = policy.get("limits", {})
+    if not isinstance(limits, dict):
+        raise InvalidPolicy("policy.limits must be an object", field="policy.limits")
+    _only(limits, {"max_repair_attempts", "check_timeout_s"}, "policy.limits")
+    repairs = limits.get("max_repair_attempts", DEFAULT_MAX_REPAIR_ATTEMPTS)
+    if isinstance(repairs, bool) or not isinstance(repairs, int) or not 0 <= repairs <= MAX_REPAIR_ATTEMPTS:
+        raise InvalidPolicy(f"policy.limits.max_repair_attempts {repairs!r} must be an integer 0-"
+                            f"{MAX_REPAIR_ATTEMPTS}", field="policy.limits.max_repair_attempts")
+    default_timeout = _timeout(limits.get("check_timeout_s", DEFAULT_CHECK_TIMEOUT_S), "policy.limits.check_timeout_s")
+    checks = policy.get("checks")
+    if not isinstance(checks, list) or not checks or len(checks) > MAX_CHECKS:
+        raise InvalidPolicy(f"policy.checks must be a list of 1-{MAX_CHECKS} checks: a run succeeds only when "
+                            "its checks pass", field="policy.checks")
+    normalised: list[JSONObject] = []
+    for index, check in enumerate(checks):
+        where = f"policy.checks[{index}]"
+        if not isinstance(check, dict):
+            raise InvalidPolicy(f"{where} must be an object {{name, argv, timeout_s}}", field=where)
+        _only(check, {"name", "argv", "timeout_s"}, where)
+        name = check.get("name")
+        if not isinstance(name, str) or not CHECK_NAME.match(name):
+            raise InvalidPolicy(f"{where}.name {name!r} must be 1-100 of A-Z a-z 0-9 . _ -", field=f"{where}.name")
+        argv = check.get("argv")
+        if (not isinstance(argv, list) or not argv or len(argv) > 1000
+                or not all(isinstance(a, str) and len(a) <= 10_000 and "\0" not in a for a in argv) or not argv[0]):
+            raise InvalidPolicy(f"{where}.argv must be a non-empty list of strings (no shell: "
+                                "['python', '-m', 'pytest'], not 'python -m pytest')", field=f"{where}.argv")
+        timeout = _timeout(check["timeout_s"], f"{where}.timeout_s") if "timeout_s" in check else default_timeout
+        normalised.append({"name": name, "argv": list(argv), "timeout_s": timeout})
+    names = [c["name"] for c in normalised]
+    if len(set(names)) != len(names):
+        raise InvalidPolicy(f"policy.checks names must be unique, got {names}", field="policy.checks")
+    allowed = policy.get("allowed_paths", ["*"])
+    if (not isinstance(allowed, list) or not allowed or len(allowed) > 200
+            or not all(isinstance(g, str) and g and len(g) <= 1000 for g in allowed)):
+        raise InvalidPolicy("policy.allowed_paths must be a non-empty list of glob strings", field="policy.allowed_paths")
+    for glob in allowed:
+        if glob.startswith("/") or ".." in glob.split("/"):
+            raise InvalidPolicy(f"allowed path {glob!r} must be relative to the repository, without '..'",
+                                field="policy.allowed_paths")
+    return {"checks": normalised, "allowed_paths": list(allowed),
+            "limits": {"max_repair_attempts": repairs, "check_timeout_s": default_timeout}}
+
+
+def policy_digest(policy: JSONObject) -> str:
+    """The sha256 of the normalised policy's canonical JSON."""
+    return content_hash(policy)
+
+
+# --- projects ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Project:
+    """A registered project as its stream says now."""
+
+    name: str
+    origin: str
+    default_branch: str
+    policy: JSONObject
+    policy_digest: str
+    policy_revision: int
+    seq: int
+
+    def to_dict(self) -> JSONObject:
+        """A JSON-ready dict of every field."""
+        return {"name": self.name, "origin": self.origin, "default_branch": self.default_branch,
+                "policy": self.policy, "policy_digest": self.policy_digest,
+                "policy_revision": self.policy_revision, "seq": self.seq}
+
+
+def check_project_name(name: object) -> str:
+    """Return ``name`` if it is a usable project name (1-100 of ``A-Z a-z 0-9 . _ -``)."""
+    if not isinstance(name, str) or not PROJECT_NAME.match(name):
+        raise InvalidInput(f"project name {name!r} must be 1-100 of A-Z a-z 0-9 . _ -, starting alphanumeric",
+                           field="project")
+    return name
+
+
+def _project_of(events: list[Event]) -> Project:
+    first = events[0].data
+    project = Project(first["name"], first["origin"], first["default_branch"], first["policy"],
+                      first["policy_digest"], 1, events[0].seq)
+    for event in events[1:]:
+        if event.type == "project.policy_updated":
+            project = Project(project.name, project.origin, project.default_branch, event.data["policy"],
+                              event.data["policy_digest"], project.policy_revision + 1, event.seq)
+    return project
+
+
+def get_project(store: Store, name: str) -> Project:
+    """The project ``name``; :class:`~jixu.errors.ProjectNotFound` if it was never registered."""
+    check_project_name(name)
+    events = store.read(project_stream(name))
+    if not events or events[0].type != "project.registered":
+        raise ProjectNotFound(f"no project {name!r} is registered; register it first", project=name)
+    return _project_of(events)
+
+
+def list_projects(store: Store) -> list[Project]:
+    """Every registered project, by name."""
+    projects: list[Project] = []
+    after = ""
+    while True:
+        page = store.list_streams(PROJECT_PREFIX, after=after, limit=1000)
+        for info in page:
+            events = store.read(info.stream)
+            if events and events[0].type == "project.registered":
+                projects.append(_project_of(events))
+        if len(page) < 1000:
+            return projects
+        after = page[-1].stream
+
+
+def register_project(store: Store, name: str, origin: str, policy: JSONObject, *,
+                     default_branch: str | None = None, actor: str = "jixu") -> Project:
+    """Register a project: its authorized git origin and policy (``project.registered``).
+
+    The origin is read with ``git ls-remote`` (an unreachable origin raises
+    :class:`~jixu.errors.SourceUnavailable`); an existing local path is
+    recorded absolute. Registering the same name again with the same origin,
+    branch and policy returns the project unchanged; with anything different,
+    :class:`~jixu.errors.ProjectExists` (use :func:`update_policy`). Bad input
+    writes nothing.
+    """
+    check_project_name(name)
+    check_text(actor, "actor", 200, required=True)
+    normalised = validate_policy(policy)
+    origin = check_origin(origin)
+    if default_branch is not None and (not isinstance(default_branch, str) or not re.match(
+            r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$", default_branch)):
+        raise InvalidInput(f"default_branch {default_branch!r} is not a branch name", field="default_branch")
+    branch = default_branch if default_branch is not None else origin_branch(origin)
+    digest = policy_digest(normalised)
+    stream = project_stream(name)
+    existing = store.read(stream)
+    if existing:
+        current = _project_of(existing)
+        if (current.origin, current.default_branch, current.policy_digest) == (origin, branch, digest):
+            return current
+        raise ProjectExists(f"project {name!r} is already registered with origin {current.origin!r} and policy "
+                            f"{current.policy_digest[:12]}; update its policy with update_policy", project=name)
+    data = {"name": name, "origin": origin, "default_branch": branch, "policy": normalised, "policy_digest": digest}
+    canonical_text(data)
+    [event] = store.append(stream, [NewEvent("project.registered", data, {"actor": actor})], 0)
+    return _project_of([event])
+
+
+def update_policy(store: Store, name: str, policy: JSONObject, *, actor: str = "jixu") -> Project:
+    """Record a new policy for later runs (``project.policy_updated``); runs already created keep theirs."""
+    check_text(actor, "actor", 200, required=True)
+    normalised = validate_policy(policy)
+    current = get_project(store, name)
+    digest = policy_digest(normalised)
+    if digest == current.policy_digest:
+        return current
+    store.append(project_stream(name), [NewEvent("project.policy_updated",
+                                                 {"policy": normalised, "policy_digest": digest},
+                                                 {"actor": actor})], current.seq)
+    return get_project(store, name)
+
+
+# --- public views (built by jixu.runs.projection) ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TaskView:
+    """One task of the plan and every attempt at it, with the RecoveryResolver's decision on each."""
+
+    task_id: str
+    kind: str
+    params: JSONObject
+    revision: int
+    """The plan revision that introduced the task."""
+    status: str
+    """``pending`` (no intent yet), ``ready`` (intent, not dispatched), ``unknown`` (dispatched, no receipt),
+    ``done`` (a completion receipt: a verification may be done with failing checks), ``failed``
+    (a determinate failure receipt), ``blocked`` (parked or corrupt)."""
+    attempts: tuple[JSONObject, ...]
+    """Per intent: ``effect_id``, ``attempt``, ``revision``, ``decision`` (the resolver's), ``receipt``."""
+    evidence: JSONObject | None
+    """The result of the latest completion receipt, if any."""
+
+    def to_dict(self) -> JSONObject:
+        """A JSON-ready dict of every field."""
+        return {"task_id": self.task_id, "kind": self.kind, "params": self.params, "revision": self.revision,
+                "status": self.status, "attempts": list(self.attempts), "evidence": self.evidence}
+
+
+@dataclass(frozen=True, slots=True)
+class PlanView:
+    """The current plan revision with its tasks' states, and every earlier revision unchanged."""
+
+    revision: int
+    provider_revision: int
+    reason: str
+    tasks: tuple[TaskView, ...]
+    revisions: tuple[JSONObject, ...]
+
+    def to_dict(self) -> JSONObject:
+        """A JSON-ready dict of every field."""
+        return {"revision": self.revision, "provider_revision": self.provider_revision, "reason": self.reason,
+                "tasks": [t.to_dict() for t in self.tasks], "revisions": list(self.revisions)}
+
+
+@dataclass(frozen=True)
+class RunState:
+    """A run as users see it: derived from its journal, the resolver's analysis and its lease, never stored."""
+
+    run_id: str
+    project: str
+    brief: str
+    status: str
+    """One of :data:`RUN_STATUSES`."""
+    reason: str
+    """Why (for ``paused``: the pause reason first, e.g. ``quota: …``)."""
+    source: JSONObject
+    provider: JSONObject
+    """The current provider snapshot."""
+    providers: tuple[JSONObject, ...]
+    """Every provider snapshot, oldest first (revision 1, 2, …)."""
+    policy: JSONObject
+    policy_digest: str
+    workspace: str
+    plan: PlanView
+    pauses: tuple[JSONObject, ...]
+    automatic_retries_used: int
+    repairs_used: int
+    reconciliations: tuple[JSONObject, ...]
+    finished: JSONObject | None
+    lineage: JSONObject
+    owner: JSONObject | None
+    seq: int
+    head_hash: str
+    problems: tuple[str, ...]
+    analysis: Analysis = field(repr=False)
+
+    @property
+    def pause_reason(self) -> str | None:
+        """The open pause's reason (``rate_limit``, ``transient``, ``quota``, ``authentication``), if paused."""
+        if self.status != "paused" or not self.pauses:
+            return None
+        reason = self.pauses[-1].get("reason")
+        return str(reason) if reason is not None else None
+
+    def to_dict(self) -> JSONObject:
+        """A JSON-ready dict (the analysis as its flags)."""
+        return {"run_id": self.run_id, "project": self.project, "brief": self.brief, "status": self.status,
+                "reason": self.reason, "pause_reason": self.pause_reason, "source": self.source,
+                "provider": self.provider, "providers": list(self.providers), "policy": self.policy,
+                "policy_digest": self.policy_digest, "workspace": self.workspace, "plan": self.plan.to_dict(),
+                "pauses": list(self.pauses), "automatic_retries_used": self.automatic_retries_used,
+                "repairs_used": self.repairs_used, "reconciliations": list(self.reconciliations),
+                "finished": self.finished, "lineage": self.lineage, "owner": self.owner, "seq": self.seq,
+                "head_hash": self.head_hash, "problems": list(self.problems),
+                "safe_to_continue": self.analysis.safe_to_continue,
+                "has_corruption": self.analysis.has_corruption}
+
+
+__all__ = [
+    "AUTOMATIC_PAUSES",
+    "FINISHED",
+    "LOCAL_TASKS",
+    "MAX_AUTOMATIC_RETRIES",
+    "MAX_DISPATCHES",
+    "OPERATOR_PAUSES",
+    "PROJECT_PREFIX",
+    "RUN_PREFIX",
+    "RUN_STATUSES",
+    "TASK_SEMANTICS",
+    "PlanView",
+    "Project",
+    "RunState",
+    "TaskView",
+    "check_project_name",
+    "get_project",
+    "list_projects",
+    "policy_digest",
+    "project_stream",
+    "register_project",
+    "run_id_of",
+    "run_lease_key",
+    "run_stream",
+    "run_work_key",
+    "update_policy",
+    "validate_policy",
+]
