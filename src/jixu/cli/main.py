@@ -7,6 +7,8 @@ import click
 from jixu import __version__
 from jixu.cli.demo import demo_command
 from jixu.cli.ledger import effects_command, ledger_group, verify_command
+from jixu.cli.projects import projects_group
+from jixu.cli.runs import runs_group
 from jixu.cli.threads import threads_group
 from jixu.cli.turns import turns_group
 from jixu.cli.worker import worker_command
@@ -17,8 +19,9 @@ from jixu.cli.worker import worker_command
 def cli() -> None:
     """jixu: durable agent work that never guesses whether a side effect happened.
 
-    Exit codes: 0 ok, 1 check failed (invalid chain, corrupt or unresolved effects),
-    2 usage, 3 not found, 4 conflict, 5 store problem, 6 invalid input.
+    Exit codes: 0 ok, 1 check failed (invalid chain, corrupt or unresolved effects; a run that stopped
+    without succeeding or needs an operator), 2 usage, 3 not found, 4 conflict, 5 store problem,
+    6 invalid input.
     """
 
 
@@ -28,6 +31,8 @@ cli.add_command(ledger_group)
 cli.add_command(threads_group)
 cli.add_command(turns_group)
 cli.add_command(worker_command)
+cli.add_command(projects_group)
+cli.add_command(runs_group)
 cli.add_command(demo_command)
 
 

@@ -43,6 +43,17 @@ _EXIT_BY_CODE: dict[str, int] = {
     "resolution_conflict": EXIT_CONFLICT,
     "turn_owned": EXIT_CONFLICT,
     "ownership_lost": EXIT_CONFLICT,
+    # runs (jixu runs / jixu projects)
+    "project_not_found": EXIT_NOT_FOUND,
+    "run_not_found": EXIT_NOT_FOUND,
+    "source_unavailable": EXIT_NOT_FOUND,
+    "project_exists": EXIT_CONFLICT,
+    "run_state_error": EXIT_CONFLICT,
+    "run_owned": EXIT_CONFLICT,
+    "provider_mismatch": EXIT_CONFLICT,
+    "workspace_mismatch": EXIT_CHECK_FAILED,
+    "provider_test_failed": EXIT_CHECK_FAILED,
+    "git_error": EXIT_CHECK_FAILED,
 }
 
 
