@@ -93,3 +93,11 @@ def test_effects_shows_the_resolver_decisions_and_exits_1_when_an_operator_is_ne
     assert jixu("ledger", "append", str(db), "threads/1", "tool.completed", json.dumps(receipt)).returncode == 0
     done = jixu("effects", str(db), "threads/1", "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["decisions"]["e1"]["state"] == "completed"
+
+
+def test_error_messages_are_printed_verbatim_not_as_markup(tmp_path: Path) -> None:
+    result = jixu("ledger", "append", str(tmp_path / "t.db"), "orders/1", "order.placed", "[1, 2]")
+    assert result.returncode == 6
+    assert "data must be a JSON object" in result.stderr
+    bad = jixu("ledger", "append", str(tmp_path / "t.db"), "bad[stream]", "order.placed")
+    assert bad.returncode == 6 and "'bad[stream]'" in bad.stderr

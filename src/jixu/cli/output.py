@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from jixu.errors import JixuError
 
@@ -80,7 +81,8 @@ def handled(as_json: bool) -> Iterator[None]:
         if as_json:
             click.echo(json.dumps({"error": error.to_dict()}, ensure_ascii=False))
         else:
-            err_console.print(f"[bold red]error[/] ({error.code}): {error.message}", highlight=False)
+            # The message is plain text: brackets in it (e.g. "dict[str, Provider]") must not be read as markup.
+            err_console.print(f"[bold red]error[/] ({error.code}): {escape(error.message)}", highlight=False)
         sys.exit(exit_code_for(error))
 
 
