@@ -1,15 +1,17 @@
-"""``jixu worker``: worker processes that claim queued threads from a store and run their turns."""
+"""``jixu worker``: worker processes that claim queued threads and runs from a store and execute them."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
 import time
+from pathlib import Path
 
 import click
 from rich.markup import escape
 
 from jixu.cli.output import EXIT_OK, console, handled
+from jixu.cli.runs import DEFAULT_WORKSPACE_ROOT, PROVIDERS_ENV, WORKSPACE_ENV, load_providers
 from jixu.errors import InvalidInput
 from jixu.ledger import open_store
 from jixu.runs.workers import UNBOUNDED, Report, WorkerConfig, WorkerPool, default_owner, make_agent, serve
@@ -45,13 +47,19 @@ def rich_report(owner: str) -> Report:
     return report
 
 
-@click.command("worker", short_help="Run worker processes that claim queued threads and run their turns.")
+@click.command("worker", short_help="Run worker processes that claim queued threads and runs and execute them.")
 @click.option("--store", "store_url", required=True, metavar="URL",
               help="The shared store: postgresql://… for workers on many machines, or a SQLite path/URL.")
-@click.option("--agent", "agent_spec", required=True, metavar="MODULE:FACTORY",
-              help="A zero-argument callable returning a jixu.Agent, importable here (e.g. myapp.agents:support).")
+@click.option("--agent", "agent_spec", default=None, metavar="MODULE:FACTORY",
+              help="A zero-argument callable returning a jixu.Agent, importable here (e.g. myapp.agents:support): "
+                   "the agent whose queued threads these workers run.")
+@click.option("--providers", "providers_spec", envvar=PROVIDERS_ENV, default=None, metavar="MODULE:FACTORY",
+              help="A zero-argument callable returning dict[str, Provider], importable here (e.g. "
+                   f"myapp.providers:providers): these workers execute queued runs with it. Default: ${PROVIDERS_ENV}.")
+@click.option("--workspace-root", envvar=WORKSPACE_ENV, default=DEFAULT_WORKSPACE_ROOT, show_default=True,
+              metavar="DIR", help=f"Where new runs' workspaces are made (DIR/<run_id>); default ${WORKSPACE_ENV}.")
 @click.option("--processes", type=click.IntRange(1, 256), default=1, show_default=True,
-              help="Worker processes to run (each runs one thread at a time).")
+              help="Worker processes to run (each runs one thread or run at a time).")
 @click.option("--owner", default=None, metavar="NAME",
               help="Worker name (prefix NAME-1…NAME-N with several processes); stable across restarts, unique "
                    "among running workers. Default: worker@<hostname>.")
@@ -72,11 +80,12 @@ def rich_report(owner: str) -> Report:
               help="Seconds between claims while the queue has nothing ready.")
 @click.option("--exit-when-idle", is_flag=True, help="Exit 0 once nothing is pending or claimed (batch runs).")
 @click.option("--quiet", is_flag=True, help="Report start, stop and problems only, not every item.")
-def worker_command(store_url: str, agent_spec: str, processes: int, owner: str | None, global_limit: int | None,
+def worker_command(store_url: str, agent_spec: str | None, providers_spec: str | None, workspace_root: str,
+                   processes: int, owner: str | None, global_limit: int | None,
                    project_limits: tuple[str, ...], default_project_limit: int | None, takeover: str,
                    lease_ttl: float, drain_timeout: float, poll_interval: float, exit_when_idle: bool,
                    quiet: bool) -> None:
-    """Claim queued threads from STORE and run their turns, fairly across projects, within the limits.
+    """Claim queued threads and runs from STORE and execute them, fairly across projects, within the limits.
 
     Threads get into the queue with jixu.runs.submit_turn(store, thread_id,
     text) (or enqueue_thread). Each worker claims one thread at a time, opens it
@@ -88,22 +97,38 @@ def worker_command(store_url: str, agent_spec: str, processes: int, owner: str |
     myapp.agents:support_agent` for `def support_agent() -> Agent`. The
     current directory is importable.
 
+    Runs get into the queue with `jixu runs create … --queue` (or
+    jixu.runs.submit_run). With --providers (as for `jixu runs`) a worker
+    executes them under its own name: an automatic pause (rate limit) puts the
+    run back in the queue until its recorded resume time; a run that needs an
+    operator is finished with the `jixu runs …` command to use. Give --agent,
+    --providers or both; a worker leaves work it cannot do in the queue.
+
     SIGTERM or SIGINT: stop claiming, drain the turn in flight (within
     --drain-timeout), put unfinished items back in the queue, exit 0. A worker
     killed abruptly leaves claims that expire; see `jixu turns list --expired`.
 
     Exit codes: 0 stopped cleanly, 1 a worker process failed, 2 usage,
-    5 store problem, 6 invalid input (limits, agent factory).
+    5 store problem, 6 invalid input (limits, agent or providers factory).
     """
     with handled(False):
         limits = parse_project_limits(project_limits)
         name = owner if owner is not None else default_owner()
-        make_agent(agent_spec)  # fail here, once, on a bad factory
+        if agent_spec is None and not (providers_spec or "").strip():
+            raise InvalidInput("give --agent MODULE:FACTORY (to run threads), --providers MODULE:FACTORY or "
+                               f"${PROVIDERS_ENV} (to execute runs), or both", field="agent")
+        providers = providers_spec if (providers_spec or "").strip() else None
+        if agent_spec is not None:
+            make_agent(agent_spec)  # fail here, once, on a bad factory
+        if providers is not None:
+            load_providers(providers)
+        root = str(Path(workspace_root).expanduser().resolve())
         config = WorkerConfig(store_url=store_url, agent=agent_spec, owner=name, lease_ttl=lease_ttl,
                               global_limit=global_limit, project_limits=limits,
                               default_project_limit=default_project_limit,
                               takeover="safe" if takeover == "safe" else "never", poll_interval=poll_interval,
-                              drain_timeout=drain_timeout, exit_when_idle=exit_when_idle, quiet=quiet)
+                              drain_timeout=drain_timeout, exit_when_idle=exit_when_idle, quiet=quiet,
+                              providers=providers, workspace_root=root)
         open_store(store_url).close()  # migrate once before the workers start, and fail early
         if processes == 1:
             stats = asyncio.run(serve(config, report=rich_report(name)))
@@ -115,7 +140,7 @@ def worker_command(store_url: str, agent_spec: str, processes: int, owner: str |
                           global_limit=global_limit, project_limits=limits,
                           default_project_limit=default_project_limit, takeover=config.takeover,
                           poll_interval=poll_interval, drain_timeout=drain_timeout, exit_when_idle=exit_when_idle,
-                          quiet=quiet)
+                          quiet=quiet, providers=providers, workspace_root=root)
     console.print(f"[bold]jixu worker[/]: starting {processes} processes ({', '.join(pool.owners)}) on "
                   f"{escape(open_store_label(store_url))}", highlight=False)
     code = pool.run()

@@ -19,6 +19,17 @@ finds every open effect safe, otherwise it waits for ``jixu turns recover``.
 
 The agent comes from a factory given as ``MODULE:FACTORY``: a zero-argument
 callable returning a :class:`~jixu.Agent`, importable in every worker process.
+
+Runs (keys ``run/<id>``, put in the queue by :func:`~jixu.runs.submit_run`)
+are executed by workers given a providers factory (``MODULE:FACTORY``
+returning ``dict[str, Provider]``, as for ``jixu runs``): :meth:`Runs.execute
+<jixu.runs.Runs.execute>` under the worker's owner name. An automatic pause
+(rate limit, transient failure) is never waited out holding the slot: the item
+goes back in the queue until the pause's recorded ``resume_at``. A run that
+needs an operator (paused for one, interrupted, needs reconciliation) is
+finished with an ``operator`` report naming the ``jixu runs …`` command. A
+worker without providers leaves run keys in the queue; one without an agent
+leaves thread keys likewise.
 """
 
 from __future__ import annotations
@@ -33,7 +44,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Literal
 
@@ -43,13 +54,22 @@ from jixu.errors import (
     InvalidInput,
     JixuError,
     OwnershipLost,
+    ProviderMismatch,
+    RunNotFound,
+    RunOwned,
     StoreError,
     ThreadCorrupt,
     ThreadNotFound,
     TurnOwned,
+    UnknownProvider,
 )
-from jixu.ledger import Store, open_store
+from jixu.ledger import Fence, Store, open_store
+from jixu.ledger.encoding import JSONObject
 from jixu.ledger.store import WorkClaim, check_limits, check_owner
+from jixu.runs.engine import RunLog, Runs
+from jixu.runs.model import RunState, run_id_of
+from jixu.runs.projection import AutoResume
+from jixu.runs.providers import Provider
 from jixu.runs.scheduler import thread_id_of
 from jixu.threads.agent import Agent
 from jixu.threads.harness import Harness
@@ -61,6 +81,8 @@ CONFIG_ENV = "JIXU_WORKER_CONFIG"
 EXIT_OK, EXIT_FAILED, EXIT_STORE, EXIT_INVALID_INPUT = 0, 1, 5, 6
 """Exit codes of a worker process (the same meanings as the ``jixu`` CLI's)."""
 _CHILD_CODE = "from jixu.runs.workers import child_main; child_main()"
+DEFAULT_WORKSPACE_ROOT = "jixu-workspaces"
+"""Where a worker makes new runs' workspaces when none is configured (as ``jixu runs``)."""
 
 Report = Callable[[str, str], None]
 """``report(kind, message)``: how a worker says what it does (kinds: ``start``, ``claim``, ``finish``,
@@ -130,8 +152,8 @@ class WorkerConfig:
     """Everything one worker process needs (JSON-serialisable, so a pool can hand it to a child)."""
 
     store_url: str
-    agent: str
-    """``MODULE:FACTORY``."""
+    agent: str | None = None
+    """``MODULE:FACTORY`` of the agent whose threads this worker runs (None: leave thread keys queued)."""
     owner: str = field(default_factory=default_owner)
     lease_ttl: float = 30.0
     global_limit: int | None = None
@@ -144,10 +166,21 @@ class WorkerConfig:
     """Exit 0 once nothing is pending or claimed (batch runs, benchmarks)."""
     quiet: bool = False
     """Report only start, stop and problems, not every item."""
+    providers: str | None = None
+    """``MODULE:FACTORY`` of the providers this worker executes runs with (None: leave run keys queued)."""
+    workspace_root: str | None = None
+    """Where new runs' workspaces go (default ``./jixu-workspaces``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.store_url, str) or not self.store_url:
             raise InvalidInput("store must be a store URL or path", field="store")
+        for name in ("agent", "providers", "workspace_root"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise InvalidInput(f"{name} must be a non-empty string or None", field=name)
+        if self.agent is None and self.providers is None:
+            raise InvalidInput("a worker needs an agent (--agent MODULE:FACTORY, to run threads), providers "
+                               "(--providers MODULE:FACTORY, to execute runs) or both", field="agent")
         check_owner(self.owner)
         _number(self.lease_ttl, "lease_ttl", 0.05, 3600)
         _number(self.poll_interval, "poll_interval", 0.001, 60)
@@ -200,6 +233,30 @@ class _Outcome:
     kind: str = "finish"
 
 
+class _AutomaticPause(Exception):
+    """Raised out of :meth:`Runs.execute` where it would wait out an automatic pause: the slot is let go."""
+
+
+class _WorkerRuns(Runs):
+    """:class:`Runs` that stops at an automatic pause instead of sleeping it out (the worker requeues the item
+    until the pause's ``resume_at``). Nothing is written: the pause stays open and the run's lease is released."""
+
+    async def _auto_resume(self, log: RunLog, fence: Fence, action: AutoResume) -> None:
+        if action.resume_at is not None and action.resume_at - self.store.now() > 0:
+            raise _AutomaticPause(action.resume_at)
+        await super()._auto_resume(log, fence, action)
+
+
+def _automatic_pause(state: RunState) -> JSONObject | None:
+    """The run's open pause when it resumes by itself (automatic, with a ``resume_at``), else None."""
+    if state.status != "paused" or not state.pauses:
+        return None
+    pause = state.pauses[-1]
+    if pause.get("automatic") and isinstance(pause.get("resume_at"), int | float):
+        return pause
+    return None
+
+
 def print_report(owner: str) -> Report:
     """A reporter printing ``HH:MM:SS owner message`` lines on stdout (flushed)."""
 
@@ -212,13 +269,23 @@ def print_report(owner: str) -> Report:
 class Worker:
     """One worker loop over a store (see the module docstring). Run it with ``await worker.run()``."""
 
-    def __init__(self, agent: Agent, store: Store, config: WorkerConfig, *, report: Report | None = None) -> None:
-        if not isinstance(agent, Agent):
+    def __init__(self, agent: Agent | None, store: Store, config: WorkerConfig, *, report: Report | None = None,
+                 providers: Mapping[str, Provider] | None = None) -> None:
+        if agent is not None and not isinstance(agent, Agent):
             raise InvalidInput("a worker needs a jixu Agent", field="agent")
+        if agent is None and providers is None:
+            raise InvalidInput("a worker needs an agent (threads), providers (runs) or both", field="agent")
         self.config = config
         self.store = store
-        self.harness = Harness(agent, store, owner=config.owner, lease_ttl=config.lease_ttl,
-                               takeover=config.takeover)
+        self.harness: Harness | None = None
+        if agent is not None:
+            self.harness = Harness(agent, store, owner=config.owner, lease_ttl=config.lease_ttl,
+                                   takeover=config.takeover)
+        self.runs: Runs | None = None
+        if providers is not None:
+            self.runs = _WorkerRuns(store, config.workspace_root or DEFAULT_WORKSPACE_ROOT, providers,
+                                    owner=config.owner, lease_ttl=config.lease_ttl)
+        self._executing: asyncio.Task[RunState] | None = None
         self.stats = WorkerStats()
         self._report = report or print_report(config.owner)
         self._stopping = False
@@ -254,7 +321,9 @@ class Worker:
         limits = config.limits
         default = limits["default_project_limit"]
         per_project = ", ".join(f"{p}={n}" for p, n in sorted(limits["project_limits"].items()))
-        self.report("start", f"started on {self.store.url}: agent {config.agent}, lease {config.lease_ttl:g}s, "
+        what = ", ".join(([f"agent {config.agent}"] if self.harness is not None else [])
+                         + ([f"providers {config.providers}"] if self.runs is not None else []))
+        self.report("start", f"started on {self.store.url}: {what}, lease {config.lease_ttl:g}s, "
                              f"global limit {'none' if config.global_limit is None else config.global_limit}, "
                              f"project limits {per_project or '-'} (others: "
                              f"{'global' if default is None else default}), takeover {config.takeover}")
@@ -297,11 +366,17 @@ class Worker:
         return not any(self.store.list_work(state=state) for state in ("pending", "claimed", "expired"))
 
     async def _drain(self, *, busy: bool) -> None:
-        """Let the running turn stop at its next step, cutting it off before the drain timeout runs out."""
+        """Let the running turn (or run) stop at its next step, cutting it off before the drain timeout runs out."""
         timeout = self.config.drain_timeout
         budget = max(0.0, timeout - min(1.0, 0.25 * timeout))  # leave time to requeue and exit
-        if not self.harness.closing:
-            if busy:
+        executing = self._executing
+        if executing is not None and not executing.done():
+            self.report("stop", f"draining the run in flight ({self._stop_reason}) for up to {budget:.1f}s")
+            await asyncio.wait({executing}, timeout=budget)
+            if not executing.done():
+                executing.cancel()  # the item's task sees the cancellation and requeues the run
+        if self.harness is not None and not self.harness.closing:
+            if busy and executing is None:
                 self.report("stop", f"draining the turn in flight ({self._stop_reason}) for up to {budget:.1f}s")
             await self.harness.shutdown(budget)
 
@@ -346,10 +421,16 @@ class Worker:
                 self.report("error", f"{claim.key}: could not renew the work claim ({error.message})")
 
     async def _run_item(self, claim: WorkClaim) -> _Outcome:
+        run_id = run_id_of(claim.key)
+        if run_id is not None and self.runs is not None:
+            return await self._run_run(run_id, self.runs)
         thread_id = thread_id_of(claim.key)
-        if thread_id is None:
-            # Another kind of work (e.g. a run): leave it in the queue for a worker that runs it.
-            return _Outcome(True, "not a thread: left in the queue for a worker of its kind",
+        if thread_id is None or self.harness is None:
+            # Work this worker cannot do (a run without providers, a thread without an agent, an unknown
+            # kind): leave it in the queue for a worker of its kind, without spinning on it.
+            what = ("not a thread" if self.runs is None else "not a run" if self.harness is None
+                    else "unknown work")
+            return _Outcome(True, f"{what}: left in the queue for a worker of its kind",
                             max(self.config.lease_ttl, 5.0), "error")
         try:
             thread = await self.harness.open_thread(thread_id, resume=False)
@@ -390,14 +471,86 @@ class Worker:
         kind = "operator" if state.status in ("waiting", "corrupt", "paused") else "finish"
         return _Outcome(False, f"{state.status}" + (f": {detail}" if detail else ""), kind=kind)
 
+    async def _run_run(self, run_id: str, runs: Runs) -> _Outcome:
+        """Execute one run to its next stop and say what becomes of its work item."""
+        ttl, poll = self.config.lease_ttl, self.config.poll_interval
+        try:
+            state = await runs.state(run_id)
+        except RunNotFound:
+            return _Outcome(False, "no such run", kind="error")
+        pause = _automatic_pause(state)
+        if pause is not None and float(pause["resume_at"]) > self.store.now():
+            return self._until_resume(pause)  # claimed before its pause ends: nothing to do yet
+        if state.status == "running":
+            return self._owned(state)
+        if self._stopping:
+            return _Outcome(True, "not started: the worker is stopping", kind="requeue")
+        executing = asyncio.create_task(runs.execute(run_id), name=f"jixu-run-{run_id}")
+        self._executing = executing
+        try:
+            state = await executing
+        except _AutomaticPause:
+            state = await runs.state(run_id)
+        except RunOwned as error:
+            return _Outcome(True, f"{error.message}", min(ttl, max(poll, ttl / 3)), "requeue")
+        except OwnershipLost as error:
+            return _Outcome(False, f"OwnershipLost: {error.message}", kind="lost")
+        except (UnknownProvider, ProviderMismatch) as error:
+            # Meant for workers configured with another provider: leave it for them, without spinning on it.
+            return _Outcome(True, error.message, max(ttl, 5.0), "error")
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this worker itself is being cancelled
+            return _Outcome(True, "cut off by the drain; the run continues elsewhere", kind="requeue")
+        finally:
+            self._executing = None
+        pause = _automatic_pause(state)
+        if pause is not None:
+            return self._until_resume(pause)
+        if state.status in ("queued", "running"):
+            return self._owned(state)
+        if state.status in ("succeeded", "failed", "cancelled"):
+            return _Outcome(False, state.status + (f": {state.reason}" if state.reason else ""))
+        return _Outcome(False, f"{state.status}" + (f": {state.reason}" if state.reason else "")
+                        + f"; operator needed: {self._operator_commands(state)}", kind="operator")
+
+    def _until_resume(self, pause: JSONObject) -> _Outcome:
+        delay = max(0.0, float(pause["resume_at"]) - self.store.now())
+        return _Outcome(True, f"paused ({pause.get('reason')}): resumes automatically in {delay:.2f}s", delay,
+                        "requeue")
+
+    def _owned(self, state: RunState) -> _Outcome:
+        """Another process holds the run (or it is still queued): look again when its lease may have expired."""
+        ttl, poll = self.config.lease_ttl, self.config.poll_interval
+        owner = state.owner or {}
+        wait = ttl
+        if isinstance(owner.get("expires_at"), int | float) and isinstance(owner.get("store_now"), int | float):
+            wait = float(owner["expires_at"]) - float(owner["store_now"])
+        return _Outcome(True, f"{state.status}" + (f": {state.reason}" if state.reason else ""),
+                        min(ttl, max(poll, wait)), "requeue")
+
+    def _operator_commands(self, state: RunState) -> str:
+        """The ``jixu runs …`` commands an operator may use now (the store's password masked)."""
+        from jixu.runs.operations import next_operations
+
+        store = self.config.store_url
+        if store.lower().startswith(("postgresql://", "postgres://")):
+            from jixu.ledger.postgres import mask_dsn
+
+            store = mask_dsn(store)
+        commands = [str(op["command"]) for op in next_operations(state, store, self.config.providers)]
+        return " | ".join(commands) or f"jixu runs show {store} {state.run_id}"
+
 
 async def serve(config: WorkerConfig, *, report: Report | None = None,
                 on_ready: Callable[[Worker], None] | None = None) -> WorkerStats:
     """Run one worker in this process until SIGTERM/SIGINT (or an empty queue with ``exit_when_idle``)."""
-    agent = make_agent(config.agent)
+    agent = make_agent(config.agent) if config.agent is not None else None
+    providers = load_run_providers(config.providers) if config.providers is not None else None
     store = open_store(config.store_url)
     try:
-        worker = Worker(agent, store, config, report=report)
+        worker = Worker(agent, store, config, report=report, providers=providers)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, worker.stop, f"{signal.Signals(signum).name} received")
@@ -410,6 +563,13 @@ async def serve(config: WorkerConfig, *, report: Report | None = None,
                 loop.remove_signal_handler(signum)
     finally:
         store.close()
+
+
+def load_run_providers(spec: str) -> dict[str, Provider]:
+    """The providers the factory ``MODULE:FACTORY`` returns (as ``jixu runs --providers``; typed error if unusable)."""
+    from jixu.runs.operations import load_providers
+
+    return load_providers(spec)
 
 
 def exit_code_of(error: BaseException) -> int:
@@ -440,28 +600,31 @@ class WorkerPool:
     """N worker processes over one store (see the module docstring).
 
     ``agent_factory`` is ``MODULE:FACTORY`` or an importable module-level
-    callable; each child is named ``<owner_prefix>-<i>`` (stable across
+    callable (None: the workers execute runs only, with ``providers``, a
+    ``MODULE:FACTORY`` returning ``dict[str, Provider]``); each child is named ``<owner_prefix>-<i>`` (stable across
     restarts, so a restarted pool reclaims its own turns at once: give each
     concurrently running pool its own prefix). Limits are enforced by the
     store on every claim; give every worker of a deployment the same limits.
     """
 
-    def __init__(self, agent_factory: str | Callable[[], Agent], store_url: str, *, processes: int = 1,
+    def __init__(self, agent_factory: str | Callable[[], Agent] | None, store_url: str, *, processes: int = 1,
                  owner_prefix: str | None = None, lease_ttl: float = 30.0, global_limit: int | None = None,
                  project_limits: dict[str, int] | None = None, default_project_limit: int | None = None,
                  takeover: Literal["never", "safe"] = "never", poll_interval: float = 0.5,
                  drain_timeout: float = 10.0, exit_when_idle: bool = False, quiet: bool = False,
                  env: dict[str, str] | None = None, stdout: IO[str] | int | None = None,
-                 stderr: IO[str] | int | None = None) -> None:
+                 stderr: IO[str] | int | None = None, providers: str | None = None,
+                 workspace_root: str | None = None) -> None:
         if isinstance(processes, bool) or not isinstance(processes, int) or not 1 <= processes <= 256:
             raise InvalidInput("processes must be an integer between 1 and 256", field="processes")
-        spec = factory_spec(agent_factory)
+        spec = factory_spec(agent_factory) if agent_factory is not None else None
         prefix = owner_prefix if owner_prefix is not None else default_owner()
         self.configs = [WorkerConfig(store_url=store_url, agent=spec, owner=f"{prefix}-{i}", lease_ttl=lease_ttl,
                                      global_limit=global_limit, project_limits=dict(project_limits or {}),
                                      default_project_limit=default_project_limit, takeover=takeover,
                                      poll_interval=poll_interval, drain_timeout=drain_timeout,
-                                     exit_when_idle=exit_when_idle, quiet=quiet)
+                                     exit_when_idle=exit_when_idle, quiet=quiet, providers=providers,
+                                     workspace_root=workspace_root)
                         for i in range(1, processes + 1)]
         self.drain_timeout = float(drain_timeout)
         self._env = dict(env or {})
@@ -552,6 +715,6 @@ class WorkerPool:
         self.stop()
 
 
-__all__ = ["CONFIG_ENV", "UNBOUNDED", "Report", "Worker", "WorkerConfig", "WorkerPool", "WorkerStats", "child_main",
-           "default_owner", "exit_code_of", "factory_spec", "load_agent_factory", "make_agent", "print_report",
-           "serve"]
+__all__ = ["CONFIG_ENV", "DEFAULT_WORKSPACE_ROOT", "UNBOUNDED", "Report", "Worker", "WorkerConfig", "WorkerPool",
+           "WorkerStats", "child_main", "default_owner", "exit_code_of", "factory_spec", "load_agent_factory",
+           "load_run_providers", "make_agent", "print_report", "serve"]

@@ -1,0 +1,108 @@
+"""Operator-facing helpers of the runs layer: loading configured providers, and what may be done with a run next.
+
+Both the CLI and workers use them, so they live here rather than in an interface.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shlex
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from jixu.errors import InvalidInput, JixuError
+from jixu.ledger.encoding import JSONObject
+from jixu.runs.model import RunState
+from jixu.runs.providers import Provider
+
+PROVIDERS_ENV = "JIXU_PROVIDERS"
+"""The environment variable naming the providers factory when ``--providers`` is not given."""
+PLACEHOLDER = "MODULE:FACTORY"
+
+
+def load_providers(spec: str | None) -> dict[str, Provider]:
+    """Call the providers factory ``MODULE:FACTORY`` names; its ``{name: provider}`` (typed error if unusable)."""
+    if spec is None or not spec.strip():
+        raise InvalidInput(f"no providers: give --providers MODULE:FACTORY or set ${PROVIDERS_ENV} (a zero-argument "
+                           "callable returning a dict of provider name -> Provider)", field="providers")
+    if spec.count(":") != 1 or not all(part.strip() for part in spec.split(":")):
+        raise InvalidInput(f"--providers {spec!r} must be MODULE:FACTORY, e.g. myapp.providers:providers",
+                           field="providers")
+    module_name, attribute = (part.strip() for part in spec.split(":"))
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())  # the current directory is importable, as with `python -m jixu`
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as error:
+        raise InvalidInput(f"--providers {spec!r}: cannot import {module_name!r} ({type(error).__name__}: {error})",
+                           field="providers") from error
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise InvalidInput(f"--providers {spec!r}: {module_name!r} has no attribute {attribute!r}",
+                               field="providers")
+        target = getattr(target, part)
+    if not callable(target):
+        raise InvalidInput(f"--providers {spec!r} is not callable; give a zero-argument factory", field="providers")
+    try:
+        made = target()
+    except JixuError:
+        raise
+    except Exception as error:
+        raise InvalidInput(f"providers factory {spec!r} failed: {type(error).__name__}: {error}",
+                           field="providers") from error
+    if not isinstance(made, Mapping):
+        raise InvalidInput(f"providers factory {spec!r} returned {type(made).__name__}, not a dict of name -> "
+                           "Provider", field="providers")
+    providers: dict[str, Provider] = {}
+    for name, provider in made.items():
+        missing = [a for a in ("kind", "name", "settings", "test", "implement") if not hasattr(provider, a)]
+        if not isinstance(name, str) or missing:
+            raise InvalidInput(f"providers factory {spec!r}: entry {name!r} is not a Provider"
+                               + (f" (it lacks {', '.join(missing)})" if missing else ""), field="providers")
+        providers[name] = provider
+    return providers
+
+
+def next_operations(state: RunState, store: str, providers_spec: str | None = None) -> list[JSONObject]:
+    """What an operator may do with the run now, each with the exact command (empty for a succeeded run)."""
+    head = f"{shlex.quote(store)} {state.run_id}"
+    spec = shlex.quote(providers_spec) if providers_spec else PLACEHOLDER
+    ops: list[JSONObject] = []
+
+    def add(operation: str, why: str, extra: str = "") -> None:
+        ops.append({"operation": operation, "why": why, "command": f"jixu runs {operation} {head}{extra}"})
+
+    status = state.status
+    if status == "succeeded":
+        return ops
+    if status in ("failed", "cancelled"):
+        add("retry", "a fresh run (new id, fresh clone) of the same brief, source and policy, with lineage; this "
+                     "run's history stays as it is", f" --providers {spec} --execute")
+        return ops
+    broken = bool(state.problems) or state.analysis.has_corruption or bool(state.analysis.requires_resolution)
+    pause = state.pauses[-1] if state.pauses and status == "paused" else None
+    if status == "queued":
+        add("execute", "run it to its next stop in this process (or let a worker run it)", f" --providers {spec}")
+    elif status == "paused" and pause is not None:
+        if pause.get("automatic"):
+            add("execute", "continue: the automatic retry waits out its recorded delay", f" --providers {spec}")
+        add("resume", "continue with the same provider (the workspace is reconciled first)",
+            f" --providers {spec} --execute")
+        add("handoff", "continue with another provider (tested first; a new plan revision)",
+            f" --agent NAME --providers {spec} --execute")
+    elif status == "interrupted":
+        add("resume", "reconcile the workspace against the journal, then continue without redoing completed "
+                      "tasks", f" --providers {spec} --execute")
+        add("handoff", "continue with another provider (tested first; a new plan revision)",
+            f" --agent NAME --providers {spec} --execute")
+    elif status == "needs_reconciliation" and not broken:
+        add("resume", "once the workspace is restored to what the journal says (git root, origin, HEAD, tree)",
+            f" --providers {spec} --execute")
+    add("cancel", "finish it as cancelled" + (" (the executing process stops at its next step)"
+                                               if status == "running" else ""), " --reason TEXT")
+    return ops
+
+
+__all__ = ["PLACEHOLDER", "PROVIDERS_ENV", "load_providers", "next_operations"]
