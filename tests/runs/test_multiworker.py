@@ -97,11 +97,15 @@ def run_pool(factory: StoreFactory, workers: Spawn, tmp_path: Path, sizes: dict[
     peak = sampler.peak
     assert peak["*"] <= GLOBAL and all(peak[p] <= n for p, n in LIMITS.items()), peak
     assert peak["*"] >= 2, f"expected parallel claims: {peak}"
-    # Not starved: the small project's calls all happened before the big backlog was half done.
+    # Not starved: every project's first call came within the first round of claims (FIFO over the
+    # backlog, enqueued big first, would put them after every big item). How fast the small project then
+    # finishes depends on how fast the one process holding its single slot is scheduled on this machine,
+    # so that is not asserted here; the exact claim order is pinned by the queue contract's fairness
+    # tests (tests/ledger/test_queue_contract.py), which do not depend on process timing.
     order = [projects[line[0]] for line in lines]
-    last_small = max(i for i, project in enumerate(order) if project == "small")
-    big_before = order[:last_small].count("big")
-    assert big_before < sizes["big"] // 2, (big_before, order[:40])
+    first_call = {project: order.index(project) for project in sizes}
+    assert all(index < len(sizes) * GLOBAL for index in first_call.values()), (first_call, order[:40])
+    assert order[:len(sizes) * GLOBAL].count("big") <= LIMITS["big"] * len(sizes), order[:40]
     output = pool.output()
     assert output.count("claimed thread/") == total and "stopped (SIGTERM received)" in output
 
