@@ -7,6 +7,7 @@ own connection, and counts the tool calls in an outside file.
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import time
@@ -97,15 +98,14 @@ def run_pool(factory: StoreFactory, workers: Spawn, tmp_path: Path, sizes: dict[
     peak = sampler.peak
     assert peak["*"] <= GLOBAL and all(peak[p] <= n for p, n in LIMITS.items()), peak
     assert peak["*"] >= 2, f"expected parallel claims: {peak}"
-    # Not starved: every project's first call came within the first round of claims (FIFO over the
-    # backlog, enqueued big first, would put them after every big item). How fast the small project then
-    # finishes depends on how fast the one process holding its single slot is scheduled on this machine,
-    # so that is not asserted here; the exact claim order is pinned by the queue contract's fairness
-    # tests (tests/ledger/test_queue_contract.py), which do not depend on process timing.
-    order = [projects[line[0]] for line in lines]
-    first_call = {project: order.index(project) for project in sizes}
-    assert all(index < len(sizes) * GLOBAL for index in first_call.values()), (first_call, order[:40])
-    assert order[:len(sizes) * GLOBAL].count("big") <= LIMITS["big"] * len(sizes), order[:40]
+    # Not starved: every project got its first CLAIM within the first round of claims (FIFO over the backlog,
+    # enqueued big first, would put them after every big item). Claims, not calls: a worker process that
+    # claimed early may start its first call late (a cold start), which says nothing about the scheduler.
+    # The exact fair order is pinned by the queue contract tests, which do not depend on process timing.
+    claims = re.findall(r" claimed thread/\S+ \(project (\w+), epoch \d+\)", pool.output())
+    assert len(claims) == total, claims
+    first_claim = {project: claims.index(project) for project in sizes}
+    assert all(index < len(sizes) + GLOBAL for index in first_claim.values()), (first_claim, claims[:20])
     output = pool.output()
     assert output.count("claimed thread/") == total and "stopped (SIGTERM received)" in output
 
