@@ -35,6 +35,7 @@ normalisation of jixu's neutral conversation into one every provider accepts
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import email.utils
@@ -339,7 +340,7 @@ def classify_status(status: int, error_type: str | None, code: str | None, messa
     return "transient", True  # not an error status, e.g. an error event inside a 200 stream
 
 
-class ProviderDriver(SignalSource):
+class ProviderDriver(SignalSource, abc.ABC):
     """What the OpenAI and Anthropic drivers share: name, prices, usage, redaction and error building."""
 
     provider = "provider"
@@ -452,14 +453,17 @@ class ProviderDriver(SignalSource):
         emit("done", {"ok": True, "stop_reason": response.stop_reason})
         return response
 
+    @abc.abstractmethod
     async def _whole(self, request: ModelRequest) -> ModelResponse:
-        raise NotImplementedError
+        """One non-streamed call to the provider."""
 
+    @abc.abstractmethod
     async def _streamed(self, request: ModelRequest, emit: Emit) -> ModelResponse:
-        raise NotImplementedError
+        """One streamed call, emitting signals as deltas arrive."""
 
+    @abc.abstractmethod
     def _translate(self, error: Exception) -> ModelError:
-        raise NotImplementedError
+        """The provider SDK's exception as a typed :class:`ModelError`."""
 
 
 _TRANSPORT_MODULES = frozenset({"httpx", "httpcore", "httpx2", "httpcore2", "h11", "anyio", "ssl"})

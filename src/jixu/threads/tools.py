@@ -18,6 +18,7 @@ is injected by the runtime and is not part of the schema.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import copy
 import dataclasses
@@ -140,25 +141,27 @@ def _json_literal(value: object) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-class _Node:
+class _Node(abc.ABC):
     """A compiled annotation: its JSON Schema, a validator and converters."""
 
     converts = False
     """Whether :meth:`to_python` changes anything (Enum members, dataclasses, tuples)."""
 
+    @abc.abstractmethod
     def schema(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The JSON Schema of what this node accepts."""
 
+    @abc.abstractmethod
     def describe(self) -> str:
-        raise NotImplementedError
+        """What this node accepts, in words (for error messages)."""
 
+    @abc.abstractmethod
     def same_kind(self, value: object) -> bool:
         """Whether ``value`` has the right outer JSON type (used to pick the error to report)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def check(self, value: object, path: str) -> Any:
         """Return a plain-JSON copy of ``value`` or raise :class:`_Mismatch`."""
-        raise NotImplementedError
 
     def to_python(self, value: Any) -> Any:
         """Convert a checked JSON value into what the function receives."""
