@@ -1,0 +1,589 @@
+"""Side-by-side benchmark: the same durable agent workload on jixu, DBOS and LangGraph, SQLite and PostgreSQL.
+
+Exact command (from the repository root; the peers live only in this gitignored venv, never in jixu's
+dependencies)::
+
+    python3 -m venv bench/.venv-peers
+    bench/.venv-peers/bin/pip install dbos langgraph langgraph-checkpoint-sqlite \\
+        langgraph-checkpoint-postgres "psycopg[binary]" pgserver pyinstrument
+    bench/.venv-peers/bin/pip install -e .
+    bench/.venv-peers/bin/python bench/compare.py            # add --write-docs to regenerate docs/performance.md
+
+Workload: N agent steps (``--steps``, default 200), each one scripted model call followed by one tool call;
+variant A a no-op tool, variant B a tool that sleeps 1 ms. Every system runs it in a fresh subprocess of the
+same interpreter, ``--reps`` times, interleaved (jixu, DBOS, LangGraph, jixu, ...), so drift in the shared
+machine hits all of them alike:
+
+- jixu: one thread, ``ScriptedModel`` calling the tool N times in one turn. Every model and tool call is an
+  effect with intent, dispatch marker and receipt (6 hash-chained events per agent step), SQLite WAL with
+  ``synchronous=FULL`` (the default), or PostgreSQL.
+- DBOS: one workflow; per agent step one ``@DBOS.step`` for the model call and one for the tool call.
+  DBOS's own defaults for its system database (on SQLite: rollback journal, SQLite's default
+  ``synchronous=FULL``).
+- LangGraph: the usual two-node agent graph (model node, ``ToolNode``; ``tools_condition``) with
+  ``SqliteSaver`` (its WAL; ``synchronous=FULL`` set explicitly) or ``PostgresSaver``, invoked with
+  ``durability="sync"`` (every super-step's checkpoint is committed before the next step starts; the
+  default ``"async"`` would let a step run before the previous checkpoint is durable).
+
+Per-agent-step latency is the gap between consecutive model calls (so it contains one model call, one tool
+call and all the bookkeeping between them); agent steps/s is N / (time of the whole run). Ratios are
+jixu/peer of steps/s (higher is better for jixu).
+
+The concurrency figure: K = 1, 8, 64 jixu threads in one process on one SQLite store (FULL), each driven by
+its own OS thread and event loop, each running ``--concurrent-steps`` agent steps with the no-op tool; total
+durable tool calls per second. Concurrent appends share commits (group commit, see
+docs/decisions/0007-group-commit.md).
+
+Recovery figures (SQLite): ``open_thread`` of a ~100k-event thread with a checkpoint, replay throughput,
+verify throughput, the state's memory (tracemalloc of the projected state of that thread).
+
+PostgreSQL: ``JIXU_BENCH_POSTGRES_DSN`` or a throwaway server from the ``pgserver`` wheel.
+
+Prints a human table, then one JSON line per figure ``{"bench": "compare", "metric": ..., "value": ...,
+"unit": ...}``. ``--write-docs`` rewrites the figures section of docs/performance.md from this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT / "src") not in sys.path:
+    sys.path.insert(0, str(ROOT / "src"))
+
+Figure = tuple[str, str, float, str]  # (label, metric, value, unit)
+SYSTEMS = ("jixu", "dbos", "langgraph")
+VARIANTS = {"A": 0.0, "B": 0.001}  # tool duration in seconds
+DOC = ROOT / "docs" / "performance.md"
+BEGIN_MARK = "<!-- compare.py figures: begin -->"
+END_MARK = "<!-- compare.py figures: end -->"
+
+
+# --- one measured run (executed in a child process) -----------------------------------------------------
+
+
+def _tool_work(seconds: float) -> None:
+    if seconds:
+        time.sleep(seconds)
+
+
+def _gaps_ms(stamps: list[float]) -> list[float]:
+    return [(b - a) * 1000 for a, b in itertools.pairwise(stamps)]
+
+
+def run_jixu(url: str, steps: int, tool_seconds: float) -> dict[str, Any]:
+    from jixu import Agent, Harness, ScriptedModel, ToolCall, tool
+    from jixu.ledger import open_store
+
+    stamps: list[float] = []
+
+    @tool(semantics="read_only")
+    def work() -> None:
+        """The benchmark's tool."""
+        _tool_work(tool_seconds)
+
+    def script(messages: list[dict[str, Any]]) -> Any:
+        stamps.append(time.perf_counter())
+        done = 0
+        for message in reversed(messages):
+            if message["role"] == "user":
+                break
+            if message["role"] == "assistant":
+                done += 1
+        return ToolCall("work") if done < steps else "done"
+
+    async def main() -> float:
+        store = open_store(url)
+        try:
+            harness = Harness(Agent("bench-compare", ScriptedModel(script), tools=[work], max_steps=steps + 1),
+                              store)
+            thread = await harness.create_thread()
+            start = time.perf_counter()
+            await thread.send("go")
+            state = await thread.wait()
+            elapsed = time.perf_counter() - start
+            if state.status != "idle" or state.last_reply != "done":
+                raise SystemExit(f"jixu run did not finish: {state.status} {state.reason}")
+            return elapsed
+        finally:
+            store.close()
+
+    elapsed = asyncio.run(main())
+    from importlib.metadata import version
+    return {"version": version("jixu"), "elapsed": elapsed, "gaps_ms": _gaps_ms(stamps[:steps + 1])}
+
+
+def run_dbos(url: str, steps: int, tool_seconds: float) -> dict[str, Any]:
+    from importlib.metadata import version
+
+    from dbos import DBOS
+
+    DBOS(config={"name": "jixu-bench-compare", "system_database_url": url})
+    stamps: list[float] = []
+
+    @DBOS.step()
+    def model_step(messages: int, done: int) -> dict[str, Any]:
+        stamps.append(time.perf_counter())
+        if done < steps:
+            return {"text": None, "tool_calls": [{"id": f"call_{done}", "name": "work", "args": {}}]}
+        return {"text": "done", "tool_calls": []}
+
+    @DBOS.step()
+    def tool_step(call_id: str) -> dict[str, Any]:
+        _tool_work(tool_seconds)
+        return {"tool_call_id": call_id, "content": "null"}
+
+    @DBOS.workflow()
+    def agent(prompt: str) -> str:
+        messages = 1
+        done = 0
+        while True:
+            reply = model_step(messages, done)
+            messages += 1
+            if not reply["tool_calls"]:
+                return str(reply["text"])
+            for call in reply["tool_calls"]:
+                tool_step(call["id"])
+                messages += 1
+            done += 1
+
+    DBOS.launch()
+    try:
+        start = time.perf_counter()
+        result = agent("go")
+        elapsed = time.perf_counter() - start
+        if result != "done":
+            raise SystemExit(f"DBOS run returned {result!r}")
+    finally:
+        DBOS.destroy()
+    return {"version": version("dbos"), "elapsed": elapsed, "gaps_ms": _gaps_ms(stamps)}
+
+
+def run_langgraph(url: str, steps: int, tool_seconds: float) -> dict[str, Any]:
+    from importlib.metadata import version
+    from typing import Annotated, TypedDict
+
+    from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+    from langchain_core.tools import tool as lc_tool
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.graph.message import add_messages
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    stamps: list[float] = []
+
+    @lc_tool
+    def work() -> None:
+        """The benchmark's tool."""
+        _tool_work(tool_seconds)
+
+    # Functional form: this module's postponed annotations could not see these local imports.
+    AgentState = TypedDict("AgentState", {"messages": Annotated[list[BaseMessage], add_messages]})  # noqa: UP013
+
+    def model(state: AgentState) -> dict[str, Any]:
+        stamps.append(time.perf_counter())
+        done = 0
+        for message in reversed(state["messages"]):
+            if isinstance(message, HumanMessage):
+                break
+            if isinstance(message, AIMessage):
+                done += 1
+        if done < steps:
+            return {"messages": [AIMessage(content="", tool_calls=[{"name": "work", "args": {},
+                                                                    "id": f"call_{done}"}])]}
+        return {"messages": [AIMessage(content="done")]}
+
+    graph = StateGraph(AgentState)
+    graph.add_node("model", model)
+    graph.add_node("tools", ToolNode([work]))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", tools_condition, ["tools", END])
+    graph.add_edge("tools", "model")
+
+    def run(saver: Any) -> tuple[float, str]:
+        app = graph.compile(checkpointer=saver)
+        config = {"configurable": {"thread_id": "bench-1"}, "recursion_limit": 2 * steps + 10}
+        start = time.perf_counter()
+        out = app.invoke({"messages": [HumanMessage(content="go")]}, config, durability="sync")
+        return time.perf_counter() - start, str(out["messages"][-1].content)
+
+    notes = ""
+    if url.startswith("sqlite:///"):
+        import sqlite3
+
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"), check_same_thread=False)
+        saver = SqliteSaver(conn)
+        saver.setup()
+        conn.execute("PRAGMA synchronous = FULL")
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        sync = conn.execute("PRAGMA synchronous").fetchone()[0]
+        notes = f"journal_mode={mode} synchronous={sync}"
+        try:
+            elapsed, reply = run(saver)
+        finally:
+            conn.close()
+        package = "langgraph-checkpoint-sqlite"
+    else:
+        from langgraph.checkpoint.postgres import PostgresSaver
+
+        with PostgresSaver.from_conn_string(url) as saver:
+            saver.setup()
+            elapsed, reply = run(saver)
+        package = "langgraph-checkpoint-postgres"
+    if reply != "done":
+        raise SystemExit(f"LangGraph run ended with {reply!r}")
+    return {"version": f"{version('langgraph')} ({package} {version(package)})", "elapsed": elapsed,
+            "gaps_ms": _gaps_ms(stamps), "notes": notes}
+
+
+def run_concurrent(path: str, threads: int, steps: int) -> dict[str, Any]:
+    """``threads`` jixu threads on one SQLite store, each on its own OS thread + event loop."""
+    from jixu import Agent, Harness, ScriptedModel, ToolCall, tool
+    from jixu.ledger import SQLiteStore
+
+    @tool(semantics="read_only")
+    def work() -> None:
+        """The benchmark's tool."""
+
+    def script(messages: list[dict[str, Any]]) -> Any:
+        done = 0
+        for message in reversed(messages):
+            if message["role"] == "user":
+                break
+            if message["role"] == "assistant":
+                done += 1
+        return ToolCall("work") if done < steps else "done"
+
+    store = SQLiteStore(path, synchronous="FULL")
+    agent = Agent("bench-concurrent", ScriptedModel(script), tools=[work], max_steps=steps + 1)
+    ready = threading.Barrier(threads + 1)
+    errors: list[BaseException] = []
+
+    def drive() -> None:
+        async def main() -> None:
+            harness = Harness(agent, store)
+            thread = await harness.create_thread()
+            ready.wait()
+            await thread.send("go")
+            state = await thread.wait()
+            if state.status != "idle" or state.last_reply != "done":
+                raise RuntimeError(f"thread ended {state.status} {state.reason}")
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # reported by the parent
+            errors.append(exc)
+            with contextlib.suppress(threading.BrokenBarrierError):
+                ready.abort()
+
+    workers = [threading.Thread(target=drive) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    ready.wait()
+    start = time.perf_counter()
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - start
+    commits = getattr(store, "commit_count", None)
+    appends = getattr(store, "append_count", None)
+    store.close()
+    if errors:
+        raise SystemExit(f"concurrent run failed: {errors[0]!r}")
+    return {"elapsed": elapsed, "tool_calls": threads * steps, "commits": commits, "appends": appends}
+
+
+def child_main(spec: dict[str, Any]) -> None:
+    kind = spec["kind"]
+    if kind == "concurrent":
+        result = run_concurrent(spec["url"], spec["threads"], spec["steps"])
+    elif kind == "recovery":
+        result = run_recovery(spec["dir"], spec["events"], spec["reps"])
+    else:
+        runner: Callable[[str, int, float], dict[str, Any]] = {
+            "jixu": run_jixu, "dbos": run_dbos, "langgraph": run_langgraph}[kind]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = runner(spec["url"], spec["steps"], spec["tool_seconds"])
+    print("RESULT " + json.dumps(result))
+
+
+# --- recovery (executed in a child process) -------------------------------------------------------------
+
+
+def run_recovery(workdir: str, events: int, reps: int) -> dict[str, Any]:
+    import gc
+    import tracemalloc
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from jixu.ledger import SQLiteStore
+    from jixu.threads import Harness
+    from jixu.threads.log import ThreadLog, stream_of
+    from jixu.threads.projection import ThreadProjection
+    from threads import agent as bench_agent
+    from threads import build_thread
+
+    path = Path(workdir) / "recovery.db"
+    thread_id, count, _build = asyncio.run(build_thread(path, events))
+    stream = stream_of(thread_id)
+    opens = []
+    for _ in range(reps):
+        with SQLiteStore(path) as store:
+            harness = Harness(bench_agent(), store)
+            start = time.perf_counter()
+            thread = asyncio.run(harness.open_thread(thread_id))
+            opens.append((time.perf_counter() - start) * 1000)
+            if thread.checkpoint_status != "used":
+                raise SystemExit(f"open_thread did not use the checkpoint: {thread.checkpoint_status}")
+    replays, verifies = [], []
+    with SQLiteStore(path) as store:
+        rows = list(store.read_rows(stream))
+        for _ in range(reps):
+            projection = ThreadProjection()
+            start = time.perf_counter()
+            state = projection.initial()
+            for event in store.read(stream):
+                state = projection.apply(state, event)
+            replays.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            report = store.verify(stream)
+            verifies.append(time.perf_counter() - start)
+            if not report.valid:
+                raise SystemExit("the recovery thread does not verify")
+        del rows
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        log = ThreadLog.load(store, thread_id, verify=False)
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        kept = log.state
+    memory_mb = (after - before) / 1e6
+    del kept
+    return {"events": count, "open_ms": statistics.median(opens), "replay_events_per_s": count / min(replays),
+            "verify_events_per_s": count / min(verifies), "state_mb": memory_mb}
+
+
+# --- orchestration --------------------------------------------------------------------------------------
+
+
+def child(python: str, spec: dict[str, Any], timeout: float = 900) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT / "src"), env.get("PYTHONPATH", "")] if p)
+    result = subprocess.run([python, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
+                            capture_output=True, text=True, timeout=timeout, check=False, env=env)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    if result.returncode != 0 or not lines:
+        raise SystemExit(f"child {spec['kind']} failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
+                         f"{result.stderr[-3000:]}")
+    data: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT "))
+    return data
+
+
+@contextlib.contextmanager
+def postgres() -> Iterator[tuple[str, str]]:
+    """(admin DSN, source): ``JIXU_BENCH_POSTGRES_DSN`` or a throwaway pgserver."""
+    given = os.environ.get("JIXU_BENCH_POSTGRES_DSN") or os.environ.get("JIXU_TEST_POSTGRES_DSN")
+    if given:
+        yield given, "given DSN"
+        return
+    data_dir = tempfile.mkdtemp(prefix="jixu-compare-pg-")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+        import pgserver
+
+        server = pgserver.get_server(data_dir, cleanup_mode="stop")
+    try:
+        yield str(server.get_uri()), "throwaway pgserver"
+    finally:
+        server.cleanup()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def fresh_database(dsn: str, name: str) -> str:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name}")
+        conn.execute(f"CREATE DATABASE {name}")
+    parts = urlsplit(dsn)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
+
+
+def pg_setting(dsn: str, name: str) -> str:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(f"SHOW {name}").fetchone()
+    return str(row[0]) if row else "?"
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
+def compare_backend(python: str, backend: str, url_for: Callable[[str, int], str], steps: int, reps: int,
+                    variants: list[str], versions: dict[str, str], notes: list[str]) -> list[Figure]:
+    figures: list[Figure] = []
+    for variant in variants:
+        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SYSTEMS}
+        for rep in range(reps):
+            for system in SYSTEMS:
+                spec = {"kind": system, "url": url_for(f"{system}_{variant.lower()}_{rep}", rep), "steps": steps,
+                        "tool_seconds": VARIANTS[variant]}
+                result = child(python, spec)
+                runs[system].append(result)
+                versions[system] = result["version"]
+                if result.get("notes") and f"{system} {backend}: {result['notes']}" not in notes:
+                    notes.append(f"{system} {backend}: {result['notes']}")
+        rates: dict[str, float] = {}
+        tag = f"{backend}_{variant.lower()}"
+        what = f"{backend} {variant} ({'no-op tool' if variant == 'A' else '1 ms tool'})"
+        for system in SYSTEMS:
+            gaps = [g for r in runs[system] for g in r["gaps_ms"]]
+            rate = statistics.median(steps / r["elapsed"] for r in runs[system])
+            rates[system] = rate
+            figures.append((f"{what}: {system} agent step median", f"{system}_{tag}_step_ms_median",
+                            statistics.median(gaps), "ms"))
+            figures.append((f"{what}: {system} agent step p99", f"{system}_{tag}_step_ms_p99", p99(gaps), "ms"))
+            figures.append((f"{what}: {system} agent steps/s", f"{system}_{tag}_steps_per_s", rate, "steps/s"))
+        for peer in SYSTEMS[1:]:
+            figures.append((f"{what}: ratio jixu/{peer} (steps/s)", f"ratio_{tag}_jixu_vs_{peer}",
+                            rates["jixu"] / rates[peer], "x"))
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--steps", type=int, default=200, help="agent steps per run")
+    parser.add_argument("--reps", type=int, default=3, help="runs per system and variant (interleaved)")
+    parser.add_argument("--variants", default="A,B", help="A (no-op tool), B (1 ms tool)")
+    parser.add_argument("--backends", default="sqlite,postgres", help="sqlite, postgres")
+    parser.add_argument("--concurrency", default="1,8,64", help="concurrent jixu threads (SQLite)")
+    parser.add_argument("--concurrent-steps", type=int, default=50, help="agent steps per concurrent thread")
+    parser.add_argument("--recovery-events", type=int, default=100_000, help="events of the long thread (0: skip)")
+    parser.add_argument("--python", default=sys.executable, help="interpreter for the runs (needs the peers)")
+    parser.add_argument("--dir", default=None, help="directory for the temporary SQLite files")
+    parser.add_argument("--write-docs", action="store_true", help="rewrite the figures in docs/performance.md")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child_main(json.loads(args.child))
+        return 0
+    variants = [v.strip().upper() for v in args.variants.split(",") if v.strip()]
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    figures: list[Figure] = []
+    notes: list[str] = []
+    versions: dict[str, str] = {}
+    started = time.perf_counter()
+    pg_version = ""
+    with tempfile.TemporaryDirectory(prefix="jixu-compare-", dir=args.dir) as tmp:
+        workdir = Path(tmp)
+        if "sqlite" in backends:
+            figures += compare_backend(args.python, "sqlite", lambda name, _rep: f"sqlite:///{workdir / name}.db",
+                                       args.steps, args.reps, variants, versions, notes)
+        if "postgres" in backends:
+            with postgres() as (dsn, source):
+                pg_version = f"PostgreSQL {pg_setting(dsn, 'server_version')} ({source}; fsync={pg_setting(dsn, 'fsync')}, " \
+                             f"synchronous_commit={pg_setting(dsn, 'synchronous_commit')})"
+                figures += compare_backend(args.python, "postgres", lambda name, _rep: fresh_database(dsn, name),
+                                           args.steps, args.reps, variants, versions, notes)
+        for count in [int(n) for n in args.concurrency.split(",") if n.strip()]:
+            result = child(args.python, {"kind": "concurrent", "url": str(workdir / f"concurrent-{count}.db"),
+                                         "threads": count, "steps": args.concurrent_steps})
+            figures.append((f"SQLite, {count} concurrent threads: durable tool calls/s",
+                            f"jixu_sqlite_concurrent_{count}_tool_calls_per_s",
+                            result["tool_calls"] / result["elapsed"], "calls/s"))
+            if result.get("commits"):
+                figures.append((f"SQLite, {count} concurrent threads: appends per commit",
+                                f"jixu_sqlite_concurrent_{count}_appends_per_commit",
+                                result["appends"] / result["commits"], "appends"))
+        if args.recovery_events:
+            result = child(args.python, {"kind": "recovery", "dir": str(workdir), "events": args.recovery_events,
+                                         "reps": 5})
+            tag = f"{result['events'] // 1000}k"
+            figures += [
+                (f"open_thread, {result['events']} events, with checkpoint", f"open_thread_ms_{tag}", result["open_ms"],
+                 "ms"),
+                ("replay (read + project)", "replay_events_per_s", result["replay_events_per_s"], "events/s"),
+                ("verify (hash chain)", "verify_events_per_s", result["verify_events_per_s"], "events/s"),
+                (f"state memory of the {tag}-event thread", f"state_memory_mb_{tag}", result["state_mb"], "MB"),
+            ]
+    elapsed = time.perf_counter() - started
+    header = machine_header(args, versions, pg_version, elapsed)
+    print("\n".join(header))
+    for note in notes:
+        print(note)
+    print(table(figures))
+    print()
+    for _label, metric, value, unit in figures:
+        print(json.dumps({"bench": "compare", "metric": metric, "value": round(value, 4), "unit": unit}))
+    if args.write_docs:
+        write_docs(header, notes, figures)
+    return 0
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "?"
+
+
+def machine_header(args: argparse.Namespace, versions: dict[str, str], pg_version: str, elapsed: float) -> list[str]:
+    import sqlite3
+
+    lines = [
+        f"jixu compare benchmark - {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        f"machine: nproc {os.cpu_count()}, CPU {cpu_model()}, Python {platform.python_version()}, "
+        f"SQLite {sqlite3.sqlite_version}, {platform.system()} {platform.release()}",
+        "versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+    ]
+    if pg_version:
+        lines.append(pg_version)
+    lines.append(f"{args.steps} agent steps per run x {args.reps} reps (interleaved), variants {args.variants}; "
+                 f"concurrency {args.concurrency} x {args.concurrent_steps} steps; {elapsed:.0f}s")
+    return lines
+
+
+def table(figures: list[Figure]) -> str:
+    width = max(len(label) for label, *_ in figures)
+    lines = [f"{'measure':<{width}}  {'value':>12}  unit", f"{'-' * width}  {'-' * 12}  ----"]
+    lines += [f"{label:<{width}}  {value:>12,.3f}  {unit}" for label, _m, value, unit in figures]
+    return "\n".join(lines)
+
+
+def write_docs(header: list[str], notes: list[str], figures: list[Figure]) -> None:
+    body = "\n".join([BEGIN_MARK, "", "```", *header, *notes, table(figures), "```", "", END_MARK])
+    text = DOC.read_text() if DOC.exists() else f"# Performance\n\n{BEGIN_MARK}\n{END_MARK}\n"
+    if BEGIN_MARK not in text or END_MARK not in text:
+        text = text.rstrip() + f"\n\n{BEGIN_MARK}\n{END_MARK}\n"
+    before, rest = text.split(BEGIN_MARK, 1)
+    _old, after = rest.split(END_MARK, 1)
+    DOC.write_text(before + body + after)
+    print(f"wrote the figures into {DOC}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
