@@ -8,6 +8,17 @@ A work claim (count the live claims, pick, claim) is one such transaction.
 Commits are durable by default (``synchronous=FULL``): an append that
 returned is on disk. ``synchronous="NORMAL"`` trades the last commits before a
 power loss (not a process crash) for speed.
+
+Group commit: appends that threads of one process make at the same time share
+one transaction and so one fsync. Each caller queues its append; whoever holds
+the connection next (the leader) takes every queued append and runs each one
+inside its own ``SAVEPOINT`` of a single ``BEGIN IMMEDIATE`` transaction, in
+arrival order, with the same checks as alone (ids already stored, fence, head
+== ``expected_seq``). An append that fails rolls back to its savepoint and
+gets its own error; the others go on. After ``COMMIT`` returns every caller in
+the group is told its result, so no append returns before its own commit is
+durable. A lone append runs exactly as before (no savepoint). See
+docs/decisions/0007-group-commit.md.
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -24,6 +36,7 @@ from typing import Any, Literal, TypeVar
 from jixu.errors import (
     ConcurrencyError,
     InvalidInput,
+    JixuError,
     SchemaTooNew,
     StoreError,
     StoreLocked,
@@ -155,8 +168,26 @@ def _translate(exc: sqlite3.Error, path: str) -> StoreError:
     return StoreError(f"{path}: {text}", path=path)
 
 
+@dataclasses.dataclass(slots=True, eq=False)
+class _QueuedAppend:
+    """One caller's append waiting for a group commit (filled in by the leader that commits it)."""
+
+    stream: str
+    batch: list[PreparedEvent]
+    expected_seq: int
+    fence: Fence | None
+    genesis_hash: str
+    done: bool = False
+    rows: list[StoredRow] | None = None
+    error: BaseException | None = None
+
+
 class SQLiteStore(Store):
-    """The embedded default store. ``path`` is a file path (created if missing)."""
+    """The embedded default store. ``path`` is a file path (created if missing).
+
+    ``commit_count`` and ``append_count`` count the append transactions and the
+    appends they carried (their ratio shows how much group commit shared).
+    """
 
     def __init__(
         self,
@@ -181,6 +212,10 @@ class SQLiteStore(Store):
         if max_payload_bytes is not None:
             self.max_payload_bytes = max_payload_bytes
         self._lock = threading.Lock()
+        self._queue: deque[_QueuedAppend] = deque()
+        self._queue_lock = threading.Lock()
+        self.commit_count = 0
+        self.append_count = 0
         self._closed = False
         exists = os.path.exists(self.path)
         if not exists and (read_only or not create):
@@ -335,54 +370,133 @@ class SQLiteStore(Store):
         fence: Fence | None,
         genesis_hash: str,
     ) -> list[StoredRow]:
-        def append(conn: sqlite3.Connection) -> list[StoredRow]:
-            ids = [p.id for p in batch]
-            found = {
-                row[0]: StoredRow(*row)
-                for row in conn.execute(
-                    f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE id IN ({','.join('?' * len(ids))})", ids
-                )
-            }
-            stored = existing_batch(stream, batch, found)
-            if stored is not None:
-                return stored
-            if fence is not None:
-                problem = fence_problem(self._lease_row(conn, fence.key), fence,
-                                        float(conn.execute(_NOW_SQL).fetchone()[0]))
-                if problem:
-                    raise problem
-            head = conn.execute(
-                "SELECT head_seq, head_hash FROM jixu_streams WHERE stream = ?", (stream,)
-            ).fetchone()
-            head_seq, prev = (head[0], head[1]) if head else (0, genesis_hash)
-            if head_seq != expected_seq:
-                raise ConcurrencyError(
-                    f"stream {stream!r} is at seq {head_seq}, not the expected {expected_seq}; "
-                    "read the new events and decide again",
-                    stream=stream,
-                    expected_seq=expected_seq,
-                    actual_seq=head_seq,
-                )
-            recorded_at = utc_now_text()
-            rows = []
-            for offset, prepared in enumerate(batch, start=1):
-                row = seal(prepared, stream=stream, seq=head_seq + offset, prev_hash=prev, recorded_at=recorded_at)
-                rows.append(row)
-                prev = row.hash
-            conn.executemany(
-                f"INSERT INTO jixu_events ({_ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(r.id, r.stream, r.seq, r.type, r.data_json, r.meta_json, r.recorded_at, r.prev_hash, r.hash)
-                 for r in rows],
-            )
-            if head:
-                conn.execute("UPDATE jixu_streams SET head_seq = ?, head_hash = ? WHERE stream = ?",
-                             (rows[-1].seq, rows[-1].hash, stream))
-            else:
-                conn.execute("INSERT INTO jixu_streams VALUES (?, ?, ?, ?, ?)",
-                             (stream, rows[-1].seq, rows[-1].hash, genesis_hash, recorded_at))
-            return rows
+        if self.read_only:
+            raise StoreReadOnly(f"{self.path}: opened read-only; open it writable to change it",
+                                path=self.path)
+        if self._closed:
+            raise StoreError(f"{self.path}: the store is closed")
+        request = _QueuedAppend(stream, batch, expected_seq, fence, genesis_hash)
+        with self._queue_lock:
+            self._queue.append(request)
+        with self._lock:
+            if not request.done:
+                # Leader: commit everything queued so far (this request included) in one transaction.
+                with self._queue_lock:
+                    group = list(self._queue)
+                    self._queue.clear()
+                try:
+                    self._commit_group(group)
+                except Exception:
+                    # The group failed as a whole; each request, this one included, has its own error.
+                    if request.error is None or len(group) == 1:
+                        raise
+        if request.error is not None:
+            raise request.error
+        assert request.rows is not None
+        return request.rows
 
-        return self._write(append)
+    def _commit_group(self, group: list[_QueuedAppend]) -> None:
+        """Run ``group``'s appends in one transaction; tell each its rows or error after COMMIT (lock held)."""
+        conn = self._conn
+        rows: list[list[StoredRow] | None] = [None] * len(group)
+        errors: list[BaseException | None] = [None] * len(group)
+        try:
+            if self._closed:
+                raise StoreError(f"{self.path}: the store is closed")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if len(group) == 1:
+                    rows[0] = self._append_in(conn, group[0])
+                else:
+                    for index, request in enumerate(group):
+                        conn.execute("SAVEPOINT jixu_append")
+                        try:
+                            rows[index] = self._append_in(conn, request)
+                        except (JixuError, sqlite3.Error) as exc:
+                            # This append alone is undone; the others in the group go on.
+                            conn.execute("ROLLBACK TO jixu_append")
+                            errors[index] = _translate(exc, self.path) if isinstance(exc, sqlite3.Error) else exc
+                        conn.execute("RELEASE jixu_append")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            self.commit_count += 1
+            self.append_count += len(group)
+        except BaseException as exc:
+            # Nothing of the group was committed: every append in it fails, each with its own error object.
+            failure = _translate(exc, self.path) if isinstance(exc, sqlite3.Error) else exc
+            for index in range(len(group)):
+                rows[index] = None
+                if len(group) == 1:
+                    errors[index] = failure
+                elif errors[index] is None:
+                    errors[index] = StoreError(f"{self.path}: the shared commit of this append failed and "
+                                               f"nothing of it was stored ({type(failure).__name__}: {failure})",
+                                               path=self.path)
+            self._finish(group, rows, errors)
+            if failure is exc:
+                raise
+            raise failure from exc
+        self._finish(group, rows, errors)
+
+    @staticmethod
+    def _finish(group: list[_QueuedAppend], rows: list[list[StoredRow] | None],
+                errors: list[BaseException | None]) -> None:
+        for request, stored, error in zip(group, rows, errors, strict=True):
+            request.rows, request.error = stored, error
+            request.done = True
+
+    def _append_in(self, conn: sqlite3.Connection, request: _QueuedAppend) -> list[StoredRow]:
+        """One append's checks and inserts inside the open transaction (raises on any refusal)."""
+        stream, batch, expected_seq = request.stream, request.batch, request.expected_seq
+        fence, genesis_hash = request.fence, request.genesis_hash
+        ids = [p.id for p in batch]
+        found = {
+            row[0]: StoredRow(*row)
+            for row in conn.execute(
+                f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE id IN ({','.join('?' * len(ids))})", ids
+            )
+        }
+        stored = existing_batch(stream, batch, found)
+        if stored is not None:
+            return stored
+        if fence is not None:
+            problem = fence_problem(self._lease_row(conn, fence.key), fence,
+                                    float(conn.execute(_NOW_SQL).fetchone()[0]))
+            if problem:
+                raise problem
+        head = conn.execute(
+            "SELECT head_seq, head_hash FROM jixu_streams WHERE stream = ?", (stream,)
+        ).fetchone()
+        head_seq, prev = (head[0], head[1]) if head else (0, genesis_hash)
+        if head_seq != expected_seq:
+            raise ConcurrencyError(
+                f"stream {stream!r} is at seq {head_seq}, not the expected {expected_seq}; "
+                "read the new events and decide again",
+                stream=stream,
+                expected_seq=expected_seq,
+                actual_seq=head_seq,
+            )
+        recorded_at = utc_now_text()
+        rows = []
+        for offset, prepared in enumerate(batch, start=1):
+            row = seal(prepared, stream=stream, seq=head_seq + offset, prev_hash=prev, recorded_at=recorded_at)
+            rows.append(row)
+            prev = row.hash
+        conn.executemany(
+            f"INSERT INTO jixu_events ({_ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(r.id, r.stream, r.seq, r.type, r.data_json, r.meta_json, r.recorded_at, r.prev_hash, r.hash)
+             for r in rows],
+        )
+        if head:
+            conn.execute("UPDATE jixu_streams SET head_seq = ?, head_hash = ? WHERE stream = ?",
+                         (rows[-1].seq, rows[-1].hash, stream))
+        else:
+            conn.execute("INSERT INTO jixu_streams VALUES (?, ?, ?, ?, ?)",
+                         (stream, rows[-1].seq, rows[-1].hash, genesis_hash, recorded_at))
+        return rows
 
     def _read_rows(self, stream: str, from_seq: int, to_seq: int | None) -> Iterator[StoredRow]:
         last = to_seq if to_seq is not None else 2**62
