@@ -9,7 +9,9 @@ from jixu.cli.demo import demo_command
 from jixu.cli.ledger import effects_command, ledger_group, verify_command
 from jixu.cli.projects import projects_group
 from jixu.cli.runs import runs_group
+from jixu.cli.serve import serve_command
 from jixu.cli.threads import threads_group
+from jixu.cli.tokens import tokens_group
 from jixu.cli.turns import turns_group
 from jixu.cli.worker import worker_command
 
@@ -21,7 +23,7 @@ def cli() -> None:
 
     Exit codes: 0 ok, 1 check failed (invalid chain, corrupt or unresolved effects; a run that stopped
     without succeeding or needs an operator), 2 usage, 3 not found, 4 conflict, 5 store problem,
-    6 invalid input.
+    6 invalid input, 7 not authorized (remote commands).
     """
 
 
@@ -34,6 +36,8 @@ cli.add_command(worker_command)
 cli.add_command(projects_group)
 cli.add_command(runs_group)
 cli.add_command(demo_command)
+cli.add_command(serve_command)
+cli.add_command(tokens_group)
 
 
 def main() -> None:

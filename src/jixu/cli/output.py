@@ -22,6 +22,8 @@ EXIT_NOT_FOUND = 3
 EXIT_CONFLICT = 4
 EXIT_STORE = 5
 EXIT_INVALID_INPUT = 6
+EXIT_UNAUTHORIZED = 7
+"""A remote command's token is missing, unknown, revoked, or lacks the role (HTTP 401/403)."""
 
 _EXIT_BY_CODE: dict[str, int] = {
     "not_found": EXIT_NOT_FOUND,
@@ -55,6 +57,14 @@ _EXIT_BY_CODE: dict[str, int] = {
     "workspace_mismatch": EXIT_CHECK_FAILED,
     "provider_test_failed": EXIT_CHECK_FAILED,
     "git_error": EXIT_CHECK_FAILED,
+    # the HTTP API (jixu remote, jixu tokens --server): problem codes map back to the same statuses
+    "unauthorized": EXIT_UNAUTHORIZED,
+    "forbidden": EXIT_UNAUTHORIZED,
+    "request_id_reused": EXIT_CONFLICT,
+    "request_in_progress": EXIT_CONFLICT,
+    "agent_not_configured": EXIT_CONFLICT,
+    "token_not_found": EXIT_NOT_FOUND,
+    "request_too_large": EXIT_INVALID_INPUT,
 }
 
 

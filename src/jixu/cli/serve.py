@@ -1,0 +1,79 @@
+"""``jixu serve``: the HTTP API (and, given an agent or providers, a worker) over a store."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.markup import escape
+
+from jixu.cli.output import EXIT_OK, console, handled
+from jixu.cli.runs import DEFAULT_WORKSPACE_ROOT, PROVIDERS_ENV, WORKSPACE_ENV, load_providers
+from jixu.cli.worker import open_store_label
+from jixu.ledger import DEFAULT_STORE_URL, open_store
+from jixu.runs.workers import WorkerConfig, default_owner, make_agent
+
+
+@click.command("serve", short_help="Serve the HTTP API (/api/v1, OpenAPI at /openapi.json) over a store.")
+@click.option("--store", "store_url", envvar="JIXU_STORE", default=DEFAULT_STORE_URL, show_default=True,
+              metavar="URL", help="The ledger: a SQLite path or sqlite:/// URL, or postgresql://… (default $JIXU_STORE).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8420, show_default=True, help="Port to listen on.")
+@click.option("--agent", "agent_spec", default=None, metavar="MODULE:FACTORY",
+              help="The agent new threads are recorded under (a zero-argument callable returning a jixu.Agent).")
+@click.option("--providers", "providers_spec", envvar=PROVIDERS_ENV, default=None, metavar="MODULE:FACTORY",
+              help=f"The run providers (a zero-argument callable returning dict[str, Provider]); ${PROVIDERS_ENV}.")
+@click.option("--workspace-root", envvar=WORKSPACE_ENV, default=DEFAULT_WORKSPACE_ROOT, show_default=True,
+              metavar="DIR", help="Where new runs' workspaces are made.")
+@click.option("--no-worker", is_flag=True,
+              help="Only record: leave queued inputs and runs for `jixu worker` even when --agent/--providers "
+                   "are given.")
+@click.option("--owner", default=None, metavar="NAME", help="The in-process worker's name (default worker@<host>).")
+@click.option("--max-body-bytes", type=click.IntRange(1024, 64 * 1024 * 1024), default=1024 * 1024,
+              show_default=True, help="Larger request bodies are refused with 413.")
+def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, providers_spec: str | None,
+                  workspace_root: str, no_worker: bool, owner: str | None, max_body_bytes: int) -> None:
+    """Serve the HTTP API over STORE: threads, runs, projects and tokens under /api/v1.
+
+    Callers authenticate with bearer tokens: make the first one with
+    `jixu tokens create --store URL --admin --name root`. The OpenAPI document
+    is at /openapi.json, interactive docs at /docs.
+
+    With --agent (threads) and/or --providers (runs) a worker runs in this
+    process, so inputs and runs sent over HTTP are executed; without them (or
+    with --no-worker) they are queued for `jixu worker`.
+
+    Exit codes: 0 stopped cleanly, 2 usage, 5 store problem, 6 invalid input.
+    """
+    import uvicorn
+
+    from jixu.server import create_app
+    from jixu.server.background import BackgroundWorker
+
+    with handled(False):
+        agent = make_agent(agent_spec) if agent_spec else None
+        providers = load_providers(providers_spec) if (providers_spec or "").strip() else None
+        root = Path(workspace_root).expanduser().resolve()
+        store = open_store(store_url)
+    lifespan: list[Any] = []
+    if not no_worker and (agent is not None or providers is not None):
+        config = WorkerConfig(store_url=store_url, agent=agent_spec, owner=owner or default_owner(),
+                              providers=providers_spec if providers is not None else None, workspace_root=str(root))
+        lifespan.append(BackgroundWorker(store, config, agent=agent, providers=providers).lifespan)
+    app = create_app(store, agent=agent, providers=providers, workspace_root=root, max_body_bytes=max_body_bytes,
+                     lifespan=lifespan)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    worker = "a worker in this process" if lifespan else "no worker (inputs are queued for `jixu worker`)"
+    console.print(f"[bold]jixu serve[/]: {escape(open_store_label(store_url))} on http://{host}:{port}/api/v1 "
+                  f"with {worker}", highlight=False)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="info")
+    finally:
+        store.close()
+    sys.exit(EXIT_OK)
+
+
+__all__ = ["serve_command"]

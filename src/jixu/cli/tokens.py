@@ -1,0 +1,136 @@
+"""``jixu tokens …``: bearer tokens of the HTTP API, made locally against a store or through a server.
+
+``--store URL`` writes the token's record into the ledger directly (this is
+how the first admin token is made); ``--server URL --token T`` (or
+``$JIXU_SERVER`` / ``$JIXU_TOKEN``) asks a running server, with an admin
+token. The secret is printed once and never stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.table import Table
+
+from jixu.cli.output import emit_json, handled, json_option
+from jixu.cli.threads import default_actor, out
+from jixu.errors import InvalidInput
+from jixu.ledger import open_store
+from jixu.server.auth import ROLES, create_token, list_tokens, revoke_token
+from jixu.server.client import SERVER_ENV, TOKEN_ENV, Client
+
+
+def target_options(fn: Any) -> Any:
+    """``--store`` (local) or ``--server``/``--token`` (remote)."""
+    fn = click.option("--token", envvar=TOKEN_ENV, default=None, metavar="TOKEN",
+                      help=f"An admin bearer token for --server (default ${TOKEN_ENV}).")(fn)
+    fn = click.option("--server", envvar=SERVER_ENV, default=None, metavar="URL",
+                      help=f"A jixu server, e.g. http://127.0.0.1:8420 (default ${SERVER_ENV}).")(fn)
+    return click.option("--store", "store_url", default=None, metavar="URL",
+                        help="Work on this store directly (a SQLite path or URL, or postgresql://…).")(fn)
+
+
+def _remote(store_url: str | None, server: str | None, token: str | None) -> Client | None:
+    if store_url and server:
+        raise InvalidInput("give --store (local) or --server (remote), not both", field="server")
+    if store_url:
+        return None
+    if not server:
+        raise InvalidInput(f"give --store URL, or --server URL with --token (or ${SERVER_ENV} / ${TOKEN_ENV})",
+                           field="store")
+    return Client(server, token)
+
+
+@click.group("tokens", short_help="Make, list and revoke the HTTP API's bearer tokens.")
+def tokens_group() -> None:
+    """Bearer tokens of the HTTP API: a role per project (viewer < editor < operator), or admin."""
+
+
+@tokens_group.command("create", short_help="Make a token; its secret is printed once.")
+@click.option("--name", default=None, help="A label (default: <project>-<role>, or admin).")
+@click.option("--project", "projects", multiple=True, metavar="PROJECT", help="A project (repeatable).")
+@click.option("--role", type=click.Choice(ROLES), default=None, help="The role in every --project.")
+@click.option("--admin", is_flag=True, help="An admin token: every project, and projects and tokens themselves.")
+@target_options
+@json_option
+def create_command(name: str | None, projects: tuple[str, ...], role: str | None, admin: bool,
+                   store_url: str | None, server: str | None, token: str | None, as_json: bool) -> None:
+    """Make a bearer token with ROLE in each --project (or --admin); prints the secret once.
+
+    Exit codes: 0 made, 2 usage, 5 store or server unreachable, 6 invalid input, 7 not authorized.
+    """
+    with handled(as_json):
+        if not admin and (not projects or role is None):
+            raise InvalidInput("give --project P --role R (or --admin)", field="role")
+        roles = {} if admin else dict.fromkeys(projects, role or "")
+        label = name or ("admin" if admin else f"{projects[0]}-{role}")
+        client = _remote(store_url, server, token)
+        if client is None:
+            with open_store(str(store_url)) as store:
+                info, secret = create_token(store, label, roles=roles, admin=admin, actor=default_actor())
+            made: dict[str, Any] = {"token": info.to_dict(), "secret": secret}
+        else:
+            with client:
+                made = client.create_token(label, roles=roles, admin=admin)
+    if as_json:
+        emit_json(made)
+        return
+    record = made["token"]
+    out().print(f"token [bold]{record['token_id']}[/] ({record['name']}, "
+                f"{'admin' if record['kind'] == 'admin' else ', '.join(f'{p}: {r}' for p, r in record['roles'].items())})",
+                highlight=False)
+    out().print("secret (shown once; keep it, it is not stored):", highlight=False)
+    out().print(str(made["secret"]), highlight=False, markup=False, soft_wrap=True)
+
+
+@tokens_group.command("list", short_help="List tokens (never their secrets).")
+@target_options
+@json_option
+def list_command(store_url: str | None, server: str | None, token: str | None, as_json: bool) -> None:
+    """List every token: id, name, kind, roles, who made it, revoked or not."""
+    with handled(as_json):
+        client = _remote(store_url, server, token)
+        if client is None:
+            with open_store(str(store_url), create=False) as store:
+                rows = [t.to_dict() for t in list_tokens(store)]
+        else:
+            with client:
+                rows = client.list_tokens()["tokens"]
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table(title="tokens")
+    table.add_column("token", no_wrap=True, min_width=26)
+    for column in ("name", "kind", "roles", "created by", "revoked"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row["token_id"], row["name"], row["kind"],
+                      ", ".join(f"{p}: {r}" for p, r in row["roles"].items()), row["created_by"],
+                      "[red]revoked[/]" if row["revoked"] else "")
+    out().print(table)
+
+
+@tokens_group.command("revoke", short_help="Revoke a token (at once).")
+@click.argument("token_id")
+@click.option("--reason", default=None, help="Why (recorded).")
+@target_options
+@json_option
+def revoke_command(token_id: str, reason: str | None, store_url: str | None, server: str | None,
+                   token: str | None, as_json: bool) -> None:
+    """Revoke TOKEN_ID: every server over the store refuses it from now on."""
+    with handled(as_json):
+        client = _remote(store_url, server, token)
+        if client is None:
+            with open_store(str(store_url), create=False) as store:
+                row = revoke_token(store, token_id, actor=default_actor(), reason=reason).to_dict()
+        else:
+            with client:
+                row = client.revoke_token(token_id, reason)
+    if as_json:
+        emit_json(row)
+        return
+    out().print(f"token {row['token_id']} ({row['name']}) is revoked", highlight=False)
+
+
+__all__ = ["tokens_group"]

@@ -1,0 +1,113 @@
+"""What every route needs: the server's services, the authenticated caller, and idempotent mutations.
+
+Other modules (routers here, the Studio) get them through FastAPI
+dependencies: ``Depends(principal)`` for the caller of a request,
+``Depends(context)`` for caller + services + request id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from jixu.ledger import Store
+from jixu.runs import Provider, Runs
+from jixu.server.auth import Principal, authenticate
+from jixu.server.idempotency import HEADER, Outcome, run_once
+from jixu.server.problems import AGENT_NOT_CONFIGURED, HTTPProblem
+from jixu.threads import Agent
+
+T = TypeVar("T")
+
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+
+@dataclass
+class Services:
+    """The store and what the server runs with: the agent new threads are recorded under, the runs service."""
+
+    store: Store
+    agent: Agent | None = None
+    providers: dict[str, Provider] = field(default_factory=dict)
+    workspace_root: Path = Path("jixu-workspaces")
+    max_body_bytes: int = 1024 * 1024
+    stream_poll_interval: float = 0.2
+    runs: Runs = field(init=False)
+
+    def __post_init__(self) -> None:
+        # An owner name of this process only, so a run another process executes never looks like its own.
+        owner = f"jixu-server-{os.getpid()}@{socket.gethostname()}"
+        self.runs = Runs(self.store, self.workspace_root, self.providers, owner=owner, actor="jixu-server")
+
+    def require_agent(self) -> Agent:
+        """The configured agent (409 problem when the server was started without one)."""
+        if self.agent is None:
+            raise HTTPProblem(AGENT_NOT_CONFIGURED, "this server has no agent, so it cannot record new threads: "
+                                                    "start it with `jixu serve --agent MODULE:FACTORY`")
+        return self.agent
+
+
+def services(request: Request) -> Services:
+    """The :class:`Services` of the app serving ``request``."""
+    found: Services = request.app.state.jixu
+    return found
+
+
+def principal(request: Request) -> Principal:
+    """FastAPI dependency: the authenticated caller (401 problem without a valid bearer token)."""
+    cached = getattr(request.state, "principal", None)
+    if isinstance(cached, Principal):
+        return cached
+    found = authenticate(services(request).store, request.headers.get("authorization"))
+    request.state.principal = found
+    return found
+
+
+@dataclass
+class Context:
+    """One request's caller, services and request id."""
+
+    request: Request
+    services: Services
+    principal: Principal
+
+    @property
+    def store(self) -> Store:
+        """The ledger."""
+        return self.services.store
+
+    @property
+    def actor(self) -> str:
+        """The actor recorded in the events this request causes."""
+        return self.principal.actor
+
+    def mutate(self, body: BaseModel | dict[str, Any] | None, operation: Callable[[], Outcome]) -> JSONResponse:
+        """Run a mutation at most once per ``Idempotency-Key`` and answer with its (original) response."""
+        payload = body.model_dump(mode="json") if isinstance(body, BaseModel) else body
+        outcome = run_once(self.store, self.principal.token_id, self.request.headers.get(HEADER),
+                           method=self.request.method, path=self.request.url.path, body=payload,
+                           actor=self.actor, operation=operation)
+        headers = {REPLAYED_HEADER: "true"} if outcome.replayed else None
+        return JSONResponse(outcome.body, status_code=outcome.status, headers=headers)
+
+
+def context(request: Request) -> Context:
+    """FastAPI dependency: the request's :class:`Context` (authenticates the caller)."""
+    return Context(request, services(request), principal(request))
+
+
+def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run one of the async Python APIs from a synchronous route (routes run in worker threads)."""
+    return asyncio.run(coroutine)
+
+
+__all__ = ["REPLAYED_HEADER", "Context", "Services", "context", "principal", "run_async", "services"]

@@ -1,0 +1,174 @@
+"""Request bodies and the documented response shapes of the HTTP API (pydantic models).
+
+Bodies forbid unknown fields and are strict about types, so a typo is a 422
+that names the field instead of a silently ignored value.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jixu.server.problems import PROBLEM_MEDIA_TYPE
+
+PROJECT = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+ID = r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$"
+MAX_NOTE = 10_000
+MAX_INPUT = 200_000
+Role = Literal["viewer", "editor", "operator"]
+
+
+class Body(BaseModel):
+    """A request body: unknown fields and loose types are refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem document; ``code`` repeats the stable code ``type`` ends with."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str
+    instance: str | None = None
+    field: str | None = None
+
+
+# --- threads -----------------------------------------------------------------------------------
+
+
+class CreateThread(Body):
+    project: str = Field(pattern=PROJECT, description="The project the thread belongs to.")
+    metadata: dict[str, Any] | None = Field(default=None, description="Free JSON kept with the thread.")
+
+
+class SendInput(Body):
+    input: str = Field(min_length=1, max_length=MAX_INPUT, description="The user's message; starts a turn.")
+
+
+class ForkThread(Body):
+    at: str = Field(pattern=ID, description="The event of this thread to fork at.")
+    input: str | None = Field(default=None, min_length=1, max_length=MAX_INPUT,
+                              description="Start the child's first turn with this input.")
+
+
+class ResolveOutcome(Body):
+    resolution: Literal["occurred", "not_occurred", "abandoned_unknown"]
+    note: str = Field(min_length=1, max_length=MAX_NOTE, description="Why: what you checked.")
+    resolution_id: str | None = Field(default=None, min_length=1, max_length=100)
+    evidence: dict[str, Any] | None = None
+    result: Any = Field(default=None, description="With 'occurred': the result observed.")
+
+
+class Decision(Body):
+    note: str | None = Field(default=None, max_length=MAX_NOTE)
+
+
+class RecoverTurn(Body):
+    request_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="32 lower-case hex characters.")
+    expected_epoch: int = Field(ge=0, description="The claim epoch you observed (state.ownership.epoch).")
+    legacy_confirmed_stopped: bool = False
+
+
+# --- runs --------------------------------------------------------------------------------------
+
+
+class CreateRun(Body):
+    project: str = Field(pattern=PROJECT)
+    brief: str = Field(min_length=1, max_length=MAX_INPUT)
+    provider: str = Field(min_length=1, max_length=200)
+    commit: str | None = Field(default=None, min_length=1, max_length=200)
+    knowledge: dict[str, Any] | None = None
+
+
+class ResumeRun(Body):
+    note: str | None = Field(default=None, max_length=MAX_NOTE)
+
+
+class Handoff(Body):
+    agent: str = Field(min_length=1, max_length=200, description="The provider to hand the run to.")
+    note: str | None = Field(default=None, max_length=MAX_NOTE)
+
+
+class RetryRun(Body):
+    provider: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class CancelRun(Body):
+    reason: str | None = Field(default=None, max_length=MAX_NOTE)
+
+
+class Reconcile(Body):
+    reconciliation_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="32 lower-case hex characters.")
+
+
+# --- projects and tokens ------------------------------------------------------------------------
+
+
+class RegisterProject(Body):
+    name: str = Field(pattern=PROJECT)
+    origin: str = Field(min_length=1, max_length=2000, description="The authorized git origin (path or URL).")
+    default_branch: str | None = Field(default=None, min_length=1, max_length=200)
+    policy: dict[str, Any] = Field(default_factory=dict)
+
+
+class UpdatePolicy(Body):
+    policy: dict[str, Any]
+
+
+class CreateToken(Body):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,63}$")
+    roles: dict[str, Role] = Field(default_factory=dict, description="Project name -> role.")
+    admin: bool = False
+
+
+class RevokeToken(Body):
+    reason: str | None = Field(default=None, max_length=1000)
+
+
+# --- responses ---------------------------------------------------------------------------------
+
+
+class TokenCreated(BaseModel):
+    token: dict[str, Any]
+    secret: str | None = Field(description="The bearer token, shown once (null when a request is replayed).")
+
+
+def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The ``responses`` entry documenting problem+json answers with these statuses."""
+    return {status: {"model": Problem, "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+                     "description": "A problem (RFC 9457)."} for status in statuses}
+
+
+READ = problems(401, 404, 422, 503)
+WRITE = problems(401, 403, 404, 409, 413, 422, 503)
+
+__all__ = [
+    "READ",
+    "WRITE",
+    "Body",
+    "CancelRun",
+    "CreateRun",
+    "CreateThread",
+    "CreateToken",
+    "Decision",
+    "ForkThread",
+    "Handoff",
+    "Problem",
+    "Reconcile",
+    "RecoverTurn",
+    "RegisterProject",
+    "ResolveOutcome",
+    "ResumeRun",
+    "RetryRun",
+    "RevokeToken",
+    "SendInput",
+    "TokenCreated",
+    "UpdatePolicy",
+    "problems",
+]

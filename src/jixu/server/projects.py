@@ -1,0 +1,68 @@
+"""``/api/v1/projects``: the projects runs work on (admins register them and change their policy)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
+
+from jixu.errors import ProjectNotFound
+from jixu.runs import get_project, list_projects, register_project, update_policy
+from jixu.server.context import Context, context
+from jixu.server.idempotency import Outcome
+from jixu.server.models import READ, WRITE, RegisterProject, UpdatePolicy, problems
+
+router = APIRouter(prefix="/projects", tags=["projects"])
+Obj = dict[str, Any]
+
+
+def _hidden(name: str) -> ProjectNotFound:
+    return ProjectNotFound(f"no project {name}", project=name)
+
+
+@router.get("", responses=READ, summary="List the projects the caller has a role in")
+def list_all(ctx: Annotated[Context, Depends(context)]) -> Obj:
+    """Registered projects the caller may see, with the caller's role, and the roles for unregistered names."""
+    registered = {p.name: p for p in list_projects(ctx.store)}
+    rows = [{**p.to_dict(), "registered": True, "role": ctx.principal.role_in(name)}
+            for name, p in registered.items() if ctx.principal.visible(name)]
+    rows.extend({"name": name, "registered": False, "role": role}
+                for name, role in sorted(ctx.principal.roles.items()) if name not in registered)
+    return {"projects": rows}
+
+
+@router.get("/{name}", responses=READ, summary="A project")
+def get_one(name: str, ctx: Annotated[Context, Depends(context)]) -> Obj:
+    """A registered project: origin, default branch, policy and its digest."""
+    if not ctx.principal.visible(name):
+        raise _hidden(name)
+    return {**get_project(ctx.store, name).to_dict(), "role": ctx.principal.role_in(name)}
+
+
+@router.post("", status_code=201, responses={**WRITE, **problems(403)}, response_model=Obj,
+             summary="Register a project (admin)")
+def register(body: RegisterProject, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """Record a project: its authorized git origin and policy (admin)."""
+    ctx.principal.require_admin()
+
+    def operation() -> Outcome:
+        project = register_project(ctx.store, body.name, body.origin, body.policy,
+                                   default_branch=body.default_branch, actor=ctx.actor)
+        return Outcome(201, project.to_dict())
+
+    return ctx.mutate(body, operation)
+
+
+@router.put("/{name}/policy", responses=WRITE, response_model=Obj, summary="Record a new policy (admin)")
+def set_policy(name: str, body: UpdatePolicy, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """Record a new policy for the project's later runs (admin); frozen runs keep theirs."""
+    ctx.principal.require_admin()
+
+    def operation() -> Outcome:
+        return Outcome(200, update_policy(ctx.store, name, body.policy, actor=ctx.actor).to_dict())
+
+    return ctx.mutate(body, operation)
+
+
+__all__ = ["router"]

@@ -1,0 +1,155 @@
+"""``/api/v1/runs``: create, list and inspect runs; resume, hand off, retry and cancel them.
+
+Runs made here are put in the work queue (:func:`jixu.runs.submit_run`):
+the server's own worker (``jixu serve --providers``) or ``jixu worker``
+executes them. A run belongs to its project: other projects' callers get 404.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import JSONResponse
+
+from jixu.errors import InvalidInput, ProjectNotFound, RunNotFound
+from jixu.ledger import is_valid_id
+from jixu.runs import RUN_STATUSES, submit_run
+from jixu.runs.engine import RunLog
+from jixu.server.context import Context, context, run_async
+from jixu.server.idempotency import Outcome
+from jixu.server.models import READ, WRITE, CancelRun, CreateRun, Handoff, ResumeRun, RetryRun
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+Obj = dict[str, Any]
+
+
+def _hidden(run_id: str) -> RunNotFound:
+    return RunNotFound(f"no run {run_id}", run_id=run_id)
+
+
+def authorize(ctx: Context, run_id: str, role: str) -> str:
+    """Allow the caller ``role`` on a run (404 outside its projects, 403 when the role is too weak)."""
+    if not is_valid_id(run_id):
+        raise InvalidInput(f"run id {run_id!r} is not a valid id", field="run_id")
+    project = RunLog(ctx.store, run_id).record.project
+    ctx.principal.require(project, role, _hidden(run_id))
+    return project
+
+
+def state_of(ctx: Context, run_id: str) -> Obj:
+    """A run's state as JSON."""
+    return run_async(ctx.services.runs.state(run_id)).to_dict()
+
+
+@router.post("", status_code=201, responses=WRITE, response_model=Obj, summary="Create a run (queued for workers)")
+def create_run(body: CreateRun, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """Record a run of ``brief`` on ``project`` with ``provider`` and queue it (editor)."""
+    ctx.principal.require(body.project, "editor", ProjectNotFound(f"no project {body.project}",
+                                                                  project=body.project))
+
+    def operation() -> Outcome:
+        runs = ctx.services.runs
+        run_id = run_async(runs.create_run(body.project, body.brief, provider=body.provider, commit=body.commit,
+                                           knowledge=body.knowledge, actor=ctx.actor))
+        submit_run(ctx.store, run_id)
+        return Outcome(201, state_of(ctx, run_id))
+
+    return ctx.mutate(body, operation)
+
+
+@router.get("", responses=READ, summary="List runs")
+def list_runs(ctx: Annotated[Context, Depends(context)],
+              project: Annotated[str | None, Query(max_length=100)] = None,
+              status: Annotated[str | None, Query(max_length=40, description="One of the run statuses")] = None,
+              ) -> Obj:
+    """Runs the caller may see (of ``project``, in ``status``), oldest first."""
+    if status is not None and status not in RUN_STATUSES:
+        raise InvalidInput(f"status {status!r} must be one of {list(RUN_STATUSES)}", field="status")
+    states = run_async(ctx.services.runs.list_runs(project=project))
+    rows = [s.to_dict() for s in states if ctx.principal.visible(s.project)
+            and (status is None or s.status == status)]
+    return {"runs": rows}
+
+
+@router.get("/{run_id}", responses=READ, summary="A run's state")
+def get_run(run_id: str, ctx: Annotated[Context, Depends(context)]) -> Obj:
+    """Status (derived from the journal), snapshots, plan, tasks with the resolver's decisions, pauses."""
+    authorize(ctx, run_id, "viewer")
+    return state_of(ctx, run_id)
+
+
+@router.get("/{run_id}/plan", responses=READ, summary="A run's plan")
+def get_plan(run_id: str, ctx: Annotated[Context, Depends(context)]) -> Obj:
+    """The current plan revision with its tasks' states, and every earlier revision."""
+    authorize(ctx, run_id, "viewer")
+    return run_async(ctx.services.runs.plan(run_id)).to_dict()
+
+
+@router.get("/{run_id}/journal", responses=READ, summary="A run's journal and whether it verifies")
+def get_journal(run_id: str, ctx: Annotated[Context, Depends(context)]) -> Obj:
+    """The run's hash-chained entries and ``valid``: whether the whole chain verifies."""
+    authorize(ctx, run_id, "viewer")
+    entries, valid = run_async(ctx.services.runs.journal(run_id))
+    return {"run_id": run_id, "entries": entries, "valid": valid}
+
+
+def _requeue(ctx: Context, run_id: str) -> None:
+    """Queue a run that can go on, so a worker continues it."""
+    state = run_async(ctx.services.runs.state(run_id))
+    if state.status in ("queued", "paused", "interrupted") and ctx.store.get_work(f"run/{run_id}") is None:
+        submit_run(ctx.store, run_id)
+
+
+@router.post("/{run_id}/resume", responses=WRITE, response_model=Obj, summary="Resume a run in place")
+def resume_run(run_id: str, body: ResumeRun, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """Continue a paused, interrupted or unreconciled run (editor): the workspace is reconciled first."""
+    authorize(ctx, run_id, "editor")
+
+    def operation() -> Outcome:
+        run_async(ctx.services.runs.resume(run_id, ctx.actor, note=body.note))
+        _requeue(ctx, run_id)
+        return Outcome(200, state_of(ctx, run_id))
+
+    return ctx.mutate(body, operation)
+
+
+@router.post("/{run_id}/handoff", responses=WRITE, response_model=Obj, summary="Hand a run to another provider")
+def handoff_run(run_id: str, body: Handoff, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """Hand the run to provider ``agent`` (operator): tested first, then a new snapshot and plan revision."""
+    authorize(ctx, run_id, "operator")
+
+    def operation() -> Outcome:
+        run_async(ctx.services.runs.handoff(run_id, body.agent, ctx.actor, note=body.note))
+        _requeue(ctx, run_id)
+        return Outcome(200, state_of(ctx, run_id))
+
+    return ctx.mutate(body, operation)
+
+
+@router.post("/{run_id}/retry", status_code=201, responses=WRITE, response_model=Obj,
+             summary="Retry a failed or cancelled run as a fresh run")
+def retry_run(run_id: str, body: RetryRun, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """A new run (fresh clone, lineage to this one) of a failed or cancelled run, queued (editor)."""
+    authorize(ctx, run_id, "editor")
+
+    def operation() -> Outcome:
+        new_id = run_async(ctx.services.runs.retry(run_id, ctx.actor, provider=body.provider))
+        submit_run(ctx.store, new_id)
+        return Outcome(201, state_of(ctx, new_id))
+
+    return ctx.mutate(body, operation)
+
+
+@router.post("/{run_id}/cancel", responses=WRITE, response_model=Obj, summary="Cancel a run")
+def cancel_run(run_id: str, body: CancelRun, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """Finish the run as cancelled (operator)."""
+    authorize(ctx, run_id, "operator")
+
+    def operation() -> Outcome:
+        return Outcome(200, run_async(ctx.services.runs.cancel(run_id, ctx.actor, reason=body.reason)).to_dict())
+
+    return ctx.mutate(body, operation)
+
+
+__all__ = ["authorize", "router"]

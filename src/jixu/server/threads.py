@@ -1,0 +1,325 @@
+"""``/api/v1/threads``: create threads, send input, read state and events (paged and live), decide.
+
+Every thread belongs to the project recorded in its metadata at creation.
+Inputs are queued turns (:func:`jixu.runs.submit_turn`): a worker (the
+server's own, with ``jixu serve --agent``, or ``jixu worker``) runs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from jixu.errors import InvalidInput, ProjectNotFound, ThreadNotFound
+from jixu.ledger import Event, is_valid_id
+from jixu.runs import create_thread_for, enqueue_thread, project_of, submit_turn, thread_work_key
+from jixu.server.context import Context, context, principal, services
+from jixu.server.idempotency import Outcome
+from jixu.server.models import (
+    READ,
+    WRITE,
+    CreateThread,
+    Decision,
+    ForkThread,
+    RecoverTurn,
+    ResolveOutcome,
+    SendInput,
+)
+from jixu.threads.log import THREAD_PREFIX, ThreadLog, stream_of
+
+router = APIRouter(prefix="/threads", tags=["threads"])
+MAX_PAGE = 1000
+KEEPALIVE_SECONDS = 15.0
+
+
+def _hidden(thread_id: str) -> ThreadNotFound:
+    return ThreadNotFound(f"no thread {thread_id}", thread_id=thread_id)
+
+
+def thread_project(ctx: Context, thread_id: str) -> str:
+    """The project of a thread (404 when it does not exist); nothing about it is revealed."""
+    if not is_valid_id(thread_id):
+        raise InvalidInput(f"thread id {thread_id!r} is not a valid id", field="thread_id")
+    first = ctx.store.read(stream_of(thread_id), 1, 1)
+    if not first:
+        raise _hidden(thread_id)
+    metadata = first[0].data.get("metadata")
+    return project_of(metadata if isinstance(metadata, dict) else {})
+
+
+def authorize(ctx: Context, thread_id: str, role: str) -> str:
+    """Allow the caller ``role`` on a thread (404 outside its projects, 403 when the role is too weak)."""
+    project = thread_project(ctx, thread_id)
+    ctx.principal.require(project, role, _hidden(thread_id))
+    return project
+
+
+def summary(log: ThreadLog) -> dict[str, Any]:
+    """The thread after a decision: id, status, reason, head."""
+    state = log.snapshot()
+    return {"thread_id": state.thread_id, "status": state.status, "reason": state.reason, "seq": state.seq,
+            "head_hash": state.head_hash}
+
+
+def wake(ctx: Context, thread_id: str) -> None:
+    """Put a thread workers run back in the queue, so a decision is acted on."""
+    if ctx.store.get_work(thread_work_key(thread_id)) is not None:
+        enqueue_thread(ctx.store, thread_id)
+
+
+def state_dict(log: ThreadLog, project: str) -> dict[str, Any]:
+    """A thread's full state with its project and who owns its active turn."""
+    state = log.snapshot().to_dict()
+    state["project"] = project
+    state["ownership"] = log.ownership()
+    return state
+
+
+@router.post("", status_code=201, responses=WRITE, response_model=dict[str, Any], summary="Create a thread in a project")
+def create_thread(body: CreateThread, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """Record a new idle thread of the server's agent in ``project`` (editor)."""
+    ctx.principal.require(body.project, "editor", ProjectNotFound(f"no project {body.project}",
+                                                                  project=body.project))
+
+    def operation() -> Outcome:
+        agent = ctx.services.require_agent()
+        thread_id = create_thread_for(ctx.store, agent, project=body.project, metadata=body.metadata,
+                                      actor=ctx.actor)
+        log = ThreadLog.load(ctx.store, thread_id)
+        return Outcome(201, {**summary(log), "project": body.project, "agent": log.state.agent.get("name")})
+
+    return ctx.mutate(body, operation)
+
+
+@router.get("", responses=READ, summary="List threads")
+def list_threads(ctx: Annotated[Context, Depends(context)],
+                 project: Annotated[str | None, Query(max_length=100)] = None,
+                 after: Annotated[str | None, Query(pattern=r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")] = None,
+                 limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100) -> dict[str, Any]:
+    """Threads the caller may see (of ``project``), oldest first, ``limit`` per page after thread ``after``."""
+    rows: list[dict[str, Any]] = []
+    cursor = THREAD_PREFIX + after if after else ""
+    next_after: str | None = None
+    while len(rows) < limit:
+        page = ctx.store.list_streams(THREAD_PREFIX, after=cursor, limit=MAX_PAGE)
+        for info in page:
+            thread_id = info.stream[len(THREAD_PREFIX):]
+            cursor = info.stream
+            first = ctx.store.read(info.stream, 1, 1)
+            metadata = first[0].data.get("metadata") if first else None
+            owner_project = project_of(metadata if isinstance(metadata, dict) else {})
+            if not ctx.principal.visible(owner_project) or (project is not None and owner_project != project):
+                continue
+            rows.append({"thread_id": thread_id, "project": owner_project, "events": info.head_seq,
+                         "head_hash": info.head_hash, "created_at": info.created_at})
+            if len(rows) == limit:
+                next_after = thread_id
+                break
+        if len(page) < MAX_PAGE:
+            break
+    return {"threads": rows, "next_after": next_after}
+
+
+@router.get("/{thread_id}", responses=READ, summary="A thread's state")
+def get_thread(thread_id: str, ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
+    """The thread's state: status, turns, messages, the resolver's decision on every effect, turn ownership."""
+    project = authorize(ctx, thread_id, "viewer")
+    return state_dict(ThreadLog.load(ctx.store, thread_id), project)
+
+
+@router.post("/{thread_id}/inputs", status_code=202, responses=WRITE, response_model=dict[str, Any], summary="Send input (starts a turn)")
+def send_input(thread_id: str, body: SendInput, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """Queue a turn with the user's input for a worker (editor); 409 while a turn is active or it waits."""
+    authorize(ctx, thread_id, "editor")
+
+    def operation() -> Outcome:
+        turn_id = submit_turn(ctx.store, thread_id, body.input, actor=ctx.actor)
+        return Outcome(202, {"thread_id": thread_id, "turn_id": turn_id, "queued": True})
+
+    return ctx.mutate(body, operation)
+
+
+@router.post("/{thread_id}/resume", responses=WRITE, response_model=dict[str, Any], summary="Resume a paused turn")
+def resume_thread(thread_id: str, body: Decision, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """Record an explicit resume of a turn paused for quota or authentication (editor)."""
+    authorize(ctx, thread_id, "editor")
+
+    def operation() -> Outcome:
+        log = ThreadLog.load(ctx.store, thread_id, actor=ctx.actor)
+        log.resume_turn(actor=ctx.actor, note=body.note)
+        wake(ctx, thread_id)
+        return Outcome(200, summary(log))
+
+    return ctx.mutate(body, operation)
+
+
+@router.get("/{thread_id}/events", responses=READ, summary="A page of a thread's events")
+def list_events(thread_id: str, ctx: Annotated[Context, Depends(context)],
+                after_seq: Annotated[int, Query(ge=0)] = 0,
+                limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100) -> dict[str, Any]:
+    """Events with ``seq > after_seq``, at most ``limit``; ``next_after_seq`` continues the listing."""
+    authorize(ctx, thread_id, "viewer")
+    stream = stream_of(thread_id)
+    events = ctx.store.read(stream, after_seq + 1, after_seq + limit)
+    info = ctx.store.stream_info(stream)
+    return {"thread_id": thread_id, "events": [e.to_dict() for e in events],
+            "next_after_seq": events[-1].seq if events else after_seq, "head_seq": info.head_seq if info else 0}
+
+
+def sse(event: Event) -> str:
+    """One server-sent event: ``id`` is the seq (resume with Last-Event-ID), ``event`` the event type."""
+    return f"id: {event.seq}\nevent: {event.type}\ndata: {json.dumps(event.to_dict(), ensure_ascii=False)}\n\n"
+
+
+@router.get("/{thread_id}/events/stream", responses={**READ, 200: {"content": {"text/event-stream": {}},
+                                                                    "description": "Server-sent events."}},
+            summary="Live stream of a thread's events (SSE)")
+async def stream_events(thread_id: str, request: Request,
+                        after_seq: Annotated[int | None, Query(ge=0)] = None,
+                        timeout: Annotated[float, Query(gt=0, le=3600)] = 3600,
+                        last_event_id: Annotated[str | None, Header()] = None) -> StreamingResponse:
+    """Every event after ``after_seq`` (or the ``Last-Event-ID`` seq), then new ones as they are appended.
+
+    The stream ends after ``timeout`` seconds; a comment line every 15 s keeps proxies from closing it.
+    """
+    found = services(request)
+    caller = await asyncio.to_thread(principal, request)
+    ctx = Context(request, found, caller)
+    await asyncio.to_thread(authorize, ctx, thread_id, "viewer")
+    start = after_seq
+    if start is None and last_event_id:
+        if not last_event_id.strip().isdigit():
+            raise InvalidInput("Last-Event-ID must be a seq (a non-negative integer)", field="Last-Event-ID")
+        start = int(last_event_id.strip())
+    stream = stream_of(thread_id)
+
+    async def events() -> AsyncIterator[str]:
+        seq = start or 0
+        deadline = time.monotonic() + timeout
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline and not await request.is_disconnected():
+            batch = await asyncio.to_thread(found.store.read, stream, seq + 1, seq + MAX_PAGE)
+            for event in batch:
+                yield sse(event)
+                seq = event.seq
+            if batch:
+                quiet_since = time.monotonic()
+                continue
+            if time.monotonic() - quiet_since > KEEPALIVE_SECONDS:
+                yield ": keep-alive\n\n"
+                quiet_since = time.monotonic()
+            await asyncio.sleep(found.stream_poll_interval)
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.get("/{thread_id}/verify", responses=READ, summary="Verify a thread's hash chain and effects")
+def verify_thread(thread_id: str, ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
+    """Recompute the whole chain and check the effects are consistent; ``valid`` is both."""
+    authorize(ctx, thread_id, "viewer")
+    log = ThreadLog.load(ctx.store, thread_id, verify=True)
+    report = ctx.store.verify(log.stream)
+    analysis = log.analysis()
+    return {"thread_id": thread_id, "valid": report.valid and not analysis.has_corruption,
+            "chain": report.to_dict(), "corrupt_effects": list(analysis.corrupt),
+            "unattributed_events": list(analysis.unattributed_events)}
+
+
+@router.get("/{thread_id}/replay", responses=READ, summary="Rebuild the state from events alone")
+def replay_thread(thread_id: str, ctx: Annotated[Context, Depends(context)],
+                  upto: Annotated[str | None, Query(max_length=40, description="A seq or an event id")] = None,
+                  ) -> dict[str, Any]:
+    """The state rebuilt from the events (up to ``upto``) by the pure projection; no driver is called."""
+    authorize(ctx, thread_id, "viewer")
+    log = ThreadLog.load(ctx.store, thread_id)
+    point: int | str | None = int(upto) if upto is not None and upto.isdigit() else upto
+    return log.replay(point).to_dict()
+
+
+@router.post("/{thread_id}/fork", status_code=201, responses=WRITE, response_model=dict[str, Any], summary="Fork a thread at an event")
+def fork_thread(thread_id: str, body: ForkThread, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """A child thread with this thread's state at event ``at``, in the same project (editor)."""
+    project = authorize(ctx, thread_id, "editor")
+
+    def operation() -> Outcome:
+        log = ThreadLog.load(ctx.store, thread_id, actor=ctx.actor)
+        child = log.fork(body.at, input=body.input)
+        turn = child.state.active_turn()
+        if body.input is not None:
+            ctx.store.enqueue(thread_work_key(child.thread_id), project)
+        return Outcome(201, {**summary(child), "project": project, "parent": child.state.parent,
+                             "turn_id": turn.turn_id if turn else None})
+
+    return ctx.mutate(body, operation)
+
+
+@router.post("/{thread_id}/effects/{effect_id}/resolve", responses=WRITE, response_model=dict[str, Any],
+             summary="Resolve an effect whose outcome is unknown")
+def resolve_effect(thread_id: str, effect_id: str, body: ResolveOutcome,
+                   ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """Record an operator's decision (occurred, not_occurred, abandoned_unknown) about an unknown effect."""
+    authorize(ctx, thread_id, "operator")
+
+    def operation() -> Outcome:
+        log = ThreadLog.load(ctx.store, thread_id, actor=ctx.actor)
+        recorded = log.resolve(effect_id, body.resolution, resolution_id=body.resolution_id, note=body.note,
+                               actor=ctx.actor, evidence=body.evidence, result=body.result)
+        wake(ctx, thread_id)
+        return Outcome(200, {"recorded": recorded, "effect": log.analysis().decisions[effect_id].to_dict(),
+                             "thread": summary(log)})
+
+    return ctx.mutate(body, operation)
+
+
+def _decide(ctx: Context, thread_id: str, effect_id: str, phase: str, body: Decision) -> JSONResponse:
+    authorize(ctx, thread_id, "operator")
+
+    def operation() -> Outcome:
+        log = ThreadLog.load(ctx.store, thread_id, actor=ctx.actor)
+        log.decide_parked(effect_id, phase, actor=ctx.actor, note=body.note)
+        wake(ctx, thread_id)
+        return Outcome(200, {"recorded": True, "effect": log.analysis().decisions[effect_id].to_dict(),
+                             "thread": summary(log)})
+
+    return ctx.mutate(body, operation)
+
+
+@router.post("/{thread_id}/effects/{effect_id}/approve", responses=WRITE, response_model=dict[str, Any], summary="Approve a parked call")
+def approve_effect(thread_id: str, effect_id: str, body: Decision,
+                      ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """Approve a call parked for approval (operator); a worker then dispatches it."""
+    return _decide(ctx, thread_id, effect_id, "approved", body)
+
+
+@router.post("/{thread_id}/effects/{effect_id}/deny", responses=WRITE, response_model=dict[str, Any], summary="Deny a parked call")
+def deny_effect(thread_id: str, effect_id: str, body: Decision,
+                ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """Deny a call parked for approval (operator); the model is told."""
+    return _decide(ctx, thread_id, effect_id, "denied", body)
+
+
+@router.post("/{thread_id}/turns/{turn_id}/recover", responses=WRITE, response_model=dict[str, Any], summary="Recover an expired turn")
+def recover_turn(thread_id: str, turn_id: str, body: RecoverTurn,
+                 ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """Fence out the owner of an expired turn and record a recovery receipt (editor); nothing is retried."""
+    authorize(ctx, thread_id, "editor")
+
+    def operation() -> Outcome:
+        log = ThreadLog.load(ctx.store, thread_id, actor=ctx.actor)
+        replay = log.state.recovery(body.request_id) is not None
+        receipt = log.recover_turn(turn_id, request_id=body.request_id, expected_epoch=body.expected_epoch,
+                                   legacy_confirmed_stopped=body.legacy_confirmed_stopped, actor=ctx.actor)
+        wake(ctx, thread_id)
+        return Outcome(200, {"recorded": not replay, "receipt": receipt, "thread": summary(log)})
+
+    return ctx.mutate(body, operation)
+
+
+__all__ = ["authorize", "router", "thread_project"]

@@ -1,0 +1,67 @@
+"""``/api/v1/tokens``: admins make, list and revoke bearer tokens."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
+
+from jixu.server.auth import create_token, get_token, list_tokens, revoke_token
+from jixu.server.context import Context, context
+from jixu.server.idempotency import Outcome
+from jixu.server.models import WRITE, CreateToken, RevokeToken, TokenCreated, problems
+
+router = APIRouter(prefix="/tokens", tags=["tokens"])
+ADMIN = {**WRITE, **problems(403)}
+Obj = dict[str, Any]
+
+
+@router.post("", status_code=201, responses=ADMIN, response_model=TokenCreated, summary="Create a token (admin)")
+def create(body: CreateToken, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """A new token with ``roles`` per project (or ``admin``); the secret is in this answer only.
+
+    A replay with the same ``Idempotency-Key`` returns the token with
+    ``secret: null``: the secret is never stored.
+    """
+    ctx.principal.require_admin()
+    made: dict[str, Any] = {}
+
+    def operation() -> Outcome:
+        token, secret = create_token(ctx.store, body.name, roles=dict(body.roles), admin=body.admin,
+                                     actor=ctx.actor)
+        made.update(token=token.to_dict(), secret=secret)
+        return Outcome(201, {"token": token.to_dict(), "secret": None})
+
+    response = ctx.mutate(body, operation)
+    if made:  # the first answer carries the secret; the recorded answer (for replays) does not
+        return JSONResponse(made, status_code=201)
+    return response
+
+
+@router.get("", responses=ADMIN, summary="List tokens (admin)")
+def list_all(ctx: Annotated[Context, Depends(context)]) -> Obj:
+    """Every token (never a secret or its hash)."""
+    ctx.principal.require_admin()
+    return {"tokens": [t.to_dict() for t in list_tokens(ctx.store)]}
+
+
+@router.get("/{token_id}", responses=ADMIN, summary="A token (admin)")
+def get_one(token_id: str, ctx: Annotated[Context, Depends(context)]) -> Obj:
+    """One token's record."""
+    ctx.principal.require_admin()
+    return get_token(ctx.store, token_id).to_dict()
+
+
+@router.post("/{token_id}/revoke", responses=ADMIN, response_model=Obj, summary="Revoke a token (admin)")
+def revoke(token_id: str, body: RevokeToken, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """Record that the token may no longer be used (at once, on every server over this store)."""
+    ctx.principal.require_admin()
+
+    def operation() -> Outcome:
+        return Outcome(200, revoke_token(ctx.store, token_id, actor=ctx.actor, reason=body.reason).to_dict())
+
+    return ctx.mutate(body, operation)
+
+
+__all__ = ["router"]

@@ -1,0 +1,42 @@
+"""The agent the API tests serve (``tests.server.agents:agent``): scripted by the user's words.
+
+- input containing ``charge``: calls the unsafe tool ``charge``, which fails
+  indeterminately (the outcome is unknown: an operator must resolve it);
+- input containing ``approve``: calls ``refund``, which needs approval (parked);
+- anything else: replies ``echo: <input>``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jixu import Agent, ScriptedModel, ToolCall, tool
+
+
+@tool(semantics="unsafe")
+async def charge(amount: int) -> str:
+    """Charge a card (always loses its answer: the outcome stays unknown)."""
+    raise ConnectionResetError("the payment gateway hung up")
+
+
+@tool(semantics="unsafe", requires_approval=True)
+async def refund(amount: int) -> str:
+    """Refund an order (needs approval)."""
+    return f"refunded {amount}"
+
+
+def _script(messages: list[dict[str, Any]]) -> str | ToolCall:
+    last = messages[-1]
+    if last.get("role") != "user":
+        return "done"
+    text = str(last.get("content") or "")
+    if "charge" in text:
+        return ToolCall("charge", {"amount": 42})
+    if "approve" in text:
+        return ToolCall("refund", {"amount": 7})
+    return f"echo: {text}"
+
+
+def agent() -> Agent:
+    """The test agent."""
+    return Agent("api-test", ScriptedModel(_script), tools=[charge, refund])

@@ -1,0 +1,196 @@
+"""The threads endpoints over a real server: lifecycle, events (paged and live), decisions, actors, on both stores."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+import httpx
+
+from jixu.threads.log import ThreadLog
+from tests.server.conftest import Api, wait_for
+
+
+def new_thread(client: httpx.Client, project: str = "alpha") -> str:
+    response = client.post("/threads", json={"project": project})
+    assert response.status_code == 201, response.text
+    thread_id: str = response.json()["thread_id"]
+    return thread_id
+
+
+def settled(client: httpx.Client, thread_id: str, status: str) -> dict[str, Any]:
+    """The thread's state once it reached ``status`` (the in-process worker runs it)."""
+    def check() -> dict[str, Any] | None:
+        state: dict[str, Any] = client.get(f"/threads/{thread_id}").json()
+        owner = state["ownership"]
+        return state if state["status"] == status and (not owner or owner["released"]) else None
+
+    found: dict[str, Any] = wait_for(check, f"thread {thread_id} to be {status}")
+    return found
+
+
+def test_a_thread_created_and_sent_input_over_http_runs_and_records_the_token_as_actor(any_api: Api) -> None:
+    client = any_api.client("alpha-editor")
+    thread_id = new_thread(client)
+    sent = client.post(f"/threads/{thread_id}/inputs", json={"input": "hello there"})
+    assert sent.status_code == 202 and sent.json()["queued"] is True
+    state = settled(client, thread_id, "idle")
+    assert state["last_reply"] == "echo: hello there" and state["project"] == "alpha"
+    events = client.get(f"/threads/{thread_id}/events", params={"limit": 1000}).json()["events"]
+    actor = f"token:{any_api.token_ids['alpha-editor']}"
+    by_type = {e["type"]: e for e in events}
+    assert by_type["thread.created"]["meta"]["actor"] == actor
+    assert by_type["turn.started"]["meta"]["actor"] == actor
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    verify = client.get(f"/threads/{thread_id}/verify").json()
+    assert verify["valid"] is True and verify["chain"]["count"] == len(events)
+    listed = client.get("/threads").json()["threads"]
+    assert [t["thread_id"] for t in listed] == [thread_id]
+
+
+def test_events_are_paged_by_seq(api: Api) -> None:
+    client = api.client("alpha-editor")
+    thread_id = new_thread(client)
+    client.post(f"/threads/{thread_id}/inputs", json={"input": "one"})
+    settled(client, thread_id, "idle")
+    whole = client.get(f"/threads/{thread_id}/events").json()
+    seen: list[int] = []
+    after = 0
+    while True:
+        page = client.get(f"/threads/{thread_id}/events", params={"after_seq": after, "limit": 2}).json()
+        if not page["events"]:
+            break
+        assert len(page["events"]) <= 2
+        seen.extend(e["seq"] for e in page["events"])
+        after = page["next_after_seq"]
+    assert seen == [e["seq"] for e in whole["events"]] == list(range(1, whole["head_seq"] + 1))
+
+
+def read_sse(client: httpx.Client, path: str, count: int, headers: dict[str, str] | None = None,
+             ) -> list[dict[str, Any]]:
+    """The first ``count`` events of a server-sent event stream (with their ``id`` and ``event`` fields)."""
+    found: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    with client.stream("GET", path, params={"timeout": 10}, headers=headers) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith("id: "):
+                current["id"] = int(line[4:])
+            elif line.startswith("event: "):
+                current["event"] = line[7:]
+            elif line.startswith("data: "):
+                current["data"] = json.loads(line[6:])
+            elif line == "" and current:
+                found.append(current)
+                current = {}
+                if len(found) == count:
+                    break
+    return found
+
+
+def test_the_live_stream_sends_new_events_and_resumes_after_last_event_id(any_api: Api) -> None:
+    client = any_api.client("alpha-viewer")
+    editor = any_api.client("alpha-editor")
+    thread_id = new_thread(editor)
+    first = read_sse(client, f"/threads/{thread_id}/events/stream", 1)
+    assert first[0]["id"] == 1 and first[0]["event"] == "thread.created"
+    editor.post(f"/threads/{thread_id}/inputs", json={"input": "stream me"})
+    # Resume after seq 1: the turn's events arrive, none repeated.
+    later = read_sse(client, f"/threads/{thread_id}/events/stream", 2, headers={"Last-Event-ID": "1"})
+    assert [e["id"] for e in later] == [2, 3] and later[0]["event"] == "turn.started"
+    assert later[0]["data"]["seq"] == 2
+
+
+def test_an_unknown_effect_is_resolved_only_by_an_operator(api: Api) -> None:
+    editor, operator, viewer = api.client("alpha-editor"), api.client("alpha-operator"), api.client("alpha-viewer")
+    thread_id = new_thread(editor)
+    editor.post(f"/threads/{thread_id}/inputs", json={"input": "charge the card"})
+    state = settled(editor, thread_id, "waiting")
+    [waiting] = state["waiting_on"]
+    assert waiting["state"] == "unknown" and waiting["name"] == "charge"
+    path = f"/threads/{thread_id}/effects/{waiting['effect_id']}/resolve"
+    body = {"resolution": "not_occurred", "note": "the gateway shows no charge"}
+    for who in (editor, viewer):
+        refused = who.post(path, json=body)
+        assert refused.status_code == 403 and refused.json()["code"] == "forbidden"
+    assert api.client("beta-operator").post(path, json=body).status_code == 404
+    done = operator.post(path, json=body)
+    assert done.status_code == 200, done.text
+    assert done.json()["effect"]["resolution"]["resolution"] == "not_occurred"
+    events = operator.get(f"/threads/{thread_id}/events", params={"limit": 1000}).json()["events"]
+    [resolved] = [e for e in events if e["type"] == "tool.outcome_resolved"]
+    assert resolved["meta"]["actor"] == f"token:{api.token_ids['alpha-operator']}"
+    again = operator.post(path, json={**body, "note": "changed my mind"})
+    assert again.status_code == 409 and again.json()["code"] == "resolution_conflict"
+
+
+def test_a_parked_call_is_approved_or_denied_by_an_operator(api: Api) -> None:
+    editor, operator = api.client("alpha-editor"), api.client("alpha-operator")
+    for decision in ("approve", "deny"):
+        thread_id = new_thread(editor)
+        editor.post(f"/threads/{thread_id}/inputs", json={"input": "please approve a refund"})
+        [parked] = settled(editor, thread_id, "waiting")["waiting_on"]
+        assert parked["state"] == "parked"
+        path = f"/threads/{thread_id}/effects/{parked['effect_id']}/{decision}"
+        assert editor.post(path, json={"note": "x"}).status_code == 403
+        answer = operator.post(path, json={"note": "checked the order"})
+        assert answer.status_code == 200, answer.text
+        state = settled(editor, thread_id, "idle")
+        assert state["effects"][parked["effect_id"]]["state"] == "completed"
+        again = operator.post(path, json={})
+        assert again.status_code == 409 and again.json()["code"] == "effect_not_parked"
+
+
+def test_replay_and_fork(api: Api) -> None:
+    editor, viewer = api.client("alpha-editor"), api.client("alpha-viewer")
+    thread_id = new_thread(editor)
+    editor.post(f"/threads/{thread_id}/inputs", json={"input": "first"})
+    settled(editor, thread_id, "idle")
+    events = editor.get(f"/threads/{thread_id}/events").json()["events"]
+    replayed = viewer.get(f"/threads/{thread_id}/replay").json()
+    assert replayed["last_reply"] == "echo: first" and replayed["seq"] == len(events)
+    early = viewer.get(f"/threads/{thread_id}/replay", params={"upto": "1"}).json()
+    assert early["seq"] == 1 and early["last_reply"] is None
+    assert viewer.post(f"/threads/{thread_id}/fork", json={"at": events[-1]["id"]}).status_code == 403
+    forked = editor.post(f"/threads/{thread_id}/fork", json={"at": events[-1]["id"], "input": "second"})
+    assert forked.status_code == 201, forked.text
+    child = forked.json()
+    assert child["parent"]["thread_id"] == thread_id and child["project"] == "alpha" and child["turn_id"]
+    state = settled(editor, child["thread_id"], "idle")
+    assert state["last_reply"] == "echo: second"
+    assert editor.get(f"/threads/{thread_id}/events").json()["head_seq"] == len(events)  # the parent is unchanged
+    unknown = editor.post(f"/threads/{thread_id}/fork", json={"at": "01" + "0" * 24})
+    assert unknown.status_code == 404
+
+
+def test_an_expired_turn_is_recovered_by_an_editor_with_its_epoch(api: Api) -> None:
+    editor, viewer = api.client("alpha-editor"), api.client("alpha-viewer")
+    thread_id = new_thread(editor)
+    # A process outside the server started a turn and died: its lease expires.
+    log = ThreadLog.load(api.store, thread_id)
+    turn_id, _fence = log.start_turn("lost work", owner="crashed-process", ttl=0.05)
+    ownership = wait_for(lambda: (o := viewer.get(f"/threads/{thread_id}").json()["ownership"]) and o["expired"]
+                         and o, "the lease to expire")
+    body = {"request_id": secrets.token_hex(16), "expected_epoch": ownership["epoch"]}
+    path = f"/threads/{thread_id}/turns/{turn_id}/recover"
+    assert viewer.post(path, json=body).status_code == 403
+    recovered = editor.post(path, json=body)
+    assert recovered.status_code == 200, recovered.text
+    receipt = recovered.json()["receipt"]
+    assert receipt["previous_owner"] == "crashed-process" and receipt["epoch"] == ownership["epoch"] + 1
+    assert receipt["actor"] == f"token:{api.token_ids['alpha-editor']}"
+    stale = editor.post(path, json={**body, "request_id": secrets.token_hex(16)})
+    assert stale.status_code == 409
+
+
+def test_sending_input_to_a_waiting_thread_is_refused_and_writes_nothing(api: Api) -> None:
+    editor = api.client("alpha-editor")
+    thread_id = new_thread(editor)
+    editor.post(f"/threads/{thread_id}/inputs", json={"input": "charge it"})
+    settled(editor, thread_id, "waiting")
+    head = editor.get(f"/threads/{thread_id}/events").json()["head_seq"]
+    refused = editor.post(f"/threads/{thread_id}/inputs", json={"input": "anything"})
+    assert refused.status_code == 409 and refused.json()["code"] == "thread_busy"
+    assert editor.get(f"/threads/{thread_id}/events").json()["head_seq"] == head
