@@ -102,10 +102,11 @@ def test_a_worker_with_a_skewed_clock_is_judged_by_the_store_clock(sqlite: Store
     outside = tmp_path / "outside.txt"
     thread_id, turn_id = queued_thread(store)
     skewed = workers(sqlite.url, "skewed", "--lease-ttl", "1.5",
-                     env={"JIXU_TEST_OUTSIDE": str(outside), "JIXU_TEST_TOOL_SLEEP": "3",
+                     env={"JIXU_TEST_OUTSIDE": str(outside), "JIXU_TEST_TOOL_SLEEP": "8",
                           "JIXU_TEST_CLOCK_SKEW": "3600"})
     wait_until(lambda: len(outside_lines(outside)) == 1, "the skewed worker's tool call")
-    # While it heartbeats, its lease is live by the store's clock (and only 1.5s long, not an hour).
+    # While it heartbeats, its lease is live by the store's clock (and only 1.5s long, not an hour). The tool
+    # sleeps 8 s so that these three looks (six CLI processes) fit in the call even on a loaded machine.
     for _ in range(3):
         code, [row] = jixu_json("turns", "list", sqlite.url)
         assert code == 0 and row["owner"] == "skewed" and not row["expired"]
