@@ -113,7 +113,9 @@ class Harness:
                 f"{self.agent.contract[:12]}… (tool names, schemas or semantics differ)",
                 thread_id=thread_id)
         thread = self._track(Thread(self, log))
-        if resume and not self.closing and thread.state().status == "running" and thread.claim_problem() is None:
+        status = log.status(max_steps=self.agent.max_steps, max_attempts=self.max_attempts,
+                            context_budget=self.agent.context_budget)  # O(open effects), unlike state()
+        if resume and not self.closing and status == "running" and thread.claim_problem() is None:
             thread.wait_in_background()
         return thread
 

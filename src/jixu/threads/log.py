@@ -202,6 +202,18 @@ class ThreadLog:
         return build_state(self.state, self.analysis(), max_steps=max_steps, max_attempts=max_attempts,
                            running=running, context_budget=context_budget)
 
+    def status(self, *, max_steps: int = DEFAULT_MAX_STEPS, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+               running: bool = False, context_budget: int | None = None) -> str:
+        """:meth:`snapshot`'s ``status`` by the same rule, at O(open effects) cost.
+
+        It copies no message and decodes no settled decision: the open analysis
+        has the same flags as the full one (see ``ThreadState.open_analysis``),
+        and it is what the agent loop decides on.
+        """
+        action = decide(self.state, self.open_analysis(), max_steps=max_steps, max_attempts=max_attempts,
+                        context_budget=context_budget)
+        return action.status if isinstance(action, Stop) and not running else "running"
+
     def events(self, from_seq: int = 1) -> list[Event]:
         """The thread's events, in order."""
         return self.store.read(self.stream, from_seq)

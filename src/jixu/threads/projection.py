@@ -12,6 +12,7 @@ state ``contradiction``: the caller must then analyze the full history.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from jixu.ledger.event import Event
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 from jixu.threads.compaction import summary_message
 
-REDUCER_VERSION = 3
+REDUCER_VERSION = 4
 
 LIFECYCLE_PHASES = frozenset(
     {"requested", "parked", "approved", "denied", "dispatched", "completed", "failed", "outcome_resolved"}
@@ -37,6 +38,79 @@ RESOLUTION_MESSAGES = {
 NOT_INHERITED_MESSAGE = "This tool call was not carried into the fork: it did not run in this thread."
 INTERRUPTED_MESSAGE = ("The turn ended before this call's result was recorded; its outcome is unknown. "
                        "Do not assume it happened or that it did not.")
+
+
+def encode_decision(decision: EffectDecision) -> str:
+    """A settled decision as compact JSON text (a positional array; see :class:`SettledDecisions`)."""
+    return json.dumps([decision.effect_id, decision.kind, decision.name, decision.state, decision.reason,
+                       list(decision.evidence), decision.retry_safe, decision.semantics, decision.idempotency_key,
+                       decision.args_hash, decision.attempts, decision.resolution, decision.requested_seq,
+                       decision.last_seq], ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def decode_decision(text: str) -> EffectDecision:
+    """The decision back from :func:`encode_decision`."""
+    (effect_id, kind, name, state, reason, evidence, retry_safe, semantics, key, args_hash, attempts, resolution,
+     requested_seq, last_seq) = json.loads(text)
+    return EffectDecision(effect_id, kind, name, state, reason, tuple(evidence), retry_safe, semantics, key,
+                          args_hash, attempts, resolution, requested_seq, last_seq)
+
+
+class SettledDecisions(MutableMapping[str, EffectDecision]):
+    """The resolver's decisions on settled effects, kept as compact JSON text and decoded on access.
+
+    A long thread settles one effect per model or tool call, so this mapping
+    grows with history. Membership (the reducer's only question on the hot
+    path) costs a dict lookup; a decision is decoded only when someone asks
+    for it (``analysis()``, a resolution's idempotency check), and the decoded
+    object is not kept, so the state's memory stays about the size of the text.
+    """
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: dict[str, str] | None = None) -> None:
+        self._rows: dict[str, str] = rows if rows is not None else {}
+
+    def __getitem__(self, effect_id: str) -> EffectDecision:
+        return decode_decision(self._rows[effect_id])
+
+    def __setitem__(self, effect_id: str, decision: EffectDecision) -> None:
+        self._rows[effect_id] = encode_decision(decision)
+
+    def __delitem__(self, effect_id: str) -> None:
+        del self._rows[effect_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __contains__(self, effect_id: object) -> bool:
+        return effect_id in self._rows
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SettledDecisions):
+            return self._rows == other._rows
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"SettledDecisions({len(self._rows)} effects)"
+
+    def encoded(self) -> dict[str, str]:
+        """The compact text of every decision, by effect id (what a checkpoint stores)."""
+        return self._rows
+
+    @classmethod
+    def from_dump(cls, data: dict[str, Any]) -> SettledDecisions:
+        """From a checkpoint or fork record: compact text (reducer >= 4) or decision dicts (older records)."""
+        rows = {}
+        for effect_id, value in data.items():
+            rows[str(effect_id)] = value if isinstance(value, str) else encode_decision(
+                EffectDecision.from_dict(value))
+        return cls(rows)
 
 
 @dataclass
@@ -97,7 +171,8 @@ class ThreadState:
     turns: list[Turn] = field(default_factory=list)
     open_events: dict[str, list[Event]] = field(default_factory=dict)
     """Lifecycle events of effects not yet settled, by effect id."""
-    settled: dict[str, EffectDecision] = field(default_factory=dict)
+    settled: SettledDecisions = field(default_factory=SettledDecisions)
+    """Decisions of settled effects (compact; decoded on access)."""
     effect_turn: dict[str, str] = field(default_factory=dict)
     """Turn id of every open effect."""
     step_calls: dict[str, str] = field(default_factory=dict)
@@ -342,7 +417,7 @@ class ThreadProjection:
             "message_events": state.message_events,
             "turns": [t.to_dict() for t in state.turns],
             "open_events": {k: [e.to_dict() for e in v] for k, v in state.open_events.items()},
-            "settled": {k: d.to_dict() for k, d in state.settled.items()},
+            "settled": dict(state.settled.encoded()),
             "effect_turn": state.effect_turn,
             "step_calls": state.step_calls,
             "stray_events": [e.to_dict() for e in state.stray_events],
@@ -373,7 +448,7 @@ class ThreadProjection:
             message_events=[str(s) for s in sources],
             turns=[Turn(**t) for t in data["turns"]],
             open_events={k: [Event(**e) for e in v] for k, v in data["open_events"].items()},
-            settled={k: EffectDecision.from_dict(d) for k, d in data["settled"].items()},
+            settled=SettledDecisions.from_dump(data["settled"]),
             effect_turn=dict(data["effect_turn"]),
             step_calls=dict(data["step_calls"]),
             stray_events=[Event(**e) for e in data["stray_events"]],
@@ -535,7 +610,7 @@ def fork_state(parent: ThreadState, cause: str = "") -> ThreadState:
         turn.status = "interrupted"
         turn.error = {"source": "fork", "reason": "the thread was forked while this turn was running"}
     child.open_events = {}
-    child.settled = {}
+    child.settled = SettledDecisions()
     child.effect_turn = {}
     child.step_calls = {}
     child.stray_events = []
@@ -545,4 +620,5 @@ def fork_state(parent: ThreadState, cause: str = "") -> ThreadState:
     return child
 
 
-__all__ = ["REDUCER_VERSION", "ThreadProjection", "ThreadState", "Turn", "fork_state"]
+__all__ = ["REDUCER_VERSION", "SettledDecisions", "ThreadProjection", "ThreadState", "Turn", "decode_decision",
+           "encode_decision", "fork_state"]

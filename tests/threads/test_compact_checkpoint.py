@@ -1,0 +1,119 @@
+"""Reducer version 4: settled decisions kept as compact text, the checkpoint digest v2, the cheap status.
+
+A long thread's state holds one settled decision per model or tool call; it is
+kept as compact JSON text and decoded on access. These tests pin that the
+compact form changes nothing anyone can observe: decisions round-trip exactly,
+and a thread reopened from its checkpoint equals its full replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from jixu.ledger import NewEvent, SQLiteStore, content_hash
+from jixu.ledger.projection import checkpoint_digest
+from jixu.recovery import EffectDecision
+from jixu.threads import Agent, Harness, ScriptedModel, ToolCall, tool
+from jixu.threads.log import ThreadLog, stream_of
+from jixu.threads.projection import (
+    REDUCER_VERSION,
+    SettledDecisions,
+    ThreadProjection,
+    decode_decision,
+    encode_decision,
+)
+
+
+@tool(semantics="unsafe")
+def charge(amount: int) -> dict[str, Any]:
+    """Charge a card (the test's unsafe tool)."""
+    return {"charged": amount, "note": "ünïcode ✓"}
+
+
+def _agent() -> Agent:
+    script = [ToolCall("charge", {"amount": 1}), ToolCall("charge", {"amount": 2}), "done",
+              ToolCall("charge", {"amount": 3}), "done again"]
+    return Agent("compact", ScriptedModel(script), tools=[charge], max_steps=8)
+
+
+def test_a_decision_round_trips_through_its_compact_text() -> None:
+    decision = EffectDecision("e1", "tool", "charge", "unknown", "resolved", ("a", "b"), False, "unsafe", "k-1",
+                              "0" * 64, 2, {"resolution": "occurred", "note": "ünï", "evidence": {"x": 1.5}}, 3, 9)
+    text = encode_decision(decision)
+    assert decode_decision(text) == decision
+    settled = SettledDecisions()
+    settled["e1"] = decision
+    assert "e1" in settled and len(settled) == 1 and settled["e1"] == decision
+    assert settled.encoded() == {"e1": text}
+    # A fork record or checkpoint written by reducer 3 held decision dicts: still readable.
+    assert SettledDecisions.from_dump({"e1": decision.to_dict()}) == settled
+    assert SettledDecisions.from_dump({"e1": text}) == settled
+
+
+def test_reopen_from_the_checkpoint_equals_replay(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = SQLiteStore(tmp_path / "t.db")
+        harness = Harness(_agent(), store)
+        thread = await harness.create_thread()
+        await thread.send("go")
+        online = await thread.wait()
+        await thread.send("again")
+        online = await thread.wait()
+        assert online.status == "idle" and online.last_reply == "done again"
+        checkpoint = store.read_checkpoint(stream_of(thread.thread_id), "thread")
+        assert checkpoint is not None and checkpoint.reducer_version == REDUCER_VERSION == 4
+        assert checkpoint.digest == checkpoint_digest(checkpoint.stream, checkpoint.name, checkpoint.seq,
+                                                      checkpoint.reducer_version, checkpoint.head_hash,
+                                                      checkpoint.state_json)
+        stored = json.loads(checkpoint.state_json)["settled"]
+        assert len(stored) == 8 and all(isinstance(text, str) for text in stored.values())
+
+        reopened = await Harness(_agent(), store).open_thread(thread.thread_id)
+        assert reopened.checkpoint_status == "used"
+        replayed = await reopened.replay()
+        for state in (reopened.state(), replayed):
+            assert state.effects == online.effects
+            assert state.messages == online.messages and state.turns == online.turns
+            assert state.status == online.status and state.seq == online.seq
+        projection = ThreadProjection()
+        fresh = projection.initial()
+        for event in store.read(stream_of(thread.thread_id)):
+            fresh = projection.apply(fresh, event)
+        assert fresh.settled == reopened.log.state.settled
+        assert projection.dump(fresh) == projection.dump(reopened.log.state)
+        log = ThreadLog.load(store, thread.thread_id)
+        assert log.status() == log.snapshot().status == "idle"
+        store.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_cheap_status_matches_the_snapshot_while_waiting(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = SQLiteStore(tmp_path / "t.db")
+        harness = Harness(_agent(), store)
+        thread = await harness.create_thread()
+        await thread.send("go")
+        await thread.wait()
+        # Leave an unsafe call dispatched without a receipt, as after a crash: the thread must wait.
+        log = ThreadLog.load(store, thread.thread_id)
+        turn_id, _fence = log.start_turn("more")
+        args = {"amount": 9}
+        log.append([
+            NewEvent("tool.requested", {"effect_id": "eff-x", "name": "charge", "args": args,
+                                        "args_hash": content_hash(args), "semantics": "unsafe",
+                                        "idempotency_key": "k-x", "requires_approval": False,
+                                        "turn_id": turn_id, "call_id": "c-x"}),
+            NewEvent("tool.dispatched", {"effect_id": "eff-x", "attempt": 1, "idempotency_key": "k-x",
+                                         "args_hash": content_hash(args)}),
+        ])
+        reopened = ThreadLog.load(store, thread.thread_id)
+        assert reopened.status() == reopened.snapshot().status == "waiting"
+        reopened.resolve("eff-x", "not_occurred")
+        assert reopened.status() == reopened.snapshot().status
+        store.close()
+
+    asyncio.run(scenario())
