@@ -86,18 +86,21 @@ ROLE_TOKENS = {
 }
 
 
-def start_api(store: Store, tmp_path: Path, **options: Any) -> tuple[Api, LiveServer]:
-    """Tokens in ``store``, then a live server over it with the in-process worker."""
+def start_api(store: Store, tmp_path: Path, providers: dict[str, Any] | None = None,
+              **options: Any) -> tuple[Api, LiveServer]:
+    """Tokens in ``store``, then a live server over it with the in-process worker (runs too, given providers)."""
     api = Api("", store)
     info, secret = create_token(store, "root", admin=True, actor="test")
     api.tokens["admin"], api.token_ids["admin"] = secret, info.token_id
     for name, roles in ROLE_TOKENS.items():
         info, secret = create_token(store, name, roles=roles, actor="test")
         api.tokens[name], api.token_ids[name] = secret, info.token_id
+    workspaces = tmp_path / "workspaces"
     config = WorkerConfig(store_url=store.url or "memory://", agent="tests.server.agents:agent", owner="api-worker",
-                          poll_interval=0.02, quiet=True, drain_timeout=2)
-    worker = BackgroundWorker(store, config, agent=agent())
-    app = create_app(store, agent=agent(), workspace_root=tmp_path / "workspaces", stream_poll_interval=0.02,
+                          poll_interval=0.02, quiet=True, drain_timeout=2,
+                          providers="test-providers" if providers is not None else None, workspace_root=str(workspaces))
+    worker = BackgroundWorker(store, config, agent=agent(), providers=providers)
+    app = create_app(store, agent=agent(), providers=providers, workspace_root=workspaces, stream_poll_interval=0.02,
                      lifespan=[worker.lifespan], **options)
     server = LiveServer(app)
     server.start()

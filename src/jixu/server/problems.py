@@ -87,7 +87,7 @@ class HTTPProblem(JixuError):
         self.status = status if status is not None else _STATUS_BY_CODE.get(code, 400)
 
 
-def problem_body(code: str, status: int, detail: str, instance: str | None = None,
+def problem_body(code: str, status: int, detail: str, instance: str | None = None, /,
                  **extra: Any) -> dict[str, Any]:
     """The problem+json document (``type``, ``title``, ``status``, ``detail``, ``code`` and extensions)."""
     body: dict[str, Any] = {"type": problem_type(code), "title": _TITLES.get(status, "Error"), "status": status,
@@ -95,12 +95,13 @@ def problem_body(code: str, status: int, detail: str, instance: str | None = Non
     if instance is not None:
         body["instance"] = instance
     for key, value in extra.items():
-        if key not in body and value is not None:
-            body[key] = value
+        if value is not None:
+            # A detail named like a standard member (e.g. a run's "status") keeps its value under another name.
+            body[f"error_{key}" if key in body or key == "instance" else key] = value
     return body
 
 
-def problem_response(code: str, status: int, detail: str, instance: str | None = None,
+def problem_response(code: str, status: int, detail: str, instance: str | None = None, /,
                      headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
     """A problem+json response."""
     return JSONResponse(problem_body(code, status, detail, instance, **extra), status_code=status,
