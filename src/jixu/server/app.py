@@ -109,6 +109,8 @@ def _install_problem_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        if error.status_code == 400:  # a body that is not even text (bad UTF-8): invalid input, like bad JSON
+            return problem_response("invalid_input", 422, f"body: {error.detail}", request.url.path, field="body")
         code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
         return problem_response(code, error.status_code, str(error.detail), request.url.path)
 
