@@ -8,6 +8,7 @@ from jixu import __version__
 from jixu.cli.demo import demo_command
 from jixu.cli.ledger import effects_command, ledger_group, verify_command
 from jixu.cli.projects import projects_group
+from jixu.cli.remote import remote_group
 from jixu.cli.runs import runs_group
 from jixu.cli.serve import serve_command
 from jixu.cli.threads import threads_group
@@ -38,6 +39,7 @@ cli.add_command(runs_group)
 cli.add_command(demo_command)
 cli.add_command(serve_command)
 cli.add_command(tokens_group)
+cli.add_command(remote_group)
 
 
 def main() -> None:

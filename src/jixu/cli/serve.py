@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
     process, so inputs and runs sent over HTTP are executed; without them (or
     with --no-worker) they are queued for `jixu worker`.
 
+    SIGTERM or SIGINT: stop accepting requests, drain the worker, exit 0.
+
     Exit codes: 0 stopped cleanly, 2 usage, 5 store problem, 6 invalid input.
     """
     import uvicorn
@@ -69,8 +72,12 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
     worker = "a worker in this process" if lifespan else "no worker (inputs are queued for `jixu worker`)"
     console.print(f"[bold]jixu serve[/]: {escape(open_store_label(store_url))} on http://{host}:{port}/api/v1 "
                   f"with {worker}", highlight=False)
+    # uvicorn stops gracefully on SIGTERM/SIGINT, then re-raises the signal to the handler it replaced: make that
+    # handler a no-op, so a clean stop exits 0 (as `jixu worker` does) instead of dying by the signal.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda received, frame: None)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="info")
+        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info")).run()
     finally:
         store.close()
     sys.exit(EXIT_OK)
