@@ -278,6 +278,34 @@ class ProviderMismatch(JixuError):
     code = "provider_mismatch"
 
 
+
+class RequestNotFound(NotFound):
+    """No execution request with this id exists for this run."""
+
+    code = "request_not_found"
+
+
+class RequestStateError(JixuError):
+    """The execution request cannot be admitted or take this operation now (limits, unresolved intents)."""
+
+    code = "request_state_error"
+
+
+class ReconciliationNeedsProof(JixuError):
+    """Reconciliation found no proof of the request's outcome: it stays unknown (HTTP 409).
+
+    The finding is retained (``request.reconciled``, ``settled`` false); the
+    same reconciliation id returns it again. ``details["result"]`` holds it.
+    """
+
+    code = "reconciliation_needs_proof"
+
+
+class AlreadyReconciled(JixuError):
+    """The request was already settled by a reconciliation with another reconciliation id."""
+
+    code = "already_reconciled"
+
 class ModelError(JixuError):
     """A model driver failed. ``indeterminate`` says whether the call may have been processed."""
 
@@ -292,6 +320,7 @@ class ModelError(JixuError):
 
 
 __all__ = [
+    "AlreadyReconciled",
     "ConcurrencyError",
     "EffectNotParked",
     "EffectNotUnknown",
@@ -302,6 +331,9 @@ __all__ = [
     "ProjectNotFound",
     "ProviderMismatch",
     "ProviderTestFailed",
+    "ReconciliationNeedsProof",
+    "RequestNotFound",
+    "RequestStateError",
     "RunNotFound",
     "RunOwned",
     "RunStateError",

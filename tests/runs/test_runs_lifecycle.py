@@ -342,8 +342,12 @@ def test_cancelling_a_run_mid_implementation_stops_it_after_the_receipt_is_recor
         entries, valid = await runs.journal(run_id)
         assert valid and not state.problems
         # The implementation's receipt is a fact and is recorded after the cancellation; nothing else runs.
-        assert types(entries)[-2:] == ["run.finished", "task.completed"]
+        # The executing process then records that it stopped, which completes the cancellation request.
+        assert types(entries)[-3:] == ["run.finished", "task.completed", "run.drained"]
         assert state.plan.tasks[1].status == "done" and state.plan.tasks[2].status == "pending"
+        [request] = await runs.execution_requests(run_id)
+        assert (request.kind, request.status, request.actor) == ("cancellation", "succeeded", "ops")
+        assert request.receipt is not None and request.receipt["result"]["drained_by"] == runs.owner
 
     run(scenario())
 

@@ -5,14 +5,16 @@ project (authorized git origin + policy); :class:`Runs` creates runs, executes
 them (``prepare`` -> ``implement`` -> ``verify`` as ``task`` effects in the
 run's hash-chained journal) and operates them (``resume``, ``handoff``,
 ``retry``, ``cancel``); :func:`submit_run` puts a run in the work queue.
+Execution requests (:mod:`jixu.runs.requests`) publish a succeeded run
+(:class:`GitPublisher`, :class:`PullRequestPublisher`) or cancel one, each with
+its own hash-chained stream, and are settled only by evidence.
 Providers implement the brief: :class:`CommandProvider` (an external agent
 CLI), :class:`ScriptedProvider` (deterministic, for tests).
 
 Threads become queued work with :func:`submit_turn` (or :func:`enqueue_thread`);
 :class:`WorkerPool` / ``jixu worker`` run them with bounded, fair concurrency.
-The thread :class:`Worker` does not execute run keys yet (``run/<id>``); a
-worker for runs builds a :class:`Runs` with its own owner name and calls
-:meth:`Runs.execute` for each claimed key (see :func:`run_id_of`).
+A worker given providers also executes runs (``run/<id>``) and execution
+requests (``request/<id>``) with a :class:`Runs` under its own owner name.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from jixu.runs.model import (
     Project,
     RunState,
     TaskView,
+    change_origin,
     get_project,
     list_projects,
     register_project,
@@ -40,6 +43,20 @@ from jixu.runs.providers import (
     ProviderError,
     ProviderTest,
     provider_snapshot,
+)
+from jixu.runs.publication import (
+    GitPublisher,
+    PublicationContext,
+    PublicationRejected,
+    Publisher,
+    PullRequestPublisher,
+)
+from jixu.runs.requests import (
+    MAX_PUBLICATION_ATTEMPTS,
+    REQUEST_STATUSES,
+    ExecutionRequestView,
+    request_id_of,
+    request_work_key,
 )
 from jixu.runs.scheduler import (
     DEFAULT_PROJECT,
@@ -63,7 +80,18 @@ from jixu.runs.workers import (
 
 __all__ = [
     "DEFAULT_PROJECT",
+    "MAX_PUBLICATION_ATTEMPTS",
+    "REQUEST_STATUSES",
     "RUN_STATUSES",
+    "ExecutionRequestView",
+    "GitPublisher",
+    "PublicationContext",
+    "PublicationRejected",
+    "Publisher",
+    "PullRequestPublisher",
+    "change_origin",
+    "request_id_of",
+    "request_work_key",
     "CommandProvider",
     "ImplementContext",
     "ImplementResult",

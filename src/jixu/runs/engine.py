@@ -46,18 +46,19 @@ from jixu.errors import (
     OwnershipLost,
     ProviderMismatch,
     ProviderTestFailed,
-    RunNotFound,
     RunOwned,
     RunStateError,
     UnknownProvider,
     WorkspaceMismatch,
 )
-from jixu.ledger import Event, Fence, NewEvent, Store, new_id, project
+from jixu.ledger import Fence, NewEvent, Store, new_id
 from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
 from jixu.ledger.ids import is_valid_id
 from jixu.ledger.store import WorkItem, check_owner, check_ttl
-from jixu.recovery import Analysis, RecoveryResolver
+from jixu.recovery import Analysis
+from jixu.recovery.resolutions import admit_resolution, resolution_body
 from jixu.runs.checks import run_checks
+from jixu.runs.journal import RunLog
 from jixu.runs.model import (
     FINISHED,
     LOCAL_TASKS,
@@ -79,7 +80,6 @@ from jixu.runs.projection import (
     Pause,
     RequestTask,
     Revise,
-    RunProjection,
     RunRecord,
     Stop,
     build_state,
@@ -90,6 +90,8 @@ from jixu.runs.projection import (
     plan_view,
 )
 from jixu.runs.providers import ImplementContext, ImplementResult, Provider, ProviderError, provider_snapshot
+from jixu.runs.publication import GitPublisher, Publisher
+from jixu.runs.requests import DEFAULT_DRAIN_TIMEOUT, ExecutionRequests, ExecutionRequestView
 from jixu.runs.workspace import changes, clone, inspect, resolve_source, tree_of
 
 DEFAULT_LEASE_TTL = 30.0
@@ -99,45 +101,6 @@ _CONFLICT_RETRIES = 5
 def default_run_owner() -> str:
     """An owner name stable across restarts on this machine: ``runs@<hostname>``."""
     return f"runs@{socket.gethostname()}"
-
-
-class RunLog:
-    """One run's journal and projected record in a store: loading, syncing, appending. No decisions."""
-
-    def __init__(self, store: Store, run_id: str) -> None:
-        if not isinstance(run_id, str) or not is_valid_id(run_id):
-            raise InvalidInput(f"run id {run_id!r} is not a valid id", field="run_id")
-        self.store = store
-        self.run_id = run_id
-        self.stream = run_stream(run_id)
-        if store.stream_info(self.stream) is None:
-            raise RunNotFound(f"no run {run_id} in {store.url}", run_id=run_id)
-        projected = project(store, self.stream, RunProjection(), use_checkpoint=False)
-        self.record: RunRecord = projected.state
-        self.chain_break: int | None = None if projected.chain.valid else projected.chain.first_bad_seq
-        self._projection = RunProjection()
-
-    def sync(self) -> None:
-        """Apply events other writers appended since this record's head."""
-        for event in self.store.read(self.stream, self.record.seq + 1):
-            if event.prev_hash != self.record.head_hash:
-                self.chain_break = self.chain_break or event.seq
-                break
-            self.record = self._projection.apply(self.record, event)
-
-    def append(self, events: list[NewEvent], fence: Fence | None = None) -> list[Event]:
-        """Append after this record's head (ConcurrencyError if another writer moved it) and project."""
-        stored = self.store.append(self.stream, events, self.record.seq, fence)
-        for event in stored:
-            self.record = self._projection.apply(self.record, event)
-        return stored
-
-    def analysis(self) -> Analysis:
-        """The RecoveryResolver's answer for every task effect of the run."""
-        return RecoveryResolver.analyze(self.record.lifecycle, check_links=False, chain_break_seq=self.chain_break)
-
-    def meta(self, actor: str) -> JSONObject:
-        return {"actor": actor, "run_id": self.run_id}
 
 
 def submit_run(store: Store, run_id: str) -> WorkItem:
@@ -166,14 +129,19 @@ class Runs:
     """Create, execute, inspect and operate runs (async; one instance per process and owner name).
 
     ``providers`` maps each configured provider's name to it (the key must
-    equal ``provider.name``). ``owner`` names this process for the run lease
-    (stable across restarts, so a restarted process reclaims its runs).
+    equal ``provider.name``), ``publishers`` each publication provider's
+    (default: ``{"git": GitPublisher()}``). ``owner`` names this process for
+    the run lease (stable across restarts, so a restarted process reclaims its
+    runs). With ``wait_automatic_pauses=False`` :meth:`execute` returns at an
+    automatic pause instead of sleeping it out (a worker requeues the run until
+    the pause's ``resume_at``).
     """
 
     def __init__(self, store: Store, workspace_root: Path | str, providers: Mapping[str, Provider], *,
                  owner: str | None = None, lease_ttl: float = DEFAULT_LEASE_TTL, actor: str = "jixu",
                  retry_backoff: float = 1.0, retry_backoff_cap: float = 60.0,
-                 check_env: Mapping[str, str] | None = None) -> None:
+                 check_env: Mapping[str, str] | None = None, publishers: Mapping[str, Publisher] | None = None,
+                 wait_automatic_pauses: bool = True, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT) -> None:
         if not isinstance(store, Store):
             raise InvalidInput("store must be a jixu Store", field="store")
         for name, provider in providers.items():
@@ -190,6 +158,13 @@ class Runs:
         self.retry_backoff = float(retry_backoff)
         self.retry_backoff_cap = float(retry_backoff_cap)
         self.check_env = dict(check_env) if check_env is not None else None
+        self.wait_automatic_pauses = bool(wait_automatic_pauses)
+        chosen = dict(publishers) if publishers is not None else {"git": GitPublisher()}
+        for name, publisher in chosen.items():
+            if getattr(publisher, "name", None) != name:
+                raise InvalidInput(f"publisher configured as {name!r} calls itself {getattr(publisher, 'name', None)!r}",
+                                   field="publishers")
+        self.requests = ExecutionRequests(store, chosen, owner=self.owner, actor=actor, drain_timeout=drain_timeout)
         self._executing: set[str] = set()
 
     # --- reading ---------------------------------------------------------------------------------
@@ -421,7 +396,11 @@ class Runs:
         while True:
             action = decide(log.record, log.analysis())
             if isinstance(action, Stop):
+                self._record_drained(log, fence)
                 return
+            if isinstance(action, AutoResume) and not self.wait_automatic_pauses and action.resume_at is not None \
+                    and action.resume_at > self.store.now():
+                return  # the pause stays open; whoever requeued the run comes back at resume_at
             head = log.record.seq
             try:
                 if isinstance(action, AutoResume):
@@ -441,6 +420,17 @@ class Runs:
             if log.record.seq == head:
                 raise JixuError(f"run {log.run_id}: {type(action).__name__} recorded nothing; stopping instead of "
                                 "looping", run_id=log.run_id)
+
+    def _record_drained(self, log: RunLog, fence: Fence) -> None:
+        """A cancellation request finished the run while this process executed it: record that it stopped."""
+        request_id = (log.record.finished or {}).get("request_id")
+        if not request_id or any(d.get("request_id") == request_id for d in log.record.drained):
+            return
+        with contextlib.suppress(ConcurrencyError):
+            log.append([NewEvent("run.drained", {"request_id": request_id, "by": self.owner, "owner": fence.owner,
+                                                 "epoch": fence.epoch, "how": "the executing process stopped"},
+                                 log.meta(self.owner))], fence)
+        self.requests.complete_cancellation(log)
 
     def _append_receipt(self, log: RunLog, fence: Fence, event: NewEvent) -> None:
         """A receipt is a fact: record it even if an operator wrote meanwhile (same event id on each try)."""
@@ -756,22 +746,86 @@ class Runs:
         return self._state(log)
 
     async def cancel(self, run_id: str, actor: str = "operator", *, reason: str | None = None) -> RunState:
-        """Finish the run as ``cancelled`` (a process executing it stops at its next step)."""
-        check_text(actor, "actor", 200, required=True)
-        check_text(reason, "reason", 10_000)
+        """Cancel the run through a cancellation request (see :mod:`jixu.runs.requests`); does not wait.
+
+        The run finishes as ``cancelled`` at once. The request completes when
+        no process executes the run any more: at once if none does, else when
+        the executing process stops at its next step (it records
+        ``run.drained``); until then the request is ``in_progress``.
+        """
+        request_id = self.requests.admit_cancellation(run_id, reason=reason, actor=actor)
+        await self.requests.execute(request_id, drain_timeout=0)
+        return self._state(self._load(run_id))
+
+    async def resolve_task_outcome(self, run_id: str, effect_id: str, resolution: str, *,
+                                   resolution_id: str | None = None, note: str | None = None,
+                                   actor: str = "operator") -> RunState:
+        """Record an operator's decision about a task whose outcome is unknown (SPEC 4.4 rules).
+
+        For a local task (prepare, implement, verify) ``not_occurred`` lets the
+        run try it again under a new effect id and ``abandoned_unknown``
+        finishes the run as failed; ``occurred`` is refused: a local task's
+        result is observed by running it, never asserted. Idempotent by
+        ``resolution_id``; a changed body for the same id is a
+        :class:`~jixu.errors.ResolutionConflict`.
+        """
         log = self._load(run_id)
-        for _ in range(_CONFLICT_RETRIES):
-            status, why, _analysis, _info = self._status(log)
-            if status in FINISHED:
-                raise RunStateError(f"run {run_id} is already {status} ({why})", run_id=run_id, status=status)
-            try:
-                log.append([NewEvent("run.finished", {
-                    "outcome": "cancelled", "reason": reason or f"cancelled by {actor}", "actor": actor,
-                    "evidence": {"status_before": status, "reason_before": why}}, log.meta(actor))])
-                break
-            except ConcurrencyError:
-                log.sync()
+        body = resolution_body(effect_id, resolution, resolution_id or new_id(), actor=actor, note=note)
+        status = self._status(log)[0]
+        if status == "running":
+            raise RunOwned(f"run {run_id} is being executed by another process", run_id=run_id, status=status)
+        decision = admit_resolution(log.analysis(), body, where=f"run {run_id}")
+        if decision is None:
+            return self._state(log)
+        kind = log.record.kind_of(effect_id)
+        if kind in LOCAL_TASKS and resolution == "occurred":
+            raise InvalidInput(f"{kind} task {effect_id} is local: its outcome is observed by running it again "
+                               "(resolve it as not_occurred) or given up (abandoned_unknown), never asserted",
+                               field="resolution")
+        if "request_id" in (log.record.tasks.get(str(log.record.effects.get(effect_id, {}).get("task_id"))) or {}
+                            ).get("params", {}):
+            raise InvalidInput(f"effect {effect_id} belongs to an execution request: reconcile the request, or "
+                               "inspect the provider and resolve the request's outcome", field="effect_id")
+        log.append([NewEvent(f"{decision.kind}.outcome_resolved", body, log.meta(actor))])
+        self._wake(log)
         return self._state(log)
+
+    # --- execution requests (see jixu.runs.requests) -----------------------------------------
+
+    async def request_publication(self, run_id: str, *, publisher: str = "git", branch: str | None = None,
+                                  base_branch: str | None = None, title: str | None = None,
+                                  body: str | None = None, actor: str | None = None) -> str:
+        """Admit publishing a succeeded run (put in the work queue); the request id."""
+        return self.requests.admit_publication(run_id, publisher=publisher, branch=branch, base_branch=base_branch,
+                                               title=title, body=body, actor=actor)
+
+    async def execute_request(self, request_id: str) -> ExecutionRequestView:
+        """Carry out a pending execution request (what a worker does with ``request/<id>`` work)."""
+        return await self.requests.execute(request_id)
+
+    async def execution_requests(self, run_id: str) -> list[ExecutionRequestView]:
+        """The run's execution requests, oldest first."""
+        return self.requests.of_run(run_id)
+
+    async def execution_request(self, run_id: str, request_id: str) -> ExecutionRequestView:
+        """One execution request of the run."""
+        return self.requests.get(run_id, request_id)
+
+    async def reconcile_execution_request(self, run_id: str, request_id: str, reconciliation_id: str, *,
+                                          actor: str | None = None) -> JSONObject:
+        """Settle a request from retained evidence only (see :meth:`ExecutionRequests.reconcile`)."""
+        return self.requests.reconcile(run_id, request_id, reconciliation_id, actor=actor)
+
+    async def inspect_remote(self, run_id: str, request_id: str, *, actor: str | None = None) -> JSONObject:
+        """Ask the publisher, read-only, what it shows for the request; the finding is retained."""
+        return await self.requests.inspect_remote(run_id, request_id, actor=actor)
+
+    async def resolve_request_outcome(self, run_id: str, request_id: str, resolution: str, *,
+                                      resolution_id: str | None = None, note: str | None = None,
+                                      actor: str | None = None) -> ExecutionRequestView:
+        """An operator's resolution of an unknown request, citing the retained inspection."""
+        return self.requests.resolve_outcome(run_id, request_id, resolution, resolution_id=resolution_id,
+                                             note=note, actor=actor)
 
     async def retry(self, run_id: str, actor: str = "operator", *, provider: str | None = None) -> str:
         """A fresh run (new id, fresh clone) of a failed or cancelled run: same project, brief, source commit and

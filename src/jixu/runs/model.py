@@ -205,6 +205,9 @@ def _project_of(events: list[Event]) -> Project:
         if event.type == "project.policy_updated":
             project = Project(project.name, project.origin, project.default_branch, event.data["policy"],
                               event.data["policy_digest"], project.policy_revision + 1, event.seq)
+        elif event.type == "project.origin_changed":
+            project = Project(project.name, event.data["origin"], project.default_branch, project.policy,
+                              project.policy_digest, project.policy_revision, event.seq)
     return project
 
 
@@ -276,6 +279,24 @@ def update_policy(store: Store, name: str, policy: JSONObject, *, actor: str = "
         return current
     store.append(project_stream(name), [NewEvent("project.policy_updated",
                                                  {"policy": normalised, "policy_digest": digest},
+                                                 {"actor": actor})], current.seq)
+    return get_project(store, name)
+
+
+def change_origin(store: Store, name: str, origin: str, *, actor: str = "jixu") -> Project:
+    """Authorize another origin for the project's later runs (``project.origin_changed``).
+
+    Runs already created keep the origin they froze, but they lose the
+    project's authority to publish there: admission and reconciliation of
+    publications recheck the project's current origin.
+    """
+    check_text(actor, "actor", 200, required=True)
+    current = get_project(store, name)
+    origin = check_origin(origin)
+    if origin == current.origin:
+        return current
+    store.append(project_stream(name), [NewEvent("project.origin_changed",
+                                                 {"origin": origin, "previous_origin": current.origin},
                                                  {"actor": actor})], current.seq)
     return get_project(store, name)
 

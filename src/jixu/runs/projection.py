@@ -34,8 +34,11 @@ from jixu.runs.model import (
 )
 from jixu.runs.providers import PAUSE_KINDS
 
-REDUCER_VERSION = 1
+REDUCER_VERSION = 2
 _RECEIPT_TYPES = frozenset({"task.completed", "task.failed", "task.outcome_resolved"})
+_AFTER_FINISH = frozenset({"run.request_admitted", "run.drained"})
+"""Besides receipts, what a finished run's journal still records: execution requests (publication of a
+succeeded run, say), their remote tasks' lifecycle, and the proof that a cancelled run drained."""
 _PHASES = frozenset(PHASES)
 
 
@@ -67,6 +70,10 @@ class RunRecord:
     reconciliations: list[JSONObject] = field(default_factory=list)
     handoffs: list[JSONObject] = field(default_factory=list)
     finished: JSONObject | None = None
+    requests: dict[str, JSONObject] = field(default_factory=dict)
+    """Execution requests admitted against the run (``run.request_admitted`` data plus ``seq``), by request id."""
+    drained: list[JSONObject] = field(default_factory=list)
+    """``run.drained`` receipts: proof that no worker still executes the run after a cancellation."""
     auto_retries: int = 0
     """Automatic resumes since the last completed implementation, explicit resume or handoff."""
     acknowledged_seq: int = 0
@@ -156,6 +163,18 @@ class RunRecord:
         return str(effect["kind"]) if effect else ""
 
 
+def _request_task_event(record: RunRecord, event: Event) -> bool:
+    """True for a ``task.*`` event of a task that an execution request admitted (allowed after the finish)."""
+    if not event.type.startswith("task."):
+        return False
+    task_id = event.data.get("task_id")
+    if not isinstance(task_id, str):
+        effect = record.effects.get(str(event.data.get("effect_id")))
+        task_id = None if effect is None else effect.get("task_id")
+    task = record.tasks.get(task_id) if isinstance(task_id, str) else None
+    return task is not None and "request_id" in task["params"]
+
+
 def _close_pause(record: RunRecord, by: str, event: Event) -> None:
     pause = record.open_pause
     if pause is not None:
@@ -181,7 +200,8 @@ class RunProjection:
         if record.created is None and kind != "run.created":
             record.problems.append(f"{where}: recorded before run.created")
             return record
-        if record.finished is not None and kind not in _RECEIPT_TYPES:
+        if record.finished is not None and kind not in _RECEIPT_TYPES and kind not in _AFTER_FINISH \
+                and not _request_task_event(record, event):
             record.problems.append(f"{where}: recorded after run.finished")
             return record
         prefix, _dot, phase = kind.rpartition(".")
@@ -227,7 +247,28 @@ class RunProjection:
             record.handoffs.append({**data, "seq": event.seq})
         elif kind == "run.finished":
             record.finished = {**data, "seq": event.seq}
+        elif kind == "run.request_admitted":
+            self._request_admitted(record, event, where)
+        elif kind == "run.drained":
+            record.drained.append({**data, "seq": event.seq})
         return record
+
+    @staticmethod
+    def _request_admitted(record: RunRecord, event: Event, where: str) -> None:
+        data = event.data
+        request_id = data.get("request_id")
+        if not isinstance(request_id, str) or request_id in record.requests:
+            record.problems.append(f"{where}: a missing or repeated request id {request_id!r}")
+            return
+        record.requests[request_id] = {**data, "seq": event.seq}
+        task_id = data.get("task_id")
+        if data.get("kind") == "publication":
+            if not isinstance(task_id, str) or task_id in record.tasks:
+                record.problems.append(f"{where}: publication request {request_id} names task {task_id!r}")
+                return
+            # A remote task outside the plan: executed by its execution request, never by decide().
+            record.tasks[task_id] = {"task_id": task_id, "kind": "publish", "params": {"request_id": request_id},
+                                     "revision": None}
 
     @staticmethod
     def _revised(record: RunRecord, event: Event, where: str) -> None:
@@ -278,6 +319,8 @@ class RunProjection:
                                          "args_hash": data.get("args_hash"),
                                          "idempotency_key": data.get("idempotency_key"), "seq": event.seq}
             attempts.append(effect_id)
+        elif phase == "outcome_resolved":
+            record.acknowledged_seq = event.seq  # an operator looked at the run after that point
         elif phase in ("completed", "failed"):
             record.receipts[effect_id] = {**data, "phase": phase, "seq": event.seq}
             if phase == "completed" and record.kind_of(effect_id) == "implement":
@@ -290,7 +333,8 @@ class RunProjection:
                 "task_effects": state.task_effects, "receipts": state.receipts,
                 "lifecycle": [e.to_dict() for e in state.lifecycle], "claims": state.claims,
                 "pauses": state.pauses, "resumes": state.resumes, "reconciliations": state.reconciliations,
-                "handoffs": state.handoffs, "finished": state.finished, "auto_retries": state.auto_retries,
+                "handoffs": state.handoffs, "finished": state.finished, "requests": state.requests,
+                "drained": state.drained, "auto_retries": state.auto_retries,
                 "acknowledged_seq": state.acknowledged_seq, "problems": state.problems, "seq": state.seq,
                 "head_hash": state.head_hash}
 
@@ -426,6 +470,16 @@ def decide(record: RunRecord, analysis: Analysis) -> Action:
         if decision.state == "not_dispatched":
             return Dispatch(effect_id, task_id, kind, decision.attempts + 1)
         if decision.state == "unknown":
+            resolved = (decision.resolution or {}).get("resolution")
+            if resolved == "not_occurred":
+                return RequestTask(task_id, kind, len(effects) + 1)  # a new attempt under a new effect id
+            if resolved == "abandoned_unknown":
+                return Finish("failed", f"the outcome of {kind} task {task_id} ({effect_id}) was abandoned as "
+                              "unknown by an operator", {"task_id": task_id, "effect_id": effect_id,
+                                                          "resolution": decision.resolution})
+            if resolved is not None:
+                return Stop("needs_reconciliation", f"{kind} task {task_id} ({effect_id}) was resolved as "
+                            f"{resolved!r}, which a {kind} task cannot continue from")
             if decision.retry_safe and decision.attempts < MAX_DISPATCHES:
                 return Dispatch(effect_id, task_id, kind, decision.attempts + 1)
             return Stop("needs_reconciliation", f"{kind} task {task_id} ({effect_id}) was dispatched "

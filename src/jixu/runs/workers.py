@@ -20,7 +20,8 @@ finds every open effect safe, otherwise it waits for ``jixu turns recover``.
 The agent comes from a factory given as ``MODULE:FACTORY``: a zero-argument
 callable returning a :class:`~jixu.Agent`, importable in every worker process.
 
-Runs (keys ``run/<id>``, put in the queue by :func:`~jixu.runs.submit_run`)
+Runs (keys ``run/<id>``, put in the queue by :func:`~jixu.runs.submit_run`) and execution requests
+(keys ``request/<id>``, put there when admitted)
 are executed by workers given a providers factory (``MODULE:FACTORY``
 returning ``dict[str, Provider]``, as for ``jixu runs``): :meth:`Runs.execute
 <jixu.runs.Runs.execute>` under the worker's owner name. An automatic pause
@@ -55,6 +56,7 @@ from jixu.errors import (
     JixuError,
     OwnershipLost,
     ProviderMismatch,
+    RequestNotFound,
     RunNotFound,
     RunOwned,
     StoreError,
@@ -63,13 +65,13 @@ from jixu.errors import (
     TurnOwned,
     UnknownProvider,
 )
-from jixu.ledger import Fence, Store, open_store
+from jixu.ledger import Store, open_store
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.store import WorkClaim, check_limits, check_owner
-from jixu.runs.engine import RunLog, Runs
+from jixu.runs.engine import Runs
 from jixu.runs.model import RunState, run_id_of
-from jixu.runs.projection import AutoResume
 from jixu.runs.providers import Provider
+from jixu.runs.requests import request_id_of
 from jixu.runs.scheduler import thread_id_of
 from jixu.threads.agent import Agent
 from jixu.threads.harness import Harness
@@ -233,20 +235,6 @@ class _Outcome:
     kind: str = "finish"
 
 
-class _AutomaticPause(Exception):
-    """Raised out of :meth:`Runs.execute` where it would wait out an automatic pause: the slot is let go."""
-
-
-class _WorkerRuns(Runs):
-    """:class:`Runs` that stops at an automatic pause instead of sleeping it out (the worker requeues the item
-    until the pause's ``resume_at``). Nothing is written: the pause stays open and the run's lease is released."""
-
-    async def _auto_resume(self, log: RunLog, fence: Fence, action: AutoResume) -> None:
-        if action.resume_at is not None and action.resume_at - self.store.now() > 0:
-            raise _AutomaticPause(action.resume_at)
-        await super()._auto_resume(log, fence, action)
-
-
 def _automatic_pause(state: RunState) -> JSONObject | None:
     """The run's open pause when it resumes by itself (automatic, with a ``resume_at``), else None."""
     if state.status != "paused" or not state.pauses:
@@ -283,8 +271,8 @@ class Worker:
                                    takeover=config.takeover)
         self.runs: Runs | None = None
         if providers is not None:
-            self.runs = _WorkerRuns(store, config.workspace_root or DEFAULT_WORKSPACE_ROOT, providers,
-                                    owner=config.owner, lease_ttl=config.lease_ttl)
+            self.runs = Runs(store, config.workspace_root or DEFAULT_WORKSPACE_ROOT, providers,
+                             owner=config.owner, lease_ttl=config.lease_ttl, wait_automatic_pauses=False)
         self._executing: asyncio.Task[RunState] | None = None
         self.stats = WorkerStats()
         self._report = report or print_report(config.owner)
@@ -424,6 +412,9 @@ class Worker:
         run_id = run_id_of(claim.key)
         if run_id is not None and self.runs is not None:
             return await self._run_run(run_id, self.runs)
+        request_id = request_id_of(claim.key)
+        if request_id is not None and self.runs is not None:
+            return await self._run_request(request_id, self.runs)
         thread_id = thread_id_of(claim.key)
         if thread_id is None or self.harness is None:
             # Work this worker cannot do (a run without providers, a thread without an agent, an unknown
@@ -489,8 +480,6 @@ class Worker:
         self._executing = executing
         try:
             state = await executing
-        except _AutomaticPause:
-            state = await runs.state(run_id)
         except RunOwned as error:
             return _Outcome(True, f"{error.message}", min(ttl, max(poll, ttl / 3)), "requeue")
         except OwnershipLost as error:
@@ -514,6 +503,20 @@ class Worker:
             return _Outcome(False, state.status + (f": {state.reason}" if state.reason else ""))
         return _Outcome(False, f"{state.status}" + (f": {state.reason}" if state.reason else "")
                         + f"; operator needed: {self._operator_commands(state)}", kind="operator")
+
+    async def _run_request(self, request_id: str, runs: Runs) -> _Outcome:
+        """Carry out one execution request (publication, cancellation) and say what becomes of its work item."""
+        if self._stopping:
+            return _Outcome(True, "not started: the worker is stopping", kind="requeue")
+        try:
+            view = await runs.execute_request(request_id)
+        except RequestNotFound as error:
+            return _Outcome(False, error.message, kind="error")
+        except UnknownProvider as error:
+            # Meant for workers configured with another publisher: leave it for them, without spinning on it.
+            return _Outcome(True, error.message, max(self.config.lease_ttl, 5.0), "error")
+        kind = "operator" if view.status in ("needs_reconciliation", "corrupt") else "finish"
+        return _Outcome(False, f"{view.kind} request {view.status}: {view.reason}", kind=kind)
 
     def _until_resume(self, pause: JSONObject) -> _Outcome:
         delay = max(0.0, float(pause["resume_at"]) - self.store.now())

@@ -247,5 +247,47 @@ def changes(workspace: Path, base_commit: str, tree: str) -> JSONObject:
             "diff_digest": hashlib.sha256(patch).hexdigest()}
 
 
-__all__ = ["GIT_TIMEOUT_S", "changes", "check_origin", "clone", "default_branch", "git", "inspect",
-           "resolve_source", "tree_of"]
+
+# --- publication ---------------------------------------------------------------------------
+
+
+_BRANCH = re.compile(r"^(?!/|.*//|.*/$|.*\.\.|.*@\{|.*\.lock$|-)[A-Za-z0-9._/-]{1,200}$")
+
+
+def check_branch(branch: object) -> str:
+    """A branch name safe to push to (``git check-ref-format`` rules, plain characters only)."""
+    if not isinstance(branch, str) or not _BRANCH.match(branch) or branch.endswith("."):
+        raise InvalidInput(f"branch {branch!r} must be 1-200 characters of A-Z a-z 0-9 . _ / - forming a valid "
+                           "git branch name (e.g. jixu/fix-date-parser)", field="branch")
+    return branch
+
+
+def commit_tree(workspace: Path, tree: str, parent: str, message: str, when: str) -> str:
+    """The commit of ``tree`` on ``parent`` made by jixu at ``when`` (ISO time): the same inputs, the same id.
+
+    The author, committer and dates are fixed by the arguments, so the commit a
+    publication names is determined by what the journal recorded, and can be
+    recomputed after a crash instead of being made anew.
+    """
+    identity = {"GIT_AUTHOR_NAME": "jixu", "GIT_AUTHOR_EMAIL": "jixu@localhost", "GIT_AUTHOR_DATE": when,
+                "GIT_COMMITTER_NAME": "jixu", "GIT_COMMITTER_EMAIL": "jixu@localhost", "GIT_COMMITTER_DATE": when}
+    return git(["commit-tree", tree, "-p", parent, "-m", message], cwd=workspace, extra_env=identity).stdout.strip()
+
+
+def remote_branch(origin: str, branch: str) -> str | None:
+    """The commit ``branch`` names on ``origin`` now (read-only ``git ls-remote``), or ``None`` if absent."""
+    listing = git(["ls-remote", "--heads", origin, f"refs/heads/{branch}"], timeout=60).stdout
+    for line in listing.splitlines():
+        sha, _tab, ref = line.partition("\t")
+        if ref.strip() == f"refs/heads/{branch}":
+            return sha.strip()
+    return None
+
+
+def push(workspace: Path, origin: str, commit: str, branch: str) -> None:
+    """Push ``commit`` to ``refs/heads/branch`` on ``origin`` (never forced)."""
+    git(["push", "--porcelain", origin, f"{commit}:refs/heads/{branch}"], cwd=workspace, timeout=GIT_TIMEOUT_S)
+
+
+__all__ = ["GIT_TIMEOUT_S", "changes", "check_branch", "check_origin", "clone", "commit_tree", "default_branch", "git",
+           "inspect", "push", "remote_branch", "resolve_source", "tree_of"]

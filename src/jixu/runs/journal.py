@@ -1,0 +1,53 @@
+"""A run's journal in a store: loading, syncing, appending, and the resolver's analysis. No decisions."""
+
+from __future__ import annotations
+
+from jixu.errors import InvalidInput, RunNotFound
+from jixu.ledger import Event, Fence, NewEvent, Store, project
+from jixu.ledger.encoding import JSONObject
+from jixu.ledger.ids import is_valid_id
+from jixu.recovery import Analysis, RecoveryResolver
+from jixu.runs.model import run_stream
+from jixu.runs.projection import RunProjection, RunRecord
+
+
+class RunLog:
+    """One run's journal and projected record in a store: loading, syncing, appending. No decisions."""
+
+    def __init__(self, store: Store, run_id: str) -> None:
+        if not isinstance(run_id, str) or not is_valid_id(run_id):
+            raise InvalidInput(f"run id {run_id!r} is not a valid id", field="run_id")
+        self.store = store
+        self.run_id = run_id
+        self.stream = run_stream(run_id)
+        if store.stream_info(self.stream) is None:
+            raise RunNotFound(f"no run {run_id} in {store.url}", run_id=run_id)
+        projected = project(store, self.stream, RunProjection(), use_checkpoint=False)
+        self.record: RunRecord = projected.state
+        self.chain_break: int | None = None if projected.chain.valid else projected.chain.first_bad_seq
+        self._projection = RunProjection()
+
+    def sync(self) -> None:
+        """Apply events other writers appended since this record's head."""
+        for event in self.store.read(self.stream, self.record.seq + 1):
+            if event.prev_hash != self.record.head_hash:
+                self.chain_break = self.chain_break or event.seq
+                break
+            self.record = self._projection.apply(self.record, event)
+
+    def append(self, events: list[NewEvent], fence: Fence | None = None) -> list[Event]:
+        """Append after this record's head (ConcurrencyError if another writer moved it) and project."""
+        stored = self.store.append(self.stream, events, self.record.seq, fence)
+        for event in stored:
+            self.record = self._projection.apply(self.record, event)
+        return stored
+
+    def analysis(self) -> Analysis:
+        """The RecoveryResolver's answer for every task effect of the run."""
+        return RecoveryResolver.analyze(self.record.lifecycle, check_links=False, chain_break_seq=self.chain_break)
+
+    def meta(self, actor: str) -> JSONObject:
+        return {"actor": actor, "run_id": self.run_id}
+
+
+__all__ = ["RunLog"]

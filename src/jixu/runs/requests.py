@@ -1,0 +1,922 @@
+"""Execution requests: publication and cancellation of a run, admitted, executed and reconciled on evidence.
+
+A request (stream ``request/<id>``) keeps what was admitted — the run, the
+kind, the admitted source (origin, commit, verified tree), the actor, the
+attempt — and its own hash-chained lifecycle, classified by the
+:class:`~jixu.recovery.RecoveryResolver` like any effect:
+
+* ``request.admitted``; then the intent ``<kind>.requested`` (``publication``
+  or ``cancellation``), the dispatch marker ``<kind>.dispatched`` recorded
+  *before* the effect, and the receipt ``<kind>.completed`` / ``<kind>.failed``
+  with what was observed *after* it. An interruption between dispatch and
+  receipt leaves the request ``needs_reconciliation``; nothing ever dispatches
+  it again (publication and cancellation are ``unsafe``).
+* A publication is also a remote ``publish`` task in the run's journal: the
+  run records its own immutable intent (branch, commit, tree) before the
+  request's dispatch marker and its own receipt (branch, pushed commit, pull
+  request) before the request's receipt. That second, independent record is
+  what reconciliation may use as proof when the request's receipt is missing.
+* A cancellation finishes the run (``run.finished`` naming the request) and is
+  complete only with a ``run.drained`` receipt: written by the process that
+  was executing the run when it stopped, or by the request's worker after it
+  saw that no process holds the run's lease any more.
+
+Rules (SPEC section 5):
+
+* A rejection before dispatch (:class:`~jixu.runs.publication.PublicationRejected`)
+  settles the request as ``failed``; a failure after dispatch keeps the
+  outcome unknown whatever the error says.
+* Publication is admitted only for a succeeded run under the project's current
+  authority, while no earlier publication is unresolved or succeeded, at most
+  :data:`MAX_PUBLICATION_ATTEMPTS` times.
+* :meth:`ExecutionRequests.reconcile` takes a reconciliation id and nothing
+  else: the caller cannot assert an outcome. It rechecks project authority and
+  matches retained, immutable evidence to the admitted and current source; it
+  calls no provider and repeats nothing. Without proof the finding is retained
+  and :class:`~jixu.errors.ReconciliationNeedsProof` is raised (HTTP 409).
+  The same id returns the retained result; a different id after a settling
+  reconciliation is :class:`~jixu.errors.AlreadyReconciled`.
+* An unknown publication is never settled by mutable state (the branch on the
+  origin, the run's status): an operator runs :meth:`ExecutionRequests.inspect_remote`
+  (read-only at the provider, the finding retained as ``request.inspected``)
+  and then records an outcome resolution that cites it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final
+
+from jixu.errors import (
+    AlreadyReconciled,
+    ConcurrencyError,
+    GitError,
+    InvalidInput,
+    JixuError,
+    ProjectNotFound,
+    ReconciliationNeedsProof,
+    RequestNotFound,
+    RequestStateError,
+    RunStateError,
+    UnknownProvider,
+)
+from jixu.ledger import Event, NewEvent, Store, new_id, project
+from jixu.ledger.encoding import JSONObject, content_hash
+from jixu.ledger.ids import is_valid_id
+from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
+from jixu.recovery.resolutions import admit_resolution, resolution_body
+from jixu.runs.journal import RunLog
+from jixu.runs.model import check_text, get_project, run_lease_key
+from jixu.runs.projection import derive_status
+from jixu.runs.publication import PublicationContext, PublicationRejected, Publisher
+from jixu.runs.workspace import check_branch, commit_tree
+
+REQUEST_PREFIX: Final = "request/"
+REQUEST_KINDS: Final = ("publication", "cancellation")
+REQUEST_STATUSES: Final = ("pending", "in_progress", "succeeded", "failed", "needs_reconciliation", "abandoned",
+                           "corrupt")
+"""``pending``: admitted, not dispatched yet; ``in_progress``: a cancellation finished the run and waits for
+the process executing it to stop; ``needs_reconciliation``: dispatched without a terminal receipt;
+``abandoned``: an operator accepted the uncertainty (``abandoned_unknown``)."""
+SETTLED: Final = frozenset({"succeeded", "failed", "abandoned"})
+MAX_PUBLICATION_ATTEMPTS: Final = 3
+RECONCILIATION_ID: Final = re.compile(r"^[0-9a-f]{32}$")
+DEFAULT_DRAIN_TIMEOUT: Final = 60.0
+
+
+def request_stream(request_id: str) -> str:
+    """The stream of an execution request."""
+    return f"{REQUEST_PREFIX}{request_id}"
+
+
+def request_work_key(request_id: str) -> str:
+    """The work-queue key of an execution request (the same text as its stream's name)."""
+    return f"{REQUEST_PREFIX}{request_id}"
+
+
+def request_id_of(key: str) -> str | None:
+    """The request id a work key names, or ``None`` for another kind of work."""
+    return key[len(REQUEST_PREFIX):] if key.startswith(REQUEST_PREFIX) and len(key) > len(REQUEST_PREFIX) else None
+
+
+# --- projection ---------------------------------------------------------------------------------
+
+
+@dataclass
+class RequestRecord:
+    """Everything the projection knows about one execution request."""
+
+    request_id: str = ""
+    admitted: JSONObject | None = None
+    admitted_at: str = ""
+    effect_id: str | None = None
+    intent: JSONObject | None = None
+    receipt: JSONObject | None = None
+    lifecycle: list[Event] = field(default_factory=list)
+    reconciliations: list[JSONObject] = field(default_factory=list)
+    inspections: list[JSONObject] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    seq: int = 0
+    head_hash: str = ""
+
+    @property
+    def kind(self) -> str:
+        return str((self.admitted or {}).get("kind", ""))
+
+    @property
+    def run_id(self) -> str:
+        return str((self.admitted or {}).get("run_id", ""))
+
+    @property
+    def settling_reconciliation(self) -> JSONObject | None:
+        """The reconciliation that settled the request, if one did."""
+        return next((r for r in self.reconciliations if r.get("settled")), None)
+
+
+class RequestProjection:
+    """The reducer from a request's events to a :class:`RequestRecord`."""
+
+    name = "request"
+    version = 1
+
+    def initial(self) -> RequestRecord:
+        """The record before any event."""
+        return RequestRecord()
+
+    def apply(self, record: RequestRecord, event: Event) -> RequestRecord:
+        """Fold ``event`` into ``record``."""
+        record.seq, record.head_hash = event.seq, event.hash
+        kind, data, where = event.type, event.data, f"seq {event.seq} ({event.type})"
+        if record.admitted is None and kind != "request.admitted":
+            record.problems.append(f"{where}: recorded before request.admitted")
+            return record
+        prefix, _dot, phase = kind.rpartition(".")
+        if prefix in REQUEST_KINDS:
+            if prefix != record.kind:
+                record.problems.append(f"{where}: a {prefix} event in a {record.kind} request")
+                return record
+            record.lifecycle.append(event)
+            if phase == "requested":
+                record.effect_id, record.intent = str(data.get("effect_id")), dict(data)
+            elif phase in ("completed", "failed"):
+                record.receipt = {**data, "phase": phase, "seq": event.seq, "event_id": event.id}
+        elif kind == "request.admitted":
+            if record.admitted is not None:
+                record.problems.append(f"{where}: a second request.admitted")
+            else:
+                record.admitted, record.request_id = dict(data), str(data.get("request_id"))
+                record.admitted_at = event.recorded_at
+        elif kind == "request.reconciled":
+            record.reconciliations.append({**data, "seq": event.seq, "event_id": event.id})
+        elif kind == "request.inspected":
+            record.inspections.append({**data, "seq": event.seq, "event_id": event.id})
+        return record
+
+    def dump(self, state: RequestRecord) -> JSONObject:
+        """The record as JSON (requests are short: never checkpointed, but the protocol asks for it)."""
+        return {"request_id": state.request_id, "admitted": state.admitted, "admitted_at": state.admitted_at,
+                "effect_id": state.effect_id, "intent": state.intent, "receipt": state.receipt,
+                "lifecycle": [e.to_dict() for e in state.lifecycle], "reconciliations": state.reconciliations,
+                "inspections": state.inspections, "problems": state.problems, "seq": state.seq,
+                "head_hash": state.head_hash}
+
+    def load(self, data: JSONObject) -> RequestRecord:
+        """The record back from :meth:`dump`."""
+        return RequestRecord(**{**data, "lifecycle": [Event(**e) for e in data["lifecycle"]]})
+
+
+def request_status(record: RequestRecord, analysis: Analysis) -> tuple[str, str]:
+    """The request's status and why (pure): from the resolver's decision about its one effect."""
+    if record.problems or analysis.has_corruption:
+        return "corrupt", "; ".join(record.problems[:3]) or f"contradictory events {list(analysis.corrupt)}"
+    settled = record.settling_reconciliation
+    decision = analysis.decisions.get(record.effect_id or "")
+    if decision is None:
+        return "pending", "admitted; waiting for a worker"
+    if decision.state == "not_dispatched":
+        return "pending", "intent recorded; not dispatched yet"
+    if decision.state == "completed":
+        receipt = record.receipt or {}
+        error = receipt.get("error") or {}
+        if decision.reason == "succeeded":
+            return "succeeded", "terminal receipt recorded by the worker"
+        if decision.reason == "rejected_before_dispatch":
+            return "failed", f"rejected before dispatch: {error.get('message', '')}"
+        return "failed", f"failed: {error.get('message', '')}"
+    if decision.state == "unknown":
+        resolution = decision.resolution or {}
+        outcome = resolution.get("resolution")
+        if outcome == "occurred":
+            how = "reconciliation " + str(settled.get("reconciliation_id")) if settled else "an operator"
+            return "succeeded", f"proved by {how}"
+        if outcome == "not_occurred":
+            return "failed", f"an operator established it did not happen ({resolution.get('note') or 'no note'})"
+        if outcome == "abandoned_unknown":
+            return "abandoned", "an operator accepted that the outcome stays unknown"
+        return "needs_reconciliation", (f"dispatched without a terminal receipt ({decision.reason}); reconcile it "
+                                        "or inspect the provider")
+    return "corrupt", f"unexpected effect state {decision.state}"
+
+
+@dataclass(frozen=True)
+class ExecutionRequestView:
+    """An execution request as users see it: derived from its stream, never stored."""
+
+    request_id: str
+    run_id: str
+    kind: str
+    attempt: int
+    status: str
+    reason: str
+    actor: str
+    admitted_source: JSONObject
+    target: JSONObject
+    intent: JSONObject | None
+    receipt: JSONObject | None
+    reconciliations: tuple[JSONObject, ...]
+    inspections: tuple[JSONObject, ...]
+    decision: JSONObject | None
+    seq: int
+    head_hash: str
+    chain_valid: bool
+
+    def to_dict(self) -> JSONObject:
+        """A JSON-ready dict."""
+        return {"request_id": self.request_id, "run_id": self.run_id, "kind": self.kind, "attempt": self.attempt,
+                "status": self.status, "reason": self.reason, "actor": self.actor,
+                "admitted_source": self.admitted_source, "target": self.target, "intent": self.intent,
+                "receipt": self.receipt, "reconciliations": list(self.reconciliations),
+                "inspections": list(self.inspections), "decision": self.decision, "seq": self.seq,
+                "head_hash": self.head_hash, "chain_valid": self.chain_valid}
+
+
+class RequestLog:
+    """One request's stream in a store: load, sync, append, analyse."""
+
+    def __init__(self, store: Store, request_id: str) -> None:
+        if not isinstance(request_id, str) or not is_valid_id(request_id):
+            raise InvalidInput(f"request id {request_id!r} is not a valid id", field="request_id")
+        self.store, self.request_id, self.stream = store, request_id, request_stream(request_id)
+        if store.stream_info(self.stream) is None:
+            raise RequestNotFound(f"no execution request {request_id} in {store.url}", request_id=request_id)
+        projected = project(store, self.stream, RequestProjection(), use_checkpoint=False)
+        self.record: RequestRecord = projected.state
+        self.chain_break = None if projected.chain.valid else projected.chain.first_bad_seq
+        self._projection = RequestProjection()
+
+    def sync(self) -> None:
+        """Apply events appended since this record's head."""
+        for event in self.store.read(self.stream, self.record.seq + 1):
+            if event.prev_hash != self.record.head_hash:
+                self.chain_break = self.chain_break or event.seq
+                break
+            self.record = self._projection.apply(self.record, event)
+
+    def append(self, events: list[NewEvent]) -> list[Event]:
+        """Append after this record's head (ConcurrencyError if another writer moved it)."""
+        stored = self.store.append(self.stream, events, self.record.seq)
+        for event in stored:
+            self.record = self._projection.apply(self.record, event)
+        return stored
+
+    def analysis(self) -> Analysis:
+        """The resolver's answer for the request's effect."""
+        return RecoveryResolver.analyze(self.record.lifecycle, check_links=False, chain_break_seq=self.chain_break)
+
+    def decision(self) -> EffectDecision | None:
+        return self.analysis().decisions.get(self.record.effect_id or "")
+
+    def status(self) -> tuple[str, str]:
+        return request_status(self.record, self.analysis())
+
+    def view(self) -> ExecutionRequestView:
+        """The request as users see it."""
+        analysis = self.analysis()
+        status, reason = request_status(self.record, analysis)
+        admitted = self.record.admitted or {}
+        decision = analysis.decisions.get(self.record.effect_id or "")
+        return ExecutionRequestView(
+            request_id=self.request_id, run_id=self.record.run_id, kind=self.record.kind,
+            attempt=int(admitted.get("attempt") or 1), status=status, reason=reason,
+            actor=str(admitted.get("actor", "")), admitted_source=dict(admitted.get("source") or {}),
+            target=dict(admitted.get("target") or {}), intent=self.record.intent, receipt=self.record.receipt,
+            reconciliations=tuple(self.record.reconciliations), inspections=tuple(self.record.inspections),
+            decision=None if decision is None else decision.to_dict(), seq=self.record.seq,
+            head_hash=self.record.head_hash, chain_valid=self.chain_break is None)
+
+    @staticmethod
+    def meta(actor: str, run_id: str, request_id: str) -> JSONObject:
+        return {"actor": actor, "run_id": run_id, "request_id": request_id}
+
+
+def _intent(name: str, args: JSONObject, effect_id: str) -> JSONObject:
+    """An unsafe intent's data: a retry could repeat the effect, so an unknown outcome waits for evidence."""
+    return {"effect_id": effect_id, "name": name, "args": args, "args_hash": content_hash(args),
+            "semantics": "unsafe", "idempotency_key": f"jixu:{effect_id}", "requires_approval": False}
+
+
+def _git_time(recorded_at: str) -> str:
+    """An event's ``recorded_at`` as a git date (seconds since the epoch, UTC)."""
+    moment = datetime.fromisoformat(recorded_at.replace("Z", "+00:00"))
+    return f"{int(moment.replace(tzinfo=moment.tzinfo or UTC).timestamp())} +0000"
+
+
+class ExecutionRequests:
+    """Admit, execute, list, inspect and reconcile a store's execution requests (used through :class:`Runs`)."""
+
+    def __init__(self, store: Store, publishers: Mapping[str, Publisher], *, owner: str, actor: str,
+                 drain_timeout: float = DEFAULT_DRAIN_TIMEOUT, poll_interval: float = 0.2) -> None:
+        self.store = store
+        self.publishers = dict(publishers)
+        self.owner = owner
+        self.actor = actor
+        self.drain_timeout = float(drain_timeout)
+        self.poll_interval = float(poll_interval)
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def _request(self, run_id: str, request_id: str) -> tuple[RunLog, RequestLog]:
+        run = RunLog(self.store, run_id)
+        if not isinstance(request_id, str) or request_id not in run.record.requests:
+            if isinstance(request_id, str) and not is_valid_id(request_id):
+                raise InvalidInput(f"request id {request_id!r} is not a valid id", field="request_id")
+            raise RequestNotFound(f"run {run_id} has no execution request {request_id!r}", run_id=run_id,
+                                  request_id=request_id)
+        return run, RequestLog(self.store, request_id)
+
+    def of_run(self, run_id: str) -> list[ExecutionRequestView]:
+        """The run's execution requests, oldest first."""
+        run = RunLog(self.store, run_id)
+        return [self.view(RequestLog(self.store, request_id)) for request_id in run.record.requests]
+
+    def get(self, run_id: str, request_id: str) -> ExecutionRequestView:
+        """One request of the run."""
+        return self.view(self._request(run_id, request_id)[1])
+
+    # --- admission -----------------------------------------------------------------------------
+
+    def _admit(self, run: RunLog, kind: str, actor: str, source: JSONObject, target: JSONObject,
+               attempt: int, extra: JSONObject | None = None) -> str:
+        request_id = new_id()
+        task_id = new_id() if kind == "publication" else None
+        meta = RequestLog.meta(actor, run.run_id, request_id)
+        admitted: JSONObject = {"request_id": request_id, "run_id": run.run_id, "project": run.record.project,
+                                "kind": kind, "attempt": attempt, "actor": actor, "source": source,
+                                "target": target, **(extra or {})}
+        # The request's own stream first: if the process stops before the journal names it, the orphan
+        # stream is never executed or listed (everything starts from the run's journal).
+        self.store.append(request_stream(request_id), [NewEvent("request.admitted", admitted, meta)], 0)
+        run.append([NewEvent("run.request_admitted", {
+            "request_id": request_id, "kind": kind, "attempt": attempt, "actor": actor, "task_id": task_id,
+            "target": target}, meta)])
+        self.store.enqueue(request_work_key(request_id), run.record.project)
+        return request_id
+
+    def _publication_history(self, run: RunLog) -> list[tuple[str, str]]:
+        return [(request_id, RequestLog(self.store, request_id).status()[0])
+                for request_id, data in run.record.requests.items() if data.get("kind") == "publication"]
+
+    def admit_publication(self, run_id: str, *, publisher: str, branch: str | None = None,
+                          base_branch: str | None = None, title: str | None = None, body: str | None = None,
+                          actor: str | None = None) -> str:
+        """Admit publishing a succeeded run's verified source; the request id (a worker executes it).
+
+        :class:`~jixu.errors.RequestStateError` when the run did not succeed,
+        the project's authority changed, an earlier publication is unresolved
+        or succeeded, or :data:`MAX_PUBLICATION_ATTEMPTS` were admitted.
+        """
+        actor = actor or self.actor
+        check_text(actor, "actor", 200, required=True)
+        check_text(title, "title", 500)
+        check_text(body, "body", 20_000)
+        if publisher not in self.publishers:
+            raise UnknownProvider(f"no publisher named {publisher!r} is configured; configured: "
+                                  f"{sorted(self.publishers)}", field="publisher", publisher=publisher)
+        run = RunLog(self.store, run_id)
+        branch = check_branch(branch or f"jixu/{run_id}")
+        for _ in range(5):
+            record = run.record
+            finished = record.finished or {}
+            if finished.get("outcome") != "succeeded" or record.problems:
+                raise RequestStateError(f"run {run_id} has not succeeded ({finished.get('outcome') or 'unfinished'});"
+                                        " only a succeeded run's verified source is published", run_id=run_id)
+            authority = self._authority(run)
+            if not authority["ok"]:
+                raise RequestStateError(f"run {run_id} cannot be published: {authority['reason']}", run_id=run_id)
+            history = self._publication_history(run)
+            open_ = [rid for rid, status in history if status in ("pending", "needs_reconciliation", "corrupt")]
+            if open_:
+                raise RequestStateError(f"publication request {open_[0]} of run {run_id} is still unresolved; "
+                                        "reconcile it before admitting another attempt", run_id=run_id,
+                                        request_id=open_[0])
+            done = [rid for rid, status in history if status == "succeeded"]
+            if done:
+                raise RequestStateError(f"run {run_id} was already published by request {done[0]}", run_id=run_id,
+                                        request_id=done[0])
+            if len(history) >= MAX_PUBLICATION_ATTEMPTS:
+                raise RequestStateError(f"run {run_id} already had {len(history)} publication attempts (the "
+                                        f"limit is {MAX_PUBLICATION_ATTEMPTS}); retry the run instead",
+                                        run_id=run_id)
+            evidence = finished.get("evidence") or {}
+            verified = evidence.get("source") or {}
+            source = {"origin": record.source.get("origin"), "commit": record.source.get("commit"),
+                      "tree": verified.get("tree"), "verify_effect_id": evidence.get("verify_effect_id")}
+            chosen = self.publishers[publisher]
+            target = {"publisher": publisher, "publisher_kind": chosen.kind, "settings": chosen.settings(),
+                      "branch": branch, "base_branch": base_branch or str(self._default_branch(run)),
+                      "title": title or f"jixu run {run_id}: {record.brief[:200]}",
+                      "body": body or f"Published by jixu from run {run_id}.\n\nBrief:\n{record.brief[:5000]}"}
+            try:
+                return self._admit(run, "publication", actor, source, target, len(history) + 1,
+                                   {"retry_of": history[-1][0] if history else None})
+            except ConcurrencyError:
+                run.sync()  # another admission raced this one: look at the history again
+        raise RequestStateError(f"run {run_id}'s journal kept moving while admitting a publication; try again",
+                                run_id=run_id)
+
+    def admit_cancellation(self, run_id: str, *, reason: str | None = None, actor: str | None = None) -> str:
+        """Admit cancelling an unfinished run; the request id."""
+        actor = actor or self.actor
+        check_text(actor, "actor", 200, required=True)
+        check_text(reason, "reason", 10_000)
+        run = RunLog(self.store, run_id)
+        for _ in range(5):
+            finished = run.record.finished
+            if finished is not None:
+                raise RunStateError(f"run {run_id} is already {finished.get('outcome')} "
+                                    f"({finished.get('reason')})", run_id=run_id, status=finished.get("outcome"))
+            for request_id, data in run.record.requests.items():
+                if data.get("kind") == "cancellation" and RequestLog(self.store, request_id).status()[0] in (
+                        "pending", "needs_reconciliation"):
+                    raise RequestStateError(f"cancellation request {request_id} of run {run_id} is still open",
+                                            run_id=run_id, request_id=request_id)
+            try:
+                return self._admit(run, "cancellation", actor, {"origin": run.record.source.get("origin"),
+                                                                "commit": run.record.source.get("commit")},
+                                   {"reason": reason or f"cancelled by {actor}"}, 1)
+            except ConcurrencyError:
+                run.sync()
+        raise RequestStateError(f"run {run_id}'s journal kept moving while admitting a cancellation; try again",
+                                run_id=run_id)
+
+    def _default_branch(self, run: RunLog) -> str:
+        try:
+            return get_project(self.store, run.record.project).default_branch
+        except ProjectNotFound:
+            return "main"
+
+    def _authority(self, run: RunLog) -> JSONObject:
+        """Does the project still authorize the run's origin? (Read from the project's stream now.)"""
+        try:
+            found = get_project(self.store, run.record.project)
+        except ProjectNotFound:
+            return {"ok": False, "reason": f"project {run.record.project!r} no longer exists"}
+        origin = run.record.source.get("origin")
+        if found.origin != origin:
+            return {"ok": False, "reason": f"project {found.name!r} now authorizes origin {found.origin!r}, not the "
+                                           f"run's {origin!r}", "origin": found.origin}
+        return {"ok": True, "origin": origin, "project": found.name}
+
+    # --- execution -----------------------------------------------------------------------------
+
+    async def execute(self, request_id: str, *, drain_timeout: float | None = None) -> ExecutionRequestView:
+        """Carry a pending request out: intent, dispatch marker, effect, receipt. Anything else: its view.
+
+        A cancellation whose effect is recorded (the run finished by it) but
+        whose drain receipt is missing is *observed* again, never redone: it
+        waits up to ``drain_timeout`` (default: the service's) for the run's
+        executor to stop and then records the receipt.
+        """
+        log = RequestLog(self.store, request_id)
+        run = RunLog(self.store, log.record.run_id)
+        if request_id not in run.record.requests:
+            raise RequestNotFound(f"request {request_id} is not named by run {log.record.run_id}'s journal; it was "
+                                  "never admitted completely and is not executed", request_id=request_id)
+        timeout = self.drain_timeout if drain_timeout is None else float(drain_timeout)
+        status = log.status()[0]
+        try:
+            if status == "pending" and log.record.kind == "publication":
+                await self._publish(run, log)
+            elif status == "pending":
+                await self._cancel(run, log, timeout)
+            elif log.record.kind == "cancellation" and status == "needs_reconciliation" \
+                    and self._finished_by(run, request_id):
+                await self._finish_drain(run, log, timeout)
+        except ConcurrencyError:
+            pass  # another worker moved the request first: it owns the dispatch, we stop
+        log.sync()
+        return self.view(log)
+
+    def view(self, log: RequestLog) -> ExecutionRequestView:
+        """The request's view; a cancellation waiting for a live executor to drain is ``in_progress``."""
+        view = log.view()
+        if view.kind == "cancellation" and view.status == "needs_reconciliation" and view.decision \
+                and view.decision.get("reason") == "dispatched_without_receipt" and self._executor_live(view.run_id):
+            return replace(view, status="in_progress",
+                           reason="the run is finished; waiting for the process executing it to stop")
+        return view
+
+    def _ownership(self, run: RunLog) -> str:
+        """Who holds the run's lease, in :data:`~jixu.runs.projection.OWNERSHIP` terms (as seen from outside)."""
+        lease = self.store.get_lease(run_lease_key(run.run_id))
+        if lease is None:
+            return "stale" if run.record.claims else "none"
+        if lease.released:
+            return "released"
+        return "live" if lease.expires_at > self.store.now() else "stale"
+
+    def _executor_live(self, run_id: str) -> bool:
+        lease = self.store.get_lease(run_lease_key(run_id))
+        return lease is not None and not lease.released and lease.expires_at > self.store.now()
+
+    def _context(self, run: RunLog, log: RequestLog, args: JSONObject) -> PublicationContext:
+        admitted = log.record.admitted or {}
+        target = admitted.get("target") or {}
+        return PublicationContext(
+            run_id=run.run_id, request_id=log.request_id, workspace=Path(run.record.workspace),
+            origin=str(args["origin"]), branch=str(args["branch"]), base_branch=str(args["base_branch"]),
+            commit=str(args["commit"]), tree=str(args["tree"]), title=str(target.get("title", "")),
+            body=str(target.get("body", "")))
+
+    def _publisher(self, log: RequestLog) -> Publisher:
+        name = ((log.record.admitted or {}).get("target") or {}).get("publisher")
+        publisher = self.publishers.get(str(name))
+        if publisher is None:
+            raise UnknownProvider(f"request {log.request_id} uses publisher {name!r}, which is not configured here",
+                                  publisher=name)
+        return publisher
+
+    def _journal_intent(self, run: RunLog, request_id: str) -> JSONObject | None:
+        task_id = run.record.requests[request_id].get("task_id")
+        effects = run.record.task_effects.get(str(task_id), [])
+        return run.record.effects.get(effects[0]) if effects else None
+
+    async def _publish(self, run: RunLog, log: RequestLog) -> None:
+        publisher = self._publisher(log)
+        admitted = log.record.admitted or {}
+        meta = RequestLog.meta(self.owner, run.run_id, log.request_id)
+        reject: str | None = None
+        if log.record.intent is None:
+            source, target = admitted.get("source") or {}, admitted.get("target") or {}
+            try:
+                commit = await asyncio.to_thread(
+                    commit_tree, Path(run.record.workspace), str(source["tree"]), str(source["commit"]),
+                    str(target.get("title") or f"jixu run {run.run_id}"), _git_time(log.record.admitted_at))
+            except (GitError, OSError, KeyError, TypeError) as error:
+                commit, reject = "", f"the verified tree cannot be committed: {error}"
+            args: JSONObject = {"run_id": run.run_id, "request_id": log.request_id, "origin": source.get("origin"),
+                                "branch": target.get("branch"), "base_branch": target.get("base_branch"),
+                                "commit": commit, "tree": source.get("tree"), "publisher": publisher.name}
+            journal = self._journal_intent(run, log.request_id)
+            if journal is None:
+                task_id = str(run.record.requests[log.request_id]["task_id"])
+                journal_effect = new_id()
+                run.append([NewEvent("task.requested", {
+                    **_intent("publish", {**args, "task_id": task_id}, journal_effect),
+                    "task_id": task_id, "attempt": 1}, meta)])
+                journal = run.record.effects[journal_effect]
+            log.append([NewEvent("publication.requested", _intent(
+                publisher.name, {**args, "journal_effect_id": journal["effect_id"]}, new_id()),
+                meta)])
+        intent = log.record.intent or {}
+        args = dict(intent.get("args") or {})
+        journal_effect_id = str(args.get("journal_effect_id"))
+        context = self._context(run, log, args)
+        if reject is None:
+            try:
+                await publisher.preflight(context)
+            except PublicationRejected as error:
+                reject = error.message
+        if reject is not None:
+            error_body = {"type": "rejected", "message": reject}
+            log.append([NewEvent("publication.failed", {"effect_id": intent["effect_id"], "indeterminate": False,
+                                                        "error": error_body}, meta)])
+            run.append([NewEvent("task.failed", {"effect_id": journal_effect_id, "indeterminate": False,
+                                                 "error": error_body}, meta)])
+            return
+        # The dispatch marker of the request decides who publishes: appended after the head we read, it
+        # fails with ConcurrencyError for every other worker. Then the run's own marker.
+        log.append([NewEvent("publication.dispatched", {"effect_id": intent["effect_id"], "attempt": 1,
+                                                        "name": intent["name"], "args_hash": intent["args_hash"],
+                                                        "idempotency_key": intent["idempotency_key"]}, meta)])
+        journal = run.record.effects[journal_effect_id]
+        run.append([NewEvent("task.dispatched", {"effect_id": journal_effect_id, "attempt": 1, "name": "publish",
+                                                 "args_hash": journal["args_hash"],
+                                                 "idempotency_key": journal["idempotency_key"],
+                                                 "task_id": journal["task_id"]}, meta)])
+        try:
+            evidence = await publisher.publish(context)
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as error:
+            # After dispatch nothing the provider says proves absence: the outcome stays unknown.
+            failure = {"type": "publish_failed", "exception": type(error).__name__,
+                       "message": (error.message if isinstance(error, JixuError) else str(error))[:2000]}
+            run.append([NewEvent("task.failed", {"effect_id": journal_effect_id, "attempt": 1, "indeterminate": True,
+                                                 "error": failure}, meta)])
+            log.append([NewEvent("publication.failed", {"effect_id": intent["effect_id"], "attempt": 1,
+                                                        "indeterminate": True, "error": failure}, meta)])
+            return
+        result = {**evidence, "observed_at": time.time()}
+        run.append([NewEvent("task.completed", {"effect_id": journal_effect_id, "attempt": 1, "result": result},
+                             meta)])
+        log.append([NewEvent("publication.completed", {"effect_id": intent["effect_id"], "attempt": 1,
+                                                       "result": result}, meta)])
+
+    async def _cancel(self, run: RunLog, log: RequestLog, timeout: float) -> None:
+        meta = RequestLog.meta(self.owner, run.run_id, log.request_id)
+        admitted = log.record.admitted or {}
+        if log.record.intent is None:
+            log.append([NewEvent("cancellation.requested", _intent(
+                "cancel_run", {"run_id": run.run_id, "request_id": log.request_id}, new_id()), meta)])
+        intent = log.record.intent or {}
+        if run.record.finished is not None and not self._finished_by(run, log.request_id):
+            log.append([NewEvent("cancellation.failed", {"effect_id": intent["effect_id"], "indeterminate": False,
+                                                         "error": {"type": "rejected", "message": (
+                                                             f"the run already finished as "
+                                                             f"{run.record.finished.get('outcome')}")}}, meta)])
+            return
+        log.append([NewEvent("cancellation.dispatched", {"effect_id": intent["effect_id"], "attempt": 1,
+                                                         "name": intent["name"], "args_hash": intent["args_hash"],
+                                                         "idempotency_key": intent["idempotency_key"]}, meta)])
+        reason = str((admitted.get("target") or {}).get("reason") or "cancelled")
+        actor = str(admitted.get("actor") or self.actor)
+        for _ in range(20):
+            if run.record.finished is not None:
+                break
+            before, why = derive_status(run.record, run.analysis(), self._ownership(run))
+            try:
+                run.append([NewEvent("run.finished", {
+                    "outcome": "cancelled", "reason": reason, "actor": actor, "request_id": log.request_id,
+                    "evidence": {"request_id": log.request_id, "status_before": before, "reason_before": why}},
+                    RequestLog.meta(actor, run.run_id, log.request_id))])
+            except ConcurrencyError:
+                run.sync()
+        await self._finish_drain(run, log, timeout)
+
+    async def _finish_drain(self, run: RunLog, log: RequestLog, timeout: float) -> None:
+        drained = await self._await_drain(run, log.request_id, timeout)
+        if drained is not None:
+            self.complete_cancellation(run, log)
+
+    def complete_cancellation(self, run: RunLog, log: RequestLog | None = None) -> None:
+        """Record the cancellation request's receipt once the run's journal holds its drain receipt."""
+        request_id = (run.record.finished or {}).get("request_id")
+        drained = None if not request_id else self._drained(run, str(request_id))
+        if drained is None:
+            return
+        log = log or RequestLog(self.store, str(request_id))
+        log.sync()
+        intent = log.record.intent
+        if intent is None or log.record.receipt is not None:
+            return
+        finished = run.record.finished or {}
+        with contextlib.suppress(ConcurrencyError):  # someone recorded the same receipt meanwhile
+            log.append([NewEvent("cancellation.completed", {"effect_id": intent["effect_id"], "attempt": 1, "result": {
+                "drained": True, "drained_seq": drained["seq"], "drained_by": drained.get("by"),
+                "run_outcome": finished.get("outcome"), "finished_by_request": finished.get("request_id")}},
+                RequestLog.meta(self.owner, run.run_id, log.request_id))])
+
+    @staticmethod
+    def _finished_by(run: RunLog, request_id: str) -> bool:
+        return (run.record.finished or {}).get("request_id") == request_id
+
+    @staticmethod
+    def _drained(run: RunLog, request_id: str) -> JSONObject | None:
+        return next((d for d in run.record.drained if d.get("request_id") == request_id), None)
+
+    async def _await_drain(self, run: RunLog, request_id: str, timeout: float) -> JSONObject | None:
+        """Wait until the run's executor recorded ``run.drained``, or no process holds its lease; the receipt."""
+        deadline = time.monotonic() + timeout
+        while True:
+            run.sync()
+            drained = self._drained(run, request_id)
+            if drained is not None:
+                return drained
+            lease = self.store.get_lease(run_lease_key(run.run_id))
+            now = self.store.now()
+            live = lease is not None and not lease.released and lease.expires_at > now
+            if not live:
+                lease_info = None if lease is None else {"owner": lease.owner, "epoch": lease.epoch,
+                                                         "released": lease.released, "expires_at": lease.expires_at,
+                                                         "store_now": now}
+                try:
+                    run.append([NewEvent("run.drained", {"request_id": request_id, "by": self.owner,
+                                                         "how": "no process holds the run's lease",
+                                                         "lease": lease_info},
+                                         RequestLog.meta(self.owner, run.run_id, request_id))])
+                except ConcurrencyError:
+                    continue  # the executor wrote meanwhile (perhaps its own drained receipt): look again
+                return self._drained(run, request_id)
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(self.poll_interval)
+
+    # --- operator operations -------------------------------------------------------------------
+
+    async def inspect_remote(self, run_id: str, request_id: str, *, actor: str | None = None) -> JSONObject:
+        """Ask the provider, read-only, what it shows for the recorded publication; retain the finding."""
+        actor = actor or self.actor
+        check_text(actor, "actor", 200, required=True)
+        run, log = self._request(run_id, request_id)
+        if log.record.kind != "publication" or log.record.intent is None:
+            raise RequestStateError(f"request {request_id} has no publication intent to inspect",
+                                    request_id=request_id)
+        publisher = self._publisher(log)
+        args = dict(log.record.intent.get("args") or {})
+        found = await publisher.inspect(self._context(run, log, args))
+        recorded = {"actor": actor, "publisher": publisher.name, "found": found,
+                    "expected": {k: args.get(k) for k in ("branch", "commit", "tree")}}
+        log.append([NewEvent("request.inspected", recorded, RequestLog.meta(actor, run_id, request_id))])
+        return {**recorded, "event_id": log.record.inspections[-1]["event_id"]}
+
+    def resolve_outcome(self, run_id: str, request_id: str, resolution: str, *, resolution_id: str | None = None,
+                        note: str | None = None, actor: str | None = None) -> ExecutionRequestView:
+        """Record an operator's resolution of an unknown request, citing the latest retained inspection.
+
+        A publication's outcome can only be resolved after
+        :meth:`inspect_remote` retained what the provider shows (after the
+        dispatch); the resolution cites that inspection as its evidence.
+        """
+        actor = actor or self.actor
+        run, log = self._request(run_id, request_id)
+        inspection = log.record.inspections[-1] if log.record.inspections else None
+        dispatched = next((e.seq for e in log.record.lifecycle if e.type.endswith(".dispatched")), None)
+        if log.record.kind == "publication" and (inspection is None or dispatched is None
+                                                 or int(inspection["seq"]) < dispatched):
+            raise RequestStateError(f"request {request_id}: inspect the provider first (jixu runs inspect-remote); "
+                                    "its finding is retained before any resolution", request_id=request_id)
+        evidence = None if inspection is None else {"inspection_event_id": inspection["event_id"],
+                                                    "found": inspection.get("found")}
+        body = resolution_body(log.record.effect_id or "", resolution, resolution_id or new_id(), actor=actor,
+                               note=note, evidence=evidence)
+        decision = admit_resolution(log.analysis(), body, where=f"request {request_id}")
+        if decision is not None:
+            log.append([NewEvent(f"{decision.kind}.outcome_resolved", body,
+                                 RequestLog.meta(actor, run.run_id, request_id))])
+        return self.view(log)
+
+    def reconcile(self, run_id: str, request_id: str, reconciliation_id: str, *,
+                  actor: str | None = None) -> JSONObject:
+        """Establish a request's outcome from retained evidence only; the retained result.
+
+        Raises :class:`~jixu.errors.ReconciliationNeedsProof` (the finding is
+        retained first) when there is no proof, and
+        :class:`~jixu.errors.AlreadyReconciled` when another reconciliation id
+        settled the request already.
+        """
+        actor = actor or self.actor
+        check_text(actor, "actor", 200, required=True)
+        if not isinstance(reconciliation_id, str) or not RECONCILIATION_ID.match(reconciliation_id):
+            raise InvalidInput("reconciliation_id must be 32 lowercase hexadecimal characters",
+                               field="reconciliation_id")
+        run, log = self._request(run_id, request_id)
+        for _ in range(5):
+            retained = next((r for r in log.record.reconciliations
+                             if r.get("reconciliation_id") == reconciliation_id), None)
+            if retained is not None:
+                return self._answer(retained)
+            settled = log.record.settling_reconciliation
+            if settled is not None:
+                raise AlreadyReconciled(f"request {request_id} was already reconciled by "
+                                        f"{settled.get('reconciliation_id')}; a different reconciliation id is "
+                                        "refused", request_id=request_id,
+                                        reconciliation_id=settled.get("reconciliation_id"))
+            status, _reason = log.status()
+            if status == "pending":
+                raise RequestStateError(f"request {request_id} was not dispatched yet: there is nothing to reconcile",
+                                        request_id=request_id)
+            finding, resolution = self._establish(run, log, status)
+            result: JSONObject = {"reconciliation_id": reconciliation_id, "request_id": request_id,
+                                  "run_id": run_id, "actor": actor, "status_before": status, **finding}
+            meta = RequestLog.meta(actor, run_id, request_id)
+            events = [NewEvent("request.reconciled", result, meta)]
+            if resolution is not None and log.decision() is not None:
+                decision = log.decision()
+                assert decision is not None
+                body = resolution_body(log.record.effect_id or "", resolution, reconciliation_id, actor=actor,
+                                       note=f"established by reconciliation {reconciliation_id}",
+                                       evidence={"proof": finding["proof"]})
+                events.insert(0, NewEvent(f"{decision.kind}.outcome_resolved", body, meta))
+            try:
+                log.append(events)
+            except ConcurrencyError:
+                log.sync()
+                run.sync()
+                continue
+            return self._answer(log.record.reconciliations[-1])
+        raise RequestStateError(f"request {request_id} kept changing while reconciling it; try again",
+                                request_id=request_id)
+
+    @staticmethod
+    def _answer(retained: JSONObject) -> JSONObject:
+        result = {k: v for k, v in retained.items() if k not in ("seq",)}
+        if not retained.get("settled"):
+            raise ReconciliationNeedsProof(
+                f"request {retained.get('request_id')}: no proof of its outcome ({retained.get('reason')}); it stays "
+                "unknown and nothing was called or repeated", result=result)
+        return result
+
+    def _establish(self, run: RunLog, log: RequestLog, status: str) -> tuple[JSONObject, str | None]:
+        """What retained, immutable evidence proves (pure reading): the finding and the resolution it implies."""
+        record = log.record
+        receipt = record.receipt or {}
+        proof: list[JSONObject] = []
+        checked: JSONObject = {}
+        if status in SETTLED:
+            # Settled already by a terminal receipt or an operator resolution: reconciliation retains that.
+            cited = receipt.get("event_id") or next(
+                (e.id for e in reversed(record.lifecycle) if e.type.endswith(".outcome_resolved")), None)
+            return {"settled": True, "outcome": status, "reason": f"already {status} by its own events",
+                    "proof": [{"stream": log.stream, "event_id": cited}], "checked": checked}, None
+        if status == "corrupt":
+            return {"settled": False, "outcome": "unknown", "reason": "the request's events contradict each other",
+                    "proof": [], "checked": checked}, None
+        authority = self._authority(run)
+        checked["project_authority"] = authority
+        if not authority["ok"]:
+            return {"settled": False, "outcome": "unknown", "reason": f"project authority: {authority['reason']}",
+                    "proof": [], "checked": checked}, None
+        if record.kind == "cancellation":
+            drained = self._drained(run, log.request_id)
+            finished_by = self._finished_by(run, log.request_id)
+            checked.update({"run_finished_by_request": finished_by, "drained_receipt": drained is not None})
+            if drained is not None and finished_by:
+                proof.append({"stream": run.stream, "seq": drained["seq"], "type": "run.drained"})
+                return {"settled": True, "outcome": "succeeded", "reason": "the run's journal holds the request's "
+                        "run.finished and a run.drained receipt", "proof": proof, "checked": checked}, "occurred"
+            return {"settled": False, "outcome": "unknown", "reason": "no terminal receipt proves the run's work "
+                    "drained", "proof": [], "checked": checked}, None
+        return self._establish_publication(run, log, checked)
+
+    def _establish_publication(self, run: RunLog, log: RequestLog,
+                               checked: JSONObject) -> tuple[JSONObject, str | None]:
+        record = log.record
+        admitted = record.admitted or {}
+        args = dict((record.intent or {}).get("args") or {})
+        source = admitted.get("source") or {}
+        evidence = (run.record.finished or {}).get("evidence") or {}
+        current_tree = (evidence.get("source") or {}).get("tree")
+        checked["admitted_tree"], checked["current_tree"], checked["intent_tree"] = (
+            source.get("tree"), current_tree, args.get("tree"))
+        if not (source.get("tree") and source.get("tree") == current_tree == args.get("tree")):
+            return {"settled": False, "outcome": "unknown", "reason": "the admitted source does not match the run's "
+                    "verified source and the intent", "proof": [], "checked": checked}, None
+        journal_id = str(args.get("journal_effect_id"))
+        journal_intent = run.record.effects.get(journal_id)
+        journal_receipt = run.record.receipts.get(journal_id)
+        checked["journal_intent"], checked["journal_receipt"] = journal_intent is not None, journal_receipt is not None
+        if journal_intent is None or journal_receipt is None or journal_receipt.get("phase") != "completed":
+            return {"settled": False, "outcome": "unknown", "reason": "no terminal receipt: neither the request nor "
+                    "the run's journal recorded the publication's observed result", "proof": [],
+                    "checked": checked}, None
+        journal_args = next((e.data.get("args") for e in run.record.lifecycle
+                             if e.type == "task.requested" and e.data.get("effect_id") == journal_id), None) or {}
+        result = journal_receipt.get("result") or {}
+        wants_pr = ((admitted.get("target") or {}).get("publisher_kind")) == "pull_request"
+        matches = {
+            "intent_branch": journal_args.get("branch") == args.get("branch"),
+            "intent_commit": journal_args.get("commit") == args.get("commit"),
+            "intent_tree": journal_args.get("tree") == args.get("tree"),
+            "receipt_branch": result.get("branch") == args.get("branch"),
+            "receipt_commit": result.get("pushed_commit") == args.get("commit"),
+            "receipt_tree": result.get("tree") == args.get("tree"),
+            "receipt_pull_request": (not wants_pr) or (isinstance(result.get("pr_number"), int)
+                                                       and isinstance(result.get("pr_url"), str)),
+        }
+        checked["matches"] = matches
+        if not all(matches.values()):
+            failed = [k for k, ok in matches.items() if not ok]
+            return {"settled": False, "outcome": "unknown", "reason": f"the run's publication receipt does not "
+                    f"match the intent: {failed}", "proof": [], "checked": checked}, None
+        proof = [{"stream": run.stream, "seq": journal_intent["seq"], "type": "task.requested"},
+                 {"stream": run.stream, "seq": journal_receipt["seq"], "type": "task.completed"}]
+        return {"settled": True, "outcome": "succeeded", "reason": "the run's journal holds the matching publication "
+                "intent and terminal receipt", "proof": proof, "checked": checked,
+                "evidence": {k: result.get(k) for k in ("branch", "pushed_commit", "tree", "pr_number", "pr_url")}
+                }, "occurred"
+
+
+__all__ = [
+    "MAX_PUBLICATION_ATTEMPTS",
+    "RECONCILIATION_ID",
+    "REQUEST_KINDS",
+    "REQUEST_PREFIX",
+    "REQUEST_STATUSES",
+    "ExecutionRequestView",
+    "ExecutionRequests",
+    "RequestLog",
+    "RequestProjection",
+    "RequestRecord",
+    "request_id_of",
+    "request_status",
+    "request_stream",
+    "request_work_key",
+]
