@@ -226,7 +226,7 @@ def test_a_run_succeeds_and_list_show_plan_journal_tell_its_story(project: Env) 
     assert created["executed"] is True and run["status"] == "succeeded", run["reason"]
     assert run["workspace"] == str((env.root / "other-ws" / run_id).resolve())
     assert (Path(run["workspace"]) / "status.txt").read_text() == "fixed\n"
-    assert run["next_operations"] == []
+    assert [op["operation"] for op in run["next_operations"]] == ["publish"]
 
     code, listed = env.json("runs", "list", str(env.db))
     assert code == 0 and [(r["run_id"], r["status"], r["provider"]) for r in listed] == [(run_id, "succeeded", "fixer")]
@@ -248,11 +248,12 @@ def test_a_run_succeeds_and_list_show_plan_journal_tell_its_story(project: Env) 
     assert [(t["kind"], t["status"]) for t in shown["tasks"]] == [
         ("prepare", "done"), ("implement", "done"), ("verify", "done")]
     assert all(a["decision"]["state"] == "completed" for t in shown["tasks"] for a in t["attempts"])
-    assert shown["failed_checks"] == [] and shown["pauses"] == [] and shown["next_operations"] == []
+    assert shown["failed_checks"] == [] and shown["pauses"] == []
+    assert [op["operation"] for op in shown["next_operations"]] == ["publish"]
     assert shown["journal"]["valid"] is True and shown["journal"]["entries"] == env.length(run_id)
     human = env.jixu("runs", "show", str(env.db), run_id)
     assert human.returncode == 0 and "succeeded" in human.stdout and "fixer (scripted) revision 1" in human.stdout
-    assert "next: nothing" in human.stdout
+    assert f"jixu runs publish {env.db} {run_id} --execute" in human.stdout
 
     code, plan = env.json("runs", "plan", str(env.db), run_id)
     assert code == 0 and (plan["revision"], plan["current"], plan["reason"]) == (1, True, "initial")

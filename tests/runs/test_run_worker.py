@@ -176,3 +176,27 @@ def test_a_worker_needs_an_agent_or_providers(tmp_path: Path) -> None:
     bad = jixu("worker", "--store", f"sqlite:///{tmp_path / 'w.db'}", "--providers", "tests.runs.agents:nope")
     assert bad.returncode == 6 and "no attribute" in bad.stderr, bad.stderr
     assert not (tmp_path / "w.db").exists()
+
+
+def test_a_worker_carries_out_an_admitted_publication_request(tmp_path: Path) -> None:
+    from jixu.runs import request_work_key
+    from jixu.runs.requests import RequestLog
+    from tests.runs.fake_github import count_pushes, pushes
+
+    store = SQLiteStore(tmp_path / "ledger.db")
+    origin = make_origin(tmp_path)
+    log = count_pushes(origin)
+    register(store, origin)
+    runs = Runs(store, tmp_path / "ws", {"scripted": ScriptedProvider("scripted", [fix])})
+    run_id = run(runs.create_run("calc", "fix add()", provider="scripted"))
+    assert run(runs.execute(run_id)).status == "succeeded"
+    request_id = run(runs.request_publication(run_id, actor="alice"))
+    assert store.get_work(request_work_key(request_id)) is not None  # admission queued it
+    providers = {"scripted": ScriptedProvider("scripted", [])}
+
+    def published() -> bool:  # read synchronously: the worker's event loop is running
+        return RequestLog(store, request_id).status()[0] == "succeeded"
+
+    said = run_worker(store, published, providers=providers, workspace_root=tmp_path / "ws")
+    assert any(kind == "finish" and "publication request succeeded" in text for kind, text in said), said
+    assert len(pushes(log)) == 1

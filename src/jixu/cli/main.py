@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+import jixu.cli.requests  # noqa: F401  (adds the execution-request commands to the `runs` group)
 from jixu import __version__
 from jixu.cli.demo import demo_command
 from jixu.cli.ledger import effects_command, ledger_group, verify_command

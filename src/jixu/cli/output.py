@@ -57,6 +57,10 @@ _EXIT_BY_CODE: dict[str, int] = {
     "workspace_mismatch": EXIT_CHECK_FAILED,
     "provider_test_failed": EXIT_CHECK_FAILED,
     "git_error": EXIT_CHECK_FAILED,
+    "request_not_found": EXIT_NOT_FOUND,
+    "request_state_error": EXIT_CONFLICT,
+    "reconciliation_needs_proof": EXIT_CONFLICT,
+    "already_reconciled": EXIT_CONFLICT,
     # the HTTP API (jixu remote, jixu tokens --server): problem codes map back to the same statuses
     "unauthorized": EXIT_UNAUTHORIZED,
     "forbidden": EXIT_UNAUTHORIZED,

@@ -16,57 +16,74 @@ from jixu.errors import InvalidInput, JixuError
 from jixu.ledger.encoding import JSONObject
 from jixu.runs.model import RunState
 from jixu.runs.providers import Provider
+from jixu.runs.publication import GitPublisher, Publisher
 
 PROVIDERS_ENV = "JIXU_PROVIDERS"
 """The environment variable naming the providers factory when ``--providers`` is not given."""
+PUBLISHERS_ENV = "JIXU_PUBLISHERS"
+"""The environment variable naming the publishers factory when ``--publishers`` is not given."""
 PLACEHOLDER = "MODULE:FACTORY"
 
 
-def load_providers(spec: str | None) -> dict[str, Provider]:
-    """Call the providers factory ``MODULE:FACTORY`` names; its ``{name: provider}`` (typed error if unusable)."""
+def _factory_entries(spec: str | None, option: str, env: str, what: str,
+                     required: tuple[str, ...]) -> dict[str, Any]:
+    """Call the ``MODULE:FACTORY`` that ``spec`` names; its ``{name: object}`` (typed error if unusable)."""
     if spec is None or not spec.strip():
-        raise InvalidInput(f"no providers: give --providers MODULE:FACTORY or set ${PROVIDERS_ENV} (a zero-argument "
-                           "callable returning a dict of provider name -> Provider)", field="providers")
+        raise InvalidInput(f"no {what}s: give --{option} MODULE:FACTORY or set ${env} (a zero-argument callable "
+                           f"returning a dict of {what} name -> {what})", field=option)
     if spec.count(":") != 1 or not all(part.strip() for part in spec.split(":")):
-        raise InvalidInput(f"--providers {spec!r} must be MODULE:FACTORY, e.g. myapp.providers:providers",
-                           field="providers")
+        raise InvalidInput(f"--{option} {spec!r} must be MODULE:FACTORY, e.g. myapp.{option}:{option}",
+                           field=option)
     module_name, attribute = (part.strip() for part in spec.split(":"))
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # the current directory is importable, as with `python -m jixu`
     try:
         target: Any = importlib.import_module(module_name)
     except Exception as error:
-        raise InvalidInput(f"--providers {spec!r}: cannot import {module_name!r} ({type(error).__name__}: {error})",
-                           field="providers") from error
+        raise InvalidInput(f"--{option} {spec!r}: cannot import {module_name!r} ({type(error).__name__}: {error})",
+                           field=option) from error
     for part in attribute.split("."):
         if not hasattr(target, part):
-            raise InvalidInput(f"--providers {spec!r}: {module_name!r} has no attribute {attribute!r}",
-                               field="providers")
+            raise InvalidInput(f"--{option} {spec!r}: {module_name!r} has no attribute {attribute!r}", field=option)
         target = getattr(target, part)
     if not callable(target):
-        raise InvalidInput(f"--providers {spec!r} is not callable; give a zero-argument factory", field="providers")
+        raise InvalidInput(f"--{option} {spec!r} is not callable; give a zero-argument factory", field=option)
     try:
         made = target()
     except JixuError:
         raise
     except Exception as error:
-        raise InvalidInput(f"providers factory {spec!r} failed: {type(error).__name__}: {error}",
-                           field="providers") from error
+        raise InvalidInput(f"{option} factory {spec!r} failed: {type(error).__name__}: {error}",
+                           field=option) from error
     if not isinstance(made, Mapping):
-        raise InvalidInput(f"providers factory {spec!r} returned {type(made).__name__}, not a dict of name -> "
-                           "Provider", field="providers")
-    providers: dict[str, Provider] = {}
-    for name, provider in made.items():
-        missing = [a for a in ("kind", "name", "settings", "test", "implement") if not hasattr(provider, a)]
+        raise InvalidInput(f"{option} factory {spec!r} returned {type(made).__name__}, not a dict of name -> "
+                           f"{what}", field=option)
+    entries: dict[str, Any] = {}
+    for name, entry in made.items():
+        missing = [a for a in required if not hasattr(entry, a)]
         if not isinstance(name, str) or missing:
-            raise InvalidInput(f"providers factory {spec!r}: entry {name!r} is not a Provider"
-                               + (f" (it lacks {', '.join(missing)})" if missing else ""), field="providers")
-        providers[name] = provider
-    return providers
+            raise InvalidInput(f"{option} factory {spec!r}: entry {name!r} is not a {what}"
+                               + (f" (it lacks {', '.join(missing)})" if missing else ""), field=option)
+        entries[name] = entry
+    return entries
+
+
+def load_providers(spec: str | None) -> dict[str, Provider]:
+    """Call the providers factory ``MODULE:FACTORY`` names; its ``{name: provider}`` (typed error if unusable)."""
+    return _factory_entries(spec, "providers", PROVIDERS_ENV, "Provider",
+                            ("kind", "name", "settings", "test", "implement"))
+
+
+def load_publishers(spec: str | None) -> dict[str, Publisher]:
+    """The publishers ``MODULE:FACTORY`` configures, or ``{"git": GitPublisher()}`` without one."""
+    if spec is None or not spec.strip():
+        return {"git": GitPublisher()}
+    return _factory_entries(spec, "publishers", PUBLISHERS_ENV, "Publisher",
+                            ("kind", "name", "settings", "preflight", "publish", "inspect"))
 
 
 def next_operations(state: RunState, store: str, providers_spec: str | None = None) -> list[JSONObject]:
-    """What an operator may do with the run now, each with the exact command (empty for a succeeded run)."""
+    """What an operator may do with the run now, each with the exact command (for a succeeded run: publish)."""
     head = f"{shlex.quote(store)} {state.run_id}"
     spec = shlex.quote(providers_spec) if providers_spec else PLACEHOLDER
     ops: list[JSONObject] = []
@@ -76,6 +93,9 @@ def next_operations(state: RunState, store: str, providers_spec: str | None = No
 
     status = state.status
     if status == "succeeded":
+        add("publish", "push the verified source to a branch on the authorized origin (or open a pull request "
+                       "with --publisher): an execution request, executed here with --execute or by a worker",
+            " --execute")
         return ops
     if status in ("failed", "cancelled"):
         add("retry", "a fresh run (new id, fresh clone) of the same brief, source and policy, with lineage; this "
@@ -98,6 +118,12 @@ def next_operations(state: RunState, store: str, providers_spec: str | None = No
         add("handoff", "continue with another provider (tested first; a new plan revision)",
             f" --agent NAME --providers {spec} --execute")
     elif status == "needs_reconciliation" and not broken:
+        stuck = [d.effect_id for d in state.analysis.decisions.values()
+                 if d.state == "unknown" and d.resolution is None]
+        for effect_id in stuck:
+            add("resolve-task", "after checking the workspace: not_occurred tries the task again under a new effect "
+                                "id, abandoned_unknown fails the run", f" {effect_id} --resolution not_occurred "
+                                                                      "--note TEXT")
         add("resume", "once the workspace is restored to what the journal says (git root, origin, HEAD, tree)",
             f" --providers {spec} --execute")
     add("cancel", "finish it as cancelled" + (" (the executing process stops at its next step)"
@@ -105,4 +131,4 @@ def next_operations(state: RunState, store: str, providers_spec: str | None = No
     return ops
 
 
-__all__ = ["PLACEHOLDER", "PROVIDERS_ENV", "load_providers", "next_operations"]
+__all__ = ["PLACEHOLDER", "PROVIDERS_ENV", "PUBLISHERS_ENV", "load_providers", "load_publishers", "next_operations"]
