@@ -12,6 +12,7 @@ from jixu.cli.projects import projects_group
 from jixu.cli.remote import remote_group
 from jixu.cli.runs import runs_group
 from jixu.cli.serve import serve_command
+from jixu.cli.studio import studio_fixture_command
 from jixu.cli.threads import threads_group
 from jixu.cli.tokens import tokens_group
 from jixu.cli.turns import turns_group
@@ -39,6 +40,7 @@ cli.add_command(projects_group)
 cli.add_command(runs_group)
 cli.add_command(demo_command)
 cli.add_command(serve_command)
+cli.add_command(studio_fixture_command)
 cli.add_command(tokens_group)
 cli.add_command(remote_group)
 

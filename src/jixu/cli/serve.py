@@ -55,6 +55,7 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
 
     from jixu.server import create_app
     from jixu.server.background import BackgroundWorker
+    from jixu.server.studio import studio_router
 
     with handled(False):
         agent = make_agent(agent_spec) if agent_spec else None
@@ -67,11 +68,12 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
                               providers=providers_spec if providers is not None else None, workspace_root=str(root))
         lifespan.append(BackgroundWorker(store, config, agent=agent, providers=providers).lifespan)
     app = create_app(store, agent=agent, providers=providers, workspace_root=root, max_body_bytes=max_body_bytes,
-                     lifespan=lifespan)
+                     lifespan=lifespan, routers=[studio_router()])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     worker = "a worker in this process" if lifespan else "no worker (inputs are queued for `jixu worker`)"
     console.print(f"[bold]jixu serve[/]: {escape(open_store_label(store_url))} on http://{host}:{port}/api/v1 "
                   f"with {worker}", highlight=False)
+    console.print(f"Studio: http://{host}:{port}/studio (log in with a token)", highlight=False)
     # uvicorn stops gracefully on SIGTERM/SIGINT, then re-raises the signal to the handler it replaced: make that
     # handler a no-op, so a clean stop exits 0 (as `jixu worker` does) instead of dying by the signal.
     for signum in (signal.SIGTERM, signal.SIGINT):
