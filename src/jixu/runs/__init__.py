@@ -51,6 +51,7 @@ from jixu.runs.publication import (
     Publisher,
     PullRequestPublisher,
 )
+from jixu.runs.remote import CommandRemote, RemoteContext, RemoteProvider
 from jixu.runs.requests import (
     MAX_PUBLICATION_ATTEMPTS,
     REQUEST_STATUSES,
@@ -83,7 +84,10 @@ __all__ = [
     "MAX_PUBLICATION_ATTEMPTS",
     "REQUEST_STATUSES",
     "RUN_STATUSES",
+    "CommandRemote",
     "ExecutionRequestView",
+    "RemoteContext",
+    "RemoteProvider",
     "GitPublisher",
     "PublicationContext",
     "PublicationRejected",

@@ -91,6 +91,7 @@ from jixu.runs.projection import (
 )
 from jixu.runs.providers import ImplementContext, ImplementResult, Provider, ProviderError, provider_snapshot
 from jixu.runs.publication import GitPublisher, Publisher
+from jixu.runs.remote import RemoteProvider
 from jixu.runs.requests import DEFAULT_DRAIN_TIMEOUT, ExecutionRequests, ExecutionRequestView
 from jixu.runs.workspace import changes, clone, inspect, resolve_source, tree_of
 
@@ -130,7 +131,8 @@ class Runs:
 
     ``providers`` maps each configured provider's name to it (the key must
     equal ``provider.name``), ``publishers`` each publication provider's
-    (default: ``{"git": GitPublisher()}``). ``owner`` names this process for
+    (default: ``{"git": GitPublisher()}``), ``remotes`` each deploy /
+    rollback / knowledge-write provider's (e.g. a :class:`~jixu.runs.remote.CommandRemote`). ``owner`` names this process for
     the run lease (stable across restarts, so a restarted process reclaims its
     runs). With ``wait_automatic_pauses=False`` :meth:`execute` returns at an
     automatic pause instead of sleeping it out (a worker requeues the run until
@@ -141,7 +143,8 @@ class Runs:
                  owner: str | None = None, lease_ttl: float = DEFAULT_LEASE_TTL, actor: str = "jixu",
                  retry_backoff: float = 1.0, retry_backoff_cap: float = 60.0,
                  check_env: Mapping[str, str] | None = None, publishers: Mapping[str, Publisher] | None = None,
-                 wait_automatic_pauses: bool = True, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT) -> None:
+                 remotes: Mapping[str, RemoteProvider] | None = None, wait_automatic_pauses: bool = True,
+                 drain_timeout: float = DEFAULT_DRAIN_TIMEOUT) -> None:
         if not isinstance(store, Store):
             raise InvalidInput("store must be a jixu Store", field="store")
         for name, provider in providers.items():
@@ -164,7 +167,12 @@ class Runs:
             if getattr(publisher, "name", None) != name:
                 raise InvalidInput(f"publisher configured as {name!r} calls itself {getattr(publisher, 'name', None)!r}",
                                    field="publishers")
-        self.requests = ExecutionRequests(store, chosen, owner=self.owner, actor=actor, drain_timeout=drain_timeout)
+        for name, remote in (remotes or {}).items():
+            if getattr(remote, "name", None) != name:
+                raise InvalidInput(f"remote provider configured as {name!r} calls itself "
+                                   f"{getattr(remote, 'name', None)!r}", field="remotes")
+        self.requests = ExecutionRequests(store, chosen, owner=self.owner, actor=actor, remotes=remotes,
+                                          drain_timeout=drain_timeout)
         self._executing: set[str] = set()
 
     # --- reading ---------------------------------------------------------------------------------
@@ -798,6 +806,11 @@ class Runs:
         """Admit publishing a succeeded run (put in the work queue); the request id."""
         return self.requests.admit_publication(run_id, publisher=publisher, branch=branch, base_branch=base_branch,
                                                title=title, body=body, actor=actor)
+
+    async def request_remote(self, run_id: str, kind: str, *, provider: str, parameters: JSONObject | None = None,
+                             actor: str | None = None) -> str:
+        """Admit a ``deploy``, ``rollback`` or ``knowledge_write`` of a succeeded run (queued); the request id."""
+        return self.requests.admit_remote(run_id, kind, provider=provider, parameters=parameters, actor=actor)
 
     async def execute_request(self, request_id: str) -> ExecutionRequestView:
         """Carry out a pending execution request (what a worker does with ``request/<id>`` work)."""

@@ -40,6 +40,9 @@ TASK_SEMANTICS: Final[dict[str, str]] = {
 }
 """Every task kind and the effect semantics its intents declare."""
 LOCAL_TASKS: Final = ("prepare", "implement", "verify")
+REQUEST_TASK_KINDS: Final[dict[str, str]] = {"publication": "publish", "deploy": "deploy", "rollback": "rollback",
+                                             "knowledge_write": "knowledge_write"}
+"""Execution requests that are remote effects, and the kind of the task each records in the run's journal."""
 """The task kinds this engine executes; the remote ones come with execution requests."""
 
 RUN_STATUSES: Final = ("queued", "running", "paused", "interrupted", "needs_reconciliation", "failed",

@@ -27,6 +27,7 @@ from jixu.runs.model import (
     AUTOMATIC_PAUSES,
     MAX_AUTOMATIC_RETRIES,
     MAX_DISPATCHES,
+    REQUEST_TASK_KINDS,
     TASK_SEMANTICS,
     PlanView,
     RunState,
@@ -262,12 +263,13 @@ class RunProjection:
             return
         record.requests[request_id] = {**data, "seq": event.seq}
         task_id = data.get("task_id")
-        if data.get("kind") == "publication":
+        task_kind = REQUEST_TASK_KINDS.get(str(data.get("kind")))
+        if task_kind is not None:
             if not isinstance(task_id, str) or task_id in record.tasks:
-                record.problems.append(f"{where}: publication request {request_id} names task {task_id!r}")
+                record.problems.append(f"{where}: {data.get('kind')} request {request_id} names task {task_id!r}")
                 return
             # A remote task outside the plan: executed by its execution request, never by decide().
-            record.tasks[task_id] = {"task_id": task_id, "kind": "publish", "params": {"request_id": request_id},
+            record.tasks[task_id] = {"task_id": task_id, "kind": task_kind, "params": {"request_id": request_id},
                                      "revision": None}
 
     @staticmethod

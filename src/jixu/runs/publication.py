@@ -31,8 +31,15 @@ from jixu.runs.workspace import push, remote_branch
 HTTP_TIMEOUT_S = 30.0
 
 
-class PublicationRejected(JixuError):
-    """The provider refused before anything was sent (the request fails; nothing happened remotely)."""
+class RemoteRejected(JixuError):
+    """A remote provider refused in its preflight, before anything was sent (the request fails; nothing
+    happened remotely)."""
+
+    code = "remote_rejected"
+
+
+class PublicationRejected(RemoteRejected):
+    """A publisher refused before anything was sent (the request fails; nothing happened remotely)."""
 
     code = "publication_rejected"
 
@@ -232,4 +239,5 @@ def _json(response: httpx.Response) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-__all__ = ["GitPublisher", "PublicationContext", "PublicationRejected", "Publisher", "PullRequestPublisher"]
+__all__ = ["GitPublisher", "PublicationContext", "PublicationRejected", "Publisher", "PullRequestPublisher",
+           "RemoteRejected"]

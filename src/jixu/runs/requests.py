@@ -68,18 +68,21 @@ from jixu.errors import (
     UnknownProvider,
 )
 from jixu.ledger import Event, NewEvent, Store, new_id, project
-from jixu.ledger.encoding import JSONObject, content_hash
+from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
 from jixu.ledger.ids import is_valid_id
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 from jixu.recovery.resolutions import admit_resolution, resolution_body
 from jixu.runs.journal import RunLog
-from jixu.runs.model import check_text, get_project, run_lease_key
+from jixu.runs.model import REQUEST_TASK_KINDS, check_text, get_project, run_lease_key
 from jixu.runs.projection import derive_status
-from jixu.runs.publication import PublicationContext, PublicationRejected, Publisher
+from jixu.runs.publication import PublicationContext, Publisher, RemoteRejected
+from jixu.runs.remote import REMOTE_TASK_KINDS, RemoteContext, RemoteProvider
 from jixu.runs.workspace import check_branch, commit_tree
 
 REQUEST_PREFIX: Final = "request/"
-REQUEST_KINDS: Final = ("publication", "cancellation")
+REMOTE_REQUEST_KINDS: Final = ("publication", *REMOTE_TASK_KINDS)
+"""Requests that are remote effects: each is also a remote task (``publish``, ``deploy``, …) in the run's journal."""
+REQUEST_KINDS: Final = (*REMOTE_REQUEST_KINDS, "cancellation")
 REQUEST_STATUSES: Final = ("pending", "in_progress", "succeeded", "failed", "needs_reconciliation", "abandoned",
                            "corrupt")
 """``pending``: admitted, not dispatched yet; ``in_progress``: a cancellation finished the run and waits for
@@ -332,9 +335,11 @@ class ExecutionRequests:
     """Admit, execute, list, inspect and reconcile a store's execution requests (used through :class:`Runs`)."""
 
     def __init__(self, store: Store, publishers: Mapping[str, Publisher], *, owner: str, actor: str,
-                 drain_timeout: float = DEFAULT_DRAIN_TIMEOUT, poll_interval: float = 0.2) -> None:
+                 remotes: Mapping[str, RemoteProvider] | None = None, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+                 poll_interval: float = 0.2) -> None:
         self.store = store
         self.publishers = dict(publishers)
+        self.remotes = dict(remotes or {})
         self.owner = owner
         self.actor = actor
         self.drain_timeout = float(drain_timeout)
@@ -365,7 +370,7 @@ class ExecutionRequests:
     def _admit(self, run: RunLog, kind: str, actor: str, source: JSONObject, target: JSONObject,
                attempt: int, extra: JSONObject | None = None) -> str:
         request_id = new_id()
-        task_id = new_id() if kind == "publication" else None
+        task_id = new_id() if kind in REMOTE_REQUEST_KINDS else None
         meta = RequestLog.meta(actor, run.run_id, request_id)
         admitted: JSONObject = {"request_id": request_id, "run_id": run.run_id, "project": run.record.project,
                                 "kind": kind, "attempt": attempt, "actor": actor, "source": source,
@@ -379,9 +384,72 @@ class ExecutionRequests:
         self.store.enqueue(request_work_key(request_id), run.record.project)
         return request_id
 
-    def _publication_history(self, run: RunLog) -> list[tuple[str, str]]:
+    def _history(self, run: RunLog, kind: str) -> list[tuple[str, str]]:
         return [(request_id, RequestLog(self.store, request_id).status()[0])
-                for request_id, data in run.record.requests.items() if data.get("kind") == "publication"]
+                for request_id, data in run.record.requests.items() if data.get("kind") == kind]
+
+    def _admission_guard(self, run: RunLog, kind: str) -> tuple[list[tuple[str, str]], JSONObject]:
+        """The rules every remote request shares; the kind's history and the admitted source."""
+        record, run_id = run.record, run.run_id
+        finished = record.finished or {}
+        if finished.get("outcome") != "succeeded" or record.problems:
+            raise RequestStateError(f"run {run_id} has not succeeded ({finished.get('outcome') or 'unfinished'}); "
+                                    f"only a succeeded run's verified source is used for a {kind}", run_id=run_id)
+        authority = self._authority(run)
+        if not authority["ok"]:
+            raise RequestStateError(f"run {run_id} cannot be used for a {kind}: {authority['reason']}",
+                                    run_id=run_id)
+        history = self._history(run, kind)
+        open_ = [rid for rid, status in history if status in ("pending", "needs_reconciliation", "corrupt")]
+        if open_:
+            raise RequestStateError(f"{kind} request {open_[0]} of run {run_id} is still unresolved; reconcile it "
+                                    "before admitting another attempt", run_id=run_id, request_id=open_[0])
+        done = [rid for rid, status in history if status == "succeeded"]
+        if done:
+            raise RequestStateError(f"run {run_id} already had a successful {kind} (request {done[0]}); it was "
+                                    f"already {'published' if kind == 'publication' else 'done'}", run_id=run_id,
+                                    request_id=done[0])
+        if len(history) >= MAX_PUBLICATION_ATTEMPTS:
+            raise RequestStateError(f"run {run_id} already had {len(history)} {kind} attempts (the limit is "
+                                    f"{MAX_PUBLICATION_ATTEMPTS}); retry the run instead", run_id=run_id)
+        evidence = finished.get("evidence") or {}
+        verified = evidence.get("source") or {}
+        source = {"origin": record.source.get("origin"), "commit": record.source.get("commit"),
+                  "tree": verified.get("tree"), "verify_effect_id": evidence.get("verify_effect_id")}
+        return history, source
+
+    def admit_remote(self, run_id: str, kind: str, *, provider: str, parameters: JSONObject | None = None,
+                     actor: str | None = None) -> str:
+        """Admit a ``deploy``, ``rollback`` or ``knowledge_write`` of a succeeded run; the request id.
+
+        The same rules as a publication: the project's current authority, no
+        unresolved or successful earlier request of that kind, at most
+        :data:`MAX_PUBLICATION_ATTEMPTS`. ``parameters`` (a JSON object, e.g.
+        the environment or the version to roll back to) reach the provider.
+        """
+        actor = actor or self.actor
+        check_text(actor, "actor", 200, required=True)
+        if kind not in REMOTE_TASK_KINDS:
+            raise InvalidInput(f"kind {kind!r} must be one of {list(REMOTE_TASK_KINDS)}", field="kind")
+        chosen = self.remotes.get(provider) if isinstance(provider, str) else None
+        if chosen is None:
+            raise UnknownProvider(f"no remote provider named {provider!r} is configured; configured: "
+                                  f"{sorted(self.remotes)}", field="provider", provider=provider)
+        if parameters is not None and not isinstance(parameters, dict):
+            raise InvalidInput("parameters must be a JSON object", field="parameters")
+        canonical_text(parameters or {}, path="parameters")
+        run = RunLog(self.store, run_id)
+        for _ in range(5):
+            history, source = self._admission_guard(run, kind)
+            target = {"provider": provider, "provider_kind": chosen.kind, "settings": chosen.settings(),
+                      "parameters": parameters or {}}
+            try:
+                return self._admit(run, kind, actor, source, target, len(history) + 1,
+                                   {"retry_of": history[-1][0] if history else None})
+            except ConcurrencyError:
+                run.sync()
+        raise RequestStateError(f"run {run_id}'s journal kept moving while admitting a {kind}; try again",
+                                run_id=run_id)
 
     def admit_publication(self, run_id: str, *, publisher: str, branch: str | None = None,
                           base_branch: str | None = None, title: str | None = None, body: str | None = None,
@@ -403,31 +471,7 @@ class ExecutionRequests:
         branch = check_branch(branch or f"jixu/{run_id}")
         for _ in range(5):
             record = run.record
-            finished = record.finished or {}
-            if finished.get("outcome") != "succeeded" or record.problems:
-                raise RequestStateError(f"run {run_id} has not succeeded ({finished.get('outcome') or 'unfinished'});"
-                                        " only a succeeded run's verified source is published", run_id=run_id)
-            authority = self._authority(run)
-            if not authority["ok"]:
-                raise RequestStateError(f"run {run_id} cannot be published: {authority['reason']}", run_id=run_id)
-            history = self._publication_history(run)
-            open_ = [rid for rid, status in history if status in ("pending", "needs_reconciliation", "corrupt")]
-            if open_:
-                raise RequestStateError(f"publication request {open_[0]} of run {run_id} is still unresolved; "
-                                        "reconcile it before admitting another attempt", run_id=run_id,
-                                        request_id=open_[0])
-            done = [rid for rid, status in history if status == "succeeded"]
-            if done:
-                raise RequestStateError(f"run {run_id} was already published by request {done[0]}", run_id=run_id,
-                                        request_id=done[0])
-            if len(history) >= MAX_PUBLICATION_ATTEMPTS:
-                raise RequestStateError(f"run {run_id} already had {len(history)} publication attempts (the "
-                                        f"limit is {MAX_PUBLICATION_ATTEMPTS}); retry the run instead",
-                                        run_id=run_id)
-            evidence = finished.get("evidence") or {}
-            verified = evidence.get("source") or {}
-            source = {"origin": record.source.get("origin"), "commit": record.source.get("commit"),
-                      "tree": verified.get("tree"), "verify_effect_id": evidence.get("verify_effect_id")}
+            history, source = self._admission_guard(run, "publication")
             chosen = self.publishers[publisher]
             target = {"publisher": publisher, "publisher_kind": chosen.kind, "settings": chosen.settings(),
                       "branch": branch, "base_branch": base_branch or str(self._default_branch(run)),
@@ -502,8 +546,8 @@ class ExecutionRequests:
         timeout = self.drain_timeout if drain_timeout is None else float(drain_timeout)
         status = log.status()[0]
         try:
-            if status == "pending" and log.record.kind == "publication":
-                await self._publish(run, log)
+            if status == "pending" and log.record.kind in REMOTE_REQUEST_KINDS:
+                await self._remote(run, log)
             elif status == "pending":
                 await self._cancel(run, log, timeout)
             elif log.record.kind == "cancellation" and status == "needs_reconciliation" \
@@ -536,99 +580,133 @@ class ExecutionRequests:
         lease = self.store.get_lease(run_lease_key(run_id))
         return lease is not None and not lease.released and lease.expires_at > self.store.now()
 
-    def _context(self, run: RunLog, log: RequestLog, args: JSONObject) -> PublicationContext:
+    def _context(self, run: RunLog, log: RequestLog, args: JSONObject) -> PublicationContext | RemoteContext:
         admitted = log.record.admitted or {}
         target = admitted.get("target") or {}
+        if log.record.kind != "publication":
+            return RemoteContext(
+                run_id=run.run_id, request_id=log.request_id, kind=log.record.kind,
+                workspace=Path(run.record.workspace), source_commit=str(args["source_commit"]),
+                tree=str(args["tree"]), parameters=dict(args.get("parameters") or {}),
+                idempotency_key=str((log.record.intent or {}).get("idempotency_key") or f"jixu:{log.request_id}"))
         return PublicationContext(
             run_id=run.run_id, request_id=log.request_id, workspace=Path(run.record.workspace),
             origin=str(args["origin"]), branch=str(args["branch"]), base_branch=str(args["base_branch"]),
             commit=str(args["commit"]), tree=str(args["tree"]), title=str(target.get("title", "")),
             body=str(target.get("body", "")))
 
-    def _publisher(self, log: RequestLog) -> Publisher:
-        name = ((log.record.admitted or {}).get("target") or {}).get("publisher")
-        publisher = self.publishers.get(str(name))
-        if publisher is None:
-            raise UnknownProvider(f"request {log.request_id} uses publisher {name!r}, which is not configured here",
-                                  publisher=name)
-        return publisher
+    def _provider(self, log: RequestLog) -> Publisher | RemoteProvider:
+        target = (log.record.admitted or {}).get("target") or {}
+        provider: Publisher | RemoteProvider | None
+        if log.record.kind == "publication":
+            name, what = target.get("publisher"), "publisher"
+            provider = self.publishers.get(str(name))
+        else:
+            name, what = target.get("provider"), "remote provider"
+            provider = self.remotes.get(str(name))
+        if provider is None:
+            raise UnknownProvider(f"request {log.request_id} uses {what} {name!r}, which is not configured here",
+                                  provider=name)
+        return provider
+
+    async def _preflight(self, provider: Publisher | RemoteProvider,
+                         context: PublicationContext | RemoteContext) -> None:
+        # A publication's context always goes to a publisher and a remote one to a remote provider (_provider).
+        await provider.preflight(context)  # type: ignore[arg-type]
+
+    async def _perform(self, provider: Publisher | RemoteProvider,
+                       context: PublicationContext | RemoteContext) -> JSONObject:
+        if isinstance(context, PublicationContext):
+            return await provider.publish(context)  # type: ignore[union-attr]
+        return await provider.perform(context)  # type: ignore[union-attr]
 
     def _journal_intent(self, run: RunLog, request_id: str) -> JSONObject | None:
         task_id = run.record.requests[request_id].get("task_id")
         effects = run.record.task_effects.get(str(task_id), [])
         return run.record.effects.get(effects[0]) if effects else None
 
-    async def _publish(self, run: RunLog, log: RequestLog) -> None:
-        publisher = self._publisher(log)
+    async def _intent_args(self, run: RunLog, log: RequestLog, provider_name: str) -> tuple[JSONObject, str | None]:
+        """The intent's args for a new remote request, and a rejection reason if it cannot even be formed."""
         admitted = log.record.admitted or {}
+        source, target = admitted.get("source") or {}, admitted.get("target") or {}
+        if log.record.kind != "publication":
+            return {"run_id": run.run_id, "request_id": log.request_id, "kind": log.record.kind,
+                    "source_commit": source.get("commit"), "tree": source.get("tree"),
+                    "parameters": target.get("parameters") or {}, "provider": provider_name}, None
+        reject: str | None = None
+        try:
+            commit = await asyncio.to_thread(
+                commit_tree, Path(run.record.workspace), str(source["tree"]), str(source["commit"]),
+                str(target.get("title") or f"jixu run {run.run_id}"), _git_time(log.record.admitted_at))
+        except (GitError, OSError, KeyError, TypeError) as error:
+            commit, reject = "", f"the verified tree cannot be committed: {error}"
+        return {"run_id": run.run_id, "request_id": log.request_id, "origin": source.get("origin"),
+                "branch": target.get("branch"), "base_branch": target.get("base_branch"), "commit": commit,
+                "tree": source.get("tree"), "publisher": provider_name}, reject
+
+    async def _remote(self, run: RunLog, log: RequestLog) -> None:
+        """A remote request: intents (run journal, then request), preflight, dispatch markers, effect, receipts."""
+        provider = self._provider(log)
+        kind = log.record.kind
+        task_kind = REQUEST_TASK_KINDS[kind]
         meta = RequestLog.meta(self.owner, run.run_id, log.request_id)
         reject: str | None = None
         if log.record.intent is None:
-            source, target = admitted.get("source") or {}, admitted.get("target") or {}
-            try:
-                commit = await asyncio.to_thread(
-                    commit_tree, Path(run.record.workspace), str(source["tree"]), str(source["commit"]),
-                    str(target.get("title") or f"jixu run {run.run_id}"), _git_time(log.record.admitted_at))
-            except (GitError, OSError, KeyError, TypeError) as error:
-                commit, reject = "", f"the verified tree cannot be committed: {error}"
-            args: JSONObject = {"run_id": run.run_id, "request_id": log.request_id, "origin": source.get("origin"),
-                                "branch": target.get("branch"), "base_branch": target.get("base_branch"),
-                                "commit": commit, "tree": source.get("tree"), "publisher": publisher.name}
+            args, reject = await self._intent_args(run, log, provider.name)
             journal = self._journal_intent(run, log.request_id)
             if journal is None:
                 task_id = str(run.record.requests[log.request_id]["task_id"])
                 journal_effect = new_id()
                 run.append([NewEvent("task.requested", {
-                    **_intent("publish", {**args, "task_id": task_id}, journal_effect),
+                    **_intent(task_kind, {**args, "task_id": task_id}, journal_effect),
                     "task_id": task_id, "attempt": 1}, meta)])
                 journal = run.record.effects[journal_effect]
-            log.append([NewEvent("publication.requested", _intent(
-                publisher.name, {**args, "journal_effect_id": journal["effect_id"]}, new_id()),
-                meta)])
+            log.append([NewEvent(f"{kind}.requested", _intent(
+                provider.name, {**args, "journal_effect_id": journal["effect_id"]}, new_id()), meta)])
         intent = log.record.intent or {}
         args = dict(intent.get("args") or {})
         journal_effect_id = str(args.get("journal_effect_id"))
         context = self._context(run, log, args)
         if reject is None:
             try:
-                await publisher.preflight(context)
-            except PublicationRejected as error:
+                await self._preflight(provider, context)
+            except RemoteRejected as error:
                 reject = error.message
         if reject is not None:
             error_body = {"type": "rejected", "message": reject}
-            log.append([NewEvent("publication.failed", {"effect_id": intent["effect_id"], "indeterminate": False,
-                                                        "error": error_body}, meta)])
+            log.append([NewEvent(f"{kind}.failed", {"effect_id": intent["effect_id"], "indeterminate": False,
+                                                     "error": error_body}, meta)])
             run.append([NewEvent("task.failed", {"effect_id": journal_effect_id, "indeterminate": False,
                                                  "error": error_body}, meta)])
             return
-        # The dispatch marker of the request decides who publishes: appended after the head we read, it
+        # The dispatch marker of the request decides who performs it: appended after the head we read, it
         # fails with ConcurrencyError for every other worker. Then the run's own marker.
-        log.append([NewEvent("publication.dispatched", {"effect_id": intent["effect_id"], "attempt": 1,
-                                                        "name": intent["name"], "args_hash": intent["args_hash"],
-                                                        "idempotency_key": intent["idempotency_key"]}, meta)])
+        log.append([NewEvent(f"{kind}.dispatched", {"effect_id": intent["effect_id"], "attempt": 1,
+                                                     "name": intent["name"], "args_hash": intent["args_hash"],
+                                                     "idempotency_key": intent["idempotency_key"]}, meta)])
         journal = run.record.effects[journal_effect_id]
-        run.append([NewEvent("task.dispatched", {"effect_id": journal_effect_id, "attempt": 1, "name": "publish",
+        run.append([NewEvent("task.dispatched", {"effect_id": journal_effect_id, "attempt": 1, "name": task_kind,
                                                  "args_hash": journal["args_hash"],
                                                  "idempotency_key": journal["idempotency_key"],
                                                  "task_id": journal["task_id"]}, meta)])
         try:
-            evidence = await publisher.publish(context)
+            evidence = await self._perform(provider, context)
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
             raise
         except Exception as error:
             # After dispatch nothing the provider says proves absence: the outcome stays unknown.
-            failure = {"type": "publish_failed", "exception": type(error).__name__,
+            failure = {"type": f"{task_kind}_failed", "exception": type(error).__name__,
                        "message": (error.message if isinstance(error, JixuError) else str(error))[:2000]}
             run.append([NewEvent("task.failed", {"effect_id": journal_effect_id, "attempt": 1, "indeterminate": True,
                                                  "error": failure}, meta)])
-            log.append([NewEvent("publication.failed", {"effect_id": intent["effect_id"], "attempt": 1,
-                                                        "indeterminate": True, "error": failure}, meta)])
+            log.append([NewEvent(f"{kind}.failed", {"effect_id": intent["effect_id"], "attempt": 1,
+                                                     "indeterminate": True, "error": failure}, meta)])
             return
         result = {**evidence, "observed_at": time.time()}
         run.append([NewEvent("task.completed", {"effect_id": journal_effect_id, "attempt": 1, "result": result},
                              meta)])
-        log.append([NewEvent("publication.completed", {"effect_id": intent["effect_id"], "attempt": 1,
-                                                       "result": result}, meta)])
+        log.append([NewEvent(f"{kind}.completed", {"effect_id": intent["effect_id"], "attempt": 1,
+                                                    "result": result}, meta)])
 
     async def _cancel(self, run: RunLog, log: RequestLog, timeout: float) -> None:
         meta = RequestLog.meta(self.owner, run.run_id, log.request_id)
@@ -722,18 +800,20 @@ class ExecutionRequests:
     # --- operator operations -------------------------------------------------------------------
 
     async def inspect_remote(self, run_id: str, request_id: str, *, actor: str | None = None) -> JSONObject:
-        """Ask the provider, read-only, what it shows for the recorded publication; retain the finding."""
+        """Ask the provider, read-only, what it shows for the recorded remote effect; retain the finding."""
         actor = actor or self.actor
         check_text(actor, "actor", 200, required=True)
         run, log = self._request(run_id, request_id)
-        if log.record.kind != "publication" or log.record.intent is None:
-            raise RequestStateError(f"request {request_id} has no publication intent to inspect",
-                                    request_id=request_id)
-        publisher = self._publisher(log)
+        if log.record.kind not in REMOTE_REQUEST_KINDS or log.record.intent is None:
+            raise RequestStateError(f"request {request_id} has no remote intent to inspect", request_id=request_id)
+        provider = self._provider(log)
         args = dict(log.record.intent.get("args") or {})
-        found = await publisher.inspect(self._context(run, log, args))
-        recorded = {"actor": actor, "publisher": publisher.name, "found": found,
-                    "expected": {k: args.get(k) for k in ("branch", "commit", "tree")}}
+        context = self._context(run, log, args)
+        found = await provider.inspect(context)  # type: ignore[arg-type]
+        keys = ("branch", "commit", "tree") if log.record.kind == "publication" else ("kind", "source_commit",
+                                                                                      "tree", "parameters")
+        recorded = {"actor": actor, "provider": provider.name, "found": found,
+                    "expected": {k: args.get(k) for k in keys}}
         log.append([NewEvent("request.inspected", recorded, RequestLog.meta(actor, run_id, request_id))])
         return {**recorded, "event_id": log.record.inspections[-1]["event_id"]}
 
@@ -749,8 +829,8 @@ class ExecutionRequests:
         run, log = self._request(run_id, request_id)
         inspection = log.record.inspections[-1] if log.record.inspections else None
         dispatched = next((e.seq for e in log.record.lifecycle if e.type.endswith(".dispatched")), None)
-        if log.record.kind == "publication" and (inspection is None or dispatched is None
-                                                 or int(inspection["seq"]) < dispatched):
+        if log.record.kind in REMOTE_REQUEST_KINDS and (inspection is None or dispatched is None
+                                                        or int(inspection["seq"]) < dispatched):
             raise RequestStateError(f"request {request_id}: inspect the provider first (jixu runs inspect-remote); "
                                     "its finding is retained before any resolution", request_id=request_id)
         evidence = None if inspection is None else {"inspection_event_id": inspection["event_id"],
@@ -854,10 +934,17 @@ class ExecutionRequests:
                         "run.finished and a run.drained receipt", "proof": proof, "checked": checked}, "occurred"
             return {"settled": False, "outcome": "unknown", "reason": "no terminal receipt proves the run's work "
                     "drained", "proof": [], "checked": checked}, None
-        return self._establish_publication(run, log, checked)
+        if record.kind == "publication":
+            return self._establish_publication(run, log, checked)
+        return self._establish_remote(run, log, checked)
 
-    def _establish_publication(self, run: RunLog, log: RequestLog,
-                               checked: JSONObject) -> tuple[JSONObject, str | None]:
+    @staticmethod
+    def _unknown(reason: str, checked: JSONObject) -> tuple[JSONObject, str | None]:
+        return {"settled": False, "outcome": "unknown", "reason": reason, "proof": [], "checked": checked}, None
+
+    def _journal_record(self, run: RunLog, log: RequestLog, checked: JSONObject
+                        ) -> tuple[JSONObject, JSONObject, JSONObject, JSONObject] | str:
+        """The run journal's intent, receipt, intent args and request args for a remote request, or why not."""
         record = log.record
         admitted = record.admitted or {}
         args = dict((record.intent or {}).get("args") or {})
@@ -867,20 +954,40 @@ class ExecutionRequests:
         checked["admitted_tree"], checked["current_tree"], checked["intent_tree"] = (
             source.get("tree"), current_tree, args.get("tree"))
         if not (source.get("tree") and source.get("tree") == current_tree == args.get("tree")):
-            return {"settled": False, "outcome": "unknown", "reason": "the admitted source does not match the run's "
-                    "verified source and the intent", "proof": [], "checked": checked}, None
+            return "the admitted source does not match the run's verified source and the intent"
         journal_id = str(args.get("journal_effect_id"))
         journal_intent = run.record.effects.get(journal_id)
         journal_receipt = run.record.receipts.get(journal_id)
         checked["journal_intent"], checked["journal_receipt"] = journal_intent is not None, journal_receipt is not None
         if journal_intent is None or journal_receipt is None or journal_receipt.get("phase") != "completed":
-            return {"settled": False, "outcome": "unknown", "reason": "no terminal receipt: neither the request nor "
-                    "the run's journal recorded the publication's observed result", "proof": [],
-                    "checked": checked}, None
+            return (f"no terminal receipt: neither the request nor the run's journal recorded the {record.kind}'s "
+                    "observed result")
         journal_args = next((e.data.get("args") for e in run.record.lifecycle
                              if e.type == "task.requested" and e.data.get("effect_id") == journal_id), None) or {}
+        return journal_intent, journal_receipt, dict(journal_args), args
+
+    def _settled(self, run: RunLog, log: RequestLog, checked: JSONObject, matches: dict[str, bool],
+                 journal_intent: JSONObject, journal_receipt: JSONObject,
+                 keys: tuple[str, ...]) -> tuple[JSONObject, str | None]:
+        checked["matches"] = matches
+        if not all(matches.values()):
+            failed = [k for k, ok in matches.items() if not ok]
+            return self._unknown(f"the run's {log.record.kind} receipt does not match the intent: {failed}", checked)
         result = journal_receipt.get("result") or {}
-        wants_pr = ((admitted.get("target") or {}).get("publisher_kind")) == "pull_request"
+        proof = [{"stream": run.stream, "seq": journal_intent["seq"], "type": "task.requested"},
+                 {"stream": run.stream, "seq": journal_receipt["seq"], "type": "task.completed"}]
+        return {"settled": True, "outcome": "succeeded", "reason": f"the run's journal holds the matching "
+                f"{log.record.kind} intent and terminal receipt", "proof": proof, "checked": checked,
+                "evidence": {k: result.get(k) for k in keys if k in result}}, "occurred"
+
+    def _establish_publication(self, run: RunLog, log: RequestLog,
+                               checked: JSONObject) -> tuple[JSONObject, str | None]:
+        found = self._journal_record(run, log, checked)
+        if isinstance(found, str):
+            return self._unknown(found, checked)
+        journal_intent, journal_receipt, journal_args, args = found
+        result = journal_receipt.get("result") or {}
+        wants_pr = (((log.record.admitted or {}).get("target") or {}).get("publisher_kind")) == "pull_request"
         matches = {
             "intent_branch": journal_args.get("branch") == args.get("branch"),
             "intent_commit": journal_args.get("commit") == args.get("commit"),
@@ -891,21 +998,28 @@ class ExecutionRequests:
             "receipt_pull_request": (not wants_pr) or (isinstance(result.get("pr_number"), int)
                                                        and isinstance(result.get("pr_url"), str)),
         }
-        checked["matches"] = matches
-        if not all(matches.values()):
-            failed = [k for k, ok in matches.items() if not ok]
-            return {"settled": False, "outcome": "unknown", "reason": f"the run's publication receipt does not "
-                    f"match the intent: {failed}", "proof": [], "checked": checked}, None
-        proof = [{"stream": run.stream, "seq": journal_intent["seq"], "type": "task.requested"},
-                 {"stream": run.stream, "seq": journal_receipt["seq"], "type": "task.completed"}]
-        return {"settled": True, "outcome": "succeeded", "reason": "the run's journal holds the matching publication "
-                "intent and terminal receipt", "proof": proof, "checked": checked,
-                "evidence": {k: result.get(k) for k in ("branch", "pushed_commit", "tree", "pr_number", "pr_url")}
-                }, "occurred"
+        return self._settled(run, log, checked, matches, journal_intent, journal_receipt,
+                             ("branch", "pushed_commit", "tree", "pr_number", "pr_url"))
+
+    def _establish_remote(self, run: RunLog, log: RequestLog, checked: JSONObject) -> tuple[JSONObject, str | None]:
+        """A deploy / rollback / knowledge write: the provider-reported job id or version is the evidence."""
+        found = self._journal_record(run, log, checked)
+        if isinstance(found, str):
+            return self._unknown(found, checked)
+        journal_intent, journal_receipt, journal_args, args = found
+        result = journal_receipt.get("result") or {}
+        matches = {f"intent_{key}": journal_args.get(key) == args.get(key)
+                   for key in ("kind", "source_commit", "tree", "parameters", "provider")}
+        matches["receipt_kind"] = result.get("kind") == log.record.kind
+        matches["receipt_job_or_version"] = any(isinstance(result.get(k), str) and bool(result.get(k))
+                                                for k in ("job_id", "version"))
+        return self._settled(run, log, checked, matches, journal_intent, journal_receipt,
+                             ("kind", "job_id", "version"))
 
 
 __all__ = [
     "MAX_PUBLICATION_ATTEMPTS",
+    "REMOTE_REQUEST_KINDS",
     "RECONCILIATION_ID",
     "REQUEST_KINDS",
     "REQUEST_PREFIX",
