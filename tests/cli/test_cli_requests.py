@@ -7,7 +7,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tests.cli.test_cli_runs import Env, env, project  # noqa: F401  (fixtures)
+import pytest
+
+from tests.cli.test_cli_runs import Env, make_env
 
 PUBLISHERS = """\
 from jixu.runs import GitPublisher
@@ -24,6 +26,13 @@ def publishers():
 """
 SPEC = "runs_publishers:publishers"
 HEX_A, HEX_B = "a" * 32, "b" * 32
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Env:
+    made = make_env(tmp_path)
+    made.register()
+    return made
 
 
 def succeeded_run(env: Env) -> str:
@@ -63,7 +72,7 @@ def test_publish_list_and_reconcile_a_publication(project: Env) -> None:
     code, twice = env.json("runs", "publish", str(env.db), run_id, "--execute")
     assert code == 4 and twice["error"]["code"] == "request_state_error"
     code, missing = env.json("runs", "execution-requests", str(env.db), "0" * 26)
-    assert code == 3
+    assert code == 3 and missing["error"]["code"] == "run_not_found"
 
 
 def test_an_unknown_publication_needs_inspection_and_an_operator_decision(project: Env) -> None:
@@ -97,7 +106,7 @@ def test_an_unknown_publication_needs_inspection_and_an_operator_decision(projec
     assert code in (3, 4) and body["error"]["code"] in ("not_found", "run_state_error")
 
 
-def test_cancel_records_a_cancellation_request(project: Env, tmp_path: Path) -> None:
+def test_cancel_records_a_cancellation_request(project: Env) -> None:
     env = project
     code, created = env.create("fixer")
     assert code == 0

@@ -126,6 +126,11 @@ class Env:
 
 @pytest.fixture
 def env(tmp_path: Path) -> Env:
+    return make_env(tmp_path)
+
+
+def make_env(tmp_path: Path) -> Env:
+    """A bare origin with the status project, the providers module, and the environment for ``python -m jixu``."""
     work = tmp_path / "calc-src"
     work.mkdir()
     (work / "check.py").write_text(CHECK)
