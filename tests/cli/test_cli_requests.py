@@ -115,3 +115,45 @@ def test_cancel_records_a_cancellation_request(project: Env) -> None:
     assert code == 0 and cancelled["run"]["status"] == "cancelled"
     code, listed = env.json("runs", "execution-requests", str(env.db), run_id)
     assert [(r["kind"], r["status"]) for r in listed["requests"]] == [("cancellation", "succeeded")]
+
+
+REMOTES = """\
+import sys
+from pathlib import Path
+from jixu.runs import CommandRemote
+
+SCRIPT = Path(__file__).with_name("deploy_script.py")
+
+
+def remotes():
+    return {"deployer": CommandRemote("deployer", [sys.executable, str(SCRIPT)], timeout_s=60)}
+"""
+DEPLOY_SCRIPT = """\
+import json, os, sys
+if sys.argv[1] == "perform":
+    with open(os.path.join(os.path.dirname(__file__), "deployed.log"), "a") as log:
+        log.write(os.environ["JIXU_PARAMETERS"] + "\\n")
+    print(json.dumps({"version": "v42"}))
+elif sys.argv[1] == "inspect":
+    print(json.dumps({"live_version": "v42"}))
+"""
+
+
+def test_remote_task_deploys_with_the_provider_version_as_evidence(project: Env) -> None:
+    env = project
+    (env.root / "runs_remotes.py").write_text(REMOTES)
+    (env.root / "deploy_script.py").write_text(DEPLOY_SCRIPT)
+    run_id = succeeded_run(env)
+    code, bad = env.json("runs", "remote-task", str(env.db), run_id, "--kind", "deploy", "--provider", "deployer",
+                         "--parameters", "{not json", "--remotes", "runs_remotes:remotes")
+    assert code == 6 and bad["error"]["field"] == "parameters"
+    code, done = env.json("runs", "remote-task", str(env.db), run_id, "--kind", "deploy", "--provider", "deployer",
+                          "--parameters", '{"environment": "prod"}', "--remotes", "runs_remotes:remotes", "--execute")
+    assert code == 0, done
+    assert done["request"]["status"] == "succeeded" and done["request"]["receipt"]["result"]["version"] == "v42"
+    assert (env.root / "deployed.log").read_text() == '{"environment": "prod"}\n'
+    human = env.jixu("runs", "execution-requests", str(env.db), run_id)
+    assert "deploy v42" in human.stdout
+    code, found = env.json("runs", "inspect-remote", str(env.db), run_id, done["request_id"], "--remotes",
+                           "runs_remotes:remotes")
+    assert code == 0 and found["found"]["reported"] == {"live_version": "v42"}

@@ -20,6 +20,7 @@ branch on the run's authorized origin) is the only publisher::
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -29,11 +30,11 @@ from rich.table import Table
 from jixu.cli.output import EXIT_CHECK_FAILED, EXIT_OK, emit_json, json_option
 from jixu.cli.runs import actor_option, observer_owner, opened, runs_group
 from jixu.cli.threads import default_actor, out, styled
-from jixu.errors import ReconciliationNeedsProof
+from jixu.errors import InvalidInput, ReconciliationNeedsProof
 from jixu.ledger import Store
 from jixu.ledger.encoding import JSONObject
 from jixu.runs.engine import Runs
-from jixu.runs.operations import PLACEHOLDER, PUBLISHERS_ENV, load_publishers
+from jixu.runs.operations import PLACEHOLDER, PUBLISHERS_ENV, REMOTES_ENV, load_publishers, load_remotes
 from jixu.runs.requests import ExecutionRequestView
 
 REQUEST_STYLE = {"pending": "cyan", "in_progress": "bold cyan", "succeeded": "green", "failed": "red",
@@ -48,16 +49,26 @@ def publishers_option(fn: Callable[..., Any]) -> Callable[..., Any]:
                              f"${PUBLISHERS_ENV}, else only 'git' (push to the run's authorized origin).")(fn)
 
 
-def service(store: Store, publishers_spec: str | None) -> Runs:
-    """A :class:`Runs` that operates (never executes runs) with the configured publishers."""
+def remotes_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--remotes MODULE:FACTORY`` (default ``$JIXU_REMOTES``): deploy / rollback / knowledge-write providers."""
+    return click.option("--remotes", "remotes_spec", envvar=REMOTES_ENV, default=None, metavar=PLACEHOLDER,
+                        help="A zero-argument callable returning dict[str, RemoteProvider] (e.g. CommandRemote), "
+                             f"importable here. Default: ${REMOTES_ENV}.")(fn)
+
+
+def service(store: Store, publishers_spec: str | None, remotes_spec: str | None = None) -> Runs:
+    """A :class:`Runs` that operates (never executes runs) with the configured publishers and remote providers."""
     return Runs(store, ".", {}, owner=observer_owner(), actor=default_actor(),
-                publishers=load_publishers(publishers_spec))
+                publishers=load_publishers(publishers_spec),
+                remotes=load_remotes(remotes_spec) if remotes_spec else None)
 
 
 def evidence_text(view: ExecutionRequestView) -> str:
     """The short evidence of a request: branch and commit, pull request, or drain."""
     result = (view.receipt or {}).get("result") or {}
     args = (view.intent or {}).get("args") or {}
+    if result.get("job_id") or result.get("version"):
+        return f"{view.kind} {result.get('job_id') or result.get('version')}"
     if view.kind == "publication":
         parts = [str(args.get("branch") or view.target.get("branch") or "")]
         commit = result.get("pushed_commit") or args.get("commit")
@@ -118,17 +129,45 @@ def publish_command(store: str, run_id: str, publisher: str, branch: str | None,
     report_request(view, as_json, {"request_id": request_id, "executed": execute})
 
 
+@runs_group.command("remote-task", short_help="Deploy, roll back or write knowledge from a succeeded run.")
+@click.argument("store")
+@click.argument("run_id")
+@click.option("--kind", required=True, type=click.Choice(["deploy", "rollback", "knowledge_write"]))
+@click.option("--provider", required=True, help="Which configured remote provider (see --remotes).")
+@click.option("--parameters", default="{}", metavar="JSON", help="A JSON object handed to the provider.")
+@click.option("--execute", is_flag=True, help="Carry the request out in this process (else a worker does).")
+@remotes_option
+@actor_option
+@json_option
+def remote_task_command(store: str, run_id: str, kind: str, provider: str, parameters: str, execute: bool,
+                        remotes_spec: str | None, actor: str | None, as_json: bool) -> None:
+    """Admit a remote task of RUN_ID (which must have succeeded): its evidence is the job id or version the
+    provider reports. At most 3 attempts per kind, none while an earlier one is unresolved (exit 4)."""
+    with opened(store, as_json) as store_:
+        try:
+            values = json.loads(parameters)
+        except ValueError as error:
+            raise InvalidInput(f"--parameters is not JSON: {error}", field="parameters") from error
+        runs = service(store_, None, remotes_spec)
+        request_id = asyncio.run(runs.request_remote(run_id, kind, provider=provider, parameters=values,
+                                                     actor=actor or default_actor()))
+        view = asyncio.run(runs.execute_request(request_id) if execute else runs.execution_request(run_id,
+                                                                                                    request_id))
+    report_request(view, as_json, {"request_id": request_id, "executed": execute})
+
+
 @runs_group.command("execute-request", short_help="Carry out a pending execution request in this process.")
 @click.argument("store")
 @click.argument("run_id")
 @click.argument("request_id")
 @publishers_option
+@remotes_option
 @json_option
 def execute_request_command(store: str, run_id: str, request_id: str, publishers_spec: str | None,
-                            as_json: bool) -> None:
+                            remotes_spec: str | None, as_json: bool) -> None:
     """Carry out REQUEST_ID of RUN_ID (what a worker does). A settled or unknown request is not touched."""
     with opened(store, as_json) as store_:
-        runs = service(store_, publishers_spec)
+        runs = service(store_, publishers_spec, remotes_spec)
         asyncio.run(runs.execution_request(run_id, request_id))  # typed error if it is not this run's
         view = asyncio.run(runs.execute_request(request_id))
     report_request(view, as_json)
@@ -195,20 +234,26 @@ def print_finding(result: JSONObject) -> None:
 @click.argument("run_id")
 @click.argument("request_id")
 @publishers_option
+@remotes_option
 @actor_option
 @json_option
 def inspect_remote_command(store: str, run_id: str, request_id: str, publishers_spec: str | None,
-                           actor: str | None, as_json: bool) -> None:
+                           remotes_spec: str | None, actor: str | None, as_json: bool) -> None:
     """Query the publisher for REQUEST_ID's recorded branch (and pull requests) without changing anything
     there; what it shows is retained in the request's stream (request.inspected) before any next step."""
     with opened(store, as_json) as store_:
-        found = asyncio.run(service(store_, publishers_spec).inspect_remote(run_id, request_id,
-                                                                           actor=actor or default_actor()))
+        found = asyncio.run(service(store_, publishers_spec, remotes_spec).inspect_remote(
+            run_id, request_id, actor=actor or default_actor()))
     if as_json:
         emit_json(found)
         return
     view = out()
     expected, seen = found.get("expected") or {}, found.get("found") or {}
+    if "branch" not in expected:  # a deploy / rollback / knowledge write: the provider's own report
+        view.print(f"expected: {json.dumps(expected, sort_keys=True)}", highlight=False, markup=False)
+        view.print(f"found:    {json.dumps(seen, sort_keys=True)}", highlight=False, markup=False)
+        view.print(f"retained as event {found.get('event_id')}", highlight=False, markup=False)
+        return
     view.print(f"expected: branch {expected.get('branch')} at {expected.get('commit')}", highlight=False,
                markup=False)
     view.print(f"found:    branch {seen.get('branch')} at {seen.get('remote_commit')}", highlight=False, markup=False)

@@ -17,11 +17,14 @@ from jixu.ledger.encoding import JSONObject
 from jixu.runs.model import RunState
 from jixu.runs.providers import Provider
 from jixu.runs.publication import GitPublisher, Publisher
+from jixu.runs.remote import RemoteProvider
 
 PROVIDERS_ENV = "JIXU_PROVIDERS"
 """The environment variable naming the providers factory when ``--providers`` is not given."""
 PUBLISHERS_ENV = "JIXU_PUBLISHERS"
 """The environment variable naming the publishers factory when ``--publishers`` is not given."""
+REMOTES_ENV = "JIXU_REMOTES"
+"""The environment variable naming the remote providers factory when ``--remotes`` is not given."""
 PLACEHOLDER = "MODULE:FACTORY"
 
 
@@ -82,6 +85,12 @@ def load_publishers(spec: str | None) -> dict[str, Publisher]:
                             ("kind", "name", "settings", "preflight", "publish", "inspect"))
 
 
+def load_remotes(spec: str | None) -> dict[str, RemoteProvider]:
+    """The deploy / rollback / knowledge-write providers ``MODULE:FACTORY`` configures."""
+    return _factory_entries(spec, "remotes", REMOTES_ENV, "RemoteProvider",
+                            ("kind", "name", "settings", "preflight", "perform", "inspect"))
+
+
 def next_operations(state: RunState, store: str, providers_spec: str | None = None) -> list[JSONObject]:
     """What an operator may do with the run now, each with the exact command (for a succeeded run: publish)."""
     head = f"{shlex.quote(store)} {state.run_id}"
@@ -131,4 +140,5 @@ def next_operations(state: RunState, store: str, providers_spec: str | None = No
     return ops
 
 
-__all__ = ["PLACEHOLDER", "PROVIDERS_ENV", "PUBLISHERS_ENV", "load_providers", "load_publishers", "next_operations"]
+__all__ = ["PLACEHOLDER", "PROVIDERS_ENV", "PUBLISHERS_ENV", "REMOTES_ENV", "load_providers", "load_publishers",
+           "load_remotes", "next_operations"]
