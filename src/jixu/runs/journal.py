@@ -6,13 +6,22 @@ from jixu.errors import InvalidInput, RunNotFound
 from jixu.ledger import Event, Fence, NewEvent, Store, project
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.ids import is_valid_id
+from jixu.ledger.projection import make_checkpoint
 from jixu.recovery import Analysis, RecoveryResolver
 from jixu.runs.model import run_stream
 from jixu.runs.projection import RunProjection, RunRecord
 
+CHECKPOINT_EVERY = 100
+"""Events between two checkpoints of a run's record (one is also written when the run finishes)."""
+
 
 class RunLog:
-    """One run's journal and projected record in a store: loading, syncing, appending. No decisions."""
+    """One run's journal and projected record in a store: loading, syncing, appending. No decisions.
+
+    Loading starts from the run's latest valid checkpoint (a disposable cache,
+    used only when its reducer version and head hash match) and applies the
+    events after it, so listing many finished runs does not replay each one.
+    """
 
     def __init__(self, store: Store, run_id: str) -> None:
         if not isinstance(run_id, str) or not is_valid_id(run_id):
@@ -22,10 +31,11 @@ class RunLog:
         self.stream = run_stream(run_id)
         if store.stream_info(self.stream) is None:
             raise RunNotFound(f"no run {run_id} in {store.url}", run_id=run_id)
-        projected = project(store, self.stream, RunProjection(), use_checkpoint=False)
+        projected = project(store, self.stream, RunProjection())
         self.record: RunRecord = projected.state
         self.chain_break: int | None = None if projected.chain.valid else projected.chain.first_bad_seq
         self._projection = RunProjection()
+        self._checkpoint_seq = projected.checkpoint_seq or 0
 
     def sync(self) -> None:
         """Apply events other writers appended since this record's head."""
@@ -40,7 +50,19 @@ class RunLog:
         stored = self.store.append(self.stream, events, self.record.seq, fence)
         for event in stored:
             self.record = self._projection.apply(self.record, event)
+        if any(e.type == "run.finished" for e in stored) or self.record.seq - self._checkpoint_seq >= CHECKPOINT_EVERY:
+            self.checkpoint()
         return stored
+
+    def checkpoint(self) -> bool:
+        """Write a checkpoint of the record if it moved since the last one and the journal is sound."""
+        record = self.record
+        if record.seq <= self._checkpoint_seq or record.problems or self.chain_break is not None:
+            return False
+        self.store.write_checkpoint(make_checkpoint(self.stream, self._projection, record, record.seq,
+                                                    record.head_hash))
+        self._checkpoint_seq = record.seq
+        return True
 
     def analysis(self) -> Analysis:
         """The RecoveryResolver's answer for every task effect of the run."""
@@ -50,4 +72,4 @@ class RunLog:
         return {"actor": actor, "run_id": self.run_id}
 
 
-__all__ = ["RunLog"]
+__all__ = ["CHECKPOINT_EVERY", "RunLog"]
