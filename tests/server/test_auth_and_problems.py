@@ -165,7 +165,7 @@ def test_a_request_without_a_recorded_outcome_is_not_repeated(api: Api) -> None:
     path = f"/api/v1/threads/{thread_id}/inputs"
     from jixu.server.idempotency import fingerprint
 
-    api.store.append(request_stream(api.token_ids["alpha-editor"], "lost"), [NewEvent("request.started", {
+    api.store.append(request_stream(api.token_ids["alpha-editor"], "lost"), [NewEvent("idempotency.started", {
         "request_id": "lost", "method": "POST", "path": path, "body_hash": fingerprint("POST", path, {"input": "x"}),
         "actor": "t"})], 0)
     problem = assert_problem(editor.post(f"/threads/{thread_id}/inputs", json={"input": "x"},

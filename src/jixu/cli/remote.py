@@ -479,6 +479,38 @@ def run_cancel(run_id: str, reason: str | None, request_id: str | None, as_json:
     run_operation(run_id, "cancel", {"reason": reason} if reason else {}, request_id, as_json)
 
 
+@runs.command("execution-requests", short_help="A run's execution requests and their status.")
+@click.argument("run_id")
+@json_option
+def run_execution_requests(run_id: str, as_json: bool) -> None:
+    """List RUN_ID's execution requests (publication, cancellation, remote tasks)."""
+    rows = call(as_json, lambda c: c.execution_requests(run_id))["requests"]
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table(title=f"execution requests of run {run_id}")
+    for column in ("request", "kind", "attempt", "status", "reason"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row["request_id"], row["kind"], str(row["attempt"]), row["status"], escape(trim(row["reason"])))
+    out().print(table)
+
+
+@runs.command("reconcile-execution-request", short_help="Settle a request from retained evidence (operator).")
+@click.argument("run_id")
+@click.argument("request_id")
+@click.option("--reconciliation-id", required=True, metavar="HEX", help="32 lower-case hex characters.")
+@json_option
+def run_reconcile(run_id: str, request_id: str, reconciliation_id: str, as_json: bool) -> None:
+    """Reconcile REQUEST_ID of RUN_ID: exit 4 when the server finds no proof (the request stays unknown)."""
+    result = call(as_json, lambda c: c.reconcile_execution_request(run_id, request_id, reconciliation_id))
+    if as_json:
+        emit_json(result)
+        return
+    out().print(f"request {request_id}: {'settled' if result.get('settled') else 'not settled'} "
+                f"({escape(str(result.get('outcome')))})", highlight=False)
+
+
 # --- projects ----------------------------------------------------------------------------------
 
 

@@ -214,6 +214,15 @@ class Client:
         """``resume``, ``handoff``, ``retry`` or ``cancel`` a run."""
         return self.request("POST", f"/runs/{run_id}/{operation}", json_body=body or {}, request_id=request_id)
 
+    def execution_requests(self, run_id: str) -> Any:
+        """A run's execution requests."""
+        return self.request("GET", f"/runs/{run_id}/execution-requests")
+
+    def reconcile_execution_request(self, run_id: str, request_id: str, reconciliation_id: str) -> Any:
+        """Reconcile an execution request from retained evidence (409 problem without proof)."""
+        return self.request("POST", f"/runs/{run_id}/execution-requests/{request_id}/reconcile",
+                            json_body={"reconciliation_id": reconciliation_id}, request_id=reconciliation_id)
+
     # --- projects and tokens ---------------------------------------------------------------------
 
     def list_projects(self) -> Any:

@@ -2,19 +2,19 @@
 
 Every mutating endpoint accepts an ``Idempotency-Key`` header (the request
 id: 1-100 of ``A-Z a-z 0-9 . _ : = + -``). Its record is the ledger stream
-``request/<token_id>/<request_id>`` (so one caller's ids never collide with
+``idempotency/<token_id>/<request_id>`` (so one caller's ids never collide with
 another's), written in three steps:
 
-- ``request.started`` (method, path, the body's canonical hash, actor) is
+- ``idempotency.started`` (method, path, the body's canonical hash, actor) is
   appended *before* the operation, with an expected seq, so two concurrent
   requests with one id cannot both run it;
-- ``request.completed`` (status and response body) after a success, which
+- ``idempotency.answered`` (status and response body) after a success, which
   every later request with the same id and body gets back unchanged;
-- ``request.released`` after a typed error (nothing was changed), so the
+- ``idempotency.released`` after a typed error (nothing was changed), so the
   caller may try the same id again.
 
 A different method, path or body with a used id is refused (422,
-``request_id_reused``). A request whose ``request.started`` has neither a
+``request_id_reused``). A request whose ``idempotency.started`` has neither a
 completion nor a release was interrupted (or is still running): its outcome is
 unknown, and it is answered with 409 ``request_in_progress`` instead of being
 guessed; inspect the resource and use a new id. Records survive restarts
@@ -33,7 +33,7 @@ from jixu.ledger import NewEvent, Store, content_hash
 from jixu.server.problems import REQUEST_ID_REUSED, REQUEST_IN_PROGRESS, HTTPProblem, status_of
 
 HEADER = "Idempotency-Key"
-REQUEST_PREFIX = "request/"
+REQUEST_PREFIX = "idempotency/"
 REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:=+-]{1,100}$")
 
 
@@ -79,7 +79,7 @@ def run_once(store: Store, token_id: str, request_id: str | None, *, method: str
             return replay
     meta = {"actor": actor}
     try:
-        store.append(stream, [NewEvent("request.started", {"request_id": request_id, "method": method,
+        store.append(stream, [NewEvent("idempotency.started", {"request_id": request_id, "method": method,
                                                            "path": path, "body_hash": digest, "actor": actor},
                                        meta)], len(events))
     except ConcurrencyError:
@@ -95,10 +95,10 @@ def run_once(store: Store, token_id: str, request_id: str | None, *, method: str
     except JixuError as error:
         status = error.status if isinstance(error, HTTPProblem) else status_of(error)
         # Typed errors change nothing, so the id is free again; a store failure here leaves the id in progress.
-        store.append(stream, [NewEvent("request.released", {"request_id": request_id, "status": status,
+        store.append(stream, [NewEvent("idempotency.released", {"request_id": request_id, "status": status,
                                                             "code": error.code}, meta)], seq)
         raise
-    store.append(stream, [NewEvent("request.completed", {"request_id": request_id, "status": outcome.status,
+    store.append(stream, [NewEvent("idempotency.answered", {"request_id": request_id, "status": outcome.status,
                                                          "body": outcome.body}, meta)], seq)
     return outcome
 
@@ -106,16 +106,16 @@ def run_once(store: Store, token_id: str, request_id: str | None, *, method: str
 def _answer_from(events: list[Any], request_id: str, digest: str, method: str, path: str) -> Outcome | None:
     """The stored answer for a repeat, ``None`` when the id is free, or a problem (reused id, in progress)."""
     last = events[-1]
-    if last.type == "request.released":
+    if last.type == "idempotency.released":
         return None
-    started = next(e for e in reversed(events) if e.type == "request.started")
+    started = next(e for e in reversed(events) if e.type == "idempotency.started")
     if started.data.get("body_hash") != digest:
         raise HTTPProblem(REQUEST_ID_REUSED, f"request id {request_id} was used for {started.data.get('method')} "
                                              f"{started.data.get('path')} with another body; use a new id for a "
                                              "new request", field=HEADER, request_id=request_id,
                           first_method=started.data.get("method"), first_path=started.data.get("path"),
                           method=method, path=path)
-    if last.type == "request.completed":
+    if last.type == "idempotency.answered":
         return Outcome(int(last.data["status"]), last.data.get("body"), replayed=True)
     raise HTTPProblem(REQUEST_IN_PROGRESS, f"request {request_id} started at {started.recorded_at} and has no "
                                            "recorded outcome (it is still running, or its server stopped): its "

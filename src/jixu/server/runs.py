@@ -18,7 +18,7 @@ from jixu.runs import RUN_STATUSES, submit_run
 from jixu.runs.engine import RunLog
 from jixu.server.context import Context, context, run_async
 from jixu.server.idempotency import Outcome
-from jixu.server.models import READ, WRITE, CancelRun, CreateRun, Handoff, ResumeRun, RetryRun
+from jixu.server.models import READ, WRITE, CancelRun, CreateRun, Handoff, Reconcile, ResumeRun, RetryRun
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 Obj = dict[str, Any]
@@ -148,6 +148,32 @@ def cancel_run(run_id: str, body: CancelRun, ctx: Annotated[Context, Depends(con
 
     def operation() -> Outcome:
         return Outcome(200, run_async(ctx.services.runs.cancel(run_id, ctx.actor, reason=body.reason)).to_dict())
+
+    return ctx.mutate(body, operation)
+
+
+@router.get("/{run_id}/execution-requests", responses=READ, summary="A run's execution requests")
+def list_execution_requests(run_id: str, ctx: Annotated[Context, Depends(context)]) -> Obj:
+    """The run's execution requests (publication, cancellation, remote tasks), oldest first, with their status."""
+    authorize(ctx, run_id, "viewer")
+    views = run_async(ctx.services.runs.execution_requests(run_id))
+    return {"run_id": run_id, "requests": [view.to_dict() for view in views]}
+
+
+@router.post("/{run_id}/execution-requests/{request_id}/reconcile", responses=WRITE, response_model=Obj,
+             summary="Reconcile an execution request from retained evidence (operator)")
+def reconcile_execution_request(run_id: str, request_id: str, body: Reconcile,
+                                ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """Settle an interrupted request from retained evidence only (operator); 409 when there is no proof.
+
+    The caller cannot assert success or absence; no provider is called and
+    nothing is repeated. The same reconciliation id returns its retained result.
+    """
+    authorize(ctx, run_id, "operator")
+
+    def operation() -> Outcome:
+        return Outcome(200, run_async(ctx.services.runs.reconcile_execution_request(
+            run_id, request_id, body.reconciliation_id, actor=ctx.actor)))
 
     return ctx.mutate(body, operation)
 
