@@ -14,6 +14,8 @@ from jixu.cli.runs import runs_group
 from jixu.cli.serve import serve_command
 from jixu.cli.studio import studio_fixture_command
 from jixu.cli.threads import threads_group
+from jixu.cli.threads_queue import create_command as thread_create_command
+from jixu.cli.threads_queue import send_command as thread_send_command
 from jixu.cli.tokens import tokens_group
 from jixu.cli.turns import turns_group
 from jixu.cli.worker import worker_command
@@ -43,6 +45,8 @@ cli.add_command(serve_command)
 cli.add_command(studio_fixture_command)
 cli.add_command(tokens_group)
 cli.add_command(remote_group)
+threads_group.add_command(thread_create_command)
+threads_group.add_command(thread_send_command)
 
 
 def main() -> None:
