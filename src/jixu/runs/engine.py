@@ -778,7 +778,7 @@ class Runs:
         :class:`~jixu.errors.ResolutionConflict`.
         """
         log = self._load(run_id)
-        body = resolution_body(effect_id, resolution, resolution_id or new_id(), actor=actor, note=note)
+        body = resolution_body(effect_id, resolution, new_id() if resolution_id is None else resolution_id, actor=actor, note=note)
         status = self._status(log)[0]
         if status == "running":
             raise RunOwned(f"run {run_id} is being executed by another process", run_id=run_id, status=status)

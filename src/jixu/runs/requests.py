@@ -835,7 +835,7 @@ class ExecutionRequests:
                                     "its finding is retained before any resolution", request_id=request_id)
         evidence = None if inspection is None else {"inspection_event_id": inspection["event_id"],
                                                     "found": inspection.get("found")}
-        body = resolution_body(log.record.effect_id or "", resolution, resolution_id or new_id(), actor=actor,
+        body = resolution_body(log.record.effect_id or "", resolution, new_id() if resolution_id is None else resolution_id, actor=actor,
                                note=note, evidence=evidence)
         decision = admit_resolution(log.analysis(), body, where=f"request {request_id}")
         if decision is not None:

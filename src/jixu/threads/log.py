@@ -16,7 +16,6 @@ from typing import Any
 
 from jixu.errors import (
     EffectNotParked,
-    EffectNotUnknown,
     InvalidInput,
     LeaseHeld,
     NotFound,
@@ -30,7 +29,8 @@ from jixu.ledger import Event, Fence, NewEvent, Store, new_id, project
 from jixu.ledger.encoding import canonical_text
 from jixu.ledger.ids import is_valid_id
 from jixu.ledger.projection import make_checkpoint
-from jixu.recovery import RESOLUTIONS, Analysis, EffectDecision, RecoveryResolver
+from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
+from jixu.recovery.resolutions import admit_resolution, resolution_body
 from jixu.threads.decide import Stop, decide
 from jixu.threads.projection import ThreadProjection, ThreadState, fork_state
 
@@ -280,50 +280,12 @@ class ThreadLog:
 
         See :meth:`jixu.threads.thread.Thread.resolve_tool_outcome` for the rules.
         """
-        check_text(effect_id, "effect_id", 100, required=True)
-        if resolution not in RESOLUTIONS:
-            raise InvalidInput(f"resolution {resolution!r} must be one of {list(RESOLUTIONS)}",
-                               field="resolution")
-        if resolution_id is None:
-            resolution_id = new_id()
-        check_text(resolution_id, "resolution_id", 100, required=True)
-        check_text(note, "note", MAX_NOTE_CHARS)
-        check_text(actor, "actor", 200, required=True)
-        if evidence is not None and not isinstance(evidence, dict):
-            raise InvalidInput("evidence must be a JSON object", field="evidence")
-        if result is not None and resolution != "occurred":
-            raise InvalidInput("a result can only accompany resolution 'occurred'", field="result")
-        body: dict[str, Any] = {"effect_id": effect_id, "resolution": resolution, "resolution_id": resolution_id,
-                                "actor": actor, "note": note}
-        if evidence is not None:
-            body["evidence"] = evidence
-        if result is not None:
-            body["result"] = result
-        canonical_text(body, path="resolution")  # refuse non-JSON evidence or results before reading
+        body = resolution_body(effect_id, resolution, new_id() if resolution_id is None else resolution_id, actor=actor, note=note,
+                               evidence=evidence, result=result)
         self.sync()
-        analysis = self.analysis()
-        decision = analysis.decisions.get(effect_id)
+        decision = admit_resolution(self.analysis(), body, where=f"thread {self.thread_id}")
         if decision is None:
-            raise NotFound(f"thread {self.thread_id} has no effect {effect_id!r}", effect_id=effect_id)
-        if decision.resolution is not None:
-            recorded = decision.resolution
-            same = (recorded.get("resolution_id") == resolution_id and recorded.get("resolution") == resolution
-                    and recorded.get("note") == note and recorded.get("evidence") == evidence
-                    and recorded.get("result") == result)
-            if same:
-                return False
-            raise ResolutionConflict(
-                f"effect {effect_id} was already resolved as {recorded.get('resolution')!r} "
-                f"(resolution id {recorded.get('resolution_id')}); a resolution cannot be changed",
-                effect_id=effect_id)
-        for other in analysis.decisions.values():
-            if other.resolution and other.resolution.get("resolution_id") == resolution_id:
-                raise ResolutionConflict(f"resolution id {resolution_id} was already used for effect "
-                                         f"{other.effect_id}", effect_id=effect_id)
-        if decision.state != "unknown":
-            raise EffectNotUnknown(
-                f"effect {effect_id} is {decision.state} ({decision.reason}), not unknown: only an unknown "
-                "outcome can be resolved", effect_id=effect_id, state=decision.state)
+            return False
         self.append([NewEvent(f"{decision.kind}.outcome_resolved", body, self.meta(actor))])
         return True
 
