@@ -50,6 +50,7 @@ from jixu.runs import (
 from jixu.runs.scripted_provider import StepFunction
 from jixu.server.auth import create_token
 from jixu.threads import Agent, ScriptedModel, ToolCall, tool
+from jixu.threads.log import ThreadLog
 
 PROJECT = "studio-demo"
 PROVIDER = "fixture-agent"
@@ -172,11 +173,29 @@ def _free_project(store: Store) -> str:
     raise InvalidInput("this store has 999 fixture projects already; use a fresh store", field="store")
 
 
-async def _thread_work(store: Store, store_url: str) -> None:
-    """Run the queued turns as a worker would, until the queue is empty."""
-    config = WorkerConfig(store_url=store_url, agent=AGENT_SPEC, owner="studio-fixture", exit_when_idle=True,
-                          quiet=True, poll_interval=0.02, drain_timeout=5)
-    await Worker(fixture_agent(), store, config, report=lambda kind, message: None).run()
+async def _thread_work(store: Store, store_url: str, thread_ids: list[str], timeout: float = 60.0) -> None:
+    """Run the queued turns as a worker would, until each of ``thread_ids`` waits for an operator.
+
+    The worker is stopped then rather than when the queue is empty: the store may hold other work (an earlier
+    fixture's, another application's) that this worker leaves alone.
+    """
+    config = WorkerConfig(store_url=store_url, agent=AGENT_SPEC, owner="studio-fixture", quiet=True,
+                          poll_interval=0.02, drain_timeout=5)
+    worker = Worker(fixture_agent(), store, config, report=lambda kind, message: None)
+    running = asyncio.create_task(worker.run())
+    deadline = asyncio.get_running_loop().time() + timeout
+    try:
+        while True:
+            statuses = [ThreadLog.load(store, thread_id).status() for thread_id in thread_ids]
+            if all(status == "waiting" for status in statuses):
+                return
+            if running.done() or asyncio.get_running_loop().time() > deadline:
+                raise InvalidInput(f"the fixture's threads did not reach their waiting state within {timeout:.0f}s "
+                                   f"({statuses})", field="store")
+            await asyncio.sleep(0.05)
+    finally:
+        worker.stop("the fixture's threads are recorded")
+        await running
 
 
 async def _build(store: Store, store_url: str, base: Path, project: str) -> Fixture:
@@ -191,7 +210,7 @@ async def _build(store: Store, store_url: str, base: Path, project: str) -> Fixt
     submit_turn(store, unknown_thread, "Please charge the customer 42 for order 1001.", actor=actor)
     parked_thread = create_thread_for(store, fixture_agent(), project=project, actor=actor)
     submit_turn(store, parked_thread, "Please refund the customer 7 for order 1002.", actor=actor)
-    await _thread_work(store, store_url)
+    await _thread_work(store, store_url, [unknown_thread, parked_thread])
 
     workspaces = base / "workspaces"
     # The failed check: the first implementation does not fix the bug, the check fails, the repair attempt
