@@ -119,3 +119,17 @@ def test_pages_send_a_strict_content_security_policy(studio: Studio) -> None:
         assert "<script>" not in page.text  # no inline script: only /studio/static/studio.js
         assert client.get("/studio/static/studio.js").headers["content-type"].startswith("text/javascript")
         assert client.get("/studio/static/../app.py").status_code == 404
+
+
+def test_the_server_refuses_a_resolution_without_a_note(studio: Studio) -> None:
+    f = studio.fixture
+    with studio.http() as client:
+        http_login(client, f["operator_token"])
+        page = client.get(f"/studio/threads/{f['unknown_thread']}")
+        effect = re.search(r'/effects/(\w{26})/resolve"', page.text)
+        assert effect is not None
+        for note in ("", "   "):
+            refused = client.post(f"/studio/threads/{f['unknown_thread']}/effects/{effect.group(1)}/resolve",
+                                  data={"csrf_token": csrf_of(page.text), "resolution": "not_occurred", "note": note})
+            assert refused.status_code == 422 and "note" in refused.text
+        assert _status(client, studio)[0] == "waiting"

@@ -268,7 +268,10 @@ async def _post(request: Request, action: Action, page: Callable[[Context], dict
     except ValidationError as error:
         invalid = InvalidInput("; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'form'}: {e['msg']}"
                                          for e in error.errors()))
-        values = await asyncio.to_thread(page, ctx)
+        try:
+            values = await asyncio.to_thread(page, ctx)
+        except JixuError:
+            return _error_page(request, principal, invalid)
         return _render(request, template, 422, principal=principal, title=title, problem=_problem(invalid),
                        **values)
     return RedirectResponse(location, status_code=303)
