@@ -318,7 +318,7 @@ def test_an_existing_branch_at_another_commit_is_a_rejection_not_an_overwrite(sc
     view = run(scene.runs.execute_request(request_id))
     assert view.status == "failed" and "refusing to overwrite" in view.reason
     assert remote_branch(str(scene.origin), f"jixu/{scene.run_id}") == before
-    assert len(scene.pushes()) == 1  # the other clone's push only
+    assert len(scene.pushes()) == 1 and scene.github.creation_requests == 0  # the other clone's push only
 
 
 def test_a_pull_request_token_without_push_permission_is_rejected_before_dispatch(scene: Scene) -> None:
@@ -356,7 +356,7 @@ def test_changed_project_authority_blocks_admission_and_settlement(scene: Scene,
     change_origin(scene.store, "calc", str(scene.origin), actor="admin")
     settled = run(scene.runs.reconcile_execution_request(scene.run_id, request_id, RECONCILE_B))
     assert settled["settled"] and settled["checked"]["project_authority"]["ok"]
-    assert len(scene.pushes()) == 1
+    assert len(scene.pushes()) == 1 and scene.github.creation_requests == 0
 
 
 # --- cancellation -----------------------------------------------------------------------------------
@@ -374,6 +374,7 @@ def test_cancelling_an_idle_run_completes_with_a_drain_receipt(tmp_path: Path) -
         assert settled["settled"]
         with pytest.raises(RunStateError):
             run(scene.runs.cancel(scene.run_id, "ops"))
+        assert scene.pushes() == [] and scene.github.creation_requests == 0
     finally:
         scene.close()
 
@@ -425,7 +426,7 @@ def test_cancellation_needs_a_receipt_proving_the_work_drained(tmp_path: Path) -
         assert drained[0].data["lease"]["owner"] == "busy-worker"
         settled = run(scene.runs.reconcile_execution_request(scene.run_id, request.request_id, RECONCILE_B))
         assert settled["settled"] and settled["outcome"] == "succeeded"
-        assert scene.pushes() == []
+        assert scene.pushes() == [] and scene.github.creation_requests == 0
     finally:
         scene.close()
 
@@ -461,5 +462,6 @@ def test_only_a_succeeded_run_is_published(tmp_path: Path) -> None:
         with pytest.raises(RequestStateError, match="has not succeeded"):
             run(scene.runs.request_publication(scene.run_id, publisher="git"))
         assert run(scene.runs.execution_requests(scene.run_id)) == []
+        assert scene.pushes() == [] and scene.github.creation_requests == 0
     finally:
         scene.close()
