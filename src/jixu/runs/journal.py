@@ -21,6 +21,8 @@ class RunLog:
     Loading starts from the run's latest valid checkpoint (a disposable cache,
     used only when its reducer version and head hash match) and applies the
     events after it, so listing many finished runs does not replay each one.
+    The whole chain is still verified (hashing only): a history changed before
+    the checkpoint is replayed, and the record stops at the first bad event.
     """
 
     def __init__(self, store: Store, run_id: str) -> None:
@@ -32,6 +34,9 @@ class RunLog:
         if store.stream_info(self.stream) is None:
             raise RunNotFound(f"no run {run_id} in {store.url}", run_id=run_id)
         projected = project(store, self.stream, RunProjection())
+        if projected.checkpoint == "used" and not store.verify(self.stream).valid:
+            # The checkpoint predates a change to the history: replay, so the record stops at the first bad event.
+            projected = project(store, self.stream, RunProjection(), use_checkpoint=False)
         self.record: RunRecord = projected.state
         self.chain_break: int | None = None if projected.chain.valid else projected.chain.first_bad_seq
         self._projection = RunProjection()
