@@ -6,13 +6,24 @@ import asyncio
 import re
 import subprocess
 import sys
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, TypeVar
 
 from jixu.ledger import SQLiteStore
 from jixu.runs import Runs
 from jixu.server.auth import authenticate
 from jixu.threads.log import ThreadLog
 from tests.studio.conftest import _env
+
+T = TypeVar("T")
+
+
+def _run(coroutine: Coroutine[Any, Any, T]) -> T:
+    # Its own thread: the session's Playwright browser keeps an event loop running in this one.
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 def _fixture(tmp_path: Path) -> str:
@@ -42,12 +53,12 @@ def test_the_fixture_prints_tokens_and_the_serve_command_and_records_every_case(
         assert [w["state"] for w in unknown.waiting_on] == ["unknown"]
         assert [w["state"] for w in parked.waiting_on] == ["parked"]
         service = Runs(store, tmp_path / "elsewhere", {}, owner="test-reader")
-        failed_check, published = (asyncio.run(service.state(r)) for r in runs)
+        failed_check, published = (_run(service.state(r)) for r in runs)
         assert (failed_check.status, failed_check.pause_reason) == ("paused", "quota")
         verify = next(t for t in failed_check.plan.tasks if t.kind == "verify")
         assert verify.evidence is not None and verify.evidence["checks"][0]["exit_status"] == 1
         assert published.status == "succeeded"
-        [request] = asyncio.run(service.execution_requests(published.run_id))
+        [request] = _run(service.execution_requests(published.run_id))
         assert request.status == "needs_reconciliation"
     finally:
         store.close()
