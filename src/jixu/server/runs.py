@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from jixu.errors import InvalidInput, ProjectNotFound, RunNotFound
 from jixu.ledger import is_valid_id
-from jixu.runs import RUN_STATUSES, submit_run
+from jixu.runs import RUN_STATUSES, run_work_key, submit_run
 from jixu.runs.engine import RunLog
 from jixu.server.context import Context, context, run_async
 from jixu.server.idempotency import Outcome
@@ -97,7 +97,7 @@ def get_journal(run_id: str, ctx: Annotated[Context, Depends(context)]) -> Obj:
 def _requeue(ctx: Context, run_id: str) -> None:
     """Queue a run that can go on, so a worker continues it."""
     state = run_async(ctx.services.runs.state(run_id))
-    if state.status in ("queued", "paused", "interrupted") and ctx.store.get_work(f"run/{run_id}") is None:
+    if state.status in ("queued", "paused", "interrupted") and ctx.store.get_work(run_work_key(run_id)) is None:
         submit_run(ctx.store, run_id)
 
 
