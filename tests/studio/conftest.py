@@ -119,9 +119,13 @@ def studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Studio]:
         stop_studio(started)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
-    """Headless Debian Chromium, launched by Playwright (fails, never skips, without it)."""
+    """Headless Debian Chromium, launched by Playwright (fails, never skips, without it).
+
+    Package-scoped: Playwright's sync API runs an event loop in the main thread while it is open, and every
+    later suite that calls ``asyncio.run`` would fail ("cannot be called from a running event loop").
+    """
     if not CHROMIUM.exists():
         pytest.fail(f"the Studio's browser tests need Chromium at {CHROMIUM}: install it with "
                     "`apt-get update && apt-get install -y chromium` (never `playwright install`)", pytrace=False)
