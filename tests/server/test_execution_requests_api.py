@@ -96,3 +96,67 @@ def test_with_proof_an_operator_settles_the_request_once(scene: Scene) -> None:
         for client in http.values():
             client.close()
         server.stop()
+
+
+def publishing_clients(scene: Scene) -> tuple[LiveServer, dict[str, httpx.Client]]:
+    """Like :func:`clients`, with the scene's publishers (git and the fake GitHub) configured on the server."""
+    tokens = {role: create_token(scene.store, f"pub-{role}", roles={"calc": role})[1]
+              for role in ("viewer", "editor", "operator")}
+    server = LiveServer(create_app(scene.store, workspace_root=scene.root, publishers=scene.publishers()))
+    server.start()
+    return server, {who: httpx.Client(base_url=f"{server.url}/api/v1", headers={"Authorization": f"Bearer {t}"},
+                                      timeout=30) for who, t in tokens.items()}
+
+
+def test_publish_over_http_then_a_worker_carries_it_out(scene: Scene) -> None:
+    server, http = publishing_clients(scene)
+    try:
+        path = f"/runs/{scene.run_id}/publications"
+        assert_problem(http["editor"].post(path, json={"publisher": "github"}), 403, "forbidden")
+        assert_problem(http["operator"].post(path, json={"publisher": "gitlab"}), 422, "unknown_provider")
+        admitted = http["operator"].post(path, json={"publisher": "github", "title": "Fix add()"},
+                                         headers={"Idempotency-Key": "publish-once"})
+        assert admitted.status_code == 201, admitted.text
+        request = admitted.json()
+        assert (request["status"], request["actor"], request["kind"]) == ("pending", request["actor"], "publication")
+        assert request["actor"].startswith("token:")
+        again = http["operator"].post(path, json={"publisher": "github", "title": "Fix add()"},
+                                      headers={"Idempotency-Key": "publish-once"})
+        assert again.status_code == 201 and again.json()["request_id"] == request["request_id"]
+        assert_problem(http["operator"].post(path, json={"publisher": "github"}), 409, "request_state_error")
+        assert scene.pushes() == [] and scene.github.creation_requests == 0  # admitted, not yet carried out
+        run(scene.runs.execute_request(request["request_id"]))  # what a worker does with the queued request
+        shown = http["viewer"].get(f"/runs/{scene.run_id}/execution-requests/{request['request_id']}")
+        assert shown.status_code == 200 and shown.json()["status"] == "succeeded"
+        assert shown.json()["receipt"]["result"]["pr_number"] == 1
+        assert len(scene.pushes()) == 1 and scene.github.creation_requests == 1
+    finally:
+        for client in http.values():
+            client.close()
+        server.stop()
+
+
+@pytest.mark.crash
+def test_inspect_then_resolve_an_unknown_publication_over_http(scene: Scene) -> None:
+    request_id = run(scene.runs.request_publication(scene.run_id, publisher="github"))
+    crash_publication(scene, request_id, "after_effect")
+    server, http = publishing_clients(scene)
+    try:
+        base = f"/runs/{scene.run_id}/execution-requests/{request_id}"
+        resolve = {"resolution": "occurred", "note": "PR #1 is ours"}
+        assert_problem(http["operator"].post(f"{base}/resolve", json=resolve), 409, "request_state_error")
+        assert_problem(http["editor"].post(f"{base}/inspect", json={}), 403, "forbidden")
+        found = http["operator"].post(f"{base}/inspect", json={})
+        assert found.status_code == 200, found.text
+        assert [p["number"] for p in found.json()["found"]["pull_requests"]] == [1]
+        resolved = http["operator"].post(f"{base}/resolve", json=resolve)
+        assert resolved.status_code == 200 and resolved.json()["status"] == "succeeded"
+        assert_problem(http["operator"].post(f"/runs/{scene.run_id}/execution-requests/{'0' * 26}/inspect",
+                                             json={}), 404, "request_not_found")
+        assert_problem(http["operator"].post(f"/runs/{scene.run_id}/tasks/{'0' * 26}/resolve",
+                                             json={"resolution": "not_occurred", "note": "n"}), 404, "not_found")
+        assert len(scene.pushes()) == 1 and scene.github.creation_requests == 1
+    finally:
+        for client in http.values():
+            client.close()
+        server.stop()

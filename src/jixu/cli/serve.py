@@ -15,6 +15,7 @@ from jixu.cli.output import EXIT_OK, console, handled
 from jixu.cli.runs import DEFAULT_WORKSPACE_ROOT, PROVIDERS_ENV, WORKSPACE_ENV, load_providers
 from jixu.cli.worker import open_store_label
 from jixu.ledger import DEFAULT_STORE_URL, open_store
+from jixu.runs.operations import PUBLISHERS_ENV, REMOTES_ENV, load_publishers, load_remotes
 from jixu.runs.workers import WorkerConfig, default_owner, make_agent
 
 
@@ -29,6 +30,10 @@ from jixu.runs.workers import WorkerConfig, default_owner, make_agent
               help=f"The run providers (a zero-argument callable returning dict[str, Provider]); ${PROVIDERS_ENV}.")
 @click.option("--workspace-root", envvar=WORKSPACE_ENV, default=DEFAULT_WORKSPACE_ROOT, show_default=True,
               metavar="DIR", help="Where new runs' workspaces are made.")
+@click.option("--publishers", "publishers_spec", envvar=PUBLISHERS_ENV, default=None, metavar="MODULE:FACTORY",
+              help=f"Publishers for publication requests (dict[str, Publisher]); ${PUBLISHERS_ENV}, else only git.")
+@click.option("--remotes", "remotes_spec", envvar=REMOTES_ENV, default=None, metavar="MODULE:FACTORY",
+              help=f"Deploy / rollback / knowledge-write providers (dict[str, RemoteProvider]); ${REMOTES_ENV}.")
 @click.option("--no-worker", is_flag=True,
               help="Only record: leave queued inputs and runs for `jixu worker` even when --agent/--providers "
                    "are given.")
@@ -36,7 +41,7 @@ from jixu.runs.workers import WorkerConfig, default_owner, make_agent
 @click.option("--max-body-bytes", type=click.IntRange(1024, 64 * 1024 * 1024), default=1024 * 1024,
               show_default=True, help="Larger request bodies are refused with 413.")
 def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, providers_spec: str | None,
-                  workspace_root: str, no_worker: bool, owner: str | None, max_body_bytes: int) -> None:
+                  workspace_root: str, publishers_spec: str | None, remotes_spec: str | None, no_worker: bool, owner: str | None, max_body_bytes: int) -> None:
     """Serve the HTTP API over STORE: threads, runs, projects and tokens under /api/v1.
 
     Callers authenticate with bearer tokens: make the first one with
@@ -61,13 +66,19 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
         agent = make_agent(agent_spec) if agent_spec else None
         providers = load_providers(providers_spec) if (providers_spec or "").strip() else None
         root = Path(workspace_root).expanduser().resolve()
+        publishers_spec = publishers_spec if (publishers_spec or "").strip() else None
+        remotes_spec = remotes_spec if (remotes_spec or "").strip() else None
+        publishers = load_publishers(publishers_spec)
+        remotes = load_remotes(remotes_spec) if remotes_spec else None
         store = open_store(store_url)
     lifespan: list[Any] = []
     if not no_worker and (agent is not None or providers is not None):
         config = WorkerConfig(store_url=store_url, agent=agent_spec, owner=owner or default_owner(),
-                              providers=providers_spec if providers is not None else None, workspace_root=str(root))
+                              providers=providers_spec if providers is not None else None, workspace_root=str(root),
+                              publishers=publishers_spec, remotes=remotes_spec)
         lifespan.append(BackgroundWorker(store, config, agent=agent, providers=providers).lifespan)
     app = create_app(store, agent=agent, providers=providers, workspace_root=root, max_body_bytes=max_body_bytes,
+                     publishers=publishers, remotes=remotes,
                      lifespan=lifespan, routers=[studio_router()])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     worker = "a worker in this process" if lifespan else "no worker (inputs are queued for `jixu worker`)"

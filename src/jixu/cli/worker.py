@@ -14,6 +14,7 @@ from jixu.cli.output import EXIT_OK, console, handled
 from jixu.cli.runs import DEFAULT_WORKSPACE_ROOT, PROVIDERS_ENV, WORKSPACE_ENV, load_providers
 from jixu.errors import InvalidInput
 from jixu.ledger import open_store
+from jixu.runs.operations import PUBLISHERS_ENV, REMOTES_ENV, load_publishers, load_remotes
 from jixu.runs.workers import UNBOUNDED, Report, WorkerConfig, WorkerPool, default_owner, make_agent, serve
 
 KIND_STYLE = {"start": "bold green", "claim": "cyan", "finish": "green", "requeue": "yellow",
@@ -58,6 +59,12 @@ def rich_report(owner: str) -> Report:
                    f"myapp.providers:providers): these workers execute queued runs with it. Default: ${PROVIDERS_ENV}.")
 @click.option("--workspace-root", envvar=WORKSPACE_ENV, default=DEFAULT_WORKSPACE_ROOT, show_default=True,
               metavar="DIR", help=f"Where new runs' workspaces are made (DIR/<run_id>); default ${WORKSPACE_ENV}.")
+@click.option("--publishers", "publishers_spec", envvar=PUBLISHERS_ENV, default=None, metavar="MODULE:FACTORY",
+              help="Publishers for queued publication requests (dict[str, Publisher]); default "
+                   f"${PUBLISHERS_ENV}, else only git.")
+@click.option("--remotes", "remotes_spec", envvar=REMOTES_ENV, default=None, metavar="MODULE:FACTORY",
+              help="Deploy / rollback / knowledge-write providers (dict[str, RemoteProvider]) for queued remote "
+                   f"tasks; default ${REMOTES_ENV}.")
 @click.option("--processes", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Worker processes to run (each runs one thread or run at a time).")
 @click.option("--owner", default=None, metavar="NAME",
@@ -81,7 +88,7 @@ def rich_report(owner: str) -> Report:
 @click.option("--exit-when-idle", is_flag=True, help="Exit 0 once nothing is pending or claimed (batch runs).")
 @click.option("--quiet", is_flag=True, help="Report start, stop and problems only, not every item.")
 def worker_command(store_url: str, agent_spec: str | None, providers_spec: str | None, workspace_root: str,
-                   processes: int, owner: str | None, global_limit: int | None,
+                   publishers_spec: str | None, remotes_spec: str | None, processes: int, owner: str | None, global_limit: int | None,
                    project_limits: tuple[str, ...], default_project_limit: int | None, takeover: str,
                    lease_ttl: float, drain_timeout: float, poll_interval: float, exit_when_idle: bool,
                    quiet: bool) -> None:
@@ -101,7 +108,9 @@ def worker_command(store_url: str, agent_spec: str | None, providers_spec: str |
     jixu.runs.submit_run). With --providers (as for `jixu runs`) a worker
     executes them under its own name: an automatic pause (rate limit) puts the
     run back in the queue until its recorded resume time; a run that needs an
-    operator is finished with the `jixu runs …` command to use. Give --agent,
+    operator is finished with the `jixu runs …` command to use; admitted execution
+    requests (publications with --publishers, deploys and other remote tasks with
+    --remotes, cancellations) are carried out too. Give --agent,
     --providers or both; a worker leaves work it cannot do in the queue.
 
     SIGTERM or SIGINT: stop claiming, drain the turn in flight (within
@@ -120,15 +129,20 @@ def worker_command(store_url: str, agent_spec: str | None, providers_spec: str |
         providers = providers_spec if (providers_spec or "").strip() else None
         if agent_spec is not None:
             make_agent(agent_spec)  # fail here, once, on a bad factory
+        publishers = publishers_spec if (publishers_spec or "").strip() else None
+        remotes = remotes_spec if (remotes_spec or "").strip() else None
         if providers is not None:
             load_providers(providers)
+            load_publishers(publishers)
+            if remotes is not None:
+                load_remotes(remotes)
         root = str(Path(workspace_root).expanduser().resolve())
         config = WorkerConfig(store_url=store_url, agent=agent_spec, owner=name, lease_ttl=lease_ttl,
                               global_limit=global_limit, project_limits=limits,
                               default_project_limit=default_project_limit,
                               takeover="safe" if takeover == "safe" else "never", poll_interval=poll_interval,
                               drain_timeout=drain_timeout, exit_when_idle=exit_when_idle, quiet=quiet,
-                              providers=providers, workspace_root=root)
+                              providers=providers, workspace_root=root, publishers=publishers, remotes=remotes)
         open_store(store_url).close()  # migrate once before the workers start, and fail early
         if processes == 1:
             stats = asyncio.run(serve(config, report=rich_report(name)))
@@ -140,7 +154,8 @@ def worker_command(store_url: str, agent_spec: str | None, providers_spec: str |
                           global_limit=global_limit, project_limits=limits,
                           default_project_limit=default_project_limit, takeover=config.takeover,
                           poll_interval=poll_interval, drain_timeout=drain_timeout, exit_when_idle=exit_when_idle,
-                          quiet=quiet, providers=providers, workspace_root=root)
+                          quiet=quiet, providers=providers, workspace_root=root, publishers=publishers,
+                          remotes=remotes)
     console.print(f"[bold]jixu worker[/]: starting {processes} processes ({', '.join(pool.owners)}) on "
                   f"{escape(open_store_label(store_url))}", highlight=False)
     code = pool.run()

@@ -70,6 +70,7 @@ from jixu.ledger.encoding import JSONObject
 from jixu.ledger.store import WorkClaim, check_limits, check_owner
 from jixu.runs.engine import Runs
 from jixu.runs.model import RunState, run_id_of
+from jixu.runs.operations import load_publishers, load_remotes
 from jixu.runs.providers import Provider
 from jixu.runs.requests import request_id_of
 from jixu.runs.scheduler import thread_id_of
@@ -172,11 +173,16 @@ class WorkerConfig:
     """``MODULE:FACTORY`` of the providers this worker executes runs with (None: leave run keys queued)."""
     workspace_root: str | None = None
     """Where new runs' workspaces go (default ``./jixu-workspaces``)."""
+    publishers: str | None = None
+    """``MODULE:FACTORY`` of the publishers for publication requests (None: only ``git``)."""
+    remotes: str | None = None
+    """``MODULE:FACTORY`` of the deploy / rollback / knowledge-write providers (None: none; such requests stay
+    queued for a worker that has them)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.store_url, str) or not self.store_url:
             raise InvalidInput("store must be a store URL or path", field="store")
-        for name in ("agent", "providers", "workspace_root"):
+        for name in ("agent", "providers", "workspace_root", "publishers", "remotes"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise InvalidInput(f"{name} must be a non-empty string or None", field=name)
@@ -272,7 +278,9 @@ class Worker:
         self.runs: Runs | None = None
         if providers is not None:
             self.runs = Runs(store, config.workspace_root or DEFAULT_WORKSPACE_ROOT, providers,
-                             owner=config.owner, lease_ttl=config.lease_ttl, wait_automatic_pauses=False)
+                             owner=config.owner, lease_ttl=config.lease_ttl, wait_automatic_pauses=False,
+                             publishers=load_publishers(config.publishers),
+                             remotes=load_remotes(config.remotes) if config.remotes else None)
         self._executing: asyncio.Task[RunState] | None = None
         self.stats = WorkerStats()
         self._report = report or print_report(config.owner)
@@ -617,7 +625,8 @@ class WorkerPool:
                  drain_timeout: float = 10.0, exit_when_idle: bool = False, quiet: bool = False,
                  env: dict[str, str] | None = None, stdout: IO[str] | int | None = None,
                  stderr: IO[str] | int | None = None, providers: str | None = None,
-                 workspace_root: str | None = None) -> None:
+                 workspace_root: str | None = None, publishers: str | None = None,
+                 remotes: str | None = None) -> None:
         if isinstance(processes, bool) or not isinstance(processes, int) or not 1 <= processes <= 256:
             raise InvalidInput("processes must be an integer between 1 and 256", field="processes")
         spec = factory_spec(agent_factory) if agent_factory is not None else None
@@ -627,7 +636,7 @@ class WorkerPool:
                                      default_project_limit=default_project_limit, takeover=takeover,
                                      poll_interval=poll_interval, drain_timeout=drain_timeout,
                                      exit_when_idle=exit_when_idle, quiet=quiet, providers=providers,
-                                     workspace_root=workspace_root)
+                                     workspace_root=workspace_root, publishers=publishers, remotes=remotes)
                         for i in range(1, processes + 1)]
         self.drain_timeout = float(drain_timeout)
         self._env = dict(env or {})

@@ -23,6 +23,8 @@ from jixu import __version__
 from jixu.errors import JixuError
 from jixu.ledger import Store
 from jixu.runs import Provider
+from jixu.runs.publication import Publisher
+from jixu.runs.remote import RemoteProvider
 from jixu.server import projects, runs, threads, tokens
 from jixu.server.auth import Principal
 from jixu.server.context import Services, principal
@@ -137,6 +139,7 @@ def whoami(caller: Annotated[Principal, Depends(principal)]) -> dict[str, Any]:
 
 
 def create_app(store: Store, *, agent: Agent | None = None, providers: dict[str, Provider] | None = None,
+               publishers: dict[str, Publisher] | None = None, remotes: dict[str, RemoteProvider] | None = None,
                workspace_root: Path | str = "jixu-workspaces", routers: Iterable[APIRouter] = (),
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, stream_poll_interval: float = 0.2,
                lifespan: Sequence[Lifespan] = ()) -> FastAPI:
@@ -144,7 +147,8 @@ def create_app(store: Store, *, agent: Agent | None = None, providers: dict[str,
 
     ``agent``: the agent new threads are recorded under (without it, creating
     threads answers 409). ``providers``: the run providers (creating runs and
-    handoffs need them). ``routers`` are mounted at the root after the API.
+    handoffs need them). ``publishers`` / ``remotes``: for publication and
+    remote-task requests (default: only ``git``). ``routers`` are mounted at the root after the API.
     ``lifespan``: async context managers (taking the app) entered at startup
     and left at shutdown, e.g. an in-process worker.
     """
@@ -162,7 +166,8 @@ def create_app(store: Store, *, agent: Agent | None = None, providers: dict[str,
     app = FastAPI(title="jixu", version=__version__, lifespan=lifespan_all,
                   description="Durable agent threads and runs over a hash-chained event ledger. Authenticate with "
                               "`Authorization: Bearer jixu_<id>_<secret>`; send `Idempotency-Key` on mutations.")
-    app.state.jixu = Services(store=store, agent=agent, providers=dict(providers or {}),
+    app.state.jixu = Services(store=store, agent=agent, providers=dict(providers or {}), publishers=publishers,
+                              remotes=remotes,
                               workspace_root=Path(workspace_root), max_body_bytes=max_body_bytes,
                               stream_poll_interval=stream_poll_interval)
     _install_problem_handlers(app)

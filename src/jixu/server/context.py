@@ -21,6 +21,8 @@ from pydantic import BaseModel
 
 from jixu.ledger import Store
 from jixu.runs import Provider, Runs
+from jixu.runs.publication import Publisher
+from jixu.runs.remote import RemoteProvider
 from jixu.server.auth import Principal, authenticate
 from jixu.server.idempotency import HEADER, Outcome, run_once
 from jixu.server.problems import AGENT_NOT_CONFIGURED, HTTPProblem
@@ -38,6 +40,10 @@ class Services:
     store: Store
     agent: Agent | None = None
     providers: dict[str, Provider] = field(default_factory=dict)
+    publishers: dict[str, Publisher] | None = None
+    """Publication providers (None: only ``git``)."""
+    remotes: dict[str, RemoteProvider] | None = None
+    """Deploy / rollback / knowledge-write providers."""
     workspace_root: Path = Path("jixu-workspaces")
     max_body_bytes: int = 1024 * 1024
     stream_poll_interval: float = 0.2
@@ -46,7 +52,8 @@ class Services:
     def __post_init__(self) -> None:
         # An owner name of this process only, so a run another process executes never looks like its own.
         owner = f"jixu-server-{os.getpid()}@{socket.gethostname()}"
-        self.runs = Runs(self.store, self.workspace_root, self.providers, owner=owner, actor="jixu-server")
+        self.runs = Runs(self.store, self.workspace_root, self.providers, owner=owner, actor="jixu-server",
+                         publishers=self.publishers, remotes=self.remotes)
 
     def require_agent(self) -> Agent:
         """The configured agent (409 problem when the server was started without one)."""

@@ -107,6 +107,36 @@ class Reconcile(Body):
     reconciliation_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="32 lower-case hex characters.")
 
 
+class Publish(Body):
+    publisher: str = Field(default="git", min_length=1, max_length=200,
+                           description="A publisher the server is configured with (default: git).")
+    branch: str | None = Field(default=None, min_length=1, max_length=200, description="Default jixu/<run_id>.")
+    base_branch: str | None = Field(default=None, min_length=1, max_length=200)
+    title: str | None = Field(default=None, min_length=1, max_length=500)
+
+
+class RemoteTask(Body):
+    kind: Literal["deploy", "rollback", "knowledge_write"]
+    provider: str = Field(min_length=1, max_length=200, description="A remote provider the server is configured with.")
+    parameters: dict[str, Any] = Field(default_factory=dict, description="Handed to the provider.")
+
+
+class Inspect(Body):
+    """No fields: the provider is asked, read-only, what it shows for the recorded effect."""
+
+
+class ResolveRequest(Body):
+    resolution: Literal["occurred", "not_occurred", "abandoned_unknown"]
+    note: str = Field(min_length=1, max_length=MAX_NOTE, description="What the inspection showed.")
+    resolution_id: str | None = Field(default=None, min_length=1, max_length=100)
+
+
+class ResolveTask(Body):
+    resolution: Literal["not_occurred", "abandoned_unknown"]
+    note: str = Field(min_length=1, max_length=MAX_NOTE, description="What you checked in the workspace.")
+    resolution_id: str | None = Field(default=None, min_length=1, max_length=100)
+
+
 # --- projects and tokens ------------------------------------------------------------------------
 
 

@@ -18,7 +18,21 @@ from jixu.runs import RUN_STATUSES, run_work_key, submit_run
 from jixu.runs.engine import RunLog
 from jixu.server.context import Context, context, run_async
 from jixu.server.idempotency import Outcome
-from jixu.server.models import READ, WRITE, CancelRun, CreateRun, Handoff, Reconcile, ResumeRun, RetryRun
+from jixu.server.models import (
+    READ,
+    WRITE,
+    CancelRun,
+    CreateRun,
+    Handoff,
+    Inspect,
+    Publish,
+    Reconcile,
+    RemoteTask,
+    ResolveRequest,
+    ResolveTask,
+    ResumeRun,
+    RetryRun,
+)
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 Obj = dict[str, Any]
@@ -174,6 +188,99 @@ def reconcile_execution_request(run_id: str, request_id: str, body: Reconcile,
     def operation() -> Outcome:
         return Outcome(200, run_async(ctx.services.runs.reconcile_execution_request(
             run_id, request_id, body.reconciliation_id, actor=ctx.actor)))
+
+    return ctx.mutate(body, operation)
+
+
+def _request_of(ctx: Context, run_id: str, request_id: str) -> None:
+    """404 unless ``request_id`` is one of the run's execution requests."""
+    run_async(ctx.services.runs.execution_request(run_id, request_id))
+
+
+@router.post("/{run_id}/publications", status_code=201, responses=WRITE, response_model=Obj,
+             summary="Publish a succeeded run's verified source (operator; queued for workers)")
+def publish_run(run_id: str, body: Publish, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """Admit a publication request (push a branch, or open a pull request); a worker carries it out.
+
+    409 when the run did not succeed, the project's authority changed, an
+    earlier publication is unresolved or succeeded, or 3 attempts were admitted.
+    """
+    authorize(ctx, run_id, "operator")
+
+    def operation() -> Outcome:
+        runs = ctx.services.runs
+        request_id = run_async(runs.request_publication(run_id, publisher=body.publisher, branch=body.branch,
+                                                        base_branch=body.base_branch, title=body.title,
+                                                        actor=ctx.actor))
+        return Outcome(201, run_async(runs.execution_request(run_id, request_id)).to_dict())
+
+    return ctx.mutate(body, operation)
+
+
+@router.post("/{run_id}/remote-tasks", status_code=201, responses=WRITE, response_model=Obj,
+             summary="Deploy, roll back or write knowledge from a succeeded run (operator; queued for workers)")
+def remote_task(run_id: str, body: RemoteTask, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """Admit a remote task request; its evidence will be the job id or version the provider reports."""
+    authorize(ctx, run_id, "operator")
+
+    def operation() -> Outcome:
+        runs = ctx.services.runs
+        request_id = run_async(runs.request_remote(run_id, body.kind, provider=body.provider,
+                                                   parameters=body.parameters, actor=ctx.actor))
+        return Outcome(201, run_async(runs.execution_request(run_id, request_id)).to_dict())
+
+    return ctx.mutate(body, operation)
+
+
+@router.get("/{run_id}/execution-requests/{request_id}", responses=READ, summary="One execution request")
+def get_execution_request(run_id: str, request_id: str, ctx: Annotated[Context, Depends(context)]) -> Obj:
+    """An execution request with its intent, receipt, reconciliations and inspections."""
+    authorize(ctx, run_id, "viewer")
+    return run_async(ctx.services.runs.execution_request(run_id, request_id)).to_dict()
+
+
+@router.post("/{run_id}/execution-requests/{request_id}/inspect", responses=WRITE, response_model=Obj,
+             summary="Ask the provider, read-only, what it shows for a request (operator); the finding is kept")
+def inspect_remote(run_id: str, request_id: str, body: Inspect,
+                   ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """Query the publisher or remote provider without changing anything there; what it shows is retained."""
+    authorize(ctx, run_id, "operator")
+    _request_of(ctx, run_id, request_id)
+
+    def operation() -> Outcome:
+        return Outcome(200, run_async(ctx.services.runs.inspect_remote(run_id, request_id, actor=ctx.actor)))
+
+    return ctx.mutate(body, operation)
+
+
+@router.post("/{run_id}/execution-requests/{request_id}/resolve", responses=WRITE, response_model=Obj,
+             summary="Record an operator's resolution of an unknown request, after an inspection (operator)")
+def resolve_request(run_id: str, request_id: str, body: ResolveRequest,
+                    ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """The resolution cites the latest retained inspection; 409 without one."""
+    authorize(ctx, run_id, "operator")
+    _request_of(ctx, run_id, request_id)
+
+    def operation() -> Outcome:
+        view = run_async(ctx.services.runs.resolve_request_outcome(
+            run_id, request_id, body.resolution, resolution_id=body.resolution_id, note=body.note, actor=ctx.actor))
+        return Outcome(200, view.to_dict())
+
+    return ctx.mutate(body, operation)
+
+
+@router.post("/{run_id}/tasks/{effect_id}/resolve", responses=WRITE, response_model=Obj,
+             summary="Record an operator's decision about a run task stuck unknown (operator)")
+def resolve_task(run_id: str, effect_id: str, body: ResolveTask,
+                 ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """not_occurred: the run tries the task again under a new effect id; abandoned_unknown: it fails."""
+    authorize(ctx, run_id, "operator")
+
+    def operation() -> Outcome:
+        run_async(ctx.services.runs.resolve_task_outcome(
+            run_id, effect_id, body.resolution, resolution_id=body.resolution_id, note=body.note, actor=ctx.actor))
+        _requeue(ctx, run_id)
+        return Outcome(200, state_of(ctx, run_id))
 
     return ctx.mutate(body, operation)
 
