@@ -160,3 +160,33 @@ def test_inspect_then_resolve_an_unknown_publication_over_http(scene: Scene) -> 
         for client in http.values():
             client.close()
         server.stop()
+
+
+@pytest.mark.crash
+def test_remote_cli_inspects_resolves_and_publishes(scene: Scene) -> None:
+    request_id = run(scene.runs.request_publication(scene.run_id, publisher="github"))
+    crash_publication(scene, request_id, "before_effect")  # dispatched, nothing pushed
+    server, http = publishing_clients(scene)
+    try:
+        env = {"JIXU_SERVER": server.url, "JIXU_TOKEN": tokens_of(http["operator"])}
+        found = jixu("remote", "runs", "inspect-remote", scene.run_id, request_id, "--json", env=env)
+        assert found.returncode == 0, found.stderr
+        assert json.loads(found.stdout)["found"]["remote_commit"] is None
+        resolved = jixu("remote", "runs", "resolve-request", scene.run_id, request_id, "--resolution",
+                        "not_occurred", "--note", "no branch, no pull request", "--json", env=env)
+        assert resolved.returncode == 0 and json.loads(resolved.stdout)["status"] == "failed"
+        bad = jixu("remote", "runs", "remote-task", scene.run_id, "--kind", "deploy", "--provider", "x",
+                   "--parameters", "[1]", env=env)
+        assert bad.returncode == 6
+        again = jixu("remote", "runs", "publish", scene.run_id, "--publisher", "github", "--json", env=env)
+        assert again.returncode == 0, again.stderr
+        second = json.loads(again.stdout)
+        assert (second["attempt"], second["status"]) == (2, "pending")
+        viewer = {"JIXU_SERVER": server.url, "JIXU_TOKEN": tokens_of(http["viewer"])}
+        refused = jixu("remote", "runs", "publish", scene.run_id, env=viewer)
+        assert refused.returncode == 7
+        assert scene.pushes() == [] and scene.github.creation_requests == 0
+    finally:
+        for client in http.values():
+            client.close()
+        server.stop()

@@ -511,6 +511,95 @@ def run_reconcile(run_id: str, request_id: str, reconciliation_id: str, as_json:
                 f"({escape(str(result.get('outcome')))})", highlight=False)
 
 
+def parse_json_object(text: str, field: str, as_json: bool) -> dict[str, Any]:
+    """``text`` as a JSON object; invalid input (exit 6) naming ``field`` otherwise."""
+    with handled(as_json):
+        try:
+            value = json.loads(text)
+        except ValueError as error:
+            raise InvalidInput(f"--{field} is not JSON: {error}", field=field) from error
+        if not isinstance(value, dict):
+            raise InvalidInput(f"--{field} must be a JSON object", field=field)
+        return value
+
+
+def print_request(request: dict[str, Any]) -> None:
+    """One execution request in a line."""
+    result = (request.get("receipt") or {}).get("result") or {}
+    evidence = result.get("pr_url") or result.get("pushed_commit") or result.get("job_id") or result.get("version")
+    out().print(f"request {request['request_id']} ({request['kind']} attempt {request['attempt']}): "
+                f"{request['status']}" + (f" - {evidence}" if evidence else "") + f" - {request['reason']}",
+                highlight=False, markup=False)
+
+
+@runs.command("publish", short_help="Publish a succeeded run (operator; a worker carries it out).")
+@click.argument("run_id")
+@click.option("--publisher", default="git", show_default=True)
+@click.option("--branch", default=None)
+@click.option("--title", default=None)
+@request_id_option
+@json_option
+def run_publish(run_id: str, publisher: str, branch: str | None, title: str | None, request_id: str | None,
+                as_json: bool) -> None:
+    """Admit publishing RUN_ID's verified source; exit 4 if refused (unresolved or repeated publication)."""
+    request = call(as_json, lambda c: c.publish(run_id, publisher=publisher, branch=branch, title=title,
+                                                request_id=request_id))
+    emit_json(request) if as_json else print_request(request)
+
+
+@runs.command("remote-task", short_help="Deploy, roll back or write knowledge from a succeeded run (operator).")
+@click.argument("run_id")
+@click.option("--kind", required=True, type=click.Choice(["deploy", "rollback", "knowledge_write"]))
+@click.option("--provider", required=True)
+@click.option("--parameters", default="{}", metavar="JSON")
+@request_id_option
+@json_option
+def run_remote_task(run_id: str, kind: str, provider: str, parameters: str, request_id: str | None,
+                    as_json: bool) -> None:
+    """Admit a remote task of RUN_ID; its evidence will be the provider's job id or version."""
+    values = parse_json_object(parameters, "parameters", as_json)
+    request = call(as_json, lambda c: c.remote_task(run_id, kind, provider, values, request_id=request_id))
+    emit_json(request) if as_json else print_request(request)
+
+
+@runs.command("inspect-remote", short_help="Ask a request's provider, read-only, what it shows (operator).")
+@click.argument("run_id")
+@click.argument("request_id")
+@json_option
+def run_inspect_remote(run_id: str, request_id: str, as_json: bool) -> None:
+    """What the provider shows now for REQUEST_ID (kept in the request's stream before any next step)."""
+    found = call(as_json, lambda c: c.inspect_remote(run_id, request_id))
+    emit_json(found) if as_json else out().print_json(data=found)
+
+
+@runs.command("resolve-request", short_help="Record what happened to an unknown request (operator).")
+@click.argument("run_id")
+@click.argument("request_id")
+@click.option("--resolution", required=True, type=click.Choice(["occurred", "not_occurred", "abandoned_unknown"]))
+@click.option("--note", required=True)
+@click.option("--resolution-id", default=None)
+@json_option
+def run_resolve_request(run_id: str, request_id: str, resolution: str, note: str, resolution_id: str | None,
+                        as_json: bool) -> None:
+    """Resolve REQUEST_ID after inspect-remote retained what the provider shows."""
+    request = call(as_json, lambda c: c.resolve_request(run_id, request_id, resolution, note, resolution_id))
+    emit_json(request) if as_json else print_request(request)
+
+
+@runs.command("resolve-task", short_help="Record what happened to a run task stuck unknown (operator).")
+@click.argument("run_id")
+@click.argument("effect_id")
+@click.option("--resolution", required=True, type=click.Choice(["not_occurred", "abandoned_unknown"]))
+@click.option("--note", required=True)
+@click.option("--resolution-id", default=None)
+@json_option
+def run_resolve_task(run_id: str, effect_id: str, resolution: str, note: str, resolution_id: str | None,
+                     as_json: bool) -> None:
+    """not_occurred: the run tries the task again; abandoned_unknown: it fails."""
+    state = call(as_json, lambda c: c.resolve_task(run_id, effect_id, resolution, note, resolution_id))
+    emit_json(state) if as_json else out().print(f"run {run_id}: {state['status']}", highlight=False)
+
+
 # --- projects ----------------------------------------------------------------------------------
 
 

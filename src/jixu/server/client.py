@@ -223,6 +223,36 @@ class Client:
         return self.request("POST", f"/runs/{run_id}/execution-requests/{request_id}/reconcile",
                             json_body={"reconciliation_id": reconciliation_id}, request_id=reconciliation_id)
 
+    def publish(self, run_id: str, *, publisher: str = "git", branch: str | None = None,
+                title: str | None = None, request_id: str | None = None) -> Any:
+        """Admit a publication of a succeeded run (queued for workers)."""
+        body = {"publisher": publisher, **({"branch": branch} if branch else {}), **({"title": title} if title else {})}
+        return self.request("POST", f"/runs/{run_id}/publications", json_body=body, request_id=request_id)
+
+    def remote_task(self, run_id: str, kind: str, provider: str, parameters: dict[str, Any],
+                    request_id: str | None = None) -> Any:
+        """Admit a deploy, rollback or knowledge write of a succeeded run (queued for workers)."""
+        return self.request("POST", f"/runs/{run_id}/remote-tasks", request_id=request_id,
+                            json_body={"kind": kind, "provider": provider, "parameters": parameters})
+
+    def inspect_remote(self, run_id: str, request_id: str) -> Any:
+        """Ask the request's provider, read-only, what it shows; the finding is retained."""
+        return self.request("POST", f"/runs/{run_id}/execution-requests/{request_id}/inspect", json_body={})
+
+    def resolve_request(self, run_id: str, request_id: str, resolution: str, note: str,
+                        resolution_id: str | None = None) -> Any:
+        """An operator's resolution of an unknown request (after an inspection)."""
+        body = {"resolution": resolution, "note": note, **({"resolution_id": resolution_id} if resolution_id else {})}
+        return self.request("POST", f"/runs/{run_id}/execution-requests/{request_id}/resolve", json_body=body,
+                            request_id=resolution_id)
+
+    def resolve_task(self, run_id: str, effect_id: str, resolution: str, note: str,
+                     resolution_id: str | None = None) -> Any:
+        """An operator's decision about a run task stuck unknown."""
+        body = {"resolution": resolution, "note": note, **({"resolution_id": resolution_id} if resolution_id else {})}
+        return self.request("POST", f"/runs/{run_id}/tasks/{effect_id}/resolve", json_body=body,
+                            request_id=resolution_id)
+
     # --- projects and tokens ---------------------------------------------------------------------
 
     def list_projects(self) -> Any:
