@@ -351,7 +351,11 @@ async def _check_crash_point(ledger: CrashLedger, outside: Path, semantics: str,
         # the tool, or before a COMMIT): exactly what it reported is stored, up to the crash point.
         assert len(before) == max(report.committed())
         last_type = before[-1].type
-        assert last_type == {"side_effect": "tool.dispatched", "checkpoint": "turn.ended"}.get(point, point)
+        # A retry-safe tool's intent is committed with its dispatch marker (decision 0010): the append that
+        # stored tool.requested stored tool.dispatched too, so that crash point is the dispatched one.
+        merged = point == "tool.requested" and semantics != "unsafe"
+        assert last_type == ("tool.dispatched" if merged else
+                             {"side_effect": "tool.dispatched", "checkpoint": "turn.ended"}.get(point, point))
         lines_before = read_outside(outside)
         assert_outside_matches_ledger(before, lines_before)
         first = next(e.data["effect_id"] for e in before if e.type == "tool.requested")
@@ -388,8 +392,8 @@ async def _check_crash_point(ledger: CrashLedger, outside: Path, semantics: str,
         else:
             assert len(tools_two) == 1
             effect = state.effects[tools_two[0]]
-            want = {"tool.requested": "not_dispatched", "tool.dispatched": "unknown", "side_effect": "unknown",
-                    "tool.completed": "completed"}[point]
+            want = "unknown" if merged else {"tool.requested": "not_dispatched", "tool.dispatched": "unknown",
+                                             "side_effect": "unknown", "tool.completed": "completed"}[point]
             assert (effect.state, effect.semantics) == (want, semantics)
             assert lines_of(lines_before, tools_two[0]) == ([1] if point in ("side_effect", "tool.completed")
                                                            else [])
@@ -458,10 +462,10 @@ async def _check_crash_point(ledger: CrashLedger, outside: Path, semantics: str,
         elif not unknown_unsafe and point != "checkpoint":
             effect_id = tools_two[0]
             decision = state.effects[effect_id]
-            retried = point in ("tool.dispatched", "side_effect")
+            retried = point in ("tool.dispatched", "side_effect") or merged
             assert decision.state == "completed" and decision.attempts == (2 if retried else 1)
-            expected = {"tool.requested": [1], "tool.dispatched": [2], "side_effect": [1, 2],
-                        "tool.completed": [1]}[point]
+            expected = [2] if merged else {"tool.requested": [1], "tool.dispatched": [2], "side_effect": [1, 2],
+                                           "tool.completed": [1]}[point]
             assert lines_of(lines, effect_id) == expected
             assert {line.idempotency_key for line in lines if line.effect_id == effect_id} == {
                 decision.idempotency_key}
@@ -483,7 +487,8 @@ def test_sigkill_at_a_crash_point_then_reopen(crash_ledger: CrashLedger, tmp_pat
                                               semantics: str) -> None:
     """The child settles turn 1, then kills itself at ``point`` in turn 2; this process recovers the thread.
 
-    Expected after reopen: (1) ``tool.requested``: the call runs exactly once (attempt 1); (2)
+    Expected after reopen: (1) ``tool.requested``: an unsafe call runs exactly once (attempt 1); a
+    retry-safe call's intent was committed with its dispatch marker, so it is retried as in (2); (2)
     ``tool.dispatched`` and (3) ``side_effect``: unsafe -> ``waiting`` on that effect, resolved by an
     operator (``not_occurred``: the model calls again under a new effect id, which runs once;
     ``occurred``: nothing runs again), retry-safe -> retried once under the same effect id and key

@@ -61,6 +61,8 @@ class Thread:
         self._fence: Fence | None = None
         """This process's claim on the active turn, while it runs it."""
         self._draining = False
+        self._pending: list[NewEvent] = []
+        """Intents of retry-safe effects waiting to be committed with their dispatch marker (see _append)."""
         self.thread_id = log.thread_id
         self.stream = log.stream
 
@@ -184,6 +186,7 @@ class Thread:
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(fence)) if fence else None
         try:
             while True:
+                self._pending = []  # an intent never committed (its call never started) is simply not there
                 analysis = log.open_analysis()
                 action = decide(log.state, analysis, max_steps=agent.max_steps, max_attempts=harness.max_attempts,
                                 context_budget=agent.context_budget)
@@ -199,11 +202,11 @@ class Thread:
                         await asyncio.gather(*(self._dispatch(eid, analysis.decisions[eid])
                                                for eid in action.effect_ids))
                     elif isinstance(action, RequestModel):
-                        self._request_model(action.turn_id)
+                        await self._request_model(action.turn_id)
                     elif isinstance(action, RequestCompaction):
-                        self._request_compaction(action.turn_id, action.upto)
+                        await self._request_compaction(action.turn_id, action.upto)
                     elif isinstance(action, RequestTools):
-                        self._request_tools(action.turn_id, action.calls)
+                        await self._request_tools(action.turn_id, action.calls)
                     elif isinstance(action, CompleteTurn):
                         self._append([NewEvent("turn.ended", {"turn_id": action.turn_id, "outcome": "completed",
                                                               "reply": action.reply}, log.meta())])
@@ -270,7 +273,12 @@ class Thread:
     # --- turn ownership -----------------------------------------------------------------
 
     def _append(self, events: list[NewEvent]) -> list[Event]:
-        return self.log.append(events, self._fence)
+        # A retry-safe effect's intent is committed together with whatever is appended next: its dispatch
+        # marker (or a rejection before dispatch). Both are durable before the call leaves the process; a crash
+        # before that commit leaves no trace (nothing was sent), one after it leaves the effect unknown, and
+        # unknown retry-safe effects are retried under the same identity (decision 0010).
+        batch, self._pending = [*self._pending, *events], []
+        return self.log.append(batch, self._fence)
 
     def claim_problem(self) -> str | None:
         """Why this process cannot run the active turn now (another live owner, an unrecovered expired
@@ -394,43 +402,54 @@ class Thread:
 
     # --- effects ------------------------------------------------------------------------
 
-    def _request_model(self, turn_id: str) -> None:
+    async def _request_model(self, turn_id: str) -> None:
+        """Record a model call's intent and make the call: one commit for intent and dispatch marker."""
         log = self.log
         effect_id = new_id()
         args = {"turn_id": turn_id, "context_seq": log.state.seq, "messages": len(log.state.messages)}
-        self._append([NewEvent("model.requested", {
-            "effect_id": effect_id, "name": self._agent.model.name, "args": args, "args_hash": content_hash(args),
-            "semantics": "read_only", "idempotency_key": f"jixu:{effect_id}", "requires_approval": False,
-            "turn_id": turn_id,
-        }, log.meta())])
+        intent = {"effect_id": effect_id, "name": self._agent.model.name, "args": args,
+                  "args_hash": content_hash(args), "semantics": "read_only", "idempotency_key": f"jixu:{effect_id}",
+                  "requires_approval": False, "turn_id": turn_id}
+        self._pending = [NewEvent("model.requested", intent, log.meta())]
+        await self._call_model(effect_id, intent, 1)
 
-    def _request_compaction(self, turn_id: str, upto: int) -> None:
-        """Record the intent to summarize the first ``upto`` messages, citing the events they came from."""
+    async def _request_compaction(self, turn_id: str, upto: int) -> None:
+        """Record the intent to summarize the first ``upto`` messages (citing their events) and ask for it."""
         log = self.log
         effect_id = new_id()
         args = {"turn_id": turn_id, "upto_message": upto, "covers": list(log.state.message_events[:upto])}
-        self._append([NewEvent("compaction.requested", {
-            "effect_id": effect_id, "name": self._agent.model.name, "args": args, "args_hash": content_hash(args),
-            "semantics": "read_only", "idempotency_key": f"jixu:{effect_id}", "requires_approval": False,
-            "turn_id": turn_id,
-        }, log.meta())])
+        intent = {"effect_id": effect_id, "name": self._agent.model.name, "args": args,
+                  "args_hash": content_hash(args), "semantics": "read_only", "idempotency_key": f"jixu:{effect_id}",
+                  "requires_approval": False, "turn_id": turn_id}
+        self._pending = [NewEvent("compaction.requested", intent, log.meta())]
+        await self._call_compaction(effect_id, intent, 1)
 
-    def _request_tools(self, turn_id: str, calls: Sequence[dict[str, Any]]) -> None:
+    async def _request_tools(self, turn_id: str, calls: Sequence[dict[str, Any]]) -> None:
+        """Record the intents of the model's tool calls. When every call is retry-safe (a declared read_only or
+        idempotent tool, no approval), make them at once: each intent commits with the first dispatch marker."""
         batch = []
+        intents: list[dict[str, Any]] = []
         for call in calls:
             effect_id = new_id()
             declared = self._agent.tool(str(call.get("name")))
             args = call.get("args") if isinstance(call.get("args"), dict) else {"__invalid__": call.get("args")}
             needs_approval = bool(declared and declared.requires_approval)
-            batch.append(NewEvent("tool.requested", {
+            intent = {
                 "effect_id": effect_id, "name": str(call.get("name")), "args": args,
                 "args_hash": content_hash(args), "semantics": declared.semantics if declared else "unsafe",
                 "idempotency_key": f"jixu:{effect_id}", "requires_approval": needs_approval,
                 "turn_id": turn_id, "call_id": str(call.get("id")),
-            }, self.log.meta()))
+            }
+            intents.append(intent)
+            batch.append(NewEvent("tool.requested", intent, self.log.meta()))
             if needs_approval:
                 batch.append(NewEvent("tool.parked", {"effect_id": effect_id, "reason": "requires_approval"},
                                       self.log.meta()))
+        if intents and all(i["semantics"] in ("read_only", "idempotent") and not i["requires_approval"]
+                           for i in intents):
+            self._pending = batch
+            await asyncio.gather(*(self._call_tool(str(i["effect_id"]), i, 1) for i in intents))
+            return
         self._append(batch)
 
     async def _dispatch(self, effect_id: str, decision: EffectDecision) -> None:
