@@ -29,11 +29,13 @@ def tokens_of(client: httpx.Client) -> str:
     return str(client.headers["Authorization"]).removeprefix("Bearer ")
 
 
-def clients(scene: Scene) -> tuple[LiveServer, dict[str, httpx.Client]]:
+def clients(scene: Scene, *, publishers: bool = False) -> tuple[LiveServer, dict[str, httpx.Client]]:
+    """A live server over the scene's store (with its publishers: git and the fake GitHub) and a client per role."""
     tokens = {role: create_token(scene.store, f"calc-{role}", roles={"calc": role})[1]
               for role in ("viewer", "editor", "operator")}
     tokens["outsider"] = create_token(scene.store, "outsider", roles={"other": "operator"})[1]
-    server = LiveServer(create_app(scene.store, workspace_root=scene.root))
+    server = LiveServer(create_app(scene.store, workspace_root=scene.root,
+                                   publishers=scene.publishers() if publishers else None))
     server.start()
     return server, {who: httpx.Client(base_url=f"{server.url}/api/v1", headers={"Authorization": f"Bearer {t}"},
                                       timeout=30) for who, t in tokens.items()}
@@ -98,18 +100,8 @@ def test_with_proof_an_operator_settles_the_request_once(scene: Scene) -> None:
         server.stop()
 
 
-def publishing_clients(scene: Scene) -> tuple[LiveServer, dict[str, httpx.Client]]:
-    """Like :func:`clients`, with the scene's publishers (git and the fake GitHub) configured on the server."""
-    tokens = {role: create_token(scene.store, f"pub-{role}", roles={"calc": role})[1]
-              for role in ("viewer", "editor", "operator")}
-    server = LiveServer(create_app(scene.store, workspace_root=scene.root, publishers=scene.publishers()))
-    server.start()
-    return server, {who: httpx.Client(base_url=f"{server.url}/api/v1", headers={"Authorization": f"Bearer {t}"},
-                                      timeout=30) for who, t in tokens.items()}
-
-
 def test_publish_over_http_then_a_worker_carries_it_out(scene: Scene) -> None:
-    server, http = publishing_clients(scene)
+    server, http = clients(scene, publishers=True)
     try:
         path = f"/runs/{scene.run_id}/publications"
         assert_problem(http["editor"].post(path, json={"publisher": "github"}), 403, "forbidden")
@@ -140,7 +132,7 @@ def test_publish_over_http_then_a_worker_carries_it_out(scene: Scene) -> None:
 def test_inspect_then_resolve_an_unknown_publication_over_http(scene: Scene) -> None:
     request_id = run(scene.runs.request_publication(scene.run_id, publisher="github"))
     crash_publication(scene, request_id, "after_effect")
-    server, http = publishing_clients(scene)
+    server, http = clients(scene, publishers=True)
     try:
         base = f"/runs/{scene.run_id}/execution-requests/{request_id}"
         resolve = {"resolution": "occurred", "note": "PR #1 is ours"}
@@ -166,7 +158,7 @@ def test_inspect_then_resolve_an_unknown_publication_over_http(scene: Scene) -> 
 def test_remote_cli_inspects_resolves_and_publishes(scene: Scene) -> None:
     request_id = run(scene.runs.request_publication(scene.run_id, publisher="github"))
     crash_publication(scene, request_id, "before_effect")  # dispatched, nothing pushed
-    server, http = publishing_clients(scene)
+    server, http = clients(scene, publishers=True)
     try:
         env = {"JIXU_SERVER": server.url, "JIXU_TOKEN": tokens_of(http["operator"])}
         found = jixu("remote", "runs", "inspect-remote", scene.run_id, request_id, "--json", env=env)
