@@ -34,7 +34,9 @@ from jixu.server.models import (
     Decision,
     ForkThread,
     Handoff,
+    Inspect,
     ResolveOutcome,
+    ResolveRequest,
     ResumeRun,
     RetryRun,
     SendInput,
@@ -76,6 +78,8 @@ NOTICES = {
     "retried": "Retried: this is the new run.",
     "cancelled": "Cancelled.",
     "reconciled": "Reconciled: the retained evidence settled the request.",
+    "inspected": "Inspected: what the provider shows now is retained in the request (nothing was changed there).",
+    "request_resolved": "Resolution recorded: it cites the latest inspection.",
 }
 
 _env = Environment(loader=PackageLoader("jixu.server.studio", "templates"),
@@ -394,6 +398,29 @@ async def reconcile_request(request: Request, run_id: str, request_id: str) -> R
         run_async(ctx.services.runs.reconcile_execution_request(
             run_id, request_id, form.get("reconciliation_id", ""), actor=ctx.actor))
         return f"{PREFIX}/runs/{run_id}?done=reconciled#request-{request_id}"
+
+    return await _run_post(request, run_id, action)
+
+
+@router.post("/runs/{run_id}/requests/{request_id}/inspect")
+async def inspect_request(request: Request, run_id: str, request_id: str) -> Response:
+    """Ask the request's provider, read-only, what it shows now; the finding is retained in the request."""
+    def action(ctx: Context, form: dict[str, str]) -> str:
+        runs_api.inspect_remote(run_id, request_id, Inspect(), ctx)
+        return f"{PREFIX}/runs/{run_id}?done=inspected#request-{request_id}"
+
+    return await _run_post(request, run_id, action)
+
+
+@router.post("/runs/{run_id}/requests/{request_id}/resolve")
+async def resolve_request(request: Request, run_id: str, request_id: str) -> Response:
+    """Record an operator's resolution of an unknown request, citing the latest inspection (note required)."""
+    def action(ctx: Context, form: dict[str, str]) -> str:
+        body = ResolveRequest.model_validate({"resolution": form.get("resolution", ""),
+                                              "note": form.get("note", "").strip(),
+                                              "resolution_id": _text(form, "resolution_id")})
+        runs_api.resolve_request(run_id, request_id, body, ctx)
+        return f"{PREFIX}/runs/{run_id}?done=request_resolved#request-{request_id}"
 
     return await _run_post(request, run_id, action)
 

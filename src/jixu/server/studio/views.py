@@ -191,6 +191,14 @@ def run_page(ctx: Context, run_id: str) -> Obj:
         request["can_reconcile"] = can_operate and request["status"] in RECONCILABLE
         request["reconciliation_id"] = new_hex_id()
         request["latest_reconciliation"] = request["reconciliations"][-1] if request["reconciliations"] else None
+        # After a reconciliation without proof: ask the provider (read-only), then record what it showed.
+        request["can_inspect"] = (can_operate and request["status"] == "needs_reconciliation"
+                                  and request["kind"] != "cancellation")
+        request["latest_inspection"] = request["inspections"][-1] if request["inspections"] else None
+        request["can_resolve"] = request["can_inspect"] and request["latest_inspection"] is not None
+        request["resolution_id"] = new_hex_id()
+        request["inspection_text"] = (pretty(request["latest_inspection"].get("found"))
+                                      if request["latest_inspection"] else "")
     journal = [{"seq": e["seq"], "type": e["type"], "recorded_at": e["recorded_at"],
                 "actor": (e.get("meta") or {}).get("actor"), "effect_id": (e.get("data") or {}).get("effect_id"),
                 "summary": excerpt({k: v for k, v in (e.get("data") or {}).items() if k != "effect_id"}),
