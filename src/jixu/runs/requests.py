@@ -878,9 +878,8 @@ class ExecutionRequests:
                                   "run_id": run_id, "actor": actor, "status_before": status, **finding}
             meta = RequestLog.meta(actor, run_id, request_id)
             events = [NewEvent("request.reconciled", result, meta)]
-            if resolution is not None and log.decision() is not None:
-                decision = log.decision()
-                assert decision is not None
+            decision = log.decision() if resolution is not None else None
+            if resolution is not None and decision is not None:
                 body = resolution_body(log.record.effect_id or "", resolution, reconciliation_id, actor=actor,
                                        note=f"established by reconciliation {reconciliation_id}",
                                        evidence={"proof": finding["proof"]})
