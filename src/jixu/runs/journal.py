@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
+from typing import Protocol, TypeVar
+
 from jixu.errors import InvalidInput, RunNotFound
 from jixu.ledger import Event, Fence, NewEvent, Store, project
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.ids import is_valid_id
-from jixu.ledger.projection import make_checkpoint
+from jixu.ledger.projection import Projection, make_checkpoint
 from jixu.recovery import Analysis, RecoveryResolver
 from jixu.runs.model import run_stream
 from jixu.runs.projection import RunProjection, RunRecord
+
+
+class _Followed(Protocol):
+    seq: int
+    head_hash: str
+
+
+R = TypeVar("R", bound=_Followed)
+
+
+def follow(store: Store, stream: str, projection: Projection[R], record: R,
+           chain_break: int | None) -> tuple[R, int | None]:
+    """``record`` with the events appended after its head applied, and the first seq whose link is broken."""
+    for event in store.read(stream, record.seq + 1):
+        if event.prev_hash != record.head_hash:
+            return record, chain_break or event.seq
+        record = projection.apply(record, event)
+    return record, chain_break
+
 
 CHECKPOINT_EVERY = 100
 """Events between two checkpoints of a run's record (one is also written when the run finishes)."""
@@ -44,11 +65,8 @@ class RunLog:
 
     def sync(self) -> None:
         """Apply events other writers appended since this record's head."""
-        for event in self.store.read(self.stream, self.record.seq + 1):
-            if event.prev_hash != self.record.head_hash:
-                self.chain_break = self.chain_break or event.seq
-                break
-            self.record = self._projection.apply(self.record, event)
+        self.record, self.chain_break = follow(self.store, self.stream, self._projection, self.record,
+                                               self.chain_break)
 
     def append(self, events: list[NewEvent], fence: Fence | None = None) -> list[Event]:
         """Append after this record's head (ConcurrencyError if another writer moved it) and project."""
@@ -77,4 +95,4 @@ class RunLog:
         return {"actor": actor, "run_id": self.run_id}
 
 
-__all__ = ["CHECKPOINT_EVERY", "RunLog"]
+__all__ = ["CHECKPOINT_EVERY", "RunLog", "follow"]

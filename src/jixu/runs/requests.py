@@ -70,9 +70,10 @@ from jixu.errors import (
 from jixu.ledger import Event, NewEvent, Store, new_id, project
 from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
 from jixu.ledger.ids import is_valid_id
+from jixu.ledger.store import Lease
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 from jixu.recovery.resolutions import admit_resolution, resolution_body
-from jixu.runs.journal import RunLog
+from jixu.runs.journal import RunLog, follow
 from jixu.runs.model import REQUEST_TASK_KINDS, check_text, get_project, run_lease_key
 from jixu.runs.projection import derive_status
 from jixu.runs.publication import PublicationContext, Publisher, RemoteRejected
@@ -276,11 +277,8 @@ class RequestLog:
 
     def sync(self) -> None:
         """Apply events appended since this record's head."""
-        for event in self.store.read(self.stream, self.record.seq + 1):
-            if event.prev_hash != self.record.head_hash:
-                self.chain_break = self.chain_break or event.seq
-                break
-            self.record = self._projection.apply(self.record, event)
+        self.record, self.chain_break = follow(self.store, self.stream, self._projection, self.record,
+                                               self.chain_break)
 
     def append(self, events: list[NewEvent]) -> list[Event]:
         """Append after this record's head (ConcurrencyError if another writer moved it)."""
@@ -567,18 +565,23 @@ class ExecutionRequests:
                            reason="the run is finished; waiting for the process executing it to stop")
         return view
 
+    def _run_lease(self, run_id: str) -> tuple[Lease | None, float, bool]:
+        """The run's lease, the store's clock, and whether a process holds the lease now (by that clock)."""
+        lease = self.store.get_lease(run_lease_key(run_id))
+        now = self.store.now()
+        return lease, now, lease is not None and not lease.released and lease.expires_at > now
+
     def _ownership(self, run: RunLog) -> str:
         """Who holds the run's lease, in :data:`~jixu.runs.projection.OWNERSHIP` terms (as seen from outside)."""
-        lease = self.store.get_lease(run_lease_key(run.run_id))
+        lease, _now, live = self._run_lease(run.run_id)
         if lease is None:
             return "stale" if run.record.claims else "none"
         if lease.released:
             return "released"
-        return "live" if lease.expires_at > self.store.now() else "stale"
+        return "live" if live else "stale"
 
     def _executor_live(self, run_id: str) -> bool:
-        lease = self.store.get_lease(run_lease_key(run_id))
-        return lease is not None and not lease.released and lease.expires_at > self.store.now()
+        return self._run_lease(run_id)[2]
 
     def _context(self, run: RunLog, log: RequestLog, args: JSONObject) -> PublicationContext | RemoteContext:
         admitted = log.record.admitted or {}
@@ -778,9 +781,7 @@ class ExecutionRequests:
             drained = self._drained(run, request_id)
             if drained is not None:
                 return drained
-            lease = self.store.get_lease(run_lease_key(run.run_id))
-            now = self.store.now()
-            live = lease is not None and not lease.released and lease.expires_at > now
+            lease, now, live = self._run_lease(run.run_id)
             if not live:
                 lease_info = None if lease is None else {"owner": lease.owner, "epoch": lease.epoch,
                                                          "released": lease.released, "expires_at": lease.expires_at,
