@@ -181,11 +181,33 @@ def project(store: Store, stream: str, projection: Projection[S], *, use_checkpo
     return Projected(state, seq, head, status, checkpoint_seq, applied, report)
 
 
+class Followed(Protocol):
+    """A projected state that knows the seq and hash of the last event applied to it."""
+
+    seq: int
+    head_hash: str
+
+
+F = TypeVar("F", bound=Followed)
+
+
+def follow(store: Store, stream: str, projection: Projection[F], record: F,
+           chain_break: int | None) -> tuple[F, int | None]:
+    """``record`` with the events appended after its head applied, and the first seq whose link is broken."""
+    for event in store.read(stream, record.seq + 1):
+        if event.prev_hash != record.head_hash:
+            return record, chain_break or event.seq
+        record = projection.apply(record, event)
+    return record, chain_break
+
+
 __all__ = [
     "CheckpointStatus",
+    "Followed",
     "Projected",
     "Projection",
     "checkpoint_digest",
+    "follow",
     "make_checkpoint",
     "project",
     "save_checkpoint",

@@ -2,35 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar
-
 from jixu.errors import InvalidInput, RunNotFound
 from jixu.ledger import Event, Fence, NewEvent, Store, project
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.ids import is_valid_id
-from jixu.ledger.projection import Projection, make_checkpoint
+from jixu.ledger.projection import follow, make_checkpoint
 from jixu.recovery import Analysis, RecoveryResolver
 from jixu.runs.model import run_stream
 from jixu.runs.projection import RunProjection, RunRecord
-
-
-class _Followed(Protocol):
-    seq: int
-    head_hash: str
-
-
-R = TypeVar("R", bound=_Followed)
-
-
-def follow(store: Store, stream: str, projection: Projection[R], record: R,
-           chain_break: int | None) -> tuple[R, int | None]:
-    """``record`` with the events appended after its head applied, and the first seq whose link is broken."""
-    for event in store.read(stream, record.seq + 1):
-        if event.prev_hash != record.head_hash:
-            return record, chain_break or event.seq
-        record = projection.apply(record, event)
-    return record, chain_break
-
 
 CHECKPOINT_EVERY = 100
 """Events between two checkpoints of a run's record (one is also written when the run finishes)."""
@@ -95,4 +74,4 @@ class RunLog:
         return {"actor": actor, "run_id": self.run_id}
 
 
-__all__ = ["CHECKPOINT_EVERY", "RunLog", "follow"]
+__all__ = ["CHECKPOINT_EVERY", "RunLog"]

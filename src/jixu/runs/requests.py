@@ -70,10 +70,11 @@ from jixu.errors import (
 from jixu.ledger import Event, NewEvent, Store, new_id, project
 from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
 from jixu.ledger.ids import is_valid_id
+from jixu.ledger.projection import follow
 from jixu.ledger.store import Lease
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 from jixu.recovery.resolutions import admit_resolution, resolution_body
-from jixu.runs.journal import RunLog, follow
+from jixu.runs.journal import RunLog
 from jixu.runs.model import REQUEST_TASK_KINDS, check_text, get_project, run_lease_key
 from jixu.runs.projection import derive_status
 from jixu.runs.publication import PublicationContext, Publisher, RemoteRejected

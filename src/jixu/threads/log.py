@@ -28,7 +28,7 @@ from jixu.errors import (
 from jixu.ledger import Event, Fence, NewEvent, Store, new_id, project
 from jixu.ledger.encoding import canonical_text
 from jixu.ledger.ids import is_valid_id
-from jixu.ledger.projection import make_checkpoint
+from jixu.ledger.projection import follow, make_checkpoint
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 from jixu.recovery.resolutions import admit_resolution, resolution_body
 from jixu.threads.decide import Stop, decide
@@ -220,12 +220,8 @@ class ThreadLog:
 
     def sync(self) -> None:
         """Apply events other writers appended since this record's head."""
-        for event in self.store.read(self.stream, self.state.seq + 1):
-            if event.prev_hash != self.state.head_hash:
-                if self.chain_break_seq is None:
-                    self.chain_break_seq = event.seq
-                break
-            self.state = self._projection.apply(self.state, event)
+        self.state, self.chain_break_seq = follow(self.store, self.stream, self._projection, self.state,
+                                                  self.chain_break_seq)
 
     # --- writing ------------------------------------------------------------------------
 
