@@ -354,8 +354,11 @@ async def _check_crash_point(ledger: CrashLedger, outside: Path, semantics: str,
         # A retry-safe tool's intent is committed with its dispatch marker (decision 0010): the append that
         # stored tool.requested stored tool.dispatched too, so that crash point is the dispatched one.
         merged = point == "tool.requested" and semantics != "unsafe"
+        # A receipt is committed with the next step's first events (decision 0011): the append that stored
+        # tool.completed stored the next model call's intent and dispatch marker too.
         assert last_type == ("tool.dispatched" if merged else
-                             {"side_effect": "tool.dispatched", "checkpoint": "turn.ended"}.get(point, point))
+                             {"side_effect": "tool.dispatched", "checkpoint": "turn.ended",
+                              "tool.completed": "model.dispatched"}.get(point, point))
         lines_before = read_outside(outside)
         assert_outside_matches_ledger(before, lines_before)
         first = next(e.data["effect_id"] for e in before if e.type == "tool.requested")

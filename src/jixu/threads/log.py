@@ -9,6 +9,7 @@ use it directly; :class:`~jixu.threads.thread.Thread` runs the agent loop on top
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from jixu.errors import (
 )
 from jixu.ledger import Event, Fence, NewEvent, Store, new_id, project
 from jixu.ledger.encoding import canonical_text
+from jixu.ledger.event import prepare
 from jixu.ledger.ids import is_valid_id
 from jixu.ledger.projection import follow, make_checkpoint
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
@@ -143,6 +145,8 @@ class ThreadLog:
         self.actor = actor
         self._projection = ThreadProjection()
         self._checkpoint_seq = 0
+        self._staged: list[NewEvent] = []
+        self._staged_fence: Fence | None = None
 
     @classmethod
     def load(cls, store: Store, thread_id: str, *, actor: str = "jixu", verify: bool = False) -> ThreadLog:
@@ -220,6 +224,7 @@ class ThreadLog:
 
     def sync(self) -> None:
         """Apply events other writers appended since this record's head."""
+        self.flush()
         self.state, self.chain_break_seq = follow(self.store, self.stream, self._projection, self.state,
                                                   self.chain_break_seq)
 
@@ -234,12 +239,74 @@ class ThreadLog:
         """Append after this record's head (ConcurrencyError if another writer moved it) and project.
 
         With ``fence``, the store refuses the append unless that turn claim is still current.
+        Staged events (see :meth:`stage`) are committed first, in the same atomic append.
         """
-        self.refuse_if_corrupt()
-        stored = self.store.append(self.stream, events, self.state.seq, fence)
-        for event in stored:
+        staged = self._staged
+        if not staged:
+            self.refuse_if_corrupt()
+            stored = self.store.append(self.stream, events, self.state.seq, fence)
+            for event in stored:
+                self.state = self._projection.apply(self.state, event)
+            return stored
+        try:
+            self.refuse_if_corrupt()
+            stored = self.store.append(self.stream, [*staged, *events], self.state.seq - len(staged), fence)
+        except BaseException:
+            self._unstage()
+            raise
+        self._staged, self._staged_fence = [], None
+        self._seal_staged(stored[:len(staged)])
+        for event in stored[len(staged):]:
             self.state = self._projection.apply(self.state, event)
         return stored
+
+    def stage(self, events: Sequence[NewEvent], fence: Fence | None = None) -> None:
+        """Project ``events`` now and commit them with the next append (decision 0011).
+
+        For a call's receipt: the agent loop decides its next step from the
+        state with the receipt in it, and the receipt is committed in the same
+        append as that step's first event (the next intent and its dispatch
+        marker), so nothing leaves the process before the receipt is durable.
+        The caller must append (or :meth:`flush`) before it yields to anything
+        else: until then the state shows events that are not yet stored. If
+        the commit fails, the staged events are dropped and the state is
+        reloaded from the store, as if the process had stopped before it.
+        """
+        if self._staged and fence != self._staged_fence:
+            self.flush()
+        for new in events:
+            # The projection sees exactly what a reload would: the canonical JSON of the payload.
+            prepared = prepare(new, self.store.max_payload_bytes)
+            provisional = Event(id=new.id, stream=self.stream, seq=self.state.seq + 1, type=new.type,
+                                data=json.loads(prepared.data_json), meta=json.loads(prepared.meta_json),
+                                recorded_at="", prev_hash=self.state.head_hash, hash="")
+            self._staged.append(new)
+            self._staged_fence = fence
+            self.state = self._projection.apply(self.state, provisional)
+
+    def flush(self) -> None:
+        """Commit the staged events on their own (nothing if none are staged)."""
+        if self._staged:
+            self.append([], self._staged_fence)
+
+    def _seal_staged(self, stored: list[Event]) -> None:
+        """Put the stored events (real time and hashes) where the projection kept their provisional copies."""
+        state, by_id = self.state, {event.id: event for event in stored}
+        for group in state.open_events.values():
+            for index, event in enumerate(group):
+                if event.id in by_id:
+                    group[index] = by_id[event.id]
+        state.stray_events = [by_id.get(event.id, event) for event in state.stray_events]
+        if state.seq == stored[-1].seq:
+            state.head_hash = stored[-1].hash
+
+    def _unstage(self) -> None:
+        """Forget staged events that were not committed: rebuild the state from what the store holds."""
+        self._staged, self._staged_fence = [], None
+        projected = project(self.store, self.stream, ThreadProjection())
+        self.state = projected.state
+        if not projected.chain.valid:
+            self.chain_break_seq = projected.chain.first_bad_seq
 
     def meta(self, actor: str | None = None) -> dict[str, Any]:
         """The ``meta`` of events written on behalf of ``actor``."""
@@ -259,6 +326,7 @@ class ThreadLog:
 
     def checkpoint(self) -> bool:
         """Write a checkpoint of the current state if it moved since the last one; True if written."""
+        self.flush()
         state = self.state
         if state.seq <= self._checkpoint_seq or state.contradiction or self.chain_break_seq is not None:
             return False

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from jixu.errors import (
@@ -63,6 +63,8 @@ class Thread:
         self._draining = False
         self._pending: list[NewEvent] = []
         """Intents of retry-safe effects waiting to be committed with their dispatch marker (see _append)."""
+        self._stage_receipts = False
+        """True while one call runs alone: its receipt is staged and committed with the next step (0011)."""
         self.thread_id = log.thread_id
         self.stream = log.stream
 
@@ -180,48 +182,18 @@ class Thread:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"jixu-thread-{self.thread_id}")
 
     async def _run(self) -> None:
-        agent, harness, log = self._agent, self._harness, self.log
+        log = self.log
         log.sync()
         fence = self._claim()
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(fence)) if fence else None
         try:
-            while True:
-                self._pending = []  # an intent never committed (its call never started) is simply not there
-                analysis = log.open_analysis()
-                action = decide(log.state, analysis, max_steps=agent.max_steps, max_attempts=harness.max_attempts,
-                                context_budget=agent.context_budget)
-                paused = isinstance(action, Stop) and action.status == "paused" and not self._draining
-                if paused and await self._automatic_resume():
-                    continue
-                if isinstance(action, Stop) or self._draining:
-                    log.checkpoint()
-                    return
-                head = log.state.seq
-                try:
-                    if isinstance(action, Dispatch):
-                        await asyncio.gather(*(self._dispatch(eid, analysis.decisions[eid])
-                                               for eid in action.effect_ids))
-                    elif isinstance(action, RequestModel):
-                        await self._request_model(action.turn_id)
-                    elif isinstance(action, RequestCompaction):
-                        await self._request_compaction(action.turn_id, action.upto)
-                    elif isinstance(action, RequestTools):
-                        await self._request_tools(action.turn_id, action.calls)
-                    elif isinstance(action, CompleteTurn):
-                        self._append([NewEvent("turn.ended", {"turn_id": action.turn_id, "outcome": "completed",
-                                                              "reply": action.reply}, log.meta())])
-                    elif isinstance(action, PauseTurn):
-                        self._pause(action)
-                    elif isinstance(action, FailTurn):
-                        self._append([NewEvent("turn.ended", {"turn_id": action.turn_id, "outcome": "failed",
-                                                              "error": action.error}, log.meta())])
-                except ConcurrencyError:
-                    # Another writer appended (e.g. an operator's decision): read it and decide again.
-                    log.sync()
-                if log.state.seq == head:
-                    # Every action records at least one event; a loop that records nothing would spin forever.
-                    raise JixuError(f"thread {self.thread_id}: {type(action).__name__} recorded nothing; "
-                                    "stopping instead of looping", thread_id=self.thread_id)
+            try:
+                await self._loop()
+            except BaseException:
+                # A receipt staged just before an exception (a cancelled call's, say) is still a fact: commit
+                # it, as its own append did before decision 0011 (a fenced-out owner gets FencingError here).
+                log.flush()
+                raise
         except FencingError as error:
             raise OwnershipLost(f"thread {self.thread_id}: this process no longer owns the turn ({error.message});"
                                 " it stopped without writing anything more", thread_id=self.thread_id) from error
@@ -229,6 +201,54 @@ class Thread:
             if heartbeat is not None:
                 heartbeat.cancel()
             self._release()
+
+    async def _loop(self) -> None:
+        """Decide and act until the thread must stop (see :func:`~jixu.threads.decide.decide`)."""
+        agent, harness, log = self._agent, self._harness, self.log
+        while True:
+            self._pending = []  # an intent never committed (its call never started) is simply not there
+            analysis = log.open_analysis()
+            action = decide(log.state, analysis, max_steps=agent.max_steps, max_attempts=harness.max_attempts,
+                            context_budget=agent.context_budget)
+            paused = isinstance(action, Stop) and action.status == "paused" and not self._draining
+            if paused:
+                log.flush()  # nothing staged may wait out a pause uncommitted
+            if paused and await self._automatic_resume():
+                continue
+            if isinstance(action, Stop) or self._draining:
+                log.checkpoint()
+                return
+            head = log.state.seq
+            try:
+                if isinstance(action, Dispatch) and len(action.effect_ids) == 1:
+                    [effect_id] = action.effect_ids
+                    await self._alone(self._dispatch(effect_id, analysis.decisions[effect_id]))
+                elif isinstance(action, Dispatch):
+                    await asyncio.gather(*(self._dispatch(eid, analysis.decisions[eid])
+                                           for eid in action.effect_ids))
+                elif isinstance(action, RequestModel):
+                    await self._request_model(action.turn_id)
+                elif isinstance(action, RequestCompaction):
+                    await self._request_compaction(action.turn_id, action.upto)
+                elif isinstance(action, RequestTools):
+                    await self._request_tools(action.turn_id, action.calls)
+                elif isinstance(action, CompleteTurn):
+                    self._append([NewEvent("turn.ended", {"turn_id": action.turn_id, "outcome": "completed",
+                                                          "reply": action.reply}, log.meta())])
+                elif isinstance(action, PauseTurn):
+                    self._pause(action)
+                elif isinstance(action, FailTurn):
+                    self._append([NewEvent("turn.ended", {"turn_id": action.turn_id, "outcome": "failed",
+                                                          "error": action.error}, log.meta())])
+            except ConcurrencyError:
+                # Another writer appended (e.g. an operator's decision): read it and decide again. A
+                # staged receipt in the failed append was dropped with it (decision 0011).
+                log.sync()
+                continue
+            if log.state.seq == head:
+                # Every action records at least one event; a loop that records nothing would spin forever.
+                raise JixuError(f"thread {self.thread_id}: {type(action).__name__} recorded nothing; "
+                                "stopping instead of looping", thread_id=self.thread_id)
 
     # --- pauses -------------------------------------------------------------------------
 
@@ -411,7 +431,7 @@ class Thread:
                   "args_hash": content_hash(args), "semantics": "read_only", "idempotency_key": f"jixu:{effect_id}",
                   "requires_approval": False, "turn_id": turn_id}
         self._pending = [NewEvent("model.requested", intent, log.meta())]
-        await self._call_model(effect_id, intent, 1)
+        await self._alone(self._call_model(effect_id, intent, 1))
 
     async def _request_compaction(self, turn_id: str, upto: int) -> None:
         """Record the intent to summarize the first ``upto`` messages (citing their events) and ask for it."""
@@ -422,7 +442,7 @@ class Thread:
                   "args_hash": content_hash(args), "semantics": "read_only", "idempotency_key": f"jixu:{effect_id}",
                   "requires_approval": False, "turn_id": turn_id}
         self._pending = [NewEvent("compaction.requested", intent, log.meta())]
-        await self._call_compaction(effect_id, intent, 1)
+        await self._alone(self._call_compaction(effect_id, intent, 1))
 
     async def _request_tools(self, turn_id: str, calls: Sequence[dict[str, Any]]) -> None:
         """Record the intents of the model's tool calls. When every call is retry-safe (a declared read_only or
@@ -448,9 +468,34 @@ class Thread:
         if intents and all(i["semantics"] in ("read_only", "idempotent") and not i["requires_approval"]
                            for i in intents):
             self._pending = batch
-            await asyncio.gather(*(self._call_tool(str(i["effect_id"]), i, 1) for i in intents))
+            if len(intents) == 1:
+                await self._alone(self._call_tool(str(intents[0]["effect_id"]), intents[0], 1))
+            else:
+                await asyncio.gather(*(self._call_tool(str(i["effect_id"]), i, 1) for i in intents))
             return
         self._append(batch)
+
+    async def _alone(self, call: Awaitable[None]) -> None:
+        """Run one call with no other in flight: its receipt is staged, not committed on its own.
+
+        The loop then decides the next step from the state with the receipt
+        in it and commits the receipt together with that step's first events
+        (decision 0011): two commits per agent step instead of four. Calls run
+        side by side (``gather``) commit their receipts at once, because the
+        loop yields to other tasks while it waits for the rest.
+        """
+        self._stage_receipts = True
+        try:
+            await call
+        finally:
+            self._stage_receipts = False
+
+    def _record_receipt(self, event: NewEvent) -> None:
+        """Stage a call's receipt (see :meth:`_alone`) or append it now."""
+        if self._stage_receipts and not self._pending:
+            self.log.stage([event], self._fence)
+        else:
+            self._append([event])
 
     async def _dispatch(self, effect_id: str, decision: EffectDecision) -> None:
         intent = self.log.state.intent(effect_id)
@@ -498,8 +543,8 @@ class Thread:
             self._receipt("model", effect_id, attempt, error={**_exception_dict(error), "kind": "transient"},
                           indeterminate=True)
         else:
-            self._append([NewEvent("model.completed", {"effect_id": effect_id, "attempt": attempt,
-                                                     "result": result}, log.meta())])
+            self._record_receipt(NewEvent("model.completed", {"effect_id": effect_id, "attempt": attempt,
+                                                            "result": result}, log.meta()))
 
     async def _call_compaction(self, effect_id: str, intent: dict[str, Any], attempt: int) -> None:
         """Ask the model for a summary of the covered messages; its receipt carries the summary.
@@ -557,9 +602,10 @@ class Thread:
                 self._receipt("compaction", effect_id, attempt, indeterminate=False,
                               error={"type": "invalid_summary", "message": problem, "usage": usage})
                 return
-            self._append([NewEvent("compaction.completed", {"effect_id": effect_id, "attempt": attempt, "result": {
-                "summary": response.text, "covers": covers, "upto_message": upto, "usage": usage,
-                "model": response.model}}, log.meta())])
+            self._record_receipt(NewEvent("compaction.completed", {
+                "effect_id": effect_id, "attempt": attempt, "result": {
+                    "summary": response.text, "covers": covers, "upto_message": upto, "usage": usage,
+                    "model": response.model}}, log.meta()))
 
     async def _call_tool(self, effect_id: str, intent: dict[str, Any], attempt: int) -> None:
         log = self.log
@@ -600,15 +646,15 @@ class Thread:
         except Exception as error:
             self._receipt("tool", effect_id, attempt, error=_exception_dict(error), indeterminate=True)
         else:
-            self._append([NewEvent("tool.completed", {"effect_id": effect_id, "attempt": attempt,
-                                                    "result": result}, log.meta())])
+            self._record_receipt(NewEvent("tool.completed", {"effect_id": effect_id, "attempt": attempt,
+                                                           "result": result}, log.meta()))
 
     def _receipt(self, kind: str, effect_id: str, attempt: int | None, *, error: dict[str, Any],
                  indeterminate: bool) -> None:
         data: dict[str, Any] = {"effect_id": effect_id, "error": error, "indeterminate": indeterminate}
         if attempt is not None:
             data["attempt"] = attempt
-        self._append([NewEvent(f"{kind}.failed", data, self.log.meta())])
+        self._record_receipt(NewEvent(f"{kind}.failed", data, self.log.meta()))
 
     # --- operator decisions -------------------------------------------------------------
 
