@@ -138,3 +138,46 @@ def test_new_ids_are_valid_unique_and_time_ordered() -> None:
     assert all(is_valid_id(i) for i in ids)
     assert ids == sorted(ids)
     assert len(set(ids)) == len(ids)
+
+
+def test_values_nested_too_deeply_or_circular_are_refused_with_a_typed_error() -> None:
+    deep: Any = "leaf"
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(MalformedEvent, match="nested too deeply"):
+        canonical_text({"deep": deep})
+    circular: dict[str, Any] = {}
+    circular["self"] = circular
+    with pytest.raises(MalformedEvent, match="nested too deeply"):
+        canonical_text(circular)
+    # The refusal leaves the encoder usable.
+    assert canonical_text({"b": [1.5, None], "a": True}) == '{"a":true,"b":[1.5,null]}'
+
+
+loose_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=3) | st.binary(max_size=2)
+    | st.just(object()),
+    lambda children: (st.lists(children, max_size=3) | st.tuples(children)
+                      | st.dictionaries(st.text(max_size=3) | st.integers(), children, max_size=3)),
+    max_leaves=12,
+)
+
+
+@given(loose_values)
+def test_the_fast_plain_json_check_accepts_exactly_what_the_path_naming_check_accepts(value: Any) -> None:
+    from jixu.ledger.encoding import _check, _plain
+
+    try:
+        _check(value, "$")
+    except MalformedEvent:
+        assert not _plain(value)
+    else:
+        assert _plain(value)
+
+
+@given(st.integers(min_value=0, max_value=(1 << 80) - 1), st.sampled_from([10, 16]))
+def test_id_groups_are_crockford_base32_most_significant_first(value: int, length: int) -> None:
+    from jixu.ledger.ids import _ALPHABET, _encode
+
+    expected = "".join(_ALPHABET[(value >> (5 * (length - 1 - i))) & 31] for i in range(length))
+    assert _encode(value, length) == expected

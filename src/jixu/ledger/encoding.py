@@ -57,10 +57,36 @@ def _check(value: JSONValue, path: str) -> None:
         raise MalformedEvent(f"value at {path} is {value!r}; NaN and Infinity are not JSON", path=path)
 
 
+_PLAIN_SCALARS = frozenset({str, int, bool, type(None)})
+
+
+def _plain(value: JSONValue) -> bool:
+    """True when ``value`` is plain JSON (the common case, checked without building error paths)."""
+    kind = type(value)
+    if kind in _PLAIN_SCALARS:
+        return True
+    # Plain loops, not all(...): one frame per nesting level, and no generator per container.
+    if kind is dict:
+        for key, item in value.items():  # noqa: SIM110
+            if type(key) is not str or not _plain(item):
+                return False
+        return True
+    if kind is list:
+        for item in value:  # noqa: SIM110
+            if not _plain(item):
+                return False
+        return True
+    return kind is float and math.isfinite(value)
+
+
 def canonical_text(value: JSONValue, *, path: str = "$") -> str:
     """Return the canonical JSON text of ``value`` (raises :class:`MalformedEvent`)."""
-    _check(value, path)
-    text = _ENCODER.encode(value)
+    try:
+        if not _plain(value):
+            _check(value, path)  # walks again, naming the offending path
+        text = _ENCODER.encode(value)
+    except RecursionError:
+        raise MalformedEvent(f"value at {path} is nested too deeply to store", path=path) from None
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:

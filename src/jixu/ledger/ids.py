@@ -23,12 +23,13 @@ _last_ms = -1
 _last_random = 0
 
 
+_PAIRS = [first + second for first in _ALPHABET for second in _ALPHABET]
+"""Every two-character group, by its 10-bit value: half the steps of one character at a time."""
+
+
 def _encode(value: int, length: int) -> str:
-    chars = []
-    for _ in range(length):
-        chars.append(_ALPHABET[value & 31])
-        value >>= 5
-    return "".join(reversed(chars))
+    """The low ``length * 5`` bits of ``value`` in Crockford base-32, most significant first (``length`` even)."""
+    return "".join([_PAIRS[(value >> shift) & 1023] for shift in range((length - 2) * 5, -1, -10)])
 
 
 def new_id() -> str:

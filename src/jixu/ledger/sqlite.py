@@ -67,7 +67,8 @@ Synchronous = Literal["FULL", "NORMAL", "EXTRA"]
 _T = TypeVar("_T")
 _CHUNK = 4096
 _ROW_COLUMNS = "id, stream, seq, type, data, meta, recorded_at, prev_hash, hash"
-_NOW_SQL = "SELECT (julianday('now') - 2440587.5) * 86400.0"
+_NOW_EXPR = "(julianday('now') - 2440587.5) * 86400.0"
+_NOW_SQL = f"SELECT {_NOW_EXPR}"
 
 MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
     (
@@ -453,23 +454,30 @@ class SQLiteStore(Store):
         stream, batch, expected_seq = request.stream, request.batch, request.expected_seq
         fence, genesis_hash = request.fence, request.genesis_hash
         ids = [p.id for p in batch]
-        found = {
-            row[0]: StoredRow(*row)
-            for row in conn.execute(
-                f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE id IN ({','.join('?' * len(ids))})", ids
-            )
-        }
-        stored = existing_batch(stream, batch, found)
-        if stored is not None:
-            return stored
+        marks = ",".join("?" * len(ids))
+        # One statement reads everything the checks need: the head, whether any id is stored already, the
+        # fence's lease and the store clock (an append is on every agent step's path).
+        probe = conn.execute(
+            f"SELECT s.head_seq, s.head_hash, EXISTS (SELECT 1 FROM jixu_events WHERE id IN ({marks})), "
+            f"{_NOW_EXPR}, l.key, l.owner, l.epoch, l.expires_at, l.heartbeat_at, l.released "
+            "FROM (SELECT 1) LEFT JOIN jixu_streams s ON s.stream = ? LEFT JOIN jixu_leases l ON l.key = ?",
+            [*ids, stream, fence.key if fence is not None else None],
+        ).fetchone()
+        if probe[2]:
+            found = {
+                row[0]: StoredRow(*row)
+                for row in conn.execute(f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE id IN ({marks})", ids)
+            }
+            stored = existing_batch(stream, batch, found)
+            if stored is not None:
+                return stored
         if fence is not None:
-            problem = fence_problem(self._lease_row(conn, fence.key), fence,
-                                    float(conn.execute(_NOW_SQL).fetchone()[0]))
+            lease = (Lease(probe[4], probe[5], probe[6], probe[7], probe[8], bool(probe[9]))
+                     if probe[4] is not None else None)
+            problem = fence_problem(lease, fence, float(probe[3]))
             if problem:
                 raise problem
-        head = conn.execute(
-            "SELECT head_seq, head_hash FROM jixu_streams WHERE stream = ?", (stream,)
-        ).fetchone()
+        head = probe[:2] if probe[0] is not None else None
         head_seq, prev = (head[0], head[1]) if head else (0, genesis_hash)
         if head_seq != expected_seq:
             raise ConcurrencyError(
