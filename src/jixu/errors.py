@@ -143,6 +143,18 @@ class UnsupportedStoreUrl(StoreError):
     code = "unsupported_store_url"
 
 
+class ArtifactNotFound(NotFound):
+    """No artifact with this hash is stored."""
+
+    code = "artifact_not_found"
+
+
+class ArtifactCorrupt(StoreError):
+    """A stored artifact does not reassemble to the text its hash names."""
+
+    code = "artifact_corrupt"
+
+
 # --- threads --------------------------------------------------------------------------
 
 
@@ -321,6 +333,8 @@ class ModelError(JixuError):
 
 __all__ = [
     "AlreadyReconciled",
+    "ArtifactCorrupt",
+    "ArtifactNotFound",
     "ConcurrencyError",
     "EffectNotParked",
     "EffectNotUnknown",

@@ -309,6 +309,11 @@ def _str_or_absent(data: dict[str, Any], key: str) -> bool:
     return value is None or type(value) is str
 
 
+def _has_result(data: dict[str, Any]) -> bool:
+    """A completed receipt carries its result, inline or as a reference to an artifact holding it."""
+    return "result" in data or isinstance(data.get("result_artifact"), dict)
+
+
 def _well_formed(phase: str, data: dict[str, Any]) -> bool:
     """True when ``data`` has every field ``phase`` requires, with the right types."""
     if phase == "dispatched":
@@ -319,7 +324,7 @@ def _well_formed(phase: str, data: dict[str, Any]) -> bool:
             and _str_or_absent(data, "idempotency_key")
         )
     if phase == "completed":
-        return _positive_int(data.get("attempt")) and "result" in data
+        return _positive_int(data.get("attempt")) and _has_result(data)
     if phase == "requested":
         semantics = data.get("semantics")
         return (
@@ -451,7 +456,7 @@ def _decide(
                 and (other_hash is None or type(other_hash) is str)
             )
         elif phase == "completed":
-            well_formed = type(attempt) is int and attempt >= 1 and "result" in data
+            well_formed = type(attempt) is int and attempt >= 1 and _has_result(data)
         else:
             well_formed = _well_formed(phase, data)
         if not well_formed:

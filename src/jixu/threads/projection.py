@@ -252,9 +252,14 @@ def _add_message(state: ThreadState, message: JSONObject, event_id: str) -> None
     state.message_events.append(event_id)
 
 
+def tool_content(content: Any) -> str:
+    """The text a tool message carries for a tool's result (a str as is, anything else as JSON)."""
+    return content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, sort_keys=True)
+
+
 def _tool_message(call_id: str, name: str, content: Any, status: str) -> JSONObject:
-    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, sort_keys=True)
-    return {"role": "tool", "tool_call_id": call_id, "name": name, "content": text, "status": status}
+    return {"role": "tool", "tool_call_id": call_id, "name": name, "content": tool_content(content),
+            "status": status}
 
 
 class ThreadProjection:
@@ -388,7 +393,16 @@ class ThreadProjection:
             state.closed_calls.remove(call_id)
             return
         if phase == "completed":
-            _add_message(state, _tool_message(call_id, name, data.get("result"), "ok"), event.id)
+            artifact = data.get("result_artifact")
+            if isinstance(artifact, dict):
+                # A large result is stored once, as an artifact; the conversation keeps its reference and the
+                # agent loop puts the text back into the model's request (see Thread._model_messages).
+                message = _tool_message(call_id, name, f"[tool result stored as artifact sha256:"
+                                        f"{artifact.get('sha256')}, {artifact.get('size')} bytes]", "ok")
+                message["artifact"] = artifact
+                _add_message(state, message, event.id)
+            else:
+                _add_message(state, _tool_message(call_id, name, data.get("result"), "ok"), event.id)
             state.usage["tool_calls"] += 1
         elif phase == "failed":
             _add_message(state, _tool_message(call_id, name, {"error": data.get("error")}, "error"), event.id)

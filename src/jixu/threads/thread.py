@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -28,6 +29,8 @@ from jixu.errors import (
     TurnOwned,
 )
 from jixu.ledger import Event, Fence, NewEvent, content_hash, new_id
+from jixu.ledger.artifacts import ArtifactRef, get_text, put_text
+from jixu.ledger.encoding import JSONObject, canonical_text
 from jixu.recovery import Analysis, EffectDecision
 from jixu.threads.compaction import compaction_prompt, summary_problem
 from jixu.threads.decide import (
@@ -43,11 +46,17 @@ from jixu.threads.decide import (
 )
 from jixu.threads.log import MAX_INPUT_CHARS, State, ThreadLog, stream_of
 from jixu.threads.model import ModelRequest
+from jixu.threads.projection import tool_content
 from jixu.threads.tools import ToolContext, ToolError
 
 if TYPE_CHECKING:
     from jixu.threads.harness import Harness
     from jixu.threads.streaming import Signal
+
+INLINE_RESULT_BYTES = 64 * 1024
+"""A tool result whose canonical JSON is larger than this is stored as an artifact, not in its receipt."""
+ARTIFACT_CACHE = 8
+"""Artifact texts a thread keeps at hand for its next model calls."""
 
 class Thread:
     """One durable conversation with an agent. Get one from :class:`~jixu.Harness`."""
@@ -64,6 +73,8 @@ class Thread:
         self._pending: list[NewEvent] = []
         """Intents of retry-safe effects waiting to be committed with their dispatch marker (see _append)."""
         self._stage_receipts = False
+        self._artifacts: dict[str, str] = {}
+        """Texts of recently used artifacts by hash (content-addressed, so never stale)."""
         """True while one call runs alone: its receipt is staged and committed with the next step (0011)."""
         self.thread_id = log.thread_id
         self.stream = log.stream
@@ -516,7 +527,7 @@ class Thread:
         agent, log = self._agent, self.log
         request = ModelRequest(
             instructions=agent.instructions,
-            messages=tuple(log.state.messages),  # drivers read, never mutate, the conversation
+            messages=self._model_messages(log.state.messages),  # drivers read, never mutate, the conversation
             tools=tuple(t.spec() for t in agent.tools),
             effect_id=effect_id,
             idempotency_key=str(intent["idempotency_key"]),
@@ -575,7 +586,8 @@ class Thread:
             return
         request = ModelRequest(
             instructions=agent.instructions,
-            messages=(*log.state.messages[:upto], compaction_prompt([str(c) for c in covers])),
+            messages=(*self._model_messages(log.state.messages[:upto]),
+                      compaction_prompt([str(c) for c in covers])),
             tools=tuple(t.spec() for t in agent.tools),
             effect_id=effect_id,
             idempotency_key=key,
@@ -646,8 +658,45 @@ class Thread:
         except Exception as error:
             self._receipt("tool", effect_id, attempt, error=_exception_dict(error), indeterminate=True)
         else:
-            self._record_receipt(NewEvent("tool.completed", {"effect_id": effect_id, "attempt": attempt,
-                                                           "result": result}, log.meta()))
+            self._record_receipt(NewEvent("tool.completed", self._tool_result(effect_id, attempt, result),
+                                          log.meta()))
+
+    def _tool_result(self, effect_id: str, attempt: int, result: Any) -> dict[str, Any]:
+        """A ``tool.completed`` payload: the result inline, or a reference to it stored as an artifact.
+
+        A result larger than :data:`INLINE_RESULT_BYTES` is stored once, content-addressed, before its
+        receipt (so the reference never points at nothing); the thread's state keeps only the reference.
+        """
+        data: dict[str, Any] = {"effect_id": effect_id, "attempt": attempt}
+        text = canonical_text(result, path="result") if not _small(result) else None
+        if text is not None and len(text.encode("utf-8")) > INLINE_RESULT_BYTES:
+            ref = put_text(self.log.store, text, meta=self.log.meta())
+            self._artifacts[ref.sha256] = text
+            data["result_artifact"] = ref.to_dict()
+        else:
+            data["result"] = result
+        return data
+
+    def _model_messages(self, messages: Sequence[JSONObject]) -> tuple[JSONObject, ...]:
+        """The conversation as a model must see it: results stored as artifacts put back in place."""
+        if not any("artifact" in message for message in messages):
+            return tuple(messages)
+        resolved = []
+        for message in messages:
+            ref = message.get("artifact")
+            if ref is None:
+                resolved.append(message)
+                continue
+            artifact = ArtifactRef.from_dict(ref)
+            text = self._artifacts.get(artifact.sha256)
+            if text is None:
+                text = get_text(self.log.store, artifact)
+                if len(self._artifacts) >= ARTIFACT_CACHE:
+                    self._artifacts.pop(next(iter(self._artifacts)))
+                self._artifacts[artifact.sha256] = text
+            resolved.append({**{k: v for k, v in message.items() if k != "artifact"},
+                             "content": tool_content(json.loads(text))})
+        return tuple(resolved)
 
     def _receipt(self, kind: str, effect_id: str, attempt: int | None, *, error: dict[str, Any],
                  indeterminate: bool) -> None:
@@ -721,6 +770,12 @@ class Thread:
         if input is not None:
             child.wait_in_background()
         return child
+
+
+def _small(result: Any) -> bool:
+    """True for results certainly under :data:`INLINE_RESULT_BYTES` (so no encoding is needed to know)."""
+    return result is None or type(result) in (bool, int, float) or (
+        type(result) is str and len(result) * 6 < INLINE_RESULT_BYTES)
 
 
 def _exception_dict(error: BaseException) -> dict[str, Any]:

@@ -1,0 +1,134 @@
+"""Large tool results are stored once, as content-addressed artifacts referenced from their receipts.
+
+Before artifacts, a tool returning more than the ledger's 1 MiB payload limit
+killed its turn (PayloadTooLarge on the receipt). Now the result is appended
+to ``artifact/<sha256>`` first, the receipt carries ``result_artifact``, the
+thread's state keeps only the reference, and every model call sees the full
+text again.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+import pytest
+
+from jixu.errors import ArtifactCorrupt, ArtifactNotFound, InvalidInput
+from jixu.ledger import MemoryStore
+from jixu.ledger.artifacts import ArtifactRef, get_text, put_text, stream_of_artifact
+from jixu.threads import Agent, ScriptedModel, ToolCall, tool
+from jixu.threads.thread import INLINE_RESULT_BYTES
+from tests.threads.conftest import Ledger, assert_same_answer, run
+
+BIG = {"rows": [{"id": n, "text": "ünïcode ✓ \"quoted\" \\ line\n" * 3} for n in range(30_000)]}
+"""About 2.7 MB of canonical JSON: over the 1 MiB event limit, with characters JSON must escape."""
+
+
+def _agent(model: ScriptedModel, calls: int = 1) -> Agent:
+    @tool(semantics="read_only")
+    def export() -> dict[str, Any]:
+        """Export every row (a large result)."""
+        return BIG
+
+    return Agent("artifacts", model, tools=[export], max_steps=calls + 2)
+
+
+def test_a_result_over_the_event_limit_is_stored_once_and_the_model_sees_all_of_it(ledger: Ledger) -> None:
+    model = ScriptedModel([ToolCall("export"), ToolCall("export"), "done", "second turn"])
+
+    async def scenario() -> None:
+        harness = ledger.harness(_agent(model, calls=2))
+        thread = await harness.create_thread()
+        await thread.send("export twice")
+        state = await assert_same_answer(harness, thread)
+        assert state.status == "idle" and state.last_reply == "done"
+        receipts = [e for e in await thread.events() if e.type == "tool.completed"]
+        assert len(receipts) == 2 and all("result" not in e.data for e in receipts)
+        refs = [ArtifactRef.from_dict(e.data["result_artifact"]) for e in receipts]
+        assert refs[0] == refs[1], "the same content is one artifact"
+        store = harness.store
+        assert json.loads(get_text(store, refs[0])) == BIG
+        assert refs[0].size > 1024 * 1024 and store.verify(stream_of_artifact(refs[0].sha256)).valid
+        assert len(store.read(stream_of_artifact(refs[0].sha256))) > 1, "stored in chunks, once"
+        # The state keeps the reference, not the text.
+        tool_messages = [m for m in state.messages if m["role"] == "tool"]
+        assert [m["artifact"] for m in tool_messages] == [refs[0].to_dict()] * 2
+        assert all(len(m["content"]) < 200 for m in tool_messages)
+        # The model's requests held the whole result, as an inline result's message would.
+        expected = json.dumps(BIG, ensure_ascii=False, sort_keys=True)
+        last = model.calls[-1]
+        seen = [m for m in last.messages if m["role"] == "tool"]
+        assert [m["content"] for m in seen] == [expected, expected] and all("artifact" not in m for m in seen)
+
+        # Another process continues the thread: it reads the artifact from the store.
+        other = ledger.harness(_agent(model, calls=2))
+        again = await other.open_thread(thread.thread_id)
+        await again.send("and now?")
+        state = await again.wait()
+        assert state.last_reply == "second turn"
+        assert [m["content"] for m in model.calls[-1].messages if m["role"] == "tool"] == [expected, expected]
+
+    run(scenario())
+
+
+def test_a_small_result_stays_inline(ledger: Ledger) -> None:
+    @tool(semantics="read_only")
+    def small() -> str:
+        """A result just under the inline limit."""
+        return "x" * (INLINE_RESULT_BYTES - 100)
+
+    async def scenario() -> None:
+        harness = ledger.harness(Agent("inline", ScriptedModel([ToolCall("small"), "done"]), tools=[small]))
+        thread = await harness.create_thread()
+        await thread.send("go")
+        assert (await thread.wait()).status == "idle"
+        [receipt] = [e for e in await thread.events() if e.type == "tool.completed"]
+        assert receipt.data["result"] == "x" * (INLINE_RESULT_BYTES - 100) and "result_artifact" not in receipt.data
+
+    run(scenario())
+
+
+def test_an_altered_artifact_stops_the_thread_before_anything_is_sent(sqlite_ledger: Ledger) -> None:
+    model = ScriptedModel([ToolCall("export"), "done", "never sent"])
+
+    async def scenario() -> None:
+        harness = sqlite_ledger.harness(_agent(model))
+        thread = await harness.create_thread()
+        await thread.send("go")
+        assert (await thread.wait()).status == "idle"
+        [receipt] = [e for e in await thread.events() if e.type == "tool.completed"]
+        stream = stream_of_artifact(receipt.data["result_artifact"]["sha256"])
+        with sqlite3.connect(sqlite_ledger.path) as conn:
+            conn.execute("DROP TRIGGER jixu_events_no_update")  # what someone with file access could do
+            [(data,)] = conn.execute("SELECT data FROM jixu_events WHERE stream = ? AND seq = 1", (stream,))
+            conn.execute("UPDATE jixu_events SET data = ? WHERE stream = ? AND seq = 1",
+                         (data.replace("ünïcode", "unicode", 1), stream))
+        calls_before = len(model.calls)
+        events_before = len(await thread.events())
+        fresh = sqlite_ledger.harness(_agent(model))
+        reopened = await fresh.open_thread(thread.thread_id)
+        await reopened.send("again")
+        with pytest.raises(ArtifactCorrupt):
+            await reopened.wait()
+        assert len(model.calls) == calls_before, "no model call was made with a damaged conversation"
+        events = await reopened.events()
+        assert [e.type for e in events[events_before:]] == ["turn.started"], "no intent or marker was written"
+
+    run(scenario())
+
+
+def test_artifact_references_and_reads_are_checked() -> None:
+    store = MemoryStore()
+    ref = put_text(store, "héllo")
+    assert ref == ArtifactRef(ref.sha256, len("héllo".encode())) and get_text(store, ref) == "héllo"
+    assert put_text(store, "héllo") == ref and len(store.read(stream_of_artifact(ref.sha256))) == 1
+    assert get_text(store, put_text(store, "")) == ""
+    with pytest.raises(ArtifactNotFound):
+        get_text(store, ArtifactRef("0" * 64, 1))
+    for bad in (None, {"sha256": "abc", "size": 1}, {"sha256": "0" * 64, "size": "1"}, ["0" * 64, 1]):
+        with pytest.raises(InvalidInput):
+            ArtifactRef.from_dict(bad)
+    with pytest.raises(InvalidInput):
+        put_text(store, b"bytes")  # type: ignore[arg-type]
