@@ -116,19 +116,24 @@ def run_jixu(url: str, steps: int, tool_seconds: float) -> dict[str, Any]:
             harness = Harness(Agent("bench-compare", ScriptedModel(script), tools=[work], max_steps=steps + 1),
                               store)
             thread = await harness.create_thread()
+            commits_before = getattr(store, "commit_count", None)
             start = time.perf_counter()
             await thread.send("go")
             state = await thread.wait()
             elapsed = time.perf_counter() - start
             if state.status != "idle" or state.last_reply != "done":
                 raise SystemExit(f"jixu run did not finish: {state.status} {state.reason}")
+            if commits_before is not None:
+                commits.append(int(getattr(store, "commit_count", 0)) - commits_before)
             return elapsed
         finally:
             store.close()
 
+    commits: list[int] = []
     elapsed = asyncio.run(main())
     from importlib.metadata import version
-    return {"version": version("jixu"), "elapsed": elapsed, "gaps_ms": _gaps_ms(stamps[:steps + 1])}
+    return {"version": version("jixu"), "elapsed": elapsed, "gaps_ms": _gaps_ms(stamps[:steps + 1]),
+            "commits_per_step": commits[0] / steps if commits else None}
 
 
 def run_dbos(url: str, steps: int, tool_seconds: float) -> dict[str, Any]:
@@ -467,6 +472,10 @@ def compare_backend(python: str, backend: str, url_for: Callable[[str, int], str
                             statistics.median(gaps), "ms"))
             figures.append((f"{what}: {system} agent step p99", f"{system}_{tag}_step_ms_p99", p99(gaps), "ms"))
             figures.append((f"{what}: {system} agent steps/s", f"{system}_{tag}_steps_per_s", rate, "steps/s"))
+            per_step = [r["commits_per_step"] for r in runs[system] if r.get("commits_per_step") is not None]
+            if per_step:
+                figures.append((f"{what}: {system} durable commits per agent step",
+                                f"{system}_{tag}_commits_per_step", statistics.median(per_step), "commits"))
         for peer in SYSTEMS[1:]:
             figures.append((f"{what}: ratio jixu/{peer} (steps/s)", f"ratio_{tag}_jixu_vs_{peer}",
                             rates["jixu"] / rates[peer], "x"))
