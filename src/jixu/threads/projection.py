@@ -18,7 +18,7 @@ from typing import Any
 
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.event import Event
-from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
+from jixu.recovery import Analysis, EffectDecision, RecoveryResolver, decide_effect
 from jixu.threads.compaction import summary_message
 
 REDUCER_VERSION = 4
@@ -317,7 +317,7 @@ class ThreadProjection:
             if turn is not None and turn.turn_id == state.effect_turn.get(effect_id):
                 # Any failed summary request, determinate or not: the old context stays, no second try.
                 turn.compaction_failed = True
-        decision = RecoveryResolver.analyze(group, check_links=False).decisions.get(effect_id)
+        decision = decide_effect(effect_id, group)
         if decision is None:
             return
         settled = decision.state == "completed" or (decision.state == "unknown" and decision.resolution)
