@@ -360,6 +360,8 @@ def _well_formed(phase: str, data: dict[str, Any]) -> bool:
 def _args_hash_ok(data: dict[str, Any]) -> bool | None:
     """True/False: does args_hash match the args? None: the args cannot be hashed."""
     args = data["args"]
+    if type(args) is dict and not args:
+        return bool(data["args_hash"] == _EMPTY_ARGS_HASH)
     if type(args) is dict and all(type(k) is str and type(v) in _FLAT_TYPES for k, v in args.items()):
         # A flat object of text, integers, booleans and nulls (tool and model arguments, usually):
         # canonical_text's type walk cannot fail on it, so encode it with the same encoder directly.
@@ -374,6 +376,7 @@ def _args_hash_ok(data: dict[str, Any]) -> bool | None:
         return None
 
 
+_EMPTY_ARGS_HASH: Final[str] = content_hash({})
 _FLAT_TYPES: Final[frozenset[type]] = frozenset((str, int, bool, type(None)))
 # The canonical encoder's settings (jixu.ledger.encoding); tests/recovery pins the equality.
 _CANONICAL: Final[json.JSONEncoder] = json.JSONEncoder(

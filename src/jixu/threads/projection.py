@@ -43,12 +43,17 @@ INTERRUPTED_MESSAGE = ("The turn ended before this call's result was recorded; i
                        "Do not assume it happened or that it did not.")
 
 
+_DECISION_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_TOOL_CONTENT_JSON = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
+# Module-level encoders: json.dumps with options builds a new encoder on every call.
+
+
 def encode_decision(decision: EffectDecision) -> str:
     """A settled decision as compact JSON text (a positional array; see :class:`SettledDecisions`)."""
-    return json.dumps([decision.effect_id, decision.kind, decision.name, decision.state, decision.reason,
-                       list(decision.evidence), decision.retry_safe, decision.semantics, decision.idempotency_key,
-                       decision.args_hash, decision.attempts, decision.resolution, decision.requested_seq,
-                       decision.last_seq], ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _DECISION_JSON.encode([decision.effect_id, decision.kind, decision.name, decision.state, decision.reason,
+                                  list(decision.evidence), decision.retry_safe, decision.semantics,
+                                  decision.idempotency_key, decision.args_hash, decision.attempts,
+                                  decision.resolution, decision.requested_seq, decision.last_seq])
 
 
 def decode_decision(text: str) -> EffectDecision:
@@ -452,7 +457,7 @@ def _add_message(state: ThreadState, message: JSONObject, event_id: str) -> None
 
 
 def _tool_message(call_id: str, name: str, content: Any, status: str) -> JSONObject:
-    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, sort_keys=True)
+    text = content if isinstance(content, str) else _TOOL_CONTENT_JSON.encode(content)
     return {"role": "tool", "tool_call_id": call_id, "name": name, "content": text, "status": status}
 
 
