@@ -68,8 +68,9 @@ def test_reopen_from_the_checkpoint_equals_replay(tmp_path: Path) -> None:
         assert checkpoint.digest == checkpoint_digest(checkpoint.stream, checkpoint.name, checkpoint.seq,
                                                       checkpoint.reducer_version, checkpoint.head_hash,
                                                       checkpoint.state_json)
-        stored = json.loads(checkpoint.state_json)["settled"]
-        assert len(stored) == 8 and all(isinstance(text, str) for text in stored.values())
+        stored = json.loads(checkpoint.state_json)["settled"]  # chunked (decision 0013); too few to seal one
+        assert stored["chunks"] == []
+        assert len(stored["tail"]) == 8 and all(isinstance(text, str) for text in stored["tail"].values())
 
         reopened = await Harness(_agent(), store).open_thread(thread.thread_id)
         assert reopened.checkpoint_status == "used"

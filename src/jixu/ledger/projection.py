@@ -6,16 +6,29 @@ and its own digest checks out. Otherwise it is ignored and the reason is
 reported; the state is then rebuilt by replaying the whole stream. Either way
 the events after the checkpoint are chain-checked against it, so opening a
 stream costs O(events after the checkpoint).
+
+A :class:`ChunkedProjection` keeps the parts of its state that only grow with
+history (a thread's settled decisions and older messages) out of the main
+checkpoint, in immutable chunks named by the digest of their text
+(:func:`chunk_digest`) and stored as checkpoints named
+``<projection>/chunk/<digest>``. The main checkpoint names them, so its digest
+seals them too; they are read lazily through a :class:`ChunkSource`, which
+checks each text against its digest when it is first read. A chunk that is
+missing or damaged is never trusted: the source rebuilds it by replaying the
+stream up to the checkpoint and reports the reason (``chunk_missing``,
+``chunk_mismatch``) like the other checkpoint statuses.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
-from jixu.errors import InvalidInput, NotFound
+from jixu.errors import InvalidInput, NotFound, StoreError
 from jixu.ledger.chain import VerifyReport, verify_rows
 from jixu.ledger.encoding import JSONObject, canonical_text
 from jixu.ledger.event import Event, check_stream, utc_now_text
@@ -23,7 +36,21 @@ from jixu.ledger.store import Checkpoint, Store
 
 S = TypeVar("S")
 
-CheckpointStatus = Literal["used", "none", "version_mismatch", "head_mismatch", "digest_mismatch", "undecodable"]
+CheckpointStatus = Literal["used", "none", "version_mismatch", "head_mismatch", "digest_mismatch", "undecodable",
+                           "chunk_missing", "chunk_mismatch"]
+
+CHUNK_TAG = b"jixu.checkpoint.chunk.v1\x00"
+"""Prefix of every hashed chunk text, so a chunk digest is never confused with another hash."""
+
+
+def chunk_digest(text: str) -> str:
+    """The name of a checkpoint chunk: ``sha256("jixu.checkpoint.chunk.v1\\0" ‖ text)``, hex."""
+    return hashlib.sha256(CHUNK_TAG + text.encode("utf-8")).hexdigest()
+
+
+def chunk_name(projection_name: str, digest: str) -> str:
+    """The checkpoint name under which a chunk of ``projection_name`` is stored."""
+    return f"{projection_name}/chunk/{digest}"
 
 
 class Projection(Protocol[S]):
@@ -49,6 +76,20 @@ class Projection(Protocol[S]):
         ...
 
 
+@runtime_checkable
+class ChunkedProjection(Projection[S], Protocol[S]):
+    """A projection whose checkpoints keep history-sized parts in content-addressed chunks."""
+
+    def dump_chunked(self, state: S) -> tuple[JSONObject, dict[str, str]]:
+        """The main checkpoint object and the chunk texts (by :func:`chunk_digest`) it references."""
+        ...
+
+    def load_chunked(self, data: JSONObject, chunks: ChunkSource[S]) -> S:
+        """The state back from :meth:`dump_chunked`'s main object; chunks are read through ``chunks``
+        when (and if) they are needed. Must also accept :meth:`Projection.dump`'s output."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Projected(Generic[S]):
     """The result of :func:`project`."""
@@ -60,6 +101,8 @@ class Projected(Generic[S]):
     checkpoint_seq: int | None
     events_applied: int
     chain: VerifyReport
+    chunks: ChunkSource[S] | None = None
+    """Where the state reads its checkpoint chunks from (a chunked checkpoint that was used)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Everything but the state, JSON-ready."""
@@ -105,35 +148,141 @@ def make_checkpoint(stream: str, projection: Projection[S], state: S, seq: int, 
     )
 
 
+def make_chunked_checkpoint(stream: str, projection: ChunkedProjection[S], state: S, seq: int,
+                            head_hash: str) -> tuple[Checkpoint, dict[str, Checkpoint]]:
+    """A sealed main checkpoint of ``state`` and its chunks (as checkpoints, by digest).
+
+    Write the chunks the store does not have yet before the main checkpoint
+    (:func:`write_chunked_checkpoint`), so a main checkpoint never names a chunk
+    that was not written.
+    """
+    data, texts = projection.dump_chunked(state)
+    state_json = canonical_text(data, path="state")
+    created = utc_now_text()
+    main = Checkpoint(stream=stream, name=projection.name, seq=seq, reducer_version=projection.version,
+                      head_hash=head_hash, state_json=state_json,
+                      digest=checkpoint_digest(stream, projection.name, seq, projection.version, head_hash,
+                                               state_json),
+                      created_at=created)
+    chunks = {digest: Checkpoint(stream=stream, name=chunk_name(projection.name, digest), seq=seq,
+                                 reducer_version=projection.version, head_hash=head_hash, state_json=text,
+                                 digest=digest, created_at=created)
+              for digest, text in texts.items()}
+    return main, chunks
+
+
+def write_chunked_checkpoint(store: Store, main: Checkpoint, chunks: dict[str, Checkpoint],
+                             stored: set[str] | None = None) -> None:
+    """Write the chunks not in ``stored`` (digests known to be in the store), then the main checkpoint.
+
+    ``stored`` is updated with every chunk written.
+    """
+    for digest, chunk in chunks.items():
+        if stored is None or digest not in stored:
+            store.write_checkpoint(chunk)
+            if stored is not None:
+                stored.add(digest)
+    store.write_checkpoint(main)
+
+
 def save_checkpoint(store: Store, stream: str, projection: Projection[S], projected: Projected[S]) -> Checkpoint:
-    """Write a checkpoint of ``projected`` (which must come from a valid chain)."""
+    """Write a checkpoint of ``projected`` (which must come from a valid chain); returns the main checkpoint."""
     if not projected.chain.valid:
         raise InvalidInput(f"stream {stream!r} failed verification; refusing to checkpoint it")
     if projected.seq == 0:
         raise InvalidInput(f"stream {stream!r} is empty; there is nothing to checkpoint")
+    if isinstance(projection, ChunkedProjection):
+        checkpoint, chunks = make_chunked_checkpoint(stream, projection, projected.state, projected.seq,
+                                                     projected.head_hash)
+        write_chunked_checkpoint(store, checkpoint, chunks)
+        return checkpoint
     checkpoint = make_checkpoint(stream, projection, projected.state, projected.seq, projected.head_hash)
     store.write_checkpoint(checkpoint)
     return checkpoint
 
 
+class ChunkSource(Generic[S]):
+    """Reads the chunks of one used checkpoint from the store, each checked against its digest.
+
+    ``source(digest)`` returns the chunk's text, or ``None`` when it is missing
+    or its text does not match its digest: the checkpoint is then unusable for
+    that part, :attr:`problem` says why (``on_problem`` callbacks are told) and
+    the caller takes the part from :meth:`replayed`, the state rebuilt by
+    replaying the stream up to the checkpoint. Decisions or messages are never
+    silently lost.
+    """
+
+    def __init__(self, store: Store, stream: str, projection: Projection[S], checkpoint: Checkpoint) -> None:
+        self.store = store
+        self.stream = stream
+        self.projection = projection
+        self.checkpoint = checkpoint
+        self.problem: CheckpointStatus | None = None
+        """``chunk_missing`` or ``chunk_mismatch`` once a chunk could not be used."""
+        self.on_problem: list[Callable[[CheckpointStatus], None]] = []
+        self._replayed: S | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, digest: str) -> str | None:
+        found = self.store.read_checkpoint(self.stream, chunk_name(self.projection.name, digest))
+        if found is not None and chunk_digest(found.state_json) == digest:
+            return found.state_json
+        self.report("chunk_missing" if found is None else "chunk_mismatch")
+        return None
+
+    def report(self, problem: CheckpointStatus) -> None:
+        """Record that a chunk could not be used (the first reason is kept) and tell the callbacks."""
+        if self.problem is None:
+            self.problem = problem
+        for callback in list(self.on_problem):
+            callback(problem)
+
+    def replayed(self) -> S:
+        """The state at the checkpoint's ``seq``, rebuilt from the events alone (once; chain-checked).
+
+        Raises :class:`~jixu.errors.StoreError` if the events up to there no
+        longer verify against the checkpoint's ``head_hash``.
+        """
+        with self._lock:
+            if self._replayed is None:
+                checkpoint = self.checkpoint
+                rows = list(self.store.read_rows(self.stream, 1, checkpoint.seq))
+                info = self.store.stream_info(self.stream)
+                report = verify_rows(self.stream, rows, genesis_hash=info.genesis_hash if info else "",
+                                     recorded_head=(checkpoint.seq, checkpoint.head_hash))
+                if not report.valid:
+                    raise StoreError(
+                        f"a checkpoint chunk of {self.stream!r} is missing or damaged, and the events up to seq "
+                        f"{checkpoint.seq} do not verify, so it cannot be rebuilt", stream=self.stream)
+                state = self.projection.initial()
+                apply = self.projection.apply
+                for row in rows:
+                    state = apply(state, row.to_event())
+                self._replayed = state
+            return self._replayed
+
+
 def _usable(store: Store, stream: str, projection: Projection[S], checkpoint: Checkpoint) -> tuple[
-        CheckpointStatus, S | None]:
+        CheckpointStatus, S | None, ChunkSource[S] | None]:
     if checkpoint.reducer_version != projection.version:
-        return "version_mismatch", None
+        return "version_mismatch", None, None
     expected = checkpoint_digest(stream, checkpoint.name, checkpoint.seq, checkpoint.reducer_version,
                                  checkpoint.head_hash, checkpoint.state_json)
     if expected != checkpoint.digest:
-        return "digest_mismatch", None
+        return "digest_mismatch", None, None
     anchor = next(iter(store.read_rows(stream, checkpoint.seq, checkpoint.seq)), None)
     if anchor is None or anchor.hash != checkpoint.head_hash:
-        return "head_mismatch", None
+        return "head_mismatch", None, None
     try:
         data = json.loads(checkpoint.state_json)
         if not isinstance(data, dict):
-            return "undecodable", None
-        return "used", projection.load(data)
+            return "undecodable", None, None
+        if isinstance(projection, ChunkedProjection):
+            source = ChunkSource(store, stream, projection, checkpoint)
+            return "used", projection.load_chunked(data, source), source
+        return "used", projection.load(data), None
     except (ValueError, KeyError, TypeError):
-        return "undecodable", None
+        return "undecodable", None, None
 
 
 def project(store: Store, stream: str, projection: Projection[S], *, use_checkpoint: bool = True) -> Projected[S]:
@@ -150,11 +299,12 @@ def project(store: Store, stream: str, projection: Projection[S], *, use_checkpo
     status: CheckpointStatus = "none"
     state = projection.initial()
     start_seq, anchor_hash, checkpoint_seq = 1, info.genesis_hash, None
+    source: ChunkSource[S] | None = None
     if use_checkpoint:
         checkpoint = store.read_checkpoint(stream, projection.name)
         if checkpoint is not None and checkpoint.seq <= info.head_seq:
             usable = _usable(store, stream, projection, checkpoint)
-            status, loaded = usable
+            status, loaded, source = usable
             if loaded is not None:
                 state = loaded
                 start_seq, anchor_hash, checkpoint_seq = checkpoint.seq + 1, checkpoint.head_hash, checkpoint.seq
@@ -178,7 +328,7 @@ def project(store: Store, stream: str, projection: Projection[S], *, use_checkpo
         applied += 1
     seq = good[-1].seq if good else start_seq - 1
     head = good[-1].hash if good else anchor_hash
-    return Projected(state, seq, head, status, checkpoint_seq, applied, report)
+    return Projected(state, seq, head, status, checkpoint_seq, applied, report, source)
 
 
 class Followed(Protocol):
@@ -202,13 +352,20 @@ def follow(store: Store, stream: str, projection: Projection[F], record: F,
 
 
 __all__ = [
+    "CHUNK_TAG",
     "CheckpointStatus",
+    "ChunkSource",
+    "ChunkedProjection",
     "Followed",
     "Projected",
     "Projection",
     "checkpoint_digest",
+    "chunk_digest",
+    "chunk_name",
     "follow",
     "make_checkpoint",
+    "make_chunked_checkpoint",
     "project",
     "save_checkpoint",
+    "write_chunked_checkpoint",
 ]

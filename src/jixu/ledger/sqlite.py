@@ -515,8 +515,7 @@ class SQLiteStore(Store):
                 "ORDER BY seq LIMIT ?",
                 (stream, start, last, _CHUNK),
             ).fetchall())
-            for row in chunk:
-                yield StoredRow(*row)
+            yield from map(StoredRow.from_tuple, chunk)
             if len(chunk) < _CHUNK:
                 return
             start = chunk[-1][2] + 1

@@ -14,6 +14,7 @@ from jixu.recovery.resolver import (
     RecoveryResolver,
     State,
     analyze,
+    decide_effect,
 )
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "RecoveryResolver",
     "State",
     "analyze",
+    "decide_effect",
 ]

@@ -57,6 +57,8 @@ listed in :attr:`Analysis.unattributed_events` and make the stream corrupt.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -362,10 +364,28 @@ def _well_formed(phase: str, data: dict[str, Any]) -> bool:
 
 def _args_hash_ok(data: dict[str, Any]) -> bool | None:
     """True/False: does args_hash match the args? None: the args cannot be hashed."""
+    args = data["args"]
+    if type(args) is dict and not args:
+        return bool(data["args_hash"] == _EMPTY_ARGS_HASH)
+    if type(args) is dict and all(type(k) is str and type(v) in _FLAT_TYPES for k, v in args.items()):
+        # A flat object of text, integers, booleans and nulls (tool and model arguments, usually):
+        # canonical_text's type walk cannot fail on it, so encode it with the same encoder directly.
+        try:
+            text = _CANONICAL.encode(args).encode("utf-8")
+        except ValueError:  # a lone surrogate or an integer too long to print: content_hash fails too
+            return None
+        return bool(hashlib.sha256(text).hexdigest() == data["args_hash"])
     try:
-        return bool(content_hash(data["args"]) == data["args_hash"])
+        return bool(content_hash(args) == data["args_hash"])
     except (JixuError, TypeError, ValueError, RecursionError):
         return None
+
+
+_EMPTY_ARGS_HASH: Final[str] = content_hash({})
+_FLAT_TYPES: Final[frozenset[type]] = frozenset((str, int, bool, type(None)))
+# The canonical encoder's settings (jixu.ledger.encoding); tests/recovery pins the equality.
+_CANONICAL: Final[json.JSONEncoder] = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"), check_circular=True)
 
 
 def _resolution_of(event: Event) -> dict[str, Any]:
@@ -771,6 +791,103 @@ class RecoveryResolver:
         )
 
 
+def decide_effect(effect_id: str, events: Sequence[Event]) -> EffectDecision | None:
+    """The decision ``analyze(events, check_links=False).decisions.get(effect_id)`` returns.
+
+    For a caller that keeps one effect's lifecycle events (from a chain it
+    verified) and asks about that effect alone, e.g. when a receipt arrives.
+    The ordinary lifecycle (a well-formed intent, one dispatch of attempt 1
+    and its determinate receipt, all naming the same effect, kind, name, key
+    and args hash) is decided without the general walk; the result is the
+    same object the general path builds (``tests/recovery`` proves it over
+    generated lifecycles). Anything else takes the general path.
+    """
+    if len(events) == 3:
+        decision = _ordinary(effect_id, events[0], events[1], events[2])
+        if decision is not None:
+            return decision
+    return RecoveryResolver.analyze(events, check_links=False).decisions.get(effect_id)
+
+
+def _ordinary(effect_id: str, intent: Event, dispatch: Event, receipt: Event) -> EffectDecision | None:
+    """requested -> dispatched(attempt 1) -> completed / determinate failed(attempt 1), or None."""
+    intent_type, dispatch_type, receipt_type = intent.type, dispatch.type, receipt.type
+    if type(intent_type) is not str or not intent_type.endswith(".requested"):
+        return None
+    kind = intent_type[:-10]
+    if (not kind or type(dispatch_type) is not str or dispatch_type != kind + ".dispatched"
+            or type(receipt_type) is not str):
+        return None
+    if receipt_type == kind + ".completed":
+        failed = False
+    elif receipt_type == kind + ".failed":
+        failed = True
+    else:
+        return None
+    data, dispatched, received = intent.data, dispatch.data, receipt.data
+    if type(data) is not dict or type(dispatched) is not dict or type(received) is not dict:
+        return None
+    name, key, claimed_hash, semantics = data.get("name"), data.get("idempotency_key"), data.get("args_hash"), \
+        data.get("semantics")
+    if (
+        data.get("effect_id") != effect_id
+        or dispatched.get("effect_id") != effect_id
+        or received.get("effect_id") != effect_id
+        or type(effect_id) is not str
+        or not effect_id
+        or type(name) is not str
+        or type(data.get("args")) is not dict
+        or type(claimed_hash) is not str
+        or type(semantics) is not str
+        or semantics not in _SEMANTICS_SET
+        or type(key) is not str
+        or data.get("requires_approval", False) is not False
+        or dispatched.get("attempt") != 1
+        or type(dispatched.get("attempt")) is not int
+        or received.get("attempt") != 1
+        or type(received.get("attempt")) is not int
+        or not _same_identity(dispatched, name, key, claimed_hash)
+        or not _same_identity(received, name, key, claimed_hash)
+    ):
+        return None
+    if failed:
+        if type(received.get("error")) is not dict or received.get("indeterminate") is not False:
+            return None
+    elif not _has_result(received):
+        return None
+    if _args_hash_ok(data) is not True:
+        return None
+    last_seq = receipt.seq
+    return EffectDecision(
+        effect_id=effect_id,
+        kind=kind,
+        name=name,
+        state="completed",
+        reason="failed" if failed else "succeeded",
+        evidence=(intent.id, dispatch.id, receipt.id),
+        retry_safe=False,
+        semantics=semantics,
+        idempotency_key=key,
+        args_hash=claimed_hash,
+        attempts=1,
+        resolution=None,
+        requested_seq=intent.seq,
+        last_seq=last_seq if type(last_seq) is int else -1,
+    )
+
+
+def _same_identity(data: dict[str, Any], name: str, key: str, claimed_hash: str) -> bool:
+    """A later event's name, key and args hash are absent or exactly the intent's."""
+    other = data.get("name")
+    if other is not None and (type(other) is not str or other != name):
+        return False
+    other = data.get("idempotency_key")
+    if other is not None and (type(other) is not str or other != key):
+        return False
+    other = data.get("args_hash")
+    return other is None or (type(other) is str and other == claimed_hash)
+
+
 def _first_break(events: Sequence[Event], anchor_hash: str | None) -> tuple[int, int | None]:
     """Position and seq of the first event that does not link to the one before it, or (-1, None)."""
     expected_seq: int | None = None
@@ -820,4 +937,5 @@ __all__ = [
     "RecoveryResolver",
     "State",
     "analyze",
+    "decide_effect",
 ]

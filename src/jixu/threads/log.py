@@ -30,7 +30,7 @@ from jixu.ledger import Event, Fence, NewEvent, Store, new_id, project
 from jixu.ledger.encoding import canonical_text
 from jixu.ledger.event import prepare
 from jixu.ledger.ids import is_valid_id
-from jixu.ledger.projection import follow, make_checkpoint
+from jixu.ledger.projection import follow, make_chunked_checkpoint, write_chunked_checkpoint
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 from jixu.recovery.resolutions import admit_resolution, resolution_body
 from jixu.threads.decide import Stop, decide
@@ -171,6 +171,9 @@ class ThreadLog:
         log = cls(store, projected.state, chain_break_seq=chain_break, checkpoint_status=projected.checkpoint,
                   actor=actor)
         log._checkpoint_seq = projected.checkpoint_seq or 0
+        if projected.chunks is not None:
+            # A checkpoint chunk read later that is missing or damaged is rebuilt by replay; say so here too.
+            projected.chunks.on_problem.append(lambda problem: setattr(log, "checkpoint_status", problem))
         return log
 
     @classmethod
@@ -330,8 +333,9 @@ class ThreadLog:
         state = self.state
         if state.seq <= self._checkpoint_seq or state.contradiction or self.chain_break_seq is not None:
             return False
-        self.store.write_checkpoint(make_checkpoint(self.stream, self._projection, state, state.seq,
-                                                    state.head_hash))
+        # Chunks first (only those the store does not have yet), then the main checkpoint that names them.
+        main, chunks = make_chunked_checkpoint(self.stream, self._projection, state, state.seq, state.head_hash)
+        write_chunked_checkpoint(self.store, main, chunks, state.chunks_stored)
         self._checkpoint_seq = state.seq
         return True
 

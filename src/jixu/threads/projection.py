@@ -14,11 +14,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import islice
+from typing import TYPE_CHECKING, Any
 
+from jixu.errors import StoreError
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.event import Event
-from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
+from jixu.ledger.projection import ChunkSource, chunk_digest
+from jixu.recovery import Analysis, EffectDecision, RecoveryResolver, decide_effect
 from jixu.threads.compaction import summary_message
 
 REDUCER_VERSION = 4
@@ -40,12 +43,17 @@ INTERRUPTED_MESSAGE = ("The turn ended before this call's result was recorded; i
                        "Do not assume it happened or that it did not.")
 
 
+_DECISION_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_TOOL_CONTENT_JSON = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
+# Module-level encoders: json.dumps with options builds a new encoder on every call.
+
+
 def encode_decision(decision: EffectDecision) -> str:
     """A settled decision as compact JSON text (a positional array; see :class:`SettledDecisions`)."""
-    return json.dumps([decision.effect_id, decision.kind, decision.name, decision.state, decision.reason,
-                       list(decision.evidence), decision.retry_safe, decision.semantics, decision.idempotency_key,
-                       decision.args_hash, decision.attempts, decision.resolution, decision.requested_seq,
-                       decision.last_seq], ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _DECISION_JSON.encode([decision.effect_id, decision.kind, decision.name, decision.state, decision.reason,
+                                  list(decision.evidence), decision.retry_safe, decision.semantics,
+                                  decision.idempotency_key, decision.args_hash, decision.attempts,
+                                  decision.resolution, decision.requested_seq, decision.last_seq])
 
 
 def decode_decision(text: str) -> EffectDecision:
@@ -56,6 +64,31 @@ def decode_decision(text: str) -> EffectDecision:
                           args_hash, attempts, resolution, requested_seq, last_seq)
 
 
+SETTLED_CHUNK = 1000
+"""Settled decisions per checkpoint chunk."""
+MESSAGES_CHUNK = 1000
+"""Messages per checkpoint chunk."""
+
+# Chunk texts: compact JSON, keys sorted, so equal content always has the same digest.
+_CHUNK_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"))
+
+
+class _SettledChunk:
+    """Up to :data:`SETTLED_CHUNK` decisions sealed into one immutable checkpoint chunk."""
+
+    __slots__ = ("digest", "ids", "rows")
+
+    def __init__(self, digest: str, ids: list[str], rows: dict[str, str] | None) -> None:
+        self.digest = digest
+        self.ids = ids
+        self.rows = rows
+        """The decisions' text by effect id; ``None`` until read from the checkpoint's chunk."""
+
+
+def _settled_chunk_text(ids: list[str], rows: dict[str, str]) -> str:
+    return _CHUNK_JSON.encode([[effect_id, rows[effect_id]] for effect_id in ids])
+
+
 class SettledDecisions(MutableMapping[str, EffectDecision]):
     """The resolver's decisions on settled effects, kept as compact JSON text and decoded on access.
 
@@ -64,44 +97,148 @@ class SettledDecisions(MutableMapping[str, EffectDecision]):
     path) costs a dict lookup; a decision is decoded only when someone asks
     for it (``analysis()``, a resolution's idempotency check), and the decoded
     object is not kept, so the state's memory stays about the size of the text.
+
+    For checkpoints, decisions are sealed in settle order into chunks of
+    :data:`SETTLED_CHUNK` (:meth:`seal`). A state loaded from a checkpoint
+    knows which chunk holds each settled effect but reads a chunk's texts only
+    when one of its decisions is asked for.
     """
 
-    __slots__ = ("_rows",)
+    __slots__ = ("_chunks", "_rows", "_source", "_where")
 
     def __init__(self, rows: dict[str, str] | None = None) -> None:
         self._rows: dict[str, str] = rows if rows is not None else {}
+        """Decisions not sealed into a chunk yet, in settle order."""
+        self._chunks: list[_SettledChunk] = []
+        self._where: dict[str, int] = {}
+        """Effect id -> index of the chunk that holds its decision."""
+        self._source: ChunkSource[ThreadState] | None = None
+
+    def _chunk_rows(self, index: int) -> dict[str, str]:
+        chunk = self._chunks[index]
+        if chunk.rows is None:
+            chunk.rows = self._read_chunk(chunk)
+        return chunk.rows
+
+    def _read_chunk(self, chunk: _SettledChunk) -> dict[str, str]:
+        source = self._source
+        if source is None:
+            raise StoreError(f"settled decisions chunk {chunk.digest} has no store to be read from")
+        text = source(chunk.digest)
+        if text is not None:
+            try:
+                pairs = json.loads(text)
+                rows = {str(pair[0]): pair[1] for pair in pairs}
+                if list(rows) == chunk.ids and all(type(value) is str for value in rows.values()):
+                    return rows
+            except (ValueError, TypeError, IndexError, KeyError):
+                pass
+            source.report("chunk_mismatch")
+        # The chunk cannot be used: take the decisions from the state replayed up to the checkpoint.
+        replayed = source.replayed().settled
+        try:
+            rows = {effect_id: replayed.text(effect_id) for effect_id in chunk.ids}
+        except KeyError as missing:
+            raise StoreError(f"checkpoint chunk {chunk.digest} names effect {missing} that the events up to the "
+                             "checkpoint never settled") from None
+        chunk.digest = chunk_digest(_settled_chunk_text(chunk.ids, rows))  # written again at the next checkpoint
+        return rows
+
+    def text(self, effect_id: str) -> str:
+        """The compact text of one decision (``KeyError`` if the effect is not settled)."""
+        found = self._rows.get(effect_id)
+        if found is not None:
+            return found
+        return self._chunk_rows(self._where[effect_id])[effect_id]
 
     def __getitem__(self, effect_id: str) -> EffectDecision:
-        return decode_decision(self._rows[effect_id])
+        return decode_decision(self.text(effect_id))
 
     def __setitem__(self, effect_id: str, decision: EffectDecision) -> None:
+        if effect_id in self._where:
+            self._unseal()
         self._rows[effect_id] = encode_decision(decision)
 
     def __delitem__(self, effect_id: str) -> None:
+        if effect_id in self._where:
+            self._unseal()
         del self._rows[effect_id]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._rows)
+        for chunk in self._chunks:
+            yield from chunk.ids
+        yield from self._rows
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self._where) + len(self._rows)
 
     def __contains__(self, effect_id: object) -> bool:
-        return effect_id in self._rows
+        return effect_id in self._rows or effect_id in self._where
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, SettledDecisions):
-            return self._rows == other._rows
+            return self.encoded() == other.encoded()
         return super().__eq__(other)
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"SettledDecisions({len(self._rows)} effects)"
+        return f"SettledDecisions({len(self)} effects)"
 
     def encoded(self) -> dict[str, str]:
-        """The compact text of every decision, by effect id (what a checkpoint stores)."""
-        return self._rows
+        """The compact text of every decision, by effect id (reads every chunk)."""
+        if not self._chunks:
+            return self._rows
+        rows: dict[str, str] = {}
+        for index in range(len(self._chunks)):
+            rows.update(self._chunk_rows(index))
+        rows.update(self._rows)
+        return rows
+
+    def _unseal(self) -> None:
+        """Back to one mapping of texts (a sealed decision is replaced or removed: rare)."""
+        rows = dict(self.encoded())
+        self._rows, self._chunks, self._where = rows, [], {}
+
+    def seal(self) -> list[tuple[_SettledChunk, str]]:
+        """Seal the oldest unsealed decisions into full chunks; returns the new chunks with their texts."""
+        sealed = []
+        while len(self._rows) >= SETTLED_CHUNK:
+            ids = list(islice(self._rows, SETTLED_CHUNK))
+            rows = {effect_id: self._rows.pop(effect_id) for effect_id in ids}
+            text = _settled_chunk_text(ids, rows)
+            chunk = _SettledChunk(chunk_digest(text), ids, rows)
+            index = len(self._chunks)
+            self._chunks.append(chunk)
+            for effect_id in ids:
+                self._where[effect_id] = index
+            sealed.append((chunk, text))
+        return sealed
+
+    def dump_chunked(self, stored: set[str]) -> tuple[JSONObject, dict[str, str]]:
+        """The checkpoint form (chunk digests with their effect ids, the unsealed texts) and the texts of
+        the chunks whose digest is not in ``stored`` and whose decisions are in memory."""
+        texts = {chunk.digest: text for chunk, text in self.seal()}
+        for chunk in self._chunks:
+            if chunk.digest not in stored and chunk.digest not in texts and chunk.rows is not None:
+                texts[chunk.digest] = _settled_chunk_text(chunk.ids, chunk.rows)
+        data = {"chunks": [[chunk.digest, chunk.ids] for chunk in self._chunks], "tail": dict(self._rows)}
+        return data, texts
+
+    @classmethod
+    def from_chunked(cls, data: dict[str, Any], source: ChunkSource[ThreadState]) -> SettledDecisions:
+        """From :meth:`dump_chunked`'s checkpoint form; chunks are read from ``source`` when needed."""
+        settled = cls({str(k): str(v) for k, v in data["tail"].items()})
+        settled._source = source
+        for index, (digest, ids) in enumerate(data["chunks"]):
+            chunk = _SettledChunk(str(digest), [str(i) for i in ids], None)
+            settled._chunks.append(chunk)
+            settled._where.update(dict.fromkeys(chunk.ids, index))
+        return settled
+
+    def chunk_digests(self) -> list[str]:
+        """The digests of the sealed chunks."""
+        return [chunk.digest for chunk in self._chunks]
 
     @classmethod
     def from_dump(cls, data: dict[str, Any]) -> SettledDecisions:
@@ -111,6 +248,51 @@ class SettledDecisions(MutableMapping[str, EffectDecision]):
             rows[str(effect_id)] = value if isinstance(value, str) else encode_decision(
                 EffectDecision.from_dict(value))
         return cls(rows)
+
+
+class _Conversation:
+    """The messages of a state loaded from a chunked checkpoint, not decoded yet."""
+
+    __slots__ = ("chunks", "events", "messages", "source")
+
+    def __init__(self, chunks: list[tuple[str, int]], messages: list[JSONObject], events: list[str],
+                 source: ChunkSource[ThreadState]) -> None:
+        self.chunks = chunks
+        self.messages = messages
+        self.events = events
+        self.source = source
+
+    def materialize(self) -> tuple[list[JSONObject], list[str]]:
+        """Every message and source event id: the chunks (verified) then the unsealed tail."""
+        messages: list[JSONObject] = []
+        events: list[str] = []
+        source = self.source
+        for digest, count in self.chunks:
+            part = self._read(digest, count)
+            if part is None:
+                replayed = source.replayed()
+                start = len(messages)
+                part = (replayed.messages[start:start + count], replayed.message_events[start:start + count])
+            messages.extend(part[0])
+            events.extend(part[1])
+        messages.extend(self.messages)
+        events.extend(self.events)
+        return messages, events
+
+    def _read(self, digest: str, count: int) -> tuple[list[JSONObject], list[str]] | None:
+        text = self.source(digest)
+        if text is None:
+            return None
+        try:
+            part = json.loads(text)
+            messages, events = part["messages"], part["message_events"]
+            if (type(messages) is list and type(events) is list and len(messages) == len(events) == count
+                    and all(type(m) is dict for m in messages) and all(type(e) is str for e in events)):
+                return messages, events
+        except (ValueError, TypeError, KeyError):
+            pass
+        self.source.report("chunk_mismatch")
+        return None
 
 
 @dataclass
@@ -189,6 +371,28 @@ class ThreadState:
     contradiction: bool = False
     seq: int = 0
     head_hash: str = ""
+    chunks_stored: set[str] = field(default_factory=set, init=False, repr=False, compare=False)
+    """Digests of the checkpoint chunks known to be in the store (a cache for writing checkpoints, not state)."""
+    _conversation: _Conversation | None = field(default=None, init=False, repr=False, compare=False)
+    """Messages still in the checkpoint's chunks: ``messages`` and ``message_events`` are read on first use."""
+
+    if not TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Any:
+            # Called only for attributes not set on the instance: the lazily loaded conversation.
+            if name in ("messages", "message_events"):
+                pending = self.__dict__.get("_conversation")
+                if pending is not None:
+                    messages, events = pending.materialize()
+                    self.__dict__.setdefault("messages", messages)
+                    self.__dict__.setdefault("message_events", events)
+                    self._conversation = None
+                    return self.__dict__[name]
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def conversation_pending(self) -> bool:
+        """True while the messages are still in the checkpoint's chunks (not read yet)."""
+        return self._conversation is not None and "messages" not in self.__dict__ \
+            and "message_events" not in self.__dict__
 
     # --- derived views (pure) ------------------------------------------------------------
 
@@ -254,7 +458,7 @@ def _add_message(state: ThreadState, message: JSONObject, event_id: str) -> None
 
 def tool_content(content: Any) -> str:
     """The text a tool message carries for a tool's result (a str as is, anything else as JSON)."""
-    return content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, sort_keys=True)
+    return content if isinstance(content, str) else _TOOL_CONTENT_JSON.encode(content)
 
 
 def _tool_message(call_id: str, name: str, content: Any, status: str) -> JSONObject:
@@ -322,7 +526,7 @@ class ThreadProjection:
             if turn is not None and turn.turn_id == state.effect_turn.get(effect_id):
                 # Any failed summary request, determinate or not: the old context stays, no second try.
                 turn.compaction_failed = True
-        decision = RecoveryResolver.analyze(group, check_links=False).decisions.get(effect_id)
+        decision = decide_effect(effect_id, group)
         if decision is None:
             return
         settled = decision.state == "completed" or (decision.state == "unknown" and decision.resolution)
@@ -420,18 +624,15 @@ class ThreadProjection:
 
     # --- checkpoints ------------------------------------------------------------------
 
-    def dump(self, state: ThreadState) -> JSONObject:
-        """The state as JSON (for checkpoints and fork points)."""
+    def _dump_common(self, state: ThreadState) -> JSONObject:
+        """Everything but the conversation and the settled decisions."""
         return {
             "thread_id": state.thread_id,
             "agent": state.agent,
             "parent": state.parent,
             "metadata": state.metadata,
-            "messages": state.messages,
-            "message_events": state.message_events,
             "turns": [t.to_dict() for t in state.turns],
             "open_events": {k: [e.to_dict() for e in v] for k, v in state.open_events.items()},
-            "settled": dict(state.settled.encoded()),
             "effect_turn": state.effect_turn,
             "step_calls": state.step_calls,
             "stray_events": [e.to_dict() for e in state.stray_events],
@@ -443,6 +644,45 @@ class ThreadProjection:
             "head_hash": state.head_hash,
         }
 
+    def dump(self, state: ThreadState) -> JSONObject:
+        """The state as one self-contained JSON object (for fork records; reads every chunk)."""
+        data = self._dump_common(state)
+        data["messages"] = state.messages
+        data["message_events"] = state.message_events
+        data["settled"] = dict(state.settled.encoded())
+        return data
+
+    def dump_chunked(self, state: ThreadState) -> tuple[JSONObject, dict[str, str]]:
+        """The state for a checkpoint: the main object, and the chunk texts it names (by digest).
+
+        Settled decisions are sealed in settle order into chunks of
+        :data:`SETTLED_CHUNK`, messages into chunks of :data:`MESSAGES_CHUNK`
+        from the start of the conversation; the main object keeps the settled
+        effect ids (membership is the reducer's hot question) and what is not
+        sealed yet. Only chunks not in ``state.chunks_stored`` are returned.
+        """
+        stored = state.chunks_stored
+        data = self._dump_common(state)
+        settled, texts = state.settled.dump_chunked(stored)
+        data["settled"] = settled
+        pending = state._conversation
+        if pending is not None and state.conversation_pending():
+            data["conversation"] = {"chunks": [[digest, count] for digest, count in pending.chunks],
+                                    "messages": pending.messages, "message_events": pending.events}
+            return data, texts
+        messages, events = state.messages, state.message_events
+        full = len(messages) // MESSAGES_CHUNK * MESSAGES_CHUNK if len(messages) == len(events) else 0
+        chunks = []
+        for start in range(0, full, MESSAGES_CHUNK):
+            end = start + MESSAGES_CHUNK
+            text = _CHUNK_JSON.encode({"message_events": events[start:end], "messages": messages[start:end]})
+            digest = chunk_digest(text)
+            chunks.append([digest, MESSAGES_CHUNK])
+            if digest not in stored:
+                texts[digest] = text
+        data["conversation"] = {"chunks": chunks, "messages": messages[full:], "message_events": events[full:]}
+        return data, texts
+
     def load(self, data: JSONObject) -> ThreadState:
         """The state back from :meth:`dump`.
 
@@ -453,16 +693,41 @@ class ThreadProjection:
         sources = data.get("message_events")
         if not isinstance(sources, list) or len(sources) != len(messages):
             sources = [""] * len(messages)
+        state = self._load_common(data, SettledDecisions.from_dump(data["settled"]))
+        state.messages = messages
+        state.message_events = [str(s) for s in sources]
+        return state
+
+    def load_chunked(self, data: JSONObject, chunks: ChunkSource[ThreadState]) -> ThreadState:
+        """The state back from :meth:`dump_chunked` (or :meth:`dump`): chunks are read when first needed."""
+        conversation = data.get("conversation")
+        if not isinstance(conversation, dict):
+            return self.load(data)
+        state = self._load_common(data, SettledDecisions.from_chunked(data["settled"], chunks))
+        refs = [(str(digest), int(count)) for digest, count in conversation["chunks"]]
+        tail, events = list(conversation["messages"]), [str(e) for e in conversation["message_events"]]
+        if len(tail) != len(events):
+            raise ValueError("the checkpoint's conversation tail and its source events differ in length")
+        if refs:
+            del state.messages, state.message_events
+            state._conversation = _Conversation(refs, tail, events, chunks)
+        else:
+            state.messages, state.message_events = tail, events
+        state.chunks_stored = {digest for digest, _count in refs} | set(state.settled.chunk_digests())
+        stored = state.chunks_stored
+        # A chunk that could not be used may be missing from the store: write every chunk again next time.
+        chunks.on_problem.append(lambda _problem: stored.clear())
+        return state
+
+    def _load_common(self, data: JSONObject, settled: SettledDecisions) -> ThreadState:
         return ThreadState(
             thread_id=data["thread_id"],
             agent=dict(data["agent"]),
             parent=data["parent"],
             metadata=dict(data["metadata"]),
-            messages=messages,
-            message_events=[str(s) for s in sources],
             turns=[Turn(**t) for t in data["turns"]],
             open_events={k: [Event(**e) for e in v] for k, v in data["open_events"].items()},
-            settled=SettledDecisions.from_dump(data["settled"]),
+            settled=settled,
             effect_turn=dict(data["effect_turn"]),
             step_calls=dict(data["step_calls"]),
             stray_events=[Event(**e) for e in data["stray_events"]],

@@ -1,0 +1,124 @@
+"""``decide_effect`` (with its fast path for the ordinary lifecycle) equals the general resolver.
+
+The generated lifecycles are mostly near the ordinary ``requested -> dispatched -> completed`` (or
+determinate ``failed``) shape, with every field the fast path looks at perturbed: other kinds,
+effect ids, attempts, names, keys, args hashes (right, wrong, unhashable args), semantics, approval
+flags, receipts without a result, indeterminate failures, odd data and types. Whatever the input,
+``decide_effect(eid, events)`` must be exactly ``analyze(events, check_links=False).decisions.get(eid)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jixu.ledger.encoding import content_hash
+from jixu.ledger.event import Event
+from jixu.recovery import analyze
+from jixu.recovery.resolver import _args_hash_ok, decide_effect
+
+EID = "e1"
+ODD: tuple[Any, ...] = (None, 0, 1, 2, True, False, "", "x", "e1", "e2", 1.0, {}, [], {"a": 1})
+ARGS: tuple[Any, ...] = ({}, {"a": 1}, {"s": "é", "n": None, "b": True}, {"f": 1.5}, {"l": [1, {"x": 2}]},
+                         {"bad": "\ud800"}, {"big": 10**5000}, [], "text", None)
+
+
+def hash_of(args: Any) -> Any:
+    try:
+        return content_hash(args)
+    except Exception:  # unhashable args get some other claimed hash
+        return "0" * 64
+
+
+def maybe(draw: st.DrawFn, good: Any) -> Any:
+    """``good`` most of the time, else an odd value or the key left out (``KeyError`` marker)."""
+    choice = draw(st.integers(0, 79))
+    if choice < 76:
+        return good
+    if choice == 76:
+        return KeyError
+    return draw(st.sampled_from(ODD))
+
+
+def build(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if v is not KeyError}
+
+
+@st.composite
+def lifecycle(draw: st.DrawFn) -> list[Event]:
+    kind = draw(st.sampled_from(["tool", "model", "remote.deploy"]))
+    args = draw(st.sampled_from(ARGS[:3] if draw(st.integers(0, 3)) else ARGS))
+    good_hash = hash_of(args)
+    claimed = draw(st.sampled_from([good_hash] * 8 + ["f" * 64, 7]))
+    name, key = "do", "idem"
+    intent = build({
+        "effect_id": maybe(draw, EID), "name": maybe(draw, name), "args": args, "args_hash": claimed,
+        "semantics": maybe(draw, draw(st.sampled_from(["read_only", "idempotent", "unsafe", "other"]))),
+        "idempotency_key": maybe(draw, key), "requires_approval": maybe(draw, False)})
+    dispatch = build({
+        "effect_id": maybe(draw, EID), "attempt": maybe(draw, 1), "name": maybe(draw, name),
+        "idempotency_key": maybe(draw, key), "args_hash": maybe(draw, claimed)})
+    failed = draw(st.booleans())
+    if failed:
+        receipt = build({"effect_id": maybe(draw, EID), "attempt": maybe(draw, 1), "error": maybe(draw, {"m": 1}),
+                         "indeterminate": maybe(draw, False), "name": draw(st.sampled_from([KeyError, name, "y"]))})
+    else:
+        receipt = build({"effect_id": maybe(draw, EID), "attempt": maybe(draw, 1), "result": maybe(draw, None),
+                         "args_hash": draw(st.sampled_from([KeyError, KeyError, claimed, "x"]))})
+    types = [f"{kind}.requested", f"{kind}.dispatched", f"{kind}.{'failed' if failed else 'completed'}"]
+    for i in range(3):
+        if draw(st.integers(0, 30)) == 0:
+            types[i] = draw(st.sampled_from(["tool.requested", "tool.dispatched", "tool.completed", "model.completed",
+                                             "tool.approved", "thread.created", "requested", ".requested"]))
+    datas: list[Any] = [intent, dispatch, receipt]
+    if draw(st.integers(0, 15)) == 0:
+        datas[draw(st.integers(0, 2))] = draw(st.sampled_from([None, [], "x"]))
+    events = [Event(id=f"ev{i}", stream="thread/p", seq=draw(st.sampled_from([i + 1, i + 1, i + 1, "x", None])),
+                    type=types[i], data=datas[i], meta={}, recorded_at="2026-01-01T00:00:00.000000Z",
+                    prev_hash="0" * 64, hash=f"{i}" * 64)
+              for i in range(3)]
+    shape = draw(st.integers(0, 19))
+    if shape == 0:
+        events = events[:draw(st.integers(1, 2))]
+    elif shape == 1:
+        events = [*events, events[-1]]
+    elif shape == 2:
+        events = [events[0], events[2], events[1]]
+    return events
+
+
+@settings(max_examples=1500, deadline=None)
+@given(lifecycle())
+def test_decide_effect_equals_the_general_resolver(events: list[Event]) -> None:
+    expected = analyze(events, check_links=False).decisions.get(EID)
+    assert decide_effect(EID, events) == expected
+
+
+def test_the_fast_path_is_taken_for_the_ordinary_lifecycle() -> None:
+    args = {"q": "x", "n": 3}
+    data = {"effect_id": EID, "name": "do", "args": args, "args_hash": content_hash(args), "semantics": "read_only",
+            "idempotency_key": "idem", "requires_approval": False}
+    events = [Event("a", "thread/p", 1, "tool.requested", data, {}, "t", "0" * 64, "1" * 64),
+              Event("b", "thread/p", 2, "tool.dispatched", {"effect_id": EID, "attempt": 1}, {}, "t", "1" * 64,
+                    "2" * 64),
+              Event("c", "thread/p", 3, "tool.completed", {"effect_id": EID, "attempt": 1, "result": 1}, {}, "t",
+                    "2" * 64, "3" * 64)]
+    decision = decide_effect(EID, events)
+    assert decision == analyze(events, check_links=False).decisions[EID]
+    assert decision is not None
+    assert (decision.state, decision.reason, decision.evidence) == ("completed", "succeeded", ("a", "b", "c"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(max_size=4), st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=6),
+                                                       st.floats(allow_nan=True)), max_size=4))
+def test_the_flat_args_hash_equals_content_hash(args: dict[str, Any]) -> None:
+    try:
+        claimed = content_hash(args)
+    except Exception:  # NaN, a lone surrogate: content_hash refuses, so the args cannot be hashed
+        assert _args_hash_ok({"args": args, "args_hash": "0" * 64}) is None
+        return
+    assert _args_hash_ok({"args": args, "args_hash": claimed}) is True
+    assert _args_hash_ok({"args": args, "args_hash": "0" * 64}) is False
