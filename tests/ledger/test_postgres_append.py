@@ -357,3 +357,98 @@ def test_a_database_that_does_not_store_utf8_appends_on_the_slower_path(postgres
     finally:
         with raw(postgres_dsn) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+# --- round trips and the pool's connection check -----------------------------------------------------
+
+
+class RoundTrips:
+    """Counts the driver's network exchanges that waited for the server (one per round trip)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        wait = psycopg.Connection.wait
+
+        def counting(gen: Any) -> Any:
+            try:
+                sent = next(gen)
+            except StopIteration as stop:
+                return stop.value  # finished without touching the network (e.g. commit() in autocommit)
+            while True:
+                try:
+                    sent = gen.send((yield sent))
+                except StopIteration as stop:
+                    self.count += 1
+                    return stop.value
+
+        def counted(conn: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
+            return wait(conn, counting(gen), *args, **kwargs)
+
+        monkeypatch.setattr(psycopg.Connection, "wait", counted)
+
+    def of(self, fn: Callable[[], Any]) -> int:
+        before = self.count
+        fn()
+        return self.count - before
+
+
+def test_an_append_is_one_round_trip_fenced_or_not_new_stream_or_not(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with PostgresStore(url, min_size=1, max_size=1) as store:
+        fence = store.acquire_lease("k/1", "w1", 60)
+        trips = RoundTrips(monkeypatch)
+        assert trips.of(lambda: store.append("one/1", [NewEvent("a.b")], 0)) == 1
+        assert trips.of(lambda: store.append("one/1", [NewEvent("a.b") for _ in range(50)], 1)) == 1
+        assert trips.of(lambda: store.append("one/2", [NewEvent("a.b")], 0, fence)) == 1
+        assert trips.of(lambda: store.append("one/2", [NewEvent("a.b")], 1, fence)) == 1
+        before = trips.count
+        with pytest.raises(ConcurrencyError):
+            store.append("one/2", [NewEvent("a.b")], 1, fence)
+        assert trips.count - before == 1
+        assert store.verify("one/1").count == 51 and store.verify("one/2").count == 2
+
+
+def test_a_connection_idle_past_the_threshold_is_checked_before_use(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with PostgresStore(url, min_size=1, max_size=1) as store:
+        store.append("idle/1", [NewEvent("a.b")], 0)
+        trips = RoundTrips(monkeypatch)
+        assert trips.of(lambda: store.stream_info("idle/1")) == 1
+        monkeypatch.setattr(postgres_module, "_IDLE_CHECK_SECONDS", 0.0)
+        assert trips.of(lambda: store.stream_info("idle/1")) == 2  # the ping, then the query
+
+
+def _kill_pooled_connection(store: PostgresStore, url: str) -> None:
+    pid = store._run(lambda conn: conn.info.backend_pid)
+    with raw(url) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        for _ in range(500):
+            if not conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+                break
+            time.sleep(0.01)
+
+
+def test_an_append_on_a_connection_the_server_dropped_runs_again_on_a_fresh_one(url: str) -> None:
+    with PostgresStore(url, min_size=1, max_size=1) as store:
+        store.append("drop/1", [NewEvent("a.b")], 0)
+        _kill_pooled_connection(store, url)
+        [event] = store.append("drop/1", [NewEvent("a.b")], 1)
+        assert event.seq == 2
+        _kill_pooled_connection(store, url)
+        assert [e.seq for e in store.read("drop/1")] == [1, 2]
+        assert store.verify("drop/1").valid
+
+
+def test_a_write_that_is_unsafe_to_repeat_reports_a_dropped_connection_unless_it_was_idle(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jixu.errors import StoreError
+
+    with PostgresStore(url, min_size=1, max_size=1) as store:
+        store.enqueue("w/1", "p")
+        _kill_pooled_connection(store, url)
+        with pytest.raises(StoreError, match="cannot use"):
+            store.claim_work("w1", 30, global_limit=5)
+        assert store.list_work()[0].state == "pending"  # nothing was claimed; the next connection is fresh
+        _kill_pooled_connection(store, url)
+        monkeypatch.setattr(postgres_module, "_IDLE_CHECK_SECONDS", 0.0)  # as if it sat idle: pinged first
+        claim = store.claim_work("w1", 30, global_limit=5)
+        assert claim is not None and claim.key == "w/1"

@@ -44,6 +44,7 @@ import random
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import unquote
@@ -293,6 +294,8 @@ MIGRATIONS.append((
     (_APPEND_FUNCTION,),
 ))
 SCHEMA_VERSION = MIGRATIONS[-1][0]
+_IDLE_CHECK_SECONDS = 5.0
+"""A pooled connection idle this long is pinged before use; one used more recently is trusted."""
 _APPEND_SQL = ("SELECT * FROM jixu_append(%s::text, %s::bigint, %s::text, %s::text, %s::text, %s::bigint, "
                "%s::text[], %s::text[], %s::text[], %s::text[])")
 _WORK_COLUMNS = ("key, project, status, ready_at, enqueued_at, claimed_by, epoch, expires_at, heartbeat_at, "
@@ -406,6 +409,8 @@ class PostgresStore(Store):
         self._closed = False
         self._close_lock = threading.Lock()
         self._max_size = max_size
+        self._returned: weakref.WeakKeyDictionary[_Conn, float] = weakref.WeakKeyDictionary()
+        self._returned_lock = threading.Lock()
         self._fast_append = True
         connect_kwargs: dict[str, Any] = {
             "autocommit": True,
@@ -432,7 +437,8 @@ class PostgresStore(Store):
             name="jixu",
             timeout=max(30.0, self.connect_timeout),
             configure=self._configure,
-            check=ConnectionPool.check_connection,
+            check=self._check_idle,
+            reset=self._note_return,
         )
         try:
             self._pool.open(wait=True, timeout=self.connect_timeout)
@@ -445,6 +451,23 @@ class PostgresStore(Store):
     def _configure(self, conn: _Conn) -> None:
         if self.read_only:
             conn.execute("SET default_transaction_read_only = on")
+
+    def _note_return(self, conn: _Conn) -> None:
+        """Pool ``reset`` callback: remember when ``conn`` came back (a clean return is proof of life)."""
+        with self._returned_lock:
+            self._returned[conn] = time.monotonic()
+
+    def _check_idle(self, conn: _Conn) -> None:
+        """Pool ``check`` callback: ping only a connection idle for :data:`_IDLE_CHECK_SECONDS` or more.
+
+        Pinging every checkout cost a round trip per operation. A connection
+        the server dropped in the last seconds still fails on first use;
+        :meth:`_run` then runs again an operation that is safe to repeat.
+        """
+        with self._returned_lock:
+            returned = self._returned.get(conn)
+        if returned is None or time.monotonic() - returned >= _IDLE_CHECK_SECONDS:
+            ConnectionPool.check_connection(conn)
 
     def _scrub(self, text: str) -> str:
         for secret in self._secrets:
@@ -497,19 +520,25 @@ class PostgresStore(Store):
         write: bool = False,
         transaction: bool = False,
         snapshot: bool = False,
+        idempotent: bool | None = None,
     ) -> _T:
         """Run ``fn`` on a pooled connection, in one transaction when asked, translating errors.
 
         A transaction the database aborts for a conflict (serialization failure,
         deadlock, a concurrent insert of the same event id) runs again, a
-        bounded number of times, from the start.
+        bounded number of times, from the start. So does, once, an
+        ``idempotent`` operation (default: every read) whose pooled connection
+        turns out broken: the server may have dropped it while it sat idle.
         """
         self._check_open()
         if write and self.read_only:
             raise StoreReadOnly(f"{self._where}: opened read-only; open it writable to change it")
+        retry_broken = (not write) if idempotent is None else idempotent
         for attempt in range(1, _ATTEMPTS + 1):
+            used: _Conn | None = None
             try:
                 with self._pool.connection() as conn:
+                    used = conn
                     if not (transaction or snapshot):
                         return fn(conn)
                     with conn.transaction():
@@ -521,6 +550,11 @@ class PostgresStore(Store):
                 if attempt == _ATTEMPTS:
                     raise self._translate(cause) from cause
                 time.sleep(random.uniform(0, min(0.2, 0.002 * 2**attempt)))
+            except psycopg.OperationalError as exc:
+                if retry_broken and used is not None and used.broken and attempt < _ATTEMPTS:
+                    retry_broken = False  # once: a second broken connection is news worth reporting
+                    continue
+                raise self._translate(exc) from exc
             except (psycopg.Error, PoolTimeout) as exc:
                 raise self._translate(exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
@@ -626,7 +660,7 @@ class PostgresStore(Store):
         """
         if self._fast_append:
             rows = self._run(lambda conn: self._append_once(conn, stream, batch, expected_seq, fence, genesis_hash),
-                             write=True)
+                             write=True, idempotent=True)  # given ids: a repeat finds them stored
             if rows is not None:
                 return rows
         return self._append_slowly(stream, batch, expected_seq, fence, genesis_hash)
@@ -747,7 +781,7 @@ class PostgresStore(Store):
                 return rows
             raise StoreError(f"{self._where}: the head of stream {stream!r} kept changing; retry")
 
-        return self._run(append, write=True, transaction=True)
+        return self._run(append, write=True, transaction=True, idempotent=True)
 
     def _chunk(self, conn: _Conn, stream: str, start: int, last: int) -> list[StoredRow]:
         return [StoredRow(*row) for row in conn.execute(
@@ -840,7 +874,7 @@ class PostgresStore(Store):
     def _release_lease(self, fence: Fence) -> None:
         self._run(lambda conn: conn.execute(
             "UPDATE jixu_leases SET released = true WHERE key = %s AND owner = %s AND epoch = %s",
-            (fence.key, fence.owner, fence.epoch)), write=True)
+            (fence.key, fence.owner, fence.epoch)), write=True, idempotent=True)
 
     def _get_lease(self, key: str) -> Lease | None:
         return self._run(lambda conn: self._lease_row(conn, key))
@@ -856,7 +890,8 @@ class PostgresStore(Store):
             "reducer_version = excluded.reducer_version, head_hash = excluded.head_hash, "
             "state = excluded.state, digest = excluded.digest, created_at = excluded.created_at",
             (checkpoint.stream, checkpoint.name, checkpoint.seq, checkpoint.reducer_version,
-             checkpoint.head_hash, checkpoint.state_json, checkpoint.digest, checkpoint.created_at)), write=True)
+             checkpoint.head_hash, checkpoint.state_json, checkpoint.digest, checkpoint.created_at)), write=True,
+                  idempotent=True)  # an upsert of the same row
 
     def _read_checkpoint(self, stream: str, name: str) -> Checkpoint | None:
         row = self._run(lambda conn: conn.execute(
