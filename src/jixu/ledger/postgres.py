@@ -422,8 +422,10 @@ class PostgresStore(Store):
             with psycopg.connect(dsn, **connect_kwargs) as conn:
                 self._configure(conn)
                 self._migrate(conn)
-                # jixu_append hashes convert_to(text, 'UTF8'): byte-exact only when the database stores UTF-8.
-                self._fast_append = conn.info.parameter_status("server_encoding") == "UTF8"
+                # jixu_append hashes convert_to(text, 'UTF8') with sha256(): byte-exact only when the database
+                # stores UTF-8, and sha256() exists from PostgreSQL 11 on. Elsewhere appends take the slow path.
+                self._fast_append = (conn.info.parameter_status("server_encoding") == "UTF8"
+                                     and conn.info.server_version >= 110000)
         except psycopg.Error as exc:
             if getattr(exc, "sqlstate", None) is None and not isinstance(exc, psycopg.OperationalError):
                 raise self._translate(exc) from None  # a malformed DSN: the driver's error may quote it
