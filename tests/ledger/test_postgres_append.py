@@ -452,3 +452,41 @@ def test_a_write_that_is_unsafe_to_repeat_reports_a_dropped_connection_unless_it
         monkeypatch.setattr(postgres_module, "_IDLE_CHECK_SECONDS", 0.0)  # as if it sat idle: pinged first
         claim = store.claim_work("w1", 30, global_limit=5)
         assert claim is not None and claim.key == "w/1"
+
+
+_APPEND_ONCE = """
+import sys
+from jixu.ledger import NewEvent, PostgresStore
+store = PostgresStore(sys.argv[1])
+print("appending", flush=True)
+store.append("orphan/1", [NewEvent("a.b", {"n": 2})], 1)
+print("appended", flush=True)
+"""
+
+
+def test_an_append_whose_process_dies_while_it_waits_is_rolled_back_not_committed(url: str) -> None:
+    """The one statement commits by itself; the server checks that its client is still there before it does."""
+    import signal
+
+    from tests.helpers import spawn_python
+
+    with PostgresStore(url) as store:
+        assert store._run(lambda conn: conn.execute("SHOW client_connection_check_interval").fetchone()) == ("10ms",)
+        store.append("orphan/1", [NewEvent("a.b", {"n": 1})], 0)
+        with raw(url) as holder, raw(url) as watcher:
+            with holder.transaction():
+                holder.execute("SELECT 1 FROM jixu_streams WHERE stream = 'orphan/1' FOR UPDATE")
+                child = spawn_python(_APPEND_ONCE, url)
+                try:
+                    assert child.stdout is not None and child.stdout.readline().strip() == "appending"
+                    _blocked_on_a_lock(watcher)
+                finally:
+                    child.send_signal(signal.SIGKILL)
+                    child.wait(10)
+                deadline = time.monotonic() + 10  # the server notices within the check interval
+                while time.monotonic() < deadline and watcher.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%%jixu_append%%' "
+                        "AND pid <> pg_backend_pid()").fetchone() != (0,):
+                    time.sleep(0.01)
+            assert [e.data["n"] for e in store.read("orphan/1")] == [1]
+        assert store.verify("orphan/1").valid

@@ -296,6 +296,8 @@ MIGRATIONS.append((
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 _IDLE_CHECK_SECONDS = 5.0
 """A pooled connection idle this long is pinged before use; one used more recently is trusted."""
+_CLIENT_CHECK_MS = 10
+"""While a statement runs, the server looks this often (ms) whether its client is still connected."""
 _APPEND_SQL = ("SELECT * FROM jixu_append(%s::text, %s::bigint, %s::text, %s::text, %s::text, %s::bigint, "
                "%s::text[], %s::text[], %s::text[], %s::text[])")
 _WORK_COLUMNS = ("key, project, status, ready_at, enqueued_at, claimed_by, epoch, expires_at, heartbeat_at, "
@@ -453,6 +455,11 @@ class PostgresStore(Store):
     def _configure(self, conn: _Conn) -> None:
         if self.read_only:
             conn.execute("SET default_transaction_read_only = on")
+        if conn.info.server_version >= 140000:
+            # An append is one statement that commits by itself: should its process die while the statement
+            # runs (a SIGKILL, a crash), the server aborts it at the next check instead of committing it on
+            # behalf of a caller that is gone, as it did when the client never sent COMMIT.
+            conn.execute(f"SET client_connection_check_interval = {_CLIENT_CHECK_MS}")
 
     def _note_return(self, conn: _Conn) -> None:
         """Pool ``reset`` callback: remember when ``conn`` came back (a clean return is proof of life)."""
