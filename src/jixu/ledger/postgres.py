@@ -4,17 +4,25 @@ Same contract and same tables as the SQLite store (``data`` and ``meta`` are
 TEXT holding the canonical JSON, never ``jsonb``: verification is byte-exact).
 What differs is how concurrency is settled:
 
-- **Appends** run in one READ COMMITTED transaction that locks the stream's
-  head row ``FOR UPDATE`` first; every later read in the transaction sees what
-  the previous holder committed. A new stream has no row to lock: its head row
-  is inserted ``ON CONFLICT DO NOTHING`` and, when another appender created it
-  first, the checks run again under that row's lock. So two appenders at the
-  same ``expected_seq`` end with exactly one winner and one
-  :class:`~jixu.errors.ConcurrencyError` (or a no-op, when the loser was a
-  retry of the winner's batch) and never a raw unique violation.
+- **Appends** are one statement, ``SELECT * FROM jixu_append(...)`` (a
+  PL/pgSQL function, migration 3), run in autocommit: one round trip, one
+  commit. In its READ COMMITTED transaction it locks the stream's head row
+  ``FOR UPDATE`` first, so every later read sees what the previous holder
+  committed; then it checks the ids, the fence and the head, seals the batch
+  with the database clock (``sha256()`` over the same bytes
+  :func:`~jixu.ledger.event.seal` hashes) and inserts it. A new stream has no
+  row to lock: its head row is inserted ``ON CONFLICT DO NOTHING`` and, when
+  another appender created it first, the checks run again under that row's
+  lock. So two appenders at the same ``expected_seq`` end with exactly one
+  winner and one :class:`~jixu.errors.ConcurrencyError` (or a no-op, when the
+  loser was a retry of the winner's batch) and never a raw unique violation.
+  A batch with an id already stored (a retry, or a reused id) is decided by
+  the older several-statement transaction, with :func:`existing_batch`.
 - **Fences** lock the lease row ``FOR UPDATE`` in the append's transaction
   and judge expiry by the *database* clock (``clock_timestamp()``, read after
-  the locks are held), so no worker's clock skew can extend a lease.
+  the locks are held), so no worker's clock skew can extend a lease. The
+  function returns the lease row and the clock of a refusal; Python words it
+  with :func:`fence_problem`, as every store does.
 - **Verification** reads the head record and the events in one REPEATABLE
   READ, READ ONLY transaction: one snapshot, whatever appends run meanwhile.
 - **Work claims** take a transaction-level advisory lock first, so claimers
@@ -36,6 +44,7 @@ import random
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import unquote
@@ -185,7 +194,112 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
         ),
     ),
 ]
+
+_APPEND_FUNCTION = """CREATE FUNCTION jixu_append(
+    p_stream text, p_expected bigint, p_genesis text,
+    p_fence_key text, p_fence_owner text, p_fence_epoch bigint,
+    p_ids text[], p_types text[], p_data text[], p_meta text[],
+    OUT o_status text, OUT o_head_seq bigint, OUT o_prev_hash text, OUT o_recorded_at text,
+    OUT o_hashes text[], OUT o_lease_found boolean, OUT o_lease_owner text, OUT o_lease_epoch bigint,
+    OUT o_lease_expires_at double precision, OUT o_lease_heartbeat_at double precision,
+    OUT o_lease_released boolean, OUT o_now double precision
+) LANGUAGE plpgsql AS $fn$
+-- One append in one statement (see PostgresStore._append). Statuses: 'ok' (sealed and inserted),
+-- 'conflict' (the head is o_head_seq, not p_expected), 'fenced' (the lease row and clock are returned
+-- for the caller to word the refusal), 'existing' (an id is already stored: the caller decides on its
+-- slower path), 'busy' (the new stream's head row kept appearing and vanishing).
+DECLARE
+    v_head_seq  bigint;
+    v_head_hash text;
+    v_clock     timestamptz;
+    v_prev      text;
+    v_hash      text;
+    v_prevs     text[];
+    v_event     record;
+BEGIN
+    FOR attempt IN 1..3 LOOP
+        -- Lock the head first: every later read sees what its last holder committed.
+        SELECT s.head_seq, s.head_hash INTO v_head_seq, v_head_hash
+          FROM jixu_streams s WHERE s.stream = p_stream FOR UPDATE;
+        IF EXISTS (SELECT 1 FROM jixu_events e WHERE e.id = ANY (p_ids)) THEN
+            o_status := 'existing';
+            RETURN;
+        END IF;
+        IF p_fence_key IS NOT NULL THEN
+            SELECT l.owner, l.epoch, l.expires_at, l.heartbeat_at, l.released
+              INTO o_lease_owner, o_lease_epoch, o_lease_expires_at, o_lease_heartbeat_at, o_lease_released
+              FROM jixu_leases l WHERE l.key = p_fence_key FOR UPDATE;
+            o_lease_found := FOUND;
+            o_now := extract(epoch FROM clock_timestamp())::float8;  -- read after the locks are held
+            IF NOT o_lease_found OR o_lease_owner IS DISTINCT FROM p_fence_owner
+                    OR o_lease_epoch <> p_fence_epoch OR o_lease_released OR o_lease_expires_at <= o_now THEN
+                o_status := 'fenced';
+                RETURN;
+            END IF;
+        END IF;
+        o_head_seq := coalesce(v_head_seq, 0);
+        IF o_head_seq <> p_expected THEN
+            o_status := 'conflict';
+            RETURN;
+        END IF;
+        v_clock := clock_timestamp();
+        o_recorded_at := __RECORDED_AT__;
+        o_prev_hash := coalesce(v_head_hash, p_genesis);
+        -- The chain, byte for byte as jixu.ledger.event.seal computes it: sha256 over the domain tag
+        -- and the UTF-8 envelope text assembled from the canonical data and meta texts as given.
+        v_prev := o_prev_hash;
+        v_prevs := '{}';
+        o_hashes := '{}';
+        FOR v_event IN
+            SELECT u.id, u.type, u.data, u.meta, u.n
+              FROM unnest(p_ids, p_types, p_data, p_meta) WITH ORDINALITY AS u (id, type, data, meta, n)
+             ORDER BY u.n
+        LOOP
+            v_hash := encode(sha256('\\x6a6978752e6576656e742e763100'::bytea || convert_to(
+                '{"data":' || v_event.data || ',"id":"' || v_event.id || '","meta":' || v_event.meta
+                || ',"prev_hash":"' || v_prev || '","recorded_at":"' || o_recorded_at
+                || '","seq":' || (p_expected + v_event.n)::text || ',"stream":"' || p_stream
+                || '","type":"' || v_event.type || '"}', 'UTF8')), 'hex');
+            v_prevs := v_prevs || v_prev;
+            o_hashes := o_hashes || v_hash;
+            v_prev := v_hash;
+        END LOOP;
+        IF v_head_seq IS NULL THEN
+            INSERT INTO jixu_streams (stream, head_seq, head_hash, genesis_hash, created_at)
+            VALUES (p_stream, p_expected + cardinality(p_ids), v_prev, p_genesis, o_recorded_at)
+            ON CONFLICT (stream) DO NOTHING;
+            IF NOT FOUND THEN
+                CONTINUE;  -- another appender created the stream meanwhile: decide again under its lock
+            END IF;
+        ELSE
+            UPDATE jixu_streams SET head_seq = p_expected + cardinality(p_ids), head_hash = v_prev
+             WHERE stream = p_stream;
+        END IF;
+        INSERT INTO jixu_events (id, stream, seq, type, data, meta, recorded_at, prev_hash, hash)
+        SELECT u.id, p_stream, p_expected + u.n, u.type, u.data, u.meta, o_recorded_at, u.prev, u.hash
+          FROM unnest(p_ids, p_types, p_data, p_meta, v_prevs, o_hashes) WITH ORDINALITY
+               AS u (id, type, data, meta, prev, hash, n)
+         ORDER BY u.n;
+        o_status := 'ok';
+        RETURN;
+    END LOOP;
+    o_status := 'busy';
+    o_hashes := NULL;
+END
+$fn$""".replace("__RECORDED_AT__", _UTC_TEXT.format("v_clock"))
+
+MIGRATIONS.append((
+    3,
+    "jixu_append(): an append in one statement (lock, check, seal, insert)",
+    (_APPEND_FUNCTION,),
+))
 SCHEMA_VERSION = MIGRATIONS[-1][0]
+_IDLE_CHECK_SECONDS = 5.0
+"""A pooled connection idle this long is pinged before use; one used more recently is trusted."""
+_CLIENT_CHECK_MS = 10
+"""While a statement runs, the server looks this often (ms) whether its client is still connected."""
+_APPEND_SQL = ("SELECT * FROM jixu_append(%s::text, %s::bigint, %s::text, %s::text, %s::text, %s::bigint, "
+               "%s::text[], %s::text[], %s::text[], %s::text[])")
 _WORK_COLUMNS = ("key, project, status, ready_at, enqueued_at, claimed_by, epoch, expires_at, heartbeat_at, "
                  "rerun, position")
 _CLAIMABLE = ("((status = 'pending' AND ready_at <= %(now)s) OR "
@@ -297,6 +411,9 @@ class PostgresStore(Store):
         self._closed = False
         self._close_lock = threading.Lock()
         self._max_size = max_size
+        self._returned: weakref.WeakKeyDictionary[_Conn, float] = weakref.WeakKeyDictionary()
+        self._returned_lock = threading.Lock()
+        self._fast_append = True
         connect_kwargs: dict[str, Any] = {
             "autocommit": True,
             "connect_timeout": max(1, round(self.connect_timeout)),
@@ -307,6 +424,10 @@ class PostgresStore(Store):
             with psycopg.connect(dsn, **connect_kwargs) as conn:
                 self._configure(conn)
                 self._migrate(conn)
+                # jixu_append hashes convert_to(text, 'UTF8') with sha256(): byte-exact only when the database
+                # stores UTF-8, and sha256() exists from PostgreSQL 11 on. Elsewhere appends take the slow path.
+                self._fast_append = (conn.info.parameter_status("server_encoding") == "UTF8"
+                                     and conn.info.server_version >= 110000)
         except psycopg.Error as exc:
             if getattr(exc, "sqlstate", None) is None and not isinstance(exc, psycopg.OperationalError):
                 raise self._translate(exc) from None  # a malformed DSN: the driver's error may quote it
@@ -320,7 +441,8 @@ class PostgresStore(Store):
             name="jixu",
             timeout=max(30.0, self.connect_timeout),
             configure=self._configure,
-            check=ConnectionPool.check_connection,
+            check=self._check_idle,
+            reset=self._note_return,
         )
         try:
             self._pool.open(wait=True, timeout=self.connect_timeout)
@@ -333,6 +455,28 @@ class PostgresStore(Store):
     def _configure(self, conn: _Conn) -> None:
         if self.read_only:
             conn.execute("SET default_transaction_read_only = on")
+        if conn.info.server_version >= 140000:
+            # An append is one statement that commits by itself: should its process die while the statement
+            # runs (a SIGKILL, a crash), the server aborts it at the next check instead of committing it on
+            # behalf of a caller that is gone, as it did when the client never sent COMMIT.
+            conn.execute(f"SET client_connection_check_interval = {_CLIENT_CHECK_MS}")
+
+    def _note_return(self, conn: _Conn) -> None:
+        """Pool ``reset`` callback: remember when ``conn`` came back (a clean return is proof of life)."""
+        with self._returned_lock:
+            self._returned[conn] = time.monotonic()
+
+    def _check_idle(self, conn: _Conn) -> None:
+        """Pool ``check`` callback: ping only a connection idle for :data:`_IDLE_CHECK_SECONDS` or more.
+
+        Pinging every checkout cost a round trip per operation. A connection
+        the server dropped in the last seconds still fails on first use;
+        :meth:`_run` then runs again an operation that is safe to repeat.
+        """
+        with self._returned_lock:
+            returned = self._returned.get(conn)
+        if returned is None or time.monotonic() - returned >= _IDLE_CHECK_SECONDS:
+            ConnectionPool.check_connection(conn)
 
     def _scrub(self, text: str) -> str:
         for secret in self._secrets:
@@ -385,19 +529,25 @@ class PostgresStore(Store):
         write: bool = False,
         transaction: bool = False,
         snapshot: bool = False,
+        idempotent: bool | None = None,
     ) -> _T:
         """Run ``fn`` on a pooled connection, in one transaction when asked, translating errors.
 
         A transaction the database aborts for a conflict (serialization failure,
         deadlock, a concurrent insert of the same event id) runs again, a
-        bounded number of times, from the start.
+        bounded number of times, from the start. So does, once, an
+        ``idempotent`` operation (default: every read) whose pooled connection
+        turns out broken: the server may have dropped it while it sat idle.
         """
         self._check_open()
         if write and self.read_only:
             raise StoreReadOnly(f"{self._where}: opened read-only; open it writable to change it")
+        retry_broken = (not write) if idempotent is None else idempotent
         for attempt in range(1, _ATTEMPTS + 1):
+            used: _Conn | None = None
             try:
                 with self._pool.connection() as conn:
+                    used = conn
                     if not (transaction or snapshot):
                         return fn(conn)
                     with conn.transaction():
@@ -409,6 +559,11 @@ class PostgresStore(Store):
                 if attempt == _ATTEMPTS:
                     raise self._translate(cause) from cause
                 time.sleep(random.uniform(0, min(0.2, 0.002 * 2**attempt)))
+            except psycopg.OperationalError as exc:
+                if retry_broken and used is not None and used.broken and attempt < _ATTEMPTS:
+                    retry_broken = False  # once: a second broken connection is news worth reporting
+                    continue
+                raise self._translate(exc) from exc
             except (psycopg.Error, PoolTimeout) as exc:
                 raise self._translate(exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
@@ -504,6 +659,77 @@ class PostgresStore(Store):
         fence: Fence | None,
         genesis_hash: str,
     ) -> list[StoredRow]:
+        """One statement, one round trip, one commit in the common case; the rare cases decide slowly.
+
+        ``jixu_append`` (migration 3) locks the head, checks ids, fence and
+        head, seals the batch with the database clock and inserts it, all in
+        the autocommit transaction of one ``SELECT``. A batch whose ids are
+        already stored (a retry, or a conflict) goes to :meth:`_append_slowly`,
+        which decides with :func:`existing_batch` in a transaction of its own.
+        """
+        if self._fast_append:
+            rows = self._run(lambda conn: self._append_once(conn, stream, batch, expected_seq, fence, genesis_hash),
+                             write=True, idempotent=True)  # given ids: a repeat finds them stored
+            if rows is not None:
+                return rows
+        return self._append_slowly(stream, batch, expected_seq, fence, genesis_hash)
+
+    def _append_once(
+        self,
+        conn: _Conn,
+        stream: str,
+        batch: list[PreparedEvent],
+        expected_seq: int,
+        fence: Fence | None,
+        genesis_hash: str,
+    ) -> list[StoredRow] | None:
+        """The rows ``jixu_append`` sealed and committed, or ``None`` when the slow path must decide."""
+        try:
+            result = conn.execute(_APPEND_SQL, (
+                stream, expected_seq, genesis_hash,
+                fence.key if fence else None, fence.owner if fence else None, fence.epoch if fence else None,
+                [p.id for p in batch], [p.type for p in batch], [p.data_json for p in batch],
+                [p.meta_json for p in batch],
+            )).fetchone()
+        except pg_errors.UniqueViolation as exc:
+            if exc.diag.constraint_name == _ID_CONSTRAINT:
+                raise _Again(exc) from exc  # the same id was committed meanwhile: decide again
+            raise
+        assert result is not None
+        (status, head_seq, prev, recorded_at, hashes, lease_found, owner, epoch, expires_at, heartbeat_at,
+         released, now) = result
+        if status == "ok":
+            rows = []
+            for offset, (prepared, digest) in enumerate(zip(batch, hashes, strict=True), start=1):
+                rows.append(StoredRow(prepared.id, stream, expected_seq + offset, prepared.type, prepared.data_json,
+                                      prepared.meta_json, recorded_at, prev, digest))
+                prev = digest
+            return rows
+        if status == "conflict":
+            raise ConcurrencyError(
+                f"stream {stream!r} is at seq {head_seq}, not the expected {expected_seq}; "
+                "read the new events and decide again",
+                stream=stream,
+                expected_seq=expected_seq,
+                actual_seq=int(head_seq),
+            )
+        if status == "fenced" and fence is not None:
+            current = (Lease(fence.key, owner, int(epoch), float(expires_at), float(heartbeat_at), bool(released))
+                       if lease_found else None)
+            problem = fence_problem(current, fence, float(now))
+            if problem:
+                raise problem
+        return None  # 'existing' or 'busy' (or a fence verdict Python does not share): decide slowly
+
+    def _append_slowly(
+        self,
+        stream: str,
+        batch: list[PreparedEvent],
+        expected_seq: int,
+        fence: Fence | None,
+        genesis_hash: str,
+    ) -> list[StoredRow]:
+        """The append as several statements in one transaction: for batches whose ids are already stored."""
         ids = [p.id for p in batch]
 
         def append(conn: _Conn) -> list[StoredRow]:
@@ -564,7 +790,7 @@ class PostgresStore(Store):
                 return rows
             raise StoreError(f"{self._where}: the head of stream {stream!r} kept changing; retry")
 
-        return self._run(append, write=True, transaction=True)
+        return self._run(append, write=True, transaction=True, idempotent=True)
 
     def _chunk(self, conn: _Conn, stream: str, start: int, last: int) -> list[StoredRow]:
         return [StoredRow(*row) for row in conn.execute(
@@ -657,7 +883,7 @@ class PostgresStore(Store):
     def _release_lease(self, fence: Fence) -> None:
         self._run(lambda conn: conn.execute(
             "UPDATE jixu_leases SET released = true WHERE key = %s AND owner = %s AND epoch = %s",
-            (fence.key, fence.owner, fence.epoch)), write=True)
+            (fence.key, fence.owner, fence.epoch)), write=True, idempotent=True)
 
     def _get_lease(self, key: str) -> Lease | None:
         return self._run(lambda conn: self._lease_row(conn, key))
@@ -673,7 +899,8 @@ class PostgresStore(Store):
             "reducer_version = excluded.reducer_version, head_hash = excluded.head_hash, "
             "state = excluded.state, digest = excluded.digest, created_at = excluded.created_at",
             (checkpoint.stream, checkpoint.name, checkpoint.seq, checkpoint.reducer_version,
-             checkpoint.head_hash, checkpoint.state_json, checkpoint.digest, checkpoint.created_at)), write=True)
+             checkpoint.head_hash, checkpoint.state_json, checkpoint.digest, checkpoint.created_at)), write=True,
+                  idempotent=True)  # an upsert of the same row
 
     def _read_checkpoint(self, stream: str, name: str) -> Checkpoint | None:
         row = self._run(lambda conn: conn.execute(
