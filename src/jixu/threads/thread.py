@@ -14,6 +14,7 @@ import contextlib
 import json
 import random
 from collections.abc import AsyncIterator, Awaitable, Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, cast
 
 from jixu.errors import (
@@ -679,7 +680,7 @@ class Thread:
 
     def _model_messages(self, messages: Sequence[JSONObject]) -> tuple[JSONObject, ...]:
         """The conversation as a model must see it: results stored as artifacts put back in place."""
-        if not any("artifact" in message for message in messages):
+        if not any(map(dict.__contains__, messages, repeat("artifact"))):  # C-speed scan: once per model call
             return tuple(messages)
         resolved = []
         for message in messages:
