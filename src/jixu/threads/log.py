@@ -146,6 +146,7 @@ class ThreadLog:
         self._projection = ThreadProjection()
         self._checkpoint_seq = 0
         self._staged: list[NewEvent] = []
+        self._open_analysis: tuple[ThreadState, int, int | None, Analysis] | None = None
         self._staged_fence: Fence | None = None
 
     @classmethod
@@ -198,10 +199,19 @@ class ThreadLog:
         return self.state.analysis(self.chain_break_seq)
 
     def open_analysis(self) -> Analysis:
-        """The resolver's answer for the effects still open: all the agent loop needs, at O(open) cost."""
-        if self.state.contradiction:
+        """The resolver's answer for the effects still open: all the agent loop needs, at O(open) cost.
+
+        Kept until the state moves (the loop asks before deciding and again before each append).
+        """
+        state = self.state
+        if state.contradiction:
             return self.analysis()
-        return self.state.open_analysis(self.chain_break_seq)
+        cached = self._open_analysis
+        if cached is not None and cached[0] is state and cached[1] == state.seq and cached[2] == self.chain_break_seq:
+            return cached[3]
+        analysis = state.open_analysis(self.chain_break_seq)
+        self._open_analysis = (state, state.seq, self.chain_break_seq, analysis)
+        return analysis
 
     def snapshot(self, *, max_steps: int = DEFAULT_MAX_STEPS, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
                  running: bool = False, context_budget: int | None = None) -> State:
