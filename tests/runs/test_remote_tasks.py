@@ -7,6 +7,7 @@ performs to ``deployments.log`` and every test asserts how many there were.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -48,7 +49,8 @@ with log.open("a") as handle:
     handle.write(json.dumps(record) + "\\n")
 hold = os.environ.get("DEPLOY_HOLD")
 if hold:
-    Path(hold).write_text("deployed")
+    Path(hold + ".tmp").write_text(str(os.getpid()))  # the test kills this process (a session of its own)
+    os.replace(hold + ".tmp", hold)  # appears whole
     while True:
         time.sleep(0.05)
 if behaviour == "fail_after":
@@ -201,6 +203,8 @@ def test_sigkill_between_dispatch_and_receipt_leaves_the_deploy_unknown(scene: S
         time.sleep(0.01)
     os.killpg(child.pid, signal.SIGKILL)  # the worker and the deploy command it started
     child.wait()
+    with contextlib.suppress(ProcessLookupError):  # the deploy command's own session outlives the worker's group
+        os.kill(int(hold.read_text()), signal.SIGKILL)
     view = run(scene.runs.execution_request(scene.run_id, request_id))
     assert view.status == "needs_reconciliation" and (view.decision or {})["reason"] == "dispatched_without_receipt"
     with pytest.raises(ReconciliationNeedsProof) as refused:
