@@ -74,9 +74,11 @@ class Thread:
         self._pending: list[NewEvent] = []
         """Intents of retry-safe effects waiting to be committed with their dispatch marker (see _append)."""
         self._stage_receipts = False
+        """True while one call runs alone: its receipt is staged and committed with the next step (0011)."""
         self._artifacts: dict[str, str] = {}
         """Texts of recently used artifacts by hash (content-addressed, so never stale)."""
-        """True while one call runs alone: its receipt is staged and committed with the next step (0011)."""
+        self._tool_specs = tuple(t.spec() for t in self._agent.tools)
+        """What every model request offers (the agent's tools never change under a thread)."""
         self.thread_id = log.thread_id
         self.stream = log.stream
 
@@ -529,7 +531,7 @@ class Thread:
         request = ModelRequest(
             instructions=agent.instructions,
             messages=self._model_messages(log.state.messages),  # drivers read, never mutate, the conversation
-            tools=tuple(t.spec() for t in agent.tools),
+            tools=self._tool_specs,
             effect_id=effect_id,
             idempotency_key=str(intent["idempotency_key"]),
             attempt=attempt,
@@ -589,7 +591,7 @@ class Thread:
             instructions=agent.instructions,
             messages=(*self._model_messages(log.state.messages[:upto]),
                       compaction_prompt([str(c) for c in covers])),
-            tools=tuple(t.spec() for t in agent.tools),
+            tools=self._tool_specs,
             effect_id=effect_id,
             idempotency_key=key,
             attempt=attempt,
