@@ -260,10 +260,9 @@ def run_langgraph(url: str, steps: int, tool_seconds: float) -> dict[str, Any]:
             "gaps_ms": _gaps_ms(stamps), "notes": notes}
 
 
-def run_concurrent(path: str, threads: int, steps: int) -> dict[str, Any]:
-    """``threads`` jixu threads on one SQLite store, each on its own OS thread + event loop."""
-    from jixu import Agent, Harness, ScriptedModel, ToolCall, tool
-    from jixu.ledger import SQLiteStore
+def concurrent_agent(steps: int) -> Any:
+    """The concurrency runs' agent: ``steps`` no-op read-only tool calls, then ``done``."""
+    from jixu import Agent, ScriptedModel, ToolCall, tool
 
     @tool(semantics="read_only")
     def work() -> None:
@@ -278,8 +277,16 @@ def run_concurrent(path: str, threads: int, steps: int) -> dict[str, Any]:
                 done += 1
         return ToolCall("work") if done < steps else "done"
 
+    return Agent("bench-concurrent", ScriptedModel(script), tools=[work], max_steps=steps + 1)
+
+
+def run_concurrent(path: str, threads: int, steps: int) -> dict[str, Any]:
+    """``threads`` jixu threads on one SQLite store, each on its own OS thread + event loop."""
+    from jixu import Harness
+    from jixu.ledger import SQLiteStore
+
     store = SQLiteStore(path, synchronous="FULL")
-    agent = Agent("bench-concurrent", ScriptedModel(script), tools=[work], max_steps=steps + 1)
+    agent = concurrent_agent(steps)
     ready = threading.Barrier(threads + 1)
     errors: list[BaseException] = []
 
@@ -316,10 +323,42 @@ def run_concurrent(path: str, threads: int, steps: int) -> dict[str, Any]:
     return {"elapsed": elapsed, "tool_calls": threads * steps, "commits": commits, "appends": appends}
 
 
+def run_concurrent_loop(path: str, threads: int, steps: int) -> dict[str, Any]:
+    """``threads`` jixu threads on one event loop, one Harness with ``group_commits`` (one SQLite store)."""
+    from jixu import Harness
+    from jixu.ledger import SQLiteStore
+
+    store = SQLiteStore(path, synchronous="FULL")
+    agent = concurrent_agent(steps)
+
+    async def main() -> tuple[float, int, int]:
+        harness = Harness(agent, store, group_commits=True)
+        made = [await harness.create_thread() for _ in range(threads)]
+        start = time.perf_counter()
+        for thread in made:
+            await thread.send("go")
+        states = await asyncio.gather(*(thread.wait() for thread in made))
+        elapsed = time.perf_counter() - start
+        bad = [s for s in states if s.status != "idle" or s.last_reply != "done"]
+        if bad:
+            raise SystemExit(f"a thread ended {bad[0].status} {bad[0].reason}")
+        batcher = harness.commit_batcher()
+        assert batcher is not None
+        return elapsed, batcher.commits, batcher.appends
+
+    try:
+        elapsed, commits, appends = asyncio.run(main())
+    finally:
+        store.close()
+    return {"elapsed": elapsed, "tool_calls": threads * steps, "commits": commits, "appends": appends}
+
+
 def child_main(spec: dict[str, Any]) -> None:
     kind = spec["kind"]
     if kind == "concurrent":
         result = run_concurrent(spec["url"], spec["threads"], spec["steps"])
+    elif kind == "concurrent_loop":
+        result = run_concurrent_loop(spec["url"], spec["threads"], spec["steps"])
     elif kind == "recovery":
         result = run_recovery(spec["dir"], spec["events"], spec["reps"])
     else:
@@ -527,6 +566,14 @@ def main(argv: list[str] | None = None) -> int:
                 figures.append((f"SQLite, {count} concurrent threads: appends per commit",
                                 f"jixu_sqlite_concurrent_{count}_appends_per_commit",
                                 result["appends"] / result["commits"], "appends"))
+            result = child(args.python, {"kind": "concurrent_loop", "url": str(workdir / f"loop-{count}.db"),
+                                         "threads": count, "steps": args.concurrent_steps})
+            figures.append((f"SQLite, {count} threads on one event loop (group_commits): durable tool calls/s",
+                            f"jixu_sqlite_loop_{count}_tool_calls_per_s",
+                            result["tool_calls"] / result["elapsed"], "calls/s"))
+            figures.append((f"SQLite, {count} threads on one event loop (group_commits): appends per commit",
+                            f"jixu_sqlite_loop_{count}_appends_per_commit",
+                            result["appends"] / result["commits"], "appends"))
         if args.recovery_events:
             result = child(args.python, {"kind": "recovery", "dir": str(workdir), "events": args.recovery_events,
                                          "reps": 5})

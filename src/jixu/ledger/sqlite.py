@@ -23,13 +23,14 @@ docs/decisions/0007-group-commit.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -44,8 +45,9 @@ from jixu.errors import (
     StoreReadOnly,
 )
 from jixu.ledger.chain import VerifyReport, verify_rows
-from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow, seal, utc_now_text
+from jixu.ledger.event import GENESIS_HASH, Event, PreparedEvent, StoredRow, seal, utc_now_text
 from jixu.ledger.store import (
+    AppendRequest,
     Checkpoint,
     Fence,
     Lease,
@@ -395,6 +397,42 @@ class SQLiteStore(Store):
             raise request.error
         assert request.rows is not None
         return request.rows
+
+    def append_many(self, requests: Sequence[AppendRequest]) -> list[list[Event] | JixuError]:
+        """Commit the appends in one transaction (one fsync), each in its own savepoint with its own answer."""
+        results: list[list[Event] | JixuError | None] = [None] * len(requests)
+        queued: list[tuple[int, _QueuedAppend]] = []
+        for index, request in enumerate(requests):
+            try:
+                batch = self._prepare_append(request.stream, request.events, request.expected_seq, request.fence,
+                                             None)
+            except JixuError as refused:
+                results[index] = refused
+                continue
+            queued.append((index, _QueuedAppend(request.stream, batch, request.expected_seq, request.fence,
+                                                GENESIS_HASH)))
+        if queued:
+            if self.read_only:
+                raise StoreReadOnly(f"{self.path}: opened read-only; open it writable to change it", path=self.path)
+            with self._queue_lock:
+                self._queue.extend(pending for _index, pending in queued)
+            with self._lock:
+                if not all(pending.done for _index, pending in queued):
+                    with self._queue_lock:
+                        group = list(self._queue)
+                        self._queue.clear()
+                    # A failure of the whole group is recorded in each request; each gets its own error below.
+                    with contextlib.suppress(Exception):
+                        self._commit_group(group)
+            for index, pending in queued:
+                failure = pending.error
+                if failure is not None:
+                    results[index] = failure if isinstance(failure, JixuError) else StoreError(
+                        f"{self.path}: {type(failure).__name__}: {failure}", path=self.path)
+                else:
+                    assert pending.rows is not None
+                    results[index] = [row.to_event() for row in pending.rows]
+        return [result for result in results if result is not None]
 
     def _commit_group(self, group: list[_QueuedAppend]) -> None:
         """Run ``group``'s appends in one transaction; tell each its rows or error after COMMIT (lock held)."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
-from jixu.errors import FencingError, IdempotencyConflict, InvalidInput, LeaseHeld
+from jixu.errors import FencingError, IdempotencyConflict, InvalidInput, JixuError, LeaseHeld
 from jixu.ledger.chain import VerifyReport, verify_rows
 from jixu.ledger.event import (
     GENESIS_HASH,
@@ -480,6 +480,16 @@ def finished_row(row: WorkRow | None, claim: WorkClaim, now: float, *, requeue: 
                    False, row.position)
 
 
+@dataclass(frozen=True, slots=True)
+class AppendRequest:
+    """One append of :meth:`Store.append_many`: the arguments :meth:`Store.append` takes."""
+
+    stream: str
+    events: Sequence[NewEvent]
+    expected_seq: int
+    fence: Fence | None = None
+
+
 class Store(abc.ABC):
     """An event ledger: streams, leases and checkpoints (see the module docstring)."""
 
@@ -507,6 +517,28 @@ class Store(abc.ABC):
         returns the stored events. ``genesis_hash`` sets ``prev_hash`` of seq 1
         for a new (forked) stream.
         """
+        batch = self._prepare_append(stream, events, expected_seq, fence, genesis_hash)
+        rows = self._append(stream, batch, expected_seq, fence, genesis_hash or GENESIS_HASH)
+        return [row.to_event() for row in rows]
+
+    def append_many(self, requests: Sequence[AppendRequest]) -> list[list[Event] | JixuError]:
+        """Several independent appends, each all or nothing, each answered with its events or its error.
+
+        A store that can commits them together (SQLite: one transaction, one
+        fsync, each append in its own savepoint); the others append one by one.
+        Nothing is returned before every append of the call is durable.
+        """
+        results: list[list[Event] | JixuError] = []
+        for request in requests:
+            try:
+                results.append(self.append(request.stream, request.events, request.expected_seq, request.fence))
+            except JixuError as error:
+                results.append(error)
+        return results
+
+    def _prepare_append(self, stream: str, events: Sequence[NewEvent], expected_seq: int, fence: Fence | None,
+                        genesis_hash: str | None) -> list[PreparedEvent]:
+        """Check an append's arguments and encode its events (raises; writes nothing)."""
         check_stream(stream)
         if isinstance(expected_seq, bool) or not isinstance(expected_seq, int) or expected_seq < 0:
             raise InvalidInput(f"expected_seq {expected_seq!r} must be an integer >= 0", field="expected_seq")
@@ -522,8 +554,7 @@ class Store(abc.ABC):
             if expected_seq != 0:
                 raise InvalidInput("genesis_hash can only be given when creating a stream (expected_seq=0)",
                                    field="genesis_hash")
-        rows = self._append(stream, batch, expected_seq, fence, genesis_hash or GENESIS_HASH)
-        return [row.to_event() for row in rows]
+        return batch
 
     def read(self, stream: str, from_seq: int = 1, to_seq: int | None = None) -> list[Event]:
         """Events of ``stream`` with ``from_seq <= seq <= to_seq``, in order (``[]`` if none)."""
@@ -797,6 +828,7 @@ def _check_seq_range(from_seq: object, to_seq: object) -> None:
 
 
 __all__ = [
+    "AppendRequest",
     "WORK_STATES",
     "Checkpoint",
     "Fence",

@@ -9,6 +9,8 @@ use it directly; :class:`~jixu.threads.thread.Thread` runs the agent loop on top
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 from collections.abc import Sequence
@@ -18,6 +20,7 @@ from typing import Any
 from jixu.errors import (
     EffectNotParked,
     InvalidInput,
+    JixuError,
     LeaseHeld,
     NotFound,
     ResolutionConflict,
@@ -27,6 +30,7 @@ from jixu.errors import (
     TurnOwned,
 )
 from jixu.ledger import Event, Fence, NewEvent, Store, new_id, project
+from jixu.ledger.batching import CommitBatcher
 from jixu.ledger.encoding import canonical_text
 from jixu.ledger.event import prepare
 from jixu.ledger.ids import is_valid_id
@@ -146,6 +150,8 @@ class ThreadLog:
         self._projection = ThreadProjection()
         self._checkpoint_seq = 0
         self._staged: list[NewEvent] = []
+        self.appending = False
+        """True while a batched append of this record waits for its commit (see :meth:`append_async`)."""
         self._open_analysis: tuple[ThreadState, int, int | None, Analysis] | None = None
         self._staged_fence: Fence | None = None
 
@@ -237,6 +243,10 @@ class ThreadLog:
 
     def sync(self) -> None:
         """Apply events other writers appended since this record's head."""
+        if self.appending:
+            # Its own events may be committed and not yet applied: reading now would apply them twice.
+            raise ThreadBusy(f"thread {self.thread_id}: an append is waiting for its commit; try again",
+                             thread_id=self.thread_id)
         self.flush()
         self.state, self.chain_break_seq = follow(self.store, self.stream, self._projection, self.state,
                                                   self.chain_break_seq)
@@ -272,6 +282,35 @@ class ThreadLog:
         for event in stored[len(staged):]:
             self.state = self._projection.apply(self.state, event)
         return stored
+
+    async def append_async(self, events: Sequence[NewEvent], fence: Fence | None, batcher: CommitBatcher,
+                           ) -> list[Event]:
+        """:meth:`append` through ``batcher``: the commit is shared with other threads of this event loop.
+
+        The state moves only when the events are durable. If the caller is
+        cancelled while its commit runs, this waits for the commit's verdict
+        first, so the state never falls behind what the store holds.
+        """
+        if self._staged:
+            raise JixuError("staged events must be committed before a batched append", thread_id=self.thread_id)
+        self.refuse_if_corrupt()
+        self.appending = True
+        try:
+            pending = asyncio.ensure_future(batcher.append(self.stream, events, self.state.seq, fence))
+            try:
+                stored = await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    self._apply_stored(await pending)
+                raise
+            self._apply_stored(stored)
+            return stored
+        finally:
+            self.appending = False
+
+    def _apply_stored(self, stored: list[Event]) -> None:
+        for event in stored:
+            self.state = self._projection.apply(self.state, event)
 
     def stage(self, events: Sequence[NewEvent], fence: Fence | None = None) -> None:
         """Project ``events`` now and commit them with the next append (decision 0011).

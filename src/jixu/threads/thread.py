@@ -31,6 +31,7 @@ from jixu.errors import (
 )
 from jixu.ledger import Event, Fence, NewEvent, content_hash, new_id
 from jixu.ledger.artifacts import ArtifactRef, get_text, put_text
+from jixu.ledger.batching import CommitBatcher
 from jixu.ledger.encoding import JSONObject, canonical_text
 from jixu.recovery import Analysis, EffectDecision
 from jixu.threads.compaction import compaction_prompt, summary_problem
@@ -78,6 +79,8 @@ class Thread:
         self._artifacts: dict[str, str] = {}
         """Texts of recently used artifacts by hash (content-addressed, so never stale)."""
         self._tool_specs = tuple(t.spec() for t in self._agent.tools)
+        self._batcher: CommitBatcher | None = None
+        """The harness's commit batcher for this event loop while the loop runs with ``group_commits``."""
         """What every model request offers (the agent's tools never change under a thread)."""
         self.thread_id = log.thread_id
         self.stream = log.stream
@@ -134,6 +137,7 @@ class Thread:
 
     async def refresh(self) -> State:
         """Pick up events other processes appended, and return the state."""
+        await self._quiet()
         self.log.sync()
         return self.state()
 
@@ -146,6 +150,7 @@ class Thread:
         if len(text) > MAX_INPUT_CHARS:
             raise InvalidInput(f"input has {len(text)} characters; the limit is {MAX_INPUT_CHARS}",
                                field="input")
+        await self._quiet()
         self.log.sync()
         self.log.refuse_if_corrupt()
         state = self.state()
@@ -198,6 +203,7 @@ class Thread:
     async def _run(self) -> None:
         log = self.log
         log.sync()
+        self._batcher = self._harness.commit_batcher()
         fence = self._claim()
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(fence)) if fence else None
         try:
@@ -247,12 +253,12 @@ class Thread:
                 elif isinstance(action, RequestTools):
                     await self._request_tools(action.turn_id, action.calls)
                 elif isinstance(action, CompleteTurn):
-                    self._append([NewEvent("turn.ended", {"turn_id": action.turn_id, "outcome": "completed",
+                    await self._commit([NewEvent("turn.ended", {"turn_id": action.turn_id, "outcome": "completed",
                                                           "reply": action.reply}, log.meta())])
                 elif isinstance(action, PauseTurn):
-                    self._pause(action)
+                    await self._pause(action)
                 elif isinstance(action, FailTurn):
-                    self._append([NewEvent("turn.ended", {"turn_id": action.turn_id, "outcome": "failed",
+                    await self._commit([NewEvent("turn.ended", {"turn_id": action.turn_id, "outcome": "failed",
                                                           "error": action.error}, log.meta())])
             except ConcurrencyError:
                 # Another writer appended (e.g. an operator's decision): read it and decide again. A
@@ -266,7 +272,7 @@ class Thread:
 
     # --- pauses -------------------------------------------------------------------------
 
-    def _pause(self, action: PauseTurn) -> None:
+    async def _pause(self, action: PauseTurn) -> None:
         """Record a pause; an automatic one carries its delay and when it ends by the store's clock."""
         harness = self._harness
         turn = self.log.state.active_turn()
@@ -277,7 +283,7 @@ class Thread:
         else:
             delay = None
         now = self.log.store.now()
-        self._append([NewEvent("turn.paused", {
+        await self._commit([NewEvent("turn.paused", {
             "turn_id": action.turn_id, "reason": action.reason, "automatic": action.automatic,
             "retry_after": action.retry_after, "delay": delay,
             "resume_at": None if delay is None else now + delay, "model_effect_id": action.effect_id,
@@ -294,12 +300,13 @@ class Thread:
             remaining = resume_at - self.log.store.now()
             if remaining > 0:
                 await asyncio.sleep(remaining)
-        self._append([NewEvent("turn.resumed", {"turn_id": turn.turn_id, "reason": "automatic"},
+        await self._commit([NewEvent("turn.resumed", {"turn_id": turn.turn_id, "reason": "automatic"},
                                self.log.meta())])
         return True
 
     async def resume(self, *, actor: str = "operator", note: str | None = None) -> State:
         """Resume a turn paused for quota, authentication or exhausted automatic retries; it continues."""
+        await self._quiet()
         self.log.resume_turn(actor=actor, note=note)
         self._continue()
         return self.state()
@@ -313,6 +320,24 @@ class Thread:
         # unknown retry-safe effects are retried under the same identity (decision 0010).
         batch, self._pending = [*self._pending, *events], []
         return self.log.append(batch, self._fence)
+
+    async def _commit(self, events: list[NewEvent]) -> list[Event]:
+        """Append for the agent loop: at once, or through the harness's commit batcher (``group_commits``).
+
+        Batched, the loop waits for the commit (shared with the other threads of
+        this event loop) before it goes on; no receipt is staged then, so the
+        state never holds an event that is not yet durable across that wait.
+        """
+        batcher = self._batcher
+        if batcher is None:
+            return self._append(events)
+        batch, self._pending = [*self._pending, *events], []
+        return await self.log.append_async(batch, self._fence, batcher)
+
+    async def _quiet(self) -> None:
+        """Wait until no batched append of this thread waits for its commit (before touching the record)."""
+        while self.log.appending:
+            await asyncio.sleep(0.0005)
 
     def claim_problem(self) -> str | None:
         """Why this process cannot run the active turn now (another live owner, an unrecovered expired
@@ -487,7 +512,7 @@ class Thread:
             else:
                 await asyncio.gather(*(self._call_tool(str(i["effect_id"]), i, 1) for i in intents))
             return
-        self._append(batch)
+        await self._commit(batch)
 
     async def _alone(self, call: Awaitable[None]) -> None:
         """Run one call with no other in flight: its receipt is staged, not committed on its own.
@@ -504,12 +529,12 @@ class Thread:
         finally:
             self._stage_receipts = False
 
-    def _record_receipt(self, event: NewEvent) -> None:
+    async def _record_receipt(self, event: NewEvent) -> None:
         """Stage a call's receipt (see :meth:`_alone`) or append it now."""
-        if self._stage_receipts and not self._pending:
+        if self._stage_receipts and not self._pending and self._batcher is None:
             self.log.stage([event], self._fence)
         else:
-            self._append([event])
+            await self._commit([event])
 
     async def _dispatch(self, effect_id: str, decision: EffectDecision) -> None:
         intent = self.log.state.intent(effect_id)
@@ -538,26 +563,26 @@ class Thread:
             thread_id=self.thread_id,
             turn_id=str(intent.get("turn_id")),
         )
-        self._append([NewEvent("model.dispatched", {"effect_id": effect_id, "attempt": attempt,
+        await self._commit([NewEvent("model.dispatched", {"effect_id": effect_id, "attempt": attempt,
                                                   "idempotency_key": intent["idempotency_key"],
                                                   "args_hash": intent["args_hash"]}, log.meta())])
         try:
             response = await agent.model.complete(request)
             result = response.to_result(effect_id)
         except ModelError as error:
-            self._receipt("model", effect_id, attempt, error=error.to_dict(), indeterminate=error.indeterminate)
+            await self._receipt("model", effect_id, attempt, error=error.to_dict(), indeterminate=error.indeterminate)
         except MalformedEvent as error:
-            self._receipt("model", effect_id, attempt, error={"type": "invalid_response", "message": error.message},
+            await self._receipt("model", effect_id, attempt, error={"type": "invalid_response", "message": error.message},
                           indeterminate=False)
         except asyncio.CancelledError:
-            self._receipt("model", effect_id, attempt, error={"type": "interrupted"}, indeterminate=True)
+            await self._receipt("model", effect_id, attempt, error={"type": "interrupted"}, indeterminate=True)
             raise
         except Exception as error:
             # An unexpected driver failure: the request may have been processed, and a retry may succeed.
-            self._receipt("model", effect_id, attempt, error={**_exception_dict(error), "kind": "transient"},
+            await self._receipt("model", effect_id, attempt, error={**_exception_dict(error), "kind": "transient"},
                           indeterminate=True)
         else:
-            self._record_receipt(NewEvent("model.completed", {"effect_id": effect_id, "attempt": attempt,
+            await self._record_receipt(NewEvent("model.completed", {"effect_id": effect_id, "attempt": attempt,
                                                             "result": result}, log.meta()))
 
     async def _call_compaction(self, effect_id: str, intent: dict[str, Any], attempt: int) -> None:
@@ -581,9 +606,9 @@ class Thread:
             error = {"type": "stale_context", "message": "the conversation no longer starts with the messages "
                                                          "this compaction covers"}
             if attempt == 1:
-                self._receipt("compaction", effect_id, None, error=error, indeterminate=False)
+                await self._receipt("compaction", effect_id, None, error=error, indeterminate=False)
             else:  # it was dispatched before: this attempt ends at once, with a determinate receipt
-                self._append([dispatched, NewEvent("compaction.failed", {
+                await self._commit([dispatched, NewEvent("compaction.failed", {
                     "effect_id": effect_id, "attempt": attempt, "error": error, "indeterminate": False},
                     log.meta())])
             return
@@ -599,25 +624,25 @@ class Thread:
             turn_id=str(intent.get("turn_id")),
             purpose="compaction",
         )
-        self._append([dispatched])
+        await self._commit([dispatched])
         try:
             response = await agent.model.complete(request)
             problem = summary_problem(response.text, response.tool_calls)
             usage = response.usage.to_dict()
         except ModelError as error:
-            self._receipt("compaction", effect_id, attempt, error=error.to_dict(), indeterminate=error.indeterminate)
+            await self._receipt("compaction", effect_id, attempt, error=error.to_dict(), indeterminate=error.indeterminate)
         except asyncio.CancelledError:
-            self._receipt("compaction", effect_id, attempt, error={"type": "interrupted"}, indeterminate=True)
+            await self._receipt("compaction", effect_id, attempt, error={"type": "interrupted"}, indeterminate=True)
             raise
         except Exception as error:
-            self._receipt("compaction", effect_id, attempt, error={**_exception_dict(error), "kind": "transient"},
+            await self._receipt("compaction", effect_id, attempt, error={**_exception_dict(error), "kind": "transient"},
                           indeterminate=True)
         else:
             if problem is not None:
-                self._receipt("compaction", effect_id, attempt, indeterminate=False,
+                await self._receipt("compaction", effect_id, attempt, indeterminate=False,
                               error={"type": "invalid_summary", "message": problem, "usage": usage})
                 return
-            self._record_receipt(NewEvent("compaction.completed", {
+            await self._record_receipt(NewEvent("compaction.completed", {
                 "effect_id": effect_id, "attempt": attempt, "result": {
                     "summary": response.text, "covers": covers, "upto_message": upto, "usage": usage,
                     "model": response.model}}, log.meta()))
@@ -627,18 +652,18 @@ class Thread:
         name = str(intent.get("name"))
         declared = self._agent.tool(name)
         if declared is None:
-            self._receipt("tool", effect_id, None, indeterminate=False, error={
+            await self._receipt("tool", effect_id, None, indeterminate=False, error={
                 "type": "unknown_tool", "message": f"there is no tool named {name!r}; "
                 f"available: {[t.name for t in self._agent.tools]}"})
             return
         try:
             args = declared.validate_args(intent.get("args"))
         except JixuError as error:
-            self._receipt("tool", effect_id, None, indeterminate=False,
+            await self._receipt("tool", effect_id, None, indeterminate=False,
                           error={"type": "invalid_arguments", **error.to_dict()})
             return
         key = str(intent["idempotency_key"])
-        self._append([NewEvent("tool.dispatched", {"effect_id": effect_id, "attempt": attempt, "name": name,
+        await self._commit([NewEvent("tool.dispatched", {"effect_id": effect_id, "attempt": attempt, "name": name,
                                                  "args_hash": intent["args_hash"], "idempotency_key": key},
                              log.meta())])
         context = ToolContext(effect_id=effect_id, idempotency_key=key, attempt=attempt,
@@ -647,21 +672,21 @@ class Thread:
             call = declared.invoke(args, context)
             result = await (asyncio.wait_for(call, declared.timeout) if declared.timeout else call)
         except ToolError as error:
-            self._receipt("tool", effect_id, attempt, error=error.to_dict(), indeterminate=False)
+            await self._receipt("tool", effect_id, attempt, error=error.to_dict(), indeterminate=False)
         except TimeoutError:
-            self._receipt("tool", effect_id, attempt, indeterminate=True,
+            await self._receipt("tool", effect_id, attempt, indeterminate=True,
                           error={"type": "timeout", "message": f"no answer within {declared.timeout}s"})
         except asyncio.CancelledError:
-            self._receipt("tool", effect_id, attempt, error={"type": "interrupted"}, indeterminate=True)
+            await self._receipt("tool", effect_id, attempt, error={"type": "interrupted"}, indeterminate=True)
             raise
         except JixuError as error:
             # The tool ran (its effect may have happened) but returned something unusable, e.g. not JSON:
             # that is no receipt of what it did, so the outcome stays unknown.
-            self._receipt("tool", effect_id, attempt, error=error.to_dict(), indeterminate=True)
+            await self._receipt("tool", effect_id, attempt, error=error.to_dict(), indeterminate=True)
         except Exception as error:
-            self._receipt("tool", effect_id, attempt, error=_exception_dict(error), indeterminate=True)
+            await self._receipt("tool", effect_id, attempt, error=_exception_dict(error), indeterminate=True)
         else:
-            self._record_receipt(NewEvent("tool.completed", self._tool_result(effect_id, attempt, result),
+            await self._record_receipt(NewEvent("tool.completed", self._tool_result(effect_id, attempt, result),
                                           log.meta()))
 
     def _tool_result(self, effect_id: str, attempt: int, result: Any) -> dict[str, Any]:
@@ -701,12 +726,12 @@ class Thread:
                              "content": tool_content(json.loads(text))})
         return tuple(resolved)
 
-    def _receipt(self, kind: str, effect_id: str, attempt: int | None, *, error: dict[str, Any],
+    async def _receipt(self, kind: str, effect_id: str, attempt: int | None, *, error: dict[str, Any],
                  indeterminate: bool) -> None:
         data: dict[str, Any] = {"effect_id": effect_id, "error": error, "indeterminate": indeterminate}
         if attempt is not None:
             data["attempt"] = attempt
-        self._record_receipt(NewEvent(f"{kind}.failed", data, self.log.meta()))
+        await self._record_receipt(NewEvent(f"{kind}.failed", data, self.log.meta()))
 
     # --- operator decisions -------------------------------------------------------------
 
@@ -731,6 +756,7 @@ class Thread:
         body, or a second decision, raises :class:`~jixu.errors.ResolutionConflict`.
         The original events stay untouched; the resolution is a new event.
         """
+        await self._quiet()
         self.log.resolve(effect_id, resolution, resolution_id=resolution_id, note=note, actor=actor,
                          evidence=evidence, result=result)
         self._continue()
@@ -738,12 +764,14 @@ class Thread:
 
     async def approve(self, effect_id: str, *, actor: str = "operator", note: str | None = None) -> State:
         """Approve a parked call; the thread continues and dispatches it."""
+        await self._quiet()
         self.log.decide_parked(effect_id, "approved", actor=actor, note=note)
         self._continue()
         return self.state()
 
     async def deny(self, effect_id: str, *, actor: str = "operator", note: str | None = None) -> State:
         """Deny a parked call; the model is told and the thread continues."""
+        await self._quiet()
         self.log.decide_parked(effect_id, "denied", actor=actor, note=note)
         self._continue()
         return self.state()
@@ -769,6 +797,7 @@ class Thread:
         Effects still open at that event are not inherited (their calls are
         marked as not carried over). With ``input``, the child starts a turn.
         """
+        await self._quiet()
         child = Thread(self._harness, self.log.fork(at, agent_record=self._agent.describe(), input=input))
         if input is not None:
             child.wait_in_background()

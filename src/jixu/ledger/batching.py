@@ -1,0 +1,74 @@
+"""Group commit for the tasks of one asyncio event loop.
+
+A store's ``append`` is synchronous: called from a coroutine, it holds the
+whole event loop until its commit is durable, so threads that share a loop
+never share a commit. :class:`CommitBatcher` lets them: every coroutine that
+appends waits on a future, and one commit at a time runs in a worker thread
+(the loop keeps running the other tasks meanwhile) carrying every append that
+arrived while the previous one was running, through
+:meth:`Store.append_many` (SQLite: one transaction, one fsync).
+
+Each waiter gets exactly what ``append`` would have given it: its stored
+events once they are durable, or its own error. A waiter cancelled while its
+commit runs does not cancel the commit (it may already be durable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from jixu.errors import JixuError, StoreError
+from jixu.ledger.event import Event, NewEvent
+from jixu.ledger.store import AppendRequest, Fence, Store
+
+
+class CommitBatcher:
+    """Appends of one event loop's tasks, committed together (see the module docstring)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._waiting: list[tuple[AppendRequest, asyncio.Future[list[Event]]]] = []
+        self._committing = False
+        self._task: asyncio.Task[None] | None = None
+        self.commits = 0
+        """Commits made (each carried one or more appends)."""
+        self.appends = 0
+        """Appends committed (or refused) through this batcher."""
+
+    async def append(self, stream: str, events: Sequence[NewEvent], expected_seq: int,
+                     fence: Fence | None = None) -> list[Event]:
+        """:meth:`Store.append`, sharing its commit with the appends of other tasks of this loop."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Event]] = loop.create_future()
+        self._waiting.append((AppendRequest(stream, events, expected_seq, fence), future))
+        if not self._committing:
+            self._committing = True
+            # Kept referenced: the loop holds tasks only weakly.
+            self._task = loop.create_task(self._commit_all(), name="jixu-commit-batcher")
+        return await asyncio.shield(future)
+
+    async def _commit_all(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                try:
+                    results = await asyncio.to_thread(self.store.append_many, [request for request, _ in batch])
+                except Exception as exc:  # the whole commit failed: every append in it fails
+                    failure = exc if isinstance(exc, JixuError) else StoreError(
+                        f"{self.store.url}: the shared commit failed ({type(exc).__name__}: {exc})")
+                    results = [failure] * len(batch)
+                self.commits += 1
+                self.appends += len(batch)
+                for (_request, future), result in zip(batch, results, strict=True):
+                    if future.done():
+                        continue
+                    if isinstance(result, BaseException):
+                        future.set_exception(result)
+                    else:
+                        future.set_result(result)
+        finally:
+            self._committing = False
+
+
+__all__ = ["CommitBatcher"]

@@ -1,0 +1,190 @@
+"""Decision 0014: threads that share one event loop share their commits (``Harness(group_commits=True)``).
+
+Every append still returns only once it is durable, and each thread's record
+is exactly what it would be alone; what changes is that the appends the
+threads of one loop make while a commit runs are committed together (one
+transaction and one fsync on SQLite) by :class:`~jixu.ledger.batching.CommitBatcher`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from jixu.errors import ThreadBusy
+from jixu.ledger import MemoryStore, NewEvent, SQLiteStore
+from jixu.ledger.event import Event
+from jixu.ledger.store import AppendRequest
+from jixu.threads import Agent, ModelRequest, ModelResponse, ScriptedModel, ToolCall, ToolContext, tool
+from jixu.threads.log import stream_of
+from tests.threads.conftest import Ledger, assert_lifecycle_order, assert_same_answer, run, types_of
+
+THREADS = 12
+STEPS = 5
+
+
+def _counting_agent(tools: list[Any]) -> Agent:
+    def script(messages: list[dict[str, Any]]) -> Any:
+        done = sum(1 for m in messages if m["role"] == "tool")
+        return ToolCall(tools[0].name, {}) if done < STEPS else "done"
+
+    return Agent("grouped", ScriptedModel(script), tools=tools, max_steps=STEPS + 2)
+
+
+@tool(semantics="read_only")
+async def look() -> str:
+    """A read-only call that yields to the loop, as real I/O does."""
+    await asyncio.sleep(0)
+    return "seen"
+
+
+def test_threads_on_one_loop_share_commits_and_record_what_they_would_alone(ledger: Ledger) -> None:
+    async def scenario() -> None:
+        harness = ledger.harness(_counting_agent([look]), group_commits=True)
+        threads = [await harness.create_thread() for _ in range(THREADS)]
+        for thread in threads:
+            await thread.send("go")
+        states = await asyncio.gather(*(thread.wait() for thread in threads))
+        assert all(s.status == "idle" and s.last_reply == "done" for s in states)
+        batcher = harness.commit_batcher()
+        assert batcher is not None and batcher.commits < batcher.appends, "no two appends ever shared a commit"
+        for thread in threads:
+            events = await thread.events()
+            assert_lifecycle_order(events)
+            assert types_of(events).count("tool.completed") == STEPS
+            assert harness.store.verify(thread.stream).valid
+            await assert_same_answer(harness, thread)
+
+    run(scenario())
+
+
+def test_each_call_leaves_only_after_its_intent_marker_and_the_previous_receipt_are_durable(
+        sqlite_ledger: Ledger) -> None:
+    observer = SQLiteStore(sqlite_ledger.path)  # another connection: it sees committed events only
+    seen: list[tuple[str, list[Event]]] = []
+
+    class Watching:
+        """A model that reads the store before answering, as a provider would receive the request."""
+
+        name = "watching"
+
+        async def complete(self, request: ModelRequest) -> ModelResponse:
+            seen.append(("model", observer.read(stream_of(request.thread_id))))
+            await asyncio.sleep(0)
+            done = sum(1 for m in request.messages if m["role"] == "tool")
+            if done < STEPS:
+                return ModelResponse(tool_calls=(ToolCall("probe", {}),), model=self.name, stop_reason="tool_use")
+            return ModelResponse(text="done", model=self.name, stop_reason="end_turn")
+
+    @tool(semantics="read_only")
+    async def probe(ctx: ToolContext) -> str:
+        """A read-only call that looks at the ledger first."""
+        seen.append(("tool", observer.read(stream_of(ctx.thread_id))))
+        await asyncio.sleep(0)
+        return "ok"
+
+    async def scenario() -> None:
+        harness = sqlite_ledger.harness(Agent("watched", Watching(), tools=[probe], max_steps=STEPS + 2),
+                                        group_commits=True)
+        threads = [await harness.create_thread() for _ in range(4)]
+        for thread in threads:
+            await thread.send("go")
+        states = await asyncio.gather(*(thread.wait() for thread in threads))
+        assert all(s.last_reply == "done" for s in states)
+
+    try:
+        run(scenario())
+    finally:
+        observer.close()
+    assert len(seen) == 4 * (2 * STEPS + 1)
+    for kind, stored in seen:
+        # The call's own intent and dispatch marker are the last durable events of its thread, and every earlier
+        # call of the thread has its receipt stored.
+        assert types_of(stored)[-2:] == [f"{kind}.requested", f"{kind}.dispatched"]
+        dispatched = {e.data["effect_id"] for e in stored if e.type.endswith(".dispatched")}
+        received = {e.data["effect_id"] for e in stored if e.type.endswith((".completed", ".failed"))}
+        assert dispatched - received == {stored[-1].data["effect_id"]}
+
+
+def test_reading_and_refreshing_while_commits_run_never_applies_an_event_twice(sqlite_ledger: Ledger) -> None:
+    async def scenario() -> None:
+        harness = sqlite_ledger.harness(_counting_agent([look]), group_commits=True)
+        threads = [await harness.create_thread() for _ in range(3)]
+        for thread in threads:
+            await thread.send("go")
+
+        async def keep_refreshing() -> int:
+            refreshed = 0
+            while any(t.running for t in threads):
+                for thread in threads:
+                    await thread.refresh()  # waits for the thread's commit in flight, never reads under it
+                    refreshed += 1
+                await asyncio.sleep(0)
+            return refreshed
+
+        refreshed, *_ = await asyncio.gather(keep_refreshing(), *(t.wait() for t in threads))
+        assert refreshed > 0
+        for thread in threads:
+            assert thread.log.state.seq == harness.store.stream_info(thread.stream).head_seq  # type: ignore[union-attr]
+            await assert_same_answer(harness, thread)
+
+    run(scenario())
+
+
+class SlowCommits(MemoryStore):
+    """A store whose shared commits take a while, so a waiter can be cancelled during one."""
+
+    def append_many(self, requests: Sequence[AppendRequest]) -> list[Any]:
+        time.sleep(0.05)
+        return super().append_many(requests)
+
+
+def test_a_waiter_cancelled_during_its_commit_keeps_the_state_equal_to_the_store() -> None:
+    store = SlowCommits()
+
+    @tool(semantics="read_only")
+    async def wait_a_bit() -> str:
+        """A call that returns after a short while."""
+        await asyncio.sleep(0.01)
+        return "ok"
+
+    async def scenario() -> None:
+        from jixu.threads import Harness
+
+        harness = Harness(_counting_agent([wait_a_bit]), store, group_commits=True)
+        thread = await harness.create_thread()
+        await thread.send("go")
+        for _ in range(200):  # until a batched append of the thread waits for its commit
+            if thread.log.appending:
+                break
+            await asyncio.sleep(0.001)
+        assert thread.log.appending
+        with pytest.raises(ThreadBusy):
+            thread.log.sync()  # reading under a commit in flight would apply its events twice
+        state = await thread.interrupt("stop now")
+        assert not thread.log.appending
+        assert thread.log.state.seq == store.stream_info(thread.stream).head_seq  # type: ignore[union-attr]
+        assert state.turns[-1]["status"] == "interrupted"
+        assert store.verify(thread.stream).valid
+        await assert_same_answer(harness, thread, checkpoint=False)
+
+    run(scenario())
+
+
+def test_append_many_answers_each_append_on_its_own(ledger: Ledger) -> None:
+    store = ledger.store()
+    first = store.append("g/one", [NewEvent("test.made", {"n": 1})], 0)
+    answers = store.append_many([
+        AppendRequest("g/one", [NewEvent("test.made", {"n": 2})], 1),
+        AppendRequest("g/one", [NewEvent("test.made", {"n": 3})], 1),  # the head moved: refused alone
+        AppendRequest("g/two", [NewEvent("test.made", {"n": 4})], 0),
+        AppendRequest("g/bad name!", [NewEvent("test.made", {"n": 5})], 0),  # invalid: refused alone
+    ])
+    assert [type(a).__name__ if not isinstance(a, list) else len(a) for a in answers] == [
+        1, "ConcurrencyError", 1, "InvalidId"]
+    assert [e.data["n"] for e in store.read("g/one")] == [1, 2] and first[0].seq == 1
+    assert [e.data["n"] for e in store.read("g/two")] == [4]
