@@ -307,3 +307,19 @@ def test_every_append_that_returned_survives_a_sigkill(tmp_path: Path) -> None:
                     assert report.valid and report.count == info.head_seq, report
     assert len(reported) >= 6 * 50
     assert shared_commits, "the children never shared a commit: this test did not exercise group commit"
+
+
+def test_append_many_is_one_commit_and_a_closed_store_answers_each_append_with_an_error(tmp_path: Path) -> None:
+    from jixu.errors import JixuError
+    from jixu.ledger.store import AppendRequest
+
+    store = SQLiteStore(tmp_path / "many.db")
+    commits, appends = store.commit_count, store.append_count
+    answers = store.append_many([AppendRequest(f"many/{n}", [_event("m", n)], 0) for n in range(5)])
+    assert all(isinstance(answer, list) and answer[0].seq == 1 for answer in answers)
+    assert (store.commit_count, store.append_count) == (commits + 1, appends + 5)
+    store.close()
+    refused = store.append_many([AppendRequest("many/0", [_event("m", 9)], 1),
+                                 AppendRequest("many/9", [_event("m", 10)], 0)])
+    assert len(refused) == 2 and all(isinstance(answer, StoreError) for answer in refused)
+    assert all(isinstance(answer, JixuError) for answer in refused)

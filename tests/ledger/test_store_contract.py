@@ -21,6 +21,7 @@ from jixu.errors import (
 from jixu.ledger import Checkpoint, Fence, NewEvent, Store
 from jixu.ledger.event import GENESIS_HASH
 from jixu.ledger.ids import new_id
+from jixu.ledger.store import AppendRequest
 from tests.conftest import StoreFactory
 from tests.helpers import spawn_python
 
@@ -336,3 +337,17 @@ def test_take_over_without_expiry_is_an_explicit_assertion(store: Store) -> None
     assert legacy.epoch == 1
     with pytest.raises(InvalidInput):
         store.take_over_lease("turn/1", "x", 30, expected_epoch=-1)
+
+
+def test_append_many_answers_each_append_on_its_own(store: Store) -> None:
+    first = store.append("g/one", [NewEvent("test.made", {"n": 1})], 0)
+    answers = store.append_many([
+        AppendRequest("g/one", [NewEvent("test.made", {"n": 2})], 1),
+        AppendRequest("g/one", [NewEvent("test.made", {"n": 3})], 1),  # the head moved: refused alone
+        AppendRequest("g/two", [NewEvent("test.made", {"n": 4})], 0),
+        AppendRequest("g/bad name!", [NewEvent("test.made", {"n": 5})], 0),  # invalid: refused alone
+    ])
+    assert [type(a).__name__ if not isinstance(a, list) else len(a) for a in answers] == [
+        1, "ConcurrencyError", 1, "InvalidId"]
+    assert [e.data["n"] for e in store.read("g/one")] == [1, 2] and first[0].seq == 1
+    assert [e.data["n"] for e in store.read("g/two")] == [4]

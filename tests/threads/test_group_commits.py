@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from jixu.errors import ThreadBusy
-from jixu.ledger import MemoryStore, NewEvent, SQLiteStore
+from jixu.ledger import MemoryStore, SQLiteStore
 from jixu.ledger.event import Event
 from jixu.ledger.store import AppendRequest
 from jixu.threads import Agent, ModelRequest, ModelResponse, ScriptedModel, ToolCall, ToolContext, tool
@@ -173,18 +173,3 @@ def test_a_waiter_cancelled_during_its_commit_keeps_the_state_equal_to_the_store
         await assert_same_answer(harness, thread, checkpoint=False)
 
     run(scenario())
-
-
-def test_append_many_answers_each_append_on_its_own(ledger: Ledger) -> None:
-    store = ledger.store()
-    first = store.append("g/one", [NewEvent("test.made", {"n": 1})], 0)
-    answers = store.append_many([
-        AppendRequest("g/one", [NewEvent("test.made", {"n": 2})], 1),
-        AppendRequest("g/one", [NewEvent("test.made", {"n": 3})], 1),  # the head moved: refused alone
-        AppendRequest("g/two", [NewEvent("test.made", {"n": 4})], 0),
-        AppendRequest("g/bad name!", [NewEvent("test.made", {"n": 5})], 0),  # invalid: refused alone
-    ])
-    assert [type(a).__name__ if not isinstance(a, list) else len(a) for a in answers] == [
-        1, "ConcurrencyError", 1, "InvalidId"]
-    assert [e.data["n"] for e in store.read("g/one")] == [1, 2] and first[0].seq == 1
-    assert [e.data["n"] for e in store.read("g/two")] == [4]
