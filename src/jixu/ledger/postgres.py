@@ -299,7 +299,7 @@ _IDLE_CHECK_SECONDS = 5.0
 _CLIENT_CHECK_MS = 10
 """While a statement runs, the server looks this often (ms) whether its client is still connected."""
 _APPEND_SQL = ("SELECT * FROM jixu_append(%s::text, %s::bigint, %s::text, %s::text, %s::text, %s::bigint, "
-               "%s::text[], %s::text[], %s::text[], %s::text[])")
+               "%b::text[], %b::text[], %b::text[], %b::text[])")
 _WORK_COLUMNS = ("key, project, status, ready_at, enqueued_at, claimed_by, epoch, expires_at, heartbeat_at, "
                  "rerun, position")
 _CLAIMABLE = ("((status = 'pending' AND ready_at <= %(now)s) OR "
