@@ -156,7 +156,8 @@ def test_a_waiter_cancelled_during_its_commit_keeps_the_state_equal_to_the_store
         from jixu.threads import Harness
 
         harness = Harness(_counting_agent([wait_a_bit]), store, group_commits=True)
-        thread = await harness.create_thread()
+        thread, other = await harness.create_thread(), await harness.create_thread()
+        await other.send("keep me company")  # the batcher is used only while two threads run
         await thread.send("go")
         for _ in range(200):  # until a batched append of the thread waits for its commit
             if thread.log.appending:
@@ -171,5 +172,26 @@ def test_a_waiter_cancelled_during_its_commit_keeps_the_state_equal_to_the_store
         assert state.turns[-1]["status"] == "interrupted"
         assert store.verify(thread.stream).valid
         await assert_same_answer(harness, thread, checkpoint=False)
+        assert (await other.wait()).last_reply == "done"
+
+    run(scenario())
+
+
+def test_a_thread_running_alone_appends_directly_and_stages_its_receipts(sqlite_ledger: Ledger) -> None:
+    """With ``group_commits`` a thread that runs alone is exactly as fast as without: two commits per step."""
+
+    async def scenario() -> None:
+        harness = sqlite_ledger.harness(_counting_agent([look]), group_commits=True)
+        store = harness.store
+        assert isinstance(store, SQLiteStore)
+        thread = await harness.create_thread()
+        commits = store.commit_count
+        await thread.send("go")
+        assert (await thread.wait()).last_reply == "done"
+        # turn.started; the first model intent + marker; two per step; the last receipt + turn.ended.
+        assert store.commit_count - commits == 1 + 1 + 2 * STEPS + 1
+        batcher = harness.commit_batcher()
+        assert batcher is not None and batcher.appends == 0 and batcher.running == 0
+        await assert_same_answer(harness, thread)
 
     run(scenario())

@@ -31,6 +31,8 @@ class CommitBatcher:
         self._waiting: list[tuple[AppendRequest, asyncio.Future[list[Event]]]] = []
         self._committing = False
         self._task: asyncio.Task[None] | None = None
+        self.running = 0
+        """How many of its users are running now (kept by them: a thread's agent loop counts itself)."""
         self.commits = 0
         """Commits made (each carried one or more appends)."""
         self.appends = 0

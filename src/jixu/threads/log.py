@@ -336,6 +336,11 @@ class ThreadLog:
             self._staged_fence = fence
             self.state = self._projection.apply(self.state, provisional)
 
+    @property
+    def has_staged(self) -> bool:
+        """True while events are staged (projected, not yet committed)."""
+        return bool(self._staged)
+
     def flush(self) -> None:
         """Commit the staged events on their own (nothing if none are staged)."""
         if self._staged:

@@ -206,6 +206,8 @@ class Thread:
         self._batcher = self._harness.commit_batcher()
         fence = self._claim()
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(fence)) if fence else None
+        if self._batcher is not None:
+            self._batcher.running += 1
         try:
             try:
                 await self._loop()
@@ -218,6 +220,8 @@ class Thread:
             raise OwnershipLost(f"thread {self.thread_id}: this process no longer owns the turn ({error.message});"
                                 " it stopped without writing anything more", thread_id=self.thread_id) from error
         finally:
+            if self._batcher is not None:
+                self._batcher.running -= 1
             if heartbeat is not None:
                 heartbeat.cancel()
             self._release()
@@ -328,11 +332,20 @@ class Thread:
         this event loop) before it goes on; no receipt is staged then, so the
         state never holds an event that is not yet durable across that wait.
         """
-        batcher = self._batcher
-        if batcher is None:
+        if not self._batching():
             return self._append(events)
+        assert self._batcher is not None
         batch, self._pending = [*self._pending, *events], []
-        return await self.log.append_async(batch, self._fence, batcher)
+        return await self.log.append_async(batch, self._fence, self._batcher)
+
+    def _batching(self) -> bool:
+        """Whether this append goes through the batcher: only while other threads of this loop run too.
+
+        A thread running alone appends directly (and stages receipts), as
+        without ``group_commits``; staged events are always committed directly.
+        """
+        batcher = self._batcher
+        return batcher is not None and batcher.running > 1 and not self.log.has_staged
 
     async def _quiet(self) -> None:
         """Wait until no batched append of this thread waits for its commit (before touching the record)."""
@@ -531,7 +544,7 @@ class Thread:
 
     async def _record_receipt(self, event: NewEvent) -> None:
         """Stage a call's receipt (see :meth:`_alone`) or append it now."""
-        if self._stage_receipts and not self._pending and self._batcher is None:
+        if self._stage_receipts and not self._pending and not self._batching():
             self.log.stage([event], self._fence)
         else:
             await self._commit([event])
