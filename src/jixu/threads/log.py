@@ -268,8 +268,7 @@ class ThreadLog:
         if not staged:
             self.refuse_if_corrupt()
             stored = self.store.append(self.stream, events, self.state.seq, fence)
-            for event in stored:
-                self.state = self._projection.apply(self.state, event)
+            self._apply_stored(stored)
             return stored
         try:
             self.refuse_if_corrupt()
@@ -279,8 +278,7 @@ class ThreadLog:
             raise
         self._staged, self._staged_fence = [], None
         self._seal_staged(stored[:len(staged)])
-        for event in stored[len(staged):]:
-            self.state = self._projection.apply(self.state, event)
+        self._apply_stored(stored[len(staged):])
         return stored
 
     async def append_async(self, events: Sequence[NewEvent], fence: Fence | None, batcher: CommitBatcher,
@@ -333,8 +331,8 @@ class ThreadLog:
                                 data=json.loads(prepared.data_json), meta=json.loads(prepared.meta_json),
                                 recorded_at="", prev_hash=self.state.head_hash, hash="")
             self._staged.append(new)
-            self._staged_fence = fence
             self.state = self._projection.apply(self.state, provisional)
+        self._staged_fence = fence
 
     @property
     def has_staged(self) -> bool:

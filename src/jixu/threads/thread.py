@@ -257,13 +257,13 @@ class Thread:
                 elif isinstance(action, RequestTools):
                     await self._request_tools(action.turn_id, action.calls)
                 elif isinstance(action, CompleteTurn):
-                    await self._commit([NewEvent("turn.ended", {"turn_id": action.turn_id, "outcome": "completed",
-                                                          "reply": action.reply}, log.meta())])
+                    await self._commit([NewEvent("turn.ended", {
+                        "turn_id": action.turn_id, "outcome": "completed", "reply": action.reply}, log.meta())])
                 elif isinstance(action, PauseTurn):
                     await self._pause(action)
                 elif isinstance(action, FailTurn):
-                    await self._commit([NewEvent("turn.ended", {"turn_id": action.turn_id, "outcome": "failed",
-                                                          "error": action.error}, log.meta())])
+                    await self._commit([NewEvent("turn.ended", {
+                        "turn_id": action.turn_id, "outcome": "failed", "error": action.error}, log.meta())])
             except ConcurrencyError:
                 # Another writer appended (e.g. an operator's decision): read it and decide again. A
                 # staged receipt in the failed append was dropped with it (decision 0011).
@@ -305,7 +305,7 @@ class Thread:
             if remaining > 0:
                 await asyncio.sleep(remaining)
         await self._commit([NewEvent("turn.resumed", {"turn_id": turn.turn_id, "reason": "automatic"},
-                               self.log.meta())])
+                                     self.log.meta())])
         return True
 
     async def resume(self, *, actor: str = "operator", note: str | None = None) -> State:
@@ -577,8 +577,8 @@ class Thread:
             turn_id=str(intent.get("turn_id")),
         )
         await self._commit([NewEvent("model.dispatched", {"effect_id": effect_id, "attempt": attempt,
-                                                  "idempotency_key": intent["idempotency_key"],
-                                                  "args_hash": intent["args_hash"]}, log.meta())])
+                                                        "idempotency_key": intent["idempotency_key"],
+                                                        "args_hash": intent["args_hash"]}, log.meta())])
         try:
             response = await agent.model.complete(request)
             result = response.to_result(effect_id)
@@ -677,8 +677,8 @@ class Thread:
             return
         key = str(intent["idempotency_key"])
         await self._commit([NewEvent("tool.dispatched", {"effect_id": effect_id, "attempt": attempt, "name": name,
-                                                 "args_hash": intent["args_hash"], "idempotency_key": key},
-                             log.meta())])
+                                                       "args_hash": intent["args_hash"], "idempotency_key": key},
+                                     log.meta())])
         context = ToolContext(effect_id=effect_id, idempotency_key=key, attempt=attempt,
                               thread_id=self.thread_id, turn_id=str(intent.get("turn_id")))
         try:
