@@ -18,6 +18,7 @@ from jixu.errors import (
     IncompatibleAgent,
     InvalidInput,
     JixuError,
+    MalformedEvent,
     NotFound,
     ResolutionConflict,
     ThreadBusy,
@@ -403,6 +404,25 @@ def test_an_invalid_agent_definition_is_refused(make: Callable[[], Agent]) -> No
 def test_harness_refuses_an_invalid_max_attempts(ledger: Ledger, max_attempts: Any) -> None:
     with pytest.raises(InvalidInput):
         Harness(agent(), ledger.target(), max_attempts=max_attempts)
+
+
+@pytest.mark.parametrize("group_commits", [1, "yes", None])
+def test_harness_refuses_a_group_commits_that_is_not_a_bool(ledger: Ledger, group_commits: Any) -> None:
+    with pytest.raises(InvalidInput):
+        Harness(agent(), ledger.target(), group_commits=group_commits)
+
+
+def test_stage_refuses_a_bad_event_and_stages_nothing(ledger: Ledger) -> None:
+    harness = ledger.harness(agent())
+
+    async def scenario() -> None:
+        thread = await harness.create_thread()
+        before = (thread.log.state.seq, thread.log.has_staged)
+        with pytest.raises(MalformedEvent):
+            thread.log.stage([NewEvent("note.made", {"ok": 1}), NewEvent("note.made", {"bad": float("nan")})])
+        assert (thread.log.state.seq, thread.log.has_staged) == before == (1, False)
+
+    run(scenario())
 
 
 def test_harness_refuses_a_bad_agent_or_store(tmp_path: Any) -> None:

@@ -322,13 +322,13 @@ class ThreadLog:
         the commit fails, the staged events are dropped and the state is
         reloaded from the store, as if the process had stopped before it.
         """
+        prepared = [prepare(new, self.store.max_payload_bytes) for new in events]  # all valid, or nothing staged
         if self._staged and fence != self._staged_fence:
             self.flush()
-        for new in events:
+        for new, encoded in zip(events, prepared, strict=True):
             # The projection sees exactly what a reload would: the canonical JSON of the payload.
-            prepared = prepare(new, self.store.max_payload_bytes)
             provisional = Event(id=new.id, stream=self.stream, seq=self.state.seq + 1, type=new.type,
-                                data=json.loads(prepared.data_json), meta=json.loads(prepared.meta_json),
+                                data=json.loads(encoded.data_json), meta=json.loads(encoded.meta_json),
                                 recorded_at="", prev_hash=self.state.head_hash, hash="")
             self._staged.append(new)
             self.state = self._projection.apply(self.state, provisional)
