@@ -153,6 +153,7 @@ class ThreadLog:
         self.appending = False
         """True while a batched append of this record waits for its commit (see :meth:`append_async`)."""
         self._open_analysis: tuple[ThreadState, int, int | None, Analysis] | None = None
+        self._decoded: tuple[ThreadState, dict[str, EffectDecision]] | None = None
         self._staged_fence: Fence | None = None
 
     @classmethod
@@ -200,9 +201,30 @@ class ThreadLog:
 
     def analysis(self) -> Analysis:
         """The RecoveryResolver's answer for every effect of this thread as it stands."""
-        if self.state.contradiction:
+        state = self.state
+        if state.contradiction:
             return RecoveryResolver.analyze(self.store.read(self.stream), chain_break_seq=self.chain_break_seq)
-        return self.state.analysis(self.chain_break_seq)
+        return state.analysis(self.chain_break_seq, current=self.open_analysis(), settled=self._decoded_settled())
+
+    def _decoded_settled(self) -> dict[str, EffectDecision]:
+        """The settled decisions of this record's state, decoded once each and kept.
+
+        A settled decision never changes and the projection only adds new
+        ones, so a full analysis decodes only what settled since the last one
+        (the state keeps them as compact text, which is what bounds its memory
+        until somebody asks for everything).
+        """
+        state = self.state
+        cached = self._decoded
+        if cached is None or cached[0] is not state or len(cached[1]) > len(state.settled):
+            cached = self._decoded = (state, {})
+        decoded = cached[1]
+        settled = state.settled
+        if len(decoded) != len(settled):
+            for effect_id in settled:
+                if effect_id not in decoded:
+                    decoded[effect_id] = settled[effect_id]
+        return decoded
 
     def open_analysis(self) -> Analysis:
         """The resolver's answer for the effects still open: all the agent loop needs, at O(open) cost.

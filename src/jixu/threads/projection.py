@@ -12,7 +12,7 @@ state ``contradiction``: the caller must then analyze the full history.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any
@@ -426,12 +426,17 @@ class ThreadState:
         return RecoveryResolver.analyze(self.open_event_list(), check_links=False,
                                         chain_break_seq=chain_break_seq)
 
-    def analysis(self, chain_break_seq: int | None = None) -> Analysis:
-        """The resolver's answer for every effect: settled decisions plus the open ones analyzed now."""
-        current = self.open_analysis(chain_break_seq)
+    def analysis(self, chain_break_seq: int | None = None, *, current: Analysis | None = None,
+                 settled: Mapping[str, EffectDecision] | None = None) -> Analysis:
+        """The resolver's answer for every effect: settled decisions plus the open ones analyzed now.
+
+        ``current`` (this state's :meth:`open_analysis`) and ``settled`` (its
+        settled decisions, decoded) may be given by a caller that keeps them.
+        """
+        current = current if current is not None else self.open_analysis(chain_break_seq)
         if not self.settled:
             return current
-        decisions = dict(self.settled)
+        decisions = dict(settled if settled is not None else self.settled)
         decisions.update(current.decisions)
         ordered = dict(sorted(decisions.items(), key=lambda item: item[1].requested_seq or item[1].last_seq))
         return Analysis.from_decisions(ordered, chain_break_seq=current.chain_break_seq,
