@@ -23,7 +23,6 @@ docs/decisions/0007-group-commit.md.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import sqlite3
@@ -379,24 +378,32 @@ class SQLiteStore(Store):
         if self._closed:
             raise StoreError(f"{self.path}: the store is closed")
         request = _QueuedAppend(stream, batch, expected_seq, fence, genesis_hash)
-        with self._queue_lock:
-            self._queue.append(request)
-        with self._lock:
-            if not request.done:
-                # Leader: commit everything queued so far (this request included) in one transaction.
-                with self._queue_lock:
-                    group = list(self._queue)
-                    self._queue.clear()
-                try:
-                    self._commit_group(group)
-                except Exception:
-                    # The group failed as a whole; each request, this one included, has its own error.
-                    if request.error is None or len(group) == 1:
-                        raise
+        self._commit_queued([request])
         if request.error is not None:
             raise request.error
         assert request.rows is not None
         return request.rows
+
+    def _commit_queued(self, requests: list[_QueuedAppend]) -> None:
+        """Queue ``requests`` and wait until a commit answered each (its rows or its own error).
+
+        Whoever takes the lock first while some are unanswered leads: it commits
+        everything queued so far, its own and other callers', in one transaction.
+        """
+        with self._queue_lock:
+            self._queue.extend(requests)
+        with self._lock:
+            if all(request.done for request in requests):
+                return
+            with self._queue_lock:
+                group = list(self._queue)
+                self._queue.clear()
+            try:
+                self._commit_group(group)
+            except Exception:
+                # The group failed as a whole: each request has its own error, unless it failed before saying so.
+                if any(request.error is None for request in requests):
+                    raise
 
     def append_many(self, requests: Sequence[AppendRequest]) -> list[list[Event] | JixuError]:
         """Commit the appends in one transaction (one fsync), each in its own savepoint with its own answer."""
@@ -414,16 +421,7 @@ class SQLiteStore(Store):
         if queued:
             if self.read_only:
                 raise StoreReadOnly(f"{self.path}: opened read-only; open it writable to change it", path=self.path)
-            with self._queue_lock:
-                self._queue.extend(pending for _index, pending in queued)
-            with self._lock:
-                if not all(pending.done for _index, pending in queued):
-                    with self._queue_lock:
-                        group = list(self._queue)
-                        self._queue.clear()
-                    # A failure of the whole group is recorded in each request; each gets its own error below.
-                    with contextlib.suppress(Exception):
-                        self._commit_group(group)
+            self._commit_queued([pending for _index, pending in queued])
             for index, pending in queued:
                 failure = pending.error
                 if failure is not None:
