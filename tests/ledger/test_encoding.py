@@ -181,3 +181,22 @@ def test_id_groups_are_crockford_base32_most_significant_first(value: int, lengt
 
     expected = "".join(_ALPHABET[(value >> (5 * (length - 1 - i))) & 31] for i in range(length))
     assert _encode(value, length) == expected
+
+
+@pytest.mark.parametrize("meta, text", [
+    ({"n": 1}, '{"n":1}'), ({"n": True}, '{"n":true}'), ({"n": "1"}, '{"n":"1"}'),
+    ({"b": "x", "a": "y"}, '{"a":"y","b":"x"}'), ({"a": "y", "b": "x"}, '{"a":"y","b":"x"}'),
+])
+def test_remembered_meta_texts_never_mix_up_equal_keys_of_other_types(meta: dict[str, Any], text: str) -> None:
+    from jixu.ledger.event import NewEvent, prepare
+
+    for _ in range(2):  # the second time from the memo, when it keeps one
+        assert prepare(NewEvent("a.b", {}, meta)).meta_json == text
+
+
+def test_a_meta_that_cannot_be_stored_is_refused_every_time() -> None:
+    from jixu.ledger.event import NewEvent, prepare
+
+    for _ in range(2):
+        with pytest.raises(MalformedEvent):
+            prepare(NewEvent("a.b", {}, {"actor": "\ud800"}))

@@ -23,7 +23,7 @@ from jixu.ledger import NewEvent, PostgresStore
 from jixu.ledger import postgres as postgres_module
 from jixu.ledger.chain import row_hash
 from jixu.ledger.encoding import canonical_text
-from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow, format_timestamp, seal
+from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow, format_timestamp, prepare, seal
 from jixu.ledger.postgres import MIGRATIONS, SCHEMA_VERSION
 from jixu.ledger.store import Fence
 from tests.conftest import PostgresSchema
@@ -53,7 +53,8 @@ def assert_sealed_like_python(rows: list[StoredRow], genesis: str = GENESIS_HASH
     """Each row is exactly what ``seal`` makes of its content, place, clock text and predecessor."""
     prev = genesis
     for seq, row in enumerate(rows, start=1):
-        prepared = PreparedEvent(row.id, row.type, row.data_json, row.meta_json)
+        prepared = PreparedEvent(row.id, row.type, row.data_json, row.meta_json,
+                                 len(row.data_json.encode()) + len(row.meta_json.encode()))
         assert row == seal(prepared, stream=row.stream, seq=seq, prev_hash=prev, recorded_at=row.recorded_at)
         assert row_hash(row) == row.hash and _RECORDED_AT.match(row.recorded_at), row
         prev = row.hash
@@ -261,7 +262,7 @@ def test_a_stream_created_while_the_append_waits_is_decided_again_under_its_lock
         theirs = NewEvent("a.b", {"who": "them"})
         with creator.transaction():
             # Another appender's transaction, open: it holds the new stream's key until it commits.
-            row = seal(PreparedEvent(theirs.id, theirs.type, canonical_text(theirs.data), "{}"),
+            row = seal(prepare(theirs),
                        stream="late/1", seq=1, prev_hash=GENESIS_HASH, recorded_at="2026-01-01T00:00:00.000000Z")
             creator.execute("INSERT INTO jixu_streams VALUES ('late/1', 1, %s, %s, %s)",
                             (row.hash, GENESIS_HASH, row.recorded_at))
@@ -284,7 +285,7 @@ def test_an_id_committed_in_another_stream_while_the_append_waits_is_an_idempote
     with PostgresStore(url) as store, raw(url) as other, raw(url) as watcher:
         shared = NewEvent("a.b", {"n": 1})
         with other.transaction():
-            row = seal(PreparedEvent(shared.id, shared.type, canonical_text(shared.data), "{}"),
+            row = seal(prepare(shared),
                        stream="other/1", seq=1, prev_hash=GENESIS_HASH, recorded_at="2026-01-01T00:00:00.000000Z")
             other.execute("INSERT INTO jixu_streams VALUES ('other/1', 1, %s, %s, %s)",
                           (row.hash, GENESIS_HASH, row.recorded_at))

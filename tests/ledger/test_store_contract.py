@@ -19,7 +19,7 @@ from jixu.errors import (
     PayloadTooLarge,
 )
 from jixu.ledger import Checkpoint, Fence, NewEvent, Store
-from jixu.ledger.event import GENESIS_HASH
+from jixu.ledger.event import GENESIS_HASH, prepare
 from jixu.ledger.ids import new_id
 from jixu.ledger.store import AppendRequest
 from tests.conftest import StoreFactory
@@ -144,6 +144,7 @@ def test_a_batch_partly_stored_already_is_rejected(store: Store) -> None:
     ("orders/1", [NewEvent("BadType")], 0, MalformedEvent),
     ("orders/1", [NewEvent("ok.type"), NewEvent("ok.type", {"x": float("nan")})], 0, MalformedEvent),
     ("orders/1", ["not an event"], 0, MalformedEvent),
+    ("orders/1", prepare(NewEvent("ok.type")), 0, InvalidInput),  # one event, not a list of them
 ])
 def test_bad_input_raises_a_typed_error_and_writes_nothing(
     store: Store, stream: str, batch: list[NewEvent], expected_seq: int, error: type[Exception]
@@ -163,6 +164,24 @@ def test_duplicate_ids_within_one_batch_are_rejected(store: Store) -> None:
 def test_oversized_payload_is_rejected_and_writes_nothing(store: Store) -> None:
     with pytest.raises(PayloadTooLarge):
         store.append("orders/1", [NewEvent("order.noted", {"blob": "x" * (store.max_payload_bytes + 1)})], 0)
+    assert store.stream_info("orders/1") is None
+
+
+def test_an_event_prepared_beforehand_is_stored_exactly_as_the_new_event_would_be(store: Store) -> None:
+    new = NewEvent("order.noted", {"items": [1, 2.5, "é"], "note": None}, {"actor": "ops"})
+    mixed = store.append("orders/1", [prepare(new), NewEvent("order.noted", {"n": 2})], 0)
+    plain = store.append("orders/2", [NewEvent(new.type, new.data, new.meta)], 0)
+    assert next(store.read_rows("orders/1")).data_json == next(store.read_rows("orders/2")).data_json
+    assert (mixed[0].data, mixed[0].meta) == (plain[0].data, plain[0].meta) == (new.data, new.meta)
+    assert store.read("orders/1") == mixed and store.verify("orders/1").valid
+    assert store.append("orders/1", [prepare(new), NewEvent("order.noted", {"n": 2}, id=mixed[1].id)], 0) == mixed
+
+
+def test_an_event_prepared_under_a_larger_limit_is_still_refused_and_writes_nothing(store: Store) -> None:
+    blob = NewEvent("order.noted", {"blob": "x" * (store.max_payload_bytes + 1)})
+    prepared = prepare(blob, store.max_payload_bytes * 2)
+    with pytest.raises(PayloadTooLarge):
+        store.append("orders/1", [NewEvent("order.noted"), prepared], 0)
     assert store.stream_info("orders/1") is None
 
 

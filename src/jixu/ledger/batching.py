@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import Sequence
 
 from jixu.errors import JixuError, StoreError
-from jixu.ledger.event import Event, NewEvent
+from jixu.ledger.event import Event, NewEvent, PreparedEvent
 from jixu.ledger.store import AppendRequest, Fence, Store
 
 
@@ -38,7 +38,7 @@ class CommitBatcher:
         self.appends = 0
         """Appends committed (or refused) through this batcher."""
 
-    async def append(self, stream: str, events: Sequence[NewEvent], expected_seq: int,
+    async def append(self, stream: str, events: Sequence[NewEvent | PreparedEvent], expected_seq: int,
                      fence: Fence | None = None) -> list[Event]:
         """:meth:`Store.append`, sharing its commit with the appends of other tasks of this loop."""
         loop = asyncio.get_running_loop()

@@ -146,12 +146,18 @@ class NewEvent:
 
 @dataclass(frozen=True, slots=True)
 class PreparedEvent:
-    """A validated :class:`NewEvent` with its canonical data and meta texts."""
+    """A validated :class:`NewEvent` with its canonical data and meta texts, as made by :func:`prepare`.
+
+    A store appends one as it is (its texts are not encoded again), so build
+    it with :func:`prepare`, never by hand.
+    """
 
     id: str
     type: str
     data_json: str
     meta_json: str
+    size: int
+    """UTF-8 bytes of ``data_json`` plus ``meta_json`` (what the payload limit counts)."""
 
     def same_content(self, data_json: str, meta_json: str, type: str) -> bool:
         """True when a stored event with this id carries exactly this content."""
@@ -169,16 +175,44 @@ def prepare(event: NewEvent, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> Prep
     if type(event.meta) is not dict:
         raise MalformedEvent(f"event {event.id}: meta must be a JSON object (dict)", field="meta")
     data_json = canonical_text(event.data, path="data")
-    meta_json = canonical_text(event.meta, path="meta")
+    meta_json = _meta_text(event.meta)
     size = len(data_json.encode("utf-8")) + len(meta_json.encode("utf-8"))
-    if size > max_payload_bytes:
+    prepared = PreparedEvent(id=event.id, type=event.type, data_json=data_json, meta_json=meta_json, size=size)
+    check_payload_size(prepared, max_payload_bytes)
+    return prepared
+
+
+def check_payload_size(prepared: PreparedEvent, max_payload_bytes: int) -> None:
+    """Raise :class:`PayloadTooLarge` when ``prepared`` is over ``max_payload_bytes``."""
+    if prepared.size > max_payload_bytes:
         raise PayloadTooLarge(
-            f"event {event.id} ({event.type}) encodes to {size} bytes; the limit is "
+            f"event {prepared.id} ({prepared.type}) encodes to {prepared.size} bytes; the limit is "
             f"{max_payload_bytes}. Store large values as artifacts and reference them.",
-            size=size,
+            size=prepared.size,
             limit=max_payload_bytes,
         )
-    return PreparedEvent(id=event.id, type=event.type, data_json=data_json, meta_json=meta_json)
+
+
+_META_TEXTS: dict[tuple[tuple[str, str], ...], str] = {}
+"""Canonical texts of small all-string metas: every event of a thread carries the same few."""
+
+
+def _meta_text(meta: JSONObject) -> str:
+    """``canonical_text(meta)``, remembered for small metas whose values are all strings.
+
+    Only ``str`` values are keys of the memo: ``True`` and ``1`` are equal
+    as keys but encode differently.
+    """
+    if len(meta) > 4 or not all(type(value) is str for value in meta.values()):
+        return canonical_text(meta, path="meta")
+    key = tuple(meta.items())
+    text = _META_TEXTS.get(key)
+    if text is None:
+        text = canonical_text(meta, path="meta")
+        if len(_META_TEXTS) >= 4096:
+            _META_TEXTS.clear()
+        _META_TEXTS[key] = text
+    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +371,7 @@ __all__ = [
     "PreparedEvent",
     "StoredRow",
     "check_hash",
+    "check_payload_size",
     "check_stream",
     "check_type",
     "compute_hash",

@@ -27,6 +27,7 @@ from jixu.ledger.event import (
     PreparedEvent,
     StoredRow,
     check_hash,
+    check_payload_size,
     check_stream,
     prepare,
 )
@@ -485,7 +486,7 @@ class AppendRequest:
     """One append of :meth:`Store.append_many`: the arguments :meth:`Store.append` takes."""
 
     stream: str
-    events: Sequence[NewEvent]
+    events: Sequence[NewEvent | PreparedEvent]
     expected_seq: int
     fence: Fence | None = None
 
@@ -501,7 +502,7 @@ class Store(abc.ABC):
     def append(
         self,
         stream: str,
-        events: Sequence[NewEvent],
+        events: Sequence[NewEvent | PreparedEvent],
         expected_seq: int,
         fence: Fence | None = None,
         *,
@@ -515,7 +516,8 @@ class Store(abc.ABC):
         same transaction), :class:`~jixu.errors.IdempotencyConflict` when an id is
         reused with other content. Re-appending a stored batch is a no-op that
         returns the stored events. ``genesis_hash`` sets ``prev_hash`` of seq 1
-        for a new (forked) stream.
+        for a new (forked) stream. An event already encoded by
+        :func:`~jixu.ledger.event.prepare` is appended as it is (not encoded again).
         """
         batch = self._prepare_append(stream, events, expected_seq, fence, genesis_hash)
         rows = self._append(stream, batch, expected_seq, fence, genesis_hash or GENESIS_HASH)
@@ -536,15 +538,19 @@ class Store(abc.ABC):
                 results.append(error)
         return results
 
-    def _prepare_append(self, stream: str, events: Sequence[NewEvent], expected_seq: int, fence: Fence | None,
+    def _prepare_append(self, stream: str, events: Sequence[NewEvent | PreparedEvent], expected_seq: int, fence: Fence | None,
                         genesis_hash: str | None) -> list[PreparedEvent]:
         """Check an append's arguments and encode its events (raises; writes nothing)."""
         check_stream(stream)
         if isinstance(expected_seq, bool) or not isinstance(expected_seq, int) or expected_seq < 0:
             raise InvalidInput(f"expected_seq {expected_seq!r} must be an integer >= 0", field="expected_seq")
-        if isinstance(events, NewEvent) or not isinstance(events, Sequence) or not events:
+        if isinstance(events, NewEvent | PreparedEvent) or not isinstance(events, Sequence) or not events:
             raise InvalidInput("events must be a non-empty list of NewEvent", field="events")
-        batch = [prepare(event, self.max_payload_bytes) for event in events]
+        limit = self.max_payload_bytes
+        batch = [event if isinstance(event, PreparedEvent) else prepare(event, limit) for event in events]
+        for prepared in batch:
+            if prepared.size > limit:
+                check_payload_size(prepared, limit)
         if len({p.id for p in batch}) != len(batch):
             raise InvalidInput("the batch contains the same event id twice", field="events")
         if fence is not None:

@@ -32,7 +32,7 @@ from jixu.errors import (
 from jixu.ledger import Event, Fence, NewEvent, Store, new_id, project
 from jixu.ledger.batching import CommitBatcher
 from jixu.ledger.encoding import canonical_text
-from jixu.ledger.event import prepare
+from jixu.ledger.event import PreparedEvent, prepare
 from jixu.ledger.ids import is_valid_id
 from jixu.ledger.projection import follow, make_chunked_checkpoint, write_chunked_checkpoint
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
@@ -149,7 +149,7 @@ class ThreadLog:
         self.actor = actor
         self._projection = ThreadProjection()
         self._checkpoint_seq = 0
-        self._staged: list[NewEvent] = []
+        self._staged: list[PreparedEvent] = []  # encoded once, when staged
         self.appending = False
         """True while a batched append of this record waits for its commit (see :meth:`append_async`)."""
         self._open_analysis: tuple[ThreadState, int, int | None, Analysis] | None = None
@@ -352,7 +352,7 @@ class ThreadLog:
             provisional = Event(id=new.id, stream=self.stream, seq=self.state.seq + 1, type=new.type,
                                 data=json.loads(encoded.data_json), meta=json.loads(encoded.meta_json),
                                 recorded_at="", prev_hash=self.state.head_hash, hash="")
-            self._staged.append(new)
+            self._staged.append(encoded)
             self.state = self._projection.apply(self.state, provisional)
         self._staged_fence = fence
 
