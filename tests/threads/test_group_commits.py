@@ -195,3 +195,29 @@ def test_a_thread_running_alone_appends_directly_and_stages_its_receipts(sqlite_
         await assert_same_answer(harness, thread)
 
     run(scenario())
+
+
+@tool(semantics="read_only")
+async def instant() -> str:
+    """A read-only call that never waits (pure computation)."""
+    return "done at once"
+
+
+def test_threads_whose_calls_never_wait_still_run_side_by_side_and_share_commits(ledger: Ledger) -> None:
+    """Each direct append yields to the loop once, so a thread that never waits cannot run its whole turn
+    before the others start (and never share a commit with them)."""
+
+    async def scenario() -> None:
+        harness = ledger.harness(_counting_agent([instant]), group_commits=True)
+        threads = [await harness.create_thread() for _ in range(4)]
+        for thread in threads:
+            await thread.send("go")
+        states = await asyncio.gather(*(thread.wait() for thread in threads))
+        assert all(s.status == "idle" and s.last_reply == "done" for s in states)
+        batcher = harness.commit_batcher()
+        assert batcher is not None and 0 < batcher.commits < batcher.appends
+        for thread in threads:
+            assert_lifecycle_order(await thread.events())
+            await assert_same_answer(harness, thread)
+
+    run(scenario())

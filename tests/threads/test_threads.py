@@ -1211,3 +1211,39 @@ def test_a_tool_that_ran_but_returned_an_invalid_result_is_not_a_determinate_fai
         assert not (receipt.type == "tool.failed" and receipt.data["indeterminate"] is False)
 
     run(scenario())
+
+
+def test_a_turn_whose_model_and_tools_never_wait_still_lets_other_tasks_of_its_loop_run(ledger: Ledger) -> None:
+    """The lease heartbeat and any other task on the loop get turns while the agent loop runs."""
+    steps = 30
+
+    @tool(semantics="read_only")
+    async def instant() -> str:
+        """Never waits."""
+        return "ok"
+
+    def script(messages: Messages) -> Step:
+        return ToolCall("instant") if sum(m["role"] == "tool" for m in messages) < steps else "done"
+
+    async def scenario() -> None:
+        harness = ledger.harness(Agent("busy", ScriptedModel(script), tools=[instant], max_steps=steps + 1))
+        thread = await harness.create_thread()
+        ticks = 0
+        finished = False
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not finished:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        other = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0)
+        await thread.send("go")
+        state = await thread.wait()
+        finished = True
+        await other
+        assert state.last_reply == "done"
+        assert ticks >= 2 * steps, f"the other task ran only {ticks} times during a {steps}-step turn"
+
+    run(scenario())

@@ -331,9 +331,16 @@ class Thread:
         Batched, the loop waits for the commit (shared with the other threads of
         this event loop) before it goes on; no receipt is staged then, so the
         state never holds an event that is not yet durable across that wait.
+
+        A direct append then yields to the event loop once (nothing is staged
+        at that point): with a model and tools that never wait, the agent loop
+        would otherwise hold the event loop for the whole turn, starving the
+        lease heartbeat and every other task on it.
         """
         if not self._batching():
-            return self._append(events)
+            stored = self._append(events)
+            await asyncio.sleep(0)
+            return stored
         assert self._batcher is not None
         batch, self._pending = [*self._pending, *events], []
         return await self.log.append_async(batch, self._fence, self._batcher)
