@@ -59,6 +59,8 @@ INLINE_RESULT_BYTES = 64 * 1024
 """A tool result whose canonical JSON is larger than this is stored as an artifact, not in its receipt."""
 ARTIFACT_CACHE = 8
 """Artifact texts a thread keeps at hand for its next model calls."""
+YIELD_EVERY_APPENDS = 4
+"""The agent loop yields to the event loop after this many direct appends (two agent steps)."""
 
 class Thread:
     """One durable conversation with an agent. Get one from :class:`~jixu.Harness`."""
@@ -76,6 +78,7 @@ class Thread:
         """Intents of retry-safe effects waiting to be committed with their dispatch marker (see _append)."""
         self._stage_receipts = False
         """True while one call runs alone: its receipt is staged and committed with the next step (0011)."""
+        self._direct_appends = 0
         self._artifacts: dict[str, str] = {}
         """Texts of recently used artifacts by hash (content-addressed, so never stale)."""
         self._tool_specs = tuple(t.spec() for t in self._agent.tools)
@@ -332,14 +335,16 @@ class Thread:
         this event loop) before it goes on; no receipt is staged then, so the
         state never holds an event that is not yet durable across that wait.
 
-        A direct append then yields to the event loop once (nothing is staged
-        at that point): with a model and tools that never wait, the agent loop
-        would otherwise hold the event loop for the whole turn, starving the
-        lease heartbeat and every other task on it.
+        Every few direct appends the loop yields to the event loop once
+        (nothing is staged at that point): with a model and tools that never
+        wait, the agent loop would otherwise hold the event loop for the whole
+        turn, starving the lease heartbeat and every other task on it.
         """
         if not self._batching():
             stored = self._append(events)
-            await asyncio.sleep(0)
+            self._direct_appends += 1
+            if self._direct_appends % YIELD_EVERY_APPENDS == 0:
+                await asyncio.sleep(0)
             return stored
         assert self._batcher is not None
         batch, self._pending = [*self._pending, *events], []
