@@ -16,7 +16,10 @@ machine hits all of them alike:
 
 - jixu: one thread, ``ScriptedModel`` calling the tool N times in one turn. Every model and tool call is an
   effect with intent, dispatch marker and receipt (6 hash-chained events per agent step), SQLite WAL with
-  ``synchronous=FULL`` (the default), or PostgreSQL.
+  ``synchronous=FULL`` (the default), or PostgreSQL. The no-op tool (A) is an ``async def``: it has nothing
+  to block on, so jixu runs it on its event loop (DBOS too runs its step inline); the 1 ms tool (B) is a
+  blocking ``def``, which jixu runs in a worker thread. ``jixu_def`` (A only) is jixu with the no-op as a
+  plain ``def``, so the cost of that worker-thread hop is shown as well.
 - DBOS: one workflow; per agent step one ``@DBOS.step`` for the model call and one for the tool call.
   DBOS's own defaults for its system database (on SQLite: rollback journal, SQLite's default
   ``synchronous=FULL``).
@@ -30,8 +33,9 @@ call and all the bookkeeping between them); agent steps/s is N / (time of the wh
 jixu/peer of steps/s (higher is better for jixu).
 
 The concurrency figure: K = 1, 8, 64 jixu threads in one process on one SQLite store (FULL), each driven by
-its own OS thread and event loop, each running ``--concurrent-steps`` agent steps with the no-op tool; total
-durable tool calls per second. Concurrent appends share commits (group commit, see
+its own OS thread and event loop, each running ``--concurrent-steps`` agent steps with the no-op tool
+(``async def``); total durable tool calls per second; and the same threads on one event loop with
+``group_commits``, also with the no-op as a plain ``def`` for the largest K. Concurrent appends share commits (group commit, see
 docs/decisions/0007-group-commit.md).
 
 Recovery figures (SQLite): ``open_thread`` of a ~100k-event thread with a checkpoint, replay throughput,
@@ -72,6 +76,12 @@ if str(ROOT / "src") not in sys.path:
 Figure = tuple[str, str, float, str]  # (label, metric, value, unit)
 SYSTEMS = ("jixu", "dbos", "langgraph")
 VARIANTS = {"A": 0.0, "B": 0.001}  # tool duration in seconds
+JIXU_TOOL = {"A": "async", "B": "def"}
+"""jixu's form of each variant's tool: the no-op as ``async def`` (nothing to block on, so it runs on jixu's
+event loop, as DBOS runs its step inline), the 1 ms sleep as a blocking ``def`` (jixu runs every plain ``def``
+tool in a worker thread, as LangGraph's ToolNode does). Variant A also runs ``jixu_def``: the same no-op as a
+plain ``def``, so the worker-thread hop is measured and shown too."""
+EXTRA = {"A": ("jixu_def",), "B": ()}
 DOC = ROOT / "docs" / "performance.md"
 BEGIN_MARK = "<!-- compare.py figures: begin -->"
 END_MARK = "<!-- compare.py figures: end -->"
@@ -89,16 +99,35 @@ def _gaps_ms(stamps: list[float]) -> list[float]:
     return [(b - a) * 1000 for a, b in itertools.pairwise(stamps)]
 
 
-def run_jixu(url: str, steps: int, tool_seconds: float) -> dict[str, Any]:
-    from jixu import Agent, Harness, ScriptedModel, ToolCall, tool
+def jixu_tool(tool_seconds: float, kind: str) -> Any:
+    """The benchmark's tool for jixu: ``async`` (run on the event loop) or ``def`` (run in a worker thread)."""
+    from jixu import tool
+
+    if kind == "async":
+        @tool(name="work", semantics="read_only")
+        async def work_async() -> None:
+            """The benchmark's tool."""
+            if tool_seconds:
+                await asyncio.sleep(tool_seconds)
+
+        return work_async
+    if kind != "def":
+        raise SystemExit(f"unknown tool kind {kind!r}")
+
+    @tool(name="work", semantics="read_only")
+    def work_def() -> None:
+        """The benchmark's tool."""
+        _tool_work(tool_seconds)
+
+    return work_def
+
+
+def run_jixu(url: str, steps: int, tool_seconds: float, tool_kind: str = "def") -> dict[str, Any]:
+    from jixu import Agent, Harness, ScriptedModel, ToolCall
     from jixu.ledger import open_store
 
     stamps: list[float] = []
-
-    @tool(semantics="read_only")
-    def work() -> None:
-        """The benchmark's tool."""
-        _tool_work(tool_seconds)
+    work = jixu_tool(tool_seconds, tool_kind)
 
     def script(messages: list[dict[str, Any]]) -> Any:
         stamps.append(time.perf_counter())
@@ -260,13 +289,11 @@ def run_langgraph(url: str, steps: int, tool_seconds: float) -> dict[str, Any]:
             "gaps_ms": _gaps_ms(stamps), "notes": notes}
 
 
-def concurrent_agent(steps: int) -> Any:
+def concurrent_agent(steps: int, tool_kind: str = "async") -> Any:
     """The concurrency runs' agent: ``steps`` no-op read-only tool calls, then ``done``."""
-    from jixu import Agent, ScriptedModel, ToolCall, tool
+    from jixu import Agent, ScriptedModel, ToolCall
 
-    @tool(semantics="read_only")
-    def work() -> None:
-        """The benchmark's tool."""
+    work = jixu_tool(0.0, tool_kind)
 
     def script(messages: list[dict[str, Any]]) -> Any:
         done = 0
@@ -280,13 +307,13 @@ def concurrent_agent(steps: int) -> Any:
     return Agent("bench-concurrent", ScriptedModel(script), tools=[work], max_steps=steps + 1)
 
 
-def run_concurrent(path: str, threads: int, steps: int) -> dict[str, Any]:
+def run_concurrent(path: str, threads: int, steps: int, tool_kind: str = "async") -> dict[str, Any]:
     """``threads`` jixu threads on one SQLite store, each on its own OS thread + event loop."""
     from jixu import Harness
     from jixu.ledger import SQLiteStore
 
     store = SQLiteStore(path, synchronous="FULL")
-    agent = concurrent_agent(steps)
+    agent = concurrent_agent(steps, tool_kind)
     ready = threading.Barrier(threads + 1)
     errors: list[BaseException] = []
 
@@ -323,13 +350,13 @@ def run_concurrent(path: str, threads: int, steps: int) -> dict[str, Any]:
     return {"elapsed": elapsed, "tool_calls": threads * steps, "commits": commits, "appends": appends}
 
 
-def run_concurrent_loop(path: str, threads: int, steps: int) -> dict[str, Any]:
+def run_concurrent_loop(path: str, threads: int, steps: int, tool_kind: str = "async") -> dict[str, Any]:
     """``threads`` jixu threads on one event loop, one Harness with ``group_commits`` (one SQLite store)."""
     from jixu import Harness
     from jixu.ledger import SQLiteStore
 
     store = SQLiteStore(path, synchronous="FULL")
-    agent = concurrent_agent(steps)
+    agent = concurrent_agent(steps, tool_kind)
 
     async def main() -> tuple[float, int, int]:
         harness = Harness(agent, store, group_commits=True)
@@ -354,14 +381,15 @@ def run_concurrent_loop(path: str, threads: int, steps: int) -> dict[str, Any]:
 def child_main(spec: dict[str, Any]) -> None:
     kind = spec["kind"]
     if kind == "concurrent":
-        result = run_concurrent(spec["url"], spec["threads"], spec["steps"])
+        result = run_concurrent(spec["url"], spec["threads"], spec["steps"], spec.get("tool", "async"))
     elif kind == "concurrent_loop":
-        result = run_concurrent_loop(spec["url"], spec["threads"], spec["steps"])
+        result = run_concurrent_loop(spec["url"], spec["threads"], spec["steps"], spec.get("tool", "async"))
     elif kind == "recovery":
         result = run_recovery(spec["dir"], spec["events"], spec["reps"])
+    elif kind == "jixu":
+        result = run_jixu(spec["url"], spec["steps"], spec["tool_seconds"], spec.get("tool", "def"))
     else:
-        runner: Callable[[str, int, float], dict[str, Any]] = {
-            "jixu": run_jixu, "dbos": run_dbos, "langgraph": run_langgraph}[kind]
+        runner: Callable[[str, int, float], dict[str, Any]] = {"dbos": run_dbos, "langgraph": run_langgraph}[kind]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             result = runner(spec["url"], spec["steps"], spec["tool_seconds"])
@@ -488,20 +516,23 @@ def compare_backend(python: str, backend: str, url_for: Callable[[str, int], str
                     variants: list[str], versions: dict[str, str], notes: list[str]) -> list[Figure]:
     figures: list[Figure] = []
     for variant in variants:
-        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SYSTEMS}
+        systems = (SYSTEMS[0], *EXTRA[variant], *SYSTEMS[1:])
+        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
         for rep in range(reps):
-            for system in SYSTEMS:
+            for system in systems:
                 spec = {"kind": system, "url": url_for(f"{system}_{variant.lower()}_{rep}", rep), "steps": steps,
                         "tool_seconds": VARIANTS[variant]}
+                if system.startswith("jixu"):
+                    spec.update(kind="jixu", tool="def" if system == "jixu_def" else JIXU_TOOL[variant])
                 result = child(python, spec)
                 runs[system].append(result)
-                versions[system] = result["version"]
+                versions[system.split("_")[0]] = result["version"]
                 if result.get("notes") and f"{system} {backend}: {result['notes']}" not in notes:
                     notes.append(f"{system} {backend}: {result['notes']}")
         rates: dict[str, float] = {}
         tag = f"{backend}_{variant.lower()}"
         what = f"{backend} {variant} ({'no-op tool' if variant == 'A' else '1 ms tool'})"
-        for system in SYSTEMS:
+        for system in systems:
             gaps = [g for r in runs[system] for g in r["gaps_ms"]]
             rate = statistics.median(steps / r["elapsed"] for r in runs[system])
             rates[system] = rate
@@ -513,9 +544,10 @@ def compare_backend(python: str, backend: str, url_for: Callable[[str, int], str
             if per_step:
                 figures.append((f"{what}: {system} durable commits per agent step",
                                 f"{system}_{tag}_commits_per_step", statistics.median(per_step), "commits"))
-        for peer in SYSTEMS[1:]:
-            figures.append((f"{what}: ratio jixu/{peer} (steps/s)", f"ratio_{tag}_jixu_vs_{peer}",
-                            rates["jixu"] / rates[peer], "x"))
+        for mine in (SYSTEMS[0], *EXTRA[variant]):
+            for peer in SYSTEMS[1:]:
+                figures.append((f"{what}: ratio {mine}/{peer} (steps/s)", f"ratio_{tag}_{mine}_vs_{peer}",
+                                rates[mine] / rates[peer], "x"))
     return figures
 
 
@@ -572,6 +604,14 @@ def main(argv: list[str] | None = None) -> int:
             figures.append((f"SQLite, {count} threads on one event loop (group_commits): appends per commit",
                             f"jixu_sqlite_loop_{count}_appends_per_commit",
                             result["appends"] / result["commits"], "appends"))
+        counts = [int(n) for n in args.concurrency.split(",") if n.strip()]
+        if counts:  # the same as above with the no-op tool as a plain def (a worker-thread hop per call)
+            count = max(counts)
+            result = child(args.python, {"kind": "concurrent_loop", "url": str(workdir / f"loop-def-{count}.db"),
+                                         "threads": count, "steps": args.concurrent_steps, "tool": "def"})
+            figures.append((f"SQLite, {count} threads on one event loop (group_commits), def tool: durable tool "
+                            "calls/s", f"jixu_sqlite_loop_{count}_def_tool_calls_per_s",
+                            result["tool_calls"] / result["elapsed"], "calls/s"))
         if args.recovery_events:
             result = child(args.python, {"kind": "recovery", "dir": str(workdir), "events": args.recovery_events,
                                          "reps": 5})
