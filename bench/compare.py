@@ -350,17 +350,24 @@ def run_concurrent(path: str, threads: int, steps: int, tool_kind: str = "async"
     return {"elapsed": elapsed, "tool_calls": threads * steps, "commits": commits, "appends": appends}
 
 
-def run_concurrent_loop(path: str, threads: int, steps: int, tool_kind: str = "async") -> dict[str, Any]:
-    """``threads`` jixu threads on one event loop, one Harness with ``group_commits`` (one SQLite store)."""
+def run_concurrent_loop(path: str, threads: int, steps: int, tool_kind: str = "async",
+                        start_at: float | None = None) -> dict[str, Any]:
+    """``threads`` jixu threads on one event loop, one Harness with ``group_commits`` (one SQLite store).
+
+    With ``start_at`` (a wall-clock time) the turns start then, so several processes start together.
+    """
     from jixu import Harness
     from jixu.ledger import SQLiteStore
 
     store = SQLiteStore(path, synchronous="FULL")
     agent = concurrent_agent(steps, tool_kind)
 
-    async def main() -> tuple[float, int, int]:
+    async def main() -> tuple[float, float, float, int, int]:
         harness = Harness(agent, store, group_commits=True)
         made = [await harness.create_thread() for _ in range(threads)]
+        if start_at is not None:
+            await asyncio.sleep(max(0.0, start_at - time.time()))
+        started = time.time()
         start = time.perf_counter()
         for thread in made:
             await thread.send("go")
@@ -369,13 +376,38 @@ def run_concurrent_loop(path: str, threads: int, steps: int, tool_kind: str = "a
         bad = [s for s in states if s.status != "idle" or s.last_reply != "done"]
         if bad:
             raise SystemExit(f"a thread ended {bad[0].status} {bad[0].reason}")
-        return elapsed, store.commit_count, store.append_count  # direct and batched appends alike
+        # Direct and batched appends alike.
+        return elapsed, started, started + elapsed, store.commit_count, store.append_count
 
     try:
-        elapsed, commits, appends = asyncio.run(main())
+        elapsed, started, ended, commits, appends = asyncio.run(main())
     finally:
         store.close()
-    return {"elapsed": elapsed, "tool_calls": threads * steps, "commits": commits, "appends": appends}
+    return {"elapsed": elapsed, "started": started, "ended": ended, "tool_calls": threads * steps,
+            "commits": commits, "appends": appends}
+
+
+def run_processes(python: str, path: str, processes: int, threads: int, steps: int) -> dict[str, Any]:
+    """``processes`` processes, each ``threads // processes`` threads on one loop, all on one SQLite file."""
+    start_at = time.time() + 5.0  # after every process has started and created its threads
+    spec = {"kind": "concurrent_loop", "url": path, "threads": threads // processes, "steps": steps,
+            "start_at": start_at}
+    results: list[dict[str, Any]] = [{} for _ in range(processes)]
+
+    def one(index: int) -> None:
+        results[index] = child(python, spec)
+
+    workers = [threading.Thread(target=one, args=(index,)) for index in range(processes)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if not all(results):
+        raise SystemExit("a process of the multi-process run failed")
+    wall = max(r["ended"] for r in results) - min(r["started"] for r in results)
+    return {"elapsed": wall, "tool_calls": sum(r["tool_calls"] for r in results),
+            "commits": sum(r["commits"] for r in results), "appends": sum(r["appends"] for r in results),
+            "late": max(r["started"] for r in results) - start_at}
 
 
 def child_main(spec: dict[str, Any]) -> None:
@@ -383,7 +415,8 @@ def child_main(spec: dict[str, Any]) -> None:
     if kind == "concurrent":
         result = run_concurrent(spec["url"], spec["threads"], spec["steps"], spec.get("tool", "async"))
     elif kind == "concurrent_loop":
-        result = run_concurrent_loop(spec["url"], spec["threads"], spec["steps"], spec.get("tool", "async"))
+        result = run_concurrent_loop(spec["url"], spec["threads"], spec["steps"], spec.get("tool", "async"),
+                                     spec.get("start_at"))
     elif kind == "recovery":
         result = run_recovery(spec["dir"], spec["events"], spec["reps"])
     elif kind == "jixu":
@@ -559,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default="sqlite,postgres", help="sqlite, postgres")
     parser.add_argument("--concurrency", default="1,8,64", help="concurrent jixu threads (SQLite)")
     parser.add_argument("--concurrent-steps", type=int, default=50, help="agent steps per concurrent thread")
+    parser.add_argument("--processes", type=int, default=2, help="processes sharing the largest concurrency run")
     parser.add_argument("--recovery-events", type=int, default=100_000, help="events of the long thread (0: skip)")
     parser.add_argument("--python", default=sys.executable, help="interpreter for the runs (needs the peers)")
     parser.add_argument("--dir", default=None, help="directory for the temporary SQLite files")
@@ -607,6 +641,14 @@ def main(argv: list[str] | None = None) -> int:
         counts = [int(n) for n in args.concurrency.split(",") if n.strip()]
         if counts:  # the same as above with the no-op tool as a plain def (a worker-thread hop per call)
             count = max(counts)
+            result = run_processes(args.python, str(workdir / f"processes-{count}.db"), args.processes, count,
+                                   args.concurrent_steps)
+            figures.append((f"SQLite, {count} threads in {args.processes} processes (one loop each, group_commits): "
+                            "durable tool calls/s", f"jixu_sqlite_processes_{count}_tool_calls_per_s",
+                            result["tool_calls"] / result["elapsed"], "calls/s"))
+            figures.append((f"SQLite, {count} threads in {args.processes} processes: appends per commit",
+                            f"jixu_sqlite_processes_{count}_appends_per_commit",
+                            result["appends"] / result["commits"], "appends"))
             result = child(args.python, {"kind": "concurrent_loop", "url": str(workdir / f"loop-def-{count}.db"),
                                          "threads": count, "steps": args.concurrent_steps, "tool": "def"})
             figures.append((f"SQLite, {count} threads on one event loop (group_commits), def tool: durable tool "
