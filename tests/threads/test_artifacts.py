@@ -132,3 +132,79 @@ def test_artifact_references_and_reads_are_checked() -> None:
             ArtifactRef.from_dict(bad)
     with pytest.raises(InvalidInput):
         put_text(store, b"bytes")  # type: ignore[arg-type]
+
+
+LONG_TEXT = "Ünïcode reply ✓ with \"quotes\" and \\ backslashes\n" * 30_000
+"""About 1.5 MB: a model's text over the 1 MiB event limit."""
+
+
+def test_a_long_model_text_is_stored_once_and_the_reply_and_the_next_request_hold_all_of_it(
+        ledger: Ledger) -> None:
+    from jixu.threads import ModelResponse
+
+    @tool(semantics="read_only")
+    def note() -> str:
+        """A small call after the long answer."""
+        return "noted"
+
+    model = ScriptedModel([ModelResponse(text=LONG_TEXT, tool_calls=(ToolCall("note"),)), LONG_TEXT + "!",
+                           "short"])
+
+    async def scenario() -> None:
+        harness = ledger.harness(Agent("long", model, tools=[note], max_steps=4))
+        thread = await harness.create_thread()
+        await thread.send("write a lot")
+        state = await assert_same_answer(harness, thread)
+        assert state.status == "idle" and state.last_reply == LONG_TEXT + "!"
+        events = await thread.events()
+        receipts = [e for e in events if e.type == "model.completed"]
+        refs = [ArtifactRef.from_dict(e.data["result"]["text_artifact"]) for e in receipts]
+        assert [json.loads(get_text(harness.store, ref)) for ref in refs] == [LONG_TEXT, LONG_TEXT + "!"]
+        assert all(len(e.data["result"]["text"]) < 200 for e in receipts)
+        [ended] = [e for e in events if e.type == "turn.ended"]
+        assert ended.data["reply_artifact"] == refs[1].to_dict() and len(ended.data["reply"]) < 200
+        assert all(len(e.data.get("reply") or "") < 200 for e in events)  # the text is in no thread event
+        # The state keeps references; the second model call saw the whole first answer.
+        assistant = [m for m in state.messages if m["role"] == "assistant"]
+        assert [m["artifact"] for m in assistant] == [r.to_dict() for r in refs]
+        [seen] = [m for m in model.calls[1].messages if m["role"] == "assistant"]
+        assert seen["content"] == LONG_TEXT and "artifact" not in seen
+        assert seen["tool_calls"] == assistant[0]["tool_calls"]
+
+        # The record as the CLI, the API and the Studio read it gives the whole reply too.
+        from jixu.threads.log import ThreadLog
+
+        assert ThreadLog.load(harness.store, thread.thread_id).snapshot().last_reply == LONG_TEXT + "!"
+        # Another process reads the reply and the conversation back from the store.
+        other = ledger.harness(Agent("long", model, tools=[note], max_steps=4))
+        again = await other.open_thread(thread.thread_id)
+        assert again.state().last_reply == LONG_TEXT + "!"
+        await again.send("and a short one")
+        assert (await again.wait()).last_reply == "short"
+        assert [m["content"] for m in model.calls[-1].messages if m["role"] == "assistant"][:2] == [
+            LONG_TEXT, LONG_TEXT + "!"]
+
+    run(scenario())
+
+
+def test_a_model_text_just_under_the_inline_limit_stays_inline(ledger: Ledger) -> None:
+    text = "y" * (INLINE_RESULT_BYTES - 100)
+
+    async def scenario() -> None:
+        harness = ledger.harness(Agent("inline", ScriptedModel([text]), max_steps=2))
+        thread = await harness.create_thread()
+        await thread.send("go")
+        state = await thread.wait()
+        assert state.last_reply == text
+        [receipt] = [e for e in await thread.events() if e.type == "model.completed"]
+        assert receipt.data["result"]["text"] == text and "text_artifact" not in receipt.data["result"]
+
+    run(scenario())
+
+
+def test_the_token_estimate_counts_the_stored_text_of_an_artifact_not_its_placeholder() -> None:
+    from jixu.threads.compaction import estimate_tokens
+
+    stored = {"role": "tool", "content": "[stored]", "artifact": {"sha256": "0" * 64, "size": 40_000}}
+    assert estimate_tokens([stored]) == 10_000
+    assert estimate_tokens([{"role": "tool", "content": "[stored]"}]) == 2

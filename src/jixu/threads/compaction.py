@@ -50,7 +50,11 @@ def estimate_tokens(messages: Sequence[JSONObject]) -> int:
     """
     chars = 0
     for message in messages:
-        chars += _text_length(message.get("content"))
+        artifact = message.get("artifact")
+        if isinstance(artifact, dict) and isinstance(artifact.get("size"), int):
+            chars += artifact["size"]  # the model sees the stored text, not the short reference
+        else:
+            chars += _text_length(message.get("content"))
         calls = message.get("tool_calls")
         for call in calls if isinstance(calls, list) else []:
             if isinstance(call, dict):

@@ -73,6 +73,8 @@ class CompleteTurn:
 
     turn_id: str
     reply: str
+    reply_artifact: JSONObject | None = None
+    """The reference of a reply stored as an artifact (``reply`` is then a short placeholder)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +176,9 @@ def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attemp
         last_assistant = messages[last_index]
         calls = list(last_assistant.get("tool_calls") or [])
         if not calls:
-            return CompleteTurn(turn.turn_id, str(last_assistant.get("content") or ""))
+            artifact = last_assistant.get("artifact")
+            return CompleteTurn(turn.turn_id, str(last_assistant.get("content") or ""),
+                                artifact if isinstance(artifact, dict) else None)
         # Only answers after this message count: a provider may reuse call ids across steps.
         answered = {m.get("tool_call_id") for m in messages[last_index + 1:] if m.get("role") == "tool"}
         unanswered = [c for c in calls if c.get("id") not in answered]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import re
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ from jixu.errors import (
     TurnOwned,
 )
 from jixu.ledger import Event, Fence, NewEvent, Store, new_id, project
+from jixu.ledger.artifacts import ArtifactRef, get_text
 from jixu.ledger.batching import CommitBatcher
 from jixu.ledger.encoding import canonical_text
 from jixu.ledger.event import PreparedEvent, prepare
@@ -150,6 +152,7 @@ class ThreadLog:
         self._projection = ThreadProjection()
         self._checkpoint_seq = 0
         self._staged: list[PreparedEvent] = []  # encoded once, when staged
+        self._last_reply: tuple[str, str] | None = None  # (sha256, text) of the last reply read from an artifact
         self.appending = False
         """True while a batched append of this record waits for its commit (see :meth:`append_async`)."""
         self._open_analysis: tuple[ThreadState, int, int | None, Analysis] | None = None
@@ -243,9 +246,25 @@ class ThreadLog:
 
     def snapshot(self, *, max_steps: int = DEFAULT_MAX_STEPS, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
                  running: bool = False, context_budget: int | None = None) -> State:
-        """The public state."""
-        return build_state(self.state, self.analysis(), max_steps=max_steps, max_attempts=max_attempts,
-                           running=running, context_budget=context_budget)
+        """The public state (``last_reply`` whole, read from its artifact when it was stored as one)."""
+        return self._whole_reply(build_state(self.state, self.analysis(), max_steps=max_steps,
+                                             max_attempts=max_attempts, running=running,
+                                             context_budget=context_budget))
+
+    def _whole_reply(self, state: State) -> State:
+        """``state`` with ``last_reply`` read from its artifact when the reply was stored as one.
+
+        The turns keep the short placeholder and ``reply_artifact``; the last
+        text read is kept, so polling the state does not read it again.
+        """
+        completed = [turn for turn in state.turns if turn.get("status") == "completed"]
+        ref = completed[-1].get("reply_artifact") if completed else None
+        if not isinstance(ref, dict):
+            return state
+        artifact = ArtifactRef.from_dict(ref)
+        if self._last_reply is None or self._last_reply[0] != artifact.sha256:
+            self._last_reply = (artifact.sha256, json.loads(get_text(self.store, artifact)))
+        return dataclasses.replace(state, last_reply=self._last_reply[1])
 
     def status(self, *, max_steps: int = DEFAULT_MAX_STEPS, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
                running: bool = False, context_budget: int | None = None) -> str:
@@ -586,7 +605,7 @@ class ThreadLog:
             state = self._projection.apply(state, event)
         report = self.store.verify(self.stream)
         break_seq = None if report.valid else report.first_bad_seq
-        return build_state(state, RecoveryResolver.analyze(events, chain_break_seq=break_seq))
+        return self._whole_reply(build_state(state, RecoveryResolver.analyze(events, chain_break_seq=break_seq)))
 
     def fork(self, at: str, *, agent_record: dict[str, Any] | None = None, input: str | None = None) -> ThreadLog:
         """Record a child thread with this thread's state at event ``at`` (open effects not inherited).

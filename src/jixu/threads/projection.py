@@ -303,6 +303,8 @@ class Turn:
     input: str
     status: str = "running"  # running | needs_reconciliation | completed | failed | interrupted
     reply: str | None = None
+    reply_artifact: JSONObject | None = None
+    """Where a long reply is stored (``reply`` is then a short placeholder naming it)."""
     error: JSONObject | None = None
     model_calls: int = 0
     started_seq: int = 0
@@ -329,7 +331,7 @@ class Turn:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
         return {"turn_id": self.turn_id, "input": self.input, "status": self.status, "reply": self.reply,
-                "error": self.error, "model_calls": self.model_calls, "started_seq": self.started_seq,
+                "reply_artifact": self.reply_artifact, "error": self.error, "model_calls": self.model_calls, "started_seq": self.started_seq,
                 "ended_seq": self.ended_seq, "message_index": self.message_index, "owner": self.owner,
                 "epoch": self.epoch, "recoveries": self.recoveries, "queued": self.queued,
                 "failure": self.failure, "pause": self.pause, "auto_retries": self.auto_retries,
@@ -555,8 +557,13 @@ class ThreadProjection:
         if phase == "completed":
             result = event.data.get("result") or {}
             calls = result.get("tool_calls") or []
-            _add_message(state, {"role": "assistant", "content": result.get("text"), "tool_calls": calls},
-                         event.id)
+            message = {"role": "assistant", "content": result.get("text"), "tool_calls": calls}
+            artifact = result.get("text_artifact")
+            if isinstance(artifact, dict):
+                # A long text is stored once, as an artifact: the conversation keeps its reference (the agent
+                # loop puts the text back into the model's requests, see Thread._model_messages).
+                message["artifact"] = artifact
+            _add_message(state, message, event.id)
             state.step_calls = {}
             usage = result.get("usage") or {}
             for key in ("input_tokens", "output_tokens", "cached_tokens"):
@@ -820,6 +827,8 @@ def _turn_ended(state: ThreadState, event: Event) -> None:
         _close_unanswered_calls(state, turn.message_index, INTERRUPTED_MESSAGE, "interrupted", event.id)
     if turn.status == "completed":
         turn.reply = event.data.get("reply")
+        artifact = event.data.get("reply_artifact")
+        turn.reply_artifact = artifact if isinstance(artifact, dict) else None
     elif event.data.get("error") is not None:
         turn.error = event.data.get("error")
     elif turn.status == "interrupted":

@@ -100,7 +100,11 @@ class Thread:
         return self.log.analysis()
 
     def state(self) -> State:
-        """The current state (no I/O unless the history contradicts itself)."""
+        """The current state (no I/O unless the history contradicts itself, or the last reply is a new artifact).
+
+        ``last_reply`` is the whole text even when the reply was stored as an
+        artifact (the turns keep the short placeholder and ``reply_artifact``).
+        """
         return self.log.snapshot(max_steps=self._agent.max_steps, max_attempts=self._harness.max_attempts,
                                  running=self.running, context_budget=self._agent.context_budget)
 
@@ -260,8 +264,10 @@ class Thread:
                 elif isinstance(action, RequestTools):
                     await self._request_tools(action.turn_id, action.calls)
                 elif isinstance(action, CompleteTurn):
-                    await self._commit([NewEvent("turn.ended", {
-                        "turn_id": action.turn_id, "outcome": "completed", "reply": action.reply}, log.meta())])
+                    ended: dict[str, Any] = {"turn_id": action.turn_id, "outcome": "completed", "reply": action.reply}
+                    if action.reply_artifact is not None:
+                        ended["reply_artifact"] = action.reply_artifact
+                    await self._commit([NewEvent("turn.ended", ended, log.meta())])
                 elif isinstance(action, PauseTurn):
                     await self._pause(action)
                 elif isinstance(action, FailTurn):
@@ -608,7 +614,7 @@ class Thread:
                           indeterminate=True)
         else:
             await self._record_receipt(NewEvent("model.completed", {"effect_id": effect_id, "attempt": attempt,
-                                                            "result": result}, log.meta()))
+                                                            "result": self._model_result(result)}, log.meta()))
 
     async def _call_compaction(self, effect_id: str, intent: dict[str, Any], attempt: int) -> None:
         """Ask the model for a summary of the covered messages; its receipt carries the summary.
@@ -724,14 +730,42 @@ class Thread:
         text = canonical_text(result, path="result") if not _small(result) else None
         if text is not None and len(text.encode("utf-8")) > INLINE_RESULT_BYTES:
             ref = put_text(self.log.store, text, meta=self.log.meta())
-            self._artifacts[ref.sha256] = text
+            self._remember_artifact(ref.sha256, text)
             data["result_artifact"] = ref.to_dict()
         else:
             data["result"] = result
         return data
 
+    def _model_result(self, result: dict[str, Any]) -> dict[str, Any]:
+        """A ``model.completed`` result: a text longer than :data:`INLINE_RESULT_BYTES` is stored once as an
+        artifact (before its receipt) and the result keeps a short placeholder and ``text_artifact``."""
+        text = result.get("text")
+        if not isinstance(text, str) or len(text) * 4 <= INLINE_RESULT_BYTES:  # 4: most UTF-8 bytes per char
+            return result
+        encoded = canonical_text(text, path="model text")
+        if len(encoded.encode("utf-8")) <= INLINE_RESULT_BYTES:
+            return result
+        ref = put_text(self.log.store, encoded, meta=self.log.meta())
+        self._remember_artifact(ref.sha256, encoded)
+        return {**result, "text": f"[model text stored as artifact sha256:{ref.sha256}, {ref.size} bytes]",
+                "text_artifact": ref.to_dict()}
+
+    def _artifact_text(self, ref: dict[str, Any]) -> str:
+        """The stored text of an artifact reference (kept at hand for the next model calls)."""
+        artifact = ArtifactRef.from_dict(ref)
+        text = self._artifacts.get(artifact.sha256)
+        if text is None:
+            text = get_text(self.log.store, artifact)
+            self._remember_artifact(artifact.sha256, text)
+        return text
+
+    def _remember_artifact(self, sha256: str, text: str) -> None:
+        if len(self._artifacts) >= ARTIFACT_CACHE:
+            self._artifacts.pop(next(iter(self._artifacts)))
+        self._artifacts[sha256] = text
+
     def _model_messages(self, messages: Sequence[JSONObject]) -> tuple[JSONObject, ...]:
-        """The conversation as a model must see it: results stored as artifacts put back in place."""
+        """The conversation as a model must see it: results and texts stored as artifacts put back in place."""
         if not any(map(dict.__contains__, messages, repeat("artifact"))):  # C-speed scan: once per model call
             return tuple(messages)
         resolved = []
@@ -740,15 +774,9 @@ class Thread:
             if ref is None:
                 resolved.append(message)
                 continue
-            artifact = ArtifactRef.from_dict(ref)
-            text = self._artifacts.get(artifact.sha256)
-            if text is None:
-                text = get_text(self.log.store, artifact)
-                if len(self._artifacts) >= ARTIFACT_CACHE:
-                    self._artifacts.pop(next(iter(self._artifacts)))
-                self._artifacts[artifact.sha256] = text
-            resolved.append({**{k: v for k, v in message.items() if k != "artifact"},
-                             "content": tool_content(json.loads(text))})
+            value = json.loads(self._artifact_text(ref))
+            content = value if message.get("role") == "assistant" else tool_content(value)
+            resolved.append({**{k: v for k, v in message.items() if k != "artifact"}, "content": content})
         return tuple(resolved)
 
     async def _receipt(self, kind: str, effect_id: str, attempt: int | None, *, error: dict[str, Any],
