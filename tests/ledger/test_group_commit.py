@@ -246,9 +246,10 @@ def work(n):
         with out:
             print("ok", stream, row.seq, row.id, row.hash, store.commit_count, store.append_count, flush=True)
 
+with out:  # under the lock the workers print with: a line of theirs must not run into this one
+    print("ready", flush=True)
 for n in range(workers):
     threading.Thread(target=work, args=(n,), daemon=True).start()
-print("ready", flush=True)
 threading.Event().wait()
 """
 
