@@ -49,7 +49,37 @@ _TOOL_CONTENT_JSON = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
 
 
 def encode_decision(decision: EffectDecision) -> str:
-    """A settled decision as compact JSON text (a positional array; see :class:`SettledDecisions`)."""
+    """A settled decision as compact JSON text (a positional array; see :class:`SettledDecisions`).
+
+    A decision whose texts need no JSON escaping, with integer seqs and no resolution (every ordinary
+    settled effect) is written by one format string; anything else by the JSON encoder. Both give
+    the same text (a property test in ``tests/threads`` pins it).
+    """
+    texts = (decision.effect_id, decision.kind, decision.name, decision.state, decision.reason, decision.semantics,
+             decision.idempotency_key, decision.args_hash)
+    evidence, retry_safe = decision.evidence, decision.retry_safe
+    attempts, requested_seq, last_seq = decision.attempts, decision.requested_seq, decision.last_seq
+    if (decision.resolution is None and type(attempts) is int and type(requested_seq) is int
+            and type(last_seq) is int and type(retry_safe) is bool and type(evidence) is tuple
+            and _TEXT_ONLY.issuperset(map(type, texts)) and _TEXT_ONLY.issuperset(map(type, evidence))):
+        effect_id, kind, name, state, reason, semantics, key, args_hash = texts
+        cited = '"' + '","'.join(evidence) + '"' if evidence else ""
+        text = (f'["{effect_id}","{kind}","{name}","{state}","{reason}",[{cited}],'
+                f'{"true" if retry_safe else "false"},"{semantics}","{key}","{args_hash}",{attempts},null,'
+                f"{requested_seq},{last_seq}]")
+        # Valid as it is when no text needed escaping: no quote but the ones written here, no backslash,
+        # no control character (isprintable() is False for those, and for some characters the encoder
+        # writes as they are: those take the encoder's path too).
+        if text.count('"') == 16 + 2 * len(evidence) and "\\" not in text and text.isprintable():
+            return text
+    return _encode_decision_json(decision)
+
+
+_TEXT_ONLY = frozenset((str,))
+
+
+def _encode_decision_json(decision: EffectDecision) -> str:
+    """:func:`encode_decision` by the JSON encoder (any decision)."""
     return _DECISION_JSON.encode([decision.effect_id, decision.kind, decision.name, decision.state, decision.reason,
                                   list(decision.evidence), decision.retry_safe, decision.semantics,
                                   decision.idempotency_key, decision.args_hash, decision.attempts,
