@@ -485,6 +485,19 @@ def _phase(event_type: str) -> tuple[str, str] | None:
     return (kind, phase) if kind and phase in LIFECYCLE_PHASES else None
 
 
+_PHASE_OF: dict[str, tuple[str, str] | None] = {}
+"""``_phase`` of the event types seen (a thread uses a few dozen; cleared if it ever grows large)."""
+_NOT_SEEN: tuple[str, str] = ("", "")
+
+
+def _phase_of(event_type: str) -> tuple[str, str] | None:
+    """``_phase(event_type)``, remembered."""
+    if len(_PHASE_OF) >= 1024:
+        _PHASE_OF.clear()
+    parsed = _PHASE_OF[event_type] = _phase(event_type)
+    return parsed
+
+
 def _add_message(state: ThreadState, message: JSONObject, event_id: str) -> None:
     """Append ``message`` to the conversation, remembering the event it came from."""
     state.messages.append(message)
@@ -493,7 +506,9 @@ def _add_message(state: ThreadState, message: JSONObject, event_id: str) -> None
 
 def tool_content(content: Any) -> str:
     """The text a tool message carries for a tool's result (a str as is, anything else as JSON)."""
-    return content if isinstance(content, str) else _TOOL_CONTENT_JSON.encode(content)
+    if isinstance(content, str):
+        return content
+    return "null" if content is None else _TOOL_CONTENT_JSON.encode(content)  # None: what the encoder writes
 
 
 def _tool_message(call_id: str, name: str, content: Any, status: str) -> JSONObject:
@@ -515,7 +530,9 @@ class ThreadProjection:
         """Fold ``event`` into ``state`` (mutates and returns it)."""
         state.seq = event.seq
         state.head_hash = event.hash
-        parsed = _phase(event.type)
+        parsed = _PHASE_OF.get(event.type, _NOT_SEEN)
+        if parsed is _NOT_SEEN:
+            parsed = _phase_of(event.type)
         if parsed is not None:
             self._lifecycle(state, event, parsed[0], parsed[1])
             return state
@@ -532,7 +549,8 @@ class ThreadProjection:
         if not isinstance(effect_id, str) or not effect_id:
             state.stray_events.append(event)
             return
-        if effect_id in state.settled:
+        known = state.settled
+        if effect_id in known._rows or effect_id in known._where:  # ``in state.settled``, without the method call
             state.contradiction = True
             return
         group = state.open_events.setdefault(effect_id, [])
