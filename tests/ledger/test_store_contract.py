@@ -68,6 +68,7 @@ def test_iter_events_yields_what_read_returns_across_chunks(store: Store, monkey
     import jixu.ledger.sqlite as sqlite_module
 
     monkeypatch.setattr(sqlite_module, "_CHUNK", 3)  # several keyset chunks, a partial one last
+    monkeypatch.setattr(sqlite_module, "_EVENT_CHUNK", 3)
     monkeypatch.setattr(postgres_module, "_CHUNK", 3)
     stored = store.append("orders/1", events(8), 0)
     assert list(store.iter_events("orders/1")) == store.read("orders/1") == stored
