@@ -380,11 +380,13 @@ def project(store: Store, stream: str, projection: Projection[S], *, use_checkpo
             rows.append(row)
             yield row
 
-    # Verify and fold in one pass over the rows read, stopping at the first bad one.
-    report = verify_rows(stream, counted(), genesis_hash=anchor_hash, first_seq=start_seq,
-                         recorded_head=(info.head_seq, info.head_hash))
-    good = rows if report.valid else [r for r in rows if r.seq < (report.first_bad_seq or 0)]
-    state = fold(projection, (row.to_event() for row in good), state)
+    # Verify the rows read, then fold the good ones (up to the first bad one). The rows read are kept
+    # until then: the collector stays paused from the first read on (see gc_paused).
+    with gc_paused():
+        report = verify_rows(stream, counted(), genesis_hash=anchor_hash, first_seq=start_seq,
+                             recorded_head=(info.head_seq, info.head_hash))
+        good = rows if report.valid else [r for r in rows if r.seq < (report.first_bad_seq or 0)]
+        state = fold(projection, (row.to_event() for row in good), state)
     applied = len(good)
     seq = good[-1].seq if good else start_seq - 1
     head = good[-1].hash if good else anchor_hash
