@@ -438,6 +438,7 @@ def run_recovery(workdir: str, events: int, reps: int) -> dict[str, Any]:
 
     sys.path.insert(0, str(ROOT / "bench"))
     from jixu.ledger import SQLiteStore
+    from jixu.ledger.projection import replay
     from jixu.threads import Harness
     from jixu.threads.log import ThreadLog, stream_of
     from jixu.threads.projection import ThreadProjection
@@ -460,11 +461,8 @@ def run_recovery(workdir: str, events: int, reps: int) -> dict[str, Any]:
     with SQLiteStore(path) as store:
         rows = list(store.read_rows(stream))
         for _ in range(reps):
-            projection = ThreadProjection()
             start = time.perf_counter()
-            state = projection.initial()
-            for event in store.read(stream):
-                state = projection.apply(state, event)
+            replay(store, stream, ThreadProjection())
             replays.append(time.perf_counter() - start)
             start = time.perf_counter()
             report = store.verify(stream)

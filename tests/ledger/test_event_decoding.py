@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from jixu.ledger.event import Event, NewEvent, StoredRow, prepare, seal
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jixu.ledger.encoding import canonical_text
+from jixu.ledger.event import Event, NewEvent, StoredRow, event_from_stream_row, parse_json, prepare, seal
 
 
 def test_from_tuple_and_to_event_equal_the_plain_constructors() -> None:
@@ -28,3 +34,41 @@ def test_repeated_meta_is_parsed_once_and_shared() -> None:
     assert events[0].meta == {"actor": "jixu", "thread_id": "t"}
     assert events[0].meta is events[1].meta is events[2].meta
     assert [e.data for e in events] == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
+def test_a_stream_row_decodes_to_the_event_the_stored_row_decodes_to() -> None:
+    row = seal(prepare(NewEvent("model.completed", {"effect_id": "e", "result": {"text": "ü\n", "n": 1.5}},
+                                {"actor": "jixu", "thread_id": "t"})), stream="thread/x", seq=9,
+               prev_hash="0" * 64, recorded_at="2026-01-01T00:00:00.000000Z")
+    values = (row.id, row.seq, row.type, row.data_json, row.meta_json, row.recorded_at, row.prev_hash, row.hash)
+    event = event_from_stream_row("thread/x", values)
+    assert event == row.to_event()
+    assert event.computed_hash() == event.hash
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(_JSON, st.booleans())
+def test_parse_json_equals_json_loads(value: Any, canonical: bool) -> None:
+    text = canonical_text({"v": value}) if canonical else json.dumps({"v": value}, indent=1)
+    assert parse_json(text) == json.loads(text)
+    assert repr(parse_json(text)) == repr(json.loads(text))  # same types too (1 vs 1.0, -0.0)
+
+
+@pytest.mark.parametrize("text", ["", " ", "{", '{"a":1} x', '{"a":1}{}', "nul", '"\ud800', "[1,]", "{'a':1}"])
+def test_parse_json_raises_what_json_loads_raises_on_bad_text(text: str) -> None:
+    with pytest.raises(json.JSONDecodeError) as expected:
+        json.loads(text)
+    with pytest.raises(json.JSONDecodeError) as got:
+        parse_json(text)
+    assert (got.value.msg, got.value.pos) == (expected.value.msg, expected.value.pos)
+
+
+@pytest.mark.parametrize("text", [' {"a": 1} ', "\n[1, 2]\n", "NaN", "1e400", "-0.0"])
+def test_parse_json_accepts_what_json_loads_accepts(text: str) -> None:
+    assert repr(parse_json(text)) == repr(json.loads(text))

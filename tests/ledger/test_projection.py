@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import sqlite3
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,7 @@ import pytest
 from jixu.errors import InvalidInput, NotFound
 from jixu.ledger import NewEvent, SQLiteStore, Store, project, save_checkpoint
 from jixu.ledger.event import Event
-from jixu.ledger.projection import make_checkpoint
+from jixu.ledger.projection import fold, gc_paused, make_checkpoint, replay
 from jixu.ledger.store import Checkpoint
 
 
@@ -150,3 +152,81 @@ def test_tampering_after_the_checkpoint_stops_the_projection_at_the_bad_event(tm
     assert result.checkpoint == "used"
     assert not result.chain.valid and result.chain.first_bad_seq == 15
     assert result.seq == 14 and result.state.count == 14 and result.state.total == sum(range(14))
+
+
+# --- bulk folds: fold, replay, gc_paused --------------------------------------------------
+
+
+def test_fold_and_replay_apply_exactly_what_the_plain_loop_applies(store: Store) -> None:
+    fill(store, "t/1", 0, 12)
+    events = store.read("t/1")
+    plain = TallyProjection()
+    expected = plain.initial()
+    for event in events:
+        expected = plain.apply(expected, event)
+    assert fold(TallyProjection(), events) == expected
+    assert replay(store, "t/1", TallyProjection()) == expected
+    later = replay(store, "t/1", TallyProjection(), to_seq=5)
+    assert replay(store, "t/1", TallyProjection(), from_seq=6, state=later) == expected
+    assert replay(store, "t/1", TallyProjection(), from_seq=13) == Tally()
+
+
+def test_gc_is_paused_during_a_fold_and_enabled_again_after_it() -> None:
+    seen: list[bool] = []
+
+    class Watching(TallyProjection):
+        def apply(self, state: Tally, event: Event) -> Tally:
+            seen.append(gc.isenabled())
+            return super().apply(state, event)
+
+    assert gc.isenabled()
+    fold(Watching(), [_event(1), _event(2)])
+    assert seen == [False, False] and gc.isenabled()
+
+
+def test_gc_is_enabled_again_when_the_fold_raises() -> None:
+    class Failing(TallyProjection):
+        def apply(self, state: Tally, event: Event) -> Tally:
+            raise ValueError("bad event")
+
+    assert gc.isenabled()
+    with pytest.raises(ValueError, match="bad event"):
+        fold(Failing(), [_event(1)])
+    assert gc.isenabled()
+
+
+def test_a_gc_that_was_disabled_stays_disabled() -> None:
+    gc.disable()
+    try:
+        fold(TallyProjection(), [_event(1)])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_nested_and_concurrent_pauses_enable_the_gc_once_the_last_one_ends() -> None:
+    assert gc.isenabled()
+    with gc_paused():
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer fold is still running
+        inside, release = threading.Event(), threading.Event()
+
+        def other() -> None:
+            with gc_paused():
+                inside.set()
+                release.wait(5)
+
+        worker = threading.Thread(target=other)
+        worker.start()
+        assert inside.wait(5)
+    assert not gc.isenabled()  # the other thread's fold is still running
+    release.set()
+    worker.join(5)
+    assert gc.isenabled()
+
+
+def _event(seq: int) -> Event:
+    return Event(id=f"01JD00000000000000000000{seq:02d}", stream="t/1", seq=seq, type="tally.added",
+                 data={"n": seq}, meta={}, recorded_at="2026-01-01T00:00:00.000000Z", prev_hash="0" * 64,
+                 hash="0" * 64)

@@ -63,6 +63,22 @@ def test_read_returns_exactly_what_append_returned(store: Store) -> None:
     assert store.read("no/such/stream") == []
 
 
+def test_iter_events_yields_what_read_returns_across_chunks(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    import jixu.ledger.postgres as postgres_module
+    import jixu.ledger.sqlite as sqlite_module
+
+    monkeypatch.setattr(sqlite_module, "_CHUNK", 3)  # several keyset chunks, a partial one last
+    monkeypatch.setattr(sqlite_module, "_EVENT_CHUNK", 3)
+    monkeypatch.setattr(postgres_module, "_CHUNK", 3)
+    stored = store.append("orders/1", events(8), 0)
+    assert list(store.iter_events("orders/1")) == store.read("orders/1") == stored
+    assert list(store.iter_events("orders/1", 2, 7)) == stored[1:7]
+    assert list(store.iter_events("orders/1", 9)) == []
+    assert list(store.iter_events("no/such/stream")) == []
+    with pytest.raises(InvalidInput):
+        store.iter_events("orders/1", 0)  # checked when called, not when first iterated
+
+
 def test_stream_info_tracks_the_head(store: Store) -> None:
     assert store.stream_info("orders/1") is None
     stored = store.append("orders/1", events(2), 0)

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from jixu.ledger import MemoryStore, NewEvent, SQLiteStore, Store, content_hash, new_id
-from jixu.ledger.projection import chunk_name, project
+from jixu.ledger.projection import chunk_name, project, replay
 from jixu.ledger.store import Checkpoint
 from jixu.threads import projection as thread_projection
 from jixu.threads.log import ThreadLog, stream_of
@@ -201,6 +201,26 @@ def test_opening_from_chunked_checkpoints_equals_replay(store: Store, seed: int)
     other = ThreadLog(store, replayed(store, writer.thread_id)).fork(at)
     assert child.snapshot().messages == other.snapshot().messages
     assert child.snapshot().turns == other.snapshot().turns
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_public_replay_equals_the_live_state_and_the_plain_loop(store: Store, seed: int) -> None:
+    """``replay()`` (chunked reads, direct decoding, GC paused, the reducer's fast paths) changes no answer."""
+    rng = random.Random(100 + seed)
+    writer = Writer(store, rng)
+    for _turn in range(10):
+        writer.turn()
+    projection = ThreadProjection()
+    plain = projection.initial()
+    for event in store.read(writer.stream):
+        plain = projection.apply(plain, event)
+    fast = replay(store, writer.stream, ThreadProjection())
+    assert fast == plain == writer.state
+    assert projection.dump(fast) == projection.dump(writer.state)
+    assert ThreadLog(store, fast).analysis() == ThreadLog(store, writer.state).analysis()
+    middle = writer.state.seq // 2
+    head = replay(store, writer.stream, ThreadProjection(), to_seq=middle)
+    assert replay(store, writer.stream, ThreadProjection(), from_seq=middle + 1, state=head) == plain
 
 
 def _chunk_rows(store: Store, writer: Writer) -> list[Checkpoint]:

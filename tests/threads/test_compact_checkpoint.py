@@ -13,6 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jixu.threads.projection as projection_module
 from jixu.ledger import NewEvent, SQLiteStore, content_hash
 from jixu.ledger.projection import checkpoint_digest
 from jixu.recovery import EffectDecision
@@ -22,6 +27,7 @@ from jixu.threads.projection import (
     REDUCER_VERSION,
     SettledDecisions,
     ThreadProjection,
+    _encode_decision_json,
     decode_decision,
     encode_decision,
 )
@@ -51,6 +57,46 @@ def test_a_decision_round_trips_through_its_compact_text() -> None:
     # A fork record or checkpoint written by reducer 3 held decision dicts: still readable.
     assert SettledDecisions.from_dump({"e1": decision.to_dict()}) == settled
     assert SettledDecisions.from_dump({"e1": text}) == settled
+
+
+_PLAIN = st.sampled_from(["", "tool", "noop", "completed", "succeeded", "read_only", "jixu:01ABC", "0" * 64,
+                          "\x7f", "ü✓", "\ud800", "\u2028"])
+_AWKWARD = st.sampled_from(['a"b', "a\\b", "tab\there", "\x00", "\x1f", "\n"]) | st.text()
+
+
+def _mostly(usual: st.SearchStrategy[Any], rare: st.SearchStrategy[Any], odds: int = 20) -> st.SearchStrategy[Any]:
+    """``usual`` about ``odds`` times as often as ``rare``."""
+    return st.integers(0, odds).flatmap(lambda i: rare if i == 0 else usual)
+
+
+_TEXTS = _mostly(_PLAIN, _AWKWARD)  # mostly text that needs no escaping: the formatted path
+_OPTIONAL_TEXT = _mostly(_TEXTS, st.none())
+_SEQ = _mostly(st.integers(min_value=-3, max_value=10**20), st.sampled_from([None, True]))
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_TEXTS, _TEXTS, _OPTIONAL_TEXT, _TEXTS, _TEXTS, st.lists(_TEXTS, max_size=4).map(tuple) | st.just(()),
+       st.booleans(), _OPTIONAL_TEXT, _OPTIONAL_TEXT, _OPTIONAL_TEXT, _mostly(st.integers(0, 5), st.just(False)),
+       _mostly(st.none(), st.just({"resolution": "occurred", "note": "n"}), 5), _SEQ, _SEQ.filter(lambda v: v is not None))
+def test_the_formatted_compact_text_equals_the_json_encoders(
+        effect_id: str, kind: str, name: str | None, state: Any, reason: str, evidence: tuple[str, ...],
+        retry_safe: bool, semantics: str | None, key: str | None, args_hash: str | None, attempts: int,
+        resolution: dict[str, Any] | None, requested_seq: int | None, last_seq: int) -> None:
+    decision = EffectDecision(effect_id, kind, name, state, reason, evidence, retry_safe, semantics, key, args_hash,
+                              attempts, resolution, requested_seq, last_seq)
+    text = encode_decision(decision)
+    assert text == _encode_decision_json(decision)
+    assert json.loads(text)[0] == effect_id
+
+
+def test_an_ordinary_decision_takes_the_formatted_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    decision = EffectDecision("01M8NQ6NFJ3JHM58G231H9REW0", "tool", "noop", "completed", "succeeded",
+                              ("a", "b", "c"), False, "read_only", "jixu:01M8", "4" * 64, 1, None, 5, 7)
+    expected = _encode_decision_json(decision)
+    monkeypatch.setattr(projection_module, "_encode_decision_json", None)  # the encoder must not be called
+    text = encode_decision(decision)
+    assert text == expected
+    assert decode_decision(text) == decision
 
 
 def test_reopen_from_the_checkpoint_equals_replay(tmp_path: Path) -> None:

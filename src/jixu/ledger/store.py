@@ -564,7 +564,17 @@ class Store(abc.ABC):
 
     def read(self, stream: str, from_seq: int = 1, to_seq: int | None = None) -> list[Event]:
         """Events of ``stream`` with ``from_seq <= seq <= to_seq``, in order (``[]`` if none)."""
-        return [row.to_event() for row in self.read_rows(stream, from_seq, to_seq)]
+        return list(self.iter_events(stream, from_seq, to_seq))
+
+    def iter_events(self, stream: str, from_seq: int = 1, to_seq: int | None = None) -> Iterator[Event]:
+        """The events :meth:`read` returns, read and decoded chunk by chunk as they are iterated."""
+        check_stream(stream)
+        _check_seq_range(from_seq, to_seq)
+        return self._iter_events(stream, from_seq, to_seq)
+
+    def _iter_events(self, stream: str, from_seq: int, to_seq: int | None) -> Iterator[Event]:
+        # A backend may decode its rows into events directly (SQLite does).
+        return map(StoredRow.to_event, self._read_rows(stream, from_seq, to_seq))
 
     def read_rows(self, stream: str, from_seq: int = 1, to_seq: int | None = None) -> Iterator[StoredRow]:
         """Stored rows (canonical texts, unparsed) of ``stream`` in seq order."""

@@ -858,22 +858,32 @@ def _ordinary(effect_id: str, intent: Event, dispatch: Event, receipt: Event) ->
     if _args_hash_ok(data) is not True:
         return None
     last_seq = receipt.seq
-    return EffectDecision(
-        effect_id=effect_id,
-        kind=kind,
-        name=name,
-        state="completed",
-        reason="failed" if failed else "succeeded",
-        evidence=(intent.id, dispatch.id, receipt.id),
-        retry_safe=False,
-        semantics=semantics,
-        idempotency_key=key,
-        args_hash=claimed_hash,
-        attempts=1,
-        resolution=None,
-        requested_seq=intent.seq,
-        last_seq=last_seq if type(last_seq) is int else -1,
-    )
+    # What EffectDecision(effect_id=..., ...) builds, with the slots filled directly (about twice as fast as
+    # the frozen dataclass's __init__; the equality test in tests/recovery compares the objects field by field).
+    decision: EffectDecision = _new(EffectDecision)
+    _set_effect_id(decision, effect_id)
+    _set_kind(decision, kind)
+    _set_name(decision, name)
+    _set_state(decision, "completed")
+    _set_reason(decision, "failed" if failed else "succeeded")
+    _set_evidence(decision, (intent.id, dispatch.id, receipt.id))
+    _set_retry_safe(decision, False)
+    _set_semantics(decision, semantics)
+    _set_idempotency_key(decision, key)
+    _set_args_hash(decision, claimed_hash)
+    _set_attempts(decision, 1)
+    _set_resolution(decision, None)
+    _set_requested_seq(decision, intent.seq)
+    _set_last_seq(decision, last_seq if type(last_seq) is int else -1)
+    return decision
+
+
+_new = object.__new__
+(_set_effect_id, _set_kind, _set_name, _set_state, _set_reason, _set_evidence, _set_retry_safe, _set_semantics,
+ _set_idempotency_key, _set_args_hash, _set_attempts, _set_resolution, _set_requested_seq, _set_last_seq) = (
+    EffectDecision.__dict__[name].__set__ for name in (
+        "effect_id", "kind", "name", "state", "reason", "evidence", "retry_safe", "semantics", "idempotency_key",
+        "args_hash", "attempts", "resolution", "requested_seq", "last_seq"))
 
 
 def _same_identity(data: dict[str, Any], name: str, key: str, claimed_hash: str) -> bool:

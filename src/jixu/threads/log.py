@@ -36,7 +36,7 @@ from jixu.ledger.batching import CommitBatcher
 from jixu.ledger.encoding import canonical_text
 from jixu.ledger.event import PreparedEvent, prepare
 from jixu.ledger.ids import is_valid_id
-from jixu.ledger.projection import follow, make_chunked_checkpoint, write_chunked_checkpoint
+from jixu.ledger.projection import fold, follow, make_chunked_checkpoint, write_chunked_checkpoint
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 from jixu.recovery.resolutions import admit_resolution, resolution_body
 from jixu.threads.decide import Stop, decide
@@ -600,9 +600,7 @@ class ThreadLog:
         """Rebuild the state from events alone, calling no driver; decisions come from the resolver afresh."""
         last = self.resolve_upto(upto)
         events = self.store.read(self.stream, 1, last)
-        state = ThreadProjection().initial()
-        for event in events:
-            state = self._projection.apply(state, event)
+        state = fold(self._projection, events)
         report = self.store.verify(self.stream)
         break_seq = None if report.valid else report.first_bad_seq
         return self._whole_reply(build_state(state, RecoveryResolver.analyze(events, chain_break_seq=break_seq)))
@@ -623,9 +621,7 @@ class ThreadLog:
             raise NotFound(f"event {at} is not in thread {self.thread_id}; fork at one of its events",
                            event_id=at)
         events = self.store.read(self.stream, 1, event.seq)
-        parent_state = ThreadProjection().initial()
-        for item in events:
-            parent_state = self._projection.apply(parent_state, item)
+        parent_state = fold(self._projection, events)
         if RecoveryResolver.analyze(events).has_corruption or parent_state.contradiction:
             raise ThreadCorrupt(f"thread {self.thread_id} is corrupt at or before event {at}; cannot fork there")
         forked_id = new_id()

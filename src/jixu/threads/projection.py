@@ -49,7 +49,37 @@ _TOOL_CONTENT_JSON = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
 
 
 def encode_decision(decision: EffectDecision) -> str:
-    """A settled decision as compact JSON text (a positional array; see :class:`SettledDecisions`)."""
+    """A settled decision as compact JSON text (a positional array; see :class:`SettledDecisions`).
+
+    A decision whose texts need no JSON escaping, with integer seqs and no resolution (every ordinary
+    settled effect) is written by one format string; anything else by the JSON encoder. Both give
+    the same text (a property test in ``tests/threads`` pins it).
+    """
+    texts = (decision.effect_id, decision.kind, decision.name, decision.state, decision.reason, decision.semantics,
+             decision.idempotency_key, decision.args_hash)
+    evidence, retry_safe = decision.evidence, decision.retry_safe
+    attempts, requested_seq, last_seq = decision.attempts, decision.requested_seq, decision.last_seq
+    if (decision.resolution is None and type(attempts) is int and type(requested_seq) is int
+            and type(last_seq) is int and type(retry_safe) is bool and type(evidence) is tuple
+            and _TEXT_ONLY.issuperset(map(type, texts)) and _TEXT_ONLY.issuperset(map(type, evidence))):
+        effect_id, kind, name, state, reason, semantics, key, args_hash = texts
+        cited = '"' + '","'.join(evidence) + '"' if evidence else ""
+        text = (f'["{effect_id}","{kind}","{name}","{state}","{reason}",[{cited}],'
+                f'{"true" if retry_safe else "false"},"{semantics}","{key}","{args_hash}",{attempts},null,'
+                f"{requested_seq},{last_seq}]")
+        # Valid as it is when no text needed escaping: no quote but the ones written here, no backslash,
+        # no control character (isprintable() is False for those, and for some characters the encoder
+        # writes as they are: those take the encoder's path too).
+        if text.count('"') == 16 + 2 * len(evidence) and "\\" not in text and text.isprintable():
+            return text
+    return _encode_decision_json(decision)
+
+
+_TEXT_ONLY = frozenset((str,))
+
+
+def _encode_decision_json(decision: EffectDecision) -> str:
+    """:func:`encode_decision` by the JSON encoder (any decision)."""
     return _DECISION_JSON.encode([decision.effect_id, decision.kind, decision.name, decision.state, decision.reason,
                                   list(decision.evidence), decision.retry_safe, decision.semantics,
                                   decision.idempotency_key, decision.args_hash, decision.attempts,
@@ -457,6 +487,19 @@ def _phase(event_type: str) -> tuple[str, str] | None:
     return (kind, phase) if kind and phase in LIFECYCLE_PHASES else None
 
 
+_PHASE_OF: dict[str, tuple[str, str] | None] = {}
+"""``_phase`` of the event types seen (a thread uses a few dozen; cleared if it ever grows large)."""
+_NOT_SEEN: tuple[str, str] = ("", "")
+
+
+def _phase_of(event_type: str) -> tuple[str, str] | None:
+    """``_phase(event_type)``, remembered."""
+    if len(_PHASE_OF) >= 1024:
+        _PHASE_OF.clear()
+    parsed = _PHASE_OF[event_type] = _phase(event_type)
+    return parsed
+
+
 def _add_message(state: ThreadState, message: JSONObject, event_id: str) -> None:
     """Append ``message`` to the conversation, remembering the event it came from."""
     state.messages.append(message)
@@ -465,7 +508,9 @@ def _add_message(state: ThreadState, message: JSONObject, event_id: str) -> None
 
 def tool_content(content: Any) -> str:
     """The text a tool message carries for a tool's result (a str as is, anything else as JSON)."""
-    return content if isinstance(content, str) else _TOOL_CONTENT_JSON.encode(content)
+    if isinstance(content, str):
+        return content
+    return "null" if content is None else _TOOL_CONTENT_JSON.encode(content)  # None: what the encoder writes
 
 
 def _tool_message(call_id: str, name: str, content: Any, status: str) -> JSONObject:
@@ -487,7 +532,9 @@ class ThreadProjection:
         """Fold ``event`` into ``state`` (mutates and returns it)."""
         state.seq = event.seq
         state.head_hash = event.hash
-        parsed = _phase(event.type)
+        parsed = _PHASE_OF.get(event.type, _NOT_SEEN)
+        if parsed is _NOT_SEEN:
+            parsed = _phase_of(event.type)
         if parsed is not None:
             self._lifecycle(state, event, parsed[0], parsed[1])
             return state
@@ -504,7 +551,8 @@ class ThreadProjection:
         if not isinstance(effect_id, str) or not effect_id:
             state.stray_events.append(event)
             return
-        if effect_id in state.settled:
+        known = state.settled
+        if effect_id in known._rows or effect_id in known._where:  # ``in state.settled``, without the method call
             state.contradiction = True
             return
         group = state.open_events.setdefault(effect_id, [])
