@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,43 @@ from jixu.errors import (
 from jixu.ledger import MemoryStore, NewEvent, SQLiteStore, open_store
 from jixu.ledger.sqlite import SCHEMA_VERSION
 from tests.helpers import spawn_python
+
+
+def test_checkpoints_and_lease_releases_commit_without_waiting_for_the_disk_and_the_rest_does(
+        sqlite_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decision 0017: only writes whose loss in a power failure is harmless skip the fsync."""
+    from jixu.ledger import Checkpoint
+
+    with SQLiteStore(sqlite_path) as store:
+        seen: list[tuple[str, int]] = []
+        write = store._write
+
+        def spy(fn: Any, *, sync: bool = True) -> Any:
+            def observed(conn: sqlite3.Connection) -> Any:
+                seen.append((getattr(fn, "__qualname__", "?").split(".")[1], conn.execute(
+                    "PRAGMA synchronous").fetchone()[0]))
+                return fn(conn)
+            return write(observed, sync=sync)
+
+        monkeypatch.setattr(store, "_write", spy)
+        store.append("orders/1", [NewEvent("order.placed")], 0)
+        fence = store.acquire_lease("orders/1/turn", "me", 30)
+        store.renew_lease(fence, 30)
+        store.write_checkpoint(Checkpoint("orders/1", "main", 1, 1, store.stream_info("orders/1").head_hash,
+                                          "{}", "d"))
+        store.release_lease(fence)
+        # 2 = FULL, 1 = NORMAL (the append goes through its own group-commit path at FULL).
+        assert seen == [("_change_lease", 2), ("_change_lease", 2), ("_write_checkpoint", 1),
+                        ("_release_lease", 1)]
+        assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2
+
+        def failing(conn: sqlite3.Connection) -> None:
+            raise StoreError("refused inside the transaction")
+
+        with pytest.raises(StoreError):
+            write(failing, sync=False)
+        assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # restored after a failure too
+        assert store.get_lease("orders/1/turn").released  # type: ignore[union-attr]
 
 
 def test_the_database_refuses_update_and_delete_of_events(sqlite_path: Path) -> None:

@@ -271,9 +271,9 @@ class Crash:
             # so a kill inside it leaves uncommitted frames on disk that the next reader must ignore.
             self._conn.execute("PRAGMA cache_size = 10")
 
-        def write(self: SQLiteStore, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        def write(self: SQLiteStore, fn: Callable[[sqlite3.Connection], _T], *, sync: bool = True) -> _T:
             if not crash._dies_in_checkpoint():
-                return original_write(self, fn)
+                return original_write(self, fn, sync=sync)
 
             wal = f"{self.path}-wal"
 
@@ -285,7 +285,7 @@ class Crash:
                 die()
                 return result  # pragma: no cover
 
-            return original_write(self, then_die)
+            return original_write(self, then_die, sync=sync)
 
         self._report(SQLiteStore)
         SQLiteStore.__init__ = init  # type: ignore[method-assign]

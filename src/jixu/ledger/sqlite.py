@@ -290,22 +290,35 @@ class SQLiteStore(Store):
             except sqlite3.Error as exc:
                 raise _translate(exc, self.path) from exc
 
-    def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run ``fn`` inside one ``BEGIN IMMEDIATE`` transaction (rolled back on any error)."""
+    def _write(self, fn: Callable[[sqlite3.Connection], _T], *, sync: bool = True) -> _T:
+        """Run ``fn`` inside one ``BEGIN IMMEDIATE`` transaction (rolled back on any error).
+
+        ``sync=False`` commits without waiting for the disk (``synchronous =
+        NORMAL`` for this transaction; decision 0017): for writes whose loss in
+        a power failure is harmless, because the next durable commit of this
+        file syncs the log up to and including them first.
+        """
         if self.read_only:
             raise StoreReadOnly(f"{self.path}: opened read-only; open it writable to change it",
                                 path=self.path)
+        lazy = not sync and self.synchronous != "NORMAL"
 
         def transaction(conn: sqlite3.Connection) -> _T:
-            conn.execute("BEGIN IMMEDIATE")
+            if lazy:
+                conn.execute("PRAGMA synchronous = NORMAL")
             try:
-                result = fn(conn)
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-            return result
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    result = fn(conn)
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+                return result
+            finally:
+                if lazy:
+                    conn.execute(f"PRAGMA synchronous = {self.synchronous}")
 
         return self._run(transaction)
 
@@ -649,9 +662,11 @@ class SQLiteStore(Store):
         return self._write(apply)
 
     def _release_lease(self, fence: Fence) -> None:
+        # Not waited for on disk: lost in a power failure, the lease just expires as if its holder had died,
+        # and whoever acts on the release commits durably after it (decision 0017).
         self._write(lambda conn: conn.execute(
             "UPDATE jixu_leases SET released = 1 WHERE key = ? AND owner = ? AND epoch = ?",
-            (fence.key, fence.owner, fence.epoch)))
+            (fence.key, fence.owner, fence.epoch)), sync=False)
 
     def _get_lease(self, key: str) -> Lease | None:
         return self._run(lambda conn: self._lease_row(conn, key))
@@ -659,12 +674,15 @@ class SQLiteStore(Store):
     # --- checkpoints ----------------------------------------------------------------
 
     def _write_checkpoint(self, checkpoint: Checkpoint) -> None:
+        # Not waited for on disk (decision 0017): a checkpoint lost in a power failure is rebuilt from the
+        # events, and the log keeps its order, so a checkpoint that survives has its events and chunks.
         self._write(lambda conn: conn.execute(
             "INSERT INTO jixu_checkpoints VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (stream, name) DO UPDATE "
             "SET seq = excluded.seq, reducer_version = excluded.reducer_version, head_hash = excluded.head_hash, "
             "state = excluded.state, digest = excluded.digest, created_at = excluded.created_at",
             (checkpoint.stream, checkpoint.name, checkpoint.seq, checkpoint.reducer_version,
-             checkpoint.head_hash, checkpoint.state_json, checkpoint.digest, checkpoint.created_at or utc_now_text())))
+             checkpoint.head_hash, checkpoint.state_json, checkpoint.digest, checkpoint.created_at or utc_now_text())),
+            sync=False)
 
     def _read_checkpoint(self, stream: str, name: str) -> Checkpoint | None:
         row = self._run(lambda conn: conn.execute(
