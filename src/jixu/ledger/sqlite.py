@@ -566,36 +566,31 @@ class SQLiteStore(Store):
                          (stream, rows[-1].seq, rows[-1].hash, genesis_hash, recorded_at))
         return rows
 
-    def _read_rows(self, stream: str, from_seq: int, to_seq: int | None) -> Iterator[StoredRow]:
+    def _pages(self, stream: str, from_seq: int, to_seq: int | None, columns: str, size: int,
+               seq_column: int) -> Iterator[list[Any]]:
+        """``stream``'s rows with ``from_seq <= seq <= to_seq`` in seq order, ``size`` rows per read."""
         last = to_seq if to_seq is not None else 2**62
         start = from_seq
         while start <= last:
             chunk = self._run(lambda conn, start=start: conn.execute(  # type: ignore[misc]
-                f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE stream = ? AND seq >= ? AND seq <= ? "
+                f"SELECT {columns} FROM jixu_events WHERE stream = ? AND seq >= ? AND seq <= ? "
                 "ORDER BY seq LIMIT ?",
-                (stream, start, last, _CHUNK),
+                (stream, start, last, size),
             ).fetchall())
-            yield from map(StoredRow.from_tuple, chunk)
-            if len(chunk) < _CHUNK:
+            yield chunk
+            if len(chunk) < size:
                 return
-            start = chunk[-1][2] + 1
+            start = chunk[-1][seq_column] + 1
+
+    def _read_rows(self, stream: str, from_seq: int, to_seq: int | None) -> Iterator[StoredRow]:
+        for chunk in self._pages(stream, from_seq, to_seq, _ROW_COLUMNS, _CHUNK, 2):
+            yield from map(StoredRow.from_tuple, chunk)
 
     def _iter_events(self, stream: str, from_seq: int, to_seq: int | None) -> Iterator[Event]:
         # Rows straight into events (no StoredRow between), without the stream column: it is ``stream``.
         # Smaller chunks than _read_rows: each one's rows are decoded while still in the CPU's caches.
-        last = to_seq if to_seq is not None else 2**62
-        start = from_seq
-        size = _EVENT_CHUNK
-        while start <= last:
-            chunk = self._run(lambda conn, start=start: conn.execute(  # type: ignore[misc]
-                f"SELECT {_EVENT_COLUMNS} FROM jixu_events WHERE stream = ? AND seq >= ? AND seq <= ? "
-                "ORDER BY seq LIMIT ?",
-                (stream, start, last, size),
-            ).fetchall())
+        for chunk in self._pages(stream, from_seq, to_seq, _EVENT_COLUMNS, _EVENT_CHUNK, 1):
             yield from map(event_from_stream_row, repeat(stream), chunk)
-            if len(chunk) < size:
-                return
-            start = chunk[-1][1] + 1
 
     def _verify_snapshot(self, stream: str) -> VerifyReport:
         def snapshot(conn: sqlite3.Connection) -> VerifyReport:
