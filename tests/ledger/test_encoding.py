@@ -140,6 +140,22 @@ def test_new_ids_are_valid_unique_and_time_ordered() -> None:
     assert len(set(ids)) == len(ids)
 
 
+def test_an_id_carries_the_millisecond_it_was_made_in() -> None:
+    import time
+
+    from jixu.ledger.ids import _ALPHABET
+
+    for _ in range(50):  # across many millisecond boundaries (the time part is kept per millisecond)
+        before = time.time_ns() // 1_000_000
+        made = new_id()
+        after = time.time_ns() // 1_000_000
+        stamp = 0
+        for char in made[:10]:
+            stamp = stamp * 32 + _ALPHABET.index(char)
+        assert before <= stamp <= after
+        time.sleep(0.0007)
+
+
 def test_values_nested_too_deeply_or_circular_are_refused_with_a_typed_error() -> None:
     deep: Any = "leaf"
     for _ in range(100_000):

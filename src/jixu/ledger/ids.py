@@ -21,6 +21,7 @@ ULID_PATTERN = re.compile(r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")
 _lock = threading.Lock()
 _last_ms = -1
 _last_random = 0
+_time_text = ""  # the encoded _last_ms: ids made within one millisecond share it
 
 
 _PAIRS = [first + second for first in _ALPHABET for second in _ALPHABET]
@@ -34,7 +35,7 @@ def _encode(value: int, length: int) -> str:
 
 def new_id() -> str:
     """Return a new ULID, strictly greater than any made before in this process."""
-    global _last_ms, _last_random
+    global _last_ms, _last_random, _time_text
     with _lock:
         now_ms = time.time_ns() // 1_000_000
         if now_ms <= _last_ms:
@@ -46,8 +47,9 @@ def new_id() -> str:
         else:
             # Leave headroom so increments within the millisecond never overflow.
             _last_random = int.from_bytes(os.urandom(10), "big") >> 1
-        _last_ms = now_ms
-        return _encode(now_ms, 10) + _encode(_last_random, 16)
+        if now_ms != _last_ms:
+            _last_ms, _time_text = now_ms, _encode(now_ms, 10)
+        return _time_text + _encode(_last_random, 16)
 
 
 def is_valid_id(value: object) -> bool:
