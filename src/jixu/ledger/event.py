@@ -276,7 +276,7 @@ class StoredRow:
         """Parse the stored texts into an :class:`Event`.
 
         ``meta`` texts repeat (one actor, one thread), so their parsed objects
-        are shared between events (see :func:`_parse_meta`); events are
+        are shared between events (see :func:`shared_meta`); events are
         immutable and their ``meta`` must not be mutated.
         """
         event: Event = _new(Event)
@@ -285,7 +285,7 @@ class StoredRow:
         _event_seq(event, self.seq)
         _event_type(event, self.type)
         _event_data(event, parse_json(self.data_json))
-        _event_meta(event, _parse_meta(self.meta_json))
+        _event_meta(event, shared_meta(self.meta_json))
         _event_recorded_at(event, self.recorded_at)
         _event_prev_hash(event, self.prev_hash)
         _event_hash(event, self.hash)
@@ -319,7 +319,7 @@ def event_from_stream_row(stream: str, row: tuple[Any, ...]) -> Event:
     _event_seq(event, row[1])
     _event_type(event, row[2])
     _event_data(event, parse_json(row[3]))
-    _event_meta(event, _parse_meta(row[4]))
+    _event_meta(event, shared_meta(row[4]))
     _event_recorded_at(event, row[5])
     _event_prev_hash(event, row[6])
     _event_hash(event, row[7])
@@ -363,7 +363,7 @@ _META_CACHE_ENTRIES = 1024
 _META_CACHE_TEXT = 1024
 
 
-def _parse_meta(text: str) -> JSONObject:
+def shared_meta(text: str) -> JSONObject:
     """``json.loads(text)``, shared for short texts seen before (meta repeats: actor, thread id)."""
     meta = _META_CACHE.get(text)
     if meta is None:
@@ -419,5 +419,6 @@ __all__ = [
     "parse_json",
     "prepare",
     "seal",
+    "shared_meta",
     "utc_now_text",
 ]
