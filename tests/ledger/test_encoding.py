@@ -216,3 +216,14 @@ def test_a_meta_that_cannot_be_stored_is_refused_every_time() -> None:
     for _ in range(2):
         with pytest.raises(MalformedEvent):
             prepare(NewEvent("a.b", {}, {"actor": "\ud800"}))
+
+
+@given(st.text())
+def test_the_utf8_size_of_a_text_is_the_length_of_its_encoding(text: str) -> None:
+    from jixu.ledger.event import utf8_size
+
+    try:
+        encoded = text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: never stored (canonical_text refuses it first)
+        return
+    assert utf8_size(text) == len(encoded)

@@ -87,6 +87,8 @@ def canonical_text(value: JSONValue, *, path: str = "$") -> str:
         text = _ENCODER.encode(value)
     except RecursionError:
         raise MalformedEvent(f"value at {path} is nested too deeply to store", path=path) from None
+    if text.isascii():  # O(1) in CPython; an ASCII text holds no lone surrogate
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:

@@ -177,10 +177,15 @@ def prepare(event: NewEvent, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> Prep
         raise MalformedEvent(f"event {event.id}: meta must be a JSON object (dict)", field="meta")
     data_json = canonical_text(event.data, path="data")
     meta_json = _meta_text(event.meta)
-    size = len(data_json.encode("utf-8")) + len(meta_json.encode("utf-8"))
+    size = utf8_size(data_json) + utf8_size(meta_json)
     prepared = PreparedEvent(id=event.id, type=event.type, data_json=data_json, meta_json=meta_json, size=size)
     check_payload_size(prepared, max_payload_bytes)
     return prepared
+
+
+def utf8_size(text: str) -> int:
+    """The length of ``text`` in UTF-8 bytes (without encoding it when it is ASCII)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
 def check_payload_size(prepared: PreparedEvent, max_payload_bytes: int) -> None:
