@@ -66,14 +66,17 @@ def _plain(value: JSONValue) -> bool:
     if kind in _PLAIN_SCALARS:
         return True
     # Plain loops, not all(...): one frame per nesting level, and no generator per container.
+    # Scalars inside a container are checked in place: no call per string or number.
     if kind is dict:
-        for key, item in value.items():  # noqa: SIM110
-            if type(key) is not str or not _plain(item):
+        for key, item in value.items():
+            if type(key) is not str:
+                return False
+            if type(item) not in _PLAIN_SCALARS and not _plain(item):
                 return False
         return True
     if kind is list:
         for item in value:  # noqa: SIM110
-            if not _plain(item):
+            if type(item) not in _PLAIN_SCALARS and not _plain(item):
                 return False
         return True
     return kind is float and math.isfinite(value)
