@@ -227,3 +227,12 @@ def test_the_utf8_size_of_a_text_is_the_length_of_its_encoding(text: str) -> Non
     except UnicodeEncodeError:  # a lone surrogate: never stored (canonical_text refuses it first)
         return
     assert utf8_size(text) == len(encoded)
+
+
+@given(json_values)
+def test_canonical_text_is_exactly_what_the_public_json_encoder_writes(value: Any) -> None:
+    try:
+        text = canonical_text(value)
+    except MalformedEvent:
+        return  # a lone surrogate (see above)
+    assert text == json.dumps(value, ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"))

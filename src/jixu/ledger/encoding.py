@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from typing import Any, TypeAlias
 
 from jixu.errors import MalformedEvent
@@ -29,6 +30,34 @@ _ENCODER = json.JSONEncoder(
     separators=(",", ":"),
     check_circular=True,
 )
+
+
+
+def _refuse(value: object) -> object:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _make_encode() -> Callable[[JSONValue], str]:
+    """``_ENCODER.encode``, through one C encoder made once when the interpreter has it.
+
+    ``JSONEncoder.encode`` builds a new C encoder on every call (about half
+    the cost of encoding an event's small payload). Made here once, without
+    its circular-reference markers: :func:`canonical_text` has checked the
+    value (plain JSON, finite, not circular) before it encodes. The text is
+    the same (a property test compares the two).
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - an interpreter without the C accelerator
+        return _ENCODER.encode
+    encoder = make(None, _refuse, json.encoder.encode_basestring, None, ":", ",", True, False, False)
+
+    def encode(value: JSONValue) -> str:
+        return "".join(encoder(value, 0))
+
+    return encode
+
+
+_encode = _make_encode()
 
 _SCALARS = (str, int, float, bool, type(None))
 
@@ -87,7 +116,7 @@ def canonical_text(value: JSONValue, *, path: str = "$") -> str:
     try:
         if not _plain(value):
             _check(value, path)  # walks again, naming the offending path
-        text = _ENCODER.encode(value)
+        text = _encode(value)
     except RecursionError:
         raise MalformedEvent(f"value at {path} is nested too deeply to store", path=path) from None
     if text.isascii():  # O(1) in CPython; an ASCII text holds no lone surrogate
