@@ -1,9 +1,9 @@
-"""The PostgreSQL append in one statement: ``jixu_append`` (schema migration 3).
+"""The PostgreSQL append in one statement: ``jixu_append_v4`` (schema migration 4; ``jixu_append``, 3, before).
 
 The database seals the batch, so these tests hold it to the Python definition:
 every hash it computes equals :func:`jixu.ledger.event.seal` over the same
 bytes, whatever the payload; fences, heads and ids are decided under the
-same locks as before; and a database at schema version 2 upgrades on open.
+same locks as before; and databases at schema versions 2 and 3 upgrade on open.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from jixu.errors import ConcurrencyError, FencingError, IdempotencyConflict
+from jixu.errors import ConcurrencyError, FencingError, IdempotencyConflict, SchemaTooNew
 from jixu.ledger import NewEvent, PostgresStore
 from jixu.ledger import postgres as postgres_module
 from jixu.ledger.chain import row_hash
@@ -304,13 +304,35 @@ def test_a_stored_batch_appended_again_is_a_no_op_and_other_content_under_its_id
         first = store.append("idem/1", batch, 0)
         assert store.append("idem/1", batch, 0) == first
         assert store.append("idem/1", batch, 7) == first  # decided by the ids, before the head
+        # At the right head the batch is inserted; the ids' unique index finds the stored id and the
+        # whole append, head update included, is undone before the slower path decides.
         with pytest.raises(IdempotencyConflict, match="different content"):
             store.append("idem/1", [NewEvent("a.b", {"n": 99}, id=batch[0].id)], 3)
+        with pytest.raises(IdempotencyConflict, match="a retried append must repeat the same batch"):
+            store.append("idem/1", [NewEvent("a.b"), batch[0]], 3)
         with pytest.raises(IdempotencyConflict, match="a retried append must repeat the same batch"):
             store.append("idem/1", [batch[0], NewEvent("a.b")], 3)
         with pytest.raises(IdempotencyConflict, match="different content"):
             store.append("idem/2", [batch[1]], 0)
-        assert store.read("idem/1") == first and store.stream_info("idem/2") is None
+        info = store.stream_info("idem/1")
+        assert store.read("idem/1") == first and info is not None and info.head_seq == 3
+        assert info.head_hash == first[-1].hash and store.stream_info("idem/2") is None
+        assert store.verify("idem/1").valid
+
+
+def test_a_stored_batch_appended_again_with_a_fence_that_lost_its_lease_is_a_no_op(url: str) -> None:
+    """The ids decide before the fence, as before: a retry of a committed batch returns it."""
+    with PostgresStore(url) as store:
+        fence = store.acquire_lease("k/1", "w1", 30)
+        batch = [NewEvent("a.b", {"n": n}) for n in range(2)]
+        first = store.append("idem/1", batch, 0, fence)
+        store.release_lease(fence)
+        assert store.append("idem/1", batch, 0, fence) == first
+        with pytest.raises(FencingError, match="released by its owner"):
+            store.append("idem/1", [NewEvent("a.b")], 2, fence)
+        with pytest.raises(IdempotencyConflict, match="different content"):
+            store.append("idem/1", [NewEvent("a.b", {"n": 9}, id=batch[0].id)], 2, fence)
+        assert store.read("idem/1") == first and store.verify("idem/1").valid
 
 
 # --- the schema upgrade --------------------------------------------------------------------------
@@ -319,7 +341,7 @@ def test_a_stored_batch_appended_again_is_a_no_op_and_other_content_under_its_id
 def test_a_database_at_schema_2_upgrades_on_open_and_its_chains_continue(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert SCHEMA_VERSION == 3 and MIGRATIONS[2][0] == 3
+    assert SCHEMA_VERSION == 4 and MIGRATIONS[2][0] == 3
     with monkeypatch.context() as patch:  # the jixu before migration 3: two migrations, the old append
         patch.setattr(postgres_module, "MIGRATIONS", MIGRATIONS[:2])
         patch.setattr(postgres_module, "SCHEMA_VERSION", 2)
@@ -331,7 +353,7 @@ def test_a_database_at_schema_2_upgrades_on_open_and_its_chains_continue(
     with raw(url) as conn:
         assert conn.execute("SELECT count(*) FROM pg_proc WHERE proname = 'jixu_append'").fetchone() == (0,)
     with PostgresStore(url) as store:
-        assert store.schema_version() == 3
+        assert store.schema_version() == SCHEMA_VERSION
         after = store.append("up/1", [NewEvent("a.b", {"n": 3})], 3, fence)
         assert store.read("up/1") == before + after
         assert after[0].prev_hash == before[-1].hash
@@ -339,7 +361,55 @@ def test_a_database_at_schema_2_upgrades_on_open_and_its_chains_continue(
         assert store.append("up/1", [NewEvent("a.b", {"n": 3}, id=after[0].id)], 4) == after
     with raw(url) as conn:
         versions = conn.execute("SELECT version, description FROM jixu_schema ORDER BY version").fetchall()
-    assert [v for v, _ in versions] == [1, 2, 3] and "jixu_append" in versions[2][1]
+    assert [v for v, _ in versions] == [1, 2, 3, 4] and "jixu_append" in versions[2][1]
+    assert_sealed_like_python(stored(url, "up/1"))
+
+
+_APPEND_SQL_V3 = postgres_module._APPEND_SQL.replace("jixu_append_v4(", "jixu_append(")
+
+
+def test_a_database_at_schema_3_upgrades_on_open_and_running_older_workers_keep_appending(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 4 adds jixu_append_v4 and leaves jixu_append to the workers of schema 3 still running."""
+    assert SCHEMA_VERSION == 4 and MIGRATIONS[3][0] == 4 and "jixu_append_v4" in MIGRATIONS[3][1]
+    with monkeypatch.context() as patch:  # the jixu of schema 3: three migrations, jixu_append
+        patch.setattr(postgres_module, "MIGRATIONS", MIGRATIONS[:3])
+        patch.setattr(postgres_module, "SCHEMA_VERSION", 3)
+        patch.setattr(postgres_module, "_APPEND_SQL", _APPEND_SQL_V3)
+        old = PostgresStore(url)
+        assert old.schema_version() == 3
+        fence = old.acquire_lease("k/1", "w1", 60)
+        first = old.append("up/1", [NewEvent("a.b", {"n": n, "u": "ü"}) for n in range(3)], 0, fence)
+    try:
+        with raw(url) as conn:
+            assert conn.execute("SELECT count(*) FROM pg_proc WHERE proname = 'jixu_append_v4'").fetchone() == (0,)
+        with PostgresStore(url) as store:
+            assert store.schema_version() == 4
+            second = store.append("up/1", [NewEvent("a.b", {"n": 3})], 3, fence)
+            with monkeypatch.context() as patch:  # the worker of schema 3 that was already running
+                patch.setattr(postgres_module, "_APPEND_SQL", _APPEND_SQL_V3)
+                third = old.append("up/1", [NewEvent("a.b", {"n": 4})], 4, fence)
+                with pytest.raises(ConcurrencyError):
+                    old.append("up/1", [NewEvent("a.b")], 4, fence)
+                assert old.append("up/1", [NewEvent("a.b", {"n": 4}, id=third[0].id)], 4, fence) == third
+            fourth = store.append("up/1", [NewEvent("a.b", {"n": 5})], 5, fence)
+            assert store.read("up/1") == first + second + third + fourth
+            assert store.verify("up/1").valid
+            assert store.append("up/1", [NewEvent("a.b", {"n": 3}, id=second[0].id)], 4, fence) == second
+        with monkeypatch.context() as patch:  # a worker of schema 3 started now refuses the database
+            patch.setattr(postgres_module, "MIGRATIONS", MIGRATIONS[:3])
+            patch.setattr(postgres_module, "SCHEMA_VERSION", 3)
+            with pytest.raises(SchemaTooNew) as info:
+                PostgresStore(url)
+            assert info.value.details == {"found": 4, "supported": 3}
+    finally:
+        old.close()
+    with raw(url) as conn:
+        versions = conn.execute("SELECT version, description FROM jixu_schema ORDER BY version").fetchall()
+        functions = conn.execute("SELECT count(*) FROM pg_proc WHERE proname IN ('jixu_append', 'jixu_append_v4')"
+                                 ).fetchone()
+    assert [v for v, _ in versions] == [1, 2, 3, 4] and functions == (2,)
     assert_sealed_like_python(stored(url, "up/1"))
 
 
@@ -405,6 +475,31 @@ def test_an_append_is_one_round_trip_fenced_or_not_new_stream_or_not(url: str, m
             store.append("one/2", [NewEvent("a.b")], 1, fence)
         assert trips.count - before == 1
         assert store.verify("one/1").count == 51 and store.verify("one/2").count == 2
+
+
+def test_appends_on_one_connection_never_scan_the_events_table(url: str) -> None:
+    """No plan cached by the session turns the append into a scan of jixu_events as the table grows.
+
+    jixu_append (migration 3) looked the batch's ids up before every append; from the sixth call on, a
+    session reused a generic plan that, made while the table was empty, scanned it whole every time.
+    """
+    with PostgresStore(url, min_size=1, max_size=1) as store:
+        fence = store.acquire_lease("k/1", "w1", 60)
+        store.append("scan/1", [NewEvent("a.b")], 0, fence)
+        with raw(url) as conn, conn.transaction():
+            def scans() -> int:
+                row = conn.execute("SELECT coalesce(sum(seq_scan), 0) FROM pg_stat_xact_user_tables "
+                                   "WHERE relid = 'jixu_events'::regclass").fetchone()
+                assert row is not None
+                return int(row[0])
+
+            before = scans()
+            for n in range(1, 41):
+                batch = [PreparedEvent(e.id, e.type, canonical_text(e.data), "{}")
+                         for e in (NewEvent("a.b", {"n": n, "i": i}) for i in range(3))]
+                assert store._append_once(conn, "scan/1", batch, 1 + 3 * (n - 1), fence, GENESIS_HASH) is not None
+            assert scans() == before
+        assert store.verify("scan/1").count == 121
 
 
 def test_a_connection_idle_past_the_threshold_is_checked_before_use(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
