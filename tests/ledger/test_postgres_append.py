@@ -511,6 +511,26 @@ def test_a_connection_idle_past_the_threshold_is_checked_before_use(url: str, mo
         assert trips.of(lambda: store.stream_info("idle/1")) == 2  # the ping, then the query
 
 
+def test_a_connection_comes_back_to_the_pool_in_the_callers_thread_after_success_or_failure(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No pool worker thread takes part in a checkout or a return; a failed operation counts as recent use."""
+    with PostgresStore(url, min_size=1, max_size=4) as store:
+        tasks: list[str] = []
+        run_task = store._pool.run_task
+        monkeypatch.setattr(store._pool, "run_task", lambda task: (tasks.append(type(task).__name__), run_task(task)))
+        for seq in range(20):
+            store.append("back/1", [NewEvent("a.b")], seq)
+            assert store._pool.get_stats()["pool_available"] == 1  # already back, no hand-off pending
+        with pytest.raises(ConcurrencyError):
+            store.append("back/1", [NewEvent("a.b")], 0)
+        assert tasks == [] and store._pool.get_stats()["pool_available"] == 1
+        trips = RoundTrips(monkeypatch)
+        assert trips.of(lambda: store.stream_info("back/1")) == 1  # the failed append was a use: no ping
+        monkeypatch.setattr(postgres_module, "_IDLE_CHECK_SECONDS", 0.0)
+        assert trips.of(lambda: store.stream_info("back/1")) == 2
+
+
 def _kill_pooled_connection(store: PostgresStore, url: str) -> None:
     pid = store._run(lambda conn: conn.info.backend_pid)
     with raw(url) as conn:

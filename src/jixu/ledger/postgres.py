@@ -551,8 +551,7 @@ class PostgresStore(Store):
             name="jixu",
             timeout=max(30.0, self.connect_timeout),
             configure=self._configure,
-            check=self._check_idle,
-            reset=self._note_return,
+            check=self._check_idle,  # no ``reset``: with one, every return is handed to a pool thread
         )
         try:
             self._pool.open(wait=True, timeout=self.connect_timeout)
@@ -572,7 +571,7 @@ class PostgresStore(Store):
             conn.execute(f"SET client_connection_check_interval = {_CLIENT_CHECK_MS}")
 
     def _note_return(self, conn: _Conn) -> None:
-        """Pool ``reset`` callback: remember when ``conn`` came back (a clean return is proof of life)."""
+        """Remember when ``conn`` was last used (an answer from the server is proof of life); see :meth:`_run`."""
         with self._returned_lock:
             self._returned[conn] = time.monotonic()
 
@@ -658,12 +657,17 @@ class PostgresStore(Store):
             try:
                 with self._pool.connection() as conn:
                     used = conn
-                    if not (transaction or snapshot):
-                        return fn(conn)
-                    with conn.transaction():
-                        if snapshot:
-                            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                        return fn(conn)
+                    try:
+                        if not (transaction or snapshot):
+                            return fn(conn)
+                        with conn.transaction():
+                            if snapshot:
+                                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                            return fn(conn)
+                    finally:
+                        # Noted here, not by a pool ``reset`` callback: the pool runs that on a worker thread,
+                        # so each return cost a thread hand-off and the next checkout could find no connection.
+                        self._note_return(conn)
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, _Again) as exc:
                 cause = exc.cause if isinstance(exc, _Again) else exc
                 if attempt == _ATTEMPTS:
