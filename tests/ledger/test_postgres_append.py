@@ -486,7 +486,8 @@ def test_appends_on_one_connection_never_scan_the_events_table(url: str) -> None
     with PostgresStore(url, min_size=1, max_size=1) as store:
         fence = store.acquire_lease("k/1", "w1", 60)
         store.append("scan/1", [NewEvent("a.b")], 0, fence)
-        with raw(url) as conn, conn.transaction():
+        conn = store._pool.getconn()
+        with conn.transaction():  # one transaction: pg_stat_xact_user_tables counts its scans
             def scans() -> int:
                 row = conn.execute("SELECT coalesce(sum(seq_scan), 0) FROM pg_stat_xact_user_tables "
                                    "WHERE relid = 'jixu_events'::regclass").fetchone()
@@ -499,6 +500,7 @@ def test_appends_on_one_connection_never_scan_the_events_table(url: str) -> None
                          for e in (NewEvent("a.b", {"n": n, "i": i}) for i in range(3))]
                 assert store._append_once(conn, "scan/1", batch, 1 + 3 * (n - 1), fence, GENESIS_HASH) is not None
             assert scans() == before
+        store._pool.putconn(conn)
         assert store.verify("scan/1").count == 121
 
 
@@ -529,6 +531,26 @@ def test_a_connection_comes_back_to_the_pool_in_the_callers_thread_after_success
         assert trips.of(lambda: store.stream_info("back/1")) == 1  # the failed append was a use: no ping
         monkeypatch.setattr(postgres_module, "_IDLE_CHECK_SECONDS", 0.0)
         assert trips.of(lambda: store.stream_info("back/1")) == 2
+
+
+def test_appends_on_a_connection_share_one_cursor_which_survives_refusals_and_is_replaced_when_closed(
+    url: str,
+) -> None:
+    with PostgresStore(url, min_size=1, max_size=1) as store:
+        store.append("cur/1", [NewEvent("a.b")], 0)
+        cursor = store._run(lambda conn: conn.append_cursor())
+        reused = NewEvent("a.b")
+        store.append("cur/2", [reused], 0)
+        with pytest.raises(ConcurrencyError):
+            store.append("cur/1", [NewEvent("a.b")], 0)
+        with pytest.raises(IdempotencyConflict):  # the unique violation, then the slower path
+            store.append("cur/1", [NewEvent("a.b", {"other": 1}, id=reused.id)], 1)
+        store.append("cur/1", [NewEvent("a.b")], 1)
+        assert store._run(lambda conn: conn.append_cursor()) is cursor
+        cursor.close()
+        store.append("cur/1", [NewEvent("a.b")], 2)
+        assert store._run(lambda conn: conn.append_cursor()) is not cursor
+        assert [e.seq for e in store.read("cur/1")] == [1, 2, 3] and store.verify("cur/1").valid
 
 
 def _kill_pooled_connection(store: PostgresStore, url: str) -> None:

@@ -471,6 +471,23 @@ def _describe(dsn: str) -> str:
     return f"PostgreSQL database {str(dbname)!r} on host {str(host)!r}{port}"
 
 
+class _PooledConnection(psycopg.Connection[TupleRow]):
+    """A pooled connection that keeps one cursor for the appends.
+
+    ``Connection.execute`` makes a cursor per call, and a new cursor resolves
+    the dumper of every parameter again; a cursor that runs the same query
+    object again keeps its adapters (psycopg resets them only for another
+    query).
+    """
+
+    _append_cursor: psycopg.Cursor[TupleRow] | None = None
+
+    def append_cursor(self) -> psycopg.Cursor[TupleRow]:
+        if self._append_cursor is None or self._append_cursor.closed:
+            self._append_cursor = self.cursor()
+        return self._append_cursor
+
+
 class _Again(Exception):
     """Internal: the transaction must run again from the start (never leaves this module)."""
 
@@ -542,8 +559,9 @@ class PostgresStore(Store):
             if getattr(exc, "sqlstate", None) is None and not isinstance(exc, psycopg.OperationalError):
                 raise self._translate(exc) from None  # a malformed DSN: the driver's error may quote it
             raise self._translate(exc) from exc
-        self._pool: ConnectionPool[_Conn] = ConnectionPool(
+        self._pool: ConnectionPool[_PooledConnection] = ConnectionPool(
             dsn,
+            connection_class=_PooledConnection,
             kwargs=connect_kwargs,
             min_size=min_size,
             max_size=max_size,
@@ -633,7 +651,7 @@ class PostgresStore(Store):
 
     def _run(
         self,
-        fn: Callable[[_Conn], _T],
+        fn: Callable[[_PooledConnection], _T],
         *,
         write: bool = False,
         transaction: bool = False,
@@ -653,21 +671,24 @@ class PostgresStore(Store):
             raise StoreReadOnly(f"{self._where}: opened read-only; open it writable to change it")
         retry_broken = (not write) if idempotent is None else idempotent
         for attempt in range(1, _ATTEMPTS + 1):
-            used: _Conn | None = None
+            used: _PooledConnection | None = None
             try:
-                with self._pool.connection() as conn:
-                    used = conn
-                    try:
-                        if not (transaction or snapshot):
-                            return fn(conn)
-                        with conn.transaction():
-                            if snapshot:
-                                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                            return fn(conn)
-                    finally:
-                        # Noted here, not by a pool ``reset`` callback: the pool runs that on a worker thread,
-                        # so each return cost a thread hand-off and the next checkout could find no connection.
-                        self._note_return(conn)
+                # getconn/putconn, not pool.connection(): the connections are in autocommit and every transaction
+                # is a conn.transaction() block, so the ``with conn`` that pool.connection() adds had nothing to
+                # commit or roll back (the pool still rolls back a connection returned inside a transaction).
+                conn = used = self._pool.getconn()
+                try:
+                    if not (transaction or snapshot):
+                        return fn(conn)
+                    with conn.transaction():
+                        if snapshot:
+                            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                        return fn(conn)
+                finally:
+                    # Noted here, not by a pool ``reset`` callback: the pool runs that on a worker thread, so
+                    # each return cost a thread hand-off and the next checkout could find no connection.
+                    self._note_return(conn)
+                    self._pool.putconn(conn)
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, _Again) as exc:
                 cause = exc.cause if isinstance(exc, _Again) else exc
                 if attempt == _ATTEMPTS:
@@ -790,7 +811,7 @@ class PostgresStore(Store):
 
     def _append_once(
         self,
-        conn: _Conn,
+        conn: _PooledConnection,
         stream: str,
         batch: list[PreparedEvent],
         expected_seq: int,
@@ -798,8 +819,9 @@ class PostgresStore(Store):
         genesis_hash: str,
     ) -> list[StoredRow] | None:
         """The rows ``jixu_append_v4`` sealed and committed, or ``None`` when the slow path must decide."""
+        cursor = conn.append_cursor()
         try:
-            result = conn.execute(_APPEND_SQL, (
+            result = cursor.execute(_APPEND_SQL, (
                 stream, expected_seq, genesis_hash,
                 fence.key if fence else None, fence.owner if fence else None, fence.epoch if fence else None,
                 [p.id for p in batch], [p.type for p in batch], [p.data_json for p in batch],
