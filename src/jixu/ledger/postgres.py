@@ -320,7 +320,6 @@ DECLARE
     v_prev      text;
     v_hash      text;
     v_prevs     text[];
-    v_event     record;
     v_stored    boolean;
 BEGIN
     FOR attempt IN 1..3 LOOP
@@ -359,18 +358,14 @@ BEGIN
         v_prev := o_prev_hash;
         v_prevs := '{}';
         o_hashes := '{}';
-        FOR v_event IN
-            SELECT u.id, u.type, u.data, u.meta, u.n
-              FROM unnest(p_ids, p_types, p_data, p_meta) WITH ORDINALITY AS u (id, type, data, meta, n)
-             ORDER BY u.n
-        LOOP
+        FOR i IN 1..cardinality(p_ids) LOOP  -- subscripts, not a query over unnest(): no executor per append
             v_hash := encode(sha256('\\x6a6978752e6576656e742e763100'::bytea || convert_to(
-                '{"data":' || v_event.data || ',"id":"' || v_event.id || '","meta":' || v_event.meta
+                '{"data":' || p_data[i] || ',"id":"' || p_ids[i] || '","meta":' || p_meta[i]
                 || ',"prev_hash":"' || v_prev || '","recorded_at":"' || o_recorded_at
-                || '","seq":' || (p_expected + v_event.n)::text || ',"stream":"' || p_stream
-                || '","type":"' || v_event.type || '"}', 'UTF8')), 'hex');
-            v_prevs := v_prevs || v_prev;
-            o_hashes := o_hashes || v_hash;
+                || '","seq":' || (p_expected + i)::text || ',"stream":"' || p_stream
+                || '","type":"' || p_types[i] || '"}', 'UTF8')), 'hex');
+            v_prevs[i] := v_prev;
+            o_hashes[i] := v_hash;
             v_prev := v_hash;
         END LOOP;
         IF v_head_seq IS NULL THEN
