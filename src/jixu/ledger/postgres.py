@@ -48,7 +48,6 @@ import random
 import re
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import unquote
@@ -476,6 +475,8 @@ class _PooledConnection(psycopg.Connection[TupleRow]):
     """
 
     _append_cursor: psycopg.Cursor[TupleRow] | None = None
+    last_used: float | None = None
+    """``time.monotonic()`` when the store last had an answer on it (see ``PostgresStore._check_idle``)."""
 
     def append_cursor(self) -> psycopg.Cursor[TupleRow]:
         if self._append_cursor is None or self._append_cursor.closed:
@@ -533,8 +534,6 @@ class PostgresStore(Store):
         self._closed = False
         self._close_lock = threading.Lock()
         self._max_size = max_size
-        self._returned: weakref.WeakKeyDictionary[_Conn, float] = weakref.WeakKeyDictionary()
-        self._returned_lock = threading.Lock()
         self._fast_append = True
         connect_kwargs: dict[str, Any] = {
             "autocommit": True,
@@ -583,21 +582,15 @@ class PostgresStore(Store):
             # behalf of a caller that is gone, as it did when the client never sent COMMIT.
             conn.execute(f"SET client_connection_check_interval = {_CLIENT_CHECK_MS}")
 
-    def _note_return(self, conn: _Conn) -> None:
-        """Remember when ``conn`` was last used (an answer from the server is proof of life); see :meth:`_run`."""
-        with self._returned_lock:
-            self._returned[conn] = time.monotonic()
-
-    def _check_idle(self, conn: _Conn) -> None:
+    @staticmethod
+    def _check_idle(conn: _PooledConnection) -> None:
         """Pool ``check`` callback: ping only a connection idle for :data:`_IDLE_CHECK_SECONDS` or more.
 
         Pinging every checkout cost a round trip per operation. A connection
         the server dropped in the last seconds still fails on first use;
         :meth:`_run` then runs again an operation that is safe to repeat.
         """
-        with self._returned_lock:
-            returned = self._returned.get(conn)
-        if returned is None or time.monotonic() - returned >= _IDLE_CHECK_SECONDS:
+        if conn.last_used is None or time.monotonic() - conn.last_used >= _IDLE_CHECK_SECONDS:
             ConnectionPool.check_connection(conn)
 
     def _scrub(self, text: str) -> str:
@@ -682,7 +675,7 @@ class PostgresStore(Store):
                 finally:
                     # Noted here, not by a pool ``reset`` callback: the pool runs that on a worker thread, so
                     # each return cost a thread hand-off and the next checkout could find no connection.
-                    self._note_return(conn)
+                    conn.last_used = time.monotonic()
                     self._pool.putconn(conn)
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, _Again) as exc:
                 cause = exc.cause if isinstance(exc, _Again) else exc
