@@ -476,7 +476,7 @@ class _PooledConnection(psycopg.Connection[TupleRow]):
 
     _append_cursor: psycopg.Cursor[TupleRow] | None = None
     last_used: float | None = None
-    """``time.monotonic()`` when the store last had an answer on it (see ``PostgresStore._check_idle``)."""
+    """``time.monotonic()`` when ``PostgresStore._run`` last gave it back (``_check_idle`` then skips the ping)."""
 
     def append_cursor(self) -> psycopg.Cursor[TupleRow]:
         if self._append_cursor is None or self._append_cursor.closed:
