@@ -23,7 +23,7 @@ from jixu.ledger import NewEvent, PostgresStore
 from jixu.ledger import postgres as postgres_module
 from jixu.ledger.chain import row_hash
 from jixu.ledger.encoding import canonical_text
-from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow, format_timestamp, seal
+from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow, format_timestamp, prepare, seal
 from jixu.ledger.postgres import MIGRATIONS, SCHEMA_VERSION
 from jixu.ledger.store import Fence
 from tests.conftest import PostgresSchema
@@ -496,8 +496,7 @@ def test_appends_on_one_connection_never_scan_the_events_table(url: str) -> None
 
             before = scans()
             for n in range(1, 41):
-                batch = [PreparedEvent(e.id, e.type, canonical_text(e.data), "{}")
-                         for e in (NewEvent("a.b", {"n": n, "i": i}) for i in range(3))]
+                batch = [prepare(NewEvent("a.b", {"n": n, "i": i})) for i in range(3)]
                 assert store._append_once(conn, "scan/1", batch, 1 + 3 * (n - 1), fence, GENESIS_HASH) is not None
             assert scans() == before
         store._pool.putconn(conn)
