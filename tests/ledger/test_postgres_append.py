@@ -1,9 +1,9 @@
-"""The PostgreSQL append in one statement: ``jixu_append`` (schema migration 3).
+"""The PostgreSQL append in one statement: ``jixu_append_v4`` (schema migration 4; ``jixu_append``, 3, before).
 
 The database seals the batch, so these tests hold it to the Python definition:
 every hash it computes equals :func:`jixu.ledger.event.seal` over the same
 bytes, whatever the payload; fences, heads and ids are decided under the
-same locks as before; and a database at schema version 2 upgrades on open.
+same locks as before; and databases at schema versions 2 and 3 upgrade on open.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from jixu.errors import ConcurrencyError, FencingError, IdempotencyConflict
+from jixu.errors import ConcurrencyError, FencingError, IdempotencyConflict, SchemaTooNew
 from jixu.ledger import NewEvent, PostgresStore
 from jixu.ledger import postgres as postgres_module
 from jixu.ledger.chain import row_hash
@@ -305,13 +305,35 @@ def test_a_stored_batch_appended_again_is_a_no_op_and_other_content_under_its_id
         first = store.append("idem/1", batch, 0)
         assert store.append("idem/1", batch, 0) == first
         assert store.append("idem/1", batch, 7) == first  # decided by the ids, before the head
+        # At the right head the batch is inserted; the ids' unique index finds the stored id and the
+        # whole append, head update included, is undone before the slower path decides.
         with pytest.raises(IdempotencyConflict, match="different content"):
             store.append("idem/1", [NewEvent("a.b", {"n": 99}, id=batch[0].id)], 3)
+        with pytest.raises(IdempotencyConflict, match="a retried append must repeat the same batch"):
+            store.append("idem/1", [NewEvent("a.b"), batch[0]], 3)
         with pytest.raises(IdempotencyConflict, match="a retried append must repeat the same batch"):
             store.append("idem/1", [batch[0], NewEvent("a.b")], 3)
         with pytest.raises(IdempotencyConflict, match="different content"):
             store.append("idem/2", [batch[1]], 0)
-        assert store.read("idem/1") == first and store.stream_info("idem/2") is None
+        info = store.stream_info("idem/1")
+        assert store.read("idem/1") == first and info is not None and info.head_seq == 3
+        assert info.head_hash == first[-1].hash and store.stream_info("idem/2") is None
+        assert store.verify("idem/1").valid
+
+
+def test_a_stored_batch_appended_again_with_a_fence_that_lost_its_lease_is_a_no_op(url: str) -> None:
+    """The ids decide before the fence, as before: a retry of a committed batch returns it."""
+    with PostgresStore(url) as store:
+        fence = store.acquire_lease("k/1", "w1", 30)
+        batch = [NewEvent("a.b", {"n": n}) for n in range(2)]
+        first = store.append("idem/1", batch, 0, fence)
+        store.release_lease(fence)
+        assert store.append("idem/1", batch, 0, fence) == first
+        with pytest.raises(FencingError, match="released by its owner"):
+            store.append("idem/1", [NewEvent("a.b")], 2, fence)
+        with pytest.raises(IdempotencyConflict, match="different content"):
+            store.append("idem/1", [NewEvent("a.b", {"n": 9}, id=batch[0].id)], 2, fence)
+        assert store.read("idem/1") == first and store.verify("idem/1").valid
 
 
 # --- the schema upgrade --------------------------------------------------------------------------
@@ -320,7 +342,7 @@ def test_a_stored_batch_appended_again_is_a_no_op_and_other_content_under_its_id
 def test_a_database_at_schema_2_upgrades_on_open_and_its_chains_continue(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert SCHEMA_VERSION == 3 and MIGRATIONS[2][0] == 3
+    assert SCHEMA_VERSION == 4 and MIGRATIONS[2][0] == 3
     with monkeypatch.context() as patch:  # the jixu before migration 3: two migrations, the old append
         patch.setattr(postgres_module, "MIGRATIONS", MIGRATIONS[:2])
         patch.setattr(postgres_module, "SCHEMA_VERSION", 2)
@@ -332,7 +354,7 @@ def test_a_database_at_schema_2_upgrades_on_open_and_its_chains_continue(
     with raw(url) as conn:
         assert conn.execute("SELECT count(*) FROM pg_proc WHERE proname = 'jixu_append'").fetchone() == (0,)
     with PostgresStore(url) as store:
-        assert store.schema_version() == 3
+        assert store.schema_version() == SCHEMA_VERSION
         after = store.append("up/1", [NewEvent("a.b", {"n": 3})], 3, fence)
         assert store.read("up/1") == before + after
         assert after[0].prev_hash == before[-1].hash
@@ -340,7 +362,55 @@ def test_a_database_at_schema_2_upgrades_on_open_and_its_chains_continue(
         assert store.append("up/1", [NewEvent("a.b", {"n": 3}, id=after[0].id)], 4) == after
     with raw(url) as conn:
         versions = conn.execute("SELECT version, description FROM jixu_schema ORDER BY version").fetchall()
-    assert [v for v, _ in versions] == [1, 2, 3] and "jixu_append" in versions[2][1]
+    assert [v for v, _ in versions] == [1, 2, 3, 4] and "jixu_append" in versions[2][1]
+    assert_sealed_like_python(stored(url, "up/1"))
+
+
+_APPEND_SQL_V3 = postgres_module._APPEND_SQL.replace("jixu_append_v4(", "jixu_append(")
+
+
+def test_a_database_at_schema_3_upgrades_on_open_and_running_older_workers_keep_appending(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 4 adds jixu_append_v4 and leaves jixu_append to the workers of schema 3 still running."""
+    assert SCHEMA_VERSION == 4 and MIGRATIONS[3][0] == 4 and "jixu_append_v4" in MIGRATIONS[3][1]
+    with monkeypatch.context() as patch:  # the jixu of schema 3: three migrations, jixu_append
+        patch.setattr(postgres_module, "MIGRATIONS", MIGRATIONS[:3])
+        patch.setattr(postgres_module, "SCHEMA_VERSION", 3)
+        patch.setattr(postgres_module, "_APPEND_SQL", _APPEND_SQL_V3)
+        old = PostgresStore(url)
+        assert old.schema_version() == 3
+        fence = old.acquire_lease("k/1", "w1", 60)
+        first = old.append("up/1", [NewEvent("a.b", {"n": n, "u": "ü"}) for n in range(3)], 0, fence)
+    try:
+        with raw(url) as conn:
+            assert conn.execute("SELECT count(*) FROM pg_proc WHERE proname = 'jixu_append_v4'").fetchone() == (0,)
+        with PostgresStore(url) as store:
+            assert store.schema_version() == 4
+            second = store.append("up/1", [NewEvent("a.b", {"n": 3})], 3, fence)
+            with monkeypatch.context() as patch:  # the worker of schema 3 that was already running
+                patch.setattr(postgres_module, "_APPEND_SQL", _APPEND_SQL_V3)
+                third = old.append("up/1", [NewEvent("a.b", {"n": 4})], 4, fence)
+                with pytest.raises(ConcurrencyError):
+                    old.append("up/1", [NewEvent("a.b")], 4, fence)
+                assert old.append("up/1", [NewEvent("a.b", {"n": 4}, id=third[0].id)], 4, fence) == third
+            fourth = store.append("up/1", [NewEvent("a.b", {"n": 5})], 5, fence)
+            assert store.read("up/1") == first + second + third + fourth
+            assert store.verify("up/1").valid
+            assert store.append("up/1", [NewEvent("a.b", {"n": 3}, id=second[0].id)], 4, fence) == second
+        with monkeypatch.context() as patch:  # a worker of schema 3 started now refuses the database
+            patch.setattr(postgres_module, "MIGRATIONS", MIGRATIONS[:3])
+            patch.setattr(postgres_module, "SCHEMA_VERSION", 3)
+            with pytest.raises(SchemaTooNew) as info:
+                PostgresStore(url)
+            assert info.value.details == {"found": 4, "supported": 3}
+    finally:
+        old.close()
+    with raw(url) as conn:
+        versions = conn.execute("SELECT version, description FROM jixu_schema ORDER BY version").fetchall()
+        functions = conn.execute("SELECT count(*) FROM pg_proc WHERE proname IN ('jixu_append', 'jixu_append_v4')"
+                                 ).fetchone()
+    assert [v for v, _ in versions] == [1, 2, 3, 4] and functions == (2,)
     assert_sealed_like_python(stored(url, "up/1"))
 
 
@@ -408,6 +478,32 @@ def test_an_append_is_one_round_trip_fenced_or_not_new_stream_or_not(url: str, m
         assert store.verify("one/1").count == 51 and store.verify("one/2").count == 2
 
 
+def test_appends_on_one_connection_never_scan_the_events_table(url: str) -> None:
+    """No plan cached by the session turns the append into a scan of jixu_events as the table grows.
+
+    jixu_append (migration 3) looked the batch's ids up before every append; from the sixth call on, a
+    session reused a generic plan that, made while the table was empty, scanned it whole every time.
+    """
+    with PostgresStore(url, min_size=1, max_size=1) as store:
+        fence = store.acquire_lease("k/1", "w1", 60)
+        store.append("scan/1", [NewEvent("a.b")], 0, fence)
+        conn = store._pool.getconn()
+        with conn.transaction():  # one transaction: pg_stat_xact_user_tables counts its scans
+            def scans() -> int:
+                row = conn.execute("SELECT coalesce(sum(seq_scan), 0) FROM pg_stat_xact_user_tables "
+                                   "WHERE relid = 'jixu_events'::regclass").fetchone()
+                assert row is not None
+                return int(row[0])
+
+            before = scans()
+            for n in range(1, 41):
+                batch = [prepare(NewEvent("a.b", {"n": n, "i": i})) for i in range(3)]
+                assert store._append_once(conn, "scan/1", batch, 1 + 3 * (n - 1), fence, GENESIS_HASH) is not None
+            assert scans() == before
+        store._pool.putconn(conn)
+        assert store.verify("scan/1").count == 121
+
+
 def test_a_connection_idle_past_the_threshold_is_checked_before_use(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     with PostgresStore(url, min_size=1, max_size=1) as store:
         store.append("idle/1", [NewEvent("a.b")], 0)
@@ -415,6 +511,46 @@ def test_a_connection_idle_past_the_threshold_is_checked_before_use(url: str, mo
         assert trips.of(lambda: store.stream_info("idle/1")) == 1
         monkeypatch.setattr(postgres_module, "_IDLE_CHECK_SECONDS", 0.0)
         assert trips.of(lambda: store.stream_info("idle/1")) == 2  # the ping, then the query
+
+
+def test_a_connection_comes_back_to_the_pool_in_the_callers_thread_after_success_or_failure(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No pool worker thread takes part in a checkout or a return; a failed operation counts as recent use."""
+    with PostgresStore(url, min_size=1, max_size=4) as store:
+        tasks: list[str] = []
+        run_task = store._pool.run_task
+        monkeypatch.setattr(store._pool, "run_task", lambda task: (tasks.append(type(task).__name__), run_task(task)))
+        for seq in range(20):
+            store.append("back/1", [NewEvent("a.b")], seq)
+            assert store._pool.get_stats()["pool_available"] == 1  # already back, no hand-off pending
+        with pytest.raises(ConcurrencyError):
+            store.append("back/1", [NewEvent("a.b")], 0)
+        assert tasks == [] and store._pool.get_stats()["pool_available"] == 1
+        trips = RoundTrips(monkeypatch)
+        assert trips.of(lambda: store.stream_info("back/1")) == 1  # the failed append was a use: no ping
+        monkeypatch.setattr(postgres_module, "_IDLE_CHECK_SECONDS", 0.0)
+        assert trips.of(lambda: store.stream_info("back/1")) == 2
+
+
+def test_appends_on_a_connection_share_one_cursor_which_survives_refusals_and_is_replaced_when_closed(
+    url: str,
+) -> None:
+    with PostgresStore(url, min_size=1, max_size=1) as store:
+        store.append("cur/1", [NewEvent("a.b")], 0)
+        cursor = store._run(lambda conn: conn.append_cursor())
+        reused = NewEvent("a.b")
+        store.append("cur/2", [reused], 0)
+        with pytest.raises(ConcurrencyError):
+            store.append("cur/1", [NewEvent("a.b")], 0)
+        with pytest.raises(IdempotencyConflict):  # the unique violation, then the slower path
+            store.append("cur/1", [NewEvent("a.b", {"other": 1}, id=reused.id)], 1)
+        store.append("cur/1", [NewEvent("a.b")], 1)
+        assert store._run(lambda conn: conn.append_cursor()) is cursor
+        cursor.close()
+        store.append("cur/1", [NewEvent("a.b")], 2)
+        assert store._run(lambda conn: conn.append_cursor()) is not cursor
+        assert [e.seq for e in store.read("cur/1")] == [1, 2, 3] and store.verify("cur/1").valid
 
 
 def _kill_pooled_connection(store: PostgresStore, url: str) -> None:

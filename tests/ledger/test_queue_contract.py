@@ -504,7 +504,8 @@ def test_a_store_at_schema_1_gains_the_work_queue_on_open(shared_factory: StoreF
         with psycopg.connect(shared_factory.url, autocommit=True) as conn:
             conn.execute("DROP TABLE jixu_work")
             conn.execute("DROP TABLE jixu_work_projects")
-            conn.execute("DROP FUNCTION jixu_append")  # migration 3, which a schema-1 store lacks as well
+            conn.execute("DROP FUNCTION jixu_append")  # migrations 3 and 4, which a schema-1 store lacks as well
+            conn.execute("DROP FUNCTION jixu_append_v4")
             conn.execute("DELETE FROM jixu_schema WHERE version >= 2")
     reopened = shared_factory()
     assert reopened.schema_version() == (SQLITE_SCHEMA_VERSION if shared_factory.kind == "sqlite"

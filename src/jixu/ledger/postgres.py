@@ -4,11 +4,12 @@ Same contract and same tables as the SQLite store (``data`` and ``meta`` are
 TEXT holding the canonical JSON, never ``jsonb``: verification is byte-exact).
 What differs is how concurrency is settled:
 
-- **Appends** are one statement, ``SELECT * FROM jixu_append(...)`` (a
-  PL/pgSQL function, migration 3), run in autocommit: one round trip, one
+- **Appends** are one statement, ``SELECT * FROM jixu_append_v4(...)`` (a
+  PL/pgSQL function, migration 4; migration 3's ``jixu_append`` stays for
+  workers of schema 3 still running), run in autocommit: one round trip, one
   commit. In its READ COMMITTED transaction it locks the stream's head row
   ``FOR UPDATE`` first, so every later read sees what the previous holder
-  committed; then it checks the ids, the fence and the head, seals the batch
+  committed; then it checks the fence and the head, seals the batch
   with the database clock (``sha256()`` over the same bytes
   :func:`~jixu.ledger.event.seal` hashes) and inserts it. A new stream has no
   row to lock: its head row is inserted ``ON CONFLICT DO NOTHING`` and, when
@@ -17,7 +18,10 @@ What differs is how concurrency is settled:
   winner and one :class:`~jixu.errors.ConcurrencyError` (or a no-op, when the
   loser was a retry of the winner's batch) and never a raw unique violation.
   A batch with an id already stored (a retry, or a reused id) is decided by
-  the older several-statement transaction, with :func:`existing_batch`.
+  the older several-statement transaction, with :func:`existing_batch`: the
+  function finds it by the ids' unique index when it inserts (the statement
+  fails and undoes everything) or, when it refuses the fence or the head, by
+  looking the ids up first, so a retry is a no-op whatever moved since.
 - **Fences** lock the lease row ``FOR UPDATE`` in the append's transaction
   and judge expiry by the *database* clock (``clock_timestamp()``, read after
   the locks are held), so no worker's clock skew can extend a lease. The
@@ -44,7 +48,6 @@ import random
 import re
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import unquote
@@ -293,12 +296,113 @@ MIGRATIONS.append((
     "jixu_append(): an append in one statement (lock, check, seal, insert)",
     (_APPEND_FUNCTION,),
 ))
+
+_APPEND_FUNCTION_V4 = """CREATE FUNCTION jixu_append_v4(
+    p_stream text, p_expected bigint, p_genesis text,
+    p_fence_key text, p_fence_owner text, p_fence_epoch bigint,
+    p_ids text[], p_types text[], p_data text[], p_meta text[],
+    OUT o_status text, OUT o_head_seq bigint, OUT o_prev_hash text, OUT o_recorded_at text,
+    OUT o_hashes text[], OUT o_lease_found boolean, OUT o_lease_owner text, OUT o_lease_epoch bigint,
+    OUT o_lease_expires_at double precision, OUT o_lease_heartbeat_at double precision,
+    OUT o_lease_released boolean, OUT o_now double precision
+) LANGUAGE plpgsql AS $fn$
+-- jixu_append (migration 3) without its look-up of the batch's ids before every append: that look-up was
+-- planned once per session and, planned while jixu_events was still empty, scanned the whole table on
+-- every later append. An append that goes through now lets the ids' unique index find a stored id (the
+-- statement fails with a unique violation on jixu_events_id_key, and the caller decides on its slower
+-- path); an append refused for its fence or its head first looks the ids up, planned for these ids, so
+-- a retry of a stored batch still returns 'existing' before any refusal. Statuses as in jixu_append.
+DECLARE
+    v_head_seq  bigint;
+    v_head_hash text;
+    v_clock     timestamptz;
+    v_prev      text;
+    v_hash      text;
+    v_prevs     text[];
+    v_stored    boolean;
+BEGIN
+    FOR attempt IN 1..3 LOOP
+        -- Lock the head first: every later read sees what its last holder committed.
+        SELECT s.head_seq, s.head_hash INTO v_head_seq, v_head_hash
+          FROM jixu_streams s WHERE s.stream = p_stream FOR UPDATE;
+        IF p_fence_key IS NOT NULL THEN
+            SELECT l.owner, l.epoch, l.expires_at, l.heartbeat_at, l.released
+              INTO o_lease_owner, o_lease_epoch, o_lease_expires_at, o_lease_heartbeat_at, o_lease_released
+              FROM jixu_leases l WHERE l.key = p_fence_key FOR UPDATE;
+            o_lease_found := FOUND;
+            o_now := extract(epoch FROM clock_timestamp())::float8;  -- read after the locks are held
+            IF NOT o_lease_found OR o_lease_owner IS DISTINCT FROM p_fence_owner
+                    OR o_lease_epoch <> p_fence_epoch OR o_lease_released OR o_lease_expires_at <= o_now THEN
+                o_status := 'fenced';
+            END IF;
+        END IF;
+        o_head_seq := coalesce(v_head_seq, 0);
+        IF o_status IS NULL AND o_head_seq <> p_expected THEN
+            o_status := 'conflict';
+        END IF;
+        IF o_status IS NOT NULL THEN
+            -- Refused: unless the batch is already stored (a retry), which the caller decides instead.
+            -- EXECUTE plans the look-up for these ids each time (see above).
+            EXECUTE 'SELECT EXISTS (SELECT 1 FROM jixu_events e WHERE e.id = ANY ($1))' INTO v_stored USING p_ids;
+            IF v_stored THEN
+                o_status := 'existing';
+            END IF;
+            RETURN;
+        END IF;
+        v_clock := clock_timestamp();
+        o_recorded_at := __RECORDED_AT__;
+        o_prev_hash := coalesce(v_head_hash, p_genesis);
+        -- The chain, byte for byte as jixu.ledger.event.seal computes it: sha256 over the domain tag
+        -- and the UTF-8 envelope text assembled from the canonical data and meta texts as given.
+        v_prev := o_prev_hash;
+        v_prevs := '{}';
+        o_hashes := '{}';
+        FOR i IN 1..cardinality(p_ids) LOOP  -- subscripts, not a query over unnest(): no executor per append
+            v_hash := encode(sha256('\\x6a6978752e6576656e742e763100'::bytea || convert_to(
+                '{"data":' || p_data[i] || ',"id":"' || p_ids[i] || '","meta":' || p_meta[i]
+                || ',"prev_hash":"' || v_prev || '","recorded_at":"' || o_recorded_at
+                || '","seq":' || (p_expected + i)::text || ',"stream":"' || p_stream
+                || '","type":"' || p_types[i] || '"}', 'UTF8')), 'hex');
+            v_prevs[i] := v_prev;
+            o_hashes[i] := v_hash;
+            v_prev := v_hash;
+        END LOOP;
+        IF v_head_seq IS NULL THEN
+            INSERT INTO jixu_streams (stream, head_seq, head_hash, genesis_hash, created_at)
+            VALUES (p_stream, p_expected + cardinality(p_ids), v_prev, p_genesis, o_recorded_at)
+            ON CONFLICT (stream) DO NOTHING;
+            IF NOT FOUND THEN
+                CONTINUE;  -- another appender created the stream meanwhile: decide again under its lock
+            END IF;
+        ELSE
+            UPDATE jixu_streams SET head_seq = p_expected + cardinality(p_ids), head_hash = v_prev
+             WHERE stream = p_stream;
+        END IF;
+        -- A stored id fails this insert (unique violation on jixu_events_id_key): the whole append is undone.
+        INSERT INTO jixu_events (id, stream, seq, type, data, meta, recorded_at, prev_hash, hash)
+        SELECT u.id, p_stream, p_expected + u.n, u.type, u.data, u.meta, o_recorded_at, u.prev, u.hash
+          FROM unnest(p_ids, p_types, p_data, p_meta, v_prevs, o_hashes) WITH ORDINALITY
+               AS u (id, type, data, meta, prev, hash, n)
+         ORDER BY u.n;
+        o_status := 'ok';
+        RETURN;
+    END LOOP;
+    o_status := 'busy';
+    o_hashes := NULL;
+END
+$fn$""".replace("__RECORDED_AT__", _UTC_TEXT.format("v_clock"))
+
+MIGRATIONS.append((
+    4,
+    "jixu_append_v4(): jixu_append without a look-up of the ids before every append",
+    (_APPEND_FUNCTION_V4,),
+))
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 _IDLE_CHECK_SECONDS = 5.0
 """A pooled connection idle this long is pinged before use; one used more recently is trusted."""
 _CLIENT_CHECK_MS = 10
 """While a statement runs, the server looks this often (ms) whether its client is still connected."""
-_APPEND_SQL = ("SELECT * FROM jixu_append(%s::text, %s::bigint, %s::text, %s::text, %s::text, %s::bigint, "
+_APPEND_SQL = ("SELECT * FROM jixu_append_v4(%s::text, %s::bigint, %s::text, %s::text, %s::text, %s::bigint, "
                "%b::text[], %b::text[], %b::text[], %b::text[])")
 _WORK_COLUMNS = ("key, project, status, ready_at, enqueued_at, claimed_by, epoch, expires_at, heartbeat_at, "
                  "rerun, position")
@@ -361,6 +465,25 @@ def _describe(dsn: str) -> str:
     return f"PostgreSQL database {str(dbname)!r} on host {str(host)!r}{port}"
 
 
+class _PooledConnection(psycopg.Connection[TupleRow]):
+    """A pooled connection that keeps one cursor for the appends.
+
+    ``Connection.execute`` makes a cursor per call, and a new cursor resolves
+    the dumper of every parameter again; a cursor that runs the same query
+    object again keeps its adapters (psycopg resets them only for another
+    query).
+    """
+
+    _append_cursor: psycopg.Cursor[TupleRow] | None = None
+    last_used: float | None = None
+    """``time.monotonic()`` when ``PostgresStore._run`` last gave it back (``_check_idle`` then skips the ping)."""
+
+    def append_cursor(self) -> psycopg.Cursor[TupleRow]:
+        if self._append_cursor is None or self._append_cursor.closed:
+            self._append_cursor = self.cursor()
+        return self._append_cursor
+
+
 class _Again(Exception):
     """Internal: the transaction must run again from the start (never leaves this module)."""
 
@@ -411,8 +534,6 @@ class PostgresStore(Store):
         self._closed = False
         self._close_lock = threading.Lock()
         self._max_size = max_size
-        self._returned: weakref.WeakKeyDictionary[_Conn, float] = weakref.WeakKeyDictionary()
-        self._returned_lock = threading.Lock()
         self._fast_append = True
         connect_kwargs: dict[str, Any] = {
             "autocommit": True,
@@ -424,7 +545,7 @@ class PostgresStore(Store):
             with psycopg.connect(dsn, **connect_kwargs) as conn:
                 self._configure(conn)
                 self._migrate(conn)
-                # jixu_append hashes convert_to(text, 'UTF8') with sha256(): byte-exact only when the database
+                # jixu_append_v4 hashes convert_to(text, 'UTF8') with sha256(): byte-exact only when the database
                 # stores UTF-8, and sha256() exists from PostgreSQL 11 on. Elsewhere appends take the slow path.
                 self._fast_append = (conn.info.parameter_status("server_encoding") == "UTF8"
                                      and conn.info.server_version >= 110000)
@@ -432,8 +553,9 @@ class PostgresStore(Store):
             if getattr(exc, "sqlstate", None) is None and not isinstance(exc, psycopg.OperationalError):
                 raise self._translate(exc) from None  # a malformed DSN: the driver's error may quote it
             raise self._translate(exc) from exc
-        self._pool: ConnectionPool[_Conn] = ConnectionPool(
+        self._pool: ConnectionPool[_PooledConnection] = ConnectionPool(
             dsn,
+            connection_class=_PooledConnection,
             kwargs=connect_kwargs,
             min_size=min_size,
             max_size=max_size,
@@ -441,8 +563,7 @@ class PostgresStore(Store):
             name="jixu",
             timeout=max(30.0, self.connect_timeout),
             configure=self._configure,
-            check=self._check_idle,
-            reset=self._note_return,
+            check=self._check_idle,  # no ``reset``: with one, every return is handed to a pool thread
         )
         try:
             self._pool.open(wait=True, timeout=self.connect_timeout)
@@ -461,21 +582,15 @@ class PostgresStore(Store):
             # behalf of a caller that is gone, as it did when the client never sent COMMIT.
             conn.execute(f"SET client_connection_check_interval = {_CLIENT_CHECK_MS}")
 
-    def _note_return(self, conn: _Conn) -> None:
-        """Pool ``reset`` callback: remember when ``conn`` came back (a clean return is proof of life)."""
-        with self._returned_lock:
-            self._returned[conn] = time.monotonic()
-
-    def _check_idle(self, conn: _Conn) -> None:
+    @staticmethod
+    def _check_idle(conn: _PooledConnection) -> None:
         """Pool ``check`` callback: ping only a connection idle for :data:`_IDLE_CHECK_SECONDS` or more.
 
         Pinging every checkout cost a round trip per operation. A connection
         the server dropped in the last seconds still fails on first use;
         :meth:`_run` then runs again an operation that is safe to repeat.
         """
-        with self._returned_lock:
-            returned = self._returned.get(conn)
-        if returned is None or time.monotonic() - returned >= _IDLE_CHECK_SECONDS:
+        if conn.last_used is None or time.monotonic() - conn.last_used >= _IDLE_CHECK_SECONDS:
             ConnectionPool.check_connection(conn)
 
     def _scrub(self, text: str) -> str:
@@ -524,7 +639,7 @@ class PostgresStore(Store):
 
     def _run(
         self,
-        fn: Callable[[_Conn], _T],
+        fn: Callable[[_PooledConnection], _T],
         *,
         write: bool = False,
         transaction: bool = False,
@@ -544,16 +659,24 @@ class PostgresStore(Store):
             raise StoreReadOnly(f"{self._where}: opened read-only; open it writable to change it")
         retry_broken = (not write) if idempotent is None else idempotent
         for attempt in range(1, _ATTEMPTS + 1):
-            used: _Conn | None = None
+            used: _PooledConnection | None = None
             try:
-                with self._pool.connection() as conn:
-                    used = conn
+                # getconn/putconn, not pool.connection(): the connections are in autocommit and every transaction
+                # is a conn.transaction() block, so the ``with conn`` that pool.connection() adds had nothing to
+                # commit or roll back (the pool still rolls back a connection returned inside a transaction).
+                conn = used = self._pool.getconn()
+                try:
                     if not (transaction or snapshot):
                         return fn(conn)
                     with conn.transaction():
                         if snapshot:
                             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                         return fn(conn)
+                finally:
+                    # Noted here, not by a pool ``reset`` callback: the pool runs that on a worker thread, so
+                    # each return cost a thread hand-off and the next checkout could find no connection.
+                    conn.last_used = time.monotonic()
+                    self._pool.putconn(conn)
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, _Again) as exc:
                 cause = exc.cause if isinstance(exc, _Again) else exc
                 if attempt == _ATTEMPTS:
@@ -661,7 +784,7 @@ class PostgresStore(Store):
     ) -> list[StoredRow]:
         """One statement, one round trip, one commit in the common case; the rare cases decide slowly.
 
-        ``jixu_append`` (migration 3) locks the head, checks ids, fence and
+        ``jixu_append_v4`` (migration 4) locks the head, checks fence and
         head, seals the batch with the database clock and inserts it, all in
         the autocommit transaction of one ``SELECT``. A batch whose ids are
         already stored (a retry, or a conflict) goes to :meth:`_append_slowly`,
@@ -676,16 +799,17 @@ class PostgresStore(Store):
 
     def _append_once(
         self,
-        conn: _Conn,
+        conn: _PooledConnection,
         stream: str,
         batch: list[PreparedEvent],
         expected_seq: int,
         fence: Fence | None,
         genesis_hash: str,
     ) -> list[StoredRow] | None:
-        """The rows ``jixu_append`` sealed and committed, or ``None`` when the slow path must decide."""
+        """The rows ``jixu_append_v4`` sealed and committed, or ``None`` when the slow path must decide."""
+        cursor = conn.append_cursor()
         try:
-            result = conn.execute(_APPEND_SQL, (
+            result = cursor.execute(_APPEND_SQL, (
                 stream, expected_seq, genesis_hash,
                 fence.key if fence else None, fence.owner if fence else None, fence.epoch if fence else None,
                 [p.id for p in batch], [p.type for p in batch], [p.data_json for p in batch],
@@ -693,7 +817,7 @@ class PostgresStore(Store):
             )).fetchone()
         except pg_errors.UniqueViolation as exc:
             if exc.diag.constraint_name == _ID_CONSTRAINT:
-                raise _Again(exc) from exc  # the same id was committed meanwhile: decide again
+                return None  # an id of the batch is stored, or was committed meanwhile: decide slowly
             raise
         assert result is not None
         (status, head_seq, prev, recorded_at, hashes, lease_found, owner, epoch, expires_at, heartbeat_at,
