@@ -208,3 +208,18 @@ def test_the_token_estimate_counts_the_stored_text_of_an_artifact_not_its_placeh
     stored = {"role": "tool", "content": "[stored]", "artifact": {"sha256": "0" * 64, "size": 40_000}}
     assert estimate_tokens([stored]) == 10_000
     assert estimate_tokens([{"role": "tool", "content": "[stored]"}]) == 2
+
+
+def test_a_model_text_of_characters_json_must_escape_is_measured_by_its_encoding(ledger: Ledger) -> None:
+    """12,000 control characters are 72,000 bytes of canonical JSON (\\u0001 each): over the inline limit."""
+    text = "\x01" * 12_000
+
+    async def scenario() -> None:
+        harness = ledger.harness(Agent("escaped", ScriptedModel([text]), max_steps=2))
+        thread = await harness.create_thread()
+        await thread.send("go")
+        assert (await thread.wait()).last_reply == text
+        [receipt] = [e for e in await thread.events() if e.type == "model.completed"]
+        assert "text_artifact" in receipt.data["result"]
+
+    run(scenario())

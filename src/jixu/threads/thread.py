@@ -740,7 +740,7 @@ class Thread:
         """A ``model.completed`` result: a text longer than :data:`INLINE_RESULT_BYTES` is stored once as an
         artifact (before its receipt) and the result keeps a short placeholder and ``text_artifact``."""
         text = result.get("text")
-        if not isinstance(text, str) or len(text) * 4 <= INLINE_RESULT_BYTES:  # 4: most UTF-8 bytes per char
+        if not isinstance(text, str) or len(text) * 6 <= INLINE_RESULT_BYTES:  # 6: the most a char encodes to
             return result
         encoded = canonical_text(text, path="model text")
         if len(encoded.encode("utf-8")) <= INLINE_RESULT_BYTES:
