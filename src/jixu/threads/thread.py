@@ -33,6 +33,7 @@ from jixu.ledger import Event, Fence, NewEvent, content_hash, new_id
 from jixu.ledger.artifacts import ArtifactRef, get_text, put_text
 from jixu.ledger.batching import CommitBatcher
 from jixu.ledger.encoding import JSONObject, canonical_text
+from jixu.ledger.event import utf8_size
 from jixu.recovery import Analysis, EffectDecision
 from jixu.threads.compaction import compaction_prompt, summary_problem
 from jixu.threads.decide import (
@@ -79,6 +80,7 @@ class Thread:
         self._stage_receipts = False
         """True while one call runs alone: its receipt is staged and committed with the next step (0011)."""
         self._direct_appends = 0
+        """Appends made at once (not batched) by this thread's agent loop: it yields every few (see _commit)."""
         self._artifacts: dict[str, str] = {}
         """Texts of recently used artifacts by hash (content-addressed, so never stale)."""
         self._tool_specs = tuple(t.spec() for t in self._agent.tools)
@@ -727,26 +729,33 @@ class Thread:
         receipt (so the reference never points at nothing); the thread's state keeps only the reference.
         """
         data: dict[str, Any] = {"effect_id": effect_id, "attempt": attempt}
-        text = canonical_text(result, path="result") if not _small(result) else None
-        if text is not None and len(text.encode("utf-8")) > INLINE_RESULT_BYTES:
-            ref = put_text(self.log.store, text, meta=self.log.meta())
-            self._remember_artifact(ref.sha256, text)
+        ref = None if _small(result) else self._stored_if_large(canonical_text(result, path="result"))
+        if ref is not None:
             data["result_artifact"] = ref.to_dict()
         else:
             data["result"] = result
         return data
 
+    def _stored_if_large(self, encoded: str) -> ArtifactRef | None:
+        """Store ``encoded`` (canonical JSON) as an artifact when it is over :data:`INLINE_RESULT_BYTES`.
+
+        Returns its reference (``None`` when it stays inline); the text is kept at hand for the next model calls.
+        """
+        if utf8_size(encoded) <= INLINE_RESULT_BYTES:
+            return None
+        ref = put_text(self.log.store, encoded, meta=self.log.meta())
+        self._remember_artifact(ref.sha256, encoded)
+        return ref
+
     def _model_result(self, result: dict[str, Any]) -> dict[str, Any]:
         """A ``model.completed`` result: a text longer than :data:`INLINE_RESULT_BYTES` is stored once as an
         artifact (before its receipt) and the result keeps a short placeholder and ``text_artifact``."""
         text = result.get("text")
-        if not isinstance(text, str) or len(text) * 6 <= INLINE_RESULT_BYTES:  # 6: the most a char encodes to
+        if not isinstance(text, str) or _small(text):
             return result
-        encoded = canonical_text(text, path="model text")
-        if len(encoded.encode("utf-8")) <= INLINE_RESULT_BYTES:
+        ref = self._stored_if_large(canonical_text(text, path="model text"))
+        if ref is None:
             return result
-        ref = put_text(self.log.store, encoded, meta=self.log.meta())
-        self._remember_artifact(ref.sha256, encoded)
         return {**result, "text": f"[model text stored as artifact sha256:{ref.sha256}, {ref.size} bytes]",
                 "text_artifact": ref.to_dict()}
 
