@@ -49,6 +49,8 @@ MAX_NOTE_CHARS = 10_000
 MAX_INPUT_CHARS = 200_000
 REQUEST_ID = re.compile(r"^[0-9a-f]{32}$")
 RECOVERY_TTL = 30.0
+ARTIFACT_CACHE = 8
+"""Artifact texts a thread's record keeps at hand (for its next model calls and its last reply)."""
 INHERIT_CHUNK_CHARS = 128 * 1024
 """Characters of inherited state per ``thread.inherited`` event: even if every character needed a
 six-byte escape, a chunk stays under the ledger's 1 MiB payload limit."""
@@ -152,7 +154,9 @@ class ThreadLog:
         self._projection = ThreadProjection()
         self._checkpoint_seq = 0
         self._staged: list[PreparedEvent] = []  # encoded once, when staged
-        self._last_reply: tuple[str, str] | None = None  # (sha256, text) of the last reply read from an artifact
+        self._artifact_texts: dict[str, str] = {}
+        """Texts of recently used artifacts by hash (content-addressed, so never stale)."""
+        self._last_reply: tuple[str, str] | None = None  # (sha256, decoded text) of the last reply read
         self.appending = False
         """True while a batched append of this record waits for its commit (see :meth:`append_async`)."""
         self._open_analysis: tuple[ThreadState, int, int | None, Analysis] | None = None
@@ -261,10 +265,25 @@ class ThreadLog:
         ref = completed[-1].get("reply_artifact") if completed else None
         if not isinstance(ref, dict):
             return state
-        artifact = ArtifactRef.from_dict(ref)
-        if self._last_reply is None or self._last_reply[0] != artifact.sha256:
-            self._last_reply = (artifact.sha256, json.loads(get_text(self.store, artifact)))
+        sha256 = ArtifactRef.from_dict(ref).sha256
+        if self._last_reply is None or self._last_reply[0] != sha256:
+            self._last_reply = (sha256, json.loads(self.artifact_text(ref)))
         return dataclasses.replace(state, last_reply=self._last_reply[1])
+
+    def artifact_text(self, ref: dict[str, Any]) -> str:
+        """The stored text of an artifact reference (hash-checked; the last few are kept at hand)."""
+        artifact = ArtifactRef.from_dict(ref)
+        text = self._artifact_texts.get(artifact.sha256)
+        if text is None:
+            text = get_text(self.store, artifact)
+            self.remember_artifact(artifact.sha256, text)
+        return text
+
+    def remember_artifact(self, sha256: str, text: str) -> None:
+        """Keep ``text`` (the artifact ``sha256``, just stored or read) at hand for the next reads."""
+        if len(self._artifact_texts) >= ARTIFACT_CACHE:
+            self._artifact_texts.pop(next(iter(self._artifact_texts)))
+        self._artifact_texts[sha256] = text
 
     def status(self, *, max_steps: int = DEFAULT_MAX_STEPS, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
                running: bool = False, context_budget: int | None = None) -> str:

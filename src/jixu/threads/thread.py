@@ -30,7 +30,7 @@ from jixu.errors import (
     TurnOwned,
 )
 from jixu.ledger import Event, Fence, NewEvent, content_hash, new_id
-from jixu.ledger.artifacts import ArtifactRef, get_text, put_text
+from jixu.ledger.artifacts import ArtifactRef, put_text
 from jixu.ledger.batching import CommitBatcher
 from jixu.ledger.encoding import JSONObject, canonical_text
 from jixu.ledger.event import utf8_size
@@ -58,8 +58,6 @@ if TYPE_CHECKING:
 
 INLINE_RESULT_BYTES = 64 * 1024
 """A tool result whose canonical JSON is larger than this is stored as an artifact, not in its receipt."""
-ARTIFACT_CACHE = 8
-"""Artifact texts a thread keeps at hand for its next model calls."""
 YIELD_EVERY_APPENDS = 4
 """The agent loop yields to the event loop after this many direct appends (two agent steps)."""
 
@@ -81,8 +79,6 @@ class Thread:
         """True while one call runs alone: its receipt is staged and committed with the next step (0011)."""
         self._direct_appends = 0
         """Appends made at once (not batched) by this thread's agent loop: it yields every few (see _commit)."""
-        self._artifacts: dict[str, str] = {}
-        """Texts of recently used artifacts by hash (content-addressed, so never stale)."""
         self._tool_specs = tuple(t.spec() for t in self._agent.tools)
         self._batcher: CommitBatcher | None = None
         """The harness's commit batcher for this event loop while the loop runs with ``group_commits``."""
@@ -744,7 +740,7 @@ class Thread:
         if utf8_size(encoded) <= INLINE_RESULT_BYTES:
             return None
         ref = put_text(self.log.store, encoded, meta=self.log.meta())
-        self._remember_artifact(ref.sha256, encoded)
+        self.log.remember_artifact(ref.sha256, encoded)
         return ref
 
     def _model_result(self, result: dict[str, Any]) -> dict[str, Any]:
@@ -759,20 +755,6 @@ class Thread:
         return {**result, "text": f"[model text stored as artifact sha256:{ref.sha256}, {ref.size} bytes]",
                 "text_artifact": ref.to_dict()}
 
-    def _artifact_text(self, ref: dict[str, Any]) -> str:
-        """The stored text of an artifact reference (kept at hand for the next model calls)."""
-        artifact = ArtifactRef.from_dict(ref)
-        text = self._artifacts.get(artifact.sha256)
-        if text is None:
-            text = get_text(self.log.store, artifact)
-            self._remember_artifact(artifact.sha256, text)
-        return text
-
-    def _remember_artifact(self, sha256: str, text: str) -> None:
-        if len(self._artifacts) >= ARTIFACT_CACHE:
-            self._artifacts.pop(next(iter(self._artifacts)))
-        self._artifacts[sha256] = text
-
     def _model_messages(self, messages: Sequence[JSONObject]) -> tuple[JSONObject, ...]:
         """The conversation as a model must see it: results and texts stored as artifacts put back in place."""
         if not any(map(dict.__contains__, messages, repeat("artifact"))):  # C-speed scan: once per model call
@@ -783,7 +765,7 @@ class Thread:
             if ref is None:
                 resolved.append(message)
                 continue
-            value = json.loads(self._artifact_text(ref))
+            value = json.loads(self.log.artifact_text(ref))
             content = value if message.get("role") == "assistant" else tool_content(value)
             resolved.append({**{k: v for k, v in message.items() if k != "artifact"}, "content": content})
         return tuple(resolved)
