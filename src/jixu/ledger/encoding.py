@@ -59,6 +59,15 @@ def _make_encode() -> Callable[[JSONValue], str]:
 
 _encode = _make_encode()
 
+
+def encode_plain(value: JSONValue) -> str:
+    """The canonical text of ``value`` already known to be plain, finite, acyclic JSON (nothing is checked).
+
+    For a caller that has just walked the value itself; anything else uses :func:`canonical_text`.
+    The text may hold a lone surrogate, which ``.encode("utf-8")`` then refuses.
+    """
+    return _encode(value)
+
 _SCALARS = (str, int, float, bool, type(None))
 
 
@@ -151,5 +160,6 @@ __all__ = [
     "canonical_bytes",
     "canonical_text",
     "content_hash",
+    "encode_plain",
     "sha256_hex",
 ]

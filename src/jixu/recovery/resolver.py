@@ -58,14 +58,13 @@ listed in :attr:`Analysis.unattributed_events` and make the stream corrupt.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Final, Literal, TypeAlias
 
 from jixu.errors import JixuError
-from jixu.ledger.encoding import content_hash
+from jixu.ledger.encoding import content_hash, encode_plain
 from jixu.ledger.event import Event
 
 State: TypeAlias = Literal["completed", "not_dispatched", "unknown", "parked", "corrupt"]
@@ -371,7 +370,7 @@ def _args_hash_ok(data: dict[str, Any]) -> bool | None:
         # A flat object of text, integers, booleans and nulls (tool and model arguments, usually):
         # canonical_text's type walk cannot fail on it, so encode it with the same encoder directly.
         try:
-            text = _CANONICAL.encode(args).encode("utf-8")
+            text = encode_plain(args).encode("utf-8")
         except ValueError:  # a lone surrogate or an integer too long to print: content_hash fails too
             return None
         return bool(hashlib.sha256(text).hexdigest() == data["args_hash"])
@@ -383,9 +382,6 @@ def _args_hash_ok(data: dict[str, Any]) -> bool | None:
 
 _EMPTY_ARGS_HASH: Final[str] = content_hash({})
 _FLAT_TYPES: Final[frozenset[type]] = frozenset((str, int, bool, type(None)))
-# The canonical encoder's settings (jixu.ledger.encoding); tests/recovery pins the equality.
-_CANONICAL: Final[json.JSONEncoder] = json.JSONEncoder(
-    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":"), check_circular=True)
 
 
 def _resolution_of(event: Event) -> dict[str, Any]:
