@@ -19,7 +19,7 @@ from jixu.errors import (
     PayloadTooLarge,
 )
 from jixu.ledger import Checkpoint, Fence, NewEvent, Store
-from jixu.ledger.event import GENESIS_HASH, prepare
+from jixu.ledger.event import GENESIS_HASH, PreparedEvent, prepare
 from jixu.ledger.ids import new_id
 from jixu.ledger.store import AppendRequest
 from tests.conftest import StoreFactory
@@ -161,6 +161,8 @@ def test_a_batch_partly_stored_already_is_rejected(store: Store) -> None:
     ("orders/1", [NewEvent("ok.type"), NewEvent("ok.type", {"x": float("nan")})], 0, MalformedEvent),
     ("orders/1", ["not an event"], 0, MalformedEvent),
     ("orders/1", prepare(NewEvent("ok.type")), 0, InvalidInput),  # one event, not a list of them
+    # Built by hand, not by prepare(): its texts were never checked (here: not even JSON).
+    ("orders/1", [PreparedEvent(new_id(), "ok.type", "{not json", "{}", 9)], 0, InvalidInput),
 ])
 def test_bad_input_raises_a_typed_error_and_writes_nothing(
     store: Store, stream: str, batch: list[NewEvent], expected_seq: int, error: type[Exception]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from jixu.errors import InvalidId, MalformedEvent, PayloadTooLarge
+from jixu.errors import InvalidId, InvalidInput, MalformedEvent, PayloadTooLarge
 from jixu.ledger.encoding import JSONObject, canonical_text
 from jixu.ledger.ids import check_id, new_id
 
@@ -159,6 +159,8 @@ class PreparedEvent:
     meta_json: str
     size: int
     """UTF-8 bytes of ``data_json`` plus ``meta_json`` (what the payload limit counts)."""
+    _made_by: object = field(default=None, repr=False, compare=False)
+    """:data:`_PREPARE` when :func:`prepare` made it; a store refuses any other (see :func:`check_prepared`)."""
 
     def same_content(self, data_json: str, meta_json: str, type: str) -> bool:
         """True when a stored event with this id carries exactly this content."""
@@ -178,8 +180,21 @@ def prepare(event: NewEvent, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> Prep
     data_json = canonical_text(event.data, path="data")
     meta_json = _meta_text(event.meta)
     size = utf8_size(data_json) + utf8_size(meta_json)
-    prepared = PreparedEvent(id=event.id, type=event.type, data_json=data_json, meta_json=meta_json, size=size)
+    prepared = PreparedEvent(id=event.id, type=event.type, data_json=data_json, meta_json=meta_json, size=size,
+                             _made_by=_PREPARE)
     check_payload_size(prepared, max_payload_bytes)
+    return prepared
+
+
+_PREPARE = object()
+"""Marks the prepared events :func:`prepare` made (their texts are known canonical)."""
+
+
+def check_prepared(prepared: PreparedEvent) -> PreparedEvent:
+    """Return ``prepared`` if :func:`prepare` made it, else raise :class:`InvalidInput` (nothing is appended)."""
+    if prepared._made_by is not _PREPARE:
+        raise InvalidInput(f"event {prepared.id!r}: a PreparedEvent must be made by prepare(), which checks and "
+                           "encodes it; append the NewEvent instead", field="events")
     return prepared
 
 
@@ -415,6 +430,7 @@ __all__ = [
     "StoredRow",
     "check_hash",
     "check_payload_size",
+    "check_prepared",
     "check_stream",
     "check_type",
     "compute_hash",

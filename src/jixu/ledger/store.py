@@ -28,6 +28,7 @@ from jixu.ledger.event import (
     StoredRow,
     check_hash,
     check_payload_size,
+    check_prepared,
     check_stream,
     prepare,
 )
@@ -547,7 +548,8 @@ class Store(abc.ABC):
         if isinstance(events, NewEvent | PreparedEvent) or not isinstance(events, Sequence) or not events:
             raise InvalidInput("events must be a non-empty list of NewEvent", field="events")
         limit = self.max_payload_bytes
-        batch = [event if isinstance(event, PreparedEvent) else prepare(event, limit) for event in events]
+        batch = [check_prepared(event) if isinstance(event, PreparedEvent) else prepare(event, limit)
+                 for event in events]
         for prepared in batch:
             if prepared.size > limit:
                 check_payload_size(prepared, limit)
