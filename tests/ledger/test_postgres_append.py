@@ -159,6 +159,17 @@ def _blocked_on_a_lock(conn: psycopg.Connection[Any], count: int = 1, timeout: f
     raise AssertionError(f"fewer than {count} appends waited for the lock")
 
 
+def _insert_first_event(conn: psycopg.Connection[Any], stream: str, event: NewEvent) -> None:
+    """Write ``event`` as seq 1 of a new ``stream`` by hand, in ``conn``'s open transaction (as jixu would)."""
+    row = seal(prepare(event), stream=stream, seq=1, prev_hash=GENESIS_HASH,
+               recorded_at="2026-01-01T00:00:00.000000Z")
+    conn.execute("INSERT INTO jixu_streams VALUES (%s, 1, %s, %s, %s)",
+                 (stream, row.hash, GENESIS_HASH, row.recorded_at))
+    conn.execute(f"INSERT INTO jixu_events ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                 (row.id, row.stream, row.seq, row.type, row.data_json, row.meta_json, row.recorded_at,
+                  row.prev_hash, row.hash))
+
+
 def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
     outcome: list[Any] = []
 
@@ -262,13 +273,7 @@ def test_a_stream_created_while_the_append_waits_is_decided_again_under_its_lock
         theirs = NewEvent("a.b", {"who": "them"})
         with creator.transaction():
             # Another appender's transaction, open: it holds the new stream's key until it commits.
-            row = seal(prepare(theirs),
-                       stream="late/1", seq=1, prev_hash=GENESIS_HASH, recorded_at="2026-01-01T00:00:00.000000Z")
-            creator.execute("INSERT INTO jixu_streams VALUES ('late/1', 1, %s, %s, %s)",
-                            (row.hash, GENESIS_HASH, row.recorded_at))
-            creator.execute(f"INSERT INTO jixu_events ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                            (row.id, row.stream, row.seq, row.type, row.data_json, row.meta_json, row.recorded_at,
-                             row.prev_hash, row.hash))
+            _insert_first_event(creator, "late/1", theirs)
             mine, outcome = _in_thread(lambda: store.append("late/1", [NewEvent("a.b", {"who": "me"})], 0))
             retry, retried = _in_thread(lambda: store.append("late/1", [theirs], 0))
             _blocked_on_a_lock(watcher, count=2)
@@ -285,13 +290,7 @@ def test_an_id_committed_in_another_stream_while_the_append_waits_is_an_idempote
     with PostgresStore(url) as store, raw(url) as other, raw(url) as watcher:
         shared = NewEvent("a.b", {"n": 1})
         with other.transaction():
-            row = seal(prepare(shared),
-                       stream="other/1", seq=1, prev_hash=GENESIS_HASH, recorded_at="2026-01-01T00:00:00.000000Z")
-            other.execute("INSERT INTO jixu_streams VALUES ('other/1', 1, %s, %s, %s)",
-                          (row.hash, GENESIS_HASH, row.recorded_at))
-            other.execute(f"INSERT INTO jixu_events ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                          (row.id, row.stream, row.seq, row.type, row.data_json, row.meta_json, row.recorded_at,
-                           row.prev_hash, row.hash))
+            _insert_first_event(other, "other/1", shared)
             thread, outcome = _in_thread(lambda: store.append("mine/1", [NewEvent("a.b"), shared], 0))
             _blocked_on_a_lock(watcher)  # on the id's unique index entry: the other transaction's lock
         thread.join(10)
