@@ -190,11 +190,13 @@ _PREPARE = object()
 """Marks the prepared events :func:`prepare` made (their texts are known canonical)."""
 
 
-def check_prepared(prepared: PreparedEvent) -> PreparedEvent:
-    """Return ``prepared`` if :func:`prepare` made it, else raise :class:`InvalidInput` (nothing is appended)."""
+def check_prepared(prepared: PreparedEvent, max_payload_bytes: int) -> PreparedEvent:
+    """Return ``prepared`` if :func:`prepare` made it and it fits ``max_payload_bytes`` (a store's limit may be
+    lower than the one it was prepared under); else raise :class:`InvalidInput` or :class:`PayloadTooLarge`."""
     if prepared._made_by is not _PREPARE:
         raise InvalidInput(f"event {prepared.id!r}: a PreparedEvent must be made by prepare(), which checks and "
                            "encodes it; append the NewEvent instead", field="events")
+    check_payload_size(prepared, max_payload_bytes)
     return prepared
 
 

@@ -27,7 +27,6 @@ from jixu.ledger.event import (
     PreparedEvent,
     StoredRow,
     check_hash,
-    check_payload_size,
     check_prepared,
     check_stream,
     prepare,
@@ -548,11 +547,8 @@ class Store(abc.ABC):
         if isinstance(events, NewEvent | PreparedEvent) or not isinstance(events, Sequence) or not events:
             raise InvalidInput("events must be a non-empty list of NewEvent", field="events")
         limit = self.max_payload_bytes
-        batch = [check_prepared(event) if isinstance(event, PreparedEvent) else prepare(event, limit)
+        batch = [check_prepared(event, limit) if isinstance(event, PreparedEvent) else prepare(event, limit)
                  for event in events]
-        for prepared in batch:
-            if prepared.size > limit:
-                check_payload_size(prepared, limit)
         if len({p.id for p in batch}) != len(batch):
             raise InvalidInput("the batch contains the same event id twice", field="events")
         if fence is not None:
