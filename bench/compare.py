@@ -618,7 +618,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"synchronous_commit={pg_setting(dsn, 'synchronous_commit')})"
                 figures += compare_backend(args.python, "postgres", lambda name, _rep: fresh_database(dsn, name),
                                            args.steps, args.reps, variants, versions, notes)
-        for count in [int(n) for n in args.concurrency.split(",") if n.strip()]:
+        counts = [int(n) for n in args.concurrency.split(",") if n.strip()]
+        for count in counts:
             result = child(args.python, {"kind": "concurrent", "url": str(workdir / f"concurrent-{count}.db"),
                                          "threads": count, "steps": args.concurrent_steps})
             figures.append((f"SQLite, {count} concurrent threads: durable tool calls/s",
@@ -636,7 +637,6 @@ def main(argv: list[str] | None = None) -> int:
             figures.append((f"SQLite, {count} threads on one event loop (group_commits): appends per commit",
                             f"jixu_sqlite_loop_{count}_appends_per_commit",
                             result["appends"] / result["commits"], "appends"))
-        counts = [int(n) for n in args.concurrency.split(",") if n.strip()]
         if counts:  # the same as above with the no-op tool as a plain def (a worker-thread hop per call)
             count = max(counts)
             result = run_processes(args.python, str(workdir / f"processes-{count}.db"), args.processes, count,
