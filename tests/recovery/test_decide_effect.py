@@ -1,5 +1,8 @@
 """``decide_effect`` (with its fast path for the ordinary lifecycle) equals the general resolver.
 
+``ordinary_decision_text`` (the settled decision's text written straight from the events) equals the
+text of that decision whenever it answers.
+
 The generated lifecycles are mostly near the ordinary ``requested -> dispatched -> completed`` (or
 determinate ``failed``) shape, with every field the fast path looks at perturbed: other kinds,
 effect ids, attempts, names, keys, args hashes (right, wrong, unhashable args), semantics, approval
@@ -17,6 +20,7 @@ from hypothesis import strategies as st
 from jixu.ledger.encoding import content_hash
 from jixu.ledger.event import Event
 from jixu.recovery import analyze
+from jixu.recovery.decision_text import encode_decision, ordinary_decision_text
 from jixu.recovery.resolver import _args_hash_ok, decide_effect
 
 EID = "e1"
@@ -94,6 +98,47 @@ def lifecycle(draw: st.DrawFn) -> list[Event]:
 def test_decide_effect_equals_the_general_resolver(events: list[Event]) -> None:
     expected = analyze(events, check_links=False).decisions.get(EID)
     assert decide_effect(EID, events) == expected
+
+
+@settings(max_examples=1500, deadline=None)
+@given(lifecycle())
+def test_the_ordinary_text_is_the_decisions_text(events: list[Event]) -> None:
+    if len(events) != 3:
+        return
+    text = ordinary_decision_text(EID, events[0], events[1], events[2])
+    decision = analyze(events, check_links=False).decisions.get(EID)
+    if text is not None:
+        assert decision is not None and decision.state == "completed"
+        assert text == encode_decision(decision)
+    elif decision is not None and decision.state == "completed" and decision.attempts == 1 \
+            and decision.resolution is None and decision.reason in ("succeeded", "failed") \
+            and isinstance(events[0].seq, int) and isinstance(events[2].seq, int):
+        # Declined only when the text needs escaping (the caller then writes it with the encoder).
+        assert not ordinary_is_plain(encode_decision(decision))
+
+
+def ordinary_is_plain(text: str) -> bool:
+    return text.count('"') == 22 and "\\" not in text and text.isprintable()
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(min_size=1, max_size=6), st.text(max_size=6), st.text(min_size=1, max_size=6),
+       st.sampled_from(["tool", "model", "t\"x", "mé"]))
+def test_the_ordinary_text_of_any_names_is_the_decisions_text(effect_id: str, name: str, key: str,
+                                                              kind: str) -> None:
+    args = {"q": name}
+    data = {"effect_id": effect_id, "name": name, "args": args, "args_hash": content_hash(args),
+            "semantics": "idempotent", "idempotency_key": key}
+    events = [Event("i" + name, "s", 4, f"{kind}.requested", data, {}, "t", "0" * 64, "1" * 64),
+              Event("d", "s", 5, f"{kind}.dispatched", {"effect_id": effect_id, "attempt": 1}, {}, "t", "1" * 64,
+                    "2" * 64),
+              Event("r", "s", 9, f"{kind}.failed", {"effect_id": effect_id, "attempt": 1, "error": {},
+                                                   "indeterminate": False}, {}, "t", "2" * 64, "3" * 64)]
+    decision = decide_effect(effect_id, events)
+    assert decision is not None and decision.reason == "failed"
+    text = ordinary_decision_text(effect_id, events[0], events[1], events[2])
+    expected = encode_decision(decision)
+    assert text == expected if ordinary_is_plain(expected) else text is None
 
 
 def test_the_fast_path_is_taken_for_the_ordinary_lifecycle() -> None:

@@ -17,17 +17,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import jixu.recovery.decision_text as decision_text_module
 import jixu.threads.projection as projection_module
-from jixu.ledger import NewEvent, SQLiteStore, content_hash
+from jixu.ledger import MemoryStore, NewEvent, SQLiteStore, content_hash
 from jixu.ledger.projection import checkpoint_digest
-from jixu.recovery import EffectDecision
+from jixu.recovery import EffectDecision, decide_effect
+from jixu.recovery.decision_text import _encode_decision_json
 from jixu.threads import Agent, Harness, ScriptedModel, ToolCall, tool
 from jixu.threads.log import ThreadLog, stream_of
 from jixu.threads.projection import (
     REDUCER_VERSION,
     SettledDecisions,
     ThreadProjection,
-    _encode_decision_json,
     decode_decision,
     encode_decision,
 )
@@ -93,10 +94,29 @@ def test_an_ordinary_decision_takes_the_formatted_path(monkeypatch: pytest.Monke
     decision = EffectDecision("01M8NQ6NFJ3JHM58G231H9REW0", "tool", "noop", "completed", "succeeded",
                               ("a", "b", "c"), False, "read_only", "jixu:01M8", "4" * 64, 1, None, 5, 7)
     expected = _encode_decision_json(decision)
-    monkeypatch.setattr(projection_module, "_encode_decision_json", None)  # the encoder must not be called
+    monkeypatch.setattr(decision_text_module, "_encode_decision_json", None)  # the encoder must not be called
     text = encode_decision(decision)
     assert text == expected
     assert decode_decision(text) == decision
+
+
+def test_the_reducer_writes_an_ordinary_decision_without_building_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = {"amount": 1}
+    intent = {"effect_id": "e1", "name": "charge", "args": args, "args_hash": content_hash(args),
+              "semantics": "unsafe", "idempotency_key": "k", "call_id": "c1"}
+    new = [("tool.requested", intent), ("tool.dispatched", {"effect_id": "e1", "attempt": 1}),
+           ("tool.completed", {"effect_id": "e1", "attempt": 1, "result": {"ok": True}})]
+    store = MemoryStore()
+    events = store.append("thread/t", [NewEvent(kind, data) for kind, data in new], 0)
+    decision = decide_effect("e1", events)
+    assert decision is not None
+    monkeypatch.setattr(projection_module, "decide_effect", None)  # the general path must not be taken
+    fast = ThreadProjection().initial()
+    for event in events:
+        fast = ThreadProjection().apply(fast, event)
+    assert fast.settled.encoded() == {"e1": encode_decision(decision)}
+    assert fast.settled["e1"] == decision and not fast.open_events
+    assert [m["content"] for m in fast.messages] == ['{"ok": true}']
 
 
 def test_reopen_from_the_checkpoint_equals_replay(tmp_path: Path) -> None:

@@ -366,7 +366,8 @@ def _args_hash_ok(data: dict[str, Any]) -> bool | None:
     args = data["args"]
     if type(args) is dict and not args:
         return bool(data["args_hash"] == _EMPTY_ARGS_HASH)
-    if type(args) is dict and all(type(k) is str and type(v) in _FLAT_TYPES for k, v in args.items()):
+    if type(args) is dict and _FLAT_TYPES.issuperset(map(type, args.values())) \
+            and _KEY_TYPES.issuperset(map(type, args)):
         # A flat object of text, integers, booleans and nulls (tool and model arguments, usually):
         # canonical_text's type walk cannot fail on it, so encode it with the same encoder directly.
         try:
@@ -382,6 +383,7 @@ def _args_hash_ok(data: dict[str, Any]) -> bool | None:
 
 _EMPTY_ARGS_HASH: Final[str] = content_hash({})
 _FLAT_TYPES: Final[frozenset[type]] = frozenset((str, int, bool, type(None)))
+_KEY_TYPES: Final[frozenset[type]] = frozenset((str,))
 
 
 def _resolution_of(event: Event) -> dict[str, Any]:
@@ -807,52 +809,10 @@ def decide_effect(effect_id: str, events: Sequence[Event]) -> EffectDecision | N
 
 def _ordinary(effect_id: str, intent: Event, dispatch: Event, receipt: Event) -> EffectDecision | None:
     """requested -> dispatched(attempt 1) -> completed / determinate failed(attempt 1), or None."""
-    intent_type, dispatch_type, receipt_type = intent.type, dispatch.type, receipt.type
-    if type(intent_type) is not str or not intent_type.endswith(".requested"):
+    found = ordinary_lifecycle(effect_id, intent, dispatch, receipt)
+    if found is None:
         return None
-    kind = intent_type[:-10]
-    if (not kind or type(dispatch_type) is not str or dispatch_type != kind + ".dispatched"
-            or type(receipt_type) is not str):
-        return None
-    if receipt_type == kind + ".completed":
-        failed = False
-    elif receipt_type == kind + ".failed":
-        failed = True
-    else:
-        return None
-    data, dispatched, received = intent.data, dispatch.data, receipt.data
-    if type(data) is not dict or type(dispatched) is not dict or type(received) is not dict:
-        return None
-    name, key, claimed_hash, semantics = data.get("name"), data.get("idempotency_key"), data.get("args_hash"), \
-        data.get("semantics")
-    if (
-        data.get("effect_id") != effect_id
-        or dispatched.get("effect_id") != effect_id
-        or received.get("effect_id") != effect_id
-        or type(effect_id) is not str
-        or not effect_id
-        or type(name) is not str
-        or type(data.get("args")) is not dict
-        or type(claimed_hash) is not str
-        or type(semantics) is not str
-        or semantics not in _SEMANTICS_SET
-        or type(key) is not str
-        or data.get("requires_approval", False) is not False
-        or dispatched.get("attempt") != 1
-        or type(dispatched.get("attempt")) is not int
-        or received.get("attempt") != 1
-        or type(received.get("attempt")) is not int
-        or not _same_identity(dispatched, name, key, claimed_hash)
-        or not _same_identity(received, name, key, claimed_hash)
-    ):
-        return None
-    if failed:
-        if type(received.get("error")) is not dict or received.get("indeterminate") is not False:
-            return None
-    elif not _has_result(received):
-        return None
-    if _args_hash_ok(data) is not True:
-        return None
+    kind, name, failed, semantics, key, claimed_hash = found
     last_seq = receipt.seq
     # What EffectDecision(effect_id=..., ...) builds, with the slots filled directly (about twice as fast as
     # the frozen dataclass's __init__; the equality test in tests/recovery compares the objects field by field).
@@ -872,6 +832,66 @@ def _ordinary(effect_id: str, intent: Event, dispatch: Event, receipt: Event) ->
     _set_requested_seq(decision, intent.seq)
     _set_last_seq(decision, last_seq if type(last_seq) is int else -1)
     return decision
+
+
+def ordinary_lifecycle(effect_id: str, intent: Event, dispatch: Event,
+                       receipt: Event) -> tuple[str, str, bool, str, str, str] | None:
+    """``(kind, name, failed, semantics, idempotency_key, args_hash)`` if the three events are the
+    ordinary lifecycle, else None.
+
+    Ordinary: a well-formed intent, its dispatch of attempt 1 and the determinate receipt of that
+    attempt, all naming the same effect, kind, name, key and args hash. Such an effect is
+    ``completed`` (reason ``failed`` or ``succeeded``, evidence the three ids, attempts 1, not retry
+    safe, no resolution, ``requested_seq`` the intent's seq, ``last_seq`` the receipt's).
+    """
+    intent_type, dispatch_type, receipt_type = intent.type, dispatch.type, receipt.type
+    if type(intent_type) is not str or not intent_type.endswith(".requested"):
+        return None
+    kind = intent_type[:-10]
+    if (not kind or type(dispatch_type) is not str or dispatch_type != kind + ".dispatched"
+            or type(receipt_type) is not str):
+        return None
+    if receipt_type == kind + ".completed":
+        failed = False
+    elif receipt_type == kind + ".failed":
+        failed = True
+    else:
+        return None
+    data, dispatched, received = intent.data, dispatch.data, receipt.data
+    if type(data) is not dict or type(dispatched) is not dict or type(received) is not dict:
+        return None
+    name, key, claimed_hash, semantics = data.get("name"), data.get("idempotency_key"), data.get("args_hash"), \
+        data.get("semantics")
+    sent, answered = dispatched.get("attempt"), received.get("attempt")
+    if (
+        data.get("effect_id") != effect_id
+        or dispatched.get("effect_id") != effect_id
+        or received.get("effect_id") != effect_id
+        or type(effect_id) is not str
+        or not effect_id
+        or type(name) is not str
+        or type(data.get("args")) is not dict
+        or type(claimed_hash) is not str
+        or type(semantics) is not str
+        or semantics not in _SEMANTICS_SET
+        or type(key) is not str
+        or data.get("requires_approval", False) is not False
+        or type(sent) is not int
+        or sent != 1
+        or type(answered) is not int
+        or answered != 1
+        or not _same_identity(dispatched, name, key, claimed_hash)
+        or not _same_identity(received, name, key, claimed_hash)
+    ):
+        return None
+    if failed:
+        if type(received.get("error")) is not dict or received.get("indeterminate") is not False:
+            return None
+    elif not _has_result(received):
+        return None
+    if _args_hash_ok(data) is not True:
+        return None
+    return kind, name, failed, semantics, key, claimed_hash
 
 
 _new = object.__new__

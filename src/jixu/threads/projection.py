@@ -22,6 +22,7 @@ from jixu.ledger.encoding import JSONObject
 from jixu.ledger.event import Event
 from jixu.ledger.projection import ChunkSource, chunk_digest
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver, decide_effect
+from jixu.recovery.decision_text import decode_decision, encode_decision, ordinary_decision_text
 from jixu.threads.compaction import summary_message
 
 REDUCER_VERSION = 4
@@ -43,55 +44,8 @@ INTERRUPTED_MESSAGE = ("The turn ended before this call's result was recorded; i
                        "Do not assume it happened or that it did not.")
 
 
-_DECISION_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 _TOOL_CONTENT_JSON = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
-# Module-level encoders: json.dumps with options builds a new encoder on every call.
-
-
-def encode_decision(decision: EffectDecision) -> str:
-    """A settled decision as compact JSON text (a positional array; see :class:`SettledDecisions`).
-
-    A decision whose texts need no JSON escaping, with integer seqs and no resolution (every ordinary
-    settled effect) is written by one format string; anything else by the JSON encoder. Both give
-    the same text (a property test in ``tests/threads`` pins it).
-    """
-    texts = (decision.effect_id, decision.kind, decision.name, decision.state, decision.reason, decision.semantics,
-             decision.idempotency_key, decision.args_hash)
-    evidence, retry_safe = decision.evidence, decision.retry_safe
-    attempts, requested_seq, last_seq = decision.attempts, decision.requested_seq, decision.last_seq
-    if (decision.resolution is None and type(attempts) is int and type(requested_seq) is int
-            and type(last_seq) is int and type(retry_safe) is bool and type(evidence) is tuple
-            and _TEXT_ONLY.issuperset(map(type, texts)) and _TEXT_ONLY.issuperset(map(type, evidence))):
-        effect_id, kind, name, state, reason, semantics, key, args_hash = texts
-        cited = '"' + '","'.join(evidence) + '"' if evidence else ""
-        text = (f'["{effect_id}","{kind}","{name}","{state}","{reason}",[{cited}],'
-                f'{"true" if retry_safe else "false"},"{semantics}","{key}","{args_hash}",{attempts},null,'
-                f"{requested_seq},{last_seq}]")
-        # Valid as it is when no text needed escaping: no quote but the ones written here, no backslash,
-        # no control character (isprintable() is False for those, and for some characters the encoder
-        # writes as they are: those take the encoder's path too).
-        if text.count('"') == 16 + 2 * len(evidence) and "\\" not in text and text.isprintable():
-            return text
-    return _encode_decision_json(decision)
-
-
-_TEXT_ONLY = frozenset((str,))
-
-
-def _encode_decision_json(decision: EffectDecision) -> str:
-    """:func:`encode_decision` by the JSON encoder (any decision)."""
-    return _DECISION_JSON.encode([decision.effect_id, decision.kind, decision.name, decision.state, decision.reason,
-                                  list(decision.evidence), decision.retry_safe, decision.semantics,
-                                  decision.idempotency_key, decision.args_hash, decision.attempts,
-                                  decision.resolution, decision.requested_seq, decision.last_seq])
-
-
-def decode_decision(text: str) -> EffectDecision:
-    """The decision back from :func:`encode_decision`."""
-    (effect_id, kind, name, state, reason, evidence, retry_safe, semantics, key, args_hash, attempts, resolution,
-     requested_seq, last_seq) = json.loads(text)
-    return EffectDecision(effect_id, kind, name, state, reason, tuple(evidence), retry_safe, semantics, key,
-                          args_hash, attempts, resolution, requested_seq, last_seq)
+# Module-level encoder: json.dumps with options builds a new encoder on every call.
 
 
 SETTLED_CHUNK = 1000
@@ -185,9 +139,13 @@ class SettledDecisions(MutableMapping[str, EffectDecision]):
         return decode_decision(self.text(effect_id))
 
     def __setitem__(self, effect_id: str, decision: EffectDecision) -> None:
+        self.set_text(effect_id, encode_decision(decision))
+
+    def set_text(self, effect_id: str, text: str) -> None:
+        """Keep a decision already written as text (:func:`encode_decision`'s)."""
         if effect_id in self._where:
             self._unseal()
-        self._rows[effect_id] = encode_decision(decision)
+        self._rows[effect_id] = text
 
     def __delitem__(self, effect_id: str) -> None:
         if effect_id in self._where:
@@ -555,18 +513,23 @@ class ThreadProjection:
         if effect_id in known._rows or effect_id in known._where:  # ``in state.settled``, without the method call
             state.contradiction = True
             return
-        group = state.open_events.setdefault(effect_id, [])
-        group.append(event)
+        group = state.open_events.get(effect_id)
+        if group is None:
+            group = state.open_events[effect_id] = [event]
+        else:
+            group.append(event)
         if phase == "requested":
             turn_id = data.get("turn_id")
             if isinstance(turn_id, str):
                 state.effect_turn[effect_id] = turn_id
-            call_id = data.get("call_id")
-            if kind == "tool" and isinstance(call_id, str):
-                state.step_calls[call_id] = effect_id
-            turn = state.active_turn()
-            if kind == "model" and turn is not None and turn.turn_id == turn_id:
-                turn.model_calls += 1
+            if kind == "tool":
+                call_id = data.get("call_id")
+                if isinstance(call_id, str):
+                    state.step_calls[call_id] = effect_id
+            elif kind == "model":
+                turn = state.active_turn()
+                if turn is not None and turn.turn_id == turn_id:
+                    turn.model_calls += 1
             return
         if phase not in _SETTLING_PHASES:
             return
@@ -581,16 +544,21 @@ class ThreadProjection:
             if turn is not None and turn.turn_id == state.effect_turn.get(effect_id):
                 # Any failed summary request, determinate or not: the old context stays, no second try.
                 turn.compaction_failed = True
-        decision = decide_effect(effect_id, group)
-        if decision is None:
-            return
-        settled = decision.state == "completed" or (decision.state == "unknown" and decision.resolution)
-        if not settled:
-            return
+        # The ordinary lifecycle's decision is written as text at once (most settled effects; see
+        # ordinary_decision_text); anything else is decided in full and then written.
+        text = ordinary_decision_text(effect_id, group[0], group[1], group[2]) if len(group) == 3 else None
+        if text is None:
+            decision = decide_effect(effect_id, group)
+            if decision is None:
+                return
+            settled = decision.state == "completed" or (decision.state == "unknown" and decision.resolution)
+            if not settled:
+                return
+            text = encode_decision(decision)
         intent = group[0].data if group[0].type.endswith(".requested") else {}
         del state.open_events[effect_id]
         turn_id = state.effect_turn.pop(effect_id, None)
-        state.settled[effect_id] = decision
+        known.set_text(effect_id, text)
         if kind == "model":
             self._model_settled(state, event, phase, turn_id)
         elif kind == "tool":

@@ -1,0 +1,94 @@
+"""A settled decision as compact JSON text: how long threads keep them and checkpoints store them.
+
+The text is a positional array of :class:`~jixu.recovery.EffectDecision`'s
+fields. :func:`ordinary_decision_text` writes the text of an ordinary
+lifecycle's decision straight from its three events, without building the
+decision first: a long thread settles one effect per model or tool call, and
+replaying it writes one such text per effect.
+"""
+
+from __future__ import annotations
+
+import json
+
+from jixu.ledger.event import Event
+from jixu.recovery.resolver import EffectDecision, ordinary_lifecycle
+
+_DECISION_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+# Module-level encoder: json.dumps with options builds a new encoder on every call.
+_TEXT_ONLY = frozenset((str,))
+
+
+def encode_decision(decision: EffectDecision) -> str:
+    """A settled decision as compact JSON text (a positional array).
+
+    A decision whose texts need no JSON escaping, with integer seqs and no resolution (every ordinary
+    settled effect) is written by one format string; anything else by the JSON encoder. Both give
+    the same text (a property test in ``tests/threads`` pins it).
+    """
+    texts = (decision.effect_id, decision.kind, decision.name, decision.state, decision.reason, decision.semantics,
+             decision.idempotency_key, decision.args_hash)
+    evidence, retry_safe = decision.evidence, decision.retry_safe
+    attempts, requested_seq, last_seq = decision.attempts, decision.requested_seq, decision.last_seq
+    if (decision.resolution is None and type(attempts) is int and type(requested_seq) is int
+            and type(last_seq) is int and type(retry_safe) is bool and type(evidence) is tuple
+            and _TEXT_ONLY.issuperset(map(type, texts)) and _TEXT_ONLY.issuperset(map(type, evidence))):
+        effect_id, kind, name, state, reason, semantics, key, args_hash = texts
+        cited = '"' + '","'.join(evidence) + '"' if evidence else ""
+        text = (f'["{effect_id}","{kind}","{name}","{state}","{reason}",[{cited}],'
+                f'{"true" if retry_safe else "false"},"{semantics}","{key}","{args_hash}",{attempts},null,'
+                f"{requested_seq},{last_seq}]")
+        if _needs_no_escaping(text, 16 + 2 * len(evidence)):
+            return text
+    return _encode_decision_json(decision)
+
+
+def _needs_no_escaping(text: str, quotes: int) -> bool:
+    """Whether ``text``, written with ``quotes`` quotes of its own, is the JSON encoder's text as it is.
+
+    No quote but the ones written, no backslash, no control character (isprintable() is False for
+    those, and for some characters the encoder writes as they are: those take the encoder's path too).
+    """
+    return text.count('"') == quotes and "\\" not in text and text.isprintable()
+
+
+def _encode_decision_json(decision: EffectDecision) -> str:
+    """:func:`encode_decision` by the JSON encoder (any decision)."""
+    return _DECISION_JSON.encode([decision.effect_id, decision.kind, decision.name, decision.state, decision.reason,
+                                  list(decision.evidence), decision.retry_safe, decision.semantics,
+                                  decision.idempotency_key, decision.args_hash, decision.attempts,
+                                  decision.resolution, decision.requested_seq, decision.last_seq])
+
+
+def decode_decision(text: str) -> EffectDecision:
+    """The decision back from :func:`encode_decision`."""
+    (effect_id, kind, name, state, reason, evidence, retry_safe, semantics, key, args_hash, attempts, resolution,
+     requested_seq, last_seq) = json.loads(text)
+    return EffectDecision(effect_id, kind, name, state, reason, tuple(evidence), retry_safe, semantics, key,
+                          args_hash, attempts, resolution, requested_seq, last_seq)
+
+
+def ordinary_decision_text(effect_id: str, intent: Event, dispatch: Event, receipt: Event) -> str | None:
+    """``encode_decision(decide_effect(effect_id, [intent, dispatch, receipt]))`` for the ordinary lifecycle
+    (see :func:`~jixu.recovery.resolver.ordinary_lifecycle`), or None: then ask ``decide_effect``.
+
+    None also when the text would need JSON escaping or a seq is not an integer (the general path
+    writes those). ``tests/recovery`` pins the equality over generated lifecycles.
+    """
+    found = ordinary_lifecycle(effect_id, intent, dispatch, receipt)
+    if found is None:
+        return None
+    kind, name, failed, semantics, key, args_hash = found
+    requested_seq, last_seq = intent.seq, receipt.seq
+    first, second, third = intent.id, dispatch.id, receipt.id
+    if type(requested_seq) is not int or type(last_seq) is not int or type(first) is not str \
+            or type(second) is not str or type(third) is not str:
+        return None
+    text = (f'["{effect_id}","{kind}","{name}","completed","{"failed" if failed else "succeeded"}",'
+            f'["{first}","{second}","{third}"],false,"{semantics}","{key}","{args_hash}",1,null,'
+            f"{requested_seq},{last_seq}]")
+    # _needs_no_escaping, inlined: this runs once per settled effect of a replay.
+    return text if text.count('"') == 22 and "\\" not in text and text.isprintable() else None
+
+
+__all__ = ["decode_decision", "encode_decision", "ordinary_decision_text"]
