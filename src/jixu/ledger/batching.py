@@ -41,6 +41,15 @@ class CommitBatcher:
     async def append(self, stream: str, events: Sequence[NewEvent | PreparedEvent], expected_seq: int,
                      fence: Fence | None = None) -> list[Event]:
         """:meth:`Store.append`, sharing its commit with the appends of other tasks of this loop."""
+        return await asyncio.shield(self.submit(stream, events, expected_seq, fence))
+
+    def submit(self, stream: str, events: Sequence[NewEvent | PreparedEvent], expected_seq: int,
+               fence: Fence | None = None) -> asyncio.Future[list[Event]]:
+        """Queue an append for the next commit; the future gets what :meth:`Store.append` would give.
+
+        Cancelling the future does not take the append out of its commit (it
+        may already be durable): await it through ``asyncio.shield``.
+        """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Event]] = loop.create_future()
         self._waiting.append((AppendRequest(stream, events, expected_seq, fence), future))
@@ -48,7 +57,7 @@ class CommitBatcher:
             self._committing = True
             # Kept referenced: the loop holds tasks only weakly.
             self._task = loop.create_task(self._commit_all(), name="jixu-commit-batcher")
-        return await asyncio.shield(future)
+        return future
 
     async def _commit_all(self) -> None:
         try:

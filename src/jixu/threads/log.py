@@ -354,12 +354,12 @@ class ThreadLog:
         self.refuse_if_corrupt()
         self.appending = True
         try:
-            pending = asyncio.ensure_future(batcher.append(self.stream, events, self.state.seq, fence))
+            pending = batcher.submit(self.stream, events, self.state.seq, fence)
             try:
                 stored = await asyncio.shield(pending)
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
-                    self._apply_stored(await pending)
+                    self._apply_stored(await asyncio.shield(pending))
                 raise
             self._apply_stored(stored)
             return stored

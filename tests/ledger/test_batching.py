@@ -1,0 +1,64 @@
+"""``CommitBatcher``: the appends of one event loop's tasks, committed together.
+
+Each waiter gets exactly what ``Store.append`` would have given it, and a
+waiter that stops waiting does not take its append out of the commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from jixu.errors import ConcurrencyError
+from jixu.ledger import NewEvent
+from jixu.ledger.batching import CommitBatcher
+from jixu.ledger.sqlite import SQLiteStore
+
+
+def _event(i: int) -> NewEvent:
+    return NewEvent("test.appended", {"i": i})
+
+
+def test_appends_submitted_together_share_one_commit_and_get_their_own_answers(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "b.db")
+    store.append("s/0", [_event(0)], 0)
+
+    async def scenario() -> None:
+        batcher = CommitBatcher(store)
+        first = batcher.submit("s/0", [_event(1)], 1)
+        refused = batcher.submit("s/0", [_event(2)], 0)  # stale expected seq: refused alone
+        fresh = batcher.submit("s/1", [_event(3), _event(4)], 0)
+        stored = await asyncio.shield(first)
+        assert [(e.stream, e.seq, e.data) for e in stored] == [("s/0", 2, {"i": 1})]
+        with pytest.raises(ConcurrencyError):
+            await refused
+        assert [e.seq for e in await batcher.append("s/1", [_event(5)], 2)] == [3]
+        assert [e.seq for e in await fresh] == [1, 2]
+        assert (batcher.commits, batcher.appends) == (2, 4)
+
+    commits = store.commit_count
+    asyncio.run(scenario())
+    assert store.commit_count - commits == 2
+    assert [e.data["i"] for e in store.read("s/0")] == [0, 1]
+    assert [e.data["i"] for e in store.read("s/1")] == [3, 4, 5]
+    store.close()
+
+
+def test_a_waiter_that_stops_waiting_does_not_take_its_append_out_of_the_commit(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "b.db")
+
+    async def scenario() -> None:
+        batcher = CommitBatcher(store)
+        future = batcher.submit("s/0", [_event(1)], 0)
+        waiter = asyncio.ensure_future(asyncio.shield(future))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert [e.seq for e in await asyncio.shield(future)] == [1]  # committed all the same
+
+    asyncio.run(scenario())
+    assert [e.data["i"] for e in store.read("s/0")] == [1]
+    store.close()
