@@ -223,3 +223,32 @@ def test_a_model_text_of_characters_json_must_escape_is_measured_by_its_encoding
         assert "text_artifact" in receipt.data["result"]
 
     run(scenario())
+
+
+def test_the_artifact_scan_of_a_growing_conversation_sees_every_new_reference() -> None:
+    """Only the messages added since the last model call are scanned, unless the conversation was spliced."""
+    from jixu.threads import Harness
+
+    async def scenario() -> None:
+        harness = Harness(_agent(ScriptedModel(["done"])), MemoryStore())
+        thread = await harness.create_thread()
+        plain: list[dict[str, Any]] = [{"role": "user", "content": str(n)} for n in range(6)]
+        ref = {"role": "tool", "content": "[stored]", "artifact": {"sha256": "0" * 64, "size": 1}}
+        messages = list(plain)
+        assert not thread._refers_to_artifacts(messages)
+        messages.append(dict(plain[0]))
+        assert not thread._refers_to_artifacts(messages)  # scanned from the 7th on
+        messages.append(ref)
+        assert thread._refers_to_artifacts(messages)
+        # A compaction splices a summary over the head, then the conversation grows past its old length:
+        # the reference that moved into the scanned range must still be seen.
+        messages = list(plain)
+        assert not thread._refers_to_artifacts(messages)
+        messages[0:4] = [{"role": "user", "content": "summary"}]
+        messages.extend([ref, dict(plain[1]), dict(plain[2]), dict(plain[3])])
+        assert len(messages) > len(plain) and messages.index(ref) < len(plain)
+        assert thread._refers_to_artifacts(messages)
+        assert not thread._refers_to_artifacts(list(plain)), "another list is scanned whole"
+        assert not thread._refers_to_artifacts([])
+
+    run(scenario())

@@ -80,9 +80,11 @@ class Thread:
         self._direct_appends = 0
         """Appends made at once (not batched) by this thread's agent loop: it yields every few (see _commit)."""
         self._tool_specs = tuple(t.spec() for t in self._agent.tools)
+        """What every model request offers (the agent's tools never change under a thread)."""
+        self._artifact_scan: tuple[list[JSONObject], int, JSONObject, bool] | None = None
+        """(conversation, messages scanned, the last of them, whether one refers to an artifact)."""
         self._batcher: CommitBatcher | None = None
         """The harness's commit batcher for this event loop while the loop runs with ``group_commits``."""
-        """What every model request offers (the agent's tools never change under a thread)."""
         self.thread_id = log.thread_id
         self.stream = log.stream
 
@@ -755,9 +757,9 @@ class Thread:
         return {**result, "text": f"[model text stored as artifact sha256:{ref.sha256}, {ref.size} bytes]",
                 "text_artifact": ref.to_dict()}
 
-    def _model_messages(self, messages: Sequence[JSONObject]) -> tuple[JSONObject, ...]:
+    def _model_messages(self, messages: list[JSONObject]) -> tuple[JSONObject, ...]:
         """The conversation as a model must see it: results and texts stored as artifacts put back in place."""
-        if not any(map(dict.__contains__, messages, repeat("artifact"))):  # C-speed scan: once per model call
+        if not self._refers_to_artifacts(messages):
             return tuple(messages)
         resolved = []
         for message in messages:
@@ -769,6 +771,25 @@ class Thread:
             content = value if message.get("role") == "assistant" else tool_content(value)
             resolved.append({**{k: v for k, v in message.items() if k != "artifact"}, "content": content})
         return tuple(resolved)
+
+    def _refers_to_artifacts(self, messages: list[JSONObject]) -> bool:
+        """Whether a message of ``messages`` refers to an artifact.
+
+        The conversation only grows between two model calls, except when a
+        compaction splices a summary (no artifact) over its head: the same
+        list whose last scanned message is still in place is scanned from
+        there on, so a step costs O(new messages), not O(conversation).
+        """
+        scanned = self._artifact_scan
+        if (scanned is not None and scanned[0] is messages and 0 < scanned[1] <= len(messages)
+                and messages[scanned[1] - 1] is scanned[2]):
+            start, found = scanned[1], scanned[3]
+        else:
+            start, found = 0, False
+        if not found:
+            found = any(map(dict.__contains__, messages[start:], repeat("artifact")))  # at C speed
+        self._artifact_scan = (messages, len(messages), messages[-1], found) if messages else None
+        return found
 
     async def _receipt(self, kind: str, effect_id: str, attempt: int | None, *, error: dict[str, Any],
                  indeterminate: bool) -> None:
