@@ -12,14 +12,16 @@ flags, receipts without a result, indeterminate failures, odd data and types. Wh
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
+from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jixu.ledger.encoding import content_hash
 from jixu.ledger.event import Event
-from jixu.recovery import analyze
+from jixu.recovery import analyze, resolver
 from jixu.recovery.decision_text import encode_decision, ordinary_decision_text
 from jixu.recovery.resolver import _args_hash_ok, decide_effect
 
@@ -139,6 +141,57 @@ def test_the_ordinary_text_of_any_names_is_the_decisions_text(effect_id: str, na
     text = ordinary_decision_text(effect_id, events[0], events[1], events[2])
     expected = encode_decision(decision)
     assert text == expected if ordinary_is_plain(expected) else text is None
+
+
+@st.composite
+def in_flight(draw: st.DrawFn) -> list[Event]:
+    """An intent, alone or with one dispatch: mostly well formed, every field the fast path reads perturbed."""
+    args = draw(st.sampled_from(ARGS[:3] if draw(st.integers(0, 3)) else ARGS))
+    claimed = draw(st.sampled_from([hash_of(args)] * 6 + ["f" * 64, 7]))
+    intent = build({
+        "effect_id": EID, "name": draw(st.sampled_from(["do"] * 6 + [KeyError, 3])), "args": args,
+        "args_hash": claimed, "semantics": draw(st.sampled_from(["read_only", "idempotent", "unsafe", "other", 1])),
+        "idempotency_key": draw(st.sampled_from(["idem"] * 6 + [KeyError, None])),
+        "requires_approval": draw(st.sampled_from([False, False, KeyError, True, 0, None]))})
+    dispatch = build({
+        "effect_id": EID, "attempt": draw(st.sampled_from([1, 1, 1, 2, 0, True, "1", KeyError])),
+        "name": draw(st.sampled_from([KeyError, KeyError, "do", "other", 5])),
+        "idempotency_key": draw(st.sampled_from([KeyError, KeyError, "idem", "other"])),
+        "args_hash": draw(st.sampled_from([KeyError, KeyError, claimed, "x"]))})
+    kind = draw(st.sampled_from(["tool", "model"]))
+    types = [draw(st.sampled_from([f"{kind}.requested"] * 8 + [f"{kind}.dispatched", "tool.parked"])),
+             draw(st.sampled_from([f"{kind}.dispatched"] * 8 + ["model.dispatched", f"{kind}.approved"]))]
+    events = [Event(id=f"ev{i}", stream="thread/p", seq=draw(st.sampled_from([i + 1, i + 1, "x"])), type=types[i],
+                    data=data, meta={}, recorded_at="2026-01-01T00:00:00.000000Z", prev_hash="0" * 64,
+                    hash=f"{i}" * 64)
+              for i, data in enumerate([intent, dispatch])]
+    return events[:draw(st.integers(1, 2))]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.one_of(in_flight(), lifecycle()))
+def test_an_effect_in_flight_is_decided_as_the_walk_decides_it(events: list[Event]) -> None:
+    """Intents alone and intents with their first dispatch skip the walk (``_in_flight``): same answer."""
+    fast = analyze(events, check_links=False)
+    with mock.patch.object(resolver, "_in_flight", lambda *args: None):
+        walked = analyze(events, check_links=False)
+    assert fast == walked
+    assert dataclasses.replace(fast) == fast  # every slot filled (from_decisions fills them directly)
+
+
+def test_the_in_flight_path_is_taken_for_an_intent_and_its_dispatch() -> None:
+    args = {"q": "x"}
+    data = {"effect_id": EID, "name": "do", "args": args, "args_hash": content_hash(args), "semantics": "idempotent",
+            "idempotency_key": "idem"}
+    events = [Event("a", "thread/p", 1, "tool.requested", data, {}, "t", "0" * 64, "1" * 64),
+              Event("b", "thread/p", 2, "tool.dispatched", {"effect_id": EID, "attempt": 1}, {}, "t", "1" * 64,
+                    "2" * 64)]
+    with mock.patch.object(resolver, "_walk", None):  # the walk must not be needed
+        intent_only = analyze(events[:1], check_links=False).decisions[EID]
+        in_flight = analyze(events, check_links=False).decisions[EID]
+    assert (intent_only.state, intent_only.reason, intent_only.retry_safe) == ("not_dispatched", "intent_only", True)
+    assert (in_flight.state, in_flight.reason, in_flight.retry_safe, in_flight.attempts) == (
+        "unknown", "dispatched_without_receipt", True, 1)
 
 
 def test_the_fast_path_is_taken_for_the_ordinary_lifecycle() -> None:
