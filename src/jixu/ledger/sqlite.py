@@ -445,7 +445,7 @@ class SQLiteStore(Store):
                     raise
 
     def append_many(self, requests: Sequence[AppendRequest]) -> list[list[Event] | JixuError]:
-        """Commit the appends in one transaction (one fsync), each in its own savepoint with its own answer."""
+        """Commit the appends in one transaction (one fsync), each all or nothing with its own answer."""
         results: list[list[Event] | JixuError | None] = [None] * len(requests)
         queued: list[tuple[int, _QueuedAppend]] = []
         for index, request in enumerate(requests):

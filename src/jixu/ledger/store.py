@@ -526,8 +526,8 @@ class Store(abc.ABC):
     def append_many(self, requests: Sequence[AppendRequest]) -> list[list[Event] | JixuError]:
         """Several independent appends, each all or nothing, each answered with its events or its error.
 
-        A store that can commits them together (SQLite: one transaction, one
-        fsync, each append in its own savepoint); the others append one by one.
+        A store that can commits them together (SQLite: one transaction and one
+        fsync for all of them); the others append one by one.
         Nothing is returned before every append of the call is durable.
         """
         results: list[list[Event] | JixuError] = []
