@@ -72,3 +72,23 @@ def test_parse_json_raises_what_json_loads_raises_on_bad_text(text: str) -> None
 @pytest.mark.parametrize("text", [' {"a": 1} ', "\n[1, 2]\n", "NaN", "1e400", "-0.0"])
 def test_parse_json_accepts_what_json_loads_accepts(text: str) -> None:
     assert repr(parse_json(text)) == repr(json.loads(text))
+
+
+def _row_with_data(text: str) -> tuple[Any, ...]:
+    return ("01M8NQ6NFJ3JHM58G231H9REW0", 1, "test.x", text, '{"actor":"a"}', "2026-01-01T00:00:00.000000Z",
+            "0" * 64, "1" * 64)
+
+
+@pytest.mark.parametrize("text", ['{"a":1}', ' {"a": 1} ', "\n[1, 2]\n", "NaN", "1e400", "-0.0", '{"a":1.5e3}'])
+def test_a_stream_row_parses_its_data_as_json_loads_does(text: str) -> None:
+    """event_from_stream_row inlines parse_json: the same value for any text json.loads accepts."""
+    assert repr(event_from_stream_row("s", _row_with_data(text)).data) == repr(json.loads(text))
+
+
+@pytest.mark.parametrize("text", ["", " ", "{", '{"a":1} x', '{"a":1}{}', "nul", '"\ud800', "[1,]"])
+def test_a_stream_row_with_bad_data_raises_what_json_loads_raises(text: str) -> None:
+    with pytest.raises(json.JSONDecodeError) as expected:
+        json.loads(text)
+    with pytest.raises(json.JSONDecodeError) as got:
+        event_from_stream_row("s", _row_with_data(text))
+    assert (got.value.msg, got.value.pos) == (expected.value.msg, expected.value.pos)
