@@ -31,6 +31,7 @@ LIFECYCLE_PHASES = frozenset(
     {"requested", "parked", "approved", "denied", "dispatched", "completed", "failed", "outcome_resolved"}
 )
 _SETTLING_PHASES = frozenset({"completed", "failed", "denied", "outcome_resolved"})
+_TOKEN_KEYS = ("input_tokens", "output_tokens", "cached_tokens")
 
 RESOLUTION_MESSAGES = {
     "occurred": "An operator confirmed that this call happened.",
@@ -506,7 +507,7 @@ class ThreadProjection:
     def _lifecycle(self, state: ThreadState, event: Event, kind: str, phase: str) -> None:
         data = event.data
         effect_id = data.get("effect_id")
-        if not isinstance(effect_id, str) or not effect_id:
+        if type(effect_id) is not str or not effect_id:  # as the resolver attributes events
             state.stray_events.append(event)
             return
         known = state.settled
@@ -558,7 +559,7 @@ class ThreadProjection:
         intent = group[0].data if group[0].type.endswith(".requested") else {}
         del state.open_events[effect_id]
         turn_id = state.effect_turn.pop(effect_id, None)
-        known.set_text(effect_id, text)
+        known._rows[effect_id] = text  # set_text without the call: no sealed chunk holds it (checked above)
         if kind == "model":
             self._model_settled(state, event, phase, turn_id)
         elif kind == "tool":
@@ -582,11 +583,14 @@ class ThreadProjection:
             _add_message(state, message, event.id)
             state.step_calls = {}
             usage = result.get("usage") or {}
-            for key in ("input_tokens", "output_tokens", "cached_tokens"):
-                state.usage[key] += int(usage.get(key) or 0)
+            totals = state.usage
+            for key in _TOKEN_KEYS:
+                count = usage.get(key)
+                if count:  # int(count or 0), skipping the zeros and the call for an int
+                    totals[key] += count if type(count) is int else int(count)
             if usage.get("cost") is not None:
-                state.usage["cost"] = (state.usage["cost"] or 0.0) + float(usage["cost"])
-            state.usage["model_calls"] += 1
+                totals["cost"] = (totals["cost"] or 0.0) + float(usage["cost"])
+            totals["model_calls"] += 1
             turn.auto_retries = 0
 
     def _compaction_settled(self, state: ThreadState, event: Event, phase: str, turn_id: str | None,
@@ -610,7 +614,7 @@ class ThreadProjection:
             # A turn whose user message is now inside the summary points at the summary.
             each.message_index = each.message_index - (upto - 1) if each.message_index >= upto else 0
         usage = result.get("usage") or {}
-        for key in ("input_tokens", "output_tokens", "cached_tokens"):
+        for key in _TOKEN_KEYS:
             state.usage[key] += int(usage.get(key) or 0)
         if usage.get("cost") is not None:
             state.usage["cost"] = (state.usage["cost"] or 0.0) + float(usage["cost"])
