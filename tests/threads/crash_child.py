@@ -278,10 +278,18 @@ class Crash:
             wal = f"{self.path}-wal"
 
             def then_die(conn: sqlite3.Connection) -> _T:
-                size = os.path.getsize(wal)
+                with open(wal, "rb") as file:
+                    before = file.read()
                 result = fn(conn)  # the checkpoint row is written, the transaction is open
                 assert conn.in_transaction
-                say("W", os.path.getsize(wal) - size)  # bytes of uncommitted frames already in the WAL
+                with open(wal, "rb") as file:
+                    after = file.read()
+                # Bytes of uncommitted frames already in the WAL: the log may overwrite blocks the file
+                # had (the store grows a new WAL before its first append, decision 0018), so compare them.
+                changed = 4096 * sum(before[i:i + 4096] != after[i:i + 4096]
+                                     for i in range(0, min(len(before), len(after)), 4096))
+                changed += max(0, len(after) - len(before))
+                say("W", changed)
                 die()
                 return result  # pragma: no cover
 

@@ -26,10 +26,15 @@ needs, each append is decided in order in memory, and the accepted rows and
 heads are written with one ``executemany`` each, without savepoints. Should a
 write fail anyway, the transaction is rolled back and the group runs again one
 savepoint per append, as above.
+
+Before its first append a store grows a short WAL file to the length the log
+reaches between SQLite's automatic checkpoints (decision 0018): a durable
+commit that extends the file costs the file system a metadata write as well.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sqlite3
@@ -89,6 +94,8 @@ _ROW_COLUMNS = "id, stream, seq, type, data, meta, recorded_at, prev_hash, hash"
 _EVENT_COLUMNS = "id, seq, type, data, meta, recorded_at, prev_hash, hash"
 _NOW_EXPR = "(julianday('now') - 2440587.5) * 86400.0"
 _NOW_SQL = f"SELECT {_NOW_EXPR}"
+_WAL_FRAMES = 1000
+"""Pages the WAL holds before SQLite's automatic checkpoint (its default) restarts the log from its start."""
 
 MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
     (
@@ -245,6 +252,9 @@ class SQLiteStore(Store):
         self.commit_count = 0
         self.append_count = 0
         self._closed = False
+        self._wal_grown = False
+        """Whether the WAL was grown (or found long enough) before this store's first append (decision 0018)."""
+        self._busy_timeout_ms = int(busy_timeout * 1000)
         exists = os.path.exists(self.path)
         if not exists and (read_only or not create):
             raise StoreNotFound(f"{self.path}: no such database (nothing was created)",
@@ -260,7 +270,7 @@ class SQLiteStore(Store):
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
         try:
-            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            self._conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
             if not read_only:
                 self._ensure_wal(busy_timeout)
             self._conn.execute(f"PRAGMA synchronous = {synchronous}")
@@ -471,6 +481,52 @@ class SQLiteStore(Store):
                     results[index] = [row.to_event() for row in pending.rows]
         return [result for result in results if result is not None]
 
+    def _grow_wal(self, conn: sqlite3.Connection) -> None:
+        """Grow a short WAL file to :data:`_WAL_FRAMES` pages and restart the log at its start (decision 0018).
+
+        A durable commit that extends the WAL file also makes the file system
+        write the file's new size (measured here: ~0.2 ms per commit instead
+        of ~0.1), for the first ~1,000 pages after every open, since SQLite
+        deletes the WAL when the last connection closes. So once per store,
+        before its first append: empty changes (``user_version`` set and set
+        back, one page each) are committed with ``synchronous = OFF`` and the
+        automatic checkpoint off (none of them needs to survive anything, and
+        no real page is checkpointed unsynced), then one checkpoint runs at
+        the store's own setting; the next commit restarts the log at its start
+        and overwrites blocks the file already has. Another writer (a busy
+        lock) or any SQLite error stops it quietly: it changes only speed.
+        """
+        self._wal_grown = True
+        try:
+            size = os.path.getsize(f"{self.path}-wal")
+        except OSError:
+            size = 0
+        page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+        frames = _WAL_FRAMES - size // (page_size + 24)  # a WAL frame: a 24-byte header and a page
+        if frames <= 0:
+            return
+        autocheckpoint = int(conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        other = version + 1 if version < 2**31 - 1 else version - 1
+        try:
+            conn.execute("PRAGMA busy_timeout = 0")
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
+            conn.execute("PRAGMA synchronous = OFF")
+            for frame in range(frames):
+                conn.execute(f"PRAGMA user_version = {version if frame % 2 else other}")
+        except sqlite3.Error:
+            pass
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute(f"PRAGMA user_version = {version}")
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            conn.execute(f"PRAGMA wal_autocheckpoint = {autocheckpoint}")
+            try:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+
     def _commit_group(self, group: list[_QueuedAppend]) -> None:
         """Run ``group``'s appends in one transaction; tell each its rows or error after COMMIT (lock held)."""
         conn = self._conn
@@ -479,6 +535,8 @@ class SQLiteStore(Store):
         try:
             if self._closed:
                 raise StoreError(f"{self.path}: the store is closed")
+            if not self._wal_grown:
+                self._grow_wal(conn)
             conn.execute("BEGIN IMMEDIATE")
             try:
                 if len(group) == 1:
