@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -429,6 +429,17 @@ def seal(prepared: PreparedEvent, *, stream: str, seq: int, prev_hash: str, reco
         prev_hash=prev_hash,
         hash=digest,
     )
+
+
+def seal_batch(batch: Sequence[PreparedEvent], *, stream: str, head_seq: int, prev_hash: str,
+               recorded_at: str) -> list[StoredRow]:
+    """``batch`` sealed as the events after ``head_seq`` of ``stream``, each linked to the one before."""
+    rows = []
+    for offset, prepared in enumerate(batch, start=1):
+        row = seal(prepared, stream=stream, seq=head_seq + offset, prev_hash=prev_hash, recorded_at=recorded_at)
+        rows.append(row)
+        prev_hash = row.hash
+    return rows
 
 
 __all__ = [

@@ -8,9 +8,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from jixu.errors import ConcurrencyError
 from jixu.ledger.chain import VerifyReport
-from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow, seal, utc_now_text
+from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow, seal_batch, utc_now_text
 from jixu.ledger.store import (
     Checkpoint,
     Fence,
@@ -25,6 +24,7 @@ from jixu.ledger.store import (
     claimed_row,
     existing_batch,
     fence_problem,
+    head_moved,
     work_claim_of,
 )
 
@@ -82,20 +82,10 @@ class MemoryStore(Store):
             rows = self._streams.get(stream, [])
             head_seq = len(rows)
             if head_seq != expected_seq:
-                raise ConcurrencyError(
-                    f"stream {stream!r} is at seq {head_seq}, not the expected {expected_seq}; "
-                    "read the new events and decide again",
-                    stream=stream,
-                    expected_seq=expected_seq,
-                    actual_seq=head_seq,
-                )
+                raise head_moved(stream, expected_seq, head_seq)
             prev = rows[-1].hash if rows else genesis_hash
             recorded_at = utc_now_text()
-            new_rows = []
-            for offset, prepared in enumerate(batch, start=1):
-                row = seal(prepared, stream=stream, seq=head_seq + offset, prev_hash=prev, recorded_at=recorded_at)
-                new_rows.append(row)
-                prev = row.hash
+            new_rows = seal_batch(batch, stream=stream, head_seq=head_seq, prev_hash=prev, recorded_at=recorded_at)
             if not rows:
                 self._streams[stream] = rows
                 self._genesis[stream] = genesis_hash

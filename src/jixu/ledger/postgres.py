@@ -69,7 +69,7 @@ from jixu.errors import (
     StoreReadOnly,
 )
 from jixu.ledger.chain import VerifyReport, verify_rows
-from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow, seal
+from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow, seal_batch
 from jixu.ledger.store import (
     Checkpoint,
     Fence,
@@ -84,6 +84,7 @@ from jixu.ledger.store import (
     claimed_row,
     existing_batch,
     fence_problem,
+    head_moved,
     work_claim_of,
 )
 
@@ -830,13 +831,7 @@ class PostgresStore(Store):
                 prev = digest
             return rows
         if status == "conflict":
-            raise ConcurrencyError(
-                f"stream {stream!r} is at seq {head_seq}, not the expected {expected_seq}; "
-                "read the new events and decide again",
-                stream=stream,
-                expected_seq=expected_seq,
-                actual_seq=int(head_seq),
-            )
+            raise head_moved(stream, expected_seq, int(head_seq))
         if status == "fenced" and fence is not None:
             current = (Lease(fence.key, owner, int(epoch), float(expires_at), float(heartbeat_at), bool(released))
                        if lease_found else None)
@@ -875,20 +870,9 @@ class PostgresStore(Store):
                         raise problem
                 head_seq, prev = (int(head[0]), str(head[1])) if head else (0, genesis_hash)
                 if head_seq != expected_seq:
-                    raise ConcurrencyError(
-                        f"stream {stream!r} is at seq {head_seq}, not the expected {expected_seq}; "
-                        "read the new events and decide again",
-                        stream=stream,
-                        expected_seq=expected_seq,
-                        actual_seq=head_seq,
-                    )
+                    raise head_moved(stream, expected_seq, head_seq)
                 recorded_at = self._clock(conn)[1]
-                rows = []
-                for offset, prepared in enumerate(batch, start=1):
-                    row = seal(prepared, stream=stream, seq=head_seq + offset, prev_hash=prev,
-                               recorded_at=recorded_at)
-                    rows.append(row)
-                    prev = row.hash
+                rows = seal_batch(batch, stream=stream, head_seq=head_seq, prev_hash=prev, recorded_at=recorded_at)
                 if head is None:
                     created = conn.execute(
                         "INSERT INTO jixu_streams (stream, head_seq, head_hash, genesis_hash, created_at) "

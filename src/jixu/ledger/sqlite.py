@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from jixu.errors import (
-    ConcurrencyError,
     InvalidInput,
     JixuError,
     SchemaTooNew,
@@ -63,7 +62,7 @@ from jixu.ledger.event import (
     PreparedEvent,
     StoredRow,
     event_from_stream_row,
-    seal,
+    seal_batch,
     utc_now_text,
 )
 from jixu.ledger.store import (
@@ -81,6 +80,7 @@ from jixu.ledger.store import (
     claimed_row,
     existing_batch,
     fence_problem,
+    head_moved,
     work_claim_of,
 )
 
@@ -194,6 +194,14 @@ def _translate(exc: sqlite3.Error, path: str) -> StoreError:
     if "not a database" in text or "malformed" in text:
         return StoreError(f"{path}: not a jixu SQLite database or the file is damaged ({text})", path=path)
     return StoreError(f"{path}: {text}", path=path)
+
+
+def _insert_rows(conn: sqlite3.Connection, rows: list[StoredRow]) -> None:
+    """Insert sealed rows into ``jixu_events`` (one statement for all of them)."""
+    conn.executemany(
+        f"INSERT INTO jixu_events ({_ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [(r.id, r.stream, r.seq, r.type, r.data_json, r.meta_json, r.recorded_at, r.prev_hash, r.hash) for r in rows],
+    )
 
 
 def _select_in(conn: sqlite3.Connection, sql: str, values: list[str]) -> Iterator[Any]:
@@ -650,34 +658,20 @@ class SQLiteStore(Store):
                         raise problem
                 head_seq, prev = heads.get(stream, (0, request.genesis_hash))
                 if head_seq != expected_seq:
-                    raise ConcurrencyError(
-                        f"stream {stream!r} is at seq {head_seq}, not the expected {expected_seq}; "
-                        "read the new events and decide again",
-                        stream=stream,
-                        expected_seq=expected_seq,
-                        actual_seq=head_seq,
-                    )
+                    raise head_moved(stream, expected_seq, head_seq)
             except JixuError as refused:
                 errors[index] = refused
                 continue
-            sealed = []
-            for offset, prepared in enumerate(batch, start=1):
-                row = seal(prepared, stream=stream, seq=head_seq + offset, prev_hash=prev, recorded_at=recorded_at)
-                sealed.append(row)
-                prev = row.hash
+            sealed = seal_batch(batch, stream=stream, head_seq=head_seq, prev_hash=prev, recorded_at=recorded_at)
             rows[index] = sealed
             new_rows.extend(sealed)
-            heads[stream] = (head_seq + len(sealed), prev)
+            heads[stream] = (head_seq + len(sealed), sealed[-1].hash)
             if stream in existed:
                 moved[stream] = None
             else:
                 created.setdefault(stream, (request.genesis_hash, recorded_at))
         if new_rows:
-            conn.executemany(
-                f"INSERT INTO jixu_events ({_ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(r.id, r.stream, r.seq, r.type, r.data_json, r.meta_json, r.recorded_at, r.prev_hash, r.hash)
-                 for r in new_rows],
-            )
+            _insert_rows(conn, new_rows)
         if moved:
             conn.executemany("UPDATE jixu_streams SET head_seq = ?, head_hash = ? WHERE stream = ?",
                              [(*heads[stream], stream) for stream in moved])
@@ -725,24 +719,10 @@ class SQLiteStore(Store):
         head = probe[:2] if probe[0] is not None else None
         head_seq, prev = (head[0], head[1]) if head else (0, genesis_hash)
         if head_seq != expected_seq:
-            raise ConcurrencyError(
-                f"stream {stream!r} is at seq {head_seq}, not the expected {expected_seq}; "
-                "read the new events and decide again",
-                stream=stream,
-                expected_seq=expected_seq,
-                actual_seq=head_seq,
-            )
+            raise head_moved(stream, expected_seq, head_seq)
         recorded_at = utc_now_text()
-        rows = []
-        for offset, prepared in enumerate(batch, start=1):
-            row = seal(prepared, stream=stream, seq=head_seq + offset, prev_hash=prev, recorded_at=recorded_at)
-            rows.append(row)
-            prev = row.hash
-        conn.executemany(
-            f"INSERT INTO jixu_events ({_ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(r.id, r.stream, r.seq, r.type, r.data_json, r.meta_json, r.recorded_at, r.prev_hash, r.hash)
-             for r in rows],
-        )
+        rows = seal_batch(batch, stream=stream, head_seq=head_seq, prev_hash=prev, recorded_at=recorded_at)
+        _insert_rows(conn, rows)
         if head:
             conn.execute("UPDATE jixu_streams SET head_seq = ?, head_hash = ? WHERE stream = ?",
                          (rows[-1].seq, rows[-1].hash, stream))

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
-from jixu.errors import FencingError, IdempotencyConflict, InvalidInput, JixuError, LeaseHeld
+from jixu.errors import (
+    ConcurrencyError,
+    FencingError,
+    IdempotencyConflict,
+    InvalidInput,
+    JixuError,
+    LeaseHeld,
+)
 from jixu.ledger.chain import VerifyReport, verify_rows
 from jixu.ledger.event import (
     GENESIS_HASH,
@@ -200,6 +207,17 @@ def taken_over_lease(current: Lease | None, key: str, owner: str, now: float, tt
             f"lease {key!r} held by {current.owner!r} (epoch {epoch}) is still valid for "
             f"{current.expires_at - now:.1f}s by the store's clock", key=key, owner=current.owner, epoch=epoch)
     return Lease(key, owner, epoch + 1, now + ttl, now, False)
+
+
+def head_moved(stream: str, expected_seq: int, actual_seq: int) -> ConcurrencyError:
+    """The error of an append that expected ``stream`` at ``expected_seq`` and found it at ``actual_seq``."""
+    return ConcurrencyError(
+        f"stream {stream!r} is at seq {actual_seq}, not the expected {expected_seq}; "
+        "read the new events and decide again",
+        stream=stream,
+        expected_seq=expected_seq,
+        actual_seq=actual_seq,
+    )
 
 
 def fence_problem(current: Lease | None, fence: Fence, now: float) -> FencingError | None:
