@@ -98,6 +98,32 @@ def test_growing_gives_up_at_once_while_another_writer_holds_the_lock(tmp_path: 
     store.close()
 
 
+def test_a_writer_taking_the_lock_midway_stops_the_growth_and_user_version_is_set_back(tmp_path: Path) -> None:
+    path = tmp_path / "w.db"
+    SQLiteStore(path).close()
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    store = SQLiteStore(path)
+    settings = _settings(store)
+    changes: list[str] = []
+
+    def trace(statement: str) -> None:
+        if "user_version =" in statement:
+            changes.append(statement)
+            if len(changes) == 100:  # the 99th change left user_version changed: take the lock now
+                other.execute("BEGIN IMMEDIATE")
+                threading.Timer(0.3, other.execute, ("COMMIT",)).start()
+
+    store._conn.set_trace_callback(trace)
+    store.append("s/0", [_event(0)], 0)
+    store._conn.set_trace_callback(None)
+    assert changes[98] != changes[97] and len(changes) == 101, "stopped at the busy lock, then set back once"
+    assert _settings(store) == settings, "user_version set back (after waiting for the lock), settings restored"
+    assert _wal(path) < _WAL_FRAMES * (4096 + 24)
+    assert [e.data["i"] for e in store.read("s/0")] == [0]
+    other.close()
+    store.close()
+
+
 GROW_AND_DIE = """
 import os, signal, sys
 from jixu.ledger import NewEvent

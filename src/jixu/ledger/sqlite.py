@@ -516,24 +516,24 @@ class SQLiteStore(Store):
         autocheckpoint = int(conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
         other = version + 1 if version < 2**31 - 1 else version - 1
+        left_other = False  # whether the last change that went through left user_version changed
         try:
             conn.execute("PRAGMA busy_timeout = 0")
             conn.execute("PRAGMA wal_autocheckpoint = 0")
             conn.execute("PRAGMA synchronous = OFF")
             for frame in range(frames):
                 conn.execute(f"PRAGMA user_version = {version if frame % 2 else other}")
+                left_other = frame % 2 == 0
         except sqlite3.Error:
             pass
         finally:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute(f"PRAGMA user_version = {version}")
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             conn.execute(f"PRAGMA wal_autocheckpoint = {autocheckpoint}")
-            try:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            finally:
-                conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            with contextlib.suppress(sqlite3.Error):
+                if left_other:  # set back, waiting for the lock as the append itself will
+                    conn.execute(f"PRAGMA user_version = {version}")
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     def _commit_group(self, group: list[_QueuedAppend]) -> None:
         """Run ``group``'s appends in one transaction; tell each its rows or error after COMMIT (lock held)."""
