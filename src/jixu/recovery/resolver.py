@@ -447,23 +447,36 @@ def _in_flight(effect_id: str, group: list[Event], types: dict[str, tuple[str, s
     parsed = types[intent.type]
     if parsed is None or parsed[1] != "requested":
         return None
-    data = intent.data
+    identity = _plain_intent(intent.data)
+    if identity is None:
+        return None
+    name, key, claimed_hash, semantics = identity
+    if len(group) == 1:
+        return _decision(effect_id, parsed[0], name, "not_dispatched", "intent_only", (intent.id,), True, semantics,
+                         key, claimed_hash, 0, None, intent.seq, last_seq)
+    dispatch = group[1]
+    if types[dispatch.type] != (parsed[0], "dispatched") or not _first_dispatch(dispatch.data, identity):
+        return None
+    return _decision(effect_id, parsed[0], name, "unknown", "dispatched_without_receipt", (intent.id, dispatch.id),
+                     semantics in _RETRYABLE, semantics, key, claimed_hash, 1, None, intent.seq, last_seq)
+
+
+def _plain_intent(data: dict[str, Any]) -> tuple[str, str, str, str] | None:
+    """``(name, idempotency_key, args_hash, semantics)`` of a well-formed intent that needs no approval and
+    whose args hash matches its args, else None (the fast paths' test of an intent)."""
     name, key, claimed_hash, semantics = data.get("name"), data.get("idempotency_key"), data.get("args_hash"), \
         data.get("semantics")
     if (type(name) is not str or type(key) is not str or type(claimed_hash) is not str
             or type(semantics) is not str or semantics not in _SEMANTICS_SET or type(data.get("args")) is not dict
             or data.get("requires_approval", False) is not False or _args_hash_ok(data) is not True):
         return None
-    if len(group) == 1:
-        return _decision(effect_id, parsed[0], name, "not_dispatched", "intent_only", (intent.id,), True, semantics,
-                         key, claimed_hash, 0, None, intent.seq, last_seq)
-    dispatch = group[1]
-    dispatched, attempt = dispatch.data, dispatch.data.get("attempt")
-    if (types[dispatch.type] != (parsed[0], "dispatched") or type(attempt) is not int or attempt != 1
-            or not _same_identity(dispatched, name, key, claimed_hash)):
-        return None
-    return _decision(effect_id, parsed[0], name, "unknown", "dispatched_without_receipt", (intent.id, dispatch.id),
-                     semantics in _RETRYABLE, semantics, key, claimed_hash, 1, None, intent.seq, last_seq)
+    return name, key, claimed_hash, semantics
+
+
+def _first_dispatch(data: dict[str, Any], identity: tuple[str, str, str, str]) -> bool:
+    """Whether ``data`` is a dispatch (or its receipt) of attempt 1 naming exactly the intent's identity."""
+    attempt = data.get("attempt")
+    return type(attempt) is int and attempt == 1 and _same_identity(data, identity[0], identity[1], identity[2])
 
 
 def _walk(
@@ -889,39 +902,19 @@ def ordinary_lifecycle(effect_id: str, intent: Event, dispatch: Event,
     else:
         return None
     data, dispatched, received = intent.data, dispatch.data, receipt.data
-    if type(data) is not dict or type(dispatched) is not dict or type(received) is not dict:
-        return None
-    name, key, claimed_hash, semantics = data.get("name"), data.get("idempotency_key"), data.get("args_hash"), \
-        data.get("semantics")
-    sent, answered = dispatched.get("attempt"), received.get("attempt")
-    if (
-        data.get("effect_id") != effect_id
-        or dispatched.get("effect_id") != effect_id
-        or received.get("effect_id") != effect_id
-        or type(effect_id) is not str
-        or not effect_id
-        or type(name) is not str
-        or type(data.get("args")) is not dict
-        or type(claimed_hash) is not str
-        or type(semantics) is not str
-        or semantics not in _SEMANTICS_SET
-        or type(key) is not str
-        or data.get("requires_approval", False) is not False
-        or type(sent) is not int
-        or sent != 1
-        or type(answered) is not int
-        or answered != 1
-        or not _same_identity(dispatched, name, key, claimed_hash)
-        or not _same_identity(received, name, key, claimed_hash)
-    ):
+    if (type(data) is not dict or type(dispatched) is not dict or type(received) is not dict
+            or type(effect_id) is not str or not effect_id or data.get("effect_id") != effect_id
+            or dispatched.get("effect_id") != effect_id or received.get("effect_id") != effect_id):
         return None
     if failed:
         if type(received.get("error")) is not dict or received.get("indeterminate") is not False:
             return None
     elif not _has_result(received):
         return None
-    if _args_hash_ok(data) is not True:
+    identity = _plain_intent(data)
+    if identity is None or not _first_dispatch(dispatched, identity) or not _first_dispatch(received, identity):
         return None
+    name, key, claimed_hash, semantics = identity
     return kind, name, failed, semantics, key, claimed_hash
 
 
