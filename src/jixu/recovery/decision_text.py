@@ -87,8 +87,7 @@ def ordinary_decision_text(effect_id: str, intent: Event, dispatch: Event, recei
     text = (f'["{effect_id}","{kind}","{name}","completed","{"failed" if failed else "succeeded"}",'
             f'["{first}","{second}","{third}"],false,"{semantics}","{key}","{args_hash}",1,null,'
             f"{requested_seq},{last_seq}]")
-    # _needs_no_escaping, inlined: this runs once per settled effect of a replay.
-    return text if text.count('"') == 22 and "\\" not in text and text.isprintable() else None
+    return text if _needs_no_escaping(text, 22) else None
 
 
 __all__ = ["decode_decision", "encode_decision", "ordinary_decision_text"]
