@@ -22,7 +22,7 @@ import jixu.threads.projection as projection_module
 from jixu.ledger import MemoryStore, NewEvent, SQLiteStore, content_hash
 from jixu.ledger.projection import checkpoint_digest
 from jixu.recovery import EffectDecision, decide_effect
-from jixu.recovery.decision_text import _encode_decision_json
+from jixu.recovery.decision_text import _encode_decision_json, decode_decisions
 from jixu.threads import Agent, Harness, ScriptedModel, ToolCall, tool
 from jixu.threads.log import ThreadLog, stream_of
 from jixu.threads.projection import (
@@ -88,6 +88,21 @@ def test_the_formatted_compact_text_equals_the_json_encoders(
     text = encode_decision(decision)
     assert text == _encode_decision_json(decision)
     assert json.loads(text)[0] == effect_id
+    assert decode_decisions([text, text]) == [decode_decision(text)] * 2 == [decision] * 2
+
+
+@pytest.mark.parametrize("text", ['["e1"]', "[1, 2", '{"a": 1}', "", '["e","k","n","s","r","ev",false,null,null,null,1,'
+                                  'null,1,2]'])
+def test_decoding_many_decisions_answers_an_odd_text_as_decoding_one_does(text: str) -> None:
+    good = encode_decision(EffectDecision("e1", "tool", "t", "completed", "succeeded", ("a",), False, "unsafe", "k",
+                                          "0" * 64, 1, None, 1, 3))
+    try:
+        expected: Any = decode_decision(text)
+    except Exception as error:  # whatever decoding one raises, decoding many raises too
+        with pytest.raises(type(error)):
+            decode_decisions([good, text])
+    else:
+        assert decode_decisions([good, text]) == [decode_decision(good), expected]
 
 
 def test_an_ordinary_decision_takes_the_formatted_path(monkeypatch: pytest.MonkeyPatch) -> None:

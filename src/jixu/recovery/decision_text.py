@@ -10,9 +10,10 @@ replaying it writes one such text per effect.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
-from jixu.ledger.event import Event
-from jixu.recovery.resolver import EffectDecision, ordinary_lifecycle
+from jixu.ledger.event import Event, parse_json
+from jixu.recovery.resolver import EffectDecision, _decision, ordinary_lifecycle
 
 _DECISION_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 # Module-level encoder: json.dumps with options builds a new encoder on every call.
@@ -68,6 +69,24 @@ def decode_decision(text: str) -> EffectDecision:
                           args_hash, attempts, resolution, requested_seq, last_seq)
 
 
+def decode_decisions(texts: Sequence[str]) -> list[EffectDecision]:
+    """:func:`decode_decision` of each text (a long thread's first full analysis decodes every settled
+    decision): each parsed by the JSON decoder's scanner, the slots filled directly.
+
+    A text that is not a 14-field row is decoded by :func:`decode_decision`, which then raises
+    exactly what it raises for it.
+    """
+    decisions = []
+    for text in texts:
+        row = parse_json(text)
+        if type(row) is not list or len(row) != 14 or type(row[5]) is not list:
+            decisions.append(decode_decision(text))
+            continue
+        decisions.append(_decision(row[0], row[1], row[2], row[3], row[4], tuple(row[5]), row[6], row[7], row[8],
+                                   row[9], row[10], row[11], row[12], row[13]))
+    return decisions
+
+
 def ordinary_decision_text(effect_id: str, intent: Event, dispatch: Event, receipt: Event) -> str | None:
     """``encode_decision(decide_effect(effect_id, [intent, dispatch, receipt]))`` for the ordinary lifecycle
     (see :func:`~jixu.recovery.resolver.ordinary_lifecycle`), or None: then ask ``decide_effect``.
@@ -90,4 +109,4 @@ def ordinary_decision_text(effect_id: str, intent: Event, dispatch: Event, recei
     return text if _needs_no_escaping(text, 22) else None
 
 
-__all__ = ["decode_decision", "encode_decision", "ordinary_decision_text"]
+__all__ = ["decode_decision", "decode_decisions", "encode_decision", "ordinary_decision_text"]

@@ -38,6 +38,7 @@ from jixu.ledger.event import PreparedEvent, parse_json, prepare, shared_meta
 from jixu.ledger.ids import is_valid_id
 from jixu.ledger.projection import fold, follow, make_chunked_checkpoint, write_chunked_checkpoint
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
+from jixu.recovery.decision_text import decode_decisions
 from jixu.recovery.resolutions import admit_resolution, resolution_body
 from jixu.threads.decide import Stop, decide
 from jixu.threads.projection import ThreadProjection, ThreadState, fork_state
@@ -228,9 +229,9 @@ class ThreadLog:
         decoded = cached[1]
         settled = state.settled
         if len(decoded) != len(settled):
-            for effect_id in settled:
-                if effect_id not in decoded:
-                    decoded[effect_id] = settled[effect_id]
+            missing = [effect_id for effect_id in settled if effect_id not in decoded]
+            decoded.update(zip(missing, decode_decisions([settled.text(effect_id) for effect_id in missing]),
+                               strict=True))
         return decoded
 
     def open_analysis(self) -> Analysis:
