@@ -9,18 +9,24 @@ transaction and one fsync on SQLite) by :class:`~jixu.ledger.batching.CommitBatc
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import jixu
 from jixu.errors import ThreadBusy
 from jixu.ledger import MemoryStore, SQLiteStore
 from jixu.ledger.event import Event
 from jixu.ledger.store import AppendRequest
+from jixu.recovery import RecoveryResolver
 from jixu.threads import Agent, ModelRequest, ModelResponse, ScriptedModel, ToolCall, ToolContext, tool
-from jixu.threads.log import stream_of
+from jixu.threads.log import ThreadLog, stream_of
 from tests.threads.conftest import Ledger, assert_lifecycle_order, assert_same_answer, run, types_of
 
 THREADS = 12
@@ -221,3 +227,29 @@ def test_threads_whose_calls_never_wait_still_run_side_by_side_and_share_commits
             await assert_same_answer(harness, thread)
 
     run(scenario())
+
+
+def test_a_program_that_fails_while_its_threads_share_commits_still_ends_and_its_records_stay_whole(
+        tmp_path: Path) -> None:
+    """``asyncio.run`` cancels every task on its way out (an exception, Ctrl-C), the commit batcher's too:
+    a commit in flight still answers its waiters, so the program ends instead of hanging forever."""
+    path = tmp_path / "t.db"
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(jixu.__file__).parents[1]), str(root),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "tests.threads.shutdown_child", str(path)], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=root, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "ended: the program fails while its threads run" in done.stdout
+    with SQLiteStore(path) as store:
+        streams = [info.stream for info in store.list_streams("thread/")]
+        assert len(streams) == 4
+        for stream in streams:
+            assert store.verify(stream).valid
+            events = store.read(stream)
+            analysis = RecoveryResolver.analyze(events)
+            assert not analysis.has_corruption
+            # Interrupted mid-run: at most the call in flight is open, and it is safe to retry.
+            assert all(d.state == "completed" or d.retry_safe for d in analysis.decisions.values())
+            log = ThreadLog.load(store, stream.removeprefix("thread/"))
+            assert log.state.seq == events[-1].seq

@@ -63,12 +63,13 @@ class CommitBatcher:
         try:
             while self._waiting:
                 batch, self._waiting = self._waiting, []
-                try:
-                    results = await asyncio.to_thread(self.store.append_many, [request for request, _ in batch])
-                except Exception as exc:  # the whole commit failed: every append in it fails
-                    failure = exc if isinstance(exc, JixuError) else StoreError(
-                        f"{self.store.url}: the shared commit failed ({type(exc).__name__}: {exc})")
-                    results = [failure] * len(batch)
+                answers, cancelled = await self._commit([request for request, _ in batch])
+                if isinstance(answers, BaseException):  # the whole commit failed: every append in it fails
+                    failure = answers if isinstance(answers, JixuError) else StoreError(
+                        f"{self.store.url}: the shared commit failed ({type(answers).__name__}: {answers})")
+                    results: list[list[Event] | JixuError] = [failure] * len(batch)
+                else:
+                    results = answers
                 self.commits += 1
                 self.appends += len(batch)
                 for (_request, future), result in zip(batch, results, strict=True):
@@ -78,8 +79,37 @@ class CommitBatcher:
                         future.set_exception(result)
                     else:
                         future.set_result(result)
+                if cancelled:
+                    # The loop is shutting down (its tasks are cancelled): appends still queued were never
+                    # started, so nothing of them was written; their waiters are told so by cancellation.
+                    waiting, self._waiting = self._waiting, []
+                    for _request, future in waiting:
+                        future.cancel()
+                    raise asyncio.CancelledError
         finally:
             self._committing = False
+
+    async def _commit(self, requests: list[AppendRequest]) -> tuple[list[list[Event] | JixuError] | Exception, bool]:
+        """Run one shared commit in a worker thread: ``(its answers or its error, whether this task was
+        cancelled meanwhile)``.
+
+        A commit that has started cannot be taken back (it may already be
+        durable), so cancelling this task does not stop it: its answers are
+        awaited anyway and handed to its waiters (a waiter cancelled together
+        with this task waits for them, and would otherwise wait forever).
+        """
+        # A plain executor future, not a task: cancelling every task (as asyncio.run does on its way out) leaves it be.
+        running = asyncio.get_running_loop().run_in_executor(None, self.store.append_many, requests)
+        cancelled = False
+        while True:
+            try:
+                return await asyncio.shield(running), cancelled
+            except asyncio.CancelledError:
+                if running.done():  # pragma: no cover - nothing here cancels it
+                    raise
+                cancelled = True
+            except Exception as exc:
+                return exc, cancelled
 
 
 __all__ = ["CommitBatcher"]
