@@ -41,7 +41,7 @@ from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 from jixu.recovery.decision_text import decode_decisions
 from jixu.recovery.resolutions import admit_resolution, resolution_body
 from jixu.threads.decide import Stop, decide
-from jixu.threads.projection import ThreadProjection, ThreadState, fork_state
+from jixu.threads.projection import RECEIPT_TYPES, StateMark, ThreadProjection, ThreadState, fork_state
 
 THREAD_PREFIX = "thread/"
 DEFAULT_MAX_STEPS = 32
@@ -163,6 +163,8 @@ class ThreadLog:
         self._open_analysis: tuple[ThreadState, int, int | None, Analysis] | None = None
         self._decoded: tuple[ThreadState, dict[str, EffectDecision]] | None = None
         self._staged_fence: Fence | None = None
+        self._staged_mark: StateMark | None = None
+        """Set while the staged events can be taken back out of the state (see :meth:`stage`)."""
 
     @classmethod
     def load(cls, store: Store, thread_id: str, *, actor: str = "jixu", verify: bool = False) -> ThreadLog:
@@ -337,7 +339,7 @@ class ThreadLog:
         except BaseException:
             self._unstage()
             raise
-        self._staged, self._staged_fence = [], None
+        self._staged, self._staged_fence, self._staged_mark = [], None, None
         self._seal_staged(stored[:len(staged)])
         self._apply_stored(stored[len(staged):])
         return stored
@@ -349,13 +351,28 @@ class ThreadLog:
         The state moves only when the events are durable. If the caller is
         cancelled while its commit runs, this waits for the commit's verdict
         first, so the state never falls behind what the store holds.
+
+        Events staged with ``reversible=True`` go first in the same append:
+        their projection is taken back out of the state before the commit is
+        awaited and applied again, as stored, once it is durable, so no other
+        task ever sees them before they are (decision 0019). If the commit
+        fails, they are dropped with it and the state is already the store's.
         """
-        if self._staged:
-            raise JixuError("staged events must be committed before a batched append", thread_id=self.thread_id)
+        batch: Sequence[NewEvent | PreparedEvent] = events
+        if self._staged and (self._staged_mark is None or fence != self._staged_fence):
+            raise JixuError("events staged irreversibly (or under another fence) must be committed before a "
+                            "batched append", thread_id=self.thread_id)
+        # Checked on the state the caller decided from (staged events in it: the check is no weaker).
         self.refuse_if_corrupt()
+        if self._staged:
+            assert self._staged_mark is not None
+            batch = [*self._staged, *events]
+            self._projection.rollback(self.state, self._staged_mark)
+            self._staged, self._staged_fence, self._staged_mark = [], None, None
+            self._open_analysis = self._decoded = None
         self.appending = True
         try:
-            pending = batcher.submit(self.stream, events, self.state.seq, fence)
+            pending = batcher.submit(self.stream, batch, self.state.seq, fence)
             try:
                 stored = await asyncio.shield(pending)
             except asyncio.CancelledError:
@@ -371,7 +388,7 @@ class ThreadLog:
         for event in stored:
             self.state = self._projection.apply(self.state, event)
 
-    def stage(self, events: Sequence[NewEvent], fence: Fence | None = None) -> None:
+    def stage(self, events: Sequence[NewEvent], fence: Fence | None = None, *, reversible: bool = False) -> None:
         """Project ``events`` now and commit them with the next append (decision 0011).
 
         For a call's receipt: the agent loop decides its next step from the
@@ -382,10 +399,18 @@ class ThreadLog:
         else: until then the state shows events that are not yet stored. If
         the commit fails, the staged events are dropped and the state is
         reloaded from the store, as if the process had stopped before it.
+
+        ``reversible=True`` (receipts only, :data:`RECEIPT_TYPES`): the state is
+        marked first, so that a batched append (:meth:`append_async`) can take
+        the staged events back out of it while it waits for their commit.
         """
         prepared = [prepare(new, self.store.max_payload_bytes) for new in events]  # all valid, or nothing staged
         if self._staged and fence != self._staged_fence:
             self.flush()
+        if not self._staged:
+            self._staged_mark = self._projection.mark(self.state) if reversible else None
+        if self._staged_mark is not None and not (reversible and all(new.type in RECEIPT_TYPES for new in events)):
+            self._staged_mark = None  # what rollback cannot take back makes the whole staged batch irreversible
         for new, encoded in zip(events, prepared, strict=True):
             # The projection sees exactly what a reload would: the canonical JSON of the payload.
             provisional = Event(id=new.id, stream=self.stream, seq=self.state.seq + 1, type=new.type,
@@ -399,6 +424,11 @@ class ThreadLog:
     def has_staged(self) -> bool:
         """True while events are staged (projected, not yet committed)."""
         return bool(self._staged)
+
+    @property
+    def staged_reversibly(self) -> bool:
+        """True while events are staged and :meth:`append_async` can commit them (see :meth:`stage`)."""
+        return self._staged_mark is not None and bool(self._staged)
 
     def flush(self) -> None:
         """Commit the staged events on their own (nothing if none are staged)."""
@@ -418,7 +448,7 @@ class ThreadLog:
 
     def _unstage(self) -> None:
         """Forget staged events that were not committed: rebuild the state from what the store holds."""
-        self._staged, self._staged_fence = [], None
+        self._staged, self._staged_fence, self._staged_mark = [], None, None
         projected = project(self.store, self.stream, ThreadProjection())
         self.state = projected.state
         if not projected.chain.valid:

@@ -477,6 +477,34 @@ def _tool_message(call_id: str, name: str, content: Any, status: str) -> JSONObj
             "status": status}
 
 
+RECEIPT_TYPES = frozenset({"model.completed", "model.failed", "tool.completed", "tool.failed"})
+"""The receipts whose projection :meth:`ThreadProjection.rollback` takes back (none of them edits more than
+the end of the conversation, the receipt's own effect, the usage totals and the last turn)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateMark:
+    """A state's parts as they were when :meth:`ThreadProjection.mark` was called (small: no history copied)."""
+
+    seq: int
+    head_hash: str
+    contradiction: bool
+    open_events: dict[str, tuple[list[Event], int]]
+    """Each open effect's event list and its length then."""
+    effect_turn: dict[str, str]
+    step_calls: tuple[dict[str, str], dict[str, str]]
+    """The dict itself and a copy of it."""
+    stray_events: int
+    closed_calls: list[str]
+    usage: JSONObject
+    messages: int
+    message_events: int
+    settled_rows: int
+    turns: int
+    last_turn: tuple[Turn, dict[str, Any]] | None
+    """The last turn and a copy of its fields."""
+
+
 class ThreadProjection:
     """The reducer from thread events to :class:`ThreadState` (a :class:`~jixu.ledger.Projection`)."""
 
@@ -501,6 +529,56 @@ class ThreadProjection:
         if handler is not None:
             handler(state, event)
         return state
+
+    def mark(self, state: ThreadState) -> StateMark:
+        """Remember what applying receipts (:data:`RECEIPT_TYPES`) to ``state`` can change, for :meth:`rollback`.
+
+        Costs O(open effects + one turn), not O(history): a receipt only
+        appends to the conversation and the settled decisions, and changes
+        its own effect, the usage totals and the last turn.
+        """
+        turns = state.turns
+        last = turns[-1] if turns else None
+        return StateMark(
+            seq=state.seq, head_hash=state.head_hash, contradiction=state.contradiction,
+            open_events={effect_id: (group, len(group)) for effect_id, group in state.open_events.items()},
+            effect_turn=dict(state.effect_turn), step_calls=(state.step_calls, dict(state.step_calls)),
+            stray_events=len(state.stray_events), closed_calls=list(state.closed_calls), usage=dict(state.usage),
+            messages=len(state.messages), message_events=len(state.message_events),
+            settled_rows=len(state.settled._rows), turns=len(turns),
+            last_turn=(last, dict(vars(last))) if last is not None else None)
+
+    def rollback(self, state: ThreadState, mark: StateMark) -> None:
+        """Put ``state`` back as it was at ``mark``, taking back the receipts (:data:`RECEIPT_TYPES`) applied since.
+
+        Anything else applied since ``mark`` is not covered. The containers are
+        restored in place (whoever holds one sees it restored too).
+        """
+        state.seq, state.head_hash, state.contradiction = mark.seq, mark.head_hash, mark.contradiction
+        open_events = state.open_events
+        open_events.clear()
+        for effect_id, (group, length) in mark.open_events.items():
+            del group[length:]
+            open_events[effect_id] = group
+        state.effect_turn.clear()
+        state.effect_turn.update(mark.effect_turn)
+        step_calls, copied = mark.step_calls
+        step_calls.clear()
+        step_calls.update(copied)
+        state.step_calls = step_calls
+        del state.stray_events[mark.stray_events:]
+        state.closed_calls[:] = mark.closed_calls
+        state.usage.clear()
+        state.usage.update(mark.usage)
+        del state.messages[mark.messages:]
+        del state.message_events[mark.message_events:]
+        rows = state.settled._rows
+        while len(rows) > mark.settled_rows:
+            rows.popitem()  # the decisions settled since, last in first out
+        del state.turns[mark.turns:]
+        if mark.last_turn is not None:
+            turn, fields = mark.last_turn
+            vars(turn).update(fields)
 
     # --- effect lifecycle -------------------------------------------------------------
 
@@ -933,5 +1011,5 @@ def fork_state(parent: ThreadState, cause: str = "") -> ThreadState:
     return child
 
 
-__all__ = ["REDUCER_VERSION", "SettledDecisions", "ThreadProjection", "ThreadState", "Turn", "decode_decision",
+__all__ = ["RECEIPT_TYPES", "REDUCER_VERSION", "SettledDecisions", "StateMark", "ThreadProjection", "ThreadState", "Turn", "decode_decision",
            "encode_decision", "fork_state"]

@@ -338,8 +338,10 @@ class Thread:
         """Append for the agent loop: at once, or through the harness's commit batcher (``group_commits``).
 
         Batched, the loop waits for the commit (shared with the other threads of
-        this event loop) before it goes on; no receipt is staged then, so the
-        state never holds an event that is not yet durable across that wait.
+        this event loop) before it goes on; a staged receipt rides in the same
+        append, taken back out of the state while the commit runs (decision
+        0019), so the state never holds an event that is not yet durable
+        across that wait.
 
         Every few direct appends the loop yields to the event loop once
         (nothing is staged at that point): with a model and tools that never
@@ -359,11 +361,12 @@ class Thread:
     def _batching(self) -> bool:
         """Whether this append goes through the batcher: only while other threads of this loop run too.
 
-        A thread running alone appends directly (and stages receipts), as
-        without ``group_commits``; staged events are always committed directly.
+        A thread running alone appends directly, as without ``group_commits``;
+        events staged irreversibly (while it ran alone) are committed directly.
         """
         batcher = self._batcher
-        return batcher is not None and batcher.running > 1 and not self.log.has_staged
+        log = self.log
+        return batcher is not None and batcher.running > 1 and (not log.has_staged or log.staged_reversibly)
 
     async def _quiet(self) -> None:
         """Wait until no batched append of this thread waits for its commit (before touching the record)."""
@@ -561,9 +564,13 @@ class Thread:
             self._stage_receipts = False
 
     async def _record_receipt(self, event: NewEvent) -> None:
-        """Stage a call's receipt (see :meth:`_alone`) or append it now."""
-        if self._stage_receipts and not self._pending and not self._batching():
-            self.log.stage([event], self._fence)
+        """Stage a call's receipt (see :meth:`_alone`) or append it now.
+
+        While batching, the receipt is staged reversibly: the batched append
+        that carries it takes it back out of the state until it is durable.
+        """
+        if self._stage_receipts and not self._pending:
+            self.log.stage([event], self._fence, reversible=self._batching())
         else:
             await self._commit([event])
 
