@@ -36,7 +36,8 @@ The concurrency figure: K = 1, 8, 64 jixu threads in one process on one SQLite s
 its own OS thread and event loop, each running ``--concurrent-steps`` agent steps with the no-op tool
 (``async def``); total durable tool calls per second; and the same threads on one event loop with
 ``group_commits``, also with the no-op as a plain ``def`` for the largest K. Concurrent appends share commits (group commit, see
-docs/decisions/0007-group-commit.md).
+docs/decisions/0007-group-commit.md). For the largest K, the one-loop run and the run split over ``--processes``
+processes are repeated ``--reps`` times, interleaved, and reported as median, lowest and highest.
 
 Recovery figures (SQLite): ``open_thread`` of a ~100k-event thread with a checkpoint, replay throughput,
 verify throughput, the state's memory (tracemalloc of the projected state of that thread).
@@ -626,14 +627,30 @@ def main(argv: list[str] | None = None) -> int:
                             result["appends"] / result["commits"], "appends"))
         if counts:  # the same as above with the no-op tool as a plain def (a worker-thread hop per call)
             count = max(counts)
-            result = run_processes(args.python, str(workdir / f"processes-{count}.db"), args.processes, count,
-                                   args.concurrent_steps)
-            figures.append((f"SQLite, {count} threads in {args.processes} processes (one loop each, group_commits): "
-                            "durable tool calls/s", f"jixu_sqlite_processes_{count}_tool_calls_per_s",
-                            result["tool_calls"] / result["elapsed"], "calls/s"))
-            figures.append((f"SQLite, {count} threads in {args.processes} processes: appends per commit",
-                            f"jixu_sqlite_processes_{count}_appends_per_commit",
-                            result["appends"] / result["commits"], "appends"))
+            # The largest runs move most with the machine's other load: run them --reps times, interleaved, and
+            # report the median with the lowest and highest.
+            loops, spread = [], []
+            for rep in range(args.reps):
+                loops.append(child(args.python, {"kind": "concurrent_loop", "threads": count,
+                                                 "url": str(workdir / f"loop-{count}-rep{rep}.db"),
+                                                 "steps": args.concurrent_steps}))
+                spread.append(run_processes(args.python, str(workdir / f"processes-{count}-rep{rep}.db"),
+                                            args.processes, count, args.concurrent_steps))
+            for runs, what, tag in ((loops, "on one event loop (group_commits)", "loop"),
+                                    (spread, f"in {args.processes} processes (one loop each, group_commits)",
+                                     "processes")):
+                rates = sorted(r["tool_calls"] / r["elapsed"] for r in runs)
+                figures += [
+                    (f"SQLite, {count} threads {what}: durable tool calls/s, median of {len(rates)}",
+                     f"jixu_sqlite_{tag}_{count}_tool_calls_per_s_median", statistics.median(rates), "calls/s"),
+                    (f"SQLite, {count} threads {what}: lowest of {len(rates)}",
+                     f"jixu_sqlite_{tag}_{count}_tool_calls_per_s_min", rates[0], "calls/s"),
+                    (f"SQLite, {count} threads {what}: highest of {len(rates)}",
+                     f"jixu_sqlite_{tag}_{count}_tool_calls_per_s_max", rates[-1], "calls/s"),
+                    (f"SQLite, {count} threads {what}: appends per commit",
+                     f"jixu_sqlite_{tag}_{count}_repeated_appends_per_commit",
+                     sum(r["appends"] for r in runs) / sum(r["commits"] for r in runs), "appends"),
+                ]
             result = child(args.python, {"kind": "concurrent_loop", "url": str(workdir / f"loop-def-{count}.db"),
                                          "threads": count, "steps": args.concurrent_steps, "tool": "def"})
             figures.append((f"SQLite, {count} threads on one event loop (group_commits), def tool: durable tool "
