@@ -13,6 +13,7 @@ before it is durable, and what a failed shared commit leaves behind.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,9 +24,11 @@ from jixu.ledger.event import Event
 from jixu.ledger.projection import fold
 from jixu.threads import (
     Agent,
+    Harness,
     ModelRequest,
     ModelResponse,
     ScriptedModel,
+    Thread,
     ToolCall,
     ToolContext,
     ToolError,
@@ -189,6 +192,17 @@ def test_no_other_task_ever_sees_an_event_before_it_is_durable(sqlite_ledger: Le
     assert observed["in_flight"] > 50, observed  # the check ran while commits carrying receipts were in flight
 
 
+async def _three_batched_threads(ledger: Ledger, agent: Agent,
+                                 targets: Callable[[list[Thread]], None]) -> tuple[Harness, list[Thread]]:
+    """Three threads of one harness with ``group_commits``, told their targets before any of them runs."""
+    harness = ledger.harness(agent, group_commits=True)
+    threads = [await harness.create_thread() for _ in range(3)]
+    targets(threads)
+    for thread in threads:
+        await thread.send("go")
+    return harness, threads
+
+
 def test_a_concurrent_write_drops_the_batched_receipt_and_the_call_is_retried_under_its_identity(
         sqlite_ledger: Ledger) -> None:
     """An operator's event lands while a call runs: the shared append carrying its receipt meets a moved
@@ -211,12 +225,9 @@ def test_a_concurrent_write_drops_the_batched_receipt_and_the_call_is_retried_un
         return "probed"
 
     async def scenario() -> None:
-        harness = sqlite_ledger.harness(Agent("raced", ScriptedModel([ToolCall("probe"), "done"]), tools=[probe]),
-                                        group_commits=True)
-        threads = [await harness.create_thread() for _ in range(3)]
-        target.append(threads[0].thread_id)
-        for thread in threads:
-            await thread.send("go")
+        harness, threads = await _three_batched_threads(
+            sqlite_ledger, Agent("raced", ScriptedModel([ToolCall("probe"), "done"]), tools=[probe]),
+            lambda made: target.append(made[0].thread_id))
         states = await asyncio.gather(*(t.wait() for t in threads))
         assert all(s.status == "idle" and s.last_reply == "done" for s in states)
         batcher = harness.commit_batcher()
@@ -251,12 +262,9 @@ def test_a_lost_turn_drops_the_batched_receipt_and_the_state_matches_the_store(s
         return "ok"
 
     async def scenario() -> None:
-        harness = sqlite_ledger.harness(Agent("stolen", ScriptedModel([ToolCall("slow"), "done"]), tools=[slow]),
-                                        group_commits=True)
-        threads = [await harness.create_thread() for _ in range(3)]
-        target.append(threads[0].log)
-        for thread in threads:
-            await thread.send("go")
+        harness, threads = await _three_batched_threads(
+            sqlite_ledger, Agent("stolen", ScriptedModel([ToolCall("slow"), "done"]), tools=[slow]),
+            lambda made: target.append(made[0].log))
         with pytest.raises(OwnershipLost):
             await threads[0].wait()
         for thread in threads[1:]:
