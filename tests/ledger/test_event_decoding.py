@@ -10,7 +10,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jixu.ledger.encoding import canonical_text
-from jixu.ledger.event import Event, NewEvent, StoredRow, event_from_stream_row, parse_json, prepare, seal
+from jixu.ledger.event import (
+    Event,
+    NewEvent,
+    PreparedEvent,
+    StoredRow,
+    check_prepared,
+    compute_hash,
+    event_from_stream_row,
+    parse_json,
+    prepare,
+    seal,
+)
 
 
 def test_from_tuple_and_to_event_equal_the_plain_constructors() -> None:
@@ -25,6 +36,21 @@ def test_from_tuple_and_to_event_equal_the_plain_constructors() -> None:
                           meta=json.loads(row.meta_json), recorded_at=row.recorded_at, prev_hash=row.prev_hash,
                           hash=row.hash)
     assert event.computed_hash() == event.hash
+
+
+def test_prepare_and_seal_build_what_the_plain_constructors_build() -> None:
+    new = NewEvent("tool.completed", {"effect_id": "e", "result": {"a": [1, "é"]}}, {"actor": "jixu"})
+    prepared = prepare(new)
+    data_json, meta_json = canonical_text(new.data), canonical_text(new.meta)
+    size = len(data_json.encode()) + len(meta_json.encode())
+    assert prepared == PreparedEvent(id=new.id, type=new.type, data_json=data_json, meta_json=meta_json, size=size)
+    assert prepared._made_by is not None and check_prepared(prepared, 1000) is prepared  # made by prepare()
+    row = seal(prepared, stream="thread/x", seq=3, prev_hash="0" * 64, recorded_at="2026-01-01T00:00:00.000000Z")
+    assert row == StoredRow(id=new.id, stream="thread/x", seq=3, type=new.type, data_json=data_json,
+                            meta_json=meta_json, recorded_at="2026-01-01T00:00:00.000000Z", prev_hash="0" * 64,
+                            hash=compute_hash(id=new.id, stream="thread/x", seq=3, type=new.type, data_json=data_json,
+                                              meta_json=meta_json, recorded_at="2026-01-01T00:00:00.000000Z",
+                                              prev_hash="0" * 64))
 
 
 def test_repeated_meta_is_parsed_once_and_shared() -> None:

@@ -180,8 +180,15 @@ def prepare(event: NewEvent, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> Prep
     data_json = canonical_text(event.data, path="data")
     meta_json = _meta_text(event.meta)
     size = utf8_size(data_json) + utf8_size(meta_json)
-    prepared = PreparedEvent(id=event.id, type=event.type, data_json=data_json, meta_json=meta_json, size=size,
-                             _made_by=_PREPARE)
+    # PreparedEvent(id=..., ..., _made_by=_PREPARE), its slots filled directly (see _new below): every append
+    # prepares each of its events.
+    prepared: PreparedEvent = _new(PreparedEvent)
+    _prepared_id(prepared, event.id)
+    _prepared_type(prepared, event.type)
+    _prepared_data_json(prepared, data_json)
+    _prepared_meta_json(prepared, meta_json)
+    _prepared_size(prepared, size)
+    _prepared_made_by(prepared, _PREPARE)
     check_payload_size(prepared, max_payload_bytes)
     return prepared
 
@@ -384,6 +391,8 @@ _scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # t
  _event_prev_hash, _event_hash) = (
     Event.__dict__[name].__set__
     for name in ("id", "stream", "seq", "type", "data", "meta", "recorded_at", "prev_hash", "hash"))
+(_prepared_id, _prepared_type, _prepared_data_json, _prepared_meta_json, _prepared_size, _prepared_made_by) = (
+    PreparedEvent.__dict__[name].__set__ for name in ("id", "type", "data_json", "meta_json", "size", "_made_by"))
 (_row_id, _row_stream, _row_seq, _row_type, _row_data_json, _row_meta_json, _row_recorded_at,
  _row_prev_hash, _row_hash) = (
     StoredRow.__dict__[name].__set__
@@ -418,17 +427,17 @@ def seal(prepared: PreparedEvent, *, stream: str, seq: int, prev_hash: str, reco
         recorded_at=recorded_at,
         prev_hash=prev_hash,
     )
-    return StoredRow(
-        id=prepared.id,
-        stream=stream,
-        seq=seq,
-        type=prepared.type,
-        data_json=prepared.data_json,
-        meta_json=prepared.meta_json,
-        recorded_at=recorded_at,
-        prev_hash=prev_hash,
-        hash=digest,
-    )
+    row: StoredRow = _new(StoredRow)  # StoredRow(...) with its slots filled directly, as in from_tuple
+    _row_id(row, prepared.id)
+    _row_stream(row, stream)
+    _row_seq(row, seq)
+    _row_type(row, prepared.type)
+    _row_data_json(row, prepared.data_json)
+    _row_meta_json(row, prepared.meta_json)
+    _row_recorded_at(row, recorded_at)
+    _row_prev_hash(row, prev_hash)
+    _row_hash(row, digest)
+    return row
 
 
 def seal_batch(batch: Sequence[PreparedEvent], *, stream: str, head_seq: int, prev_hash: str,
