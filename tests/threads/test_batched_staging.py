@@ -282,3 +282,31 @@ def test_a_lost_turn_drops_the_batched_receipt_and_the_state_matches_the_store(s
         run(scenario())
     finally:
         thief.close()
+
+
+def test_threads_that_compact_while_batching_record_what_they_would_alone(ledger: Ledger) -> None:
+    """A compaction's receipt cannot be taken back out of the state (it edits the head of the conversation):
+    staged while batching, it is committed directly with the next events, and every path agrees after."""
+    from tests.threads.test_compaction import Writer
+    from tests.threads.test_compaction import agent as compacting_agent
+
+    async def scenario() -> None:
+        harness = ledger.harness(compacting_agent(Writer()), group_commits=True)
+        threads = [await harness.create_thread() for _ in range(3)]
+
+        async def three_turns(thread: Thread) -> None:
+            for text in ("look up alpha", "second question", "third question"):
+                await thread.send(text)
+                state = await thread.wait()
+                assert state.status == "idle", state.reason
+
+        await asyncio.gather(*(three_turns(thread) for thread in threads))
+        batcher = harness.commit_batcher()
+        assert batcher is not None and 0 < batcher.commits < batcher.appends
+        for thread in threads:
+            events = await thread.events()
+            assert "compaction.completed" in types_of(events)
+            assert_lifecycle_order(events)
+            await assert_same_answer(harness, thread)
+
+    run(scenario())
