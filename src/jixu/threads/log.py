@@ -359,15 +359,15 @@ class ThreadLog:
         fails, they are dropped with it and the state is already the store's.
         """
         batch: Sequence[NewEvent | PreparedEvent] = events
-        if self._staged and (self._staged_mark is None or fence != self._staged_fence):
+        mark = self._staged_mark
+        if self._staged and (mark is None or fence != self._staged_fence):
             raise JixuError("events staged irreversibly (or under another fence) must be committed before a "
                             "batched append", thread_id=self.thread_id)
         # Checked on the state the caller decided from (staged events in it: the check is no weaker).
         self.refuse_if_corrupt()
-        if self._staged:
-            assert self._staged_mark is not None
+        if self._staged and mark is not None:
             batch = [*self._staged, *events]
-            self._projection.rollback(self.state, self._staged_mark)
+            self._projection.rollback(self.state, mark)
             self._staged, self._staged_fence, self._staged_mark = [], None, None
             self._open_analysis = self._decoded = None
         self.appending = True
@@ -407,9 +407,10 @@ class ThreadLog:
         prepared = [prepare(new, self.store.max_payload_bytes) for new in events]  # all valid, or nothing staged
         if self._staged and fence != self._staged_fence:
             self.flush()
+        can_take_back = reversible and all(new.type in RECEIPT_TYPES for new in events)
         if not self._staged:
-            self._staged_mark = self._projection.mark(self.state) if reversible else None
-        if self._staged_mark is not None and not (reversible and all(new.type in RECEIPT_TYPES for new in events)):
+            self._staged_mark = self._projection.mark(self.state) if can_take_back else None
+        elif not can_take_back:
             self._staged_mark = None  # what rollback cannot take back makes the whole staged batch irreversible
         for new, encoded in zip(events, prepared, strict=True):
             # The projection sees exactly what a reload would: the canonical JSON of the payload.
