@@ -1011,5 +1011,5 @@ def fork_state(parent: ThreadState, cause: str = "") -> ThreadState:
     return child
 
 
-__all__ = ["RECEIPT_TYPES", "REDUCER_VERSION", "SettledDecisions", "StateMark", "ThreadProjection", "ThreadState", "Turn", "decode_decision",
-           "encode_decision", "fork_state"]
+__all__ = ["RECEIPT_TYPES", "REDUCER_VERSION", "SettledDecisions", "StateMark", "ThreadProjection", "ThreadState",
+           "Turn", "decode_decision", "encode_decision", "fork_state"]
