@@ -135,9 +135,9 @@ class Harness:
         Many threads running on one loop then share each commit (one fsync
         for all the appends made while the previous commit ran) instead of
         each append holding the loop for its own. Every append is still durable
-        before the thread goes on; while batching, a call's receipt is
-        committed on its own rather than with the next step, and a thread
-        running alone appends directly (decision 0014).
+        before the thread goes on, a call's receipt is still committed with
+        the next step's events, and no other task sees it before it is durable
+        (decision 0019); a thread running alone appends directly (decision 0014).
         """
         if not self.group_commits:
             return None
