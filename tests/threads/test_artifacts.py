@@ -252,3 +252,41 @@ def test_the_artifact_scan_of_a_growing_conversation_sees_every_new_reference() 
         assert not thread._refers_to_artifacts([])
 
     run(scenario())
+
+
+def test_the_artifact_scan_knows_a_message_rebuilt_from_the_same_event_by_its_source() -> None:
+    """A receipt taken back and applied again (decision 0019) rebuilds its message as a new dict: with the
+    messages' source events the scan still goes on from there, and a different event in place rescans."""
+    from jixu.threads import Harness
+
+    async def scenario() -> None:
+        harness = Harness(_agent(ScriptedModel(["done"])), MemoryStore())
+        thread = await harness.create_thread()
+        messages: list[dict[str, Any]] = [{"role": "user", "content": str(n)} for n in range(6)]
+        sources = [f"event-{n}" for n in range(6)]
+        assert not thread._refers_to_artifacts(messages, sources)
+        # Taken back and applied again: the last message is a new, equal dict from the same event.
+        messages[5] = dict(messages[5])
+        messages.append({"role": "user", "content": "6"})
+        sources.append("event-6")
+        # A reference planted in the scanned part (never done by the reducer) proves the scan went on
+        # from the 7th message instead of starting over.
+        messages[2]["artifact"] = {"sha256": "0" * 64, "size": 1}
+        assert not thread._refers_to_artifacts(messages, sources)
+        messages.append({"role": "tool", "content": "[stored]", "artifact": {"sha256": "1" * 64, "size": 1}})
+        sources.append("event-7")
+        assert thread._refers_to_artifacts(messages, sources)
+        # Another event in the last scanned place (a reload after a failed shared append): scanned whole.
+        del messages[7:], sources[7:], messages[2]["artifact"]
+        assert not thread._refers_to_artifacts(messages, sources)
+        messages[2]["artifact"] = {"sha256": "0" * 64, "size": 1}
+        messages[6], sources[6] = {"role": "user", "content": "other"}, "event-other"
+        assert thread._refers_to_artifacts(messages, sources), "the planted reference is found by a full scan"
+        # Sources that do not line up with the messages are not trusted: the message's identity decides.
+        del messages[2]["artifact"]
+        assert not thread._refers_to_artifacts(messages, sources[:-1])
+        messages[2]["artifact"] = {"sha256": "0" * 64, "size": 1}
+        messages[6] = dict(messages[6])
+        assert thread._refers_to_artifacts(messages, sources[:-1]), "a new dict without its source: scanned whole"
+
+    run(scenario())

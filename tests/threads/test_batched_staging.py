@@ -310,3 +310,42 @@ def test_threads_that_compact_while_batching_record_what_they_would_alone(ledger
             await assert_same_answer(harness, thread)
 
     run(scenario())
+
+
+def test_batched_model_requests_scan_only_the_new_messages_for_artifacts(
+        sqlite_ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With receipts taken back and applied again, each model request still scans only the messages added
+    since the last one (it scanned the whole conversation at every step before: quadratic in a turn)."""
+    import jixu.threads.thread as thread_module
+
+    scanned: list[int] = []
+
+    def counting_any(items: Any) -> bool:
+        seen = list(items)
+        scanned.append(len(seen))
+        return any(seen)
+
+    monkeypatch.setattr(thread_module, "any", counting_any, raising=False)
+    steps = 30
+
+    @tool(semantics="read_only")
+    async def noop() -> str:
+        """Does nothing, on the event loop."""
+        await asyncio.sleep(0)
+        return "ok"
+
+    async def scenario() -> None:
+        script = [ToolCall("noop")] * steps + ["done"]
+        harness, threads = await _three_batched_threads(
+            sqlite_ledger, Agent("long", ScriptedModel(script), tools=[noop]), lambda made: None)
+        states = await asyncio.gather(*(t.wait() for t in threads))
+        assert all(s.status == "idle" and s.last_reply == "done" for s in states)
+        batcher = harness.commit_batcher()
+        assert batcher is not None and batcher.commits < batcher.appends, "the threads shared commits"
+        messages = sum(len(s.messages) for s in states)
+        requests = 3 * (steps + 1)
+        assert len(scanned) == requests
+        # Every message is scanned about once: the user message, then each step's two new ones.
+        assert sum(scanned) <= messages + requests, (sum(scanned), messages)
+
+    run(scenario())

@@ -81,7 +81,7 @@ class Thread:
         """Appends made at once (not batched) by this thread's agent loop: it yields every few (see _commit)."""
         self._tool_specs = tuple(t.spec() for t in self._agent.tools)
         """What every model request offers (the agent's tools never change under a thread)."""
-        self._artifact_scan: tuple[list[JSONObject], int, JSONObject, bool] | None = None
+        self._artifact_scan: tuple[list[JSONObject], int, Any, bool] | None = None
         """(conversation, messages scanned, the last of them, whether one refers to an artifact)."""
         self._batcher: CommitBatcher | None = None
         """The harness's commit batcher for this event loop while the loop runs with ``group_commits``."""
@@ -593,7 +593,8 @@ class Thread:
         agent, log = self._agent, self.log
         request = ModelRequest(
             instructions=agent.instructions,
-            messages=self._model_messages(log.state.messages),  # drivers read, never mutate, the conversation
+            # drivers read, never mutate, the conversation
+            messages=self._model_messages(log.state.messages, log.state.message_events),
             tools=self._tool_specs,
             effect_id=effect_id,
             idempotency_key=str(intent["idempotency_key"]),
@@ -764,9 +765,10 @@ class Thread:
         return {**result, "text": f"[model text stored as artifact sha256:{ref.sha256}, {ref.size} bytes]",
                 "text_artifact": ref.to_dict()}
 
-    def _model_messages(self, messages: list[JSONObject]) -> tuple[JSONObject, ...]:
+    def _model_messages(self, messages: list[JSONObject],
+                        sources: list[str] | None = None) -> tuple[JSONObject, ...]:
         """The conversation as a model must see it: results and texts stored as artifacts put back in place."""
-        if not self._refers_to_artifacts(messages):
+        if not self._refers_to_artifacts(messages, sources):
             return tuple(messages)
         resolved = []
         for message in messages:
@@ -779,23 +781,29 @@ class Thread:
             resolved.append({**{k: v for k, v in message.items() if k != "artifact"}, "content": content})
         return tuple(resolved)
 
-    def _refers_to_artifacts(self, messages: list[JSONObject]) -> bool:
+    def _refers_to_artifacts(self, messages: list[JSONObject], sources: list[str] | None = None) -> bool:
         """Whether a message of ``messages`` refers to an artifact.
 
         The conversation only grows between two model calls, except when a
         compaction splices a summary (no artifact) over its head: the same
         list whose last scanned message is still in place is scanned from
         there on, so a step costs O(new messages), not O(conversation).
+        ``sources`` (the state's ``message_events``, one event id per message)
+        says which message is in place by the event it came from: a receipt
+        taken back and applied again (decision 0019) rebuilds its message as a
+        new dict from the same event.
         """
+        marks: list[Any] = sources if sources is not None and len(sources) == len(messages) else messages
         scanned = self._artifact_scan
-        if (scanned is not None and scanned[0] is messages and 0 < scanned[1] <= len(messages)
-                and messages[scanned[1] - 1] is scanned[2]):
-            start, found = scanned[1], scanned[3]
+        if scanned is not None and scanned[0] is messages and 0 < scanned[1] <= len(messages):
+            mark = marks[scanned[1] - 1]
+            in_place = mark == scanned[2] if type(mark) is str else mark is scanned[2]
         else:
-            start, found = 0, False
+            in_place = False
+        start, found = (scanned[1], scanned[3]) if in_place and scanned is not None else (0, False)
         if not found:
             found = any(map(dict.__contains__, messages[start:], repeat("artifact")))  # at C speed
-        self._artifact_scan = (messages, len(messages), messages[-1], found) if messages else None
+        self._artifact_scan = (messages, len(messages), marks[-1], found) if messages else None
         return found
 
     async def _receipt(self, kind: str, effect_id: str, attempt: int | None, *, error: dict[str, Any],
