@@ -55,7 +55,7 @@ TURN_TIMEOUT = 120.0
 
 def agent() -> Agent:
     """The served agent: replies ``echo: <input>`` (one model call per turn)."""
-    return Agent("bench-echo", ScriptedModel(lambda messages: f"echo: {messages[-1].get('content')}"))
+    return Agent("bench-echo", ScriptedModel(lambda messages: f"echo: {messages[-1].get('content')}", keep_calls=False))
 
 
 @dataclass

@@ -140,7 +140,7 @@ def run_jixu(url: str, steps: int, tool_seconds: float, tool_kind: str = "def") 
     async def main() -> float:
         store = open_store(url)
         try:
-            harness = Harness(Agent("bench-compare", ScriptedModel(script), tools=[work], max_steps=steps + 1),
+            harness = Harness(Agent("bench-compare", ScriptedModel(script, keep_calls=False), tools=[work], max_steps=steps + 1),
                               store)
             thread = await harness.create_thread()
             commits_before = getattr(store, "commit_count", None)
@@ -292,7 +292,7 @@ def concurrent_agent(steps: int, tool_kind: str = "async") -> Any:
         done = (len(messages) - 1) // 2  # [user, (assistant, tool) x done], as in run_jixu
         return ToolCall("work") if done < steps else "done"
 
-    return Agent("bench-concurrent", ScriptedModel(script), tools=[work], max_steps=steps + 1)
+    return Agent("bench-concurrent", ScriptedModel(script, keep_calls=False), tools=[work], max_steps=steps + 1)
 
 
 def run_concurrent(path: str, threads: int, steps: int, tool_kind: str = "async") -> dict[str, Any]:

@@ -77,7 +77,7 @@ class StepClock:
 
 
 def agent(script: StepClock | None = None, *, max_steps: int = 1000) -> Agent:
-    model = ScriptedModel(script if script is not None else StepClock(STEPS_PER_TURN))
+    model = ScriptedModel(script if script is not None else StepClock(STEPS_PER_TURN), keep_calls=False)
     return Agent("bench", model, tools=[noop], max_steps=max_steps)
 
 

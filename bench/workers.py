@@ -90,7 +90,7 @@ class StepScript:
 def bench_agent() -> Agent:
     """The workers' agent factory (``bench.workers:bench_agent``); ``JIXU_BENCH_STEPS`` tool calls per turn."""
     steps = int(os.environ.get("JIXU_BENCH_STEPS") or 10)
-    return Agent("bench-workers", ScriptedModel(StepScript(steps)), tools=[noop], max_steps=steps + 1)
+    return Agent("bench-workers", ScriptedModel(StepScript(steps), keep_calls=False), tools=[noop], max_steps=steps + 1)
 
 
 # --- PostgreSQL ------------------------------------------------------------------------------------------
@@ -197,7 +197,7 @@ async def overhead(dsn: str, steps: int) -> tuple[float, float, int]:
     """(median step ms, mean step ms, events per step) of one long turn on PostgreSQL."""
     url = fresh_schema(dsn, "jixu_bench_overhead")
     script = StepScript(steps)
-    agent = Agent("bench-overhead", ScriptedModel(script), tools=[noop], max_steps=steps + 1)
+    agent = Agent("bench-overhead", ScriptedModel(script, keep_calls=False), tools=[noop], max_steps=steps + 1)
     store = open_store(url)
     try:
         harness = Harness(agent, store)

@@ -1247,3 +1247,28 @@ def test_a_turn_whose_model_and_tools_never_wait_still_lets_other_tasks_of_its_l
         assert ticks >= steps // 2, f"the other task ran only {ticks} times during a {steps}-step turn"
 
     run(scenario())
+
+
+def test_the_scripted_model_keeps_every_request_unless_told_not_to(ledger: Ledger) -> None:
+    """``keep_calls=False`` (a long-running script) keeps no requests and answers exactly the same."""
+
+    @tool(semantics="read_only")
+    def lookup(q: str) -> str:
+        """Looks ``q`` up."""
+        return q.upper()
+
+    script: list[Step] = [ToolCall("lookup", {"q": "a"}), "done"]
+    kept, unkept = ScriptedModel(script), ScriptedModel(script, keep_calls=False)
+
+    async def scenario(model: ScriptedModel) -> list[tuple[str, Any]]:
+        harness = ledger.harness(Agent("keeper", model, tools=[lookup]))
+        thread = await harness.create_thread()
+        await thread.send("go")
+        state = await thread.wait()
+        assert state.status == "idle" and state.last_reply == "done"
+        return [(m["role"], m.get("content")) for m in state.messages]
+
+    assert run(scenario(kept)) == run(scenario(unkept)) == [
+        ("user", "go"), ("assistant", None), ("tool", "A"), ("assistant", "done")]
+    assert [len(call.messages) for call in kept.calls] == [1, 3]
+    assert unkept.calls == []

@@ -130,10 +130,14 @@ class ScriptedModel:
     instruction), by default one line per message. A list script counts the
     assistant messages still in the conversation, so after a compaction use a
     function script.
+
+    ``keep_calls=False`` keeps no requests (``calls`` stays empty): for a
+    long-running script, such as a benchmark, since each request holds the
+    conversation as it was then.
     """
 
     def __init__(self, script: Sequence[Step] | ScriptFunction, *, name: str = "scripted",
-                 summarize: Callable[[list[JSONObject]], str] | None = None) -> None:
+                 summarize: Callable[[list[JSONObject]], str] | None = None, keep_calls: bool = True) -> None:
         if callable(script):
             self._fn: ScriptFunction | None = script
             self._steps: tuple[Step, ...] = ()
@@ -149,6 +153,8 @@ class ScriptedModel:
         self._name = name
         self._summarize = summarize or _default_summary
         self.calls: list[ModelRequest] = []
+        """Every request answered, in order (none with ``keep_calls=False``)."""
+        self._keep_calls = keep_calls
 
     @property
     def name(self) -> str:
@@ -157,7 +163,8 @@ class ScriptedModel:
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """The next step of the script as a response."""
-        self.calls.append(request)
+        if self._keep_calls:
+            self.calls.append(request)
         messages = list(request.messages)
         if request.purpose == "compaction":
             return ModelResponse(text=self._summarize(messages[:-1]), model=self._name, stop_reason="end_turn")
