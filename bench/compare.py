@@ -5,7 +5,7 @@ dependencies)::
 
     python3 -m venv bench/.venv-peers
     bench/.venv-peers/bin/pip install dbos langgraph langgraph-checkpoint-sqlite \\
-        langgraph-checkpoint-postgres "psycopg[binary]" pgserver pyinstrument
+        langgraph-checkpoint-postgres "psycopg[binary]" pgserver pyinstrument py-spy
     bench/.venv-peers/bin/pip install -e .
     bench/.venv-peers/bin/python bench/compare.py            # add --write-docs to regenerate docs/performance.md
 

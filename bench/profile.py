@@ -76,6 +76,7 @@ class Profile:
     name: str
     title: str
     samples: int = 0
+    notes: list[str] = field(default_factory=list)
     left_out: int = 0
     """Samples outside the measured work (start-up, imports, building the workload)."""
     by_area: Counter[str] = field(default_factory=Counter)
@@ -184,6 +185,54 @@ def replay_child(path: str, thread_id: str, reps: int) -> None:
             replay(store, stream_of(thread_id), ThreadProjection())
 
 
+def gc_child(path: str, threads: int, steps: int) -> None:
+    """The concurrency workload without the profiler, timing the cyclic GC's collections (py-spy puts a
+    collection in whatever line allocated the object that set it off)."""
+    import gc
+
+    from compare import run_concurrent_loop
+
+    started: dict[int, float] = {}
+    spent = [0.0, 0.0, 0.0]
+    count = [0, 0, 0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        generation = info["generation"]
+        if phase == "start":
+            started[generation] = time.perf_counter()
+        elif generation in started:
+            spent[generation] += time.perf_counter() - started.pop(generation)
+            count[generation] += 1
+
+    gc.callbacks.append(on_gc)
+    cpu = time.process_time()
+    result = run_concurrent_loop(path, threads, steps)
+    cpu = time.process_time() - cpu
+    gc.callbacks.remove(on_gc)
+    print("RESULT " + json.dumps({"cpu_s": cpu, "gc_s": spent, "collections": count,
+                                  "tool_calls": result["tool_calls"], "elapsed": result["elapsed"]}))
+
+
+def measure_gc(args: argparse.Namespace, workdir: Path) -> list[str]:
+    """Run :func:`gc_child` in a subprocess and describe what the collections cost."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT / "src"), str(ROOT / "bench"),
+                                                    env.get("PYTHONPATH", "")] if p)
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "profile.py"), "--gc-child",
+                           str(workdir / "gc.db"), str(args.threads), str(args.steps)],
+                          check=True, env=env, capture_output=True, text=True, timeout=900)
+    line = [each for each in done.stdout.splitlines() if each.startswith("RESULT ")][-1]
+    result = json.loads(line[len("RESULT "):])
+    gc_total = sum(result["gc_s"])
+    steps = result["tool_calls"]
+    per_generation = ", ".join(f"generation {n}: {c} in {1000 * t:.0f} ms"
+                               for n, (c, t) in enumerate(zip(result["collections"], result["gc_s"], strict=True)))
+    return [f"  the same run without the profiler: {steps / result['elapsed']:,.0f} calls/s, "
+            f"{1e6 * result['cpu_s'] / steps:.0f} us of process CPU per agent step, of which the cyclic GC "
+            f"{1e6 * gc_total / steps:.0f} us ({100 * gc_total / result['cpu_s']:.1f} %)",
+            f"  GC collections: {per_generation}"]
+
+
 def profile_concurrency(args: argparse.Namespace, workdir: Path) -> Profile:
     spec = {"kind": "concurrent_loop", "url": str(workdir / "concurrency.db"), "threads": args.threads,
             "steps": args.steps}
@@ -213,8 +262,8 @@ def profile_replay(args: argparse.Namespace, workdir: Path) -> Profile:
 
 def render(profiles: list[Profile], rate: int, top: int) -> list[str]:
     """The human tables of ``profiles``."""
-    lines = [f"py-spy, {rate} samples/s per thread, idle threads left out; "
-             "shares of all samples of the profiled process"]
+    lines = [f"py-spy, {rate} samples/s per thread; threads py-spy sees as idle left out (one blocked on a "
+             "lock or in epoll may still count: 'waiting'); shares of all samples kept"]
     for profile in profiles:
         total = max(profile.samples, 1)
 
@@ -223,6 +272,7 @@ def render(profiles: list[Profile], rate: int, top: int) -> list[str]:
 
         lines += ["", f"{profile.name}: {profile.title}; {profile.samples:,} samples "
                   f"({profile.left_out:,} more of start-up and set-up left out)", ""]
+        lines += profile.notes
         if len(profile.by_thread) > 1:
             lines += ["  by thread:"] + [f"    {pct(n)}  {thread}" for thread, n in profile.by_thread.most_common()]
         lines += ["  by area (innermost Python frame):"]
@@ -270,8 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=12, help="rows of the function and line tables")
     parser.add_argument("--keep", type=Path, help="keep py-spy's raw samples (NAME.txt) in this directory")
     parser.add_argument("--write-docs", action="store_true", help="update the profile section of " + str(DOC))
+    parser.add_argument("--gc-child", nargs=3, metavar=("PATH", "THREADS", "STEPS"), help=argparse.SUPPRESS)
     parser.add_argument("--replay-child", nargs=3, metavar=("PATH", "THREAD_ID", "REPS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.gc_child:
+        gc_child(args.gc_child[0], int(args.gc_child[1]), int(args.gc_child[2]))
+        return 0
     if args.replay_child:
         replay_child(args.replay_child[0], args.replay_child[1], int(args.replay_child[2]))
         return 0
@@ -287,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         if "concurrency" in chosen:
             profiles.append(profile_concurrency(args, workdir))
+            profiles[-1].notes = measure_gc(args, workdir)
         if "replay" in chosen:
             profiles.append(profile_replay(args, workdir))
         if args.keep is not None:
