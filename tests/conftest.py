@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -28,6 +30,34 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 STORE_KINDS = ["memory", "sqlite", "postgres"]
 
 _SCHEMA_NUMBERS = itertools.count(1)
+
+_REAPER = r"""
+import os, shutil, signal, sys, time
+sys.stdin.buffer.read()  # end of file: the test session ended, or was killed
+data = sys.argv[1]
+try:
+    with open(os.path.join(data, "postmaster.pid")) as pid_file:
+        pid = int(pid_file.readline())
+    os.kill(pid, signal.SIGQUIT)  # immediate shutdown: the data is thrown away anyway
+    for _ in range(200):
+        os.kill(pid, 0)  # raises once the server is gone
+        time.sleep(0.05)
+except (OSError, ValueError):
+    pass
+shutil.rmtree(data, ignore_errors=True)
+"""
+
+
+def start_reaper(data_dir: str) -> subprocess.Popen[bytes]:
+    """A process that stops the throwaway server in ``data_dir`` and deletes it once its stdin closes.
+
+    Only this process holds the pipe's other end, so it closes when the session
+    ends or dies (SIGKILL included, where no cleanup of ours runs). The reaper
+    runs in a session of its own, so a signal to the test's process group
+    does not reach it.
+    """
+    return subprocess.Popen([sys.executable, "-c", _REAPER, data_dir], stdin=subprocess.PIPE,
+                            start_new_session=True)
 
 
 @pytest.fixture(scope="session")
@@ -54,11 +84,15 @@ def postgres_dsn() -> Iterator[str]:
         shutil.rmtree(data_dir, ignore_errors=True)
         pytest.fail(f"could not start a throwaway PostgreSQL with pgserver ({type(exc).__name__}: {exc}); "
                     "install pgserver or set JIXU_TEST_POSTGRES_DSN to an existing server", pytrace=False)
+    reaper = start_reaper(data_dir)
     try:
         yield dsn
     finally:
         server.cleanup()
         shutil.rmtree(data_dir, ignore_errors=True)
+        assert reaper.stdin is not None
+        reaper.stdin.close()
+        reaper.wait(timeout=30)
 
 
 def postgres_url_with_schema(dsn: str, schema: str) -> str:
