@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import sqlite3
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,6 +170,28 @@ def test_fold_and_replay_apply_exactly_what_the_plain_loop_applies(store: Store)
     later = replay(store, "t/1", TallyProjection(), to_seq=5)
     assert replay(store, "t/1", TallyProjection(), from_seq=6, state=later) == expected
     assert replay(store, "t/1", TallyProjection(), from_seq=13) == Tally()
+
+
+def test_fold_hands_all_the_events_to_apply_all_when_the_projection_has_it(store: Store) -> None:
+    """A projection with ``apply_all`` gets every event in one call (the GC paused), not one ``apply`` each."""
+    fill(store, "t/1", 0, 12)
+    calls: list[tuple[int, bool]] = []
+
+    class Bulk(TallyProjection):
+        def apply_all(self, state: Tally, events: Iterable[Event]) -> Tally:
+            batch = list(events)
+            calls.append((len(batch), gc.isenabled()))
+            for event in batch:
+                state = self.apply(state, event)
+            return state
+
+    expected = fold(TallyProjection(), store.read("t/1"))
+    bulk = Bulk()
+    assert replay(store, "t/1", bulk) == expected
+    assert calls == [(12, False)] and bulk.applied == 12 and gc.isenabled()
+    later = replay(store, "t/1", bulk, to_seq=5)
+    assert fold(bulk, store.read("t/1", from_seq=6), later) == expected
+    assert calls[1:] == [(5, False), (7, False)]
 
 
 def test_gc_is_paused_during_a_fold_and_enabled_again_after_it() -> None:

@@ -110,6 +110,24 @@ def _rich_history(ledger: Ledger) -> list[Event]:
     return run(scenario())
 
 
+def test_apply_all_applies_exactly_what_apply_applies_over_a_real_history(sqlite_ledger: Ledger) -> None:
+    """The reducer's one-loop ``apply_all`` (what a replay runs) against ``apply`` event by event, from the
+    start and from every point of the history."""
+    events = _rich_history(sqlite_ledger)
+    projection = ThreadProjection()
+
+    def one_by_one(upto: int) -> ThreadState:
+        state = projection.initial()
+        for event in events[:upto]:
+            state = projection.apply(state, event)
+        return state
+
+    whole = _everything(one_by_one(len(events)))
+    assert _everything(projection.apply_all(projection.initial(), events)) == whole
+    for index in range(1, len(events)):
+        assert _everything(projection.apply_all(one_by_one(index), events[index:])) == whole
+
+
 def test_rollback_takes_back_every_receipt_of_a_real_history_exactly(sqlite_ledger: Ledger) -> None:
     events = _rich_history(sqlite_ledger)
     projection = ThreadProjection()

@@ -66,7 +66,11 @@ class Projection(Protocol[S]):
         ...
 
     def apply(self, state: S, event: Event) -> S:
-        """The state after ``event`` (may mutate and return ``state``)."""
+        """The state after ``event`` (may mutate and return ``state``).
+
+        A projection may also define ``apply_all(state, events)``, applying each of ``events`` in order
+        exactly as ``apply`` does: :func:`fold` then calls it once instead of ``apply`` per event.
+        """
         ...
 
     def dump(self, state: S) -> JSONObject:
@@ -165,8 +169,11 @@ def fold(projection: Projection[S], events: Iterable[Event], state: S | None = N
     applies; the events are taken as given (chain-check them first, or use :func:`project`).
     """
     current = projection.initial() if state is None else state
-    apply = projection.apply
+    apply_all: Callable[[S, Iterable[Event]], S] | None = getattr(projection, "apply_all", None)
     with gc_paused():
+        if apply_all is not None:
+            return apply_all(current, events)
+        apply = projection.apply
         for event in events:
             current = apply(current, event)
     return current
