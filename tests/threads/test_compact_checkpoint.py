@@ -91,6 +91,18 @@ def test_the_formatted_compact_text_equals_the_json_encoders(
     assert decode_decisions([text, text]) == [decode_decision(text)] * 2 == [decision] * 2
 
 
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(st.sampled_from(['"', "\\", "a", "0", " ", "~", "\x00", "\x1f", "\x7f", "\n", "ü", "\u2028"])
+                | st.characters(), max_size=40).map("".join), st.integers(0, 40))
+def test_the_escaping_check_answers_as_isprintable_does(text: str, quotes: int) -> None:
+    """The one-pass check of an ASCII text gives the answer of the plain checks it replaced."""
+    expected = text.count('"') == quotes and "\\" not in text and text.isprintable()
+    assert decision_text_module._needs_no_escaping(text, quotes) is expected
+    padded = '"' * 40 + text  # past the precomputed quote strings too
+    assert decision_text_module._needs_no_escaping(padded, quotes + 40) is (
+        padded.count('"') == quotes + 40 and "\\" not in padded and padded.isprintable())
+
+
 @pytest.mark.parametrize("text", ['["e1"]', "[1, 2", '{"a": 1}', "", '["e","k","n","s","r","ev",false,null,null,null,1,'
                                   'null,1,2]'])
 def test_decoding_many_decisions_answers_an_odd_text_as_decoding_one_does(text: str) -> None:

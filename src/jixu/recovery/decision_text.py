@@ -44,12 +44,22 @@ def encode_decision(decision: EffectDecision) -> str:
     return _encode_decision_json(decision)
 
 
+_PRINTABLE_ASCII_BUT_QUOTING = bytes(c for c in range(0x20, 0x7F) if c not in b'"\\')
+_QUOTES = [b'"' * count for count in range(32)]
+
+
 def _needs_no_escaping(text: str, quotes: int) -> bool:
     """Whether ``text``, written with ``quotes`` quotes of its own, is the JSON encoder's text as it is.
 
     No quote but the ones written, no backslash, no control character (isprintable() is False for
     those, and for some characters the encoder writes as they are: those take the encoder's path too).
+    An ASCII text (every settled decision jixu writes) is checked in one pass: deleting every printable
+    character but the quote and the backslash must leave exactly its own quotes (``isprintable`` alone
+    costs ~0.5 us on a decision's ~300 characters; this is the same answer, pinned by a property test).
     """
+    if text.isascii():  # O(1)
+        left = text.encode("ascii").translate(None, _PRINTABLE_ASCII_BUT_QUOTING)
+        return left == (_QUOTES[quotes] if quotes < len(_QUOTES) else b'"' * quotes)
     return text.count('"') == quotes and "\\" not in text and text.isprintable()
 
 
