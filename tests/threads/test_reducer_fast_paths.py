@@ -27,3 +27,25 @@ def test_the_remembered_phase_equals_the_parsed_one(monkeypatch: pytest.MonkeyPa
     for n in range(1100):  # many distinct types: the memo is cleared, never unbounded
         assert _phase_of(f"x{n}.completed") == (f"x{n}", "completed")
     assert len(thread_projection._PHASE_OF) <= 1024
+
+
+def test_a_subclass_that_changes_apply_gets_its_apply_in_a_fold() -> None:
+    """``apply_all`` runs ``apply``'s body inline: a subclass overriding ``apply`` must not be bypassed."""
+    from jixu.ledger import MemoryStore, NewEvent
+    from jixu.ledger.projection import fold
+    from jixu.threads.projection import ThreadProjection, ThreadState
+
+    class Counting(ThreadProjection):
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+
+        def apply(self, state: ThreadState, event: Any) -> ThreadState:
+            self.seen.append(event.type)
+            return super().apply(state, event)
+
+    store = MemoryStore()
+    events = store.append("thread/t", [NewEvent("operator.noted", {"note": str(n)}) for n in range(3)], 0)
+    counting = Counting()
+    state = fold(counting, events)
+    assert counting.seen == ["operator.noted"] * 3 and state.seq == 3
+    assert fold(ThreadProjection(), events).seq == 3

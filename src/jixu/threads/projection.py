@@ -534,8 +534,13 @@ class ThreadProjection:
         """:meth:`apply` of each of ``events`` in order, in one loop (what :func:`~jixu.ledger.projection.fold`
         calls: a replay applies every event of the thread, and this saves a call per event).
 
-        The loop's body is :meth:`apply`'s; ``tests/threads/test_reducer_fast_paths.py`` pins the two equal.
+        The loop's body is :meth:`apply`'s; ``tests/threads/test_batched_staging.py`` pins the two equal.
+        A subclass that overrides :meth:`apply` gets its own ``apply`` called per event.
         """
+        if type(self).apply is not ThreadProjection.apply:
+            for event in events:
+                state = self.apply(state, event)
+            return state
         lifecycle, phase_of, handlers = self._lifecycle, _PHASE_OF.get, _HANDLERS.get
         for event in events:
             state.seq = event.seq
