@@ -167,9 +167,12 @@ def record(command: list[str], rate: int, workdir: Path, name: str) -> str:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT / "src"), str(ROOT / "bench"),
                                                     env.get("PYTHONPATH", "")] if p)
-    subprocess.run([py_spy(), "record", "--format", "raw", "--rate", str(rate), "--threads", "--output", str(out),
-                    "--", *command], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   timeout=900)
+    done = subprocess.run([py_spy(), "record", "--format", "raw", "--rate", str(rate), "--threads", "--output",
+                           str(out), "--", *command], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True, timeout=900, check=False)
+    if done.returncode != 0 or not out.exists():
+        # py-spy needs to read the child's memory (ptrace): say what it said, e.g. a permission it lacks.
+        raise SystemExit(f"py-spy failed on the {name} profile (exit {done.returncode}):\n{done.stderr[-2000:]}")
     return out.read_text()
 
 
