@@ -795,12 +795,11 @@ class Thread:
         """
         marks: list[Any] = sources if sources is not None and len(sources) == len(messages) else messages
         scanned = self._artifact_scan
+        start, found = 0, False
         if scanned is not None and scanned[0] is messages and 0 < scanned[1] <= len(messages):
             mark = marks[scanned[1] - 1]
-            in_place = mark == scanned[2] if type(mark) is str else mark is scanned[2]
-        else:
-            in_place = False
-        start, found = (scanned[1], scanned[3]) if in_place and scanned is not None else (0, False)
+            if mark == scanned[2] if type(mark) is str else mark is scanned[2]:
+                start, found = scanned[1], scanned[3]
         if not found:
             found = any(map(dict.__contains__, messages[start:], repeat("artifact")))  # at C speed
         self._artifact_scan = (messages, len(messages), marks[-1], found) if messages else None
