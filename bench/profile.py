@@ -6,8 +6,9 @@ Exact command (from the repository root; py-spy lives only in the benchmark's ow
     bench/.venv-peers/bin/pip install py-spy
     bench/.venv-peers/bin/python bench/profile.py            # add --write-docs to update docs/performance.md
 
-Profiles, each of its own subprocess (py-spy samples every thread of it at ``--rate`` Hz, idle threads
-left out, so the samples are where the process spent its CPU):
+Profiles, each of its own subprocess (py-spy samples every thread of it at ``--rate`` Hz and leaves out
+the threads it sees as idle; a thread blocked on a lock or in epoll may still count, so those waits are an
+area of their own):
 
 - ``concurrency``: 64 threads on one event loop with ``group_commits`` on one SQLite file (FULL), the
   no-op ``async def`` tool, ``--steps`` agent steps each (the workload of compare.py's concurrency figure,
