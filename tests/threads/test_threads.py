@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from jixu.errors import EffectNotUnknown, ModelError, NotFound, ResolutionConflict, ThreadBusy
+from jixu.errors import EffectNotUnknown, InvalidInput, ModelError, NotFound, ResolutionConflict, ThreadBusy
 from jixu.ledger import new_id
 from jixu.threads import (
     Agent,
@@ -1272,3 +1272,5 @@ def test_the_scripted_model_keeps_every_request_unless_told_not_to(ledger: Ledge
         ("user", "go"), ("assistant", None), ("tool", "A"), ("assistant", "done")]
     assert [len(call.messages) for call in kept.calls] == [1, 3]
     assert unkept.calls == []
+    with pytest.raises(InvalidInput, match="keep_calls must be True or False"):
+        ScriptedModel(script, keep_calls="no")  # type: ignore[arg-type]

@@ -150,6 +150,8 @@ class ScriptedModel:
             raise InvalidInput("ScriptedModel takes a list of steps or a function of the messages")
         if summarize is not None and not callable(summarize):
             raise InvalidInput("summarize must be a function of the messages returning the summary")
+        if type(keep_calls) is not bool:
+            raise InvalidInput(f"keep_calls must be True or False, got {keep_calls!r}")
         self._name = name
         self._summarize = summarize or _default_summary
         self.calls: list[ModelRequest] = []
