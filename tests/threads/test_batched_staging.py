@@ -346,16 +346,10 @@ def test_batched_model_requests_scan_only_the_new_messages_for_artifacts(
     monkeypatch.setattr(thread_module, "any", counting_any, raising=False)
     steps = 30
 
-    @tool(semantics="read_only")
-    async def noop() -> str:
-        """Does nothing, on the event loop."""
-        await asyncio.sleep(0)
-        return "ok"
-
     async def scenario() -> None:
-        script = [ToolCall("noop")] * steps + ["done"]
+        script = [ToolCall("look")] * steps + ["done"]
         harness, threads = await _three_batched_threads(
-            sqlite_ledger, Agent("long", ScriptedModel(script), tools=[noop]), lambda made: None)
+            sqlite_ledger, Agent("long", ScriptedModel(script), tools=[look]), lambda made: None)
         states = await asyncio.gather(*(t.wait() for t in threads))
         assert all(s.status == "idle" and s.last_reply == "done" for s in states)
         batcher = harness.commit_batcher()
