@@ -13,6 +13,8 @@ before it is durable, and what a failed shared commit leaves behind.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -153,6 +155,71 @@ def test_rollback_takes_back_every_receipt_of_a_real_history_exactly(sqlite_ledg
             for event in events[index:]:
                 state = projection.apply(state, event)
             assert _everything(state) == _everything(fold(projection, events))
+
+
+def _as_staged(event: Event) -> Event:
+    """``event`` as :meth:`ThreadLog.stage` projects it before it is stored: no time, no hash, its own copy
+    of the data (parsed again from the same text)."""
+    return dataclasses.replace(event, data=json.loads(json.dumps(event.data)), recorded_at="", hash="")
+
+
+def test_applying_the_stored_receipts_again_after_a_rollback_makes_what_applying_them_makes(
+        sqlite_ledger: Ledger) -> None:
+    """What ``append_async`` does: stage receipts, take them back, then apply them as stored reusing the
+    decisions taken back (decision 0019). The state is the one a plain fold of the history makes."""
+    events = _rich_history(sqlite_ledger)
+    projection = ThreadProjection()
+    whole = _everything(fold(projection, events))
+    reused = 0
+    for index, event in enumerate(events):
+        if event.type not in RECEIPT_TYPES:
+            continue
+        end = index + 1
+        while end < len(events) and events[end].type in RECEIPT_TYPES:
+            end += 1
+        state = fold(projection, events[:index])
+        mark = projection.mark(state)
+        for staged in events[index:end]:
+            state = projection.apply(state, _as_staged(staged))
+        taken_back = projection.rollback(state, mark)
+        reused += len(taken_back)
+        state = projection.apply_again(state, events[index:], taken_back)
+        assert _everything(state) == whole, f"receipts {index}..{end - 1} applied again differ"
+    assert reused > 5, "no decision was taken back to reuse"
+
+
+def test_a_decision_taken_back_is_reused_only_for_the_same_receipt_after_the_same_events(
+        sqlite_ledger: Ledger) -> None:
+    events = _rich_history(sqlite_ledger)
+    projection = ThreadProjection()
+    index = next(i for i, event in enumerate(events) if event.type == "tool.completed")
+    receipt = events[index]
+    effect_id = receipt.data["effect_id"]
+    state = fold(projection, events[:index])
+    mark = projection.mark(state)
+    projection.apply(state, _as_staged(receipt))
+    taken_back = projection.rollback(state, mark)
+    text, before, then = taken_back[effect_id]
+    assert [e.type for e in before] == ["tool.requested", "tool.dispatched"] and then.id == receipt.id
+    # A marker in place of the text shows which path settled the effect (a real text is JSON).
+    marked = {effect_id: ("REUSED", before, then)}
+
+    def settled_text(receipt_now: Event, taken: dict[str, Any]) -> str:
+        again = fold(projection, events[:index])
+        again.open_events[effect_id][:] = list(before)  # the very events the decision was made from
+        again = projection.apply_again(again, [receipt_now], taken)
+        return str(again.settled._rows[effect_id])
+
+    assert settled_text(receipt, marked) == "REUSED"
+    changed = dataclasses.replace(receipt, data={**receipt.data, "result": "something else"})
+    assert settled_text(changed, marked) != "REUSED"
+    assert settled_text(dataclasses.replace(receipt, seq=receipt.seq + 1), marked) != "REUSED"
+    # Equal but not the same earlier events: decided again.
+    copies = tuple(dataclasses.replace(e) for e in before)
+    assert settled_text(receipt, {effect_id: ("REUSED", copies, then)}) != "REUSED"
+    assert settled_text(receipt, {}) == text
+    # Reuse lasts for one apply_again only.
+    assert projection.apply(fold(projection, events[:index]), receipt).settled._rows[effect_id] == text
 
 
 @tool(semantics="read_only")

@@ -41,7 +41,14 @@ from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 from jixu.recovery.decision_text import decode_decisions
 from jixu.recovery.resolutions import admit_resolution, resolution_body
 from jixu.threads.decide import Stop, decide
-from jixu.threads.projection import RECEIPT_TYPES, StateMark, ThreadProjection, ThreadState, fork_state
+from jixu.threads.projection import (
+    RECEIPT_TYPES,
+    StateMark,
+    TakenBack,
+    ThreadProjection,
+    ThreadState,
+    fork_state,
+)
 
 THREAD_PREFIX = "thread/"
 DEFAULT_MAX_STEPS = 32
@@ -365,9 +372,10 @@ class ThreadLog:
                             "batched append", thread_id=self.thread_id)
         # Checked on the state the caller decided from (staged events in it: the check is no weaker).
         self.refuse_if_corrupt()
+        taken_back: TakenBack | None = None
         if self._staged and mark is not None:
             batch = [*self._staged, *events]
-            self._projection.rollback(self.state, mark)
+            taken_back = self._projection.rollback(self.state, mark)
             self._staged, self._staged_fence, self._staged_mark = [], None, None
             self._open_analysis = self._decoded = None
         self.appending = True
@@ -377,14 +385,17 @@ class ThreadLog:
                 stored = await asyncio.shield(pending)
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
-                    self._apply_stored(await asyncio.shield(pending))
+                    self._apply_stored(await asyncio.shield(pending), taken_back)
                 raise
-            self._apply_stored(stored)
+            self._apply_stored(stored, taken_back)
             return stored
         finally:
             self.appending = False
 
-    def _apply_stored(self, stored: list[Event]) -> None:
+    def _apply_stored(self, stored: list[Event], taken_back: TakenBack | None = None) -> None:
+        if taken_back:
+            self.state = self._projection.apply_again(self.state, stored, taken_back)
+            return
         for event in stored:
             self.state = self._projection.apply(self.state, event)
 

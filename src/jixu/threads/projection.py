@@ -505,11 +505,28 @@ class StateMark:
     """The last turn and a copy of its fields."""
 
 
+TakenBack = dict[str, tuple[str, tuple[Event, ...], Event]]
+"""What :meth:`ThreadProjection.rollback` took back: effect id -> (its decision's text, the effect's events
+before the receipt, the receipt)."""
+
+_NOTHING_TAKEN_BACK: TakenBack = {}
+
+
+def _decided_before(taken: tuple[str, tuple[Event, ...], Event], group: list[Event], receipt: Event) -> bool:
+    """Whether ``group`` (ending in ``receipt``) is the group whose decision ``taken`` holds."""
+    _text, before, then = taken
+    if len(group) != len(before) + 1 or any(a is not b for a, b in zip(group, before, strict=False)):
+        return False
+    return (then.id == receipt.id and then.seq == receipt.seq and then.type == receipt.type
+            and then.data == receipt.data and then.meta == receipt.meta)
+
+
 class ThreadProjection:
     """The reducer from thread events to :class:`ThreadState` (a :class:`~jixu.ledger.Projection`)."""
 
     name = "thread"
     version = REDUCER_VERSION
+    _taken_back: TakenBack = _NOTHING_TAKEN_BACK
 
     def initial(self) -> ThreadState:
         """The state before any event."""
@@ -574,12 +591,21 @@ class ThreadProjection:
             settled_rows=len(state.settled._rows), turns=len(turns),
             last_turn=(last, dict(vars(last))) if last is not None else None)
 
-    def rollback(self, state: ThreadState, mark: StateMark) -> None:
+    def rollback(self, state: ThreadState, mark: StateMark) -> TakenBack:
         """Put ``state`` back as it was at ``mark``, taking back the receipts (:data:`RECEIPT_TYPES`) applied since.
 
         Anything else applied since ``mark`` is not covered. The containers are
-        restored in place (whoever holds one sees it restored too).
+        restored in place (whoever holds one sees it restored too). Returns the
+        decisions taken back, for :meth:`apply_again`.
         """
+        taken_back: TakenBack = {}
+        rows = state.settled._rows
+        while len(rows) > mark.settled_rows:
+            effect_id, text = rows.popitem()  # the decisions settled since, last in first out
+            marked = mark.open_events.get(effect_id)
+            if marked is not None and len(marked[0]) == marked[1] + 1:
+                group, length = marked
+                taken_back[effect_id] = (text, tuple(group[:length]), group[length])
         state.seq, state.head_hash, state.contradiction = mark.seq, mark.head_hash, mark.contradiction
         open_events = state.open_events
         open_events.clear()
@@ -598,13 +624,29 @@ class ThreadProjection:
         state.usage.update(mark.usage)
         del state.messages[mark.messages:]
         del state.message_events[mark.message_events:]
-        rows = state.settled._rows
-        while len(rows) > mark.settled_rows:
-            rows.popitem()  # the decisions settled since, last in first out
         del state.turns[mark.turns:]
         if mark.last_turn is not None:
             turn, fields = mark.last_turn
             vars(turn).update(fields)
+        return taken_back
+
+    def apply_again(self, state: ThreadState, events: Iterable[Event], taken_back: TakenBack) -> ThreadState:
+        """:meth:`apply` of each of ``events``, where a receipt that :meth:`rollback` took back settles its
+        effect with the decision it had then instead of deciding it again.
+
+        A decision is reused only for the same receipt (id, seq, type, data and meta equal) closing the very
+        same earlier events of its effect: a decision is a function of exactly those, so the state is what
+        :meth:`apply` makes (``tests/threads/test_batched_staging.py`` pins it). While batching, every receipt
+        is applied twice (staged, then as stored, decision 0019); deciding it once saves ~2 % of a step's
+        instructions (callgrind, 64 threads on one loop).
+        """
+        self._taken_back = taken_back
+        try:
+            for event in events:
+                state = self.apply(state, event)
+        finally:
+            self._taken_back = _NOTHING_TAKEN_BACK
+        return state
 
     # --- effect lifecycle -------------------------------------------------------------
 
@@ -651,7 +693,11 @@ class ThreadProjection:
                 turn.compaction_failed = True
         # The ordinary lifecycle's decision is written as text at once (most settled effects; see
         # ordinary_decision_text); anything else is decided in full and then written.
-        text = ordinary_decision_text(effect_id, group[0], group[1], group[2]) if len(group) == 3 else None
+        taken = self._taken_back.get(effect_id) if self._taken_back else None
+        if taken is not None and _decided_before(taken, group, event):
+            text: str | None = taken[0]
+        else:
+            text = ordinary_decision_text(effect_id, group[0], group[1], group[2]) if len(group) == 3 else None
         if text is None:
             decision = decide_effect(effect_id, group)
             if decision is None:
