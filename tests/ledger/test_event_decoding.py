@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -18,10 +19,30 @@ from jixu.ledger.event import (
     check_prepared,
     compute_hash,
     event_from_stream_row,
+    keep_parsed,
     parse_json,
     prepare,
     seal,
 )
+
+
+def test_a_kept_parse_is_the_stored_events_data_and_never_outlives_its_text() -> None:
+    """A staged receipt's parsed data is shared with the event the store returns (not parsed again), and a
+    row or prepared event made from another by ``dataclasses.replace`` parses its own text."""
+    prepared = prepare(NewEvent("tool.completed", {"effect_id": "e", "result": {"b": 1, "a": [2]}}))
+    data = parse_json(prepared.data_json)
+    keep_parsed(prepared, data)
+    row = seal(prepared, stream="thread/x", seq=1, prev_hash="0" * 64, recorded_at="2026-01-01T00:00:00.000000Z")
+    assert row.to_event().data is data
+    assert row == StoredRow(row.id, row.stream, row.seq, row.type, row.data_json, row.meta_json, row.recorded_at,
+                            row.prev_hash, row.hash)  # the kept parse is not part of the row's value
+    other = dataclasses.replace(row, data_json='{"effect_id":"e","result":null}')
+    assert other.to_event().data == {"effect_id": "e", "result": None}
+    assert dataclasses.replace(prepared, data_json='{"x":1}')._parsed is None
+    unkept = seal(prepare(NewEvent("tool.completed", {"effect_id": "e"})), stream="thread/x", seq=1,
+                  prev_hash="0" * 64, recorded_at="2026-01-01T00:00:00.000000Z")
+    assert unkept.to_event().data == {"effect_id": "e"}
+    assert StoredRow.from_tuple(dataclasses.astuple(row)[:9]).to_event().data is not data
 
 
 def test_from_tuple_and_to_event_equal_the_plain_constructors() -> None:

@@ -161,6 +161,8 @@ class PreparedEvent:
     """UTF-8 bytes of ``data_json`` plus ``meta_json`` (what the payload limit counts)."""
     _made_by: object = field(default=None, repr=False, compare=False)
     """:data:`_PREPARE` when :func:`prepare` made it; a store refuses any other (see :func:`check_prepared`)."""
+    _parsed: JSONObject | None = field(default=None, init=False, repr=False, compare=False)
+    """``parse_json(data_json)`` when its maker already parsed it (see :func:`keep_parsed`), else None."""
 
     def same_content(self, data_json: str, meta_json: str, type: str) -> bool:
         """True when a stored event with this id carries exactly this content."""
@@ -189,8 +191,19 @@ def prepare(event: NewEvent, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> Prep
     _prepared_meta_json(prepared, meta_json)
     _prepared_size(prepared, size)
     _prepared_made_by(prepared, _PREPARE)
+    _prepared_parsed(prepared, None)
     check_payload_size(prepared, max_payload_bytes)
     return prepared
+
+
+def keep_parsed(prepared: PreparedEvent, data: JSONObject) -> None:
+    """Remember ``data``, which must be ``parse_json(prepared.data_json)``, as the stored event's data.
+
+    For a caller that parsed the text anyway (a staged receipt is projected before it is stored): the
+    event the store returns then shares that object instead of parsing the same text again. Events are
+    immutable; nobody may mutate ``data`` afterwards.
+    """
+    _prepared_parsed(prepared, data)
 
 
 _PREPARE = object()
@@ -300,6 +313,8 @@ class StoredRow:
     recorded_at: str
     prev_hash: str
     hash: str
+    _parsed: JSONObject | None = field(default=None, init=False, repr=False, compare=False)
+    """The parsed ``data_json`` its prepared event carried (see :func:`keep_parsed`), else None."""
 
     def to_event(self) -> Event:
         """Parse the stored texts into an :class:`Event`.
@@ -313,7 +328,8 @@ class StoredRow:
         _event_stream(event, self.stream)
         _event_seq(event, self.seq)
         _event_type(event, self.type)
-        _event_data(event, parse_json(self.data_json))
+        parsed = self._parsed
+        _event_data(event, parsed if parsed is not None else parse_json(self.data_json))
         _event_meta(event, shared_meta(self.meta_json))
         _event_recorded_at(event, self.recorded_at)
         _event_prev_hash(event, self.prev_hash)
@@ -333,6 +349,7 @@ class StoredRow:
         _row_recorded_at(stored, row[6])
         _row_prev_hash(stored, row[7])
         _row_hash(stored, row[8])
+        _row_parsed(stored, None)
         return stored
 
 
@@ -391,12 +408,15 @@ _scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # t
  _event_prev_hash, _event_hash) = (
     Event.__dict__[name].__set__
     for name in ("id", "stream", "seq", "type", "data", "meta", "recorded_at", "prev_hash", "hash"))
-(_prepared_id, _prepared_type, _prepared_data_json, _prepared_meta_json, _prepared_size, _prepared_made_by) = (
-    PreparedEvent.__dict__[name].__set__ for name in ("id", "type", "data_json", "meta_json", "size", "_made_by"))
+(_prepared_id, _prepared_type, _prepared_data_json, _prepared_meta_json, _prepared_size, _prepared_made_by,
+ _prepared_parsed) = (
+    PreparedEvent.__dict__[name].__set__
+    for name in ("id", "type", "data_json", "meta_json", "size", "_made_by", "_parsed"))
 (_row_id, _row_stream, _row_seq, _row_type, _row_data_json, _row_meta_json, _row_recorded_at,
- _row_prev_hash, _row_hash) = (
+ _row_prev_hash, _row_hash, _row_parsed) = (
     StoredRow.__dict__[name].__set__
-    for name in ("id", "stream", "seq", "type", "data_json", "meta_json", "recorded_at", "prev_hash", "hash"))
+    for name in ("id", "stream", "seq", "type", "data_json", "meta_json", "recorded_at", "prev_hash", "hash",
+                 "_parsed"))
 
 _META_CACHE: dict[str, JSONObject] = {}
 _META_CACHE_ENTRIES = 1024
@@ -437,6 +457,7 @@ def seal(prepared: PreparedEvent, *, stream: str, seq: int, prev_hash: str, reco
     _row_recorded_at(row, recorded_at)
     _row_prev_hash(row, prev_hash)
     _row_hash(row, digest)
+    _row_parsed(row, prepared._parsed)
     return row
 
 
@@ -468,6 +489,7 @@ __all__ = [
     "envelope_text",
     "event_from_stream_row",
     "format_timestamp",
+    "keep_parsed",
     "parse_json",
     "prepare",
     "seal",

@@ -34,7 +34,7 @@ from jixu.ledger import Event, Fence, NewEvent, Store, new_id, project
 from jixu.ledger.artifacts import ArtifactRef, get_text
 from jixu.ledger.batching import CommitBatcher
 from jixu.ledger.encoding import canonical_text
-from jixu.ledger.event import PreparedEvent, parse_json, prepare, shared_meta
+from jixu.ledger.event import PreparedEvent, keep_parsed, parse_json, prepare, shared_meta
 from jixu.ledger.ids import is_valid_id
 from jixu.ledger.projection import fold, follow, make_chunked_checkpoint, write_chunked_checkpoint
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
@@ -425,8 +425,10 @@ class ThreadLog:
             self._staged_mark = None  # what rollback cannot take back makes the whole staged batch irreversible
         for new, encoded in zip(events, prepared, strict=True):
             # The projection sees exactly what a reload would: the canonical JSON of the payload.
+            data = parse_json(encoded.data_json)
+            keep_parsed(encoded, data)  # the stored event shares it: the same text is not parsed twice
             provisional = Event(id=new.id, stream=self.stream, seq=self.state.seq + 1, type=new.type,
-                                data=parse_json(encoded.data_json), meta=shared_meta(encoded.meta_json),
+                                data=data, meta=shared_meta(encoded.meta_json),
                                 recorded_at="", prev_hash=self.state.head_hash, hash="")
             self._staged.append(encoded)
             self.state = self._projection.apply(self.state, provisional)
