@@ -140,6 +140,30 @@ def test_new_ids_are_valid_unique_and_time_ordered() -> None:
     assert len(set(ids)) == len(ids)
 
 
+def test_ids_made_within_one_millisecond_count_up_by_one_across_every_carry(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within a millisecond only the last characters are written again; the carry out of them writes the
+    whole random part (the clock is held still, and the random part starts just below carries)."""
+    import time
+
+    from jixu.ledger import ids
+
+    def decoded(text: str) -> int:
+        value = 0
+        for char in text:
+            value = value * 32 + ids._ALPHABET.index(char)
+        return value
+
+    monkeypatch.setattr(time, "time_ns", lambda: 1_767_225_600_000 * 1_000_000)
+    for start in (1020, (1 << 20) - 3, (1 << 79) - 2):
+        monkeypatch.setattr(ids.os, "urandom", lambda count, start=start: (start << 1).to_bytes(count, "big"))
+        monkeypatch.setattr(ids, "_last_ms", -1)
+        made = [ids.new_id() for _ in range(8)]
+        assert {value[:10] for value in made} == {ids._encode(1_767_225_600_000, 10)}
+        assert [decoded(value[10:]) for value in made] == list(range(start, start + 8))
+        assert made == sorted(made) and all(is_valid_id(value) for value in made)
+
+
 def test_an_id_carries_the_millisecond_it_was_made_in() -> None:
     import time
 
