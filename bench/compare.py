@@ -357,8 +357,8 @@ def run_concurrent_loop(path: str, threads: int, steps: int, tool_kind: str = "a
             await asyncio.sleep(max(0.0, start_at - time.time()))
         started = time.time()
         start = time.perf_counter()
-        for thread in made:
-            await thread.send("go")
+        # All turns start together (their turn.started events share one commit), as concurrent work would.
+        await asyncio.gather(*(thread.send("go") for thread in made))
         states = await asyncio.gather(*(thread.wait() for thread in made))
         elapsed = time.perf_counter() - start
         bad = [s for s in states if s.status != "idle" or s.last_reply != "done"]

@@ -283,8 +283,8 @@ async def _three_batched_threads(ledger: Ledger, agent: Agent,
     harness = ledger.harness(agent, group_commits=True)
     threads = [await harness.create_thread() for _ in range(3)]
     targets(threads)
-    for thread in threads:
-        await thread.send("go")
+    # Started together: their turn.started events share one commit, and no loop runs before all are started.
+    await asyncio.gather(*(thread.send("go") for thread in threads))
     return harness, threads
 
 

@@ -52,8 +52,7 @@ def test_threads_on_one_loop_share_commits_and_record_what_they_would_alone(ledg
     async def scenario() -> None:
         harness = ledger.harness(_counting_agent([look]), group_commits=True)
         threads = [await harness.create_thread() for _ in range(THREADS)]
-        for thread in threads:
-            await thread.send("go")
+        await asyncio.gather(*(thread.send("go") for thread in threads))
         states = await asyncio.gather(*(thread.wait() for thread in threads))
         assert all(s.status == "idle" and s.last_reply == "done" for s in states)
         batcher = harness.commit_batcher()
@@ -183,6 +182,36 @@ def test_a_waiter_cancelled_during_its_commit_keeps_the_state_equal_to_the_store
     run(scenario())
 
 
+def test_turns_started_together_share_one_commit_and_a_thread_starting_refuses_a_second_turn(
+        sqlite_ledger: Ledger) -> None:
+    """With ``group_commits``, ``send`` commits ``turn.started`` through the batcher: sends made together share
+    one commit (one time stamp) instead of holding the loop for one each, and each returns once it is
+    durable. While a send waits, the loop runs other tasks, and the same thread refuses another turn."""
+
+    async def scenario() -> None:
+        harness = sqlite_ledger.harness(_counting_agent([look]), group_commits=True)
+        threads = [await harness.create_thread() for _ in range(5)]
+        first = asyncio.ensure_future(threads[0].send("go"))
+        await asyncio.sleep(0)  # first is waiting for its commit now
+        assert not first.done()
+        with pytest.raises(ThreadBusy):
+            await threads[0].send("again")
+        await asyncio.gather(first, *(thread.send("go") for thread in threads[1:]))
+        observer = SQLiteStore(sqlite_ledger.path)  # another connection: committed events only
+        try:
+            started = [next(e for e in observer.read(t.stream) if e.type == "turn.started") for t in threads]
+        finally:
+            observer.close()
+        assert len({event.recorded_at for event in started[1:]}) == 1, "the sends made together shared no commit"
+        states = await asyncio.gather(*(thread.wait() for thread in threads))
+        assert all(state.status == "idle" and state.last_reply == "done" for state in states)
+        for thread in threads:
+            assert types_of(await thread.events()).count("turn.started") == 1
+            await assert_same_answer(harness, thread)
+
+    run(scenario())
+
+
 def test_a_thread_running_alone_appends_directly_and_stages_its_receipts(sqlite_ledger: Ledger) -> None:
     """With ``group_commits`` a thread that runs alone is exactly as fast as without: two commits per step."""
 
@@ -197,7 +226,8 @@ def test_a_thread_running_alone_appends_directly_and_stages_its_receipts(sqlite_
         # turn.started; the first model intent + marker; two per step; the last receipt + turn.ended.
         assert store.commit_count - commits == 1 + 1 + 2 * STEPS + 1
         batcher = harness.commit_batcher()
-        assert batcher is not None and batcher.appends == 0 and batcher.running == 0
+        # Only turn.started went through the batcher (turns started together share its commit, see send).
+        assert batcher is not None and batcher.appends == 1 and batcher.running == 0
         await assert_same_answer(harness, thread)
 
     run(scenario())
@@ -216,8 +246,7 @@ def test_threads_whose_calls_never_wait_still_run_side_by_side_and_share_commits
     async def scenario() -> None:
         harness = ledger.harness(_counting_agent([instant]), group_commits=True)
         threads = [await harness.create_thread() for _ in range(4)]
-        for thread in threads:
-            await thread.send("go")
+        await asyncio.gather(*(thread.send("go") for thread in threads))
         states = await asyncio.gather(*(thread.wait() for thread in threads))
         assert all(s.status == "idle" and s.last_reply == "done" for s in states)
         batcher = harness.commit_batcher()

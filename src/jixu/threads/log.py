@@ -540,23 +540,35 @@ class ThreadLog:
         unowned, for whichever process (a worker, the owning application)
         claims it next.
         """
+        turn_id, fence, events = self._turn_start(text, owner, ttl)
+        self.append(events, fence)
+        return turn_id, fence
+
+    async def start_turn_async(self, text: str, batcher: CommitBatcher, *, owner: str | None = None,
+                               ttl: float = 30.0) -> tuple[str, Fence | None]:
+        """:meth:`start_turn`, with ``turn.started`` committed through ``batcher`` (see :meth:`append_async`):
+        turns started together on one event loop share a commit, and none holds the loop while it commits."""
+        turn_id, fence, events = self._turn_start(text, owner, ttl)
+        await self.append_async(events, fence, batcher)
+        return turn_id, fence
+
+    def _turn_start(self, text: str, owner: str | None, ttl: float) -> tuple[str, Fence | None, list[NewEvent]]:
+        """Check a new turn, claim its lease (with ``owner``); its id, fence and ``turn.started`` event."""
         check_text(text, "input", MAX_INPUT_CHARS, required=True)
         if self.state.active_turn() is not None:
             raise ThreadBusy(f"thread {self.thread_id} already has an active turn", thread_id=self.thread_id)
         if owner is None:
             turn_id = new_id()
-            self.append([NewEvent("turn.started", {"turn_id": turn_id, "input": text, "owner": None, "epoch": 0,
-                                                   "queued": True}, self.meta())])
-            return turn_id, None
+            return turn_id, None, [NewEvent("turn.started", {"turn_id": turn_id, "input": text, "owner": None,
+                                                             "epoch": 0, "queued": True}, self.meta())]
         try:
             fence = self.store.acquire_lease(self.turn_key, owner, ttl)
         except LeaseHeld as error:
             raise TurnOwned(f"thread {self.thread_id}'s turn lease is held by {error.details.get('owner')!r}; "
                             "wait for it to finish", thread_id=self.thread_id) from error
         turn_id = new_id()
-        self.append([NewEvent("turn.started", {"turn_id": turn_id, "input": text, "owner": owner,
-                                               "epoch": fence.epoch}, self.meta())], fence)
-        return turn_id, fence
+        return turn_id, fence, [NewEvent("turn.started", {"turn_id": turn_id, "input": text, "owner": owner,
+                                                          "epoch": fence.epoch}, self.meta())]
 
     def end_running_turn(self, reason: str, fence: Fence | None = None) -> bool:
         """Record that the active turn was interrupted; False if no turn was active."""

@@ -72,6 +72,7 @@ class Thread:
         self._task: asyncio.Task[None] | None = None
         self._fence: Fence | None = None
         """This process's claim on the active turn, while it runs it."""
+        self._starting = False  # send() is waiting for its turn.started to be committed
         self._draining = False
         self._pending: list[NewEvent] = []
         """Intents of retry-safe effects waiting to be committed with their dispatch marker (see _append)."""
@@ -151,7 +152,12 @@ class Thread:
     # --- driving ------------------------------------------------------------------------
 
     async def send(self, text: str) -> str:
-        """Start a turn with user input ``text``; returns the turn id. The loop runs in the background."""
+        """Start a turn with user input ``text``; returns the turn id once ``turn.started`` is durable. The loop
+        runs in the background.
+
+        With ``group_commits`` the commit is shared with the loop's other appends (decision 0020): sends made
+        together (``asyncio.gather``) share one, and the loop runs other tasks while it is made.
+        """
         if not isinstance(text, str) or not text.strip():
             raise InvalidInput("input must be a non-empty string", field="input")
         if len(text) > MAX_INPUT_CHARS:
@@ -166,12 +172,24 @@ class Thread:
         if state.status == "waiting":
             raise ThreadBusy(f"thread {self.thread_id} is waiting: {state.reason}. Resolve or approve first "
                              "(jixu threads resolve …)", thread_id=self.thread_id)
-        if self.running or self.log.state.active_turn() is not None:
+        if self.running or self._starting or self.log.state.active_turn() is not None:
             raise ThreadBusy(f"thread {self.thread_id} is still working on a turn; wait() for it first",
                              thread_id=self.thread_id)
         if self._harness.closing:
             raise ThreadBusy("the harness is shutting down and admits no new turns", thread_id=self.thread_id)
-        turn_id, self._fence = self.log.start_turn(text, owner=self._harness.owner, ttl=self._harness.lease_ttl)
+        batcher = self._harness.commit_batcher()
+        if batcher is None:
+            turn_id, self._fence = self.log.start_turn(text, owner=self._harness.owner,
+                                                       ttl=self._harness.lease_ttl)
+        else:
+            # Turns started together share the commit of their turn.started (and the loop's other appends)
+            # instead of holding the loop for one commit each.
+            self._starting = True
+            try:
+                turn_id, self._fence = await self.log.start_turn_async(
+                    text, batcher, owner=self._harness.owner, ttl=self._harness.lease_ttl)
+            finally:
+                self._starting = False
         self._start()
         return turn_id
 
@@ -194,6 +212,7 @@ class Thread:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        await self._quiet()
         self.log.sync()
         if self.log.state.active_turn() is not None:
             fence = self._claim()
@@ -209,6 +228,7 @@ class Thread:
 
     async def _run(self) -> None:
         log = self.log
+        await self._quiet()  # a turn.started still waiting for its shared commit (see send)
         log.sync()
         self._batcher = self._harness.commit_batcher()
         fence = self._claim()
