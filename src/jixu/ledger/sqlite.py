@@ -42,7 +42,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from itertools import repeat
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -61,7 +60,7 @@ from jixu.ledger.event import (
     Event,
     PreparedEvent,
     StoredRow,
-    event_from_stream_row,
+    events_from_stream_rows,
     seal_batch,
     utc_now_text,
 )
@@ -755,7 +754,7 @@ class SQLiteStore(Store):
         # Rows straight into events (no StoredRow between), without the stream column: it is ``stream``.
         # Smaller chunks than _read_rows: each one's rows are decoded while still in the CPU's caches.
         for chunk in self._pages(stream, from_seq, to_seq, _EVENT_COLUMNS, _EVENT_CHUNK, 1):
-            yield from map(event_from_stream_row, repeat(stream), chunk)
+            yield from events_from_stream_rows(stream, chunk)
 
     def _verify_snapshot(self, stream: str) -> VerifyReport:
         def snapshot(conn: sqlite3.Connection) -> VerifyReport:
