@@ -638,7 +638,7 @@ class ThreadProjection:
         same earlier events of its effect: a decision is a function of exactly those, so the state is what
         :meth:`apply` makes (``tests/threads/test_batched_staging.py`` pins it). While batching, every receipt
         is applied twice (staged, then as stored, decision 0019); deciding it once saves ~2 % of a step's
-        instructions (callgrind, 64 threads on one loop).
+        instructions (callgrind, 32 threads on one loop).
         """
         self._taken_back = taken_back
         try:
