@@ -377,20 +377,28 @@ def events_from_stream_rows(stream: str, rows: Sequence[tuple[Any, ...]]) -> lis
     """
     if not rows:
         return []
-    texts = [row[3] for row in rows]
+    datas = _objects_as_one_array([row[3] for row in rows])
+    if datas is None:
+        return [event_from_stream_row(stream, row) for row in rows]
+    return _stream_events(stream, rows, datas)
+
+
+def _objects_as_one_array(texts: list[str]) -> list[JSONObject] | None:
+    """The JSON objects of ``texts``, parsed as one array; None unless it parses whole into one object per
+    text and every text begins and ends as an object (one that only parses as a part of the array is not
+    one object on its own)."""
     try:
         joined = "[" + ",".join(texts) + "]"
         datas, end = _scan(joined, 0)
     except (StopIteration, TypeError, ValueError):
-        return [event_from_stream_row(stream, row) for row in rows]
-    if (end != len(joined) or type(datas) is not list or len(datas) != len(rows)
+        return None
+    if (end != len(joined) or type(datas) is not list or len(datas) != len(texts)
             or not _OBJECT_ONLY.issuperset(map(type, datas))):
-        return [event_from_stream_row(stream, row) for row in rows]
+        return None
     for text in texts:
         if text[:1] != "{" or text[-1:] != "}":
-            # Not one object on its own (it only parsed as a part of the array): row by row.
-            return [event_from_stream_row(stream, row) for row in rows]
-    return _stream_events(stream, rows, datas)
+            return None
+    return datas
 
 
 def _stream_events(stream: str, rows: Sequence[tuple[Any, ...]], datas: Sequence[JSONObject]) -> list[Event]:
