@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from jixu.errors import InvalidInput
 from jixu.ledger.encoding import canonical_text
 from jixu.ledger.event import (
     Event,
@@ -44,6 +45,10 @@ def test_a_kept_parse_is_the_stored_events_data_and_never_outlives_its_text() ->
                   prev_hash="0" * 64, recorded_at="2026-01-01T00:00:00.000000Z")
     assert unkept.to_event().data == {"effect_id": "e"}
     assert StoredRow.from_tuple(dataclasses.astuple(row)[:9]).to_event().data is not data
+    other_prepared = prepare(NewEvent("tool.completed", {"effect_id": "e"}))
+    with pytest.raises(InvalidInput, match="must be the dict"):
+        keep_parsed(other_prepared, [1])  # type: ignore[arg-type]
+    assert other_prepared._parsed is None
 
 
 def test_from_tuple_and_to_event_equal_the_plain_constructors() -> None:

@@ -201,8 +201,11 @@ def keep_parsed(prepared: PreparedEvent, data: JSONObject) -> None:
 
     For a caller that parsed the text anyway (a staged receipt is projected before it is stored): the
     event the store returns then shares that object instead of parsing the same text again. Events are
-    immutable; nobody may mutate ``data`` afterwards.
+    immutable; nobody may mutate ``data`` afterwards. Anything but a dict raises :class:`InvalidInput`.
     """
+    if type(data) is not dict:
+        raise InvalidInput(f"event {prepared.id!r}: the kept parse of its data must be the dict its text parses "
+                           f"to, not a {type(data).__name__}", field="data")
     _prepared_parsed(prepared, data)
 
 
