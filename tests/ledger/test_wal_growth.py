@@ -15,6 +15,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from jixu.ledger import NewEvent
 from jixu.ledger.sqlite import _WAL_FRAMES, SQLiteStore
 from tests.helpers import spawn_python
@@ -98,26 +100,27 @@ def test_growing_gives_up_at_once_while_another_writer_holds_the_lock(tmp_path: 
     store.close()
 
 
-def test_a_writer_taking_the_lock_midway_stops_the_growth_and_user_version_is_set_back(tmp_path: Path) -> None:
+def test_a_writer_taking_the_lock_midway_stops_the_growth_and_nothing_is_left_changed(tmp_path: Path) -> None:
     path = tmp_path / "w.db"
     SQLiteStore(path).close()
     other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     store = SQLiteStore(path)
     settings = _settings(store)
-    changes: list[str] = []
+    starts: list[str] = []
 
     def trace(statement: str) -> None:
-        if "user_version =" in statement:
-            changes.append(statement)
-            if len(changes) == 100:  # the 99th change left user_version changed: take the lock now
+        if statement == "BEGIN IMMEDIATE":
+            starts.append(statement)
+            if len(starts) == 50:  # between two of the growth's transactions: take the lock now
                 other.execute("BEGIN IMMEDIATE")
+                other.execute("PRAGMA user_version = 7")  # the other writer's own change, kept
                 threading.Timer(0.3, other.execute, ("COMMIT",)).start()
 
     store._conn.set_trace_callback(trace)
     store.append("s/0", [_event(0)], 0)
     store._conn.set_trace_callback(None)
-    assert changes[98] != changes[97] and len(changes) == 101, "stopped at the busy lock, then set back once"
-    assert _settings(store) == settings, "user_version set back (after waiting for the lock), settings restored"
+    assert len(starts) == 51, "the 50th transaction found the lock taken and the growth stopped; the append waited"
+    assert _settings(store) == (*settings[:3], 7), "settings restored; the other writer's user_version kept"
     assert _wal(path) < _WAL_FRAMES * (4096 + 24)
     assert [e.data["i"] for e in store.read("s/0")] == [0]
     other.close()
@@ -133,9 +136,9 @@ store = SQLiteStore(sys.argv[1])
 seen = []
 
 def trace(statement):
-    if "user_version =" in statement:
+    if statement.startswith(sys.argv[2]):
         seen.append(statement)
-        if len(seen) == 501:  # halfway through the growth, with user_version changed
+        if len(seen) == 500:  # halfway through the growth (the first statement of its kind is no growth)
             os.kill(os.getpid(), signal.SIGKILL)
 
 store._conn.set_trace_callback(trace)
@@ -144,15 +147,19 @@ print("not killed", flush=True)
 """
 
 
-def test_a_sigkill_while_growing_loses_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("killed_at", ["PRAGMA user_version = 2", "COMMIT", "BEGIN IMMEDIATE"],
+                         ids=["user_version_changed", "before_commit", "between_transactions"])
+def test_a_sigkill_while_growing_loses_nothing_and_changes_nothing(tmp_path: Path, killed_at: str) -> None:
     path = tmp_path / "w.db"
     with SQLiteStore(path) as store:
         for i in range(3):
             store.append("s/0", [_event(i)], i)
-    child = spawn_python(GROW_AND_DIE, str(path))
+        store._conn.execute("PRAGMA user_version = 2")
+    child = spawn_python(GROW_AND_DIE, str(path), killed_at)
     out, _err = child.communicate(timeout=60)
     assert child.returncode == -signal.SIGKILL, out
     with SQLiteStore(path) as store:
+        assert int(store._conn.execute("PRAGMA user_version").fetchone()[0]) == 2
         assert [e.data["i"] for e in store.read("s/0")] == [0, 1, 2]
         assert store.verify("s/0").valid
         store.append("s/0", [_event(3)], 3)
