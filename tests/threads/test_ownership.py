@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from typing import Any
 
@@ -198,6 +199,45 @@ def test_a_late_reply_from_the_former_owner_is_rejected(durable_ledger: Ledger) 
         assert ran == ["42"]
 
     run(scenario())
+
+
+def test_wait_reports_a_background_loop_that_failed_before_anyone_waited(durable_ledger: Ledger,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """send() runs the loop in the background. When it stops with an error before anyone waits for it, the
+    next wait() raises that error (so it is retrieved, never lost), and only the wait() after it starts the
+    loop again (which now finds the turn owned by the process that took it)."""
+    thief = durable_ledger.store()
+    logs: list[ThreadLog] = []
+
+    @tool(semantics="read_only")
+    def look() -> str:
+        """Another process takes the turn over while this call runs."""
+        log = logs[0]
+        lease = thief.get_lease(log.turn_key)
+        assert lease is not None
+        thief.take_over_lease(log.turn_key, "thief", 30.0, expected_epoch=lease.epoch, require_expired=False)
+        return "looked"
+
+    harness = durable_ledger.harness(Agent("stolen", ScriptedModel([ToolCall("look"), "done"]), tools=[look]),
+                                     owner="worker-a")
+
+    async def scenario() -> None:
+        thread = await harness.create_thread()
+        logs.append(thread.log)
+        await thread.send("look around")
+        started = thread.running
+        while thread.running:
+            await asyncio.sleep(0.01)
+        assert started, "the loop ran in the background and stopped before anyone waited"
+        with pytest.raises(OwnershipLost, match="no longer owns"):
+            await thread.wait()
+        with pytest.raises(TurnOwned, match="thief"):
+            await thread.wait()
+        assert of_type(await thread.events(), "tool.completed") == [], "the fenced-out receipt was not recorded"
+
+    run(scenario())
+    gc.collect()  # a task whose exception nobody retrieved logs it when it is collected
+    assert "exception was never retrieved" not in caplog.text
 
 
 def test_safe_takeover_continues_an_expired_turn_only_when_no_outcome_is_in_doubt(ledger: Ledger) -> None:

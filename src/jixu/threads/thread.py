@@ -194,8 +194,17 @@ class Thread:
         return turn_id
 
     async def wait(self) -> State:
-        """Run the agent loop until the thread is idle, waiting, failed or corrupt; return its state."""
-        if self._task is None or self._task.done():
+        """Run the agent loop until the thread is idle, waiting, failed or corrupt; return its state.
+
+        A loop started in the background (by :meth:`send` or :meth:`wait_in_background`) that already
+        stopped with an error is collected here: that error is raised, once; the next call starts a new loop.
+        """
+        task = self._task
+        if task is not None and task.done():
+            self._task = None
+            if not task.cancelled() and (error := task.exception()) is not None:
+                raise error
+        if self._task is None:
             self._start()
         assert self._task is not None
         await asyncio.shield(self._task)
