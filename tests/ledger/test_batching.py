@@ -7,7 +7,10 @@ waiter that stops waiting does not take its append out of the commit.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +18,7 @@ from jixu.errors import ConcurrencyError
 from jixu.ledger import NewEvent
 from jixu.ledger.batching import CommitBatcher
 from jixu.ledger.sqlite import SQLiteStore
+from jixu.ledger.store import AppendRequest
 
 
 def _event(i: int) -> NewEvent:
@@ -58,6 +62,45 @@ def test_a_waiter_that_stops_waiting_does_not_take_its_append_out_of_the_commit(
         with pytest.raises(asyncio.CancelledError):
             await waiter
         assert [e.seq for e in await asyncio.shield(future)] == [1]  # committed all the same
+
+    asyncio.run(scenario())
+    assert [e.data["i"] for e in store.read("s/0")] == [1]
+    store.close()
+
+
+class _SlowCommits(SQLiteStore):
+    """Shared commits that take a while, so a waiter can be cancelled during one."""
+
+    def append_many(self, requests: Sequence[AppendRequest]) -> list[Any]:
+        time.sleep(0.2)
+        return super().append_many(requests)
+
+
+def test_a_task_cancelled_during_its_commit_is_told_once_the_verdict_is_in(tmp_path: Path) -> None:
+    """The submitted future cannot be cancelled: the task awaiting it gets CancelledError only when the commit
+    is over, and can still read what was stored."""
+    store = _SlowCommits(tmp_path / "b.db")
+
+    async def scenario() -> None:
+        batcher = CommitBatcher(store)
+        future = batcher.submit("s/0", [_event(1)], 0)
+        done_when_told: list[bool] = []
+
+        async def waiter() -> None:
+            try:
+                await future
+            except asyncio.CancelledError:
+                done_when_told.append(future.done())
+                raise
+
+        task = asyncio.ensure_future(waiter())
+        await asyncio.sleep(0.05)  # the commit runs in its worker thread now
+        assert future.cancel() is False and not future.cancelled()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert done_when_told == [True]
+        assert [e.seq for e in future.result()] == [1]
 
     asyncio.run(scenario())
     assert [e.data["i"] for e in store.read("s/0")] == [1]

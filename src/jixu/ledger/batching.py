@@ -10,7 +10,9 @@ arrived while the previous one was running, through
 
 Each waiter gets exactly what ``append`` would have given it: its stored
 events once they are durable, or its own error. A waiter cancelled while its
-commit runs does not cancel the commit (it may already be durable).
+commit runs does not cancel the commit (it may already be durable): its
+future cannot be cancelled, so the waiter's cancellation arrives once the
+commit's verdict is in (see :class:`Commitment`).
 """
 
 from __future__ import annotations
@@ -23,12 +25,31 @@ from jixu.ledger.event import Event, NewEvent, PreparedEvent
 from jixu.ledger.store import AppendRequest, Fence, Store
 
 
+class Commitment(asyncio.Future[list[Event]]):
+    """The answer to one queued append: a future that :meth:`cancel` leaves alone.
+
+    Its append may already be durable, so no one may take it back. A task
+    cancelled while it awaits one is told so (``CancelledError`` at its
+    ``await``) when the commit's verdict is in, and can still read that
+    verdict from the future. Cheaper than ``asyncio.shield``: no second
+    future and no extra callback round on the event loop per append.
+    """
+
+    def cancel(self, msg: object = None) -> bool:
+        """Refuse: the append may already be durable (returns False, changes nothing)."""
+        return False
+
+    def abandon(self) -> None:
+        """Cancel it for real: only for an append that was never started (nothing of it was written)."""
+        super().cancel()
+
+
 class CommitBatcher:
     """Appends of one event loop's tasks, committed together (see the module docstring)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._waiting: list[tuple[AppendRequest, asyncio.Future[list[Event]]]] = []
+        self._waiting: list[tuple[AppendRequest, Commitment]] = []
         self._committing = False
         self._task: asyncio.Task[None] | None = None
         self.running = 0
@@ -40,18 +61,21 @@ class CommitBatcher:
 
     async def append(self, stream: str, events: Sequence[NewEvent | PreparedEvent], expected_seq: int,
                      fence: Fence | None = None) -> list[Event]:
-        """:meth:`Store.append`, sharing its commit with the appends of other tasks of this loop."""
-        return await asyncio.shield(self.submit(stream, events, expected_seq, fence))
+        """:meth:`Store.append`, sharing its commit with the appends of other tasks of this loop.
+
+        Cancelled while its commit runs, the caller gets ``CancelledError`` once the commit is over.
+        """
+        return await self.submit(stream, events, expected_seq, fence)
 
     def submit(self, stream: str, events: Sequence[NewEvent | PreparedEvent], expected_seq: int,
-               fence: Fence | None = None) -> asyncio.Future[list[Event]]:
+               fence: Fence | None = None) -> Commitment:
         """Queue an append for the next commit; the future gets what :meth:`Store.append` would give.
 
-        Cancelling the future does not take the append out of its commit (it
-        may already be durable): await it through ``asyncio.shield``.
+        The future cannot be cancelled (see :class:`Commitment`): the append
+        is in its commit whatever happens to the task that awaits it.
         """
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[Event]] = loop.create_future()
+        future = Commitment(loop=loop)
         self._waiting.append((AppendRequest(stream, events, expected_seq, fence), future))
         if not self._committing:
             self._committing = True
@@ -84,7 +108,7 @@ class CommitBatcher:
                     # started, so nothing of them was written; their waiters are told so by cancellation.
                     waiting, self._waiting = self._waiting, []
                     for _request, future in waiting:
-                        future.cancel()
+                        future.abandon()
                     raise asyncio.CancelledError
         finally:
             self._committing = False
@@ -112,4 +136,4 @@ class CommitBatcher:
                 return exc, cancelled
 
 
-__all__ = ["CommitBatcher"]
+__all__ = ["CommitBatcher", "Commitment"]

@@ -10,7 +10,6 @@ use it directly; :class:`~jixu.threads.thread.Thread` runs the agent loop on top
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import re
@@ -382,10 +381,11 @@ class ThreadLog:
         try:
             pending = batcher.submit(self.stream, batch, self.state.seq, fence)
             try:
-                stored = await asyncio.shield(pending)
+                stored = await pending
             except asyncio.CancelledError:
-                with contextlib.suppress(Exception):
-                    self._apply_stored(await asyncio.shield(pending), taken_back)
+                # Told only once the commit is over (the future cannot be cancelled): apply what it stored.
+                if pending.done() and not pending.cancelled() and pending.exception() is None:
+                    self._apply_stored(pending.result(), taken_back)
                 raise
             self._apply_stored(stored, taken_back)
             return stored
