@@ -7,6 +7,7 @@ waiter that stops waiting does not take its append out of the commit.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -83,6 +84,7 @@ def test_a_task_cancelled_during_its_commit_is_told_once_the_verdict_is_in(tmp_p
 
     async def scenario() -> None:
         batcher = CommitBatcher(store)
+        batcher.running = 1  # a user that could run meanwhile: the commit runs in a worker thread
         future = batcher.submit("s/0", [_event(1)], 0)
         done_when_told: list[bool] = []
 
@@ -101,7 +103,45 @@ def test_a_task_cancelled_during_its_commit_is_told_once_the_verdict_is_in(tmp_p
             await task
         assert done_when_told == [True]
         assert [e.seq for e in future.result()] == [1]
+        assert (batcher.commits, batcher.commits_in_loop) == (1, 0)
 
     asyncio.run(scenario())
     assert [e.data["i"] for e in store.read("s/0")] == [1]
+    store.close()
+
+
+class _WhereCommits(SQLiteStore):
+    """Records the OS thread each shared commit ran in."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.ran_in: list[int] = []
+
+    def append_many(self, requests: Sequence[AppendRequest]) -> list[Any]:
+        self.ran_in.append(threading.get_ident())
+        return super().append_many(requests)
+
+
+@pytest.mark.parametrize(("running", "by_running_users", "in_loop"), [
+    (0, [False, False], False),  # no running user waits (turns starting): the loop may serve anything meanwhile
+    (2, [True, True], True),  # every running user waits for this commit
+    (2, [True, False], False),  # one running user is not in it: it may have work to do meanwhile
+    (3, [True, True], False),
+], ids=["none_running", "all_running_in_it", "one_running_outside", "one_of_three_outside"])
+def test_a_commit_runs_in_the_loop_only_when_every_running_user_waits_for_it(
+        tmp_path: Path, running: int, by_running_users: list[bool], in_loop: bool) -> None:
+    store = _WhereCommits(tmp_path / "b.db")
+
+    async def scenario() -> None:
+        batcher = CommitBatcher(store)
+        batcher.running = running
+        futures = [batcher.submit(f"s/{i}", [_event(i)], 0, by_running_user=by_user)
+                   for i, by_user in enumerate(by_running_users)]
+        answers = await asyncio.gather(*futures)
+        assert [[e.seq for e in events] for events in answers] == [[1], [1]]
+        assert (batcher.commits, batcher.commits_in_loop) == (1, int(in_loop))
+
+    asyncio.run(scenario())
+    assert (store.ran_in == [threading.get_ident()]) is in_loop, "the loop's thread is this one"
+    assert len(store.ran_in) == 1
     store.close()

@@ -12,6 +12,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -146,6 +147,63 @@ class SlowCommits(MemoryStore):
     def append_many(self, requests: Sequence[AppendRequest]) -> list[Any]:
         time.sleep(0.05)
         return super().append_many(requests)
+
+
+class WhereCommits(MemoryStore):
+    """Records the OS thread of each shared commit and how many appends it carried."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.commits: list[tuple[int, int]] = []
+
+    def append_many(self, requests: Sequence[AppendRequest]) -> list[Any]:
+        self.commits.append((threading.get_ident(), len(requests)))
+        return super().append_many(requests)
+
+
+def test_commits_run_in_the_loop_while_every_thread_waits_and_in_a_worker_while_one_naps() -> None:
+    """Decision 0021: while every running thread waits for the commit, nothing of theirs could run during it,
+    and it runs in the loop's own thread; while one thread waits for something else (here a slow tool), the
+    others' commits run in a worker thread, so that it can go on meanwhile. Turn starts that no running
+    thread waits for commit in a worker too."""
+    store = WhereCommits()
+    napping: list[str] = []
+
+    @tool(semantics="read_only")
+    async def nap(ctx: ToolContext) -> str:
+        """Slow for the first thread only."""
+        if ctx.thread_id in napping:
+            await asyncio.sleep(0.3)
+        return "rested"
+
+    async def scenario() -> None:
+        from jixu.threads import Harness
+
+        harness = Harness(_counting_agent([nap]), store, group_commits=True)
+        threads = [await harness.create_thread() for _ in range(3)]
+        await asyncio.gather(*(thread.send("go") for thread in threads))
+        states = await asyncio.gather(*(thread.wait() for thread in threads))
+        assert all(s.status == "idle" and s.last_reply == "done" for s in states)
+        lockstep = list(store.commits)
+        store.commits.clear()
+        more = [await harness.create_thread() for _ in range(3)]
+        napping.append(more[0].thread_id)
+        await asyncio.gather(*(thread.send("go") for thread in more))
+        states = await asyncio.gather(*(thread.wait() for thread in more))
+        assert all(s.status == "idle" and s.last_reply == "done" for s in states)
+        loop_thread = threading.get_ident()
+        assert lockstep[0] != (loop_thread, 3), "the turn starts (no agent loop waits for them) commit in a worker"
+        assert len(lockstep) > 3 and all(ident == loop_thread for ident, _appends in lockstep[1:]), \
+            "threads in lockstep commit in the loop's thread"
+        assert store.commits[0] != (loop_thread, 3), "the turn starts commit in a worker"
+        in_worker = [appends for ident, appends in store.commits[1:] if ident != loop_thread]
+        assert len(in_worker) > 3 and max(in_worker) <= 2, "the others' commits ran in a worker while one napped"
+        batcher = harness.commit_batcher()
+        assert batcher is not None and 0 < batcher.commits_in_loop < batcher.commits
+        for thread in [*threads, *more]:
+            await assert_same_answer(harness, thread)
+
+    run(scenario())
 
 
 def test_a_waiter_cancelled_during_its_commit_keeps_the_state_equal_to_the_store() -> None:

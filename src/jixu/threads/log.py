@@ -351,7 +351,7 @@ class ThreadLog:
         return stored
 
     async def append_async(self, events: Sequence[NewEvent], fence: Fence | None, batcher: CommitBatcher,
-                           ) -> list[Event]:
+                           *, by_running_user: bool = False) -> list[Event]:
         """:meth:`append` through ``batcher``: the commit is shared with other threads of this event loop.
 
         The state moves only when the events are durable. If the caller is
@@ -363,6 +363,9 @@ class ThreadLog:
         awaited and applied again, as stored, once it is durable, so no other
         task ever sees them before they are (decision 0019). If the commit
         fails, they are dropped with it and the state is already the store's.
+
+        ``by_running_user``: the caller is an agent loop counted in ``batcher.running``
+        (see :meth:`CommitBatcher.submit`).
         """
         batch: Sequence[NewEvent | PreparedEvent] = events
         mark = self._staged_mark
@@ -379,7 +382,7 @@ class ThreadLog:
             self._open_analysis = self._decoded = None
         self.appending = True
         try:
-            pending = batcher.submit(self.stream, batch, self.state.seq, fence)
+            pending = batcher.submit(self.stream, batch, self.state.seq, fence, by_running_user=by_running_user)
             try:
                 stored = await pending
             except asyncio.CancelledError:

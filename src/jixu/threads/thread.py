@@ -385,7 +385,7 @@ class Thread:
             return stored
         assert self._batcher is not None
         batch, self._pending = [*self._pending, *events], []
-        return await self.log.append_async(batch, self._fence, self._batcher)
+        return await self.log.append_async(batch, self._fence, self._batcher, by_running_user=True)
 
     def _batching(self) -> bool:
         """Whether this append goes through the batcher: only while other threads of this loop run too.
