@@ -7,6 +7,7 @@ waiter that stops waiting does not take its append out of the commit.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import threading
 import time
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from jixu.ledger import NewEvent
 from jixu.ledger.batching import CommitBatcher
 from jixu.ledger.sqlite import SQLiteStore
 from jixu.ledger.store import AppendRequest
+from tests.helpers import spawn_python
 
 
 def _event(i: int) -> NewEvent:
@@ -145,3 +147,46 @@ def test_a_commit_runs_in_the_loop_only_when_every_running_user_waits_for_it(
     assert (store.ran_in == [threading.get_ident()]) is in_loop, "the loop's thread is this one"
     assert len(store.ran_in) == 1
     store.close()
+
+
+INTERRUPTED_IN_LOOP = """
+import asyncio, sys
+from jixu.ledger import NewEvent
+from jixu.ledger.batching import CommitBatcher
+from jixu.ledger.sqlite import SQLiteStore
+
+class Interrupted(SQLiteStore):
+    def append_many(self, requests):
+        raise KeyboardInterrupt  # as a signal handler would raise it in the middle of the commit
+
+commitments = []
+
+async def main():
+    batcher = CommitBatcher(Interrupted(sys.argv[1]))
+    batcher.running = 2  # both appends are by running users: the commit runs in the loop's thread
+    commitments.extend(batcher.submit(f"s/{i}", [NewEvent("test.appended", {"i": i})], 0, by_running_user=True)
+                       for i in range(2))
+    await asyncio.gather(*commitments)
+
+try:
+    asyncio.run(main())
+except KeyboardInterrupt:
+    answers = [type(c.exception()).__name__ + ": " + str(c.exception()) for c in commitments if c.done()]
+    print("interrupted;", len(answers), "answered;", " | ".join(answers), flush=True)
+"""
+
+
+def test_a_commit_in_the_loop_interrupted_by_keyboardinterrupt_answers_its_waiters_and_ends(tmp_path: Path) -> None:
+    """KeyboardInterrupt (or SystemExit) out of a commit made in the loop's thread propagates, and every
+    append of that commit is answered first (its outcome unknown): none is left waiting forever, which
+    would hang ``asyncio.run`` while it cancels the remaining tasks on its way out."""
+    child = spawn_python(INTERRUPTED_IN_LOOP, str(tmp_path / "k.db"))
+    try:
+        out, err = child.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        raise AssertionError("the program hung after the interrupted commit") from None
+    assert child.returncode == 0, err
+    assert out.startswith("interrupted; 2 answered; StoreError: "), out
+    assert out.count("was interrupted (KeyboardInterrupt); whether it is durable is not known") == 2, out

@@ -101,7 +101,17 @@ class CommitBatcher:
                 # So does a commit of no running user (turns starting): the loop may serve anything meanwhile.
                 users = sum(1 for _request, _future, by_running_user in batch if by_running_user)
                 in_loop = 0 < users >= self.running
-                answers, cancelled = await self._commit([request for request, _future, _user in batch], in_loop)
+                try:
+                    answers, cancelled = await self._commit([request for request, _future, _user in batch], in_loop)
+                except BaseException as interrupted:
+                    # KeyboardInterrupt or SystemExit out of a commit made in the loop's thread: it goes on up, but
+                    # no waiter of this commit may be left waiting forever (asyncio.run would hang cancelling it).
+                    unknown = StoreError(f"{self.store.url}: the shared commit was interrupted "
+                                         f"({type(interrupted).__name__}); whether it is durable is not known")
+                    for _request, future, _user in batch:
+                        if not future.done():
+                            future.set_exception(unknown)
+                    raise
                 if isinstance(answers, BaseException):  # the whole commit failed: every append in it fails
                     failure = answers if isinstance(answers, JixuError) else StoreError(
                         f"{self.store.url}: the shared commit failed ({type(answers).__name__}: {answers})")
