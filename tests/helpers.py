@@ -1,15 +1,18 @@
-"""Test helpers: build hash-chained events without a store, and run child processes."""
+"""Test helpers: build hash-chained events without a store, run child processes, a slow SQLite store."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from jixu.ledger.event import GENESIS_HASH, Event, NewEvent, prepare, seal
+from jixu.ledger.sqlite import SQLiteStore
+from jixu.ledger.store import AppendRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,3 +41,12 @@ def spawn_python(code: str, *args: str) -> subprocess.Popen[str]:
     """Start ``python -c code args…`` with jixu importable; stdout/stderr piped as text."""
     return subprocess.Popen([sys.executable, "-c", code, *args], env=python_env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+class SlowCommits(SQLiteStore):
+    """A SQLite store whose shared commits (``append_many``) take 0.2 s more, so something can happen
+    during one (a waiter cancelled, a program failing)."""
+
+    def append_many(self, requests: Sequence[AppendRequest]) -> list[Any]:
+        time.sleep(0.2)
+        return super().append_many(requests)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from jixu.ledger import NewEvent
 from jixu.ledger.batching import CommitBatcher
 from jixu.ledger.sqlite import SQLiteStore
 from jixu.ledger.store import AppendRequest
-from tests.helpers import spawn_python
+from tests.helpers import SlowCommits, spawn_python
 
 
 def _event(i: int) -> NewEvent:
@@ -71,18 +70,10 @@ def test_a_waiter_that_stops_waiting_does_not_take_its_append_out_of_the_commit(
     store.close()
 
 
-class _SlowCommits(SQLiteStore):
-    """Shared commits that take a while, so a waiter can be cancelled during one."""
-
-    def append_many(self, requests: Sequence[AppendRequest]) -> list[Any]:
-        time.sleep(0.2)
-        return super().append_many(requests)
-
-
 def test_a_task_cancelled_during_its_commit_is_told_once_the_verdict_is_in(tmp_path: Path) -> None:
     """The submitted future cannot be cancelled: the task awaiting it gets CancelledError only when the commit
     is over, and can still read what was stored."""
-    store = _SlowCommits(tmp_path / "b.db")
+    store = SlowCommits(tmp_path / "b.db")
 
     async def scenario() -> None:
         batcher = CommitBatcher(store)

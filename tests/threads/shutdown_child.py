@@ -12,21 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
-from collections.abc import Sequence
 from typing import Any
 
-from jixu.ledger import SQLiteStore
-from jixu.ledger.store import AppendRequest
 from jixu.threads import Agent, Harness, ScriptedModel, ToolCall, tool
-
-
-class SlowCommits(SQLiteStore):
-    """Shared commits that take a while, so the program fails while one runs."""
-
-    def append_many(self, requests: Sequence[AppendRequest]) -> list[Any]:
-        time.sleep(0.2)
-        return super().append_many(requests)
+from tests.helpers import SlowCommits
 
 
 @tool(semantics="read_only")
