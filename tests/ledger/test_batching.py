@@ -181,3 +181,26 @@ def test_a_commit_in_the_loop_interrupted_by_keyboardinterrupt_answers_its_waite
     assert child.returncode == 0, err
     assert out.startswith("interrupted; 2 answered; StoreError: "), out
     assert out.count("was interrupted (KeyboardInterrupt); whether it is durable is not known") == 2, out
+
+
+def test_a_commit_task_cancelled_before_it_starts_abandons_its_appends(tmp_path: Path) -> None:
+    """``asyncio.run`` cancels every task on its way out, the batcher's too, maybe before its first step: then
+    none of the queued appends was started, and each waiter is told so (cancelled) instead of waiting forever;
+    the batcher commits later appends as before."""
+    store = SQLiteStore(tmp_path / "b.db")
+
+    async def scenario() -> None:
+        batcher = CommitBatcher(store)
+        future = batcher.submit("s/0", [_event(1)], 0)
+        assert batcher._task is not None
+        batcher._task.cancel()  # before the task has run at all
+        done, _pending = await asyncio.wait({future}, timeout=2)
+        assert future in done and future.cancelled(), "the waiter was left waiting"
+        later = asyncio.ensure_future(batcher.append("s/0", [_event(2)], 0))
+        done, _pending = await asyncio.wait({later}, timeout=2)
+        assert later in done, "the batcher stayed stuck"
+        assert [e.seq for e in later.result()] == [1]
+
+    asyncio.run(scenario())
+    assert [e.data["i"] for e in store.read("s/0")] == [2], "the abandoned append wrote nothing"
+    store.close()

@@ -91,7 +91,18 @@ class CommitBatcher:
             self._committing = True
             # Kept referenced: the loop holds tasks only weakly.
             self._task = loop.create_task(self._commit_all(), name="jixu-commit-batcher")
+            self._task.add_done_callback(self._abandon_if_never_run)
         return future
+
+    def _abandon_if_never_run(self, task: asyncio.Task[None]) -> None:
+        """A commit task cancelled before its first step (``asyncio.run`` cancels every task on its way out)
+        never ran :meth:`_commit_all`, not even its ``finally``: nothing queued was started, so abandon it all
+        (its waiters are told by cancellation, not left waiting forever) and let the next append start anew."""
+        if task is self._task and self._committing and task.cancelled():
+            waiting, self._waiting = self._waiting, []
+            for _request, future, _user in waiting:
+                future.abandon()
+            self._committing = False
 
     async def _commit_all(self) -> None:
         try:
