@@ -2,7 +2,7 @@
 
 Run as ``python -m tests.threads.shutdown_child STORE_PATH``. Four threads run
 on one event loop with ``group_commits``; shared commits take 0.2 s (the
-store sleeps in its worker thread first), and as soon as a thread waits for
+store sleeps before each), and as soon as a thread waits for
 one, ``main`` raises. On its way out ``asyncio.run`` cancels every task still
 running, the commit batcher's too; the program must then end (printing
 ``ended: ...``) instead of waiting forever.
