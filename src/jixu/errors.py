@@ -104,6 +104,29 @@ class LeaseHeld(JixuError):
     code = "lease_held"
 
 
+# --- the effect kernel --------------------------------------------------------------
+
+
+class StreamBusy(JixuError):
+    """This process's writer of the stream has an append waiting for its commit; wait for it first."""
+
+    code = "stream_busy"
+
+
+class StreamCorrupt(JixuError):
+    """The stream's events do not verify or contradict themselves; nothing acts on it."""
+
+    code = "stream_corrupt"
+
+
+class ReceiptConflict(JixuError):
+    """A call's receipt was not recorded because another writer recorded an event of the same effect
+    meanwhile (an operator's resolution, say): appending it would contradict the record. The receipt is
+    kept in the error (``unrecorded_receipts``)."""
+
+    code = "receipt_conflict"
+
+
 # --- the store itself ---------------------------------------------------------------
 
 
@@ -164,7 +187,7 @@ class ThreadNotFound(NotFound):
     code = "thread_not_found"
 
 
-class ThreadCorrupt(JixuError):
+class ThreadCorrupt(StreamCorrupt):
     """The thread's events contradict themselves; it will not run until an operator repairs it."""
 
     code = "thread_corrupt"
@@ -338,45 +361,48 @@ __all__ = [
     "ConcurrencyError",
     "EffectNotParked",
     "EffectNotUnknown",
+    "FencingError",
+    "GitError",
+    "IdempotencyConflict",
     "IncompatibleAgent",
+    "InvalidId",
+    "InvalidInput",
     "InvalidPolicy",
+    "JixuError",
+    "LeaseHeld",
+    "MalformedEvent",
     "ModelError",
+    "NotFound",
+    "OwnershipLost",
+    "PayloadTooLarge",
     "ProjectExists",
     "ProjectNotFound",
     "ProviderMismatch",
     "ProviderTestFailed",
+    "ReceiptConflict",
     "ReconciliationNeedsProof",
     "RequestNotFound",
     "RequestStateError",
+    "ResolutionConflict",
     "RunNotFound",
     "RunOwned",
     "RunStateError",
-    "SourceUnavailable",
-    "UnknownProvider",
-    "WorkspaceMismatch",
-    "ResolutionConflict",
-    "ThreadBusy",
-    "ThreadCorrupt",
-    "ThreadNotFound",
-    "OwnershipLost",
-    "TurnOwned",
-    "FencingError",
-    "GitError",
-    "IdempotencyConflict",
-    "InvalidId",
-    "InvalidInput",
-    "JixuError",
-    "LeaseHeld",
-    "MalformedEvent",
-    "NotFound",
-    "PayloadTooLarge",
     "SchemaTooNew",
+    "SourceUnavailable",
     "StoreError",
     "StoreLocked",
     "StoreNotFound",
     "StoreReadOnly",
+    "StreamBusy",
+    "StreamCorrupt",
+    "ThreadBusy",
+    "ThreadCorrupt",
+    "ThreadNotFound",
     "ToolDefinitionError",
     "ToolInputError",
     "ToolOutputError",
+    "TurnOwned",
+    "UnknownProvider",
     "UnsupportedStoreUrl",
+    "WorkspaceMismatch",
 ]

@@ -1,10 +1,10 @@
 """The child program of a ``test_group_commits`` test: it fails while its threads share a commit.
 
 Run as ``python -m tests.threads.shutdown_child STORE_PATH``. Four threads run
-on one event loop with ``group_commits``; shared commits take 0.2 s (the
+on one event loop, sharing commits; shared commits take 0.2 s (the
 store sleeps before each), and as soon as a thread waits for
 one, ``main`` raises. On its way out ``asyncio.run`` cancels every task still
-running, the commit batcher's too; the program must then end (printing
+running, the commit task's too; the program must then end (printing
 ``ended: ...``) instead of waiting forever.
 """
 
@@ -30,8 +30,7 @@ def script(messages: list[dict[str, Any]]) -> Any:
 
 
 async def main(path: str) -> None:
-    harness = Harness(Agent("shutdown", ScriptedModel(script), tools=[look], max_steps=1001), SlowCommits(path),
-                      group_commits=True)
+    harness = Harness(Agent("shutdown", ScriptedModel(script), tools=[look], max_steps=1001), SlowCommits(path))
     threads = [await harness.create_thread() for _ in range(4)]
     for thread in threads:
         await thread.send("go")

@@ -406,10 +406,16 @@ def test_harness_refuses_an_invalid_max_attempts(ledger: Ledger, max_attempts: A
         Harness(agent(), ledger.target(), max_attempts=max_attempts)
 
 
-@pytest.mark.parametrize("group_commits", [1, "yes", None])
+@pytest.mark.parametrize("group_commits", [1, "yes"])
 def test_harness_refuses_a_group_commits_that_is_not_a_bool(ledger: Ledger, group_commits: Any) -> None:
     with pytest.raises(InvalidInput):
         Harness(agent(), ledger.target(), group_commits=group_commits)
+
+
+def test_group_commits_is_accepted_but_changes_nothing_and_says_so(ledger: Ledger) -> None:
+    """Commits are always shared now (one commit path): the old option warns that it does nothing."""
+    with pytest.warns(DeprecationWarning, match="changes nothing"):
+        Harness(agent(), ledger.target(), group_commits=True).close()
 
 
 def test_stage_refuses_a_bad_event_and_stages_nothing(ledger: Ledger) -> None:

@@ -1,9 +1,9 @@
-"""Decision 0014: threads that share one event loop share their commits (``Harness(group_commits=True)``).
+"""Decision 0024: threads that share one event loop share their commits (always: the one commit path).
 
 Every append still returns only once it is durable, and each thread's record
 is exactly what it would be alone; what changes is that the appends the
 threads of one loop make while a commit runs are committed together (one
-transaction and one fsync on SQLite) by :class:`~jixu.ledger.batching.CommitBatcher`.
+transaction and one fsync on SQLite) by :class:`~jixu.kernel.Commits`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 import jixu
-from jixu.errors import ThreadBusy
+from jixu.errors import StreamBusy, ThreadBusy
+from jixu.kernel import Commits
 from jixu.ledger import MemoryStore, SQLiteStore
 from jixu.ledger.event import Event
 from jixu.ledger.store import AppendRequest
@@ -51,13 +52,13 @@ async def look() -> str:
 
 def test_threads_on_one_loop_share_commits_and_record_what_they_would_alone(ledger: Ledger) -> None:
     async def scenario() -> None:
-        harness = ledger.harness(_counting_agent([look]), group_commits=True)
+        harness = ledger.harness(_counting_agent([look]))
         threads = [await harness.create_thread() for _ in range(THREADS)]
         await asyncio.gather(*(thread.send("go") for thread in threads))
         states = await asyncio.gather(*(thread.wait() for thread in threads))
         assert all(s.status == "idle" and s.last_reply == "done" for s in states)
-        batcher = harness.commit_batcher()
-        assert batcher is not None and batcher.commits < batcher.appends, "no two appends ever shared a commit"
+        commits = Commits.of(harness.store)
+        assert commits.commits < commits.appends, "no two appends ever shared a commit"
         for thread in threads:
             events = await thread.events()
             assert_lifecycle_order(events)
@@ -94,8 +95,7 @@ def test_each_call_leaves_only_after_its_intent_marker_and_the_previous_receipt_
         return "ok"
 
     async def scenario() -> None:
-        harness = sqlite_ledger.harness(Agent("watched", Watching(), tools=[probe], max_steps=STEPS + 2),
-                                        group_commits=True)
+        harness = sqlite_ledger.harness(Agent("watched", Watching(), tools=[probe], max_steps=STEPS + 2))
         threads = [await harness.create_thread() for _ in range(4)]
         for thread in threads:
             await thread.send("go")
@@ -118,7 +118,7 @@ def test_each_call_leaves_only_after_its_intent_marker_and_the_previous_receipt_
 
 def test_reading_and_refreshing_while_commits_run_never_applies_an_event_twice(sqlite_ledger: Ledger) -> None:
     async def scenario() -> None:
-        harness = sqlite_ledger.harness(_counting_agent([look]), group_commits=True)
+        harness = sqlite_ledger.harness(_counting_agent([look]))
         threads = [await harness.create_thread() for _ in range(3)]
         for thread in threads:
             await thread.send("go")
@@ -179,7 +179,7 @@ def test_commits_run_in_the_loop_while_every_thread_waits_and_in_a_worker_while_
     async def scenario() -> None:
         from jixu.threads import Harness
 
-        harness = Harness(_counting_agent([nap]), store, group_commits=True)
+        harness = Harness(_counting_agent([nap]), store)
         threads = [await harness.create_thread() for _ in range(3)]
         await asyncio.gather(*(thread.send("go") for thread in threads))
         states = await asyncio.gather(*(thread.wait() for thread in threads))
@@ -198,8 +198,8 @@ def test_commits_run_in_the_loop_while_every_thread_waits_and_in_a_worker_while_
         assert store.commits[0] != (loop_thread, 3), "the turn starts commit in a worker"
         in_worker = [appends for ident, appends in store.commits[1:] if ident != loop_thread]
         assert len(in_worker) > 3 and max(in_worker) <= 2, "the others' commits ran in a worker while one napped"
-        batcher = harness.commit_batcher()
-        assert batcher is not None and 0 < batcher.commits_in_loop < batcher.commits
+        commits = Commits.of(harness.store)
+        assert 0 < commits.commits_in_loop < commits.commits
         for thread in [*threads, *more]:
             await assert_same_answer(harness, thread)
 
@@ -218,16 +218,16 @@ def test_a_waiter_cancelled_during_its_commit_keeps_the_state_equal_to_the_store
     async def scenario() -> None:
         from jixu.threads import Harness
 
-        harness = Harness(_counting_agent([wait_a_bit]), store, group_commits=True)
+        harness = Harness(_counting_agent([wait_a_bit]), store)
         thread, other = await harness.create_thread(), await harness.create_thread()
-        await other.send("keep me company")  # the batcher is used only while two threads run
+        await other.send("keep me company")  # while two threads run, appends wait for shared commits
         await thread.send("go")
         for _ in range(200):  # until a batched append of the thread waits for its commit
             if thread.log.appending:
                 break
             await asyncio.sleep(0.001)
         assert thread.log.appending
-        with pytest.raises(ThreadBusy):
+        with pytest.raises(StreamBusy):
             thread.log.sync()  # reading under a commit in flight would apply its events twice
         state = await thread.interrupt("stop now")
         assert not thread.log.appending
@@ -242,12 +242,12 @@ def test_a_waiter_cancelled_during_its_commit_keeps_the_state_equal_to_the_store
 
 def test_turns_started_together_share_one_commit_and_a_thread_starting_refuses_a_second_turn(
         sqlite_ledger: Ledger) -> None:
-    """With ``group_commits``, ``send`` commits ``turn.started`` through the batcher: sends made together share
+    """``send`` commits ``turn.started`` through the shared commits: sends made together share
     one commit (one time stamp) instead of holding the loop for one each, and each returns once it is
     durable. While a send waits, the loop runs other tasks, and the same thread refuses another turn."""
 
     async def scenario() -> None:
-        harness = sqlite_ledger.harness(_counting_agent([look]), group_commits=True)
+        harness = sqlite_ledger.harness(_counting_agent([look]))
         threads = [await harness.create_thread() for _ in range(5)]
         first = asyncio.ensure_future(threads[0].send("go"))
         await asyncio.sleep(0)  # first is waiting for its commit now
@@ -270,11 +270,11 @@ def test_turns_started_together_share_one_commit_and_a_thread_starting_refuses_a
     run(scenario())
 
 
-def test_a_thread_running_alone_appends_directly_and_stages_its_receipts(sqlite_ledger: Ledger) -> None:
-    """With ``group_commits`` a thread that runs alone is exactly as fast as without: two commits per step."""
+def test_a_thread_running_alone_commits_at_once_and_stages_its_receipts(sqlite_ledger: Ledger) -> None:
+    """A thread that runs alone on its loop makes each commit at once (no queue, no yield): two per step."""
 
     async def scenario() -> None:
-        harness = sqlite_ledger.harness(_counting_agent([look]), group_commits=True)
+        harness = sqlite_ledger.harness(_counting_agent([look]))
         store = harness.store
         assert isinstance(store, SQLiteStore)
         thread = await harness.create_thread()
@@ -283,9 +283,9 @@ def test_a_thread_running_alone_appends_directly_and_stages_its_receipts(sqlite_
         assert (await thread.wait()).last_reply == "done"
         # turn.started; the first model intent + marker; two per step; the last receipt + turn.ended.
         assert store.commit_count - commits == 1 + 1 + 2 * STEPS + 1
-        batcher = harness.commit_batcher()
-        # Only turn.started went through the batcher (turns started together share its commit, see send).
-        assert batcher is not None and batcher.appends == 1 and batcher.running == 0
+        shared = Commits.of(store)
+        # Only turn.started was queued (turns started together share its commit, see send).
+        assert shared.appends - shared.commits_at_once == 1 and shared.running == 0
         await assert_same_answer(harness, thread)
 
     run(scenario())
@@ -298,17 +298,17 @@ async def instant() -> str:
 
 
 def test_threads_whose_calls_never_wait_still_run_side_by_side_and_share_commits(ledger: Ledger) -> None:
-    """Each direct append yields to the loop once, so a thread that never waits cannot run its whole turn
+    """Every few appends the loop yields once, so a thread that never waits cannot run its whole turn
     before the others start (and never share a commit with them)."""
 
     async def scenario() -> None:
-        harness = ledger.harness(_counting_agent([instant]), group_commits=True)
+        harness = ledger.harness(_counting_agent([instant]))
         threads = [await harness.create_thread() for _ in range(4)]
         await asyncio.gather(*(thread.send("go") for thread in threads))
         states = await asyncio.gather(*(thread.wait() for thread in threads))
         assert all(s.status == "idle" and s.last_reply == "done" for s in states)
-        batcher = harness.commit_batcher()
-        assert batcher is not None and 0 < batcher.commits < batcher.appends
+        commits = Commits.of(harness.store)
+        assert 0 < commits.commits < commits.appends
         for thread in threads:
             assert_lifecycle_order(await thread.events())
             await assert_same_answer(harness, thread)
@@ -318,7 +318,7 @@ def test_threads_whose_calls_never_wait_still_run_side_by_side_and_share_commits
 
 def test_a_program_that_fails_while_its_threads_share_commits_still_ends_and_its_records_stay_whole(
         tmp_path: Path) -> None:
-    """``asyncio.run`` cancels every task on its way out (an exception, Ctrl-C), the commit batcher's too:
+    """``asyncio.run`` cancels every task on its way out (an exception, Ctrl-C), the commit task's too:
     a commit in flight still answers its waiters, so the program ends instead of hanging forever."""
     path = tmp_path / "t.db"
     root = Path(__file__).resolve().parents[2]

@@ -4,8 +4,9 @@ When one call runs alone, its receipt is projected at once (the loop decides
 the next step from it) and committed in the same append as that step's
 intent and dispatch marker. These tests pin what that must never change:
 the receipt is durable before anything else leaves the process, a failed
-shared commit leaves the in-memory state equal to what the store holds, and
-online, reopened and replayed states agree.
+commit leaves the in-memory state equal to what the store holds (and a
+receipt that met another writer's event is recorded after it), and online,
+reopened and replayed states agree.
 """
 
 from __future__ import annotations
@@ -118,11 +119,12 @@ def test_a_failed_shared_commit_drops_the_staged_receipt_and_the_state_matches_t
         thief.close()
 
 
-def test_a_concurrent_write_during_a_call_retries_the_retry_safe_call_under_its_identity(
+def test_a_concurrent_write_during_a_call_keeps_the_staged_receipt_and_the_call_is_not_repeated(
         ledger: Ledger) -> None:
-    """An operator's event lands while the call runs: the shared commit meets a moved head, the staged
-    receipt is dropped (as before 0011, when the receipt's own append met it), the loop reads the new
-    event and decides again: the read-only call is unknown and retried under the same effect id."""
+    """An operator's event lands while the call runs: the commit carrying the staged receipt meets a moved
+    head. The kernel reloads the state from the store, folds the operator's event and records the receipt
+    after it (a receipt is a fact): the read-only call ran once and is completed (before issue 21 the
+    receipt was dropped and the call retried under its identity)."""
     calls: list[tuple[str, int]] = []
     thread_ids: list[str] = []
     other = ledger.store()
@@ -147,10 +149,12 @@ def test_a_concurrent_write_during_a_call_retries_the_retry_safe_call_under_its_
         state = await assert_same_answer(harness, thread)
         assert state.status == "idle" and state.last_reply == "done"
         events = await thread.events()
-        assert "operator.noted" in types_of(events)
+        noted = types_of(events).index("operator.noted")
         [effect_id] = {effect for effect, _attempt in calls}
-        assert calls == [(effect_id, 1), (effect_id, 2)]
-        assert state.effects[effect_id].state == "completed" and state.effects[effect_id].attempts == 2
+        assert calls == [(effect_id, 1)], "the call ran again"
+        assert state.effects[effect_id].state == "completed" and state.effects[effect_id].attempts == 1
+        receipt = next(e for e in events if e.type == "tool.completed")
+        assert receipt.seq > events[noted].seq
 
     run(scenario())
 

@@ -6,6 +6,7 @@ import asyncio
 import os
 import secrets
 import socket
+import warnings
 import weakref
 from dataclasses import dataclass
 from types import TracebackType
@@ -13,7 +14,6 @@ from typing import Any, Literal, Self
 
 from jixu.errors import IncompatibleAgent, InvalidInput, ThreadBusy
 from jixu.ledger import Store, open_store
-from jixu.ledger.batching import CommitBatcher
 from jixu.threads.agent import Agent
 from jixu.threads.log import THREAD_PREFIX, ThreadLog
 from jixu.threads.thread import Thread
@@ -56,14 +56,16 @@ class Harness:
     finds every open effect safe; otherwise it must be recovered explicitly
     (``ThreadLog.recover_turn`` / ``jixu turns recover``).
 
-    ``group_commits=True``: threads of this harness that run concurrently on
-    one event loop share their commits (see :meth:`commit_batcher`).
+    Threads of this harness that run concurrently on one event loop share
+    their commits (:class:`~jixu.kernel.Commits`: the one commit path, always
+    on); a thread running alone commits at once. ``group_commits`` is
+    accepted for compatibility and changes nothing.
     """
 
     def __init__(self, agent: Agent, store: Store | str | os.PathLike[str] | None = None, *,
                  max_attempts: int = 3, actor: str = "jixu", owner: str | None = None, lease_ttl: float = 30.0,
                  takeover: Literal["never", "safe"] = "never", retry_backoff: float = 1.0,
-                 retry_backoff_cap: float = 60.0, group_commits: bool = False) -> None:
+                 retry_backoff_cap: float = 60.0, group_commits: bool | None = None) -> None:
         if not isinstance(agent, Agent):
             raise InvalidInput("Harness needs a jixu Agent", field="agent")
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
@@ -91,12 +93,11 @@ class Harness:
         self.retry_backoff_cap = float(retry_backoff_cap)
         self.closing = False
         self._threads: weakref.WeakSet[Thread] = weakref.WeakSet()
-        if not isinstance(group_commits, bool):
-            raise InvalidInput("group_commits must be True or False", field="group_commits")
-        self.group_commits = group_commits
-        """Threads of this harness that run on one event loop share commits (see :meth:`commit_batcher`)."""
-        self._batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, CommitBatcher] = \
-            weakref.WeakKeyDictionary()
+        if group_commits is not None:
+            if not isinstance(group_commits, bool):
+                raise InvalidInput("group_commits must be True or False", field="group_commits")
+            warnings.warn("Harness(group_commits=...) changes nothing: threads on one event loop always share "
+                          "their commits", DeprecationWarning, stacklevel=2)
 
     async def create_thread(self, *, metadata: dict[str, Any] | None = None) -> Thread:
         """A new, idle thread recorded under this harness's agent."""
@@ -128,24 +129,6 @@ class Harness:
         if resume and not self.closing and status == "running" and thread.claim_problem() is None:
             thread.wait_in_background()
         return thread
-
-    def commit_batcher(self) -> CommitBatcher | None:
-        """With ``group_commits``, the batcher that commits the appends of this event loop's threads together.
-
-        Many threads running on one loop then share each commit (one fsync
-        for all the appends made while the previous commit ran) instead of
-        each append holding the loop for its own. Every append is still durable
-        before the thread goes on, a call's receipt is still committed with
-        the next step's events, and no other task sees it before it is durable
-        (decision 0019); a thread running alone appends directly (decision 0014).
-        """
-        if not self.group_commits:
-            return None
-        loop = asyncio.get_running_loop()
-        batcher = self._batchers.get(loop)
-        if batcher is None:
-            batcher = self._batchers[loop] = CommitBatcher(self.store)
-        return batcher
 
     def _track(self, thread: Thread) -> Thread:
         self._threads.add(thread)

@@ -9,7 +9,6 @@ use it directly; :class:`~jixu.threads.thread.Thread` runs the agent loop on top
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import re
@@ -20,7 +19,6 @@ from typing import Any
 from jixu.errors import (
     EffectNotParked,
     InvalidInput,
-    JixuError,
     LeaseHeld,
     NotFound,
     ResolutionConflict,
@@ -29,25 +27,18 @@ from jixu.errors import (
     ThreadNotFound,
     TurnOwned,
 )
+from jixu.kernel import StreamWriter
 from jixu.ledger import Event, Fence, NewEvent, Store, new_id, project
 from jixu.ledger.artifacts import ArtifactRef, get_text
-from jixu.ledger.batching import CommitBatcher
 from jixu.ledger.encoding import canonical_text
-from jixu.ledger.event import PreparedEvent, keep_parsed, parse_json, prepare, shared_meta
+from jixu.ledger.event import PreparedEvent, keep_parsed, parse_json, shared_meta
 from jixu.ledger.ids import is_valid_id
-from jixu.ledger.projection import fold, follow, make_chunked_checkpoint, write_chunked_checkpoint
+from jixu.ledger.projection import fold, make_chunked_checkpoint, write_chunked_checkpoint
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 from jixu.recovery.decision_text import decode_decisions
 from jixu.recovery.resolutions import admit_resolution, resolution_body
 from jixu.threads.decide import Stop, decide
-from jixu.threads.projection import (
-    RECEIPT_TYPES,
-    StateMark,
-    TakenBack,
-    ThreadProjection,
-    ThreadState,
-    fork_state,
-)
+from jixu.threads.projection import ThreadProjection, ThreadState, fork_state
 
 THREAD_PREFIX = "thread/"
 DEFAULT_MAX_STEPS = 32
@@ -151,26 +142,41 @@ class ThreadLog:
     def __init__(self, store: Store, state: ThreadState, *, chain_break_seq: int | None = None,
                  checkpoint_status: str = "none", actor: str = "jixu") -> None:
         self.store = store
-        self.state = state
         self.thread_id = state.thread_id
         self.stream = stream_of(state.thread_id)
-        self.chain_break_seq = chain_break_seq
+        self._projection = ThreadProjection()
+        self.writer: StreamWriter[ThreadState] = StreamWriter(
+            store, self.stream, self._projection, state, chain_break=chain_break_seq, reload=self._reloaded,
+            seal=_seal_staged)
+        """The kernel's writer of this thread's stream: the projected state and every append go through it."""
         self.checkpoint_status = checkpoint_status
         """How opening used the checkpoint: ``used``, ``none`` or why it was ignored."""
         self.actor = actor
-        self._projection = ThreadProjection()
         self._checkpoint_seq = 0
-        self._staged: list[PreparedEvent] = []  # encoded once, when staged
         self._artifact_texts: dict[str, str] = {}
         """Texts of recently used artifacts by hash (content-addressed, so never stale)."""
         self._last_reply: tuple[str, str] | None = None  # (sha256, decoded text) of the last reply read
-        self.appending = False
-        """True while a batched append of this record waits for its commit (see :meth:`append_async`)."""
         self._open_analysis: tuple[ThreadState, int, int | None, Analysis] | None = None
         self._decoded: tuple[ThreadState, dict[str, EffectDecision]] | None = None
-        self._staged_fence: Fence | None = None
-        self._staged_mark: StateMark | None = None
-        """Set while the staged events can be taken back out of the state (see :meth:`stage`)."""
+
+    @property
+    def state(self) -> ThreadState:
+        """The projected state: durable events only (a staged receipt never survives a yield)."""
+        return self.writer.state
+
+    @property
+    def chain_break_seq(self) -> int | None:
+        """The first seq whose hash link is broken, once one was seen (``None`` while the chain holds)."""
+        return self.writer.chain_break
+
+    @chain_break_seq.setter
+    def chain_break_seq(self, seq: int | None) -> None:
+        self.writer.chain_break = seq
+
+    @property
+    def appending(self) -> bool:
+        """True while an append of this record waits for its commit (see :meth:`append_async`)."""
+        return self.writer.busy
 
     @classmethod
     def load(cls, store: Store, thread_id: str, *, actor: str = "jixu", verify: bool = False) -> ThreadLog:
@@ -311,14 +317,12 @@ class ThreadLog:
         return self.store.read(self.stream, from_seq)
 
     def sync(self) -> None:
-        """Apply events other writers appended since this record's head."""
-        if self.appending:
-            # Its own events may be committed and not yet applied: reading now would apply them twice.
-            raise ThreadBusy(f"thread {self.thread_id}: an append is waiting for its commit; try again",
-                             thread_id=self.thread_id)
-        self.flush()
-        self.state, self.chain_break_seq = follow(self.store, self.stream, self._projection, self.state,
-                                                  self.chain_break_seq)
+        """Apply events other writers appended since this record's head.
+
+        :class:`~jixu.errors.StreamBusy` while an append of this record waits for its commit (its own
+        events may be committed and not yet applied: reading now would apply them twice).
+        """
+        self.writer.sync()
 
     # --- writing ------------------------------------------------------------------------
 
@@ -328,148 +332,67 @@ class ThreadLog:
         return f"{self.stream}/turn"
 
     def append(self, events: Sequence[NewEvent], fence: Fence | None = None) -> list[Event]:
-        """Append after this record's head (ConcurrencyError if another writer moved it) and project.
+        """Append after this record's head, now, and project (see :class:`~jixu.kernel.StreamWriter`).
 
-        With ``fence``, the store refuses the append unless that turn claim is still current.
-        Staged events (see :meth:`stage`) are committed first, in the same atomic append.
+        With ``fence``, the store refuses the append unless that turn claim is still current. Staged
+        events (see :meth:`stage`) are committed first, in the same atomic append. Receipts are kept across
+        another writer's events; anything else meets :class:`~jixu.errors.ConcurrencyError`.
         """
-        staged = self._staged
-        if not staged:
-            self.refuse_if_corrupt()
-            stored = self.store.append(self.stream, events, self.state.seq, fence)
-            self._apply_stored(stored)
-            return stored
-        try:
-            self.refuse_if_corrupt()
-            stored = self.store.append(self.stream, [*staged, *events], self.state.seq - len(staged), fence)
-        except BaseException:
-            self._unstage()
-            raise
-        self._staged, self._staged_fence, self._staged_mark = [], None, None
-        self._seal_staged(stored[:len(staged)])
-        self._apply_stored(stored[len(staged):])
-        return stored
-
-    async def append_async(self, events: Sequence[NewEvent], fence: Fence | None, batcher: CommitBatcher,
-                           *, by_running_user: bool = False) -> list[Event]:
-        """:meth:`append` through ``batcher``: the commit is shared with other threads of this event loop.
-
-        The state moves only when the events are durable. If the caller is
-        cancelled while its commit runs, this waits for the commit's verdict
-        first, so the state never falls behind what the store holds.
-
-        Events staged with ``reversible=True`` go first in the same append:
-        their projection is taken back out of the state before the commit is
-        awaited and applied again, as stored, once it is durable, so no other
-        task ever sees them before they are (decision 0019). If the commit
-        fails, they are dropped with it and the state is already the store's.
-
-        ``by_running_user``: the caller is an agent loop counted in ``batcher.running``
-        (see :meth:`CommitBatcher.submit`).
-        """
-        batch: Sequence[NewEvent | PreparedEvent] = events
-        mark = self._staged_mark
-        if self._staged and (mark is None or fence != self._staged_fence):
-            raise JixuError("events staged irreversibly (or under another fence) must be committed before a "
-                            "batched append", thread_id=self.thread_id)
-        # Checked on the state the caller decided from (staged events in it: the check is no weaker).
         self.refuse_if_corrupt()
-        taken_back: TakenBack | None = None
-        if self._staged and mark is not None:
-            batch = [*self._staged, *events]
-            taken_back = self._projection.rollback(self.state, mark)
-            self._staged, self._staged_fence, self._staged_mark = [], None, None
-            self._open_analysis = self._decoded = None
-        self.appending = True
-        try:
-            pending = batcher.submit(self.stream, batch, self.state.seq, fence, by_running_user=by_running_user)
-            try:
-                stored = await pending
-            except asyncio.CancelledError:
-                # Told only once the commit is over (the future cannot be cancelled): apply what it stored.
-                if pending.done() and not pending.cancelled() and pending.exception() is None:
-                    self._apply_stored(pending.result(), taken_back)
-                raise
-            self._apply_stored(stored, taken_back)
-            return stored
-        finally:
-            self.appending = False
+        return self.writer.append(events, fence)
 
-    def _apply_stored(self, stored: list[Event], taken_back: TakenBack | None = None) -> None:
-        if taken_back:
-            self.state = self._projection.apply_again(self.state, stored, taken_back)
-            return
-        for event in stored:
-            self.state = self._projection.apply(self.state, event)
+    async def append_async(self, events: Sequence[NewEvent], fence: Fence | None, *,
+                           user: bool = False) -> list[Event]:
+        """:meth:`append` through the loop's shared commits, behind this record's appends in flight.
 
-    def stage(self, events: Sequence[NewEvent], fence: Fence | None = None, *, reversible: bool = False) -> None:
-        """Project ``events`` now and commit them with the next append (decision 0011).
+        The state moves only when the events are durable. ``user``: the caller is the thread's agent loop
+        (a running user of the loop's commits, see :class:`~jixu.kernel.Commits`).
+        """
+        self.refuse_if_corrupt()  # checked on the state the caller decided from
+        return await self.writer.append_async(events, fence, user=user)
+
+    def can_stage(self) -> bool:
+        """Whether a receipt may be staged now (see :meth:`stage`)."""
+        return self.writer.can_stage()
+
+    def stage(self, events: Sequence[NewEvent], fence: Fence | None = None) -> None:
+        r"""Project ``events`` now and commit them with the next append (decision 0011).
 
         For a call's receipt: the agent loop decides its next step from the
         state with the receipt in it, and the receipt is committed in the same
         append as that step's first event (the next intent and its dispatch
         marker), so nothing leaves the process before the receipt is durable.
-        The caller must append (or :meth:`flush`) before it yields to anything
-        else: until then the state shows events that are not yet stored. If
-        the commit fails, the staged events are dropped and the state is
-        reloaded from the store, as if the process had stopped before it.
-
-        ``reversible=True`` (receipts only, :data:`RECEIPT_TYPES`): the state is
-        marked first, so that a batched append (:meth:`append_async`) can take
-        the staged events back out of it while it waits for their commit.
+        Only when :meth:`can_stage` holds (the loop's only running user, nothing
+        in flight: that commit is made at once, so no other task sees the
+        receipt before it is durable), and the caller appends (or
+        :meth:`flush`\ es) before it yields. If that commit fails, the staged
+        events are dropped from the state (reloaded from the store) and, on a
+        conflict with another writer, recorded again after its events.
         """
-        prepared = [prepare(new, self.store.max_payload_bytes) for new in events]  # all valid, or nothing staged
-        if self._staged and fence != self._staged_fence:
-            self.flush()
-        can_take_back = reversible and all(new.type in RECEIPT_TYPES for new in events)
-        if not self._staged:
-            self._staged_mark = self._projection.mark(self.state) if can_take_back else None
-        elif not can_take_back:
-            self._staged_mark = None  # what rollback cannot take back makes the whole staged batch irreversible
-        for new, encoded in zip(events, prepared, strict=True):
-            # The projection sees exactly what a reload would: the canonical JSON of the payload.
-            data = parse_json(encoded.data_json)
-            keep_parsed(encoded, data)  # the stored event shares it: the same text is not parsed twice
-            provisional = Event(id=new.id, stream=self.stream, seq=self.state.seq + 1, type=new.type,
-                                data=data, meta=shared_meta(encoded.meta_json),
-                                recorded_at="", prev_hash=self.state.head_hash, hash="")
-            self._staged.append(encoded)
-            self.state = self._projection.apply(self.state, provisional)
-        self._staged_fence = fence
+        self.writer.stage(events, fence, provisional=self._provisional)
+
+    def _provisional(self, encoded: PreparedEvent, seq: int) -> Event:
+        """The event the projection sees for a staged one: exactly what a reload would give, but for the
+        hashes and time the store assigns."""
+        data = parse_json(encoded.data_json)
+        keep_parsed(encoded, data)  # the stored event shares it: the same text is not parsed twice
+        return Event(id=encoded.id, stream=self.stream, seq=seq, type=encoded.type, data=data,
+                     meta=shared_meta(encoded.meta_json), recorded_at="", prev_hash=self.state.head_hash, hash="")
 
     @property
     def has_staged(self) -> bool:
         """True while events are staged (projected, not yet committed)."""
-        return bool(self._staged)
-
-    @property
-    def staged_reversibly(self) -> bool:
-        """True while events are staged and :meth:`append_async` can commit them (see :meth:`stage`)."""
-        return self._staged_mark is not None and bool(self._staged)
+        return self.writer.has_staged
 
     def flush(self) -> None:
         """Commit the staged events on their own (nothing if none are staged)."""
-        if self._staged:
-            self.append([], self._staged_fence)
+        self.writer.flush()
 
-    def _seal_staged(self, stored: list[Event]) -> None:
-        """Put the stored events (real time and hashes) where the projection kept their provisional copies."""
-        state, by_id = self.state, {event.id: event for event in stored}
-        for group in state.open_events.values():
-            for index, event in enumerate(group):
-                if event.id in by_id:
-                    group[index] = by_id[event.id]
-        state.stray_events = [by_id.get(event.id, event) for event in state.stray_events]
-        if state.seq == stored[-1].seq:
-            state.head_hash = stored[-1].hash
-
-    def _unstage(self) -> None:
-        """Forget staged events that were not committed: rebuild the state from what the store holds."""
-        self._staged, self._staged_fence, self._staged_mark = [], None, None
+    def _reloaded(self) -> tuple[ThreadState, int | None]:
+        """The state rebuilt from what the store holds (staged events that failed to commit are forgotten)."""
         projected = project(self.store, self.stream, ThreadProjection())
-        self.state = projected.state
-        if not projected.chain.valid:
-            self.chain_break_seq = projected.chain.first_bad_seq
+        self._open_analysis = self._decoded = None
+        return projected.state, (self.chain_break_seq if projected.chain.valid else projected.chain.first_bad_seq)
 
     def meta(self, actor: str | None = None) -> dict[str, Any]:
         """The ``meta`` of events written on behalf of ``actor``."""
@@ -547,12 +470,13 @@ class ThreadLog:
         self.append(events, fence)
         return turn_id, fence
 
-    async def start_turn_async(self, text: str, batcher: CommitBatcher, *, owner: str | None = None,
+    async def start_turn_async(self, text: str, *, owner: str | None = None,
                                ttl: float = 30.0) -> tuple[str, Fence | None]:
-        """:meth:`start_turn`, with ``turn.started`` committed through ``batcher`` (see :meth:`append_async`):
-        turns started together on one event loop share a commit, and none holds the loop while it commits."""
+        """:meth:`start_turn`, with ``turn.started`` committed through the loop's shared commits (see
+        :meth:`append_async`): turns started together on one event loop share a commit, and none holds the
+        loop while it commits."""
         turn_id, fence, events = self._turn_start(text, owner, ttl)
-        await self.append_async(events, fence, batcher)
+        await self.append_async(events, fence)
         return turn_id, fence
 
     def _turn_start(self, text: str, owner: str | None, ttl: float) -> tuple[str, Fence | None, list[NewEvent]]:
@@ -745,6 +669,19 @@ class ThreadLog:
         if event is None or event.stream != self.stream:
             raise NotFound(f"event {upto} is not in thread {self.thread_id}", event_id=upto)
         return event.seq
+
+
+def _seal_staged(state: ThreadState, stored: list[Event]) -> ThreadState:
+    """Put the stored events (real time and hashes) where the projection kept their provisional copies."""
+    by_id = {event.id: event for event in stored}
+    for group in state.open_events.values():
+        for index, event in enumerate(group):
+            if event.id in by_id:
+                group[index] = by_id[event.id]
+    state.stray_events = [by_id.get(event.id, event) for event in state.stray_events]
+    if state.seq == stored[-1].seq:
+        state.head_hash = stored[-1].hash
+    return state
 
 
 def check_text(value: object, name: str, limit: int, *, required: bool = False) -> None:

@@ -477,56 +477,11 @@ def _tool_message(call_id: str, name: str, content: Any, status: str) -> JSONObj
             "status": status}
 
 
-RECEIPT_TYPES = frozenset({"model.completed", "model.failed", "tool.completed", "tool.failed"})
-"""The receipts whose projection :meth:`ThreadProjection.rollback` takes back (none of them edits more than
-the end of the conversation, the receipt's own effect, the usage totals and the last turn)."""
-
-
-@dataclass(frozen=True, slots=True)
-class StateMark:
-    """A state's parts as they were when :meth:`ThreadProjection.mark` was called (small: no history copied)."""
-
-    seq: int
-    head_hash: str
-    contradiction: bool
-    open_events: dict[str, tuple[list[Event], int]]
-    """Each open effect's event list and its length then."""
-    effect_turn: dict[str, str]
-    step_calls: tuple[dict[str, str], dict[str, str]]
-    """The dict itself and a copy of it."""
-    stray_events: int
-    closed_calls: list[str]
-    usage: JSONObject
-    messages: int
-    message_events: int
-    settled_rows: int
-    turns: int
-    last_turn: tuple[Turn, dict[str, Any]] | None
-    """The last turn and a copy of its fields."""
-
-
-TakenBack = dict[str, tuple[str, tuple[Event, ...], Event]]
-"""What :meth:`ThreadProjection.rollback` took back: effect id -> (its decision's text, the effect's events
-before the receipt, the receipt)."""
-
-_NOTHING_TAKEN_BACK: TakenBack = {}
-
-
-def _decided_before(taken: tuple[str, tuple[Event, ...], Event], group: list[Event], receipt: Event) -> bool:
-    """Whether ``group`` (ending in ``receipt``) is the group whose decision ``taken`` holds."""
-    _text, before, then = taken
-    if len(group) != len(before) + 1 or any(a is not b for a, b in zip(group, before, strict=False)):
-        return False
-    return (then.id == receipt.id and then.seq == receipt.seq and then.type == receipt.type
-            and then.data == receipt.data and then.meta == receipt.meta)
-
-
 class ThreadProjection:
     """The reducer from thread events to :class:`ThreadState` (a :class:`~jixu.ledger.Projection`)."""
 
     name = "thread"
     version = REDUCER_VERSION
-    _taken_back: TakenBack = _NOTHING_TAKEN_BACK
 
     def initial(self) -> ThreadState:
         """The state before any event."""
@@ -551,7 +506,7 @@ class ThreadProjection:
         """:meth:`apply` of each of ``events`` in order, in one loop (what :func:`~jixu.ledger.projection.fold`
         calls: a replay applies every event of the thread, and this saves a call per event).
 
-        The loop's body is :meth:`apply`'s; ``tests/threads/test_batched_staging.py`` pins the two equal.
+        The loop's body is :meth:`apply`'s; ``tests/threads/test_reducer_fast_paths.py`` pins the two equal.
         A subclass that overrides :meth:`apply` gets its own ``apply`` called per event.
         """
         if type(self).apply is not ThreadProjection.apply:
@@ -571,81 +526,6 @@ class ThreadProjection:
             handler = handlers(event.type)
             if handler is not None:
                 handler(state, event)
-        return state
-
-    def mark(self, state: ThreadState) -> StateMark:
-        """Remember what applying receipts (:data:`RECEIPT_TYPES`) to ``state`` can change, for :meth:`rollback`.
-
-        Costs O(open effects + one turn), not O(history): a receipt only
-        appends to the conversation and the settled decisions, and changes
-        its own effect, the usage totals and the last turn.
-        """
-        turns = state.turns
-        last = turns[-1] if turns else None
-        return StateMark(
-            seq=state.seq, head_hash=state.head_hash, contradiction=state.contradiction,
-            open_events={effect_id: (group, len(group)) for effect_id, group in state.open_events.items()},
-            effect_turn=dict(state.effect_turn), step_calls=(state.step_calls, dict(state.step_calls)),
-            stray_events=len(state.stray_events), closed_calls=list(state.closed_calls), usage=dict(state.usage),
-            messages=len(state.messages), message_events=len(state.message_events),
-            settled_rows=len(state.settled._rows), turns=len(turns),
-            last_turn=(last, dict(vars(last))) if last is not None else None)
-
-    def rollback(self, state: ThreadState, mark: StateMark) -> TakenBack:
-        """Put ``state`` back as it was at ``mark``, taking back the receipts (:data:`RECEIPT_TYPES`) applied since.
-
-        Anything else applied since ``mark`` is not covered. The containers are
-        restored in place (whoever holds one sees it restored too). Returns the
-        decisions taken back, for :meth:`apply_again`.
-        """
-        taken_back: TakenBack = {}
-        rows = state.settled._rows
-        while len(rows) > mark.settled_rows:
-            effect_id, text = rows.popitem()  # the decisions settled since, last in first out
-            marked = mark.open_events.get(effect_id)
-            if marked is not None and len(marked[0]) == marked[1] + 1:
-                group, length = marked
-                taken_back[effect_id] = (text, tuple(group[:length]), group[length])
-        state.seq, state.head_hash, state.contradiction = mark.seq, mark.head_hash, mark.contradiction
-        open_events = state.open_events
-        open_events.clear()
-        for effect_id, (group, length) in mark.open_events.items():
-            del group[length:]
-            open_events[effect_id] = group
-        state.effect_turn.clear()
-        state.effect_turn.update(mark.effect_turn)
-        step_calls, copied = mark.step_calls
-        step_calls.clear()
-        step_calls.update(copied)
-        state.step_calls = step_calls
-        del state.stray_events[mark.stray_events:]
-        state.closed_calls[:] = mark.closed_calls
-        state.usage.clear()
-        state.usage.update(mark.usage)
-        del state.messages[mark.messages:]
-        del state.message_events[mark.message_events:]
-        del state.turns[mark.turns:]
-        if mark.last_turn is not None:
-            turn, fields = mark.last_turn
-            vars(turn).update(fields)
-        return taken_back
-
-    def apply_again(self, state: ThreadState, events: Iterable[Event], taken_back: TakenBack) -> ThreadState:
-        """:meth:`apply` of each of ``events``, where a receipt that :meth:`rollback` took back settles its
-        effect with the decision it had then instead of deciding it again.
-
-        A decision is reused only for the same receipt (id, seq, type, data and meta equal) closing the very
-        same earlier events of its effect: a decision is a function of exactly those, so the state is what
-        :meth:`apply` makes (``tests/threads/test_batched_staging.py`` pins it). While batching, every receipt
-        is applied twice (staged, then as stored, decision 0019); deciding it once saves ~2 % of a step's
-        instructions (callgrind, 32 threads on one loop).
-        """
-        self._taken_back = taken_back
-        try:
-            for event in events:
-                state = self.apply(state, event)
-        finally:
-            self._taken_back = _NOTHING_TAKEN_BACK
         return state
 
     # --- effect lifecycle -------------------------------------------------------------
@@ -693,11 +573,7 @@ class ThreadProjection:
                 turn.compaction_failed = True
         # The ordinary lifecycle's decision is written as text at once (most settled effects; see
         # ordinary_decision_text); anything else is decided in full and then written.
-        taken = self._taken_back.get(effect_id) if self._taken_back else None
-        if taken is not None and _decided_before(taken, group, event):
-            text: str | None = taken[0]
-        else:
-            text = ordinary_decision_text(effect_id, group[0], group[1], group[2]) if len(group) == 3 else None
+        text = ordinary_decision_text(effect_id, group[0], group[1], group[2]) if len(group) == 3 else None
         if text is None:
             decision = decide_effect(effect_id, group)
             if decision is None:
@@ -1083,5 +959,5 @@ def fork_state(parent: ThreadState, cause: str = "") -> ThreadState:
     return child
 
 
-__all__ = ["RECEIPT_TYPES", "REDUCER_VERSION", "SettledDecisions", "StateMark", "ThreadProjection", "ThreadState",
-           "Turn", "decode_decision", "encode_decision", "fork_state"]
+__all__ = ["REDUCER_VERSION", "SettledDecisions", "ThreadProjection", "ThreadState", "Turn", "decode_decision",
+           "encode_decision", "fork_state"]

@@ -12,13 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import random
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from jixu.errors import (
-    ConcurrencyError,
     FencingError,
     InvalidInput,
     JixuError,
@@ -29,9 +27,23 @@ from jixu.errors import (
     ThreadBusy,
     TurnOwned,
 )
+from jixu.kernel import (
+    INTERRUPTED,
+    Commits,
+    Outcome,
+    Session,
+    claim_stream,
+    drive,
+    holds,
+    marker,
+    pause_delay,
+    perform,
+    release,
+    sleep_until,
+    unrecorded_receipts,
+)
 from jixu.ledger import Event, Fence, NewEvent, content_hash, new_id
 from jixu.ledger.artifacts import ArtifactRef, put_text
-from jixu.ledger.batching import CommitBatcher
 from jixu.ledger.encoding import JSONObject, canonical_text
 from jixu.ledger.event import utf8_size
 from jixu.recovery import Analysis, EffectDecision
@@ -50,7 +62,7 @@ from jixu.threads.decide import (
 from jixu.threads.log import MAX_INPUT_CHARS, State, ThreadLog, stream_of
 from jixu.threads.model import ModelRequest
 from jixu.threads.projection import tool_content
-from jixu.threads.tools import ToolContext, ToolError
+from jixu.threads.tools import Tool, ToolContext, ToolError
 
 if TYPE_CHECKING:
     from jixu.threads.harness import Harness
@@ -59,7 +71,11 @@ if TYPE_CHECKING:
 INLINE_RESULT_BYTES = 64 * 1024
 """A tool result whose canonical JSON is larger than this is stored as an artifact, not in its receipt."""
 YIELD_EVERY_APPENDS = 4
-"""The agent loop yields to the event loop after this many direct appends (two agent steps)."""
+"""The agent loop yields to the event loop after this many appends (two agent steps)."""
+
+Action: TypeAlias = Dispatch | RequestModel | RequestCompaction | RequestTools | CompleteTurn | PauseTurn | FailTurn | Stop
+"""What the loop carries out: a decision of :func:`~jixu.threads.decide.decide` (a ``Stop`` only for an
+automatic pause, whose resume it records)."""
 
 class Thread:
     """One durable conversation with an agent. Get one from :class:`~jixu.Harness`."""
@@ -75,17 +91,17 @@ class Thread:
         self._starting = False  # send() is waiting for its turn.started to be committed
         self._draining = False
         self._pending: list[NewEvent] = []
-        """Intents of retry-safe effects waiting to be committed with their dispatch marker (see _append)."""
+        """Intents of retry-safe effects waiting to be committed with their dispatch marker (see _commit)."""
         self._stage_receipts = False
-        """True while one call runs alone: its receipt is staged and committed with the next step (0011)."""
-        self._direct_appends = 0
-        """Appends made at once (not batched) by this thread's agent loop: it yields every few (see _commit)."""
+        """True while one call runs alone: its receipt may be staged and committed with the next step (0011)."""
+        self._appends = 0
+        """Appends made by this thread's agent loop: it yields every few (see _commit)."""
+        self._analysis: Analysis | None = None
+        """The analysis the loop's current action was decided on."""
         self._tool_specs = tuple(t.spec() for t in self._agent.tools)
         """What every model request offers (the agent's tools never change under a thread)."""
         self._artifact_scan: tuple[list[JSONObject], int, Any, bool] | None = None
         """(conversation, messages scanned, the last of them, whether one refers to an artifact)."""
-        self._batcher: CommitBatcher | None = None
-        """The harness's commit batcher for this event loop while the loop runs with ``group_commits``."""
         self.thread_id = log.thread_id
         self.stream = log.stream
 
@@ -145,7 +161,7 @@ class Thread:
 
     async def refresh(self) -> State:
         """Pick up events other processes appended, and return the state."""
-        await self._quiet()
+        await self.log.writer.idle()
         self.log.sync()
         return self.state()
 
@@ -155,15 +171,15 @@ class Thread:
         """Start a turn with user input ``text``; returns the turn id once ``turn.started`` is durable. The loop
         runs in the background.
 
-        With ``group_commits`` the commit is shared with the loop's other appends (decision 0020): sends made
-        together (``asyncio.gather``) share one, and the loop runs other tasks while it is made.
+        The commit is shared with the loop's other appends (decision 0020): sends made together
+        (``asyncio.gather``) share one, and the loop runs other tasks while it is made.
         """
         if not isinstance(text, str) or not text.strip():
             raise InvalidInput("input must be a non-empty string", field="input")
         if len(text) > MAX_INPUT_CHARS:
             raise InvalidInput(f"input has {len(text)} characters; the limit is {MAX_INPUT_CHARS}",
                                field="input")
-        await self._quiet()
+        await self.log.writer.idle()
         self.log.sync()
         self.log.refuse_if_corrupt()
         state = self.state()
@@ -177,19 +193,12 @@ class Thread:
                              thread_id=self.thread_id)
         if self._harness.closing:
             raise ThreadBusy("the harness is shutting down and admits no new turns", thread_id=self.thread_id)
-        batcher = self._harness.commit_batcher()
-        if batcher is None:
-            turn_id, self._fence = self.log.start_turn(text, owner=self._harness.owner,
-                                                       ttl=self._harness.lease_ttl)
-        else:
-            # Turns started together share the commit of their turn.started (and the loop's other appends)
-            # instead of holding the loop for one commit each.
-            self._starting = True
-            try:
-                turn_id, self._fence = await self.log.start_turn_async(
-                    text, batcher, owner=self._harness.owner, ttl=self._harness.lease_ttl)
-            finally:
-                self._starting = False
+        self._starting = True
+        try:
+            turn_id, self._fence = await self.log.start_turn_async(text, owner=self._harness.owner,
+                                                                   ttl=self._harness.lease_ttl)
+        finally:
+            self._starting = False
         self._start()
         return turn_id
 
@@ -221,7 +230,7 @@ class Thread:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self._quiet()
+        await self.log.writer.idle()
         self.log.sync()
         if self.log.state.active_turn() is not None:
             fence = self._claim()
@@ -237,80 +246,90 @@ class Thread:
 
     async def _run(self) -> None:
         log = self.log
-        await self._quiet()  # a turn.started still waiting for its shared commit (see send)
+        await log.writer.idle()  # a turn.started still waiting for its shared commit (see send)
         log.sync()
-        self._batcher = self._harness.commit_batcher()
         fence = self._claim()
-        heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(fence)) if fence else None
-        if self._batcher is not None:
-            self._batcher.running += 1
         try:
-            try:
-                await self._loop()
-            except BaseException:
-                # A receipt staged just before an exception (a cancelled call's, say) is still a fact: commit
-                # it, as its own append did before decision 0011 (a fenced-out owner gets FencingError here).
-                log.flush()
-                raise
+            async with contextlib.AsyncExitStack() as stack:
+                if fence is not None:
+                    # The heartbeat renews the claim, and counts this loop as a running user of the commits.
+                    await stack.enter_async_context(Session(log.store, fence, self._harness.lease_ttl,
+                                                            release_at_end=False))
+                else:
+                    stack.enter_context(Commits.of(log.store).user())
+                try:
+                    await drive(log.writer, self._next_action, self._act, what=f"thread {self.thread_id}",
+                                thread_id=self.thread_id)
+                except BaseException:
+                    # A receipt staged just before an exception (a cancelled call's, say) is still a fact: commit
+                    # it (a fenced-out owner gets FencingError here, the receipt kept in it).
+                    log.flush()
+                    raise
         except FencingError as error:
-            raise OwnershipLost(f"thread {self.thread_id}: this process no longer owns the turn ({error.message});"
-                                " it stopped without writing anything more", thread_id=self.thread_id) from error
+            lost = OwnershipLost(f"thread {self.thread_id}: this process no longer owns the turn ({error.message});"
+                                 " it stopped without writing anything more", thread_id=self.thread_id)
+            receipts = unrecorded_receipts(error)
+            if receipts:
+                lost.unrecorded_receipts = receipts  # type: ignore[attr-defined]
+                lost.details["unrecorded_receipts"] = [event.id for event in receipts]
+            raise lost from error
         finally:
-            if self._batcher is not None:
-                self._batcher.running -= 1
-            if heartbeat is not None:
-                heartbeat.cancel()
             self._release()
 
-    async def _loop(self) -> None:
-        """Decide and act until the thread must stop (see :func:`~jixu.threads.decide.decide`)."""
+    async def _next_action(self) -> Action | None:
+        """The next thing to do (see :func:`~jixu.threads.decide.decide`), or ``None`` when the loop must stop.
+
+        Before it stops (or waits out a pause) the loop commits a staged receipt; if other writers' events
+        arrived with it, it decides again on them.
+        """
         agent, harness, log = self._agent, self._harness, self.log
         while True:
             self._pending = []  # an intent never committed (its call never started) is simply not there
             analysis = log.open_analysis()
             action = decide(log.state, analysis, max_steps=agent.max_steps, max_attempts=harness.max_attempts,
                             context_budget=agent.context_budget)
-            paused = isinstance(action, Stop) and action.status == "paused" and not self._draining
-            if paused:
-                log.flush()  # nothing staged may wait out a pause uncommitted
-            if paused and await self._automatic_resume():
-                continue
+            if isinstance(action, Stop) or self._draining:
+                head = log.state.seq
+                log.flush()  # nothing staged may wait out a pause, or the loop's end, uncommitted
+                if log.state.seq != head:
+                    continue  # the commit brought other writers' events: decide on them
+            if isinstance(action, Stop) and action.status == "paused" and not self._draining and self._automatic():
+                return action
             if isinstance(action, Stop) or self._draining:
                 log.checkpoint()
-                return
-            head = log.state.seq
-            try:
-                if isinstance(action, Dispatch) and len(action.effect_ids) == 1:
-                    [effect_id] = action.effect_ids
-                    await self._alone(self._dispatch(effect_id, analysis.decisions[effect_id]))
-                elif isinstance(action, Dispatch):
-                    await asyncio.gather(*(self._dispatch(eid, analysis.decisions[eid])
-                                           for eid in action.effect_ids))
-                elif isinstance(action, RequestModel):
-                    await self._request_model(action.turn_id)
-                elif isinstance(action, RequestCompaction):
-                    await self._request_compaction(action.turn_id, action.upto)
-                elif isinstance(action, RequestTools):
-                    await self._request_tools(action.turn_id, action.calls)
-                elif isinstance(action, CompleteTurn):
-                    ended: dict[str, Any] = {"turn_id": action.turn_id, "outcome": "completed", "reply": action.reply}
-                    if action.reply_artifact is not None:
-                        ended["reply_artifact"] = action.reply_artifact
-                    await self._commit([NewEvent("turn.ended", ended, log.meta())])
-                elif isinstance(action, PauseTurn):
-                    await self._pause(action)
-                elif isinstance(action, FailTurn):
-                    await self._commit([NewEvent("turn.ended", {
-                        "turn_id": action.turn_id, "outcome": "failed", "error": action.error}, log.meta())])
-            except ConcurrencyError:
-                # Another writer appended (e.g. an operator's decision): read it and decide again. A
-                # staged receipt in the failed append was dropped with it (decision 0011).
-                log.sync()
-                continue
-            if log.state.seq == head:
-                # Every action records at least one event; a loop that records nothing would spin forever.
-                raise JixuError(f"thread {self.thread_id}: {type(action).__name__} recorded nothing; "
-                                "stopping instead of looping", thread_id=self.thread_id)
+                return None
+            self._analysis = analysis
+            return action
+
+    async def _act(self, action: Action) -> None:
+        """Carry out one decision (each records at least one event)."""
+        log = self.log
+        if isinstance(action, Stop):  # an automatic pause (see _next_action)
+            await self._resume_automatically()
+        elif isinstance(action, Dispatch):
+            analysis = self._analysis
+            assert analysis is not None
+            if len(action.effect_ids) == 1:
+                [effect_id] = action.effect_ids
+                await self._alone(self._dispatch(effect_id, analysis.decisions[effect_id]))
+            else:
+                await _together(self._dispatch(eid, analysis.decisions[eid]) for eid in action.effect_ids)
+        elif isinstance(action, RequestModel):
+            await self._request_model(action.turn_id)
+        elif isinstance(action, RequestCompaction):
+            await self._request_compaction(action.turn_id, action.upto)
+        elif isinstance(action, RequestTools):
+            await self._request_tools(action.turn_id, action.calls)
+        elif isinstance(action, CompleteTurn):
+            ended: dict[str, Any] = {"turn_id": action.turn_id, "outcome": "completed", "reply": action.reply}
+            if action.reply_artifact is not None:
+                ended["reply_artifact"] = action.reply_artifact
+            await self._commit([NewEvent("turn.ended", ended, log.meta())])
+        elif isinstance(action, PauseTurn):
+            await self._pause(action)
+        elif isinstance(action, FailTurn):
+            await self._commit([NewEvent("turn.ended", {
+                "turn_id": action.turn_id, "outcome": "failed", "error": action.error}, log.meta())])
 
     # --- pauses -------------------------------------------------------------------------
 
@@ -319,11 +338,8 @@ class Thread:
         harness = self._harness
         turn = self.log.state.active_turn()
         retries = turn.auto_retries if turn is not None else 0
-        if action.automatic:
-            delay = action.retry_after if action.retry_after is not None else min(
-                harness.retry_backoff * (2 ** retries) * random.uniform(0.8, 1.2), harness.retry_backoff_cap)
-        else:
-            delay = None
+        delay = pause_delay(action.retry_after, retries, backoff=harness.retry_backoff,
+                            cap=harness.retry_backoff_cap) if action.automatic else None
         now = self.log.store.now()
         await self._commit([NewEvent("turn.paused", {
             "turn_id": action.turn_id, "reason": action.reason, "automatic": action.automatic,
@@ -331,76 +347,50 @@ class Thread:
             "resume_at": None if delay is None else now + delay, "model_effect_id": action.effect_id,
             "automatic_retries_used": retries}, self.log.meta())])
 
-    async def _automatic_resume(self) -> bool:
-        """Wait out an automatic pause and record the resume; False if the pause needs an operator."""
+    def _automatic(self) -> bool:
+        """Whether the active turn's pause ends by itself (an operator resumes any other)."""
         turn = self.log.state.active_turn()
-        pause = turn.pause if turn is not None else None
-        if turn is None or pause is None or not pause.get("automatic"):
-            return False
-        resume_at = pause.get("resume_at")
-        if isinstance(resume_at, int | float):
-            remaining = resume_at - self.log.store.now()
-            if remaining > 0:
-                await asyncio.sleep(remaining)
+        return turn is not None and turn.pause is not None and bool(turn.pause.get("automatic"))
+
+    async def _resume_automatically(self) -> None:
+        """Wait out the automatic pause (its ``resume_at`` on the store's clock) and record the resume."""
+        turn = self.log.state.active_turn()
+        assert turn is not None and turn.pause is not None
+        await sleep_until(self.log.store, turn.pause.get("resume_at"))
         await self._commit([NewEvent("turn.resumed", {"turn_id": turn.turn_id, "reason": "automatic"},
                                      self.log.meta())])
-        return True
 
     async def resume(self, *, actor: str = "operator", note: str | None = None) -> State:
         """Resume a turn paused for quota, authentication or exhausted automatic retries; it continues."""
-        await self._quiet()
+        await self.log.writer.idle()
         self.log.resume_turn(actor=actor, note=note)
         self._continue()
         return self.state()
 
     # --- turn ownership -----------------------------------------------------------------
 
-    def _append(self, events: list[NewEvent]) -> list[Event]:
-        # A retry-safe effect's intent is committed together with whatever is appended next: its dispatch
-        # marker (or a rejection before dispatch). Both are durable before the call leaves the process; a crash
-        # before that commit leaves no trace (nothing was sent), one after it leaves the effect unknown, and
-        # unknown retry-safe effects are retried under the same identity (decision 0010).
-        batch, self._pending = [*self._pending, *events], []
-        return self.log.append(batch, self._fence)
-
     async def _commit(self, events: list[NewEvent]) -> list[Event]:
-        """Append for the agent loop: at once, or through the harness's commit batcher (``group_commits``).
+        """Append for the agent loop (through the kernel's writer and the loop's shared commits).
 
-        Batched, the loop waits for the commit (shared with the other threads of
-        this event loop) before it goes on; a staged receipt rides in the same
-        append, taken back out of the state while the commit runs (decision
-        0019), so the state never holds an event that is not yet durable
-        across that wait.
+        A retry-safe effect's intent waits in ``_pending`` and is committed
+        together with whatever is appended next: its dispatch marker (or a
+        rejection before dispatch). Both are durable before the call leaves the
+        process; a crash before that commit leaves no trace (nothing was sent),
+        one after it leaves the effect unknown, and unknown retry-safe effects
+        are retried under the same identity (decision 0010).
 
-        Every few direct appends the loop yields to the event loop once
-        (nothing is staged at that point): with a model and tools that never
-        wait, the agent loop would otherwise hold the event loop for the whole
-        turn, starving the lease heartbeat and every other task on it.
+        Every few appends the loop yields to the event loop once (nothing is
+        staged at that point): with a model and tools that never wait, and
+        commits made at once, the agent loop would otherwise hold the event
+        loop for the whole turn, starving the lease heartbeat and every other
+        task on it.
         """
-        if not self._batching():
-            stored = self._append(events)
-            self._direct_appends += 1
-            if self._direct_appends % YIELD_EVERY_APPENDS == 0:
-                await asyncio.sleep(0)
-            return stored
-        assert self._batcher is not None
         batch, self._pending = [*self._pending, *events], []
-        return await self.log.append_async(batch, self._fence, self._batcher, by_running_user=True)
-
-    def _batching(self) -> bool:
-        """Whether this append goes through the batcher: only while other threads of this loop run too.
-
-        A thread running alone appends directly, as without ``group_commits``;
-        events staged irreversibly (while it ran alone) are committed directly.
-        """
-        batcher = self._batcher
-        log = self.log
-        return batcher is not None and batcher.running > 1 and (not log.has_staged or log.staged_reversibly)
-
-    async def _quiet(self) -> None:
-        """Wait until no batched append of this thread waits for its commit (before touching the record)."""
-        while self.log.appending:
-            await asyncio.sleep(0.0005)
+        stored = await self.log.append_async(batch, self._fence, user=True)
+        self._appends += 1
+        if self._appends % YIELD_EVERY_APPENDS == 0:
+            await asyncio.sleep(0)
+        return stored
 
     def claim_problem(self) -> str | None:
         """Why this process cannot run the active turn now (another live owner, an unrecovered expired
@@ -408,10 +398,9 @@ class Thread:
         turn = self.log.state.active_turn()
         if turn is None:
             return None
-        lease = self.log.store.get_lease(self.log.turn_key)
-        if self._fence is not None and lease is not None and not lease.released \
-                and (lease.owner, lease.epoch) == (self._fence.owner, self._fence.epoch):
+        if holds(self.log.store, self._fence):
             return None
+        lease = self.log.store.get_lease(self.log.turn_key)
         if lease is None:
             if turn.owner is None and not turn.queued:
                 return (f"turn {turn.turn_id} was recorded before turn ownership existed; recover it with "
@@ -454,54 +443,25 @@ class Thread:
         problem = self.claim_problem()
         if problem is not None:
             raise TurnOwned(problem, thread_id=self.thread_id, turn_id=turn.turn_id)
-        store, key = log.store, log.turn_key
-        lease = store.get_lease(key)
-        if self._fence is not None and lease is not None and not lease.released \
-                and (lease.owner, lease.epoch) == (self._fence.owner, self._fence.epoch):
+        if holds(log.store, self._fence):
             return self._fence
-        if lease is None:
-            reason, previous_owner, previous_epoch, expired = "claimed", None, 0, False
-        else:
-            previous_owner, previous_epoch = lease.owner, lease.epoch
-            expired = not lease.released and lease.owner != harness.owner
-            reason = ("continued" if lease.released else
-                      "reclaimed_by_same_owner" if lease.owner == harness.owner else "took_over_expired")
         try:
-            fence = store.take_over_lease(key, harness.owner, harness.lease_ttl, expected_epoch=previous_epoch,
-                                          require_expired=expired)
+            claim = claim_stream(log.writer, log.turn_key, harness.owner, harness.lease_ttl,
+                                 lambda c: NewEvent("turn.claimed", {"turn_id": turn.turn_id, **c.record()},
+                                                    log.meta()),
+                                 still_wanted=lambda: log.state.active_turn() is turn)
         except (FencingError, LeaseHeld) as error:
             raise TurnOwned(f"turn {turn.turn_id} changed hands while claiming it: {error.message}",
                             thread_id=self.thread_id, turn_id=turn.turn_id) from error
-        self._fence = fence
-        try:
-            log.append([NewEvent("turn.claimed", {"turn_id": turn.turn_id, "owner": fence.owner,
-                                                  "epoch": fence.epoch, "reason": reason,
-                                                  "previous_owner": previous_owner,
-                                                  "previous_epoch": previous_epoch}, log.meta())], fence)
-        except ConcurrencyError:
-            # Someone wrote meanwhile (the turn may even have ended): give the claim back and look again.
-            self._release()
-            log.sync()
+        if claim is None:
+            # Someone wrote meanwhile and the turn is no longer the one claimed (it may even have ended): look again.
             return self._claim()
-        return fence
-
-    async def _heartbeat(self, fence: Fence) -> None:
-        """Renew the turn lease against the store's clock; stop the loop if the claim was lost."""
-        interval = self._harness.lease_ttl / 3
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                self.log.store.renew_lease(fence, self._harness.lease_ttl)
-            except FencingError:
-                if self._task is not None:
-                    self._task.cancel()
-                return
+        self._fence = claim.fence
+        return claim.fence
 
     def _release(self) -> None:
-        if self._fence is not None:
-            with contextlib.suppress(JixuError):
-                self.log.store.release_lease(self._fence)
-            self._fence = None
+        release(self.log.store, self._fence)
+        self._fence = None
 
     async def drain(self, timeout: float) -> None:
         """Stop starting new work, let calls in flight finish for up to ``timeout`` seconds, then cancel.
@@ -548,7 +508,11 @@ class Thread:
 
     async def _request_tools(self, turn_id: str, calls: Sequence[dict[str, Any]]) -> None:
         """Record the intents of the model's tool calls. When every call is retry-safe (a declared read_only or
-        idempotent tool, no approval), make them at once: each intent commits with the first dispatch marker."""
+        idempotent tool, no approval), make them at once: one call alone commits its intent with its dispatch
+        marker; several commit every intent, marker and rejection in one append first, then run side by side.
+        Otherwise the intents are committed on their own (an unsafe call's intent is durable before its marker).
+        """
+        log = self.log
         batch = []
         intents: list[dict[str, Any]] = []
         for call in calls:
@@ -563,28 +527,42 @@ class Thread:
                 "turn_id": turn_id, "call_id": str(call.get("id")),
             }
             intents.append(intent)
-            batch.append(NewEvent("tool.requested", intent, self.log.meta()))
+            batch.append(NewEvent("tool.requested", intent, log.meta()))
             if needs_approval:
                 batch.append(NewEvent("tool.parked", {"effect_id": effect_id, "reason": "requires_approval"},
-                                      self.log.meta()))
-        if intents and all(i["semantics"] in ("read_only", "idempotent") and not i["requires_approval"]
-                           for i in intents):
-            self._pending = batch
-            if len(intents) == 1:
-                await self._alone(self._call_tool(str(intents[0]["effect_id"]), intents[0], 1))
-            else:
-                await asyncio.gather(*(self._call_tool(str(i["effect_id"]), i, 1) for i in intents))
+                                      log.meta()))
+        if not intents or not all(i["semantics"] in ("read_only", "idempotent") and not i["requires_approval"]
+                                  for i in intents):
+            await self._commit(batch)
             return
+        if len(intents) == 1:
+            self._pending = batch
+            await self._alone(self._call_tool(str(intents[0]["effect_id"]), intents[0], 1))
+            return
+        # Several retry-safe calls: every intent, every marker (or rejection before dispatch) in one append, so
+        # no call's marker can be recorded without its intent, then the calls run side by side.
+        ready: list[tuple[dict[str, Any], Tool, dict[str, Any]]] = []
+        for intent in intents:
+            checked = self._checked_call(intent)
+            effect_id = str(intent["effect_id"])
+            if isinstance(checked, Outcome):
+                batch.append(checked.receipt("tool", effect_id, None, log.meta()))
+            else:
+                batch.append(marker("tool", effect_id, 1, intent, log.meta()))
+                ready.append((intent, *checked))
         await self._commit(batch)
+        await _together(self._call_tool(str(intent["effect_id"]), intent, 1, checked=(declared, args))
+                        for intent, declared, args in ready)
 
     async def _alone(self, call: Awaitable[None]) -> None:
-        """Run one call with no other in flight: its receipt is staged, not committed on its own.
+        """Run one call with no other in flight: its receipt may be staged, not committed on its own.
 
         The loop then decides the next step from the state with the receipt
         in it and commits the receipt together with that step's first events
-        (decision 0011): two commits per agent step instead of four. Calls run
-        side by side (``gather``) commit their receipts at once, because the
-        loop yields to other tasks while it waits for the rest.
+        (decision 0011): two commits per agent step instead of four. Only when
+        that commit is made at once (this loop is the only running user of the
+        loop's commits, see :meth:`ThreadLog.stage`): otherwise the receipt is
+        committed now, shared with the other threads' appends.
         """
         self._stage_receipts = True
         try:
@@ -593,15 +571,14 @@ class Thread:
             self._stage_receipts = False
 
     async def _record_receipt(self, event: NewEvent) -> None:
-        """Stage a call's receipt (see :meth:`_alone`) or append it now.
-
-        While batching, the receipt is staged reversibly: the batched append
-        that carries it takes it back out of the state until it is durable.
-        """
-        if self._stage_receipts and not self._pending:
-            self.log.stage([event], self._fence, reversible=self._batching())
+        """Stage a call's receipt (see :meth:`_alone`) or append it now."""
+        if self._stage_receipts and not self._pending and self.log.can_stage():
+            self.log.stage([event], self._fence)
         else:
             await self._commit([event])
+
+    async def _record(self, kind: str, effect_id: str, attempt: int | None, outcome: Outcome) -> None:
+        await self._record_receipt(outcome.receipt(kind, effect_id, attempt, self.log.meta()))
 
     async def _dispatch(self, effect_id: str, decision: EffectDecision) -> None:
         intent = self.log.state.intent(effect_id)
@@ -618,6 +595,21 @@ class Thread:
             raise JixuError(f"thread {self.thread_id}: effect {effect_id} has kind {decision.kind!r}, which "
                             "threads do not dispatch", effect_id=effect_id)
 
+    async def _perform(self, kind: str, effect_id: str, intent: dict[str, Any], attempt: int,
+                       call: Callable[[], Awaitable[Outcome]], classify: Callable[[Exception], Outcome], *,
+                       dispatched: bool = False) -> None:
+        """One call through the kernel: its marker durable first (unless ``dispatched``), then one receipt."""
+        log = self.log
+
+        async def dispatch() -> None:
+            if not dispatched:
+                await self._commit([marker(kind, effect_id, attempt, intent, log.meta())])
+
+        async def record(outcome: Outcome) -> None:
+            await self._record(kind, effect_id, attempt, outcome)
+
+        await perform(dispatch=dispatch, call=call, classify=classify, record=record, interrupted=INTERRUPTED)
+
     async def _call_model(self, effect_id: str, intent: dict[str, Any], attempt: int) -> None:
         agent, log = self._agent, self.log
         request = ModelRequest(
@@ -631,27 +623,12 @@ class Thread:
             thread_id=self.thread_id,
             turn_id=str(intent.get("turn_id")),
         )
-        await self._commit([NewEvent("model.dispatched", {"effect_id": effect_id, "attempt": attempt,
-                                                        "idempotency_key": intent["idempotency_key"],
-                                                        "args_hash": intent["args_hash"]}, log.meta())])
-        try:
+
+        async def call() -> Outcome:
             response = await agent.model.complete(request)
-            result = response.to_result(effect_id)
-        except ModelError as error:
-            await self._receipt("model", effect_id, attempt, error=error.to_dict(), indeterminate=error.indeterminate)
-        except MalformedEvent as error:
-            await self._receipt("model", effect_id, attempt, error={"type": "invalid_response", "message": error.message},
-                          indeterminate=False)
-        except asyncio.CancelledError:
-            await self._receipt("model", effect_id, attempt, error={"type": "interrupted"}, indeterminate=True)
-            raise
-        except Exception as error:
-            # An unexpected driver failure: the request may have been processed, and a retry may succeed.
-            await self._receipt("model", effect_id, attempt, error={**_exception_dict(error), "kind": "transient"},
-                          indeterminate=True)
-        else:
-            await self._record_receipt(NewEvent("model.completed", {"effect_id": effect_id, "attempt": attempt,
-                                                            "result": self._model_result(result)}, log.meta()))
+            return Outcome.completed({"result": self._model_result(response.to_result(effect_id))})
+
+        await self._perform("model", effect_id, intent, attempt, call, _model_failure)
 
     async def _call_compaction(self, effect_id: str, intent: dict[str, Any], attempt: int) -> None:
         """Ask the model for a summary of the covered messages; its receipt carries the summary.
@@ -666,19 +643,16 @@ class Thread:
         args = intent.get("args") or {}
         upto, covers = args.get("upto_message"), args.get("covers")
         key = str(intent["idempotency_key"])
-        dispatched = NewEvent("compaction.dispatched", {"effect_id": effect_id, "attempt": attempt,
-                                                        "idempotency_key": key, "args_hash": intent["args_hash"]},
-                              log.meta())
         if not (isinstance(upto, int) and isinstance(covers, list) and log.state.message_events[:upto] == covers):
             # Defensive: the messages before the turn changed since the intent. Nothing is sent.
-            error = {"type": "stale_context", "message": "the conversation no longer starts with the messages "
-                                                         "this compaction covers"}
+            stale = Outcome.failed({"type": "stale_context", "message": "the conversation no longer starts with "
+                                                                        "the messages this compaction covers"},
+                                   indeterminate=False)
             if attempt == 1:
-                await self._receipt("compaction", effect_id, None, error=error, indeterminate=False)
+                await self._record("compaction", effect_id, None, stale)
             else:  # it was dispatched before: this attempt ends at once, with a determinate receipt
-                await self._commit([dispatched, NewEvent("compaction.failed", {
-                    "effect_id": effect_id, "attempt": attempt, "error": error, "indeterminate": False},
-                    log.meta())])
+                await self._commit([marker("compaction", effect_id, attempt, intent, log.meta()),
+                                    stale.receipt("compaction", effect_id, attempt, log.meta())])
             return
         request = ModelRequest(
             instructions=agent.instructions,
@@ -692,78 +666,68 @@ class Thread:
             turn_id=str(intent.get("turn_id")),
             purpose="compaction",
         )
-        await self._commit([dispatched])
-        try:
+
+        async def call() -> Outcome:
             response = await agent.model.complete(request)
             problem = summary_problem(response.text, response.tool_calls)
             usage = response.usage.to_dict()
-        except ModelError as error:
-            await self._receipt("compaction", effect_id, attempt, error=error.to_dict(), indeterminate=error.indeterminate)
-        except asyncio.CancelledError:
-            await self._receipt("compaction", effect_id, attempt, error={"type": "interrupted"}, indeterminate=True)
-            raise
-        except Exception as error:
-            await self._receipt("compaction", effect_id, attempt, error={**_exception_dict(error), "kind": "transient"},
-                          indeterminate=True)
-        else:
             if problem is not None:
-                await self._receipt("compaction", effect_id, attempt, indeterminate=False,
-                              error={"type": "invalid_summary", "message": problem, "usage": usage})
-                return
-            await self._record_receipt(NewEvent("compaction.completed", {
-                "effect_id": effect_id, "attempt": attempt, "result": {
-                    "summary": response.text, "covers": covers, "upto_message": upto, "usage": usage,
-                    "model": response.model}}, log.meta()))
+                return Outcome.failed({"type": "invalid_summary", "message": problem, "usage": usage},
+                                      indeterminate=False)
+            return Outcome.completed({"result": {"summary": response.text, "covers": covers, "upto_message": upto,
+                                                 "usage": usage, "model": response.model}})
 
-    async def _call_tool(self, effect_id: str, intent: dict[str, Any], attempt: int) -> None:
-        log = self.log
+        await self._perform("compaction", effect_id, intent, attempt, call, _compaction_failure)
+
+    def _checked_call(self, intent: dict[str, Any]) -> tuple[Tool, dict[str, Any]] | Outcome:
+        """The declared tool and validated arguments of a call, or its rejection before dispatch."""
         name = str(intent.get("name"))
         declared = self._agent.tool(name)
         if declared is None:
-            await self._receipt("tool", effect_id, None, indeterminate=False, error={
-                "type": "unknown_tool", "message": f"there is no tool named {name!r}; "
-                f"available: {[t.name for t in self._agent.tools]}"})
-            return
+            return Outcome.failed({"type": "unknown_tool", "message": f"there is no tool named {name!r}; "
+                                   f"available: {[t.name for t in self._agent.tools]}"}, indeterminate=False)
         try:
-            args = declared.validate_args(intent.get("args"))
+            return declared, declared.validate_args(intent.get("args"))
         except JixuError as error:
-            await self._receipt("tool", effect_id, None, indeterminate=False,
-                          error={"type": "invalid_arguments", **error.to_dict()})
-            return
-        key = str(intent["idempotency_key"])
-        await self._commit([NewEvent("tool.dispatched", {"effect_id": effect_id, "attempt": attempt, "name": name,
-                                                       "args_hash": intent["args_hash"], "idempotency_key": key},
-                                     log.meta())])
-        context = ToolContext(effect_id=effect_id, idempotency_key=key, attempt=attempt,
-                              thread_id=self.thread_id, turn_id=str(intent.get("turn_id")))
-        try:
-            call = declared.invoke(args, context)
-            result = await (asyncio.wait_for(call, declared.timeout) if declared.timeout else call)
-        except ToolError as error:
-            await self._receipt("tool", effect_id, attempt, error=error.to_dict(), indeterminate=False)
-        except TimeoutError:
-            await self._receipt("tool", effect_id, attempt, indeterminate=True,
-                          error={"type": "timeout", "message": f"no answer within {declared.timeout}s"})
-        except asyncio.CancelledError:
-            await self._receipt("tool", effect_id, attempt, error={"type": "interrupted"}, indeterminate=True)
-            raise
-        except JixuError as error:
-            # The tool ran (its effect may have happened) but returned something unusable, e.g. not JSON:
-            # that is no receipt of what it did, so the outcome stays unknown.
-            await self._receipt("tool", effect_id, attempt, error=error.to_dict(), indeterminate=True)
-        except Exception as error:
-            await self._receipt("tool", effect_id, attempt, error=_exception_dict(error), indeterminate=True)
-        else:
-            await self._record_receipt(NewEvent("tool.completed", self._tool_result(effect_id, attempt, result),
-                                          log.meta()))
+            return Outcome.failed({"type": "invalid_arguments", **error.to_dict()}, indeterminate=False)
 
-    def _tool_result(self, effect_id: str, attempt: int, result: Any) -> dict[str, Any]:
-        """A ``tool.completed`` payload: the result inline, or a reference to it stored as an artifact.
+    async def _call_tool(self, effect_id: str, intent: dict[str, Any], attempt: int, *,
+                         checked: tuple[Tool, dict[str, Any]] | None = None) -> None:
+        """Call a tool (``checked``: its arguments were validated and its marker committed already)."""
+        found = checked if checked is not None else self._checked_call(intent)
+        if isinstance(found, Outcome):
+            await self._record("tool", effect_id, None, found)
+            return
+        declared, args = found
+        context = ToolContext(effect_id=effect_id, idempotency_key=str(intent["idempotency_key"]), attempt=attempt,
+                              thread_id=self.thread_id, turn_id=str(intent.get("turn_id")))
+
+        async def call() -> Outcome:
+            invoked = declared.invoke(args, context)
+            result = await (asyncio.wait_for(invoked, declared.timeout) if declared.timeout else invoked)
+            return Outcome.completed(self._tool_result(result))
+
+        def classify(error: Exception) -> Outcome:
+            if isinstance(error, ToolError):
+                return Outcome.failed(error.to_dict(), indeterminate=False)
+            if isinstance(error, TimeoutError):
+                return Outcome.failed({"type": "timeout", "message": f"no answer within {declared.timeout}s"},
+                                      indeterminate=True)
+            if isinstance(error, JixuError):
+                # The tool ran (its effect may have happened) but returned something unusable, e.g. not JSON:
+                # that is no receipt of what it did, so the outcome stays unknown.
+                return Outcome.failed(error.to_dict(), indeterminate=True)
+            return Outcome.failed(_exception_dict(error), indeterminate=True)
+
+        await self._perform("tool", effect_id, intent, attempt, call, classify, dispatched=checked is not None)
+
+    def _tool_result(self, result: Any) -> dict[str, Any]:
+        """A ``tool.completed`` body: the result inline, or a reference to it stored as an artifact.
 
         A result larger than :data:`INLINE_RESULT_BYTES` is stored once, content-addressed, before its
         receipt (so the reference never points at nothing); the thread's state keeps only the reference.
         """
-        data: dict[str, Any] = {"effect_id": effect_id, "attempt": attempt}
+        data: dict[str, Any] = {}
         ref = None if _small(result) else self._stored_if_large(canonical_text(result, path="result"))
         if ref is not None:
             data["result_artifact"] = ref.to_dict()
@@ -834,13 +798,6 @@ class Thread:
         self._artifact_scan = (messages, len(messages), marks[-1], found) if messages else None
         return found
 
-    async def _receipt(self, kind: str, effect_id: str, attempt: int | None, *, error: dict[str, Any],
-                 indeterminate: bool) -> None:
-        data: dict[str, Any] = {"effect_id": effect_id, "error": error, "indeterminate": indeterminate}
-        if attempt is not None:
-            data["attempt"] = attempt
-        await self._record_receipt(NewEvent(f"{kind}.failed", data, self.log.meta()))
-
     # --- operator decisions -------------------------------------------------------------
 
     async def resolve_tool_outcome(
@@ -864,7 +821,7 @@ class Thread:
         body, or a second decision, raises :class:`~jixu.errors.ResolutionConflict`.
         The original events stay untouched; the resolution is a new event.
         """
-        await self._quiet()
+        await self.log.writer.idle()
         self.log.resolve(effect_id, resolution, resolution_id=resolution_id, note=note, actor=actor,
                          evidence=evidence, result=result)
         self._continue()
@@ -872,14 +829,14 @@ class Thread:
 
     async def approve(self, effect_id: str, *, actor: str = "operator", note: str | None = None) -> State:
         """Approve a parked call; the thread continues and dispatches it."""
-        await self._quiet()
+        await self.log.writer.idle()
         self.log.decide_parked(effect_id, "approved", actor=actor, note=note)
         self._continue()
         return self.state()
 
     async def deny(self, effect_id: str, *, actor: str = "operator", note: str | None = None) -> State:
         """Deny a parked call; the model is told and the thread continues."""
-        await self._quiet()
+        await self.log.writer.idle()
         self.log.decide_parked(effect_id, "denied", actor=actor, note=note)
         self._continue()
         return self.state()
@@ -905,7 +862,7 @@ class Thread:
         Effects still open at that event are not inherited (their calls are
         marked as not carried over). With ``input``, the child starts a turn.
         """
-        await self._quiet()
+        await self.log.writer.idle()
         child = Thread(self._harness, self.log.fork(at, agent_record=self._agent.describe(), input=input))
         if input is not None:
             child.wait_in_background()
@@ -920,6 +877,38 @@ def _small(result: Any) -> bool:
 
 def _exception_dict(error: BaseException) -> dict[str, Any]:
     return {"type": "exception", "exception": type(error).__name__, "message": str(error)[:2000]}
+
+
+def _model_failure(error: Exception) -> Outcome:
+    """A model call's receipt for what its driver raised."""
+    if isinstance(error, ModelError):
+        return Outcome.failed(error.to_dict(), indeterminate=error.indeterminate)
+    if isinstance(error, MalformedEvent):
+        return Outcome.failed({"type": "invalid_response", "message": error.message}, indeterminate=False)
+    # An unexpected driver failure: the request may have been processed, and a retry may succeed.
+    return Outcome.failed({**_exception_dict(error), "kind": "transient"}, indeterminate=True)
+
+
+def _compaction_failure(error: Exception) -> Outcome:
+    """A summary request's receipt for what the driver raised."""
+    if isinstance(error, ModelError):
+        return Outcome.failed(error.to_dict(), indeterminate=error.indeterminate)
+    return Outcome.failed({**_exception_dict(error), "kind": "transient"}, indeterminate=True)
+
+
+async def _together(calls: Iterable[Awaitable[None]]) -> None:
+    """Run ``calls`` side by side and return only once every one of them ended, then raise the first error.
+
+    A call that fails never leaves a sibling running behind the loop's back: the loop decides again only
+    when no call of this step is still in flight (otherwise it could dispatch one that still runs).
+    """
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, FencingError):
+            raise result
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
 
 
 __all__ = ["State", "Thread", "stream_of"]

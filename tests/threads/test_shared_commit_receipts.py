@@ -1,19 +1,18 @@
-"""Decision 0019: while batching, a receipt rides in the next append and is never seen before it is durable.
+"""Decision 0024: receipts and shared commits. No task ever sees an event before it is durable.
 
-With ``group_commits`` a call's receipt is staged reversibly: the loop
-decides its next step from the state with the receipt in it, then
-:meth:`ThreadLog.append_async` takes the receipt back out of the state
-(:meth:`ThreadProjection.rollback`) before it waits for the shared commit
-that carries the receipt and the next events, and applies them all, as
-stored, once they are durable. These tests pin the rollback itself against
-real recorded histories, that no other task of the loop ever sees an event
-before it is durable, and what a failed shared commit leaves behind.
+Threads on one event loop share their commits (``jixu.kernel.Commits``). A
+call's receipt rides in the loop's next append (decision 0011) only where
+that append is committed at once by the loop's only running user, so no
+other task can run in between; while other threads run, a receipt is
+committed on its own (shared with their appends), and the state moves only
+once it is durable. These tests pin that no other task of the loop ever
+sees an event before it is durable, that a receipt survives another
+writer's event, and that a lost turn keeps the receipt in its error.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -21,9 +20,9 @@ from typing import Any
 import pytest
 
 from jixu.errors import ModelError, OwnershipLost
+from jixu.kernel import Commits, unrecorded_receipts
 from jixu.ledger import NewEvent, SQLiteStore
 from jixu.ledger.event import Event
-from jixu.ledger.projection import fold
 from jixu.threads import (
     Agent,
     Harness,
@@ -37,7 +36,7 @@ from jixu.threads import (
     tool,
 )
 from jixu.threads.log import ThreadLog, stream_of
-from jixu.threads.projection import RECEIPT_TYPES, ThreadProjection, ThreadState
+from jixu.threads.projection import ThreadProjection, ThreadState
 from tests.threads.conftest import Ledger, assert_lifecycle_order, assert_same_answer, run, types_of
 
 THREADS = 6
@@ -74,7 +73,8 @@ class FlakyModel:
 
 
 def _rich_history(ledger: Ledger) -> list[Event]:
-    """A real thread whose receipts cover every kind :meth:`ThreadProjection.rollback` takes back."""
+    """A real thread with receipts of every kind: completed, determinate and indeterminate failures, an
+    artifact, a rate-limit pause."""
     wobbled: list[int] = []
 
     @tool(semantics="read_only")
@@ -130,98 +130,6 @@ def test_apply_all_applies_exactly_what_apply_applies_over_a_real_history(sqlite
         assert _everything(projection.apply_all(one_by_one(index), events[index:])) == whole
 
 
-def test_rollback_takes_back_every_receipt_of_a_real_history_exactly(sqlite_ledger: Ledger) -> None:
-    events = _rich_history(sqlite_ledger)
-    projection = ThreadProjection()
-    receipts = [index for index, event in enumerate(events) if event.type in RECEIPT_TYPES]
-    assert {events[index].type for index in receipts} == RECEIPT_TYPES, "the history misses a receipt kind"
-    assert any("result_artifact" in events[index].data for index in receipts)
-    assert any(events[index].data.get("indeterminate") is True for index in receipts)
-    for index in receipts:
-        # One receipt, and every run of receipts that follow each other (parallel calls answer back to back).
-        end = index + 1
-        while end < len(events) and events[end].type in RECEIPT_TYPES:
-            end += 1
-        for stop in range(index + 1, end + 1):
-            state = fold(projection, events[:index])
-            before = _everything(state)
-            mark = projection.mark(state)
-            for event in events[index:stop]:
-                state = projection.apply(state, event)
-            assert _everything(state) != before, f"applying {events[index].type} changed nothing"
-            projection.rollback(state, mark)
-            assert _everything(state) == before, f"rollback of events {index}..{stop - 1} left a trace"
-            # What follows applies to the rolled-back state exactly as to a state that never saw them.
-            for event in events[index:]:
-                state = projection.apply(state, event)
-            assert _everything(state) == _everything(fold(projection, events))
-
-
-def _as_staged(event: Event) -> Event:
-    """``event`` as :meth:`ThreadLog.stage` projects it before it is stored: no time, no hash, its own copy
-    of the data (parsed again from the same text)."""
-    return dataclasses.replace(event, data=json.loads(json.dumps(event.data)), recorded_at="", hash="")
-
-
-def test_applying_the_stored_receipts_again_after_a_rollback_makes_what_applying_them_makes(
-        sqlite_ledger: Ledger) -> None:
-    """What ``append_async`` does: stage receipts, take them back, then apply them as stored reusing the
-    decisions taken back (decision 0019). The state is the one a plain fold of the history makes."""
-    events = _rich_history(sqlite_ledger)
-    projection = ThreadProjection()
-    whole = _everything(fold(projection, events))
-    reused = 0
-    for index, event in enumerate(events):
-        if event.type not in RECEIPT_TYPES:
-            continue
-        end = index + 1
-        while end < len(events) and events[end].type in RECEIPT_TYPES:
-            end += 1
-        state = fold(projection, events[:index])
-        mark = projection.mark(state)
-        for staged in events[index:end]:
-            state = projection.apply(state, _as_staged(staged))
-        taken_back = projection.rollback(state, mark)
-        reused += len(taken_back)
-        state = projection.apply_again(state, events[index:], taken_back)
-        assert _everything(state) == whole, f"receipts {index}..{end - 1} applied again differ"
-    assert reused > 5, "no decision was taken back to reuse"
-
-
-def test_a_decision_taken_back_is_reused_only_for_the_same_receipt_after_the_same_events(
-        sqlite_ledger: Ledger) -> None:
-    events = _rich_history(sqlite_ledger)
-    projection = ThreadProjection()
-    index = next(i for i, event in enumerate(events) if event.type == "tool.completed")
-    receipt = events[index]
-    effect_id = receipt.data["effect_id"]
-    state = fold(projection, events[:index])
-    mark = projection.mark(state)
-    projection.apply(state, _as_staged(receipt))
-    taken_back = projection.rollback(state, mark)
-    text, before, then = taken_back[effect_id]
-    assert [e.type for e in before] == ["tool.requested", "tool.dispatched"] and then.id == receipt.id
-    # A marker in place of the text shows which path settled the effect (a real text is JSON).
-    marked = {effect_id: ("REUSED", before, then)}
-
-    def settled_text(receipt_now: Event, taken: dict[str, Any]) -> str:
-        again = fold(projection, events[:index])
-        again.open_events[effect_id][:] = list(before)  # the very events the decision was made from
-        again = projection.apply_again(again, [receipt_now], taken)
-        return str(again.settled._rows[effect_id])
-
-    assert settled_text(receipt, marked) == "REUSED"
-    changed = dataclasses.replace(receipt, data={**receipt.data, "result": "something else"})
-    assert settled_text(changed, marked) != "REUSED"
-    assert settled_text(dataclasses.replace(receipt, seq=receipt.seq + 1), marked) != "REUSED"
-    # Equal but not the same earlier events: decided again.
-    copies = tuple(dataclasses.replace(e) for e in before)
-    assert settled_text(receipt, {effect_id: ("REUSED", copies, then)}) != "REUSED"
-    assert settled_text(receipt, {}) == text
-    # Reuse lasts for one apply_again only.
-    assert projection.apply(fold(projection, events[:index]), receipt).settled._rows[effect_id] == text
-
-
 @tool(semantics="read_only")
 async def look() -> str:
     """A read-only call that yields to the loop, as real I/O does."""
@@ -242,7 +150,7 @@ def test_no_other_task_ever_sees_an_event_before_it_is_durable(sqlite_ledger: Le
     observed = {"all": 0, "in_flight": 0}
 
     async def scenario() -> None:
-        harness = sqlite_ledger.harness(_counting_agent(), group_commits=True)
+        harness = sqlite_ledger.harness(_counting_agent())
         threads = [await harness.create_thread() for _ in range(THREADS)]
         for thread in threads:
             await thread.send("go")
@@ -260,10 +168,10 @@ def test_no_other_task_ever_sees_an_event_before_it_is_durable(sqlite_ledger: Le
                 await asyncio.sleep(0)
 
         await asyncio.gather(watch(), *(t.wait() for t in threads))
-        batcher = harness.commit_batcher()
-        assert batcher is not None and 0 < batcher.commits < batcher.appends
-        # Receipts rode with the next events: about two appends per step, not four.
-        assert batcher.appends <= THREADS * (2 * STEPS + 2)
+        commits = Commits.of(harness.store)
+        assert 0 < commits.commits < commits.appends, "the threads shared commits"
+        # With other threads running, a receipt is committed on its own: about four appends per step.
+        assert commits.appends <= THREADS * (4 * STEPS + 4)
         for thread in threads:
             events = await thread.events()
             assert_lifecycle_order(events)
@@ -277,10 +185,32 @@ def test_no_other_task_ever_sees_an_event_before_it_is_durable(sqlite_ledger: Le
     assert observed["in_flight"] > 50, observed  # the check ran while commits carrying receipts were in flight
 
 
-async def _three_batched_threads(ledger: Ledger, agent: Agent,
-                                 targets: Callable[[list[Thread]], None]) -> tuple[Harness, list[Thread]]:
-    """Three threads of one harness with ``group_commits``, told their targets before any of them runs."""
-    harness = ledger.harness(agent, group_commits=True)
+def test_a_thread_running_alone_commits_each_receipt_with_the_next_step(sqlite_ledger: Ledger) -> None:
+    """Decision 0011 on the one commit path: alone on its loop, a thread commits two appends per agent step
+    (the receipt rides with the next intent and marker), each made at once."""
+
+    async def scenario() -> None:
+        harness = sqlite_ledger.harness(_counting_agent())
+        thread = await harness.create_thread()
+        await thread.send("go")
+        commits = Commits.of(harness.store)
+        before = commits.appends
+        state = await thread.wait()
+        assert state.status == "idle" and state.last_reply == "done"
+        made = commits.appends - before
+        # STEPS tool steps + the final reply: per step the model's intent+marker and the tool's (each carrying
+        # the receipt before it), then turn.ended with the last receipt; the turn's claim is a direct append.
+        assert made == 2 * STEPS + 2, made
+        assert commits.commits_at_once >= made
+        await assert_same_answer(harness, thread)
+
+    run(scenario())
+
+
+async def _three_threads(ledger: Ledger, agent: Agent,
+                         targets: Callable[[list[Thread]], None]) -> tuple[Harness, list[Thread]]:
+    """Three threads of one harness on one loop, told their targets before any of them runs."""
+    harness = ledger.harness(agent)
     threads = [await harness.create_thread() for _ in range(3)]
     targets(threads)
     # Started together: their turn.started events share one commit, and no loop runs before all are started.
@@ -288,10 +218,12 @@ async def _three_batched_threads(ledger: Ledger, agent: Agent,
     return harness, threads
 
 
-def test_a_concurrent_write_drops_the_batched_receipt_and_the_call_is_retried_under_its_identity(
-        sqlite_ledger: Ledger) -> None:
-    """An operator's event lands while a call runs: the shared append carrying its receipt meets a moved
-    head. The state was never ahead of the store, so the loop just reads the new event and decides again."""
+@pytest.mark.parametrize("others", [0, 2], ids=["alone", "beside_two_others"])
+def test_a_receipt_survives_another_writers_event_and_the_call_is_not_repeated(
+        sqlite_ledger: Ledger, others: int) -> None:
+    """An operator's event lands while a call runs: the append carrying its receipt meets a moved head.
+    The kernel folds the operator's event and records the receipt after it; the call ran once, and its
+    outcome is known (before issue 21 the receipt was dropped and the read-only call run again)."""
     other = SQLiteStore(sqlite_ledger.path)
     calls: list[tuple[str, int]] = []
     target: list[str] = []
@@ -310,18 +242,20 @@ def test_a_concurrent_write_drops_the_batched_receipt_and_the_call_is_retried_un
         return "probed"
 
     async def scenario() -> None:
-        harness, threads = await _three_batched_threads(
-            sqlite_ledger, Agent("raced", ScriptedModel([ToolCall("probe"), "done"]), tools=[probe]),
-            lambda made: target.append(made[0].thread_id))
+        harness = sqlite_ledger.harness(Agent("raced", ScriptedModel([ToolCall("probe"), "done"]), tools=[probe]))
+        threads = [await harness.create_thread() for _ in range(1 + others)]
+        target.append(threads[0].thread_id)
+        await asyncio.gather(*(thread.send("go") for thread in threads))
         states = await asyncio.gather(*(t.wait() for t in threads))
         assert all(s.status == "idle" and s.last_reply == "done" for s in states)
-        batcher = harness.commit_batcher()
-        assert batcher is not None and batcher.appends > 0
         state = await assert_same_answer(harness, threads[0])
-        assert "operator.noted" in types_of(await threads[0].events())
+        events = await threads[0].events()
+        noted = types_of(events).index("operator.noted")
         [effect_id] = {effect for effect, _attempt in calls}
-        assert calls == [(effect_id, 1), (effect_id, 2)]
-        assert state.effects[effect_id].state == "completed" and state.effects[effect_id].attempts == 2
+        assert calls == [(effect_id, 1)], "the call ran again"
+        assert state.effects[effect_id].state == "completed" and state.effects[effect_id].attempts == 1
+        receipt = next(e for e in events if e.type == "tool.completed")
+        assert receipt.seq > events[noted].seq
 
     try:
         run(scenario())
@@ -329,9 +263,10 @@ def test_a_concurrent_write_drops_the_batched_receipt_and_the_call_is_retried_un
         other.close()
 
 
-def test_a_lost_turn_drops_the_batched_receipt_and_the_state_matches_the_store(sqlite_ledger: Ledger) -> None:
-    """Another process takes the turn over while a tool runs: the shared append carrying the receipt is fenced
-    out, the loop stops with OwnershipLost, and the live state equals a fresh load of the store."""
+def test_a_lost_turn_keeps_the_receipt_in_its_error_and_the_state_matches_the_store(sqlite_ledger: Ledger) -> None:
+    """Another process takes the turn over while a tool runs: the append carrying the receipt is fenced out,
+    the loop stops with OwnershipLost, which carries the receipt it could not record, and the live state
+    equals a fresh load of the store."""
     thief = SQLiteStore(sqlite_ledger.path)
     target: list[ThreadLog] = []
 
@@ -347,15 +282,16 @@ def test_a_lost_turn_drops_the_batched_receipt_and_the_state_matches_the_store(s
         return "ok"
 
     async def scenario() -> None:
-        harness, threads = await _three_batched_threads(
+        _harness, threads = await _three_threads(
             sqlite_ledger, Agent("stolen", ScriptedModel([ToolCall("slow"), "done"]), tools=[slow]),
             lambda made: target.append(made[0].log))
-        with pytest.raises(OwnershipLost):
+        with pytest.raises(OwnershipLost) as lost:
             await threads[0].wait()
+        [receipt] = unrecorded_receipts(lost.value)
+        assert receipt.type == "tool.completed" and json.loads(receipt.data_json)["result"] == "ok"
+        assert lost.value.details["unrecorded_receipts"] == [receipt.id]
         for thread in threads[1:]:
             assert (await thread.wait()).last_reply == "done"
-        batcher = harness.commit_batcher()
-        assert batcher is not None and batcher.appends > 0
         stored = thief.read(threads[0].stream)
         assert types_of(stored)[-1] == "tool.dispatched", "nothing after the dispatch marker was committed"
         state = threads[0].log.state
@@ -369,14 +305,14 @@ def test_a_lost_turn_drops_the_batched_receipt_and_the_state_matches_the_store(s
         thief.close()
 
 
-def test_threads_that_compact_while_batching_record_what_they_would_alone(ledger: Ledger) -> None:
-    """A compaction's receipt cannot be taken back out of the state (it edits the head of the conversation):
-    staged while batching, it is committed directly with the next events, and every path agrees after."""
+def test_threads_that_compact_while_sharing_commits_record_what_they_would_alone(ledger: Ledger) -> None:
+    """Compactions (whose receipts edit the head of the conversation) of threads sharing commits: every path
+    agrees after."""
     from tests.threads.test_compaction import Writer
     from tests.threads.test_compaction import agent as compacting_agent
 
     async def scenario() -> None:
-        harness = ledger.harness(compacting_agent(Writer()), group_commits=True)
+        harness = ledger.harness(compacting_agent(Writer()))
         threads = [await harness.create_thread() for _ in range(3)]
 
         async def three_turns(thread: Thread) -> None:
@@ -386,8 +322,8 @@ def test_threads_that_compact_while_batching_record_what_they_would_alone(ledger
                 assert state.status == "idle", state.reason
 
         await asyncio.gather(*(three_turns(thread) for thread in threads))
-        batcher = harness.commit_batcher()
-        assert batcher is not None and 0 < batcher.commits < batcher.appends
+        commits = Commits.of(harness.store)
+        assert 0 < commits.commits < commits.appends
         for thread in threads:
             events = await thread.events()
             assert "compaction.completed" in types_of(events)
@@ -397,10 +333,10 @@ def test_threads_that_compact_while_batching_record_what_they_would_alone(ledger
     run(scenario())
 
 
-def test_batched_model_requests_scan_only_the_new_messages_for_artifacts(
+def test_model_requests_of_threads_sharing_commits_scan_only_the_new_messages_for_artifacts(
         sqlite_ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With receipts taken back and applied again, each model request still scans only the messages added
-    since the last one (it scanned the whole conversation at every step before: quadratic in a turn)."""
+    """Each model request scans only the messages added since the last one (it scanned the whole
+    conversation at every step before: quadratic in a turn)."""
     import jixu.threads.thread as thread_module
 
     scanned: list[int] = []
@@ -415,12 +351,12 @@ def test_batched_model_requests_scan_only_the_new_messages_for_artifacts(
 
     async def scenario() -> None:
         script = [ToolCall("look")] * steps + ["done"]
-        harness, threads = await _three_batched_threads(
+        harness, threads = await _three_threads(
             sqlite_ledger, Agent("long", ScriptedModel(script), tools=[look]), lambda made: None)
         states = await asyncio.gather(*(t.wait() for t in threads))
         assert all(s.status == "idle" and s.last_reply == "done" for s in states)
-        batcher = harness.commit_batcher()
-        assert batcher is not None and batcher.commits < batcher.appends, "the threads shared commits"
+        commits = Commits.of(harness.store)
+        assert commits.commits < commits.appends, "the threads shared commits"
         messages = sum(len(s.messages) for s in states)
         requests = 3 * (steps + 1)
         assert len(scanned) == requests

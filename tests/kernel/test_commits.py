@@ -1,7 +1,8 @@
-"""``CommitBatcher``: the appends of one event loop's tasks, committed together.
+"""``Commits``: the one commit path of a store on an event loop; the appends of its tasks committed together.
 
 Each waiter gets exactly what ``Store.append`` would have given it, and a
-waiter that stops waiting does not take its append out of the commit.
+waiter that stops waiting does not take its append out of the commit. A
+running user alone commits at once, without yielding.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any
 import pytest
 
 from jixu.errors import ConcurrencyError
+from jixu.kernel.commits import Commits
 from jixu.ledger import NewEvent
-from jixu.ledger.batching import CommitBatcher
 from jixu.ledger.sqlite import SQLiteStore
 from jixu.ledger.store import AppendRequest
 from tests.helpers import SlowCommits, spawn_python
@@ -32,17 +33,17 @@ def test_appends_submitted_together_share_one_commit_and_get_their_own_answers(t
     store.append("s/0", [_event(0)], 0)
 
     async def scenario() -> None:
-        batcher = CommitBatcher(store)
-        first = batcher.submit("s/0", [_event(1)], 1)
-        refused = batcher.submit("s/0", [_event(2)], 0)  # stale expected seq: refused alone
-        fresh = batcher.submit("s/1", [_event(3), _event(4)], 0)
+        commits = Commits(store)
+        first = commits.submit("s/0", [_event(1)], 1)
+        refused = commits.submit("s/0", [_event(2)], 0)  # stale expected seq: refused alone
+        fresh = commits.submit("s/1", [_event(3), _event(4)], 0)
         stored = await asyncio.shield(first)
         assert [(e.stream, e.seq, e.data) for e in stored] == [("s/0", 2, {"i": 1})]
         with pytest.raises(ConcurrencyError):
             await refused
-        assert [e.seq for e in await batcher.append("s/1", [_event(5)], 2)] == [3]
+        assert [e.seq for e in await commits.append("s/1", [_event(5)], 2)] == [3]
         assert [e.seq for e in await fresh] == [1, 2]
-        assert (batcher.commits, batcher.appends) == (2, 4)
+        assert (commits.commits, commits.appends) == (2, 4)
 
     commits = store.commit_count
     asyncio.run(scenario())
@@ -52,12 +53,60 @@ def test_appends_submitted_together_share_one_commit_and_get_their_own_answers(t
     store.close()
 
 
+def test_a_running_user_alone_commits_at_once_without_yielding_and_otherwise_shares(tmp_path: Path) -> None:
+    """The only running user, nothing queued: the append is made in the caller (no other task runs before it
+    returns). With a second user running, the same append is queued and shared, and the loop runs meanwhile."""
+    store = SQLiteStore(tmp_path / "b.db")
+
+    async def scenario() -> None:
+        commits = Commits(store)
+        ran: list[str] = []
+
+        async def bystander() -> None:
+            ran.append("bystander")
+
+        with commits.user():
+            assert commits.alone()
+            other = asyncio.ensure_future(bystander())
+            stored = await commits.append("s/0", [_event(1)], 0, user=True)
+            assert ran == [], "the loop ran another task during an append made at once"
+            assert [e.seq for e in stored] == [1]
+            assert (commits.commits, commits.commits_at_once) == (1, 1)
+            await other
+            with commits.user():  # a second user is running: nothing is made at once any more
+                assert not commits.alone()
+                ran.clear()
+                again = asyncio.ensure_future(bystander())
+                stored = await commits.append("s/0", [_event(2)], 1, user=True)
+                assert ran == ["bystander"], "the loop did not run its other tasks while the commit ran"
+                await again
+            assert [e.seq for e in stored] == [2]
+            assert (commits.commits, commits.commits_at_once) == (2, 1)
+
+    asyncio.run(scenario())
+    assert [e.data["i"] for e in store.read("s/0")] == [1, 2]
+    store.close()
+
+
+def test_commits_of_a_store_is_one_per_event_loop(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "b.db")
+
+    async def twice() -> tuple[Commits, Commits]:
+        return Commits.of(store), Commits.of(store)
+
+    first, again = asyncio.run(twice())
+    assert first is again
+    other, _ = asyncio.run(twice())
+    assert other is not first, "another event loop shares nothing with the first"
+    store.close()
+
+
 def test_a_waiter_that_stops_waiting_does_not_take_its_append_out_of_the_commit(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "b.db")
 
     async def scenario() -> None:
-        batcher = CommitBatcher(store)
-        future = batcher.submit("s/0", [_event(1)], 0)
+        commits = Commits(store)
+        future = commits.submit("s/0", [_event(1)], 0)
         waiter = asyncio.ensure_future(asyncio.shield(future))
         await asyncio.sleep(0)
         waiter.cancel()
@@ -76,9 +125,9 @@ def test_a_task_cancelled_during_its_commit_is_told_once_the_verdict_is_in(tmp_p
     store = SlowCommits(tmp_path / "b.db")
 
     async def scenario() -> None:
-        batcher = CommitBatcher(store)
-        batcher.running = 1  # a user that could run meanwhile: the commit runs in a worker thread
-        future = batcher.submit("s/0", [_event(1)], 0)
+        commits = Commits(store)
+        commits.running = 1  # a user that could run meanwhile: the commit runs in a worker thread
+        future = commits.submit("s/0", [_event(1)], 0)
         done_when_told: list[bool] = []
 
         async def waiter() -> None:
@@ -96,7 +145,7 @@ def test_a_task_cancelled_during_its_commit_is_told_once_the_verdict_is_in(tmp_p
             await task
         assert done_when_told == [True]
         assert [e.seq for e in future.result()] == [1]
-        assert (batcher.commits, batcher.commits_in_loop) == (1, 0)
+        assert (commits.commits, commits.commits_in_loop) == (1, 0)
 
     asyncio.run(scenario())
     assert [e.data["i"] for e in store.read("s/0")] == [1]
@@ -115,24 +164,24 @@ class _WhereCommits(SQLiteStore):
         return super().append_many(requests)
 
 
-@pytest.mark.parametrize(("running", "by_running_users", "in_loop"), [
+@pytest.mark.parametrize(("running", "users_in_it", "in_loop"), [
     (0, [False, False], False),  # no running user waits (turns starting): the loop may serve anything meanwhile
     (2, [True, True], True),  # every running user waits for this commit
     (2, [True, False], False),  # one running user is not in it: it may have work to do meanwhile
     (3, [True, True], False),
 ], ids=["none_running", "all_running_in_it", "one_running_outside", "one_of_three_outside"])
 def test_a_commit_runs_in_the_loop_only_when_every_running_user_waits_for_it(
-        tmp_path: Path, running: int, by_running_users: list[bool], in_loop: bool) -> None:
+        tmp_path: Path, running: int, users_in_it: list[bool], in_loop: bool) -> None:
     store = _WhereCommits(tmp_path / "b.db")
 
     async def scenario() -> None:
-        batcher = CommitBatcher(store)
-        batcher.running = running
-        futures = [batcher.submit(f"s/{i}", [_event(i)], 0, by_running_user=by_user)
-                   for i, by_user in enumerate(by_running_users)]
+        commits = Commits(store)
+        commits.running = running
+        futures = [commits.submit(f"s/{i}", [_event(i)], 0, user=is_user)
+                   for i, is_user in enumerate(users_in_it)]
         answers = await asyncio.gather(*futures)
         assert [[e.seq for e in events] for events in answers] == [[1], [1]]
-        assert (batcher.commits, batcher.commits_in_loop) == (1, int(in_loop))
+        assert (commits.commits, commits.commits_in_loop) == (1, int(in_loop))
 
     asyncio.run(scenario())
     assert (store.ran_in == [threading.get_ident()]) is in_loop, "the loop's thread is this one"
@@ -143,7 +192,7 @@ def test_a_commit_runs_in_the_loop_only_when_every_running_user_waits_for_it(
 INTERRUPTED_IN_LOOP = """
 import asyncio, sys
 from jixu.ledger import NewEvent
-from jixu.ledger.batching import CommitBatcher
+from jixu.kernel.commits import Commits
 from jixu.ledger.sqlite import SQLiteStore
 
 class Interrupted(SQLiteStore):
@@ -153,9 +202,9 @@ class Interrupted(SQLiteStore):
 commitments = []
 
 async def main():
-    batcher = CommitBatcher(Interrupted(sys.argv[1]))
-    batcher.running = 2  # both appends are by running users: the commit runs in the loop's thread
-    commitments.extend(batcher.submit(f"s/{i}", [NewEvent("test.appended", {"i": i})], 0, by_running_user=True)
+    commits = Commits(Interrupted(sys.argv[1]))
+    commits.running = 2  # both appends are by running users: the commit runs in the loop's thread
+    commitments.extend(commits.submit(f"s/{i}", [NewEvent("test.appended", {"i": i})], 0, user=True)
                        for i in range(2))
     await asyncio.gather(*commitments)
 
@@ -184,21 +233,21 @@ def test_a_commit_in_the_loop_interrupted_by_keyboardinterrupt_answers_its_waite
 
 
 def test_a_commit_task_cancelled_before_it_starts_abandons_its_appends(tmp_path: Path) -> None:
-    """``asyncio.run`` cancels every task on its way out, the batcher's too, maybe before its first step: then
+    """``asyncio.run`` cancels every task on its way out, the commit task too, maybe before its first step: then
     none of the queued appends was started, and each waiter is told so (cancelled) instead of waiting forever;
-    the batcher commits later appends as before."""
+    the commits commits later appends as before."""
     store = SQLiteStore(tmp_path / "b.db")
 
     async def scenario() -> None:
-        batcher = CommitBatcher(store)
-        future = batcher.submit("s/0", [_event(1)], 0)
-        assert batcher._task is not None
-        batcher._task.cancel()  # before the task has run at all
+        commits = Commits(store)
+        future = commits.submit("s/0", [_event(1)], 0)
+        assert commits._task is not None
+        commits._task.cancel()  # before the task has run at all
         done, _pending = await asyncio.wait({future}, timeout=2)
         assert future in done and future.cancelled(), "the waiter was left waiting"
-        later = asyncio.ensure_future(batcher.append("s/0", [_event(2)], 0))
+        later = asyncio.ensure_future(commits.append("s/0", [_event(2)], 0))
         done, _pending = await asyncio.wait({later}, timeout=2)
-        assert later in done, "the batcher stayed stuck"
+        assert later in done, "the commits stayed stuck"
         assert [e.seq for e in later.result()] == [1]
 
     asyncio.run(scenario())

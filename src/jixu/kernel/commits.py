@@ -1,30 +1,40 @@
-"""Group commit for the tasks of one asyncio event loop.
+"""The one commit path of a store on one asyncio event loop: appends of the loop's tasks share commits.
 
 A store's ``append`` is synchronous: called from a coroutine, it holds the
-whole event loop until its commit is durable, so threads that share a loop
-never share a commit. :class:`CommitBatcher` lets them: every coroutine that
-appends waits on a future, and one commit at a time runs, carrying every
-append that arrived while the previous one was running, through
+whole event loop until its commit is durable, so tasks that share a loop
+would never share a commit and every other task would wait for each fsync.
+:class:`Commits` is what every asynchronous append of the kernel goes
+through (threads' agent loops, runs, ``send``, the workers of ``jixu
+worker`` and ``jixu serve``): one commit at a time runs, carrying every
+append that arrived while the previous one ran, through
 :meth:`Store.append_many` (SQLite: one transaction, one fsync).
 
-A commit runs in a worker thread, so that the loop keeps running its other
-threads meanwhile, unless every running user of the batcher (a thread's
-agent loop) waits for this very commit: then none of them could run during
-it, and it runs in the loop's own thread, as a direct append does, without
-the hand-offs of the worker thread and the interpreter lock (decision 0021).
-A commit that no running user waits for (turns starting) runs in the worker.
+Where a commit runs, by one rule:
+
+* **At once, in the caller** (no task, no future, no yield), when the caller
+  is a running *user* (an agent loop or a run session, counted with
+  :meth:`Commits.user`) and no other user runs and nothing is queued or
+  committing: there is nobody to share the commit with, and nobody who could
+  run meanwhile. This is what a single thread's loop does at every step.
+* **In the loop's own thread**, when every running user waits for this very
+  commit: none of them could run during it anyway (decision 0021).
+* **In a worker thread** otherwise (some running user is busy with a model
+  or a tool, or the appends are not a user's, e.g. turns starting): the loop
+  keeps serving them while the commit's fsync runs.
 
 Each waiter gets exactly what ``append`` would have given it: its stored
 events once they are durable, or its own error. A waiter cancelled while its
-commit runs does not cancel the commit (it may already be durable): its
-future cannot be cancelled, so the waiter's cancellation arrives once the
-commit's verdict is in (see :class:`Commitment`).
+append is queued or committing does not take the append back (it may already
+be durable): its future refuses cancellation, so the waiter is told once the
+commit's verdict is in (:class:`Commitment`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from jixu.errors import JixuError, StoreError
 from jixu.ledger.event import Event, NewEvent, PreparedEvent
@@ -37,8 +47,7 @@ class Commitment(asyncio.Future[list[Event]]):
     Its append may already be durable, so no one may take it back. A task
     cancelled while it awaits one is told so (``CancelledError`` at its
     ``await``) when the commit's verdict is in, and can still read that
-    verdict from the future. Cheaper than ``asyncio.shield``: no second
-    future and no extra callback round on the event loop per append.
+    verdict from the future.
     """
 
     def cancel(self, msg: object = None) -> bool:
@@ -50,8 +59,12 @@ class Commitment(asyncio.Future[list[Event]]):
         super().cancel()
 
 
-class CommitBatcher:
-    """Appends of one event loop's tasks, committed together (see the module docstring)."""
+_BY_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Store, Commits]] = \
+    weakref.WeakKeyDictionary()
+
+
+class Commits:
+    """The shared commits of one store on one event loop (see the module docstring); get it with :meth:`of`."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -59,38 +72,68 @@ class CommitBatcher:
         self._committing = False
         self._task: asyncio.Task[None] | None = None
         self.running = 0
-        """How many of its users are running now (kept by them: a thread's agent loop counts itself)."""
+        """Users running now (agent loops and run sessions of this loop, see :meth:`user`)."""
         self.commits = 0
         """Commits made (each carried one or more appends)."""
+        self.commits_at_once = 0
+        """Of :attr:`commits`, those made at once by their only possible user (no queue, no yield)."""
         self.commits_in_loop = 0
-        """Of :attr:`commits`, those made in the loop's own thread (every running user waited for it)."""
+        """Of :attr:`commits`, those queued and made in the loop's own thread (every running user waited)."""
         self.appends = 0
-        """Appends committed (or refused) through this batcher."""
+        """Appends committed (or refused) through this path."""
+
+    @classmethod
+    def of(cls, store: Store) -> Commits:
+        """The commit path of ``store`` on the running event loop (made on first use)."""
+        loop = asyncio.get_running_loop()
+        per_store = _BY_LOOP.get(loop)
+        if per_store is None:
+            per_store = _BY_LOOP[loop] = weakref.WeakKeyDictionary()
+        found = per_store.get(store)
+        if found is None:
+            found = per_store[store] = cls(store)
+        return found
+
+    @contextmanager
+    def user(self) -> Iterator[None]:
+        """Count the caller (an agent loop, a run session) as a running user while the block runs."""
+        self.running += 1
+        try:
+            yield
+        finally:
+            self.running -= 1
+
+    def alone(self) -> bool:
+        """Whether a running user's append made now is committed at once: no other user runs, nothing waits."""
+        return self.running <= 1 and not self._committing and not self._waiting
+
+    def append_now(self, stream: str, events: Sequence[NewEvent | PreparedEvent], expected_seq: int,
+                   fence: Fence | None) -> list[Event]:
+        """Commit at once, in the caller, holding the loop (for an append that must not yield: see
+        :meth:`jixu.kernel.writer.StreamWriter.stage`)."""
+        stored = self.store.append(stream, events, expected_seq, fence)
+        self.commits += 1
+        self.commits_at_once += 1
+        self.appends += 1
+        return stored
 
     async def append(self, stream: str, events: Sequence[NewEvent | PreparedEvent], expected_seq: int,
-                     fence: Fence | None = None) -> list[Event]:
-        """:meth:`Store.append`, sharing its commit with the appends of other tasks of this loop.
-
-        Cancelled while its commit runs, the caller gets ``CancelledError`` once the commit is over.
-        """
-        return await self.submit(stream, events, expected_seq, fence)
+                     fence: Fence | None = None, *, user: bool = False) -> list[Event]:
+        """:meth:`Store.append` on the shared path; ``user``: the caller is a running user waiting for it."""
+        if user and self.alone():
+            return self.append_now(stream, events, expected_seq, fence)
+        return await self.submit(stream, events, expected_seq, fence, user=user)
 
     def submit(self, stream: str, events: Sequence[NewEvent | PreparedEvent], expected_seq: int,
-               fence: Fence | None = None, *, by_running_user: bool = False) -> Commitment:
-        """Queue an append for the next commit; the future gets what :meth:`Store.append` would give.
-
-        The future cannot be cancelled (see :class:`Commitment`): the append
-        is in its commit whatever happens to the task that awaits it.
-        ``by_running_user``: the caller is one of the :attr:`running` users
-        and waits for this append (see the module docstring).
-        """
+               fence: Fence | None = None, *, user: bool = False) -> Commitment:
+        """Queue an append for the next shared commit; the future gets what :meth:`Store.append` would give."""
         loop = asyncio.get_running_loop()
         future = Commitment(loop=loop)
-        self._waiting.append((AppendRequest(stream, events, expected_seq, fence), future, by_running_user))
+        self._waiting.append((AppendRequest(stream, events, expected_seq, fence), future, user))
         if not self._committing:
             self._committing = True
             # Kept referenced: the loop holds tasks only weakly.
-            self._task = loop.create_task(self._commit_all(), name="jixu-commit-batcher")
+            self._task = loop.create_task(self._commit_all(), name="jixu-commits")
             self._task.add_done_callback(self._abandon_if_never_run)
         return future
 
@@ -108,9 +151,7 @@ class CommitBatcher:
         try:
             while self._waiting:
                 batch, self._waiting = self._waiting, []
-                # Any running user not in this commit may have work to do while it runs: a worker thread then.
-                # So does a commit of no running user (turns starting): the loop may serve anything meanwhile.
-                users = sum(1 for _request, _future, by_running_user in batch if by_running_user)
+                users = sum(1 for _request, _future, user in batch if user)
                 in_loop = 0 < users >= self.running
                 try:
                     answers, cancelled = await self._commit([request for request, _future, _user in batch], in_loop)
@@ -156,8 +197,7 @@ class CommitBatcher:
 
         A commit that has started cannot be taken back (it may already be
         durable), so cancelling this task does not stop it: its answers are
-        awaited anyway and handed to its waiters (a waiter cancelled together
-        with this task waits for them, and would otherwise wait forever).
+        awaited anyway and handed to its waiters.
         """
         if in_loop:
             try:
@@ -178,4 +218,4 @@ class CommitBatcher:
                 return exc, cancelled
 
 
-__all__ = ["CommitBatcher", "Commitment"]
+__all__ = ["Commitment", "Commits"]

@@ -1,0 +1,39 @@
+"""The effect kernel: what threads, runs and execution requests share to carry effects out durably.
+
+* :mod:`~jixu.kernel.commits`: the one commit path of a store on an event loop (shared commits).
+* :mod:`~jixu.kernel.writer`: one writer per stream in a process; the record moves with durable events
+  only; receipts are kept across other writers' events.
+* :mod:`~jixu.kernel.ownership`: claims, the ``*.claimed`` record, heartbeats, release.
+* :mod:`~jixu.kernel.effects`: dispatch marker -> driver -> receipt.
+* :mod:`~jixu.kernel.loop`: the decide-and-act loop and its pauses.
+
+The kernel sits on the ledger and the recovery resolver; threads and runs sit on it and supply only
+their pure decide step, their projection and their drivers.
+"""
+
+from jixu.kernel.commits import Commitment, Commits
+from jixu.kernel.effects import INTERRUPTED, Outcome, marker, perform
+from jixu.kernel.loop import drive, pause_delay, sleep_until
+from jixu.kernel.ownership import Claim, Session, claim_stream, holds, release, take_claim
+from jixu.kernel.writer import StreamWriter, is_receipt, unrecorded_receipts
+
+__all__ = [
+    "INTERRUPTED",
+    "Claim",
+    "Commitment",
+    "Commits",
+    "Outcome",
+    "Session",
+    "StreamWriter",
+    "claim_stream",
+    "drive",
+    "holds",
+    "is_receipt",
+    "marker",
+    "pause_delay",
+    "perform",
+    "release",
+    "sleep_until",
+    "take_claim",
+    "unrecorded_receipts",
+]

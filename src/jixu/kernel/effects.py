@@ -1,0 +1,89 @@
+"""Carrying out one effect: dispatch marker, driver, receipt, in that order, whatever the driver does.
+
+Every effect of threads, runs and execution requests leaves the process
+through :func:`perform`: the dispatch marker is durable before the driver is
+called; whatever the driver returns or raises becomes exactly one receipt:
+``completed`` with what it returned, a determinate ``failed`` when the
+driver says for sure that nothing happened, an indeterminate one otherwise;
+a cancellation mid-call records ``interrupted`` (indeterminate: the call may
+have happened) before the cancellation goes on. The caller supplies the
+driver call, the classification of its errors and where the receipt goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from jixu.ledger.encoding import JSONObject
+from jixu.ledger.event import NewEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one call was observed to do: the body of its receipt."""
+
+    phase: Literal["completed", "failed"]
+    body: JSONObject
+    """``{"result": ...}`` (or another completed body), or ``{"error": {...}, "indeterminate": bool}``."""
+
+    @classmethod
+    def completed(cls, body: JSONObject) -> Outcome:
+        """The call returned: ``body`` is the receipt's content (usually ``{"result": ...}``)."""
+        return cls("completed", body)
+
+    @classmethod
+    def failed(cls, error: JSONObject, *, indeterminate: bool, **extra: Any) -> Outcome:
+        """The call failed: determinate only when nothing can have happened."""
+        return cls("failed", {"error": error, "indeterminate": indeterminate, **extra})
+
+    def receipt(self, kind: str, effect_id: str, attempt: int | None, meta: JSONObject) -> NewEvent:
+        """The ``<kind>.completed`` / ``<kind>.failed`` event (no attempt: a rejection before dispatch)."""
+        data: JSONObject = {"effect_id": effect_id}
+        if attempt is not None:
+            data["attempt"] = attempt
+        data.update(self.body)
+        return NewEvent(f"{kind}.{self.phase}", data, meta)
+
+
+INTERRUPTED = Outcome.failed({"type": "interrupted"}, indeterminate=True)
+"""The receipt of a call cut off by a cancellation: it may or may not have happened."""
+
+
+def marker(kind: str, effect_id: str, attempt: int, intent: JSONObject, meta: JSONObject,
+           **extra: Any) -> NewEvent:
+    """The ``<kind>.dispatched`` event of attempt ``attempt``, naming the intent's identity."""
+    data: JSONObject = {"effect_id": effect_id, "attempt": attempt}
+    for key in ("name", "args_hash", "idempotency_key"):
+        if key in intent:
+            data[key] = intent[key]
+    data.update(extra)
+    return NewEvent(f"{kind}.dispatched", data, meta)
+
+
+async def perform(*, dispatch: Callable[[], Awaitable[object]], call: Callable[[], Awaitable[Outcome]],
+                  classify: Callable[[Exception], Outcome], record: Callable[[Outcome], Awaitable[object]],
+                  interrupted: Outcome = INTERRUPTED) -> Outcome:
+    """Dispatch (make the marker durable), call the driver, record exactly one receipt; returns the outcome.
+
+    ``classify`` turns an exception of the call into its outcome (be honest:
+    determinate only when the error proves nothing happened). A
+    cancellation while the call runs records ``interrupted`` and goes on.
+    ``KeyboardInterrupt`` and ``SystemExit`` are not receipts: they go on up
+    and leave the effect dispatched without one (``unknown``).
+    """
+    await dispatch()
+    try:
+        outcome = await call()
+    except asyncio.CancelledError:
+        await record(interrupted)
+        raise
+    except Exception as error:
+        outcome = classify(error)
+    await record(outcome)
+    return outcome
+
+
+__all__ = ["INTERRUPTED", "Outcome", "marker", "perform"]

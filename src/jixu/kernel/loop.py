@@ -1,0 +1,68 @@
+"""The decide-and-act loop every aggregate runs, and the pauses it waits out.
+
+Threads and runs supply a pure decide step (what to do next, from the
+projected record and the resolver's analysis) and the actions that carry a
+decision out; :func:`drive` runs them: decide, act, and when another writer
+moved the head meanwhile (:class:`~jixu.errors.ConcurrencyError`), fold its
+events and decide again. Every action records at least one event: an action
+that records nothing would make the loop spin forever, so it stops instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from jixu.errors import ConcurrencyError, JixuError
+from jixu.kernel.writer import StreamWriter
+from jixu.ledger.store import Store
+
+MAX_AUTOMATIC_RETRIES = 3
+"""Automatic resumes of a pause (rate limit, transient failure) before it waits for an operator."""
+
+
+async def drive(writer: StreamWriter[Any], next_action: Callable[[], Awaitable[Any]],
+                act: Callable[[Any], Awaitable[object]], *, what: str, **details: Any) -> None:
+    """Run ``act(next_action())`` until ``next_action`` returns ``None``.
+
+    ``what`` names the stream's owner in the error raised when an action
+    recorded nothing (``details`` go into it).
+    """
+    while True:
+        action = await next_action()
+        if action is None:
+            return
+        head = writer.state.seq
+        try:
+            await act(action)
+        except ConcurrencyError:
+            # Another writer appended (an operator's decision, say): read it and decide again. Receipts the
+            # refused append carried are already recorded after it (see StreamWriter).
+            await writer.idle()
+            writer.sync()
+            if writer.state.seq != head or writer.chain_break is not None:
+                continue
+        if writer.state.seq == head:
+            raise JixuError(f"{what}: {type(action).__name__} recorded nothing; stopping instead of looping",
+                            **details)
+
+
+def pause_delay(retry_after: float | None, retries_used: int, *, backoff: float, cap: float) -> float:
+    """The delay of an automatic pause: the provider's ``retry_after``, else ``backoff * 2**n`` with +-20 %
+    jitter, capped at ``cap``."""
+    if retry_after is not None:
+        return float(retry_after)
+    return min(backoff * (2.0 ** retries_used) * random.uniform(0.8, 1.2), cap)
+
+
+async def sleep_until(store: Store, resume_at: object) -> None:
+    """Sleep until ``resume_at`` (seconds on the store's clock); at once if it passed or is not a time."""
+    if isinstance(resume_at, int | float) and not isinstance(resume_at, bool):
+        remaining = resume_at - store.now()
+        if remaining > 0:
+            await asyncio.sleep(remaining)
+
+
+__all__ = ["MAX_AUTOMATIC_RETRIES", "drive", "pause_delay", "sleep_until"]

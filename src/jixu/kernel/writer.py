@@ -1,0 +1,437 @@
+"""One stream's writer in this process: its projected record, and the only way the process appends to it.
+
+Threads, runs and execution requests keep their record through a
+:class:`StreamWriter`. It holds three rules of the effect kernel:
+
+* **One writer per stream at a time inside a process.** Appends to the
+  stream are serialised and chained: an append made while another is queued
+  or committing waits for it, and appends queued together go into one
+  commit, each after the one before. Two appends are never submitted at one
+  ``expected_seq``, so parallel calls of one model response cannot overtake
+  each other.
+* **The record moves only with durable events.** Events are applied to the
+  state once their commit is durable. The one exception is :meth:`stage`:
+  a call's receipt projected now and committed with the loop's next events
+  (decision 0011), which is allowed only where no other task can run before
+  that commit (the caller is the loop's only running user and the commit is
+  made at once, without yielding), so no other task ever sees it before it
+  is durable.
+* **A receipt is never dropped.** When another writer moved the head (an
+  operator's approval, a denial, a resolution, an input, an interruption
+  from another connection or process), the writer reads the new events,
+  folds them, and appends the receipts of the refused append again after
+  them; whatever else the append carried was decided on an old head, so the
+  caller gets the :class:`~jixu.errors.ConcurrencyError` and decides again.
+  When the fence was lost (:class:`~jixu.errors.FencingError`) or the store
+  failed, the receipts that could not be recorded travel in the error
+  (:func:`unrecorded_receipts`) and the effect stays what the resolver says.
+  A receipt is not appended after another writer's event of its own effect
+  (an operator resolved it meanwhile): that would contradict the record, so
+  :class:`~jixu.errors.ReceiptConflict` carries it instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from jixu.errors import ConcurrencyError, JixuError, ReceiptConflict, StoreError, StreamBusy, StreamCorrupt
+from jixu.kernel.commits import Commitment, Commits
+from jixu.ledger.event import Event, NewEvent, PreparedEvent, parse_json, prepare
+from jixu.ledger.projection import Followed, Projection
+from jixu.ledger.store import Fence, Store
+
+F = TypeVar("F", bound=Followed)
+
+RECEIPT_SUFFIXES = (".completed", ".failed")
+"""Event types that are receipts: what a call was observed to do (a fact, kept across conflicts)."""
+
+_REAPPEND_TRIES = 20
+"""How often a receipt is appended again while other writers keep moving the head."""
+
+
+def is_receipt(event_type: str) -> bool:
+    """Whether events of this type are receipts (``<kind>.completed`` / ``<kind>.failed``)."""
+    return event_type.endswith(RECEIPT_SUFFIXES)
+
+
+def unrecorded_receipts(error: BaseException) -> tuple[PreparedEvent, ...]:
+    """The receipts an append that failed with ``error`` could not record (empty if none)."""
+    return tuple(getattr(error, "unrecorded_receipts", ()))
+
+
+def _keep_receipts(error: BaseException, events: Sequence[PreparedEvent]) -> None:
+    """Attach the receipts among ``events`` to ``error`` (see :func:`unrecorded_receipts`)."""
+    receipts = [event for event in events if is_receipt(event.type)]
+    if receipts and isinstance(error, JixuError):
+        kept = [*unrecorded_receipts(error), *receipts]
+        error.unrecorded_receipts = tuple(kept)  # type: ignore[attr-defined]
+        error.details.setdefault("unrecorded_receipts", [event.id for event in kept])
+
+
+def _effect_of(event: PreparedEvent | Event) -> str | None:
+    data = parse_json(event.data_json) if isinstance(event, PreparedEvent) else event.data
+    effect_id = data.get("effect_id") if isinstance(data, dict) else None
+    return effect_id if isinstance(effect_id, str) else None
+
+
+@dataclass(slots=True)
+class _Queued:
+    events: list[PreparedEvent]
+    fence: Fence | None
+    user: bool
+    future: Commitment = field(repr=False)
+
+
+class StreamWriter(Generic[F]):
+    """The record of ``stream`` in this process and the one way it appends (see the module docstring).
+
+    ``reload`` rebuilds the record from what the store holds (after a commit
+    with staged events failed: the state must not keep them); ``seal`` puts
+    the stored copies of staged events in place of their provisional ones.
+    """
+
+    def __init__(self, store: Store, stream: str, projection: Projection[F], state: F, *,
+                 chain_break: int | None = None, reload: Callable[[], tuple[F, int | None]] | None = None,
+                 seal: Callable[[F, list[Event]], F] | None = None,
+                 on_applied: Callable[[list[Event]], None] | None = None) -> None:
+        self.store = store
+        self.stream = stream
+        self.projection = projection
+        self.state = state
+        """The projected record: durable events only (plus staged ones, never visible across a yield)."""
+        self.chain_break = chain_break
+        """The first seq whose link is broken (``None`` while the chain holds)."""
+        self._reload = reload
+        self._seal = seal
+        self._on_applied = on_applied
+        self._staged: list[PreparedEvent] = []
+        self._staged_fence: Fence | None = None
+        self._queue: list[_Queued] = []
+        self._busy = False
+        """An asynchronous append is queued or committing (see :meth:`idle`)."""
+        self._pump: asyncio.Task[None] | None = None
+        self._idle_waiters: list[asyncio.Future[None]] = []
+
+    # --- reading --------------------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """True while an asynchronous append of this writer is queued or waits for its commit."""
+        return self._busy
+
+    async def idle(self) -> None:
+        """Wait until no asynchronous append of this writer is queued or committing."""
+        while self._busy:
+            waiter = asyncio.get_running_loop().create_future()
+            self._idle_waiters.append(waiter)
+            await waiter
+
+    def sync(self) -> list[Event]:
+        """Apply the events other writers appended since this record's head; returns them.
+
+        Staged events are committed first (they come before anything read now).
+        """
+        if self._busy:
+            raise StreamBusy(f"{self.stream}: an append is waiting for its commit; wait for it first",
+                             stream=self.stream)
+        self.flush()
+        return self._follow()
+
+    def _follow(self) -> list[Event]:
+        state, chain_break = self.state, self.chain_break
+        read: list[Event] = []
+        for event in self.store.read(self.stream, state.seq + 1):
+            if event.prev_hash != state.head_hash:
+                chain_break = chain_break or event.seq
+                break
+            state = self.projection.apply(state, event)
+            read.append(event)
+        self.state, self.chain_break = state, chain_break
+        if read and self._on_applied is not None:
+            self._on_applied(read)
+        return read
+
+    # --- staging (decision 0011) ----------------------------------------------------------------
+
+    @property
+    def has_staged(self) -> bool:
+        """True while events are staged (projected, not yet committed)."""
+        return bool(self._staged)
+
+    def can_stage(self) -> bool:
+        """Whether a receipt may be staged now: nothing of this writer is in flight, and the loop's next commit
+        would be made at once by its only running user (so no other task runs before it is durable)."""
+        return not self._busy and Commits.of(self.store).alone()
+
+    def stage(self, events: Sequence[NewEvent], fence: Fence | None, *,
+              provisional: Callable[[PreparedEvent, int], Event]) -> None:
+        """Project ``events`` now and commit them first in this writer's next append (decision 0011).
+
+        Only when :meth:`can_stage` holds, and the caller appends (or
+        :meth:`flush`\\ es) before it yields to anything else. ``provisional``
+        makes the event the projection sees before the store has sealed it.
+        """
+        if self._busy:
+            raise StreamBusy(f"{self.stream}: cannot stage while an append waits for its commit", stream=self.stream)
+        prepared = [prepare(new, self.store.max_payload_bytes) for new in events]  # all valid, or nothing staged
+        if self._staged and fence != self._staged_fence:
+            self.flush()
+        for encoded in prepared:
+            event = provisional(encoded, self.state.seq + 1)
+            self._staged.append(encoded)
+            self.state = self.projection.apply(self.state, event)
+        self._staged_fence = fence
+
+    def flush(self) -> None:
+        """Commit the staged events on their own (nothing if none are staged)."""
+        if self._staged:
+            self.append([], self._staged_fence)
+
+    # --- appending ------------------------------------------------------------------------------
+
+    def append(self, events: Sequence[NewEvent | PreparedEvent], fence: Fence | None = None) -> list[Event]:
+        """Append after this record's head, now, in the caller (holding its event loop if it has one).
+
+        Staged events go first in the same atomic append. Receipts are kept
+        across another writer's events (see the module docstring); anything
+        else meets :class:`~jixu.errors.ConcurrencyError`.
+        """
+        if self._busy:
+            raise StreamBusy(f"{self.stream}: an append is waiting for its commit; wait for it first",
+                             stream=self.stream)
+        prepared = [e if isinstance(e, PreparedEvent) else prepare(e, self.store.max_payload_bytes) for e in events]
+        return self._commit_now(prepared, fence, self.store.append)
+
+    async def append_async(self, events: Sequence[NewEvent], fence: Fence | None = None, *,
+                           user: bool = False) -> list[Event]:
+        """Append through the loop's shared commits (:class:`~jixu.kernel.commits.Commits`), serialised
+        behind this writer's appends in flight; the state moves when the events are durable.
+
+        ``user``: the caller is a running user of the loop's commits (an agent loop, a run session).
+        """
+        prepared = [prepare(e, self.store.max_payload_bytes) for e in events]  # a bad event joins nothing
+        commits = Commits.of(self.store)
+        if self._staged:
+            # Staged events may not be seen across a yield: commit at once (can_stage made sure it would be).
+            return self._commit_now(prepared, self._fence_for(fence), commits.append_now)
+        if not self._busy and user and commits.alone():
+            return self._commit_now(prepared, fence, commits.append_now)
+        future = Commitment(loop=asyncio.get_running_loop())
+        self._queue.append(_Queued(prepared, fence, user, future))
+        if not self._busy:
+            self._busy = True
+            self._pump = asyncio.get_running_loop().create_task(self._drain(commits), name=f"jixu-writer {self.stream}")
+            self._pump.add_done_callback(self._abandon_if_never_run)
+        return await future
+
+    def _abandon_if_never_run(self, task: asyncio.Task[None]) -> None:
+        """A pump cancelled before its first step (``asyncio.run`` cancels every task on its way out) never ran,
+        not even its ``finally``: nothing queued was started, so abandon it all and let later appends start anew."""
+        if task is self._pump and self._busy and task.cancelled():
+            self._settle_ended()
+
+    def _settle_ended(self) -> None:
+        """The pump ended: appends still queued were never started (nothing of them was written)."""
+        for item in self._queue:
+            item.future.abandon()
+        self._queue = []
+        self._busy = False
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _fence_for(self, fence: Fence | None) -> Fence | None:
+        if self._staged and fence != self._staged_fence:
+            self.flush()
+        return fence
+
+    def _commit_now(self, prepared: list[PreparedEvent], fence: Fence | None,
+                    commit: Callable[[str, Sequence[PreparedEvent], int, Fence | None], list[Event]]) -> list[Event]:
+        """Commit ``prepared`` (after the staged events) in the caller; receipts kept across conflicts."""
+        staged = self._staged
+        batch = [*staged, *prepared] if staged else prepared
+        expected = self.state.seq - len(staged)
+        try:
+            stored = commit(self.stream, batch, expected, fence)
+        except BaseException as error:
+            if staged:
+                self._unstage()
+            if isinstance(error, ConcurrencyError):
+                return self._after_conflict(batch, fence, error, offset=len(staged), expected=expected)
+            _keep_receipts(error, batch)
+            raise
+        if staged:
+            self._staged, self._staged_fence = [], None
+            if self._seal is not None:
+                self.state = self._seal(self.state, stored[:len(staged)])
+            self._applied(stored[:len(staged)])
+            self._apply(stored[len(staged):])
+            return stored[len(staged):]
+        self._apply(stored)
+        return stored
+
+    async def _drain(self, commits: Commits) -> None:
+        """Commit what is queued, in order: the leading appends under one fence together, then the next."""
+        try:
+            while self._queue:
+                fence = self._queue[0].fence
+                count = 1
+                while count < len(self._queue) and self._queue[count].fence == fence:
+                    count += 1
+                items, self._queue = self._queue[:count], self._queue[count:]
+                await self._commit_queued(commits, items, fence)
+        finally:
+            self._settle_ended()
+
+    async def _commit_queued(self, commits: Commits, items: list[_Queued], fence: Fence | None) -> None:
+        """One shared commit of ``items`` (appends after one another); each gets its stored events or its error.
+
+        Cancelled (the loop shutting down), it still settles every item before the cancellation goes on: the
+        commit's verdict when it was made (the state takes in what it stored), an abandonment when it never
+        started (nothing of it was written).
+        """
+        batch = [event for item in items for event in item.events]
+        expected = self.state.seq
+        pending = commits.submit(self.stream, batch, expected, fence, user=all(item.user for item in items))
+        try:
+            stored = await pending
+        except asyncio.CancelledError:
+            if pending.cancelled():  # abandoned: never started
+                for item in items:
+                    item.future.abandon()
+            else:
+                self._settle(items, batch, fence, expected, pending)
+            raise
+        except BaseException:
+            self._settle(items, batch, fence, expected, pending)
+            if pending.done():
+                return
+            raise
+        self._deliver(items, stored)
+
+    def _settle(self, items: list[_Queued], batch: list[PreparedEvent], fence: Fence | None, expected: int,
+                pending: Commitment) -> None:
+        """Hand every item what its commit came to (``pending`` done): its events, or the error."""
+        error = pending.exception() if pending.done() and not pending.cancelled() else None
+        if pending.done() and error is None:
+            self._deliver(items, pending.result())
+            return
+        if isinstance(error, ConcurrencyError):
+            try:
+                kept = self._after_conflict(batch, fence, error, offset=0, expected=expected)
+            except BaseException as refused:
+                self._fail(items, refused)
+                return
+            by_id = {event.id: event for event in kept}
+            for item in items:
+                if all(event.id in by_id for event in item.events):
+                    item.future.set_result([by_id[event.id] for event in item.events])
+                else:
+                    item.future.set_exception(error)
+            return
+        failure = error if error is not None else StoreError(
+            f"{self.stream}: the commit of this append was interrupted; whether it is durable is not known",
+            stream=self.stream)
+        _keep_receipts(failure, batch)
+        self._fail(items, failure)
+
+    def _deliver(self, items: list[_Queued], stored: list[Event]) -> None:
+        self._apply(stored)
+        start = 0
+        for item in items:
+            item.future.set_result(stored[start:start + len(item.events)])
+            start += len(item.events)
+
+    @staticmethod
+    def _fail(items: list[_Queued], error: BaseException) -> None:
+        for item in items:
+            if not item.future.done():
+                item.future.set_exception(error)
+
+    def _after_conflict(self, batch: list[PreparedEvent], fence: Fence | None, conflict: ConcurrencyError, *,
+                        offset: int, expected: int) -> list[Event]:
+        """Another writer moved the head past ``expected``: fold its events and record the receipts of ``batch``
+        after them.
+
+        Returns the stored receipts when ``batch[offset:]`` held receipts only
+        (the caller's append is then done); otherwise raises ``conflict``
+        once the receipts are recorded, so the caller decides again.
+        """
+        self._follow()
+        receipts = [event for event in batch if is_receipt(event.type)]
+        if not receipts:
+            raise conflict
+        self._refuse_if_broken(receipts)
+        stored: dict[str, Event] = {}
+        for _ in range(_REAPPEND_TRIES):
+            # Everything other writers appended since the refused append's head (a reload may have folded it).
+            foreign = self.store.read(self.stream, expected + 1, self.state.seq) if self.state.seq > expected else []
+            ids = {receipt.id for receipt in receipts}
+            stored.update((event.id, event) for event in foreign if event.id in ids)
+            pending = [receipt for receipt in receipts if receipt.id not in stored]
+            if not pending:
+                break
+            touched = {_effect_of(event) for event in foreign} - {None}
+            refused = [receipt for receipt in pending if _effect_of(receipt) in touched]
+            if refused:
+                error = ReceiptConflict(
+                    f"{self.stream}: another writer recorded an event of effect {_effect_of(refused[0])} while its "
+                    "call ran; its receipt is not appended after it (it would contradict the record) and is "
+                    "kept in this error", stream=self.stream, effect_id=_effect_of(refused[0]))
+                _keep_receipts(error, refused)
+                raise error
+            try:
+                appended = self.store.append(self.stream, pending, self.state.seq, fence)
+            except ConcurrencyError:
+                self._follow()
+                self._refuse_if_broken(pending)
+                continue
+            except BaseException as error:
+                _keep_receipts(error, pending)
+                raise
+            self._apply(appended)
+            stored.update((event.id, event) for event in appended)
+            break
+        else:
+            exhausted = ConcurrencyError(f"{self.stream}: other writers kept moving the head; the receipts are kept "
+                                         "in this error", stream=self.stream)
+            _keep_receipts(exhausted, [r for r in receipts if r.id not in stored])
+            raise exhausted
+        if all(is_receipt(event.type) for event in batch[offset:]):
+            return [stored[event.id] for event in batch[offset:]]
+        raise conflict
+
+    def _refuse_if_broken(self, receipts: list[PreparedEvent]) -> None:
+        """Raise :class:`~jixu.errors.StreamCorrupt` (the receipts kept in it) when another writer's event does
+        not link to the record: nothing is appended onto a chain that does not verify."""
+        if self.chain_break is not None:
+            error = StreamCorrupt(f"{self.stream}: the event at seq {self.chain_break} does not link to the one "
+                                  "before it; nothing more is appended", stream=self.stream,
+                                  first_bad_seq=self.chain_break)
+            _keep_receipts(error, receipts)
+            raise error
+
+    def _unstage(self) -> None:
+        """Forget staged events that were not committed: the record becomes what the store holds."""
+        self._staged, self._staged_fence = [], None
+        if self._reload is None:
+            raise JixuError(f"{self.stream}: staged events failed to commit and this record cannot be reloaded")
+        self.state, self.chain_break = self._reload()
+
+    def _apply(self, stored: list[Event]) -> None:
+        state, apply = self.state, self.projection.apply
+        for event in stored:
+            state = apply(state, event)
+        self.state = state
+        self._applied(stored)
+
+    def _applied(self, stored: list[Event]) -> None:
+        if stored and self._on_applied is not None:
+            self._on_applied(stored)
+
+
+__all__ = ["RECEIPT_SUFFIXES", "StreamWriter", "is_receipt", "unrecorded_receipts"]

@@ -1,0 +1,246 @@
+"""The effect kernel under concurrency: parallel calls of one response, and other writers on the same stream.
+
+Two rules of issue 21, each tried the way it broke:
+
+* Parallel calls of one model response are recorded by one writer per
+  stream: their appends are serialised and chained (never two at one
+  ``expected_seq``), so every call is dispatched exactly once, with shared
+  commits on or off, and ``wait()`` never reports a contradiction the
+  events do not hold.
+* A receipt is never dropped: when another writer (an operator's approval,
+  denial or resolution from another connection) moved the head while a
+  call ran, the kernel reads the new events, folds them and records the
+  receipt after them. The call ran once and its outcome stays known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from jixu.ledger import NewEvent, Store
+from jixu.recovery import RecoveryResolver
+from jixu.threads import Agent, ScriptedModel, ToolCall, ToolContext, tool
+from jixu.threads.log import ThreadLog
+from tests.threads.conftest import Ledger, assert_lifecycle_order, assert_same_answer, lifecycle, run
+
+
+def _two_call_agent(tools: list[Any], calls: list[ToolCall]) -> Agent:
+    """A model that asks for ``calls`` in one response, then replies ``done`` once every result is in."""
+
+    def script(messages: list[dict[str, Any]]) -> Any:
+        answered = sum(1 for m in messages if m["role"] == "tool")
+        return list(calls) if answered == 0 else "done"
+
+    return Agent("parallel", ScriptedModel(script), tools=tools, max_steps=6)
+
+
+@pytest.mark.parametrize("group_commits", [True, False])
+@pytest.mark.parametrize("semantics", ["read_only", "idempotent", "unsafe"])
+@pytest.mark.parametrize("finish", ["together", "staggered"])
+def test_parallel_calls_of_one_response_are_each_dispatched_once(
+        ledger: Ledger, group_commits: bool, semantics: str, finish: str) -> None:
+    """Two threads on one loop, each asking for two calls at once: every call leaves exactly once.
+
+    ``together``: both calls of a response return in the same turn of the event loop, so their receipts
+    are recorded at the same moment (the case that once submitted two appends at one expected seq);
+    ``staggered``: one returns a few loop turns after the other.
+    """
+    ran: Counter[str] = Counter()
+    entered: dict[str, int] = Counter()
+    both_in: dict[str, asyncio.Event] = {}
+
+    @tool(semantics=semantics)  # type: ignore[call-overload]
+    async def probe(which: str, ctx: ToolContext) -> str:
+        """A call that yields to the loop while it runs, as real I/O does."""
+        ran[ctx.effect_id] += 1
+        entered[ctx.thread_id] += 1
+        gate = both_in.setdefault(ctx.thread_id, asyncio.Event())
+        if entered[ctx.thread_id] % 2 == 0:
+            gate.set()
+        await gate.wait()
+        for _ in range(3 if finish == "staggered" and which == "b" else 0):
+            await asyncio.sleep(0)
+        return f"{which} seen"
+
+    agent = _two_call_agent([probe], [ToolCall("probe", {"which": "a"}), ToolCall("probe", {"which": "b"})])
+
+    async def scenario() -> None:
+        harness = ledger.harness(agent, group_commits=group_commits)
+        threads = [await harness.create_thread() for _ in range(2)]
+        await asyncio.gather(*(thread.send("go") for thread in threads))
+        states = await asyncio.gather(*(asyncio.wait_for(thread.wait(), 30) for thread in threads))
+        assert [s.status for s in states] == ["idle", "idle"], [s.reason for s in states]
+        assert all(s.last_reply == "done" for s in states)
+        tool_effects = []
+        for thread in threads:
+            events = await thread.events()
+            assert_lifecycle_order(events)
+            dispatched = [e for e in events if e.type == "tool.dispatched"]
+            assert [e.data["attempt"] for e in dispatched] == [1, 1]
+            tool_effects.extend(e.data["effect_id"] for e in dispatched)
+            assert harness.store.verify(thread.stream).valid
+            analysis = RecoveryResolver.analyze(events)
+            assert not analysis.has_corruption
+            assert {d.state for d in analysis.decisions.values()} == {"completed"}
+            await assert_same_answer(harness, thread)
+        assert dict(ran) == dict.fromkeys(tool_effects, 1), "a call ran more than once"
+
+    run(scenario())
+
+
+def _approve_from_elsewhere(store: Store, thread_id: str, effect_id: str) -> None:
+    """An operator's approval through another connection (its own record of the thread)."""
+    ThreadLog.load(store, thread_id, actor="other-operator").decide_parked(effect_id, "approved",
+                                                                           actor="other-operator")
+
+
+@pytest.mark.parametrize("group_commits", [False, True])
+def test_a_receipt_is_kept_when_another_writer_moved_the_head_while_the_call_ran(
+        ledger: Ledger, group_commits: bool) -> None:
+    """While an unsafe refund runs, another connection approves its parked sibling: the refund's receipt is
+    recorded after the approval, the refund ran once and is ``completed``, and the approved call runs."""
+    refunds: list[str] = []
+    notices: list[str] = []
+    running = asyncio.Event()
+    release = asyncio.Event()
+
+    @tool(semantics="unsafe")
+    async def refund(order: int, ctx: ToolContext) -> str:
+        """Refund an order (here: wait until the test has approved the sibling call elsewhere)."""
+        refunds.append(ctx.effect_id)
+        running.set()
+        await release.wait()
+        return f"refunded {order}"
+
+    @tool(semantics="unsafe", requires_approval=True)
+    def notify(text: str, ctx: ToolContext) -> str:
+        """Tell the customer (parked until an operator approves)."""
+        notices.append(ctx.effect_id)
+        return "told"
+
+    agent = _two_call_agent([refund, notify], [ToolCall("refund", {"order": 42}),
+                                               ToolCall("notify", {"text": "refund issued"})])
+
+    async def scenario() -> None:
+        harness = ledger.harness(agent, group_commits=group_commits)
+        thread = await harness.create_thread()
+        await thread.send("refund order 42")
+        await asyncio.wait_for(running.wait(), 10)
+        events = await thread.events()
+        [parked] = [e.data["effect_id"] for e in events if e.type == "tool.parked"]
+        _approve_from_elsewhere(ledger.store(), thread.thread_id, parked)
+        release.set()
+        state = await thread.wait()
+        assert state.status == "idle", state.reason
+        assert state.last_reply == "done"
+        events = await thread.events()
+        [refund_id] = refunds
+        assert [e.type for e in lifecycle(events, refund_id)] == [
+            "tool.requested", "tool.dispatched", "tool.completed"]
+        assert state.effects[refund_id].state == "completed"
+        assert state.effects[refund_id].reason == "succeeded"
+        approved = next(e for e in events if e.type == "tool.approved")
+        receipt = next(e for e in events if e.type == "tool.completed" and e.data["effect_id"] == refund_id)
+        assert approved.seq < receipt.seq, "the receipt was recorded after the other writer's approval"
+        assert notices == [parked]
+        assert state.effects[parked].state == "completed"
+        assert_lifecycle_order(events)
+        await assert_same_answer(harness, thread)
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("group_commits", [False, True])
+def test_the_receipt_of_a_call_running_alone_is_kept_when_another_process_ends_the_turn(
+        ledger: Ledger, group_commits: bool) -> None:
+    """One unsafe call alone (its receipt would ride with the next step's events): meanwhile another
+    connection records that the turn was interrupted. The charge did happen: its receipt is recorded after
+    the interruption, the effect is ``completed`` and nothing is dispatched again."""
+    charges: list[str] = []
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    @tool(semantics="unsafe")
+    async def charge(amount: int, ctx: ToolContext) -> str:
+        """Charge a card."""
+        charges.append(ctx.effect_id)
+        started.set()
+        await release.wait()
+        return f"charged {amount}"
+
+    agent = Agent("charger", ScriptedModel([ToolCall("charge", {"amount": 5}), "charged"]), tools=[charge])
+
+    async def scenario() -> None:
+        harness = ledger.harness(agent, group_commits=group_commits)
+        thread = await harness.create_thread()
+        await thread.send("charge 5")
+        await asyncio.wait_for(started.wait(), 10)
+        other = ThreadLog.load(ledger.store(), thread.thread_id, actor="other-operator")
+        assert other.end_running_turn("stopped by another operator")
+        release.set()
+        state = await thread.wait()
+        [charge_id] = charges
+        assert state.effects[charge_id].state == "completed", state.effects[charge_id]
+        events = await thread.events()
+        assert [e.type for e in lifecycle(events, charge_id)] == [
+            "tool.requested", "tool.dispatched", "tool.completed"]
+        ended = next(e for e in events if e.type == "turn.ended")
+        receipt = next(e for e in events if e.type == "tool.completed")
+        assert ended.data["outcome"] == "interrupted" and ended.seq < receipt.seq
+        assert state.status == "idle", state.reason
+        assert not RecoveryResolver.analyze(events).has_corruption
+        await assert_same_answer(harness, thread)
+
+    run(scenario())
+
+
+def test_wait_never_raises_a_raw_concurrency_error_when_an_operator_writes_mid_turn(ledger: Ledger) -> None:
+    """Another connection appends to the thread's stream while each call of a running turn runs (an event type
+    this version does not act on, as a newer version's or another tool's would be): the loop folds each,
+    records every receipt after it and goes on; no call is dispatched twice."""
+    steps = 6
+    entered: asyncio.Queue[int] = asyncio.Queue()
+    release: asyncio.Queue[None] = asyncio.Queue()
+
+    @tool(semantics="read_only")
+    async def look(n: int) -> str:
+        """Look something up (waits until the other writer has written)."""
+        await entered.put(n)
+        await release.get()
+        return f"seen {n}"
+
+    def script(messages: list[dict[str, Any]]) -> Any:
+        answered = sum(1 for m in messages if m["role"] == "tool")
+        return ToolCall("look", {"n": answered}) if answered < steps else "done"
+
+    agent = Agent("looker", ScriptedModel(script), tools=[look], max_steps=steps + 2)
+
+    async def scenario() -> None:
+        harness = ledger.harness(agent)
+        thread = await harness.create_thread()
+        other_store = ledger.store()
+
+        async def interfere() -> None:
+            for _ in range(steps):
+                await asyncio.wait_for(entered.get(), 10)
+                other = ThreadLog.load(other_store, thread.thread_id, actor="other")
+                other.append([NewEvent("thread.noted", {"note": "still here"}, other.meta("other"))])
+                await release.put(None)
+
+        await thread.send("go")
+        await asyncio.gather(interfere(), thread.wait())
+        state = await thread.wait()
+        assert state.status == "idle", state.reason
+        assert state.last_reply == "done"
+        events = await thread.events()
+        assert_lifecycle_order(events)
+        assert [e.data["attempt"] for e in events if e.type == "tool.dispatched"] == [1] * steps
+        assert sum(1 for e in events if e.type == "tool.completed") == steps
+        assert sum(1 for e in events if e.type == "thread.noted") == steps
+        await assert_same_answer(harness, thread)
+
+    run(scenario())
