@@ -232,6 +232,54 @@ def test_a_commit_in_the_loop_interrupted_by_keyboardinterrupt_answers_its_waite
     assert out.count("was interrupted (KeyboardInterrupt); whether it is durable is not known") == 2, out
 
 
+INTERRUPTED_IN_A_WORKER = """
+import asyncio, sys, time
+from jixu.kernel.commits import Commits
+from jixu.ledger import NewEvent
+from jixu.ledger.sqlite import SQLiteStore
+
+class Interrupted(SQLiteStore):
+    def append_many(self, requests):
+        time.sleep(0.2)  # long enough for the second append to queue behind this commit
+        raise KeyboardInterrupt
+
+async def main():
+    commits = Commits(Interrupted(sys.argv[1]))
+    commits.running = 1  # a running user outside the commit: it runs in a worker thread
+    first = commits.submit("s/0", [NewEvent("test.appended", {"i": 0})], 0)
+    await asyncio.sleep(0.05)
+
+    async def second() -> None:  # another task waits for the append queued behind the interrupted commit
+        await commits.submit("s/1", [NewEvent("test.appended", {"i": 1})], 0)
+
+    waiting = asyncio.ensure_future(second())
+    await asyncio.sleep(0)
+    await first
+    await waiting
+
+try:
+    asyncio.run(main())
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_appends_queued_behind_an_interrupted_commit_are_abandoned_and_the_program_ends(tmp_path: Path) -> None:
+    """The appends queued while the interrupted commit ran were never started: their waiters are told so
+    (cancelled) instead of keeping ``asyncio.run`` waiting for them forever."""
+    child = spawn_python(INTERRUPTED_IN_A_WORKER, str(tmp_path / "q.db"))
+    try:
+        out, err = child.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        raise AssertionError("the program hung after the interrupted commit") from None
+    assert child.returncode == 0, err
+    assert out.strip() == "interrupted", (out, err)
+    with SQLiteStore(tmp_path / "q.db") as store:
+        assert store.read("s/1") == [], "the queued append was never written"
+
+
 def test_a_commit_task_cancelled_before_it_starts_abandons_its_appends(tmp_path: Path) -> None:
     """``asyncio.run`` cancels every task on its way out, the commit task too, maybe before its first step: then
     none of the queued appends was started, and each waiter is told so (cancelled) instead of waiting forever;

@@ -163,6 +163,10 @@ class Commits:
                     for _request, future, _user in batch:
                         if not future.done():
                             future.set_exception(unknown)
+                    # Appends queued behind it were never started: nothing of them was written.
+                    waiting, self._waiting = self._waiting, []
+                    for _request, future, _user in waiting:
+                        future.abandon()
                     raise
                 if isinstance(answers, BaseException):  # the whole commit failed: every append in it fails
                     failure = answers if isinstance(answers, JixuError) else StoreError(
