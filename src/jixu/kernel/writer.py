@@ -378,6 +378,8 @@ class StreamWriter(Generic[F]):
             touched = {_effect_of(event) for event in foreign} - {None}
             refused = [receipt for receipt in pending if _effect_of(receipt) in touched]
             if refused:
+                # The others are recorded all the same; these are kept in the error.
+                self._record_all([r for r in pending if r not in refused], fence)
                 error = ReceiptConflict(
                     f"{self.stream}: another writer recorded an event of effect {_effect_of(refused[0])} while its "
                     "call ran; its receipt is not appended after it (it would contradict the record) and is "
@@ -404,6 +406,25 @@ class StreamWriter(Generic[F]):
         if all(is_receipt(event.type) for event in batch[offset:]):
             return [stored[event.id] for event in batch[offset:]]
         raise conflict
+
+    def _record_all(self, receipts: list[PreparedEvent], fence: Fence | None) -> None:
+        """Append ``receipts`` after whatever other writers append meanwhile (kept in the error if they cannot)."""
+        for _ in range(_REAPPEND_TRIES):
+            if not receipts:
+                return
+            try:
+                self._apply(self.store.append(self.stream, receipts, self.state.seq, fence))
+                return
+            except ConcurrencyError:
+                self._follow()
+                self._refuse_if_broken(receipts)
+            except BaseException as error:
+                _keep_receipts(error, receipts)
+                raise
+        exhausted = ConcurrencyError(f"{self.stream}: other writers kept moving the head; the receipts are kept in "
+                                     "this error", stream=self.stream)
+        _keep_receipts(exhausted, receipts)
+        raise exhausted
 
     def _refuse_if_broken(self, receipts: list[PreparedEvent]) -> None:
         """Raise :class:`~jixu.errors.StreamCorrupt` (the receipts kept in it) when another writer's event does

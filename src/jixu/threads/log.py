@@ -426,10 +426,13 @@ class ThreadLog:
 
     def resolve(self, effect_id: str, resolution: str, *, resolution_id: str | None = None,
                 note: str | None = None, actor: str = "operator", evidence: dict[str, Any] | None = None,
-                result: Any = None) -> bool:
+                result: Any = None, owner: str | None = None) -> bool:
         """Record an operator's decision about an unknown effect; False if it was an idempotent repeat.
 
-        See :meth:`jixu.threads.thread.Thread.resolve_tool_outcome` for the rules.
+        See :meth:`jixu.threads.thread.Thread.resolve_tool_outcome` for the rules. Refused with
+        :class:`~jixu.errors.TurnOwned` while another process holds a live claim on the thread's turn: the
+        call may still be in flight there, and its receipt would contradict the resolution. ``owner``: the
+        caller's own owner name (a claim it holds itself does not stop it).
         """
         body = resolution_body(effect_id, resolution, new_id() if resolution_id is None else resolution_id, actor=actor, note=note,
                                evidence=evidence, result=result)
@@ -437,8 +440,22 @@ class ThreadLog:
         decision = admit_resolution(self.analysis(), body, where=f"thread {self.thread_id}")
         if decision is None:
             return False
+        self._refuse_while_owned_elsewhere(effect_id, owner)
         self.append([NewEvent(f"{decision.kind}.outcome_resolved", body, self.meta(actor))])
         return True
+
+    def _refuse_while_owned_elsewhere(self, effect_id: str, owner: str | None) -> None:
+        """:class:`~jixu.errors.TurnOwned` while a process other than ``owner`` holds a live claim on the turn."""
+        lease = self.store.get_lease(self.turn_key)
+        if lease is None or lease.released or lease.owner == owner:
+            return
+        now = self.store.now()
+        if lease.expires_at <= now:
+            return  # its owner stopped renewing: a late receipt of its would be refused by the fence
+        raise TurnOwned(f"effect {effect_id} may still be in flight: thread {self.thread_id}'s turn is owned by "
+                        f"{lease.owner} (epoch {lease.epoch}) for another {lease.expires_at - now:.1f}s. Resolve it "
+                        "once that process has stopped (its claim released or expired), or recover the turn "
+                        "first (jixu turns recover)", thread_id=self.thread_id, effect_id=effect_id)
 
     def decide_parked(self, effect_id: str, decision_phase: str, *, actor: str = "operator",
                       note: str | None = None) -> None:

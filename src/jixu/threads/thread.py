@@ -98,6 +98,8 @@ class Thread:
         """Appends made by this thread's agent loop: it yields every few (see _commit)."""
         self._analysis: Analysis | None = None
         """The analysis the loop's current action was decided on."""
+        self._in_flight: set[str] = set()
+        """Effects whose call this process is carrying out right now (they cannot be resolved meanwhile)."""
         self._tool_specs = tuple(t.spec() for t in self._agent.tools)
         """What every model request offers (the agent's tools never change under a thread)."""
         self._artifact_scan: tuple[list[JSONObject], int, Any, bool] | None = None
@@ -608,7 +610,11 @@ class Thread:
         async def record(outcome: Outcome) -> None:
             await self._record(kind, effect_id, attempt, outcome)
 
-        await perform(dispatch=dispatch, call=call, classify=classify, record=record, interrupted=INTERRUPTED)
+        self._in_flight.add(effect_id)
+        try:
+            await perform(dispatch=dispatch, call=call, classify=classify, record=record, interrupted=INTERRUPTED)
+        finally:
+            self._in_flight.discard(effect_id)
 
     async def _call_model(self, effect_id: str, intent: dict[str, Any], attempt: int) -> None:
         agent, log = self._agent, self.log
@@ -822,8 +828,11 @@ class Thread:
         The original events stay untouched; the resolution is a new event.
         """
         await self.log.writer.idle()
+        if effect_id in self._in_flight:
+            raise ThreadBusy(f"effect {effect_id} is in flight in this process; its receipt settles it",
+                             thread_id=self.thread_id, effect_id=effect_id)
         self.log.resolve(effect_id, resolution, resolution_id=resolution_id, note=note, actor=actor,
-                         evidence=evidence, result=result)
+                         evidence=evidence, result=result, owner=self._harness.owner)
         self._continue()
         return self.state()
 
