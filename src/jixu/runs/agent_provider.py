@@ -455,6 +455,7 @@ class AgentProvider:
         for item in pending:
             effect_id = str(item["effect_id"])
             thread.log.resolve(effect_id, "abandoned_unknown", actor=self._actor(context), evidence=evidence,
+                               owner=self.owner,
                                note="settled by the run: this tool acts only on the run's workspace, which the "
                                     "run reconciles and verifies; the agent is told the outcome is unknown")
             settled.append({"effect_id": effect_id, "tool": item.get("name"), "reason": item.get("reason")})

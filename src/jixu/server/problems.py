@@ -9,11 +9,12 @@ every complaint (``errors``).
 
 from __future__ import annotations
 
-from typing import Any
-
-from fastapi.responses import JSONResponse
+from typing import TYPE_CHECKING, Any
 
 from jixu.errors import InvalidInput, JixuError, NotFound, StoreError
+
+if TYPE_CHECKING:
+    from fastapi.responses import JSONResponse
 
 PROBLEM_TYPE_PREFIX = "urn:jixu:problem:"
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -104,6 +105,8 @@ def problem_body(code: str, status: int, detail: str, instance: str | None = Non
 def problem_response(code: str, status: int, detail: str, instance: str | None = None, /,
                      headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
     """A problem+json response."""
+    from fastapi.responses import JSONResponse  # here: the CLI's HTTP client uses this module without FastAPI
+
     return JSONResponse(problem_body(code, status, detail, instance, **extra), status_code=status,
                         media_type=PROBLEM_MEDIA_TYPE, headers=headers)
 
