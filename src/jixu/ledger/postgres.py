@@ -18,15 +18,17 @@ What differs is how concurrency is settled:
   winner and one :class:`~jixu.errors.ConcurrencyError` (or a no-op, when the
   loser was a retry of the winner's batch) and never a raw unique violation.
   A batch with an id already stored (a retry, or a reused id) is decided by
-  the older several-statement transaction, with :func:`existing_batch`: the
+  the older several-statement transaction, with
+  :func:`~jixu.ledger.store.decide_append` like every other store: the
   function finds it by the ids' unique index when it inserts (the statement
   fails and undoes everything) or, when it refuses the fence or the head, by
   looking the ids up first, so a retry is a no-op whatever moved since.
 - **Fences** lock the lease row ``FOR UPDATE`` in the append's transaction
   and judge expiry by the *database* clock (``clock_timestamp()``, read after
   the locks are held), so no worker's clock skew can extend a lease. The
-  function returns the lease row and the clock of a refusal; Python words it
-  with :func:`fence_problem`, as every store does.
+  function returns the lease row, the head and the clock of a refusal;
+  Python words it with :func:`~jixu.ledger.store.judge_append`, the checks
+  of the one decision every store makes.
 - **Verification** reads the head record and the events in one REPEATABLE
   READ, READ ONLY transaction: one snapshot, whatever appends run meanwhile.
 - **Work claims** take a transaction-level advisory lock first, so claimers
@@ -60,6 +62,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from jixu.errors import (
     ConcurrencyError,
+    FencingError,
     InvalidInput,
     JixuError,
     SchemaTooNew,
@@ -69,8 +72,9 @@ from jixu.errors import (
     StoreReadOnly,
 )
 from jixu.ledger.chain import VerifyReport, verify_rows
-from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow, seal_batch
+from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow
 from jixu.ledger.store import (
+    AlreadyStored,
     Checkpoint,
     Fence,
     Lease,
@@ -82,9 +86,8 @@ from jixu.ledger.store import (
     WorkRow,
     claim_order,
     claimed_row,
-    existing_batch,
-    fence_problem,
-    head_moved,
+    decide_append,
+    judge_append,
     work_claim_of,
 )
 
@@ -789,7 +792,7 @@ class PostgresStore(Store):
         head, seals the batch with the database clock and inserts it, all in
         the autocommit transaction of one ``SELECT``. A batch whose ids are
         already stored (a retry, or a conflict) goes to :meth:`_append_slowly`,
-        which decides with :func:`existing_batch` in a transaction of its own.
+        which decides with :func:`~jixu.ledger.store.decide_append` in a transaction of its own.
         """
         if self._fast_append:
             rows = self._run(lambda conn: self._append_once(conn, stream, batch, expected_seq, fence, genesis_hash),
@@ -830,15 +833,17 @@ class PostgresStore(Store):
                                       prepared.meta_json, recorded_at, prev, digest))
                 prev = digest
             return rows
-        if status == "conflict":
-            raise head_moved(stream, expected_seq, int(head_seq))
-        if status == "fenced" and fence is not None:
+        if status in ("conflict", "fenced"):
+            # The function refused, having found none of the ids stored: word its refusal as every store does,
+            # from the lease, clock and head it read under its locks.
             current = (Lease(fence.key, owner, int(epoch), float(expires_at), float(heartbeat_at), bool(released))
-                       if lease_found else None)
-            problem = fence_problem(current, fence, float(now))
-            if problem:
-                raise problem
-        return None  # 'existing' or 'busy' (or a fence verdict Python does not share): decide slowly
+                       if fence is not None and lease_found else None)
+            refusal = judge_append(stream, batch, expected_seq, fence, found={}, lease=current,
+                                   now=float(now) if now is not None else 0.0,
+                                   head_seq=int(head_seq) if head_seq is not None else 0)
+            if isinstance(refusal, FencingError if status == "fenced" else ConcurrencyError):
+                raise refusal
+        return None  # 'existing' or 'busy' (or a verdict Python does not share): decide slowly
 
     def _append_slowly(
         self,
@@ -860,19 +865,16 @@ class PostgresStore(Store):
                     row[0]: StoredRow(*row)
                     for row in conn.execute(f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE id = ANY(%s)", (ids,))
                 }
-                stored = existing_batch(stream, batch, found)
-                if stored is not None:
-                    return stored
-                if fence is not None:
-                    current = self._lease_row(conn, fence.key, lock=True)
-                    problem = fence_problem(current, fence, self._clock(conn)[0])
-                    if problem:
-                        raise problem
-                head_seq, prev = (int(head[0]), str(head[1])) if head else (0, genesis_hash)
-                if head_seq != expected_seq:
-                    raise head_moved(stream, expected_seq, head_seq)
-                recorded_at = self._clock(conn)[1]
-                rows = seal_batch(batch, stream=stream, head_seq=head_seq, prev_hash=prev, recorded_at=recorded_at)
+                current = self._lease_row(conn, fence.key, lock=True) if fence is not None else None
+                now, recorded_at = self._clock(conn)  # read after the locks are held
+                verdict = decide_append(stream, batch, expected_seq, fence, found=found, lease=current, now=now,
+                                        head=(int(head[0]), str(head[1])) if head else None,
+                                        genesis_hash=genesis_hash, recorded_at=recorded_at)
+                if isinstance(verdict, JixuError):
+                    raise verdict
+                if isinstance(verdict, AlreadyStored):
+                    return verdict
+                rows = verdict
                 if head is None:
                     created = conn.execute(
                         "INSERT INTO jixu_streams (stream, head_seq, head_hash, genesis_hash, created_at) "
