@@ -137,6 +137,13 @@ class SchemaTooNew(StoreError):
     code = "schema_too_new"
 
 
+class StoreNotDurable(StoreError):
+    """The database server would not keep commits through a crash (e.g. PostgreSQL with ``fsync = off``)
+    and the store was not told to accept that."""
+
+    code = "store_not_durable"
+
+
 class UnsupportedStoreUrl(StoreError):
     """A store URL names a scheme jixu does not know."""
 
@@ -373,6 +380,7 @@ __all__ = [
     "SchemaTooNew",
     "StoreError",
     "StoreLocked",
+    "StoreNotDurable",
     "StoreNotFound",
     "StoreReadOnly",
     "ToolDefinitionError",

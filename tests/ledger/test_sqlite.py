@@ -78,8 +78,10 @@ def test_durable_defaults_wal_and_synchronous_full(sqlite_path: Path) -> None:
     with SQLiteStore(sqlite_path) as store:
         assert store._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert store.durability == "synchronous=FULL"
     with SQLiteStore(sqlite_path, synchronous="NORMAL") as store:
         assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1
+        assert store.durability == "synchronous=NORMAL"
     with pytest.raises(InvalidInput):
         SQLiteStore(sqlite_path, synchronous="OFF")  # type: ignore[arg-type]
 

@@ -34,6 +34,7 @@ class MemoryStore(Store):
 
     def __init__(self, *, max_payload_bytes: int | None = None) -> None:
         self.url = "memory://"
+        self.durability = "none (in memory: nothing outlives the process)"
         if max_payload_bytes is not None:
             self.max_payload_bytes = max_payload_bytes
         self._lock = threading.RLock()

@@ -68,6 +68,7 @@ from jixu.errors import (
     SchemaTooNew,
     StoreError,
     StoreLocked,
+    StoreNotDurable,
     StoreNotFound,
     StoreReadOnly,
 )
@@ -90,6 +91,7 @@ from jixu.ledger.store import (
     judge_append,
     work_claim_of,
 )
+from jixu.ledger.urls import postgres_dsn_and_options
 
 _T = TypeVar("_T")
 _Conn = psycopg.Connection[TupleRow]
@@ -402,6 +404,9 @@ MIGRATIONS.append((
     (_APPEND_FUNCTION_V4,),
 ))
 SCHEMA_VERSION = MIGRATIONS[-1][0]
+_DURABLE_COMMITS_SQL = ("SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') "
+                        "WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, false)")
+"""Pins the session's ``synchronous_commit`` to ``on``, keeping only the stronger ``remote_apply`` (decision 0023)."""
 _IDLE_CHECK_SECONDS = 5.0
 """A pooled connection idle this long is pinged before use; one used more recently is trusted."""
 _CLIENT_CHECK_MS = 10
@@ -503,6 +508,14 @@ class PostgresStore(Store):
     (seconds) bounds connecting and waiting for a pooled connection.
     ``read_only`` refuses every write; ``create=False`` refuses to install the
     schema into a database that has none (:class:`~jixu.errors.StoreNotFound`).
+
+    Commits are durable (decision 0023): every connection runs with
+    ``synchronous_commit = on`` (or the stronger ``remote_apply`` when that is
+    what the server, database or role set), and a writable store refuses a
+    server with ``fsync = off`` (:class:`~jixu.errors.StoreNotDurable`) unless
+    ``allow_unsafe_durability`` (keyword, or ``?allow_unsafe_durability=true``
+    in a URL) accepts losing commits in a crash. :attr:`durability` says what
+    the store runs with.
     """
 
     def __init__(
@@ -515,9 +528,17 @@ class PostgresStore(Store):
         connect_timeout: float = 10.0,
         read_only: bool = False,
         create: bool = True,
+        allow_unsafe_durability: bool | None = None,
     ) -> None:
         if not isinstance(dsn, str) or not dsn.strip():
             raise InvalidInput("the PostgreSQL DSN must be a non-empty string", field="dsn")
+        self.url = mask_dsn(dsn)  # as given, jixu's options included
+        dsn, url_options = postgres_dsn_and_options(dsn)
+        if allow_unsafe_durability is None:  # a keyword wins over the URL, as for SQLite's options
+            allow_unsafe_durability = bool(url_options.get("allow_unsafe_durability", False))
+        if not isinstance(allow_unsafe_durability, bool):
+            raise InvalidInput("allow_unsafe_durability must be true or false", field="allow_unsafe_durability")
+        self.allow_unsafe_durability = allow_unsafe_durability
         for name, size in (("min_size", min_size), ("max_size", max_size)):
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise InvalidInput(f"{name} {size!r} must be an integer >= 0", field=name)
@@ -527,7 +548,6 @@ class PostgresStore(Store):
                 or not 0 < connect_timeout < 10**6):
             raise InvalidInput(f"connect_timeout {connect_timeout!r} must be a number of seconds > 0",
                                field="connect_timeout")
-        self.url = mask_dsn(dsn)
         self.read_only = read_only
         self.create = create
         self.connect_timeout = float(connect_timeout)
@@ -548,6 +568,7 @@ class PostgresStore(Store):
         try:
             with psycopg.connect(dsn, **connect_kwargs) as conn:
                 self._configure(conn)
+                self.durability = self._check_durability(conn)
                 self._migrate(conn)
                 # jixu_append_v4 hashes convert_to(text, 'UTF8') with sha256(): byte-exact only when the database
                 # stores UTF-8, and sha256() exists from PostgreSQL 11 on. Elsewhere appends take the slow path.
@@ -580,11 +601,29 @@ class PostgresStore(Store):
     def _configure(self, conn: _Conn) -> None:
         if self.read_only:
             conn.execute("SET default_transaction_read_only = on")
+        # Durable commits whatever the server, database or role set: a commit returns once it is flushed.
+        conn.execute(_DURABLE_COMMITS_SQL)
         if conn.info.server_version >= 140000:
             # An append is one statement that commits by itself: should its process die while the statement
             # runs (a SIGKILL, a crash), the server aborts it at the next check instead of committing it on
             # behalf of a caller that is gone, as it did when the client never sent COMMIT.
             conn.execute(f"SET client_connection_check_interval = {_CLIENT_CHECK_MS}")
+
+    def _check_durability(self, conn: _Conn) -> str:
+        """The durability this store's commits get (see :attr:`durability`); refuse ``fsync = off`` unless allowed."""
+        row = conn.execute("SELECT current_setting('synchronous_commit'), current_setting('fsync')").fetchone()
+        assert row is not None
+        synchronous_commit, fsync = str(row[0]), str(row[1])
+        if fsync == "on":
+            return f"synchronous_commit={synchronous_commit}, fsync=on"
+        if self.read_only:  # it commits nothing
+            return f"synchronous_commit={synchronous_commit}, fsync={fsync} (unsafe; the store is read-only)"
+        if not self.allow_unsafe_durability:
+            raise StoreNotDurable(
+                f"{self._where}: the server runs with fsync = {fsync}, so a crash or power failure can lose or "
+                "corrupt committed events; jixu refuses to write to it. Turn fsync on, or accept the risk with "
+                "allow_unsafe_durability=True (in a URL: ?allow_unsafe_durability=true)")
+        return f"synchronous_commit={synchronous_commit}, fsync={fsync} (unsafe: allowed by allow_unsafe_durability)"
 
     @staticmethod
     def _check_idle(conn: _PooledConnection) -> None:

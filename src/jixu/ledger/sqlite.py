@@ -250,6 +250,7 @@ class SQLiteStore(Store):
         self.path = str(Path(path))
         self.url = f"sqlite:///{self.path}"
         self.synchronous = synchronous
+        self.durability = f"synchronous={synchronous}"
         self.read_only = read_only
         if max_payload_bytes is not None:
             self.max_payload_bytes = max_payload_bytes

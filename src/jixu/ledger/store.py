@@ -578,6 +578,8 @@ class Store(abc.ABC):
 
     url: str = ""
     max_payload_bytes: int = MAX_PAYLOAD_BYTES
+    durability: str = ""
+    """What a commit survives, in words for people (e.g. ``synchronous=FULL``); the CLI may print it."""
 
     # --- events ---------------------------------------------------------------------
 
