@@ -141,6 +141,49 @@ def test_bad_input_raises_a_typed_error_and_writes_nothing(
     assert store.list_streams() == []
 
 
+def _nested(depth: int, container: str) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = [value] if container == "list" else {"k": value}
+    return value
+
+
+UNENCODABLE = [
+    pytest.param({"x": 10**5000}, id="huge-int"),
+    pytest.param({"x": [1, {"y": -(10**4300)}]}, id="huge-negative-int-inside"),
+    pytest.param({"x": _nested(100_000, "list")}, id="deep-list"),
+    pytest.param({"x": _nested(100_000, "dict")}, id="deep-dict"),
+    pytest.param({1: "one"}, id="int-key"),
+    pytest.param({"x": {None: 1}}, id="none-key-inside"),
+    pytest.param({"x": [float("nan")]}, id="nan"),
+    pytest.param({"x": float("-inf")}, id="infinity"),
+    pytest.param({"x": "a\udc80b"}, id="lone-surrogate"),
+    pytest.param({"\ud800": 1}, id="lone-surrogate-key"),
+]
+
+
+@pytest.mark.parametrize("where", ["data", "meta"])
+@pytest.mark.parametrize("value", UNENCODABLE)
+def test_a_value_the_encoding_cannot_hold_is_a_malformed_event_and_writes_nothing(
+    store: Store, value: dict[Any, Any], where: str
+) -> None:
+    bad = NewEvent("order.noted", value) if where == "data" else NewEvent("order.noted", {}, value)
+    with pytest.raises(MalformedEvent) as info:
+        store.append("orders/1", [NewEvent("order.noted"), bad], 0)
+    assert isinstance(info.value, InvalidInput) and where in str(info.value)
+    refused, accepted = store.append_many([AppendRequest("orders/1", [bad], 0),
+                                           AppendRequest("orders/2", [NewEvent("order.noted")], 0)])
+    assert isinstance(refused, MalformedEvent) and isinstance(accepted, list)
+    assert [info.stream for info in store.list_streams()] == ["orders/2"]
+
+
+def test_integers_of_up_to_4300_digits_are_stored_and_read_back_exactly(store: Store) -> None:
+    widest = 10**4300 - 1
+    [event] = store.append("orders/1", [NewEvent("order.noted", {"big": widest, "small": -widest})], 0)
+    assert store.read("orders/1") == [event] and event.data == {"big": widest, "small": -widest}
+    assert store.verify("orders/1").valid
+
+
 def test_duplicate_ids_within_one_batch_are_rejected(store: Store) -> None:
     event = NewEvent("order.noted")
     with pytest.raises(InvalidInput):
