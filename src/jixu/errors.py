@@ -137,6 +137,16 @@ class SchemaTooNew(StoreError):
     code = "schema_too_new"
 
 
+class OutcomeUnknown(StoreError):
+    """A write's commit failed, or its connection broke before the answer came: it may or may not be stored.
+
+    Read back before going on; appending the same batch again (same ids) is a
+    no-op if it was stored.
+    """
+
+    code = "outcome_unknown"
+
+
 class StoreNotDurable(StoreError):
     """The database server would not keep commits through a crash (e.g. PostgreSQL with ``fsync = off``)
     and the store was not told to accept that."""
@@ -376,6 +386,7 @@ __all__ = [
     "LeaseHeld",
     "MalformedEvent",
     "NotFound",
+    "OutcomeUnknown",
     "PayloadTooLarge",
     "SchemaTooNew",
     "StoreError",

@@ -65,6 +65,7 @@ from jixu.errors import (
     FencingError,
     InvalidInput,
     JixuError,
+    OutcomeUnknown,
     SchemaTooNew,
     StoreError,
     StoreLocked,
@@ -676,6 +677,20 @@ class PostgresStore(Store):
             return StoreError(f"cannot use {where}: {text}")
         return StoreError(f"{where}: {text}")
 
+    def _settled(self, exc: BaseException, in_doubt: bool) -> JixuError:
+        """The error to raise for ``exc``: :class:`OutcomeUnknown` once a write's connection broke in flight.
+
+        The server answers every refusal of a transaction, which then commits
+        nothing; only a write whose connection broke before the answer came
+        may have committed (unless a retry answered for it instead).
+        """
+        if not in_doubt:
+            return self._translate(exc)
+        text = self._scrub(" ".join(str(exc).split()) or type(exc).__name__)
+        return OutcomeUnknown(f"cannot use {self._where}: the connection broke before this write was answered, "
+                              "so whether it was committed is unknown; read it back before going on (appending "
+                              f"the same batch again is a no-op if it was stored) ({text})")
+
     def _check_open(self) -> None:
         if self._closed:
             raise StoreError(f"{self._where}: the store is closed")
@@ -701,6 +716,7 @@ class PostgresStore(Store):
         if write and self.read_only:
             raise StoreReadOnly(f"{self._where}: opened read-only; open it writable to change it")
         retry_broken = (not write) if idempotent is None else idempotent
+        in_doubt = False  # a write's connection broke before its answer came: it may have committed
         for attempt in range(1, _ATTEMPTS + 1):
             used: _PooledConnection | None = None
             try:
@@ -723,15 +739,17 @@ class PostgresStore(Store):
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, _Again) as exc:
                 cause = exc.cause if isinstance(exc, _Again) else exc
                 if attempt == _ATTEMPTS:
-                    raise self._translate(cause) from cause
+                    raise self._settled(cause, in_doubt) from cause
                 time.sleep(random.uniform(0, min(0.2, 0.002 * 2**attempt)))
             except psycopg.OperationalError as exc:
-                if retry_broken and used is not None and used.broken and attempt < _ATTEMPTS:
+                broken = used is not None and used.broken
+                in_doubt = in_doubt or (write and broken)
+                if retry_broken and broken and attempt < _ATTEMPTS:
                     retry_broken = False  # once: a second broken connection is news worth reporting
                     continue
-                raise self._translate(exc) from exc
+                raise self._settled(exc, in_doubt) from exc
             except (psycopg.Error, PoolTimeout) as exc:
-                raise self._translate(exc) from exc
+                raise self._settled(exc, in_doubt) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _inspect(self, conn: _Conn) -> tuple[list[str], int]:

@@ -50,6 +50,7 @@ from typing import Any, Literal, TypeVar
 from jixu.errors import (
     InvalidInput,
     JixuError,
+    OutcomeUnknown,
     SchemaTooNew,
     StoreError,
     StoreLocked,
@@ -193,6 +194,23 @@ def _translate(exc: sqlite3.Error, path: str) -> StoreError:
     if "not a database" in text or "malformed" in text:
         return StoreError(f"{path}: not a jixu SQLite database or the file is damaged ({text})", path=path)
     return StoreError(f"{path}: {text}", path=path)
+
+
+def _commit(conn: sqlite3.Connection, path: str, what: str) -> None:
+    """``COMMIT``; if it fails, raise :class:`OutcomeUnknown`, never a "nothing was stored".
+
+    A commit can fail after its WAL frames were written (the fsync failed, say):
+    recovery may then keep it, so neither answer is known to be true.
+    """
+    try:
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        if conn.in_transaction:  # SQLite kept it open: give the connection back without it
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise OutcomeUnknown(
+            f"{path}: the commit of {what} failed ({exc}), so whether it was stored is unknown; read it back "
+            "before going on (appending the same batch again is a no-op if it was stored)", path=path) from exc
 
 
 def _insert_rows(conn: sqlite3.Connection, rows: list[StoredRow]) -> None:
@@ -347,7 +365,7 @@ class SQLiteStore(Store):
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     raise
-                conn.execute("COMMIT")
+                _commit(conn, self.path, "this write")
                 return result
             finally:
                 if lazy:
@@ -574,16 +592,19 @@ class SQLiteStore(Store):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-            conn.execute("COMMIT")
+            _commit(conn, self.path, "this append" if len(group) == 1 else "the group of appends carrying this one")
             self.commit_count += 1
             self.append_count += len(group)
         except BaseException as exc:
-            # Nothing of the group was committed: every append in it fails, each with its own error object.
+            # The group failed: every append in it fails, each with its own error object. Before COMMIT nothing
+            # of it was stored (rolled back); a failed COMMIT leaves that unknown (OutcomeUnknown).
             failure = _translate(exc, self.path) if isinstance(exc, sqlite3.Error) else exc
             for index in range(len(group)):
                 rows[index] = None
                 if len(group) == 1:
                     errors[index] = failure
+                elif errors[index] is None and isinstance(failure, OutcomeUnknown):
+                    errors[index] = OutcomeUnknown(failure.message, path=self.path)
                 elif errors[index] is None:
                     errors[index] = StoreError(f"{self.path}: the shared commit of this append failed and "
                                                f"nothing of it was stored ({type(failure).__name__}: {failure})",
