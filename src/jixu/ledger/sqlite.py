@@ -14,8 +14,8 @@ one transaction and so one fsync. Each caller queues its append; whoever holds
 the connection next (the leader) takes every queued append and runs each one
 inside its own ``SAVEPOINT`` of a single ``BEGIN IMMEDIATE`` transaction, in
 arrival order, decided as alone (by :func:`~jixu.ledger.store.decide_append`:
-ids already stored, fence, head == ``expected_seq``). An append that fails rolls back to its savepoint and
-gets its own error; the others go on. After ``COMMIT`` returns every caller in
+ids already stored, fence, head == ``expected_seq``). An append that fails
+rolls back to its savepoint and gets its own error; the others go on. After ``COMMIT`` returns every caller in
 the group is told its result, so no append returns before its own commit is
 durable. A lone append runs exactly as before (no savepoint). See
 docs/decisions/0007-group-commit.md.
@@ -25,9 +25,9 @@ and answers: a few statements read every head, stored id and lease the group
 needs, each append is decided in order in memory (by the same
 ``decide_append``, each seeing the heads the earlier ones moved), and the
 accepted rows and heads are written with one ``executemany`` each, without
-savepoints. Should a
-write fail anyway, the transaction is rolled back and the group runs again one
-savepoint per append, as above.
+savepoints. Should a write fail anyway, the transaction is rolled back and the
+group runs again one savepoint per append, as above. A ``COMMIT`` that fails
+answers each append it carried with :class:`~jixu.errors.OutcomeUnknown`.
 
 Before its first append a store grows a short WAL file to the length the log
 reaches between SQLite's automatic checkpoints (decision 0018): a durable
@@ -592,7 +592,8 @@ class SQLiteStore(Store):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-            _commit(conn, self.path, "this append" if len(group) == 1 else "the group of appends carrying this one")
+            _commit(conn, self.path,
+                    "this append" if len(group) == 1 else "the group of appends carrying this one")
             self.commit_count += 1
             self.append_count += len(group)
         except BaseException as exc:
