@@ -70,3 +70,67 @@ def test_no_sql_above_the_ledger() -> None:
             if "import sqlite3" in text or "import psycopg" in text or "INSERT INTO" in text:
                 offenders.append(str(path.relative_to(ROOT)))
     assert not offenders, offenders
+
+
+# The append contract is decided in one place (issue 21): each piece of it may be used only where this says,
+# so no store sequences the checks itself. Keys are the pieces; values the functions (file:qualified name)
+# that use them, every one of which must still use it.
+APPEND_CONTRACT_USES = {
+    "existing_batch": {"ledger/store.py:judge_append"},
+    "fence_problem": {"ledger/store.py:judge_append", "ledger/store.py:Store.renew_lease.renew"},
+    "head_moved": {"ledger/store.py:judge_append"},
+    "judge_append": {"ledger/store.py:decide_append",
+                     "ledger/postgres.py:PostgresStore._append_once"},  # words the PL/pgSQL function's refusals
+    "seal_batch": {"ledger/store.py:decide_append"},
+    "decide_append": {"ledger/memory.py:MemoryStore._append", "ledger/sqlite.py:SQLiteStore._append_in",
+                      "ledger/sqlite.py:SQLiteStore._append_batched",
+                      "ledger/postgres.py:PostgresStore._append_slowly.append"},
+}
+# The errors of the contract are made only by its pieces (a store may not word a refusal of its own).
+APPEND_CONTRACT_ERRORS = {"IdempotencyConflict", "FencingError", "ConcurrencyError"}
+APPEND_CONTRACT_ERROR_MAKERS = {"ledger/store.py", "ledger/postgres.py:PostgresStore._translate"}
+
+
+def _uses(tree: ast.AST, names: set[str], made: set[str]) -> list[tuple[str, str]]:
+    """``(name, qualified name of the enclosing function or class)`` for each load of one of ``names`` and
+    each call of one of ``made`` (an error being made, not caught or tested for)."""
+    found: list[tuple[str, str]] = []
+
+    def visit(node: ast.AST, scope: list[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                visit(child, [*scope, child.name])
+                continue
+            name = (child.id if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Load)
+                    else child.attr if isinstance(child, ast.Attribute) else None)
+            if name in names:
+                found.append((name, ".".join(scope)))
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Name | ast.Attribute):
+                called = child.func.id if isinstance(child.func, ast.Name) else child.func.attr
+                if called in made:
+                    found.append((called, ".".join(scope)))
+            visit(child, scope)
+
+    visit(tree, [])
+    return found
+
+
+def test_the_append_contract_is_decided_only_by_decide_append() -> None:
+    seen: dict[str, set[str]] = {name: set() for name in APPEND_CONTRACT_USES}
+    misplaced = []
+    for path in sorted(SRC.rglob("*.py")):
+        where = path.relative_to(SRC).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for name, scope in _uses(tree, set(APPEND_CONTRACT_USES), APPEND_CONTRACT_ERRORS):
+            user = f"{where}:{scope}"
+            if name in APPEND_CONTRACT_ERRORS:
+                if where.startswith("ledger/") and where not in APPEND_CONTRACT_ERROR_MAKERS and (
+                        user not in APPEND_CONTRACT_ERROR_MAKERS):
+                    misplaced.append(f"{user} makes a {name}")
+            elif user in APPEND_CONTRACT_USES[name]:
+                seen[name].add(user)
+            else:
+                misplaced.append(f"{user} uses {name}")
+    assert not misplaced, f"only the append decision may use its pieces: {misplaced}"
+    missing = {name: sorted(users - seen[name]) for name, users in APPEND_CONTRACT_USES.items() if users - seen[name]}
+    assert not missing, f"these no longer use their piece of the append decision (update the table): {missing}"

@@ -160,6 +160,23 @@ class SchemaTooNew(StoreError):
     code = "schema_too_new"
 
 
+class OutcomeUnknown(StoreError):
+    """A write's commit failed, or its connection broke before the answer came: it may or may not be stored.
+
+    Read back before going on; appending the same batch again (same ids) is a
+    no-op if it was stored.
+    """
+
+    code = "outcome_unknown"
+
+
+class StoreNotDurable(StoreError):
+    """The database server would not keep commits through a crash (e.g. PostgreSQL with ``fsync = off``)
+    and the store was not told to accept that."""
+
+    code = "store_not_durable"
+
+
 class UnsupportedStoreUrl(StoreError):
     """A store URL names a scheme jixu does not know."""
 
@@ -373,6 +390,7 @@ __all__ = [
     "MalformedEvent",
     "ModelError",
     "NotFound",
+    "OutcomeUnknown",
     "OwnershipLost",
     "PayloadTooLarge",
     "ProjectExists",
@@ -391,6 +409,7 @@ __all__ = [
     "SourceUnavailable",
     "StoreError",
     "StoreLocked",
+    "StoreNotDurable",
     "StoreNotFound",
     "StoreReadOnly",
     "StreamBusy",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import sys
 from typing import Any
 
 import pytest
@@ -10,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jixu.errors import InvalidId, MalformedEvent, PayloadTooLarge
-from jixu.ledger.encoding import canonical_bytes, canonical_text, content_hash
+from jixu.ledger.encoding import MAX_INT_DIGITS, canonical_bytes, canonical_text, content_hash
 from jixu.ledger.event import (
     GENESIS_HASH,
     NewEvent,
@@ -113,6 +115,32 @@ def test_key_order_of_the_input_does_not_change_the_bytes(value: dict[str, int])
 def test_non_json_values_are_refused_with_a_typed_error(bad: Any) -> None:
     with pytest.raises(MalformedEvent):
         canonical_text(bad)
+
+
+def test_integers_of_up_to_4300_digits_are_stored_exactly_and_longer_ones_are_refused() -> None:
+    assert MAX_INT_DIGITS == sys.int_info.default_max_str_digits == 4300
+    widest = 10**MAX_INT_DIGITS - 1
+    assert canonical_text({"x": widest, "y": -widest}) == f'{{"x":{widest},"y":-{widest}}}'
+    for value, where in (({"x": 10**5000}, "data.x"), ({"x": [1, {"y": -(10**4300)}]}, "data.x[1].y")):
+        with pytest.raises(MalformedEvent, match=rf"^integer at {re.escape(where)} has more than 4300 digits; "
+                                                 "store it as a string$") as info:
+            canonical_text(value, path="data")
+        assert info.value.details == {"path": where}
+
+
+@pytest.mark.parametrize("limit", [0, 10_000])
+def test_an_integer_over_4300_digits_is_refused_even_where_the_interpreter_would_write_it(
+    limit: int,
+) -> None:
+    """Another process, at the default limit, could not read such an event back."""
+    before = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(limit)
+    try:
+        with pytest.raises(MalformedEvent, match=r"integer at \$\.n\[2\] has more than 4300 digits"):
+            canonical_text({"n": [1, "9" * 5000, 10**4300]})
+        assert canonical_text({"n": "9" * 5000}) == f'{{"n":"{"9" * 5000}"}}'  # digits in a string are a string
+    finally:
+        sys.set_int_max_str_digits(before)
 
 
 def test_content_hash_is_sha256_of_canonical_bytes() -> None:

@@ -576,12 +576,12 @@ def test_an_append_on_a_connection_the_server_dropped_runs_again_on_a_fresh_one(
 def test_a_write_that_is_unsafe_to_repeat_reports_a_dropped_connection_unless_it_was_idle(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from jixu.errors import StoreError
+    from jixu.errors import OutcomeUnknown
 
     with PostgresStore(url, min_size=1, max_size=1) as store:
         store.enqueue("w/1", "p")
         _kill_pooled_connection(store, url)
-        with pytest.raises(StoreError, match="cannot use"):
+        with pytest.raises(OutcomeUnknown, match=r"cannot use .*whether it was committed is unknown"):
             store.claim_work("w1", 30, global_limit=5)
         assert store.list_work()[0].state == "pending"  # nothing was claimed; the next connection is fresh
         _kill_pooled_connection(store, url)
@@ -626,3 +626,62 @@ def test_an_append_whose_process_dies_while_it_waits_is_rolled_back_not_committe
                     time.sleep(0.01)
             assert [e.data["n"] for e in store.read("orphan/1")] == [1]
         assert store.verify("orphan/1").valid
+
+
+def _terminate_the_blocked_append(watcher: psycopg.Connection[Any], ended: int = 0) -> int:
+    """Wait until an append (not the one in backend ``ended``) waits for a lock, then end its backend, as a crash
+    or a network cut would; its pid."""
+    deadline = time.monotonic() + 10
+    while True:
+        row = watcher.execute("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE "
+                              "'%%jixu_append%%' AND pid NOT IN (pg_backend_pid(), %s)", (ended,)).fetchone()
+        if row is not None:
+            break
+        assert time.monotonic() < deadline, "no append waited for the lock"
+        time.sleep(0.01)
+    watcher.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+    return int(row[0])
+
+
+def _wait_for_a_blocked_append_other_than(watcher: psycopg.Connection[Any], pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE "
+                          "'%%jixu_append%%' AND pid NOT IN (pg_backend_pid(), %s)", (pid,)).fetchone() == (0,):
+        assert time.monotonic() < deadline, "the retry never waited for the lock"
+        time.sleep(0.01)
+
+
+def test_an_append_whose_connection_breaks_before_its_answer_reports_its_outcome_as_unknown(url: str) -> None:
+    """The append runs again once on a fresh connection; when that breaks too, nobody knows whether it committed."""
+    from jixu.errors import OutcomeUnknown
+
+    with PostgresStore(url, min_size=1, max_size=2) as store, raw(url) as holder, raw(url) as watcher:
+        store.append("gone/1", [NewEvent("a.b", {"n": 1})], 0)
+        batch = [NewEvent("a.b", {"n": 2})]
+        with holder.transaction():
+            holder.execute("SELECT 1 FROM jixu_streams WHERE stream = 'gone/1' FOR UPDATE")
+            thread, outcome = _in_thread(lambda: store.append("gone/1", batch, 1))
+            first = _terminate_the_blocked_append(watcher)  # the first attempt
+            _terminate_the_blocked_append(watcher, ended=first)  # the one retry, on a fresh connection
+            thread.join(10)
+        [error] = outcome
+        assert isinstance(error, OutcomeUnknown) and error.code == "outcome_unknown", error
+        assert "whether it was committed is unknown" in str(error) and "nothing" not in str(error)
+        # Reading back decides: here neither attempt committed (both ended while they waited), so the same batch
+        # goes in now; had one committed, this would be a no-op returning it.
+        assert [e.data["n"] for e in store.read("gone/1")] == [1]
+        assert [e.seq for e in store.append("gone/1", batch, 1)] == [2]
+        assert store.verify("gone/1").valid
+
+
+def test_an_append_whose_connection_breaks_once_is_answered_by_its_retry(url: str) -> None:
+    with PostgresStore(url, min_size=1, max_size=2) as store, raw(url) as holder, raw(url) as watcher:
+        store.append("once/1", [NewEvent("a.b", {"n": 1})], 0)
+        with holder.transaction():
+            holder.execute("SELECT 1 FROM jixu_streams WHERE stream = 'once/1' FOR UPDATE")
+            thread, outcome = _in_thread(lambda: store.append("once/1", [NewEvent("a.b", {"n": 2})], 1))
+            first = _terminate_the_blocked_append(watcher)
+            _wait_for_a_blocked_append_other_than(watcher, first)  # the retry waits in turn for the lock
+        thread.join(10)
+        assert [e.seq for e in outcome[0]] == [2], outcome
+        assert [e.data["n"] for e in store.read("once/1")] == [1, 2]

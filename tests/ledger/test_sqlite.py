@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from pathlib import Path
@@ -78,8 +79,10 @@ def test_durable_defaults_wal_and_synchronous_full(sqlite_path: Path) -> None:
     with SQLiteStore(sqlite_path) as store:
         assert store._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert store.durability == "synchronous=FULL"
     with SQLiteStore(sqlite_path, synchronous="NORMAL") as store:
         assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1
+        assert store.durability == "synchronous=NORMAL"
     with pytest.raises(InvalidInput):
         SQLiteStore(sqlite_path, synchronous="OFF")  # type: ignore[arg-type]
 
@@ -259,3 +262,58 @@ def test_events_without_a_head_record_are_reported_and_appends_fail_clearly(sqli
         assert (report.valid, report.reason, report.first_bad_seq) == (False, "head_mismatch", 1)
         with pytest.raises(StoreError, match="disagree"):
             store.append("s/1", [NewEvent("agent.step")], 0)
+
+
+_COMMIT_FAILS = """
+import json, resource, signal, sys
+from jixu.errors import JixuError
+from jixu.ledger import Checkpoint, NewEvent, SQLiteStore
+from jixu.ledger.store import AppendRequest
+
+store = SQLiteStore(sys.argv[1])
+store.append("c/1", [NewEvent("a.b")], 0)  # the WAL is grown (decision 0018) and restarts at its start
+big = [NewEvent("a.b", {"blob": "x" * 300_000})]  # ~75 pages: past the limit below, written at COMMIT
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+# From here a write past 64 KiB of any file fails (EFBIG), as on a full disk: the commit's WAL write fails.
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+trace = []
+store._conn.set_trace_callback(trace.append)
+out = {}
+try:
+    store.append("c/1", big, 1)
+    out["alone"] = "stored"
+except JixuError as error:
+    out["alone"] = [type(error).__name__, error.code, str(error), trace[-1]]
+answers = store.append_many([AppendRequest("c/1", big, 1), AppendRequest("c/2", [NewEvent("a.b")], 0),
+                             AppendRequest("c/1", [NewEvent("a.b")], 0)])
+out["group"] = [type(a).__name__ if isinstance(a, JixuError) else "stored" for a in answers]
+out["group_message"] = str(answers[1])
+try:  # any other write: here a checkpoint, committed through _write
+    store.write_checkpoint(Checkpoint("c/1", "big", 1, 1, "a" * 64, '"' + "x" * 300_000 + '"', "d" * 64))
+    out["checkpoint"] = "stored"
+except JixuError as error:
+    out["checkpoint"] = [type(error).__name__, str(error)]
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+out["heads"] = [store.stream_info("c/1").head_seq, store.stream_info("c/2")]
+out["again"] = [e.seq for e in store.append("c/1", big, 1)]
+out["valid"] = store.verify("c/1").valid
+print(json.dumps(out))
+"""
+
+
+def test_a_commit_that_fails_reports_the_appends_outcome_as_unknown(sqlite_path: Path) -> None:
+    """A real COMMIT failure: the WAL write of the commit is refused (a file size limit, as on a full disk)."""
+    child = spawn_python(_COMMIT_FAILS, str(sqlite_path))
+    stdout, stderr = child.communicate(timeout=60)
+    assert child.returncode == 0, stderr
+    out = json.loads(stdout)
+    name, code, message, statement = out["alone"]
+    assert (name, code, statement) == ("OutcomeUnknown", "outcome_unknown", "COMMIT")
+    assert "the commit of this append failed" in message and "whether it was stored is unknown" in message
+    assert "nothing" not in message
+    # The shared commit fails for the two appends it carried; the third was refused on its own before it.
+    assert out["group"] == ["OutcomeUnknown", "OutcomeUnknown", "ConcurrencyError"]
+    assert "whether it was stored is unknown" in out["group_message"] and "nothing" not in out["group_message"]
+    assert out["checkpoint"][0] == "OutcomeUnknown" and "the commit of this write failed" in out["checkpoint"][1]
+    # Here the commit never wrote its commit frame, so reading back finds nothing, and the same batch goes in.
+    assert out["heads"] == [1, None] and out["again"] == [2] and out["valid"] is True

@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,9 +21,11 @@ from jixu.errors import (
     MalformedEvent,
     PayloadTooLarge,
 )
-from jixu.ledger import Checkpoint, Fence, NewEvent, Store
+from jixu.ledger import Checkpoint, Event, Fence, NewEvent, PostgresStore, SQLiteStore, Store
+from jixu.ledger import postgres as postgres_module
 from jixu.ledger.event import GENESIS_HASH, PreparedEvent, prepare
 from jixu.ledger.ids import new_id
+from jixu.ledger.sqlite import _QueuedAppend
 from jixu.ledger.store import AppendRequest
 from tests.conftest import StoreFactory
 from tests.helpers import spawn_python
@@ -114,42 +119,6 @@ def test_list_streams_filters_by_prefix_and_pages(store: Store) -> None:
 # --- the append contract --------------------------------------------------------------------
 
 
-def test_wrong_expected_seq_raises_concurrency_error_and_writes_nothing(store: Store) -> None:
-    store.append("orders/1", events(2), 0)
-    for wrong in (0, 1, 3):
-        with pytest.raises(ConcurrencyError) as info:
-            store.append("orders/1", events(1), wrong)
-        assert info.value.details["actual_seq"] == 2
-    with pytest.raises(ConcurrencyError):
-        store.append("fresh/1", events(1), 1)
-    assert len(store.read("orders/1")) == 2 and store.stream_info("fresh/1") is None
-
-
-def test_reappending_the_same_batch_is_a_no_op(store: Store) -> None:
-    batch = events(3)
-    first = store.append("orders/1", batch, 0)
-    again = store.append("orders/1", batch, 0)
-    assert again == first
-    assert store.stream_info("orders/1").head_seq == 3  # type: ignore[union-attr]
-
-
-def test_same_id_with_different_content_is_rejected(store: Store) -> None:
-    [event] = store.append("orders/1", events(1), 0)
-    with pytest.raises(IdempotencyConflict):
-        store.append("orders/1", [NewEvent("order.noted", {"n": 99}, id=event.id)], 1)
-    with pytest.raises(IdempotencyConflict):
-        store.append("other/1", [NewEvent("order.noted", {"n": 0, "text": ""}, id=event.id)], 0)
-    assert len(store.read("orders/1")) == 1 and store.stream_info("other/1") is None
-
-
-def test_a_batch_partly_stored_already_is_rejected(store: Store) -> None:
-    batch = events(2)
-    store.append("orders/1", batch[:1], 0)
-    with pytest.raises(IdempotencyConflict):
-        store.append("orders/1", batch, 1)
-    assert len(store.read("orders/1")) == 1
-
-
 @pytest.mark.parametrize(("stream", "batch", "expected_seq", "error"), [
     ("bad stream name", events(1), 0, InvalidId),
     ("", events(1), 0, InvalidId),
@@ -170,6 +139,49 @@ def test_bad_input_raises_a_typed_error_and_writes_nothing(
     with pytest.raises(error):
         store.append(stream, batch, expected_seq)
     assert store.list_streams() == []
+
+
+def _nested(depth: int, container: str) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = [value] if container == "list" else {"k": value}
+    return value
+
+
+UNENCODABLE = [
+    pytest.param({"x": 10**5000}, id="huge-int"),
+    pytest.param({"x": [1, {"y": -(10**4300)}]}, id="huge-negative-int-inside"),
+    pytest.param({"x": _nested(100_000, "list")}, id="deep-list"),
+    pytest.param({"x": _nested(100_000, "dict")}, id="deep-dict"),
+    pytest.param({1: "one"}, id="int-key"),
+    pytest.param({"x": {None: 1}}, id="none-key-inside"),
+    pytest.param({"x": [float("nan")]}, id="nan"),
+    pytest.param({"x": float("-inf")}, id="infinity"),
+    pytest.param({"x": "a\udc80b"}, id="lone-surrogate"),
+    pytest.param({"\ud800": 1}, id="lone-surrogate-key"),
+]
+
+
+@pytest.mark.parametrize("where", ["data", "meta"])
+@pytest.mark.parametrize("value", UNENCODABLE)
+def test_a_value_the_encoding_cannot_hold_is_a_malformed_event_and_writes_nothing(
+    store: Store, value: dict[Any, Any], where: str
+) -> None:
+    bad = NewEvent("order.noted", value) if where == "data" else NewEvent("order.noted", {}, value)
+    with pytest.raises(MalformedEvent) as info:
+        store.append("orders/1", [NewEvent("order.noted"), bad], 0)
+    assert isinstance(info.value, InvalidInput) and where in str(info.value)
+    refused, accepted = store.append_many([AppendRequest("orders/1", [bad], 0),
+                                           AppendRequest("orders/2", [NewEvent("order.noted")], 0)])
+    assert isinstance(refused, MalformedEvent) and isinstance(accepted, list)
+    assert [info.stream for info in store.list_streams()] == ["orders/2"]
+
+
+def test_integers_of_up_to_4300_digits_are_stored_and_read_back_exactly(store: Store) -> None:
+    widest = 10**4300 - 1
+    [event] = store.append("orders/1", [NewEvent("order.noted", {"big": widest, "small": -widest})], 0)
+    assert store.read("orders/1") == [event] and event.data == {"big": widest, "small": -widest}
+    assert store.verify("orders/1").valid
 
 
 def test_duplicate_ids_within_one_batch_are_rejected(store: Store) -> None:
@@ -215,45 +227,245 @@ def test_forked_stream_starts_from_the_given_genesis(store: Store) -> None:
         store.append("threads/d", events(1), 0, genesis_hash="xyz")
 
 
-# --- leases and fences ----------------------------------------------------------------------
+# --- the append contract, on every path that decides an append -------------------------------------
+
+APPEND_PATHS = ["memory", "sqlite", "sqlite-batched", "postgres", "postgres-v3", "postgres-slow"]
+"""Every implementation of the append contract: the Python paths (memory, SQLite alone and batched, PostgreSQL's
+several-statement transaction) all decide with ``decide_append``; PostgreSQL's fast path is the PL/pgSQL
+function ``jixu_append_v4`` (``jixu_append`` for workers of schema 3), held here to the same verdicts."""
+_FUNCTION_PATHS = ("postgres", "postgres-v3")
+_APPEND_SQL_V3 = postgres_module._APPEND_SQL.replace("jixu_append_v4(", "jixu_append(")
 
 
-def test_a_fenced_append_succeeds_for_the_current_holder(store: Store) -> None:
-    fence = store.acquire_lease("threads/1", "worker-a", 30)
-    assert fence == Fence("threads/1", "worker-a", 1)
-    assert store.append("threads/1", events(1), 0, fence)[0].seq == 1
+class AppendPath:
+    """One store's way of deciding an append: :meth:`append` goes through it and notes what decided.
+
+    ``memory``; ``sqlite`` (an append alone: ``_append_in``); ``sqlite-batched`` (the append shares its
+    group commit with a second one, so ``_append_batched`` decides it); ``postgres`` (``jixu_append_v4``,
+    handing over to ``_append_slowly`` when an id is stored); ``postgres-v3`` (the same with migration 3's
+    ``jixu_append``); ``postgres-slow`` (``_append_slowly`` alone, as on a database that does not store
+    UTF-8). Each append checks that its path ran.
+    """
+
+    def __init__(self, kind: str, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.kind = kind
+        self.store = store
+        self.trail: list[str] = []
+        if kind.startswith("postgres"):
+            assert isinstance(store, PostgresStore) and store._fast_append, "the test server should take the fast path"
+            if kind == "postgres-slow":
+                store._fast_append = False
+            self._spy(monkeypatch, "_append_once", "function")
+            self._spy(monkeypatch, "_append_slowly", "slow")
+        if kind == "sqlite-batched":
+            self._spy(monkeypatch, "_append_batched", "batched")
+            self._spy(monkeypatch, "_append_each", "savepoints")  # the fallback: must not be what decided
+
+    def _spy(self, monkeypatch: pytest.MonkeyPatch, name: str, label: str) -> None:
+        original = getattr(self.store, name)
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            self.trail.append(label)  # before the call: it may raise the verdict
+            result = original(*args, **kwargs)
+            if result is False:  # _append_batched handed the group to the savepoint path
+                self.trail[-1] = f"{label} declined"
+            return result
+
+        monkeypatch.setattr(self.store, name, spy)
+
+    @property
+    def refusals_by(self) -> str:
+        """What decides a fence or head refusal and an insert on this path: the PL/pgSQL function or Python."""
+        return "plpgsql" if self.kind in _FUNCTION_PATHS else "python"
+
+    def decided_by(self) -> str:
+        """``plpgsql`` when the database function alone decided the last append, else ``python``."""
+        return "plpgsql" if self.trail == ["function"] else "python"
+
+    def append(self, stream: str, batch: list[NewEvent], expected_seq: int, fence: Fence | None = None, *,
+               genesis_hash: str | None = None) -> list[Event]:
+        """``store.append`` through this path (raises what it raises)."""
+        self.trail = []
+        try:
+            if self.kind != "sqlite-batched":
+                return self.store.append(stream, batch, expected_seq, fence, genesis_hash=genesis_hash)
+            return self._append_batched(stream, batch, expected_seq, fence, genesis_hash)
+        finally:
+            expected = {"postgres-slow": [["slow"]], "sqlite-batched": [["batched"]]}.get(
+                self.kind, [["function"], ["function", "slow"]] if self.kind in _FUNCTION_PATHS else [[]])
+            assert self.trail in expected, f"{self.kind} took {self.trail}"
+
+    def _append_batched(self, stream: str, batch: list[NewEvent], expected_seq: int, fence: Fence | None,
+                        genesis_hash: str | None) -> list[Event]:
+        store = self.store
+        assert isinstance(store, SQLiteStore)
+        prepared = store._prepare_append(stream, batch, expected_seq, fence, genesis_hash)
+        mine = _QueuedAppend(stream, prepared, expected_seq, fence, genesis_hash or GENESIS_HASH)
+        # A second append in the same group, refused by its head: the group is decided together and this one
+        # writes nothing.
+        other = _QueuedAppend("pad/refused", [prepare(NewEvent("pad.refused"))], 1, None, GENESIS_HASH)
+        store._commit_queued([mine, other])
+        assert isinstance(other.error, ConcurrencyError) and store.stream_info("pad/refused") is None
+        if mine.error is not None:
+            raise mine.error
+        assert mine.rows is not None
+        return [row.to_event() for row in mine.rows]
 
 
-def test_a_stale_fence_is_rejected_in_the_same_transaction(store: Store) -> None:
-    old = store.acquire_lease("threads/1", "worker-a", 0.2)
-    store.append("threads/1", events(1), 0, old)
-    expire(store, 0.3)
-    new = store.acquire_lease("threads/1", "worker-b", 30)
-    assert new.epoch == old.epoch + 1
-    with pytest.raises(FencingError):
-        store.append("threads/1", events(1), 1, old)
-    assert store.stream_info("threads/1").head_seq == 1  # type: ignore[union-attr]
-    assert store.append("threads/1", events(1), 1, new)[0].seq == 2
+@pytest.fixture(params=APPEND_PATHS)
+def path(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[AppendPath]:
+    """Each path that decides an append, on a fresh store."""
+    kind: str = request.param
+    backend = kind.partition("-")[0]
+    factory = StoreFactory(backend, tmp_path, request.getfixturevalue("postgres_dsn") if backend == "postgres" else None)
+    try:
+        if kind == "postgres-v3":
+            monkeypatch.setattr(postgres_module, "_APPEND_SQL", _APPEND_SQL_V3)
+        yield AppendPath(kind, factory(), monkeypatch)
+    finally:
+        factory.close()
 
 
-def test_an_expired_fence_cannot_append_even_before_takeover(store: Store) -> None:
-    fence = store.acquire_lease("threads/1", "worker-a", 0.2)
-    expire(store, 0.3)
-    with pytest.raises(FencingError):
-        store.append("threads/1", events(1), 0, fence)
-    with pytest.raises(FencingError):
-        store.renew_lease(fence, 30)
-    assert store.stream_info("threads/1") is None
+def test_a_new_stream_starts_at_the_genesis_and_each_append_moves_the_head(path: AppendPath) -> None:
+    store = path.store
+    first = path.append("orders/1", events(3), 0)
+    assert path.decided_by() == path.refusals_by
+    assert [e.seq for e in first] == [1, 2, 3] and first[0].prev_hash == GENESIS_HASH
+    assert [e.prev_hash for e in first[1:]] == [e.hash for e in first[:2]]
+    assert all(e.computed_hash() == e.hash and TIMESTAMP.match(e.recorded_at) for e in first)
+    more = path.append("orders/1", events(2), 3)
+    assert [e.seq for e in more] == [4, 5] and more[0].prev_hash == first[-1].hash
+    info = store.stream_info("orders/1")
+    assert info is not None and (info.head_seq, info.head_hash, info.genesis_hash) == (5, more[-1].hash, GENESIS_HASH)
+    assert info.created_at == first[0].recorded_at
+    assert store.read("orders/1") == first + more and store.verify("orders/1").valid
 
 
-def test_released_and_missing_leases_fence_nothing(store: Store) -> None:
-    fence = store.acquire_lease("threads/1", "worker-a", 30)
+def test_a_forked_stream_starts_at_the_genesis_it_is_given(path: AppendPath) -> None:
+    parent = path.append("threads/p", events(3), 0)
+    child = path.append("threads/c", events(2), 0, genesis_hash=parent[1].hash)
+    assert child[0].prev_hash == parent[1].hash and child[1].prev_hash == child[0].hash
+    info = path.store.stream_info("threads/c")
+    assert info is not None and info.genesis_hash == parent[1].hash and path.store.verify("threads/c").valid
+    assert path.append("threads/c", events(1), 2)[0].prev_hash == child[1].hash
+
+
+def test_a_stored_batch_appended_again_is_a_no_op_whatever_moved_since(path: AppendPath) -> None:
+    store = path.store
+    fence = store.acquire_lease("k/1", "w1", 30)
+    batch = events(3)
+    first = path.append("orders/1", batch, 0, fence)
+    assert path.append("orders/1", batch, 0, fence) == first
+    assert path.decided_by() == "python"
+    more = path.append("orders/1", events(1), 3, fence)
+    assert path.append("orders/1", batch, 0) == first  # the head moved: the ids decide first
     store.release_lease(fence)
+    assert path.append("orders/1", batch, 0, fence) == first  # so does a fence that no longer holds
+    assert path.append("orders/1", batch, 7, Fence("k/none", "w9", 3)) == first
+    info = store.stream_info("orders/1")
+    assert info is not None and (info.head_seq, info.head_hash) == (4, more[0].hash)
+    assert store.read("orders/1") == first + more
+
+
+def test_a_batch_only_partly_stored_is_an_idempotency_conflict_and_writes_nothing(path: AppendPath) -> None:
+    stored, new = events(1), events(1)
+    path.append("orders/1", stored, 0)
+    for batch, expected_seq in ((stored + new, 1), (new + stored, 1), (stored + new, 0), (new + stored, 5)):
+        with pytest.raises(IdempotencyConflict, match="a retried append must repeat the same batch") as info:
+            path.append("orders/1", batch, expected_seq)
+        assert info.value.details == {"event_id": new[0].id}
+        assert path.decided_by() == "python"
+    assert len(path.store.read("orders/1")) == 1 and path.store.get_event(new[0].id) is None
+
+
+def test_a_stored_id_with_other_content_is_an_idempotency_conflict_and_writes_nothing(path: AppendPath) -> None:
+    [event] = path.append("orders/1", [NewEvent("order.noted", {"n": 1}, {"actor": "a"})], 0)
+    for changed in (NewEvent("order.noted", {"n": 2}, {"actor": "a"}, id=event.id),
+                    NewEvent("order.changed", {"n": 1}, {"actor": "a"}, id=event.id),
+                    NewEvent("order.noted", {"n": 1}, {"actor": "b"}, id=event.id)):
+        for expected_seq in (1, 0):
+            with pytest.raises(IdempotencyConflict, match=f"event id {event.id} is already stored in stream "
+                                                          "'orders/1' with different content"):
+                path.append("orders/1", [changed], expected_seq)
+            assert path.decided_by() == "python"
+    assert path.store.read("orders/1") == [event]
+
+
+def test_an_id_stored_in_another_stream_is_an_idempotency_conflict_even_with_the_same_content(
+    path: AppendPath,
+) -> None:
+    batch = [NewEvent("order.noted", {"n": 1})]
+    first = path.append("a/1", batch, 0)
+    with pytest.raises(IdempotencyConflict, match="already stored in stream 'a/1' with different content"):
+        path.append("b/1", batch, 0)
+    assert path.decided_by() == "python"
+    assert path.store.stream_info("b/1") is None and path.store.read("a/1") == first
+
+
+def test_a_fence_must_be_the_live_holder_of_its_lease_and_a_refused_one_writes_nothing(path: AppendPath) -> None:
+    store = path.store
+    with pytest.raises(FencingError, match=r"^no lease exists for key 'k/none'$"):
+        path.append("f/1", events(1), 0, Fence("k/none", "w1", 1))
+    assert path.decided_by() == path.refusals_by
+    old = store.acquire_lease("k/1", "w1", 0.2)
+    assert [e.seq for e in path.append("f/1", events(1), 0, old)] == [1]
+    assert path.decided_by() == path.refusals_by
+    expire(store, 0.3)
+    with pytest.raises(FencingError, match=r"^lease 'k/1' \(owner 'w1', epoch 1\) expired \d+\.\d{3}s ago by the "
+                                           "store's clock$"):
+        path.append("f/1", events(1), 1, old)  # expired, before anyone took it over
+    assert path.decided_by() == path.refusals_by
+    new = store.acquire_lease("k/1", "w2", 30)
+    with pytest.raises(FencingError, match=r"^fence \('w1', epoch 1\) on 'k/1' is stale: the lease is now held by "
+                                           r"'w2' at epoch 2$") as info:
+        path.append("f/1", events(1), 1, old)
+    assert info.value.details == {"key": "k/1", "epoch": 2}
+    with pytest.raises(FencingError, match="is stale"):
+        path.append("f/1", events(1), 1, Fence("k/1", "w2", 1))  # the right owner at an old epoch
+    assert [e.seq for e in path.append("f/1", events(1), 1, new)] == [2]
+    store.release_lease(new)
+    with pytest.raises(FencingError, match=r"^lease 'k/1' was released by its owner$"):
+        path.append("f/1", events(1), 2, new)
+    assert path.decided_by() == path.refusals_by
+    assert [e.seq for e in store.read("f/1")] == [1, 2] and store.stream_info("f/none") is None
+
+
+def test_an_append_at_a_head_that_moved_is_a_concurrency_error_and_writes_nothing(path: AppendPath) -> None:
+    store = path.store
+    stored = path.append("orders/1", events(2), 0)
+    for wrong in (0, 1, 3):
+        with pytest.raises(ConcurrencyError, match=f"^stream 'orders/1' is at seq 2, not the expected {wrong}; "
+                                                   "read the new events and decide again$") as info:
+            path.append("orders/1", events(1), wrong)
+        assert info.value.details == {"stream": "orders/1", "expected_seq": wrong, "actual_seq": 2}
+        assert path.decided_by() == path.refusals_by
+    with pytest.raises(ConcurrencyError) as info:
+        path.append("fresh/1", events(1), 1)  # a stream that does not exist is at seq 0
+    assert info.value.details["actual_seq"] == 0
+    fence = store.acquire_lease("k/1", "w1", 30)
+    with pytest.raises(ConcurrencyError):
+        path.append("orders/1", events(1), 1, fence)  # a good fence does not excuse a moved head
+    assert store.read("orders/1") == stored and store.stream_info("fresh/1") is None
+
+
+def test_the_checks_run_in_the_contracts_order(path: AppendPath) -> None:
+    """(1) ids already stored, (2) the fence, (3) the head: the first that refuses is the error."""
+    store = path.store
+    fence = store.acquire_lease("k/1", "w1", 30)
+    [event] = path.append("o/1", events(1), 0, fence)
+    store.release_lease(fence)
+    changed = NewEvent("order.noted", {"n": 99}, id=event.id)
+    with pytest.raises(IdempotencyConflict):  # ids first: before a released fence and a moved head
+        path.append("o/1", [changed], 0, fence)
+    with pytest.raises(FencingError):  # the fence before the head
+        path.append("o/1", events(1), 0, fence)
+    assert path.decided_by() == path.refusals_by
     with pytest.raises(FencingError):
-        store.append("threads/1", events(1), 0, fence)
-    with pytest.raises(FencingError):
-        store.append("threads/2", events(1), 0, Fence("threads/2", "worker-a", 1))
-    assert store.list_streams() == []
+        path.append("o/1", events(1), 0, Fence("k/none", "w1", 1))
+    assert store.read("o/1") == [event]
+
+
+# --- leases and fences ----------------------------------------------------------------------
 
 
 def test_a_held_lease_cannot_be_taken_and_the_holder_renews(store: Store) -> None:

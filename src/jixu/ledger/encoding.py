@@ -2,8 +2,8 @@
 
 One value has exactly one encoding: keys sorted by code point, no whitespace,
 UTF-8 (non-ASCII characters written as themselves, not escaped), no NaN or
-Infinity, integers written exactly, floats in Python's shortest round-trip
-form. Only plain JSON types are accepted (``dict`` with ``str`` keys, ``list``,
+Infinity, integers written exactly (at most :data:`MAX_INT_DIGITS` digits),
+floats in Python's shortest round-trip form. Only plain JSON types are accepted (``dict`` with ``str`` keys, ``list``,
 ``str``, ``int``, ``float``, ``bool``, ``None``), so nothing is converted
 silently: a tuple or a subclass would not read back as what was written.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
@@ -120,6 +121,35 @@ def _plain(value: JSONValue) -> bool:
     return kind is float and math.isfinite(value)
 
 
+MAX_INT_DIGITS = 4300
+"""The most digits an integer may have: CPython's default limit on converting between ``int`` and ``str``
+(``sys.int_info.default_max_str_digits``), so every reader with default settings parses what is stored."""
+_INT_BOUND = 10**MAX_INT_DIGITS
+
+
+def _long_int(value: JSONValue, path: str, bound: int) -> str | None:
+    """The path of the first integer in plain ``value`` whose magnitude reaches ``bound``, or ``None``."""
+    kind = type(value)
+    if kind is int:
+        return path if not -bound < value < bound else None
+    if kind is dict:
+        items: Any = ((f"{path}.{key}", item) for key, item in value.items())
+    elif kind is list:
+        items = ((f"{path}[{index}]", item) for index, item in enumerate(value))
+    else:
+        return None
+    for where, item in items:
+        found = _long_int(item, where, bound)
+        if found is not None:
+            return found
+    return None
+
+
+def _too_long(value: JSONValue, path: str, limit: int) -> MalformedEvent:
+    where = _long_int(value, path, 10**limit if limit != MAX_INT_DIGITS else _INT_BOUND) or path
+    return MalformedEvent(f"integer at {where} has more than {limit} digits; store it as a string", path=where)
+
+
 def canonical_text(value: JSONValue, *, path: str = "$") -> str:
     """Return the canonical JSON text of ``value`` (raises :class:`MalformedEvent`)."""
     try:
@@ -128,6 +158,15 @@ def canonical_text(value: JSONValue, *, path: str = "$") -> str:
         text = _encode(value)
     except RecursionError:
         raise MalformedEvent(f"value at {path} is nested too deeply to store", path=path) from None
+    except ValueError:
+        # The only ValueError of a checked value: an integer beyond this interpreter's digit limit.
+        raise _too_long(value, path, sys.get_int_max_str_digits() or MAX_INT_DIGITS) from None
+    # Only a text this long can hold a longer integer, and only an interpreter whose limit was raised
+    # (sys.set_int_max_str_digits) writes one: jixu's limit holds anyway, or another process could not
+    # read the event back.
+    if (len(text) > MAX_INT_DIGITS and not 0 < sys.get_int_max_str_digits() <= MAX_INT_DIGITS
+            and _long_int(value, path, _INT_BOUND) is not None):
+        raise _too_long(value, path, MAX_INT_DIGITS)
     if text.isascii():  # O(1) in CPython; an ASCII text holds no lone surrogate
         return text
     try:
@@ -155,6 +194,7 @@ def content_hash(value: JSONValue) -> str:
 
 
 __all__ = [
+    "MAX_INT_DIGITS",
     "JSONObject",
     "JSONValue",
     "canonical_bytes",

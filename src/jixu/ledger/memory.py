@@ -8,9 +8,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from jixu.errors import JixuError
 from jixu.ledger.chain import VerifyReport
-from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow, seal_batch, utc_now_text
+from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow, utc_now_text
 from jixu.ledger.store import (
+    AlreadyStored,
     Checkpoint,
     Fence,
     Lease,
@@ -22,9 +24,7 @@ from jixu.ledger.store import (
     WorkRow,
     claim_order,
     claimed_row,
-    existing_batch,
-    fence_problem,
-    head_moved,
+    decide_append,
     work_claim_of,
 )
 
@@ -34,6 +34,7 @@ class MemoryStore(Store):
 
     def __init__(self, *, max_payload_bytes: int | None = None) -> None:
         self.url = "memory://"
+        self.durability = "none (in memory: nothing outlives the process)"
         if max_payload_bytes is not None:
             self.max_payload_bytes = max_payload_bytes
         self._lock = threading.RLock()
@@ -72,24 +73,22 @@ class MemoryStore(Store):
     ) -> list[StoredRow]:
         with self._lock:
             found = {p.id: self._by_id[p.id] for p in batch if p.id in self._by_id}
-            stored = existing_batch(stream, batch, found)
-            if stored is not None:
-                return stored
-            if fence is not None:
-                problem = fence_problem(self._leases.get(fence.key), fence, self.now())
-                if problem:
-                    raise problem
-            rows = self._streams.get(stream, [])
-            head_seq = len(rows)
-            if head_seq != expected_seq:
-                raise head_moved(stream, expected_seq, head_seq)
-            prev = rows[-1].hash if rows else genesis_hash
-            recorded_at = utc_now_text()
-            new_rows = seal_batch(batch, stream=stream, head_seq=head_seq, prev_hash=prev, recorded_at=recorded_at)
+            rows = self._streams.get(stream)
+            verdict = decide_append(
+                stream, batch, expected_seq, fence, found=found,
+                lease=self._leases.get(fence.key) if fence is not None else None,
+                now=self.now() if fence is not None else 0.0,
+                head=(len(rows), rows[-1].hash) if rows else None, genesis_hash=genesis_hash,
+                recorded_at=utc_now_text())
+            if isinstance(verdict, JixuError):
+                raise verdict
+            if isinstance(verdict, AlreadyStored):
+                return verdict
+            new_rows = verdict
             if not rows:
-                self._streams[stream] = rows
+                rows = self._streams[stream] = []
                 self._genesis[stream] = genesis_hash
-                self._created[stream] = recorded_at
+                self._created[stream] = new_rows[0].recorded_at
                 bisect.insort(self._names, stream)
             rows.extend(new_rows)
             for row in new_rows:

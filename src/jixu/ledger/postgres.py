@@ -18,15 +18,17 @@ What differs is how concurrency is settled:
   winner and one :class:`~jixu.errors.ConcurrencyError` (or a no-op, when the
   loser was a retry of the winner's batch) and never a raw unique violation.
   A batch with an id already stored (a retry, or a reused id) is decided by
-  the older several-statement transaction, with :func:`existing_batch`: the
+  the older several-statement transaction, with
+  :func:`~jixu.ledger.store.decide_append` like every other store: the
   function finds it by the ids' unique index when it inserts (the statement
   fails and undoes everything) or, when it refuses the fence or the head, by
   looking the ids up first, so a retry is a no-op whatever moved since.
 - **Fences** lock the lease row ``FOR UPDATE`` in the append's transaction
   and judge expiry by the *database* clock (``clock_timestamp()``, read after
   the locks are held), so no worker's clock skew can extend a lease. The
-  function returns the lease row and the clock of a refusal; Python words it
-  with :func:`fence_problem`, as every store does.
+  function returns the lease row, the head and the clock of a refusal;
+  Python words it with :func:`~jixu.ledger.store.judge_append`, the checks
+  of the one decision every store makes.
 - **Verification** reads the head record and the events in one REPEATABLE
   READ, READ ONLY transaction: one snapshot, whatever appends run meanwhile.
 - **Work claims** take a transaction-level advisory lock first, so claimers
@@ -60,17 +62,21 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from jixu.errors import (
     ConcurrencyError,
+    FencingError,
     InvalidInput,
     JixuError,
+    OutcomeUnknown,
     SchemaTooNew,
     StoreError,
     StoreLocked,
+    StoreNotDurable,
     StoreNotFound,
     StoreReadOnly,
 )
 from jixu.ledger.chain import VerifyReport, verify_rows
-from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow, seal_batch
+from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow
 from jixu.ledger.store import (
+    AlreadyStored,
     Checkpoint,
     Fence,
     Lease,
@@ -82,11 +88,11 @@ from jixu.ledger.store import (
     WorkRow,
     claim_order,
     claimed_row,
-    existing_batch,
-    fence_problem,
-    head_moved,
+    decide_append,
+    judge_append,
     work_claim_of,
 )
+from jixu.ledger.urls import postgres_dsn_and_options
 
 _T = TypeVar("_T")
 _Conn = psycopg.Connection[TupleRow]
@@ -399,6 +405,9 @@ MIGRATIONS.append((
     (_APPEND_FUNCTION_V4,),
 ))
 SCHEMA_VERSION = MIGRATIONS[-1][0]
+_DURABLE_COMMITS_SQL = ("SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') "
+                        "WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, false)")
+"""Pins the session's ``synchronous_commit`` to ``on``, keeping only the stronger ``remote_apply`` (decision 0023)."""
 _IDLE_CHECK_SECONDS = 5.0
 """A pooled connection idle this long is pinged before use; one used more recently is trusted."""
 _CLIENT_CHECK_MS = 10
@@ -500,6 +509,14 @@ class PostgresStore(Store):
     (seconds) bounds connecting and waiting for a pooled connection.
     ``read_only`` refuses every write; ``create=False`` refuses to install the
     schema into a database that has none (:class:`~jixu.errors.StoreNotFound`).
+
+    Commits are durable (decision 0023): every connection runs with
+    ``synchronous_commit = on`` (or the stronger ``remote_apply`` when that is
+    what the server, database or role set), and a writable store refuses a
+    server with ``fsync = off`` (:class:`~jixu.errors.StoreNotDurable`) unless
+    ``allow_unsafe_durability`` (keyword, or ``?allow_unsafe_durability=true``
+    in a URL) accepts losing commits in a crash. :attr:`durability` says what
+    the store runs with.
     """
 
     def __init__(
@@ -512,9 +529,17 @@ class PostgresStore(Store):
         connect_timeout: float = 10.0,
         read_only: bool = False,
         create: bool = True,
+        allow_unsafe_durability: bool | None = None,
     ) -> None:
         if not isinstance(dsn, str) or not dsn.strip():
             raise InvalidInput("the PostgreSQL DSN must be a non-empty string", field="dsn")
+        self.url = mask_dsn(dsn)  # as given, jixu's options included
+        dsn, url_options = postgres_dsn_and_options(dsn)
+        if allow_unsafe_durability is None:  # a keyword wins over the URL, as for SQLite's options
+            allow_unsafe_durability = bool(url_options.get("allow_unsafe_durability", False))
+        if not isinstance(allow_unsafe_durability, bool):
+            raise InvalidInput("allow_unsafe_durability must be true or false", field="allow_unsafe_durability")
+        self.allow_unsafe_durability = allow_unsafe_durability
         for name, size in (("min_size", min_size), ("max_size", max_size)):
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise InvalidInput(f"{name} {size!r} must be an integer >= 0", field=name)
@@ -524,7 +549,6 @@ class PostgresStore(Store):
                 or not 0 < connect_timeout < 10**6):
             raise InvalidInput(f"connect_timeout {connect_timeout!r} must be a number of seconds > 0",
                                field="connect_timeout")
-        self.url = mask_dsn(dsn)
         self.read_only = read_only
         self.create = create
         self.connect_timeout = float(connect_timeout)
@@ -545,6 +569,7 @@ class PostgresStore(Store):
         try:
             with psycopg.connect(dsn, **connect_kwargs) as conn:
                 self._configure(conn)
+                self.durability = self._check_durability(conn)
                 self._migrate(conn)
                 # jixu_append_v4 hashes convert_to(text, 'UTF8') with sha256(): byte-exact only when the database
                 # stores UTF-8, and sha256() exists from PostgreSQL 11 on. Elsewhere appends take the slow path.
@@ -577,11 +602,29 @@ class PostgresStore(Store):
     def _configure(self, conn: _Conn) -> None:
         if self.read_only:
             conn.execute("SET default_transaction_read_only = on")
+        # Durable commits whatever the server, database or role set: a commit returns once it is flushed.
+        conn.execute(_DURABLE_COMMITS_SQL)
         if conn.info.server_version >= 140000:
             # An append is one statement that commits by itself: should its process die while the statement
             # runs (a SIGKILL, a crash), the server aborts it at the next check instead of committing it on
             # behalf of a caller that is gone, as it did when the client never sent COMMIT.
             conn.execute(f"SET client_connection_check_interval = {_CLIENT_CHECK_MS}")
+
+    def _check_durability(self, conn: _Conn) -> str:
+        """The durability this store's commits get (see :attr:`durability`); refuse ``fsync = off`` unless allowed."""
+        row = conn.execute("SELECT current_setting('synchronous_commit'), current_setting('fsync')").fetchone()
+        assert row is not None
+        synchronous_commit, fsync = str(row[0]), str(row[1])
+        if fsync == "on":
+            return f"synchronous_commit={synchronous_commit}, fsync=on"
+        if self.read_only:  # it commits nothing
+            return f"synchronous_commit={synchronous_commit}, fsync={fsync} (unsafe; the store is read-only)"
+        if not self.allow_unsafe_durability:
+            raise StoreNotDurable(
+                f"{self._where}: the server runs with fsync = {fsync}, so a crash or power failure can lose or "
+                "corrupt committed events; jixu refuses to write to it. Turn fsync on, or accept the risk with "
+                "allow_unsafe_durability=True (in a URL: ?allow_unsafe_durability=true)")
+        return f"synchronous_commit={synchronous_commit}, fsync={fsync} (unsafe: allowed by allow_unsafe_durability)"
 
     @staticmethod
     def _check_idle(conn: _PooledConnection) -> None:
@@ -634,6 +677,20 @@ class PostgresStore(Store):
             return StoreError(f"cannot use {where}: {text}")
         return StoreError(f"{where}: {text}")
 
+    def _settled(self, exc: BaseException, in_doubt: bool) -> JixuError:
+        """The error to raise for ``exc``: :class:`OutcomeUnknown` once a write's connection broke in flight.
+
+        The server answers every refusal of a transaction, which then commits
+        nothing; only a write whose connection broke before the answer came
+        may have committed (unless a retry answered for it instead).
+        """
+        if not in_doubt:
+            return self._translate(exc)
+        text = self._scrub(" ".join(str(exc).split()) or type(exc).__name__)
+        return OutcomeUnknown(f"cannot use {self._where}: the connection broke before this write was answered, "
+                              "so whether it was committed is unknown; read it back before going on (appending "
+                              f"the same batch again is a no-op if it was stored) ({text})")
+
     def _check_open(self) -> None:
         if self._closed:
             raise StoreError(f"{self._where}: the store is closed")
@@ -659,6 +716,7 @@ class PostgresStore(Store):
         if write and self.read_only:
             raise StoreReadOnly(f"{self._where}: opened read-only; open it writable to change it")
         retry_broken = (not write) if idempotent is None else idempotent
+        in_doubt = False  # a write's connection broke before its answer came: it may have committed
         for attempt in range(1, _ATTEMPTS + 1):
             used: _PooledConnection | None = None
             try:
@@ -681,15 +739,17 @@ class PostgresStore(Store):
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, _Again) as exc:
                 cause = exc.cause if isinstance(exc, _Again) else exc
                 if attempt == _ATTEMPTS:
-                    raise self._translate(cause) from cause
+                    raise self._settled(cause, in_doubt) from cause
                 time.sleep(random.uniform(0, min(0.2, 0.002 * 2**attempt)))
             except psycopg.OperationalError as exc:
-                if retry_broken and used is not None and used.broken and attempt < _ATTEMPTS:
+                broken = used is not None and used.broken
+                in_doubt = in_doubt or (write and broken)
+                if retry_broken and broken and attempt < _ATTEMPTS:
                     retry_broken = False  # once: a second broken connection is news worth reporting
                     continue
-                raise self._translate(exc) from exc
+                raise self._settled(exc, in_doubt) from exc
             except (psycopg.Error, PoolTimeout) as exc:
-                raise self._translate(exc) from exc
+                raise self._settled(exc, in_doubt) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _inspect(self, conn: _Conn) -> tuple[list[str], int]:
@@ -789,7 +849,7 @@ class PostgresStore(Store):
         head, seals the batch with the database clock and inserts it, all in
         the autocommit transaction of one ``SELECT``. A batch whose ids are
         already stored (a retry, or a conflict) goes to :meth:`_append_slowly`,
-        which decides with :func:`existing_batch` in a transaction of its own.
+        which decides with :func:`~jixu.ledger.store.decide_append` in a transaction of its own.
         """
         if self._fast_append:
             rows = self._run(lambda conn: self._append_once(conn, stream, batch, expected_seq, fence, genesis_hash),
@@ -830,15 +890,17 @@ class PostgresStore(Store):
                                       prepared.meta_json, recorded_at, prev, digest))
                 prev = digest
             return rows
-        if status == "conflict":
-            raise head_moved(stream, expected_seq, int(head_seq))
-        if status == "fenced" and fence is not None:
+        if status in ("conflict", "fenced"):
+            # The function refused, having found none of the ids stored: word its refusal as every store does,
+            # from the lease, clock and head it read under its locks.
             current = (Lease(fence.key, owner, int(epoch), float(expires_at), float(heartbeat_at), bool(released))
-                       if lease_found else None)
-            problem = fence_problem(current, fence, float(now))
-            if problem:
-                raise problem
-        return None  # 'existing' or 'busy' (or a fence verdict Python does not share): decide slowly
+                       if fence is not None and lease_found else None)
+            refusal = judge_append(stream, batch, expected_seq, fence, found={}, lease=current,
+                                   now=float(now) if now is not None else 0.0,
+                                   head_seq=int(head_seq) if head_seq is not None else 0)
+            if isinstance(refusal, FencingError if status == "fenced" else ConcurrencyError):
+                raise refusal
+        return None  # 'existing' or 'busy' (or a verdict Python does not share): decide slowly
 
     def _append_slowly(
         self,
@@ -860,19 +922,16 @@ class PostgresStore(Store):
                     row[0]: StoredRow(*row)
                     for row in conn.execute(f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE id = ANY(%s)", (ids,))
                 }
-                stored = existing_batch(stream, batch, found)
-                if stored is not None:
-                    return stored
-                if fence is not None:
-                    current = self._lease_row(conn, fence.key, lock=True)
-                    problem = fence_problem(current, fence, self._clock(conn)[0])
-                    if problem:
-                        raise problem
-                head_seq, prev = (int(head[0]), str(head[1])) if head else (0, genesis_hash)
-                if head_seq != expected_seq:
-                    raise head_moved(stream, expected_seq, head_seq)
-                recorded_at = self._clock(conn)[1]
-                rows = seal_batch(batch, stream=stream, head_seq=head_seq, prev_hash=prev, recorded_at=recorded_at)
+                current = self._lease_row(conn, fence.key, lock=True) if fence is not None else None
+                now, recorded_at = self._clock(conn)  # read after the locks are held
+                verdict = decide_append(stream, batch, expected_seq, fence, found=found, lease=current, now=now,
+                                        head=(int(head[0]), str(head[1])) if head else None,
+                                        genesis_hash=genesis_hash, recorded_at=recorded_at)
+                if isinstance(verdict, JixuError):
+                    raise verdict
+                if isinstance(verdict, AlreadyStored):
+                    return verdict
+                rows = verdict
                 if head is None:
                     created = conn.execute(
                         "INSERT INTO jixu_streams (stream, head_seq, head_hash, genesis_hash, created_at) "

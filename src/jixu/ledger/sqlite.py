@@ -13,19 +13,21 @@ Group commit: appends that threads of one process make at the same time share
 one transaction and so one fsync. Each caller queues its append; whoever holds
 the connection next (the leader) takes every queued append and runs each one
 inside its own ``SAVEPOINT`` of a single ``BEGIN IMMEDIATE`` transaction, in
-arrival order, with the same checks as alone (ids already stored, fence, head
-== ``expected_seq``). An append that fails rolls back to its savepoint and
-gets its own error; the others go on. After ``COMMIT`` returns every caller in
+arrival order, decided as alone (by :func:`~jixu.ledger.store.decide_append`:
+ids already stored, fence, head == ``expected_seq``). An append that fails
+rolls back to its savepoint and gets its own error; the others go on. After ``COMMIT`` returns every caller in
 the group is told its result, so no append returns before its own commit is
 durable. A lone append runs exactly as before (no savepoint). See
 docs/decisions/0007-group-commit.md.
 
 A group of several appends first takes a batched path with the same checks
 and answers: a few statements read every head, stored id and lease the group
-needs, each append is decided in order in memory, and the accepted rows and
-heads are written with one ``executemany`` each, without savepoints. Should a
-write fail anyway, the transaction is rolled back and the group runs again one
-savepoint per append, as above.
+needs, each append is decided in order in memory (by the same
+``decide_append``, each seeing the heads the earlier ones moved), and the
+accepted rows and heads are written with one ``executemany`` each, without
+savepoints. Should a write fail anyway, the transaction is rolled back and the
+group runs again one savepoint per append, as above. A ``COMMIT`` that fails
+answers each append it carried with :class:`~jixu.errors.OutcomeUnknown`.
 
 Before its first append a store grows a short WAL file to the length the log
 reaches between SQLite's automatic checkpoints (decision 0018): a durable
@@ -48,6 +50,7 @@ from typing import Any, Literal, TypeVar
 from jixu.errors import (
     InvalidInput,
     JixuError,
+    OutcomeUnknown,
     SchemaTooNew,
     StoreError,
     StoreLocked,
@@ -61,10 +64,10 @@ from jixu.ledger.event import (
     PreparedEvent,
     StoredRow,
     events_from_stream_rows,
-    seal_batch,
     utc_now_text,
 )
 from jixu.ledger.store import (
+    AlreadyStored,
     AppendRequest,
     Checkpoint,
     Fence,
@@ -77,9 +80,7 @@ from jixu.ledger.store import (
     WorkRow,
     claim_order,
     claimed_row,
-    existing_batch,
-    fence_problem,
-    head_moved,
+    decide_append,
     work_claim_of,
 )
 
@@ -195,6 +196,23 @@ def _translate(exc: sqlite3.Error, path: str) -> StoreError:
     return StoreError(f"{path}: {text}", path=path)
 
 
+def _commit(conn: sqlite3.Connection, path: str, what: str) -> None:
+    """``COMMIT``; if it fails, raise :class:`OutcomeUnknown`, never a "nothing was stored".
+
+    A commit can fail after its WAL frames were written (the fsync failed, say):
+    recovery may then keep it, so neither answer is known to be true.
+    """
+    try:
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        if conn.in_transaction:  # SQLite kept it open: give the connection back without it
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise OutcomeUnknown(
+            f"{path}: the commit of {what} failed ({exc}), so whether it was stored is unknown; read it back "
+            "before going on (appending the same batch again is a no-op if it was stored)", path=path) from exc
+
+
 def _insert_rows(conn: sqlite3.Connection, rows: list[StoredRow]) -> None:
     """Insert sealed rows into ``jixu_events`` (one statement for all of them)."""
     conn.executemany(
@@ -250,6 +268,7 @@ class SQLiteStore(Store):
         self.path = str(Path(path))
         self.url = f"sqlite:///{self.path}"
         self.synchronous = synchronous
+        self.durability = f"synchronous={synchronous}"
         self.read_only = read_only
         if max_payload_bytes is not None:
             self.max_payload_bytes = max_payload_bytes
@@ -346,7 +365,7 @@ class SQLiteStore(Store):
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     raise
-                conn.execute("COMMIT")
+                _commit(conn, self.path, "this write")
                 return result
             finally:
                 if lazy:
@@ -573,16 +592,20 @@ class SQLiteStore(Store):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-            conn.execute("COMMIT")
+            _commit(conn, self.path,
+                    "this append" if len(group) == 1 else "the group of appends carrying this one")
             self.commit_count += 1
             self.append_count += len(group)
         except BaseException as exc:
-            # Nothing of the group was committed: every append in it fails, each with its own error object.
+            # The group failed: every append in it fails, each with its own error object. Before COMMIT nothing
+            # of it was stored (rolled back); a failed COMMIT leaves that unknown (OutcomeUnknown).
             failure = _translate(exc, self.path) if isinstance(exc, sqlite3.Error) else exc
             for index in range(len(group)):
                 rows[index] = None
                 if len(group) == 1:
                     errors[index] = failure
+                elif errors[index] is None and isinstance(failure, OutcomeUnknown):
+                    errors[index] = OutcomeUnknown(failure.message, path=self.path)
                 elif errors[index] is None:
                     errors[index] = StoreError(f"{self.path}: the shared commit of this append failed and "
                                                f"nothing of it was stored ({type(failure).__name__}: {failure})",
@@ -646,32 +669,27 @@ class SQLiteStore(Store):
         new_rows: list[StoredRow] = []
         recorded_at = utc_now_text()  # one commit, one time
         for index, request in enumerate(group):
-            stream, batch, expected_seq, fence = request.stream, request.batch, request.expected_seq, request.fence
-            try:
-                if stored and any(prepared.id in stored for prepared in batch):
-                    # A retry or a clash (rare): the same read as alone, so the same rows and the same error text.
-                    batch_ids = [prepared.id for prepared in batch]
-                    found = {row[0]: StoredRow(*row) for row in conn.execute(
-                        f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE id IN ({','.join('?' * len(batch_ids))})",
-                        batch_ids)}
-                    existing = existing_batch(stream, batch, found)
-                    if existing is not None:
-                        rows[index] = existing
-                        continue
-                if fence is not None:
-                    problem = fence_problem(leases.get(fence.key), fence, now)
-                    if problem:
-                        raise problem
-                head_seq, prev = heads.get(stream, (0, request.genesis_hash))
-                if head_seq != expected_seq:
-                    raise head_moved(stream, expected_seq, head_seq)
-            except JixuError as refused:
-                errors[index] = refused
+            stream, batch, fence = request.stream, request.batch, request.fence
+            found: dict[str, StoredRow] = {}
+            if stored and any(prepared.id in stored for prepared in batch):
+                # A retry or a clash (rare): the same read as alone, so the same rows and the same error text.
+                batch_ids = [prepared.id for prepared in batch]
+                found = {row[0]: StoredRow(*row) for row in conn.execute(
+                    f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE id IN ({','.join('?' * len(batch_ids))})",
+                    batch_ids)}
+            # heads holds this group's accepted appends too: a later append to a stream sees the earlier ones.
+            verdict = decide_append(stream, batch, request.expected_seq, fence, found=found,
+                                    lease=leases.get(fence.key) if fence is not None else None, now=now,
+                                    head=heads.get(stream), genesis_hash=request.genesis_hash,
+                                    recorded_at=recorded_at)
+            if isinstance(verdict, JixuError):
+                errors[index] = verdict
                 continue
-            sealed = seal_batch(batch, stream=stream, head_seq=head_seq, prev_hash=prev, recorded_at=recorded_at)
-            rows[index] = sealed
+            sealed = rows[index] = verdict
+            if isinstance(verdict, AlreadyStored):
+                continue
             new_rows.extend(sealed)
-            heads[stream] = (head_seq + len(sealed), sealed[-1].hash)
+            heads[stream] = (sealed[-1].seq, sealed[-1].hash)
             if stream in existed:
                 moved[stream] = None
             else:
@@ -708,33 +726,27 @@ class SQLiteStore(Store):
             "FROM (SELECT 1) LEFT JOIN jixu_streams s ON s.stream = ? LEFT JOIN jixu_leases l ON l.key = ?",
             [*ids, stream, fence.key if fence is not None else None],
         ).fetchone()
-        if probe[2]:
-            found = {
-                row[0]: StoredRow(*row)
-                for row in conn.execute(f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE id IN ({marks})", ids)
-            }
-            stored = existing_batch(stream, batch, found)
-            if stored is not None:
-                return stored
-        if fence is not None:
-            lease = (Lease(probe[4], probe[5], probe[6], probe[7], probe[8], bool(probe[9]))
-                     if probe[4] is not None else None)
-            problem = fence_problem(lease, fence, float(probe[3]))
-            if problem:
-                raise problem
+        found = {
+            row[0]: StoredRow(*row)
+            for row in conn.execute(f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE id IN ({marks})", ids)
+        } if probe[2] else {}
+        lease = (Lease(probe[4], probe[5], probe[6], probe[7], probe[8], bool(probe[9]))
+                 if fence is not None and probe[4] is not None else None)
         head = probe[:2] if probe[0] is not None else None
-        head_seq, prev = (head[0], head[1]) if head else (0, genesis_hash)
-        if head_seq != expected_seq:
-            raise head_moved(stream, expected_seq, head_seq)
-        recorded_at = utc_now_text()
-        rows = seal_batch(batch, stream=stream, head_seq=head_seq, prev_hash=prev, recorded_at=recorded_at)
+        verdict = decide_append(stream, batch, expected_seq, fence, found=found, lease=lease, now=float(probe[3]),
+                                head=head, genesis_hash=genesis_hash, recorded_at=utc_now_text())
+        if isinstance(verdict, JixuError):
+            raise verdict
+        if isinstance(verdict, AlreadyStored):
+            return verdict
+        rows = verdict
         _insert_rows(conn, rows)
         if head:
             conn.execute("UPDATE jixu_streams SET head_seq = ?, head_hash = ? WHERE stream = ?",
                          (rows[-1].seq, rows[-1].hash, stream))
         else:
             conn.execute("INSERT INTO jixu_streams VALUES (?, ?, ?, ?, ?)",
-                         (stream, rows[-1].seq, rows[-1].hash, genesis_hash, recorded_at))
+                         (stream, rows[-1].seq, rows[-1].hash, genesis_hash, rows[0].recorded_at))
         return rows
 
     def _pages(self, stream: str, from_seq: int, to_seq: int | None, columns: str, size: int,

@@ -37,6 +37,7 @@ from jixu.ledger.event import (
     check_prepared,
     check_stream,
     prepare,
+    seal_batch,
 )
 
 _MAX_LEASE_KEY = 200
@@ -144,33 +145,43 @@ def check_fence(fence: object) -> Fence:
     return fence
 
 
+class AlreadyStored(list[StoredRow]):
+    """The rows of a batch stored already with identical content: appending it again is a no-op.
+
+    A verdict of :func:`decide_append`, told apart from the plain list of
+    rows to insert by its type (no verdict object is made per append).
+    """
+
+    __slots__ = ()
+
+
 def existing_batch(
     stream: str, batch: Sequence[PreparedEvent], found: dict[str, StoredRow]
-) -> list[StoredRow] | None:
-    """Decide an append whose ids may already be stored.
+) -> AlreadyStored | IdempotencyConflict | None:
+    """Step 1 of the append contract: what the ids of ``batch`` already stored (``found``) make of it (pure).
 
-    Returns the stored rows when the whole batch is already there with
-    identical content (the append is a no-op), ``None`` when none of it is,
-    and raises :class:`IdempotencyConflict` otherwise.
+    The stored rows when the whole batch is already there with identical
+    content (the append is a no-op), ``None`` when none of it is, and the
+    :class:`IdempotencyConflict` to raise otherwise. Only :func:`judge_append`
+    calls it.
     """
     if not found:
         return None
     for prepared in batch:
         row = found.get(prepared.id)
         if row is None:
-            raise IdempotencyConflict(
+            return IdempotencyConflict(
                 f"part of this batch is already stored (e.g. {next(iter(found))}) but event "
                 f"{prepared.id} is not: a retried append must repeat the same batch",
                 event_id=prepared.id,
             )
         if row.stream != stream or not prepared.same_content(row.data_json, row.meta_json, row.type):
-            raise IdempotencyConflict(
+            return IdempotencyConflict(
                 f"event id {prepared.id} is already stored in stream {row.stream!r} with "
                 "different content; use a new id for a new event",
                 event_id=prepared.id,
             )
-    rows = sorted(found.values(), key=lambda r: r.seq)
-    return rows
+    return AlreadyStored(sorted(found.values(), key=lambda r: r.seq))
 
 
 def next_lease(current: Lease | None, key: str, owner: str, now: float, ttl: float) -> Lease:
@@ -240,6 +251,59 @@ def fence_problem(current: Lease | None, fence: Fence, now: float) -> FencingErr
             key=fence.key,
         )
     return None
+
+
+def judge_append(stream: str, batch: Sequence[PreparedEvent], expected_seq: int, fence: Fence | None, *,
+                 found: dict[str, StoredRow], lease: Lease | None, now: float,
+                 head_seq: int) -> AlreadyStored | JixuError | None:
+    """Steps 1-3 of the append contract, in its order, with its wording (pure).
+
+    Returns the stored rows of a repeated batch (a no-op), the error a
+    refused append raises, or ``None`` when the append may go ahead. Every
+    append is decided by :func:`decide_append`, which calls this; PostgreSQL's
+    one-statement append, whose database seals the batch itself, calls it
+    alone to word the database's refusals. The inputs are those of
+    :func:`decide_append`.
+    """
+    if found:  # (1) ids already stored: the same batch is a no-op, anything else a conflict
+        stored = existing_batch(stream, batch, found)
+        if stored is not None:
+            return stored
+    if fence is not None:  # (2) only the current, live holder of the lease may write
+        problem = fence_problem(lease, fence, now)
+        if problem is not None:
+            return problem
+    if head_seq != expected_seq:  # (3) the head must be where the caller saw it
+        return head_moved(stream, expected_seq, head_seq)
+    return None
+
+
+def decide_append(stream: str, batch: Sequence[PreparedEvent], expected_seq: int, fence: Fence | None, *,
+                  found: dict[str, StoredRow], lease: Lease | None, now: float, head: tuple[int, str] | None,
+                  genesis_hash: str, recorded_at: str) -> list[StoredRow] | AlreadyStored | JixuError:
+    """The append contract, decided in one place for every store (pure).
+
+    The store gathers the inputs inside the append's transaction, under its
+    locks: ``found`` holds the stored rows whose ids are in ``batch`` (empty
+    when none is), ``lease`` the current lease on ``fence.key`` and ``now``
+    the store's clock (both unused without a fence), ``head`` the stream's
+    ``(head_seq, head_hash)`` (``None``: no such stream yet, so it starts at
+    ``genesis_hash``), ``recorded_at`` the time new rows are sealed with.
+    In order: (1) ids already stored, (2) the fence, (3) the head, (4) seal.
+
+    The verdict, which the store carries out in the same transaction: a
+    :class:`~jixu.errors.JixuError` (raise it, write nothing), an
+    :class:`AlreadyStored` list (a repeat: return it, write nothing), or else
+    the list of sealed rows to insert (then move the head to the last of
+    them, creating the stream's head record when ``head`` was ``None``).
+    """
+    head_seq = head[0] if head is not None else 0
+    judged = judge_append(stream, batch, expected_seq, fence, found=found, lease=lease, now=now, head_seq=head_seq)
+    if judged is not None:
+        return judged
+    # (4) seal the batch after the head
+    return seal_batch(batch, stream=stream, head_seq=head_seq, prev_hash=head[1] if head is not None else genesis_hash,
+                      recorded_at=recorded_at)
 
 
 WORK_STATES = ("pending", "claimed", "expired", "done")
@@ -514,6 +578,8 @@ class Store(abc.ABC):
 
     url: str = ""
     max_payload_bytes: int = MAX_PAYLOAD_BYTES
+    durability: str = ""
+    """What a commit survives, in words for people (e.g. ``synchronous=FULL``); the CLI may print it."""
 
     # --- events ---------------------------------------------------------------------
 
@@ -861,6 +927,7 @@ def _check_seq_range(from_seq: object, to_seq: object) -> None:
 
 __all__ = [
     "AppendRequest",
+    "AlreadyStored",
     "WORK_STATES",
     "Checkpoint",
     "Fence",
@@ -885,8 +952,11 @@ __all__ = [
     "check_lease_key",
     "check_owner",
     "check_ttl",
+    "decide_append",
     "existing_batch",
     "fence_problem",
+    "head_moved",
+    "judge_append",
     "next_lease",
     "taken_over_lease",
 ]

@@ -2,14 +2,15 @@
 
 ``sqlite:///rel.db``, ``sqlite:////abs.db``, a bare path, ``memory://``, or a
 PostgreSQL URL (``postgresql://user:password@host:5432/db?sslmode=require``,
-also spelled ``postgres://``), which is handed to libpq unchanged.
+also spelled ``postgres://``), which is handed to libpq unchanged but for
+jixu's own options (``allow_unsafe_durability``), taken out of its query.
 """
 
 from __future__ import annotations
 
 import os
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote_plus, urlsplit
 
 from jixu.errors import InvalidInput, UnsupportedStoreUrl
 from jixu.ledger.store import Store
@@ -18,6 +19,8 @@ DEFAULT_STORE_URL = "sqlite:///jixu.db"
 """The embedded default: ``jixu.db`` in the current directory."""
 
 _SQLITE_OPTIONS = {"synchronous", "busy_timeout", "read_only", "create"}
+_POSTGRES_OPTIONS = {"allow_unsafe_durability"}
+"""Query parameters of a PostgreSQL URL that are jixu's, not libpq's (which refuses names it does not know)."""
 
 
 def _flag(name: str, value: str) -> bool:
@@ -54,6 +57,29 @@ def sqlite_path_and_options(url: str) -> tuple[str, dict[str, Any]]:
         else:
             options[name] = _flag(name, value)
     return path, options
+
+
+def postgres_dsn_and_options(dsn: str) -> tuple[str, dict[str, Any]]:
+    """Take jixu's own options out of a ``postgresql://`` URL's query: the DSN for libpq and the options.
+
+    Every other part of the URL is kept byte for byte. A ``key=value`` DSN is
+    returned as it is (give such options as keywords instead).
+    """
+    if not dsn.lower().startswith(("postgresql://", "postgres://")):
+        return dsn, {}
+    base, mark, rest = dsn.partition("?")
+    query, hash_mark, fragment = rest.partition("#")
+    kept: list[str] = []
+    options: dict[str, Any] = {}
+    for piece in query.split("&") if mark else []:
+        name, _, value = piece.partition("=")
+        if unquote_plus(name) in _POSTGRES_OPTIONS:
+            options[unquote_plus(name)] = _flag(unquote_plus(name), unquote_plus(value))
+        else:
+            kept.append(piece)
+    if not options:
+        return dsn, {}
+    return f"{base}{'?' if kept else ''}{'&'.join(kept)}{hash_mark}{fragment}", options
 
 
 def open_store(target: str | os.PathLike[str] | Store | None = None, **options: Any) -> Store:
@@ -94,4 +120,4 @@ def open_store(target: str | os.PathLike[str] | Store | None = None, **options: 
     )
 
 
-__all__ = ["DEFAULT_STORE_URL", "open_store", "sqlite_path_and_options"]
+__all__ = ["DEFAULT_STORE_URL", "open_store", "postgres_dsn_and_options", "sqlite_path_and_options"]
