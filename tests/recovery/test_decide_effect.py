@@ -24,6 +24,7 @@ from jixu.ledger.event import Event
 from jixu.recovery import analyze, resolver
 from jixu.recovery.decision_text import encode_decision, ordinary_decision_text
 from jixu.recovery.resolver import _args_hash_ok, decide_effect
+from tests.recovery import reference
 
 EID = "e1"
 ODD: tuple[Any, ...] = (None, 0, 1, 2, True, False, "", "x", "e1", "e2", 1.0, {}, [], {"a": 1})
@@ -220,3 +221,75 @@ def test_the_flat_args_hash_equals_content_hash(args: dict[str, Any]) -> None:
         return
     assert _args_hash_ok({"args": args, "args_hash": claimed}) is True
     assert _args_hash_ok({"args": args, "args_hash": "0" * 64}) is False
+
+
+@st.composite
+def free_history(draw: st.DrawFn) -> list[Event]:
+    """One effect's events in any order and number, each well formed or nearly: retries, approvals, receipts
+    and resolutions where they fit and where they do not (every ordering rule, rules 7-11 too)."""
+    args = {"q": draw(st.integers(0, 2))}
+    intent = {"effect_id": EID, "name": "do", "args": args, "args_hash": content_hash(args),
+              "semantics": draw(st.sampled_from(["unsafe", "idempotent", "read_only"])), "idempotency_key": "idem",
+              "requires_approval": draw(st.booleans())}
+    bodies = {
+        "requested": lambda: intent,
+        "parked": lambda: {"effect_id": EID, "reason": "approval"},
+        "approved": lambda: {"effect_id": EID, "actor": "op"},
+        "denied": lambda: {"effect_id": EID, "actor": "op", "note": draw(st.sampled_from([None, "no"] * 4 + [3]))},
+        "dispatched": lambda: {"effect_id": EID, "attempt": draw(st.sampled_from([1, 1, 2, 3])),
+                               **draw(st.sampled_from([{}] * 5 + [{"idempotency_key": "idem"}, {"name": "x"}]))},
+        "completed": lambda: {"effect_id": EID, "attempt": draw(st.sampled_from([1, 1, 2])), "result": None},
+        "failed": lambda: {"effect_id": EID, "attempt": draw(st.sampled_from([1, 2, None, KeyError])),
+                           "error": {}, "indeterminate": draw(st.booleans())},
+        "outcome_resolved": lambda: {"effect_id": EID,
+                                     "resolution": draw(st.sampled_from(["occurred", "not_occurred"] * 4 + ["no"])),
+                                     "resolution_id": draw(st.sampled_from(["r1", "r2"])), "actor": "op",
+                                     **draw(st.sampled_from([{}, {"result": 1, "evidence": {"a": 1}}]))},
+    }
+    if draw(st.booleans()):
+        # Near a history the rules allow, so that rules 8, 10 and 11 (and the states) are reached too.
+        phases = list(draw(st.sampled_from(NEAR_VALID)))
+    else:
+        later = sorted(bodies) if draw(st.integers(0, 5)) == 0 else sorted(set(bodies) - {"requested"})
+        phases = ["requested", *draw(st.lists(st.sampled_from(later), max_size=6))]
+        if draw(st.integers(0, 4)) == 0:
+            phases = draw(st.permutations(phases))
+    kinds = [draw(st.sampled_from(["tool"] * 30 + ["model"])) for _ in phases]
+    events, attempt = [], 0
+    for i, phase in enumerate(phases):
+        data = build(bodies[phase]())
+        if phase == "dispatched" and draw(st.integers(0, 3)):
+            attempt += 1
+            data["attempt"] = attempt  # mostly the next attempt
+        elif phase in ("completed", "failed") and attempt and draw(st.integers(0, 3)):
+            data["attempt"] = attempt  # mostly the latest one
+        events.append(Event(f"ev{i}", "thread/p", i + 1, f"{kinds[i]}.{phase}", data, {}, "t", "0" * 64, "1" * 64))
+    return events
+
+
+NEAR_VALID = [
+    ("requested", "dispatched", "dispatched"),
+    ("requested", "dispatched", "failed", "dispatched", "completed"),
+    ("requested", "dispatched", "outcome_resolved"),
+    ("requested", "dispatched", "outcome_resolved", "outcome_resolved"),
+    ("requested", "dispatched", "outcome_resolved", "dispatched"),
+    ("requested", "outcome_resolved"),
+    ("requested", "dispatched", "completed", "outcome_resolved"),
+    ("requested", "parked", "approved", "dispatched", "completed"),
+    ("requested", "parked", "denied", "denied"),
+    ("requested", "approved", "dispatched", "failed", "failed"),
+    ("requested", "dispatched", "completed", "completed"),
+]
+
+
+groups = st.one_of(lifecycle(), in_flight(), free_history())
+
+
+@settings(max_examples=1500, deadline=None)
+@given(groups)
+def test_the_resolver_follows_the_reference_rules(events: list[Event]) -> None:
+    analysis = analyze(events, check_links=False)
+    expected = reference.analyze(events, check_links=False)
+    assert analysis.decisions == expected.decisions
+    assert analysis.unattributed_events == expected.unattributed_events
+    assert decide_effect(EID, events) == expected.decisions.get(EID)
