@@ -240,7 +240,7 @@ def test_the_first_stage_answers_as_the_second_does(events: list[Event]) -> None
 
 
 @settings(max_examples=1500, deadline=None)
-@given(lifecycle())
+@given(st.one_of(lifecycle(), free_history().filter(lambda events: len(events) == 3)))
 def test_the_ordinary_text_is_the_decisions_text(events: list[Event]) -> None:
     if len(events) != 3:
         return
@@ -286,6 +286,22 @@ def test_the_first_stage_decides_the_ordinary_lifecycle_and_its_prefixes(receipt
     assert (settled.state, settled.reason, settled.evidence) == (
         "completed", "succeeded" if receipt == "completed" else "failed", ("a", "b", "c"))
     assert text == encode_decision(settled)
+
+
+@pytest.mark.parametrize("second, third", [
+    ("tool.parked", ("tool.denied", {})),  # completed (denied), but no ordinary lifecycle
+    ("tool.approved", ("tool.failed", {"error": {}, "indeterminate": False})),  # rejected before dispatch
+    ("tool.dispatched", ("tool.failed", {"attempt": 1, "error": {}, "indeterminate": True})),  # unknown
+])
+def test_only_the_ordinary_lifecycle_has_an_ordinary_text(second: str, third: tuple[str, dict[str, Any]]) -> None:
+    first = ordinary_events()[0]
+    first = dataclasses.replace(first, data={**first.data, "requires_approval": second != "tool.dispatched"})
+    data = {"effect_id": EID, "reason": "approval"} if second == "tool.parked" else {"effect_id": EID, "attempt": 1}
+    events = [first, Event("b", "thread/p", 2, second, data, {}, "t", "1" * 64, "2" * 64),
+              Event("c", "thread/p", 3, third[0], {"effect_id": EID, **third[1]}, {}, "t", "2" * 64, "3" * 64)]
+    decision = decide_effect(EID, events)
+    assert decision is not None and decision.state != "corrupt"
+    assert ordinary_decision_text(EID, *events) is None
 
 
 def test_decide_effect_on_its_own_group_skips_the_grouping_and_ordinary_text_builds_no_decision() -> None:
