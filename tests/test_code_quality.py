@@ -134,3 +134,64 @@ def test_the_append_contract_is_decided_only_by_decide_append() -> None:
     assert not misplaced, f"only the append decision may use its pieces: {misplaced}"
     missing = {name: sorted(users - seen[name]) for name, users in APPEND_CONTRACT_USES.items() if users - seen[name]}
     assert not missing, f"these no longer use their piece of the append decision (update the table): {missing}"
+
+
+# Issue 21: the RecoveryResolver states each lifecycle rule once. The event fields that carry the rules (an
+# attempt, a failure's determinacy, an approval requirement, a receipt's error or result artifact, the args
+# an intent hashes) are read only by the rule helpers in resolver.py, which only the one walk calls; the
+# other recovery modules take the resolver's answers and never read an event themselves.
+RESOLVER = SRC / "recovery" / "resolver.py"
+RULE_FIELDS = {"attempt", "indeterminate", "requires_approval", "error", "result_artifact", "args"}
+RULE_HELPERS = {"_intent_claims", "_args_hash_ok", "_later_claims", "_mismatch"}
+WALK = {"_walk", "_walk_all"}
+
+
+def _functions(tree: ast.AST) -> dict[str, ast.FunctionDef]:
+    return {node.name: node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+
+
+def _constants(node: ast.AST) -> set[object]:
+    return {child.value for child in ast.walk(node) if isinstance(child, ast.Constant)}
+
+
+def test_only_the_resolvers_rule_helpers_read_the_fields_its_rules_are_about() -> None:
+    tree = ast.parse(RESOLVER.read_text(encoding="utf-8"))
+    functions = _functions(tree)
+    assert set(functions) >= RULE_HELPERS, "the rule helpers were renamed: update this test with them"
+    offenders = sorted(f"resolver.py {name}() reads {sorted(RULE_FIELDS & _constants(function))}"
+                       for name, function in functions.items()
+                       if name not in RULE_HELPERS and RULE_FIELDS & _constants(function))
+    offenders += [f"{path.relative_to(ROOT)} names {sorted(RULE_FIELDS & _constants(ast.parse(path.read_text())))}"
+                  for path in sorted((SRC / "recovery").glob("*.py"))
+                  if path != RESOLVER and RULE_FIELDS & _constants(ast.parse(path.read_text(encoding="utf-8")))]
+    assert not offenders, offenders
+
+
+def test_only_the_one_walk_asks_the_rule_helpers() -> None:
+    """A fast path beside the walk would have to call the rule helpers (or restate them: the test above)."""
+    functions = _functions(ast.parse(RESOLVER.read_text(encoding="utf-8")))
+    callers = {name for name, function in functions.items() for node in ast.walk(function)
+               if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in RULE_HELPERS
+               and node.func.id != name}
+    assert callers == WALK, sorted(callers)
+
+
+def test_the_other_recovery_modules_read_no_event() -> None:
+    """decision_text writes a decision's text from the resolver's verdict; none of them reads an Event's fields
+    or imports the resolver's rule helpers."""
+    from dataclasses import fields
+
+    from jixu.ledger.event import Event
+
+    event_fields = {field.name for field in fields(Event)}
+    offenders = []
+    for path in sorted((SRC / "recovery").glob("*.py")):
+        if path == RESOLVER:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        offenders += [f"{path.name}:{node.lineno} reads .{node.attr}" for node in ast.walk(tree)
+                      if isinstance(node, ast.Attribute) and node.attr in event_fields]
+        offenders += [f"{path.name}:{node.lineno} imports {alias.name}" for node in ast.walk(tree)
+                      if isinstance(node, ast.ImportFrom) and node.module == "jixu.recovery.resolver"
+                      for alias in node.names if alias.name in RULE_HELPERS]
+    assert not offenders, offenders

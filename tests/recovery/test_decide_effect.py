@@ -1,13 +1,15 @@
-"""``decide_effect`` (with its fast path for the ordinary lifecycle) equals the general resolver.
+"""One walk decides every effect (issue 21), and its entry points agree with it and with the reference rules.
 
-``ordinary_decision_text`` (the settled decision's text written straight from the events) equals the
-text of that decision whenever it answers.
+``decide_effect(eid, events)`` must be exactly ``analyze(events, check_links=False).decisions.get(eid)``;
+``ordinary_decision_text`` (the settled decision's text, written without building the decision) must be the
+text of that decision whenever it answers. Both, and ``analyze`` itself, must follow ``reference.py``: the
+rules stated a second time, plainly, as the independent oracle. The walk's first stage (the ordinary
+lifecycle, answered at once) must answer as its second stage (every rule) does.
 
 The generated lifecycles are mostly near the ordinary ``requested -> dispatched -> completed`` (or
-determinate ``failed``) shape, with every field the fast path looks at perturbed: other kinds,
-effect ids, attempts, names, keys, args hashes (right, wrong, unhashable args), semantics, approval
-flags, receipts without a result, indeterminate failures, odd data and types. Whatever the input,
-``decide_effect(eid, events)`` must be exactly ``analyze(events, check_links=False).decisions.get(eid)``.
+determinate ``failed``) shape, with every field the first stage looks at perturbed: other kinds, effect
+ids, attempts, names, keys, args hashes (right, wrong, unhashable args), semantics, approval flags, receipts
+without a result, indeterminate failures, odd data and types.
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ import dataclasses
 from typing import Any
 from unittest import mock
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jixu.ledger.encoding import content_hash
 from jixu.ledger.event import Event
-from jixu.recovery import analyze, resolver
+from jixu.recovery import RecoveryResolver, analyze, resolver
 from jixu.recovery.decision_text import encode_decision, ordinary_decision_text
 from jixu.recovery.resolver import _args_hash_ok, decide_effect
+from tests.recovery import reference
 
 EID = "e1"
 ODD: tuple[Any, ...] = (None, 0, 1, 2, True, False, "", "x", "e1", "e2", 1.0, {}, [], {"a": 1})
@@ -95,30 +99,6 @@ def lifecycle(draw: st.DrawFn) -> list[Event]:
     return events
 
 
-@settings(max_examples=1500, deadline=None)
-@given(lifecycle())
-def test_decide_effect_equals_the_general_resolver(events: list[Event]) -> None:
-    expected = analyze(events, check_links=False).decisions.get(EID)
-    assert decide_effect(EID, events) == expected
-
-
-@settings(max_examples=1500, deadline=None)
-@given(lifecycle())
-def test_the_ordinary_text_is_the_decisions_text(events: list[Event]) -> None:
-    if len(events) != 3:
-        return
-    text = ordinary_decision_text(EID, events[0], events[1], events[2])
-    decision = analyze(events, check_links=False).decisions.get(EID)
-    if text is not None:
-        assert decision is not None and decision.state == "completed"
-        assert text == encode_decision(decision)
-    elif decision is not None and decision.state == "completed" and decision.attempts == 1 \
-            and decision.resolution is None and decision.reason in ("succeeded", "failed") \
-            and isinstance(events[0].seq, int) and isinstance(events[2].seq, int):
-        # Declined only when the text needs escaping (the caller then writes it with the encoder).
-        assert not ordinary_is_plain(encode_decision(decision))
-
-
 def ordinary_is_plain(text: str) -> bool:
     return text.count('"') == 22 and "\\" not in text and text.isprintable()
 
@@ -168,45 +148,199 @@ def in_flight(draw: st.DrawFn) -> list[Event]:
     return events[:draw(st.integers(1, 2))]
 
 
+@st.composite
+def free_history(draw: st.DrawFn) -> list[Event]:
+    """One effect's events in any order and number, each well formed or nearly: retries, approvals, receipts
+    and resolutions where they fit and where they do not (every ordering rule, rules 7-11 too)."""
+    args = {"q": draw(st.integers(0, 2))}
+    intent = {"effect_id": EID, "name": "do", "args": args, "args_hash": content_hash(args),
+              "semantics": draw(st.sampled_from(["unsafe", "idempotent", "read_only"])), "idempotency_key": "idem",
+              "requires_approval": draw(st.booleans())}
+    bodies = {
+        "requested": lambda: intent,
+        "parked": lambda: {"effect_id": EID, "reason": "approval"},
+        "approved": lambda: {"effect_id": EID, "actor": "op"},
+        "denied": lambda: {"effect_id": EID, "actor": "op", "note": draw(st.sampled_from([None, "no"] * 4 + [3]))},
+        "dispatched": lambda: {"effect_id": EID, "attempt": draw(st.sampled_from([1, 1, 2, 3])),
+                               **draw(st.sampled_from([{}] * 5 + [{"idempotency_key": "idem"}, {"name": "x"}]))},
+        "completed": lambda: {"effect_id": EID, "attempt": draw(st.sampled_from([1, 1, 2])), "result": None},
+        "failed": lambda: {"effect_id": EID, "attempt": draw(st.sampled_from([1, 2, None, KeyError])),
+                           "error": {}, "indeterminate": draw(st.booleans())},
+        "outcome_resolved": lambda: {"effect_id": EID,
+                                     "resolution": draw(st.sampled_from(["occurred", "not_occurred"] * 4 + ["no"])),
+                                     "resolution_id": draw(st.sampled_from(["r1", "r2"])), "actor": "op",
+                                     **draw(st.sampled_from([{}, {"result": 1, "evidence": {"a": 1}}]))},
+    }
+    if draw(st.booleans()):
+        # Near a history the rules allow, so that rules 8, 10 and 11 (and the states) are reached too.
+        phases = list(draw(st.sampled_from(NEAR_VALID)))
+    else:
+        later = sorted(bodies) if draw(st.integers(0, 5)) == 0 else sorted(set(bodies) - {"requested"})
+        phases = ["requested", *draw(st.lists(st.sampled_from(later), max_size=6))]
+        if draw(st.integers(0, 4)) == 0:
+            phases = draw(st.permutations(phases))
+    kinds = [draw(st.sampled_from(["tool"] * 30 + ["model"])) for _ in phases]
+    events, attempt = [], 0
+    for i, phase in enumerate(phases):
+        data = build(bodies[phase]())
+        if phase == "dispatched" and draw(st.integers(0, 3)):
+            attempt += 1
+            data["attempt"] = attempt  # mostly the next attempt
+        elif phase in ("completed", "failed") and attempt and draw(st.integers(0, 3)):
+            data["attempt"] = attempt  # mostly the latest one
+        events.append(Event(f"ev{i}", "thread/p", i + 1, f"{kinds[i]}.{phase}", data, {}, "t", "0" * 64, "1" * 64))
+    return events
+
+
+NEAR_VALID = [
+    ("requested", "dispatched", "dispatched"),
+    ("requested", "dispatched", "failed", "dispatched", "completed"),
+    ("requested", "dispatched", "outcome_resolved"),
+    ("requested", "dispatched", "outcome_resolved", "outcome_resolved"),
+    ("requested", "dispatched", "outcome_resolved", "dispatched"),
+    ("requested", "outcome_resolved"),
+    ("requested", "dispatched", "completed", "outcome_resolved"),
+    ("requested", "parked", "approved", "dispatched", "completed"),
+    ("requested", "parked", "denied", "denied"),
+    ("requested", "approved", "dispatched", "failed", "failed"),
+    ("requested", "dispatched", "completed", "completed"),
+]
+
+
+groups = st.one_of(lifecycle(), in_flight(), free_history())
+
+
 @settings(max_examples=1500, deadline=None)
-@given(st.one_of(in_flight(), lifecycle()))
-def test_an_effect_in_flight_is_decided_as_the_walk_decides_it(events: list[Event]) -> None:
-    """Intents alone and intents with their first dispatch skip the walk (``_in_flight``): same answer."""
+@given(groups)
+def test_the_resolver_follows_the_reference_rules(events: list[Event]) -> None:
+    analysis = analyze(events, check_links=False)
+    expected = reference.analyze(events, check_links=False)
+    assert analysis.decisions == expected.decisions
+    assert analysis.unattributed_events == expected.unattributed_events
+    assert dataclasses.replace(analysis) == analysis  # every slot filled (from_decisions fills them directly)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(groups)
+def test_decide_effect_equals_the_general_resolver(events: list[Event]) -> None:
+    expected = analyze(events, check_links=False).decisions.get(EID)
+    assert decide_effect(EID, events) == expected
+    assert expected == reference.analyze(events, check_links=False).decisions.get(EID)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(groups)
+def test_the_first_stage_answers_as_the_second_does(events: list[Event]) -> None:
+    """Stage 1 of the walk (the ordinary lifecycle) answers at once; stage 2 alone must answer the same."""
     fast = analyze(events, check_links=False)
-    with mock.patch.object(resolver, "_in_flight", lambda *args: None):
+    with mock.patch.object(resolver, "_walk", lambda group, types, owner=None: resolver._walk_all(group, types,
+                                                                                                 owner)):
         walked = analyze(events, check_links=False)
     assert fast == walked
-    assert dataclasses.replace(fast) == fast  # every slot filled (from_decisions fills them directly)
 
 
-def test_the_in_flight_path_is_taken_for_an_intent_and_its_dispatch() -> None:
-    args = {"q": "x"}
-    data = {"effect_id": EID, "name": "do", "args": args, "args_hash": content_hash(args), "semantics": "idempotent",
-            "idempotency_key": "idem"}
-    events = [Event("a", "thread/p", 1, "tool.requested", data, {}, "t", "0" * 64, "1" * 64),
-              Event("b", "thread/p", 2, "tool.dispatched", {"effect_id": EID, "attempt": 1}, {}, "t", "1" * 64,
-                    "2" * 64)]
-    with mock.patch.object(resolver, "_walk", None):  # the walk must not be needed
-        intent_only = analyze(events[:1], check_links=False).decisions[EID]
-        in_flight = analyze(events, check_links=False).decisions[EID]
-    assert (intent_only.state, intent_only.reason, intent_only.retry_safe) == ("not_dispatched", "intent_only", True)
-    assert (in_flight.state, in_flight.reason, in_flight.retry_safe, in_flight.attempts) == (
-        "unknown", "dispatched_without_receipt", True, 1)
+@settings(max_examples=1500, deadline=None)
+@given(st.one_of(lifecycle(), free_history().filter(lambda events: len(events) == 3)))
+def test_the_ordinary_text_is_the_decisions_text(events: list[Event]) -> None:
+    if len(events) != 3:
+        return
+    text = ordinary_decision_text(EID, events[0], events[1], events[2])
+    decision = reference.analyze(events, check_links=False).decisions.get(EID)
+    ordinary = (decision is not None and decision.state == "completed" and decision.reason in ("succeeded", "failed")
+                and type(events[0].seq) is int and type(events[2].seq) is int)
+    if text is not None:
+        assert ordinary and decision is not None
+        assert text == encode_decision(decision)
+    elif ordinary:
+        # Declined only when the text needs escaping (the caller then writes it with the encoder).
+        assert decision is not None and not ordinary_is_plain(encode_decision(decision))
+    if ordinary:
+        assert decision is not None and (decision.attempts, decision.resolution) == (1, None)
+        assert decision.evidence == (events[0].id, events[1].id, events[2].id)
 
 
-def test_the_fast_path_is_taken_for_the_ordinary_lifecycle() -> None:
+def ordinary_events(kind: str = "tool", receipt: str = "completed") -> list[Event]:
     args = {"q": "x", "n": 3}
     data = {"effect_id": EID, "name": "do", "args": args, "args_hash": content_hash(args), "semantics": "read_only",
             "idempotency_key": "idem", "requires_approval": False}
-    events = [Event("a", "thread/p", 1, "tool.requested", data, {}, "t", "0" * 64, "1" * 64),
-              Event("b", "thread/p", 2, "tool.dispatched", {"effect_id": EID, "attempt": 1}, {}, "t", "1" * 64,
-                    "2" * 64),
-              Event("c", "thread/p", 3, "tool.completed", {"effect_id": EID, "attempt": 1, "result": 1}, {}, "t",
-                    "2" * 64, "3" * 64)]
+    receipt_data: dict[str, Any] = ({"effect_id": EID, "attempt": 1, "result": 1} if receipt == "completed" else
+                                    {"effect_id": EID, "attempt": 1, "error": {}, "indeterminate": False})
+    return [Event("a", "thread/p", 1, f"{kind}.requested", data, {}, "t", "0" * 64, "1" * 64),
+            Event("b", "thread/p", 2, f"{kind}.dispatched", {"effect_id": EID, "attempt": 1}, {}, "t", "1" * 64,
+                  "2" * 64),
+            Event("c", "thread/p", 3, f"{kind}.{receipt}", receipt_data, {}, "t", "2" * 64, "3" * 64)]
+
+
+@pytest.mark.parametrize("receipt", ["completed", "failed"])
+def test_the_first_stage_decides_the_ordinary_lifecycle_and_its_prefixes(receipt: str) -> None:
+    events = ordinary_events(receipt=receipt)
+    with mock.patch.object(resolver, "_walk_all", None):  # stage 2 must not be needed
+        intent_only = analyze(events[:1], check_links=False).decisions[EID]
+        in_flight = analyze(events[:2], check_links=False).decisions[EID]
+        settled = decide_effect(EID, events)
+        text = ordinary_decision_text(EID, *events)
+    assert (intent_only.state, intent_only.reason, intent_only.retry_safe) == ("not_dispatched", "intent_only", True)
+    assert (in_flight.state, in_flight.reason, in_flight.retry_safe, in_flight.attempts) == (
+        "unknown", "dispatched_without_receipt", True, 1)
+    assert settled is not None
+    assert (settled.state, settled.reason, settled.evidence) == (
+        "completed", "succeeded" if receipt == "completed" else "failed", ("a", "b", "c"))
+    assert text == encode_decision(settled)
+
+
+@pytest.mark.parametrize("second, third", [
+    ("tool.parked", ("tool.denied", {})),  # completed (denied), but no ordinary lifecycle
+    ("tool.approved", ("tool.failed", {"error": {}, "indeterminate": False})),  # rejected before dispatch
+    ("tool.dispatched", ("tool.failed", {"attempt": 1, "error": {}, "indeterminate": True})),  # unknown
+])
+def test_only_the_ordinary_lifecycle_has_an_ordinary_text(second: str, third: tuple[str, dict[str, Any]]) -> None:
+    first = ordinary_events()[0]
+    first = dataclasses.replace(first, data={**first.data, "requires_approval": second != "tool.dispatched"})
+    data = {"effect_id": EID, "reason": "approval"} if second == "tool.parked" else {"effect_id": EID, "attempt": 1}
+    events = [first, Event("b", "thread/p", 2, second, data, {}, "t", "1" * 64, "2" * 64),
+              Event("c", "thread/p", 3, third[0], {"effect_id": EID, **third[1]}, {}, "t", "2" * 64, "3" * 64)]
     decision = decide_effect(EID, events)
-    assert decision == analyze(events, check_links=False).decisions[EID]
-    assert decision is not None
-    assert (decision.state, decision.reason, decision.evidence) == ("completed", "succeeded", ("a", "b", "c"))
+    assert decision is not None and decision.state != "corrupt"
+    assert ordinary_decision_text(EID, *events) is None
+
+
+def test_decide_effect_on_its_own_group_skips_the_grouping_and_ordinary_text_builds_no_decision() -> None:
+    events = ordinary_events()
+    expected = analyze(events, check_links=False).decisions[EID]
+    with mock.patch.object(RecoveryResolver, "analyze", None):
+        assert decide_effect(EID, events) == expected
+    with mock.patch.object(resolver, "_decision", None), mock.patch.object(resolver, "EffectDecision", None):
+        assert ordinary_decision_text(EID, *events) == encode_decision(expected)
+
+
+@pytest.mark.parametrize("effect_id", ["", "e2", None, 1])
+def test_events_of_no_or_another_effect_are_asked_of_analyze(effect_id: Any) -> None:
+    events = ordinary_events()
+    assert decide_effect(effect_id, events) is None
+    assert ordinary_decision_text(effect_id, *events) is None
+    mixed = [events[0], dataclasses.replace(events[1], data={"effect_id": "e2", "attempt": 1}), events[2]]
+    assert decide_effect(EID, mixed) == analyze(mixed, check_links=False).decisions[EID]
+    assert decide_effect(EID, mixed) == reference.analyze(mixed, check_links=False).decisions[EID]
+    assert ordinary_decision_text(EID, *mixed) is None
+    assert decide_effect(EID, []) is None
+
+
+def test_the_type_memo_is_bounded_and_a_full_memo_changes_no_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    kept = dict(resolver._TYPES)
+    try:
+        resolver._TYPES.clear()
+        monkeypatch.setattr(resolver, "_TYPES_KEPT", 2)
+        events = ordinary_events(kind="fresh")
+        first = analyze(events, check_links=False)  # three new types, room for two: the rest in a copy
+        assert len(resolver._TYPES) == 2
+        assert first.decisions == reference.analyze(events, check_links=False).decisions
+        other = ordinary_events(kind="other")
+        assert decide_effect(EID, other) == reference.analyze(other, check_links=False).decisions[EID]
+        assert ordinary_decision_text(EID, *other) == encode_decision(decide_effect(EID, other))  # type: ignore[arg-type]
+        assert len(resolver._TYPES) == 2
+    finally:
+        resolver._TYPES.clear()
+        resolver._TYPES.update(kept)
 
 
 @settings(max_examples=300, deadline=None)

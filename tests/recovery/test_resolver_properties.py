@@ -4,7 +4,9 @@ Valid histories are built per effect from the lifecycle grammar, cut at a
 random point and interleaved; a tiny independent state machine (the reference
 model below) says what each effect's state must be. Mutated histories (events
 dropped, duplicated, swapped, fields changed, links broken) must never raise,
-never invent a completion, and always yield one decision per effect id seen.
+never invent a completion, and always yield one decision per effect id seen;
+and every history, valid or not, must be decided exactly as the plain second
+statement of the rules in ``reference.py`` decides it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,17 @@ from hypothesis import strategies as st
 
 from jixu.ledger.encoding import content_hash
 from jixu.ledger.event import GENESIS_HASH, Event, NewEvent, prepare, seal
-from jixu.recovery import DECISION_REASONS, PHASES, RESOLUTIONS, SEMANTICS, STATES, Analysis, analyze
+from jixu.recovery import (
+    DECISION_REASONS,
+    PHASES,
+    RESOLUTIONS,
+    SEMANTICS,
+    STATES,
+    Analysis,
+    analyze,
+    decide_effect,
+)
+from tests.recovery import reference as rules
 
 Spec = tuple[str, dict[str, Any]]
 
@@ -299,3 +311,21 @@ def test_mutated_histories_never_raise_and_decide_every_effect(events: list[Even
     assert_consistent(analysis)
     if analysis.chain_break_seq is not None:
         assert analysis.has_corruption and not analysis.safe_to_continue
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_history, st.one_of(st.none(), st.integers(1, 30)), st.booleans(), st.sampled_from([None, GENESIS_HASH]))
+def test_every_history_is_decided_as_the_reference_rules_decide_it(
+        events: list[Event], chain_break_seq: int | None, check_links: bool, anchor_hash: str | None) -> None:
+    analysis = analyze(events, chain_break_seq=chain_break_seq, check_links=check_links, anchor_hash=anchor_hash)
+    expected = rules.analyze(events, chain_break_seq=chain_break_seq, check_links=check_links,
+                                 anchor_hash=anchor_hash)
+    assert analysis.decisions == expected.decisions
+    assert analysis.chain_break_seq == expected.chain_break_seq
+    assert analysis.unattributed_events == expected.unattributed_events
+    # One effect's events alone (as a thread keeps them) are decided as in the whole stream without links.
+    unlinked = rules.analyze(events, check_links=False).decisions
+    for eid in analysis.decisions:
+        group = [event for event in events if isinstance(event.data.get("effect_id"), str)
+                 and event.data["effect_id"] == eid and rules.kind_and_phase(event.type) is not None]
+        assert decide_effect(eid, group) == unlinked[eid]

@@ -2,9 +2,12 @@
 
 The text is a positional array of :class:`~jixu.recovery.EffectDecision`'s
 fields. :func:`ordinary_decision_text` writes the text of an ordinary
-lifecycle's decision straight from its three events, without building the
-decision first: a long thread settles one effect per model or tool call, and
-replaying it writes one such text per effect.
+lifecycle's decision without building the decision first: a long thread
+settles one effect per model or tool call, and replaying it writes one such
+text per effect. It takes the decision's fields from the resolver's walk
+(``resolver._walk`` with the effect id as owner) and never reads an event
+itself: which histories are ordinary, and what they decide, is said once, in
+the resolver.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import json
 from collections.abc import Sequence
 
 from jixu.ledger.event import Event, parse_json
-from jixu.recovery.resolver import EffectDecision, _decision, ordinary_lifecycle
+from jixu.recovery.resolver import _TYPES, EffectDecision, _decision, _walk
 
 _DECISION_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 # Module-level encoder: json.dumps with options builds a new encoder on every call.
@@ -98,24 +101,29 @@ def decode_decisions(texts: Sequence[str]) -> list[EffectDecision]:
 
 
 def ordinary_decision_text(effect_id: str, intent: Event, dispatch: Event, receipt: Event) -> str | None:
-    """``encode_decision(decide_effect(effect_id, [intent, dispatch, receipt]))`` for the ordinary lifecycle
-    (see :func:`~jixu.recovery.resolver.ordinary_lifecycle`), or None: then ask ``decide_effect``.
+    """``encode_decision(decide_effect(effect_id, [intent, dispatch, receipt]))`` when that decision is the
+    ordinary lifecycle's (``completed``, reason ``succeeded`` or ``failed``: an intent, its dispatch and that
+    attempt's determinate receipt), else None: then ask ``decide_effect``.
 
     None also when the text would need JSON escaping or a seq is not an integer (the general path
     writes those). ``tests/recovery`` pins the equality over generated lifecycles.
     """
-    found = ordinary_lifecycle(effect_id, intent, dispatch, receipt)
+    # The resolver's verdict on these events, when they are effect_id's (an owner of None would be no owner).
+    found = _walk((intent, dispatch, receipt), _TYPES, effect_id or "")
     if found is None:
         return None
-    kind, name, failed, semantics, key, args_hash = found
-    requested_seq, last_seq = intent.seq, receipt.seq
-    first, second, third = intent.id, dispatch.id, receipt.id
+    kind, name, state, reason, evidence, _retry_safe, semantics, key, args_hash, _attempts, _resolution, \
+        requested_seq, last_seq = found
+    if state != "completed" or (reason != "succeeded" and reason != "failed"):  # noqa: PLR1714 (faster)
+        return None
+    # Such a verdict cites the three events, is not retry safe, has one attempt and no resolution, and its texts
+    # but the event ids are the well-formed intent's (so str); the ids and the seqs are as recorded.
+    first, second, third = evidence
     if type(requested_seq) is not int or type(last_seq) is not int or type(first) is not str \
             or type(second) is not str or type(third) is not str:
         return None
-    text = (f'["{effect_id}","{kind}","{name}","completed","{"failed" if failed else "succeeded"}",'
-            f'["{first}","{second}","{third}"],false,"{semantics}","{key}","{args_hash}",1,null,'
-            f"{requested_seq},{last_seq}]")
+    text = (f'["{effect_id}","{kind}","{name}","completed","{reason}",["{first}","{second}","{third}"],false,'
+            f'"{semantics}","{key}","{args_hash}",1,null,{requested_seq},{last_seq}]')
     return text if _needs_no_escaping(text, 22) else None
 
 

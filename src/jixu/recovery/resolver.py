@@ -53,6 +53,42 @@ Where rules 9-11 meet:
 
 Lifecycle events without a usable ``effect_id`` belong to no effect; they are
 listed in :attr:`Analysis.unattributed_events` and make the stream corrupt.
+
+How it is computed: one walk
+----------------------------
+
+Every effect, whoever asks (:meth:`RecoveryResolver.analyze`,
+:func:`decide_effect`, ``decision_text.ordinary_decision_text``), is decided
+by :func:`_walk`, after rule 1 (``_decide``). The walk answers a *verdict*:
+the decision's fields as a plain tuple (:data:`_Verdict`), or the first broken
+rule (:data:`_Finding`); the callers build an :class:`EffectDecision` from it,
+or, for a settled ordinary effect, its text (without building it).
+
+The rules about an event's fields are each stated once, in a helper that both
+stages of the walk call: :func:`_intent_claims` (rule 2 for an intent),
+:func:`_args_hash_ok` (rule 6 for the intent's own args), :func:`_later_claims`
+(rule 2 for every other phase, including whether a failure is indeterminate)
+and :func:`_mismatch` (rules 5 and 6 for a later event). The walk has two
+stages:
+
+1. the ordinary lifecycle: an intent needing no approval, alone, with its
+   dispatch of attempt 1, with that attempt's determinate receipt. Most
+   effects (every effect in flight at an agent step, nearly every settled one)
+   are this, and stage 1 answers them at once, without the state of stage 2;
+2. :func:`_walk_all`, every rule over every event: at the first event that
+   does not continue the ordinary lifecycle, stage 1 hands the group to it,
+   which walks it from its first event.
+
+What stage 1 states itself is only that order (intent, dispatch of attempt 1,
+receipt of attempt 1, nothing before), which stage 2's rules allow; the tests
+pin stage 1 to stage 2, and both to ``tests/recovery/reference.py``, a second,
+plain statement of all the rules. ``tests/test_code_quality.py`` checks that
+the fields these rules read are read only in the rule helpers.
+
+Given an ``owner`` (the effect id asked about), the walk also checks that the
+events are all that effect's lifecycle events, so :func:`decide_effect` and
+the ordinary decision text skip the grouping and the chain-link check of
+``analyze``; anything else they ask ``analyze``.
 """
 
 from __future__ import annotations
@@ -61,7 +97,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias, overload
 
 from jixu.errors import JixuError
 from jixu.ledger.encoding import content_hash, encode_plain
@@ -153,8 +189,14 @@ _WITHOUT_INTENT_RANK: Final[dict[str, int]] = {
     "outcome_resolved": _EVENT_WITHOUT_INTENT,
 }
 
-# Marks an event type not parsed yet in analyze()'s per-call cache.
+# Marks an event type not parsed yet.
 _UNSEEN: Final[tuple[str, str]] = ("", "")
+
+_TYPES: Final[dict[str, tuple[str, str] | None]] = {}
+"""Each event type seen so far with its ``(kind, phase)``, or None when it is no lifecycle type: a memo of
+:func:`_parse_type` (a pure function of the text) shared by every call, so no call splits a type it has seen.
+It stops growing at :data:`_TYPES_KEPT` types; a call meeting more takes a copy of its own (see ``analyze``)."""
+_TYPES_KEPT: Final[int] = 1024
 
 
 
@@ -301,50 +343,15 @@ class Analysis:
         }
 
 
-def _positive_int(value: object) -> bool:
-    # bool is an int subclass; an attempt of True is malformed, not attempt 1.
-    return type(value) is int and value >= 1
-
-
 def _str_or_absent(data: dict[str, Any], key: str) -> bool:
     value = data.get(key)
     return value is None or type(value) is str
 
 
-def _has_result(data: dict[str, Any]) -> bool:
-    """A completed receipt carries its result, inline or as a reference to an artifact holding it."""
-    return "result" in data or isinstance(data.get("result_artifact"), dict)
-
-
 def _well_formed(phase: str, data: dict[str, Any]) -> bool:
-    """True when ``data`` has every field ``phase`` requires, with the right types."""
-    if phase == "dispatched":
-        return (
-            _positive_int(data.get("attempt"))
-            and _str_or_absent(data, "name")
-            and _str_or_absent(data, "args_hash")
-            and _str_or_absent(data, "idempotency_key")
-        )
-    if phase == "completed":
-        return _positive_int(data.get("attempt")) and _has_result(data)
-    if phase == "requested":
-        semantics = data.get("semantics")
-        return (
-            type(data.get("name")) is str
-            and type(data.get("args")) is dict
-            and type(data.get("args_hash")) is str
-            and type(semantics) is str
-            and semantics in _SEMANTICS_SET
-            and type(data.get("idempotency_key")) is str
-            and type(data.get("requires_approval", False)) is bool
-        )
-    if phase == "failed":
-        attempt = data.get("attempt")
-        return (
-            (attempt is None or _positive_int(attempt))
-            and type(data.get("error")) is dict
-            and type(data.get("indeterminate")) is bool
-        )
+    """Rule 2 for ``parked``, ``approved``, ``denied`` and ``outcome_resolved``: ``data`` has every field
+    ``phase`` requires, with the right types (:func:`_later_claims` asks it; the other phases are its own
+    and :func:`_intent_claims`'s)."""
     if phase == "parked":
         return type(data.get("reason")) is str
     if phase == "outcome_resolved":
@@ -405,18 +412,24 @@ def _text(data: dict[str, Any], key: str) -> str | None:
     return value if type(value) is str else None
 
 
+_Verdict: TypeAlias = tuple[str, str | None, State, str, tuple[str, ...], bool, str | None, str | None, str | None,
+                            int, dict[str, Any] | None, int | None, int]
+"""What the walk decides about an effect whose events do not contradict each other: the fields of its
+:class:`EffectDecision` after ``effect_id``, in their order (``kind`` … ``requested_seq``, ``last_seq``), with
+``last_seq`` the last event's seq as recorded (``_decide`` writes -1 for one that is not an integer)."""
+
+_Finding: TypeAlias = tuple[int, tuple[str, ...]]
+"""A broken rule: its rank (index in :data:`CORRUPTION_REASONS`) and the culprit event ids."""
+
+
 def _decide(
     effect_id: str,
-    group: list[Event],
+    group: Sequence[Event],
     types: dict[str, tuple[str, str] | None],
     covered: frozenset[int],
     break_seq: int | None,
 ) -> EffectDecision:
     """Classify one effect from its lifecycle events (in input order)."""
-    last_seq = group[-1].seq
-    if type(last_seq) is not int:
-        last_seq = -1
-
     # Rule 1 first and on its own: nothing at or after a chain break can be trusted.
     if covered or break_seq is not None:
         broken = tuple(
@@ -426,68 +439,190 @@ def _decide(
             or (break_seq is not None and type(event.seq) is int and event.seq >= break_seq)
         )
         if broken:
-            return _corrupt(effect_id, group, types, _BROKEN_CHAIN, broken, last_seq)
+            return _corrupt(effect_id, group, types, _BROKEN_CHAIN, broken, _last_seq(group))
 
-    if len(group) <= 2:
-        # An effect in flight (most open effects, analyzed at every agent step): decided without the walk.
-        found = _in_flight(effect_id, group, types, last_seq)
-        if found is not None:
-            return found
-    return _walk(effect_id, group, types, last_seq)
+    verdict = _walk(group, types)
+    if len(verdict) == 2:
+        return _corrupt(effect_id, group, types, verdict[0], verdict[1], _last_seq(group))
+    kind, name, state, reason, evidence, retry_safe, semantics, key, args_hash, attempts, resolution, \
+        requested_seq, last_seq = verdict
+    return _decision(effect_id, kind, name, state, reason, evidence, retry_safe, semantics, key, args_hash, attempts,
+                     resolution, requested_seq, last_seq if type(last_seq) is int else -1)
 
 
-def _in_flight(effect_id: str, group: list[Event], types: dict[str, tuple[str, str] | None],
-               last_seq: int) -> EffectDecision | None:
-    """What :func:`_walk` decides for a well-formed intent alone (``not_dispatched``) or followed by its
-    dispatch of attempt 1 (``unknown``), neither needing approval; None for anything else.
+def _last_seq(group: Sequence[Event]) -> int:
+    last_seq = group[-1].seq
+    return last_seq if type(last_seq) is int else -1
 
-    ``tests/recovery`` pins it to the walk over generated groups.
+
+def _intent_claims(data: dict[str, Any]) -> tuple[str, str, str, str, bool] | None:
+    """Rule 2 for an intent: its ``(name, idempotency_key, args_hash, semantics, requires_approval)`` when
+    ``data`` has them all with the right types (and ``args`` an object), else None."""
+    name = data.get("name")
+    key = data.get("idempotency_key")
+    claimed_hash = data.get("args_hash")
+    semantics = data.get("semantics")
+    approval = data.get("requires_approval", False)
+    if (
+        type(name) is str
+        and type(data.get("args")) is dict
+        and type(claimed_hash) is str
+        and type(semantics) is str
+        and semantics in _SEMANTICS_SET
+        and type(key) is str
+        and type(approval) is bool
+    ):
+        return name, key, claimed_hash, semantics, approval
+    return None
+
+
+def _later_claims(phase: str, data: dict[str, Any]) -> tuple[Any, Any, Any, Any, bool] | None:
+    """Rule 2 for every other phase: the event's ``(attempt, name, idempotency_key, args_hash,
+    indeterminate)`` when it has every field its phase requires with the right types, else None.
+
+    An attempt is a positive int (bool is an int subclass: an attempt of True is malformed, not attempt 1);
+    the identity fields a later event may repeat are absent (None) or text; ``indeterminate`` is True only
+    for a failure that says so.
     """
-    intent = group[0]
-    parsed = types[intent.type]
-    if parsed is None or parsed[1] != "requested":
-        return None
-    identity = _plain_intent(intent.data)
-    if identity is None:
-        return None
-    name, key, claimed_hash, semantics = identity
-    if len(group) == 1:
-        return _decision(effect_id, parsed[0], name, "not_dispatched", "intent_only", (intent.id,), True, semantics,
-                         key, claimed_hash, 0, None, intent.seq, last_seq)
-    dispatch = group[1]
-    if types[dispatch.type] != (parsed[0], "dispatched") or not _first_dispatch(dispatch.data, identity):
-        return None
-    return _decision(effect_id, parsed[0], name, "unknown", "dispatched_without_receipt", (intent.id, dispatch.id),
-                     semantics in _RETRYABLE, semantics, key, claimed_hash, 1, None, intent.seq, last_seq)
-
-
-def _plain_intent(data: dict[str, Any]) -> tuple[str, str, str, str] | None:
-    """``(name, idempotency_key, args_hash, semantics)`` of a well-formed intent that needs no approval and
-    whose args hash matches its args, else None (the fast paths' test of an intent)."""
-    name, key, claimed_hash, semantics = data.get("name"), data.get("idempotency_key"), data.get("args_hash"), \
-        data.get("semantics")
-    if (type(name) is not str or type(key) is not str or type(claimed_hash) is not str
-            or type(semantics) is not str or semantics not in _SEMANTICS_SET or type(data.get("args")) is not dict
-            or data.get("requires_approval", False) is not False or _args_hash_ok(data) is not True):
-        return None
-    return name, key, claimed_hash, semantics
-
-
-def _first_dispatch(data: dict[str, Any], identity: tuple[str, str, str, str]) -> bool:
-    """Whether ``data`` is a dispatch (or its receipt) of attempt 1 naming exactly the intent's identity."""
     attempt = data.get("attempt")
-    return type(attempt) is int and attempt == 1 and _same_identity(data, identity[0], identity[1], identity[2])
+    if "name" in data or "idempotency_key" in data or "args_hash" in data:  # most later events repeat none
+        name = data.get("name")
+        key = data.get("idempotency_key")
+        claimed_hash = data.get("args_hash")
+    else:
+        name = key = claimed_hash = None
+    if phase == "dispatched":
+        if (
+            type(attempt) is int
+            and attempt >= 1
+            and (name is None or type(name) is str)
+            and (key is None or type(key) is str)
+            and (claimed_hash is None or type(claimed_hash) is str)
+        ):
+            return attempt, name, key, claimed_hash, False
+    elif phase == "completed":
+        # The result inline, or a reference to an artifact holding it.
+        if type(attempt) is int and attempt >= 1 and ("result" in data or isinstance(data.get("result_artifact"), dict)):
+            return attempt, name, key, claimed_hash, False
+    elif phase == "failed":
+        indeterminate = data.get("indeterminate")
+        if (
+            (attempt is None or (type(attempt) is int and attempt >= 1))
+            and type(data.get("error")) is dict
+            and type(indeterminate) is bool
+        ):
+            return attempt, name, key, claimed_hash, indeterminate
+    elif _well_formed(phase, data):
+        return attempt, name, key, claimed_hash, False
+    return None
 
 
-def _walk(
-    effect_id: str,
-    group: list[Event],
-    types: dict[str, tuple[str, str] | None],
-    last_seq: int,
-) -> EffectDecision:
-    """Classify one effect by walking its lifecycle events (in input order), after the chain-break rule."""
-    # (rank, culprit event ids) of every rule broken; the lowest rank (first found on ties) wins.
-    findings: list[tuple[int, tuple[str, ...]]] = []
+def _mismatch(kind: str, name: str | None, key: str | None, claimed_hash: str | None, event_kind: str,
+              other_name: Any, other_key: Any, other_hash: Any) -> int:
+    """Rules 5 and 6 for a later event: 0 when it names the intent's kind and, of the intent's name, key and
+    args hash, repeats only the very ones; else ``_NAMES_OTHER`` and/or ``_HASHES_OTHER``."""
+    found = 0
+    if event_kind != kind or (other_name is not None and other_name != name) or (
+        other_key is not None and other_key != key
+    ):
+        found = _NAMES_OTHER
+    if other_hash is not None and other_hash != claimed_hash:
+        found |= _HASHES_OTHER
+    return found
+
+
+_NAMES_OTHER: Final[int] = 1
+_HASHES_OTHER: Final[int] = 2
+_RECEIPT_PHASES: Final[frozenset[str]] = frozenset(("completed", "failed"))
+
+
+@overload
+def _walk(group: Sequence[Event], types: dict[str, tuple[str, str] | None]) -> _Verdict | _Finding: ...
+@overload
+def _walk(group: Sequence[Event], types: dict[str, tuple[str, str] | None], owner: object) -> _Verdict | None: ...
+def _walk(group: Sequence[Event], types: dict[str, tuple[str, str] | None],
+          owner: object = None) -> _Verdict | _Finding | None:
+    """The one walk: the verdict on one effect from its lifecycle events (in input order), or the corruption
+    rule they break first (lowest rank; on a tie, the first found). Every rule but the chain-break rule.
+
+    Stage 1 takes the ordinary lifecycle (an intent needing no approval, alone, with its first dispatch,
+    with that attempt's determinate receipt) event by event and answers it at once; at the first event
+    that does not continue it, stage 2 (:func:`_walk_all`, every rule) walks the group from its start. Both
+    stages ask the same rule helpers about an event's fields (:func:`_intent_claims`, :func:`_args_hash_ok`,
+    :func:`_later_claims`, :func:`_mismatch`); stage 1 states only the ordinary order (intent, dispatch of
+    attempt 1, receipt of attempt 1), which stage 2's ordering rules (3 and 9) allow.
+
+    With an ``owner`` (an effect id; for :func:`decide_effect` and ``ordinary_decision_text``) the walk also
+    checks as it goes that ``group`` is ``analyze``'s group of that effect (each event a lifecycle event
+    with ``owner`` as its effect id; its type is parsed into ``types`` if it was not yet), and answers the
+    verdict of such a group whose events do not contradict each other, None for anything else.
+    """
+    if owner == "" or not group:
+        return None  # events without an effect id belong to no effect (and analyze makes no empty group)
+    try:
+        # Stage 1: the ordinary lifecycle. Grouped events are lifecycle events, so the cache holds a
+        # (kind, phase) for them. With an owner, an event of a type not parsed yet raises KeyError here, one
+        # of another type TypeError (see below).
+        count = len(group)
+        intent = group[0]
+        kind, phase = types[intent.type]  # type: ignore[misc]
+        data = intent.data
+        if owner is not None and (
+            type(data) is not dict or (own := data.get("effect_id")) != owner or type(own) is not str
+        ):
+            return None
+        if count <= 3 and phase == "requested":
+            claims = _intent_claims(data)
+            if claims is not None and not claims[4] and _args_hash_ok(data):
+                name, key, claimed_hash, semantics, _approval = claims
+                if count == 1:
+                    return (kind, name, "not_dispatched", "intent_only", (intent.id,), True, semantics, key,
+                            claimed_hash, 0, None, intent.seq, intent.seq)
+                dispatch = group[1]
+                event_kind, phase = types[dispatch.type]  # type: ignore[misc]
+                data = dispatch.data
+                if owner is not None and (
+                    type(data) is not dict or (own := data.get("effect_id")) != owner or type(own) is not str
+                ):
+                    return None
+                later = _later_claims(phase, data) if phase == "dispatched" else None
+                if later is not None and later[0] == 1 and not _mismatch(
+                        kind, name, key, claimed_hash, event_kind, later[1], later[2], later[3]):
+                    if count == 2:
+                        return (kind, name, "unknown", "dispatched_without_receipt", (intent.id, dispatch.id),
+                                semantics in _RETRYABLE, semantics, key, claimed_hash, 1, None, intent.seq,
+                                dispatch.seq)
+                    receipt = group[2]
+                    event_kind, phase = types[receipt.type]  # type: ignore[misc]
+                    data = receipt.data
+                    if owner is not None and (
+                        type(data) is not dict or (own := data.get("effect_id")) != owner or type(own) is not str
+                    ):
+                        return None
+                    later = _later_claims(phase, data) if phase in _RECEIPT_PHASES else None
+                    if later is not None and later[0] == 1 and not later[4] and not _mismatch(
+                            kind, name, key, claimed_hash, event_kind, later[1], later[2], later[3]):
+                        return (kind, name, "completed", "succeeded" if phase == "completed" else "failed",
+                                (intent.id, dispatch.id, receipt.id), False, semantics, key, claimed_hash, 1, None,
+                                intent.seq, receipt.seq)
+        # Stage 2: every rule, from the first event.
+        return _walk_all(group, types, owner)
+    except KeyError:
+        if owner is None:
+            raise
+        # A type not parsed yet: walk again once the group's types are known.
+        learned = _learn_types(group, types)
+        return _walk(group, learned, owner) if learned is not None else None
+    except TypeError:
+        if owner is None:
+            raise
+        return None  # an event of no lifecycle type (None in the cache), or of a type that is no str
+
+
+def _walk_all(group: Sequence[Event], types: dict[str, tuple[str, str] | None],
+              owner: object) -> _Verdict | _Finding | None:
+    """Stage 2 of :func:`_walk`: every rule over every event (the caller handles KeyError / TypeError)."""
+    findings: list[_Finding] = []  # (rank, culprit event ids) of every rule broken
 
     intent: Event | None = None
     kind = ""
@@ -513,98 +648,86 @@ def _walk(
     attempt: Any  # an int once the event is known to be well formed, else anything
 
     for event in group:
-        # Grouped events are lifecycle events, so the cache holds a (kind, phase) for them.
-        event_kind, phase = types[event.type] or ("", "")
+        event_kind, phase = types[event.type]  # type: ignore[misc]
         data = event.data
-
-        # Identity fields a later event may repeat; read once, for rules 2, 5 and 6.
-        attempt = data.get("attempt")
-        other_name = data.get("name")
-        other_key = data.get("idempotency_key")
-        other_hash = data.get("args_hash")
-
-        # Rule 2, inlined for the two most frequent phases (the hot path).
-        if phase == "dispatched":
-            well_formed = (
-                type(attempt) is int
-                and attempt >= 1
-                and (other_name is None or type(other_name) is str)
-                and (other_key is None or type(other_key) is str)
-                and (other_hash is None or type(other_hash) is str)
-            )
-        elif phase == "completed":
-            well_formed = type(attempt) is int and attempt >= 1 and _has_result(data)
-        else:
-            well_formed = _well_formed(phase, data)
-        if not well_formed:
-            findings.append((_MALFORMED, (event.id,)))
-            if phase == "requested" and intent is None:
-                # Still the intent for ordering, so later events are not also "without intent".
-                intent, kind = event, event_kind
-            continue
+        if owner is not None and (
+            type(data) is not dict or (own := data.get("effect_id")) != owner or type(own) is not str
+        ):
+            return None
 
         if phase == "requested":
-            if intent is not None:
-                findings.append((_DUPLICATE_INTENT, (intent.id, event.id)))
-                continue
-            intent, kind = event, event_kind
-            name = other_name
-            key = other_key
-            claimed_hash = other_hash
-            semantics = data["semantics"]
-            requires_approval = data.get("requires_approval", False)
-            hash_ok = _args_hash_ok(data)  # the one re-hash of the args, once per intent
-            if hash_ok is None:
+            # Rule 2 for an intent; then rule 4, and rule 6 for the intent's own args hash.
+            claims = _intent_claims(data)
+            if claims is None:
                 findings.append((_MALFORMED, (event.id,)))
-            elif not hash_ok:
-                findings.append((_ARGS_HASH_MISMATCH, (event.id,)))
+                if intent is None:
+                    # Still the intent for ordering, so later events are not also "without intent".
+                    intent, kind = event, event_kind
+            elif intent is not None:
+                findings.append((_DUPLICATE_INTENT, (intent.id, event.id)))
+            else:
+                intent, kind = event, event_kind
+                name, key, claimed_hash, semantics, requires_approval = claims
+                hash_ok = _args_hash_ok(data)  # the one re-hash of the args, once per intent
+                if hash_ok is None:
+                    findings.append((_MALFORMED, (event.id,)))
+                elif not hash_ok:
+                    findings.append((_ARGS_HASH_MISMATCH, (event.id,)))
             continue
 
-        if intent is None:
+        later = _later_claims(phase, data)  # rule 2
+        if later is None:
+            findings.append((_MALFORMED, (event.id,)))
+            continue
+        if intent is None:  # rule 3
             findings.append((_WITHOUT_INTENT_RANK[phase], (event.id,)))
             continue
+        attempt, other_name, other_key, other_hash, indeterminate = later
+        mismatch = _mismatch(kind, name, key, claimed_hash, event_kind, other_name, other_key, other_hash)
+        if mismatch:  # rules 5 and 6
+            if mismatch & _NAMES_OTHER:
+                findings.append((_IDENTITY_MISMATCH, (intent.id, event.id)))
+            if mismatch & _HASHES_OTHER:
+                findings.append((_ARGS_HASH_MISMATCH, (intent.id, event.id)))
 
-        if event_kind != kind or (other_name is not None and other_name != name) or (
-            other_key is not None and other_key != key
-        ):
-            findings.append((_IDENTITY_MISMATCH, (intent.id, event.id)))
-        if other_hash is not None and other_hash != claimed_hash:
-            findings.append((_ARGS_HASH_MISMATCH, (intent.id, event.id)))
-
-        # Nothing but a (conflicting) second resolution may follow a resolution.
-        out_of_order = resolution_event is not None and phase != "outcome_resolved"
+        # Rules 7-11 (which finding an event adds first does not matter: the lowest rank wins, and on a
+        # tie the earliest event). Nothing but a (conflicting) second resolution may follow a resolution.
+        if resolution_event is not None and phase != "outcome_resolved":
+            findings.append((_OUT_OF_ORDER, (event.id,)))
 
         if phase == "dispatched":
             dispatch_count += 1
-            if semantics == "unsafe" and dispatch_count > 1:
+            if dispatch_count > 1 and semantics == "unsafe":
                 findings.append((_UNSAFE_REDISPATCH, _ids_of_phase(group, types, "dispatched", event)))
+            # A dispatch comes after the approval when one is needed, before any terminal receipt, names the
+            # next attempt, and follows an attempt only while that attempt's outcome is unknown.
             if (
                 terminal_event is not None
                 or ((requires_approval or parked_event is not None) and approved_event is None)
                 or attempt != last_attempt + 1
                 or (last_attempt > 0 and not attempt_unknown)
             ):
-                out_of_order = True
+                findings.append((_OUT_OF_ORDER, (event.id,)))
             last_dispatch = event
             last_attempt = attempt
             attempt_unknown = True
             indeterminate_event = None
         elif phase == "completed" or phase == "failed":  # noqa: PLR1714 (faster than a tuple test)
-            indeterminate = phase == "failed" and data["indeterminate"]
-            if receipts is None:
-                receipts = {}
+            # One receipt per attempt, and one terminal receipt.
             if terminal_event is not None:
                 findings.append((_DUPLICATE_RECEIPT, (terminal_event.id, event.id)))
-            elif attempt is not None and attempt in receipts:
+            elif attempt is not None and receipts is not None and attempt in receipts:
                 findings.append((_DUPLICATE_RECEIPT, (receipts[attempt].id, event.id)))
             if attempt is not None:
-                receipts.setdefault(attempt, event)
-            if last_attempt == 0:
-                # No dispatch yet: only a determinate failure without an attempt (a rejection) fits.
-                if phase == "completed" or indeterminate or attempt is not None:
-                    out_of_order = True
-            elif attempt != last_attempt:
-                out_of_order = True
+                if receipts is None:
+                    receipts = {attempt: event}
+                elif attempt not in receipts:
+                    receipts[attempt] = event
+            # A receipt is of the latest attempt; before any dispatch, only a determinate failure without an
+            # attempt (a rejection) fits.
+            if (attempt != last_attempt) if last_attempt else (
+                    phase == "completed" or indeterminate or attempt is not None):
+                findings.append((_OUT_OF_ORDER, (event.id,)))
             attempt_unknown = indeterminate
             if indeterminate:
                 indeterminate_event = event
@@ -624,7 +747,7 @@ def _walk(
         elif phase == "parked":
             # Parking belongs before the first dispatch, once, before any decision.
             if terminal_event is not None or dispatch_count or parked_event is not None or decided:
-                out_of_order = True
+                findings.append((_OUT_OF_ORDER, (event.id,)))
             if parked_event is None:
                 parked_event = event
         else:  # approved / denied
@@ -637,7 +760,7 @@ def _walk(
                 or decided
                 or (parked_event is None and not requires_approval)
             ):
-                out_of_order = True
+                findings.append((_OUT_OF_ORDER, (event.id,)))
             decided = True
             if phase == "approved":
                 if approved_event is None:
@@ -646,64 +769,45 @@ def _walk(
                 terminal_event = event
                 terminal_reason = "denied"
 
-        if out_of_order:
-            findings.append((_OUT_OF_ORDER, (event.id,)))
-
     if findings:
-        rank, culprits = min(findings, key=_rank_of)
-        return _corrupt(effect_id, group, types, rank, culprits, last_seq)
-
+        return min(findings, key=_rank_of) if owner is None else None
     # Without findings there is exactly one well-formed intent, and it came first.
     assert intent is not None
-    resolution: dict[str, Any] | None = None
-    retry_safe = False
-    state: State
-    evidence: tuple[str, ...]
+    last_seq = group[-1].seq
     if terminal_event is not None:
-        state, reason = "completed", terminal_reason
-        if terminal_reason == "denied":
-            evidence = (intent.id, *_ids(parked_event), terminal_event.id)
+        if parked_event is not None and terminal_reason == "denied":
+            evidence: tuple[str, ...] = (intent.id, parked_event.id, terminal_event.id)
+        elif last_dispatch is not None:
+            evidence = (intent.id, last_dispatch.id, terminal_event.id)
         else:
-            evidence = (intent.id, *_ids(last_dispatch), terminal_event.id)
-    elif last_dispatch is not None:
-        state = "unknown"
-        evidence = (intent.id, last_dispatch.id, *_ids(indeterminate_event), *_ids(resolution_event))
+            evidence = (intent.id, terminal_event.id)
+        return (kind, name, "completed", terminal_reason, evidence, False, semantics, key, claimed_hash,
+                dispatch_count, None, intent.seq, last_seq)
+    if last_dispatch is not None:
         if resolution_event is not None:
             # An operator fact, not a receipt: the effect stays unknown but needs no more waiting.
-            reason = "resolved_by_operator"
-            resolution = _resolution_of(resolution_event)
-        else:
-            reason = "dispatched_without_receipt" if indeterminate_event is None else "indeterminate_failure"
-            retry_safe = semantics in _RETRYABLE
-    elif approved_event is None and (parked_event is not None or requires_approval):
+            return (kind, name, "unknown", "resolved_by_operator",
+                    (intent.id, last_dispatch.id, *_ids(indeterminate_event), resolution_event.id), False,
+                    semantics, key, claimed_hash, dispatch_count, _resolution_of(resolution_event), intent.seq,
+                    last_seq)
+        if indeterminate_event is None:
+            return (kind, name, "unknown", "dispatched_without_receipt", (intent.id, last_dispatch.id),
+                    semantics in _RETRYABLE, semantics, key, claimed_hash, dispatch_count, None, intent.seq, last_seq)
+        return (kind, name, "unknown", "indeterminate_failure", (intent.id, last_dispatch.id, indeterminate_event.id),
+                semantics in _RETRYABLE, semantics, key, claimed_hash, dispatch_count, None, intent.seq, last_seq)
+    if approved_event is not None:
+        return (kind, name, "not_dispatched", "approved_not_dispatched",
+                (intent.id, *_ids(parked_event), approved_event.id), True, semantics, key, claimed_hash, 0, None,
+                intent.seq, last_seq)
+    if parked_event is not None:
+        return (kind, name, "parked", "parked", (intent.id, parked_event.id), False, semantics, key, claimed_hash,
+                0, None, intent.seq, last_seq)
+    if requires_approval:
         # A required approval with no parked record yet (crash in between) is still parked.
-        state = "parked"
-        reason = "parked" if parked_event is not None else "awaiting_approval"
-        evidence = (intent.id, *_ids(parked_event))
-    else:
-        state = "not_dispatched"
-        retry_safe = True
-        if approved_event is not None:
-            reason = "approved_not_dispatched"
-            evidence = (intent.id, *_ids(parked_event), approved_event.id)
-        else:
-            reason, evidence = "intent_only", (intent.id,)
-    return EffectDecision(
-        effect_id=effect_id,
-        kind=kind,
-        name=name,
-        state=state,
-        reason=reason,
-        evidence=evidence,
-        retry_safe=retry_safe,
-        semantics=semantics,
-        idempotency_key=key,
-        args_hash=claimed_hash,
-        attempts=dispatch_count,
-        resolution=resolution,
-        requested_seq=intent.seq,
-        last_seq=last_seq,
-    )
+        return (kind, name, "parked", "awaiting_approval", (intent.id,), False, semantics, key, claimed_hash, 0,
+                None, intent.seq, last_seq)
+    return (kind, name, "not_dispatched", "intent_only", (intent.id,), True, semantics, key, claimed_hash, 0, None,
+            intent.seq, last_seq)
 
 
 def _rank_of(finding: tuple[int, tuple[str, ...]]) -> int:
@@ -715,7 +819,7 @@ def _ids(event: Event | None) -> tuple[str, ...]:
 
 
 def _ids_of_phase(
-    group: list[Event], types: dict[str, tuple[str, str] | None], phase: str, upto: Event
+    group: Sequence[Event], types: dict[str, tuple[str, str] | None], phase: str, upto: Event
 ) -> tuple[str, ...]:
     """Ids of ``group``'s events of ``phase`` up to and including ``upto``."""
     found: list[str] = []
@@ -730,7 +834,7 @@ def _ids_of_phase(
 
 def _corrupt(
     effect_id: str,
-    group: list[Event],
+    group: Sequence[Event],
     types: dict[str, tuple[str, str] | None],
     rank: int,
     culprits: tuple[str, ...],
@@ -803,7 +907,7 @@ class RecoveryResolver:
         # cyclic GC they provoke) were the largest cost on long streams.
         groups: dict[str, list[Event]] = {}
         unattributed: list[str] = []
-        types: dict[str, tuple[str, str] | None] = {}  # per-call cache: no regex or split per event
+        types = _TYPES  # no split per event; the walk reads each event's (kind, phase) from it again
 
         break_index, detected_seq = _first_break(events, anchor_hash) if check_links else (-1, None)
 
@@ -812,6 +916,8 @@ class RecoveryResolver:
             parsed = types.get(event_type, _UNSEEN) if type(event_type) is str else None
             if parsed is _UNSEEN:
                 parsed = _parse_type(event_type)
+                if len(types) >= _TYPES_KEPT and types is _TYPES:
+                    types = dict(_TYPES)  # full: this call remembers the rest in a copy of its own
                 types[event_type] = parsed
             if parsed is None:
                 continue
@@ -853,69 +959,35 @@ def decide_effect(effect_id: str, events: Sequence[Event]) -> EffectDecision | N
 
     For a caller that keeps one effect's lifecycle events (from a chain it
     verified) and asks about that effect alone, e.g. when a receipt arrives.
-    The ordinary lifecycle (a well-formed intent, one dispatch of attempt 1
-    and its determinate receipt, all naming the same effect, kind, name, key
-    and args hash) is decided without the general walk; the result is the
-    same object the general path builds (``tests/recovery`` proves it over
-    generated lifecycles). Anything else takes the general path.
+    The walk checks as it goes that the events are all lifecycle events of
+    ``effect_id``: then they are the very group ``analyze`` would make, and
+    when they do not contradict each other nothing else is done (no grouping,
+    no chain-link check). Anything else is asked of ``analyze`` itself.
     """
-    if len(events) == 3:
-        decision = _ordinary(effect_id, events[0], events[1], events[2])
-        if decision is not None:
-            return decision
-    return RecoveryResolver.analyze(events, check_links=False).decisions.get(effect_id)
+    verdict = _walk(events, _TYPES, effect_id or "")  # (an owner of None would be no owner)
+    if verdict is None:
+        return RecoveryResolver.analyze(events, check_links=False).decisions.get(effect_id)
+    kind, name, state, reason, evidence, retry_safe, semantics, key, args_hash, attempts, resolution, \
+        requested_seq, last_seq = verdict
+    return _decision(effect_id, kind, name, state, reason, evidence, retry_safe, semantics, key, args_hash, attempts,
+                     resolution, requested_seq, last_seq if type(last_seq) is int else -1)
 
 
-def _ordinary(effect_id: str, intent: Event, dispatch: Event, receipt: Event) -> EffectDecision | None:
-    """requested -> dispatched(attempt 1) -> completed / determinate failed(attempt 1), or None."""
-    found = ordinary_lifecycle(effect_id, intent, dispatch, receipt)
-    if found is None:
-        return None
-    kind, name, failed, semantics, key, claimed_hash = found
-    last_seq = receipt.seq
-    return _decision(effect_id, kind, name, "completed", "failed" if failed else "succeeded",
-                     (intent.id, dispatch.id, receipt.id), False, semantics, key, claimed_hash, 1, None, intent.seq,
-                     last_seq if type(last_seq) is int else -1)
-
-
-def ordinary_lifecycle(effect_id: str, intent: Event, dispatch: Event,
-                       receipt: Event) -> tuple[str, str, bool, str, str, str] | None:
-    """``(kind, name, failed, semantics, idempotency_key, args_hash)`` if the three events are the
-    ordinary lifecycle, else None.
-
-    Ordinary: a well-formed intent, its dispatch of attempt 1 and the determinate receipt of that
-    attempt, all naming the same effect, kind, name, key and args hash. Such an effect is
-    ``completed`` (reason ``failed`` or ``succeeded``, evidence the three ids, attempts 1, not retry
-    safe, no resolution, ``requested_seq`` the intent's seq, ``last_seq`` the receipt's).
-    """
-    intent_type, dispatch_type, receipt_type = intent.type, dispatch.type, receipt.type
-    if type(intent_type) is not str or not intent_type.endswith(".requested"):
-        return None
-    kind = intent_type[:-10]
-    if (not kind or type(dispatch_type) is not str or dispatch_type != kind + ".dispatched"
-            or type(receipt_type) is not str):
-        return None
-    if receipt_type == kind + ".completed":
-        failed = False
-    elif receipt_type == kind + ".failed":
-        failed = True
-    else:
-        return None
-    data, dispatched, received = intent.data, dispatch.data, receipt.data
-    if (type(data) is not dict or type(dispatched) is not dict or type(received) is not dict
-            or type(effect_id) is not str or not effect_id or data.get("effect_id") != effect_id
-            or dispatched.get("effect_id") != effect_id or received.get("effect_id") != effect_id):
-        return None
-    if failed:
-        if type(received.get("error")) is not dict or received.get("indeterminate") is not False:
+def _learn_types(events: Sequence[Event],
+                 types: dict[str, tuple[str, str] | None]) -> dict[str, tuple[str, str] | None] | None:
+    """``types`` with every event's type parsed into it (into a copy, when it is :data:`_TYPES` and full), or
+    None when it held them all already or one is no str."""
+    learned = None
+    for event in events:
+        event_type = event.type
+        if type(event_type) is not str:
             return None
-    elif not _has_result(received):
-        return None
-    identity = _plain_intent(data)
-    if identity is None or not _first_dispatch(dispatched, identity) or not _first_dispatch(received, identity):
-        return None
-    name, key, claimed_hash, semantics = identity
-    return kind, name, failed, semantics, key, claimed_hash
+        if event_type not in types:
+            if types is _TYPES and len(types) >= _TYPES_KEPT:
+                types = dict(types)  # full: this call remembers the rest in a copy of its own
+            types[event_type] = _parse_type(event_type)
+            learned = types
+    return learned
 
 
 def _decision(effect_id: str, kind: str, name: str | None, state: State, reason: str, evidence: tuple[str, ...],
@@ -952,18 +1024,6 @@ _new = object.__new__
     EffectDecision.__dict__[name].__set__ for name in (
         "effect_id", "kind", "name", "state", "reason", "evidence", "retry_safe", "semantics", "idempotency_key",
         "args_hash", "attempts", "resolution", "requested_seq", "last_seq"))
-
-
-def _same_identity(data: dict[str, Any], name: str, key: str, claimed_hash: str) -> bool:
-    """A later event's name, key and args hash are absent or exactly the intent's."""
-    other = data.get("name")
-    if other is not None and (type(other) is not str or other != name):
-        return False
-    other = data.get("idempotency_key")
-    if other is not None and (type(other) is not str or other != key):
-        return False
-    other = data.get("args_hash")
-    return other is None or (type(other) is str and other == claimed_hash)
 
 
 def _first_break(events: Sequence[Event], anchor_hash: str | None) -> tuple[int, int | None]:
