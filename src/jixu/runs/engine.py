@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
-import random
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -50,6 +49,17 @@ from jixu.errors import (
     RunStateError,
     UnknownProvider,
     WorkspaceMismatch,
+)
+from jixu.kernel import (
+    Outcome,
+    Session,
+    claim_stream,
+    drive,
+    marker,
+    pause_delay,
+    perform,
+    record,
+    sleep_until,
 )
 from jixu.ledger import Fence, NewEvent, Store, new_id
 from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
@@ -97,6 +107,14 @@ from jixu.runs.workspace import changes, clone, inspect, resolve_source, tree_of
 
 DEFAULT_LEASE_TTL = 30.0
 _CONFLICT_RETRIES = 5
+_INTERRUPTED = Outcome.failed({"type": "interrupted", "message": "the worker stopped while the task ran"},
+                              indeterminate=True)
+
+
+def _unexpected(error: Exception) -> Outcome:
+    """The receipt of a task whose work raised what it does not expect: it may have done part of it."""
+    return Outcome.failed({"type": "exception", "exception": type(error).__name__, "message": str(error)[:2000]},
+                          indeterminate=True)
 
 
 def default_run_owner() -> str:
@@ -291,7 +309,7 @@ class Runs:
             "knowledge": knowledge}, meta)
         plan = NewEvent("plan.revised", {"revision": 1, "provider_revision": 1, "reason": "initial",
                                          "tasks": tasks}, meta)
-        self.store.append(run_stream(run_id), [created, plan], 0)
+        record(self.store, run_stream(run_id), [created, plan], 0)
         return run_id
 
     # --- executing -------------------------------------------------------------------------------
@@ -332,102 +350,62 @@ class Runs:
         if fence is None:
             return self._state(log)
         me = asyncio.current_task()
-        lost: list[FencingError] = []
         self._executing.add(run_id)
-        heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(fence, me, lost))
+        session = Session(self.store, fence, self.lease_ttl)
         try:
-            if await self._workspace_matches(log, fence):
-                await self._loop(log, fence, provider)
+            async with session:  # the heartbeat; the lease is released at the end
+                if await self._workspace_matches(log, fence):
+                    await self._loop(log, fence, provider)
         except asyncio.CancelledError:
-            if lost and me is not None and me.uncancel() == 0:
-                raise OwnershipLost(f"run {run_id}: this process lost the run's lease ({lost[0].message}); it "
-                                    "stopped without writing anything more", run_id=run_id) from lost[0]
+            if session.lost is not None and me is not None and me.uncancel() == 0:
+                raise OwnershipLost(f"run {run_id}: this process lost the run's lease ({session.lost.message}); "
+                                    "it stopped without writing anything more", run_id=run_id) from session.lost
             raise
         except FencingError as error:
             raise OwnershipLost(f"run {run_id}: this process no longer owns the run ({error.message}); it stopped "
                                 "without writing anything more", run_id=run_id) from error
         finally:
-            heartbeat.cancel()
             self._executing.discard(run_id)
-            with contextlib.suppress(JixuError):
-                self.store.release_lease(fence)
         return self._state(log)
 
     def _claim(self, log: RunLog) -> Fence | None:
         """Take the run's lease and record ``run.claimed``; ``None`` if the run stopped being runnable meanwhile."""
-        key = run_lease_key(log.run_id)
-        lease = self.store.get_lease(key)
-        if lease is None:
-            reason, previous_owner, previous_epoch, require_expired = "claimed", None, 0, False
-        else:
-            previous_owner, previous_epoch = lease.owner, lease.epoch
-            if lease.released:
-                reason, require_expired = "continued", False
-            elif lease.owner == self.owner:
-                reason, require_expired = "reclaimed_by_same_owner", False
-            else:
-                reason, require_expired = "took_over_expired", True
         try:
-            fence = self.store.take_over_lease(key, self.owner, self.lease_ttl, expected_epoch=previous_epoch,
-                                               require_expired=require_expired)
+            claim = claim_stream(log.writer, run_lease_key(log.run_id), self.owner, self.lease_ttl,
+                                 lambda c: NewEvent("run.claimed", c.record(), log.meta(self.owner)),
+                                 still_wanted=lambda: not isinstance(decide(log.record, log.analysis()), Stop),
+                                 tries=_CONFLICT_RETRIES)
         except (FencingError, LeaseHeld) as error:
             raise RunOwned(f"run {log.run_id} changed hands while claiming it: {error.message}",
                            run_id=log.run_id) from error
-        claimed = NewEvent("run.claimed", {"owner": fence.owner, "epoch": fence.epoch, "reason": reason,
-                                           "previous_owner": previous_owner, "previous_epoch": previous_epoch},
-                           log.meta(self.owner))
-        for _ in range(_CONFLICT_RETRIES):
-            try:
-                log.append([claimed], fence)
-                return fence
-            except ConcurrencyError:
-                log.sync()  # someone wrote meanwhile (an operator's cancel, say): is there still work?
-                if isinstance(decide(log.record, log.analysis()), Stop):
-                    break
-        with contextlib.suppress(JixuError):
-            self.store.release_lease(fence)
-        return None
-
-    async def _heartbeat(self, fence: Fence, task: asyncio.Task[Any] | None, lost: list[FencingError]) -> None:
-        """Renew the run lease every TTL/3 against the store's clock; stop the session if it was lost."""
-        while True:
-            await asyncio.sleep(self.lease_ttl / 3)
-            try:
-                self.store.renew_lease(fence, self.lease_ttl)
-            except FencingError as error:
-                lost.append(error)
-                if task is not None:
-                    task.cancel()
-                return
+        return None if claim is None else claim.fence
 
     async def _loop(self, log: RunLog, fence: Fence, provider: Provider) -> None:
-        while True:
+        async def next_action() -> Any:
             action = decide(log.record, log.analysis())
             if isinstance(action, Stop):
                 self._record_drained(log, fence)
-                return
+                return None
             if isinstance(action, AutoResume) and not self.wait_automatic_pauses and action.resume_at is not None \
                     and action.resume_at > self.store.now():
-                return  # the pause stays open; whoever requeued the run comes back at resume_at
-            head = log.record.seq
-            try:
-                if isinstance(action, AutoResume):
-                    await self._auto_resume(log, fence, action)
-                elif isinstance(action, RequestTask):
-                    self._request(log, fence, action)
-                elif isinstance(action, Dispatch):
-                    await self._dispatch(log, fence, provider, action)
-                elif isinstance(action, Pause):
-                    self._pause(log, fence, action)
-                elif isinstance(action, Revise):
-                    self._revise(log, fence, action)
-                elif isinstance(action, Finish):
-                    await self._finish(log, fence, action)
-            except ConcurrencyError:
-                log.sync()  # an operator wrote meanwhile (e.g. cancelled): look again
-            if log.record.seq == head:
-                raise JixuError(f"run {log.run_id}: {type(action).__name__} recorded nothing; stopping instead of "
-                                "looping", run_id=log.run_id)
+                return None  # the pause stays open; whoever requeued the run comes back at resume_at
+            return action
+
+        async def act(action: Any) -> None:
+            if isinstance(action, AutoResume):
+                await self._auto_resume(log, fence, action)
+            elif isinstance(action, RequestTask):
+                self._request(log, fence, action)
+            elif isinstance(action, Dispatch):
+                await self._dispatch(log, fence, provider, action)
+            elif isinstance(action, Pause):
+                self._pause(log, fence, action)
+            elif isinstance(action, Revise):
+                self._revise(log, fence, action)
+            elif isinstance(action, Finish):
+                await self._finish(log, fence, action)
+
+        await drive(log.writer, next_action, act, what=f"run {log.run_id}", run_id=log.run_id)
 
     def _record_drained(self, log: RunLog, fence: Fence) -> None:
         """A cancellation request finished the run while this process executed it: record that it stopped."""
@@ -439,16 +417,6 @@ class Runs:
                                                  "epoch": fence.epoch, "how": "the executing process stopped"},
                                  log.meta(self.owner))], fence)
         self.requests.complete_cancellation(log)
-
-    def _append_receipt(self, log: RunLog, fence: Fence, event: NewEvent) -> None:
-        """A receipt is a fact: record it even if an operator wrote meanwhile (same event id on each try)."""
-        for _ in range(_CONFLICT_RETRIES):
-            try:
-                log.append([event], fence)
-                return
-            except ConcurrencyError:
-                log.sync()
-        log.append([event], fence)
 
     async def _workspace_matches(self, log: RunLog, fence: Fence | None, trigger: str = "execute") -> bool:
         """Check the workspace against the journal; record a mismatch (``run.reconciled``) and return False."""
@@ -469,10 +437,7 @@ class Runs:
     # --- actions ---------------------------------------------------------------------------------
 
     async def _auto_resume(self, log: RunLog, fence: Fence, action: AutoResume) -> None:
-        if action.resume_at is not None:
-            remaining = action.resume_at - self.store.now()
-            if remaining > 0:
-                await asyncio.sleep(remaining)
+        await sleep_until(self.store, action.resume_at)
         log.append([NewEvent("run.resumed", {"reason": "automatic", "actor": self.owner},
                              log.meta(self.owner))], fence)
 
@@ -487,10 +452,8 @@ class Runs:
         }, log.meta(self.owner))], fence)
 
     def _pause(self, log: RunLog, fence: Fence, action: Pause) -> None:
-        delay: float | None = None
-        if action.automatic:
-            delay = action.retry_after if action.retry_after is not None else min(
-                self.retry_backoff * (2 ** action.retries_used) * random.uniform(0.8, 1.2), self.retry_backoff_cap)
+        delay = pause_delay(action.retry_after, action.retries_used, backoff=self.retry_backoff,
+                            cap=self.retry_backoff_cap) if action.automatic else None
         now = self.store.now()
         log.append([NewEvent("run.paused", {
             "reason": action.reason, "automatic": action.automatic, "retry_after": action.retry_after,
@@ -526,37 +489,39 @@ class Runs:
                              log.meta(self.owner))], fence)
 
     async def _dispatch(self, log: RunLog, fence: Fence, provider: Provider, action: Dispatch) -> None:
+        """One task attempt through the kernel: its marker durable first, then exactly one receipt."""
         record = log.record
         effect = record.effects[action.effect_id]
         meta = log.meta(self.owner)
         if action.kind not in LOCAL_TASKS:
             # Remote effects are completed by the execution-requests work; refuse before dispatch (a receipt).
-            self._append_receipt(log, fence, NewEvent("task.failed", {
-                "effect_id": action.effect_id, "indeterminate": False,
-                "error": {"type": "not_supported", "message": f"{action.kind} tasks are not executed by this engine"},
-            }, meta))
+            log.append([Outcome.failed({"type": "not_supported", "message": f"{action.kind} tasks are not executed "
+                                        "by this engine"}, indeterminate=False).receipt(
+                "task", action.effect_id, None, meta)], fence)
             return
-        log.append([NewEvent("task.dispatched", {
-            "effect_id": action.effect_id, "attempt": action.attempt, "name": action.kind,
-            "args_hash": effect["args_hash"], "idempotency_key": effect["idempotency_key"],
-            "task_id": action.task_id}, meta)], fence)
-        try:
+
+        async def dispatch() -> None:
+            log.append([marker("task", action.effect_id, action.attempt, {**effect, "name": action.kind}, meta,
+                               task_id=action.task_id)], fence)
+
+        async def call() -> Outcome:
             if action.kind == "prepare":
                 phase, body = await self._prepare(record)
             elif action.kind == "implement":
                 phase, body = await self._implement(record, provider, action)
             else:
                 phase, body = await self._verify(record)
-        except asyncio.CancelledError:
-            with contextlib.suppress(JixuError):
-                self._append_receipt(log, fence, NewEvent("task.failed", {
-                    "effect_id": action.effect_id, "attempt": action.attempt, "indeterminate": True,
-                    "error": {"type": "interrupted", "message": "the worker stopped while the task ran"}}, meta))
-            raise
-        data: JSONObject = {"effect_id": action.effect_id, "attempt": action.attempt, **body}
-        if phase == "failed":
-            data["indeterminate"] = False
-        self._append_receipt(log, fence, NewEvent(f"task.{phase}", data, meta))
+            return Outcome.completed(body) if phase == "completed" else Outcome("failed", {**body, "indeterminate": False})
+
+        async def receipt(outcome: Outcome) -> None:
+            event = outcome.receipt("task", action.effect_id, action.attempt, meta)
+            if outcome is _INTERRUPTED:
+                with contextlib.suppress(JixuError):  # a lost lease: the process stops without it
+                    log.append([event], fence)
+            else:
+                log.append([event], fence)
+
+        await perform(dispatch=dispatch, call=call, classify=_unexpected, record=receipt, interrupted=_INTERRUPTED)
 
     async def _prepare(self, record: RunRecord) -> tuple[str, JSONObject]:
         workspace, source = Path(record.workspace), record.source

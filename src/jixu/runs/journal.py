@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from jixu.errors import InvalidInput, RunNotFound
+from jixu.kernel import StreamWriter
 from jixu.ledger import Event, Fence, NewEvent, Store, project
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.ids import is_valid_id
-from jixu.ledger.projection import follow, make_checkpoint
+from jixu.ledger.projection import make_checkpoint
 from jixu.recovery import Analysis, RecoveryResolver
 from jixu.runs.model import run_stream
 from jixu.runs.projection import RunProjection, RunRecord
@@ -37,21 +38,31 @@ class RunLog:
         if projected.checkpoint == "used" and not store.verify(self.stream).valid:
             # The checkpoint predates a change to the history: replay, so the record stops at the first bad event.
             projected = project(store, self.stream, RunProjection(), use_checkpoint=False)
-        self.record: RunRecord = projected.state
-        self.chain_break: int | None = None if projected.chain.valid else projected.chain.first_bad_seq
         self._projection = RunProjection()
+        self.writer: StreamWriter[RunRecord] = StreamWriter(
+            store, self.stream, self._projection, projected.state,
+            chain_break=None if projected.chain.valid else projected.chain.first_bad_seq)
+        """The kernel's writer of the run's journal: the record and every append go through it."""
         self._checkpoint_seq = projected.checkpoint_seq or 0
+
+    @property
+    def record(self) -> RunRecord:
+        """The projected record (durable events only)."""
+        return self.writer.state
+
+    @property
+    def chain_break(self) -> int | None:
+        """The first seq whose hash link is broken, once one was seen."""
+        return self.writer.chain_break
 
     def sync(self) -> None:
         """Apply events other writers appended since this record's head."""
-        self.record, self.chain_break = follow(self.store, self.stream, self._projection, self.record,
-                                               self.chain_break)
+        self.writer.sync()
 
     def append(self, events: list[NewEvent], fence: Fence | None = None) -> list[Event]:
-        """Append after this record's head (ConcurrencyError if another writer moved it) and project."""
-        stored = self.store.append(self.stream, events, self.record.seq, fence)
-        for event in stored:
-            self.record = self._projection.apply(self.record, event)
+        """Append after this record's head and project (see :class:`~jixu.kernel.StreamWriter`: receipts are
+        kept across another writer's events; anything else meets :class:`~jixu.errors.ConcurrencyError`)."""
+        stored = self.writer.append(events, fence)
         if any(e.type == "run.finished" for e in stored) or self.record.seq - self._checkpoint_seq >= CHECKPOINT_EVERY:
             self.checkpoint()
         return stored

@@ -61,16 +61,17 @@ from jixu.errors import (
     InvalidInput,
     JixuError,
     ProjectNotFound,
+    ReceiptConflict,
     ReconciliationNeedsProof,
     RequestNotFound,
     RequestStateError,
     RunStateError,
     UnknownProvider,
 )
+from jixu.kernel import Outcome, StreamWriter, marker, perform, record
 from jixu.ledger import Event, NewEvent, Store, new_id, project
 from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
 from jixu.ledger.ids import is_valid_id
-from jixu.ledger.projection import follow
 from jixu.ledger.store import Lease
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 from jixu.recovery.resolutions import admit_resolution, resolution_body
@@ -272,21 +273,29 @@ class RequestLog:
         if store.stream_info(self.stream) is None:
             raise RequestNotFound(f"no execution request {request_id} in {store.url}", request_id=request_id)
         projected = project(store, self.stream, RequestProjection(), use_checkpoint=False)
-        self.record: RequestRecord = projected.state
-        self.chain_break = None if projected.chain.valid else projected.chain.first_bad_seq
-        self._projection = RequestProjection()
+        self.writer: StreamWriter[RequestRecord] = StreamWriter(
+            store, self.stream, RequestProjection(), projected.state,
+            chain_break=None if projected.chain.valid else projected.chain.first_bad_seq)
+        """The kernel's writer of the request's stream."""
+
+    @property
+    def record(self) -> RequestRecord:
+        """The projected record (durable events only)."""
+        return self.writer.state
+
+    @property
+    def chain_break(self) -> int | None:
+        """The first seq whose hash link is broken, once one was seen."""
+        return self.writer.chain_break
 
     def sync(self) -> None:
         """Apply events appended since this record's head."""
-        self.record, self.chain_break = follow(self.store, self.stream, self._projection, self.record,
-                                               self.chain_break)
+        self.writer.sync()
 
     def append(self, events: list[NewEvent]) -> list[Event]:
-        """Append after this record's head (ConcurrencyError if another writer moved it)."""
-        stored = self.store.append(self.stream, events, self.record.seq)
-        for event in stored:
-            self.record = self._projection.apply(self.record, event)
-        return stored
+        """Append after this record's head (receipts kept across another writer's events; anything else meets
+        :class:`~jixu.errors.ConcurrencyError`)."""
+        return self.writer.append(events)
 
     def analysis(self) -> Analysis:
         """The resolver's answer for the request's effect."""
@@ -376,7 +385,7 @@ class ExecutionRequests:
                                 "target": target, **(extra or {})}
         # The request's own stream first: if the process stops before the journal names it, the orphan
         # stream is never executed or listed (everything starts from the run's journal).
-        self.store.append(request_stream(request_id), [NewEvent("request.admitted", admitted, meta)], 0)
+        record(self.store, request_stream(request_id), [NewEvent("request.admitted", admitted, meta)], 0)
         run.append([NewEvent("run.request_admitted", {
             "request_id": request_id, "kind": kind, "attempt": attempt, "actor": actor, "task_id": task_id,
             "target": target}, meta)])
@@ -677,40 +686,34 @@ class ExecutionRequests:
             except RemoteRejected as error:
                 reject = error.message
         if reject is not None:
-            error_body = {"type": "rejected", "message": reject}
-            log.append([NewEvent(f"{kind}.failed", {"effect_id": intent["effect_id"], "indeterminate": False,
-                                                     "error": error_body}, meta)])
-            run.append([NewEvent("task.failed", {"effect_id": journal_effect_id, "indeterminate": False,
-                                                 "error": error_body}, meta)])
+            rejected = Outcome.failed({"type": "rejected", "message": reject}, indeterminate=False)
+            log.append([rejected.receipt(kind, intent["effect_id"], None, meta)])
+            run.append([rejected.receipt("task", journal_effect_id, None, meta)])
             return
-        # The dispatch marker of the request decides who performs it: appended after the head we read, it
-        # fails with ConcurrencyError for every other worker. Then the run's own marker.
-        log.append([NewEvent(f"{kind}.dispatched", {"effect_id": intent["effect_id"], "attempt": 1,
-                                                     "name": intent["name"], "args_hash": intent["args_hash"],
-                                                     "idempotency_key": intent["idempotency_key"]}, meta)])
         journal = run.record.effects[journal_effect_id]
-        run.append([NewEvent("task.dispatched", {"effect_id": journal_effect_id, "attempt": 1, "name": task_kind,
-                                                 "args_hash": journal["args_hash"],
-                                                 "idempotency_key": journal["idempotency_key"],
-                                                 "task_id": journal["task_id"]}, meta)])
-        try:
+
+        async def dispatch() -> None:
+            # The dispatch marker of the request decides who performs it: appended after the head we read, it
+            # fails with ConcurrencyError for every other worker. Then the run's own marker.
+            log.append([marker(kind, intent["effect_id"], 1, intent, meta)])
+            run.append([marker("task", journal_effect_id, 1, {**journal, "name": task_kind}, meta,
+                               task_id=journal["task_id"])])
+
+        async def call() -> Outcome:
             evidence = await self._perform(provider, context)
-        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as error:
+            return Outcome.completed({"result": {**evidence, "observed_at": time.time()}})
+
+        def classify(error: Exception) -> Outcome:
             # After dispatch nothing the provider says proves absence: the outcome stays unknown.
-            failure = {"type": f"{task_kind}_failed", "exception": type(error).__name__,
-                       "message": (error.message if isinstance(error, JixuError) else str(error))[:2000]}
-            run.append([NewEvent("task.failed", {"effect_id": journal_effect_id, "attempt": 1, "indeterminate": True,
-                                                 "error": failure}, meta)])
-            log.append([NewEvent(f"{kind}.failed", {"effect_id": intent["effect_id"], "attempt": 1,
-                                                     "indeterminate": True, "error": failure}, meta)])
-            return
-        result = {**evidence, "observed_at": time.time()}
-        run.append([NewEvent("task.completed", {"effect_id": journal_effect_id, "attempt": 1, "result": result},
-                             meta)])
-        log.append([NewEvent(f"{kind}.completed", {"effect_id": intent["effect_id"], "attempt": 1,
-                                                    "result": result}, meta)])
+            return Outcome.failed({"type": f"{task_kind}_failed", "exception": type(error).__name__,
+                                   "message": (error.message if isinstance(error, JixuError) else str(error))[:2000]},
+                                  indeterminate=True)
+
+        async def receipts(outcome: Outcome) -> None:
+            run.append([outcome.receipt("task", journal_effect_id, 1, meta)])  # the journal first, then the request
+            log.append([outcome.receipt(kind, intent["effect_id"], 1, meta)])
+
+        await perform(dispatch=dispatch, call=call, classify=classify, record=receipts)
 
     async def _cancel(self, run: RunLog, log: RequestLog, timeout: float) -> None:
         meta = RequestLog.meta(self.owner, run.run_id, log.request_id)
@@ -720,14 +723,11 @@ class ExecutionRequests:
                 "cancel_run", {"run_id": run.run_id, "request_id": log.request_id}, new_id()), meta)])
         intent = log.record.intent or {}
         if run.record.finished is not None and not self._finished_by(run, log.request_id):
-            log.append([NewEvent("cancellation.failed", {"effect_id": intent["effect_id"], "indeterminate": False,
-                                                         "error": {"type": "rejected", "message": (
-                                                             f"the run already finished as "
-                                                             f"{run.record.finished.get('outcome')}")}}, meta)])
+            log.append([Outcome.failed({"type": "rejected", "message": "the run already finished as "
+                                        f"{run.record.finished.get('outcome')}"}, indeterminate=False).receipt(
+                "cancellation", intent["effect_id"], None, meta)])
             return
-        log.append([NewEvent("cancellation.dispatched", {"effect_id": intent["effect_id"], "attempt": 1,
-                                                         "name": intent["name"], "args_hash": intent["args_hash"],
-                                                         "idempotency_key": intent["idempotency_key"]}, meta)])
+        log.append([marker("cancellation", intent["effect_id"], 1, intent, meta)])
         reason = str((admitted.get("target") or {}).get("reason") or "cancelled")
         actor = str(admitted.get("actor") or self.actor)
         for _ in range(20):
@@ -760,11 +760,11 @@ class ExecutionRequests:
         if intent is None or log.record.receipt is not None:
             return
         finished = run.record.finished or {}
-        with contextlib.suppress(ConcurrencyError):  # someone recorded the same receipt meanwhile
-            log.append([NewEvent("cancellation.completed", {"effect_id": intent["effect_id"], "attempt": 1, "result": {
+        with contextlib.suppress(ConcurrencyError, ReceiptConflict):  # someone recorded its receipt meanwhile
+            log.append([Outcome.completed({"result": {
                 "drained": True, "drained_seq": drained["seq"], "drained_by": drained.get("by"),
-                "run_outcome": finished.get("outcome"), "finished_by_request": finished.get("request_id")}},
-                RequestLog.meta(self.owner, run.run_id, log.request_id))])
+                "run_outcome": finished.get("outcome"), "finished_by_request": finished.get("request_id")}}).receipt(
+                "cancellation", intent["effect_id"], 1, RequestLog.meta(self.owner, run.run_id, log.request_id))])
 
     @staticmethod
     def _finished_by(run: RunLog, request_id: str) -> bool:
