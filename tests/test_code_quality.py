@@ -195,3 +195,63 @@ def test_the_other_recovery_modules_read_no_event() -> None:
                       if isinstance(node, ast.ImportFrom) and node.module == "jixu.recovery.resolver"
                       for alias in node.names if alias.name in RULE_HELPERS]
     assert not offenders, offenders
+
+
+# Issue 21: one effect kernel. Above it, nothing takes, renews or gives back a lease, commits appends itself, or
+# makes a receipt: claims and heartbeats are jixu.kernel.ownership's, appends go through a stream's
+# StreamWriter (effect streams) or kernel.record (events of no effect, which refuses receipts), and receipts
+# are made by kernel.effects.Outcome.receipt.
+KERNEL_ONLY_METHODS = {"acquire_lease", "take_over_lease", "renew_lease", "release_lease", "append_many"}
+RECEIPT_SUFFIXES = (".completed", ".failed")
+ABOVE_THE_KERNEL = ("threads", "runs", "server", "cli")
+
+
+def _kernel_violations(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        where = f"{path.relative_to(ROOT)}:{node.lineno}"
+        if isinstance(func, ast.Attribute) and func.attr in KERNEL_ONLY_METHODS:
+            found.append(f"{where} calls .{func.attr}()")
+        if isinstance(func, ast.Attribute) and func.attr == "append" and (
+                (isinstance(func.value, ast.Name) and func.value.id == "store")
+                or (isinstance(func.value, ast.Attribute) and func.value.attr == "store")):
+            found.append(f"{where} appends to a store directly")
+        if isinstance(func, ast.Name) and func.id == "NewEvent" and node.args:
+            kind = node.args[0]
+            text = kind.value if isinstance(kind, ast.Constant) and isinstance(kind.value, str) else (
+                kind.values[-1].value if isinstance(kind, ast.JoinedStr) and kind.values
+                and isinstance(kind.values[-1], ast.Constant) else None)
+            if isinstance(text, str) and text.endswith(RECEIPT_SUFFIXES):
+                found.append(f"{where} makes a {text!r} receipt itself")
+    return found
+
+
+def test_nothing_above_the_kernel_claims_heartbeats_appends_or_makes_receipts() -> None:
+    offenders = [offence for layer in ABOVE_THE_KERNEL for path in sorted((SRC / layer).rglob("*.py"))
+                 for offence in _kernel_violations(path)]
+    assert not offenders, offenders
+
+
+def test_the_kernel_check_catches_what_it_forbids(tmp_path: Path) -> None:
+    """The check above fails on each thing it forbids (a check that cannot fail proves nothing)."""
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "def f(self, store, kind):\n"
+        "    store.append('s', [], 0)\n"
+        "    self.log.store.append('s', [], 0)\n"
+        "    store.renew_lease(fence, 3)\n"
+        "    self.store.take_over_lease('k', 'o', 3, expected_epoch=0, require_expired=False)\n"
+        "    NewEvent('tool.completed', {})\n"
+        "    NewEvent(f'{kind}.failed', {})\n"
+        "    items.append(1)\n", encoding="utf-8")
+    original = globals()["ROOT"]
+    try:
+        globals()["ROOT"] = tmp_path
+        found = _kernel_violations(sample)
+    finally:
+        globals()["ROOT"] = original
+    assert len(found) == 6, found

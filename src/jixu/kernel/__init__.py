@@ -14,8 +14,17 @@ their pure decide step, their projection and their drivers.
 from jixu.kernel.commits import Commitment, Commits
 from jixu.kernel.effects import INTERRUPTED, Outcome, marker, perform
 from jixu.kernel.loop import drive, pause_delay, sleep_until
-from jixu.kernel.ownership import Claim, Session, claim_stream, holds, release, take_claim
-from jixu.kernel.writer import StreamWriter, is_receipt, unrecorded_receipts
+from jixu.kernel.ownership import (
+    Claim,
+    Session,
+    acquire_claim,
+    claim_stream,
+    holds,
+    recovery_claim,
+    release,
+    take_claim,
+)
+from jixu.kernel.writer import StreamWriter, is_receipt, record, unrecorded_receipts
 
 __all__ = [
     "INTERRUPTED",
@@ -25,6 +34,7 @@ __all__ = [
     "Outcome",
     "Session",
     "StreamWriter",
+    "acquire_claim",
     "claim_stream",
     "drive",
     "holds",
@@ -32,6 +42,8 @@ __all__ = [
     "marker",
     "pause_delay",
     "perform",
+    "record",
+    "recovery_claim",
     "release",
     "sleep_until",
     "take_claim",

@@ -27,7 +27,7 @@ from jixu.errors import ConcurrencyError, FencingError, JixuError
 from jixu.kernel.commits import Commits
 from jixu.kernel.writer import StreamWriter
 from jixu.ledger.event import NewEvent
-from jixu.ledger.store import Fence, Store
+from jixu.ledger.store import Fence, Lease, Store
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +66,32 @@ def take_claim(store: Store, key: str, owner: str, ttl: float) -> Claim:
             reason, require_expired = "took_over_expired", True
     fence = store.take_over_lease(key, owner, ttl, expected_epoch=previous_epoch, require_expired=require_expired)
     return Claim(fence, reason, previous_owner, previous_epoch)
+
+
+def acquire_claim(store: Store, key: str, owner: str, ttl: float) -> Fence:
+    """Take ``key``'s lease for ``owner`` (the same epoch when ``owner`` holds it already; the next one once
+    it was released or expired; :class:`~jixu.errors.LeaseHeld` while another owner's is live)."""
+    return store.acquire_lease(key, owner, ttl)
+
+
+def recovery_claim(store: Store, key: str, recoverer: str, ttl: float, *, expected_epoch: int,
+                   require_expired: bool) -> tuple[Fence, Lease | None]:
+    """An explicit recovery's claim on ``key``: ``(its fence, the lease it found)``.
+
+    The store checks that the lease is still at ``expected_epoch`` (the one
+    the operator looked at) and, with ``require_expired``, that it expired by
+    the store's clock, and moves it to the next epoch; a late write of the
+    former owner is refused from then on. The same recovery repeated after it
+    took the lease (and stopped before recording its receipt) gets that claim
+    back, renewed.
+    """
+    previous = store.get_lease(key)
+    if previous is not None and previous.owner == recoverer and previous.epoch == expected_epoch + 1:
+        fence = previous.fence()
+        store.renew_lease(fence, ttl)
+        return fence, previous
+    return store.take_over_lease(key, recoverer, ttl, expected_epoch=expected_epoch,
+                                 require_expired=require_expired), previous
 
 
 def holds(store: Store, fence: Fence | None) -> bool:
@@ -153,4 +179,4 @@ class Session:
                 return
 
 
-__all__ = ["Claim", "Session", "claim_stream", "holds", "release", "take_claim"]
+__all__ = ["Claim", "Session", "acquire_claim", "claim_stream", "holds", "recovery_claim", "release", "take_claim"]

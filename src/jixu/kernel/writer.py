@@ -37,7 +37,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from jixu.errors import ConcurrencyError, JixuError, ReceiptConflict, StoreError, StreamBusy, StreamCorrupt
+from jixu.errors import (
+    ConcurrencyError,
+    InvalidInput,
+    JixuError,
+    ReceiptConflict,
+    StoreError,
+    StreamBusy,
+    StreamCorrupt,
+)
 from jixu.kernel.commits import Commitment, Commits
 from jixu.ledger.event import Event, NewEvent, PreparedEvent, parse_json, prepare
 from jixu.ledger.projection import Followed, Projection
@@ -75,6 +83,18 @@ def _effect_of(event: PreparedEvent | Event) -> str | None:
     data = parse_json(event.data_json) if isinstance(event, PreparedEvent) else event.data
     effect_id = data.get("effect_id") if isinstance(data, dict) else None
     return effect_id if isinstance(effect_id, str) else None
+
+
+def record(store: Store, stream: str, events: Sequence[NewEvent], expected_seq: int, *,
+           genesis_hash: str | None = None) -> list[Event]:
+    """Append events that belong to no effect (a new stream's first events, a project's policy) at
+    ``expected_seq``. Receipts are refused (:class:`~jixu.errors.InvalidInput`): they go through the stream's
+    :class:`StreamWriter`, which keeps them across other writers' events."""
+    receipts = [event.type for event in events if is_receipt(event.type)]
+    if receipts:
+        raise InvalidInput(f"{stream}: {receipts[0]} is a receipt; record it through the stream's writer",
+                           field="events")
+    return store.append(stream, events, expected_seq, genesis_hash=genesis_hash)
 
 
 @dataclass(slots=True)
@@ -455,4 +475,4 @@ class StreamWriter(Generic[F]):
             self._on_applied(stored)
 
 
-__all__ = ["RECEIPT_SUFFIXES", "StreamWriter", "is_receipt", "unrecorded_receipts"]
+__all__ = ["RECEIPT_SUFFIXES", "StreamWriter", "is_receipt", "record", "unrecorded_receipts"]

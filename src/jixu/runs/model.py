@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from jixu.errors import InvalidInput, InvalidPolicy, ProjectExists, ProjectNotFound
+from jixu.kernel import record
 from jixu.ledger import NewEvent, Store
 from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
 from jixu.ledger.event import Event
@@ -268,7 +269,7 @@ def register_project(store: Store, name: str, origin: str, policy: JSONObject, *
                             f"{current.policy_digest[:12]}; update its policy with update_policy", project=name)
     data = {"name": name, "origin": origin, "default_branch": branch, "policy": normalised, "policy_digest": digest}
     canonical_text(data)
-    [event] = store.append(stream, [NewEvent("project.registered", data, {"actor": actor})], 0)
+    [event] = record(store, stream, [NewEvent("project.registered", data, {"actor": actor})], 0)
     return _project_of([event])
 
 
@@ -280,7 +281,7 @@ def update_policy(store: Store, name: str, policy: JSONObject, *, actor: str = "
     digest = policy_digest(normalised)
     if digest == current.policy_digest:
         return current
-    store.append(project_stream(name), [NewEvent("project.policy_updated",
+    record(store, project_stream(name), [NewEvent("project.policy_updated",
                                                  {"policy": normalised, "policy_digest": digest},
                                                  {"actor": actor})], current.seq)
     return get_project(store, name)
@@ -298,7 +299,7 @@ def change_origin(store: Store, name: str, origin: str, *, actor: str = "jixu") 
     origin = check_origin(origin)
     if origin == current.origin:
         return current
-    store.append(project_stream(name), [NewEvent("project.origin_changed",
+    record(store, project_stream(name), [NewEvent("project.origin_changed",
                                                  {"origin": origin, "previous_origin": current.origin},
                                                  {"actor": actor})], current.seq)
     return get_project(store, name)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jixu.errors import InvalidInput, JixuError, NotFound
+from jixu.kernel import record
 from jixu.ledger import Event, NewEvent, Store, is_valid_id, new_id
 from jixu.runs.model import check_project_name
 from jixu.server.problems import FORBIDDEN, UNAUTHORIZED, HTTPProblem
@@ -155,7 +156,7 @@ def create_token(store: Store, name: str, *, roles: dict[str, str] | None = None
         raise InvalidInput("a project token needs a role in at least one project", field="roles")
     token_id = new_id()
     secret = base64.urlsafe_b64encode(secrets.token_bytes(32)).decode("ascii").rstrip("=")
-    [event] = store.append(token_stream(token_id), [NewEvent("token.created", {
+    [event] = record(store, token_stream(token_id), [NewEvent("token.created", {
         "token_id": token_id, "name": name, "kind": "admin" if admin else "project", "roles": checked,
         "secret_sha256": secret_hash(secret), "created_by": actor}, {"actor": actor})], 0)
     return _info([event]), f"jixu_{token_id}_{secret}"
@@ -206,7 +207,7 @@ def revoke_token(store: Store, token_id: str, *, actor: str = "jixu", reason: st
         return token
     stream = token_stream(token_id)
     info = store.stream_info(stream)
-    store.append(stream, [NewEvent("token.revoked", {"token_id": token_id, "actor": actor, "reason": reason},
+    record(store, stream, [NewEvent("token.revoked", {"token_id": token_id, "actor": actor, "reason": reason},
                                    {"actor": actor})], info.head_seq if info else 0)
     return get_token(store, token_id)
 

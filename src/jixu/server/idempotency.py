@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jixu.errors import ConcurrencyError, InvalidInput, JixuError
+from jixu.kernel import record
 from jixu.ledger import NewEvent, Store, content_hash
 from jixu.server.problems import REQUEST_ID_REUSED, REQUEST_IN_PROGRESS, HTTPProblem, status_of
 
@@ -79,7 +80,7 @@ def run_once(store: Store, token_id: str, request_id: str | None, *, method: str
             return replay
     meta = {"actor": actor}
     try:
-        store.append(stream, [NewEvent("idempotency.started", {"request_id": request_id, "method": method,
+        record(store, stream, [NewEvent("idempotency.started", {"request_id": request_id, "method": method,
                                                            "path": path, "body_hash": digest, "actor": actor},
                                        meta)], len(events))
     except ConcurrencyError:
@@ -95,10 +96,10 @@ def run_once(store: Store, token_id: str, request_id: str | None, *, method: str
     except JixuError as error:
         status = error.status if isinstance(error, HTTPProblem) else status_of(error)
         # Typed errors change nothing, so the id is free again; a store failure here leaves the id in progress.
-        store.append(stream, [NewEvent("idempotency.released", {"request_id": request_id, "status": status,
+        record(store, stream, [NewEvent("idempotency.released", {"request_id": request_id, "status": status,
                                                             "code": error.code}, meta)], seq)
         raise
-    store.append(stream, [NewEvent("idempotency.answered", {"request_id": request_id, "status": outcome.status,
+    record(store, stream, [NewEvent("idempotency.answered", {"request_id": request_id, "status": outcome.status,
                                                          "body": outcome.body}, meta)], seq)
     return outcome
 

@@ -27,7 +27,7 @@ from jixu.errors import (
     ThreadNotFound,
     TurnOwned,
 )
-from jixu.kernel import StreamWriter
+from jixu.kernel import StreamWriter, acquire_claim, record, recovery_claim, release
 from jixu.ledger import Event, Fence, NewEvent, Store, new_id, project
 from jixu.ledger.artifacts import ArtifactRef, get_text
 from jixu.ledger.encoding import canonical_text
@@ -215,7 +215,7 @@ class ThreadLog:
         thread_id = new_id()
         created = NewEvent("thread.created", {"thread_id": thread_id, "agent": agent_record,
                                               "metadata": metadata or {}}, {"actor": actor})
-        [event] = store.append(stream_of(thread_id), [created], 0)
+        [event] = record(store, stream_of(thread_id), [created], 0)
         projection = ThreadProjection()
         return cls(store, projection.apply(projection.initial(), event), actor=actor)
 
@@ -506,7 +506,7 @@ class ThreadLog:
             return turn_id, None, [NewEvent("turn.started", {"turn_id": turn_id, "input": text, "owner": None,
                                                              "epoch": 0, "queued": True}, self.meta())]
         try:
-            fence = self.store.acquire_lease(self.turn_key, owner, ttl)
+            fence = acquire_claim(self.store, self.turn_key, owner, ttl)
         except LeaseHeld as error:
             raise TurnOwned(f"thread {self.thread_id}'s turn lease is held by {error.details.get('owner')!r}; "
                             "wait for it to finish", thread_id=self.thread_id) from error
@@ -593,25 +593,19 @@ class ThreadLog:
         if not legacy and legacy_confirmed_stopped:
             raise InvalidInput(f"turn {turn_id} has an owner; it is recovered by lease expiry, not by assertion",
                                field="legacy_confirmed_stopped")
-        recoverer = f"recovery:{request_id}"
-        previous = self.store.get_lease(self.turn_key)
-        if previous is not None and previous.owner == recoverer and previous.epoch == expected_epoch + 1:
-            fence = previous.fence()  # this request took the lease before and stopped before its receipt
-            self.store.renew_lease(fence, RECOVERY_TTL)
-        else:
-            try:
-                fence = self.store.take_over_lease(self.turn_key, recoverer, RECOVERY_TTL,
-                                                   expected_epoch=expected_epoch, require_expired=not legacy)
-            except LeaseHeld as error:
-                raise TurnOwned(f"turn {turn_id} is still owned: {error.message}. Recover it only after its "
-                                "lease expired", thread_id=self.thread_id, turn_id=turn_id) from error
+        try:
+            fence, previous = recovery_claim(self.store, self.turn_key, f"recovery:{request_id}", RECOVERY_TTL,
+                                             expected_epoch=expected_epoch, require_expired=not legacy)
+        except LeaseHeld as error:
+            raise TurnOwned(f"turn {turn_id} is still owned: {error.message}. Recover it only after its "
+                            "lease expired", thread_id=self.thread_id, turn_id=turn_id) from error
         receipt = {**body, "request_id": request_id, "epoch": fence.epoch, "actor": actor,
                    "previous_owner": previous.owner if previous else None,
                    "previous_expires_at": previous.expires_at if previous else None,
                    "reason": "legacy_confirmed_stopped" if legacy else "lease_expired",
                    "store_time": self.store.now()}
         self.append([NewEvent("turn.recovered", receipt, self.meta(actor))], fence)
-        self.store.release_lease(fence)
+        release(self.store, fence)
         return receipt
 
     # --- replay and fork ----------------------------------------------------------------
@@ -661,7 +655,7 @@ class ThreadLog:
         if input is not None:
             batch.append(NewEvent("turn.started", {"turn_id": new_id(), "input": input, "owner": None, "epoch": 0,
                                                    "queued": True}, meta))
-        stored = self.store.append(stream_of(child_id), batch, 0, genesis_hash=event.hash)
+        stored = record(self.store, stream_of(child_id), batch, 0, genesis_hash=event.hash)
         state = ThreadProjection().initial()
         for item in stored:
             state = self._projection.apply(state, item)
