@@ -79,7 +79,8 @@ def test_agent_factories_and_worker_configs_are_checked() -> None:
     with pytest.raises(InvalidInput):
         factory_spec(local_factory)  # type: ignore[arg-type]
     for bad in ({"lease_ttl": 0}, {"owner": ""}, {"global_limit": 0}, {"project_limits": {"a": -1}},
-                {"takeover": "always"}, {"drain_timeout": -1}):
+                {"takeover": "always"}, {"drain_timeout": -1}, {"concurrency": 0}, {"concurrency": True},
+                {"concurrency": 1.5}):
         with pytest.raises(InvalidInput):
             WorkerConfig(store_url="memory://", agent="tests.runs.agents:counter_agent", **bad)  # type: ignore[arg-type]
     config = WorkerConfig(store_url="x.db", agent="m:f", owner="w", project_limits={"a": 1}, global_limit=3)
@@ -120,6 +121,49 @@ def test_a_worker_runs_a_queued_turn(tmp_path: Path, monkeypatch: pytest.MonkeyP
     said = run_worker(store, lambda: bool(store.list_work(state="done")))
     assert thread_state(store, thread_id)["status"] == "idle" and len(outside_lines(tmp_path / "outside.txt")) == 1
     assert ("finish", f"thread/{thread_id}: idle: reply 'done'") in said
+
+
+def test_a_worker_runs_as_many_turns_at_once_as_its_concurrency_and_never_more(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--concurrency N: N queued turns whose unsafe call takes 1 s run side by side on one event loop (about
+    1 s in all, not N), never more than N at once, each call exactly once, every thread recorded as it
+    would be alone; their commits were shared."""
+    import time
+
+    from jixu.kernel import Commits
+    from jixu.ledger import SQLiteStore
+
+    monkeypatch.setenv("JIXU_TEST_OUTSIDE", str(tmp_path / "outside.txt"))
+    monkeypatch.setenv("JIXU_TEST_TOOL_SLEEP", "1.0")
+    store = SQLiteStore(tmp_path / "ledger.db")
+    threads = [create_thread_for(store, counter_agent()) for _ in range(12)]
+    for thread_id in threads:
+        submit_turn(store, thread_id, "charge")
+    config = WorkerConfig(store_url=store.url, agent="tests.runs.agents:counter_agent", owner="w-1",
+                          poll_interval=0.01, lease_ttl=5, concurrency=6, exit_when_idle=True, quiet=True)
+    worker = Worker(counter_agent(), store, config, report=lambda kind, text: None)
+    commits: list[Commits] = []
+
+    async def main() -> None:
+        commits.append(Commits.of(store))
+        await asyncio.wait_for(worker.run(), WAIT)
+
+    started = time.monotonic()
+    asyncio.run(main())
+    took = time.monotonic() - started
+    lines = outside_lines(tmp_path / "outside.txt")
+    assert sorted(line[0] for line in lines) == sorted(threads), "each call ran exactly once"
+    starts = sorted(float(line[4]) for line in lines)
+    # Twelve 1 s calls, six at a time: two waves (about 2 s); one at a time would take 12 s.
+    assert took < 8, f"{took:.1f}s: the turns did not run side by side"
+    assert max(sum(1 for t in starts if t <= s < t + 1.0) for s in starts) <= 6, "more than 6 calls at once"
+    assert starts[5] - starts[0] < 0.9, "the first six calls did not start together"
+    assert all(thread_state(store, thread_id)["status"] == "idle" for thread_id in threads)
+    assert worker.stats.finished == 12 and worker.stats.errors == 0
+    assert commits[0].commits < commits[0].appends, "the turns did not share commits"
+    for thread_id in threads:
+        assert store.verify(f"thread/{thread_id}").valid
+    store.close()
 
 
 def test_a_turn_a_live_process_owns_is_put_back_for_later_untouched() -> None:

@@ -15,7 +15,16 @@ from jixu.cli.runs import DEFAULT_WORKSPACE_ROOT, PROVIDERS_ENV, WORKSPACE_ENV, 
 from jixu.errors import InvalidInput
 from jixu.ledger import open_store
 from jixu.runs.operations import PUBLISHERS_ENV, REMOTES_ENV, load_publishers, load_remotes
-from jixu.runs.workers import UNBOUNDED, Report, WorkerConfig, WorkerPool, default_owner, make_agent, serve
+from jixu.runs.workers import (
+    MAX_CONCURRENCY,
+    UNBOUNDED,
+    Report,
+    WorkerConfig,
+    WorkerPool,
+    default_owner,
+    make_agent,
+    serve,
+)
 
 KIND_STYLE = {"start": "bold green", "claim": "cyan", "finish": "green", "requeue": "yellow",
               "operator": "bold yellow", "lost": "bold red", "error": "bold red", "stop": "bold"}
@@ -66,7 +75,10 @@ def rich_report(owner: str) -> Report:
               help="Deploy / rollback / knowledge-write providers (dict[str, RemoteProvider]) for queued remote "
                    f"tasks; default ${REMOTES_ENV}.")
 @click.option("--processes", type=click.IntRange(1, 256), default=1, show_default=True,
-              help="Worker processes to run (each runs one thread or run at a time).")
+              help="Worker processes to run.")
+@click.option("--concurrency", type=click.IntRange(1, MAX_CONCURRENCY), default=1, show_default=True,
+              help="Threads and runs each worker process runs at once on its event loop (their commits are "
+                   "shared).")
 @click.option("--owner", default=None, metavar="NAME",
               help="Worker name (prefix NAME-1…NAME-N with several processes); stable across restarts, unique "
                    "among running workers. Default: worker@<hostname>.")
@@ -91,13 +103,14 @@ def worker_command(store_url: str, agent_spec: str | None, providers_spec: str |
                    publishers_spec: str | None, remotes_spec: str | None, processes: int, owner: str | None, global_limit: int | None,
                    project_limits: tuple[str, ...], default_project_limit: int | None, takeover: str,
                    lease_ttl: float, drain_timeout: float, poll_interval: float, exit_when_idle: bool,
-                   quiet: bool) -> None:
+                   quiet: bool, concurrency: int) -> None:
     """Claim queued threads and runs from STORE and execute them, fairly across projects, within the limits.
 
     Threads get into the queue with jixu.runs.submit_turn(store, thread_id,
-    text) (or enqueue_thread). Each worker claims one thread at a time, opens it
-    with a Harness owned by the worker's name, runs the turn until it stops, and
-    heartbeats both claims against the store's clock.
+    text) (or enqueue_thread). Each worker claims up to --concurrency threads
+    and runs at a time, opens each with a Harness owned by the worker's name,
+    runs the turn until it stops, and heartbeats both claims against the
+    store's clock.
 
     The agent: MODULE:FACTORY names a zero-argument function returning the
     jixu.Agent whose threads these workers run, e.g. `--agent
@@ -142,7 +155,8 @@ def worker_command(store_url: str, agent_spec: str | None, providers_spec: str |
                               default_project_limit=default_project_limit,
                               takeover="safe" if takeover == "safe" else "never", poll_interval=poll_interval,
                               drain_timeout=drain_timeout, exit_when_idle=exit_when_idle, quiet=quiet,
-                              providers=providers, workspace_root=root, publishers=publishers, remotes=remotes)
+                              providers=providers, workspace_root=root, publishers=publishers, remotes=remotes,
+                              concurrency=concurrency)
         open_store(store_url).close()  # migrate once before the workers start, and fail early
         if processes == 1:
             stats = asyncio.run(serve(config, report=rich_report(name)))
@@ -155,7 +169,7 @@ def worker_command(store_url: str, agent_spec: str | None, providers_spec: str |
                           default_project_limit=default_project_limit, takeover=config.takeover,
                           poll_interval=poll_interval, drain_timeout=drain_timeout, exit_when_idle=exit_when_idle,
                           quiet=quiet, providers=providers, workspace_root=root, publishers=publishers,
-                          remotes=remotes)
+                          remotes=remotes, concurrency=concurrency)
     console.print(f"[bold]jixu worker[/]: starting {processes} processes ({', '.join(pool.owners)}) on "
                   f"{escape(open_store_label(store_url))}", highlight=False)
     code = pool.run()

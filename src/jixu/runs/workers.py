@@ -139,6 +139,10 @@ def factory_spec(factory: str | Callable[[], Agent]) -> str:
     return f"{module}:{name}"
 
 
+MAX_CONCURRENCY = 10_000
+"""The most work items one worker runs at once."""
+
+
 def default_owner() -> str:
     """A worker name stable across restarts on this machine: ``worker@<hostname>``."""
     return f"worker@{socket.gethostname()}"
@@ -169,6 +173,9 @@ class WorkerConfig:
     """Exit 0 once nothing is pending or claimed (batch runs, benchmarks)."""
     quiet: bool = False
     """Report only start, stop and problems, not every item."""
+    concurrency: int = 1
+    """Work items this worker runs at once on its event loop (turns waiting on a model or a tool cost little;
+    their commits are shared)."""
     providers: str | None = None
     """``MODULE:FACTORY`` of the providers this worker executes runs with (None: leave run keys queued)."""
     workspace_root: str | None = None
@@ -193,6 +200,9 @@ class WorkerConfig:
         _number(self.lease_ttl, "lease_ttl", 0.05, 3600)
         _number(self.poll_interval, "poll_interval", 0.001, 60)
         _number(self.drain_timeout, "drain_timeout", 0, 3600)
+        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) \
+                or not 1 <= self.concurrency <= MAX_CONCURRENCY:
+            raise InvalidInput(f"concurrency must be an integer between 1 and {MAX_CONCURRENCY}", field="concurrency")
         check_limits(UNBOUNDED if self.global_limit is None else self.global_limit, self.project_limits,
                      self.default_project_limit)
         if self.takeover not in ("never", "safe"):
@@ -281,7 +291,8 @@ class Worker:
                              owner=config.owner, lease_ttl=config.lease_ttl, wait_automatic_pauses=False,
                              publishers=load_publishers(config.publishers),
                              remotes=load_remotes(config.remotes) if config.remotes else None)
-        self._executing: asyncio.Task[RunState] | None = None
+        self._executing: set[asyncio.Task[RunState]] = set()
+        """Runs being executed by this worker now (drained on shutdown)."""
         self.stats = WorkerStats()
         self._report = report or print_report(config.owner)
         self._stopping = False
@@ -323,10 +334,14 @@ class Worker:
                              f"global limit {'none' if config.global_limit is None else config.global_limit}, "
                              f"project limits {per_project or '-'} (others: "
                              f"{'global' if default is None else default}), takeover {config.takeover}")
+        in_flight: set[asyncio.Task[None]] = set()
         while not self._stopping:
+            if len(in_flight) >= config.concurrency:
+                await self._until_one_ends(in_flight, None)
+                continue
             try:
                 claim = self.store.claim_work(config.owner, config.lease_ttl, **limits)
-                idle = claim is None and config.exit_when_idle and self._queue_empty()
+                idle = claim is None and not in_flight and config.exit_when_idle and self._queue_empty()
             except StoreError as error:  # e.g. the database restarting: keep trying, slowly
                 self.stats.errors += 1
                 self.report("error", f"could not claim work ({error.message}); retrying")
@@ -336,21 +351,31 @@ class Worker:
                 if idle:
                     self.report("stop", "the queue is empty; exiting")
                     break
-                await self._pause(config.poll_interval)
+                await self._until_one_ends(in_flight, config.poll_interval)
                 continue
             self.stats.claimed += 1
             self.report("claim", f"claimed {claim.key} (project {claim.project}, epoch {claim.epoch})")
-            item = asyncio.create_task(self._process(claim), name=f"jixu-work-{claim.key}")
-            stopped = asyncio.create_task(self._stop_event.wait())
-            await asyncio.wait({item, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            stopped.cancel()
-            if not item.done():
-                await self._drain(busy=True)
-            await item
+            in_flight.add(asyncio.create_task(self._process(claim), name=f"jixu-work-{claim.key}"))
         if self._stopping:
-            await self._drain(busy=False)
+            await self._drain(busy=len(in_flight))
+        if in_flight:
+            await asyncio.gather(*in_flight)
+        if self._stopping:
             self.report("stop", f"stopped ({self._stop_reason}): {json.dumps(self.stats.to_dict())}")
         return self.stats
+
+    async def _until_one_ends(self, in_flight: set[asyncio.Task[None]], timeout: float | None) -> None:
+        """Wait until an item in flight ends (removing the ended ones), ``timeout`` passes, or a stop."""
+        assert self._stop_event is not None
+        stopped = asyncio.ensure_future(self._stop_event.wait())
+        try:
+            done, _pending = await asyncio.wait({*in_flight, stopped}, timeout=timeout,
+                                                return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        for task in done - {stopped}:
+            in_flight.discard(task)
+            task.result()  # _process handles its own errors; anything else is a bug worth seeing
 
     async def _pause(self, seconds: float) -> None:
         """Sleep up to ``seconds``, waking at once when the worker is asked to stop."""
@@ -361,20 +386,30 @@ class Worker:
     def _queue_empty(self) -> bool:
         return not any(self.store.list_work(state=state) for state in ("pending", "claimed", "expired"))
 
-    async def _drain(self, *, busy: bool) -> None:
-        """Let the running turn (or run) stop at its next step, cutting it off before the drain timeout runs out."""
+    async def _drain(self, *, busy: int) -> None:
+        """Let the running turns and runs stop at their next step, cutting them off before the drain timeout."""
         timeout = self.config.drain_timeout
         budget = max(0.0, timeout - min(1.0, 0.25 * timeout))  # leave time to requeue and exit
-        executing = self._executing
-        if executing is not None and not executing.done():
-            self.report("stop", f"draining the run in flight ({self._stop_reason}) for up to {budget:.1f}s")
-            await asyncio.wait({executing}, timeout=budget)
-            if not executing.done():
-                executing.cancel()  # the item's task sees the cancellation and requeues the run
-        if self.harness is not None and not self.harness.closing:
-            if busy and executing is None:
-                self.report("stop", f"draining the turn in flight ({self._stop_reason}) for up to {budget:.1f}s")
-            await self.harness.shutdown(budget)
+        executing = {task for task in self._executing if not task.done()}
+
+        async def runs() -> None:
+            if not executing:
+                return
+            self.report("stop", f"draining {len(executing)} run(s) in flight ({self._stop_reason}) for up to "
+                                f"{budget:.1f}s")
+            await asyncio.wait(executing, timeout=budget)
+            for task in executing:
+                if not task.done():
+                    task.cancel()  # the item's task sees the cancellation and requeues the run
+
+        async def turns() -> None:
+            if self.harness is not None and not self.harness.closing:
+                if busy and not executing:
+                    what = "the turn" if busy == 1 else f"the {busy} turns"
+                    self.report("stop", f"draining {what} in flight ({self._stop_reason}) for up to {budget:.1f}s")
+                await self.harness.shutdown(budget)
+
+        await asyncio.gather(runs(), turns())
 
     async def _process(self, claim: WorkClaim) -> None:
         heartbeat = asyncio.create_task(self._heartbeat(claim))
@@ -485,7 +520,7 @@ class Worker:
         if self._stopping:
             return _Outcome(True, "not started: the worker is stopping", kind="requeue")
         executing = asyncio.create_task(runs.execute(run_id), name=f"jixu-run-{run_id}")
-        self._executing = executing
+        self._executing.add(executing)
         try:
             state = await executing
         except RunOwned as error:
@@ -501,7 +536,7 @@ class Worker:
                 raise  # this worker itself is being cancelled
             return _Outcome(True, "cut off by the drain; the run continues elsewhere", kind="requeue")
         finally:
-            self._executing = None
+            self._executing.discard(executing)
         pause = _automatic_pause(state)
         if pause is not None:
             return self._until_resume(pause)
@@ -626,7 +661,7 @@ class WorkerPool:
                  env: dict[str, str] | None = None, stdout: IO[str] | int | None = None,
                  stderr: IO[str] | int | None = None, providers: str | None = None,
                  workspace_root: str | None = None, publishers: str | None = None,
-                 remotes: str | None = None) -> None:
+                 remotes: str | None = None, concurrency: int = 1) -> None:
         if isinstance(processes, bool) or not isinstance(processes, int) or not 1 <= processes <= 256:
             raise InvalidInput("processes must be an integer between 1 and 256", field="processes")
         spec = factory_spec(agent_factory) if agent_factory is not None else None
@@ -636,7 +671,8 @@ class WorkerPool:
                                      default_project_limit=default_project_limit, takeover=takeover,
                                      poll_interval=poll_interval, drain_timeout=drain_timeout,
                                      exit_when_idle=exit_when_idle, quiet=quiet, providers=providers,
-                                     workspace_root=workspace_root, publishers=publishers, remotes=remotes)
+                                     workspace_root=workspace_root, publishers=publishers, remotes=remotes,
+                                     concurrency=concurrency)
                         for i in range(1, processes + 1)]
         self.drain_timeout = float(drain_timeout)
         self._env = dict(env or {})
