@@ -34,10 +34,12 @@ jixu/peer of steps/s (higher is better for jixu).
 
 The concurrency figure: K = 1, 8, 64 jixu threads in one process on one SQLite store (FULL), each driven by
 its own OS thread and event loop, each running ``--concurrent-steps`` agent steps with the no-op tool
-(``async def``); total durable tool calls per second; and the same threads on one event loop with
-``group_commits``, also with the no-op as a plain ``def`` for the largest K. Concurrent appends share commits (group commit, see
-docs/decisions/0007-group-commit.md). For the largest K, the one-loop run and the run split over ``--processes``
-processes are repeated ``--reps`` times, interleaved, and reported as median, lowest and highest.
+(``async def``); total durable tool calls per second; and the same threads on one event loop (the library:
+one Harness, commits shared by the kernel's one commit path, decision 0024), also with the no-op as a plain
+``def`` for the largest K. For the largest K, the path ``jixu worker`` runs: K queued turns run by one
+``Worker`` with ``--concurrency K``, and by ``--processes`` workers with ``--concurrency K/processes`` each on
+the same file, started together; repeated ``--reps`` times, interleaved, reported as median, lowest and
+highest.
 
 Recovery figures (SQLite): ``open_thread`` of a ~100k-event thread with a checkpoint, replay throughput,
 verify throughput, the state's memory (tracemalloc of the projected state of that thread).
@@ -338,12 +340,8 @@ def run_concurrent(path: str, threads: int, steps: int, tool_kind: str = "async"
     return {"elapsed": elapsed, "tool_calls": threads * steps, "commits": commits, "appends": appends}
 
 
-def run_concurrent_loop(path: str, threads: int, steps: int, tool_kind: str = "async",
-                        start_at: float | None = None) -> dict[str, Any]:
-    """``threads`` jixu threads on one event loop, one Harness with ``group_commits`` (one SQLite store).
-
-    With ``start_at`` (a wall-clock time) the turns start then, so several processes start together.
-    """
+def run_concurrent_loop(path: str, threads: int, steps: int, tool_kind: str = "async") -> dict[str, Any]:
+    """``threads`` jixu threads on one event loop, one Harness (one SQLite store): their commits are shared."""
     from jixu import Harness
     from jixu.ledger import SQLiteStore
 
@@ -351,10 +349,8 @@ def run_concurrent_loop(path: str, threads: int, steps: int, tool_kind: str = "a
     agent = concurrent_agent(steps, tool_kind)
 
     async def main() -> tuple[float, float, float, int, int]:
-        harness = Harness(agent, store, group_commits=True)
+        harness = Harness(agent, store)
         made = [await harness.create_thread() for _ in range(threads)]
-        if start_at is not None:
-            await asyncio.sleep(max(0.0, start_at - time.time()))
         started = time.time()
         start = time.perf_counter()
         # All turns start together (their turn.started events share one commit), as concurrent work would.
@@ -375,15 +371,60 @@ def run_concurrent_loop(path: str, threads: int, steps: int, tool_kind: str = "a
             "commits": commits, "appends": appends}
 
 
-def run_processes(python: str, path: str, processes: int, threads: int, steps: int) -> dict[str, Any]:
-    """``processes`` processes, each ``threads // processes`` threads on one loop, all on one SQLite file."""
-    start_at = time.time() + 5.0  # after every process has started and created its threads
-    spec = {"kind": "concurrent_loop", "url": path, "threads": threads // processes, "steps": steps,
-            "start_at": start_at}
+def queue_turns(path: str, threads: int, steps: int) -> None:
+    """``threads`` threads of the concurrency agent with a queued turn each, in the work queue of ``path``."""
+    from jixu.ledger import SQLiteStore
+    from jixu.runs import create_thread_for, submit_turn
+
+    store = SQLiteStore(path, synchronous="FULL")
+    try:
+        agent = concurrent_agent(steps)
+        for _ in range(threads):
+            submit_turn(store, create_thread_for(store, agent), "go")
+    finally:
+        store.close()
+
+
+def run_worker(path: str, steps: int, concurrency: int, owner: str, start_at: float | None = None) -> dict[str, Any]:
+    """The ``jixu worker`` path: one ``Worker`` with ``concurrency`` runs the queued turns of ``path`` until the
+    queue is empty (each turn: ``steps`` agent steps of the concurrency agent)."""
+    from jixu.ledger import SQLiteStore
+    from jixu.runs import Worker, WorkerConfig
+
+    store = SQLiteStore(path, synchronous="FULL")
+    config = WorkerConfig(store_url=path, agent="bench.compare:concurrent_agent", owner=owner, concurrency=concurrency,
+                          exit_when_idle=True, quiet=True, poll_interval=0.05, lease_ttl=30.0)
+    worker = Worker(concurrent_agent(steps), store, config, report=lambda kind, text: None)
+
+    async def main() -> tuple[float, float]:
+        if start_at is not None:
+            await asyncio.sleep(max(0.0, start_at - time.time()))
+        started = time.time()
+        await worker.run()
+        return started, time.time()
+
+    commits, appends = store.commit_count, store.append_count
+    try:
+        started, ended = asyncio.run(main())
+    finally:
+        store.close()
+    if worker.stats.errors or worker.stats.lost:
+        raise SystemExit(f"the worker reported {worker.stats.to_dict()}")
+    return {"elapsed": ended - started, "started": started, "ended": ended,
+            "tool_calls": worker.stats.finished * steps, "turns": worker.stats.finished,
+            "commits": store.commit_count - commits, "appends": store.append_count - appends}
+
+
+def run_workers(python: str, path: str, processes: int, threads: int, steps: int) -> dict[str, Any]:
+    """``processes`` worker processes with concurrency ``threads // processes`` each, on ``threads`` queued turns
+    in one SQLite file, started together; throughput over the wall time from the first start to the last end."""
+    queue_turns(path, threads, steps)
+    start_at = time.time() + 3.0  # after every process has started
     results: list[dict[str, Any]] = [{} for _ in range(processes)]
 
     def one(index: int) -> None:
-        results[index] = child(python, spec)
+        results[index] = child(python, {"kind": "worker", "url": path, "steps": steps, "start_at": start_at,
+                                        "concurrency": max(1, threads // processes), "owner": f"bench-{index + 1}"})
 
     workers = [threading.Thread(target=one, args=(index,)) for index in range(processes)]
     for worker in workers:
@@ -391,7 +432,10 @@ def run_processes(python: str, path: str, processes: int, threads: int, steps: i
     for worker in workers:
         worker.join()
     if not all(results):
-        raise SystemExit("a process of the multi-process run failed")
+        raise SystemExit("a worker process failed")
+    turns = sum(r["turns"] for r in results)
+    if turns != threads:
+        raise SystemExit(f"the workers finished {turns} turns of {threads}")
     wall = max(r["ended"] for r in results) - min(r["started"] for r in results)
     return {"elapsed": wall, "tool_calls": sum(r["tool_calls"] for r in results),
             "commits": sum(r["commits"] for r in results), "appends": sum(r["appends"] for r in results),
@@ -403,8 +447,9 @@ def child_main(spec: dict[str, Any]) -> None:
     if kind == "concurrent":
         result = run_concurrent(spec["url"], spec["threads"], spec["steps"], spec.get("tool", "async"))
     elif kind == "concurrent_loop":
-        result = run_concurrent_loop(spec["url"], spec["threads"], spec["steps"], spec.get("tool", "async"),
-                                     spec.get("start_at"))
+        result = run_concurrent_loop(spec["url"], spec["threads"], spec["steps"], spec.get("tool", "async"))
+    elif kind == "worker":
+        result = run_worker(spec["url"], spec["steps"], spec["concurrency"], spec["owner"], spec.get("start_at"))
     elif kind == "recovery":
         result = run_recovery(spec["dir"], spec["events"], spec["reps"])
     elif kind == "jixu":
@@ -619,26 +664,26 @@ def main(argv: list[str] | None = None) -> int:
                                 result["appends"] / result["commits"], "appends"))
             result = child(args.python, {"kind": "concurrent_loop", "url": str(workdir / f"loop-{count}.db"),
                                          "threads": count, "steps": args.concurrent_steps})
-            figures.append((f"SQLite, {count} threads on one event loop (group_commits): durable tool calls/s",
+            figures.append((f"SQLite, {count} threads on one event loop (library): durable tool calls/s",
                             f"jixu_sqlite_loop_{count}_tool_calls_per_s",
                             result["tool_calls"] / result["elapsed"], "calls/s"))
-            figures.append((f"SQLite, {count} threads on one event loop (group_commits): appends per commit",
+            figures.append((f"SQLite, {count} threads on one event loop (library): appends per commit",
                             f"jixu_sqlite_loop_{count}_appends_per_commit",
                             result["appends"] / result["commits"], "appends"))
         if counts:  # the same as above with the no-op tool as a plain def (a worker-thread hop per call)
             count = max(counts)
             # The largest runs move most with the machine's other load: run them --reps times, interleaved, and
             # report the median with the lowest and highest.
-            loops, spread = [], []
+            # The path `jixu worker` runs: a Worker with --concurrency, in one process and in --processes.
+            alone, spread = [], []
             for rep in range(args.reps):
-                loops.append(child(args.python, {"kind": "concurrent_loop", "threads": count,
-                                                 "url": str(workdir / f"loop-{count}-rep{rep}.db"),
-                                                 "steps": args.concurrent_steps}))
-                spread.append(run_processes(args.python, str(workdir / f"processes-{count}-rep{rep}.db"),
-                                            args.processes, count, args.concurrent_steps))
-            for runs, what, tag in ((loops, "on one event loop (group_commits)", "loop"),
-                                    (spread, f"in {args.processes} processes (one loop each, group_commits)",
-                                     "processes")):
+                alone.append(run_workers(args.python, str(workdir / f"worker-{count}-rep{rep}.db"), 1, count,
+                                         args.concurrent_steps))
+                spread.append(run_workers(args.python, str(workdir / f"workers-{count}-rep{rep}.db"),
+                                          args.processes, count, args.concurrent_steps))
+            for runs, what, tag in ((alone, f"run by one jixu worker (--concurrency {count})", "worker"),
+                                    (spread, f"run by {args.processes} jixu workers (--concurrency "
+                                             f"{count // args.processes} each)", "workers")):
                 rates = sorted(r["tool_calls"] / r["elapsed"] for r in runs)
                 figures += [
                     (f"SQLite, {count} threads {what}: durable tool calls/s, median of {len(rates)}",
@@ -653,7 +698,7 @@ def main(argv: list[str] | None = None) -> int:
                 ]
             result = child(args.python, {"kind": "concurrent_loop", "url": str(workdir / f"loop-def-{count}.db"),
                                          "threads": count, "steps": args.concurrent_steps, "tool": "def"})
-            figures.append((f"SQLite, {count} threads on one event loop (group_commits), def tool: durable tool "
+            figures.append((f"SQLite, {count} threads on one event loop (library), def tool: durable tool "
                             "calls/s", f"jixu_sqlite_loop_{count}_def_tool_calls_per_s",
                             result["tool_calls"] / result["elapsed"], "calls/s"))
         if args.recovery_events:
