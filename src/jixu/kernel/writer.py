@@ -134,6 +134,15 @@ class StreamWriter(Generic[F]):
         """An asynchronous append is queued or committing (see :meth:`idle`)."""
         self._pump: asyncio.Task[None] | None = None
         self._idle_waiters: list[asyncio.Future[None]] = []
+        self._commits: tuple[asyncio.AbstractEventLoop, Commits] | None = None
+        """The loop's commit path, looked up once per event loop."""
+
+    def _commits_here(self) -> Commits:
+        loop = asyncio.get_running_loop()
+        found = self._commits
+        if found is None or found[0] is not loop:
+            found = self._commits = (loop, Commits.of(self.store))
+        return found[1]
 
     # --- reading --------------------------------------------------------------------------------
 
@@ -184,7 +193,7 @@ class StreamWriter(Generic[F]):
     def can_stage(self) -> bool:
         """Whether a receipt may be staged now: nothing of this writer is in flight, and the loop's next commit
         would be made at once by its only running user (so no other task runs before it is durable)."""
-        return not self._busy and Commits.of(self.store).alone()
+        return not self._busy and self._commits_here().alone()
 
     def stage(self, events: Sequence[NewEvent], fence: Fence | None, *,
               provisional: Callable[[PreparedEvent, int], Event]) -> None:
@@ -222,8 +231,7 @@ class StreamWriter(Generic[F]):
         if self._busy:
             raise StreamBusy(f"{self.stream}: an append is waiting for its commit; wait for it first",
                              stream=self.stream)
-        prepared = [e if isinstance(e, PreparedEvent) else prepare(e, self.store.max_payload_bytes) for e in events]
-        return self._commit_now(prepared, fence, self.store.append)
+        return self._commit_now(events, fence, self.store.append)
 
     async def append_async(self, events: Sequence[NewEvent], fence: Fence | None = None, *,
                            user: bool = False) -> list[Event]:
@@ -232,13 +240,13 @@ class StreamWriter(Generic[F]):
 
         ``user``: the caller is a running user of the loop's commits (an agent loop, a run session).
         """
-        prepared = [prepare(e, self.store.max_payload_bytes) for e in events]  # a bad event joins nothing
-        commits = Commits.of(self.store)
+        commits = self._commits_here()
         if self._staged:
             # Staged events may not be seen across a yield: commit at once (can_stage made sure it would be).
-            return self._commit_now(prepared, self._fence_for(fence), commits.append_now)
+            return self._commit_now(events, self._fence_for(fence), commits.append_now)
         if not self._busy and user and commits.alone():
-            return self._commit_now(prepared, fence, commits.append_now)
+            return self._commit_now(events, fence, commits.append_now)  # the store checks them, as alone
+        prepared = [prepare(e, self.store.max_payload_bytes) for e in events]  # a bad event joins nothing shared
         future = Commitment(loop=asyncio.get_running_loop())
         self._queue.append(_Queued(prepared, fence, user, future))
         if not self._busy:
@@ -264,16 +272,21 @@ class StreamWriter(Generic[F]):
             if not waiter.done():
                 waiter.set_result(None)
 
+    def _prepared(self, events: Sequence[NewEvent | PreparedEvent]) -> list[PreparedEvent]:
+        """``events`` encoded (for the rare paths that keep or re-append them)."""
+        return [e if isinstance(e, PreparedEvent) else prepare(e, self.store.max_payload_bytes) for e in events]
+
     def _fence_for(self, fence: Fence | None) -> Fence | None:
         if self._staged and fence != self._staged_fence:
             self.flush()
         return fence
 
-    def _commit_now(self, prepared: list[PreparedEvent], fence: Fence | None,
-                    commit: Callable[[str, Sequence[PreparedEvent], int, Fence | None], list[Event]]) -> list[Event]:
-        """Commit ``prepared`` (after the staged events) in the caller; receipts kept across conflicts."""
+    def _commit_now(self, events: Sequence[NewEvent | PreparedEvent], fence: Fence | None,
+                    commit: Callable[[str, Sequence[NewEvent | PreparedEvent], int, Fence | None], list[Event]],
+                    ) -> list[Event]:
+        """Commit ``events`` (after the staged events) in the caller; receipts kept across conflicts."""
         staged = self._staged
-        batch = [*staged, *prepared] if staged else prepared
+        batch: Sequence[NewEvent | PreparedEvent] = [*staged, *events] if staged else events
         expected = self.state.seq - len(staged)
         try:
             stored = commit(self.stream, batch, expected, fence)
@@ -281,8 +294,10 @@ class StreamWriter(Generic[F]):
             if staged:
                 self._unstage()
             if isinstance(error, ConcurrencyError):
-                return self._after_conflict(batch, fence, error, offset=len(staged), expected=expected)
-            _keep_receipts(error, batch)
+                return self._after_conflict(self._prepared(batch), fence, error, offset=len(staged),
+                                            expected=expected)
+            if isinstance(error, JixuError) and not isinstance(error, InvalidInput):  # bad input: nothing to keep
+                _keep_receipts(error, self._prepared(batch))
             raise
         if staged:
             self._staged, self._staged_fence = [], None
@@ -468,7 +483,8 @@ class StreamWriter(Generic[F]):
         for event in stored:
             state = apply(state, event)
         self.state = state
-        self._applied(stored)
+        if self._on_applied is not None and stored:
+            self._on_applied(stored)
 
     def _applied(self, stored: list[Event]) -> None:
         if stored and self._on_applied is not None:
