@@ -68,6 +68,9 @@ class Completion:
     error_after: int | None = None
     error_body: Any = None
     event_delay: float = 0.0
+    repeat_tool_name: bool = False
+    """Chat Completions: send the call's whole ``name`` (and ``id``) again in every argument chunk, as some
+    compatible servers do (MiniMax through NVIDIA NIM, some vLLM builds); OpenAI sends them once."""
 
 
 @dataclass(frozen=True)
@@ -326,7 +329,11 @@ class FakeOpenAI(FakeServer):
                                          "function": {"name": call.name, "arguments": ""}}]})
             for piece in _pieces(call.arguments, reply.fragment):
                 if piece:
-                    yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+                    part: dict[str, Any] = {"index": index, "function": {"arguments": piece}}
+                    if reply.repeat_tool_name:
+                        part = {"index": index, "id": call.id, "type": "function",
+                                "function": {"name": call.name, "arguments": piece}}
+                    yield chunk({"tool_calls": [part]})
         yield chunk({}, self._finish(reply))
         if include_usage and reply.usage:
             data = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1_700_000_000,

@@ -148,6 +148,33 @@ def test_streaming_assembles_fragments_and_publishes_signals(openai_server: Fake
     assert {s.thread_id for s in observed} == {"01HTHREAD0000000000000000000"}
 
 
+def test_a_tool_name_repeated_in_every_chunk_is_the_name_once(openai_server: FakeOpenAI) -> None:
+    # Some compatible servers (MiniMax through NVIDIA NIM, some vLLM builds) repeat the whole name in every chunk.
+    openai_server.script(Completion(calls=[Call("call_1", "charge_card", '{"amount": 1250, "currency": "EUR"}'),
+                                           Call("call_2", "add", '{"a": 1, "b": 2}')],
+                                    fragment=5, repeat_tool_name=True))
+    observed: list[Signal] = []
+    response = complete(driver(openai_server, on_signal=observed.append), tools=[ADD_SPEC])
+    assert [c.name for c in response.tool_calls] == ["charge_card", "add"]
+    assert response.tool_calls[0].args == {"amount": 1250, "currency": "EUR"}
+    names = {s.data["name"] for s in observed if s.kind == "tool_call_delta"}
+    assert names == {"charge_card", "add"}
+
+
+@pytest.mark.parametrize(("pieces", "expected"), [
+    (["charge_card", "charge_card", "charge_card"], "charge_card"),  # repeated whole
+    (["charge", "charge_card"], "charge_card"),                       # sent cumulatively
+    (["charge_", "card"], "charge_card"),                              # sent in fragments
+])
+def test_streamed_tool_names_are_assembled_whatever_the_server_sends(pieces: list[str], expected: str) -> None:
+    from jixu.threads.openai import merge_name
+
+    name = ""
+    for piece in pieces:
+        name = merge_name(name, piece)
+    assert name == expected
+
+
 def test_without_streaming_only_the_done_signal_is_published(openai_server: FakeOpenAI) -> None:
     openai_server.script(Completion(text="whole"))
     observed: list[Signal] = []

@@ -86,6 +86,19 @@ def chat_messages(instructions: str, messages: tuple[JSONObject, ...] | list[JSO
     return out
 
 
+def merge_name(known: str, piece: str) -> str:
+    """A streamed tool call's name after one more chunk carrying ``piece``.
+
+    OpenAI sends the name once, in the call's first chunk. Some compatible
+    servers repeat the whole name in every chunk, or send it cumulatively, and
+    a few send it in fragments: a repeated or cumulative name replaces what is
+    known, anything else continues it.
+    """
+    if not known or piece.startswith(known):
+        return piece
+    return known + piece
+
+
 def _dumps(value: object) -> str:
     import json
 
@@ -207,7 +220,7 @@ class OpenAIModel(ProviderDriver):
                     if part.id:
                         slot["id"] = part.id
                     if name:
-                        slot["name"] += name
+                        slot["name"] = merge_name(slot["name"], name)
                     if fragment:
                         slot["arguments"].append(fragment)
                     emit("tool_call_delta", {"index": index, "id": slot["id"], "name": slot["name"],
@@ -257,4 +270,4 @@ class OpenAIModel(ProviderDriver):
         return self._unexpected(error)
 
 
-__all__ = ["OpenAIModel", "chat_messages", "tool_specs"]
+__all__ = ["OpenAIModel", "chat_messages", "merge_name", "tool_specs"]
