@@ -139,9 +139,10 @@ def test_streaming_assembles_fragments_and_publishes_signals(anthropic_server: F
                                    ToolCall("lookup", {"key": "k"}, "toolu_2"))
     texts = [s.data["text"] for s in observed if s.kind == "text_delta"]
     assert len(texts) == 4 and "".join(texts) == "Adding now."
-    for block, call in zip((1, 2), response.tool_calls, strict=True):
-        parts = [s for s in observed if s.kind == "tool_call_delta" and s.data["index"] == block]
-        assert "".join(s.data["arguments"] for s in parts) == raw[block - 1]
+    # The text is content block 0 and the calls blocks 1 and 2; signals number the calls 0 and 1, as OpenAI's do.
+    for index, call in enumerate(response.tool_calls):
+        parts = [s for s in observed if s.kind == "tool_call_delta" and s.data["index"] == index]
+        assert "".join(s.data["arguments"] for s in parts) == raw[index]
         assert {(s.data["id"], s.data["name"]) for s in parts} == {(call.id, call.name)}
     assert observed[-1].kind == "done" and observed[-1].data == {"ok": True, "stop_reason": "tool_use"}
     assert {s.effect_id for s in observed} == {"01HSTREAM"}

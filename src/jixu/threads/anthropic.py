@@ -211,9 +211,11 @@ class AnthropicModel(ProviderDriver):
                             emit("text_delta", {"text": block.text})
                     elif block_type == "tool_use":
                         initial = getattr(block, "input", None)
+                        # Signals number tool calls as the response lists them (0, 1, ...), not content blocks.
+                        position = sum(1 for b in blocks.values() if b["type"] == "tool_use")
                         blocks[event.index] = {"type": "tool_use", "id": block.id, "name": block.name,
-                                               "parts": [], "initial": initial}
-                        emit("tool_call_delta", {"index": event.index, "id": block.id, "name": block.name,
+                                               "parts": [], "initial": initial, "position": position}
+                        emit("tool_call_delta", {"index": position, "id": block.id, "name": block.name,
                                                  "arguments": ""})
                 elif kind == "content_block_delta":
                     delta = event.delta
@@ -224,8 +226,8 @@ class AnthropicModel(ProviderDriver):
                     elif delta_type == "input_json_delta" and event.index in blocks:
                         slot = blocks[event.index]
                         slot["parts"].append(delta.partial_json or "")
-                        emit("tool_call_delta", {"index": event.index, "id": slot["id"], "name": slot["name"],
-                                                 "arguments": delta.partial_json or ""})
+                        emit("tool_call_delta", {"index": slot["position"], "id": slot["id"],
+                                                 "name": slot["name"], "arguments": delta.partial_json or ""})
                 elif kind == "message_delta":
                     stop_reason = str(getattr(event.delta, "stop_reason", None) or stop_reason)
                     _merge_usage(usage, getattr(event, "usage", None))

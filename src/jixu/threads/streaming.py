@@ -3,7 +3,9 @@
 **Signals.** While a streaming driver receives a response it publishes
 transient :class:`Signal` s: ``text_delta`` (``data={"text": ...}``),
 ``tool_call_delta`` (``data={"index", "id", "name", "arguments"}``, where
-``arguments`` is the new fragment of the call's JSON arguments) and, once per
+``index`` is the call's position among the response's tool calls, 0 for the
+first, with every provider, and ``arguments`` is the new fragment of the
+call's JSON arguments) and, once per
 call, ``done`` (``data={"ok": True, "stop_reason": ...}`` or
 ``{"ok": False, "error_kind": ...}``: the deltas of a failed call are void).
 Signals are never recorded: only the final assembled response is returned to
