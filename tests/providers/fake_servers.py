@@ -68,6 +68,8 @@ class Completion:
     error_after: int | None = None
     error_body: Any = None
     event_delay: float = 0.0
+    refusal: str | None = None
+    """Chat Completions: the model refuses; the message's ``refusal`` (streamed as ``delta.refusal``), no content."""
     repeat_tool_name: bool = False
     """Chat Completions: send the call's whole ``name`` (and ``id``) again in every argument chunk, as some
     compatible servers do (MiniMax through NVIDIA NIM, some vLLM builds); OpenAI sends them once."""
@@ -294,7 +296,7 @@ class FakeOpenAI(FakeServer):
         return reply.stop or ("tool_calls" if reply.calls else "stop")
 
     def render_json(self, reply: Completion, request: dict[str, Any]) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": reply.text, "refusal": None}
+        message: dict[str, Any] = {"role": "assistant", "content": reply.text, "refusal": reply.refusal}
         if reply.calls:
             message["tool_calls"] = [{"id": c.id, "type": "function",
                                       "function": {"name": c.name, "arguments": c.arguments}} for c in reply.calls]
@@ -321,6 +323,9 @@ class FakeOpenAI(FakeServer):
             return f"data: {json.dumps(data)}\n\n"
 
         yield chunk({"role": "assistant", "content": "", "refusal": None})
+        if reply.refusal:
+            for piece in _pieces(reply.refusal, reply.fragment):
+                yield chunk({"refusal": piece})
         if reply.text:
             for piece in _pieces(reply.text, reply.fragment):
                 yield chunk({"content": piece})

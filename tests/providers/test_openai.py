@@ -97,6 +97,17 @@ def test_parallel_tool_calls_with_text(openai_server: FakeOpenAI, stream: bool) 
 
 
 @pytest.mark.parametrize("stream", [True, False])
+def test_a_refusal_is_the_reply_streamed_or_not(openai_server: FakeOpenAI, stream: bool) -> None:
+    openai_server.script(Completion(refusal="I'm sorry, I can't help with that.", fragment=6))
+    observed: list[Signal] = []
+    response = complete(driver(openai_server, stream=stream, on_signal=observed.append))
+    assert response.text == "I'm sorry, I can't help with that."
+    assert response.stop_reason == "stop"
+    if stream:
+        assert "".join(s.data["text"] for s in observed if s.kind == "text_delta") == response.text
+
+
+@pytest.mark.parametrize("stream", [True, False])
 def test_arguments_that_are_not_json_pass_through_marked_invalid(openai_server: FakeOpenAI, stream: bool) -> None:
     openai_server.script(Completion(calls=[Call("call_1", "add", '{"a": 1, "b": '),
                                            Call("call_2", "add", "[1, 2]")]))

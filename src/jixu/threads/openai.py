@@ -211,6 +211,11 @@ class OpenAIModel(ProviderDriver):
                 if delta is not None and delta.content:
                     text.append(delta.content)
                     emit("text_delta", {"text": delta.content})
+                refusal = getattr(delta, "refusal", None) if delta is not None else None
+                if isinstance(refusal, str) and refusal:
+                    # A refusal is the model's reply, as in the unstreamed message (content or refusal).
+                    text.append(refusal)
+                    emit("text_delta", {"text": refusal})
                 for part in (delta.tool_calls if delta is not None else None) or []:
                     index = part.index if isinstance(part.index, int) else len(calls)
                     slot = calls.setdefault(index, {"id": None, "name": "", "arguments": []})
