@@ -23,6 +23,7 @@ body) so tests assert exactly what the SDK sent.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -110,6 +111,10 @@ class Recorded:
     body: dict[str, Any]
 
 
+REASONING_MODEL = re.compile(r"^(o\d|gpt-5)")
+"""OpenAI's reasoning models (o1, o3, o4-mini, gpt-5, ...)."""
+
+
 def _pieces(text: str, size: int) -> list[str]:
     return [text[i:i + size] for i in range(0, len(text), size)] or [""]
 
@@ -195,6 +200,9 @@ class FakeServer:
         while isinstance(reply, Slow):
             time.sleep(reply.seconds)
             reply = reply.then
+        refusal = self.validate(body) if isinstance(reply, Completion) else None
+        if refusal is not None:  # the request breaks a rule the provider enforces: its 400, as it words it
+            reply = refusal
         if isinstance(reply, Hangup):
             self._hang_up(handler)
         elif isinstance(reply, Failure):
@@ -263,6 +271,10 @@ class FakeServer:
 
     # --- the provider's format (subclasses) ---------------------------------------------------
 
+    def validate(self, request: dict[str, Any]) -> Failure | None:
+        """The provider's refusal of a request that breaks one of its rules, or None."""
+        return None
+
     def render_json(self, reply: Completion, request: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -285,6 +297,16 @@ class FakeOpenAI(FakeServer):
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+    def validate(self, request: dict[str, Any]) -> Failure | None:
+        model = str(request.get("model") or "")
+        if REASONING_MODEL.match(model) and "max_tokens" in request:
+            # Reasoning models refuse max_tokens (https://platform.openai.com/docs/guides/reasoning).
+            return Failure(400, {"error": {
+                "message": "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                           "Use 'max_completion_tokens' instead.",
+                "type": "invalid_request_error", "param": "max_tokens", "code": "unsupported_parameter"}})
+        return None
 
     def _usage(self, reply: Completion) -> dict[str, Any]:
         return {"prompt_tokens": reply.input_tokens, "completion_tokens": reply.output_tokens,

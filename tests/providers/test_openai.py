@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from jixu import Agent, Harness, MemoryStore, tool
-from jixu.errors import ModelError
+from jixu.errors import InvalidInput, ModelError
 from jixu.threads.model import ModelResponse, ToolCall, Usage
 from jixu.threads.openai import OpenAIModel
 from jixu.threads.streaming import Signal
@@ -67,6 +67,28 @@ def test_no_instructions_means_no_system_message_and_options_are_sent_when_given
     body = openai_server.bodies[0]
     assert body["messages"] == [{"role": "user", "content": "Hello?"}]
     assert body["max_tokens"] == 256 and body["temperature"] == 0.2
+
+
+@pytest.mark.parametrize("model", ["o4-mini", "o3", "gpt-5-mini"])
+def test_reasoning_models_get_max_completion_tokens(openai_server: FakeOpenAI, model: str) -> None:
+    openai_server.script(Completion(text="ok", model=model))
+    response = complete(driver(openai_server, model, max_tokens=256, reasoning_effort="low"))
+    assert response.text == "ok"
+    body = openai_server.bodies[0]
+    assert body["max_completion_tokens"] == 256 and "max_tokens" not in body
+    assert body["reasoning_effort"] == "low"
+
+
+def test_the_token_limit_parameter_can_be_chosen(openai_server: FakeOpenAI) -> None:
+    openai_server.script(Completion(text="ok"), Completion(text="ok"))
+    complete(driver(openai_server, "my-local-model", max_tokens=64, max_tokens_parameter="max_completion_tokens"))
+    complete(OpenAIModel("gpt-4o", api_key=OPENAI_KEY, base_url=openai_server.url, max_tokens=64))
+    assert openai_server.bodies[0]["max_completion_tokens"] == 64 and "max_tokens" not in openai_server.bodies[0]
+    assert openai_server.bodies[1]["max_tokens"] == 64, "compatible servers keep the parameter they all know"
+    official = OpenAIModel("gpt-4o", api_key=OPENAI_KEY, max_tokens=64)
+    assert official.request_body(make_request())["max_completion_tokens"] == 64, "OpenAI's own API: the current one"
+    with pytest.raises(InvalidInput):
+        OpenAIModel("gpt-4o", api_key=OPENAI_KEY, max_tokens_parameter="max_length")
 
 
 @pytest.mark.parametrize("stream", [True, False])

@@ -17,6 +17,7 @@ records every attempt and decides retries itself (see
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -41,6 +42,10 @@ if TYPE_CHECKING:
     from openai.types.completion_usage import CompletionUsage
 
 EXTRA_HINT = "pip install 'jixu[openai]'"
+REASONING_MODEL = re.compile(r"^(?:[\w.-]+/)?(?:o\d|gpt-5|codex)", re.IGNORECASE)
+"""OpenAI's reasoning models (o1, o3, o4-mini, gpt-5, codex-..., also behind a ``vendor/`` prefix)."""
+OFFICIAL_HOST = "api.openai.com"
+TOKEN_PARAMETERS = ("max_tokens", "max_completion_tokens")
 PLACEHOLDER_KEY = "not-needed"
 """Sent as the key to a custom ``base_url`` when no key is configured (local servers ignore it)."""
 
@@ -113,7 +118,12 @@ class OpenAIModel(ProviderDriver):
     sends a placeholder (local servers need none). ``client`` is an
     ``openai.AsyncOpenAI`` to use instead (its retries are turned off).
     ``timeout`` bounds the connection and each read, in seconds.
-    ``max_tokens`` and ``temperature`` are sent only when given. ``prices``
+    ``max_tokens`` and ``temperature`` are sent only when given. The token
+    limit goes out as ``max_completion_tokens`` to OpenAI's own API and to
+    reasoning models (o1, o3, o4-mini, gpt-5, which refuse ``max_tokens``) and
+    as ``max_tokens`` to other compatible servers; ``max_tokens_parameter``
+    chooses it explicitly. ``reasoning_effort`` (``"minimal"``, ``"low"``,
+    ``"medium"``, ``"high"``, ...) is sent to reasoning models when given. ``prices``
     overrides :data:`~jixu.threads.pricing.DEFAULT_PRICES` (USD per million
     tokens); a model without a price has ``cost=None``. With ``stream`` (the
     default) the response is streamed and its progress published as
@@ -127,7 +137,8 @@ class OpenAIModel(ProviderDriver):
     def __init__(self, model: str, *, api_key: str | None = None, base_url: str | None = None,
                  client: AsyncOpenAI | None = None, timeout: float = 60.0, max_tokens: int | None = None,
                  temperature: float | None = None, prices: PriceTable | None = None, stream: bool = True,
-                 name: str | None = None, on_signal: SignalCallback | None = None) -> None:
+                 name: str | None = None, on_signal: SignalCallback | None = None,
+                 max_tokens_parameter: str | None = None, reasoning_effort: str | None = None) -> None:
         try:
             import openai
         except ImportError as error:
@@ -136,6 +147,12 @@ class OpenAIModel(ProviderDriver):
         check_number(timeout, "timeout", allow_none=False)
         check_number(max_tokens, "max_tokens", integer=True)
         check_number(temperature, "temperature", minimum=0.0, exclusive=False)
+        if max_tokens_parameter is not None and max_tokens_parameter not in TOKEN_PARAMETERS:
+            raise InvalidInput(f"max_tokens_parameter must be one of {list(TOKEN_PARAMETERS)} or None, got "
+                               f"{max_tokens_parameter!r}", field="max_tokens_parameter")
+        if reasoning_effort is not None and (not isinstance(reasoning_effort, str) or not reasoning_effort):
+            raise InvalidInput("reasoning_effort must be a non-empty string such as 'low' or 'high', or None",
+                               field="reasoning_effort")
         key = resolve_setting(api_key, os.environ, "OPENAI_API_KEY")
         url = resolve_setting(base_url, os.environ, "OPENAI_BASE_URL")
         super().__init__(model, api_key=key, prices=prices, stream=stream, name=name, on_signal=on_signal)
@@ -153,6 +170,10 @@ class OpenAIModel(ProviderDriver):
         self.timeout = float(timeout)
         self.max_tokens = max_tokens
         self.temperature = temperature
+        self.reasoning_effort = reasoning_effort
+        official = OFFICIAL_HOST in self.base_url
+        self.max_tokens_parameter = max_tokens_parameter or (
+            "max_completion_tokens" if official or REASONING_MODEL.match(model) else "max_tokens")
 
     async def aclose(self) -> None:
         """Close the HTTP client (its connections)."""
@@ -165,9 +186,11 @@ class OpenAIModel(ProviderDriver):
         if request.tools:
             params["tools"] = tool_specs(request.tools)
         if self.max_tokens is not None:
-            params["max_tokens"] = self.max_tokens
+            params[self.max_tokens_parameter] = self.max_tokens
         if self.temperature is not None:
             params["temperature"] = self.temperature
+        if self.reasoning_effort is not None:
+            params["reasoning_effort"] = self.reasoning_effort
         return params
 
     async def _whole(self, request: ModelRequest) -> ModelResponse:
