@@ -183,12 +183,29 @@ LOW_CREDIT = _error("invalid_request_error", "Your credit balance is too low to 
                                              "Please go to Plans & Billing to upgrade or purchase credits.")
 BAD_KEY = _error("authentication_error", "invalid x-api-key: {api_key}")
 OVERLOADED = _error("overloaded_error", "Overloaded")
+# The monthly spend cap of the organization's tier (https://docs.anthropic.com/en/api/rate-limits): a 429
+# rate_limit_error naming it in error.details.error_code, without retry-after; it lifts next month.
+SPEND_CAP = {"type": "error", "error": {
+    "type": "rate_limit_error",
+    "message": "You have reached your API usage limits: your organization has crossed its monthly API usage "
+               "threshold, set based on your organization's API tier. You will regain access on 2027-01-01 at "
+               "00:00 UTC.",
+    "details": {"error_code": "enforced_spend_limit_reached"}}, "request_id": "req_011CSpendCap"}
+# A limit the user set in the console answers 400.
+USER_LIMIT = _error("invalid_request_error", "You have reached your specified API usage limits. You will regain "
+                                             "access on 2027-01-01 at 00:00 UTC.")
 
 
 @pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize(("reply", "kind", "indeterminate", "retry_after"), [
     (Failure(429, RATE_LIMITED, {"retry-after": "12"}), "rate_limit", False, 12.0),
     (Failure(429, RATE_LIMITED), "rate_limit", False, None),
+    (Failure(429, RATE_LIMITED, {"anthropic-ratelimit-requests-limit": "50",
+                                 "anthropic-ratelimit-requests-remaining": "0",
+                                 "anthropic-ratelimit-requests-reset": "2099-01-01T00:00:30Z"}),
+     "rate_limit", False, "future"),
+    (Failure(429, SPEND_CAP), "quota", False, None),
+    (Failure(400, USER_LIMIT), "quota", False, None),
     (Failure(400, LOW_CREDIT), "quota", False, None),
     (Failure(402, _error("billing_error", "Your account has a billing issue.")), "quota", False, None),
     (Failure(401, BAD_KEY), "authentication", False, None),
@@ -202,10 +219,13 @@ OVERLOADED = _error("overloaded_error", "Overloaded")
     (Hangup(), "transient", True, None),
 ])
 def test_provider_errors_map_to_kinds(anthropic_server: FakeAnthropic, stream: bool, reply: Any, kind: str,
-                                      indeterminate: bool, retry_after: float | None) -> None:
+                                      indeterminate: bool, retry_after: float | str | None) -> None:
     anthropic_server.script(reply)
     observed: list[Signal] = []
     error = fail(driver(anthropic_server, stream=stream, on_signal=observed.append))
+    if retry_after == "future":  # an RFC 3339 reset time: some seconds from now
+        assert error.retry_after is not None and error.retry_after > 86_400
+        retry_after = error.retry_after
     assert (error.kind, error.indeterminate, error.retry_after) == (kind, indeterminate, retry_after)
     assert error.message.startswith("anthropic: ")
     assert len(anthropic_server.requests) == 1, "the SDK's own retries are off: jixu decides retries"

@@ -263,6 +263,11 @@ def test_invalid_arguments_are_rejected_by_the_tool_before_dispatch() -> None:
     (429, "rate_limit_error", None, "Number of request tokens has exceeded your per-minute rate limit",
      ("rate_limit", False)),
     (429, "insufficient_quota", "insufficient_quota", "You exceeded your current quota", ("quota", False)),
+    (429, "rate_limit_error", "enforced_spend_limit_reached", "You have reached your API usage limits",
+     ("quota", False)),
+    (429, "rate_limit_error", None, "This request would exceed your account's monthly spend limit.",
+     ("quota", False)),
+    (400, "invalid_request_error", None, "You have reached your specified API usage limits.", ("quota", False)),
     (400, "invalid_request_error", None, "Your credit balance is too low to access the Anthropic API.",
      ("quota", False)),
     (402, None, None, "Insufficient credits", ("quota", False)),
@@ -283,12 +288,33 @@ def test_http_statuses_map_to_kinds(status: int, error_type: str | None, code: s
     assert classify_status(status, error_type, code, message) == expected
 
 
+@pytest.mark.parametrize(("headers", "expected"), [
+    ({}, None),
+    ({"x-ratelimit-reset-requests": "1s"}, 1.0),
+    ({"x-ratelimit-reset-requests": "20ms", "x-ratelimit-reset-tokens": "6m0s"}, 360.0),
+    ({"X-RateLimit-Remaining-Requests": "0", "X-RateLimit-Reset-Requests": "2h3m4.5s",
+      "x-ratelimit-remaining-tokens": "5", "x-ratelimit-reset-tokens": "9h"}, 7384.5),
+    ({"anthropic-ratelimit-tokens-remaining": "0", "anthropic-ratelimit-tokens-reset": "2026-12-01T22:01:00Z",
+      "anthropic-ratelimit-requests-remaining": "7", "anthropic-ratelimit-requests-reset": "2026-12-01T23:00:00Z"},
+     60.0),
+    ({"x-ratelimit-reset-requests": "soon"}, None),
+])
+def test_rate_limit_resets_come_from_the_providers_headers(headers: dict[str, str], expected: float | None) -> None:
+    from jixu.threads.streaming import rate_limit_reset_seconds
+
+    now = email.utils.parsedate_to_datetime("Tue, 01 Dec 2026 22:00:00 GMT").timestamp()
+    assert rate_limit_reset_seconds(headers, now=now) == expected
+
+
 def test_error_fields_read_both_providers_bodies() -> None:
     openai_body = {"error": {"message": "quota", "type": "insufficient_quota", "param": None,
                              "code": "insufficient_quota"}}
     anthropic_body = {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}
     assert error_fields(openai_body) == ("insufficient_quota", "insufficient_quota", "quota")
     assert error_fields(anthropic_body) == ("rate_limit_error", None, "slow down")
+    spend_cap = {"type": "error", "error": {"type": "rate_limit_error", "message": "usage limits",
+                                            "details": {"error_code": "enforced_spend_limit_reached"}}}
+    assert error_fields(spend_cap) == ("rate_limit_error", "enforced_spend_limit_reached", "usage limits")
     assert error_fields("plain text") == (None, None, None)
 
 

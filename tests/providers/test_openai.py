@@ -276,6 +276,8 @@ def _error(message: str, error_type: str, code: str | None) -> dict[str, Any]:
 
 RATE_LIMITED = _error("Rate limit reached for gpt-4o-mini in organization org-x on requests per min (RPM): "
                       "Limit 3, Used 3, Requested 1.", "requests", "rate_limit_exceeded")
+TOKENS_LIMITED = _error("Rate limit reached for gpt-4o-mini in organization org-x on tokens per min (TPM): "
+                        "Limit 40000, Used 40000, Requested 512.", "tokens", "rate_limit_exceeded")
 NO_QUOTA = _error("You exceeded your current quota, please check your plan and billing details.",
                   "insufficient_quota", "insufficient_quota")
 BAD_KEY = _error("Incorrect API key provided: {api_key}. You can find your API key at "
@@ -289,6 +291,16 @@ SERVER_ERROR = _error("The server had an error while processing your request. So
     (Failure(429, RATE_LIMITED, {"retry-after": "7"}), "rate_limit", False, 7.0),
     (Failure(429, RATE_LIMITED, {"retry-after-ms": "1500", "retry-after": "2"}), "rate_limit", False, 1.5),
     (Failure(429, RATE_LIMITED), "rate_limit", False, None),
+    # Without retry-after, the reset of the limit that was hit (remaining 0), in OpenAI's duration format.
+    (Failure(429, RATE_LIMITED, {"x-ratelimit-limit-requests": "3", "x-ratelimit-remaining-requests": "0",
+                                 "x-ratelimit-reset-requests": "17.5s", "x-ratelimit-limit-tokens": "40000",
+                                 "x-ratelimit-remaining-tokens": "39000", "x-ratelimit-reset-tokens": "6m0s"}),
+     "rate_limit", False, 17.5),
+    (Failure(429, TOKENS_LIMITED, {"x-ratelimit-remaining-requests": "2", "x-ratelimit-reset-requests": "120ms",
+                                   "x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "1m30.5s"}),
+     "rate_limit", False, 90.5),
+    (Failure(429, RATE_LIMITED, {"retry-after": "2", "x-ratelimit-remaining-tokens": "0",
+                                 "x-ratelimit-reset-tokens": "1m"}), "rate_limit", False, 2.0),
     (Failure(429, NO_QUOTA), "quota", False, None),
     (Failure(402, _error("Insufficient credits. Add more using https://openrouter.ai/credits", "", None)),
      "quota", False, None),

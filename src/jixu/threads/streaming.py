@@ -40,6 +40,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import datetime
 import email.utils
 import hashlib
 import inspect
@@ -266,9 +267,13 @@ def parse_arguments(raw: str | None) -> JSONObject:
 # --- errors -----------------------------------------------------------------------------------------
 
 _QUOTA_WORDS = ("insufficient_quota", "credit balance", "insufficient credit", "insufficient_credit",
-                "billing", "quota", "payment required", "out of credits")
+                "billing", "quota", "payment required", "out of credits", "usage limit", "spend limit",
+                "enforced_spend_limit_reached")
 _QUOTA_429_WORDS = ("insufficient_quota", "credit balance", "insufficient credit", "insufficient_credit",
-                    "out of credits")
+                    "out of credits", "usage limit", "spend limit", "enforced_spend_limit_reached")
+"""A 429 saying this: a spending cap or exhausted credit (Anthropic's monthly spend limit answers 429
+``rate_limit_error`` with ``error.details.error_code: enforced_spend_limit_reached``), which waiting a
+minute does not lift."""
 _SECRET = re.compile(r"\b(sk-[A-Za-z0-9_-]{6})[A-Za-z0-9_-]{4,}")
 
 
@@ -299,12 +304,75 @@ def retry_after_seconds(headers: Mapping[str, str] | None, *, now: float | None 
     return max(0.0, value) if math.isfinite(value) else None
 
 
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?"
+                       r"(?:(\d+(?:\.\d+)?)ms)?")
+_RESET_HEADER = re.compile(r"^(x-ratelimit|anthropic-ratelimit)-(?:reset-([a-z-]+)|([a-z-]+)-reset)$")
+
+
+def _reset_value(raw: str, now: float) -> float | None:
+    """Seconds until a rate limit resets: a duration (``1s``, ``6m0s``, ``20ms``, ``1h2m3.5s``, ``12``) or a
+    timestamp (RFC 3339, as Anthropic sends)."""
+    text = raw.strip()
+    if not text:
+        return None
+    with contextlib.suppress(ValueError):
+        value = float(text)
+        return max(0.0, value) if math.isfinite(value) else None
+    match = _DURATION.fullmatch(text)
+    if match and any(match.groups()):
+        hours, minutes, seconds, millis = (float(g) if g else 0.0 for g in match.groups())
+        return hours * 3600 + minutes * 60 + seconds + millis / 1000
+    with contextlib.suppress(ValueError):
+        when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        if when.tzinfo is not None:
+            return max(0.0, round(when.timestamp() - now, 3))
+    return None
+
+
+def rate_limit_reset_seconds(headers: Mapping[str, str] | None, *, now: float | None = None) -> float | None:
+    """Seconds until the exhausted rate limit resets, from ``x-ratelimit-reset-*`` (OpenAI) or
+    ``anthropic-ratelimit-*-reset`` headers, or None.
+
+    A limit whose ``remaining`` header says 0 is the one that was hit: the
+    latest reset among those; without ``remaining`` headers, the latest reset.
+    """
+    if not headers:
+        return None
+    clock = time.time() if now is None else now
+    lowered = {str(k).lower(): str(v) for k, v in headers.items()}
+    resets: dict[str, float] = {}
+    for name, raw in lowered.items():
+        match = _RESET_HEADER.match(name)
+        if match is None:
+            continue
+        prefix, limit = match.group(1), match.group(2) or match.group(3)
+        value = _reset_value(raw, clock)
+        if value is not None:
+            resets[f"{prefix}:{limit}"] = value
+    if not resets:
+        return None
+    exhausted = []
+    for key, value in resets.items():
+        prefix, limit = key.split(":", 1)
+        remaining = (lowered.get(f"{prefix}-remaining-{limit}") if prefix == "x-ratelimit"
+                     else lowered.get(f"{prefix}-{limit}-remaining"))
+        if remaining is not None and remaining.strip() in ("0", "0.0"):
+            exhausted.append(value)
+    return max(exhausted) if exhausted else max(resets.values())
+
+
 def error_fields(body: object) -> tuple[str | None, str | None, str | None]:
-    """``(type, code, message)`` from a provider error body (the top level or its ``error`` object)."""
+    """``(type, code, message)`` from a provider error body (the top level or its ``error`` object).
+
+    The code is ``code``, or Anthropic's ``details.error_code``.
+    """
     found: dict[str, str | None] = {"type": None, "code": None, "message": None}
     layers = [body]
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         layers.insert(0, body["error"])
+    for layer in list(layers):
+        if isinstance(layer, dict) and isinstance(layer.get("details"), dict):
+            layers.append({"code": layer["details"].get("error_code")})
     for layer in layers:
         if not isinstance(layer, dict):
             continue
@@ -403,6 +471,8 @@ class ProviderDriver(SignalSource, abc.ABC):
         text = (message or fallback or "").strip()
         kind, indeterminate = classify_status(status, error_type, code, text)
         retry_after = retry_after_seconds(headers) if kind in ("rate_limit", "transient") else None
+        if retry_after is None and kind == "rate_limit":
+            retry_after = rate_limit_reset_seconds(headers)
         where = f"HTTP {status}" if status >= 400 else "an error event in the stream"
         return self._error(f"{kind.replace('_', ' ')} ({where}): {text[:500]}", kind=kind,
                            indeterminate=indeterminate, retry_after=retry_after,
@@ -525,6 +595,7 @@ __all__ = [
     "error_fields",
     "is_error_status",
     "parse_arguments",
+    "rate_limit_reset_seconds",
     "resolve_setting",
     "retry_after_seconds",
     "tool_name",
