@@ -212,7 +212,7 @@ USER_LIMIT = _error("invalid_request_error", "You have reached your specified AP
     (Failure(403, _error("permission_error", "Your API key does not have permission to use the specified "
                                              "resource.")), "authentication", False, None),
     (Failure(500, _error("api_error", "Internal server error")), "transient", True, None),
-    (Failure(529, OVERLOADED), "transient", True, None),
+    (Failure(529, OVERLOADED), "transient", False, None),  # overloaded: refused before any work, see below
     (Failure(400, _error("invalid_request_error", "messages: roles must alternate")), "invalid_request", False,
      None),
     (Failure(404, _error("not_found_error", "model: claude-9")), "invalid_request", False, None),
@@ -231,6 +231,21 @@ def test_provider_errors_map_to_kinds(anthropic_server: FakeAnthropic, stream: b
     assert len(anthropic_server.requests) == 1, "the SDK's own retries are off: jixu decides retries"
     assert observed[-1].data == {"ok": False, "error_kind": kind}
     assert ANTHROPIC_KEY not in json.dumps(error.to_dict()) and ANTHROPIC_KEY not in str(error)
+
+
+@pytest.mark.parametrize(("reply", "proof"), [
+    (Failure(529, OVERLOADED), True),
+    (Failure(500, _error("api_error", "Internal server error")), False),
+    (Failure(429, RATE_LIMITED), False),
+    (Hangup(), False),
+])
+def test_only_an_overloaded_answer_proves_the_request_was_not_processed(anthropic_server: FakeAnthropic,
+                                                                       reply: Any, proof: bool) -> None:
+    anthropic_server.script(reply)
+    error = fail(driver(anthropic_server))
+    assert (error.details.get("not_processed") is True) is proof
+    if proof:
+        assert error.indeterminate is False
 
 
 def test_the_api_key_echoed_by_the_provider_is_redacted(anthropic_server: FakeAnthropic) -> None:

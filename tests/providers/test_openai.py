@@ -362,12 +362,32 @@ def test_a_timeout_is_transient_and_indeterminate(openai_server: FakeOpenAI) -> 
     assert "timed out" in error.message
 
 
-def test_an_unreachable_server_is_transient_and_indeterminate() -> None:
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_refused_connection_proves_the_request_was_not_processed(stream: bool) -> None:
     server = FakeOpenAI().start()
     url = server.url
-    server.stop()
-    error = fail(OpenAIModel("gpt-4o", base_url=url, api_key=OPENAI_KEY))
-    assert (error.kind, error.indeterminate) == ("transient", True)
+    server.stop()  # nothing listens on the port any more: the connection is refused
+    error = fail(OpenAIModel("gpt-4o", base_url=url, api_key=OPENAI_KEY, stream=stream))
+    assert (error.kind, error.indeterminate) == ("transient", False)
+    assert error.details["not_processed"] is True and "could not connect" in error.message
+
+
+@pytest.mark.parametrize(("reply", "proof"), [
+    (Failure(503, _error("The engine is currently overloaded, please try again later", "server_error", None)),
+     True),
+    (Failure(503, SERVER_ERROR), False),
+    (Failure(500, SERVER_ERROR), False),
+    (Failure(502, "<html>502 Bad Gateway</html>"), False),
+    (Failure(504, "<html>504 Gateway Time-out</html>"), False),
+    (Hangup(), False),
+    (Slow(1.0, Completion(text="too late")), False),
+])
+def test_only_errors_that_prove_it_mark_a_request_not_processed(openai_server: FakeOpenAI, reply: Any,
+                                                                proof: bool) -> None:
+    openai_server.script(reply)
+    error = fail(driver(openai_server, timeout=0.3))
+    assert (error.details.get("not_processed") is True) is proof
+    assert error.indeterminate is not proof
 
 
 # --- configuration ---------------------------------------------------------------------------------------

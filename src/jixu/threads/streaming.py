@@ -384,14 +384,47 @@ def error_fields(body: object) -> tuple[str | None, str | None, str | None]:
     return found["type"], found["code"], found["message"]
 
 
+_NO_CONNECTION = frozenset({"ConnectError", "ConnectTimeout"})
+"""Transport errors (httpx, httpcore) raised while opening a connection, before any request byte is sent."""
+
+
+def never_connected(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it: the SDKs wrap the transport's error) says no connection was made."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        module = type(current).__module__.split(".")[0]
+        if type(current).__name__ in _NO_CONNECTION and module in _TRANSPORT_MODULES:
+            return True
+        if isinstance(current, ConnectionRefusedError):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def proves_not_processed(status: int, error_type: str | None, message: str) -> bool:
+    """Whether an HTTP error answer proves the provider did not process the request: it was overloaded.
+
+    Anthropic's 529 ``overloaded_error`` and a 503 saying it is overloaded
+    refuse the request before any work on it. Other 5xx (500, 502, 504) say
+    something failed, not that nothing happened (a gateway's 502 or 504 may
+    come while the model is still working), so they prove nothing.
+    """
+    if status == 529 or error_type == "overloaded_error":
+        return True
+    return status == 503 and "overloaded" in message.lower()
+
+
 def classify_status(status: int, error_type: str | None, code: str | None, message: str) -> tuple[str, bool]:
     """``(kind, indeterminate)`` for an HTTP error status from a provider.
 
-    429 -> ``rate_limit`` (or ``quota`` when it says the quota or credit is
-    exhausted); a credit/billing/quota refusal (400/402/403) -> ``quota``;
-    401/403 -> ``authentication``; 408, 499 and 5xx -> ``transient`` and
-    indeterminate; other 4xx -> ``invalid_request``. Only the transient ones
-    may have been processed.
+    429 -> ``rate_limit`` (or ``quota`` when it says the quota, credit or a
+    spending cap is exhausted); a credit/billing/quota/usage-limit refusal
+    (400/402/403) -> ``quota``; 401/403 -> ``authentication``; 408, 499 and
+    5xx -> ``transient`` and indeterminate; other 4xx -> ``invalid_request``.
+    Only the transient ones may have been processed (the drivers make an
+    overloaded answer determinate: see :func:`proves_not_processed`).
     """
     words = " ".join(filter(None, (error_type, code, message))).lower()
     if status == 429:
@@ -470,19 +503,27 @@ class ProviderDriver(SignalSource, abc.ABC):
         error_type, code, message = error_fields(body)
         text = (message or fallback or "").strip()
         kind, indeterminate = classify_status(status, error_type, code, text)
+        not_processed = None
+        if status >= 400 and proves_not_processed(status, error_type, text):
+            indeterminate, not_processed = False, True
         retry_after = retry_after_seconds(headers) if kind in ("rate_limit", "transient") else None
         if retry_after is None and kind == "rate_limit":
             retry_after = rate_limit_reset_seconds(headers)
         where = f"HTTP {status}" if status >= 400 else "an error event in the stream"
         return self._error(f"{kind.replace('_', ' ')} ({where}): {text[:500]}", kind=kind,
                            indeterminate=indeterminate, retry_after=retry_after,
-                           status=status, error_type=error_type, error_code=code, request_id=request_id)
+                           status=status, error_type=error_type, error_code=code, request_id=request_id,
+                           not_processed=not_processed)
 
     def _incomplete(self, detail: str) -> ModelError:
         return self._error(f"the response stream ended early ({detail}); the call may have been processed",
                            kind="transient", indeterminate=True)
 
     def _connection_error(self, error: BaseException, *, timeout: bool) -> ModelError:
+        if never_connected(error):
+            # No connection was made, so not one byte of the request left: the provider never saw it.
+            return self._error(f"could not connect: {error}", kind="transient", indeterminate=False,
+                               exception=type(error).__name__, not_processed=True)
         what = "timed out" if timeout else "lost the connection"
         return self._error(f"{what}: {error}", kind="transient", indeterminate=True,
                            exception=type(error).__name__)
@@ -504,6 +545,10 @@ class ProviderDriver(SignalSource, abc.ABC):
         ``quota``, ``authentication``, ``transient``, ``invalid_request``,
         ``invalid_response``), ``indeterminate`` (whether the provider may have
         processed the call) and ``retry_after`` (seconds, from the provider).
+        ``details["not_processed"]`` is True only when the error proves the
+        provider never processed the request (no connection could be made, or
+        it answered that it is overloaded): the errors a
+        :class:`~jixu.threads.fallback.FallbackModel` fails over on.
         Streams when :attr:`stream` is set; a ``done`` signal ends every call.
         """
         emit = self._emitter(request)
@@ -593,6 +638,8 @@ __all__ = [
     "classify_status",
     "close_quietly",
     "error_fields",
+    "never_connected",
+    "proves_not_processed",
     "is_error_status",
     "parse_arguments",
     "rate_limit_reset_seconds",
