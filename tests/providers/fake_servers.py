@@ -61,6 +61,8 @@ class Completion:
     output_tokens: int = 7
     cached_tokens: int = 0
     cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+    """Of ``output_tokens``, those the model spent reasoning."""
     usage: bool = True
     stop: str | None = None
     fragment: int = 4
@@ -312,7 +314,7 @@ class FakeOpenAI(FakeServer):
         return {"prompt_tokens": reply.input_tokens, "completion_tokens": reply.output_tokens,
                 "total_tokens": reply.input_tokens + reply.output_tokens,
                 "prompt_tokens_details": {"cached_tokens": reply.cached_tokens, "audio_tokens": 0},
-                "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0}}
+                "completion_tokens_details": {"reasoning_tokens": reply.reasoning_tokens, "audio_tokens": 0}}
 
     def _finish(self, reply: Completion) -> str:
         return reply.stop or ("tool_calls" if reply.calls else "stop")

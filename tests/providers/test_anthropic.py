@@ -160,6 +160,7 @@ def test_usage_counts_cache_reads_and_writes_and_prices_them(anthropic_server: F
     expected = (1_000 * 3 + 3_000 * 0.30 + 500 * 3.75 + 200 * 15) / 1_000_000
     usage = response.usage
     assert (usage.input_tokens, usage.output_tokens, usage.cached_tokens) == (4_500, 200, 3_000)
+    assert usage.cache_write_tokens == 500 and usage.to_dict()["cache_write_tokens"] == 500
     assert usage.cost == pytest.approx(expected)
 
 

@@ -253,6 +253,30 @@ def test_usage_and_cost_of_a_known_model(openai_server: FakeOpenAI, stream: bool
     assert usage.cost == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("catalogue", [True, False])
+def test_a_dated_model_is_priced_as_itself_not_as_its_base_model(openai_server: FakeOpenAI, catalogue: bool,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from jixu.threads import pricing
+
+    if catalogue:
+        pytest.importorskip("genai_prices")
+    else:
+        monkeypatch.setattr(pricing, "_CATALOGUE", False)
+    openai_server.script(Completion(text="hi", model="gpt-4o-2024-05-13", input_tokens=1_000, output_tokens=100),
+                         Completion(text="hi", model="gpt-4o-2099-01-01", input_tokens=1_000, output_tokens=100))
+    old = complete(driver(openai_server, "gpt-4o-2024-05-13"))
+    assert old.usage.cost == pytest.approx((1_000 * 5.00 + 100 * 15.00) / 1_000_000), "not gpt-4o's 2.50/10.00"
+    unknown = complete(driver(openai_server, "gpt-4o-2099-01-01"))
+    assert unknown.usage.cost is None
+
+
+def test_reasoning_tokens_are_reported(openai_server: FakeOpenAI) -> None:
+    openai_server.script(Completion(text="42", model="o4-mini-2025-04-16", output_tokens=900, reasoning_tokens=800))
+    usage = complete(driver(openai_server, "o4-mini")).usage
+    assert (usage.output_tokens, usage.reasoning_tokens) == (900, 800)
+    assert usage.to_dict()["reasoning_tokens"] == 800
+
+
 def test_an_unknown_model_has_unknown_cost_unless_priced(openai_server: FakeOpenAI) -> None:
     openai_server.script(Completion(text="hi", model="llama3.1:8b"), Completion(text="hi", model="llama3.1:8b"))
     unknown = complete(driver(openai_server, "llama3.1:8b"))

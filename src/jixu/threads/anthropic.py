@@ -112,14 +112,16 @@ class AnthropicModel(ProviderDriver):
     ``anthropic.AsyncAnthropic`` to use instead (its retries are turned off).
     ``timeout`` bounds the connection and each read, in seconds.
     ``max_tokens`` (required by the API) defaults to 1024; ``temperature`` is
-    sent only when given. ``prices`` overrides
-    :data:`~jixu.threads.pricing.DEFAULT_PRICES`; a model without a price has
-    ``cost=None``. With ``stream`` (the default) the response is streamed and
+    sent only when given. ``prices`` (by exact
+    model name) win over the genai-prices catalogue (when installed:
+    ``jixu[prices]``) and the fallback :data:`~jixu.threads.pricing.DEFAULT_PRICES`;
+    a model none knows has ``cost=None``. With ``stream`` (the default) the response is streamed and
     its progress published as :class:`~jixu.threads.streaming.Signal` s; only the
     assembled response is returned. ``name`` defaults to ``anthropic:<model>``.
 
     Usage: ``input_tokens`` counts every prompt token (uncached, read from the
-    cache and written to it), ``cached_tokens`` those read from the cache.
+    cache and written to it), ``cached_tokens`` those read from the cache,
+    ``cache_write_tokens`` those written to it.
     """
 
     provider = "anthropic"

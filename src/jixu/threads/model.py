@@ -41,17 +41,31 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Tokens and cost of one model call; ``cost`` stays ``None`` when the price is unknown."""
+    """Tokens and cost of one model call; ``cost`` stays ``None`` when the price is unknown.
+
+    ``input_tokens`` counts every prompt token: ``cached_tokens`` of them were
+    read from the provider's prompt cache and ``cache_write_tokens`` written
+    to it. ``output_tokens`` includes ``reasoning_tokens`` (the model's
+    thinking, billed as output). ``cost`` counts each at its own price.
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
     cost: float | None = None
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of every field."""
-        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "cached_tokens": self.cached_tokens, "cost": self.cost}
+        """A JSON-ready dict: every field (``cache_write_tokens`` and ``reasoning_tokens`` when not 0, so
+        receipts without them read as they always did)."""
+        out: dict[str, Any] = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                               "cached_tokens": self.cached_tokens, "cost": self.cost}
+        if self.cache_write_tokens:
+            out["cache_write_tokens"] = self.cache_write_tokens
+        if self.reasoning_tokens:
+            out["reasoning_tokens"] = self.reasoning_tokens
+        return out
 
 
 @dataclass(frozen=True, slots=True)

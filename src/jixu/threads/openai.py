@@ -124,8 +124,10 @@ class OpenAIModel(ProviderDriver):
     as ``max_tokens`` to other compatible servers; ``max_tokens_parameter``
     chooses it explicitly. ``reasoning_effort`` (``"minimal"``, ``"low"``,
     ``"medium"``, ``"high"``, ...) is sent to reasoning models when given. ``prices``
-    overrides :data:`~jixu.threads.pricing.DEFAULT_PRICES` (USD per million
-    tokens); a model without a price has ``cost=None``. With ``stream`` (the
+    (USD per million tokens, by exact model name) win over the genai-prices
+    catalogue (when installed: ``jixu[prices]``) and the fallback
+    :data:`~jixu.threads.pricing.DEFAULT_PRICES`; a model none knows has
+    ``cost=None``. With ``stream`` (the
     default) the response is streamed and its progress published as
     :class:`~jixu.threads.streaming.Signal` s (``on_signal``, :meth:`subscribe`,
     :meth:`signals`); only the assembled response is returned. ``name`` is what
@@ -269,8 +271,10 @@ class OpenAIModel(ProviderDriver):
             return Usage()  # the server reported nothing: tokens 0, cost unknown
         details = getattr(usage, "prompt_tokens_details", None)
         cached = getattr(details, "cached_tokens", None) or 0
+        reasoning = getattr(getattr(usage, "completion_tokens_details", None), "reasoning_tokens", None) or 0
         return self._usage(model=model, input_tokens=int(usage.prompt_tokens or 0),
-                           output_tokens=int(usage.completion_tokens or 0), cached_tokens=int(cached))
+                           output_tokens=int(usage.completion_tokens or 0), cached_tokens=int(cached),
+                           reasoning_tokens=int(reasoning))
 
     def _translate(self, error: Exception) -> ModelError:
         """Any failure of a call as a :class:`ModelError` (see the module's error table)."""

@@ -56,7 +56,7 @@ from typing import Any, Literal, TypeAlias
 from jixu.errors import InvalidInput, ModelError
 from jixu.ledger.encoding import JSONObject
 from jixu.threads.model import ModelRequest, ModelResponse, Usage
-from jixu.threads.pricing import Price, PriceTable, find_price, price_table
+from jixu.threads.pricing import PriceTable, call_cost, checked_prices
 
 _log = logging.getLogger("jixu.threads.streaming")
 
@@ -460,7 +460,7 @@ class ProviderDriver(SignalSource, abc.ABC):
         self.model = model
         self.stream = stream
         self._name = name or f"{self.provider}:{model}"
-        self._prices = price_table(prices)
+        self._prices = checked_prices(prices)
         self._secret = api_key or ""
 
     @property
@@ -471,18 +471,24 @@ class ProviderDriver(SignalSource, abc.ABC):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(model={self.model!r}, name={self._name!r}, stream={self.stream})"
 
-    def price(self, response_model: str | None = None) -> Price | None:
-        """The price of this driver's model (or the model the provider reported), or None when unknown."""
-        return find_price(self._prices, self.model, response_model)
+    def cost(self, *, response_model: str | None = None, input_tokens: int, output_tokens: int,
+             cached_tokens: int = 0, cache_write_tokens: int = 0) -> float | None:
+        """USD for a call of the model the provider reported (or this driver's), or None when unknown.
+
+        See :mod:`jixu.threads.pricing`: ``prices=``, then genai-prices when
+        installed, then the fallback table, by exact name.
+        """
+        return call_cost((response_model, self.model), provider=self.provider,
+                         api_url=getattr(self, "base_url", None), overrides=self._prices,
+                         input_tokens=input_tokens, output_tokens=output_tokens, cached_tokens=cached_tokens,
+                         cache_write_tokens=cache_write_tokens)
 
     def _usage(self, *, model: str | None, input_tokens: int, output_tokens: int, cached_tokens: int,
-               cache_write_tokens: int = 0) -> Usage:
-        price = self.price(model)
-        cost = None if price is None else price.cost(input_tokens=input_tokens, output_tokens=output_tokens,
-                                                     cached_tokens=cached_tokens,
-                                                     cache_write_tokens=cache_write_tokens)
+               cache_write_tokens: int = 0, reasoning_tokens: int = 0) -> Usage:
+        cost = self.cost(response_model=model, input_tokens=input_tokens, output_tokens=output_tokens,
+                         cached_tokens=cached_tokens, cache_write_tokens=cache_write_tokens)
         return Usage(input_tokens=input_tokens, output_tokens=output_tokens, cached_tokens=cached_tokens,
-                     cost=cost)
+                     cost=cost, cache_write_tokens=cache_write_tokens, reasoning_tokens=reasoning_tokens)
 
     def redact(self, text: str) -> str:
         """``text`` without this driver's API key (or anything shaped like a provider key)."""
