@@ -22,6 +22,7 @@ body) so tests assert exactly what the SDK sent.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import socket
@@ -44,6 +45,15 @@ class Call:
 
 
 @dataclass(frozen=True)
+class Thinking:
+    """A block of the model's reasoning: Anthropic thinking (signed; ``redacted``: encrypted, no text), an
+    OpenAI Responses reasoning item (its summary ``text``, encrypted content)."""
+
+    text: str = ""
+    redacted: bool = False
+
+
+@dataclass(frozen=True)
 class Completion:
     """A successful answer.
 
@@ -56,6 +66,10 @@ class Completion:
 
     text: str | None = None
     calls: Sequence[Call] = ()
+    thinking: Sequence[Thinking] = ()
+    """Reasoning the model emits before its text and calls (Anthropic, OpenAI Responses)."""
+    reasoning_content: str | None = None
+    """Chat Completions: ``reasoning_content`` as DeepSeek, vLLM, Qwen or Kimi servers send it."""
     model: str | None = None
     input_tokens: int = 12
     output_tokens: int = 7
@@ -115,6 +129,18 @@ class Recorded:
 
 REASONING_MODEL = re.compile(r"^(o\d|gpt-5)")
 """OpenAI's reasoning models (o1, o3, o4-mini, gpt-5, ...)."""
+
+
+def _count_cache_control(request: dict[str, Any]) -> int:
+    """How many blocks of an Anthropic request carry ``cache_control`` (tools, system, message contents)."""
+    count = 0
+    system = request.get("system")
+    for group in (request.get("tools") or [], system if isinstance(system, list) else [],
+                  *[m.get("content") or [] for m in request.get("messages") or []]):
+        for block in group if isinstance(group, list) else []:
+            if isinstance(block, dict) and "cache_control" in block:
+                count += 1
+    return count
 
 
 def _pieces(text: str, size: int) -> list[str]:
@@ -378,10 +404,79 @@ class FakeOpenAI(FakeServer):
 
 
 class FakeAnthropic(FakeServer):
-    """``POST /v1/messages`` as Anthropic answers it."""
+    """``POST /v1/messages`` as Anthropic answers it.
+
+    Thinking blocks carry a signature the server issued (redacted ones opaque
+    ``data``), and requests are checked as the API checks them
+    (https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking,
+    .../prompt-caching): a thinking block sent back must be unchanged, with its
+    signature; with thinking on, a final assistant message holding tool use
+    must start with a thinking block; at most 4 ``cache_control`` breakpoints;
+    a thinking budget below ``max_tokens``.
+    """
 
     endpoint = "/v1/messages"
     default_model = "claude-sonnet-4-20250514"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.signatures: dict[str, str] = {}
+        """Signature -> the thinking text it was issued for."""
+        self.redacted: set[str] = set()
+
+    def _thinking_blocks(self, reply: Completion) -> list[dict[str, Any]]:
+        blocks = []
+        for number, thought in enumerate(reply.thinking):
+            digest = hashlib.sha256(f"{len(self.signatures)}|{number}|{thought.text}".encode()).hexdigest()
+            if thought.redacted:
+                data = f"EmwKAhgBEgy{digest}"
+                with self._lock:
+                    self.redacted.add(data)
+                blocks.append({"type": "redacted_thinking", "data": data})
+            else:
+                signature = f"EqQBCkgIARABGAIiQL{digest}"
+                with self._lock:
+                    self.signatures[signature] = thought.text
+                blocks.append({"type": "thinking", "thinking": thought.text, "signature": signature})
+        return blocks
+
+    def validate(self, request: dict[str, Any]) -> Failure | None:
+        def refuse(message: str) -> Failure:
+            return Failure(400, self.error_body("invalid_request_error", message))
+
+        messages = request.get("messages") or []
+        for i, message in enumerate(messages):
+            for j, block in enumerate(message.get("content") or []):
+                if not isinstance(block, dict):
+                    continue
+                if block.get("type") == "thinking" and self.signatures.get(str(block.get("signature"))) \
+                        != block.get("thinking"):
+                    return refuse(f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block")
+                if block.get("type") == "redacted_thinking" and block.get("data") not in self.redacted:
+                    return refuse(f"messages.{i}.content.{j}: Invalid `data` in `redacted_thinking` block")
+        breakpoints = _count_cache_control(request)
+        if breakpoints > 4:
+            return refuse(f"A maximum of 4 blocks with cache_control may be provided. Found {breakpoints}.")
+        thinking = request.get("thinking")
+        if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "adaptive"):
+            return None
+        budget = thinking.get("budget_tokens")
+        if isinstance(budget, int) and budget >= int(request.get("max_tokens") or 0):
+            return refuse("`max_tokens` must be greater than `thinking.budget_tokens`. Please consult our "
+                          "documentation at https://docs.claude.com/en/docs/build-with-claude/extended-thinking")
+        last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
+        if last is None:
+            return None
+        content = [b for b in messages[last].get("content") or [] if isinstance(b, dict)]
+        if any(b.get("type") == "tool_use" for b in content) and content[0].get("type") not in (
+                "thinking", "redacted_thinking"):
+            return refuse(f"messages.{last}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
+                          f"`{content[0].get('type')}`. When `thinking` is enabled, a final `assistant` message "
+                          "must start with a thinking block (preceeding the lastmost set of `tool_use` and "
+                          "`tool_result` blocks). We recommend you include thinking blocks from previous turns. "
+                          "To avoid this requirement, disable `thinking`. Please consult our documentation at "
+                          "https://docs.claude.com/en/docs/build-with-claude/extended-thinking")
+        return None
 
     @property
     def url(self) -> str:
@@ -396,7 +491,7 @@ class FakeAnthropic(FakeServer):
         return reply.stop or ("tool_use" if reply.calls else "end_turn")
 
     def render_json(self, reply: Completion, request: dict[str, Any]) -> dict[str, Any]:
-        content: list[dict[str, Any]] = []
+        content: list[dict[str, Any]] = self._thinking_blocks(reply)
         if reply.text:
             content.append({"type": "text", "text": reply.text})
         for call in reply.calls:
@@ -418,6 +513,19 @@ class FakeAnthropic(FakeServer):
             "id": "msg_fake", "type": "message", "role": "assistant", "model": reply.model or self.default_model,
             "content": [], "stop_reason": None, "stop_sequence": None, "usage": start_usage}})
         index = 0
+        for block in self._thinking_blocks(reply):
+            if block["type"] == "redacted_thinking":
+                yield event("content_block_start", {"index": index, "content_block": block})
+            else:
+                yield event("content_block_start", {"index": index, "content_block": {
+                    "type": "thinking", "thinking": "", "signature": ""}})
+                for piece in _pieces(block["thinking"], reply.fragment):
+                    yield event("content_block_delta", {"index": index, "delta": {"type": "thinking_delta",
+                                                                                  "thinking": piece}})
+                yield event("content_block_delta", {"index": index, "delta": {"type": "signature_delta",
+                                                                              "signature": block["signature"]}})
+            yield event("content_block_stop", {"index": index})
+            index += 1
         if reply.text:
             yield event("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
             yield event("ping", {})
@@ -446,4 +554,4 @@ class FakeAnthropic(FakeServer):
 
 
 __all__ = ["Call", "Completion", "Failure", "FakeAnthropic", "FakeOpenAI", "FakeServer", "Hangup", "Recorded",
-           "Reply", "Slow"]
+           "Reply", "Slow", "Thinking"]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from jixu import Agent, Harness, MemoryStore, tool
-from jixu.errors import ModelError
+from jixu.errors import InvalidInput, ModelError
 from jixu.threads.anthropic import AnthropicModel
 from jixu.threads.model import ModelResponse, ToolCall
 from jixu.threads.streaming import Signal
@@ -21,7 +21,7 @@ from tests.providers.conftest import (
     make_request,
     run,
 )
-from tests.providers.fake_servers import Call, Completion, Failure, FakeAnthropic, Hangup, Slow
+from tests.providers.fake_servers import Call, Completion, Failure, FakeAnthropic, Hangup, Slow, Thinking
 from tests.providers.test_mapping import assert_valid_anthropic
 
 MODEL = "claude-sonnet-4-20250514"
@@ -331,3 +331,136 @@ def test_a_thread_runs_to_completion_with_a_real_tool(anthropic_server: FakeAnth
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_add_1", "content": "5"}]},
     ]
     assert ANTHROPIC_KEY not in json.dumps([e.to_dict() for e in events])
+
+
+# --- extended thinking ------------------------------------------------------------------------------------
+
+
+@tool(semantics="read_only")
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def test_thinking_options_become_the_apis_thinking_object(anthropic_server: FakeAnthropic) -> None:
+    anthropic_server.script(*[Completion(text="ok")] * 3)
+    complete(driver(anthropic_server, max_tokens=4096, thinking=2048))
+    complete(driver(anthropic_server, thinking="adaptive"))
+    complete(driver(anthropic_server, thinking={"type": "enabled", "budget_tokens": 1024, "display": "omitted"},
+                    max_tokens=2000))
+    assert [b["thinking"] for b in anthropic_server.bodies] == [
+        {"type": "enabled", "budget_tokens": 2048}, {"type": "adaptive"},
+        {"type": "enabled", "budget_tokens": 1024, "display": "omitted"}]
+    assert "thinking" not in driver(anthropic_server).request_body(make_request()), "off unless asked for"
+    for bad in (True, 512, 4096, "lots", {"budget_tokens": 2048}):
+        with pytest.raises(InvalidInput):
+            driver(anthropic_server, max_tokens=4096, thinking=bad)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_thinking_and_redacted_thinking_are_recorded_verbatim(anthropic_server: FakeAnthropic, stream: bool) -> None:
+    anthropic_server.script(Completion(thinking=[Thinking("The user wants 2 + 3; the add tool does that."),
+                                                 Thinking(redacted=True)],
+                                       text="Adding.", calls=[Call("toolu_1", "add", '{"a": 2, "b": 3}')],
+                                       fragment=7))
+    observed: list[Signal] = []
+    model = driver(anthropic_server, stream=stream, max_tokens=4096, thinking=2048, on_signal=observed.append)
+    response = complete(model, tools=[ADD_SPEC])
+    [signature] = anthropic_server.signatures
+    [data] = anthropic_server.redacted
+    items = [{"type": "thinking", "thinking": "The user wants 2 + 3; the add tool does that.",
+              "signature": signature},
+             {"type": "redacted_thinking", "data": data}]
+    assert response.reasoning == {"format": "anthropic", "model": MODEL, "items": items}
+    assert response.text == "Adding." and response.tool_calls[0].args == {"a": 2, "b": 3}
+    result = response.to_result("01HEFFECT0000000000000000000")
+    assert result["tool_calls"][0]["reasoning"] == response.reasoning and "reasoning" not in result
+    if stream:
+        thoughts = [s.data["text"] for s in observed if s.kind == "reasoning_delta"]
+        assert len(thoughts) > 1 and "".join(thoughts) == items[0]["thinking"]
+        assert {s.data["index"] for s in observed if s.kind == "tool_call_delta"} == {0}
+
+
+def test_an_answer_without_tool_calls_keeps_its_thinking_in_the_result(anthropic_server: FakeAnthropic) -> None:
+    anthropic_server.script(Completion(thinking=[Thinking("Easy.")], text="5"))
+    response = complete(driver(anthropic_server, max_tokens=4096, thinking=2048))
+    result = response.to_result("01HEFFECT0000000000000000000")
+    assert result["reasoning"]["items"][0]["thinking"] == "Easy." and result["tool_calls"] == []
+
+
+def _thinking_turn(model: AnthropicModel, anthropic_server: FakeAnthropic) -> tuple[Any, list[Any]]:
+    anthropic_server.script(
+        Completion(thinking=[Thinking("I should call add."), Thinking(redacted=True)],
+                   calls=[Call("toolu_add_1", "add", '{"a": 2, "b": 3}')]),
+        Completion(thinking=[Thinking("The tool said 5.")], text="2 + 3 = 5"),
+    )
+    harness = Harness(Agent("calc", model, instructions="Use the add tool.", tools=[add]), MemoryStore())
+
+    async def scenario() -> tuple[Any, list[Any]]:
+        thread = await harness.create_thread()
+        await thread.send("what is 2 + 3?")
+        state = await thread.wait()
+        return state, await thread.events()
+
+    return run(scenario())
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_thinking_goes_back_verbatim_with_the_tool_call_it_led_to(anthropic_server: FakeAnthropic,
+                                                                 stream: bool) -> None:
+    state, events = _thinking_turn(driver(anthropic_server, stream=stream, max_tokens=4096, thinking=2048),
+                                   anthropic_server)
+    assert state.status == "idle" and state.last_reply == "2 + 3 = 5", state
+    completed = [e.data["result"] for e in events if e.type == "model.completed"]
+    recorded = completed[0]["tool_calls"][0]["reasoning"]["items"]
+    assert [b["type"] for b in recorded] == ["thinking", "redacted_thinking"]
+    assert recorded[0]["signature"] in anthropic_server.signatures and recorded[1]["data"] in anthropic_server.redacted
+    assert completed[1]["reasoning"]["items"][0]["thinking"] == "The tool said 5."
+    second = anthropic_server.bodies[1]
+    assert second["messages"][1] == {"role": "assistant", "content": [
+        *recorded, {"type": "tool_use", "id": "toolu_add_1", "name": "add", "input": {"a": 2, "b": 3}}]}
+
+
+def test_thinking_turned_on_by_a_subclass_also_survives_the_tool_call(anthropic_server: FakeAnthropic) -> None:
+    # As the issue reported it: thinking on through a subclass; the tool ran, and the next request failed with
+    # 400 "Expected thinking or redacted_thinking, but found tool_use".
+    class Thoughtful(AnthropicModel):
+        def request_body(self, request: Any) -> dict[str, Any]:
+            body = super().request_body(request)
+            body["extra_body"] = {"thinking": {"type": "enabled", "budget_tokens": 1024}}
+            return body
+
+    model = Thoughtful(MODEL, base_url=anthropic_server.url, api_key=ANTHROPIC_KEY, max_tokens=2048)
+    state, _events = _thinking_turn(model, anthropic_server)
+    assert state.status == "idle" and state.last_reply == "2 + 3 = 5", state
+
+
+def test_the_fake_refuses_a_tool_loop_without_its_thinking_as_the_api_does(anthropic_server: FakeAnthropic) -> None:
+    # The rule the fake enforces (so the tests above can fail): a final assistant message with tool use must
+    # start with its thinking, and a thinking block must come back unchanged.
+    conversation = [{"role": "user", "content": "what is 2 + 3?"},
+                    {"role": "assistant", "content": None, "tool_calls": [{"id": "t1", "name": "add",
+                                                                           "args": {"a": 2, "b": 3}}]},
+                    {"role": "tool", "tool_call_id": "t1", "name": "add", "content": "5", "status": "ok"}]
+    anthropic_server.script(Completion(text="5"))
+    error = fail(driver(anthropic_server, max_tokens=4096, thinking=2048), messages=conversation, tools=[ADD_SPEC])
+    assert error.kind == "invalid_request" and "Expected `thinking` or `redacted_thinking`" in error.message
+    forged = {"format": "anthropic", "model": MODEL,
+              "items": [{"type": "thinking", "thinking": "edited", "signature": "EqQBforged"}]}
+    conversation[1] = {**conversation[1], "reasoning": forged}
+    anthropic_server.script(Completion(text="5"))
+    error = fail(driver(anthropic_server, max_tokens=4096, thinking=2048), messages=conversation, tools=[ADD_SPEC])
+    assert "Invalid `signature`" in error.message
+
+
+def test_reasoning_of_another_provider_is_not_sent_to_anthropic(anthropic_server: FakeAnthropic) -> None:
+    other = {"format": "openai-responses", "model": "o4-mini", "items": [
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAA"}]}
+    conversation = [{"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": None, "tool_calls": [
+                        {"id": "t1", "name": "add", "args": {"a": 1, "b": 1}, "reasoning": other}]},
+                    {"role": "tool", "tool_call_id": "t1", "name": "add", "content": "2", "status": "ok"}]
+    anthropic_server.script(Completion(text="2"))
+    assert complete(driver(anthropic_server), messages=conversation, tools=[ADD_SPEC]).text == "2"
+    assert anthropic_server.bodies[0]["messages"][1]["content"] == [
+        {"type": "tool_use", "id": "t1", "name": "add", "input": {"a": 1, "b": 1}}]

@@ -5,8 +5,11 @@ transient :class:`Signal` s: ``text_delta`` (``data={"text": ...}``),
 ``tool_call_delta`` (``data={"index", "id", "name", "arguments"}``, where
 ``index`` is the call's position among the response's tool calls, 0 for the
 first, with every provider, and ``arguments`` is the new fragment of the
-call's JSON arguments) and, once per
-call, ``done`` (``data={"ok": True, "stop_reason": ...}`` or
+call's JSON arguments), ``reasoning_delta`` (``data={"text": ...}``: the
+model's thinking or reasoning summary as it arrives, when the provider shows
+it), ``fallback`` (``data={"from", "to", "error_kind"}``: a
+:class:`~jixu.threads.fallback.FallbackModel` moved on to its next model) and,
+once per call, ``done`` (``data={"ok": True, "stop_reason": ...}`` or
 ``{"ok": False, "error_kind": ...}``: the deltas of a failed call are void).
 Signals are never recorded: only the final assembled response is returned to
 the harness, which records it. A call retried after a failure or a crash
@@ -60,7 +63,7 @@ from jixu.threads.pricing import PriceTable, call_cost, checked_prices
 
 _log = logging.getLogger("jixu.threads.streaming")
 
-SignalKind: TypeAlias = Literal["text_delta", "tool_call_delta", "done"]
+SignalKind: TypeAlias = Literal["text_delta", "reasoning_delta", "tool_call_delta", "fallback", "done"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +182,9 @@ def well_formed(messages: Sequence[JSONObject]) -> list[JSONObject]:
     assistant message's tool calls have ids that are unique in the
     conversation and match ``[A-Za-z0-9_-]{1,40}`` (ids that do not are
     replaced by a stable derived id, consistently in the call and its result);
-    tool names in calls match ``[A-Za-z0-9_-]{1,64}``;
+    tool names in calls match ``[A-Za-z0-9_-]{1,64}``; an assistant message's
+    reasoning record (its own ``reasoning``, or its first call's) is its
+    ``reasoning``, absent when there is none (calls keep only id, name, args);
     each assistant message with tool calls is followed immediately by exactly
     one tool message per call, in call order (the first result recorded for
     that id after the call; a call without one gets a ``missing`` result);
@@ -221,8 +226,13 @@ def well_formed(messages: Sequence[JSONObject]) -> list[JSONObject]:
             args = call.get("args")
             calls.append({"id": call_id, "original_id": original, "name": tool_name(call.get("name")),
                           "args": args if isinstance(args, dict) else {"__invalid__": args}})
-        out.append({"role": "assistant", "content": _text(message.get("content")) or None,
-                    "tool_calls": [{"id": c["id"], "name": c["name"], "args": c["args"]} for c in calls]})
+        assistant: JSONObject = {"role": "assistant", "content": _text(message.get("content")) or None,
+                                 "tool_calls": [{"id": c["id"], "name": c["name"], "args": c["args"]}
+                                                for c in calls]}
+        record = reasoning_of(message)
+        if record is not None:
+            assistant["reasoning"] = record
+        out.append(assistant)
         results: dict[str, JSONObject] = {}
         others: list[JSONObject] = []
         for item in window:
@@ -240,6 +250,33 @@ def well_formed(messages: Sequence[JSONObject]) -> list[JSONObject]:
                         "status": status})
         out.extend(others)
     return out
+
+
+def reasoning_of(message: JSONObject) -> JSONObject | None:
+    """The reasoning record an assistant message carries (its own, or its first tool call's), or None."""
+    record = message.get("reasoning")
+    if not isinstance(record, dict):
+        calls = message.get("tool_calls")
+        first = calls[0] if isinstance(calls, list) and calls else None
+        record = first.get("reasoning") if isinstance(first, dict) else None
+    if isinstance(record, dict) and isinstance(record.get("format"), str) and isinstance(record.get("items"), list):
+        return record
+    return None
+
+
+def reasoning_items(message: JSONObject, format_name: str) -> list[JSONObject]:
+    """The items of ``message``'s reasoning record when it is of ``format_name`` (else none): what goes back."""
+    record = message.get("reasoning")
+    if not isinstance(record, dict) or record.get("format") != format_name:
+        return []
+    return [item for item in record.get("items") or [] if isinstance(item, dict)]
+
+
+def reasoning_record(format_name: str, model: str, items: Sequence[JSONObject]) -> JSONObject | None:
+    """A reasoning record (see :mod:`jixu.threads.model`), or None when there are no items."""
+    if not items:
+        return None
+    return {"format": format_name, "model": model, "items": list(items)}
 
 
 # --- model output -----------------------------------------------------------------------------------
@@ -649,6 +686,9 @@ __all__ = [
     "is_error_status",
     "parse_arguments",
     "rate_limit_reset_seconds",
+    "reasoning_items",
+    "reasoning_of",
+    "reasoning_record",
     "resolve_setting",
     "retry_after_seconds",
     "tool_name",
