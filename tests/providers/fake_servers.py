@@ -326,8 +326,23 @@ class FakeOpenAI(FakeServer):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    reasoning_field = "reasoning_content"
+    """Where a compatible server puts the model's reasoning (``reasoning`` on newer vLLM and OpenRouter)."""
+    require_reasoning_back = False
+    """Refuse a tool loop whose last assistant message lost its reasoning, as DeepSeek's thinking mode
+    documents (https://api-docs.deepseek.com/guides/thinking_mode, tool calls): the reasoning that led to a
+    call must be sent back with it."""
+
     def validate(self, request: dict[str, Any]) -> Failure | None:
         model = str(request.get("model") or "")
+        messages = request.get("messages") or []
+        last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
+        if self.require_reasoning_back and last is not None and messages[last].get("tool_calls") \
+                and not messages[last].get(self.reasoning_field):
+            return Failure(400, {"error": {
+                "message": f"Missing `{self.reasoning_field}` field in the assistant message at message index "
+                           f"{last}. In thinking mode, the reasoning of a tool-calling turn must be passed back.",
+                "type": "invalid_request_error", "param": None, "code": "invalid_request_error"}})
         if REASONING_MODEL.match(model) and "max_tokens" in request:
             # Reasoning models refuse max_tokens (https://platform.openai.com/docs/guides/reasoning).
             return Failure(400, {"error": {
@@ -347,6 +362,8 @@ class FakeOpenAI(FakeServer):
 
     def render_json(self, reply: Completion, request: dict[str, Any]) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": reply.text, "refusal": reply.refusal}
+        if reply.reasoning_content is not None:
+            message[self.reasoning_field] = reply.reasoning_content
         if reply.calls:
             message["tool_calls"] = [{"id": c.id, "type": "function",
                                       "function": {"name": c.name, "arguments": c.arguments}} for c in reply.calls]
@@ -373,6 +390,9 @@ class FakeOpenAI(FakeServer):
             return f"data: {json.dumps(data)}\n\n"
 
         yield chunk({"role": "assistant", "content": "", "refusal": None})
+        if reply.reasoning_content:
+            for piece in _pieces(reply.reasoning_content, reply.fragment):
+                yield chunk({"content": None, self.reasoning_field: piece})
         if reply.refusal:
             for piece in _pieces(reply.refusal, reply.fragment):
                 yield chunk({"refusal": piece})

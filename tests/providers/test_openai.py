@@ -526,3 +526,55 @@ def test_a_cancelled_call_closes_its_stream_and_says_so(openai_server: FakeOpenA
 
     run(scenario())
     assert observed[-1].data == {"ok": False, "error_kind": "cancelled"}
+
+
+# --- reasoning of compatible servers -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_reasoning_content_is_recorded_and_goes_back_with_its_tool_call(openai_server: FakeOpenAI, stream: bool,
+                                                                       field: str) -> None:
+    @tool(semantics="read_only")
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    openai_server.reasoning_field = field
+    openai_server.require_reasoning_back = True
+    openai_server.script(
+        Completion(reasoning_content="The user wants a sum; call add.", fragment=6, model="deepseek-reasoner",
+                   calls=[Call("call_1", "add", '{"a": 2, "b": 3}')]),
+        Completion(reasoning_content="It returned 5.", text="5", model="deepseek-reasoner"),
+    )
+    observed: list[Signal] = []
+    model = driver(openai_server, "deepseek-reasoner", stream=stream, on_signal=observed.append)
+    harness = Harness(Agent("calc", model, tools=[add]), MemoryStore())
+
+    async def scenario() -> tuple[Any, list[Any]]:
+        thread = await harness.create_thread()
+        await thread.send("2 + 3?")
+        state = await thread.wait()
+        return state, await thread.events()
+
+    state, events = run(scenario())
+    assert state.status == "idle" and state.last_reply == "5", state
+    completed = [e.data["result"] for e in events if e.type == "model.completed"]
+    assert completed[0]["tool_calls"][0]["reasoning"] == {
+        "format": "openai-chat", "model": "deepseek-reasoner",
+        "items": [{"field": field, "text": "The user wants a sum; call add."}]}
+    assert completed[1]["reasoning"]["items"] == [{"field": field, "text": "It returned 5."}]
+    assistant = openai_server.bodies[1]["messages"][-2]
+    assert assistant[field] == "The user wants a sum; call add." and assistant["tool_calls"][0]["id"] == "call_1"
+    if stream:
+        assert "".join(s.data["text"] for s in observed if s.kind == "reasoning_delta") == (
+            "The user wants a sum; call add.It returned 5.")
+
+
+def test_no_reasoning_means_no_reasoning_field_is_sent(openai_server: FakeOpenAI) -> None:
+    openai_server.script(Completion(text="ok"))
+    conversation = [{"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "name": "add", "args": {}}]},
+                    {"role": "tool", "tool_call_id": "c1", "name": "add", "content": "1", "status": "ok"}]
+    complete(driver(openai_server), messages=conversation, tools=[ADD_SPEC])
+    assert set(openai_server.bodies[0]["messages"][2]) == {"role", "content", "tool_calls"}

@@ -32,6 +32,8 @@ from jixu.threads.streaming import (
     check_number,
     close_quietly,
     parse_arguments,
+    reasoning_items,
+    reasoning_record,
     resolve_setting,
     well_formed,
 )
@@ -45,6 +47,10 @@ EXTRA_HINT = "pip install 'jixu[openai]'"
 REASONING_MODEL = re.compile(r"^(?:[\w.-]+/)?(?:o\d|gpt-5|codex)", re.IGNORECASE)
 """OpenAI's reasoning models (o1, o3, o4-mini, gpt-5, codex-..., also behind a ``vendor/`` prefix)."""
 OFFICIAL_HOST = "api.openai.com"
+REASONING_FORMAT = "openai-chat"
+"""The format of this driver's reasoning records: ``[{"field", "text"}]``, a compatible server's reasoning text
+(``reasoning_content`` from DeepSeek, vLLM, Qwen, Kimi; ``reasoning`` from newer vLLM, OpenRouter)."""
+REASONING_FIELDS = ("reasoning_content", "reasoning")
 TOKEN_PARAMETERS = ("max_tokens", "max_completion_tokens")
 PLACEHOLDER_KEY = "not-needed"
 """Sent as the key to a custom ``base_url`` when no key is configured (local servers ignore it)."""
@@ -83,6 +89,12 @@ def chat_messages(instructions: str, messages: tuple[JSONObject, ...] | list[JSO
                     {"id": call["id"], "type": "function",
                      "function": {"name": call["name"], "arguments": _dumps(call["args"])}}
                     for call in message["tool_calls"]]
+                # A compatible server's reasoning goes back, in the field it came in, with the calls it led to
+                # (DeepSeek, Kimi and others require it during a tool loop).
+                for reasoning in reasoning_items(message, REASONING_FORMAT):
+                    field_name, text = reasoning.get("field"), reasoning.get("text")
+                    if field_name in REASONING_FIELDS and isinstance(text, str):
+                        item[str(field_name)] = text
             elif item["content"] is None:
                 item["content"] = ""
             out.append(item)
@@ -102,6 +114,11 @@ def merge_name(known: str, piece: str) -> str:
     if not known or piece.startswith(known):
         return piece
     return known + piece
+
+
+def _reasoning(model: str, thoughts: Mapping[str, str]) -> JSONObject | None:
+    return reasoning_record(REASONING_FORMAT, model,
+                            [{"field": name, "text": text} for name, text in thoughts.items() if text])
 
 
 def _dumps(value: object) -> str:
@@ -210,15 +227,20 @@ class OpenAIModel(ProviderDriver):
             calls.append(ToolCall(name=str(function.name or ""), args=parse_arguments(function.arguments),
                                   id=call.id or None))
         text = message.content if message.content is not None else getattr(message, "refusal", None)
+        model = completion.model or self.model
+        thoughts = {name: value for name in REASONING_FIELDS
+                    if isinstance(value := getattr(message, name, None), str) and value}
         return ModelResponse(text=text or None, tool_calls=tuple(calls),
                              usage=self._usage_of(completion.usage, completion.model),
-                             model=completion.model or self.model, stop_reason=str(choice.finish_reason or ""))
+                             model=model, stop_reason=str(choice.finish_reason or ""),
+                             reasoning=_reasoning(model, thoughts))
 
     async def _streamed(self, request: ModelRequest, emit: Emit) -> ModelResponse:
         params = self.request_body(request)
         params["stream_options"] = {"include_usage": True}
         stream = await self._client.chat.completions.create(**params, stream=True)
         text: list[str] = []
+        thoughts: dict[str, list[str]] = {}
         calls: dict[int, dict[str, Any]] = {}
         finish: str | None = None
         usage: CompletionUsage | None = None
@@ -233,6 +255,11 @@ class OpenAIModel(ProviderDriver):
                     continue
                 choice = chunk.choices[0]
                 delta = choice.delta
+                for field_name in REASONING_FIELDS:
+                    thought = getattr(delta, field_name, None) if delta is not None else None
+                    if isinstance(thought, str) and thought:
+                        thoughts.setdefault(field_name, []).append(thought)
+                        emit("reasoning_delta", {"text": thought})
                 if delta is not None and delta.content:
                     text.append(delta.content)
                     emit("text_delta", {"text": delta.content})
@@ -263,8 +290,10 @@ class OpenAIModel(ProviderDriver):
             raise self._incomplete("no finish_reason was received")
         tool_calls = tuple(ToolCall(name=slot["name"], args=parse_arguments("".join(slot["arguments"])),
                                     id=slot["id"]) for _index, slot in sorted(calls.items()))
+        model = model or self.model
         return ModelResponse(text="".join(text) or None, tool_calls=tool_calls,
-                             usage=self._usage_of(usage, model), model=model or self.model, stop_reason=finish)
+                             usage=self._usage_of(usage, model), model=model, stop_reason=finish,
+                             reasoning=_reasoning(model, {k: "".join(v) for k, v in thoughts.items()}))
 
     def _usage_of(self, usage: CompletionUsage | None, model: str | None) -> Usage:
         if usage is None:
