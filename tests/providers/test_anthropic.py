@@ -57,10 +57,27 @@ def test_plain_text(anthropic_server: FakeAnthropic, stream: bool) -> None:
     assert anthropic_server.received_key(sent.headers) == ANTHROPIC_KEY
     assert "anthropic-version" in sent.headers
     assert sent.body["model"] == MODEL and sent.body["max_tokens"] == 1024
-    assert sent.body["system"] == "You are terse."
-    assert sent.body["messages"] == [{"role": "user", "content": [{"type": "text", "text": "Hello?"}]}]
+    # Prompt caching is on by default: a breakpoint on the system prompt and on the conversation's last block.
+    assert sent.body["system"] == [{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}]
+    assert sent.body["messages"] == [{"role": "user", "content": [
+        {"type": "text", "text": "Hello?", "cache_control": {"type": "ephemeral"}}]}]
     assert "tools" not in sent.body
     assert sent.body.get("stream", False) is stream
+
+
+def test_prompt_caching_marks_tools_instructions_and_the_conversation_so_far(anthropic_server: FakeAnthropic) -> None:
+    anthropic_server.script(Completion(text="ok", cached_tokens=3_000), Completion(text="ok"))
+    response = complete(driver(anthropic_server), messages=every_status_conversation(), tools=[ADD_SPEC, LOOKUP_SPEC])
+    body = anthropic_server.bodies[0]
+    marked = [("tool", t["name"]) for t in body["tools"] if "cache_control" in t]
+    marked += [("system", b["text"]) for b in body["system"] if "cache_control" in b]
+    marked += [(m["role"], b.get("text") or b.get("tool_use_id")) for m in body["messages"] for b in m["content"]
+               if "cache_control" in b]
+    assert marked == [("tool", "lookup"), ("system", "You are terse."), ("user", "Thanks. Once more?")]
+    assert response.usage.cached_tokens == 3_000
+    complete(driver(anthropic_server, cache=False), tools=[ADD_SPEC])
+    assert "cache_control" not in json.dumps(anthropic_server.bodies[1])
+    assert anthropic_server.bodies[1]["system"] == "You are terse."
 
 
 def test_no_instructions_means_no_system_and_options_are_sent(anthropic_server: FakeAnthropic) -> None:
@@ -79,7 +96,8 @@ def test_a_tool_call_round_trip(anthropic_server: FakeAnthropic, stream: bool) -
     assert response.tool_calls == (ToolCall(name="add", args={"a": 2, "b": 3}, id="toolu_01A"),)
     assert response.stop_reason == "tool_use"
     assert anthropic_server.bodies[0]["tools"] == [
-        {"name": "add", "description": "Add two integers.", "input_schema": ADD_SPEC["parameters"]}]
+        {"name": "add", "description": "Add two integers.", "input_schema": ADD_SPEC["parameters"],
+         "cache_control": {"type": "ephemeral"}}]
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -322,13 +340,16 @@ def test_a_thread_runs_to_completion_with_a_real_tool(anthropic_server: FakeAnth
                   "cost": pytest.approx((90 * 3 + 9 * 15) / 1_000_000)},
     }
     second = anthropic_server.bodies[1]
-    assert second["system"] == "Use the add tool."
+    cached = {"type": "ephemeral"}
+    assert second["system"] == [{"type": "text", "text": "Use the add tool.", "cache_control": cached}]
+    assert second["tools"][-1]["cache_control"] == cached
     assert second["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": "what is 2 + 3?"}]},
         {"role": "assistant", "content": [
             {"type": "text", "text": "Let me add."},
             {"type": "tool_use", "id": "toolu_add_1", "name": "add", "input": {"a": 2, "b": 3}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_add_1", "content": "5"}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_add_1", "content": "5",
+                                      "cache_control": cached}]},
     ]
     assert ANTHROPIC_KEY not in json.dumps([e.to_dict() for e in events])
 

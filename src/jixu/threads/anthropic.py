@@ -57,6 +57,8 @@ REASONING_FORMAT = "anthropic"
 """The format of the reasoning records this driver writes and sends back: Messages API thinking blocks."""
 THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 MIN_THINKING_BUDGET = 1024
+CACHE_CONTROL: JSONObject = {"type": "ephemeral"}
+"""A prompt-cache breakpoint (the default 5-minute cache)."""
 
 
 def tool_specs(tools: tuple[JSONObject, ...] | list[JSONObject]) -> list[JSONObject]:
@@ -169,6 +171,14 @@ class AnthropicModel(ProviderDriver):
     its progress published as :class:`~jixu.threads.streaming.Signal` s; only the
     assembled response is returned. ``name`` defaults to ``anthropic:<model>``.
 
+    ``cache`` (on by default) asks the API to cache the stable prefix of every
+    request: breakpoints (``cache_control``) on the last tool definition, the
+    system prompt and the last block of the conversation, so the next call of
+    a thread reads the tools, instructions and conversation so far from the
+    cache (a prompt shorter than the model's minimum is simply not cached).
+    Cache reads and writes come back in :class:`~jixu.threads.model.Usage`
+    and are priced at their own rates.
+
     ``thinking`` turns on extended thinking: a budget in tokens (``thinking=2048``:
     ``{"type": "enabled", "budget_tokens": 2048}``, at least 1024 and below
     ``max_tokens``), ``"adaptive"`` (the model decides) or the API's own
@@ -188,7 +198,7 @@ class AnthropicModel(ProviderDriver):
                  client: AsyncAnthropic | None = None, timeout: float = 60.0, max_tokens: int = 1024,
                  temperature: float | None = None, prices: PriceTable | None = None, stream: bool = True,
                  name: str | None = None, on_signal: SignalCallback | None = None,
-                 thinking: int | str | Mapping[str, Any] | None = None) -> None:
+                 thinking: int | str | Mapping[str, Any] | None = None, cache: bool = True) -> None:
         try:
             import anthropic
         except ImportError as error:
@@ -198,6 +208,9 @@ class AnthropicModel(ProviderDriver):
         check_number(max_tokens, "max_tokens", integer=True, allow_none=False)
         check_number(temperature, "temperature", minimum=0.0, exclusive=False)
         self.thinking = _thinking_config(thinking, max_tokens)
+        if not isinstance(cache, bool):
+            raise InvalidInput("cache must be True or False", field="cache")
+        self.cache = cache
         key = resolve_setting(api_key, os.environ, "ANTHROPIC_API_KEY")
         url = resolve_setting(base_url, os.environ, "ANTHROPIC_BASE_URL")
         super().__init__(model, api_key=key, prices=prices, stream=stream, name=name, on_signal=on_signal)
@@ -222,12 +235,24 @@ class AnthropicModel(ProviderDriver):
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The Messages API parameters for ``request`` (without ``stream``)."""
-        params: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens,
-                                  "messages": anthropic_messages(request.messages)}
+        messages = anthropic_messages(request.messages)
+        params: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": messages}
         if request.instructions:
             params["system"] = request.instructions
         if request.tools:
             params["tools"] = tool_specs(request.tools)
+        if self.cache:
+            # Three of the four breakpoints the API allows: tools, then instructions, then the conversation
+            # so far (what the next call of the thread starts with); each caches everything before it.
+            if request.tools:
+                params["tools"][-1]["cache_control"] = dict(CACHE_CONTROL)
+            if request.instructions:
+                params["system"] = [{"type": "text", "text": request.instructions,
+                                     "cache_control": dict(CACHE_CONTROL)}]
+            cacheable = [b for b in messages[-1]["content"] if b.get("type") not in THINKING_BLOCKS] \
+                if messages else []
+            if cacheable:  # thinking blocks cannot carry a breakpoint
+                cacheable[-1]["cache_control"] = dict(CACHE_CONTROL)
         extra: dict[str, Any] = {}  # not typed parameters in every SDK version
         if self.temperature is not None:
             extra["temperature"] = self.temperature
