@@ -423,6 +423,192 @@ class FakeOpenAI(FakeServer):
         return {"error": {"message": message, "type": error_type, "param": None, "code": None}}
 
 
+class FakeResponses(FakeServer):
+    """``POST /v1/responses``: the OpenAI Responses API as its reference and the SDK's generated types
+    (``openai.types.responses``) describe it.
+
+    Output items: a ``reasoning`` item per :class:`Thinking` (its text as the
+    summary when the request asks for one; ``encrypted_content`` issued by the
+    server when the request includes ``reasoning.encrypted_content``), then a
+    ``message`` with the text (or a refusal), then one ``function_call`` per
+    call. Streamed as the API's semantic events, each with its
+    ``sequence_number``, ending with ``response.completed`` (no ``[DONE]``).
+    Requests are checked as the API checks them: Responses parameters only
+    (flat function tools, ``max_output_tokens``); with ``store: false`` a
+    reasoning item sent back must carry the encrypted content the server
+    issued (nothing is kept on the server); a function call sent back with its
+    item id must come with the reasoning item that preceded it.
+    """
+
+    endpoint = "/v1/responses"
+    default_model = "o4-mini-2025-04-16"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encrypted: dict[str, str] = {}
+        """Encrypted content issued -> the reasoning item id it belongs to."""
+        self.preceded_by: dict[str, str] = {}
+        """Function call item id -> the id of the reasoning item before it in its response."""
+        self._count = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def _next(self, prefix: str) -> str:
+        with self._lock:
+            self._count += 1
+            return f"{prefix}_{self._count:04d}{'f' * 36}"
+
+    def validate(self, request: dict[str, Any]) -> Failure | None:
+        def refuse(message: str, param: str | None = None) -> Failure:
+            return Failure(400, {"error": {"message": message, "type": "invalid_request_error", "param": param,
+                                           "code": None}})
+
+        for name in ("messages", "max_tokens", "max_completion_tokens", "stream_options"):
+            if name in request:
+                return refuse(f"Unsupported parameter: '{name}'.", name)
+        for i, item in enumerate(request.get("tools") or []):
+            if "function" in item or "name" not in item:
+                return refuse(f"Missing required parameter: 'tools[{i}].name'.", f"tools[{i}].name")
+        seen_reasoning: set[str] = set()
+        for item in request.get("input") or []:
+            if not isinstance(item, dict):
+                continue
+            if item.get("type") == "reasoning":
+                if request.get("store") is False and self.encrypted.get(str(item.get("encrypted_content"))) \
+                        != item.get("id"):
+                    return refuse(f"Item with id '{item.get('id')}' not found. Items are not persisted when "
+                                  "`store` is set to false. Try again with `store` set to true, or remove this "
+                                  "item from your input.", "input")
+                seen_reasoning.add(str(item.get("id")))
+            if item.get("type") == "function_call" and item.get("id") in self.preceded_by \
+                    and self.preceded_by[item["id"]] not in seen_reasoning:
+                return refuse(f"Item '{item['id']}' of type 'function_call' was provided without its required "
+                              f"'reasoning' item: '{self.preceded_by[item['id']]}'.", "input")
+        return None
+
+    def _output(self, reply: Completion, request: dict[str, Any]) -> list[dict[str, Any]]:
+        summary = bool((request.get("reasoning") or {}).get("summary"))
+        encrypted = "reasoning.encrypted_content" in (request.get("include") or [])
+        output: list[dict[str, Any]] = []
+        last_reasoning = None
+        for thought in reply.thinking:
+            item: dict[str, Any] = {"id": self._next("rs"), "type": "reasoning", "status": "completed",
+                                    "summary": [{"type": "summary_text", "text": thought.text}]
+                                    if summary and thought.text else []}
+            if encrypted:
+                token = "gAAAAAB" + hashlib.sha256(f"{item['id']}|{thought.text}".encode()).hexdigest()
+                with self._lock:
+                    self.encrypted[token] = item["id"]
+                item["encrypted_content"] = token
+            last_reasoning = item["id"]
+            output.append(item)
+        if reply.text or reply.refusal:
+            part = ({"type": "refusal", "refusal": reply.refusal} if reply.refusal
+                    else {"type": "output_text", "text": reply.text, "annotations": [], "logprobs": []})
+            output.append({"id": self._next("msg"), "type": "message", "status": "completed", "role": "assistant",
+                           "content": [part]})
+        for call in reply.calls:
+            item = {"id": self._next("fc"), "type": "function_call", "status": "completed", "call_id": call.id,
+                    "name": call.name, "arguments": call.arguments}
+            if last_reasoning is not None:
+                with self._lock:
+                    self.preceded_by[item["id"]] = last_reasoning
+            output.append(item)
+        return output
+
+    def _response(self, reply: Completion, request: dict[str, Any], output: list[dict[str, Any]],
+                  status: str) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": "resp_fake", "object": "response", "created_at": 1_700_000_000, "status": status,
+            "error": None, "incomplete_details": None, "instructions": request.get("instructions"),
+            "max_output_tokens": request.get("max_output_tokens"), "model": reply.model or self.default_model,
+            "output": output, "parallel_tool_calls": True, "previous_response_id": None,
+            "reasoning": {"effort": (request.get("reasoning") or {}).get("effort"), "summary": None},
+            "store": bool(request.get("store", True)), "temperature": 1.0, "text": {"format": {"type": "text"}},
+            "tool_choice": "auto", "tools": request.get("tools") or [], "top_p": 1.0, "truncation": "disabled",
+            "usage": None, "metadata": {}}
+        if status == "completed" and reply.stop == "max_output_tokens":
+            body["status"] = "incomplete"
+            body["incomplete_details"] = {"reason": "max_output_tokens"}
+        if status == "completed" and reply.usage:
+            body["usage"] = {"input_tokens": reply.input_tokens,
+                             "input_tokens_details": {"cached_tokens": reply.cached_tokens},
+                             "output_tokens": reply.output_tokens,
+                             "output_tokens_details": {"reasoning_tokens": reply.reasoning_tokens},
+                             "total_tokens": reply.input_tokens + reply.output_tokens}
+        return body
+
+    def render_json(self, reply: Completion, request: dict[str, Any]) -> dict[str, Any]:
+        return self._response(reply, request, self._output(reply, request), "completed")
+
+    def render_events(self, reply: Completion, request: dict[str, Any]) -> Iterator[str]:
+        number = 0
+
+        def event(name: str, data: dict[str, Any]) -> str:
+            nonlocal number
+            number += 1
+            return f"event: {name}\ndata: {json.dumps({'type': name, 'sequence_number': number - 1, **data})}\n\n"
+
+        output = self._output(reply, request)
+        yield event("response.created", {"response": self._response(reply, request, [], "in_progress")})
+        yield event("response.in_progress", {"response": self._response(reply, request, [], "in_progress")})
+        for index, item in enumerate(output):
+            at = {"item_id": item["id"], "output_index": index}
+            if item["type"] == "reasoning":
+                yield event("response.output_item.added", {"output_index": index, "item": {
+                    "id": item["id"], "type": "reasoning", "summary": [], "status": "in_progress"}})
+                for s_index, part in enumerate(item["summary"]):
+                    yield event("response.reasoning_summary_part.added", {
+                        **at, "summary_index": s_index, "part": {"type": "summary_text", "text": ""}})
+                    for piece in _pieces(part["text"], reply.fragment):
+                        yield event("response.reasoning_summary_text.delta", {**at, "summary_index": s_index,
+                                                                                "delta": piece})
+                    yield event("response.reasoning_summary_text.done", {**at, "summary_index": s_index,
+                                                                           "text": part["text"]})
+                    yield event("response.reasoning_summary_part.done", {**at, "summary_index": s_index,
+                                                                           "part": part})
+            elif item["type"] == "message":
+                yield event("response.output_item.added", {"output_index": index, "item": {
+                    **item, "status": "in_progress", "content": []}})
+                part = item["content"][0]
+                empty = {"type": part["type"], "text": "", "annotations": []} if part["type"] == "output_text" \
+                    else {"type": "refusal", "refusal": ""}
+                yield event("response.content_part.added", {**at, "content_index": 0, "part": empty})
+                whole = part.get("text") if part["type"] == "output_text" else part["refusal"]
+                kind = "response.output_text" if part["type"] == "output_text" else "response.refusal"
+                for piece in _pieces(whole, reply.fragment):
+                    extra = {"logprobs": []} if part["type"] == "output_text" else {}
+                    yield event(f"{kind}.delta", {**at, "content_index": 0, "delta": piece, **extra})
+                yield event(f"{kind}.done", {**at, "content_index": 0,
+                                             ("text" if part["type"] == "output_text" else "refusal"): whole})
+                yield event("response.content_part.done", {**at, "content_index": 0, "part": part})
+            else:
+                yield event("response.output_item.added", {"output_index": index, "item": {
+                    **item, "status": "in_progress", "arguments": ""}})
+                for piece in _pieces(item["arguments"], reply.fragment):
+                    if piece:
+                        yield event("response.function_call_arguments.delta", {**at, "delta": piece})
+                yield event("response.function_call_arguments.done", {**at, "arguments": item["arguments"],
+                                                                       "name": item["name"]})
+            yield event("response.output_item.done", {"output_index": index, "item": item})
+        final = self._response(reply, request, output, "completed")
+        yield event(f"response.{final['status']}", {"response": final})
+
+    def render_error_event(self, body: Any) -> str:
+        if isinstance(body, dict) and body.get("event") == "response.failed":
+            response = {"id": "resp_fake", "object": "response", "status": "failed", "output": [],
+                        "error": {"code": body.get("code"), "message": body.get("message")}}
+            data = {"type": "response.failed", "sequence_number": 99, "response": response}
+            return f"event: response.failed\ndata: {json.dumps(data)}\n\n"
+        data = {"type": "error", "sequence_number": 99, **(body or {})}
+        return f"event: error\ndata: {json.dumps(data)}\n\n"
+
+    def error_body(self, error_type: str, message: str) -> dict[str, Any]:
+        return {"error": {"message": message, "type": error_type, "param": None, "code": None}}
+
+
 class FakeAnthropic(FakeServer):
     """``POST /v1/messages`` as Anthropic answers it.
 
@@ -573,5 +759,5 @@ class FakeAnthropic(FakeServer):
         return {"type": "error", "error": {"type": error_type, "message": message}}
 
 
-__all__ = ["Call", "Completion", "Failure", "FakeAnthropic", "FakeOpenAI", "FakeServer", "Hangup", "Recorded",
-           "Reply", "Slow", "Thinking"]
+__all__ = ["Call", "Completion", "Failure", "FakeAnthropic", "FakeOpenAI", "FakeResponses", "FakeServer", "Hangup",
+           "Recorded", "Reply", "Slow", "Thinking"]

@@ -1,4 +1,4 @@
-"""A model driver for the OpenAI Chat Completions API and the servers that speak it.
+"""A model driver for the OpenAI Chat Completions and Responses APIs and the servers that speak them.
 
 Covers OpenAI itself and compatible servers (vLLM, Ollama, LM Studio,
 OpenRouter, ...) through the official ``openai`` SDK (``pip install
@@ -6,6 +6,7 @@ OpenRouter, ...) through the official ``openai`` SDK (``pip install
 
     model = OpenAIModel("gpt-4o-mini")                                   # OPENAI_API_KEY
     local = OpenAIModel("llama3.1", base_url="http://localhost:11434/v1")  # Ollama, no key needed
+    gpt5 = OpenAIModel("gpt-5", api="responses", reasoning_effort="low")  # the Responses API, stateless
 
 The API key comes from ``api_key=`` or ``OPENAI_API_KEY`` and the endpoint
 from ``base_url=`` or ``OPENAI_BASE_URL``; the key is never written into an
@@ -25,6 +26,14 @@ from jixu.errors import InvalidInput, ModelError
 from jixu.ledger.encoding import JSONObject
 from jixu.threads.model import ModelRequest, ModelResponse, ToolCall, Usage
 from jixu.threads.pricing import PriceTable
+from jixu.threads.responses import (
+    ENCRYPTED_REASONING,
+    parse_output,
+    plain,
+    response_input,
+    response_tools,
+    stop_reason,
+)
 from jixu.threads.streaming import (
     Emit,
     ProviderDriver,
@@ -51,6 +60,7 @@ REASONING_FORMAT = "openai-chat"
 """The format of this driver's reasoning records: ``[{"field", "text"}]``, a compatible server's reasoning text
 (``reasoning_content`` from DeepSeek, vLLM, Qwen, Kimi; ``reasoning`` from newer vLLM, OpenRouter)."""
 REASONING_FIELDS = ("reasoning_content", "reasoning")
+APIS = ("chat", "responses")
 TOKEN_PARAMETERS = ("max_tokens", "max_completion_tokens")
 PLACEHOLDER_KEY = "not-needed"
 """Sent as the key to a custom ``base_url`` when no key is configured (local servers ignore it)."""
@@ -128,7 +138,17 @@ def _dumps(value: object) -> str:
 
 
 class OpenAIModel(ProviderDriver):
-    """A :class:`~jixu.threads.model.ModelDriver` over the Chat Completions API (``openai`` SDK).
+    """A :class:`~jixu.threads.model.ModelDriver` over the Chat Completions or Responses API (``openai`` SDK).
+
+    ``api`` is ``"chat"`` (Chat Completions, the default: what compatible
+    servers speak) or ``"responses"`` (the Responses API, stateless:
+    ``store=False`` unless ``store=True``, the whole conversation sent each
+    time; a reasoning model's reasoning items, with their encrypted content,
+    are recorded in the receipt and sent back verbatim before the calls they
+    led to, see :mod:`jixu.threads.responses`). ``reasoning_summary``
+    (``"auto"``, ``"concise"``, ``"detailed"``) asks the Responses API for a
+    readable summary of the reasoning, streamed as ``reasoning_delta``
+    signals (OpenAI shows it to verified organizations only).
 
     ``model`` is the provider's model name. ``api_key``/``base_url`` default to
     ``OPENAI_API_KEY``/``OPENAI_BASE_URL``; a custom ``base_url`` without a key
@@ -157,7 +177,8 @@ class OpenAIModel(ProviderDriver):
                  client: AsyncOpenAI | None = None, timeout: float = 60.0, max_tokens: int | None = None,
                  temperature: float | None = None, prices: PriceTable | None = None, stream: bool = True,
                  name: str | None = None, on_signal: SignalCallback | None = None,
-                 max_tokens_parameter: str | None = None, reasoning_effort: str | None = None) -> None:
+                 max_tokens_parameter: str | None = None, reasoning_effort: str | None = None,
+                 api: str = "chat", store: bool = False, reasoning_summary: str | None = None) -> None:
         try:
             import openai
         except ImportError as error:
@@ -172,6 +193,13 @@ class OpenAIModel(ProviderDriver):
         if reasoning_effort is not None and (not isinstance(reasoning_effort, str) or not reasoning_effort):
             raise InvalidInput("reasoning_effort must be a non-empty string such as 'low' or 'high', or None",
                                field="reasoning_effort")
+        if api not in APIS:
+            raise InvalidInput(f"api must be one of {list(APIS)}, got {api!r}", field="api")
+        if not isinstance(store, bool):
+            raise InvalidInput("store must be True or False", field="store")
+        if reasoning_summary is not None and (not isinstance(reasoning_summary, str) or not reasoning_summary):
+            raise InvalidInput("reasoning_summary must be 'auto', 'concise', 'detailed' or None",
+                               field="reasoning_summary")
         key = resolve_setting(api_key, os.environ, "OPENAI_API_KEY")
         url = resolve_setting(base_url, os.environ, "OPENAI_BASE_URL")
         super().__init__(model, api_key=key, prices=prices, stream=stream, name=name, on_signal=on_signal)
@@ -185,6 +213,12 @@ class OpenAIModel(ProviderDriver):
                                    "(or point base_url at a server that needs none)", field="api_key")
             self._client = openai.AsyncOpenAI(api_key=key or PLACEHOLDER_KEY, base_url=url, timeout=timeout,
                                               max_retries=0)
+        if api == "responses" and not hasattr(self._client, "responses"):
+            raise InvalidInput("api='responses' needs openai>=1.66 (the Responses API); upgrade the openai "
+                               "package", field="api")
+        self.api = api
+        self.store = store
+        self.reasoning_summary = reasoning_summary
         self.base_url = str(self._client.base_url)
         self.timeout = float(timeout)
         self.max_tokens = max_tokens
@@ -199,7 +233,9 @@ class OpenAIModel(ProviderDriver):
         await self._client.close()
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
-        """The Chat Completions parameters for ``request`` (without ``stream``)."""
+        """The Chat Completions (or Responses) parameters for ``request`` (without ``stream``)."""
+        if self.api == "responses":
+            return self._responses_body(request)
         params: dict[str, Any] = {"model": self.model,
                                   "messages": chat_messages(request.instructions, request.messages)}
         if request.tools:
@@ -212,7 +248,32 @@ class OpenAIModel(ProviderDriver):
             params["reasoning_effort"] = self.reasoning_effort
         return params
 
+    def _responses_body(self, request: ModelRequest) -> dict[str, Any]:
+        params: dict[str, Any] = {"model": self.model, "input": response_input(request.messages),
+                                  "store": self.store}
+        if request.instructions:
+            params["instructions"] = request.instructions
+        if request.tools:
+            params["tools"] = response_tools(request.tools)
+        if self.max_tokens is not None:
+            params["max_output_tokens"] = self.max_tokens
+        if self.temperature is not None:
+            params["temperature"] = self.temperature
+        reasoning: dict[str, Any] = {}
+        if self.reasoning_effort is not None:
+            reasoning["effort"] = self.reasoning_effort
+        if self.reasoning_summary is not None:
+            reasoning["summary"] = self.reasoning_summary
+        if reasoning:
+            params["reasoning"] = reasoning
+        if not self.store and (reasoning or REASONING_MODEL.match(self.model)):
+            # Nothing is kept on the server: the reasoning must come back encrypted to be sent again.
+            params["include"] = [ENCRYPTED_REASONING]
+        return params
+
     async def _whole(self, request: ModelRequest) -> ModelResponse:
+        if self.api == "responses":
+            return self._from_response(await self._client.responses.create(**self.request_body(request)))
         completion = cast("ChatCompletion",
                           await self._client.chat.completions.create(**self.request_body(request)))
         if not completion.choices:
@@ -235,7 +296,81 @@ class OpenAIModel(ProviderDriver):
                              model=model, stop_reason=str(choice.finish_reason or ""),
                              reasoning=_reasoning(model, thoughts))
 
+    def _from_response(self, response: Any, done_items: dict[int, Any] | None = None) -> ModelResponse:
+        """The assembled answer of a Responses API ``Response`` (its output, or the items streamed whole)."""
+        status = getattr(response, "status", None)
+        if status == "failed":
+            raise self._failed(getattr(response, "error", None))
+        output = [plain(item) for item in getattr(response, "output", None) or []]
+        if not output and done_items:
+            output = [plain(item) for _index, item in sorted(done_items.items())]
+        model = str(getattr(response, "model", None) or self.model)
+        text, calls, reasoning = parse_output([item for item in output if isinstance(item, dict)], model)
+        incomplete = plain(getattr(response, "incomplete_details", None))
+        return ModelResponse(text=text, tool_calls=tuple(calls), usage=self._response_usage(response, model),
+                             model=model, stop_reason=stop_reason(status, incomplete, calls), reasoning=reasoning)
+
+    def _failed(self, error: object) -> ModelError:
+        """A failure reported inside a 200 answer (``response.failed``, an ``error`` event)."""
+        body = plain(error)
+        if not isinstance(body, dict):
+            body = {"message": str(body or "the response failed")}
+        return self._status_error(200, None, {"error": body}, str(body.get("message") or ""), None)
+
+    def _response_usage(self, response: Any, model: str) -> Usage:
+        usage = getattr(response, "usage", None)
+        if usage is None:
+            return Usage()
+        cached = getattr(getattr(usage, "input_tokens_details", None), "cached_tokens", None) or 0
+        written = getattr(getattr(usage, "input_tokens_details", None), "cache_write_tokens", None) or 0
+        reasoning = getattr(getattr(usage, "output_tokens_details", None), "reasoning_tokens", None) or 0
+        return self._usage(model=model, input_tokens=int(usage.input_tokens or 0),
+                           output_tokens=int(usage.output_tokens or 0), cached_tokens=int(cached),
+                           cache_write_tokens=int(written), reasoning_tokens=int(reasoning))
+
+    async def _responses_streamed(self, request: ModelRequest, emit: Emit) -> ModelResponse:
+        stream: Any = await self._client.responses.create(**self.request_body(request), stream=True)
+        calls: dict[int, dict[str, Any]] = {}
+        done_items: dict[int, Any] = {}
+        final: Any = None
+        try:
+            async for event in stream:
+                kind = getattr(event, "type", None)
+                if kind == "response.output_item.added":
+                    item = event.item
+                    if getattr(item, "type", None) == "function_call":
+                        slot = {"position": len(calls), "id": getattr(item, "call_id", None),
+                                "name": str(getattr(item, "name", "") or "")}
+                        calls[event.output_index] = slot
+                        emit("tool_call_delta", {"index": slot["position"], "id": slot["id"], "name": slot["name"],
+                                                 "arguments": ""})
+                elif kind == "response.function_call_arguments.delta" and event.output_index in calls:
+                    slot = calls[event.output_index]
+                    emit("tool_call_delta", {"index": slot["position"], "id": slot["id"], "name": slot["name"],
+                                             "arguments": event.delta or ""})
+                elif kind in ("response.output_text.delta", "response.refusal.delta") and event.delta:
+                    emit("text_delta", {"text": event.delta})
+                elif kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta") \
+                        and event.delta:
+                    emit("reasoning_delta", {"text": event.delta})
+                elif kind == "response.output_item.done":
+                    done_items[event.output_index] = event.item  # whole, encrypted reasoning included
+                elif kind in ("response.completed", "response.incomplete"):
+                    final = event.response
+                elif kind == "response.failed":
+                    raise self._failed(getattr(event.response, "error", None))
+                elif kind == "error":
+                    raise self._failed({"code": getattr(event, "code", None),
+                                        "message": getattr(event, "message", None)})
+        finally:
+            await close_quietly(stream)
+        if final is None:
+            raise self._incomplete("no response.completed event was received")
+        return self._from_response(final, done_items)
+
     async def _streamed(self, request: ModelRequest, emit: Emit) -> ModelResponse:
+        if self.api == "responses":
+            return await self._responses_streamed(request, emit)
         params = self.request_body(request)
         params["stream_options"] = {"include_usage": True}
         stream = await self._client.chat.completions.create(**params, stream=True)
