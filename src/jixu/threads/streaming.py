@@ -94,6 +94,18 @@ class SignalSource:
             raise InvalidInput("on_signal must be a function taking a Signal", field="on_signal")
         self._on_signal = on_signal
         self._queues: list[asyncio.Queue[Signal]] = []
+        self._listeners: list[SignalCallback] = []
+
+    def add_listener(self, listener: SignalCallback) -> None:
+        """Call ``listener`` with every signal from now on (like ``on_signal``; e.g. a driver wrapping this one)."""
+        if not callable(listener):
+            raise InvalidInput("a listener must be a function taking a Signal", field="listener")
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: SignalCallback) -> None:
+        """Stop calling ``listener`` (unknown listeners are ignored)."""
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
 
     def subscribe(self, maxsize: int = DEFAULT_QUEUE_SIZE) -> asyncio.Queue[Signal]:
         """A new queue receiving every signal from now on; give it back with :meth:`unsubscribe`."""
@@ -125,11 +137,13 @@ class SignalSource:
 
     def publish(self, signal: Signal) -> None:
         """Deliver ``signal``; never raises and never blocks."""
-        if self._on_signal is not None:
+        for callback in (self._on_signal, *self._listeners):
+            if callback is None:
+                continue
             try:
-                self._on_signal(signal)
+                callback(signal)
             except Exception:  # an observer must not break the model call
-                _log.exception("on_signal raised; the signal is dropped for it")
+                _log.exception("a signal callback raised; the signal is dropped for it")
         for queue in list(self._queues):
             if queue.full():
                 with contextlib.suppress(asyncio.QueueEmpty):
