@@ -376,6 +376,8 @@ def test_thinking_options_become_the_apis_thinking_object(anthropic_server: Fake
     for bad in (True, 512, 4096, "lots", {"budget_tokens": 2048}):
         with pytest.raises(InvalidInput):
             driver(anthropic_server, max_tokens=4096, thinking=bad)
+    with pytest.raises(InvalidInput):
+        driver(anthropic_server, cache="yes")
 
 
 @pytest.mark.parametrize("stream", [True, False])
