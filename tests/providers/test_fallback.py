@@ -150,3 +150,14 @@ def test_fallback_models_are_validated() -> None:
         FallbackModel([ScriptedModel(["a"]), ScriptedModel(["b"])])
     named = FallbackModel([ScriptedModel(["a"], name="one"), ScriptedModel(["b"], name="two")], name="pair")
     assert named.name == "pair" and [m.name for m in named.models] == ["one", "two"]
+
+
+def test_an_inner_driver_used_on_its_own_publishes_nothing_through_the_fallback(openai_server: FakeOpenAI,
+                                                                                anthropic_server: FakeAnthropic) -> None:
+    openai_server.script(Failure(500, SERVER_ERROR))
+    inner = _openai(openai_server)
+    observed: list[Signal] = []
+    FallbackModel([inner, _anthropic(anthropic_server)], on_signal=observed.append)
+    with pytest.raises(ModelError):
+        run(inner.complete(make_request()))
+    assert observed == []

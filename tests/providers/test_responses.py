@@ -209,6 +209,8 @@ def test_stored_responses_ask_for_no_encrypted_reasoning(responses_server: FakeR
     complete(driver(responses_server, "gpt-5", store=True))
     body = responses_server.bodies[0]
     assert body["store"] is True and "include" not in body
+    assert "include" not in driver(responses_server, "gpt-5-chat-latest").request_body(make_request()), \
+        "gpt-5's chat model does not reason"
 
 
 # --- errors ------------------------------------------------------------------------------------------------

@@ -74,6 +74,8 @@ class FallbackModel(SignalSource):
         self.models: tuple[ModelDriver, ...] = tuple(models)
         self._name = name or f"fallback({', '.join(names)})"
         self._held: dict[str, list[Signal]] = {}
+        self._active: dict[str, int] = {}
+        """Effect ids of the calls in flight through this driver (only their signals are relayed)."""
         for model in self.models:
             add = getattr(model, "add_listener", None)
             if callable(add):
@@ -88,6 +90,8 @@ class FallbackModel(SignalSource):
         return f"FallbackModel({[m.name for m in self.models]!r}, name={self._name!r})"
 
     def _relay(self, signal: Signal) -> None:
+        if signal.effect_id not in self._active:
+            return  # an inner driver also used on its own: not this driver's call
         if signal.kind == "done" and not signal.data.get("ok"):
             # Held until the call's fate is known: published if the error is raised, dropped if failed over.
             self._held.setdefault(signal.effect_id, []).append(signal)
@@ -100,6 +104,17 @@ class FallbackModel(SignalSource):
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """The answer of the first model that processes ``request``; see the module docs."""
+        effect_id = request.effect_id
+        self._active[effect_id] = self._active.get(effect_id, 0) + 1
+        try:
+            return await self._first_answer(request)
+        finally:
+            self._active[effect_id] -= 1
+            if not self._active[effect_id]:
+                del self._active[effect_id]
+                self._held.pop(effect_id, None)
+
+    async def _first_answer(self, request: ModelRequest) -> ModelResponse:
         tried: list[JSONObject] = []
         for index, model in enumerate(self.models):
             following = self.models[index + 1] if index + 1 < len(self.models) else None

@@ -53,8 +53,9 @@ if TYPE_CHECKING:
     from openai.types.completion_usage import CompletionUsage
 
 EXTRA_HINT = "pip install 'jixu[openai]'"
-REASONING_MODEL = re.compile(r"^(?:[\w.-]+/)?(?:o\d|gpt-5|codex)", re.IGNORECASE)
-"""OpenAI's reasoning models (o1, o3, o4-mini, gpt-5, codex-..., also behind a ``vendor/`` prefix)."""
+REASONING_MODEL = re.compile(r"^(?:[\w.-]+/)?(?:o\d|gpt-5(?![.\d]*-chat)|codex)", re.IGNORECASE)
+"""OpenAI's reasoning models (o1, o3, o4-mini, gpt-5, codex-..., also behind a ``vendor/`` prefix; not the
+gpt-5 chat models)."""
 OFFICIAL_HOST = "api.openai.com"
 REASONING_FORMAT = "openai-chat"
 """The format of this driver's reasoning records: ``[{"field", "text"}]``, a compatible server's reasoning text
