@@ -77,6 +77,7 @@ from jixu.threads import (
 if TYPE_CHECKING:
     from jixu.ledger.postgres import PostgresStore
     from jixu.threads.anthropic import AnthropicModel
+    from jixu.threads.fallback import FallbackModel
     from jixu.threads.openai import OpenAIModel
 
 __version__ = "0.1.0"
@@ -99,6 +100,10 @@ def __getattr__(name: str) -> Any:
         from jixu.threads.anthropic import AnthropicModel
 
         return AnthropicModel
+    if name == "FallbackModel":
+        from jixu.threads.fallback import FallbackModel
+
+        return FallbackModel
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -108,6 +113,7 @@ __all__ = [
     "AnthropicModel",
     "EffectNotParked",
     "EffectNotUnknown",
+    "FallbackModel",
     "Harness",
     "IncompatibleAgent",
     "ModelDriver",

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import pytest
 
 from jixu.threads.model import ModelRequest
-from tests.providers.fake_servers import FakeAnthropic, FakeOpenAI
+from tests.providers.fake_servers import FakeAnthropic, FakeOpenAI, FakeResponses
 
 T = TypeVar("T")
 
@@ -38,6 +38,14 @@ LOOKUP_SPEC: dict[str, Any] = {
 def openai_server() -> Iterator[FakeOpenAI]:
     """A fresh fake Chat Completions server on 127.0.0.1 (stopped after the test)."""
     server = FakeOpenAI().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def responses_server() -> Iterator[FakeResponses]:
+    """A fresh fake Responses API server on 127.0.0.1 (stopped after the test)."""
+    server = FakeResponses().start()
     yield server
     server.stop()
 

@@ -263,6 +263,11 @@ def test_invalid_arguments_are_rejected_by_the_tool_before_dispatch() -> None:
     (429, "rate_limit_error", None, "Number of request tokens has exceeded your per-minute rate limit",
      ("rate_limit", False)),
     (429, "insufficient_quota", "insufficient_quota", "You exceeded your current quota", ("quota", False)),
+    (429, "rate_limit_error", "enforced_spend_limit_reached", "You have reached your API usage limits",
+     ("quota", False)),
+    (429, "rate_limit_error", None, "This request would exceed your account's monthly spend limit.",
+     ("quota", False)),
+    (400, "invalid_request_error", None, "You have reached your specified API usage limits.", ("quota", False)),
     (400, "invalid_request_error", None, "Your credit balance is too low to access the Anthropic API.",
      ("quota", False)),
     (402, None, None, "Insufficient credits", ("quota", False)),
@@ -283,12 +288,33 @@ def test_http_statuses_map_to_kinds(status: int, error_type: str | None, code: s
     assert classify_status(status, error_type, code, message) == expected
 
 
+@pytest.mark.parametrize(("headers", "expected"), [
+    ({}, None),
+    ({"x-ratelimit-reset-requests": "1s"}, 1.0),
+    ({"x-ratelimit-reset-requests": "20ms", "x-ratelimit-reset-tokens": "6m0s"}, 360.0),
+    ({"X-RateLimit-Remaining-Requests": "0", "X-RateLimit-Reset-Requests": "2h3m4.5s",
+      "x-ratelimit-remaining-tokens": "5", "x-ratelimit-reset-tokens": "9h"}, 7384.5),
+    ({"anthropic-ratelimit-tokens-remaining": "0", "anthropic-ratelimit-tokens-reset": "2026-12-01T22:01:00Z",
+      "anthropic-ratelimit-requests-remaining": "7", "anthropic-ratelimit-requests-reset": "2026-12-01T23:00:00Z"},
+     60.0),
+    ({"x-ratelimit-reset-requests": "soon"}, None),
+])
+def test_rate_limit_resets_come_from_the_providers_headers(headers: dict[str, str], expected: float | None) -> None:
+    from jixu.threads.streaming import rate_limit_reset_seconds
+
+    now = email.utils.parsedate_to_datetime("Tue, 01 Dec 2026 22:00:00 GMT").timestamp()
+    assert rate_limit_reset_seconds(headers, now=now) == expected
+
+
 def test_error_fields_read_both_providers_bodies() -> None:
     openai_body = {"error": {"message": "quota", "type": "insufficient_quota", "param": None,
                              "code": "insufficient_quota"}}
     anthropic_body = {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}
     assert error_fields(openai_body) == ("insufficient_quota", "insufficient_quota", "quota")
     assert error_fields(anthropic_body) == ("rate_limit_error", None, "slow down")
+    spend_cap = {"type": "error", "error": {"type": "rate_limit_error", "message": "usage limits",
+                                            "details": {"error_code": "enforced_spend_limit_reached"}}}
+    assert error_fields(spend_cap) == ("rate_limit_error", "enforced_spend_limit_reached", "usage limits")
     assert error_fields("plain text") == (None, None, None)
 
 
@@ -308,15 +334,84 @@ def test_retry_after_comes_from_the_headers() -> None:
 # --- prices ----------------------------------------------------------------------------------------
 
 
-def test_known_models_have_prices_by_exact_name_or_dated_snapshot_and_unknown_ones_none() -> None:
+def test_the_fallback_table_prices_exact_names_only_never_a_snapshot_by_its_base() -> None:
     table = price_table()
     assert find_price(table, "gpt-4o-mini") == DEFAULT_PRICES["gpt-4o-mini"]
-    assert find_price(table, "gpt-4o-mini-2024-07-18") == DEFAULT_PRICES["gpt-4o-mini"]
-    assert find_price(table, "claude-sonnet-4-20250514") == DEFAULT_PRICES["claude-sonnet-4"]
-    assert find_price(table, "claude-3-5-sonnet-latest") == DEFAULT_PRICES["claude-3-5-sonnet"]
+    assert find_price(table, "gpt-4o-mini-2024-07-18") == DEFAULT_PRICES["gpt-4o-mini"], "a listed snapshot"
+    assert find_price(table, "gpt-4o-2024-05-13") == Price(input=5.00, output=15.00), "not gpt-4o's 2.50/10.00"
+    assert find_price(table, "gpt-4o-2099-01-01") is None, "an unlisted snapshot is not priced as its base model"
+    assert find_price(table, "claude-sonnet-4-5-20990101") is None
+    assert find_price(table, "claude-sonnet-4-20250514") == DEFAULT_PRICES["claude-sonnet-4-0"]
     assert find_price(table, "gpt-4o-audio-preview") is None
     assert find_price(table, "llama3.1:8b") is None
-    assert find_price(table, "unknown", "gpt-4o") == DEFAULT_PRICES["gpt-4o"], "falls back to the reported model"
+    assert find_price(table, "unknown", "gpt-4o") == DEFAULT_PRICES["gpt-4o"], "falls back to the next name"
+    for model in ("gpt-5", "gpt-5-mini", "o3", "o3-2025-04-16", "claude-sonnet-4-5", "claude-haiku-4-5-20251001",
+                  "claude-opus-4-5"):
+        assert find_price(table, model) is not None, model
+
+
+def test_a_long_prompt_bills_the_whole_call_at_the_long_context_price() -> None:
+    price = DEFAULT_PRICES["claude-sonnet-4-5"]
+    assert price.cost(input_tokens=200_000, output_tokens=1_000) == pytest.approx(200_000 * 3e-6 + 1_000 * 15e-6)
+    assert price.cost(input_tokens=300_000, output_tokens=1_000, cached_tokens=100_000) == pytest.approx(
+        200_000 * 6e-6 + 100_000 * 0.6e-6 + 1_000 * 22.5e-6)
+
+
+@pytest.fixture
+def no_catalogue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if genai-prices were not installed."""
+    from jixu.threads import pricing
+
+    monkeypatch.setattr(pricing, "_CATALOGUE", False)
+
+
+def _cost(*models: str | None, provider: str = "openai", **counts: int) -> float | None:
+    from jixu.threads.pricing import call_cost
+
+    usage = {"input_tokens": 1_000_000, "output_tokens": 1_000_000, **counts}
+    return call_cost(models, provider=provider, **usage)
+
+
+def test_without_genai_prices_the_fallback_table_prices_what_it_lists(no_catalogue: None) -> None:
+    from jixu.threads.pricing import catalogue
+
+    assert catalogue() is None
+    assert _cost("gpt-4o-2024-05-13") == pytest.approx(20.0)
+    assert _cost("gpt-4o-2024-08-06") == pytest.approx(12.5)
+    assert _cost("gpt-4o-2099-01-01") is None
+    assert _cost("gpt-5.4-mini") is None, "not in the small table"
+    assert _cost("claude-sonnet-4-5-20250929", provider="anthropic", input_tokens=400_000) == pytest.approx(
+        400_000 * 6e-6 + 1_000_000 * 22.5e-6)
+
+
+def test_genai_prices_is_used_when_installed_and_the_users_prices_win() -> None:
+    from jixu.threads.pricing import call_cost, catalogue
+
+    pytest.importorskip("genai_prices")
+    assert catalogue() is not None
+    assert _cost("gpt-5.4-mini") == pytest.approx(0.75 + 4.5), "a model only the catalogue knows"
+    assert _cost("gpt-4o-2024-05-13") == pytest.approx(20.0)
+    assert _cost("gpt-4o-2099-01-01") is None, "the catalogue does not guess a snapshot either"
+    assert _cost("llama3.1:8b") is None
+    mine = call_cost(("gpt-5.4-mini",), provider="openai", overrides={"gpt-5.4-mini": Price(input=1, output=1)},
+                     input_tokens=1_000_000, output_tokens=1_000_000)
+    assert mine == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("model", sorted(DEFAULT_PRICES))
+def test_the_fallback_table_agrees_with_genai_prices(model: str) -> None:
+    # Both are copies of the providers' published prices: a disagreement is a typo here or a price change there.
+    from jixu.threads.pricing import catalogue_cost
+
+    pytest.importorskip("genai_prices")
+    provider = "anthropic" if model.startswith("claude") else "openai"
+    writes = 100_000 if provider == "anthropic" else 0
+    for prompt in (150_000, 250_000):  # below and above the 200K long-context threshold
+        counts = {"input_tokens": prompt, "output_tokens": 20_000, "cached_tokens": 50_000,
+                  "cache_write_tokens": writes}
+        listed = DEFAULT_PRICES[model].cost(**counts)
+        known = catalogue_cost((model,), provider=provider, api_url=None, **counts)
+        assert known == pytest.approx(listed), (model, prompt)
 
 
 def test_cost_counts_cached_and_cache_write_tokens_at_their_own_price() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from jixu import Agent, Harness, MemoryStore, tool
-from jixu.errors import ModelError
+from jixu.errors import InvalidInput, ModelError
 from jixu.threads.model import ModelResponse, ToolCall, Usage
 from jixu.threads.openai import OpenAIModel
 from jixu.threads.streaming import Signal
@@ -69,6 +69,28 @@ def test_no_instructions_means_no_system_message_and_options_are_sent_when_given
     assert body["max_tokens"] == 256 and body["temperature"] == 0.2
 
 
+@pytest.mark.parametrize("model", ["o4-mini", "o3", "gpt-5-mini"])
+def test_reasoning_models_get_max_completion_tokens(openai_server: FakeOpenAI, model: str) -> None:
+    openai_server.script(Completion(text="ok", model=model))
+    response = complete(driver(openai_server, model, max_tokens=256, reasoning_effort="low"))
+    assert response.text == "ok"
+    body = openai_server.bodies[0]
+    assert body["max_completion_tokens"] == 256 and "max_tokens" not in body
+    assert body["reasoning_effort"] == "low"
+
+
+def test_the_token_limit_parameter_can_be_chosen(openai_server: FakeOpenAI) -> None:
+    openai_server.script(Completion(text="ok"), Completion(text="ok"))
+    complete(driver(openai_server, "my-local-model", max_tokens=64, max_tokens_parameter="max_completion_tokens"))
+    complete(OpenAIModel("gpt-4o", api_key=OPENAI_KEY, base_url=openai_server.url, max_tokens=64))
+    assert openai_server.bodies[0]["max_completion_tokens"] == 64 and "max_tokens" not in openai_server.bodies[0]
+    assert openai_server.bodies[1]["max_tokens"] == 64, "compatible servers keep the parameter they all know"
+    official = OpenAIModel("gpt-4o", api_key=OPENAI_KEY, max_tokens=64)
+    assert official.request_body(make_request())["max_completion_tokens"] == 64, "OpenAI's own API: the current one"
+    with pytest.raises(InvalidInput):
+        OpenAIModel("gpt-4o", api_key=OPENAI_KEY, max_tokens_parameter="max_length")
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_tool_call_round_trip(openai_server: FakeOpenAI, stream: bool) -> None:
     openai_server.script(Completion(calls=[Call("call_abc123", "add", '{"a": 2, "b": 3}')]))
@@ -94,6 +116,17 @@ def test_parallel_tool_calls_with_text(openai_server: FakeOpenAI, stream: bool) 
                                    ToolCall("add", {}, "call_3"))
     result = response.to_result("01HEFFECT0000000000000000000")
     assert [c["id"] for c in result["tool_calls"]] == ["call_1", "call_2", "call_3"]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_refusal_is_the_reply_streamed_or_not(openai_server: FakeOpenAI, stream: bool) -> None:
+    openai_server.script(Completion(refusal="I'm sorry, I can't help with that.", fragment=6))
+    observed: list[Signal] = []
+    response = complete(driver(openai_server, stream=stream, on_signal=observed.append))
+    assert response.text == "I'm sorry, I can't help with that."
+    assert response.stop_reason == "stop"
+    if stream:
+        assert "".join(s.data["text"] for s in observed if s.kind == "text_delta") == response.text
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -148,6 +181,33 @@ def test_streaming_assembles_fragments_and_publishes_signals(openai_server: Fake
     assert {s.thread_id for s in observed} == {"01HTHREAD0000000000000000000"}
 
 
+def test_a_tool_name_repeated_in_every_chunk_is_the_name_once(openai_server: FakeOpenAI) -> None:
+    # Some compatible servers (MiniMax through NVIDIA NIM, some vLLM builds) repeat the whole name in every chunk.
+    openai_server.script(Completion(calls=[Call("call_1", "charge_card", '{"amount": 1250, "currency": "EUR"}'),
+                                           Call("call_2", "add", '{"a": 1, "b": 2}')],
+                                    fragment=5, repeat_tool_name=True))
+    observed: list[Signal] = []
+    response = complete(driver(openai_server, on_signal=observed.append), tools=[ADD_SPEC])
+    assert [c.name for c in response.tool_calls] == ["charge_card", "add"]
+    assert response.tool_calls[0].args == {"amount": 1250, "currency": "EUR"}
+    names = {s.data["name"] for s in observed if s.kind == "tool_call_delta"}
+    assert names == {"charge_card", "add"}
+
+
+@pytest.mark.parametrize(("pieces", "expected"), [
+    (["charge_card", "charge_card", "charge_card"], "charge_card"),  # repeated whole
+    (["charge", "charge_card"], "charge_card"),                       # sent cumulatively
+    (["charge_", "card"], "charge_card"),                              # sent in fragments
+])
+def test_streamed_tool_names_are_assembled_whatever_the_server_sends(pieces: list[str], expected: str) -> None:
+    from jixu.threads.openai import merge_name
+
+    name = ""
+    for piece in pieces:
+        name = merge_name(name, piece)
+    assert name == expected
+
+
 def test_without_streaming_only_the_done_signal_is_published(openai_server: FakeOpenAI) -> None:
     openai_server.script(Completion(text="whole"))
     observed: list[Signal] = []
@@ -193,6 +253,30 @@ def test_usage_and_cost_of_a_known_model(openai_server: FakeOpenAI, stream: bool
     assert usage.cost == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("catalogue", [True, False])
+def test_a_dated_model_is_priced_as_itself_not_as_its_base_model(openai_server: FakeOpenAI, catalogue: bool,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from jixu.threads import pricing
+
+    if catalogue:
+        pytest.importorskip("genai_prices")
+    else:
+        monkeypatch.setattr(pricing, "_CATALOGUE", False)
+    openai_server.script(Completion(text="hi", model="gpt-4o-2024-05-13", input_tokens=1_000, output_tokens=100),
+                         Completion(text="hi", model="gpt-4o-2099-01-01", input_tokens=1_000, output_tokens=100))
+    old = complete(driver(openai_server, "gpt-4o-2024-05-13"))
+    assert old.usage.cost == pytest.approx((1_000 * 5.00 + 100 * 15.00) / 1_000_000), "not gpt-4o's 2.50/10.00"
+    unknown = complete(driver(openai_server, "gpt-4o-2099-01-01"))
+    assert unknown.usage.cost is None
+
+
+def test_reasoning_tokens_are_reported(openai_server: FakeOpenAI) -> None:
+    openai_server.script(Completion(text="42", model="o4-mini-2025-04-16", output_tokens=900, reasoning_tokens=800))
+    usage = complete(driver(openai_server, "o4-mini")).usage
+    assert (usage.output_tokens, usage.reasoning_tokens) == (900, 800)
+    assert usage.to_dict()["reasoning_tokens"] == 800
+
+
 def test_an_unknown_model_has_unknown_cost_unless_priced(openai_server: FakeOpenAI) -> None:
     openai_server.script(Completion(text="hi", model="llama3.1:8b"), Completion(text="hi", model="llama3.1:8b"))
     unknown = complete(driver(openai_server, "llama3.1:8b"))
@@ -216,6 +300,8 @@ def _error(message: str, error_type: str, code: str | None) -> dict[str, Any]:
 
 RATE_LIMITED = _error("Rate limit reached for gpt-4o-mini in organization org-x on requests per min (RPM): "
                       "Limit 3, Used 3, Requested 1.", "requests", "rate_limit_exceeded")
+TOKENS_LIMITED = _error("Rate limit reached for gpt-4o-mini in organization org-x on tokens per min (TPM): "
+                        "Limit 40000, Used 40000, Requested 512.", "tokens", "rate_limit_exceeded")
 NO_QUOTA = _error("You exceeded your current quota, please check your plan and billing details.",
                   "insufficient_quota", "insufficient_quota")
 BAD_KEY = _error("Incorrect API key provided: {api_key}. You can find your API key at "
@@ -229,6 +315,16 @@ SERVER_ERROR = _error("The server had an error while processing your request. So
     (Failure(429, RATE_LIMITED, {"retry-after": "7"}), "rate_limit", False, 7.0),
     (Failure(429, RATE_LIMITED, {"retry-after-ms": "1500", "retry-after": "2"}), "rate_limit", False, 1.5),
     (Failure(429, RATE_LIMITED), "rate_limit", False, None),
+    # Without retry-after, the reset of the limit that was hit (remaining 0), in OpenAI's duration format.
+    (Failure(429, RATE_LIMITED, {"x-ratelimit-limit-requests": "3", "x-ratelimit-remaining-requests": "0",
+                                 "x-ratelimit-reset-requests": "17.5s", "x-ratelimit-limit-tokens": "40000",
+                                 "x-ratelimit-remaining-tokens": "39000", "x-ratelimit-reset-tokens": "6m0s"}),
+     "rate_limit", False, 17.5),
+    (Failure(429, TOKENS_LIMITED, {"x-ratelimit-remaining-requests": "2", "x-ratelimit-reset-requests": "120ms",
+                                   "x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "1m30.5s"}),
+     "rate_limit", False, 90.5),
+    (Failure(429, RATE_LIMITED, {"retry-after": "2", "x-ratelimit-remaining-tokens": "0",
+                                 "x-ratelimit-reset-tokens": "1m"}), "rate_limit", False, 2.0),
     (Failure(429, NO_QUOTA), "quota", False, None),
     (Failure(402, _error("Insufficient credits. Add more using https://openrouter.ai/credits", "", None)),
      "quota", False, None),
@@ -290,12 +386,32 @@ def test_a_timeout_is_transient_and_indeterminate(openai_server: FakeOpenAI) -> 
     assert "timed out" in error.message
 
 
-def test_an_unreachable_server_is_transient_and_indeterminate() -> None:
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_refused_connection_proves_the_request_was_not_processed(stream: bool) -> None:
     server = FakeOpenAI().start()
     url = server.url
-    server.stop()
-    error = fail(OpenAIModel("gpt-4o", base_url=url, api_key=OPENAI_KEY))
-    assert (error.kind, error.indeterminate) == ("transient", True)
+    server.stop()  # nothing listens on the port any more: the connection is refused
+    error = fail(OpenAIModel("gpt-4o", base_url=url, api_key=OPENAI_KEY, stream=stream))
+    assert (error.kind, error.indeterminate) == ("transient", False)
+    assert error.details["not_processed"] is True and "could not connect" in error.message
+
+
+@pytest.mark.parametrize(("reply", "proof"), [
+    (Failure(503, _error("The engine is currently overloaded, please try again later", "server_error", None)),
+     True),
+    (Failure(503, SERVER_ERROR), False),
+    (Failure(500, SERVER_ERROR), False),
+    (Failure(502, "<html>502 Bad Gateway</html>"), False),
+    (Failure(504, "<html>504 Gateway Time-out</html>"), False),
+    (Hangup(), False),
+    (Slow(1.0, Completion(text="too late")), False),
+])
+def test_only_errors_that_prove_it_mark_a_request_not_processed(openai_server: FakeOpenAI, reply: Any,
+                                                                proof: bool) -> None:
+    openai_server.script(reply)
+    error = fail(driver(openai_server, timeout=0.3))
+    assert (error.details.get("not_processed") is True) is proof
+    assert error.indeterminate is not proof
 
 
 # --- configuration ---------------------------------------------------------------------------------------
@@ -410,3 +526,55 @@ def test_a_cancelled_call_closes_its_stream_and_says_so(openai_server: FakeOpenA
 
     run(scenario())
     assert observed[-1].data == {"ok": False, "error_kind": "cancelled"}
+
+
+# --- reasoning of compatible servers -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_reasoning_content_is_recorded_and_goes_back_with_its_tool_call(openai_server: FakeOpenAI, stream: bool,
+                                                                       field: str) -> None:
+    @tool(semantics="read_only")
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    openai_server.reasoning_field = field
+    openai_server.require_reasoning_back = True
+    openai_server.script(
+        Completion(reasoning_content="The user wants a sum; call add.", fragment=6, model="deepseek-reasoner",
+                   calls=[Call("call_1", "add", '{"a": 2, "b": 3}')]),
+        Completion(reasoning_content="It returned 5.", text="5", model="deepseek-reasoner"),
+    )
+    observed: list[Signal] = []
+    model = driver(openai_server, "deepseek-reasoner", stream=stream, on_signal=observed.append)
+    harness = Harness(Agent("calc", model, tools=[add]), MemoryStore())
+
+    async def scenario() -> tuple[Any, list[Any]]:
+        thread = await harness.create_thread()
+        await thread.send("2 + 3?")
+        state = await thread.wait()
+        return state, await thread.events()
+
+    state, events = run(scenario())
+    assert state.status == "idle" and state.last_reply == "5", state
+    completed = [e.data["result"] for e in events if e.type == "model.completed"]
+    assert completed[0]["tool_calls"][0]["reasoning"] == {
+        "format": "openai-chat", "model": "deepseek-reasoner",
+        "items": [{"field": field, "text": "The user wants a sum; call add."}]}
+    assert completed[1]["reasoning"]["items"] == [{"field": field, "text": "It returned 5."}]
+    assistant = openai_server.bodies[1]["messages"][-2]
+    assert assistant[field] == "The user wants a sum; call add." and assistant["tool_calls"][0]["id"] == "call_1"
+    if stream:
+        assert "".join(s.data["text"] for s in observed if s.kind == "reasoning_delta") == (
+            "The user wants a sum; call add.It returned 5.")
+
+
+def test_no_reasoning_means_no_reasoning_field_is_sent(openai_server: FakeOpenAI) -> None:
+    openai_server.script(Completion(text="ok"))
+    conversation = [{"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "name": "add", "args": {}}]},
+                    {"role": "tool", "tool_call_id": "c1", "name": "add", "content": "1", "status": "ok"}]
+    complete(driver(openai_server), messages=conversation, tools=[ADD_SPEC])
+    assert set(openai_server.bodies[0]["messages"][2]) == {"role", "content", "tool_calls"}

@@ -153,6 +153,18 @@ def test_quota_and_authentication_pause_without_an_automatic_retry(openai_server
     run(scenario())
 
 
+def test_anthropic_spend_cap_pauses_for_quota_and_is_not_retried(anthropic_server: FakeAnthropic) -> None:
+    from tests.providers.test_anthropic import SPEND_CAP, USER_LIMIT
+
+    anthropic_server.script(Failure(429, SPEND_CAP), Failure(400, USER_LIMIT))
+    for _ in range(2):
+        _thread, state, events = run(ask(anthropic_harness(anthropic_server)))
+        assert state.status == "paused" and "quota" in state.reason
+        assert pauses(events) == [("quota", False, None)] and of_type(events, "turn.resumed") == []
+        assert of_type(events, "model.failed")[0].data["error"]["kind"] == "quota"
+    assert len(anthropic_server.requests) == 2, "a spending cap is not retried as a rate limit"
+
+
 def test_server_errors_are_retried_under_the_same_effect_id(openai_server: FakeOpenAI) -> None:
     openai_server.script(*[Failure(500, SERVER_ERROR)] * 3, Completion(text="Recovered."))
     _thread, state, events = run(ask(openai_harness(openai_server)))

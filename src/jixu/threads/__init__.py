@@ -14,11 +14,13 @@ from jixu.threads.tools import Tool, ToolContext, ToolError, tool
 
 if TYPE_CHECKING:
     from jixu.threads.anthropic import AnthropicModel
+    from jixu.threads.fallback import FallbackModel
     from jixu.threads.openai import OpenAIModel
     from jixu.threads.streaming import Signal
 
 _LAZY = {
     "AnthropicModel": "jixu.threads.anthropic",
+    "FallbackModel": "jixu.threads.fallback",
     "OpenAIModel": "jixu.threads.openai",
     "Signal": "jixu.threads.streaming",
 }
@@ -37,6 +39,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Agent",
     "AnthropicModel",
+    "FallbackModel",
     "Harness",
     "ModelDriver",
     "ModelRequest",

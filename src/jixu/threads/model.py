@@ -13,6 +13,19 @@ Neutral messages are dicts:
 - ``{"role": "tool", "tool_call_id": str, "name": str, "content": str, "status": str}``
 - ``{"role": "user", "content": str, "compacted": True}``: the summary that replaced earlier messages
   after a context compaction (drivers send it as an ordinary user message)
+
+**Reasoning.** A model that thinks before it answers (Anthropic extended
+thinking, OpenAI reasoning items, ``reasoning_content`` of compatible servers)
+returns its reasoning in :attr:`ModelResponse.reasoning`, a *reasoning
+record* ``{"format", "model", "items"}``: ``items`` are the provider's own
+blocks, verbatim (signatures, encrypted and redacted content kept opaque),
+and ``format`` names the wire format they belong to (``anthropic``,
+``openai-responses``, ``openai-chat``). The receipt keeps it with the answer's
+first tool call (``tool_calls[0]["reasoning"]``), where the conversation
+carries it to the next request, or, for an answer without tool calls, as the
+result's ``reasoning``. A driver sends back, verbatim, only records of its own
+format (providers require the reasoning that led to a tool call to come back
+with it); an assistant message may also carry one as ``"reasoning"``.
 """
 
 from __future__ import annotations
@@ -41,17 +54,31 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Tokens and cost of one model call; ``cost`` stays ``None`` when the price is unknown."""
+    """Tokens and cost of one model call; ``cost`` stays ``None`` when the price is unknown.
+
+    ``input_tokens`` counts every prompt token: ``cached_tokens`` of them were
+    read from the provider's prompt cache and ``cache_write_tokens`` written
+    to it. ``output_tokens`` includes ``reasoning_tokens`` (the model's
+    thinking, billed as output). ``cost`` counts each at its own price.
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
     cost: float | None = None
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of every field."""
-        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "cached_tokens": self.cached_tokens, "cost": self.cost}
+        """A JSON-ready dict: every field (``cache_write_tokens`` and ``reasoning_tokens`` when not 0, so
+        receipts without them read as they always did)."""
+        out: dict[str, Any] = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                               "cached_tokens": self.cached_tokens, "cost": self.cost}
+        if self.cache_write_tokens:
+            out["cache_write_tokens"] = self.cache_write_tokens
+        if self.reasoning_tokens:
+            out["reasoning_tokens"] = self.reasoning_tokens
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +107,19 @@ class ModelResponse:
     usage: Usage = field(default_factory=Usage)
     model: str = ""
     stop_reason: str = ""
+    reasoning: JSONObject | None = None
+    """The model's reasoning record (see the module docs), or None."""
+    fallback: JSONObject | None = None
+    """Set by :class:`~jixu.threads.fallback.FallbackModel` when a model other than the first answered:
+    ``{"answered_by": name, "tried": [{"model": name, "error": {...}}, ...]}``."""
 
     def to_result(self, effect_id: str) -> JSONObject:
-        """The receipt's ``result``: tool calls get stable ids derived from ``effect_id``."""
+        """The receipt's ``result``: tool calls get stable ids derived from ``effect_id``.
+
+        The reasoning record rides with the first tool call (``tool_calls[0]["reasoning"]``, where the
+        conversation keeps it for the next request) or, without tool calls, is the result's ``reasoning``;
+        a fallback's record is the result's ``fallback``. Both are absent when None.
+        """
         calls = []
         seen: set[str] = set()
         for index, call in enumerate(self.tool_calls):
@@ -93,6 +130,13 @@ class ModelResponse:
             calls.append({"id": call_id, "name": call.name, "args": call.args})
         result: JSONObject = {"text": self.text, "tool_calls": calls, "usage": self.usage.to_dict(),
                               "model": self.model, "stop_reason": self.stop_reason}
+        if self.reasoning is not None:
+            if calls:
+                calls[0]["reasoning"] = self.reasoning
+            else:
+                result["reasoning"] = self.reasoning
+        if self.fallback is not None:
+            result["fallback"] = self.fallback
         canonical_text(result, path="model result")  # refuse non-JSON arguments before recording
         return result
 

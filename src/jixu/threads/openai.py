@@ -1,4 +1,4 @@
-"""A model driver for the OpenAI Chat Completions API and the servers that speak it.
+"""A model driver for the OpenAI Chat Completions and Responses APIs and the servers that speak them.
 
 Covers OpenAI itself and compatible servers (vLLM, Ollama, LM Studio,
 OpenRouter, ...) through the official ``openai`` SDK (``pip install
@@ -6,6 +6,7 @@ OpenRouter, ...) through the official ``openai`` SDK (``pip install
 
     model = OpenAIModel("gpt-4o-mini")                                   # OPENAI_API_KEY
     local = OpenAIModel("llama3.1", base_url="http://localhost:11434/v1")  # Ollama, no key needed
+    gpt5 = OpenAIModel("gpt-5", api="responses", reasoning_effort="low")  # the Responses API, stateless
 
 The API key comes from ``api_key=`` or ``OPENAI_API_KEY`` and the endpoint
 from ``base_url=`` or ``OPENAI_BASE_URL``; the key is never written into an
@@ -17,6 +18,7 @@ records every attempt and decides retries itself (see
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -24,6 +26,14 @@ from jixu.errors import InvalidInput, ModelError
 from jixu.ledger.encoding import JSONObject
 from jixu.threads.model import ModelRequest, ModelResponse, ToolCall, Usage
 from jixu.threads.pricing import PriceTable
+from jixu.threads.responses import (
+    ENCRYPTED_REASONING,
+    parse_output,
+    plain,
+    response_input,
+    response_tools,
+    stop_reason,
+)
 from jixu.threads.streaming import (
     Emit,
     ProviderDriver,
@@ -31,6 +41,8 @@ from jixu.threads.streaming import (
     check_number,
     close_quietly,
     parse_arguments,
+    reasoning_items,
+    reasoning_record,
     resolve_setting,
     well_formed,
 )
@@ -41,6 +53,16 @@ if TYPE_CHECKING:
     from openai.types.completion_usage import CompletionUsage
 
 EXTRA_HINT = "pip install 'jixu[openai]'"
+REASONING_MODEL = re.compile(r"^(?:[\w.-]+/)?(?:o\d|gpt-5(?![.\d]*-chat)|codex)", re.IGNORECASE)
+"""OpenAI's reasoning models (o1, o3, o4-mini, gpt-5, codex-..., also behind a ``vendor/`` prefix; not the
+gpt-5 chat models)."""
+OFFICIAL_HOST = "api.openai.com"
+REASONING_FORMAT = "openai-chat"
+"""The format of this driver's reasoning records: ``[{"field", "text"}]``, a compatible server's reasoning text
+(``reasoning_content`` from DeepSeek, vLLM, Qwen, Kimi; ``reasoning`` from newer vLLM, OpenRouter)."""
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+APIS = ("chat", "responses")
+TOKEN_PARAMETERS = ("max_tokens", "max_completion_tokens")
 PLACEHOLDER_KEY = "not-needed"
 """Sent as the key to a custom ``base_url`` when no key is configured (local servers ignore it)."""
 
@@ -78,12 +100,36 @@ def chat_messages(instructions: str, messages: tuple[JSONObject, ...] | list[JSO
                     {"id": call["id"], "type": "function",
                      "function": {"name": call["name"], "arguments": _dumps(call["args"])}}
                     for call in message["tool_calls"]]
+                # A compatible server's reasoning goes back, in the field it came in, with the calls it led to
+                # (DeepSeek, Kimi and others require it during a tool loop).
+                for reasoning in reasoning_items(message, REASONING_FORMAT):
+                    field_name, text = reasoning.get("field"), reasoning.get("text")
+                    if field_name in REASONING_FIELDS and isinstance(text, str):
+                        item[str(field_name)] = text
             elif item["content"] is None:
                 item["content"] = ""
             out.append(item)
         else:
             out.append({"role": "tool", "tool_call_id": message["tool_call_id"], "content": message["content"]})
     return out
+
+
+def merge_name(known: str, piece: str) -> str:
+    """A streamed tool call's name after one more chunk carrying ``piece``.
+
+    OpenAI sends the name once, in the call's first chunk. Some compatible
+    servers repeat the whole name in every chunk, or send it cumulatively, and
+    a few send it in fragments: a repeated or cumulative name replaces what is
+    known, anything else continues it.
+    """
+    if not known or piece.startswith(known):
+        return piece
+    return known + piece
+
+
+def _reasoning(model: str, thoughts: Mapping[str, str]) -> JSONObject | None:
+    return reasoning_record(REASONING_FORMAT, model,
+                            [{"field": name, "text": text} for name, text in thoughts.items() if text])
 
 
 def _dumps(value: object) -> str:
@@ -93,16 +139,33 @@ def _dumps(value: object) -> str:
 
 
 class OpenAIModel(ProviderDriver):
-    """A :class:`~jixu.threads.model.ModelDriver` over the Chat Completions API (``openai`` SDK).
+    """A :class:`~jixu.threads.model.ModelDriver` over the Chat Completions or Responses API (``openai`` SDK).
+
+    ``api`` is ``"chat"`` (Chat Completions, the default: what compatible
+    servers speak) or ``"responses"`` (the Responses API, stateless:
+    ``store=False`` unless ``store=True``, the whole conversation sent each
+    time; a reasoning model's reasoning items, with their encrypted content,
+    are recorded in the receipt and sent back verbatim before the calls they
+    led to, see :mod:`jixu.threads.responses`). ``reasoning_summary``
+    (``"auto"``, ``"concise"``, ``"detailed"``) asks the Responses API for a
+    readable summary of the reasoning, streamed as ``reasoning_delta``
+    signals (OpenAI shows it to verified organizations only).
 
     ``model`` is the provider's model name. ``api_key``/``base_url`` default to
     ``OPENAI_API_KEY``/``OPENAI_BASE_URL``; a custom ``base_url`` without a key
     sends a placeholder (local servers need none). ``client`` is an
     ``openai.AsyncOpenAI`` to use instead (its retries are turned off).
     ``timeout`` bounds the connection and each read, in seconds.
-    ``max_tokens`` and ``temperature`` are sent only when given. ``prices``
-    overrides :data:`~jixu.threads.pricing.DEFAULT_PRICES` (USD per million
-    tokens); a model without a price has ``cost=None``. With ``stream`` (the
+    ``max_tokens`` and ``temperature`` are sent only when given. The token
+    limit goes out as ``max_completion_tokens`` to OpenAI's own API and to
+    reasoning models (o1, o3, o4-mini, gpt-5, which refuse ``max_tokens``) and
+    as ``max_tokens`` to other compatible servers; ``max_tokens_parameter``
+    chooses it explicitly. ``reasoning_effort`` (``"minimal"``, ``"low"``,
+    ``"medium"``, ``"high"``, ...) is sent to reasoning models when given. ``prices``
+    (USD per million tokens, by exact model name) win over the genai-prices
+    catalogue (when installed: ``jixu[prices]``) and the fallback
+    :data:`~jixu.threads.pricing.DEFAULT_PRICES`; a model none knows has
+    ``cost=None``. With ``stream`` (the
     default) the response is streamed and its progress published as
     :class:`~jixu.threads.streaming.Signal` s (``on_signal``, :meth:`subscribe`,
     :meth:`signals`); only the assembled response is returned. ``name`` is what
@@ -114,7 +177,9 @@ class OpenAIModel(ProviderDriver):
     def __init__(self, model: str, *, api_key: str | None = None, base_url: str | None = None,
                  client: AsyncOpenAI | None = None, timeout: float = 60.0, max_tokens: int | None = None,
                  temperature: float | None = None, prices: PriceTable | None = None, stream: bool = True,
-                 name: str | None = None, on_signal: SignalCallback | None = None) -> None:
+                 name: str | None = None, on_signal: SignalCallback | None = None,
+                 max_tokens_parameter: str | None = None, reasoning_effort: str | None = None,
+                 api: str = "chat", store: bool = False, reasoning_summary: str | None = None) -> None:
         try:
             import openai
         except ImportError as error:
@@ -123,6 +188,19 @@ class OpenAIModel(ProviderDriver):
         check_number(timeout, "timeout", allow_none=False)
         check_number(max_tokens, "max_tokens", integer=True)
         check_number(temperature, "temperature", minimum=0.0, exclusive=False)
+        if max_tokens_parameter is not None and max_tokens_parameter not in TOKEN_PARAMETERS:
+            raise InvalidInput(f"max_tokens_parameter must be one of {list(TOKEN_PARAMETERS)} or None, got "
+                               f"{max_tokens_parameter!r}", field="max_tokens_parameter")
+        if reasoning_effort is not None and (not isinstance(reasoning_effort, str) or not reasoning_effort):
+            raise InvalidInput("reasoning_effort must be a non-empty string such as 'low' or 'high', or None",
+                               field="reasoning_effort")
+        if api not in APIS:
+            raise InvalidInput(f"api must be one of {list(APIS)}, got {api!r}", field="api")
+        if not isinstance(store, bool):
+            raise InvalidInput("store must be True or False", field="store")
+        if reasoning_summary is not None and (not isinstance(reasoning_summary, str) or not reasoning_summary):
+            raise InvalidInput("reasoning_summary must be 'auto', 'concise', 'detailed' or None",
+                               field="reasoning_summary")
         key = resolve_setting(api_key, os.environ, "OPENAI_API_KEY")
         url = resolve_setting(base_url, os.environ, "OPENAI_BASE_URL")
         super().__init__(model, api_key=key, prices=prices, stream=stream, name=name, on_signal=on_signal)
@@ -136,28 +214,67 @@ class OpenAIModel(ProviderDriver):
                                    "(or point base_url at a server that needs none)", field="api_key")
             self._client = openai.AsyncOpenAI(api_key=key or PLACEHOLDER_KEY, base_url=url, timeout=timeout,
                                               max_retries=0)
+        if api == "responses" and not hasattr(self._client, "responses"):
+            raise InvalidInput("api='responses' needs openai>=1.66 (the Responses API); upgrade the openai "
+                               "package", field="api")
+        self.api = api
+        self.store = store
+        self.reasoning_summary = reasoning_summary
         self.base_url = str(self._client.base_url)
         self.timeout = float(timeout)
         self.max_tokens = max_tokens
         self.temperature = temperature
+        self.reasoning_effort = reasoning_effort
+        official = OFFICIAL_HOST in self.base_url
+        self.max_tokens_parameter = max_tokens_parameter or (
+            "max_completion_tokens" if official or REASONING_MODEL.match(model) else "max_tokens")
 
     async def aclose(self) -> None:
         """Close the HTTP client (its connections)."""
         await self._client.close()
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
-        """The Chat Completions parameters for ``request`` (without ``stream``)."""
+        """The Chat Completions (or Responses) parameters for ``request`` (without ``stream``)."""
+        if self.api == "responses":
+            return self._responses_body(request)
         params: dict[str, Any] = {"model": self.model,
                                   "messages": chat_messages(request.instructions, request.messages)}
         if request.tools:
             params["tools"] = tool_specs(request.tools)
         if self.max_tokens is not None:
-            params["max_tokens"] = self.max_tokens
+            params[self.max_tokens_parameter] = self.max_tokens
         if self.temperature is not None:
             params["temperature"] = self.temperature
+        if self.reasoning_effort is not None:
+            params["reasoning_effort"] = self.reasoning_effort
+        return params
+
+    def _responses_body(self, request: ModelRequest) -> dict[str, Any]:
+        params: dict[str, Any] = {"model": self.model, "input": response_input(request.messages),
+                                  "store": self.store}
+        if request.instructions:
+            params["instructions"] = request.instructions
+        if request.tools:
+            params["tools"] = response_tools(request.tools)
+        if self.max_tokens is not None:
+            params["max_output_tokens"] = self.max_tokens
+        if self.temperature is not None:
+            params["temperature"] = self.temperature
+        reasoning: dict[str, Any] = {}
+        if self.reasoning_effort is not None:
+            reasoning["effort"] = self.reasoning_effort
+        if self.reasoning_summary is not None:
+            reasoning["summary"] = self.reasoning_summary
+        if reasoning:
+            params["reasoning"] = reasoning
+        if not self.store and (reasoning or REASONING_MODEL.match(self.model)):
+            # Nothing is kept on the server: the reasoning must come back encrypted to be sent again.
+            params["include"] = [ENCRYPTED_REASONING]
         return params
 
     async def _whole(self, request: ModelRequest) -> ModelResponse:
+        if self.api == "responses":
+            return self._from_response(await self._client.responses.create(**self.request_body(request)))
         completion = cast("ChatCompletion",
                           await self._client.chat.completions.create(**self.request_body(request)))
         if not completion.choices:
@@ -172,15 +289,94 @@ class OpenAIModel(ProviderDriver):
             calls.append(ToolCall(name=str(function.name or ""), args=parse_arguments(function.arguments),
                                   id=call.id or None))
         text = message.content if message.content is not None else getattr(message, "refusal", None)
+        model = completion.model or self.model
+        thoughts = {name: value for name in REASONING_FIELDS
+                    if isinstance(value := getattr(message, name, None), str) and value}
         return ModelResponse(text=text or None, tool_calls=tuple(calls),
                              usage=self._usage_of(completion.usage, completion.model),
-                             model=completion.model or self.model, stop_reason=str(choice.finish_reason or ""))
+                             model=model, stop_reason=str(choice.finish_reason or ""),
+                             reasoning=_reasoning(model, thoughts))
+
+    def _from_response(self, response: Any, done_items: dict[int, Any] | None = None) -> ModelResponse:
+        """The assembled answer of a Responses API ``Response`` (its output, or the items streamed whole)."""
+        status = getattr(response, "status", None)
+        if status == "failed":
+            raise self._failed(getattr(response, "error", None))
+        output = [plain(item) for item in getattr(response, "output", None) or []]
+        if not output and done_items:
+            output = [plain(item) for _index, item in sorted(done_items.items())]
+        model = str(getattr(response, "model", None) or self.model)
+        text, calls, reasoning = parse_output([item for item in output if isinstance(item, dict)], model)
+        incomplete = plain(getattr(response, "incomplete_details", None))
+        return ModelResponse(text=text, tool_calls=tuple(calls), usage=self._response_usage(response, model),
+                             model=model, stop_reason=stop_reason(status, incomplete, calls), reasoning=reasoning)
+
+    def _failed(self, error: object) -> ModelError:
+        """A failure reported inside a 200 answer (``response.failed``, an ``error`` event)."""
+        body = plain(error)
+        if not isinstance(body, dict):
+            body = {"message": str(body or "the response failed")}
+        return self._status_error(200, None, {"error": body}, str(body.get("message") or ""), None)
+
+    def _response_usage(self, response: Any, model: str) -> Usage:
+        usage = getattr(response, "usage", None)
+        if usage is None:
+            return Usage()
+        cached = getattr(getattr(usage, "input_tokens_details", None), "cached_tokens", None) or 0
+        written = getattr(getattr(usage, "input_tokens_details", None), "cache_write_tokens", None) or 0
+        reasoning = getattr(getattr(usage, "output_tokens_details", None), "reasoning_tokens", None) or 0
+        return self._usage(model=model, input_tokens=int(usage.input_tokens or 0),
+                           output_tokens=int(usage.output_tokens or 0), cached_tokens=int(cached),
+                           cache_write_tokens=int(written), reasoning_tokens=int(reasoning))
+
+    async def _responses_streamed(self, request: ModelRequest, emit: Emit) -> ModelResponse:
+        stream: Any = await self._client.responses.create(**self.request_body(request), stream=True)
+        calls: dict[int, dict[str, Any]] = {}
+        done_items: dict[int, Any] = {}
+        final: Any = None
+        try:
+            async for event in stream:
+                kind = getattr(event, "type", None)
+                if kind == "response.output_item.added":
+                    item = event.item
+                    if getattr(item, "type", None) == "function_call":
+                        slot = {"position": len(calls), "id": getattr(item, "call_id", None),
+                                "name": str(getattr(item, "name", "") or "")}
+                        calls[event.output_index] = slot
+                        emit("tool_call_delta", {"index": slot["position"], "id": slot["id"], "name": slot["name"],
+                                                 "arguments": ""})
+                elif kind == "response.function_call_arguments.delta" and event.output_index in calls:
+                    slot = calls[event.output_index]
+                    emit("tool_call_delta", {"index": slot["position"], "id": slot["id"], "name": slot["name"],
+                                             "arguments": event.delta or ""})
+                elif kind in ("response.output_text.delta", "response.refusal.delta") and event.delta:
+                    emit("text_delta", {"text": event.delta})
+                elif kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta") \
+                        and event.delta:
+                    emit("reasoning_delta", {"text": event.delta})
+                elif kind == "response.output_item.done":
+                    done_items[event.output_index] = event.item  # whole, encrypted reasoning included
+                elif kind in ("response.completed", "response.incomplete"):
+                    final = event.response
+                elif kind == "response.failed":
+                    raise self._failed(getattr(event.response, "error", None))
+                elif kind == "error":
+                    raise self._failed({"code": getattr(event, "code", None),
+                                        "message": getattr(event, "message", None)})
+        finally:
+            await close_quietly(stream)
+        if final is None:
+            raise self._incomplete("no response.completed event was received")
+        return self._from_response(final, done_items)
 
     async def _streamed(self, request: ModelRequest, emit: Emit) -> ModelResponse:
+        if self.api == "responses":
+            return await self._responses_streamed(request, emit)
         params = self.request_body(request)
         params["stream_options"] = {"include_usage": True}
         stream = await self._client.chat.completions.create(**params, stream=True)
         text: list[str] = []
+        thoughts: dict[str, list[str]] = {}
         calls: dict[int, dict[str, Any]] = {}
         finish: str | None = None
         usage: CompletionUsage | None = None
@@ -195,9 +391,19 @@ class OpenAIModel(ProviderDriver):
                     continue
                 choice = chunk.choices[0]
                 delta = choice.delta
+                for field_name in REASONING_FIELDS:
+                    thought = getattr(delta, field_name, None) if delta is not None else None
+                    if isinstance(thought, str) and thought:
+                        thoughts.setdefault(field_name, []).append(thought)
+                        emit("reasoning_delta", {"text": thought})
                 if delta is not None and delta.content:
                     text.append(delta.content)
                     emit("text_delta", {"text": delta.content})
+                refusal = getattr(delta, "refusal", None) if delta is not None else None
+                if isinstance(refusal, str) and refusal:
+                    # A refusal is the model's reply, as in the unstreamed message (content or refusal).
+                    text.append(refusal)
+                    emit("text_delta", {"text": refusal})
                 for part in (delta.tool_calls if delta is not None else None) or []:
                     index = part.index if isinstance(part.index, int) else len(calls)
                     slot = calls.setdefault(index, {"id": None, "name": "", "arguments": []})
@@ -207,7 +413,7 @@ class OpenAIModel(ProviderDriver):
                     if part.id:
                         slot["id"] = part.id
                     if name:
-                        slot["name"] += name
+                        slot["name"] = merge_name(slot["name"], name)
                     if fragment:
                         slot["arguments"].append(fragment)
                     emit("tool_call_delta", {"index": index, "id": slot["id"], "name": slot["name"],
@@ -220,16 +426,20 @@ class OpenAIModel(ProviderDriver):
             raise self._incomplete("no finish_reason was received")
         tool_calls = tuple(ToolCall(name=slot["name"], args=parse_arguments("".join(slot["arguments"])),
                                     id=slot["id"]) for _index, slot in sorted(calls.items()))
+        model = model or self.model
         return ModelResponse(text="".join(text) or None, tool_calls=tool_calls,
-                             usage=self._usage_of(usage, model), model=model or self.model, stop_reason=finish)
+                             usage=self._usage_of(usage, model), model=model, stop_reason=finish,
+                             reasoning=_reasoning(model, {k: "".join(v) for k, v in thoughts.items()}))
 
     def _usage_of(self, usage: CompletionUsage | None, model: str | None) -> Usage:
         if usage is None:
             return Usage()  # the server reported nothing: tokens 0, cost unknown
         details = getattr(usage, "prompt_tokens_details", None)
         cached = getattr(details, "cached_tokens", None) or 0
+        reasoning = getattr(getattr(usage, "completion_tokens_details", None), "reasoning_tokens", None) or 0
         return self._usage(model=model, input_tokens=int(usage.prompt_tokens or 0),
-                           output_tokens=int(usage.completion_tokens or 0), cached_tokens=int(cached))
+                           output_tokens=int(usage.completion_tokens or 0), cached_tokens=int(cached),
+                           reasoning_tokens=int(reasoning))
 
     def _translate(self, error: Exception) -> ModelError:
         """Any failure of a call as a :class:`ModelError` (see the module's error table)."""
@@ -257,4 +467,4 @@ class OpenAIModel(ProviderDriver):
         return self._unexpected(error)
 
 
-__all__ = ["OpenAIModel", "chat_messages", "tool_specs"]
+__all__ = ["OpenAIModel", "chat_messages", "merge_name", "tool_specs"]

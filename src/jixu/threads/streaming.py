@@ -3,8 +3,13 @@
 **Signals.** While a streaming driver receives a response it publishes
 transient :class:`Signal` s: ``text_delta`` (``data={"text": ...}``),
 ``tool_call_delta`` (``data={"index", "id", "name", "arguments"}``, where
-``arguments`` is the new fragment of the call's JSON arguments) and, once per
-call, ``done`` (``data={"ok": True, "stop_reason": ...}`` or
+``index`` is the call's position among the response's tool calls, 0 for the
+first, with every provider, and ``arguments`` is the new fragment of the
+call's JSON arguments), ``reasoning_delta`` (``data={"text": ...}``: the
+model's thinking or reasoning summary as it arrives, when the provider shows
+it), ``fallback`` (``data={"from", "to", "error_kind"}``: a
+:class:`~jixu.threads.fallback.FallbackModel` moved on to its next model) and,
+once per call, ``done`` (``data={"ok": True, "stop_reason": ...}`` or
 ``{"ok": False, "error_kind": ...}``: the deltas of a failed call are void).
 Signals are never recorded: only the final assembled response is returned to
 the harness, which records it. A call retried after a failure or a crash
@@ -38,6 +43,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import datetime
 import email.utils
 import hashlib
 import inspect
@@ -53,11 +59,11 @@ from typing import Any, Literal, TypeAlias
 from jixu.errors import InvalidInput, ModelError
 from jixu.ledger.encoding import JSONObject
 from jixu.threads.model import ModelRequest, ModelResponse, Usage
-from jixu.threads.pricing import Price, PriceTable, find_price, price_table
+from jixu.threads.pricing import PriceTable, call_cost, checked_prices
 
 _log = logging.getLogger("jixu.threads.streaming")
 
-SignalKind: TypeAlias = Literal["text_delta", "tool_call_delta", "done"]
+SignalKind: TypeAlias = Literal["text_delta", "reasoning_delta", "tool_call_delta", "fallback", "done"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +94,18 @@ class SignalSource:
             raise InvalidInput("on_signal must be a function taking a Signal", field="on_signal")
         self._on_signal = on_signal
         self._queues: list[asyncio.Queue[Signal]] = []
+        self._listeners: list[SignalCallback] = []
+
+    def add_listener(self, listener: SignalCallback) -> None:
+        """Call ``listener`` with every signal from now on (like ``on_signal``; e.g. a driver wrapping this one)."""
+        if not callable(listener):
+            raise InvalidInput("a listener must be a function taking a Signal", field="listener")
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: SignalCallback) -> None:
+        """Stop calling ``listener`` (unknown listeners are ignored)."""
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
 
     def subscribe(self, maxsize: int = DEFAULT_QUEUE_SIZE) -> asyncio.Queue[Signal]:
         """A new queue receiving every signal from now on; give it back with :meth:`unsubscribe`."""
@@ -119,11 +137,13 @@ class SignalSource:
 
     def publish(self, signal: Signal) -> None:
         """Deliver ``signal``; never raises and never blocks."""
-        if self._on_signal is not None:
+        for callback in (self._on_signal, *self._listeners):
+            if callback is None:
+                continue
             try:
-                self._on_signal(signal)
+                callback(signal)
             except Exception:  # an observer must not break the model call
-                _log.exception("on_signal raised; the signal is dropped for it")
+                _log.exception("a signal callback raised; the signal is dropped for it")
         for queue in list(self._queues):
             if queue.full():
                 with contextlib.suppress(asyncio.QueueEmpty):
@@ -176,7 +196,9 @@ def well_formed(messages: Sequence[JSONObject]) -> list[JSONObject]:
     assistant message's tool calls have ids that are unique in the
     conversation and match ``[A-Za-z0-9_-]{1,40}`` (ids that do not are
     replaced by a stable derived id, consistently in the call and its result);
-    tool names in calls match ``[A-Za-z0-9_-]{1,64}``;
+    tool names in calls match ``[A-Za-z0-9_-]{1,64}``; an assistant message's
+    reasoning record (its own ``reasoning``, or its first call's) is its
+    ``reasoning``, absent when there is none (calls keep only id, name, args);
     each assistant message with tool calls is followed immediately by exactly
     one tool message per call, in call order (the first result recorded for
     that id after the call; a call without one gets a ``missing`` result);
@@ -218,8 +240,13 @@ def well_formed(messages: Sequence[JSONObject]) -> list[JSONObject]:
             args = call.get("args")
             calls.append({"id": call_id, "original_id": original, "name": tool_name(call.get("name")),
                           "args": args if isinstance(args, dict) else {"__invalid__": args}})
-        out.append({"role": "assistant", "content": _text(message.get("content")) or None,
-                    "tool_calls": [{"id": c["id"], "name": c["name"], "args": c["args"]} for c in calls]})
+        assistant: JSONObject = {"role": "assistant", "content": _text(message.get("content")) or None,
+                                 "tool_calls": [{"id": c["id"], "name": c["name"], "args": c["args"]}
+                                                for c in calls]}
+        record = reasoning_of(message)
+        if record is not None:
+            assistant["reasoning"] = record
+        out.append(assistant)
         results: dict[str, JSONObject] = {}
         others: list[JSONObject] = []
         for item in window:
@@ -237,6 +264,33 @@ def well_formed(messages: Sequence[JSONObject]) -> list[JSONObject]:
                         "status": status})
         out.extend(others)
     return out
+
+
+def reasoning_of(message: JSONObject) -> JSONObject | None:
+    """The reasoning record an assistant message carries (its own, or its first tool call's), or None."""
+    record = message.get("reasoning")
+    if not isinstance(record, dict):
+        calls = message.get("tool_calls")
+        first = calls[0] if isinstance(calls, list) and calls else None
+        record = first.get("reasoning") if isinstance(first, dict) else None
+    if isinstance(record, dict) and isinstance(record.get("format"), str) and isinstance(record.get("items"), list):
+        return record
+    return None
+
+
+def reasoning_items(message: JSONObject, format_name: str) -> list[JSONObject]:
+    """The items of ``message``'s reasoning record when it is of ``format_name`` (else none): what goes back."""
+    record = message.get("reasoning")
+    if not isinstance(record, dict) or record.get("format") != format_name:
+        return []
+    return [item for item in record.get("items") or [] if isinstance(item, dict)]
+
+
+def reasoning_record(format_name: str, model: str, items: Sequence[JSONObject]) -> JSONObject | None:
+    """A reasoning record (see :mod:`jixu.threads.model`), or None when there are no items."""
+    if not items:
+        return None
+    return {"format": format_name, "model": model, "items": list(items)}
 
 
 # --- model output -----------------------------------------------------------------------------------
@@ -264,9 +318,13 @@ def parse_arguments(raw: str | None) -> JSONObject:
 # --- errors -----------------------------------------------------------------------------------------
 
 _QUOTA_WORDS = ("insufficient_quota", "credit balance", "insufficient credit", "insufficient_credit",
-                "billing", "quota", "payment required", "out of credits")
+                "billing", "quota", "payment required", "out of credits", "usage limit", "spend limit",
+                "enforced_spend_limit_reached")
 _QUOTA_429_WORDS = ("insufficient_quota", "credit balance", "insufficient credit", "insufficient_credit",
-                    "out of credits")
+                    "out of credits", "usage limit", "spend limit", "enforced_spend_limit_reached")
+"""A 429 saying this: a spending cap or exhausted credit (Anthropic's monthly spend limit answers 429
+``rate_limit_error`` with ``error.details.error_code: enforced_spend_limit_reached``), which waiting a
+minute does not lift."""
 _SECRET = re.compile(r"\b(sk-[A-Za-z0-9_-]{6})[A-Za-z0-9_-]{4,}")
 
 
@@ -297,12 +355,75 @@ def retry_after_seconds(headers: Mapping[str, str] | None, *, now: float | None 
     return max(0.0, value) if math.isfinite(value) else None
 
 
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?"
+                       r"(?:(\d+(?:\.\d+)?)ms)?")
+_RESET_HEADER = re.compile(r"^(x-ratelimit|anthropic-ratelimit)-(?:reset-([a-z-]+)|([a-z-]+)-reset)$")
+
+
+def _reset_value(raw: str, now: float) -> float | None:
+    """Seconds until a rate limit resets: a duration (``1s``, ``6m0s``, ``20ms``, ``1h2m3.5s``, ``12``) or a
+    timestamp (RFC 3339, as Anthropic sends)."""
+    text = raw.strip()
+    if not text:
+        return None
+    with contextlib.suppress(ValueError):
+        value = float(text)
+        return max(0.0, value) if math.isfinite(value) else None
+    match = _DURATION.fullmatch(text)
+    if match and any(match.groups()):
+        hours, minutes, seconds, millis = (float(g) if g else 0.0 for g in match.groups())
+        return hours * 3600 + minutes * 60 + seconds + millis / 1000
+    with contextlib.suppress(ValueError):
+        when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        if when.tzinfo is not None:
+            return max(0.0, round(when.timestamp() - now, 3))
+    return None
+
+
+def rate_limit_reset_seconds(headers: Mapping[str, str] | None, *, now: float | None = None) -> float | None:
+    """Seconds until the exhausted rate limit resets, from ``x-ratelimit-reset-*`` (OpenAI) or
+    ``anthropic-ratelimit-*-reset`` headers, or None.
+
+    A limit whose ``remaining`` header says 0 is the one that was hit: the
+    latest reset among those; without ``remaining`` headers, the latest reset.
+    """
+    if not headers:
+        return None
+    clock = time.time() if now is None else now
+    lowered = {str(k).lower(): str(v) for k, v in headers.items()}
+    resets: dict[str, float] = {}
+    for name, raw in lowered.items():
+        match = _RESET_HEADER.match(name)
+        if match is None:
+            continue
+        prefix, limit = match.group(1), match.group(2) or match.group(3)
+        value = _reset_value(raw, clock)
+        if value is not None:
+            resets[f"{prefix}:{limit}"] = value
+    if not resets:
+        return None
+    exhausted = []
+    for key, value in resets.items():
+        prefix, limit = key.split(":", 1)
+        remaining = (lowered.get(f"{prefix}-remaining-{limit}") if prefix == "x-ratelimit"
+                     else lowered.get(f"{prefix}-{limit}-remaining"))
+        if remaining is not None and remaining.strip() in ("0", "0.0"):
+            exhausted.append(value)
+    return max(exhausted) if exhausted else max(resets.values())
+
+
 def error_fields(body: object) -> tuple[str | None, str | None, str | None]:
-    """``(type, code, message)`` from a provider error body (the top level or its ``error`` object)."""
+    """``(type, code, message)`` from a provider error body (the top level or its ``error`` object).
+
+    The code is ``code``, or Anthropic's ``details.error_code``.
+    """
     found: dict[str, str | None] = {"type": None, "code": None, "message": None}
     layers = [body]
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         layers.insert(0, body["error"])
+    for layer in list(layers):
+        if isinstance(layer, dict) and isinstance(layer.get("details"), dict):
+            layers.append({"code": layer["details"].get("error_code")})
     for layer in layers:
         if not isinstance(layer, dict):
             continue
@@ -314,14 +435,47 @@ def error_fields(body: object) -> tuple[str | None, str | None, str | None]:
     return found["type"], found["code"], found["message"]
 
 
+_NO_CONNECTION = frozenset({"ConnectError", "ConnectTimeout"})
+"""Transport errors (httpx, httpcore) raised while opening a connection, before any request byte is sent."""
+
+
+def never_connected(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it: the SDKs wrap the transport's error) says no connection was made."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        module = type(current).__module__.split(".")[0]
+        if type(current).__name__ in _NO_CONNECTION and module in _TRANSPORT_MODULES:
+            return True
+        if isinstance(current, ConnectionRefusedError):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def proves_not_processed(status: int, error_type: str | None, message: str) -> bool:
+    """Whether an HTTP error answer proves the provider did not process the request: it was overloaded.
+
+    Anthropic's 529 ``overloaded_error`` and a 503 saying it is overloaded
+    refuse the request before any work on it. Other 5xx (500, 502, 504) say
+    something failed, not that nothing happened (a gateway's 502 or 504 may
+    come while the model is still working), so they prove nothing.
+    """
+    if status == 529 or error_type == "overloaded_error":
+        return True
+    return status == 503 and "overloaded" in message.lower()
+
+
 def classify_status(status: int, error_type: str | None, code: str | None, message: str) -> tuple[str, bool]:
     """``(kind, indeterminate)`` for an HTTP error status from a provider.
 
-    429 -> ``rate_limit`` (or ``quota`` when it says the quota or credit is
-    exhausted); a credit/billing/quota refusal (400/402/403) -> ``quota``;
-    401/403 -> ``authentication``; 408, 499 and 5xx -> ``transient`` and
-    indeterminate; other 4xx -> ``invalid_request``. Only the transient ones
-    may have been processed.
+    429 -> ``rate_limit`` (or ``quota`` when it says the quota, credit or a
+    spending cap is exhausted); a credit/billing/quota/usage-limit refusal
+    (400/402/403) -> ``quota``; 401/403 -> ``authentication``; 408, 499 and
+    5xx -> ``transient`` and indeterminate; other 4xx -> ``invalid_request``.
+    Only the transient ones may have been processed (the drivers make an
+    overloaded answer determinate: see :func:`proves_not_processed`).
     """
     words = " ".join(filter(None, (error_type, code, message))).lower()
     if status == 429:
@@ -357,7 +511,7 @@ class ProviderDriver(SignalSource, abc.ABC):
         self.model = model
         self.stream = stream
         self._name = name or f"{self.provider}:{model}"
-        self._prices = price_table(prices)
+        self._prices = checked_prices(prices)
         self._secret = api_key or ""
 
     @property
@@ -368,18 +522,24 @@ class ProviderDriver(SignalSource, abc.ABC):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(model={self.model!r}, name={self._name!r}, stream={self.stream})"
 
-    def price(self, response_model: str | None = None) -> Price | None:
-        """The price of this driver's model (or the model the provider reported), or None when unknown."""
-        return find_price(self._prices, self.model, response_model)
+    def cost(self, *, response_model: str | None = None, input_tokens: int, output_tokens: int,
+             cached_tokens: int = 0, cache_write_tokens: int = 0) -> float | None:
+        """USD for a call of the model the provider reported (or this driver's), or None when unknown.
+
+        See :mod:`jixu.threads.pricing`: ``prices=``, then genai-prices when
+        installed, then the fallback table, by exact name.
+        """
+        return call_cost((response_model, self.model), provider=self.provider,
+                         api_url=getattr(self, "base_url", None), overrides=self._prices,
+                         input_tokens=input_tokens, output_tokens=output_tokens, cached_tokens=cached_tokens,
+                         cache_write_tokens=cache_write_tokens)
 
     def _usage(self, *, model: str | None, input_tokens: int, output_tokens: int, cached_tokens: int,
-               cache_write_tokens: int = 0) -> Usage:
-        price = self.price(model)
-        cost = None if price is None else price.cost(input_tokens=input_tokens, output_tokens=output_tokens,
-                                                     cached_tokens=cached_tokens,
-                                                     cache_write_tokens=cache_write_tokens)
+               cache_write_tokens: int = 0, reasoning_tokens: int = 0) -> Usage:
+        cost = self.cost(response_model=model, input_tokens=input_tokens, output_tokens=output_tokens,
+                         cached_tokens=cached_tokens, cache_write_tokens=cache_write_tokens)
         return Usage(input_tokens=input_tokens, output_tokens=output_tokens, cached_tokens=cached_tokens,
-                     cost=cost)
+                     cost=cost, cache_write_tokens=cache_write_tokens, reasoning_tokens=reasoning_tokens)
 
     def redact(self, text: str) -> str:
         """``text`` without this driver's API key (or anything shaped like a provider key)."""
@@ -400,17 +560,27 @@ class ProviderDriver(SignalSource, abc.ABC):
         error_type, code, message = error_fields(body)
         text = (message or fallback or "").strip()
         kind, indeterminate = classify_status(status, error_type, code, text)
+        not_processed = None
+        if status >= 400 and proves_not_processed(status, error_type, text):
+            indeterminate, not_processed = False, True
         retry_after = retry_after_seconds(headers) if kind in ("rate_limit", "transient") else None
+        if retry_after is None and kind == "rate_limit":
+            retry_after = rate_limit_reset_seconds(headers)
         where = f"HTTP {status}" if status >= 400 else "an error event in the stream"
         return self._error(f"{kind.replace('_', ' ')} ({where}): {text[:500]}", kind=kind,
                            indeterminate=indeterminate, retry_after=retry_after,
-                           status=status, error_type=error_type, error_code=code, request_id=request_id)
+                           status=status, error_type=error_type, error_code=code, request_id=request_id,
+                           not_processed=not_processed)
 
     def _incomplete(self, detail: str) -> ModelError:
         return self._error(f"the response stream ended early ({detail}); the call may have been processed",
                            kind="transient", indeterminate=True)
 
     def _connection_error(self, error: BaseException, *, timeout: bool) -> ModelError:
+        if never_connected(error):
+            # No connection was made, so not one byte of the request left: the provider never saw it.
+            return self._error(f"could not connect: {error}", kind="transient", indeterminate=False,
+                               exception=type(error).__name__, not_processed=True)
         what = "timed out" if timeout else "lost the connection"
         return self._error(f"{what}: {error}", kind="transient", indeterminate=True,
                            exception=type(error).__name__)
@@ -432,6 +602,10 @@ class ProviderDriver(SignalSource, abc.ABC):
         ``quota``, ``authentication``, ``transient``, ``invalid_request``,
         ``invalid_response``), ``indeterminate`` (whether the provider may have
         processed the call) and ``retry_after`` (seconds, from the provider).
+        ``details["not_processed"]`` is True only when the error proves the
+        provider never processed the request (no connection could be made, or
+        it answered that it is overloaded): the errors a
+        :class:`~jixu.threads.fallback.FallbackModel` fails over on.
         Streams when :attr:`stream` is set; a ``done`` signal ends every call.
         """
         emit = self._emitter(request)
@@ -521,8 +695,14 @@ __all__ = [
     "classify_status",
     "close_quietly",
     "error_fields",
+    "never_connected",
+    "proves_not_processed",
     "is_error_status",
     "parse_arguments",
+    "rate_limit_reset_seconds",
+    "reasoning_items",
+    "reasoning_of",
+    "reasoning_record",
     "resolve_setting",
     "retry_after_seconds",
     "tool_name",
