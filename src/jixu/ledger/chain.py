@@ -3,7 +3,9 @@
 Verification detects changes made *inside* the store (a changed payload,
 reordered or missing events, an altered link). It is not a signature: someone
 who can rewrite the whole history, recomputing every hash, produces a chain
-that verifies. Anchor the head hash elsewhere if you need that guarantee.
+that verifies, unless a checkpoint sealed with a key held outside the store
+recorded an event the rewrite changed (``rewritten``, see
+:mod:`jixu.ledger.trust`). Anchor the head hash elsewhere if you need more.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any, Literal
 
 from jixu.ledger.event import DOMAIN_TAG, StoredRow, envelope_text
 
-Reason = Literal["payload_changed", "reordered", "gap", "bad_link", "head_mismatch"]
+Reason = Literal["payload_changed", "reordered", "gap", "bad_link", "head_mismatch", "rewritten"]
 
 REASONS: dict[str, str] = {
     "payload_changed": "the event's content no longer matches its recorded hash",
@@ -23,6 +25,7 @@ REASONS: dict[str, str] = {
     "gap": "an event is missing: seq numbers are not contiguous",
     "bad_link": "prev_hash does not match the hash of the event before it",
     "head_mismatch": "the stream's recorded head does not match its last event",
+    "rewritten": "the events no longer match a sealed checkpoint: history before it was rewritten or removed",
 }
 
 

@@ -33,7 +33,7 @@ from jixu.ledger.artifacts import ArtifactRef, get_text
 from jixu.ledger.encoding import canonical_text
 from jixu.ledger.event import PreparedEvent, keep_parsed, parse_json, shared_meta
 from jixu.ledger.ids import is_valid_id
-from jixu.ledger.projection import fold, make_chunked_checkpoint, write_chunked_checkpoint
+from jixu.ledger.projection import STATE_NESTING, fold, make_chunked_checkpoint, write_chunked_checkpoint
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 from jixu.recovery.decision_text import decode_decisions
 from jixu.recovery.resolutions import admit_resolution, resolution_body
@@ -644,7 +644,7 @@ class ThreadLog:
         parent = {"thread_id": self.thread_id, "event_id": event.id, "seq": event.seq, "hash": event.hash}
         child_state.thread_id = child_id
         child_state.parent = parent
-        text = canonical_text(self._projection.dump(child_state))
+        text = canonical_text(self._projection.dump(child_state), max_nesting=STATE_NESTING)
         parts = [text[i:i + INHERIT_CHUNK_CHARS] for i in range(0, len(text), INHERIT_CHUNK_CHARS)] or [""]
         meta = self.meta()
         batch = [NewEvent("thread.forked", {

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
 from jixu.errors import InvalidInput, ModelError
-from jixu.ledger.encoding import JSONObject, canonical_text
+from jixu.ledger.encoding import VALUE_NESTING, JSONObject, canonical_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +93,7 @@ class ModelResponse:
             calls.append({"id": call_id, "name": call.name, "args": call.args})
         result: JSONObject = {"text": self.text, "tool_calls": calls, "usage": self.usage.to_dict(),
                               "model": self.model, "stop_reason": self.stop_reason}
-        canonical_text(result, path="model result")  # refuse non-JSON arguments before recording
+        canonical_text(result, path="model result", max_nesting=VALUE_NESTING)  # refuse non-JSON arguments before recording
         return result
 
 
