@@ -84,16 +84,15 @@ def agent() -> Agent:
 T = TypeVar("T")
 
 
-def run(make: Callable[[], Awaitable[T]]) -> T:
-    """``asyncio.run(make())`` on a thread of its own (safe while another event loop runs in this one, e.g.
-    Playwright's)."""
+def in_thread(call: Callable[[], T]) -> T:
+    """``call()`` on a thread of its own, its result or its exception handed back."""
     result: list[T] = []
     failure: list[BaseException] = []
 
     def main() -> None:
         try:
-            result.append(asyncio.run(make()))  # type: ignore[arg-type]
-        except BaseException as error:
+            result.append(call())
+        except BaseException as error:  # handed to the caller
             failure.append(error)
 
     worker = threading.Thread(target=main)
@@ -102,6 +101,12 @@ def run(make: Callable[[], Awaitable[T]]) -> T:
     if failure:
         raise failure[0]
     return result[0]
+
+
+def run(make: Callable[[], Awaitable[T]]) -> T:
+    """``asyncio.run(make())`` on a thread of its own (safe while another event loop runs in this one, e.g.
+    Playwright's)."""
+    return in_thread(lambda: asyncio.run(make()))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -233,8 +238,8 @@ def run_fixture(base: Path) -> tuple[Path, dict[str, Any]]:
     from jixu.cli.studio import build_fixture
 
     path = base / "fixture.db"
-    made = build_fixture(f"sqlite:///{path}", base / "fixture")
-    return path, made.to_dict()
+    # build_fixture runs an event loop of its own: on a thread of its own (see run()).
+    return path, in_thread(lambda: build_fixture(f"sqlite:///{path}", base / "fixture").to_dict())
 
 
 def _place_run_checkpoint(path: Path, run_id: str, placement: str) -> None:

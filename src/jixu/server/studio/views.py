@@ -16,6 +16,7 @@ from typing import Any
 
 from jixu.ledger import Event
 from jixu.recovery import EffectDecision
+from jixu.recovery.corruption import Corruption
 from jixu.runs import project_of
 from jixu.server import runs as runs_api
 from jixu.server import threads as threads_api
@@ -70,6 +71,14 @@ def _event_summary(event: Event) -> str:
     return excerpt({k: v for k, v in data.items() if k not in ("effect_id", "thread_id")})
 
 
+def _marked_seq(corrupt: Corruption | None, seqs: list[int]) -> int | None:
+    """The stored event a page marks as the first bad one: at the first bad seq, or (an event is missing
+    there) the first stored after it; ``None`` when nothing is corrupt or no such event is stored."""
+    if corrupt is None or corrupt.first_bad_seq is None:
+        return None
+    return min((seq for seq in seqs if seq >= corrupt.first_bad_seq), default=None)
+
+
 def _decision_dict(decision: EffectDecision) -> Obj:
     return decision.to_dict()
 
@@ -117,6 +126,7 @@ def thread_page(ctx: Context, thread_id: str) -> Obj:
     # Forks may start only where the verdict vouches for the events (before the first bad one).
     fork_before = corrupt.sound_before if corrupt is not None else None
     events = log.events()
+    bad_seq = _marked_seq(corrupt, [event.seq for event in events])
     decisions = state.effects
     role = ctx.principal.role_in(project)
     effect_events: dict[str, list[Obj]] = {}
@@ -128,8 +138,7 @@ def thread_page(ctx: Context, thread_id: str) -> Obj:
                "actor": event.meta.get("actor"), "effect_id": effect_id,
                "state": decision.state if decision else None, "summary": _event_summary(event),
                "data": pretty(event.data), "hash": event.hash,
-               "bad": corrupt is not None and event.seq == corrupt.first_bad_seq,
-               "can_fork": fork_before is None or event.seq < fork_before}
+               "bad": event.seq == bad_seq, "can_fork": fork_before is None or event.seq < fork_before}
         timeline.append(row)
         if effect_id:
             effect_events.setdefault(effect_id, []).append(row)
@@ -145,7 +154,7 @@ def thread_page(ctx: Context, thread_id: str) -> Obj:
         "status": state.status, "reason": state.reason, "seq": state.seq, "head_hash": state.head_hash,
         "parent": state.parent, "chain": verified, "timeline": timeline, "effects": effects,
         "corruption": None if corrupt is None else corrupt.to_dict(),
-        "bad_event_shown": corrupt is not None and any(row["bad"] for row in timeline),
+        "bad_event_shown": bad_seq is not None, "bad_event_seq": bad_seq,
         "unresolved": unresolved, "parked": parked, "messages": list(state.messages),
         "can_operate": allows(role, "operator"), "can_edit": allows(role, "editor"),
         "can_send": allows(role, "editor") and state.status == "idle" and corrupt is None,
@@ -213,8 +222,10 @@ def run_page(ctx: Context, run_id: str) -> Obj:
     journal = [{"seq": e["seq"], "type": e["type"], "recorded_at": e["recorded_at"],
                 "actor": (e.get("meta") or {}).get("actor"), "effect_id": (e.get("data") or {}).get("effect_id"),
                 "summary": excerpt({k: v for k, v in (e.get("data") or {}).items() if k != "effect_id"}),
-                "data": pretty(e.get("data")), "hash": e["hash"],
-                "bad": corrupt is not None and e["seq"] == corrupt.first_bad_seq} for e in entries]
+                "data": pretty(e.get("data")), "hash": e["hash"]} for e in entries]
+    bad_seq = _marked_seq(corrupt, [entry["seq"] for entry in journal])
+    for entry in journal:
+        entry["bad"] = entry["seq"] == bad_seq
     tasks = plan["tasks"]
     return {
         "run_id": run_id, "project": project, "role": role, "state": state.to_dict(), "status": status,
@@ -222,7 +233,7 @@ def run_page(ctx: Context, run_id: str) -> Obj:
         "journal": journal, "journal_valid": valid, "failed_checks": _failed_checks(tasks), "requests": requests,
         "providers": sorted(ctx.services.providers),
         "corruption": None if corrupt is None else corrupt.to_dict(),
-        "bad_event_shown": corrupt is not None and any(entry["bad"] for entry in journal),
+        "bad_event_shown": bad_seq is not None, "bad_event_seq": bad_seq,
         "can_resume": allows(role, "editor") and status in RESUMABLE and corrupt is None,
         "can_handoff": can_operate and status in HANDOFFABLE and bool(ctx.services.providers),
         "can_retry": allows(role, "editor") and status in RETRYABLE and corrupt is None,
