@@ -217,8 +217,14 @@ class Thread:
                 raise error
         if self._task is None:
             self._start()
-        assert self._task is not None
-        await asyncio.shield(self._task)
+        task = self._task
+        assert task is not None
+        try:
+            await asyncio.shield(task)
+        except BaseException:
+            if task.done() and self._task is task:
+                self._task = None  # its error is raised here, once: the next wait() starts a new loop
+            raise
         return self.state()
 
     def wait_in_background(self) -> None:
