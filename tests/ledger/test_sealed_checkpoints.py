@@ -301,3 +301,12 @@ def test_values_nested_deeper_than_the_limit_are_refused_with_their_path_and_not
         ok = [ok]
     [stored] = store.append("deep/1", [NewEvent("x.y", {"free": ok})], 0)
     assert store.read("deep/1")[0].data == stored.data
+
+
+def test_a_read_only_store_still_reports_the_break_it_cannot_record(tmp_path: Path) -> None:
+    path = _ledger(tmp_path, 20)
+    flip_data_byte(Raw(path), STREAM, 7)
+    with SQLiteStore(path, read_only=True) as store:
+        report = verdict(store, STREAM, checkpoints=["tally"])
+        assert (report.valid, report.first_bad_seq, report.reason) == (False, 7, "payload_changed")
+        assert recorded_break(store, STREAM) is None

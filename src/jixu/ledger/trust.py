@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from jixu.errors import KeyUnavailable, StoreReadOnly
+from jixu.errors import StoreError
 from jixu.ledger.chain import Reason, VerifyReport, row_hash
 from jixu.ledger.encoding import canonical_text
 from jixu.ledger.event import utc_now_text
@@ -124,8 +124,9 @@ def recorded_break(store: Store, stream: str, keys: Keyring | None = None) -> Ve
 def record_break(store: Store, report: VerifyReport, keys: Keyring | None = None) -> bool:
     """Keep ``report`` (a break) as the stream's recorded break unless an earlier one is kept; True if written.
 
-    Best effort: a read-only store, or no key to seal with, records nothing (the next verification finds the
-    break again).
+    Best effort: a store that refuses the write (read-only, a role without the right, trouble), or no key to
+    seal with, records nothing, and the read that found the break goes on (the next verification finds it
+    again).
     """
     if report.valid or report.first_bad_seq is None or report.reason is None:
         return False
@@ -140,7 +141,7 @@ def record_break(store: Store, report: VerifyReport, keys: Keyring | None = None
         store.write_checkpoint(Checkpoint(stream=report.stream, name=VERDICT_NAME, seq=report.first_bad_seq,
                                           reducer_version=1, head_hash=report.head_hash, state_json=text, digest=seal,
                                           created_at=utc_now_text()))
-    except (KeyUnavailable, StoreReadOnly):
+    except StoreError:  # KeyUnavailable and StoreReadOnly among them
         return False
     return True
 
