@@ -24,6 +24,7 @@ from jixu.cli.studio import fixture_agent, fixture_providers
 from jixu.errors import RequestCorrupt, RunCorrupt
 from jixu.ledger import SQLiteStore
 from jixu.runs import Runs
+from jixu.runs.operations import next_operations
 from jixu.server import create_app
 from tests.attacker import KINDS, Raw
 from tests.helpers import python_env
@@ -84,6 +85,7 @@ def test_the_runs_service_shows_corrupt_and_refuses_every_operation(cases: dict[
             assert state.status == "corrupt", state.reason
             assert state.corruption is not None
             _names_it(state.corruption.to_dict(), case)
+            assert next_operations(state, str(case.path)) == [], "no operation is offered on a corrupt run"
             _entries, valid = await runs.journal(case.run_id)
             assert valid is False
             for attempt in (runs.resume(case.run_id), runs.handoff(case.run_id, "fixture-agent"),
