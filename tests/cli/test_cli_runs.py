@@ -474,8 +474,8 @@ def test_a_tampered_journal_is_reported_invalid_with_exit_1(project: Env) -> Non
     human = env.jixu("runs", "journal", str(env.db), run_id)
     assert human.returncode == 1 and "INVALID" in human.stdout
     code, shown = env.json("runs", "show", str(env.db), run_id)
-    assert code == 1 and shown["journal"]["valid"] is False and shown["status"] == "needs_reconciliation"
-    assert [op["operation"] for op in shown["next_operations"]] == ["cancel"]
+    assert code == 1 and shown["journal"]["valid"] is False and shown["status"] == "corrupt"
+    assert shown["next_operations"] == [], "nothing is offered on a journal that does not verify"
 
 
 def test_resume_reconciles_the_workspace_first_and_a_moved_head_needs_reconciliation(project: Env) -> None:
