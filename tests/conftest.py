@@ -7,6 +7,7 @@ started once per session. Each test gets a fresh schema of its own.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import shutil
@@ -28,6 +29,12 @@ settings.register_profile("dev", max_examples=100, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 STORE_KINDS = ["memory", "sqlite", "postgres"]
+
+# Checkpoints are sealed with a key held outside the store (decision 0025): the tests (and the processes they
+# start, which inherit the environment) use a key file of their own, never the user's.
+_KEY_DIR = tempfile.mkdtemp(prefix="jixu-test-keys-")
+os.environ["JIXU_KEY_FILE"] = os.path.join(_KEY_DIR, "checkpoint-keys")
+atexit.register(shutil.rmtree, _KEY_DIR, True)
 
 _SCHEMA_NUMBERS = itertools.count(1)
 

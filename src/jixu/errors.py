@@ -183,6 +183,13 @@ class UnsupportedStoreUrl(StoreError):
     code = "unsupported_store_url"
 
 
+class KeyUnavailable(StoreError):
+    """No checkpoint key can seal here: the key file is missing and cannot be made, is malformed, or others
+    may read it. Nothing is sealed (checkpoints are not written); opening replays the events instead."""
+
+    code = "key_unavailable"
+
+
 class ArtifactNotFound(NotFound):
     """No artifact with this hash is stored."""
 
@@ -297,6 +304,12 @@ class RunStateError(JixuError):
     code = "run_state_error"
 
 
+class RunCorrupt(StreamCorrupt):
+    """The run's journal does not verify or contradicts itself; no operation acts on it."""
+
+    code = "run_corrupt"
+
+
 class RunOwned(RunStateError):
     """Another process is executing the run (its run lease is live)."""
 
@@ -343,6 +356,12 @@ class RequestStateError(JixuError):
     code = "request_state_error"
 
 
+class RequestCorrupt(StreamCorrupt):
+    """The execution request's stream does not verify or contradicts itself; nothing acts on it."""
+
+    code = "request_corrupt"
+
+
 class ReconciliationNeedsProof(JixuError):
     """Reconciliation found no proof of the request's outcome: it stays unknown (HTTP 409).
 
@@ -385,6 +404,7 @@ __all__ = [
     "InvalidId",
     "InvalidInput",
     "InvalidPolicy",
+    "KeyUnavailable",
     "JixuError",
     "LeaseHeld",
     "MalformedEvent",
@@ -398,10 +418,12 @@ __all__ = [
     "ProviderMismatch",
     "ProviderTestFailed",
     "ReceiptConflict",
+    "RequestCorrupt",
     "ReconciliationNeedsProof",
     "RequestNotFound",
     "RequestStateError",
     "ResolutionConflict",
+    "RunCorrupt",
     "RunNotFound",
     "RunOwned",
     "RunStateError",

@@ -24,7 +24,7 @@ from jixu.kernel import ownership
 from jixu.kernel.ownership import owner_gone, process_identity
 from jixu.ledger import SQLiteStore, Store
 from jixu.ledger.postgres import PostgresStore
-from jixu.threads import Agent, Harness, ScriptedModel, ToolCall, ToolContext, tool
+from jixu.threads import Agent, Harness, ScriptedModel, ToolCall, tool
 from tests.conftest import PostgresSchema
 from tests.helpers import python_env
 

@@ -15,6 +15,7 @@ import pytest
 from jixu.errors import InvalidInput, NotFound
 from jixu.ledger import NewEvent, SQLiteStore, Store, project, save_checkpoint
 from jixu.ledger.event import Event
+from jixu.ledger.keys import Keyring, sealing_keyring
 from jixu.ledger.projection import fold, gc_paused, make_checkpoint, replay
 from jixu.ledger.store import Checkpoint
 
@@ -94,21 +95,28 @@ def test_a_damaged_checkpoint_is_ignored(store: Store) -> None:
     assert result.checkpoint == "digest_mismatch" and result.state.total == 45
 
 
-def test_a_foreign_checkpoint_is_ignored(store: Store) -> None:
+def _other_key(tmp_path: Path) -> Keyring:
+    """Another deployment's key (a checkpoint it sealed is foreign here)."""
+    return sealing_keyring(tmp_path / "other-keys")
+
+
+def test_a_foreign_checkpoint_is_ignored(store: Store, tmp_path: Path) -> None:
     fill(store, "t/1", 0, 10)
     fill(store, "t/2", 0, 10)
     other = project(store, "t/2", TallyProjection())
     other.state.total = 12345
-    store.write_checkpoint(make_checkpoint("t/1", TallyProjection(), other.state, other.seq, other.head_hash))
+    store.write_checkpoint(make_checkpoint("t/1", TallyProjection(), other.state, other.seq, other.head_hash,
+                                           keys=_other_key(tmp_path)))
     result = project(store, "t/1", TallyProjection())
-    assert result.checkpoint == "head_mismatch" and result.state.total == 45
+    assert result.checkpoint == "head_mismatch" and result.state.total == 45 and result.chain.valid
 
 
-def test_a_checkpoint_beyond_the_head_is_ignored(store: Store) -> None:
+def test_a_checkpoint_beyond_the_head_is_ignored(store: Store, tmp_path: Path) -> None:
     fill(store, "t/1", 0, 3)
     state = project(store, "t/1", TallyProjection()).state
-    store.write_checkpoint(make_checkpoint("t/1", TallyProjection(), state, 50, "a" * 64))
-    assert project(store, "t/1", TallyProjection()).checkpoint == "head_mismatch"
+    store.write_checkpoint(make_checkpoint("t/1", TallyProjection(), state, 50, "a" * 64, keys=_other_key(tmp_path)))
+    result = project(store, "t/1", TallyProjection())
+    assert result.checkpoint == "head_mismatch" and result.chain.valid
 
 
 def test_an_undecodable_checkpoint_state_is_ignored(store: Store) -> None:

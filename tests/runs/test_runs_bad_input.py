@@ -15,6 +15,7 @@ from jixu.errors import (
     ProjectExists,
     ProjectNotFound,
     ProviderMismatch,
+    RunCorrupt,
     RunNotFound,
     RunOwned,
     RunStateError,
@@ -184,18 +185,21 @@ def test_paths_outside_the_policy_fail_the_run_with_the_offending_paths(ledger: 
     run(scenario())
 
 
-def test_a_contradictory_journal_needs_reconciliation_and_refuses_operations(ledger: Store, tmp_path: Path) -> None:
+def test_a_contradictory_journal_is_corrupt_and_refuses_operations(ledger: Store, tmp_path: Path) -> None:
     register(ledger, make_origin(tmp_path))
     runs = Runs(ledger, tmp_path / "ws", {"scripted": ScriptedProvider("scripted", [fix])})
     run_id = run(runs.create_run("calc", "fix", provider="scripted"))
     ledger.append(run_stream(run_id), [NewEvent("plan.revised", {"revision": 7, "provider_revision": 1,
                                                                  "reason": "initial", "tasks": []})], 2)
     state = run(runs.state(run_id))
-    assert state.status == "needs_reconciliation" and "contradicts" in state.reason and state.problems
+    assert state.status == "corrupt" and "contradictory_record" in state.reason and state.problems
+    assert state.corruption is not None and (state.corruption.first_bad_seq, state.corruption.reason) == (
+        3, "contradictory_record")
     before = snapshot(ledger)
-    assert run(runs.execute(run_id)).status == "needs_reconciliation"
-    with pytest.raises(RunStateError):
+    assert run(runs.execute(run_id)).status == "corrupt"
+    with pytest.raises(RunCorrupt) as caught:
         run(runs.resume(run_id, "ops"))
+    assert caught.value.details["first_bad_seq"] == 3
     assert snapshot(ledger) == before
 
 

@@ -154,7 +154,7 @@ def test_the_journal_stops_everything_when_finished_mismatched_or_contradictory(
                   ("run.reconciled", {"outcome": "consistent", "details": []})])
     assert derive_status(*fixed, "none")[0] == "queued"
     contradictory = fold([*created(), intent("e9", "nope", "prepare")])
-    assert derive_status(*contradictory, "none")[0] == "needs_reconciliation"
+    assert derive_status(*contradictory, "none")[0] == "corrupt"
     after_finish = fold([*created(), ("run.finished", {"outcome": "failed"}), ("run.resumed", {"reason": "explicit"})])
     assert after_finish[0].problems
 

@@ -238,3 +238,26 @@ def test_tokens_made_in_the_store_authenticate(tmp_path: Path, role: str) -> Non
     finally:
         server.stop()
         store.close()
+
+
+def test_values_nested_too_deeply_are_refused_with_their_path_and_write_nothing(api: Api) -> None:
+    """Free-form fields (thread metadata, a resolution's evidence) may not nest deeper than every reader can
+    decode: 422 naming the path, nothing written; bodies too deep to parse at all are 422 too."""
+    from jixu.ledger.encoding import MAX_NESTING
+
+    editor = api.client("alpha-editor")
+
+    def deep(levels: int) -> str:
+        return "[" * levels + "1" + "]" * levels
+
+    before = len(editor.get("/threads", params={"project": "alpha"}).json()["threads"])
+    body = '{"project": "alpha", "metadata": {"note": ' + deep(MAX_NESTING) + "}}"
+    problem = assert_problem(editor.post("/threads", content=body, headers={"Content-Type": "application/json"}),
+                             422, "malformed_event")
+    assert problem["path"].startswith("data.metadata.note[0]") and "nested too deeply" in problem["detail"]
+    unparsable = '{"project": "alpha", "metadata": {"note": ' + deep(100_000) + "}}"
+    assert_problem(editor.post("/threads", content=unparsable, headers={"Content-Type": "application/json"}),
+                   422, "invalid_input")
+    assert len(editor.get("/threads", params={"project": "alpha"}).json()["threads"]) == before
+    fine = '{"project": "alpha", "metadata": {"note": ' + deep(MAX_NESTING - 5) + "}}"
+    assert editor.post("/threads", content=fine, headers={"Content-Type": "application/json"}).status_code == 201

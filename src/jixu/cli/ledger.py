@@ -4,17 +4,53 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 from rich.table import Table
 
 from jixu.cli.output import EXIT_CHECK_FAILED, console, emit_json, handled, json_option
 from jixu.errors import InvalidInput, NotFound
-from jixu.ledger import NewEvent, open_store, verify_all
+from jixu.ledger import NewEvent, Store, VerifyReport, open_store
 from jixu.ledger.chain import REASONS
+from jixu.ledger.keys import Keyring, keyring, retire_keys, rotate_keys
+from jixu.ledger.projection import CheckpointAudit, Projection, audit_checkpoint
+from jixu.ledger.trust import verdict
 from jixu.recovery import RecoveryResolver
 
 STORE_HELP = "Store: a SQLite file path, sqlite:///PATH, or another store URL."
+
+
+def checkpointed(stream: str) -> list[Projection[Any]]:
+    """The projections whose checkpoints a stream of this kind has (threads and runs keep one each)."""
+    if stream.startswith("thread/"):
+        from jixu.threads.projection import ThreadProjection
+
+        return [ThreadProjection()]
+    if stream.startswith("run/"):
+        from jixu.runs.projection import RunProjection
+
+        return [RunProjection()]
+    return []
+
+
+def check_stream(opened: Store, stream: str) -> tuple[VerifyReport, list[CheckpointAudit]]:
+    """The ledger's verdict on ``stream`` (recorded when broken) and each of its checkpoints re-projected."""
+    projections = checkpointed(stream)
+    report = verdict(opened, stream, checkpoints=[p.name for p in projections])
+    audits = [audit for p in projections if (audit := audit_checkpoint(opened, stream, p)) is not None]
+    return report, audits
+
+
+def _streams(opened: Store) -> list[str]:
+    names: list[str] = []
+    after = ""
+    while True:
+        page = opened.list_streams(after=after, limit=1000)
+        names.extend(info.stream for info in page)
+        if len(page) < 1000:
+            return names
+        after = page[-1].stream
 
 
 @click.command("verify")
@@ -22,22 +58,24 @@ STORE_HELP = "Store: a SQLite file path, sqlite:///PATH, or another store URL."
 @click.option("--stream", default=None, help="Verify only this stream.")
 @json_option
 def verify_command(store: str, stream: str | None, as_json: bool) -> None:
-    """Recompute the hash chain of every stream in STORE (exit 1 if any is invalid)."""
+    """Recompute the hash chain of every stream in STORE and re-project every checkpoint against the events
+    (exit 1 if any stream is invalid or any checkpoint was forged)."""
     with handled(as_json), open_store(store, create=False) as opened:
-        if stream is None:
-            reports = verify_all(opened)
-        elif opened.stream_info(stream) is None:
+        if stream is not None and opened.stream_info(stream) is None:
             raise NotFound(f"stream {stream!r} does not exist in {store}", stream=stream)
-        else:
-            reports = [opened.verify(stream)]
-    valid = all(r.valid for r in reports)
+        checked = [check_stream(opened, name) for name in ([stream] if stream is not None else _streams(opened))]
+    reports = [report for report, _audits in checked]
+    forged = [audit for _report, audits in checked for audit in audits if audit.failed]
+    valid = all(r.valid for r in reports) and not forged
     if as_json:
-        emit_json({"valid": valid, "streams": [r.to_dict() for r in reports]})
+        emit_json({"valid": valid, "streams": [{**r.to_dict(), "checkpoints": [a.to_dict() for a in audits]}
+                                               for r, audits in checked],
+                   "forged_checkpoints": [a.to_dict() for a in forged]})
     else:
         table = Table(title=f"jixu verify {store}")
-        for column in ("stream", "valid", "events", "head hash", "first bad seq", "why"):
+        for column in ("stream", "valid", "events", "head hash", "first bad seq", "why", "checkpoint"):
             table.add_column(column)
-        for r in reports:
+        for r, audits in checked:
             table.add_row(
                 r.stream,
                 "[green]valid[/]" if r.valid else "[bold red]INVALID[/]",
@@ -45,11 +83,14 @@ def verify_command(store: str, stream: str | None, as_json: bool) -> None:
                 r.head_hash[:16] + "…",
                 "" if r.first_bad_seq is None else str(r.first_bad_seq),
                 "" if r.reason is None else f"{r.reason}: {REASONS[r.reason]} ({r.detail})",
+                "; ".join((f"[bold red]{a.status.upper()}[/]" if a.failed else a.status)
+                          + f" at seq {a.seq}: {a.detail}" for a in audits),
             )
         console.print(table)
         total = sum(r.count for r in reports)
-        verdict = "[green]all valid[/]" if valid else "[bold red]tampering or damage detected[/]"
-        console.print(f"{len(reports)} stream(s), {total} event(s): {verdict}")
+        outcome = "[green]all valid[/]" if valid else "[bold red]tampering or damage detected[/]"
+        console.print(f"{len(reports)} stream(s), {total} event(s), {sum(len(a) for _r, a in checked)} "
+                      f"checkpoint(s), {len(forged)} forged: {outcome}")
     if not valid:
         sys.exit(EXIT_CHECK_FAILED)
 
@@ -147,10 +188,10 @@ _STATE_STYLE = {
 def effects_command(store: str, stream: str, as_json: bool) -> None:
     """Classify every effect in STREAM with the RecoveryResolver (exit 1 if corrupt or needing an operator)."""
     with handled(as_json), open_store(store, create=False) as opened:
-        report = opened.verify(stream)
         events = opened.read(stream)
         if not events:
             raise NotFound(f"stream {stream!r} has no events in {store}", stream=stream)
+        report = verdict(opened, stream, checkpoints=[p.name for p in checkpointed(stream)])
     analysis = RecoveryResolver.analyze(events, chain_break_seq=None if report.valid else report.first_bad_seq)
     if as_json:
         emit_json(analysis.to_dict())
@@ -172,3 +213,62 @@ def effects_command(store: str, stream: str, as_json: bool) -> None:
         )
     if analysis.has_corruption or analysis.requires_resolution:
         sys.exit(EXIT_CHECK_FAILED)
+
+
+@click.group("keys")
+def keys_group() -> None:
+    """The checkpoint key file (decision 0025): show it, rotate it, retire old keys.
+
+    Checkpoints are sealed with HMAC-SHA256 under a key held outside the store:
+    $JIXU_KEY_FILE, else ~/.config/jixu/checkpoint-keys (made 0600 by the first
+    seal). Give every process that opens the same store the same file.
+    """
+
+
+def _key_report(found: Keyring) -> dict[str, Any]:
+    return {"path": None if found.path is None else str(found.path), "current": found.current,
+            "keys": [kid for kid, _secret in found.keys], "problem": found.problem}
+
+
+def _print_keys(found: Keyring, as_json: bool) -> None:
+    report = _key_report(found)
+    if as_json:
+        emit_json(report)
+        return
+    console.print(f"key file {report['path']}", highlight=False)
+    if found.problem:
+        console.print(f"[bold red]no usable key[/]: {found.problem}", highlight=False)
+    for kid in report["keys"]:
+        console.print(f"  {kid}" + ("  (seals; verifies)" if kid == found.current else "  (verifies)"),
+                      highlight=False)
+
+
+@keys_group.command("show")
+@click.option("--file", "path", default=None, help="The key file (default: $JIXU_KEY_FILE or the user's).")
+@json_option
+def keys_show_command(path: str | None, as_json: bool) -> None:
+    """Where the key file is and which keys it holds (ids only; exit 1 when no key is usable)."""
+    found = keyring(path)
+    _print_keys(found, as_json)
+    if not found.keys:
+        sys.exit(EXIT_CHECK_FAILED)
+
+
+@keys_group.command("rotate")
+@click.option("--file", "path", default=None, help="The key file (default: $JIXU_KEY_FILE or the user's).")
+@json_option
+def keys_rotate_command(path: str | None, as_json: bool) -> None:
+    """Make a new key the one that seals; the earlier keys still verify the checkpoints they sealed."""
+    with handled(as_json):
+        found = rotate_keys(path)
+    _print_keys(found, as_json)
+
+
+@keys_group.command("retire")
+@click.option("--file", "path", default=None, help="The key file (default: $JIXU_KEY_FILE or the user's).")
+@json_option
+def keys_retire_command(path: str | None, as_json: bool) -> None:
+    """Keep only the current key: checkpoints sealed by the others are no longer trusted (they are rebuilt)."""
+    with handled(as_json):
+        found = retire_keys(path)
+    _print_keys(found, as_json)

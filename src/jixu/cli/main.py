@@ -7,7 +7,7 @@ import click
 import jixu.cli.requests  # noqa: F401  (adds the execution-request commands to the `runs` group)
 from jixu import __version__
 from jixu.cli.demo import demo_command
-from jixu.cli.ledger import effects_command, ledger_group, verify_command
+from jixu.cli.ledger import effects_command, keys_group, ledger_group, verify_command
 from jixu.cli.projects import projects_group
 from jixu.cli.remote import remote_group
 from jixu.cli.runs import runs_group
@@ -35,6 +35,7 @@ def cli() -> None:
 cli.add_command(verify_command)
 cli.add_command(effects_command)
 cli.add_command(ledger_group)
+cli.add_command(keys_group)
 cli.add_command(threads_group)
 cli.add_command(turns_group)
 cli.add_command(worker_command)

@@ -147,16 +147,9 @@ def status_line(state: State) -> str:
 
 
 def load_verified(store: Store, thread_id: str, *, actor: str = "jixu") -> ThreadLog:
-    """Load a thread and verify its whole hash chain, so a damaged history shows (and refuses) as corrupt.
-
-    Opening from a checkpoint only checks the events after it; an operator's
-    view must not miss tampering before it.
-    """
-    log = ThreadLog.load(store, thread_id, actor=actor)
-    report = store.verify(log.stream)
-    if not report.valid and log.chain_break_seq is None:
-        log.chain_break_seq = report.first_bad_seq
-    return log
+    """Load a thread established (its whole history verified, ``ThreadLog.load(verify=True)``), so a damaged
+    history shows (and refuses) as corrupt, as on every other surface."""
+    return ThreadLog.load(store, thread_id, actor=actor, verify=True)
 
 
 @contextmanager
@@ -310,25 +303,28 @@ def events_command(store: str, thread_id: str, from_seq: int, as_json: bool) -> 
 @click.argument("thread_id")
 @json_option
 def verify_command(store: str, thread_id: str, as_json: bool) -> None:
-    """Recompute a thread's hash chain and check its effects are consistent (exit 1 if not)."""
+    """Recompute a thread's hash chain, check its effects are consistent and re-project its checkpoint (exit 1 if
+    the thread is corrupt or its checkpoint was forged)."""
     with opened_thread(store, thread_id, as_json) as log:
-        report = log.store.verify(log.stream)
-        analysis = log.analysis()
-    corrupt = list(analysis.corrupt)
-    valid = report.valid and not analysis.has_corruption
+        found = log.verification()
+    valid = bool(found["valid"])
     if as_json:
-        emit_json({"thread_id": thread_id, "valid": valid, "chain": report.to_dict(), "corrupt_effects": corrupt,
-                   "unattributed_events": list(analysis.unattributed_events)})
+        emit_json(found)
     else:
-        chain = "[green]valid[/]" if report.valid else (
-            f"[bold red]INVALID[/] at seq {report.first_bad_seq}: {report.reason} ({report.detail})")
-        out().print(f"thread {thread_id}: hash chain {chain}, {report.count} events, head "
-                      f"{report.head_hash}", highlight=False)
-        if analysis.has_corruption:
-            out().print(f"[bold red]contradictory effects[/]: {', '.join(corrupt) or 'unattributed events'}",
-                          highlight=False)
+        report, corrupt, checkpoint = found["chain"], found["corruption"], found["checkpoint"]
+        chain = "[green]valid[/]" if report["valid"] else (
+            f"[bold red]INVALID[/] at seq {report['first_bad_seq']}: {report['reason']} ({report['detail']})")
+        out().print(f"thread {thread_id}: hash chain {chain}, {report['count']} events, head "
+                    f"{report['head_hash']}", highlight=False)
+        if corrupt is not None:
+            out().print(f"[bold red]corrupt[/]: first bad event #{corrupt['first_bad_seq']} ({corrupt['reason']}: "
+                        f"{corrupt['explanation']}) {corrupt['detail']}", highlight=False)
         else:
             out().print("effects: [green]consistent[/] (no contradictions)")
+        if checkpoint is not None:
+            style = "bold red" if checkpoint["failed"] else "green"
+            out().print(f"checkpoint at seq {checkpoint['seq']}: [{style}]{checkpoint['status']}[/] "
+                        f"({checkpoint['detail']})", highlight=False)
     if not valid:
         sys.exit(EXIT_CHECK_FAILED)
 

@@ -47,6 +47,7 @@ from jixu.errors import (
     StreamCorrupt,
 )
 from jixu.kernel.commits import Commitment, Commits
+from jixu.ledger.chain import row_hash
 from jixu.ledger.event import Event, NewEvent, PreparedEvent, parse_json, prepare
 from jixu.ledger.projection import Followed, Projection
 from jixu.ledger.store import Fence, Store
@@ -172,10 +173,12 @@ class StreamWriter(Generic[F]):
     def _follow(self) -> list[Event]:
         state, chain_break = self.state, self.chain_break
         read: list[Event] = []
-        for event in self.store.read(self.stream, state.seq + 1):
-            if event.prev_hash != state.head_hash:
-                chain_break = chain_break or event.seq
+        for row in self.store.read_rows(self.stream, state.seq + 1, None):
+            # Each event must link to the record and hash to what it says (the hash column alone can be edited).
+            if row.prev_hash != state.head_hash or row_hash(row) != row.hash:
+                chain_break = chain_break or row.seq
                 break
+            event = row.to_event()
             state = self.projection.apply(state, event)
             read.append(event)
         self.state, self.chain_break = state, chain_break

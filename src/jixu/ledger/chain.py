@@ -3,19 +3,22 @@
 Verification detects changes made *inside* the store (a changed payload,
 reordered or missing events, an altered link). It is not a signature: someone
 who can rewrite the whole history, recomputing every hash, produces a chain
-that verifies. Anchor the head hash elsewhere if you need that guarantee.
+that verifies, unless a checkpoint sealed with a key held outside the store
+recorded an event the rewrite changed (``rewritten``, see
+:mod:`jixu.ledger.trust`). Anchor the head hash elsewhere if you need more.
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from jixu.ledger.event import DOMAIN_TAG, StoredRow, envelope_text
+from jixu.ledger.event import DOMAIN_TAG, StoredRow, envelope_text, envelope_text_of
 
-Reason = Literal["payload_changed", "reordered", "gap", "bad_link", "head_mismatch"]
+Reason = Literal["payload_changed", "reordered", "gap", "bad_link", "head_mismatch", "rewritten"]
 
 REASONS: dict[str, str] = {
     "payload_changed": "the event's content no longer matches its recorded hash",
@@ -23,6 +26,7 @@ REASONS: dict[str, str] = {
     "gap": "an event is missing: seq numbers are not contiguous",
     "bad_link": "prev_hash does not match the hash of the event before it",
     "head_mismatch": "the stream's recorded head does not match its last event",
+    "rewritten": "the events no longer match a sealed checkpoint: history before it was rewritten or removed",
 }
 
 
@@ -122,6 +126,48 @@ def verify_rows(
     return VerifyReport(stream=stream, valid=True, count=count, head_hash=prev)
 
 
+def verify_tuples(
+    stream: str,
+    rows: Iterable[tuple[Any, ...]],
+    *,
+    genesis_hash: str,
+    first_seq: int = 1,
+    recorded_head: tuple[int, str] | None = None,
+) -> VerifyReport:
+    """:func:`verify_rows` over database tuples ``(id, stream, seq, type, data, meta, recorded_at, prev_hash,
+    hash)``: the same report, faster for a stream that verifies (no row object is built, the cyclic collector
+    is paused). At the first thing that does not hold, :func:`verify_rows` judges every row, so the report of
+    a broken stream is exactly its."""
+    consumed: list[tuple[Any, ...]] = []
+    iterator = iter(rows)
+    expected_seq, prev = first_seq, genesis_hash
+    sha256, tag, text_of = hashlib.sha256, DOMAIN_TAG, envelope_text_of
+    broken = False
+    enabled = gc.isenabled()
+    gc.disable()  # the tuples kept only grow: a collection would walk them all in vain
+    try:
+        for row in iterator:
+            consumed.append(row)
+            row_id, row_stream, seq, kind, data, meta, recorded_at, prev_hash, row_hash_ = row
+            if seq != expected_seq or prev_hash != prev or sha256(tag + text_of(
+                    row_id, row_stream, seq, kind, data, meta, recorded_at, prev_hash).encode("utf-8")
+                    ).hexdigest() != row_hash_:
+                broken = True
+                break
+            prev = row_hash_
+            expected_seq += 1
+        if not broken and recorded_head is not None and recorded_head != (expected_seq - 1, prev):
+            broken = True
+        if not broken:
+            return VerifyReport(stream=stream, valid=True, count=expected_seq - first_seq, head_hash=prev)
+        consumed.extend(iterator)
+    finally:
+        if enabled:
+            gc.enable()
+    return verify_rows(stream, map(StoredRow.from_tuple, consumed), genesis_hash=genesis_hash, first_seq=first_seq,
+                       recorded_head=recorded_head)
+
+
 def _bad(stream: str, count: int, head: str, seq: int, reason: Reason, detail: str) -> VerifyReport:
     return VerifyReport(
         stream=stream,
@@ -134,4 +180,4 @@ def _bad(stream: str, count: int, head: str, seq: int, reason: Reason, detail: s
     )
 
 
-__all__ = ["REASONS", "Reason", "VerifyReport", "row_hash", "verify_rows"]
+__all__ = ["REASONS", "Reason", "VerifyReport", "row_hash", "verify_rows", "verify_tuples"]

@@ -72,8 +72,21 @@ def encode_plain(value: JSONValue) -> str:
 _SCALARS = (str, int, float, bool, type(None))
 
 
-def _check(value: JSONValue, path: str) -> None:
+MAX_NESTING = 100
+"""How many objects and arrays deep a stored value may nest. Every reader decodes it whatever its own stack
+depth (the decoder recurses once per level); deeper values are refused when written, with the path."""
+
+
+VALUE_NESTING = MAX_NESTING - 10
+"""How deeply a free-form value (a tool's arguments or result, a model's answer, a ToolError's data) may nest:
+it is stored a few levels inside its event, and deeper still in a checkpoint's state."""
+
+
+def _check(value: JSONValue, path: str, room: int = MAX_NESTING) -> None:
     kind = type(value)
+    if (kind is dict or kind is list) and room <= 0:
+        raise MalformedEvent(f"value at {path} is nested too deeply to store (objects and arrays nest at most "
+                             f"{MAX_NESTING} levels in an event, {VALUE_NESTING} in a free-form value)", path=path)
     if kind is dict:
         for key, item in value.items():
             if type(key) is not str:
@@ -82,10 +95,10 @@ def _check(value: JSONValue, path: str) -> None:
                     "JSON object keys must be str",
                     path=path,
                 )
-            _check(item, f"{path}.{key}")
+            _check(item, f"{path}.{key}", room - 1)
     elif kind is list:
         for index, item in enumerate(value):
-            _check(item, f"{path}[{index}]")
+            _check(item, f"{path}[{index}]", room - 1)
     elif kind not in _SCALARS:
         raise MalformedEvent(
             f"value at {path} is a {kind.__name__}; only dict, list, str, int, "
@@ -99,23 +112,30 @@ def _check(value: JSONValue, path: str) -> None:
 _PLAIN_SCALARS = frozenset({str, int, bool, type(None)})
 
 
-def _plain(value: JSONValue) -> bool:
-    """True when ``value`` is plain JSON (the common case, checked without building error paths)."""
+def _plain(value: JSONValue, room: int = MAX_NESTING) -> bool:
+    """True when ``value`` is plain JSON nested at most ``room`` levels (the common case, checked without
+    building error paths)."""
     kind = type(value)
     if kind in _PLAIN_SCALARS:
         return True
     # Plain loops, not all(...): one frame per nesting level, and no generator per container.
     # Scalars inside a container are checked in place: no call per string or number.
     if kind is dict:
+        if room <= 0:
+            return False
+        room -= 1
         for key, item in value.items():
             if type(key) is not str:
                 return False
-            if type(item) not in _PLAIN_SCALARS and not _plain(item):
+            if type(item) not in _PLAIN_SCALARS and not _plain(item, room):
                 return False
         return True
     if kind is list:
+        if room <= 0:
+            return False
+        room -= 1
         for item in value:  # noqa: SIM110
-            if type(item) not in _PLAIN_SCALARS and not _plain(item):
+            if type(item) not in _PLAIN_SCALARS and not _plain(item, room):
                 return False
         return True
     return kind is float and math.isfinite(value)
@@ -150,11 +170,14 @@ def _too_long(value: JSONValue, path: str, limit: int) -> MalformedEvent:
     return MalformedEvent(f"integer at {where} has more than {limit} digits; store it as a string", path=where)
 
 
-def canonical_text(value: JSONValue, *, path: str = "$") -> str:
-    """Return the canonical JSON text of ``value`` (raises :class:`MalformedEvent`)."""
+def canonical_text(value: JSONValue, *, path: str = "$", max_nesting: int = MAX_NESTING) -> str:
+    """Return the canonical JSON text of ``value`` (raises :class:`MalformedEvent`).
+
+    ``value`` may nest objects and arrays ``max_nesting`` levels deep (the value itself is the first).
+    """
     try:
-        if not _plain(value):
-            _check(value, path)  # walks again, naming the offending path
+        if not _plain(value, max_nesting):
+            _check(value, path, max_nesting)  # walks again, naming the offending path
         text = _encode(value)
     except RecursionError:
         raise MalformedEvent(f"value at {path} is nested too deeply to store", path=path) from None
@@ -195,6 +218,8 @@ def content_hash(value: JSONValue) -> str:
 
 __all__ = [
     "MAX_INT_DIGITS",
+    "MAX_NESTING",
+    "VALUE_NESTING",
     "JSONObject",
     "JSONValue",
     "canonical_bytes",

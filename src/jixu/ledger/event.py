@@ -100,6 +100,12 @@ def envelope_text(
     prev_hash: str,
 ) -> str:
     """Canonical text of the envelope without ``hash`` (keys in sorted order)."""
+    return envelope_text_of(id, stream, seq, type, data_json, meta_json, recorded_at, prev_hash)
+
+
+def envelope_text_of(id: str, stream: str, seq: int, type: str, data_json: str, meta_json: str,
+                     recorded_at: str, prev_hash: str) -> str:
+    """:func:`envelope_text` with positional arguments (the one definition of the text; for hot loops)."""
     return (
         f'{{"data":{data_json},"id":"{id}","meta":{meta_json},"prev_hash":"{prev_hash}",'
         f'"recorded_at":"{recorded_at}","seq":{seq},"stream":"{stream}","type":"{type}"}}'

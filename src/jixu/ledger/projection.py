@@ -1,18 +1,27 @@
 """Projections (pure reducers over a stream) and the checkpoints that speed them up.
 
-A checkpoint is a disposable cache: it is used only when its reducer name and
-version match, the event at its ``seq`` still has its recorded ``head_hash``,
-and its own digest checks out. Otherwise it is ignored and the reason is
-reported; the state is then rebuilt by replaying the whole stream. Either way
-the events after the checkpoint are chain-checked against it, so opening a
-stream costs O(events after the checkpoint).
+A checkpoint is a disposable cache, sealed with a key held outside the store
+(:mod:`jixu.ledger.keys`, decision 0025). It is used only when its reducer name
+and version match, its seal was made by a key held here, and the event at its
+``seq`` still *recomputes* to its recorded ``head_hash``. Otherwise it is
+ignored and the reason is reported; the state is then rebuilt by replaying the
+whole stream. Either way the events after the checkpoint are chain-checked
+against it, so opening a stream costs O(events after the checkpoint). A sealed
+checkpoint the events no longer match proves they changed after it was
+written: the stream is reported corrupt (``rewritten``). A break recorded by
+:func:`jixu.ledger.trust.verdict` is reported by every opening.
+
+Opening from a checkpoint does not re-read the events before it: a change to
+them made after the checkpoint was written is found by
+:func:`jixu.ledger.trust.verdict` (O(history)), which every operation that
+acts on a stream runs first.
 
 A :class:`ChunkedProjection` keeps the parts of its state that only grow with
 history (a thread's settled decisions and older messages) out of the main
 checkpoint, in immutable chunks named by the digest of their text
 (:func:`chunk_digest`) and stored as checkpoints named
-``<projection>/chunk/<digest>``. The main checkpoint names them, so its digest
-seals them too; they are read lazily through a :class:`ChunkSource`, which
+``<projection>/chunk/<digest>``. The main checkpoint names them, so its seal
+covers them too; they are read lazily through a :class:`ChunkSource`, which
 checks each text against its digest when it is first read. A chunk that is
 missing or damaged is never trusted: the source rebuilds it by replaying the
 stream up to the checkpoint and reports the reason (``chunk_missing``,
@@ -31,15 +40,26 @@ from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 from jixu.errors import InvalidInput, NotFound, StoreError
-from jixu.ledger.chain import VerifyReport, verify_rows
-from jixu.ledger.encoding import JSONObject, canonical_text
+from jixu.ledger.chain import VerifyReport, row_hash, verify_rows
+from jixu.ledger.encoding import MAX_NESTING, JSONObject, canonical_text
 from jixu.ledger.event import Event, check_stream, utc_now_text
+from jixu.ledger.keys import Keyring, keyring, sealing_keyring
 from jixu.ledger.store import Checkpoint, Store
+from jixu.ledger.trust import anchor_holds, recorded_break, rewritten, seal_checkpoint, seal_status
 
 S = TypeVar("S")
 
-CheckpointStatus = Literal["used", "none", "version_mismatch", "head_mismatch", "digest_mismatch", "undecodable",
-                           "chunk_missing", "chunk_mismatch"]
+CheckpointStatus = Literal["used", "none", "version_mismatch", "head_mismatch", "digest_mismatch", "unsealed",
+                           "contradicted", "broken", "undecodable", "chunk_missing", "chunk_mismatch"]
+"""How opening used the checkpoint: ``used``; ``none`` (there is none); or why it was not: another reducer
+version, its anchor event gone or changed (``head_mismatch``, an unsealed one), its seal not made by the key it
+names (``digest_mismatch``: forged or damaged), no key here can check it (``unsealed``: an older unkeyed digest,
+another key, no key file), a sealed one the events contradict (``contradicted``: the stream is corrupt), the
+stream's break was recorded (``broken``: replayed from the start), its state not loadable (``undecodable``), a
+chunk missing or damaged."""
+
+STATE_NESTING = MAX_NESTING + 32
+"""How deeply a checkpoint's state may nest: an event's values sit a few levels deeper in a state."""
 
 CHUNK_TAG = b"jixu.checkpoint.chunk.v1\x00"
 """Prefix of every hashed chunk text, so a chunk digest is never confused with another hash."""
@@ -190,26 +210,26 @@ def replay(store: Store, stream: str, projection: Projection[S], *, from_seq: in
     return fold(projection, store.iter_events(stream, from_seq, to_seq), state)
 
 
-def checkpoint_digest(stream: str, name: str, seq: int, reducer_version: int, head_hash: str, state_json: str) -> str:
-    """The digest that seals a checkpoint's fields together.
+def checkpoint_digest(stream: str, name: str, seq: int, reducer_version: int, head_hash: str, state_json: str,
+                      keys: Keyring | None = None) -> str:
+    """The seal of a checkpoint's fields: ``hmac-sha256:<key id>:<hex>`` over
+    ``"jixu.checkpoint.v3\0" ‖ canonical(fields but the state) ‖ "\0" ‖ state text``, with the current key
+    (made on first use; :class:`~jixu.errors.KeyUnavailable` when none can be had).
 
-    ``sha256("jixu.checkpoint.v2\\0" ‖ canonical(fields but the state) ‖ "\\0" ‖ state text)``: the
-    state text is hashed as it is, not re-encoded as a JSON string (that escaping cost as much as
-    reading a large checkpoint). A checkpoint sealed by v1 no longer matches and is rebuilt by replay.
+    The state text is hashed as it is, not re-encoded as a JSON string. Checkpoints sealed by v2 (an unkeyed
+    SHA-256 anybody could recompute) are no longer trusted: they are rebuilt by replay.
     """
-    header = canonical_text(
-        {"stream": stream, "name": name, "seq": seq, "reducer_version": reducer_version, "head_hash": head_hash}
-    )
-    digest = hashlib.sha256(b"jixu.checkpoint.v2\x00")
-    digest.update(header.encode("utf-8"))
-    digest.update(b"\x00")
-    digest.update(state_json.encode("utf-8"))
-    return digest.hexdigest()
+    return seal_checkpoint(keys if keys is not None else sealing_keyring(), stream, name, seq, reducer_version,
+                           head_hash, state_json)
 
 
-def make_checkpoint(stream: str, projection: Projection[S], state: S, seq: int, head_hash: str) -> Checkpoint:
-    """A sealed checkpoint of ``state`` as of the event ``seq`` whose hash is ``head_hash``."""
-    state_json = canonical_text(projection.dump(state), path="state")
+def make_checkpoint(stream: str, projection: Projection[S], state: S, seq: int, head_hash: str, *,
+                    keys: Keyring | None = None) -> Checkpoint:
+    """A sealed checkpoint of ``state`` as of the event ``seq`` whose hash is ``head_hash``.
+
+    ``state`` must come from verified events. Raises :class:`~jixu.errors.KeyUnavailable` when no key can seal.
+    """
+    state_json = canonical_text(projection.dump(state), path="state", max_nesting=STATE_NESTING)
     return Checkpoint(
         stream=stream,
         name=projection.name,
@@ -217,13 +237,13 @@ def make_checkpoint(stream: str, projection: Projection[S], state: S, seq: int, 
         reducer_version=projection.version,
         head_hash=head_hash,
         state_json=state_json,
-        digest=checkpoint_digest(stream, projection.name, seq, projection.version, head_hash, state_json),
+        digest=checkpoint_digest(stream, projection.name, seq, projection.version, head_hash, state_json, keys),
         created_at=utc_now_text(),
     )
 
 
 def make_chunked_checkpoint(stream: str, projection: ChunkedProjection[S], state: S, seq: int,
-                            head_hash: str) -> tuple[Checkpoint, dict[str, Checkpoint]]:
+                            head_hash: str, *, keys: Keyring | None = None) -> tuple[Checkpoint, dict[str, Checkpoint]]:
     """A sealed main checkpoint of ``state`` and its chunks (as checkpoints, by digest).
 
     Write the chunks the store does not have yet before the main checkpoint
@@ -231,12 +251,12 @@ def make_chunked_checkpoint(stream: str, projection: ChunkedProjection[S], state
     that was not written.
     """
     data, texts = projection.dump_chunked(state)
-    state_json = canonical_text(data, path="state")
+    state_json = canonical_text(data, path="state", max_nesting=STATE_NESTING)
     created = utc_now_text()
     main = Checkpoint(stream=stream, name=projection.name, seq=seq, reducer_version=projection.version,
                       head_hash=head_hash, state_json=state_json,
                       digest=checkpoint_digest(stream, projection.name, seq, projection.version, head_hash,
-                                               state_json),
+                                               state_json, keys),
                       created_at=created)
     chunks = {digest: Checkpoint(stream=stream, name=chunk_name(projection.name, digest), seq=seq,
                                  reducer_version=projection.version, head_hash=head_hash, state_json=text,
@@ -259,18 +279,22 @@ def write_chunked_checkpoint(store: Store, main: Checkpoint, chunks: dict[str, C
     store.write_checkpoint(main)
 
 
-def save_checkpoint(store: Store, stream: str, projection: Projection[S], projected: Projected[S]) -> Checkpoint:
-    """Write a checkpoint of ``projected`` (which must come from a valid chain); returns the main checkpoint."""
+def save_checkpoint(store: Store, stream: str, projection: Projection[S], projected: Projected[S], *,
+                    keys: Keyring | None = None) -> Checkpoint:
+    """Write a sealed checkpoint of ``projected`` (which must come from a valid chain); returns the main checkpoint.
+
+    Raises :class:`~jixu.errors.KeyUnavailable` when no key can seal it (nothing is written).
+    """
     if not projected.chain.valid:
         raise InvalidInput(f"stream {stream!r} failed verification; refusing to checkpoint it")
     if projected.seq == 0:
         raise InvalidInput(f"stream {stream!r} is empty; there is nothing to checkpoint")
     if isinstance(projection, ChunkedProjection):
         checkpoint, chunks = make_chunked_checkpoint(stream, projection, projected.state, projected.seq,
-                                                     projected.head_hash)
+                                                     projected.head_hash, keys=keys)
         write_chunked_checkpoint(store, checkpoint, chunks)
         return checkpoint
-    checkpoint = make_checkpoint(stream, projection, projected.state, projected.seq, projected.head_hash)
+    checkpoint = make_checkpoint(stream, projection, projected.state, projected.seq, projected.head_hash, keys=keys)
     store.write_checkpoint(checkpoint)
     return checkpoint
 
@@ -332,17 +356,18 @@ class ChunkSource(Generic[S]):
             return self._replayed
 
 
-def _usable(store: Store, stream: str, projection: Projection[S], checkpoint: Checkpoint) -> tuple[
-        CheckpointStatus, S | None, ChunkSource[S] | None]:
+def _usable(store: Store, stream: str, projection: Projection[S], checkpoint: Checkpoint, keys: Keyring,
+            head_seq: int) -> tuple[CheckpointStatus, S | None, ChunkSource[S] | None]:
     if checkpoint.reducer_version != projection.version:
         return "version_mismatch", None, None
-    expected = checkpoint_digest(stream, checkpoint.name, checkpoint.seq, checkpoint.reducer_version,
-                                 checkpoint.head_hash, checkpoint.state_json)
-    if expected != checkpoint.digest:
+    sealed = seal_status(keys, checkpoint)
+    if sealed == "forged":
         return "digest_mismatch", None, None
-    anchor = next(iter(store.read_rows(stream, checkpoint.seq, checkpoint.seq)), None)
-    if anchor is None or anchor.hash != checkpoint.head_hash:
-        return "head_mismatch", None, None
+    holds = checkpoint.seq <= head_seq and anchor_holds(store, checkpoint)
+    if sealed != "sealed":
+        return ("unsealed" if holds else "head_mismatch"), None, None
+    if not holds:
+        return "contradicted", None, None
     try:
         data = json.loads(checkpoint.state_json)
         if not isinstance(data, dict):
@@ -355,31 +380,40 @@ def _usable(store: Store, stream: str, projection: Projection[S], checkpoint: Ch
         return "undecodable", None, None
 
 
-def project(store: Store, stream: str, projection: Projection[S], *, use_checkpoint: bool = True) -> Projected[S]:
-    """Fold ``stream`` through ``projection``, starting from a valid checkpoint if there is one.
+def project(store: Store, stream: str, projection: Projection[S], *, use_checkpoint: bool = True,
+            keys: Keyring | None = None) -> Projected[S]:
+    """Fold ``stream`` through ``projection``, starting from a usable sealed checkpoint if there is one.
 
     The events read are chain-checked; projection stops at the first bad
     event and ``chain`` reports it (the state then reflects only the events
-    before it). Raises :class:`~jixu.errors.NotFound` for a stream with no events.
+    before it). A sealed checkpoint the events contradict, or a break recorded
+    by :func:`jixu.ledger.trust.verdict`, makes the whole stream be read and
+    ``chain`` report the break (the earliest). The events before a usable
+    checkpoint are not read: :func:`jixu.ledger.trust.verdict` checks them.
+    Raises :class:`~jixu.errors.NotFound` for a stream with no events.
     """
     check_stream(stream)
     info = store.stream_info(stream)
     if info is None:
         raise NotFound(f"stream {stream!r} has no events", stream=stream)
+    keys = keys if keys is not None else keyring()
     status: CheckpointStatus = "none"
     state = projection.initial()
     start_seq, anchor_hash, checkpoint_seq = 1, info.genesis_hash, None
     source: ChunkSource[S] | None = None
+    known = recorded_break(store, stream, keys)
+    contradiction: Checkpoint | None = None
     if use_checkpoint:
         checkpoint = store.read_checkpoint(stream, projection.name)
-        if checkpoint is not None and checkpoint.seq <= info.head_seq:
-            usable = _usable(store, stream, projection, checkpoint)
-            status, loaded, source = usable
+        if checkpoint is not None and known is not None:
+            status = "broken"
+        elif checkpoint is not None:
+            status, loaded, source = _usable(store, stream, projection, checkpoint, keys, info.head_seq)
             if loaded is not None:
                 state = loaded
                 start_seq, anchor_hash, checkpoint_seq = checkpoint.seq + 1, checkpoint.head_hash, checkpoint.seq
-        elif checkpoint is not None:
-            status = "head_mismatch"
+            elif status == "contradicted":
+                contradiction = checkpoint
     rows = []
 
     def counted() -> Any:
@@ -392,12 +426,108 @@ def project(store: Store, stream: str, projection: Projection[S], *, use_checkpo
     with gc_paused():
         report = verify_rows(stream, counted(), genesis_hash=anchor_hash, first_seq=start_seq,
                              recorded_head=(info.head_seq, info.head_hash))
+        if report.valid and contradiction is not None:
+            report = rewritten(contradiction, info.head_seq, report.count, report.head_hash)
+        if known is not None and (report.valid or (known.first_bad_seq or 0) < (report.first_bad_seq or 0)):
+            report = known
         good = rows if report.valid else [r for r in rows if r.seq < (report.first_bad_seq or 0)]
         state = fold(projection, (row.to_event() for row in good), state)
     applied = len(good)
     seq = good[-1].seq if good else start_seq - 1
     head = good[-1].hash if good else anchor_hash
     return Projected(state, seq, head, status, checkpoint_seq, applied, report, source)
+
+
+AuditStatus = Literal["valid", "unsealed", "stale", "unchecked", "forged", "contradicted", "damaged"]
+"""What re-projecting a checkpoint found: ``valid`` (sealed here, its anchor holds, its state is what the events
+project to); ``unsealed`` (no key here can check it, but its state is the events' projection: harmless, and not
+used); ``stale`` (another reducer version: not used); ``unchecked`` (the events up to it do not verify, so the
+stream is corrupt and its state cannot be compared); ``forged`` (its seal fails, or its state or anchor is not
+what the events say); ``contradicted`` (sealed here, but the events changed under it: the stream is corrupt);
+``damaged`` (a chunk it names is missing or does not match its digest)."""
+
+FAILED_AUDITS: tuple[AuditStatus, ...] = ("forged", "contradicted", "damaged")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointAudit:
+    """One checkpoint checked against the events it claims to summarise (see :func:`audit_checkpoint`)."""
+
+    stream: str
+    name: str
+    seq: int
+    status: AuditStatus
+    detail: str
+
+    @property
+    def failed(self) -> bool:
+        """True when the checkpoint is evidence of tampering or damage (forged, contradicted, damaged)."""
+        return self.status in FAILED_AUDITS
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return {"stream": self.stream, "name": self.name, "seq": self.seq, "status": self.status,
+                "detail": self.detail, "failed": self.failed}
+
+
+def audit_checkpoint(store: Store, stream: str, projection: Projection[S], *,
+                     keys: Keyring | None = None) -> CheckpointAudit | None:
+    """Check ``stream``'s checkpoint of ``projection`` against the events: its seal, its anchor, and its state
+    against a fresh projection of the events up to its seq (O(events up to it)). ``None`` when there is none."""
+    checkpoint = store.read_checkpoint(stream, projection.name)
+    if checkpoint is None:
+        return None
+    keys = keys if keys is not None else keyring()
+
+    def audit(status: AuditStatus, detail: str) -> CheckpointAudit:
+        return CheckpointAudit(stream, checkpoint.name, checkpoint.seq, status, detail)
+
+    if checkpoint.reducer_version != projection.version:
+        return audit("stale", f"made by reducer version {checkpoint.reducer_version}, this one is "
+                              f"{projection.version}: not used, rebuilt when next written")
+    sealed = seal_status(keys, checkpoint)
+    if sealed == "forged":
+        return audit("forged", "its seal is not the seal of the key it names over its fields: it was edited "
+                               "(or damaged) in the store, and is not used")
+    info = store.stream_info(stream)
+    head_seq = info.head_seq if info is not None else 0
+    if checkpoint.seq > head_seq or not anchor_holds(store, checkpoint):
+        if sealed == "sealed":
+            return audit("contradicted", f"sealed here, but the event at seq {checkpoint.seq} no longer hashes to "
+                                         "its head hash: the events changed after it was written")
+        return audit("forged", f"its head hash is not the hash of the event at seq {checkpoint.seq}")
+    rows = list(store.read_rows(stream, 1, checkpoint.seq))
+    chain = verify_rows(stream, rows, genesis_hash=info.genesis_hash if info is not None else "",
+                        recorded_head=(checkpoint.seq, checkpoint.head_hash))
+    if not chain.valid:
+        return audit("unchecked", f"the events up to it do not verify (seq {chain.first_bad_seq}: {chain.reason}); "
+                                  "its state cannot be compared with them")
+    with gc_paused():
+        expected = canonical_text(projection.dump(fold(projection, (row.to_event() for row in rows))),
+                                  path="state", max_nesting=STATE_NESTING)
+    del rows
+    source: ChunkSource[S] | None = None
+    try:
+        data = json.loads(checkpoint.state_json)
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+        if isinstance(projection, ChunkedProjection):
+            source = ChunkSource(store, stream, projection, checkpoint)
+            loaded = projection.load_chunked(data, source)
+        else:
+            loaded = projection.load(data)
+        found = canonical_text(projection.dump(loaded), path="state", max_nesting=STATE_NESTING)
+    except (ValueError, KeyError, TypeError, StoreError):
+        return audit("forged", "its state does not load")
+    if source is not None and source.problem is not None:
+        return audit("damaged", f"a chunk it names is {'missing' if source.problem == 'chunk_missing' else 'damaged'}")
+    if found != expected:
+        return audit("forged", ("sealed here, but " if sealed == "sealed" else "")
+                     + f"its state is not what the events up to seq {checkpoint.seq} project to")
+    if sealed != "sealed":
+        why = "an unkeyed digest of an older version" if sealed == "unsealed" else "another key"
+        return audit("unsealed", f"sealed by {why}: not used (its state does match the events)")
+    return audit("valid", f"sealed by key {checkpoint.digest.split(':')[1]}; its state is the events' projection")
 
 
 class Followed(Protocol):
@@ -412,16 +542,21 @@ F = TypeVar("F", bound=Followed)
 
 def follow(store: Store, stream: str, projection: Projection[F], record: F,
            chain_break: int | None) -> tuple[F, int | None]:
-    """``record`` with the events appended after its head applied, and the first seq whose link is broken."""
-    for event in store.read(stream, record.seq + 1):
-        if event.prev_hash != record.head_hash:
-            return record, chain_break or event.seq
-        record = projection.apply(record, event)
+    """``record`` with the events appended after its head applied, and the first seq that does not verify
+    (its link, or its recomputed hash)."""
+    for row in store.read_rows(stream, record.seq + 1, None):
+        if row.prev_hash != record.head_hash or row_hash(row) != row.hash:
+            return record, chain_break or row.seq
+        record = projection.apply(record, row.to_event())
     return record, chain_break
 
 
 __all__ = [
     "CHUNK_TAG",
+    "FAILED_AUDITS",
+    "AuditStatus",
+    "CheckpointAudit",
+    "audit_checkpoint",
     "CheckpointStatus",
     "ChunkSource",
     "ChunkedProjection",

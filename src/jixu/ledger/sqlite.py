@@ -57,7 +57,7 @@ from jixu.errors import (
     StoreNotFound,
     StoreReadOnly,
 )
-from jixu.ledger.chain import VerifyReport, verify_rows
+from jixu.ledger.chain import VerifyReport, verify_tuples
 from jixu.ledger.event import (
     GENESIS_HASH,
     Event,
@@ -784,10 +784,9 @@ class SQLiteStore(Store):
                     "SELECT head_seq, head_hash, genesis_hash FROM jixu_streams WHERE stream = ?", (stream,)
                 ).fetchone()
                 head = (info[0], info[1]) if info else (0, GENESIS_HASH)
-                rows = (StoredRow(*row) for row in conn.execute(
-                    f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE stream = ? ORDER BY seq", (stream,)))
-                return verify_rows(stream, rows, genesis_hash=info[2] if info else GENESIS_HASH,
-                                   recorded_head=head)
+                rows = conn.execute(f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE stream = ? ORDER BY seq", (stream,))
+                return verify_tuples(stream, rows, genesis_hash=info[2] if info else GENESIS_HASH,
+                                     recorded_head=head)
             finally:
                 conn.execute("COMMIT")
 

@@ -237,12 +237,15 @@ class Runs:
     def _status(self, log: RunLog) -> tuple[str, str, Analysis, JSONObject | None]:
         analysis = log.analysis()
         ownership, info = self._ownership(log)
+        found = log.corruption()
+        if found is not None:  # the one corruption verdict: corrupt, whatever else the journal says
+            return "corrupt", f"{found.summary()}; no operation acts on it", analysis, info
         status, reason = derive_status(log.record, analysis, ownership)
         return status, reason, analysis, info
 
     def _state(self, log: RunLog) -> RunState:
         status, reason, analysis, info = self._status(log)
-        return build_state(log.record, analysis, status, reason, info)
+        return build_state(log.record, analysis, status, reason, info, log.corruption())
 
     async def state(self, run_id: str) -> RunState:
         """The run as it stands: status (derived), plan, tasks with the resolver's decisions, pauses, outcome."""
@@ -257,7 +260,7 @@ class Runs:
         """The run's hash-chained entries and whether the whole chain verifies."""
         log = self._load(run_id)
         entries = [event.to_dict() for event in self.store.read(log.stream)]
-        return entries, self.store.verify(log.stream).valid
+        return entries, log.corruption() is None
 
     async def list_runs(self, *, project: str | None = None) -> list[RunState]:
         """Every run (of ``project``), oldest first."""
@@ -358,6 +361,8 @@ class Runs:
         """
         log = self._load(run_id)
         status = self._status(log)[0]
+        if status == "corrupt":
+            return self._state(log)  # nothing acts on a journal that does not hold
         if status == "running":
             raise RunOwned(f"run {run_id} is being executed by another process", run_id=run_id)
         pause = log.record.open_pause
@@ -641,6 +646,7 @@ class Runs:
             self.store.enqueue(key, log.record.project)
 
     def _refuse_unless_operable(self, log: RunLog, status: str, reason: str, analysis: Analysis, what: str) -> None:
+        log.open_to_act()
         if status in FINISHED:
             raise RunStateError(f"run {log.run_id} is {status} ({reason}); a finished run cannot be {what}"
                                 + ("; retry creates a new run" if status != "succeeded" else ""),
@@ -762,6 +768,7 @@ class Runs:
         """
         log = self._load(run_id)
         body = resolution_body(effect_id, resolution, new_id() if resolution_id is None else resolution_id, actor=actor, note=note)
+        log.open_to_act()
         status = self._status(log)[0]
         if status == "running":
             raise RunOwned(f"run {run_id} is being executed by another process", run_id=run_id, status=status)
@@ -829,6 +836,7 @@ class Runs:
         is rolled back."""
         check_text(actor, "actor", 200, required=True)
         log = self._load(run_id)
+        log.open_to_act()  # a retry takes its brief, source and policy from this journal: it must hold
         status, reason, _analysis, _info = self._status(log)
         if status not in ("failed", "cancelled"):
             raise RunStateError(f"run {run_id} is {status} ({reason}); only a failed or cancelled run is retried "

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from jixu.errors import InvalidInput, RunNotFound
+from jixu.errors import InvalidInput, KeyUnavailable, RunCorrupt, RunNotFound
 from jixu.kernel import StreamWriter
-from jixu.ledger import Event, Fence, NewEvent, Store, project
+from jixu.ledger import Event, Fence, NewEvent, Store, VerifyReport, project
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.ids import is_valid_id
 from jixu.ledger.projection import make_checkpoint
+from jixu.ledger.trust import record_break, verdict
 from jixu.recovery import Analysis, RecoveryResolver
+from jixu.recovery.corruption import Corruption, corruption
 from jixu.runs.model import run_stream
 from jixu.runs.projection import RunProjection, RunRecord
 
@@ -19,11 +21,14 @@ CHECKPOINT_EVERY = 100
 class RunLog:
     """One run's journal and projected record in a store: loading, syncing, appending. No decisions.
 
-    Loading starts from the run's latest valid checkpoint (a disposable cache,
-    used only when its reducer version and head hash match) and applies the
-    events after it, so listing many finished runs does not replay each one.
-    The whole chain is still verified (hashing only): a history changed before
-    the checkpoint is replayed, and the record stops at the first bad event.
+    Loading starts from the run's latest sealed checkpoint (a disposable cache,
+    used only when its seal, reducer version and anchor event hold) and applies
+    the events after it, so listing many finished runs does not replay each one.
+    The whole chain is still verified (the ledger's verdict, hashing only), so
+    every run is *established* when loaded: a history changed before the
+    checkpoint is replayed, the record stops at the first bad event, and the
+    run is ``corrupt`` (:meth:`corruption`); nothing acts on it
+    (:meth:`open_to_act`).
     """
 
     def __init__(self, store: Store, run_id: str) -> None:
@@ -35,13 +40,21 @@ class RunLog:
         if store.stream_info(self.stream) is None:
             raise RunNotFound(f"no run {run_id} in {store.url}", run_id=run_id)
         projected = project(store, self.stream, RunProjection())
-        if projected.checkpoint == "used" and not store.verify(self.stream).valid:
-            # The checkpoint predates a change to the history: replay, so the record stops at the first bad event.
-            projected = project(store, self.stream, RunProjection(), use_checkpoint=False)
+        report: VerifyReport = projected.chain
+        if projected.checkpoint == "used":
+            # Opening trusted the checkpoint for the events before it: the verdict reads them too.
+            report = verdict(store, self.stream, checkpoints=(RunProjection.name,))
+            if not report.valid:
+                # The history changed under the checkpoint: replay, so the record stops at the first bad event.
+                projected = project(store, self.stream, RunProjection(), use_checkpoint=False)
+        elif not report.valid:
+            record_break(store, report)  # the whole chain was read: keep the break for every later opening
+        self.chain = report
+        """The ledger's verdict on the journal's chain when it was loaded."""
         self._projection = RunProjection()
         self.writer: StreamWriter[RunRecord] = StreamWriter(
             store, self.stream, self._projection, projected.state,
-            chain_break=None if projected.chain.valid else projected.chain.first_bad_seq)
+            chain_break=None if report.valid else report.first_bad_seq)
         """The kernel's writer of the run's journal: the record and every append go through it."""
         self._checkpoint_seq = projected.checkpoint_seq or 0
 
@@ -61,7 +74,12 @@ class RunLog:
 
     def append(self, events: list[NewEvent], fence: Fence | None = None) -> list[Event]:
         """Append after this record's head and project (see :class:`~jixu.kernel.StreamWriter`: receipts are
-        kept across another writer's events; anything else meets :class:`~jixu.errors.ConcurrencyError`)."""
+        kept across another writer's events; anything else meets :class:`~jixu.errors.ConcurrencyError`).
+
+        Nothing is appended to a journal whose chain broke or whose record contradicts itself
+        (:class:`~jixu.errors.RunCorrupt`)."""
+        if self.chain_break is not None or self.record.problems:
+            self.open_to_act()
         stored = self.writer.append(events, fence)
         if any(e.type == "run.finished" for e in stored) or self.record.seq - self._checkpoint_seq >= CHECKPOINT_EVERY:
             self.checkpoint()
@@ -72,10 +90,34 @@ class RunLog:
         record = self.record
         if record.seq <= self._checkpoint_seq or record.problems or self.chain_break is not None:
             return False
-        self.store.write_checkpoint(make_checkpoint(self.stream, self._projection, record, record.seq,
-                                                    record.head_hash))
+        try:
+            checkpoint = make_checkpoint(self.stream, self._projection, record, record.seq, record.head_hash)
+        except KeyUnavailable:
+            return False  # no key to seal it with: opening replays instead
+        self.store.write_checkpoint(checkpoint)
         self._checkpoint_seq = record.seq
         return True
+
+    def corruption(self) -> Corruption | None:
+        """The journal's corruption verdict (:func:`jixu.recovery.corruption.corruption`), or ``None``."""
+        analysis = self.analysis()
+        if self.chain.valid and self.chain_break is None and not self.record.problems and not analysis.has_corruption:
+            return None
+
+        def seq_of(event_id: str) -> int | None:
+            event = self.store.get_event(event_id)
+            return event.seq if event is not None and event.stream == self.stream else None
+
+        return corruption(self.stream, chain=self.chain, analysis=analysis, chain_break_seq=self.chain_break,
+                          problems=self.record.problems, seq_of=seq_of)
+
+    def open_to_act(self) -> None:
+        """The line every operation on the run crosses first (execute, resume, handoff, cancel, retry, resolve,
+        admitting or settling an execution request): :class:`~jixu.errors.RunCorrupt` (first bad seq, reason)
+        when the journal is corrupt; nothing is appended."""
+        found = self.corruption()
+        if found is not None:
+            raise run_corrupt(self.run_id, found)
 
     def analysis(self) -> Analysis:
         """The RecoveryResolver's answer for every task effect of the run."""
@@ -85,4 +127,11 @@ class RunLog:
         return {"actor": actor, "run_id": self.run_id}
 
 
-__all__ = ["CHECKPOINT_EVERY", "RunLog"]
+def run_corrupt(run_id: str, found: Corruption) -> RunCorrupt:
+    """The error every refusal of a corrupt run raises."""
+    return RunCorrupt(f"run {run_id}'s journal is corrupt: {found.summary()}. No operation acts on it; inspect it "
+                      f"with `jixu runs journal STORE {run_id}`", run_id=run_id, stream=found.stream_name,
+                      first_bad_seq=found.first_bad_seq, reason=found.reason, detail=found.detail)
+
+
+__all__ = ["CHECKPOINT_EVERY", "RunLog", "run_corrupt"]

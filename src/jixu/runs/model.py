@@ -24,6 +24,7 @@ from jixu.ledger import NewEvent, Store
 from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
 from jixu.ledger.event import Event
 from jixu.recovery import Analysis
+from jixu.recovery.corruption import Corruption
 from jixu.runs.workspace import check_origin
 from jixu.runs.workspace import default_branch as origin_branch
 
@@ -47,7 +48,7 @@ REQUEST_TASK_KINDS: Final[dict[str, str]] = {"publication": "publish", "deploy":
 """The task kinds this engine executes; the remote ones come with execution requests."""
 
 RUN_STATUSES: Final = ("queued", "running", "paused", "interrupted", "needs_reconciliation", "failed",
-                       "succeeded", "cancelled")
+                       "succeeded", "cancelled", "corrupt")
 FINISHED: Final = frozenset({"failed", "succeeded", "cancelled"})
 AUTOMATIC_PAUSES: Final = frozenset({"rate_limit", "transient"})
 OPERATOR_PAUSES: Final = frozenset({"quota", "authentication"})
@@ -379,6 +380,8 @@ class RunState:
     head_hash: str
     problems: tuple[str, ...]
     analysis: Analysis = field(repr=False)
+    corruption: Corruption | None = None
+    """Why the journal is corrupt (first bad seq, reason), when it is (``status`` is then ``corrupt``)."""
 
     @property
     def pause_reason(self) -> str | None:
@@ -399,7 +402,8 @@ class RunState:
                 "finished": self.finished, "lineage": self.lineage, "owner": self.owner, "seq": self.seq,
                 "head_hash": self.head_hash, "problems": list(self.problems),
                 "safe_to_continue": self.analysis.safe_to_continue,
-                "has_corruption": self.analysis.has_corruption}
+                "has_corruption": self.analysis.has_corruption,
+                "corruption": None if self.corruption is None else self.corruption.to_dict()}
 
 
 __all__ = [

@@ -101,6 +101,8 @@ def next_operations(state: RunState, store: str, providers_spec: str | None = No
         ops.append({"operation": operation, "why": why, "command": f"jixu runs {operation} {head}{extra}"})
 
     status = state.status
+    if status == "corrupt":
+        return ops  # no operation acts on a journal that does not hold: there is nothing to offer
     if status == "succeeded":
         add("publish", "push the verified source to a branch on the authorized origin (or open a pull request "
                        "with --publisher): an execution request, executed here with --execute or by a worker",

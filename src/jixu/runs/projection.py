@@ -23,6 +23,7 @@ from typing import Any
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.event import Event
 from jixu.recovery import PHASES, Analysis, EffectDecision
+from jixu.recovery.corruption import Corruption
 from jixu.runs.model import (
     AUTOMATIC_PAUSES,
     MAX_AUTOMATIC_RETRIES,
@@ -422,7 +423,7 @@ def _journal_stop(record: RunRecord, analysis: Analysis) -> Stop | None:
     if record.problems or analysis.has_corruption:
         what = "; ".join(record.problems[:3]) or f"contradictory task events {list(analysis.corrupt)}" + (
             f", chain broken at seq {analysis.chain_break_seq}" if analysis.chain_break_seq else "")
-        return Stop("needs_reconciliation", f"the journal is broken or contradicts itself: {what}")
+        return Stop("corrupt", f"the journal is broken or contradicts itself: {what}")
     if record.finished is not None:
         return Stop(str(record.finished.get("outcome")), str(record.finished.get("reason") or ""))
     mismatch = record.reconciliation_mismatch
@@ -708,8 +709,8 @@ def plan_view(record: RunRecord, analysis: Analysis) -> PlanView:
 
 
 def build_state(record: RunRecord, analysis: Analysis, status: str, reason: str,
-                owner: JSONObject | None) -> RunState:
-    """The public :class:`~jixu.runs.model.RunState` (pure)."""
+                owner: JSONObject | None, corrupt: Corruption | None = None) -> RunState:
+    """The public :class:`~jixu.runs.model.RunState` (pure); ``corrupt``: the journal's corruption verdict."""
     created = record.created or {}
     return RunState(
         run_id=record.run_id, project=record.project, brief=record.brief, status=status, reason=reason,
@@ -719,7 +720,7 @@ def build_state(record: RunRecord, analysis: Analysis, status: str, reason: str,
         automatic_retries_used=record.auto_retries, repairs_used=record.repairs_used,
         reconciliations=tuple(dict(r) for r in record.reconciliations), finished=record.finished,
         lineage={"parent_run_id": created.get("parent_run_id")}, owner=owner, seq=record.seq,
-        head_hash=record.head_hash, problems=tuple(record.problems), analysis=analysis)
+        head_hash=record.head_hash, problems=tuple(record.problems), analysis=analysis, corruption=corrupt)
 
 
 __all__ = [

@@ -63,6 +63,7 @@ from jixu.errors import (
     ProjectNotFound,
     ReceiptConflict,
     ReconciliationNeedsProof,
+    RequestCorrupt,
     RequestNotFound,
     RequestStateError,
     RunStateError,
@@ -73,7 +74,9 @@ from jixu.ledger import Event, NewEvent, Store, new_id, project
 from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
 from jixu.ledger.ids import is_valid_id
 from jixu.ledger.store import Lease
+from jixu.ledger.trust import record_break
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
+from jixu.recovery.corruption import Corruption, corruption
 from jixu.recovery.resolutions import admit_resolution, resolution_body
 from jixu.runs.journal import RunLog
 from jixu.runs.model import REQUEST_TASK_KINDS, check_text, get_project, run_lease_key
@@ -252,6 +255,8 @@ class ExecutionRequestView:
     seq: int
     head_hash: str
     chain_valid: bool
+    corruption: JSONObject | None = None
+    """Why the request is corrupt (first bad seq, reason), when it is."""
 
     def to_dict(self) -> JSONObject:
         """A JSON-ready dict."""
@@ -260,7 +265,7 @@ class ExecutionRequestView:
                 "admitted_source": self.admitted_source, "target": self.target, "intent": self.intent,
                 "receipt": self.receipt, "reconciliations": list(self.reconciliations),
                 "inspections": list(self.inspections), "decision": self.decision, "seq": self.seq,
-                "head_hash": self.head_hash, "chain_valid": self.chain_valid}
+                "head_hash": self.head_hash, "chain_valid": self.chain_valid, "corruption": self.corruption}
 
 
 class RequestLog:
@@ -272,7 +277,11 @@ class RequestLog:
         self.store, self.request_id, self.stream = store, request_id, request_stream(request_id)
         if store.stream_info(self.stream) is None:
             raise RequestNotFound(f"no execution request {request_id} in {store.url}", request_id=request_id)
-        projected = project(store, self.stream, RequestProjection(), use_checkpoint=False)
+        projected = project(store, self.stream, RequestProjection(), use_checkpoint=False)  # the whole chain
+        if not projected.chain.valid:
+            record_break(store, projected.chain)  # kept for every later opening
+        self.chain = projected.chain
+        """The ledger's verdict on the request's chain when it was loaded (it is read whole: no checkpoint)."""
         self.writer: StreamWriter[RequestRecord] = StreamWriter(
             store, self.stream, RequestProjection(), projected.state,
             chain_break=None if projected.chain.valid else projected.chain.first_bad_seq)
@@ -294,8 +303,27 @@ class RequestLog:
 
     def append(self, events: list[NewEvent]) -> list[Event]:
         """Append after this record's head (receipts kept across another writer's events; anything else meets
-        :class:`~jixu.errors.ConcurrencyError`)."""
+        :class:`~jixu.errors.ConcurrencyError`). Nothing is appended to a corrupt request."""
+        self.open_to_act()
         return self.writer.append(events)
+
+    def corruption(self) -> Corruption | None:
+        """The request's corruption verdict (:func:`jixu.recovery.corruption.corruption`), or ``None``."""
+        analysis = self.analysis()
+        if self.chain.valid and self.chain_break is None and not self.record.problems and not analysis.has_corruption:
+            return None
+        seqs = {event.id: event.seq for event in self.record.lifecycle}
+        return corruption(self.stream, chain=self.chain, analysis=analysis, chain_break_seq=self.chain_break,
+                          problems=self.record.problems, seq_of=seqs.get)
+
+    def open_to_act(self) -> None:
+        """The line every operation on the request crosses first (execute, inspect, resolve, reconcile):
+        :class:`~jixu.errors.RequestCorrupt` (first bad seq, reason) when it is corrupt; nothing is appended."""
+        found = self.corruption()
+        if found is not None:
+            raise RequestCorrupt(f"execution request {self.request_id} is corrupt: {found.summary()}. Nothing acts "
+                                 "on it", request_id=self.request_id, stream=found.stream_name,
+                                 first_bad_seq=found.first_bad_seq, reason=found.reason, detail=found.detail)
 
     def analysis(self) -> Analysis:
         """The resolver's answer for the request's effect."""
@@ -305,12 +333,17 @@ class RequestLog:
         return self.analysis().decisions.get(self.record.effect_id or "")
 
     def status(self) -> tuple[str, str]:
+        found = self.corruption()
+        if found is not None:
+            return "corrupt", found.summary()
         return request_status(self.record, self.analysis())
 
     def view(self) -> ExecutionRequestView:
         """The request as users see it."""
         analysis = self.analysis()
-        status, reason = request_status(self.record, analysis)
+        found = self.corruption()
+        status, reason = ("corrupt", f"{found.summary()}; nothing acts on it") if found is not None else (
+            request_status(self.record, analysis))
         admitted = self.record.admitted or {}
         decision = analysis.decisions.get(self.record.effect_id or "")
         return ExecutionRequestView(
@@ -320,7 +353,8 @@ class RequestLog:
             target=dict(admitted.get("target") or {}), intent=self.record.intent, receipt=self.record.receipt,
             reconciliations=tuple(self.record.reconciliations), inspections=tuple(self.record.inspections),
             decision=None if decision is None else decision.to_dict(), seq=self.record.seq,
-            head_hash=self.record.head_hash, chain_valid=self.chain_break is None)
+            head_hash=self.record.head_hash, chain_valid=self.chain.valid and self.chain_break is None,
+            corruption=None if found is None else found.to_dict())
 
     @staticmethod
     def meta(actor: str, run_id: str, request_id: str) -> JSONObject:
@@ -354,6 +388,13 @@ class ExecutionRequests:
         self.poll_interval = float(poll_interval)
 
     # --- reading -------------------------------------------------------------------------------
+
+    def _acting(self, run_id: str, request_id: str) -> tuple[RunLog, RequestLog]:
+        """:meth:`_request`, for an operation that writes: both streams must hold (RunCorrupt, RequestCorrupt)."""
+        run, log = self._request(run_id, request_id)
+        run.open_to_act()
+        log.open_to_act()
+        return run, log
 
     def _request(self, run_id: str, request_id: str) -> tuple[RunLog, RequestLog]:
         run = RunLog(self.store, run_id)
@@ -447,6 +488,7 @@ class ExecutionRequests:
             raise InvalidInput("parameters must be a JSON object", field="parameters")
         canonical_text(parameters or {}, path="parameters")
         run = RunLog(self.store, run_id)
+        run.open_to_act()
         for _ in range(5):
             history, source = self._admission_guard(run, kind)
             target = {"provider": provider, "provider_kind": chosen.kind, "settings": chosen.settings(),
@@ -476,6 +518,7 @@ class ExecutionRequests:
             raise UnknownProvider(f"no publisher named {publisher!r} is configured; configured: "
                                   f"{sorted(self.publishers)}", field="publisher", publisher=publisher)
         run = RunLog(self.store, run_id)
+        run.open_to_act()
         branch = check_branch(branch or f"jixu/{run_id}")
         for _ in range(5):
             record = run.record
@@ -499,6 +542,7 @@ class ExecutionRequests:
         check_text(actor, "actor", 200, required=True)
         check_text(reason, "reason", 10_000)
         run = RunLog(self.store, run_id)
+        run.open_to_act()
         for _ in range(5):
             finished = run.record.finished
             if finished is not None:
@@ -548,6 +592,8 @@ class ExecutionRequests:
         """
         log = RequestLog(self.store, request_id)
         run = RunLog(self.store, log.record.run_id)
+        if log.corruption() is not None or run.corruption() is not None:
+            return self.view(log)  # nothing acts on a history that does not hold
         if request_id not in run.record.requests:
             raise RequestNotFound(f"request {request_id} is not named by run {log.record.run_id}'s journal; it was "
                                   "never admitted completely and is not executed", request_id=request_id)
@@ -805,7 +851,7 @@ class ExecutionRequests:
         """Ask the provider, read-only, what it shows for the recorded remote effect; retain the finding."""
         actor = actor or self.actor
         check_text(actor, "actor", 200, required=True)
-        run, log = self._request(run_id, request_id)
+        run, log = self._acting(run_id, request_id)
         if log.record.kind not in REMOTE_REQUEST_KINDS or log.record.intent is None:
             raise RequestStateError(f"request {request_id} has no remote intent to inspect", request_id=request_id)
         provider = self._provider(log)
@@ -828,7 +874,7 @@ class ExecutionRequests:
         dispatch); the resolution cites that inspection as its evidence.
         """
         actor = actor or self.actor
-        run, log = self._request(run_id, request_id)
+        run, log = self._acting(run_id, request_id)
         inspection = log.record.inspections[-1] if log.record.inspections else None
         dispatched = next((e.seq for e in log.record.lifecycle if e.type.endswith(".dispatched")), None)
         if log.record.kind in REMOTE_REQUEST_KINDS and (inspection is None or dispatched is None
@@ -859,7 +905,7 @@ class ExecutionRequests:
         if not isinstance(reconciliation_id, str) or not RECONCILIATION_ID.match(reconciliation_id):
             raise InvalidInput("reconciliation_id must be 32 lowercase hexadecimal characters",
                                field="reconciliation_id")
-        run, log = self._request(run_id, request_id)
+        run, log = self._acting(run_id, request_id)
         for _ in range(5):
             retained = next((r for r in log.record.reconciliations
                              if r.get("reconciliation_id") == reconciliation_id), None)

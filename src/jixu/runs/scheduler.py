@@ -66,7 +66,7 @@ def submit_turn(store: Store, thread_id: str, text: str, *, actor: str = "jixu")
     """
     log = ThreadLog.load(store, thread_id, actor=actor)
     project = project_of(log.state.metadata)
-    log.refuse_if_corrupt()
+    log.open_to_act()  # the whole history first: a corrupt thread takes no input (ThreadCorrupt)
     state = log.snapshot()
     if state.status == "waiting":
         raise ThreadBusy(f"thread {thread_id} is waiting: {state.reason}. Settle that first", thread_id=thread_id)

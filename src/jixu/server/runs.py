@@ -105,7 +105,9 @@ def get_journal(run_id: str, ctx: Annotated[Context, Depends(context)]) -> Obj:
     """The run's hash-chained entries and ``valid``: whether the whole chain verifies."""
     authorize(ctx, run_id, "viewer")
     entries, valid = run_async(ctx.services.runs.journal(run_id))
-    return {"run_id": run_id, "entries": entries, "valid": valid}
+    state = run_async(ctx.services.runs.state(run_id))
+    return {"run_id": run_id, "entries": entries, "valid": valid,
+            "corruption": None if state.corruption is None else state.corruption.to_dict()}
 
 
 def _requeue(ctx: Context, run_id: str) -> None:

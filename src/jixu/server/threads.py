@@ -128,9 +128,13 @@ def list_threads(ctx: Annotated[Context, Depends(context)],
 
 @router.get("/{thread_id}", responses=READ, summary="A thread's state")
 def get_thread(thread_id: str, ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
-    """The thread's state: status, turns, messages, the resolver's decision on every effect, turn ownership."""
+    """The thread's state: status, turns, messages, the resolver's decision on every effect, turn ownership.
+
+    The whole history is verified first (O(events)): a thread whose history does not hold is ``corrupt``, with
+    ``corruption`` naming the first bad seq and the reason, as on every other surface.
+    """
     project = authorize(ctx, thread_id, "viewer")
-    return state_dict(ThreadLog.load(ctx.store, thread_id), project)
+    return state_dict(ThreadLog.load(ctx.store, thread_id, verify=True), project)
 
 
 @router.post("/{thread_id}/inputs", status_code=202, responses=WRITE, response_model=dict[str, Any], summary="Send input (starts a turn)")
@@ -222,14 +226,10 @@ async def stream_events(thread_id: str, request: Request,
 
 @router.get("/{thread_id}/verify", responses=READ, summary="Verify a thread's hash chain and effects")
 def verify_thread(thread_id: str, ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
-    """Recompute the whole chain and check the effects are consistent; ``valid`` is both."""
+    """Recompute the whole chain, check the effects are consistent and re-project the checkpoint; ``valid`` is
+    all three (``corruption``: the thread's verdict; ``checkpoint``: what re-projecting its checkpoint found)."""
     authorize(ctx, thread_id, "viewer")
-    log = ThreadLog.load(ctx.store, thread_id, verify=True)
-    report = ctx.store.verify(log.stream)
-    analysis = log.analysis()
-    return {"thread_id": thread_id, "valid": report.valid and not analysis.has_corruption,
-            "chain": report.to_dict(), "corrupt_effects": list(analysis.corrupt),
-            "unattributed_events": list(analysis.unattributed_events)}
+    return ThreadLog.load(ctx.store, thread_id, verify=True).verification()
 
 
 @router.get("/{thread_id}/replay", responses=READ, summary="Rebuild the state from events alone")

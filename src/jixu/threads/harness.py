@@ -115,6 +115,12 @@ class Harness:
         retry-safe effects under their original identity, and waits (status
         ``waiting``) on unknown unsafe effects or parked calls. A corrupt thread
         opens for inspection but does not run.
+
+        Opening trusts a sealed checkpoint for the events before it (so it
+        costs O(events after it)); before anything would run, the whole
+        history is verified (:meth:`ThreadLog.open_to_act`, O(history)), so a
+        change made in the store before the checkpoint stops the thread
+        (status ``corrupt``) with nothing appended and no driver called.
         """
         log = ThreadLog.load(self.store, thread_id, actor=self.actor)
         recorded = log.state.agent.get("contract")
@@ -128,7 +134,9 @@ class Harness:
         status = log.status(max_steps=self.agent.max_steps, max_attempts=self.max_attempts,
                             context_budget=self.agent.context_budget)  # O(open effects), unlike state()
         if resume and not self.closing and status == "running" and thread.claim_problem() is None:
-            thread.wait_in_background()
+            log.establish()  # opening to act: the whole history first (a corrupt thread then stops here)
+            if log.corruption() is None:
+                thread.wait_in_background()
         return thread
 
     def _track(self, thread: Thread) -> Thread:

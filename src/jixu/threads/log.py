@@ -19,6 +19,7 @@ from typing import Any
 from jixu.errors import (
     EffectNotParked,
     InvalidInput,
+    KeyUnavailable,
     LeaseHeld,
     NotFound,
     ResolutionConflict,
@@ -37,14 +38,22 @@ from jixu.kernel import (
     recovery_claim,
     release,
 )
-from jixu.ledger import Event, Fence, NewEvent, Store, new_id, project
+from jixu.ledger import Event, Fence, NewEvent, Store, VerifyReport, new_id, project
 from jixu.ledger.artifacts import ArtifactRef, get_text
 from jixu.ledger.encoding import canonical_text
 from jixu.ledger.event import PreparedEvent, keep_parsed, parse_json, shared_meta
 from jixu.ledger.ids import is_valid_id
-from jixu.ledger.projection import fold, make_chunked_checkpoint, write_chunked_checkpoint
+from jixu.ledger.projection import (
+    STATE_NESTING,
+    audit_checkpoint,
+    fold,
+    make_chunked_checkpoint,
+    write_chunked_checkpoint,
+)
 from jixu.ledger.store import Lease
+from jixu.ledger.trust import verdict
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
+from jixu.recovery.corruption import Corruption, corruption
 from jixu.recovery.decision_text import decode_decisions
 from jixu.recovery.resolutions import admit_resolution, resolution_body
 from jixu.threads.decide import Stop, decide
@@ -89,6 +98,8 @@ class State:
     parent: dict[str, Any] | None
     agent: dict[str, Any]
     analysis: Analysis
+    corruption: Corruption | None = None
+    """Why the thread is corrupt (first bad seq and reason), when it is (``status`` is then ``corrupt``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the analysis flags included, the decisions as dicts)."""
@@ -108,22 +119,27 @@ class State:
             "agent": self.agent,
             "safe_to_continue": self.analysis.safe_to_continue,
             "has_corruption": self.analysis.has_corruption,
+            "corruption": None if self.corruption is None else self.corruption.to_dict(),
         }
 
 
 def build_state(thread_state: ThreadState, analysis: Analysis, *, max_steps: int = DEFAULT_MAX_STEPS,
                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, running: bool = False,
-                context_budget: int | None = None) -> State:
-    """The public :class:`State` of a projected thread (pure)."""
+                context_budget: int | None = None, corrupt: Corruption | None = None) -> State:
+    """The public :class:`State` of a projected thread (pure); ``corrupt``: the thread's corruption verdict."""
     action = decide(thread_state, analysis, max_steps=max_steps, max_attempts=max_attempts,
                     context_budget=context_budget)
-    if isinstance(action, Stop) and not running:
+    if corrupt is not None:
+        status, reason = "corrupt", f"{corrupt.summary()}; it will not run"
+    elif isinstance(action, Stop) and not running:
         status, reason = action.status, action.reason
     else:
         status, reason = "running", ""
     waiting = []
     blocking = action.effect_ids if isinstance(action, Stop) else ()
-    for effect_id in dict.fromkeys((*analysis.requires_resolution, *analysis.waiting_on_parked, *blocking)):
+    # A corrupt thread waits for nothing an operator could give it: no decision is offered on it.
+    open_items = () if corrupt is not None else (*analysis.requires_resolution, *analysis.waiting_on_parked, *blocking)
+    for effect_id in dict.fromkeys(open_items):
         decision = analysis.decisions[effect_id]
         waiting.append({"effect_id": effect_id, "kind": decision.kind, "name": decision.name,
                         "state": decision.state, "reason": decision.reason})
@@ -143,6 +159,7 @@ def build_state(thread_state: ThreadState, analysis: Analysis, *, max_steps: int
         parent=thread_state.parent,
         agent=dict(thread_state.agent),
         analysis=analysis,
+        corruption=corrupt,
     )
 
 
@@ -150,7 +167,7 @@ class ThreadLog:
     """One thread's events and projected state in a store; operator operations, no agent loop."""
 
     def __init__(self, store: Store, state: ThreadState, *, chain_break_seq: int | None = None,
-                 checkpoint_status: str = "none", actor: str = "jixu") -> None:
+                 checkpoint_status: str = "none", actor: str = "jixu", chain: VerifyReport | None = None) -> None:
         self.store = store
         self.thread_id = state.thread_id
         self.stream = stream_of(state.thread_id)
@@ -161,6 +178,11 @@ class ThreadLog:
         """The kernel's writer of this thread's stream: the projected state and every append go through it."""
         self.checkpoint_status = checkpoint_status
         """How opening used the checkpoint: ``used``, ``none`` or why it was ignored."""
+        self.chain = chain
+        """What the ledger said about this thread's chain: the opening's report, or the verdict once established."""
+        self.established = False
+        """True once :meth:`establish` verified the whole history (this record may then act on it)."""
+        self._explained: int | None = None  # the break the last verdict was asked about
         self.actor = actor
         self._checkpoint_seq = 0
         self._artifact_texts: dict[str, str] = {}
@@ -190,12 +212,14 @@ class ThreadLog:
 
     @classmethod
     def load(cls, store: Store, thread_id: str, *, actor: str = "jixu", verify: bool = False) -> ThreadLog:
-        """Open a thread's record from its latest valid checkpoint plus the events after it.
+        """Open a thread's record from its latest sealed checkpoint plus the events after it.
 
         Only the events after the checkpoint are chain-checked, so opening costs
-        O(tail). ``verify=True`` also recomputes the whole chain (O(history)),
-        so a change made inside the store before the checkpoint marks the
-        thread corrupt too.
+        O(tail); a break recorded earlier, or a sealed checkpoint the events
+        contradict, shows at once. ``verify=True`` establishes the record
+        (:meth:`establish`: the whole chain, O(history)), so a change made
+        inside the store before the checkpoint marks the thread corrupt too:
+        every surface that reports a thread's status loads it so.
         """
         if not isinstance(thread_id, str) or not is_valid_id(thread_id):
             raise InvalidInput(f"thread id {thread_id!r} is not a valid id", field="thread_id")
@@ -204,17 +228,87 @@ class ThreadLog:
             raise ThreadNotFound(f"no thread {thread_id} in {store.url}", thread_id=thread_id)
         projected = project(store, stream, ThreadProjection())
         chain_break = None if projected.chain.valid else projected.chain.first_bad_seq
-        if verify:
-            report = store.verify(stream)
-            if not report.valid and report.first_bad_seq is not None:
-                chain_break = min(chain_break or report.first_bad_seq, report.first_bad_seq)
         log = cls(store, projected.state, chain_break_seq=chain_break, checkpoint_status=projected.checkpoint,
-                  actor=actor)
+                  actor=actor, chain=projected.chain)
         log._checkpoint_seq = projected.checkpoint_seq or 0
         if projected.chunks is not None:
             # A checkpoint chunk read later that is missing or damaged is rebuilt by replay; say so here too.
             projected.chunks.on_problem.append(lambda problem: setattr(log, "checkpoint_status", problem))
+        if verify:
+            log.establish()
         return log
+
+    # --- trust (decision 0025) ------------------------------------------------------------
+
+    def establish(self) -> VerifyReport:
+        """Verify the whole history once (the ledger's :func:`~jixu.ledger.trust.verdict`, O(history)): the
+        chain from the genesis, the sealed checkpoint against its anchor, a break recorded earlier.
+
+        Opening from a checkpoint trusts it for the events before it; this
+        re-reads them, so a change made there after the checkpoint was
+        written is found before this record acts. A break found is recorded
+        in the store (every later opening sees it) and marks the thread
+        corrupt. Idempotent: the second call costs nothing.
+        """
+        if not self.established or self.chain is None:
+            report = verdict(self.store, self.stream, checkpoints=(self._projection.name,))
+            self.chain = report
+            self.established = True
+            self._explained = self.chain_break_seq
+            if not report.valid and report.first_bad_seq is not None:
+                current = self.chain_break_seq
+                self.chain_break_seq = report.first_bad_seq if current is None else min(current,
+                                                                                         report.first_bad_seq)
+        return self.chain
+
+    def verification(self) -> dict[str, Any]:
+        """What ``verify`` reports (the HTTP API, the Studio and the CLI show this): the established chain,
+        the corruption verdict, and what re-projecting the checkpoint found (``valid`` is all of them)."""
+        report = self.establish()
+        analysis = self.analysis()
+        found = self.corruption()
+        audit = audit_checkpoint(self.store, self.stream, self._projection)
+        return {"thread_id": self.thread_id, "valid": found is None and not (audit is not None and audit.failed),
+                "chain": report.to_dict(), "corruption": None if found is None else found.to_dict(),
+                "checkpoint": None if audit is None else audit.to_dict(), "corrupt_effects": list(analysis.corrupt),
+                "unattributed_events": list(analysis.unattributed_events)}
+
+    def open_to_act(self) -> None:
+        """The line every operation that writes to this thread crosses first: send, the agent loop (a wait,
+        a resume, a worker's claim), approve, deny, resolve, recover, interrupt, fork.
+
+        Establishes the record (:meth:`establish`), then refuses a corrupt
+        thread (:class:`~jixu.errors.ThreadCorrupt`, naming the first bad seq
+        and the reason): nothing is appended and nothing is dispatched.
+        """
+        self.establish()
+        self.refuse_if_corrupt()
+
+    def corruption(self) -> Corruption | None:
+        """The thread's corruption verdict (:func:`jixu.recovery.corruption.corruption`), or ``None``.
+
+        What every surface shows and refuses by: the chain as the ledger
+        reported it, a break seen since (its reason established then), the
+        resolver's contradictions and the projection's.
+        """
+        seen = self.chain_break_seq
+        if seen is not None and seen != self._explained and (self.chain is None or self.chain.valid
+                                                              or self.chain.first_bad_seq != seen):
+            self.established = False  # a break seen since the last verdict: ask the ledger for its reason
+            self.establish()
+        analysis = self.open_analysis()
+        if analysis.has_corruption and not (analysis.corrupt or analysis.unattributed_events):
+            analysis = self.analysis()
+        if self.chain is not None and self.chain.valid and self.chain_break_seq is None \
+                and not analysis.has_corruption and not self.state.contradiction:
+            return None
+
+        def seq_of(event_id: str) -> int | None:
+            event = self.store.get_event(event_id)
+            return event.seq if event is not None and event.stream == self.stream else None
+
+        return corruption(self.stream, chain=self.chain, analysis=analysis, chain_break_seq=self.chain_break_seq,
+                          contradiction=self.state.contradiction, seq_of=seq_of)
 
     @classmethod
     def create(cls, store: Store, agent_record: dict[str, Any], *, metadata: dict[str, Any] | None = None,
@@ -276,9 +370,10 @@ class ThreadLog:
     def snapshot(self, *, max_steps: int = DEFAULT_MAX_STEPS, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
                  running: bool = False, context_budget: int | None = None) -> State:
         """The public state (``last_reply`` whole, read from its artifact when it was stored as one)."""
+        corrupt = self.corruption()
         return self._whole_reply(build_state(self.state, self.analysis(), max_steps=max_steps,
-                                             max_attempts=max_attempts, running=running,
-                                             context_budget=context_budget))
+                                             max_attempts=max_attempts, running=running and corrupt is None,
+                                             context_budget=context_budget, corrupt=corrupt))
 
     def _whole_reply(self, state: State) -> State:
         """``state`` with ``last_reply`` read from its artifact when the reply was stored as one.
@@ -318,6 +413,8 @@ class ThreadLog:
         has the same flags as the full one (see ``ThreadState.open_analysis``),
         and it is what the agent loop decides on.
         """
+        if self.corruption() is not None:
+            return "corrupt"
         action = decide(self.state, self.open_analysis(), max_steps=max_steps, max_attempts=max_attempts,
                         context_budget=context_budget)
         return action.status if isinstance(action, Stop) and not running else "running"
@@ -361,9 +458,10 @@ class ThreadLog:
 
         With ``fence``, the store refuses the append unless that turn claim is still current. Staged
         events (see :meth:`stage`) are committed first, in the same atomic append. Receipts are kept across
-        another writer's events; anything else meets :class:`~jixu.errors.ConcurrencyError`.
+        another writer's events; anything else meets :class:`~jixu.errors.ConcurrencyError`. Nothing is
+        appended to a record that was not established (:meth:`open_to_act`) or is corrupt.
         """
-        self.refuse_if_corrupt()
+        self.open_to_act()
         return self.writer.append(events, fence, enqueue=enqueue)
 
     async def append_async(self, events: Sequence[NewEvent], fence: Fence | None, *,
@@ -373,7 +471,7 @@ class ThreadLog:
         The state moves only when the events are durable. ``user``: the caller is the thread's agent loop
         (a running user of the loop's commits, see :class:`~jixu.kernel.Commits`).
         """
-        self.refuse_if_corrupt()  # checked on the state the caller decided from
+        self.open_to_act()  # checked on the state the caller decided from
         return await self.writer.append_async(events, fence, user=user)
 
     def can_stage(self) -> bool:
@@ -417,6 +515,8 @@ class ThreadLog:
         """The state rebuilt from what the store holds (staged events that failed to commit are forgotten)."""
         projected = project(self.store, self.stream, ThreadProjection())
         self._open_analysis = self._decoded = None
+        if not projected.chain.valid:
+            self.chain = projected.chain
         return projected.state, (self.chain_break_seq if projected.chain.valid else projected.chain.first_bad_seq)
 
     def meta(self, actor: str | None = None) -> dict[str, Any]:
@@ -424,25 +524,27 @@ class ThreadLog:
         return {"actor": actor or self.actor, "thread_id": self.thread_id}
 
     def refuse_if_corrupt(self) -> None:
-        """Raise :class:`~jixu.errors.ThreadCorrupt` when the history is broken or contradictory."""
-        if self.chain_break_seq is not None or self.state.contradiction:
-            raise ThreadCorrupt(f"thread {self.thread_id} has a broken or contradictory history; it will not "
-                                f"run. Inspect it with `jixu threads verify STORE {self.thread_id}`",
-                                thread_id=self.thread_id)
-        analysis = self.open_analysis()
-        if analysis.has_corruption:
-            what = list(analysis.corrupt) or list(analysis.unattributed_events)
-            raise ThreadCorrupt(f"thread {self.thread_id} has contradictory effect events ({what}); it will "
-                                "not run", thread_id=self.thread_id)
+        """Raise :class:`~jixu.errors.ThreadCorrupt` (first bad seq, reason) when :meth:`corruption` finds any."""
+        found = self.corruption()
+        if found is not None:
+            raise thread_corrupt(self.thread_id, found)
 
     def checkpoint(self) -> bool:
-        """Write a checkpoint of the current state if it moved since the last one; True if written."""
+        """Write a sealed checkpoint of the current state if it moved since the last one; True if written.
+
+        The state comes from verified events (a sealed checkpoint and the chain-checked events after it, or
+        the whole chain); a corrupt record writes none. With no key to seal it with
+        (:class:`~jixu.errors.KeyUnavailable`), none is written (opening then replays).
+        """
         self.flush()
         state = self.state
-        if state.seq <= self._checkpoint_seq or state.contradiction or self.chain_break_seq is not None:
+        if state.seq <= self._checkpoint_seq or self.corruption() is not None:
             return False
         # Chunks first (only those the store does not have yet), then the main checkpoint that names them.
-        main, chunks = make_chunked_checkpoint(self.stream, self._projection, state, state.seq, state.head_hash)
+        try:
+            main, chunks = make_chunked_checkpoint(self.stream, self._projection, state, state.seq, state.head_hash)
+        except KeyUnavailable:
+            return False
         write_chunked_checkpoint(self.store, main, chunks, state.chunks_stored)
         self._checkpoint_seq = state.seq
         return True
@@ -462,6 +564,7 @@ class ThreadLog:
         body = resolution_body(effect_id, resolution, new_id() if resolution_id is None else resolution_id, actor=actor, note=note,
                                evidence=evidence, result=result)
         self.sync()
+        self.open_to_act()
         decision = admit_resolution(self.analysis(), body, where=f"thread {self.thread_id}")
         if decision is None:
             return False
@@ -493,6 +596,7 @@ class ThreadLog:
         check_text(actor, "actor", 200, required=True)
         check_text(note, "note", MAX_NOTE_CHARS)
         self.sync()
+        self.open_to_act()
         decision = self.analysis().decisions.get(effect_id)
         if decision is None:
             raise NotFound(f"thread {self.thread_id} has no effect {effect_id!r}", effect_id=effect_id)
@@ -528,6 +632,7 @@ class ThreadLog:
     def _turn_start(self, text: str, owner: str | None, ttl: float) -> tuple[str, Fence | None, list[NewEvent]]:
         """Check a new turn, claim its lease (with ``owner``); its id, fence and ``turn.started`` event."""
         check_text(text, "input", MAX_INPUT_CHARS, required=True)
+        self.open_to_act()
         if self.state.active_turn() is not None:
             raise ThreadBusy(f"thread {self.thread_id} already has an active turn", thread_id=self.thread_id)
         if owner is None:
@@ -546,6 +651,7 @@ class ThreadLog:
 
     def end_running_turn(self, reason: str, fence: Fence | None = None) -> bool:
         """Record that the active turn was interrupted; False if no turn was active."""
+        self.open_to_act()
         turn = self.state.active_turn()
         if turn is None:
             return False
@@ -558,6 +664,7 @@ class ThreadLog:
         check_text(actor, "actor", 200, required=True)
         check_text(note, "note", MAX_NOTE_CHARS)
         self.sync()
+        self.open_to_act()
         turn = self.state.active_turn()
         if turn is None or turn.pause is None:
             raise ThreadBusy(f"thread {self.thread_id} has no paused turn to resume", thread_id=self.thread_id)
@@ -603,6 +710,7 @@ class ThreadLog:
         body = {"turn_id": turn_id, "expected_epoch": expected_epoch,
                 "legacy_confirmed_stopped": legacy_confirmed_stopped}
         self.sync()
+        self.open_to_act()
         earlier = self.state.recovery(request_id)
         if earlier is not None:
             if {k: earlier.get(k) for k in body} == body:
@@ -645,9 +753,13 @@ class ThreadLog:
         last = self.resolve_upto(upto)
         events = self.store.read(self.stream, 1, last)
         state = fold(self._projection, events)
-        report = self.store.verify(self.stream)
+        report = verdict(self.store, self.stream, checkpoints=(self._projection.name,))
         break_seq = None if report.valid else report.first_bad_seq
-        return self._whole_reply(build_state(state, RecoveryResolver.analyze(events, chain_break_seq=break_seq)))
+        analysis = RecoveryResolver.analyze(events, chain_break_seq=break_seq)
+        seqs = {event.id: event.seq for event in events}
+        found = corruption(self.stream, chain=report, analysis=analysis, contradiction=state.contradiction,
+                           seq_of=seqs.get)
+        return self._whole_reply(build_state(state, analysis, corrupt=found))
 
     def fork(self, at: str, *, agent_record: dict[str, Any] | None = None, input: str | None = None) -> ThreadLog:
         """Record a child thread with this thread's state at event ``at`` (open effects not inherited).
@@ -664,6 +776,16 @@ class ThreadLog:
         if event is None or event.stream != self.stream:
             raise NotFound(f"event {at} is not in thread {self.thread_id}; fork at one of its events",
                            event_id=at)
+        self.establish()
+        found = self.corruption()
+        if found is not None and event.seq >= found.sound_before:
+            error = thread_corrupt(self.thread_id, found)
+            error.message = (f"thread {self.thread_id} is corrupt from event #{found.sound_before} on "
+                             f"({found.summary()}); fork it at an earlier event" if found.sound_before > 1 else
+                             f"thread {self.thread_id} is corrupt ({found.summary()}); no event of it can be "
+                             "forked from")
+            error.args = (error.message,)
+            raise error
         events = self.store.read(self.stream, 1, event.seq)
         parent_state = fold(self._projection, events)
         if RecoveryResolver.analyze(events).has_corruption or parent_state.contradiction:
@@ -674,7 +796,7 @@ class ThreadLog:
         parent = {"thread_id": self.thread_id, "event_id": event.id, "seq": event.seq, "hash": event.hash}
         child_state.thread_id = child_id
         child_state.parent = parent
-        text = canonical_text(self._projection.dump(child_state))
+        text = canonical_text(self._projection.dump(child_state), max_nesting=STATE_NESTING)
         parts = [text[i:i + INHERIT_CHUNK_CHARS] for i in range(0, len(text), INHERIT_CHUNK_CHARS)] or [""]
         meta = self.meta()
         batch = [NewEvent("thread.forked", {
@@ -712,6 +834,14 @@ class ThreadLog:
         return event.seq
 
 
+def thread_corrupt(thread_id: str, found: Corruption) -> ThreadCorrupt:
+    """The error every refusal of a corrupt thread raises: what is wrong, where, and what to do."""
+    return ThreadCorrupt(f"thread {thread_id} is corrupt: {found.summary()}. It will not run and takes no decision; "
+                         f"inspect it with `jixu threads verify STORE {thread_id}`", thread_id=thread_id,
+                         stream=found.stream_name, first_bad_seq=found.first_bad_seq, reason=found.reason,
+                         detail=found.detail)
+
+
 def _seal_staged(state: ThreadState, stored: list[Event]) -> ThreadState:
     """Put the stored events (real time and hashes) where the projection kept their provisional copies."""
     by_id = {event.id: event for event in stored}
@@ -735,4 +865,4 @@ def check_text(value: object, name: str, limit: int, *, required: bool = False) 
 
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "DEFAULT_MAX_STEPS", "THREAD_PREFIX", "State", "ThreadLog", "build_state",
-           "check_text", "stream_of"]
+           "check_text", "stream_of", "thread_corrupt"]

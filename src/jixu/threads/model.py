@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
 from jixu.errors import InvalidInput, ModelError
-from jixu.ledger.encoding import JSONObject, canonical_text
+from jixu.ledger.encoding import VALUE_NESTING, JSONObject, canonical_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +137,7 @@ class ModelResponse:
                 result["reasoning"] = self.reasoning
         if self.fallback is not None:
             result["fallback"] = self.fallback
-        canonical_text(result, path="model result")  # refuse non-JSON arguments before recording
+        canonical_text(result, path="model result", max_nesting=VALUE_NESTING)  # refuse non-JSON arguments before recording
         return result
 
 

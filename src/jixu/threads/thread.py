@@ -184,7 +184,7 @@ class Thread:
                                field="input")
         await self.log.writer.idle()
         self.log.sync()
-        self.log.refuse_if_corrupt()
+        self.log.open_to_act()
         state = self.state()
         if state.status == "paused":
             raise ThreadBusy(f"thread {self.thread_id} is {state.reason}", thread_id=self.thread_id)
@@ -218,8 +218,14 @@ class Thread:
                 raise error
         if self._task is None:
             self._start()
-        assert self._task is not None
-        await asyncio.shield(self._task)
+        task = self._task
+        assert task is not None
+        try:
+            await asyncio.shield(task)
+        except BaseException:
+            if task.done() and self._task is task:
+                self._task = None  # its error is raised here, once: the next wait() starts a new loop
+            raise
         return self.state()
 
     def wait_in_background(self) -> None:
@@ -251,6 +257,7 @@ class Thread:
         log = self.log
         await log.writer.idle()  # a turn.started still waiting for its shared commit (see send)
         log.sync()
+        log.establish()  # opening to act: nothing runs on a history that does not verify (decide() stops it)
         fence = self._claim()
         try:
             async with contextlib.AsyncExitStack() as stack:
@@ -437,6 +444,9 @@ class Thread:
         turn = log.state.active_turn()
         if turn is None:
             return None
+        log.establish()
+        if log.corruption() is not None:
+            return None  # nothing is claimed on a history that does not hold (decide() stops the loop)
         analysis = log.open_analysis()
         if turn.status == "needs_reconciliation":
             if analysis.requires_resolution or analysis.waiting_on_parked or analysis.has_corruption:

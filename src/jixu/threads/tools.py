@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeAlias, overload
 
 from jixu.errors import InvalidInput, MalformedEvent, ToolDefinitionError, ToolInputError, ToolOutputError
-from jixu.ledger.encoding import canonical_text
+from jixu.ledger.encoding import VALUE_NESTING, canonical_text
 
 Semantics: TypeAlias = Literal["read_only", "idempotent", "unsafe"]
 """How safe it is to call a tool again: see SPEC section 3."""
@@ -64,7 +64,7 @@ class ToolError(Exception):
         if type(code) is not str or not code:
             raise InvalidInput(f"ToolError code must be a non-empty string, got {code!r}", code_value=repr(code))
         if data is not None:
-            canonical_text(data, path="data")
+            canonical_text(data, path="data", max_nesting=VALUE_NESTING)
         super().__init__(message)
         self.message = str(message)
         self.code = code
@@ -187,7 +187,7 @@ class _AnyNode(_Node):
 
     def check(self, value: object, path: str) -> Any:
         try:
-            canonical_text(value, path=path)
+            canonical_text(value, path=path, max_nesting=VALUE_NESTING)
         except MalformedEvent as exc:
             raise _Mismatch(str(exc.details.get("path", path)), exc.message) from None
         return _copy_json(value)
@@ -841,7 +841,7 @@ class Tool:
 
     def _check_result(self, result: object) -> None:
         try:
-            canonical_text(result, path="result")
+            canonical_text(result, path="result", max_nesting=VALUE_NESTING)
         except MalformedEvent as exc:
             raise ToolOutputError(f"tool {self.name!r} returned a value that is not plain JSON: {exc.message}",
                                   tool=self.name, path=exc.details.get("path", "result")) from exc

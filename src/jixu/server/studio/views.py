@@ -16,6 +16,7 @@ from typing import Any
 
 from jixu.ledger import Event
 from jixu.recovery import EffectDecision
+from jixu.recovery.corruption import Corruption
 from jixu.runs import project_of
 from jixu.server import runs as runs_api
 from jixu.server import threads as threads_api
@@ -32,7 +33,7 @@ RESUMABLE = ("paused", "interrupted", "needs_reconciliation")
 HANDOFFABLE = ("paused", "interrupted")
 RETRYABLE = ("failed", "cancelled")
 FINISHED = ("succeeded", "failed", "cancelled")
-RECONCILABLE = ("needs_reconciliation", "corrupt")
+RECONCILABLE = ("needs_reconciliation",)
 
 
 def new_hex_id() -> str:
@@ -70,6 +71,14 @@ def _event_summary(event: Event) -> str:
     return excerpt({k: v for k, v in data.items() if k not in ("effect_id", "thread_id")})
 
 
+def _marked_seq(corrupt: Corruption | None, seqs: list[int]) -> int | None:
+    """The stored event a page marks as the first bad one: at the first bad seq, or (an event is missing
+    there) the first stored after it; ``None`` when nothing is corrupt or no such event is stored."""
+    if corrupt is None or corrupt.first_bad_seq is None:
+        return None
+    return min((seq for seq in seqs if seq >= corrupt.first_bad_seq), default=None)
+
+
 def _decision_dict(decision: EffectDecision) -> Obj:
     return decision.to_dict()
 
@@ -91,7 +100,7 @@ def thread_rows(ctx: Context) -> list[Obj]:
             project = project_of(metadata if isinstance(metadata, dict) else {})
             if not ctx.principal.visible(project):
                 continue
-            log = ThreadLog.load(ctx.store, thread_id)
+            log = ThreadLog.load(ctx.store, thread_id, verify=True)  # the status every surface shows
             state = log.snapshot()
             rows.append({"thread_id": thread_id, "project": project, "status": state.status,
                          "reason": state.reason, "waiting_on": list(state.waiting_on), "events": state.seq,
@@ -110,10 +119,14 @@ def thread_rows(ctx: Context) -> list[Obj]:
 def thread_page(ctx: Context, thread_id: str) -> Obj:
     """A thread's timeline, its effects grouped with the resolver's state, the chain badge and the controls."""
     project = threads_api.authorize(ctx, thread_id, "viewer")
-    log = ThreadLog.load(ctx.store, thread_id)
+    log = ThreadLog.load(ctx.store, thread_id, verify=True)
     state = log.snapshot()
-    verified = threads_api.verify_thread(thread_id, ctx)
+    verified = log.verification()
+    corrupt = state.corruption
+    # Forks may start only where the verdict vouches for the events (before the first bad one).
+    fork_before = corrupt.sound_before if corrupt is not None else None
     events = log.events()
+    bad_seq = _marked_seq(corrupt, [event.seq for event in events])
     decisions = state.effects
     role = ctx.principal.role_in(project)
     effect_events: dict[str, list[Obj]] = {}
@@ -124,22 +137,27 @@ def thread_page(ctx: Context, thread_id: str) -> Obj:
         row = {"seq": event.seq, "id": event.id, "type": event.type, "recorded_at": event.recorded_at,
                "actor": event.meta.get("actor"), "effect_id": effect_id,
                "state": decision.state if decision else None, "summary": _event_summary(event),
-               "data": pretty(event.data), "hash": event.hash}
+               "data": pretty(event.data), "hash": event.hash,
+               "bad": event.seq == bad_seq, "can_fork": fork_before is None or event.seq < fork_before}
         timeline.append(row)
         if effect_id:
             effect_events.setdefault(effect_id, []).append(row)
     effects = [{**_decision_dict(d), "events": effect_events.get(d.effect_id, [])} for d in decisions.values()]
     analysis = state.analysis
-    unresolved = [{**_decision_dict(decisions[e]), "resolution_id": new_hex_id()}
-                  for e in analysis.requires_resolution if e in decisions]
-    parked = [_decision_dict(decisions[e]) for e in analysis.waiting_on_parked if e in decisions]
+    # A corrupt thread takes no decision: no resolution, approval, denial or input is offered on it.
+    unresolved = [] if corrupt is not None else [{**_decision_dict(decisions[e]), "resolution_id": new_hex_id()}
+                                                 for e in analysis.requires_resolution if e in decisions]
+    parked = [] if corrupt is not None else [_decision_dict(decisions[e]) for e in analysis.waiting_on_parked
+                                             if e in decisions]
     return {
         "thread_id": thread_id, "project": project, "role": role, "state": state.to_dict(),
         "status": state.status, "reason": state.reason, "seq": state.seq, "head_hash": state.head_hash,
         "parent": state.parent, "chain": verified, "timeline": timeline, "effects": effects,
+        "corruption": None if corrupt is None else corrupt.to_dict(),
+        "bad_event_shown": bad_seq is not None, "bad_event_seq": bad_seq,
         "unresolved": unresolved, "parked": parked, "messages": list(state.messages),
         "can_operate": allows(role, "operator"), "can_edit": allows(role, "editor"),
-        "can_send": allows(role, "editor") and state.status == "idle",
+        "can_send": allows(role, "editor") and state.status == "idle" and corrupt is None,
     }
 
 
@@ -186,7 +204,9 @@ def run_page(ctx: Context, run_id: str) -> Obj:
     requests = [view.to_dict() for view in run_async(runs.execution_requests(run_id))]
     role = ctx.principal.role_in(project)
     status = state.status
-    can_operate = allows(role, "operator")
+    corrupt = state.corruption
+    # A corrupt run takes no operation: none of its controls, nor its requests', is offered.
+    can_operate = allows(role, "operator") and corrupt is None
     for request in requests:
         request["can_reconcile"] = can_operate and request["status"] in RECONCILABLE
         request["reconciliation_id"] = new_hex_id()
@@ -203,15 +223,20 @@ def run_page(ctx: Context, run_id: str) -> Obj:
                 "actor": (e.get("meta") or {}).get("actor"), "effect_id": (e.get("data") or {}).get("effect_id"),
                 "summary": excerpt({k: v for k, v in (e.get("data") or {}).items() if k != "effect_id"}),
                 "data": pretty(e.get("data")), "hash": e["hash"]} for e in entries]
+    bad_seq = _marked_seq(corrupt, [entry["seq"] for entry in journal])
+    for entry in journal:
+        entry["bad"] = entry["seq"] == bad_seq
     tasks = plan["tasks"]
     return {
         "run_id": run_id, "project": project, "role": role, "state": state.to_dict(), "status": status,
         "reason": state.reason, "seq": state.seq, "plan": plan, "tasks": tasks, "revisions": plan["revisions"],
         "journal": journal, "journal_valid": valid, "failed_checks": _failed_checks(tasks), "requests": requests,
         "providers": sorted(ctx.services.providers),
-        "can_resume": allows(role, "editor") and status in RESUMABLE,
+        "corruption": None if corrupt is None else corrupt.to_dict(),
+        "bad_event_shown": bad_seq is not None, "bad_event_seq": bad_seq,
+        "can_resume": allows(role, "editor") and status in RESUMABLE and corrupt is None,
         "can_handoff": can_operate and status in HANDOFFABLE and bool(ctx.services.providers),
-        "can_retry": allows(role, "editor") and status in RETRYABLE,
+        "can_retry": allows(role, "editor") and status in RETRYABLE and corrupt is None,
         "can_cancel": can_operate and status not in FINISHED,
     }
 

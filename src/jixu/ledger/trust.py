@@ -1,0 +1,174 @@
+"""What the ledger vouches for: sealed checkpoints, a stream's verdict, and a break once found (decision 0025).
+
+* **Sealed checkpoints.** A checkpoint's ``digest`` is an HMAC-SHA256 seal
+  (:mod:`jixu.ledger.keys`) over its fields. Only a process holding the key
+  could have written it, from a state it had projected from verified events,
+  so a sealed checkpoint whose anchor event no longer hashes to its
+  ``head_hash`` (or whose seq is past the head) proves the events changed
+  after it was written: the stream is corrupt (``rewritten``), even when an
+  attacker recomputed every hash after the change.
+* **The verdict.** :func:`verdict` is the one full answer to "does this
+  stream's history hold?": the whole chain recomputed (O(history), hashing
+  only), the sealed checkpoints' anchors, and an earlier recorded break.
+* **A break, once found, is kept.** :func:`verdict` records the first break it
+  finds as a sealed row in the checkpoint table (name ``jixu/verdict``), and
+  :func:`~jixu.ledger.projection.project` (every cheap opening) reads it: a
+  stream once found broken is corrupt for every process holding the key,
+  even if the events are put back. Nothing is appended to the broken stream.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from jixu.errors import StoreError
+from jixu.ledger.chain import Reason, VerifyReport, row_hash
+from jixu.ledger.encoding import canonical_text
+from jixu.ledger.event import utc_now_text
+from jixu.ledger.keys import Keyring, SealStatus, keyring, sealing_keyring
+from jixu.ledger.store import Checkpoint, Store
+
+CHECKPOINT_TAG = b"jixu.checkpoint.v3\x00"
+"""What a checkpoint seal covers first (v2 was an unkeyed SHA-256: no longer trusted)."""
+VERDICT_NAME = "jixu/verdict"
+"""The checkpoint-table row that keeps a stream's first recorded break."""
+VERDICT_TAG = b"jixu.verdict.v1\x00"
+_REASONS: tuple[Reason, ...] = ("payload_changed", "reordered", "gap", "bad_link", "head_mismatch", "rewritten")
+
+
+def checkpoint_parts(stream: str, name: str, seq: int, reducer_version: int, head_hash: str,
+                     state_json: str) -> list[bytes]:
+    """The bytes a checkpoint seal covers: canonical(fields but the state) ‖ NUL ‖ the state text."""
+    header = canonical_text(
+        {"stream": stream, "name": name, "seq": seq, "reducer_version": reducer_version, "head_hash": head_hash})
+    return [header.encode("utf-8"), b"\x00", state_json.encode("utf-8")]
+
+
+def seal_checkpoint(keys: Keyring, stream: str, name: str, seq: int, reducer_version: int, head_hash: str,
+                    state_json: str) -> str:
+    """The seal of a checkpoint's fields with the current key (:class:`~jixu.errors.KeyUnavailable` if none)."""
+    return keys.seal(CHECKPOINT_TAG, checkpoint_parts(stream, name, seq, reducer_version, head_hash, state_json))
+
+
+def seal_status(keys: Keyring, checkpoint: Checkpoint) -> SealStatus:
+    """Whether ``checkpoint``'s digest is its seal by a key held here."""
+    return keys.check(checkpoint.digest, CHECKPOINT_TAG, checkpoint_parts(
+        checkpoint.stream, checkpoint.name, checkpoint.seq, checkpoint.reducer_version, checkpoint.head_hash,
+        checkpoint.state_json))
+
+
+def anchor_holds(store: Store, checkpoint: Checkpoint) -> bool:
+    """True when the event at the checkpoint's seq exists and its *recomputed* hash is the checkpoint's
+    ``head_hash`` (the stored hash column alone proves nothing: it can be edited with the row)."""
+    anchor = next(iter(store.read_rows(checkpoint.stream, checkpoint.seq, checkpoint.seq)), None)
+    return anchor is not None and anchor.hash == checkpoint.head_hash and row_hash(anchor) == anchor.hash
+
+
+def rewritten(checkpoint: Checkpoint, head_seq: int, count: int, head_hash: str) -> VerifyReport:
+    """The report for a sealed checkpoint the events no longer match."""
+    if checkpoint.seq > head_seq:
+        seq, what = head_seq + 1, f"ends at seq {head_seq}"
+    else:
+        seq, what = checkpoint.seq, f"holds another event at seq {checkpoint.seq}"
+    return VerifyReport(
+        stream=checkpoint.stream, valid=False, count=min(count, seq - 1), head_hash=head_hash, first_bad_seq=seq,
+        reason="rewritten",
+        detail=f"checkpoint {checkpoint.name!r}, sealed at seq {checkpoint.seq} with head {checkpoint.head_hash[:16]}…, "
+               f"no longer matches the events: the stream {what}; events up to seq {min(seq, checkpoint.seq)} may have "
+               "been rewritten")
+
+
+def contradicted(store: Store, stream: str, names: Iterable[str], keys: Keyring, head_seq: int, count: int,
+                 head_hash: str) -> VerifyReport | None:
+    """The earliest of the sealed checkpoints ``names`` of ``stream`` that the events contradict, as a report."""
+    found: VerifyReport | None = None
+    for name in names:
+        checkpoint = store.read_checkpoint(stream, name)
+        if checkpoint is None or seal_status(keys, checkpoint) != "sealed":
+            continue
+        if checkpoint.seq <= head_seq and anchor_holds(store, checkpoint):
+            continue
+        report = rewritten(checkpoint, head_seq, count, head_hash)
+        if found is None or (report.first_bad_seq or 0) < (found.first_bad_seq or 0):
+            found = report
+    return found
+
+
+def _verdict_parts(stream: str, text: str) -> list[bytes]:
+    return [canonical_text({"stream": stream}).encode("utf-8"), b"\x00", text.encode("utf-8")]
+
+
+def recorded_break(store: Store, stream: str, keys: Keyring | None = None) -> VerifyReport | None:
+    """The break recorded for ``stream`` by a process holding the key, if any (an unsealed row is ignored)."""
+    row = store.read_checkpoint(stream, VERDICT_NAME)
+    if row is None:
+        return None
+    keys = keys if keys is not None else keyring()
+    if keys.check(row.digest, VERDICT_TAG, _verdict_parts(stream, row.state_json)) != "sealed":
+        return None
+    try:
+        data = json.loads(row.state_json)
+        reason = data["reason"]
+        seq = int(data["first_bad_seq"])
+        if reason not in _REASONS:
+            return None
+        return VerifyReport(stream=stream, valid=False, count=int(data["count"]), head_hash=str(data["head_hash"]),
+                            first_bad_seq=seq, reason=reason,
+                            detail=f"{data['detail']} (found {data['found_at']}; a stream once found broken stays "
+                                   "corrupt)")
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def record_break(store: Store, report: VerifyReport, keys: Keyring | None = None) -> bool:
+    """Keep ``report`` (a break) as the stream's recorded break unless an earlier one is kept; True if written.
+
+    Best effort: a store that refuses the write (read-only, a role without the right, trouble), or no key to
+    seal with, records nothing, and the read that found the break goes on (the next verification finds it
+    again).
+    """
+    if report.valid or report.first_bad_seq is None or report.reason is None:
+        return False
+    earlier = recorded_break(store, report.stream, keys)
+    if earlier is not None and (earlier.first_bad_seq or 0) <= report.first_bad_seq:
+        return False
+    text = canonical_text({"first_bad_seq": report.first_bad_seq, "reason": report.reason, "detail": report.detail,
+                           "count": report.count, "head_hash": report.head_hash, "found_at": utc_now_text()})
+    try:
+        seal_keys = keys if keys is not None and keys.keys else sealing_keyring(keys.path if keys else None)
+        seal = seal_keys.seal(VERDICT_TAG, _verdict_parts(report.stream, text))
+        store.write_checkpoint(Checkpoint(stream=report.stream, name=VERDICT_NAME, seq=report.first_bad_seq,
+                                          reducer_version=1, head_hash=report.head_hash, state_json=text, digest=seal,
+                                          created_at=utc_now_text()))
+    except StoreError:  # KeyUnavailable and StoreReadOnly among them
+        return False
+    return True
+
+
+def verdict(store: Store, stream: str, *, checkpoints: Iterable[str] = (), keys: Keyring | None = None,
+            record: bool = True) -> VerifyReport:
+    """The one full answer to whether ``stream``'s history holds, and its first bad seq and reason if not.
+
+    The whole chain is recomputed (:meth:`Store.verify`, one consistent
+    snapshot); if it holds, the sealed checkpoints named in ``checkpoints``
+    must still match their anchor events (``rewritten`` otherwise); a break
+    recorded earlier stays (the earliest is reported). With ``record``, a break
+    found is recorded (:func:`record_break`), so every later opening sees it.
+    """
+    keys = keys if keys is not None else keyring()
+    report = store.verify(stream)
+    if report.valid:
+        info = store.stream_info(stream)
+        head_seq = info.head_seq if info is not None else 0
+        report = contradicted(store, stream, checkpoints, keys, head_seq, report.count, report.head_hash) or report
+    earlier = recorded_break(store, stream, keys)
+    if earlier is not None and (report.valid or (earlier.first_bad_seq or 0) < (report.first_bad_seq or 0)):
+        return earlier
+    if record and not report.valid:
+        record_break(store, report, keys)
+    return report
+
+
+__all__ = ["CHECKPOINT_TAG", "VERDICT_NAME", "anchor_holds", "checkpoint_parts", "contradicted", "record_break",
+           "recorded_break", "rewritten", "seal_checkpoint", "seal_status", "verdict"]
