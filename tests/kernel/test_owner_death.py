@@ -150,7 +150,7 @@ def _crash_mid_call(url: str) -> str:
 def test_a_restarted_script_with_the_default_owner_continues_at_once_after_a_crash(
         ledger: tuple[str, Callable[[], Store]]) -> None:
     """The README's recovery path in a new process with the default owner: open, resolve, continue. The dead
-    owner's lease (10 s) is not waited for: its process is proven gone, and the claim records the proof."""
+    owner's lease (9 s by default) is not waited for: its process is proven gone, and the claim records the proof."""
     url, opener = ledger
     thread_id = _crash_mid_call(url)
     started = time.monotonic()

@@ -110,10 +110,11 @@ def owner_gone(identity: object) -> dict[str, Any] | None:
             "checked_by": here}
 
 
-DEFAULT_LEASE_TTL = 10.0
+DEFAULT_LEASE_TTL = 9.0
 """Seconds a claim lives without a renewal (renewed every third of it against the store's clock): another
-machine can take a stopped owner's work over at most this long after its last renewal; on the same machine a
-proven death frees it at once."""
+machine can take a stopped owner's work over at most this long after its last renewal, so within 10 s of a
+crash with the new process's start (bench/takeover.py); on the same machine a proven death frees it at once.
+Two renewals can be missed (a stalled loop, a slow store) before the claim is lost."""
 
 
 @dataclass(frozen=True, slots=True)
