@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from jixu.errors import FencingError, InvalidId, InvalidInput
+from jixu.errors import ConcurrencyError, FencingError, InvalidId, InvalidInput
 from jixu.ledger import NewEvent, Store
 from jixu.ledger.postgres import SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION
 from jixu.ledger.sqlite import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
@@ -69,6 +69,24 @@ def test_enqueue_is_idempotent_per_key(store: Store) -> None:
     again = store.enqueue("thread/1", "alpha")
     assert again == first, "re-enqueueing a pending item changes nothing"
     assert [item.key for item in store.list_work()] == ["thread/1"]
+
+
+def test_append_and_enqueue_is_one_transaction_both_or_neither(store: Store) -> None:
+    """A queued turn's event and its queue row commit together: a refused append enqueues nothing."""
+    with pytest.raises(ConcurrencyError):
+        store.append_and_enqueue("thread/a", [NewEvent("turn.started", {"n": 1})], 3, key="thread/a", project="p")
+    assert store.get_work("thread/a") is None and store.stream_info("thread/a") is None
+    [event] = store.append_and_enqueue("thread/a", [NewEvent("turn.started", {"n": 1})], 0, key="thread/a",
+                                       project="p")
+    item = store.get_work("thread/a")
+    assert item is not None and (item.state, item.project) == ("pending", "p") and event.seq == 1
+    with pytest.raises(InvalidInput):  # a key belongs to one project: the event is not written either
+        store.append_and_enqueue("thread/a", [NewEvent("turn.started", {"n": 2})], 1, key="thread/a", project="q")
+    assert store.stream_info("thread/a").head_seq == 1  # type: ignore[union-attr]
+    again = store.append_and_enqueue("thread/a", [NewEvent("turn.started", {"n": 1}, id=event.id)], 0,
+                                     key="thread/a", project="p")
+    assert [e.id for e in again] == [event.id], "a repeat is a no-op"
+    assert [w.key for w in store.list_work()] == ["thread/a"]
 
 
 def test_a_done_item_becomes_pending_again_and_keeps_its_epoch(store: Store) -> None:

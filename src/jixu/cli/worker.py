@@ -13,6 +13,7 @@ from rich.markup import escape
 from jixu.cli.output import EXIT_OK, console, handled
 from jixu.cli.runs import DEFAULT_WORKSPACE_ROOT, PROVIDERS_ENV, WORKSPACE_ENV, load_providers
 from jixu.errors import InvalidInput
+from jixu.kernel import DEFAULT_LEASE_TTL
 from jixu.ledger import open_store
 from jixu.runs.operations import PUBLISHERS_ENV, REMOTES_ENV, load_publishers, load_remotes
 from jixu.runs.workers import (
@@ -91,7 +92,7 @@ def rich_report(owner: str) -> Report:
 @click.option("--takeover", type=click.Choice(["never", "safe"]), default="never", show_default=True,
               help="safe: continue another worker's expired turn when the resolver finds every open effect safe; "
                    "never: leave it for `jixu turns recover`.")
-@click.option("--lease-ttl", type=click.FloatRange(0.05, 3600), default=30.0, show_default=True,
+@click.option("--lease-ttl", type=click.FloatRange(0.05, 3600), default=DEFAULT_LEASE_TTL, show_default=True,
               help="Seconds a claim lives without a heartbeat (renewed every third of it, by the store's clock).")
 @click.option("--drain-timeout", type=click.FloatRange(0, 3600), default=10.0, show_default=True,
               help="On SIGTERM/SIGINT, seconds to finish the step in flight before cutting it off and exiting.")

@@ -15,11 +15,15 @@ from jixu.kernel.commits import Commitment, Commits
 from jixu.kernel.effects import INTERRUPTED, Outcome, marker, perform
 from jixu.kernel.loop import drive, pause_delay, sleep_until
 from jixu.kernel.ownership import (
+    DEFAULT_LEASE_TTL,
     Claim,
     Session,
     acquire_claim,
     claim_stream,
+    dead_holder,
     holds,
+    owner_gone,
+    process_identity,
     recovery_claim,
     release,
     take_claim,
@@ -27,6 +31,7 @@ from jixu.kernel.ownership import (
 from jixu.kernel.writer import StreamWriter, is_receipt, record, unrecorded_receipts
 
 __all__ = [
+    "DEFAULT_LEASE_TTL",
     "INTERRUPTED",
     "Claim",
     "Commitment",
@@ -36,12 +41,15 @@ __all__ = [
     "StreamWriter",
     "acquire_claim",
     "claim_stream",
+    "dead_holder",
     "drive",
     "holds",
     "is_receipt",
     "marker",
+    "owner_gone",
     "pause_delay",
     "perform",
+    "process_identity",
     "record",
     "recovery_claim",
     "release",

@@ -11,13 +11,25 @@ fenced by the claim. A claim classifies what it took over:
 ``continued``               the previous holder released it
 ``reclaimed_by_same_owner`` this owner name held it (a restarted process)
 ``took_over_expired``       another owner's lease expired by the store's clock
+``took_over_dead_owner``    another owner's live lease, whose process is proven gone
 ==========================  ======================================================
+
+**Owner death as evidence** (issue 23). Every claim records the claiming
+process's identity (:func:`process_identity`: boot id, pid namespace, pid and
+the process's start time). A claimant on the same kernel (same boot id and pid
+namespace) that finds no process with that pid and start time has proof that
+the owner is gone (:func:`owner_gone`): it takes the lease over at once, live
+or not, and its ``*.claimed`` event carries the proof. A live owner, or one on
+another machine, in another container or before a reboot, keeps its lease
+until it expires by the store's clock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -30,30 +42,116 @@ from jixu.ledger.event import NewEvent
 from jixu.ledger.store import Fence, Lease, Store
 
 
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as file:
+            return file.read()
+    except OSError:
+        return None
+
+
+def _start_time(pid: int) -> int | None:
+    """The start time of process ``pid`` (clock ticks after boot, Linux), or None when there is none."""
+    stat = _read(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    try:
+        # Fields after the command name (which may hold spaces and parentheses): state is the 3rd field.
+        fields = stat[stat.rindex(")") + 2:].split()
+        return None if fields[0] in ("Z", "X") else int(fields[19])  # a zombie has exited already
+    except (ValueError, IndexError):
+        return None
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+_IDENTITY: tuple[int, dict[str, Any]] | None = None
+
+
+def process_identity() -> dict[str, Any]:
+    """What identifies this process on this machine, for a later claimant to prove it gone: ``host``,
+    ``boot_id``, ``pid_namespace``, ``pid`` and ``start_time`` (the last three None where unknown)."""
+    global _IDENTITY
+    pid = os.getpid()
+    if _IDENTITY is None or _IDENTITY[0] != pid:  # a forked child is another process
+        boot = _read("/proc/sys/kernel/random/boot_id")
+        _IDENTITY = (pid, {"host": socket.gethostname(), "boot_id": boot.strip() if boot else None,
+                           "pid_namespace": _pid_namespace(), "pid": pid, "start_time": _start_time(pid)})
+    return dict(_IDENTITY[1])
+
+
+def owner_gone(identity: object) -> dict[str, Any] | None:
+    """The proof that the process ``identity`` (a claim's ``process``) no longer runs, or None when that cannot
+    be proven from here: another machine, pid namespace or boot, an identity without a start time, or the
+    process alive (or this very process)."""
+    if not isinstance(identity, dict):
+        return None
+    pid, started = identity.get("pid"), identity.get("start_time")
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0 or isinstance(started, bool) \
+            or not isinstance(started, int):
+        return None
+    here = process_identity()
+    if here["boot_id"] is None or identity.get("boot_id") != here["boot_id"] \
+            or identity.get("pid_namespace") != here["pid_namespace"]:
+        return None
+    if pid == here["pid"]:
+        return None
+    found = _start_time(pid)
+    if found == started:
+        return None
+    return {"process": {k: identity.get(k) for k in ("host", "boot_id", "pid_namespace", "pid", "start_time")},
+            "found": "no such process" if found is None else f"pid {pid} now belongs to a process started at "
+                                                               f"{found} (clock ticks after boot)",
+            "checked_by": here}
+
+
+DEFAULT_LEASE_TTL = 9.0
+"""Seconds a claim lives without a renewal (renewed every third of it against the store's clock): another
+machine can take a stopped owner's work over at most this long after its last renewal, so within 10 s of a
+crash with the new process's start (bench/takeover.py); on the same machine a proven death frees it at once.
+Two renewals can be missed (a stalled loop, a slow store) before the claim is lost."""
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     """A lease taken for one owner: the fence and what it took over."""
 
     fence: Fence
     reason: str
-    """``claimed``, ``continued``, ``reclaimed_by_same_owner`` or ``took_over_expired``."""
+    """``claimed``, ``continued``, ``reclaimed_by_same_owner``, ``took_over_expired`` or
+    ``took_over_dead_owner``."""
     previous_owner: str | None
     previous_epoch: int
+    proof: dict[str, Any] | None = None
+    """For ``took_over_dead_owner``: :func:`owner_gone`'s proof."""
 
     def record(self) -> dict[str, Any]:
-        """The fields every ``*.claimed`` event carries."""
-        return {"owner": self.fence.owner, "epoch": self.fence.epoch, "reason": self.reason,
-                "previous_owner": self.previous_owner, "previous_epoch": self.previous_epoch}
+        """The fields every ``*.claimed`` event carries (the claiming process's identity too)."""
+        data = {"owner": self.fence.owner, "epoch": self.fence.epoch, "reason": self.reason,
+                "previous_owner": self.previous_owner, "previous_epoch": self.previous_epoch,
+                "process": process_identity()}
+        if self.proof is not None:
+            data["proof"] = self.proof
+        return data
 
 
-def take_claim(store: Store, key: str, owner: str, ttl: float) -> Claim:
+def take_claim(store: Store, key: str, owner: str, ttl: float, *,
+               holder_process: Callable[[Lease], object] | None = None) -> Claim:
     """Take ``key``'s lease for ``owner`` at the next epoch.
 
     Another owner's lease is taken only once it expired by the store's clock
-    (:class:`~jixu.errors.LeaseHeld` otherwise); a lease that changed hands
+    (:class:`~jixu.errors.LeaseHeld` otherwise), or at once when
+    ``holder_process(lease)`` (the process identity its holder's claim
+    recorded) is proven gone (:func:`owner_gone`); a lease that changed hands
     since it was read raises :class:`~jixu.errors.FencingError`.
     """
     lease = store.get_lease(key)
+    proof = None
     if lease is None:
         reason, previous_owner, previous_epoch, require_expired = "claimed", None, 0, False
     else:
@@ -63,9 +161,17 @@ def take_claim(store: Store, key: str, owner: str, ttl: float) -> Claim:
         elif lease.owner == owner:
             reason, require_expired = "reclaimed_by_same_owner", False
         else:
-            reason, require_expired = "took_over_expired", True
+            proof = dead_holder(lease, holder_process)
+            reason, require_expired = ("took_over_dead_owner", False) if proof else ("took_over_expired", True)
     fence = store.take_over_lease(key, owner, ttl, expected_epoch=previous_epoch, require_expired=require_expired)
-    return Claim(fence, reason, previous_owner, previous_epoch)
+    return Claim(fence, reason, previous_owner, previous_epoch, proof)
+
+
+def dead_holder(lease: Lease | None, holder_process: Callable[[Lease], object] | None) -> dict[str, Any] | None:
+    """The proof that the live holder of ``lease`` is gone (see :func:`owner_gone`), or None."""
+    if lease is None or lease.released or holder_process is None:
+        return None
+    return owner_gone(holder_process(lease))
 
 
 def acquire_claim(store: Store, key: str, owner: str, ttl: float) -> Fence:
@@ -104,7 +210,7 @@ def holds(store: Store, fence: Fence | None) -> bool:
 
 def claim_stream(writer: StreamWriter[Any], key: str, owner: str, ttl: float,
                  claimed: Callable[[Claim], NewEvent], *, still_wanted: Callable[[], bool],
-                 tries: int = 5) -> Claim | None:
+                 tries: int = 5, holder_process: Callable[[Lease], object] | None = None) -> Claim | None:
     """Take ``key``'s lease and record ``claimed(claim)`` in ``writer``'s stream, fenced by it.
 
     When another writer moved the head meanwhile, the new events are folded
@@ -112,7 +218,7 @@ def claim_stream(writer: StreamWriter[Any], key: str, owner: str, ttl: float,
     recorded again after them; otherwise the lease is given back and ``None``
     returned.
     """
-    claim = take_claim(writer.store, key, owner, ttl)
+    claim = take_claim(writer.store, key, owner, ttl, holder_process=holder_process)
     for _ in range(tries):
         try:
             writer.append([claimed(claim)], claim.fence)
@@ -179,4 +285,5 @@ class Session:
                 return
 
 
-__all__ = ["Claim", "Session", "acquire_claim", "claim_stream", "holds", "recovery_claim", "release", "take_claim"]
+__all__ = ["DEFAULT_LEASE_TTL", "Claim", "Session", "acquire_claim", "claim_stream", "dead_holder", "holds", "owner_gone", "process_identity",
+           "recovery_claim", "release", "take_claim"]

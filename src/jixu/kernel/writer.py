@@ -224,17 +224,27 @@ class StreamWriter(Generic[F]):
 
     # --- appending ------------------------------------------------------------------------------
 
-    def append(self, events: Sequence[NewEvent | PreparedEvent], fence: Fence | None = None) -> list[Event]:
+    def append(self, events: Sequence[NewEvent | PreparedEvent], fence: Fence | None = None, *,
+               enqueue: tuple[str, str] | None = None) -> list[Event]:
         """Append after this record's head, now, in the caller (holding its event loop if it has one).
 
         Staged events go first in the same atomic append. Receipts are kept
         across another writer's events (see the module docstring); anything
-        else meets :class:`~jixu.errors.ConcurrencyError`.
+        else meets :class:`~jixu.errors.ConcurrencyError`. ``enqueue`` =
+        ``(key, project)``: the work item is enqueued in the same transaction.
         """
         if self._busy:
             raise StreamBusy(f"{self.stream}: an append is waiting for its commit; wait for it first",
                              stream=self.stream)
-        return self._commit_now(events, fence, self.store.append)
+        if enqueue is None:
+            return self._commit_now(events, fence, self.store.append)
+        key, project = enqueue
+
+        def both(stream: str, batch: Sequence[NewEvent | PreparedEvent], expected: int,
+                 held: Fence | None) -> list[Event]:
+            return self.store.append_and_enqueue(stream, batch, expected, key=key, project=project, fence=held)
+
+        return self._commit_now(events, fence, both)
 
     async def append_async(self, events: Sequence[NewEvent], fence: Fence | None = None, *,
                            user: bool = False) -> list[Event]:

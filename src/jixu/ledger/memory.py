@@ -95,6 +95,16 @@ class MemoryStore(Store):
                 self._by_id[row.id] = row
             return new_rows
 
+    def _append_and_enqueue(self, stream: str, batch: list[PreparedEvent], expected_seq: int, fence: Fence | None,
+                            change: Callable[[WorkRow | None, float], WorkRow], key: str) -> list[StoredRow]:
+        with self._lock:  # re-entrant: both under one hold, nothing between them
+            now = self.now()
+            current = self._work.get(key)
+            row = change(current, now)  # refused (a key of another project): before anything is written
+            rows = self._append(stream, batch, expected_seq, fence, GENESIS_HASH)
+            self._put_work(current, row)
+            return rows
+
     def _verify_snapshot(self, stream: str) -> VerifyReport:
         with self._lock:
             return super()._verify_snapshot(stream)
@@ -159,13 +169,17 @@ class MemoryStore(Store):
         with self._lock:
             now = self.now()
             current = self._work.get(key)
-            row = change(current, now)
-            if row is not current:
-                if current is None:
-                    self._work_positions += 1
-                    row = dataclasses.replace(row, position=self._work_positions)
-                self._work[key] = row
+            row = self._put_work(current, change(current, now))
             return row.item(now), row
+
+    def _put_work(self, current: WorkRow | None, row: WorkRow) -> WorkRow:
+        """Keep ``row`` (unless it is ``current`` itself), numbered when it is new; the row kept."""
+        if row is not current:
+            if current is None:
+                self._work_positions += 1
+                row = dataclasses.replace(row, position=self._work_positions)
+            self._work[row.key] = row
+        return row
 
     def _claim_work(self, owner: str, ttl: float, limits: WorkLimits) -> WorkClaim | None:
         with self._lock:

@@ -911,53 +911,55 @@ class PostgresStore(Store):
         genesis_hash: str,
     ) -> list[StoredRow]:
         """The append as several statements in one transaction: for batches whose ids are already stored."""
+        return self._run(lambda conn: self._append_in(conn, stream, batch, expected_seq, fence, genesis_hash),
+                         write=True, transaction=True, idempotent=True)
+
+    def _append_in(self, conn: _Conn, stream: str, batch: list[PreparedEvent], expected_seq: int, fence: Fence | None,
+                   genesis_hash: str) -> list[StoredRow]:
+        """The slow append's statements inside the open transaction."""
         ids = [p.id for p in batch]
-
-        def append(conn: _Conn) -> list[StoredRow]:
-            for _ in range(3):
-                # Lock the head first: everything read below then includes what its last holder committed.
-                head = conn.execute("SELECT head_seq, head_hash FROM jixu_streams WHERE stream = %s FOR UPDATE",
-                                    (stream,)).fetchone()
-                found = {
-                    row[0]: StoredRow(*row)
-                    for row in conn.execute(f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE id = ANY(%s)", (ids,))
-                }
-                current = self._lease_row(conn, fence.key, lock=True) if fence is not None else None
-                now, recorded_at = self._clock(conn)  # read after the locks are held
-                verdict = decide_append(stream, batch, expected_seq, fence, found=found, lease=current, now=now,
-                                        head=(int(head[0]), str(head[1])) if head else None,
-                                        genesis_hash=genesis_hash, recorded_at=recorded_at)
-                if isinstance(verdict, JixuError):
-                    raise verdict
-                if isinstance(verdict, AlreadyStored):
-                    return verdict
-                rows = verdict
-                if head is None:
-                    created = conn.execute(
-                        "INSERT INTO jixu_streams (stream, head_seq, head_hash, genesis_hash, created_at) "
-                        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (stream) DO NOTHING RETURNING stream",
-                        (stream, rows[-1].seq, rows[-1].hash, genesis_hash, recorded_at),
-                    ).fetchone()
-                    if created is None:
-                        continue  # another appender created the stream meanwhile: decide again under its lock
-                else:
-                    conn.execute("UPDATE jixu_streams SET head_seq = %s, head_hash = %s WHERE stream = %s",
-                                 (rows[-1].seq, rows[-1].hash, stream))
-                try:
-                    with conn.cursor() as cursor:
-                        cursor.executemany(
-                            f"INSERT INTO jixu_events ({_ROW_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                            [(r.id, r.stream, r.seq, r.type, r.data_json, r.meta_json, r.recorded_at,
-                              r.prev_hash, r.hash) for r in rows],
-                        )
-                except pg_errors.UniqueViolation as exc:
-                    if exc.diag.constraint_name == _ID_CONSTRAINT:
-                        raise _Again(exc) from exc  # the same id was committed meanwhile: decide again
-                    raise
-                return rows
-            raise StoreError(f"{self._where}: the head of stream {stream!r} kept changing; retry")
-
-        return self._run(append, write=True, transaction=True, idempotent=True)
+        for _ in range(3):
+            # Lock the head first: everything read below then includes what its last holder committed.
+            head = conn.execute("SELECT head_seq, head_hash FROM jixu_streams WHERE stream = %s FOR UPDATE",
+                                (stream,)).fetchone()
+            found = {
+                row[0]: StoredRow(*row)
+                for row in conn.execute(f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE id = ANY(%s)", (ids,))
+            }
+            current = self._lease_row(conn, fence.key, lock=True) if fence is not None else None
+            now, recorded_at = self._clock(conn)  # read after the locks are held
+            verdict = decide_append(stream, batch, expected_seq, fence, found=found, lease=current, now=now,
+                                    head=(int(head[0]), str(head[1])) if head else None,
+                                    genesis_hash=genesis_hash, recorded_at=recorded_at)
+            if isinstance(verdict, JixuError):
+                raise verdict
+            if isinstance(verdict, AlreadyStored):
+                return verdict
+            rows = verdict
+            if head is None:
+                created = conn.execute(
+                    "INSERT INTO jixu_streams (stream, head_seq, head_hash, genesis_hash, created_at) "
+                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (stream) DO NOTHING RETURNING stream",
+                    (stream, rows[-1].seq, rows[-1].hash, genesis_hash, recorded_at),
+                ).fetchone()
+                if created is None:
+                    continue  # another appender created the stream meanwhile: decide again under its lock
+            else:
+                conn.execute("UPDATE jixu_streams SET head_seq = %s, head_hash = %s WHERE stream = %s",
+                             (rows[-1].seq, rows[-1].hash, stream))
+            try:
+                with conn.cursor() as cursor:
+                    cursor.executemany(
+                        f"INSERT INTO jixu_events ({_ROW_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                        [(r.id, r.stream, r.seq, r.type, r.data_json, r.meta_json, r.recorded_at,
+                          r.prev_hash, r.hash) for r in rows],
+                    )
+            except pg_errors.UniqueViolation as exc:
+                if exc.diag.constraint_name == _ID_CONSTRAINT:
+                    raise _Again(exc) from exc  # the same id was committed meanwhile: decide again
+                raise
+            return rows
+        raise StoreError(f"{self._where}: the head of stream {stream!r} kept changing; retry")
 
     def _chunk(self, conn: _Conn, stream: str, start: int, last: int) -> list[StoredRow]:
         return [StoredRow(*row) for row in conn.execute(
@@ -1094,34 +1096,45 @@ class PostgresStore(Store):
 
     def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow], *,
                      renew: bool = False) -> tuple[WorkItem, WorkRow]:
-        def apply(conn: _Conn) -> tuple[WorkItem, WorkRow]:
-            if renew:
-                conn.execute(_WORK_LOCK_SHARED_SQL)
-            for _ in range(3):
-                found = conn.execute(f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE key = %s FOR UPDATE",
-                                     (key,)).fetchone()
-                current = self._work_row(found) if found else None
-                now = self._clock(conn)[0]
-                row = change(current, now)
-                if row is current:
-                    return row.item(now), row
-                if current is not None:
-                    self._update_work(conn, row)
-                    return row.item(now), row
-                inserted = conn.execute(
-                    "INSERT INTO jixu_work (key, project, status, ready_at, enqueued_at, claimed_by, epoch, "
-                    "expires_at, heartbeat_at, rerun) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                    "ON CONFLICT (key) DO NOTHING RETURNING position",
-                    (row.key, row.project, row.status, row.ready_at, row.enqueued_at, row.claimed_by, row.epoch,
-                     row.expires_at, row.heartbeat_at, row.rerun)).fetchone()
-                if inserted is not None:
-                    row = WorkRow(row.key, row.project, row.status, row.ready_at, row.enqueued_at, row.claimed_by,
-                                  row.epoch, row.expires_at, row.heartbeat_at, row.rerun, int(inserted[0]))
-                    return row.item(now), row
-                # another caller created the item meanwhile: decide again under its row lock
-            raise StoreError(f"{self._where}: work item {key!r} kept changing; retry")
+        return self._run(lambda conn: self._work_in(conn, key, change, renew=renew), write=True, transaction=True)
 
-        return self._run(apply, write=True, transaction=True)
+    def _append_and_enqueue(self, stream: str, batch: list[PreparedEvent], expected_seq: int, fence: Fence | None,
+                            change: Callable[[WorkRow | None, float], WorkRow], key: str) -> list[StoredRow]:
+        def both(conn: _Conn) -> list[StoredRow]:
+            rows = self._append_in(conn, stream, batch, expected_seq, fence, GENESIS_HASH)
+            self._work_in(conn, key, change)
+            return rows
+
+        return self._run(both, write=True, transaction=True, idempotent=True)
+
+    def _work_in(self, conn: _Conn, key: str, change: Callable[[WorkRow | None, float], WorkRow], *,
+                 renew: bool = False) -> tuple[WorkItem, WorkRow]:
+        """A work item's change inside the open transaction."""
+        if renew:
+            conn.execute(_WORK_LOCK_SHARED_SQL)
+        for _ in range(3):
+            found = conn.execute(f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE key = %s FOR UPDATE",
+                                 (key,)).fetchone()
+            current = self._work_row(found) if found else None
+            now = self._clock(conn)[0]
+            row = change(current, now)
+            if row is current:
+                return row.item(now), row
+            if current is not None:
+                self._update_work(conn, row)
+                return row.item(now), row
+            inserted = conn.execute(
+                "INSERT INTO jixu_work (key, project, status, ready_at, enqueued_at, claimed_by, epoch, "
+                "expires_at, heartbeat_at, rerun) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (key) DO NOTHING RETURNING position",
+                (row.key, row.project, row.status, row.ready_at, row.enqueued_at, row.claimed_by, row.epoch,
+                 row.expires_at, row.heartbeat_at, row.rerun)).fetchone()
+            if inserted is not None:
+                row = WorkRow(row.key, row.project, row.status, row.ready_at, row.enqueued_at, row.claimed_by,
+                              row.epoch, row.expires_at, row.heartbeat_at, row.rerun, int(inserted[0]))
+                return row.item(now), row
+            # another caller created the item meanwhile: decide again under its row lock
+        raise StoreError(f"{self._where}: work item {key!r} kept changing; retry")
 
     def _claim_work(self, owner: str, ttl: float, limits: WorkLimits) -> WorkClaim | None:
         def claim(conn: _Conn) -> WorkClaim | None:

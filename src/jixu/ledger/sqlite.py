@@ -892,16 +892,33 @@ class SQLiteStore(Store):
 
     def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow], *,
                      renew: bool = False) -> tuple[WorkItem, WorkRow]:
-        def apply(conn: sqlite3.Connection) -> tuple[WorkItem, WorkRow]:
-            now = float(conn.execute(_NOW_SQL).fetchone()[0])
-            found = conn.execute(f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE key = ?", (key,)).fetchone()
-            current = self._work_row(found) if found else None
-            row = change(current, now)
-            if row is not current:
-                row = self._put_work(conn, row, new=current is None)
-            return row.item(now), row
+        return self._write(lambda conn: self._work_in(conn, key, change))
 
-        return self._write(apply)
+    def _work_in(self, conn: sqlite3.Connection, key: str,
+                 change: Callable[[WorkRow | None, float], WorkRow]) -> tuple[WorkItem, WorkRow]:
+        """A work item's change inside the open transaction."""
+        now = float(conn.execute(_NOW_SQL).fetchone()[0])
+        found = conn.execute(f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE key = ?", (key,)).fetchone()
+        current = self._work_row(found) if found else None
+        row = change(current, now)
+        if row is not current:
+            row = self._put_work(conn, row, new=current is None)
+        return row.item(now), row
+
+    def _append_and_enqueue(self, stream: str, batch: list[PreparedEvent], expected_seq: int, fence: Fence | None,
+                            change: Callable[[WorkRow | None, float], WorkRow], key: str) -> list[StoredRow]:
+        if self._closed:
+            raise StoreError(f"{self.path}: the store is closed")
+
+        def both(conn: sqlite3.Connection) -> list[StoredRow]:
+            rows = self._append_in(conn, _QueuedAppend(stream, batch, expected_seq, fence, GENESIS_HASH))
+            self._work_in(conn, key, change)
+            return rows
+
+        rows = self._write(both)
+        self.commit_count += 1
+        self.append_count += 1
+        return rows
 
     def _claim_work(self, owner: str, ttl: float, limits: WorkLimits) -> WorkClaim | None:
         def claim(conn: sqlite3.Connection) -> WorkClaim | None:

@@ -607,6 +607,16 @@ class Store(abc.ABC):
         rows = self._append(stream, batch, expected_seq, fence, genesis_hash or GENESIS_HASH)
         return [row.to_event() for row in rows]
 
+    def append_and_enqueue(self, stream: str, events: Sequence[NewEvent | PreparedEvent], expected_seq: int, *,
+                           key: str, project: str, fence: Fence | None = None) -> list[Event]:
+        """:meth:`append`, and :meth:`enqueue` of the work item ``key`` in ``project`` (ready now), in one
+        transaction: both are durable, or neither (a queued turn is never left without its queue row)."""
+        batch = self._prepare_append(stream, events, expected_seq, fence, None)
+        key, project = check_lease_key(key), check_project(project)
+        rows = self._append_and_enqueue(stream, batch, expected_seq, fence,
+                                        lambda current, now: enqueued_row(current, key, project, None, now), key)
+        return [row.to_event() for row in rows]
+
     def append_many(self, requests: Sequence[AppendRequest]) -> list[list[Event] | JixuError]:
         """Several independent appends, each all or nothing, each answered with its events or its error.
 
@@ -869,6 +879,11 @@ class Store(abc.ABC):
         fence: Fence | None,
         genesis_hash: str,
     ) -> list[StoredRow]: ...
+
+    @abc.abstractmethod
+    def _append_and_enqueue(self, stream: str, batch: list[PreparedEvent], expected_seq: int, fence: Fence | None,
+                            change: Callable[[WorkRow | None, float], WorkRow], key: str) -> list[StoredRow]:
+        """In one transaction: :meth:`_append` (genesis: the default) and :meth:`_change_work` of ``key``."""
 
     @abc.abstractmethod
     def _read_rows(self, stream: str, from_seq: int, to_seq: int | None) -> Iterator[StoredRow]: ...

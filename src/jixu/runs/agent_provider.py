@@ -96,6 +96,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from jixu.errors import InvalidInput, JixuError, ModelError, OwnershipLost, TurnOwned
+from jixu.kernel import DEFAULT_LEASE_TTL
 from jixu.ledger import Store, new_id, open_store
 from jixu.ledger.encoding import JSONObject, content_hash
 from jixu.runs.providers import (
@@ -232,7 +233,7 @@ class AgentProvider:
     def __init__(self, name: str, model: ModelDriver, *, instructions: str | None = None,
                  store: Store | str | os.PathLike[str], owner: str | None = None, max_steps: int = 64,
                  allowed_paths: Sequence[str] = ("**",), context_budget: int | None = None,
-                 command_timeout: float = 120.0, lease_ttl: float = 30.0,
+                 command_timeout: float = 120.0, lease_ttl: float = DEFAULT_LEASE_TTL,
                  command_env: Mapping[str, str] | None = None) -> None:
         if not isinstance(name, str) or not name.strip() or len(name) > 100 or not name.isprintable():
             raise InvalidInput("a provider name must be 1-100 printable characters", field="name")

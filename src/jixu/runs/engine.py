@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import fnmatch
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +51,11 @@ from jixu.errors import (
     WorkspaceMismatch,
 )
 from jixu.kernel import (
+    DEFAULT_LEASE_TTL,
     Outcome,
     Session,
     claim_stream,
+    dead_holder,
     drive,
     marker,
     pause_delay,
@@ -64,7 +66,7 @@ from jixu.kernel import (
 from jixu.ledger import Fence, NewEvent, Store, new_id
 from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
 from jixu.ledger.ids import is_valid_id
-from jixu.ledger.store import WorkItem, check_owner, check_ttl
+from jixu.ledger.store import Lease, WorkItem, check_owner, check_ttl
 from jixu.recovery import Analysis
 from jixu.recovery.resolutions import admit_resolution, resolution_body
 from jixu.runs.checks import run_checks
@@ -105,10 +107,20 @@ from jixu.runs.remote import RemoteProvider
 from jixu.runs.requests import DEFAULT_DRAIN_TIMEOUT, ExecutionRequests, ExecutionRequestView
 from jixu.runs.workspace import changes, clone, inspect, resolve_source, tree_of
 
-DEFAULT_LEASE_TTL = 30.0
 _CONFLICT_RETRIES = 5
 _INTERRUPTED = Outcome.failed({"type": "interrupted", "message": "the worker stopped while the task ran"},
                               indeterminate=True)
+
+
+def _holder_process(log: RunLog) -> Callable[[Lease], object]:
+    """The process identity the run's claim by a lease's holder recorded (``run.claimed``), or None."""
+    def find(lease: Lease) -> object:
+        for claim in reversed(log.record.claims):
+            if claim.get("owner") == lease.owner and claim.get("epoch") == lease.epoch:
+                return claim.get("process")
+        return None
+
+    return find
 
 
 def _unexpected(error: Exception) -> Outcome:
@@ -212,8 +224,14 @@ class Runs:
         if lease.released:
             return "released", info
         if not expired:
-            # This very owner name is not executing it here: a restarted process whose claim is stale.
-            return ("stale" if lease.owner == self.owner else "live"), info
+            # This very owner name is not executing it here: a restarted process whose claim is stale. Another
+            # owner's claim is stale too once its process is proven gone (the proof goes into the info).
+            if lease.owner == self.owner:
+                return "stale", info
+            proof = dead_holder(lease, _holder_process(log))
+            if proof is None:
+                return "live", info
+            return "stale", {**info, "owner_gone": proof}
         return "stale", info
 
     def _status(self, log: RunLog) -> tuple[str, str, Analysis, JSONObject | None]:
@@ -379,7 +397,7 @@ class Runs:
             claim = claim_stream(log.writer, run_lease_key(log.run_id), self.owner, self.lease_ttl,
                                  lambda c: NewEvent("run.claimed", c.record(), log.meta(self.owner)),
                                  still_wanted=lambda: not isinstance(decide(log.record, log.analysis()), Stop),
-                                 tries=_CONFLICT_RETRIES)
+                                 tries=_CONFLICT_RETRIES, holder_process=_holder_process(log))
         except (FencingError, LeaseHeld) as error:
             raise RunOwned(f"run {log.run_id} changed hands while claiming it: {error.message}",
                            run_id=log.run_id) from error

@@ -8,9 +8,10 @@ and the project named in the thread's metadata (``project``, default
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from jixu.errors import InvalidInput, ThreadBusy
+from jixu.errors import InvalidInput, JixuError, ThreadBusy
 from jixu.ledger import Store
 from jixu.ledger.store import WorkItem, check_project
 from jixu.threads.agent import Agent
@@ -58,11 +59,10 @@ def create_thread_for(store: Store, agent: Agent | dict[str, Any], *, project: s
 def submit_turn(store: Store, thread_id: str, text: str, *, actor: str = "jixu") -> str:
     """Queue a turn with user input ``text`` for whichever worker claims the thread; returns the turn id.
 
-    Records an unowned ``turn.started`` (``queued``), then enqueues the
-    thread in its project. Refused (nothing written) while the thread has an
-    active turn, waits for an operator, or is corrupt. Should the process stop
-    between the two writes, :func:`enqueue_thread` puts the thread in the
-    queue again.
+    Records an unowned ``turn.started`` (``queued``) and enqueues the thread
+    in its project, in one transaction (both or neither). Refused (nothing
+    written) while the thread has an active turn, waits for an operator, or
+    is corrupt.
     """
     log = ThreadLog.load(store, thread_id, actor=actor)
     project = project_of(log.state.metadata)
@@ -70,8 +70,7 @@ def submit_turn(store: Store, thread_id: str, text: str, *, actor: str = "jixu")
     state = log.snapshot()
     if state.status == "waiting":
         raise ThreadBusy(f"thread {thread_id} is waiting: {state.reason}. Settle that first", thread_id=thread_id)
-    turn_id, _ = log.start_turn(text)
-    store.enqueue(thread_work_key(thread_id), project)
+    turn_id, _ = log.start_turn(text, enqueue=(thread_work_key(thread_id), project))
     return turn_id
 
 
@@ -85,5 +84,34 @@ def enqueue_thread(store: Store, thread_id: str) -> WorkItem:
     return store.enqueue(thread_work_key(thread_id), project_of(log.state.metadata))
 
 
-__all__ = ["DEFAULT_PROJECT", "create_thread_for", "enqueue_thread", "project_of", "submit_turn",
+async def repair_queue(store: Store, *, page: int = 500) -> list[str]:
+    """Enqueue every thread whose queued turn has no work item (left by versions that wrote the two in separate
+    transactions, killed in between); the ids of the threads it enqueued.
+
+    Reads each thread without a work item once (from its checkpoint), yielding to the event loop between
+    threads, so a worker can run it beside its work (:meth:`jixu.runs.Worker.run` does, at start).
+    """
+    repaired: list[str] = []
+    after = ""
+    while True:
+        infos = store.list_streams(THREAD_PREFIX, after=after, limit=page)
+        for info in infos:
+            thread_id = info.stream[len(THREAD_PREFIX):]
+            if store.get_work(thread_work_key(thread_id)) is not None:
+                continue
+            try:
+                log = ThreadLog.load(store, thread_id)
+            except JixuError:
+                continue  # not a thread this can read (corrupt, invalid id): an operator's business
+            turn = log.state.active_turn()
+            if turn is not None and turn.queued and turn.owner is None:
+                store.enqueue(thread_work_key(thread_id), project_of(log.state.metadata))
+                repaired.append(thread_id)
+            await asyncio.sleep(0)
+        if len(infos) < page:
+            return repaired
+        after = infos[-1].stream
+
+
+__all__ = ["DEFAULT_PROJECT", "create_thread_for", "enqueue_thread", "project_of", "repair_queue", "submit_turn",
            "thread_id_of", "thread_work_key"]

@@ -65,6 +65,7 @@ from jixu.errors import (
     TurnOwned,
     UnknownProvider,
 )
+from jixu.kernel import DEFAULT_LEASE_TTL
 from jixu.ledger import Store, open_store
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.store import WorkClaim, check_limits, check_owner
@@ -73,7 +74,7 @@ from jixu.runs.model import RunState, run_id_of
 from jixu.runs.operations import load_publishers, load_remotes
 from jixu.runs.providers import Provider
 from jixu.runs.requests import request_id_of
-from jixu.runs.scheduler import thread_id_of
+from jixu.runs.scheduler import repair_queue, thread_id_of
 from jixu.threads.agent import Agent
 from jixu.threads.harness import Harness
 
@@ -162,7 +163,7 @@ class WorkerConfig:
     agent: str | None = None
     """``MODULE:FACTORY`` of the agent whose threads this worker runs (None: leave thread keys queued)."""
     owner: str = field(default_factory=default_owner)
-    lease_ttl: float = 30.0
+    lease_ttl: float = DEFAULT_LEASE_TTL
     global_limit: int | None = None
     project_limits: dict[str, int] = field(default_factory=dict)
     default_project_limit: int | None = None
@@ -334,6 +335,7 @@ class Worker:
                              f"global limit {'none' if config.global_limit is None else config.global_limit}, "
                              f"project limits {per_project or '-'} (others: "
                              f"{'global' if default is None else default}), takeover {config.takeover}")
+        repair = asyncio.create_task(self._repair_queue(), name="jixu-repair-queue") if self.harness else None
         in_flight: set[asyncio.Task[None]] = set()
         while not self._stopping:
             if len(in_flight) >= config.concurrency:
@@ -360,9 +362,24 @@ class Worker:
             await self._drain(busy=len(in_flight))
         if in_flight:
             await asyncio.gather(*in_flight)
+        if repair is not None and not repair.done():
+            repair.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await repair
         if self._stopping:
             self.report("stop", f"stopped ({self._stop_reason}): {json.dumps(self.stats.to_dict())}")
         return self.stats
+
+    async def _repair_queue(self) -> None:
+        """Put back in the queue the queued turns older versions left without a work item (see repair_queue)."""
+        try:
+            repaired = await repair_queue(self.store)
+        except JixuError as error:
+            self.report("error", f"could not look for queued turns without a work item ({error.message})")
+            return
+        if repaired:
+            self.report("repair", f"enqueued {len(repaired)} queued turn(s) that had no work item: "
+                                  f"{', '.join(repaired[:5])}{' …' if len(repaired) > 5 else ''}")
 
     async def _until_one_ends(self, in_flight: set[asyncio.Task[None]], timeout: float | None) -> None:
         """Wait until an item in flight ends (removing the ended ones), ``timeout`` passes, or a stop."""
@@ -654,7 +671,7 @@ class WorkerPool:
     """
 
     def __init__(self, agent_factory: str | Callable[[], Agent] | None, store_url: str, *, processes: int = 1,
-                 owner_prefix: str | None = None, lease_ttl: float = 30.0, global_limit: int | None = None,
+                 owner_prefix: str | None = None, lease_ttl: float = DEFAULT_LEASE_TTL, global_limit: int | None = None,
                  project_limits: dict[str, int] | None = None, default_project_limit: int | None = None,
                  takeover: Literal["never", "safe"] = "never", poll_interval: float = 0.5,
                  drain_timeout: float = 10.0, exit_when_idle: bool = False, quiet: bool = False,

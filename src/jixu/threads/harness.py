@@ -13,6 +13,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from jixu.errors import IncompatibleAgent, InvalidInput, ThreadBusy
+from jixu.kernel import DEFAULT_LEASE_TTL
 from jixu.ledger import Store, open_store
 from jixu.threads.agent import Agent
 from jixu.threads.log import THREAD_PREFIX, ThreadLog
@@ -63,7 +64,7 @@ class Harness:
     """
 
     def __init__(self, agent: Agent, store: Store | str | os.PathLike[str] | None = None, *,
-                 max_attempts: int = 3, actor: str = "jixu", owner: str | None = None, lease_ttl: float = 30.0,
+                 max_attempts: int = 3, actor: str = "jixu", owner: str | None = None, lease_ttl: float = DEFAULT_LEASE_TTL,
                  takeover: Literal["never", "safe"] = "never", retry_backoff: float = 1.0,
                  retry_backoff_cap: float = 60.0, group_commits: bool | None = None) -> None:
         if not isinstance(agent, Agent):

@@ -28,7 +28,16 @@ from jixu.errors import (
     ThreadNotFound,
     TurnOwned,
 )
-from jixu.kernel import StreamWriter, acquire_claim, record, recovery_claim, release
+from jixu.kernel import (
+    DEFAULT_LEASE_TTL,
+    StreamWriter,
+    acquire_claim,
+    dead_holder,
+    process_identity,
+    record,
+    recovery_claim,
+    release,
+)
 from jixu.ledger import Event, Fence, NewEvent, Store, VerifyReport, new_id, project
 from jixu.ledger.artifacts import ArtifactRef, get_text
 from jixu.ledger.encoding import canonical_text
@@ -41,6 +50,7 @@ from jixu.ledger.projection import (
     make_chunked_checkpoint,
     write_chunked_checkpoint,
 )
+from jixu.ledger.store import Lease
 from jixu.ledger.trust import verdict
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 from jixu.recovery.corruption import Corruption, corruption
@@ -423,12 +433,27 @@ class ThreadLog:
 
     # --- writing ------------------------------------------------------------------------
 
+    def holder_process(self, lease: Lease) -> object:
+        """The process identity the claim of ``lease``'s holder recorded (``turn.started`` or ``turn.claimed`` of
+        the active turn with that owner and epoch), or None. Reads the active turn's events: only asked while
+        another owner holds the turn."""
+        turn = self.state.active_turn()
+        if turn is None:
+            return None
+        found = None
+        for event in self.store.read(self.stream, max(1, turn.started_seq)):
+            if event.type in ("turn.started", "turn.claimed") and event.data.get("owner") == lease.owner \
+                    and event.data.get("epoch") == lease.epoch:
+                found = event.data.get("process")
+        return found
+
     @property
     def turn_key(self) -> str:
         """The lease key that fences the owner of this thread's active turn."""
         return f"{self.stream}/turn"
 
-    def append(self, events: Sequence[NewEvent], fence: Fence | None = None) -> list[Event]:
+    def append(self, events: Sequence[NewEvent], fence: Fence | None = None, *,
+               enqueue: tuple[str, str] | None = None) -> list[Event]:
         """Append after this record's head, now, and project (see :class:`~jixu.kernel.StreamWriter`).
 
         With ``fence``, the store refuses the append unless that turn claim is still current. Staged
@@ -437,7 +462,7 @@ class ThreadLog:
         appended to a record that was not established (:meth:`open_to_act`) or is corrupt.
         """
         self.open_to_act()
-        return self.writer.append(events, fence)
+        return self.writer.append(events, fence, enqueue=enqueue)
 
     async def append_async(self, events: Sequence[NewEvent], fence: Fence | None, *,
                            user: bool = False) -> list[Event]:
@@ -555,6 +580,8 @@ class ThreadLog:
         now = self.store.now()
         if lease.expires_at <= now:
             return  # its owner stopped renewing: a late receipt of its would be refused by the fence
+        if dead_holder(lease, self.holder_process) is not None:
+            return  # its process is proven gone: nothing of it is in flight
         raise TurnOwned(f"effect {effect_id} may still be in flight: thread {self.thread_id}'s turn is owned by "
                         f"{lease.owner} (epoch {lease.epoch}) for another {lease.expires_at - now:.1f}s. Resolve it "
                         "once that process has stopped (its claim released or expired), or recover the turn "
@@ -578,21 +605,23 @@ class ThreadLog:
         self.append([NewEvent(f"{decision.kind}.{decision_phase}",
                               {"effect_id": effect_id, "actor": actor, "note": note}, self.meta(actor))])
 
-    def start_turn(self, text: str, *, owner: str | None = None, ttl: float = 30.0) -> tuple[str, Fence | None]:
+    def start_turn(self, text: str, *, owner: str | None = None, ttl: float = DEFAULT_LEASE_TTL,
+                   enqueue: tuple[str, str] | None = None) -> tuple[str, Fence | None]:
         """Record ``turn.started``; returns (turn id, fence).
 
         With ``owner``, the thread's turn lease is claimed first and the turn is
         started fenced by it (:class:`~jixu.errors.TurnOwned` while another
         process holds a live claim). Without, the turn is queued: recorded
         unowned, for whichever process (a worker, the owning application)
-        claims it next.
+        claims it next; ``enqueue`` = ``(key, project)`` puts it in the work
+        queue in the same transaction.
         """
         turn_id, fence, events = self._turn_start(text, owner, ttl)
-        self.append(events, fence)
+        self.append(events, fence, enqueue=enqueue)
         return turn_id, fence
 
     async def start_turn_async(self, text: str, *, owner: str | None = None,
-                               ttl: float = 30.0) -> tuple[str, Fence | None]:
+                               ttl: float = DEFAULT_LEASE_TTL) -> tuple[str, Fence | None]:
         """:meth:`start_turn`, with ``turn.started`` committed through the loop's shared commits (see
         :meth:`append_async`): turns started together on one event loop share a commit, and none holds the
         loop while it commits."""
@@ -617,7 +646,8 @@ class ThreadLog:
                             "wait for it to finish", thread_id=self.thread_id) from error
         turn_id = new_id()
         return turn_id, fence, [NewEvent("turn.started", {"turn_id": turn_id, "input": text, "owner": owner,
-                                                          "epoch": fence.epoch}, self.meta())]
+                                                          "epoch": fence.epoch, "process": process_identity()},
+                                         self.meta())]
 
     def end_running_turn(self, reason: str, fence: Fence | None = None) -> bool:
         """Record that the active turn was interrupted; False if no turn was active."""

@@ -33,6 +33,7 @@ from jixu.kernel import (
     Outcome,
     Session,
     claim_stream,
+    dead_holder,
     drive,
     holds,
     marker,
@@ -417,6 +418,8 @@ class Thread:
             return None
         if lease.released or lease.owner == self._harness.owner:
             return None
+        if dead_holder(lease, self.log.holder_process) is not None:
+            return None  # its process is proven gone: taken over at once, the proof recorded
         now = self.log.store.now()
         if lease.expires_at > now:
             return (f"turn {turn.turn_id} is owned by {lease.owner} (epoch {lease.epoch}) for another "
@@ -461,7 +464,8 @@ class Thread:
             claim = claim_stream(log.writer, log.turn_key, harness.owner, harness.lease_ttl,
                                  lambda c: NewEvent("turn.claimed", {"turn_id": turn.turn_id, **c.record()},
                                                     log.meta()),
-                                 still_wanted=lambda: log.state.active_turn() is turn)
+                                 still_wanted=lambda: log.state.active_turn() is turn,
+                                 holder_process=log.holder_process)
         except (FencingError, LeaseHeld) as error:
             raise TurnOwned(f"turn {turn.turn_id} changed hands while claiming it: {error.message}",
                             thread_id=self.thread_id, turn_id=turn.turn_id) from error

@@ -1,0 +1,205 @@
+"""Owner death as evidence (issue 23): a claimant on the same machine that proves the owner process gone takes
+over at once; a live owner, or one on another machine, keeps its lease until it expires by the store's clock.
+
+The crash tests kill a real process with SIGKILL in the middle of an unsafe call and continue the thread in
+this process, which has another (the default) owner name, as the README's recovery path does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jixu.errors import TurnOwned
+from jixu.kernel import ownership
+from jixu.kernel.ownership import owner_gone, process_identity
+from jixu.ledger import SQLiteStore, Store
+from jixu.ledger.postgres import PostgresStore
+from jixu.threads import Agent, Harness, ScriptedModel, ToolCall, tool
+from tests.conftest import PostgresSchema
+from tests.helpers import python_env
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# --- the proof itself ------------------------------------------------------------------------------------
+
+
+def _child_identity(code: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    child = subprocess.Popen([sys.executable, "-c", code], env=python_env(), text=True, stdout=subprocess.PIPE)
+    assert child.stdout is not None
+    import json
+
+    return child, json.loads(child.stdout.readline())
+
+
+IDENTIFY = ("import json, sys, time\nfrom jixu.kernel.ownership import process_identity\n"
+            "print(json.dumps(process_identity()), flush=True)\ntime.sleep(60)\n")
+
+
+def test_a_live_process_is_not_gone_and_a_killed_one_is() -> None:
+    child, identity = _child_identity(IDENTIFY)
+    try:
+        assert identity["pid"] == child.pid and isinstance(identity["start_time"], int)
+        assert owner_gone(identity) is None, "a live process was called gone"
+    finally:
+        child.kill()
+        child.wait()
+    proof = owner_gone(identity)
+    assert proof is not None and proof["found"] == "no such process"
+    assert proof["process"]["pid"] == child.pid and proof["checked_by"]["pid"] == os.getpid()
+
+
+def test_nothing_is_proven_about_another_machine_another_boot_or_this_very_process() -> None:
+    child, identity = _child_identity(IDENTIFY)
+    child.kill()
+    child.wait()
+    assert owner_gone(identity) is not None
+    assert owner_gone({**identity, "boot_id": "another-boot"}) is None, "another boot (or machine) proves nothing"
+    assert owner_gone({**identity, "pid_namespace": "pid:[1]"}) is None, "another pid namespace proves nothing"
+    assert owner_gone({**identity, "start_time": None}) is None, "without a start time nothing is proven"
+    assert owner_gone(process_identity()) is None, "this process is alive"
+    for malformed in (None, "x", {}, {**identity, "pid": True}, {**identity, "pid": -1},
+                      {**identity, "start_time": "1"}):
+        assert owner_gone(malformed) is None
+
+
+def test_a_pid_reused_by_another_process_proves_the_owner_gone() -> None:
+    me = process_identity()
+    reused = {**me, "pid": os.getppid(), "start_time": -1}  # a live pid whose start time is not the owner's
+    proof = owner_gone(reused)
+    assert proof is not None and "now belongs to a process started at" in proof["found"]
+
+
+# --- a real crash ------------------------------------------------------------------------------------------
+
+
+CRASHING = r"""
+import asyncio, sys
+from jixu import Agent, Harness, ScriptedModel, ToolCall, tool
+
+@tool(semantics="unsafe")
+async def refund(order: int) -> str:
+    '''Refund an order (the process dies while it runs).'''
+    print("RUNNING", flush=True)
+    await asyncio.sleep(3600)
+    return "refunded"
+
+async def main() -> None:
+    harness = Harness(Agent("refunder", ScriptedModel([ToolCall("refund", {"order": 42}), "Refunded."]),
+                            tools=[refund]), sys.argv[1])  # the default owner and lease
+    thread = await harness.create_thread()
+    print("THREAD", thread.thread_id, flush=True)
+    await thread.send("refund order 42")
+    await thread.wait()
+
+asyncio.run(main())
+"""
+
+
+@tool(semantics="unsafe")
+async def refund(order: int) -> str:
+    """Refund an order."""
+    return "refunded"
+
+
+def _agent() -> Agent:
+    return Agent("refunder", ScriptedModel([ToolCall("refund", {"order": 42}), "Refunded."]), tools=[refund])
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Callable[[], Store]]]:
+    if request.param == "sqlite":
+        path = tmp_path / "t.db"
+        yield f"sqlite:///{path}", lambda: SQLiteStore(path)
+        return
+    schema = PostgresSchema(request.getfixturevalue("postgres_dsn"))
+    try:
+        yield schema.url, lambda: PostgresStore(schema.url, max_size=4)
+    finally:
+        schema.drop()
+
+
+def _crash_mid_call(url: str) -> str:
+    """Run a thread in a child until its unsafe call runs, SIGKILL it there; the thread id."""
+    child = subprocess.Popen([sys.executable, "-c", CRASHING, url], env=python_env(), text=True,
+                             stdout=subprocess.PIPE, cwd=ROOT)
+    assert child.stdout is not None
+    thread_id = ""
+    try:
+        for line in child.stdout:
+            if line.startswith("THREAD "):
+                thread_id = line.split()[1]
+            if line.startswith("RUNNING"):
+                break
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert thread_id and child.returncode == -signal.SIGKILL
+    return thread_id
+
+
+def test_a_restarted_script_with_the_default_owner_continues_at_once_after_a_crash(
+        ledger: tuple[str, Callable[[], Store]]) -> None:
+    """The README's recovery path in a new process with the default owner: open, resolve, continue. The dead
+    owner's lease (9 s by default) is not waited for: its process is proven gone, and the claim records the proof."""
+    url, opener = ledger
+    thread_id = _crash_mid_call(url)
+    started = time.monotonic()
+
+    async def recover() -> Any:
+        store = opener()
+        try:
+            harness = Harness(_agent(), store)
+            thread = await harness.open_thread(thread_id)
+            state = thread.state()
+            assert state.status == "waiting", state.reason
+            [waiting] = state.waiting_on
+            await thread.resolve_tool_outcome(waiting["effect_id"], "occurred", note="the refund is in the ledger")
+            state = await thread.wait()
+            return state, await thread.events()
+        finally:
+            store.close()
+
+    state, events = asyncio.run(recover())
+    took = time.monotonic() - started
+    assert state.status == "idle" and state.last_reply == "Refunded.", state.reason
+    assert took < 2.0, f"the recovery waited {took:.1f}s"
+    [taken] = [e for e in events if e.type == "turn.claimed"]
+    assert taken.data["reason"] == "took_over_dead_owner"
+    assert taken.data["proof"]["found"] == "no such process"
+    started_event = next(e for e in events if e.type == "turn.started")
+    assert taken.data["proof"]["process"]["pid"] == started_event.data["process"]["pid"]
+    assert [e.type for e in events].count("tool.dispatched") == 1, "the unsafe call was not dispatched again"
+
+
+def test_an_owner_on_another_machine_keeps_its_lease_until_it_expires(
+        ledger: tuple[str, Callable[[], Store]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen from another machine (another boot id) nothing proves the owner gone: the resolution and the claim
+    are refused while its lease lives."""
+    url, opener = ledger
+    thread_id = _crash_mid_call(url)
+    monkeypatch.setattr(ownership, "_IDENTITY", (os.getpid(), {**process_identity(), "boot_id": "elsewhere"}))
+
+    async def try_to_recover() -> None:
+        store = opener()
+        try:
+            harness = Harness(_agent(), store)
+            thread = await harness.open_thread(thread_id)
+            [waiting] = thread.state().waiting_on
+            with pytest.raises(TurnOwned, match="may still be in flight"):
+                await thread.resolve_tool_outcome(waiting["effect_id"], "occurred")
+            problem = thread.claim_problem()
+            assert problem is not None and "is owned by" in problem
+        finally:
+            store.close()
+
+    asyncio.run(try_to_recover())
