@@ -99,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:24} median {value['median']:>12,.1f}   best {value['best']:>12,.1f}")
         else:
             print(f"{name:24} {value}")
+    for name, value in figures.items():
+        if isinstance(value, dict):
+            unit = "ms" if name.endswith("_ms") else "events/s"
+            print(json.dumps({"bench": "trust", "metric": name, "value": round(value["median"], 4), "unit": unit}))
     return 0
 
 
