@@ -876,6 +876,7 @@ def test_a_determinate_model_failure_fails_the_turn(ledger: Ledger) -> None:
         assert ended.data["outcome"] == "failed"
         assert ended.data["error"]["source"] == "model" and ended.data["error"]["kind"] == "invalid_request"
         assert state.status == "failed"
+        assert "(invalid_request)" in state.reason and "context too long" in state.reason, state.reason
         assert state.turns[-1]["status"] == "failed"
         assert state.turns[-1]["error"] == ended.data["error"]
         assert state.last_reply is None
@@ -948,6 +949,7 @@ def test_max_steps_fails_a_turn_that_keeps_calling_tools(ledger: Ledger) -> None
         [ended] = of_type(events, "turn.ended")
         assert ended.data["outcome"] == "failed" and ended.data["error"]["type"] == "max_steps"
         assert state.status == "failed" and state.turns[-1]["error"]["type"] == "max_steps"
+        assert "(max_steps)" in state.reason and "used all 2 model calls" in state.reason, state.reason
         assert state.turns[-1]["model_calls"] == 2
         await assert_same_answer(harness, thread)
 

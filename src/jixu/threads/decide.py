@@ -93,6 +93,14 @@ AUTOMATIC_PAUSES = frozenset({"rate_limit", "transient"})
 OPERATOR_PAUSES = frozenset({"quota", "authentication"})
 
 
+def failure_reason(turn_id: str, error: JSONObject | None) -> str:
+    """What a failed turn's ``State.reason`` says: its error's type and message, as the turn recorded them."""
+    error = error or {}
+    kind = str(error.get("type") or error.get("kind") or "error")
+    message = str(error.get("message") or "").strip()
+    return f"turn {turn_id} failed ({kind})" + (f": {message}" if message else "")
+
+
 def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attempts: int,
            context_budget: int | None = None) -> Action:
     """The next action for a thread (pure: reads its arguments only).
@@ -152,8 +160,10 @@ def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attemp
         return Stop("waiting", f"calls awaiting approval: {', '.join(analysis.waiting_on_parked)}",
                     analysis.waiting_on_parked)
     if turn is None:
-        failed = bool(state.turns) and state.turns[-1].status == "failed"
-        return Stop("failed" if failed else "idle")
+        last = state.turns[-1] if state.turns else None
+        if last is not None and last.status == "failed":
+            return Stop("failed", failure_reason(last.turn_id, last.error))
+        return Stop("idle")
     if turn.error is not None:
         return FailTurn(turn.turn_id, turn.error)
     if turn.failure is not None:
