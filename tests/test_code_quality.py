@@ -84,7 +84,7 @@ APPEND_CONTRACT_USES = {
     "seal_batch": {"ledger/store.py:decide_append"},
     "decide_append": {"ledger/memory.py:MemoryStore._append", "ledger/sqlite.py:SQLiteStore._append_in",
                       "ledger/sqlite.py:SQLiteStore._append_batched",
-                      "ledger/postgres.py:PostgresStore._append_slowly.append"},
+                      "ledger/postgres.py:PostgresStore._append_in"}  # the slow path and append_and_enqueue,
 }
 # The errors of the contract are made only by its pieces (a store may not word a refusal of its own).
 APPEND_CONTRACT_ERRORS = {"IdempotencyConflict", "FencingError", "ConcurrencyError"}
