@@ -852,10 +852,15 @@ def _probe_answered(state: ThreadState, event: Event, phase: str, intent: JSONOb
     else:
         error = event.data.get("error")
         error = error if isinstance(error, dict) else {}
-        what = str(error.get("type") or "error")
         message = error.get("message")
-        answer = {"answer": "dont_know", "reason": f"the probe failed ({what})" + (f": {message}" if message else ""),
-                  "evidence": {}, "error": error}
+        if error.get("type") == "exception":
+            what = f"the probe raised {error.get('exception')}"
+        elif error.get("type") == "timeout":
+            what = "the probe timed out"
+        else:
+            what = f"the probe could not be asked ({error.get('type')})"
+        answer = {"answer": "dont_know", "reason": what + (f": {message}" if message else ""), "evidence": {},
+                  "error": error}
     record["answer"] = answer
     record["answered_seq"] = event.seq
 
