@@ -127,6 +127,26 @@ class State:
         }
 
 
+def probe_text(record: dict[str, Any] | None) -> str:
+    """What a tool's probe answered about a call (a ``State.probes`` record) in one line; ``""`` for none."""
+    if not record:
+        return ""
+    answer = record.get("answer")
+    head = f"its probe (effect {record.get('effect_id')})"
+    if not isinstance(answer, dict):
+        return f"{head} has not answered"
+    if answer.get("answer") == "dont_know":
+        return f"{head} answered don't know: {_one_line(answer.get('reason'))}"
+    found = answer.get("evidence")
+    return f"{head} answered {answer.get('answer')}" + (f": {_one_line(found)}" if found else "")
+
+
+def _one_line(value: object, limit: int = 160) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def build_state(thread_state: ThreadState, analysis: Analysis, *, max_steps: int = DEFAULT_MAX_STEPS,
                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, running: bool = False,
                 context_budget: int | None = None, corrupt: Corruption | None = None) -> State:
@@ -886,4 +906,4 @@ def check_text(value: object, name: str, limit: int, *, required: bool = False) 
 
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "DEFAULT_MAX_STEPS", "THREAD_PREFIX", "State", "ThreadLog", "build_state",
-           "check_text", "stream_of", "thread_corrupt"]
+           "check_text", "probe_text", "stream_of", "thread_corrupt"]
