@@ -421,3 +421,38 @@ def test_a_thread_whose_calls_were_probed_is_not_continued_by_an_agent_without_t
             await without.open_thread(thread.thread_id)
 
     run(go())
+
+
+def test_several_unknown_calls_are_probed_side_by_side_and_each_gets_its_own_resolution() -> None:
+    payments = Payments()
+    started: list[str] = []
+
+    async def find(query: ProbeQuery) -> Occurred | NotOccurred:
+        started.append(query.effect_id)
+        while len(started) < 2:  # both probes run at once, or this one never returns (the test times out)
+            await asyncio.sleep(0.001)
+        return payments.find(query)
+
+    def step(messages: list[dict[str, Any]]) -> str | list[ToolCall]:
+        last = messages[-1]
+        if last.get("role") == "user":
+            return [ToolCall("refund", {"order": "41"}), ToolCall("refund", {"order": "42"})]
+        return "done: " + ",".join(str(m.get("status")) for m in messages if m.get("role") == "tool")
+
+    agent = Agent("refunder", ScriptedModel(step), tools=[payments.tool(find)])
+
+    async def go() -> None:
+        async with Harness(agent, MemoryStore()) as harness:
+            thread = await harness.create_thread()
+            await thread.send("Refund orders 41 and 42")
+            state = await asyncio.wait_for(thread.wait(), 10)
+            assert state.status == "idle" and state.last_reply == "done: occurred,occurred", state.reason
+            events = await thread.events()
+            asked = of_type(events, "probe.requested")
+            assert len(asked) == 2 and {e.data["args"]["effect_id"] for e in asked} == set(started)
+            assert asked[1].seq == asked[0].seq + 1, "every probe intent and marker in one append"
+            resolved = of_type(events, "tool.outcome_resolved")
+            assert sorted(e.data["effect_id"] for e in resolved) == sorted(started)
+            assert {e.data["resolution_id"] for e in resolved} == {e.data["effect_id"] for e in asked}
+
+    run(go())
