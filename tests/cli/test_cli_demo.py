@@ -37,9 +37,10 @@ def test_the_demo_runs_in_an_empty_directory_and_tells_the_whole_story(tmp_path:
     result = demo(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
-    for word in ("SIGKILL", "unknown", "waiting", "occurred", "Replay", "replay", "Fork", "fork",
-                 "Refund for order 42 issued.", "no driver was called", "hash chain valid", "not_inherited",
-                 "jixu threads show jixu.db", "jixu verify jixu.db"):
+    for word in ("SIGKILL", "unknown", "probe", "probe:issue_refund", "waiting",
+                 "occurred", "demo-operator", "Replay", "replay", "Fork", "fork", "Refund for order 42 issued.",
+                 "no driver was called", "hash chain valid", "not_inherited", "jixu threads show jixu.db",
+                 "jixu verify jixu.db"):
         assert word in out, word
     thread_id, effect_id = demo_ids(out)
     outside = tmp_path / "outside-system.log"
@@ -49,12 +50,19 @@ def test_the_demo_runs_in_an_empty_directory_and_tells_the_whole_story(tmp_path:
         reports = verify_all(store)
         assert reports and all(r.valid for r in reports)
         events = store.read(f"thread/{thread_id}")
-    types = [e.type for e in events]
-    assert "tool.dispatched" in types and "tool.completed" not in types   # no receipt, never retried
-    assert types.count("tool.dispatched") == 1
-    assert "tool.outcome_resolved" in types and types[-1] == "turn.ended"
-    resolved = next(e for e in events if e.type == "tool.outcome_resolved")
-    assert resolved.data["resolution"] == "occurred" and effect_id in resolved.data["note"]
+    refund = [e for e in events if e.data.get("effect_id") == effect_id]
+    assert [e.type for e in refund] == ["tool.requested", "tool.dispatched", "tool.outcome_resolved"], \
+        "no receipt, never retried, settled by a resolution"
+    [by_probe, by_operator] = [e for e in events if e.type == "tool.outcome_resolved"]
+    assert by_probe.data["effect_id"] == effect_id and by_probe.data["resolution"] == "occurred"
+    assert by_probe.data["actor"] == "probe:issue_refund"
+    assert effect_id in by_probe.data["evidence"]["found"]["text"]
+    assert by_probe.data["resolution_id"] in {e.data["effect_id"] for e in events if e.type == "probe.completed"}
+    [mail] = [e for e in events if e.type == "tool.requested" and e.data["name"] == "notify_customer"]
+    assert by_operator.data["effect_id"] == mail.data["effect_id"] and by_operator.data["actor"] == "demo-operator"
+    assert mail.data["effect_id"] in by_operator.data["note"]
+    assert len(lines_for(tmp_path / "outbox.log", mail.data["effect_id"])) == 1
+    assert [e.type for e in events][-1] == "turn.ended"
 
 
 def test_the_demo_can_run_again_in_the_same_directory(tmp_path: Path) -> None:
@@ -67,6 +75,7 @@ def test_the_demo_can_run_again_in_the_same_directory(tmp_path: Path) -> None:
     outside = tmp_path / "outside-system.log"
     assert len(outside.read_text(encoding="utf-8").splitlines()) == 2
     assert len(lines_for(outside, effect_1)) == len(lines_for(outside, effect_2)) == 1
+    assert len((tmp_path / "outbox.log").read_text(encoding="utf-8").splitlines()) == 2
     listed = subprocess.run([sys.executable, "-m", "jixu", "threads", "list", "jixu.db", "--json"],
                             capture_output=True, text=True, env=python_env(), cwd=tmp_path, timeout=60, check=False)
     assert listed.returncode == 0

@@ -390,3 +390,37 @@ def test_a_decision_puts_a_thread_that_workers_run_back_in_their_queue(ledger: L
     with SQLiteStore(ledger.db) as store:
         assert store.get_work(key).state == "pending"  # type: ignore[union-attr]
         assert store.get_work(untouched) is None, "threads no worker runs are not enqueued"
+
+
+def test_show_puts_a_probes_answer_next_to_the_unknown_call_it_could_not_settle(tmp_path: Path) -> None:
+    from jixu import DontKnow, ProbeQuery
+
+    def ask_the_bank(query: ProbeQuery) -> DontKnow:
+        return DontKnow("the bank's search is down", evidence={"key": query.idempotency_key})
+
+    @tool(semantics="unsafe", probe=ask_the_bank)
+    def pay(order: str, amount: float) -> str:
+        """Charge an order; the connection drops after the request was sent."""
+        raise RuntimeError("connection reset")
+
+    db = tmp_path / "probe.db"
+
+    async def build() -> str:
+        async with Harness(Agent("ops", ScriptedModel(script), tools=[pay]), db) as harness:
+            thread = await harness.create_thread()
+            await thread.send("pay order 1")
+            state = await thread.wait()
+            assert state.status == "waiting", state.reason
+            return thread.thread_id
+
+    thread_id = asyncio.run(build())
+    code, state = as_json("show", str(db), thread_id)
+    assert code == 0
+    [waiting] = state["waiting_on"]
+    assert waiting["probe"]["answer"] == {"answer": "dont_know", "reason": "the bank's search is down",
+                                          "evidence": {"key": f"jixu:{waiting['effect_id']}"}}
+    assert state["probes"][waiting["effect_id"]] == [waiting["probe"]]
+    human = jixu("show", str(db), thread_id)
+    assert human.returncode == 0, human.stderr
+    assert "answered don't know: the bank's search is down" in human.stdout
+    assert f"jixu threads resolve {db} {thread_id} {waiting['effect_id']} --resolution occurred" in human.stdout

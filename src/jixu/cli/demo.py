@@ -1,13 +1,18 @@
 """``jixu demo``: one minute that shows what jixu is for.
 
-A refund agent (a scripted, offline model and a real side-effecting tool)
+A refund agent (a scripted, offline model and two real side-effecting tools)
 runs in a child process that kills itself with SIGKILL right after the refund
 reached the "payment system" (an append-only file) and before jixu recorded
 the receipt. The parent reopens the thread: the refund's outcome is
-``unknown``, the tool is unsafe, so jixu does not retry it and waits. The
-demo checks the outside system, records the operator's resolution, lets the
-thread finish, replays it without calling any driver, verifies the hash chain
-and forks it. Every step checks its own expectation; any surprise exits 1.
+``unknown`` and the tool is unsafe, so jixu does not retry it. The refund tool
+declares a probe: jixu asks it first, the probe finds the refund by its
+idempotency key, and its answer is recorded as the resolution (actor
+``probe:issue_refund``) without an operator. The thread goes on to e-mail the
+customer with a tool that has no probe; the mail server's connection drops
+after it accepted the message, the outcome is unknown, and only an operator
+can settle it: the demo checks the outbox and records the decision. The
+thread then finishes, is replayed without calling any driver, verified and
+forked. Every step checks its own expectation; any surprise exits 1.
 """
 
 from __future__ import annotations
@@ -32,7 +37,18 @@ from jixu.cli.threads import STATUS_STYLE, effects_table, messages_table, styled
 from jixu.ledger import Event
 from jixu.ledger.encoding import JSONObject
 from jixu.recovery import EffectDecision
-from jixu.threads import Agent, Harness, ScriptedModel, Thread, ToolCall, ToolContext, tool
+from jixu.threads import (
+    Agent,
+    Harness,
+    NotOccurred,
+    Occurred,
+    ProbeQuery,
+    ScriptedModel,
+    Thread,
+    ToolCall,
+    ToolContext,
+    tool,
+)
 from jixu.threads.model import Step
 
 ORDER = "42"
@@ -41,6 +57,8 @@ REQUEST = f"Refund order {ORDER}"
 FINAL_REPLY = f"Refund for order {ORDER} issued."
 FORK_INPUT = "Actually, refund only half."
 TOOL_NAME = "issue_refund"
+NOTIFY_NAME = "notify_customer"
+NOTICE = f"Your refund for order {ORDER} was issued."
 WORKER_OWNER = "refund-worker"
 """The worker's owner name: a restarted worker with the same name reclaims its own turns at once."""
 
@@ -57,47 +75,81 @@ def expect(condition: bool, message: str) -> None:
 
 @dataclass
 class RefundAgent:
-    """The demo's agent, its scripted model and the refunds its tool issued in this process."""
+    """The demo's agent, its scripted model and the calls its tools made in this process."""
 
     agent: Agent
     model: ScriptedModel
     issued: list[str] = field(default_factory=list)
-    """Effect ids the tool ran for in this process."""
+    """Effect ids the refund tool ran for in this process."""
+    mailed: list[str] = field(default_factory=list)
+    """Effect ids the e-mail tool ran for in this process."""
+
+
+def _last_tool(messages: list[JSONObject]) -> JSONObject | None:
+    last = messages[-1] if messages else {}
+    return last if last.get("role") == "tool" else None
 
 
 def refund_script(messages: list[JSONObject]) -> Step:
-    """The scripted model: ask for the refund, then report on the tool's answer."""
+    """The scripted model: ask for the refund, then tell the customer, then report."""
     last = messages[-1] if messages else {}
     if last.get("role") == "user":
         amount = AMOUNT / 2 if "half" in str(last.get("content")).lower() else AMOUNT
         return ToolCall(TOOL_NAME, {"order": ORDER, "amount": amount})
-    status = last.get("status")
-    if last.get("role") == "tool" and status in ("ok", "occurred"):
-        return FINAL_REPLY
-    if last.get("role") == "tool" and status == "not_occurred":
-        return ToolCall(TOOL_NAME, {"order": ORDER, "amount": AMOUNT})
+    answer = _last_tool(messages)
+    status = answer.get("status") if answer else None
+    if answer is not None and answer.get("name") == TOOL_NAME:
+        if status in ("ok", "occurred"):
+            return ToolCall(NOTIFY_NAME, {"order": ORDER, "text": NOTICE})
+        if status == "not_occurred":
+            return ToolCall(TOOL_NAME, {"order": ORDER, "amount": AMOUNT})
+    if answer is not None and answer.get("name") == NOTIFY_NAME:
+        if status in ("ok", "occurred"):
+            return FINAL_REPLY
+        if status == "not_occurred":
+            return ToolCall(NOTIFY_NAME, {"order": ORDER, "text": NOTICE})
     return f"The refund for order {ORDER} could not be confirmed ({status}); an operator should check it."
 
 
-def refund_agent(outside: Path, *, crash_after_write: bool = False) -> RefundAgent:
+def _append_line(path: Path, line: str) -> None:
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(line)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def refund_agent(outside: Path, *, crash_after_write: bool = False, outbox: Path | None = None,
+                 drop_mail_connection: bool = False) -> RefundAgent:
     """The one agent definition both processes use, so the thread's recorded contract matches.
 
-    Its ``issue_refund`` tool is ``unsafe``: it appends a line to ``outside``
-    (fsynced), standing in for a payment system. With ``crash_after_write``
-    the process SIGKILLs itself right after the line is durable, before jixu
-    can record the receipt.
+    ``issue_refund`` is ``unsafe``: it appends a line to ``outside`` (fsynced),
+    standing in for a payment system. With ``crash_after_write`` the process
+    SIGKILLs itself right after the line is durable, before jixu can record the
+    receipt. Its probe looks the refund up in ``outside`` by the call's
+    idempotency key. ``notify_customer`` is ``unsafe`` and has no probe: it
+    appends the e-mail to ``outbox`` (the mail server's log); with
+    ``drop_mail_connection`` the connection drops after the mail server
+    accepted it, so the call's outcome is unknown.
     """
     issued: list[str] = []
+    mailed: list[str] = []
+    mail_log = outbox if outbox is not None else outbox_of(outside)
 
-    @tool(semantics="unsafe")
+    def find_refund(query: ProbeQuery) -> Occurred | NotOccurred:
+        """Ask the payment system for the refund made with this call's idempotency key (read-only)."""
+        lines = outside.read_text(encoding="utf-8").splitlines() if outside.exists() else []
+        for number, text in enumerate(lines, start=1):
+            if f" key={query.idempotency_key} " in f" {text} ":
+                return Occurred(result=f"refunded {query.args['amount']:.2f} on order {query.args['order']}",
+                                evidence={"source": str(outside), "line": number, "text": text})
+        return NotOccurred(evidence={"source": str(outside), "key": query.idempotency_key,
+                                     "lines_searched": len(lines)})
+
+    @tool(semantics="unsafe", probe=find_refund)
     def issue_refund(order: str, amount: float, ctx: ToolContext) -> str:
         """Refund ``amount`` on ``order`` in the payment system (a retry could refund twice)."""
-        line = (f"refund order={order} amount={amount:.2f} effect={ctx.effect_id} "
-                f"key={ctx.idempotency_key}\n")
-        with outside.open("a", encoding="utf-8") as handle:
-            handle.write(line)
-            handle.flush()
-            os.fsync(handle.fileno())
+        _append_line(outside, f"refund order={order} amount={amount:.2f} effect={ctx.effect_id} "
+                              f"key={ctx.idempotency_key}\n")
         issued.append(ctx.effect_id)
         if crash_after_write:
             print(f"worker: the payment system recorded the refund (effect {ctx.effect_id}); "
@@ -105,10 +157,24 @@ def refund_agent(outside: Path, *, crash_after_write: bool = False) -> RefundAge
             os.kill(os.getpid(), signal.SIGKILL)
         return f"refunded {amount:.2f} on order {order}"
 
+    @tool(semantics="unsafe")
+    def notify_customer(order: str, text: str, ctx: ToolContext) -> str:
+        """E-mail the customer about ``order`` (a retry would send the e-mail twice)."""
+        _append_line(mail_log, f"mail order={order} effect={ctx.effect_id} text={text!r}\n")
+        mailed.append(ctx.effect_id)
+        if drop_mail_connection:
+            raise ConnectionResetError("the mail server closed the connection before confirming the message")
+        return f"e-mailed the customer about order {order}"
+
     model = ScriptedModel(refund_script)
-    agent = Agent("refunds", model, instructions="Issue the refunds customers ask for, exactly once.",
-                  tools=[issue_refund])
-    return RefundAgent(agent, model, issued)
+    agent = Agent("refunds", model, instructions="Issue the refunds customers ask for, exactly once, and tell them.",
+                  tools=[issue_refund, notify_customer])
+    return RefundAgent(agent, model, issued, mailed)
+
+
+def outbox_of(outside: Path) -> Path:
+    """The mail server's log beside the payment system's: ``outbox.log``."""
+    return outside.with_name("outbox.log")
 
 
 def lines_for(outside: Path, effect_id: str) -> list[tuple[int, str]]:
@@ -140,6 +206,7 @@ class Demo:
     def __init__(self, store: Path, outside: Path, shown_store: str) -> None:
         self.store = store
         self.outside = outside
+        self.outbox = outbox_of(outside)
         self.shown_store = shown_store
         self.out = Console() if console.is_terminal else Console(width=120)  # panels wrap; pipes get 120 columns
 
@@ -162,10 +229,14 @@ class Demo:
             harness.close()
         thread_id = thread.thread_id
         self.step(1, "An agent that issues refunds",
-                  f"Agent [bold]refunds[/]: a scripted, offline model and one tool, [bold]{TOOL_NAME}[/]"
-                  f"(order, amount), declared [bold]unsafe[/]: calling it twice would refund twice.\n"
-                  f"The tool appends a line (order, amount, effect id, idempotency key) to "
-                  f"[bold]{self.outside}[/] and fsyncs it: that file stands in for the payment system.\n"
+                  f"Agent [bold]refunds[/]: a scripted, offline model and two tools, both declared [bold]unsafe[/] "
+                  "(calling one twice would do it twice):\n"
+                  f"  [bold]{TOOL_NAME}[/](order, amount) appends a line (order, amount, effect id, idempotency "
+                  f"key) to [bold]{self.outside}[/] and fsyncs it: that file stands in for the payment system. "
+                  "It declares a [bold]probe[/]: a read-only function that looks a refund up there by its "
+                  "idempotency key.\n"
+                  f"  [bold]{NOTIFY_NAME}[/](order, text) appends the e-mail to [bold]{self.outbox}[/], the mail "
+                  "server's log. It has no probe.\n"
                   f"Store:  {self.store}\nThread: {thread_id}")
 
         self.step(2, "A worker process sends the request and dies mid-call",
@@ -179,7 +250,7 @@ class Demo:
 
         # The parent plays the restarted worker: the same owner name lets it reclaim the dead worker's turn
         # at once instead of waiting for the lease to expire (see Harness(owner=...)).
-        demo = refund_agent(self.outside)
+        demo = refund_agent(self.outside, drop_mail_connection=True)
         harness = Harness(demo.agent, self.store, owner=WORKER_OWNER)
         try:
             await self.recover(harness, demo, thread_id)
@@ -201,8 +272,8 @@ class Demo:
         return done.returncode
 
     async def recover(self, harness: Harness, demo: RefundAgent, thread_id: str) -> None:
-        """Steps 3 to 6, with the parent's harness."""
-        thread = await harness.open_thread(thread_id)
+        """Steps 3 to 7, with the parent's harness."""
+        thread = await harness.open_thread(thread_id, resume=False)
         self.step(3, "The parent reopens the thread: the refund's outcome is unknown",
                   "Harness.open_thread(thread_id) loads the events and asks the RecoveryResolver, the single "
                   "authority on every effect, what is known.")
@@ -219,52 +290,88 @@ class Demo:
         expect(refund.semantics == "unsafe" and not refund.retry_safe, "the refund should be unsafe to retry")
         self.say(f"Effect {effect_id} ({TOOL_NAME}) is [bold yellow]unknown[/]: it was dispatched and no receipt "
                  "was recorded. It is [bold]unsafe[/], so retrying could refund twice.")
-        state = await thread.wait()
-        expect(state.status == "waiting", f"the thread should be waiting; it is {state.status}")
-        self.say(f"Even asked to run (thread.wait()), the thread is {styled(state.status, STATUS_STYLE)}: "
-                 f"{state.reason}.")
-        lines = lines_for(self.outside, effect_id)
-        expect(len(lines) == 1, f"the payment system should hold exactly 1 line for {effect_id}; it holds "
-                                f"{len(lines)}")
-        expect(not demo.issued, "the tool must not run again in the parent")
-        self.say(f"jixu did [bold]not[/] retry it: {self.outside.name} still has exactly 1 line for this effect.")
+        await self.probe(thread, demo, effect_id)
+        await self.operator(thread, demo, effect_id)
 
-        self.step(4, "An operator checks the outside system and records what happened",
-                  f"Only an operator can say what happened to an unknown unsafe effect. The demo reads "
-                  f"{self.outside.name}, finds the refund by its effect id, and records the resolution "
-                  f"[bold]occurred[/] with a note citing the evidence. The original events stay untouched.")
+    async def probe(self, thread: Thread, demo: RefundAgent, effect_id: str) -> None:
+        """Step 4: the refund tool's probe settles the unknown refund; nobody is asked."""
+        self.step(4, "The tool's probe asks the payment system: settled without an operator",
+                  f"{TOOL_NAME} declares a probe, so before anyone is asked jixu runs it (thread.wait()): the "
+                  "probe is an effect of its own (intent, dispatch marker, receipt; read-only, so it simply runs "
+                  "again after a crash). It looks the refund up by the call's idempotency key. Its definite "
+                  "answer is recorded as the call's outcome resolution, by actor "
+                  f"[bold]probe:{TOOL_NAME}[/] with its evidence, and the thread continues with what it found.")
+        state = await thread.wait()
+        events = await thread.events()
+        probing = [e for e in events if e.type.startswith("probe.")
+                   or (e.type == "tool.outcome_resolved" and e.data.get("effect_id") == effect_id)]
+        self.out.print(events_table(probing, "what the probe recorded"))
+        resolution = state.effects[effect_id].resolution or {}
+        found = (resolution.get("evidence") or {}).get("found") or {}
+        expect(resolution.get("resolution") == "occurred" and resolution.get("actor") == f"probe:{TOOL_NAME}",
+               f"the probe should have settled the refund as occurred; its resolution is {resolution or None}")
+        records = state.probes.get(effect_id, ())
+        expect(len(records) == 1, f"the probe should have been asked once; it was asked {len(records)} times")
+        self.say(f"The probe (effect {records[0].get('effect_id')}) answered [bold]occurred[/]: "
+                 f"{self.outside.name} line {found.get('line')}: {found.get('text')}")
+        self.say(f"Recorded: {effect_id} → occurred (actor probe:{TOOL_NAME}, the probe's evidence attached). "
+                 "No operator was asked.")
+        expect(len(lines_for(self.outside, effect_id)) == 1 and not demo.issued,
+               "the refund must not be issued again")
+        self.say(f"jixu did [bold]not[/] retry the refund: {self.outside.name} still has exactly 1 line for "
+                 "this effect.")
+        mails = [d for d in state.effects.values() if d.kind == "tool" and d.name == NOTIFY_NAME]
+        expect(len(mails) == 1, f"the thread should have gone on to e-mail the customer; {len(mails)} e-mails")
+        expect(state.status == "waiting", f"the thread should wait for the e-mail's outcome; it is {state.status}")
+
+    async def operator(self, thread: Thread, demo: RefundAgent, refund_id: str) -> None:
+        """Step 5: a tool without a probe: the operator path."""
+        state = thread.state()
+        [mail] = [d for d in state.effects.values() if d.kind == "tool" and d.name == NOTIFY_NAME]
+        self.step(5, "A tool without a probe: an operator decides",
+                  f"The thread went on and called {NOTIFY_NAME}. The mail server accepted the e-mail, then "
+                  "dropped the connection before confirming it: the outcome is unknown. That tool has no probe, so "
+                  "jixu does not guess and does not retry: the thread waits for an operator. The demo plays the "
+                  f"operator: it reads {self.outbox.name}, finds the e-mail by its effect id and records "
+                  "[bold]occurred[/] with the evidence. The original events stay untouched.")
+        expect(mail.state == "unknown" and mail.reason == "indeterminate_failure",
+               f"the e-mail should be unknown (its connection dropped); it is {mail.state} ({mail.reason})")
+        self.say(f"Effect {mail.effect_id} ({NOTIFY_NAME}) is [bold yellow]unknown[/] and the thread is "
+                 f"{styled(state.status, STATUS_STYLE)}: {state.reason}.")
+        lines = lines_for(self.outbox, mail.effect_id)
+        expect(len(lines) == 1, f"the outbox should hold exactly 1 e-mail for {mail.effect_id}; it holds "
+                                f"{len(lines)}")
         number, text = lines[0]
-        self.say(f"Evidence, {self.outside.name} line {number}: {text}")
-        note = f"{self.outside.name} line {number} shows this refund with effect id {effect_id}"
-        state = await thread.resolve_tool_outcome(effect_id, "occurred", note=note, actor="demo-operator",
-                                                  evidence={"source": str(self.outside), "line": number,
-                                                            "text": text})
-        self.say(f"Recorded: {effect_id} → occurred (actor demo-operator). The thread continues.")
+        self.say(f"Evidence, {self.outbox.name} line {number}: {text}")
+        note = f"{self.outbox.name} line {number} shows this e-mail with effect id {mail.effect_id}"
+        await thread.resolve_tool_outcome(mail.effect_id, "occurred", note=note, actor="demo-operator",
+                                          evidence={"source": str(self.outbox), "line": number, "text": text})
+        self.say(f"Recorded: {mail.effect_id} → occurred (actor demo-operator). The thread continues.")
         state = await thread.wait()
         expect(state.status == "idle" and state.last_reply == FINAL_REPLY,
                f"the thread should finish with {FINAL_REPLY!r}; it is {state.status} with {state.last_reply!r}")
-        decision = state.effects[effect_id]
-        expect(decision.resolution is not None and decision.resolution.get("resolution") == "occurred",
-               "the resolution should be recorded on the effect")
         self.out.print(effects_table(state.effects, "the resolver's decisions now", compact=True))
         self.out.print(messages_table(state.messages, "the conversation"))
         self.say(f"Final reply: [bold green]{state.last_reply}[/]")
-        lines = lines_for(self.outside, effect_id)
-        expect(len(lines) == 1 and not demo.issued, "the refund must not have been issued again")
-        self.say(f"{self.outside.name} still has exactly 1 line for this effect: the refund was issued once.")
+        expect(len(lines_for(self.outside, refund_id)) == 1 and not demo.issued,
+               "the refund must not have been issued again")
+        expect(len(lines_for(self.outbox, mail.effect_id)) == 1 and demo.mailed == [mail.effect_id],
+               "the e-mail must have been sent once")
+        self.say(f"{self.outside.name} has exactly 1 line for the refund and {self.outbox.name} 1 for the e-mail: "
+                 "each happened once.")
 
         await self.replay_and_verify(thread, demo, state.effects)
-        child_id = await self.fork(thread, effect_id)
-        self.finish(thread_id, child_id)
+        child_id = await self.fork(thread, refund_id)
+        self.finish(thread.thread_id, child_id)
 
     async def replay_and_verify(self, thread: Thread, demo: RefundAgent, live: dict[str, EffectDecision]) -> None:
-        """Step 5: pure replay and hash-chain verification."""
-        self.step(5, "Replay and verify",
+        """Step 6: pure replay and hash-chain verification."""
+        self.step(6, "Replay and verify",
                   "Replay rebuilds the state from the events alone: it calls no model and no tool. "
                   "Verification recomputes the hash chain over every event.")
-        model_calls, tool_calls = len(demo.model.calls), len(demo.issued)
+        model_calls, tool_calls = len(demo.model.calls), len(demo.issued) + len(demo.mailed)
         replayed = await thread.replay()
-        expect(len(demo.model.calls) == model_calls and len(demo.issued) == tool_calls,
+        expect(len(demo.model.calls) == model_calls and len(demo.issued) + len(demo.mailed) == tool_calls,
                "replay must not call the model or the tool")
         expect(replayed.status == "idle" and replayed.last_reply == FINAL_REPLY,
                f"the replayed thread should be idle with the final reply; it is {replayed.status}")
@@ -272,19 +379,19 @@ class Demo:
                "the replayed decisions should equal the live ones")
         self.say(f"replay: status {styled(replayed.status, STATUS_STYLE)}, {len(replayed.effects)} effects, the "
                  f"same decisions as live; model calls {model_calls} → {len(demo.model.calls)}, tool calls "
-                 f"{tool_calls} → {len(demo.issued)}: no driver was called.")
+                 f"{tool_calls} → {len(demo.issued) + len(demo.mailed)}: no driver was called.")
         report = thread.log.store.verify(thread.stream)
         expect(report.valid, f"the hash chain should verify: {report.reason} at seq {report.first_bad_seq}")
         self.say(f"verify: hash chain [green]valid[/], {report.count} events, head hash {report.head_hash}")
 
     async def fork(self, thread: Thread, effect_id: str) -> str:
-        """Step 6: fork where the model asked for the refund; the parent does not change."""
+        """Step 7: fork where the model asked for the refund; the parent does not change."""
         events = await thread.events()
         asked = [e for e in events if e.type == "model.completed"
                  and any(c.get("name") == TOOL_NAME for c in (e.data.get("result") or {}).get("tool_calls", []))]
         expect(bool(asked), "the model's request for the refund should be in the thread")
         at = asked[0]
-        self.step(6, "Fork: try another path without touching the original",
+        self.step(7, "Fork: try another path without touching the original",
                   f"Fork the thread at event {at.id} (seq {at.seq}, the model's answer asking for the refund, "
                   f"before the tool ran) and give the child the input [italic]{FORK_INPUT!r}[/]. The refund "
                   "call still open at that point is not inherited: the child never claims the parent's effect.")
@@ -328,8 +435,9 @@ class Demo:
         ])
         self.out.print()
         self.out.print(Panel(f"A crash between the side effect and its receipt left the refund [bold]unknown[/]; "
-                             f"jixu did not guess or retry, an operator's recorded decision let the thread finish, "
-                             f"and the refund happened exactly once.\n\nLook further:\n{commands}",
+                             f"jixu did not guess or retry: the tool's probe found the refund and settled it, "
+                             f"and for the e-mail, whose tool has no probe, an operator's recorded decision let the "
+                             f"thread finish. Each happened exactly once.\n\nLook further:\n{commands}",
                              title="[bold green]demo complete[/]", title_align="left", border_style="green"))
 
 
@@ -348,20 +456,22 @@ async def run_worker(store: Path, outside: Path, thread_id: str) -> int:
     return 1
 
 
-@click.command("demo", short_help="See jixu in one minute: a crash mid-refund, and no guessing.")
+@click.command("demo", short_help="See jixu in one minute: a crash mid-refund, a probe, and no guessing.")
 @click.option("--store", default="jixu.db", show_default=True, type=click.Path(dir_okay=False),
               help="SQLite file for the demo's threads (created if missing; re-runs add a new thread).")
 @click.option("--outside", default=None, type=click.Path(dir_okay=False),
               help="The file standing in for the payment system [default: outside-system.log beside the store].")
 @click.option("--worker", "worker", default=None, hidden=True, help="Internal: run the crashing worker.")
 def demo_command(store: str, outside: str | None, worker: str | None) -> None:
-    """See jixu in one minute: a crash mid-refund, no guessing, an operator's decision, replay and fork.
+    """See jixu in one minute: a crash mid-refund, a probe, an operator's decision, replay and fork.
 
     Runs offline (a scripted model) in the current directory: a worker process
     is SIGKILLed after its refund reached the outside system but before the
     receipt was recorded; jixu reopens the thread, finds the outcome unknown,
-    refuses to retry, and continues once the outcome is resolved. Exit 0 when
-    every step turned out as promised, 1 otherwise.
+    refuses to retry, and asks the refund tool's probe, which finds the refund
+    and settles it. An e-mail whose tool has no probe then loses its answer and
+    waits for an operator's resolution. Exit 0 when every step turned out as
+    promised, 1 otherwise.
     """
     store_path = Path(store)
     outside_path = Path(outside) if outside is not None else store_path.parent / "outside-system.log"
@@ -379,4 +489,4 @@ def demo_command(store: str, outside: str | None, worker: str | None) -> None:
             sys.exit(1)
 
 
-__all__ = ["FINAL_REPLY", "RefundAgent", "demo_command", "refund_agent", "refund_script"]
+__all__ = ["FINAL_REPLY", "RefundAgent", "demo_command", "outbox_of", "refund_agent", "refund_script"]

@@ -25,7 +25,7 @@ from jixu.errors import InvalidInput, JixuError, NotFound
 from jixu.ledger import Event, Store, is_valid_id, open_store
 from jixu.recovery import RESOLUTIONS, EffectDecision
 from jixu.runs.scheduler import enqueue_thread, thread_work_key
-from jixu.threads.log import MAX_INPUT_CHARS, THREAD_PREFIX, State, ThreadLog, stream_of
+from jixu.threads.log import MAX_INPUT_CHARS, THREAD_PREFIX, State, ThreadLog, probe_text, stream_of
 
 CONTINUES = ("The CLI records decisions only; the application that owns the thread's agent continues the "
              "thread when it opens it (Harness.open_thread).")
@@ -261,6 +261,8 @@ def show_command(store: str, thread_id: str, as_json: bool) -> None:
             for item in state.waiting_on:
                 out().print(f"  {item['effect_id']} {item['name']} is {item['state']} ({item['reason']}); "
                               "settle it with one of:", highlight=False)
+                if item.get("probe"):
+                    out().print(f"    {probe_text(item['probe'])}", highlight=False, markup=False)
                 for command in resolve_command_hint(store, state.thread_id, item):
                     out().print(f"    {command}", highlight=False, markup=False)
         if state.status == "running":

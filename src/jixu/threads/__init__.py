@@ -10,7 +10,7 @@ from jixu.threads.log import ThreadLog
 from jixu.threads.model import ModelDriver, ModelRequest, ModelResponse, ScriptedModel, ToolCall, Usage
 from jixu.threads.projection import ThreadProjection
 from jixu.threads.thread import State, Thread
-from jixu.threads.tools import Tool, ToolContext, ToolError, tool
+from jixu.threads.tools import DontKnow, NotOccurred, Occurred, ProbeQuery, Tool, ToolContext, ToolError, tool
 
 if TYPE_CHECKING:
     from jixu.threads.anthropic import AnthropicModel
@@ -39,12 +39,16 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Agent",
     "AnthropicModel",
+    "DontKnow",
     "FallbackModel",
     "Harness",
     "ModelDriver",
     "ModelRequest",
     "ModelResponse",
+    "NotOccurred",
+    "Occurred",
     "OpenAIModel",
+    "ProbeQuery",
     "ScriptedModel",
     "Signal",
     "State",

@@ -12,6 +12,7 @@ from jixu.ledger.encoding import JSONObject
 from jixu.recovery import Analysis
 from jixu.threads.compaction import MIN_COMPACTED_MESSAGES, over_budget
 from jixu.threads.projection import ThreadState
+from jixu.threads.tools import DEFINITE_ANSWERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,31 @@ class PauseTurn:
 
 
 @dataclass(frozen=True, slots=True)
+class Probe:
+    """Ask the tools' probes what happened to these calls, whose outcome is unknown, before an operator."""
+
+    turn_id: str
+    effect_ids: tuple[str, ...]
+    """The calls to ask about (each once per attempt)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResolveByProbe:
+    """A probe answered definitely: record its answer as the call's outcome resolution (actor ``probe:<tool>``)."""
+
+    effect_id: str
+    """The call whose outcome the probe established."""
+    probe_effect_id: str
+    """The probe effect whose receipt holds the answer (it is also the resolution's id)."""
+    tool: str
+    resolution: str
+    """``occurred`` or ``not_occurred``."""
+    evidence: JSONObject
+    result: object = None
+    """For ``occurred``: what the probe found the call to have returned."""
+
+
+@dataclass(frozen=True, slots=True)
 class CompleteTurn:
     """The model gave its final reply."""
 
@@ -85,7 +111,8 @@ class FailTurn:
     error: JSONObject
 
 
-Action = Stop | Dispatch | RequestModel | RequestCompaction | RequestTools | CompleteTurn | FailTurn | PauseTurn
+Action = (Stop | Dispatch | RequestModel | RequestCompaction | RequestTools | Probe | ResolveByProbe | CompleteTurn
+          | FailTurn | PauseTurn)
 
 MAX_AUTOMATIC_RETRIES = 3
 """Automatic retries after rate limits and transient provider failures before the turn stays paused."""
@@ -138,6 +165,8 @@ def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attemp
             if decision.kind == "compaction" and (decision.reason == "indeterminate_failure"
                                                   or decision.attempts >= max_attempts):
                 continue  # the turn gave up on this summary and goes on with its full context
+            if decision.kind == "probe" and decision.attempts >= max_attempts:
+                continue  # a probe that never answered: its call goes to an operator
             if decision.kind == "model" and decision.reason == "indeterminate_failure":
                 # A recorded provider failure: the pause below decides when (and whether) to call again.
                 if turn.failure is None or turn.failure.get("effect_id") != effect_id:
@@ -154,8 +183,12 @@ def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attemp
             return Dispatch(tuple(ready))
     if analysis.requires_resolution or exhausted:
         pending = (*analysis.requires_resolution, *exhausted)
+        if turn is not None:
+            step = _probe_step(state, analysis, turn.turn_id, pending)
+            if step is not None:
+                return step
         return Stop("waiting", f"effects with an unknown outcome need an operator's resolution: "
-                    f"{', '.join(pending)}", pending)
+                    f"{', '.join(_with_probe_answer(state, analysis, effect_id) for effect_id in pending)}", pending)
     if analysis.waiting_on_parked:
         return Stop("waiting", f"calls awaiting approval: {', '.join(analysis.waiting_on_parked)}",
                     analysis.waiting_on_parked)
@@ -210,5 +243,58 @@ def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attemp
     return RequestModel(turn.turn_id)
 
 
+def probe_record(state: ThreadState, analysis: Analysis, effect_id: str) -> JSONObject | None:
+    """The latest probe asked about the current attempt of ``effect_id`` (see ``ThreadState.probes``), or None."""
+    decision = analysis.decisions.get(effect_id)
+    if decision is None:
+        return None
+    asked = [r for r in state.probes.get(effect_id, ()) if r.get("attempt") == decision.attempts]
+    return asked[-1] if asked else None
+
+
+def _probe_step(state: ThreadState, analysis: Analysis, turn_id: str, pending: tuple[str, ...]) -> Action | None:
+    """Before an operator is asked: record a definite probe answer, or ask the probes not asked yet.
+
+    A call of the active turn whose intent says its tool has a probe, with an
+    unknown outcome and no resolution, is asked about once per attempt; a
+    definite answer (``occurred`` / ``not_occurred``) becomes its resolution;
+    a ``dont_know`` (or a probe that raised, timed out or never answered)
+    leaves it to an operator.
+    """
+    to_ask: list[str] = []
+    for effect_id in pending:
+        decision = analysis.decisions[effect_id]
+        if (decision.kind != "tool" or decision.state != "unknown" or decision.resolution is not None
+                or state.effect_turn.get(effect_id) != turn_id):
+            continue
+        intent = state.intent(effect_id)
+        if intent is None or intent.get("probe") is not True:
+            continue
+        record = probe_record(state, analysis, effect_id)
+        if record is None:
+            to_ask.append(effect_id)
+            continue
+        answer = record.get("answer")
+        if isinstance(answer, dict) and answer.get("answer") in DEFINITE_ANSWERS:
+            evidence = answer.get("evidence")
+            key = "found" if answer["answer"] == "occurred" else "searched"
+            return ResolveByProbe(effect_id, str(record.get("effect_id")), str(decision.name), str(answer["answer"]),
+                                  {"probe_effect_id": record.get("effect_id"),
+                                   key: evidence if isinstance(evidence, dict) else {}},
+                                  answer.get("result") if answer["answer"] == "occurred" else None)
+    return Probe(turn_id, tuple(to_ask)) if to_ask else None
+
+
+def _with_probe_answer(state: ThreadState, analysis: Analysis, effect_id: str) -> str:
+    """``effect_id``, and what its probe answered when one was asked."""
+    record = probe_record(state, analysis, effect_id)
+    if record is None:
+        return effect_id
+    answer = record.get("answer")
+    if not isinstance(answer, dict):
+        return f"{effect_id} (its probe never answered)"
+    return f"{effect_id} (its probe does not know: {answer.get('reason')})"
+
+
 __all__ = ["AUTOMATIC_PAUSES", "MAX_AUTOMATIC_RETRIES", "OPERATOR_PAUSES", "Action", "CompleteTurn", "Dispatch",
-           "FailTurn", "PauseTurn", "RequestCompaction", "RequestModel", "RequestTools", "Stop", "decide"]
+           "FailTurn", "PauseTurn", "Probe", "RequestCompaction", "RequestModel", "RequestTools", "ResolveByProbe", "Stop", "decide", "probe_record"]

@@ -56,7 +56,7 @@ from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 from jixu.recovery.corruption import Corruption, corruption
 from jixu.recovery.decision_text import decode_decisions
 from jixu.recovery.resolutions import admit_resolution, resolution_body
-from jixu.threads.decide import Stop, decide
+from jixu.threads.decide import Stop, decide, probe_record
 from jixu.threads.projection import ThreadProjection, ThreadState, fork_state
 
 THREAD_PREFIX = "thread/"
@@ -100,6 +100,9 @@ class State:
     analysis: Analysis
     corruption: Corruption | None = None
     """Why the thread is corrupt (first bad seq and reason), when it is (``status`` is then ``corrupt``)."""
+    probes: dict[str, tuple[dict[str, Any], ...]] = dataclasses.field(default_factory=dict)
+    """What the tools' probes were asked and answered, by the effect id of the call asked about (oldest first;
+    see ``ThreadState.probes``). An unknown call in ``waiting_on`` carries its latest probe as ``probe``."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the analysis flags included, the decisions as dicts)."""
@@ -120,7 +123,28 @@ class State:
             "safe_to_continue": self.analysis.safe_to_continue,
             "has_corruption": self.analysis.has_corruption,
             "corruption": None if self.corruption is None else self.corruption.to_dict(),
+            "probes": {effect_id: list(records) for effect_id, records in self.probes.items()},
         }
+
+
+def probe_text(record: dict[str, Any] | None) -> str:
+    """What a tool's probe answered about a call (a ``State.probes`` record) in one line; ``""`` for none."""
+    if not record:
+        return ""
+    answer = record.get("answer")
+    head = f"its probe (effect {record.get('effect_id')})"
+    if not isinstance(answer, dict):
+        return f"{head} has not answered"
+    if answer.get("answer") == "dont_know":
+        return f"{head} answered don't know: {_one_line(answer.get('reason'))}"
+    found = answer.get("evidence")
+    return f"{head} answered {answer.get('answer')}" + (f": {_one_line(found)}" if found else "")
+
+
+def _one_line(value: object, limit: int = 160) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def build_state(thread_state: ThreadState, analysis: Analysis, *, max_steps: int = DEFAULT_MAX_STEPS,
@@ -141,8 +165,12 @@ def build_state(thread_state: ThreadState, analysis: Analysis, *, max_steps: int
     open_items = () if corrupt is not None else (*analysis.requires_resolution, *analysis.waiting_on_parked, *blocking)
     for effect_id in dict.fromkeys(open_items):
         decision = analysis.decisions[effect_id]
-        waiting.append({"effect_id": effect_id, "kind": decision.kind, "name": decision.name,
-                        "state": decision.state, "reason": decision.reason})
+        entry: dict[str, Any] = {"effect_id": effect_id, "kind": decision.kind, "name": decision.name,
+                                 "state": decision.state, "reason": decision.reason}
+        probe = probe_record(thread_state, analysis, effect_id)
+        if probe is not None:
+            entry["probe"] = dict(probe)  # what the tool's probe answered before an operator was asked
+        waiting.append(entry)
     replies = [t.reply for t in thread_state.turns if t.status == "completed"]
     return State(
         thread_id=thread_state.thread_id,
@@ -160,6 +188,7 @@ def build_state(thread_state: ThreadState, analysis: Analysis, *, max_steps: int
         agent=dict(thread_state.agent),
         analysis=analysis,
         corruption=corrupt,
+        probes={effect_id: tuple(dict(r) for r in records) for effect_id, records in thread_state.probes.items()},
     )
 
 
@@ -565,12 +594,24 @@ class ThreadLog:
                                evidence=evidence, result=result)
         self.sync()
         self.open_to_act()
-        decision = admit_resolution(self.analysis(), body, where=f"thread {self.thread_id}")
-        if decision is None:
+        event = self.resolution_event(body)
+        if event is None:
             return False
         self._refuse_while_owned_elsewhere(effect_id, owner)
-        self.append([NewEvent(f"{decision.kind}.outcome_resolved", body, self.meta(actor))])
+        self.append([event])
         return True
+
+    def resolution_event(self, body: dict[str, Any]) -> NewEvent | None:
+        """The ``<kind>.outcome_resolved`` event of ``body`` (:func:`~jixu.recovery.resolutions.resolution_body`)
+        once the thread's analysis admits it, or ``None`` when it repeats the recorded resolution exactly.
+
+        The one admission of every resolution of a thread, an operator's (:meth:`resolve`) and a probe's (the
+        agent loop): :func:`~jixu.recovery.resolutions.admit_resolution`'s rules, nothing appended here.
+        """
+        decision = admit_resolution(self.analysis(), body, where=f"thread {self.thread_id}")
+        if decision is None:
+            return None
+        return NewEvent(f"{decision.kind}.outcome_resolved", body, self.meta(str(body["actor"])))
 
     def _refuse_while_owned_elsewhere(self, effect_id: str, owner: str | None) -> None:
         """:class:`~jixu.errors.TurnOwned` while a process other than ``owner`` holds a live claim on the turn."""
@@ -865,4 +906,4 @@ def check_text(value: object, name: str, limit: int, *, required: bool = False) 
 
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "DEFAULT_MAX_STEPS", "THREAD_PREFIX", "State", "ThreadLog", "build_state",
-           "check_text", "stream_of", "thread_corrupt"]
+           "check_text", "probe_text", "stream_of", "thread_corrupt"]

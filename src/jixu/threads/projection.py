@@ -25,7 +25,8 @@ from jixu.recovery import Analysis, EffectDecision, RecoveryResolver, decide_eff
 from jixu.recovery.decision_text import decode_decision, encode_decision, ordinary_decision_text
 from jixu.threads.compaction import summary_message
 
-REDUCER_VERSION = 4
+REDUCER_VERSION = 5
+"""5: probes (``state.probes``, the ``probe.*`` effects and the answers they recorded)."""
 
 LIFECYCLE_PHASES = frozenset(
     {"requested", "parked", "approved", "denied", "dispatched", "completed", "failed", "outcome_resolved"}
@@ -40,6 +41,13 @@ RESOLUTION_MESSAGES = {
     "abandoned_unknown": "The outcome of this call is unknown: an operator accepted the uncertainty "
                          "without confirming whether it happened.",
 }
+PROBE_RESOLUTION_MESSAGES = {
+    "occurred": "A probe of the outside system found that this call happened.",
+    "not_occurred": "A probe of the outside system found that this call did NOT happen. You may call the tool "
+                    "again if it is still needed.",
+}
+"""What the model is told when a tool's probe settled its call (the resolution's actor is ``probe:<tool>``)."""
+PROBE_ACTOR_PREFIX = "probe:"
 NOT_INHERITED_MESSAGE = "This tool call was not carried into the fork: it did not run in this thread."
 INTERRUPTED_MESSAGE = ("The turn ended before this call's result was recorded; its outcome is unknown. "
                        "Do not assume it happened or that it did not.")
@@ -356,6 +364,10 @@ class ThreadState:
     """Tool call ids answered with a placeholder when their turn ended before they settled."""
     inherit_parts: list[str] = field(default_factory=list)
     """Chunks of a fork's inherited state, until the last one arrives."""
+    probes: dict[str, list[JSONObject]] = field(default_factory=dict)
+    """The probes asked about each call, by the call's effect id, in order: ``{effect_id`` (the probe's),
+    ``attempt`` (of the call asked about), ``tool``, ``requested_seq``, ``answer`` (``None`` until it
+    answered, then ``{"answer": "occurred" | "not_occurred" | "dont_know", ...}``), ``answered_seq}``."""
     usage: JSONObject = field(default_factory=lambda: {"input_tokens": 0, "output_tokens": 0,
                                                        "cached_tokens": 0, "cost": None,
                                                        "model_calls": 0, "tool_calls": 0})
@@ -553,6 +565,8 @@ class ThreadProjection:
                 call_id = data.get("call_id")
                 if isinstance(call_id, str):
                     state.step_calls[call_id] = effect_id
+            elif kind == "probe":
+                _probe_asked(state, event)
             elif kind == "model":
                 turn = state.active_turn()
                 if turn is not None and turn.turn_id == turn_id:
@@ -592,6 +606,8 @@ class ThreadProjection:
             self._tool_settled(state, event, phase, intent)
         elif kind == "compaction":
             self._compaction_settled(state, event, phase, turn_id, intent)
+        elif kind == "probe":
+            _probe_answered(state, event, phase, intent)
 
     def _model_settled(self, state: ThreadState, event: Event, phase: str, turn_id: str | None) -> None:
         turn = state.active_turn()
@@ -675,7 +691,9 @@ class ThreadProjection:
                                               "denied"), event.id)
         elif phase == "outcome_resolved":
             resolution = str(data.get("resolution"))
-            content: Any = RESOLUTION_MESSAGES.get(resolution, resolution)
+            actor = data.get("actor")
+            by_probe = isinstance(actor, str) and actor.startswith(PROBE_ACTOR_PREFIX)
+            content: Any = (PROBE_RESOLUTION_MESSAGES if by_probe else RESOLUTION_MESSAGES).get(resolution, resolution)
             if resolution == "occurred" and data.get("result") is not None:
                 content = {"note": content, "result": data.get("result")}
             _add_message(state, _tool_message(call_id, name, content, resolution), event.id)
@@ -696,6 +714,7 @@ class ThreadProjection:
             "stray_events": [e.to_dict() for e in state.stray_events],
             "closed_calls": state.closed_calls,
             "inherit_parts": state.inherit_parts,
+            "probes": state.probes,
             "usage": state.usage,
             "contradiction": state.contradiction,
             "seq": state.seq,
@@ -791,11 +810,59 @@ class ThreadProjection:
             stray_events=[Event(**e) for e in data["stray_events"]],
             closed_calls=list(data["closed_calls"]),
             inherit_parts=list(data["inherit_parts"]),
+            probes={str(k): [dict(p) for p in v] for k, v in (data.get("probes") or {}).items()},  # none in v4 forks
             usage=dict(data["usage"]),
             contradiction=bool(data["contradiction"]),
             seq=int(data["seq"]),
             head_hash=str(data["head_hash"]),
         )
+
+
+def _probe_asked(state: ThreadState, event: Event) -> None:
+    """A probe's intent: the call it asks about is ``args.effect_id`` (at ``args.attempt``)."""
+    args = event.data.get("args")
+    target = args.get("effect_id") if isinstance(args, dict) else None
+    if not isinstance(target, str):
+        return  # not a probe this projection can attach to a call; the resolver still judges its events
+    attempt = args.get("attempt") if isinstance(args, dict) else None
+    state.probes.setdefault(target, []).append({
+        "effect_id": event.data.get("effect_id"), "attempt": attempt if type(attempt) is int else None,
+        "tool": event.data.get("name"), "requested_seq": event.seq, "answer": None, "answered_seq": None})
+
+
+def _probe_answered(state: ThreadState, event: Event, phase: str, intent: JSONObject) -> None:
+    """A probe's receipt: its answer is attached to the call it asked about.
+
+    A completed probe recorded its answer; a failed one (it raised, or timed out) is a "don't know" naming the
+    error.
+    """
+    args = intent.get("args")
+    target = args.get("effect_id") if isinstance(args, dict) else None
+    records = state.probes.get(target) if isinstance(target, str) else None
+    record = next((r for r in records or () if r.get("effect_id") == event.data.get("effect_id")), None)
+    if record is None:
+        return
+    answer: JSONObject
+    if phase == "completed":
+        result = event.data.get("result")
+        if isinstance(result, dict) and result.get("answer") in ("occurred", "not_occurred", "dont_know"):
+            answer = dict(result)
+        else:
+            answer = {"answer": "dont_know", "reason": "the probe's receipt holds no answer", "evidence": {}}
+    else:
+        error = event.data.get("error")
+        error = error if isinstance(error, dict) else {}
+        message = error.get("message")
+        if error.get("type") == "exception":
+            what = f"the probe raised {error.get('exception')}"
+        elif error.get("type") == "timeout":
+            what = "the probe timed out"
+        else:
+            what = f"the probe could not be asked ({error.get('type')})"
+        answer = {"answer": "dont_know", "reason": what + (f": {message}" if message else ""), "evidence": {},
+                  "error": error}
+    record["answer"] = answer
+    record["answered_seq"] = event.seq
 
 
 def _created(state: ThreadState, event: Event) -> None:
@@ -955,9 +1022,10 @@ def fork_state(parent: ThreadState, cause: str = "") -> ThreadState:
     child.stray_events = []
     child.closed_calls = []
     child.inherit_parts = []
+    child.probes = {}
     child.contradiction = False
     return child
 
 
-__all__ = ["REDUCER_VERSION", "SettledDecisions", "ThreadProjection", "ThreadState", "Turn", "decode_decision",
+__all__ = ["PROBE_ACTOR_PREFIX", "PROBE_RESOLUTION_MESSAGES", "REDUCER_VERSION", "SettledDecisions", "ThreadProjection", "ThreadState", "Turn", "decode_decision",
            "encode_decision", "fork_state"]

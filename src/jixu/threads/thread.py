@@ -48,22 +48,25 @@ from jixu.ledger.artifacts import ArtifactRef, put_text
 from jixu.ledger.encoding import JSONObject, canonical_text
 from jixu.ledger.event import utf8_size
 from jixu.recovery import Analysis, EffectDecision
+from jixu.recovery.resolutions import resolution_body
 from jixu.threads.compaction import compaction_prompt, summary_problem
 from jixu.threads.decide import (
     CompleteTurn,
     Dispatch,
     FailTurn,
     PauseTurn,
+    Probe,
     RequestCompaction,
     RequestModel,
     RequestTools,
+    ResolveByProbe,
     Stop,
     decide,
 )
 from jixu.threads.log import MAX_INPUT_CHARS, State, ThreadLog, stream_of
 from jixu.threads.model import ModelRequest
-from jixu.threads.projection import tool_content
-from jixu.threads.tools import Tool, ToolContext, ToolError
+from jixu.threads.projection import PROBE_ACTOR_PREFIX, tool_content
+from jixu.threads.tools import ProbeQuery, Tool, ToolContext, ToolError
 
 if TYPE_CHECKING:
     from jixu.threads.harness import Harness
@@ -74,7 +77,8 @@ INLINE_RESULT_BYTES = 64 * 1024
 YIELD_EVERY_APPENDS = 4
 """The agent loop yields to the event loop after this many appends (two agent steps)."""
 
-Action: TypeAlias = Dispatch | RequestModel | RequestCompaction | RequestTools | CompleteTurn | PauseTurn | FailTurn | Stop
+Action: TypeAlias = (Dispatch | RequestModel | RequestCompaction | RequestTools | Probe | ResolveByProbe | CompleteTurn
+                     | PauseTurn | FailTurn | Stop)
 """What the loop carries out: a decision of :func:`~jixu.threads.decide.decide` (a ``Stop`` only for an
 automatic pause, whose resume it records)."""
 
@@ -330,6 +334,10 @@ class Thread:
             await self._request_compaction(action.turn_id, action.upto)
         elif isinstance(action, RequestTools):
             await self._request_tools(action.turn_id, action.calls)
+        elif isinstance(action, Probe):
+            await self._probe(action)
+        elif isinstance(action, ResolveByProbe):
+            await self._resolve_by_probe(action)
         elif isinstance(action, CompleteTurn):
             ended: dict[str, Any] = {"turn_id": action.turn_id, "outcome": "completed", "reply": action.reply}
             if action.reply_artifact is not None:
@@ -542,6 +550,8 @@ class Thread:
                 "idempotency_key": f"jixu:{effect_id}", "requires_approval": needs_approval,
                 "turn_id": turn_id, "call_id": str(call.get("id")),
             }
+            if declared is not None and declared.probe is not None:
+                intent["probe"] = True  # recovery asks the tool's probe before an operator (decide.py)
             intents.append(intent)
             batch.append(NewEvent("tool.requested", intent, log.meta()))
             if needs_approval:
@@ -607,6 +617,8 @@ class Thread:
             await self._call_tool(effect_id, intent, attempt)
         elif decision.kind == "compaction":
             await self._call_compaction(effect_id, intent, attempt)
+        elif decision.kind == "probe":
+            await self._call_probe(effect_id, intent, attempt)
         else:
             raise JixuError(f"thread {self.thread_id}: effect {effect_id} has kind {decision.kind!r}, which "
                             "threads do not dispatch", effect_id=effect_id)
@@ -698,6 +710,89 @@ class Thread:
                                                  "usage": usage, "model": response.model}})
 
         await self._perform("compaction", effect_id, intent, attempt, call, _compaction_failure)
+
+    async def _probe(self, action: Probe) -> None:
+        """Record a probe effect per call asked about, and run the probes.
+
+        A probe is read-only: its intent is committed with its dispatch
+        marker (decision 0010), so a process killed while it runs leaves it
+        ``unknown`` and it simply runs again, under the same effect id, on the
+        next open. Several probes commit every intent and marker in one
+        append, then run side by side.
+        """
+        log, analysis = self.log, self._analysis
+        assert analysis is not None
+        batch: list[NewEvent] = []
+        intents: list[dict[str, Any]] = []
+        for target in action.effect_ids:
+            decision = analysis.decisions[target]
+            effect_id = new_id()
+            args = {"effect_id": target, "attempt": decision.attempts}
+            intent = {"effect_id": effect_id, "name": str(decision.name), "args": args,
+                      "args_hash": content_hash(args), "semantics": "read_only",
+                      "idempotency_key": f"jixu:{effect_id}", "requires_approval": False, "turn_id": action.turn_id}
+            intents.append(intent)
+            batch.append(NewEvent("probe.requested", intent, log.meta()))
+        if len(intents) == 1:
+            self._pending = batch
+            await self._alone(self._call_probe(str(intents[0]["effect_id"]), intents[0], 1))
+            return
+        batch.extend(marker("probe", str(intent["effect_id"]), 1, intent, log.meta()) for intent in intents)
+        await self._commit(batch)
+        await _together(self._call_probe(str(intent["effect_id"]), intent, 1, dispatched=True) for intent in intents)
+
+    async def _call_probe(self, effect_id: str, intent: dict[str, Any], attempt: int, *,
+                          dispatched: bool = False) -> None:
+        """Ask a tool's probe about one call; the receipt records its answer.
+
+        Whatever the probe returns is recorded as an answer (a bad value is a
+        "don't know" naming why); a probe that raises or runs past its
+        ``probe_timeout`` gets a determinate failure (it changed nothing),
+        which the projection reads as "don't know". Only a cancellation
+        leaves the probe unknown, to run again.
+        """
+        log = self.log
+        args = intent.get("args") or {}
+        target = str(args.get("effect_id"))
+        declared = self._agent.tool(str(intent.get("name")))
+        asked = log.state.intent(target)
+
+        async def call() -> Outcome:
+            if declared is None or declared.probe is None:
+                return Outcome.failed({"type": "no_probe", "message": f"tool {intent.get('name')!r} declares no "
+                                       "probe"}, indeterminate=False)
+            if asked is None:
+                return Outcome.failed({"type": "settled", "message": f"call {target} is no longer open"},
+                                      indeterminate=False)
+            try:
+                checked = declared.validate_args(asked.get("args"))
+            except JixuError as error:
+                return Outcome.failed({"type": "invalid_arguments", **error.to_dict()}, indeterminate=False)
+            attempt_asked = args.get("attempt")
+            query = ProbeQuery(effect_id=target, idempotency_key=str(asked.get("idempotency_key")), args=checked,
+                               tool=declared.name, attempt=attempt_asked if isinstance(attempt_asked, int) else 1,
+                               thread_id=self.thread_id, turn_id=str(asked.get("turn_id")))
+            return Outcome.completed({"result": await declared.ask_probe(query)})
+
+        def classify(error: Exception) -> Outcome:
+            if isinstance(error, TimeoutError) and declared is not None:
+                return Outcome.failed({"type": "timeout", "message": f"no answer within {declared.probe_timeout}s"},
+                                      indeterminate=False)
+            return Outcome.failed(_exception_dict(error), indeterminate=False)  # read-only: nothing happened
+
+        await self._perform("probe", effect_id, intent, attempt, call, classify, dispatched=dispatched)
+
+    async def _resolve_by_probe(self, action: ResolveByProbe) -> None:
+        """Record a probe's definite answer as the call's outcome resolution, under an operator's rules."""
+        happened = "happened" if action.resolution == "occurred" else "did not happen"
+        body = resolution_body(action.effect_id, action.resolution, action.probe_effect_id,
+                               actor=f"{PROBE_ACTOR_PREFIX}{action.tool}",
+                               note=f"the probe of {action.tool} (effect {action.probe_effect_id}) found that this "
+                                    f"call {happened}",
+                               evidence=action.evidence, result=action.result)
+        event = self.log.resolution_event(body)
+        if event is not None:
+            await self._commit([event])
 
     def _checked_call(self, intent: dict[str, Any]) -> tuple[Tool, dict[str, Any]] | Outcome:
         """The declared tool and validated arguments of a call, or its rejection before dispatch."""

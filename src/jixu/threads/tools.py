@@ -34,6 +34,7 @@ from typing import Any, Literal, TypeAlias, overload
 
 from jixu.errors import InvalidInput, MalformedEvent, ToolDefinitionError, ToolInputError, ToolOutputError
 from jixu.ledger.encoding import VALUE_NESTING, canonical_text
+from jixu.ledger.event import utf8_size
 
 Semantics: TypeAlias = Literal["read_only", "idempotent", "unsafe"]
 """How safe it is to call a tool again: see SPEC section 3."""
@@ -73,6 +74,83 @@ class ToolError(Exception):
     def to_dict(self) -> dict[str, Any]:
         """``{"type": "tool_error", "code", "message", "data"}``, ready for JSON."""
         return {"type": "tool_error", "code": self.code, "message": self.message, "data": copy.deepcopy(self.data)}
+
+
+# --- probes ---------------------------------------------------------------------------
+
+DEFAULT_PROBE_TIMEOUT = 30.0
+"""Seconds a probe may take before its answer counts as "don't know"."""
+MAX_PROBE_ANSWER_BYTES = 64 * 1024
+"""A probe's found result, and its evidence, must each encode to at most this many bytes (they are recorded
+in events); anything larger is answered "don't know"."""
+MAX_PROBE_REASON_CHARS = 2000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProbeQuery:
+    """What a probe is asked about: one call of its tool whose outcome is unknown."""
+
+    effect_id: str
+    """The call's effect id (the tool saw it as ``ToolContext.effect_id``)."""
+    idempotency_key: str
+    """The key the call was made with (``ToolContext.idempotency_key``): what to search the outside system by."""
+    args: dict[str, Any]
+    """The call's validated arguments, as recorded (plain JSON)."""
+    tool: str
+    """The tool's name."""
+    attempt: int
+    """The attempt whose outcome is unknown (1 for an unsafe call)."""
+    thread_id: str
+    turn_id: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Occurred:
+    """The probe found the call's effect in the outside system.
+
+    ``result`` stands for what the tool would have returned (it must match the
+    tool's return annotation): the model is given it. ``evidence`` is what was
+    found (plain JSON), recorded with the resolution.
+    """
+
+    result: Any = None
+    evidence: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NotOccurred:
+    """The probe searched the outside system and the call's effect is not there; ``evidence``: what it searched."""
+
+    evidence: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DontKnow:
+    """The probe cannot tell (the outside system is unreachable, or its answer is ambiguous)."""
+
+    reason: str
+    evidence: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+ProbeAnswer: TypeAlias = Occurred | NotOccurred | DontKnow
+"""What a probe returns."""
+DEFINITE_ANSWERS: tuple[str, ...] = ("occurred", "not_occurred")
+"""The recorded answers that settle a call (``dont_know`` leaves it to an operator)."""
+
+
+def _json_problem(value: object, what: str) -> str | None:
+    """Why ``value`` cannot be recorded as a probe's ``what`` (not plain JSON, or too large), or None."""
+    try:
+        text = canonical_text(value, path=what, max_nesting=VALUE_NESTING)
+    except MalformedEvent as exc:
+        return f"its {what} is not plain JSON: {exc.message}"
+    if utf8_size(text) > MAX_PROBE_ANSWER_BYTES:
+        return f"its {what} is over {MAX_PROBE_ANSWER_BYTES} bytes"
+    return None
+
+
+def _dont_know(reason: str, evidence: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"answer": "dont_know", "reason": reason[:MAX_PROBE_REASON_CHARS], "evidence": evidence or {}}
 
 
 # --- compiled annotations -------------------------------------------------------------
@@ -641,8 +719,8 @@ class Tool:
     """
 
     __slots__ = (
-        "_ctx_name", "_description", "_fn", "_is_async", "_name", "_parameters", "_params",
-        "_requires_approval", "_returns", "_returns_schema", "_semantics", "_timeout",
+        "_ctx_name", "_description", "_fn", "_is_async", "_name", "_parameters", "_params", "_probe",
+        "_probe_timeout", "_requires_approval", "_returns", "_returns_schema", "_semantics", "_timeout",
     )
     _ctx_name: str | None
     _description: str
@@ -651,6 +729,8 @@ class Tool:
     _name: str
     _parameters: dict[str, Any]
     _params: _ObjectNode
+    _probe: Callable[[ProbeQuery], Any] | None
+    _probe_timeout: float
     _requires_approval: bool
     _returns: _Node
     _returns_schema: dict[str, Any]
@@ -666,6 +746,8 @@ class Tool:
         semantics: Semantics = "unsafe",
         requires_approval: bool = False,
         timeout: float | None = None,
+        probe: Callable[[ProbeQuery], Any] | None = None,
+        probe_timeout: float | None = None,
     ) -> None:
         """Compile ``fn`` into a tool; raises :class:`ToolDefinitionError` when it cannot be one."""
         if isinstance(fn, Tool):
@@ -691,6 +773,15 @@ class Tool:
         if timeout is not None and (type(timeout) not in (int, float) or not math.isfinite(timeout)
                                     or timeout <= 0):
             raise fail(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        if probe is not None:
+            problem = _probe_problem(probe, semantics)
+            if problem is not None:
+                raise fail(problem)
+        if probe_timeout is not None:
+            if probe is None:
+                raise fail("probe_timeout needs a probe=")
+            if type(probe_timeout) not in (int, float) or not math.isfinite(probe_timeout) or probe_timeout <= 0:
+                raise fail(f"probe_timeout must be a positive number of seconds, got {probe_timeout!r}")
         if description is None:
             description = inspect.cleandoc(fn.__doc__) if fn.__doc__ else ""
         elif type(description) is not str:
@@ -734,6 +825,9 @@ class Tool:
         object.__setattr__(self, "_semantics", semantics)
         object.__setattr__(self, "_requires_approval", requires_approval)
         object.__setattr__(self, "_timeout", None if timeout is None else float(timeout))
+        object.__setattr__(self, "_probe", probe)
+        object.__setattr__(self, "_probe_timeout", DEFAULT_PROBE_TIMEOUT if probe_timeout is None
+                           else float(probe_timeout))
         object.__setattr__(self, "_is_async", inspect.iscoroutinefunction(fn))
         object.__setattr__(self, "_ctx_name", ctx_name)
         object.__setattr__(self, "_params", params)
@@ -748,7 +842,8 @@ class Tool:
         raise AttributeError(f"Tool is immutable; cannot delete {name!r}")
 
     def __repr__(self) -> str:
-        return f"<Tool {self._name} semantics={self._semantics} requires_approval={self._requires_approval}>"
+        probe = " probe" if self._probe is not None else ""
+        return f"<Tool {self._name} semantics={self._semantics} requires_approval={self._requires_approval}{probe}>"
 
     @property
     def name(self) -> str:
@@ -776,6 +871,16 @@ class Tool:
         return self._timeout
 
     @property
+    def probe(self) -> Callable[[ProbeQuery], Any] | None:
+        """The read-only function that asks the outside system what happened to a call, or None."""
+        return self._probe
+
+    @property
+    def probe_timeout(self) -> float:
+        """Seconds the probe may take before its answer counts as "don't know"."""
+        return self._probe_timeout
+
+    @property
     def is_async(self) -> bool:
         """Whether the function is ``async def``."""
         return self._is_async
@@ -800,14 +905,21 @@ class Tool:
         return {"name": self.name, "description": self.description, "parameters": self.parameters}
 
     def contract(self) -> dict[str, Any]:
-        """The part that must not change under a running thread (hashed into the agent digest)."""
-        return {
+        """The part that must not change under a running thread (hashed into the agent digest).
+
+        ``probe`` is there only for a tool that has one (so the contracts of tools without stay as recorded):
+        a thread whose calls were recorded as probed is not continued by an agent that cannot probe them.
+        """
+        contract: dict[str, Any] = {
             "name": self.name,
             "parameters": self.parameters,
             "returns": self.returns,
             "semantics": self.semantics,
             "requires_approval": self.requires_approval,
         }
+        if self._probe is not None:
+            contract["probe"] = True
+        return contract
 
     def validate_args(self, args: object) -> dict[str, Any]:
         """Check ``args`` against :attr:`parameters`; return a new plain-JSON dict with defaults filled in.
@@ -851,9 +963,76 @@ class Tool:
             raise ToolOutputError(f"tool {self.name!r} returned a value that does not match its return "
                                   f"annotation: {exc.message}", tool=self.name, path=exc.path) from None
 
+    async def ask_probe(self, query: ProbeQuery) -> dict[str, Any]:
+        """Run the probe on ``query`` (a sync one in a worker thread) within :attr:`probe_timeout` seconds.
+
+        Returns the answer as it is recorded: ``{"answer": "occurred", "result", "evidence"}``,
+        ``{"answer": "not_occurred", "evidence"}`` or ``{"answer": "dont_know", "reason", "evidence"}``;
+        a value that is not a usable answer is a ``dont_know`` naming why. What the probe raises, and
+        :class:`TimeoutError`, propagate (the caller records them as "don't know").
+        """
+        probe = self._probe
+        if probe is None:
+            return _dont_know(f"tool {self.name!r} declares no probe")
+
+        async def run() -> Any:
+            if inspect.iscoroutinefunction(probe):
+                value = await probe(query)
+            else:
+                value = await asyncio.to_thread(probe, query)
+            while inspect.isawaitable(value):
+                value = await value
+            return value
+
+        return self.probe_answer(await asyncio.wait_for(run(), self._probe_timeout))
+
+    def probe_answer(self, value: object) -> dict[str, Any]:
+        """The recorded form of what a probe returned (pure): a bad value is a ``dont_know`` with the reason."""
+        if isinstance(value, Occurred | NotOccurred | DontKnow):
+            evidence = value.evidence
+            if not isinstance(evidence, dict):
+                return _dont_know(f"the probe's evidence must be a dict, got {type(evidence).__name__}")
+            problem = _json_problem(evidence, "evidence")
+            if problem is not None:
+                return _dont_know(f"the probe answered {type(value).__name__}, but {problem}")
+            evidence = _copy_json(evidence)
+            if isinstance(value, DontKnow):
+                reason = value.reason if isinstance(value.reason, str) and value.reason.strip() else repr(value.reason)
+                return _dont_know(reason, evidence)
+            if isinstance(value, NotOccurred):
+                return {"answer": "not_occurred", "evidence": evidence}
+            problem = _json_problem(value.result, "result")
+            if problem is None:
+                try:
+                    self._returns.check(value.result, "result")
+                except _Mismatch as exc:
+                    problem = f"its result does not match the tool's return annotation: {exc.message}"
+            if problem is not None:
+                return _dont_know(f"the probe answered Occurred, but {problem}", evidence)
+            return {"answer": "occurred", "result": _copy_json(value.result), "evidence": evidence}
+        return _dont_know(f"the probe returned {_got(value)}, not Occurred, NotOccurred or DontKnow")
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the underlying function directly (no validation, no context injection)."""
         return self.fn(*args, **kwargs)
+
+
+def _probe_problem(probe: object, semantics: str) -> str | None:
+    """Why ``probe`` cannot be the probe of a tool with ``semantics``, or None."""
+    if semantics == "read_only":
+        return ("a read_only tool changes nothing outside, so there is nothing to probe; remove probe= "
+                "(an unknown read_only call is simply retried)")
+    if isinstance(probe, Tool) or not callable(probe):
+        return f"probe must be a function taking one ProbeQuery, got {probe!r}"
+    if inspect.isgeneratorfunction(probe) or inspect.isasyncgenfunction(probe):
+        return "probe must return an answer (Occurred, NotOccurred or DontKnow), not be a generator"
+    try:
+        inspect.signature(probe).bind(None)
+    except TypeError:
+        return "probe must take exactly one positional argument, the ProbeQuery"
+    except ValueError:
+        return None  # a builtin without a signature: it is called and its answer checked
+    return None
 
 
 @overload
@@ -865,6 +1044,8 @@ def tool(
     semantics: Semantics = "unsafe",
     requires_approval: bool = False,
     timeout: float | None = None,
+    probe: Callable[[ProbeQuery], Any] | None = None,
+    probe_timeout: float | None = None,
 ) -> Tool: ...
 
 
@@ -877,6 +1058,8 @@ def tool(
     semantics: Semantics = "unsafe",
     requires_approval: bool = False,
     timeout: float | None = None,
+    probe: Callable[[ProbeQuery], Any] | None = None,
+    probe_timeout: float | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -888,19 +1071,27 @@ def tool(
     semantics: Semantics = "unsafe",
     requires_approval: bool = False,
     timeout: float | None = None,
+    probe: Callable[[ProbeQuery], Any] | None = None,
+    probe_timeout: float | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool from a function's type hints: ``@tool`` or ``@tool(semantics=..., ...)``.
 
-    Invalid options or annotations raise :class:`ToolDefinitionError` at decoration time.
+    ``probe`` (``idempotent`` and ``unsafe`` tools only): a read-only function
+    ``probe(query: ProbeQuery) -> Occurred | NotOccurred | DontKnow`` (sync or
+    async) that recovery asks, before an operator, what happened to a call
+    whose outcome is unknown; ``probe_timeout`` seconds (default
+    :data:`DEFAULT_PROBE_TIMEOUT`) bound it. Invalid options or annotations
+    raise :class:`ToolDefinitionError` at decoration time.
     """
 
     def decorate(function: Callable[..., Any]) -> Tool:
         return Tool(function, name=name, description=description, semantics=semantics,
-                    requires_approval=requires_approval, timeout=timeout)
+                    requires_approval=requires_approval, timeout=timeout, probe=probe, probe_timeout=probe_timeout)
 
     if fn is None:
         return decorate
     return decorate(fn)
 
 
-__all__ = ["Semantics", "Tool", "ToolContext", "ToolError", "tool"]
+__all__ = ["DEFAULT_PROBE_TIMEOUT", "DEFINITE_ANSWERS", "DontKnow", "NotOccurred", "Occurred", "ProbeAnswer",
+           "ProbeQuery", "Semantics", "Tool", "ToolContext", "ToolError", "tool"]

@@ -22,7 +22,7 @@ from jixu.server import runs as runs_api
 from jixu.server import threads as threads_api
 from jixu.server.auth import ROLE_RANK
 from jixu.server.context import Context, run_async
-from jixu.threads.log import THREAD_PREFIX, ThreadLog
+from jixu.threads.log import THREAD_PREFIX, ThreadLog, probe_text
 
 Obj = dict[str, Any]
 PAGE_LIMIT = 1000
@@ -145,7 +145,9 @@ def thread_page(ctx: Context, thread_id: str) -> Obj:
     effects = [{**_decision_dict(d), "events": effect_events.get(d.effect_id, [])} for d in decisions.values()]
     analysis = state.analysis
     # A corrupt thread takes no decision: no resolution, approval, denial or input is offered on it.
-    unresolved = [] if corrupt is not None else [{**_decision_dict(decisions[e]), "resolution_id": new_hex_id()}
+    probes = {item["effect_id"]: item.get("probe") for item in state.waiting_on}
+    unresolved = [] if corrupt is not None else [{**_decision_dict(decisions[e]), "resolution_id": new_hex_id(),
+                                                  "probe": probe_text(probes.get(e))}
                                                  for e in analysis.requires_resolution if e in decisions]
     parked = [] if corrupt is not None else [_decision_dict(decisions[e]) for e in analysis.waiting_on_parked
                                              if e in decisions]
