@@ -37,6 +37,7 @@ from jixu.kernel import (
     record,
     recovery_claim,
     release,
+    tracing,
 )
 from jixu.ledger import Event, Fence, NewEvent, Store, VerifyReport, new_id, project
 from jixu.ledger.artifacts import ArtifactRef, get_text
@@ -570,6 +571,9 @@ class ThreadLog:
             return False
         self._refuse_while_owned_elsewhere(effect_id, owner)
         self.append([NewEvent(f"{decision.kind}.outcome_resolved", body, self.meta(actor))])
+        tracing.note("jixu.resolution", {"jixu.thread.id": self.thread_id, "jixu.effect.id": effect_id,
+                                         "jixu.effect.kind": decision.kind, "jixu.resolution": resolution,
+                                         "jixu.actor": actor})
         return True
 
     def _refuse_while_owned_elsewhere(self, effect_id: str, owner: str | None) -> None:
