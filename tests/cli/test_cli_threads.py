@@ -424,3 +424,37 @@ def test_show_puts_a_probes_answer_next_to_the_unknown_call_it_could_not_settle(
     assert human.returncode == 0, human.stderr
     assert "answered don't know: the bank's search is down" in human.stdout
     assert f"jixu threads resolve {db} {thread_id} {waiting['effect_id']} --resolution occurred" in human.stdout
+
+
+def test_show_marks_an_assistants_reasoning_and_never_prints_its_opaque_parts(tmp_path: Path) -> None:
+    """Thinking is shown as such (issue 26); signatures, redacted and encrypted content stay out of the output."""
+    from jixu.threads import ModelResponse
+
+    reasoning = {"format": "anthropic", "model": "claude-sonnet-4-5", "items": [
+        {"type": "thinking", "thinking": "The order id is 1, so I look it up.", "signature": "SIG-SECRET-123"},
+        {"type": "redacted_thinking", "data": "REDACTED-OPAQUE-456"}]}
+    agent = Agent("ops", ScriptedModel([
+        ModelResponse(tool_calls=(ToolCall("lookup", {"order": "1"}),), reasoning=reasoning),
+        ModelResponse(tool_calls=(ToolCall("lookup", {"order": "2"}),), reasoning={
+            "format": "openai-responses", "model": "o4-mini", "items": [
+                {"type": "reasoning", "summary": [], "encrypted_content": "ENCRYPTED-789"}]}),
+        "It shipped [twice].",
+    ]), tools=[pay, delete_account, lookup])
+    path = tmp_path / "r.db"
+
+    async def record() -> str:
+        with SQLiteStore(path) as store:
+            thread = await Harness(agent, store).create_thread()
+            await thread.send("where is order 1?")
+            assert (await thread.wait()).last_reply == "It shipped [twice]."
+            return thread.thread_id
+
+    thread_id = asyncio.run(record())
+    shown = jixu("show", str(path), thread_id)
+    assert shown.returncode == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    assert "(thinking: The order id is 1, so I look it up. [redacted thinking])" in text, shown.stdout
+    assert "(thinking: [encrypted reasoning]) calls lookup(order='2')" in text, shown.stdout
+    assert "It shipped [twice]." in text, "a message's text is shown as written, brackets included"
+    for opaque in ("SIG-SECRET-123", "REDACTED-OPAQUE-456", "ENCRYPTED-789"):
+        assert opaque not in shown.stdout

@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from jixu.cli.output import EXIT_CHECK_FAILED, console, emit_json, handled, json_option
@@ -26,6 +27,7 @@ from jixu.ledger import Event, Store, is_valid_id, open_store
 from jixu.recovery import RESOLUTIONS, EffectDecision
 from jixu.runs.scheduler import enqueue_thread, thread_work_key
 from jixu.threads.log import MAX_INPUT_CHARS, THREAD_PREFIX, State, ThreadLog, probe_text, stream_of
+from jixu.threads.streaming import reasoning_of, reasoning_text
 
 CONTINUES = ("The CLI records decisions only; the application that owns the thread's agent continues the "
              "thread when it opens it (Harness.open_thread).")
@@ -107,13 +109,16 @@ def effects_table(effects: dict[str, EffectDecision], title: str, *, compact: bo
 
 
 def message_text(message: dict[str, Any]) -> str:
-    """A conversation message in one trimmed line."""
+    """A conversation message in one trimmed line (an assistant's reasoning first, marked as such)."""
+    record = reasoning_of(message) if message.get("role") == "assistant" else None
+    thought = f"(thinking: {trim(reasoning_text(record), 60)}) " if record is not None else ""
+    limit = 150 if thought else 90
     calls = message.get("tool_calls") or []
     if calls:
         shown = ", ".join(f"{c.get('name')}({', '.join(f'{k}={v!r}' for k, v in (c.get('args') or {}).items())})"
                           for c in calls)
-        return trim(f"{message.get('content') or ''} calls {shown}".strip())
-    return trim(message.get("content") or "")
+        return trim(f"{thought}{message.get('content') or ''} calls {shown}".strip(), limit)
+    return trim(f"{thought}{message.get('content') or ''}", limit)
 
 
 def messages_table(messages: tuple[dict[str, Any], ...] | list[dict[str, Any]], title: str) -> Table:
@@ -123,7 +128,7 @@ def messages_table(messages: tuple[dict[str, Any], ...] | list[dict[str, Any]], 
         table.add_column(column)
     for index, message in enumerate(messages, start=1):
         table.add_row(str(index), str(message.get("role")), str(message.get("status") or ""),
-                      message_text(message))
+                      escape(message_text(message)))  # a message's text is data, never console markup
     return table
 
 

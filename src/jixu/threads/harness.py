@@ -13,7 +13,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from jixu.errors import IncompatibleAgent, InvalidInput, ThreadBusy
-from jixu.kernel import DEFAULT_LEASE_TTL
+from jixu.kernel import DEFAULT_LEASE_TTL, tracing
 from jixu.ledger import Store, open_store
 from jixu.threads.agent import Agent
 from jixu.threads.log import THREAD_PREFIX, ThreadLog
@@ -133,6 +133,12 @@ class Harness:
         thread = self._track(Thread(self, log))
         status = log.status(max_steps=self.agent.max_steps, max_attempts=self.max_attempts,
                             context_budget=self.agent.context_budget)  # O(open effects), unlike state()
+        if tracing.tracer().enabled:
+            open_effects = {effect_id: decision.state for effect_id, decision in log.open_analysis().decisions.items()
+                            if decision.state in ("unknown", "not_dispatched", "parked")}
+            if open_effects:  # what recovery found on reopening, before anything runs
+                tracing.note("jixu.recovery", {"jixu.thread.id": thread_id, "jixu.thread.status": status,
+                                               "jixu.effects": [f"{e}:{s}" for e, s in open_effects.items()]})
         if resume and not self.closing and status == "running" and thread.claim_problem() is None:
             log.establish()  # opening to act: the whole history first (a corrupt thread then stops here)
             if log.corruption() is None:

@@ -37,6 +37,7 @@ from jixu.kernel import (
     record,
     recovery_claim,
     release,
+    tracing,
 )
 from jixu.ledger import Event, Fence, NewEvent, Store, VerifyReport, new_id, project
 from jixu.ledger.artifacts import ArtifactRef, get_text
@@ -599,6 +600,9 @@ class ThreadLog:
             return False
         self._refuse_while_owned_elsewhere(effect_id, owner)
         self.append([event])
+        tracing.note("jixu.resolution", {"jixu.thread.id": self.thread_id, "jixu.effect.id": effect_id,
+                                         "jixu.effect.kind": event.type.split(".")[0], "jixu.resolution": resolution,
+                                         "jixu.actor": actor})
         return True
 
     def resolution_event(self, body: dict[str, Any]) -> NewEvent | None:

@@ -278,6 +278,26 @@ def reasoning_of(message: JSONObject) -> JSONObject | None:
     return None
 
 
+def reasoning_text(record: JSONObject) -> str:
+    """What a person can read of a reasoning record: thinking text and summaries as written; redacted and
+    encrypted content named, never shown (it is opaque, and sent back only verbatim)."""
+    parts: list[str] = []
+    for item in record.get("items") or []:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind == "thinking" and isinstance(item.get("thinking"), str):
+            parts.append(item["thinking"])
+        elif kind == "redacted_thinking":
+            parts.append("[redacted thinking]")
+        elif kind == "reasoning":  # the Responses API: readable only through its summary
+            summary = [str(s.get("text")) for s in item.get("summary") or [] if isinstance(s, dict) and s.get("text")]
+            parts.append(" ".join(summary) if summary else "[encrypted reasoning]")
+        elif isinstance(item.get("text"), str):  # compatible servers' reasoning_content
+            parts.append(item["text"])
+    return " ".join(part.strip() for part in parts if part.strip())
+
+
 def reasoning_items(message: JSONObject, format_name: str) -> list[JSONObject]:
     """The items of ``message``'s reasoning record when it is of ``format_name`` (else none): what goes back."""
     record = message.get("reasoning")

@@ -41,6 +41,7 @@ from jixu.kernel import (
     perform,
     release,
     sleep_until,
+    tracing,
     unrecorded_receipts,
 )
 from jixu.ledger import Event, Fence, NewEvent, content_hash, new_id
@@ -271,9 +272,13 @@ class Thread:
                                                             release_at_end=False))
                 else:
                     stack.enter_context(Commits.of(log.store).user())
+                turn = log.state.active_turn()
                 try:
-                    await drive(log.writer, self._next_action, self._act, what=f"thread {self.thread_id}",
-                                thread_id=self.thread_id)
+                    with tracing.turn(agent=self._agent.name, thread_id=self.thread_id,
+                                      turn_id=None if turn is None else turn.turn_id,
+                                      attributes={"jixu.owner": self._harness.owner}):
+                        await drive(log.writer, self._next_action, self._act, what=f"thread {self.thread_id}",
+                                    thread_id=self.thread_id)
                 except BaseException:
                     # A receipt staged just before an exception (a cancelled call's, say) is still a fact: commit
                     # it (a fenced-out owner gets FencingError here, the receipt kept in it).
@@ -628,19 +633,34 @@ class Thread:
                        dispatched: bool = False) -> None:
         """One call through the kernel: its marker durable first (unless ``dispatched``), then one receipt."""
         log = self.log
+        open_spans: list[tracing.EffectSpan] = []  # the call's span while it is in flight
+
+        def state() -> str | None:  # the resolver's state of the effect now (asked by an observer only)
+            decision = log.open_analysis().decisions.get(effect_id)
+            if decision is None and effect_id in log.state.settled:
+                decision = log.state.settled[effect_id]
+            return None if decision is None else decision.state
 
         async def dispatch() -> None:
             if not dispatched:
                 await self._commit([marker(kind, effect_id, attempt, intent, log.meta())])
+            open_spans.append(tracing.start_effect(kind, effect_id=effect_id, attempt=attempt, intent=intent,
+                                                   attributes={"jixu.thread.id": self.thread_id,
+                                                               "jixu.turn.id": intent.get("turn_id"),
+                                                               "jixu.model": self._agent.model.name}))
 
         async def record(outcome: Outcome) -> None:
             await self._record(kind, effect_id, attempt, outcome)
+            while open_spans:
+                open_spans.pop().finish(outcome, state)
 
         self._in_flight.add(effect_id)
         try:
             await perform(dispatch=dispatch, call=call, classify=classify, record=record, interrupted=INTERRUPTED)
         finally:
             self._in_flight.discard(effect_id)
+            while open_spans:  # left without a receipt (KeyboardInterrupt, a failed append): unknown
+                open_spans.pop().finish(None, state)
 
     async def _call_model(self, effect_id: str, intent: dict[str, Any], attempt: int) -> None:
         agent, log = self._agent, self.log
@@ -793,6 +813,10 @@ class Thread:
         event = self.log.resolution_event(body)
         if event is not None:
             await self._commit([event])
+            tracing.note("jixu.resolution", {"jixu.thread.id": self.thread_id, "jixu.effect.id": action.effect_id,
+                                             "jixu.resolution": action.resolution,
+                                             "jixu.actor": f"{PROBE_ACTOR_PREFIX}{action.tool}",
+                                             "jixu.probe.effect_id": action.probe_effect_id})
 
     def _checked_call(self, intent: dict[str, Any]) -> tuple[Tool, dict[str, Any]] | Outcome:
         """The declared tool and validated arguments of a call, or its rejection before dispatch."""
