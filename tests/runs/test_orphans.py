@@ -12,6 +12,7 @@ SIGKILLed; the agent, in a session of its own, outlives it. On SQLite and Postgr
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -26,6 +27,7 @@ import pytest
 from jixu.errors import AgentStillRunning, ReconciliationNeedsProof
 from jixu.ledger import Store
 from jixu.runs import CommandProvider, Runs, ScriptedProvider
+from jixu.server.problems import status_of
 from tests.conftest import StoreFactory
 from tests.helpers import python_env
 from tests.runs.run_helpers import FIXED, make_origin, register, run
@@ -62,6 +64,7 @@ WORKER = """
 import asyncio, sys
 from jixu.ledger import open_store
 from jixu.runs import CommandProvider, Runs, ScriptedProvider
+from jixu.server.problems import status_of
 url, root, run_id, agent, agent_dir, busy = sys.argv[1:7]
 if busy == "scripted":
     import time
@@ -212,7 +215,7 @@ def test_resume_refuses_while_the_old_agent_lives_and_stops_it_when_asked(scene:
     with pytest.raises(AgentStillRunning) as refused:
         run(scene.runs.resume(scene.run_id, "ops"))
     assert f"pid {pids[0]}" in refused.value.message and "--stop-agents" in refused.value.message
-    assert refused.value.details["processes"][0]["state"] == "alive"
+    assert refused.value.details["processes"][0]["state"] == "alive" and status_of(refused.value) == 409
     assert len(scene.journal()) == head and all(running(pid) for pid in pids)  # nothing written, nothing stopped
     assert run(scene.runs.execute(scene.run_id)).status == "interrupted"  # a worker starts nothing either
     assert len(scene.journal()) == head and scene.still_writing()
@@ -269,6 +272,7 @@ def test_the_gate_records_the_group_before_the_program_and_a_missing_program_is_
     assert len(seen) == 1 and seen[0]["pgid"] == seen[0]["pid"] and isinstance(seen[0]["start_time"], int)
 
     async def refuse(identity: dict[str, Any]) -> None:
+        await asyncio.sleep(1.0)  # long enough for a program let go early to write its marker
         raise RuntimeError("not recorded")
 
     marker = tmp_path / "ran"

@@ -24,6 +24,7 @@ import pytest
 from jixu.errors import RequestStateError, ResolutionNeedsEvidence
 from jixu.runs import GitPublisher, Runs, ScriptedProvider
 from jixu.runs.workspace import remote_branch
+from jixu.server.problems import status_of
 from tests.conftest import StoreFactory
 from tests.helpers import python_env
 from tests.runs.fake_github import count_pushes, pushes
@@ -103,6 +104,7 @@ def test_a_publication_cannot_be_marked_done_against_an_inspection_that_found_no
         run(scene.runs.resolve_request_outcome(scene.run_id, first, "occurred", actor="ops", note="I am sure"))
     assert "does not exist on the origin" in refused.value.message and "abandoned_unknown" in refused.value.message
     assert refused.value.details["inspection"]["event_id"] == found["event_id"]
+    assert status_of(refused.value) == 409 and refused.value.code == "resolution_needs_evidence"
     assert scene.request_types(first) == before  # nothing recorded
     assert scene.view(first).status == "needs_reconciliation"
     with pytest.raises(RequestStateError, match="unresolved"):
