@@ -316,6 +316,16 @@ class RunOwned(RunStateError):
     code = "run_owned"
 
 
+class AgentStillRunning(RunStateError):
+    """A process an earlier task attempt of the run started (an agent, a check) is still running, or cannot be
+    checked from here: nothing may start another one in the same workspace (HTTP 409).
+
+    ``details["processes"]`` lists them (what, pid, process group, host, and ``alive`` or ``unverifiable``).
+    """
+
+    code = "agent_still_running"
+
+
 class WorkspaceMismatch(JixuError):
     """The run's workspace does not match its journal (git root, origin, HEAD or tree moved).
 
@@ -372,6 +382,17 @@ class ReconciliationNeedsProof(JixuError):
     code = "reconciliation_needs_proof"
 
 
+class ResolutionNeedsEvidence(JixuError):
+    """An operator's resolution of a remote request contradicts, or is not backed by, the retained evidence
+    (HTTP 409): ``occurred`` needs an inspection that found the admitted source (branch and commit, pull
+    request, job or version); ``not_occurred`` is refused when one did. ``abandoned_unknown`` claims neither.
+
+    ``details["missing"]`` says what the evidence lacks; ``details["inspection"]`` cites the inspection.
+    """
+
+    code = "resolution_needs_evidence"
+
+
 class AlreadyReconciled(JixuError):
     """The request was already settled by a reconciliation with another reconciliation id."""
 
@@ -391,6 +412,7 @@ class ModelError(JixuError):
 
 
 __all__ = [
+    "AgentStillRunning",
     "AlreadyReconciled",
     "ArtifactCorrupt",
     "ArtifactNotFound",
@@ -420,6 +442,7 @@ __all__ = [
     "ReceiptConflict",
     "RequestCorrupt",
     "ReconciliationNeedsProof",
+    "ResolutionNeedsEvidence",
     "RequestNotFound",
     "RequestStateError",
     "ResolutionConflict",

@@ -97,11 +97,17 @@ def test_an_unknown_publication_needs_inspection_and_an_operator_decision(projec
     assert code == 4 and "inspect" in early["error"]["message"]
     code, found = env.json("runs", "inspect-remote", str(env.db), run_id, request_id, "--publishers", SPEC)
     assert code == 0 and found["found"]["remote_commit"] == pushed
+    # The inspection is the probe: the branch at the intent's exact commit settles the request.
+    assert found["settled"] is True
     human = env.jixu("runs", "inspect-remote", str(env.db), run_id, request_id, "--publishers", SPEC)
-    assert human.returncode == 0 and pushed in human.stdout
-    code, resolved = env.json("runs", "resolve-request", str(env.db), run_id, request_id, "--resolution",
-                              "occurred", "--note", "the branch is at the intended commit", "--actor", "ops")
-    assert code == 0 and resolved["request"]["status"] == "succeeded"
+    assert human.returncode == 0 and pushed in human.stdout and "settled already" in human.stdout
+    code, listed = env.json("runs", "execution-requests", str(env.db), run_id)
+    [settled] = listed["requests"]
+    assert settled["status"] == "succeeded" and "probe:flaky" in settled["reason"]
+    code, contradicts = env.json("runs", "resolve-request", str(env.db), run_id, request_id, "--resolution",
+                                 "not_occurred", "--note", "no", "--actor", "ops")
+    assert code == 4 and contradicts["error"]["code"] == "resolution_needs_evidence"
+    assert "contradicts" in contradicts["error"]["message"]
     code, body = env.json("runs", "resolve-task", str(env.db), run_id, "0" * 26, "--resolution", "not_occurred")
     assert code in (3, 4) and body["error"]["code"] in ("not_found", "run_state_error")
 

@@ -227,10 +227,15 @@ def test_killed_after_the_push_and_pull_request_nothing_settles_it_but_retained_
     found = run(scene.runs.inspect_remote(scene.run_id, request_id, actor="ops"))
     assert found["found"]["remote_commit"] == commit
     assert [p["number"] for p in found["found"]["pull_requests"]] == [1]
-    resolved = run(scene.runs.resolve_request_outcome(scene.run_id, request_id, "occurred", note="PR #1 is ours",
-                                                      actor="ops"))
-    assert resolved.status == "succeeded"
+    # The inspection is the probe: it found the admitted branch at the intent's commit and a pull request with
+    # that head, so it settles the request itself, citing what it compared.
+    assert found["settled"] is True and found["evidence"]["shown"] is True
+    resolved = run(scene.runs.execution_request(scene.run_id, request_id))
+    assert resolved.status == "succeeded" and "probe:github" in resolved.reason
     assert scene.request_types(request_id)[-2:] == ["request.inspected", "publication.outcome_resolved"]
+    [settling] = [e for e in scene.store.read(f"request/{request_id}") if e.type == "publication.outcome_resolved"]
+    assert settling.data["actor"] == "probe:github" and settling.data["resolution"] == "occurred"
+    assert settling.data["evidence"]["inspection_event_id"] == found["event_id"]
     assert len(scene.pushes()) == 1 and scene.github.creation_requests == 1
     assert scene.store.verify(f"request/{request_id}").valid and scene.store.verify(f"run/{scene.run_id}").valid
 

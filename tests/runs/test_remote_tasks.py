@@ -132,9 +132,10 @@ def test_a_failure_after_dispatch_stays_unknown_until_inspected_and_resolved(sce
         run(scene.runs.request_remote(scene.run_id, "deploy", provider="deployer"))
     found = run(scene.runs.inspect_remote(scene.run_id, request_id, actor="ops"))
     assert [job["job_id"] for job in found["found"]["reported"]["jobs"]] == ["job-1"]
-    resolved = run(scene.runs.resolve_request_outcome(scene.run_id, request_id, "occurred", actor="ops",
-                                                      note="job-1 is ours"))
-    assert resolved.status == "succeeded"
+    # The provider reports job-1 under this task's idempotency key: the inspection (the probe) settles it.
+    assert found["settled"] is True and found["evidence"]["compared"]["job"]["job_id"] == "job-1"
+    resolved = run(scene.runs.execution_request(scene.run_id, request_id))
+    assert resolved.status == "succeeded" and "probe:deployer" in resolved.reason
     assert len(scene.deployments()) == 1
 
 

@@ -83,8 +83,13 @@ def test_a_run_succeeds_and_its_journal_tells_the_whole_story(store: Store, tmp_
             "run.created", "plan.revised", "run.claimed",
             "task.requested", "task.dispatched", "task.completed",
             "task.requested", "task.dispatched", "task.completed",
-            "task.requested", "task.dispatched", "task.completed",
+            "task.requested", "task.dispatched", "run.process_started", "task.completed",
             "run.finished"]
+        # The check's process group was recorded before the check ran: pid, start time, boot id.
+        [started] = events_of(entries, "run.process_started")
+        assert started["data"]["what"] == "check unit" and started["data"]["kind"] == "verify"
+        assert started["data"]["process"]["pgid"] == started["data"]["process"]["pid"]
+        assert isinstance(started["data"]["process"]["start_time"], int)
         intents = events_of(entries, "task.requested")
         assert [i["data"]["name"] for i in intents] == ["prepare", "implement", "verify"]
         assert [i["data"]["semantics"] for i in intents] == ["idempotent", "idempotent", "read_only"]

@@ -141,8 +141,12 @@ def test_inspect_then_resolve_an_unknown_publication_over_http(scene: Scene) -> 
         found = http["operator"].post(f"{base}/inspect", json={})
         assert found.status_code == 200, found.text
         assert [p["number"] for p in found.json()["found"]["pull_requests"]] == [1]
-        resolved = http["operator"].post(f"{base}/resolve", json=resolve)
-        assert resolved.status_code == 200 and resolved.json()["status"] == "succeeded"
+        assert found.json()["settled"] is True  # the inspection is the probe: it found the admitted source
+        shown = http["viewer"].get(base)
+        assert shown.status_code == 200 and shown.json()["status"] == "succeeded"
+        assert "probe:github" in shown.json()["reason"]
+        contradicts = {"resolution": "not_occurred", "note": "nothing happened"}
+        assert_problem(http["operator"].post(f"{base}/resolve", json=contradicts), 409, "resolution_needs_evidence")
         assert_problem(http["operator"].post(f"/runs/{scene.run_id}/execution-requests/{'0' * 26}/inspect",
                                              json={}), 404, "request_not_found")
         assert_problem(http["operator"].post(f"/runs/{scene.run_id}/tasks/{'0' * 26}/resolve",

@@ -65,6 +65,8 @@ _EXIT_BY_CODE: dict[str, int] = {
     "request_state_error": EXIT_CONFLICT,
     "reconciliation_needs_proof": EXIT_CONFLICT,
     "already_reconciled": EXIT_CONFLICT,
+    "resolution_needs_evidence": EXIT_CONFLICT,
+    "agent_still_running": EXIT_CONFLICT,
     # the HTTP API (jixu remote, jixu tokens --server): problem codes map back to the same statuses
     "unauthorized": EXIT_UNAUTHORIZED,
     "forbidden": EXIT_UNAUTHORIZED,

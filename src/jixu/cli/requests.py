@@ -253,6 +253,7 @@ def inspect_remote_command(store: str, run_id: str, request_id: str, publishers_
         view.print(f"expected: {json.dumps(expected, sort_keys=True)}", highlight=False, markup=False)
         view.print(f"found:    {json.dumps(seen, sort_keys=True)}", highlight=False, markup=False)
         view.print(f"retained as event {found.get('event_id')}", highlight=False, markup=False)
+        _print_evidence(found)
         return
     view.print(f"expected: branch {expected.get('branch')} at {expected.get('commit')}", highlight=False,
                markup=False)
@@ -261,6 +262,22 @@ def inspect_remote_command(store: str, run_id: str, request_id: str, publishers_
         view.print(f"          pull request #{pull.get('number')} {pull.get('state')} {pull.get('url')} "
                    f"(head {str(pull.get('head_sha'))[:12]})", highlight=False, markup=False)
     view.print(f"retained as event {found.get('event_id')}", highlight=False, markup=False)
+    _print_evidence(found)
+
+
+def _print_evidence(found: JSONObject) -> None:
+    """Whether the inspection settled the request, or what it lacks as evidence."""
+    evidence = found.get("evidence") or {}
+    if found.get("settled"):
+        out().print("settled: it shows the admitted source, so the request succeeded (recorded by the probe)",
+                    highlight=False, markup=False)
+    elif evidence.get("shown"):
+        out().print("it shows the admitted source; the request was settled already", highlight=False, markup=False)
+    else:
+        for missing in evidence.get("missing") or []:
+            out().print(f"not evidence: {missing}", highlight=False, markup=False)
+        out().print("the outcome stays unknown: 'occurred' would be refused; resolve-request --resolution "
+                    "abandoned_unknown settles it without claiming success", highlight=False, markup=False)
 
 
 RESOLUTION_CHOICE = click.Choice(["occurred", "not_occurred", "abandoned_unknown"])

@@ -756,23 +756,28 @@ def journal_command(store: str, run_id: str, as_json: bool) -> None:
 @actor_option
 @click.option("--note", default=None, help="Why (recorded).")
 @click.option("--execute", is_flag=True, help="Then run it to its next stop in this process.")
+@click.option("--stop-agents", is_flag=True,
+              help="Stop an earlier attempt's agent or check that outlived its worker (SIGTERM, then SIGKILL after "
+                   "a grace period; recorded) before resuming. Without it such a process refuses the resume (exit 4).")
 @workspace_root_option
 @owner_option
 @json_option
 def resume_command(store: str, run_id: str, providers_spec: str | None, actor: str | None, note: str | None,
-                   execute: bool, workspace_root: str, owner: str | None, as_json: bool) -> None:
+                   execute: bool, stop_agents: bool, workspace_root: str, owner: str | None, as_json: bool) -> None:
     """Resume RUN_ID: keeps its workspace, brief, policy and provider revision.
 
     The workspace is first reconciled against the journal (git root, origin,
     HEAD, tree); a mismatch is recorded and nothing continues (exit 1: the run
     needs reconciliation). A completed prepare is not repeated; a failed check
     gets its bounded repair attempt. --providers is needed with --execute.
-    A finished run cannot be resumed (exit 4; retry a failed one).
+    A finished run cannot be resumed (exit 4; retry a failed one). While an
+    earlier attempt's agent (or check) still runs, e.g. after its worker was
+    SIGKILLed, resume refuses and names it (exit 4): --stop-agents stops it first.
     """
     who = actor if actor is not None else default_actor()
     with opened(store, as_json) as store_:
         providers = load_providers(providers_spec) if execute or providers_spec else {}
-        state = asyncio.run(observer_runs(store_, providers).resume(run_id, who, note=note))
+        state = asyncio.run(observer_runs(store_, providers).resume(run_id, who, note=note, stop_agents=stop_agents))
         if execute:
             if not as_json:
                 out().print(f"run {run_id} resumed by {who}", highlight=False, markup=False)

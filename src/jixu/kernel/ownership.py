@@ -22,6 +22,13 @@ the owner is gone (:func:`owner_gone`): it takes the lease over at once, live
 or not, and its ``*.claimed`` event carries the proof. A live owner, or one on
 another machine, in another container or before a reboot, keeps its lease
 until it expires by the store's clock.
+
+**Process groups** (issue 23). The processes a run starts (an agent CLI, a
+check) each lead a process group of their own; :func:`group_identity` records
+the leader the same way (pid, start time, boot id, pid namespace, plus
+``pgid``), and :func:`group_members` / :func:`group_gone` answer, by the same
+rule, whether any process of that group still runs: a recycled pid is never
+taken for the group.
 """
 
 from __future__ import annotations
@@ -50,17 +57,24 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _start_time(pid: int) -> int | None:
-    """The start time of process ``pid`` (clock ticks after boot, Linux), or None when there is none."""
+def _stat(pid: int) -> tuple[int, int] | None:
+    """``(process group, start time in clock ticks after boot)`` of a running process ``pid`` (Linux), or None
+    when there is none (a zombie has exited already)."""
     stat = _read(f"/proc/{pid}/stat")
     if stat is None:
         return None
     try:
         # Fields after the command name (which may hold spaces and parentheses): state is the 3rd field.
         fields = stat[stat.rindex(")") + 2:].split()
-        return None if fields[0] in ("Z", "X") else int(fields[19])  # a zombie has exited already
+        return None if fields[0] in ("Z", "X") else (int(fields[2]), int(fields[19]))
     except (ValueError, IndexError):
         return None
+
+
+def _start_time(pid: int) -> int | None:
+    """The start time of process ``pid`` (clock ticks after boot, Linux), or None when there is none."""
+    found = _stat(pid)
+    return None if found is None else found[1]
 
 
 def _pid_namespace() -> str | None:
@@ -89,6 +103,32 @@ def owner_gone(identity: object) -> dict[str, Any] | None:
     """The proof that the process ``identity`` (a claim's ``process``) no longer runs, or None when that cannot
     be proven from here: another machine, pid namespace or boot, an identity without a start time, or the
     process alive (or this very process)."""
+    checked = _checkable(identity)
+    if checked is None:
+        return None
+    pid, started, here = checked
+    if pid == here["pid"]:
+        return None
+    found = _start_time(pid)
+    if found == started:
+        return None
+    assert isinstance(identity, dict)
+    return {"process": _named(identity),
+            "found": "no such process" if found is None else f"pid {pid} now belongs to a process started at "
+                                                               f"{found} (clock ticks after boot)",
+            "checked_by": here}
+
+
+_IDENTITY_KEYS = ("host", "boot_id", "pid_namespace", "pid", "start_time")
+
+
+def _named(identity: dict[str, Any]) -> dict[str, Any]:
+    return {k: identity.get(k) for k in (*_IDENTITY_KEYS, *(("pgid",) if "pgid" in identity else ()))}
+
+
+def _checkable(identity: object) -> tuple[int, int, dict[str, Any]] | None:
+    """``(pid, start time, this process's identity)`` when ``identity`` names a process that can be looked at
+    from here (this kernel: the same boot id and pid namespace), else None."""
     if not isinstance(identity, dict):
         return None
     pid, started = identity.get("pid"), identity.get("start_time")
@@ -99,15 +139,50 @@ def owner_gone(identity: object) -> dict[str, Any] | None:
     if here["boot_id"] is None or identity.get("boot_id") != here["boot_id"] \
             or identity.get("pid_namespace") != here["pid_namespace"]:
         return None
-    if pid == here["pid"]:
+    return pid, started, here
+
+
+def group_identity(leader: int) -> dict[str, Any]:
+    """The identity of the process group that ``leader`` (a child this process started in a session of its
+    own) leads: :func:`process_identity`'s fields for the leader, plus ``pgid`` (= its pid)."""
+    found = _stat(leader)
+    return {**process_identity(), "pid": leader, "pgid": leader, "start_time": None if found is None else found[1]}
+
+
+def group_members(identity: object) -> list[int] | None:
+    """The pids of the processes still running in the group ``identity`` (:func:`group_identity`) records:
+    ``[]`` when none remains, None when that cannot be checked from here (another machine, pid namespace or
+    boot, or an identity without a start time).
+
+    A member is a process whose process group is the leader's pid and which started no earlier than the
+    leader. The leader's pid in use by a process with another start time proves the group empty: the kernel
+    gives a pid out again only once no process has it as its process group.
+    """
+    checked = _checkable(identity)
+    if checked is None:
         return None
-    found = _start_time(pid)
-    if found == started:
+    leader, started, _here = checked
+    found = _stat(leader)
+    if found is not None and found[1] != started:
+        return []
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            seen = _stat(int(entry))
+            if seen is not None and seen[0] == leader and seen[1] >= started:
+                members.append(int(entry))
+    return sorted(members)
+
+
+def group_gone(identity: object) -> dict[str, Any] | None:
+    """The proof that no process of the group ``identity`` records runs any more, or None when one does or
+    that cannot be proven from here (see :func:`group_members`)."""
+    members = group_members(identity)
+    if members is None or members:
         return None
-    return {"process": {k: identity.get(k) for k in ("host", "boot_id", "pid_namespace", "pid", "start_time")},
-            "found": "no such process" if found is None else f"pid {pid} now belongs to a process started at "
-                                                               f"{found} (clock ticks after boot)",
-            "checked_by": here}
+    assert isinstance(identity, dict)
+    return {"process": _named(identity), "found": "no process of the group remains",
+            "checked_by": process_identity()}
 
 
 DEFAULT_LEASE_TTL = 9.0
@@ -285,5 +360,6 @@ class Session:
                 return
 
 
-__all__ = ["DEFAULT_LEASE_TTL", "Claim", "Session", "acquire_claim", "claim_stream", "dead_holder", "holds", "owner_gone", "process_identity",
-           "recovery_claim", "release", "take_claim"]
+__all__ = ["DEFAULT_LEASE_TTL", "Claim", "Session", "acquire_claim", "claim_stream", "dead_holder", "group_gone",
+           "group_identity", "group_members", "holds", "owner_gone", "process_identity", "recovery_claim", "release",
+           "take_claim"]

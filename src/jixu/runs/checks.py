@@ -31,10 +31,12 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 from jixu.ledger.encoding import JSONObject
+from jixu.runs.processes import ProcessHook, start_gated, wait_group_gone
 
 EXCERPT_BYTES = 4000
 """How much of a check's output (its end) is kept verbatim in the journal."""
@@ -61,11 +63,16 @@ def digest_output(handle: IO[bytes]) -> tuple[str, int, str]:
 
 async def run_process(argv: list[str], cwd: Path, timeout_s: float, *, env: dict[str, str] | None = None,
                       stdin_text: str | None = None, stdout: IO[bytes], stderr: IO[bytes] | None = None,
-                      ) -> tuple[int | None, bool, str | None]:
+                      started: ProcessHook | None = None) -> tuple[int | None, bool, str | None]:
     """Run ``argv`` in its own process group; ``(exit_status, timed_out, start_error)``.
 
     Output goes to the given files (``stderr`` ``None``: into ``stdout``). The
     group is SIGKILLed on timeout, on cancellation, and after a normal exit.
+    With ``started`` the program is started behind the gate of
+    :mod:`jixu.runs.processes`: the hook records the group's identity before
+    the program runs, and on every way out this waits until no process of the
+    group remains (so a receipt recorded after it is never followed by one of
+    its processes).
     """
     with contextlib.ExitStack() as stack:
         stdin: IO[bytes] | int = subprocess.DEVNULL
@@ -74,11 +81,21 @@ async def run_process(argv: list[str], cwd: Path, timeout_s: float, *, env: dict
             stdin_file.write(stdin_text.encode("utf-8"))
             stdin_file.seek(0)
             stdin = stdin_file
+        options: dict[str, object] = {"cwd": str(cwd), "env": env, "stdin": stdin, "stdout": stdout,
+                                      "stderr": stderr if stderr is not None else subprocess.STDOUT}
+        identity: JSONObject | None = None
         try:
-            process = await asyncio.create_subprocess_exec(
-                *argv, cwd=str(cwd), env=env, stdin=stdin,
-                stdout=stdout, stderr=stderr if stderr is not None else subprocess.STDOUT,
-                start_new_session=True)
+            if started is None:
+                process = await asyncio.create_subprocess_exec(*argv, start_new_session=True, **options)  # type: ignore[arg-type]
+            else:
+                async def record(found: JSONObject) -> None:
+                    nonlocal identity
+                    identity = found
+                    await started(found)
+
+                process, failure = await start_gated(argv, started=record, **options)
+                if failure is not None:
+                    return None, False, failure
         except OSError as error:
             return None, False, f"{type(error).__name__}: {error}"
         try:
@@ -86,25 +103,37 @@ async def run_process(argv: list[str], cwd: Path, timeout_s: float, *, env: dict
         except TimeoutError:
             kill_group(process.pid)
             await process.wait()
+            await _gone(identity)
             return None, True, None
         except BaseException:
             kill_group(process.pid)
             with contextlib.suppress(BaseException):
                 await asyncio.shield(process.wait())
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(_gone(identity))
             raise
         kill_group(process.pid)  # anything it left running in its group
+        await _gone(identity)
         return process.returncode, False, None
 
 
-async def run_check(check: JSONObject, workspace: Path, *, env: dict[str, str] | None = None) -> JSONObject:
+async def _gone(identity: JSONObject | None) -> None:
+    """After SIGKILL of a recorded group: wait (bounded) until none of its processes remains."""
+    if identity is not None:
+        await asyncio.to_thread(wait_group_gone, identity, 10.0)
+
+
+async def run_check(check: JSONObject, workspace: Path, *, env: dict[str, str] | None = None,
+                    started: ProcessHook | None = None) -> JSONObject:
     """Run one policy check in ``workspace``; its evidence (see the module docstring). Never raises for the
     check's own failure (a failing or hanging check is evidence, not an error)."""
     argv = [str(a) for a in check["argv"]]
     timeout_s = float(check["timeout_s"])
-    started = time.monotonic()
+    began = time.monotonic()
     with tempfile.TemporaryFile() as output:
-        exit_status, timed_out, error = await run_process(argv, workspace, timeout_s, env=env, stdout=output)
-        duration = round(time.monotonic() - started, 3)
+        exit_status, timed_out, error = await run_process(argv, workspace, timeout_s, env=env, stdout=output,
+                                                          started=started)
+        duration = round(time.monotonic() - began, 3)
         digest, size, excerpt = digest_output(output)
     return {"name": check["name"], "argv": argv, "exit_status": exit_status, "timed_out": timed_out,
             "duration_s": duration, "timeout_s": timeout_s, "output_digest": digest, "output_bytes": size,
@@ -113,9 +142,12 @@ async def run_check(check: JSONObject, workspace: Path, *, env: dict[str, str] |
 
 
 async def run_checks(checks: list[JSONObject], workspace: Path, *, env: dict[str, str] | None = None,
-                     ) -> list[JSONObject]:
-    """Run every check in order (all of them, even after a failure); their evidence."""
-    return [await run_check(check, workspace, env=env) for check in checks]
+                     started: Callable[[str], ProcessHook] | None = None) -> list[JSONObject]:
+    """Run every check in order (all of them, even after a failure); their evidence. ``started(name)``: the
+    hook that records each check's process group before it runs (see :func:`run_process`)."""
+    return [await run_check(check, workspace, env=env,
+                            started=None if started is None else started(str(check["name"])))
+            for check in checks]
 
 
 __all__ = ["EXCERPT_BYTES", "digest_output", "kill_group", "run_check", "run_checks", "run_process"]

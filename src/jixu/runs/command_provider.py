@@ -1,7 +1,8 @@
 """A provider that runs an external agent CLI (any command) in the run's workspace.
 
 The command runs without a shell, in the workspace, in its own process group
-(killed with SIGKILL on timeout or cancellation), with:
+(killed with SIGKILL on timeout or cancellation; recorded in the run's journal
+before the command starts, see :mod:`jixu.runs.processes`), with:
 
 * stdin: the brief;
 * environment: the caller's, plus the configured ``env``, plus
@@ -133,7 +134,8 @@ class CommandProvider:
         with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
             status, timed_out, error = await run_process(self.argv, workspace, self.timeout,
                                                          env=self._environment(extra), stdin_text=context.brief,
-                                                         stdout=stdout, stderr=stderr)
+                                                         stdout=stdout, stderr=stderr,
+                                                         started=context.process_started)
             out_digest, out_size, out_excerpt = digest_output(stdout)
             _err_digest, _err_size, err_excerpt = digest_output(stderr)
         details: JSONObject = {"exit_status": status, "timed_out": timed_out,

@@ -66,7 +66,7 @@ from jixu.kernel import (
 from jixu.ledger import Fence, NewEvent, Store, new_id
 from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
 from jixu.ledger.ids import is_valid_id
-from jixu.ledger.store import Lease, WorkItem, check_owner, check_ttl
+from jixu.ledger.store import WorkItem, check_owner, check_ttl
 from jixu.recovery import Analysis
 from jixu.recovery.resolutions import admit_resolution, resolution_body
 from jixu.runs.checks import run_checks
@@ -85,6 +85,8 @@ from jixu.runs.model import (
     run_stream,
     run_work_key,
 )
+from jixu.runs.orphans import still_running, stop_open, survey
+from jixu.runs.processes import DEFAULT_GRACE_S, ProcessHook
 from jixu.runs.projection import (
     AutoResume,
     Dispatch,
@@ -110,17 +112,6 @@ from jixu.runs.workspace import changes, clone, inspect, resolve_source, tree_of
 _CONFLICT_RETRIES = 5
 _INTERRUPTED = Outcome.failed({"type": "interrupted", "message": "the worker stopped while the task ran"},
                               indeterminate=True)
-
-
-def _holder_process(log: RunLog) -> Callable[[Lease], object]:
-    """The process identity the run's claim by a lease's holder recorded (``run.claimed``), or None."""
-    def find(lease: Lease) -> object:
-        for claim in reversed(log.record.claims):
-            if claim.get("owner") == lease.owner and claim.get("epoch") == lease.epoch:
-                return claim.get("process")
-        return None
-
-    return find
 
 
 def _unexpected(error: Exception) -> Outcome:
@@ -174,7 +165,7 @@ class Runs:
                  retry_backoff: float = 1.0, retry_backoff_cap: float = 60.0,
                  check_env: Mapping[str, str] | None = None, publishers: Mapping[str, Publisher] | None = None,
                  remotes: Mapping[str, RemoteProvider] | None = None, wait_automatic_pauses: bool = True,
-                 drain_timeout: float = DEFAULT_DRAIN_TIMEOUT) -> None:
+                 drain_timeout: float = DEFAULT_DRAIN_TIMEOUT, stop_grace: float = DEFAULT_GRACE_S) -> None:
         if not isinstance(store, Store):
             raise InvalidInput("store must be a jixu Store", field="store")
         for name, provider in providers.items():
@@ -202,7 +193,9 @@ class Runs:
                 raise InvalidInput(f"remote provider configured as {name!r} calls itself "
                                    f"{getattr(remote, 'name', None)!r}", field="remotes")
         self.requests = ExecutionRequests(store, chosen, owner=self.owner, actor=actor, remotes=remotes,
-                                          drain_timeout=drain_timeout)
+                                          drain_timeout=drain_timeout, stop_grace=stop_grace)
+        self.stop_grace = float(stop_grace)
+        """Seconds between SIGTERM and SIGKILL when an earlier attempt's processes are stopped."""
         self._executing: set[str] = set()
 
     # --- reading ---------------------------------------------------------------------------------
@@ -228,7 +221,7 @@ class Runs:
             # owner's claim is stale too once its process is proven gone (the proof goes into the info).
             if lease.owner == self.owner:
                 return "stale", info
-            proof = dead_holder(lease, _holder_process(log))
+            proof = dead_holder(lease, log.holder_process)
             if proof is None:
                 return "live", info
             return "stale", {**info, "owner_gone": proof}
@@ -369,6 +362,9 @@ class Runs:
         if not (status == "queued" or (status == "paused" and pause is not None and pause.get("automatic"))):
             return self._state(log)
         provider = self._provider_of(log.record)
+        running = await asyncio.to_thread(survey, log.record)
+        if running:
+            raise still_running(run_id, running, "executed")
         fence = self._claim(log)
         if fence is None:
             return self._state(log)
@@ -397,7 +393,7 @@ class Runs:
             claim = claim_stream(log.writer, run_lease_key(log.run_id), self.owner, self.lease_ttl,
                                  lambda c: NewEvent("run.claimed", c.record(), log.meta(self.owner)),
                                  still_wanted=lambda: not isinstance(decide(log.record, log.analysis()), Stop),
-                                 tries=_CONFLICT_RETRIES, holder_process=_holder_process(log))
+                                 tries=_CONFLICT_RETRIES, holder_process=log.holder_process)
         except (FencingError, LeaseHeld) as error:
             raise RunOwned(f"run {log.run_id} changed hands while claiming it: {error.message}",
                            run_id=log.run_id) from error
@@ -531,9 +527,11 @@ class Runs:
             if action.kind == "prepare":
                 phase, body = await self._prepare(record)
             elif action.kind == "implement":
-                phase, body = await self._implement(record, provider, action)
+                phase, body = await self._implement(record, provider, action,
+                                                    self._process_hook(log, fence, action, f"provider {provider.name}"))
             else:
-                phase, body = await self._verify(record)
+                phase, body = await self._verify(record, lambda name: self._process_hook(log, fence, action,
+                                                                                         f"check {name}"))
             return Outcome.completed(body) if phase == "completed" else Outcome("failed", {**body, "indeterminate": False})
 
         async def receipt(outcome: Outcome) -> None:
@@ -545,6 +543,27 @@ class Runs:
                 log.append([event], fence)
 
         await perform(dispatch=dispatch, call=call, classify=_unexpected, record=receipt, interrupted=_INTERRUPTED)
+
+    def _process_hook(self, log: RunLog, fence: Fence, action: Dispatch, what: str) -> ProcessHook:
+        """The hook that records a process group the attempt starts (``run.process_started``) before its
+        program runs; a finished run (a cancellation came in) starts nothing more."""
+        async def started(identity: JSONObject) -> None:
+            event = NewEvent("run.process_started", {"effect_id": action.effect_id, "task_id": action.task_id,
+                                                     "kind": action.kind, "attempt": action.attempt, "what": what,
+                                                     "process": identity}, log.meta(self.owner))
+            for _ in range(_CONFLICT_RETRIES):
+                finished = log.record.finished
+                if finished is not None:
+                    raise RunStateError(f"run {log.run_id} finished ({finished.get('outcome')}) while {action.kind} "
+                                        f"task {action.task_id} ran: {what} is not started", run_id=log.run_id)
+                try:
+                    log.append([event], fence)
+                    return
+                except ConcurrencyError:
+                    log.sync()  # another writer (a cancellation, say) moved the journal: look again
+            raise RunStateError(f"run {log.run_id}'s journal kept moving; {what} is not started", run_id=log.run_id)
+
+        return started
 
     async def _prepare(self, record: RunRecord) -> tuple[str, JSONObject]:
         workspace, source = Path(record.workspace), record.source
@@ -580,12 +599,13 @@ class Runs:
                 return dict(evidence)
         return None
 
-    async def _implement(self, record: RunRecord, provider: Provider, action: Dispatch) -> tuple[str, JSONObject]:
+    async def _implement(self, record: RunRecord, provider: Provider, action: Dispatch,
+                         started: ProcessHook) -> tuple[str, JSONObject]:
         workspace = Path(record.workspace)
         context = ImplementContext(run_id=record.run_id, brief=record.brief,
                                    attempt=int(record.effects[action.effect_id]["attempt"]),
                                    repair_of=self._repair_evidence(record, action.task_id),
-                                   knowledge=record.knowledge)
+                                   knowledge=record.knowledge, process_started=started)
         try:
             outcome = await provider.implement(workspace, context)
             if not isinstance(outcome, ImplementResult):
@@ -623,13 +643,14 @@ class Runs:
         seen = inspect(workspace)
         return {"head": seen["head"], "tree": seen["tree"]}
 
-    async def _verify(self, record: RunRecord) -> tuple[str, JSONObject]:
+    async def _verify(self, record: RunRecord, started: Callable[[str], ProcessHook]) -> tuple[str, JSONObject]:
         workspace = Path(record.workspace)
         before = await asyncio.to_thread(self._observe, workspace)
         if before["tree"] is None:
             return "failed", {"error": {"type": "workspace_unreadable",
                                         "message": f"cannot read the source tree of {workspace}"}}
-        results = await run_checks(list(record.policy.get("checks") or []), workspace, env=self.check_env)
+        results = await run_checks(list(record.policy.get("checks") or []), workspace, env=self.check_env,
+                                   started=started)
         try:
             after = await asyncio.to_thread(tree_of, workspace)
         except GitError:
@@ -661,7 +682,8 @@ class Runs:
             raise RunStateError(f"run {log.run_id} has remote tasks with unknown outcomes; establish them first",
                                 run_id=log.run_id, status=status)
 
-    async def resume(self, run_id: str, actor: str = "operator", *, note: str | None = None) -> RunState:
+    async def resume(self, run_id: str, actor: str = "operator", *, note: str | None = None,
+                     stop_agents: bool = False) -> RunState:
         """Continue a paused, interrupted or unreconciled run in place (then :meth:`execute` or :func:`submit_run`).
 
         First reconciles the workspace against the journal (git root,
@@ -671,6 +693,13 @@ class Runs:
         reconciliation. Otherwise records ``run.resumed`` (explicit): the
         workspace, brief, policy and provider revision are kept, the automatic
         retry budget is renewed. Finished or queued runs: :class:`RunStateError`.
+
+        While a process an earlier attempt started (an agent whose worker
+        died) still runs, or cannot be checked from this machine, resume
+        refuses with :class:`~jixu.errors.AgentStillRunning` and writes
+        nothing. With ``stop_agents`` it stops them first (SIGTERM, ``stop_grace``
+        seconds, SIGKILL; ``run.process_stopped`` records each) and waits
+        until none remains.
         """
         check_text(actor, "actor", 200, required=True)
         check_text(note, "note", 10_000)
@@ -680,6 +709,7 @@ class Runs:
         if status == "queued":
             raise RunStateError(f"run {run_id} is queued ({reason}); there is nothing to resume: execute it or "
                                 "submit it to the work queue", run_id=run_id, status=status)
+        await self._no_earlier_agent(log, actor, stop_agents, "resumed")
         reconciled, outcome = await self._reconciliation(log, actor, "resume")
         if outcome == "mismatch":
             log.append([reconciled])
@@ -692,6 +722,21 @@ class Runs:
                                                          "previous_status": status}, log.meta(actor))])
         self._wake(log)
         return self._state(log)
+
+    async def _no_earlier_agent(self, log: RunLog, actor: str, stop: bool, what: str) -> None:
+        """Refuse (:class:`~jixu.errors.AgentStillRunning`) while an earlier attempt's process runs; with
+        ``stop``, stop what this machine can reach first and record it."""
+        if not stop:
+            running = await asyncio.to_thread(survey, log.record)
+            if running:
+                raise still_running(log.run_id, running, what)
+            return
+        events, remaining = await asyncio.to_thread(stop_open, log, by=actor, trigger="resume",
+                                                    grace=self.stop_grace)
+        if events:
+            log.append(events)
+        if remaining:
+            raise still_running(log.run_id, remaining, what)
 
     async def handoff(self, run_id: str, provider: str, actor: str = "operator", *,
                       note: str | None = None) -> RunState:
@@ -721,6 +766,7 @@ class Runs:
         log.sync()
         status, reason, analysis, _info = self._status(log)
         self._refuse_unless_operable(log, status, reason, analysis, "handed off")
+        await self._no_earlier_agent(log, actor, False, "handed off")
         reconciled, outcome = await self._reconciliation(log, actor, "handoff")
         if outcome == "mismatch":
             log.append([reconciled])

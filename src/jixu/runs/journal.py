@@ -8,6 +8,7 @@ from jixu.ledger import Event, Fence, NewEvent, Store, VerifyReport, project
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.ids import is_valid_id
 from jixu.ledger.projection import make_checkpoint
+from jixu.ledger.store import Lease
 from jixu.ledger.trust import record_break, verdict
 from jixu.recovery import Analysis, RecoveryResolver
 from jixu.recovery.corruption import Corruption, corruption
@@ -125,6 +126,14 @@ class RunLog:
 
     def meta(self, actor: str) -> JSONObject:
         return {"actor": actor, "run_id": self.run_id}
+
+    def holder_process(self, lease: Lease) -> object:
+        """The process identity that the claim of ``lease``'s holder recorded (``run.claimed``), or None: what
+        :func:`~jixu.kernel.ownership.dead_holder` needs to prove that holder gone."""
+        for claim in reversed(self.record.claims):
+            if claim.get("owner") == lease.owner and claim.get("epoch") == lease.epoch:
+                return claim.get("process")
+        return None
 
 
 def run_corrupt(run_id: str, found: Corruption) -> RunCorrupt:

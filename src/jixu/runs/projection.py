@@ -36,11 +36,15 @@ from jixu.runs.model import (
 )
 from jixu.runs.providers import PAUSE_KINDS
 
-REDUCER_VERSION = 2
+REDUCER_VERSION = 3
 _RECEIPT_TYPES = frozenset({"task.completed", "task.failed", "task.outcome_resolved"})
-_AFTER_FINISH = frozenset({"run.request_admitted", "run.drained"})
+_AFTER_FINISH = frozenset({"run.request_admitted", "run.drained", "run.process_stopped"})
 """Besides receipts, what a finished run's journal still records: execution requests (publication of a
-succeeded run, say), their remote tasks' lifecycle, and the proof that a cancelled run drained."""
+succeeded run, say), their remote tasks' lifecycle, the proof that a cancelled run drained, and the stopping
+of processes it had started. A process is never started for a finished run (``run.process_started`` after
+``run.finished`` contradicts the record)."""
+ENDED: frozenset[str] = frozenset({"gone", "terminated", "killed"})
+"""``run.process_stopped`` outcomes after which no process of the group remains."""
 _PHASES = frozenset(PHASES)
 
 
@@ -76,6 +80,12 @@ class RunRecord:
     """Execution requests admitted against the run (``run.request_admitted`` data plus ``seq``), by request id."""
     drained: list[JSONObject] = field(default_factory=list)
     """``run.drained`` receipts: proof that no worker still executes the run after a cancellation."""
+    processes: list[JSONObject] = field(default_factory=list)
+    """``run.process_started`` data plus ``seq``: every process group started for a task (an agent CLI, a
+    check), recorded before its program ran."""
+    stopped: list[JSONObject] = field(default_factory=list)
+    """``run.process_stopped`` data plus ``seq``: a drain, a cancellation or a resume stopped (or found gone)
+    a recorded group."""
     auto_retries: int = 0
     """Automatic resumes since the last completed implementation, explicit resume or handoff."""
     acknowledged_seq: int = 0
@@ -253,6 +263,13 @@ class RunProjection:
             self._request_admitted(record, event, where)
         elif kind == "run.drained":
             record.drained.append({**data, "seq": event.seq})
+        elif kind == "run.process_started":
+            if str(data.get("effect_id")) not in record.effects or not isinstance(data.get("process"), dict):
+                record.problems.append(f"{where}: a process for unknown task effect {data.get('effect_id')!r}")
+            else:
+                record.processes.append({**data, "seq": event.seq})
+        elif kind == "run.process_stopped":
+            record.stopped.append({**data, "seq": event.seq})
         return record
 
     @staticmethod
@@ -337,7 +354,8 @@ class RunProjection:
                 "lifecycle": [e.to_dict() for e in state.lifecycle], "claims": state.claims,
                 "pauses": state.pauses, "resumes": state.resumes, "reconciliations": state.reconciliations,
                 "handoffs": state.handoffs, "finished": state.finished, "requests": state.requests,
-                "drained": state.drained, "auto_retries": state.auto_retries,
+                "drained": state.drained, "processes": state.processes, "stopped": state.stopped,
+                "auto_retries": state.auto_retries,
                 "acknowledged_seq": state.acknowledged_seq, "problems": state.problems, "seq": state.seq,
                 "head_hash": state.head_hash}
 
@@ -592,6 +610,23 @@ def derive_status(record: RunRecord, analysis: Analysis, ownership: str) -> tupl
     return "queued", "ready to continue; waiting for a worker"
 
 
+# --- the processes a run started ----------------------------------------------------------------
+
+
+def _same_process(a: object, b: object) -> bool:
+    keys = ("boot_id", "pid_namespace", "pid", "start_time")
+    return isinstance(a, dict) and isinstance(b, dict) and all(a.get(k) == b.get(k) for k in keys)
+
+
+def open_processes(record: RunRecord) -> list[JSONObject]:
+    """The recorded process groups that may still run (pure): those of a task attempt without a receipt (the
+    executor records a receipt only once its processes ended) that no ``run.process_stopped`` found ended."""
+    return [started for started in record.processes
+            if str(started.get("effect_id")) not in record.receipts
+            and not any(stop.get("outcome") in ENDED and _same_process(stop.get("process"), started.get("process"))
+                        for stop in record.stopped)]
+
+
 # --- the workspace according to the journal ---------------------------------------------------
 
 
@@ -724,6 +759,7 @@ def build_state(record: RunRecord, analysis: Analysis, status: str, reason: str,
 
 
 __all__ = [
+    "ENDED",
     "OWNERSHIP",
     "Action",
     "AutoResume",
@@ -740,6 +776,7 @@ __all__ = [
     "decide",
     "derive_status",
     "expected_workspace",
+    "open_processes",
     "plan_view",
     "task_views",
 ]

@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol
 
 from jixu.errors import JixuError
 from jixu.ledger.encoding import JSONObject, content_hash
+from jixu.runs.processes import ProcessHook
 
 ProviderErrorKind = Literal["rate_limit", "quota", "authentication", "transient", "invalid"]
 PAUSE_KINDS = ("rate_limit", "quota", "authentication", "transient")
@@ -49,6 +50,10 @@ class ImplementContext:
     """For a repair attempt: the evidence of the failed checks (recorded before this call)."""
     knowledge: JSONObject = field(default_factory=dict)
     """Retrieved context and its digest, carried across resumes and handoffs."""
+    process_started: ProcessHook | None = field(default=None, compare=False)
+    """A provider that starts processes hands each one's group to this hook before its program runs
+    (:func:`~jixu.runs.checks.run_process` with ``started=``): the run records it, so a drain, a cancellation
+    or a resume can find and stop what the provider started even after this worker died."""
 
 
 @dataclass(frozen=True, slots=True)

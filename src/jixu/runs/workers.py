@@ -50,6 +50,7 @@ from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Literal
 
 from jixu.errors import (
+    AgentStillRunning,
     FencingError,
     IncompatibleAgent,
     InvalidInput,
@@ -544,6 +545,8 @@ class Worker:
             return _Outcome(True, f"{error.message}", min(ttl, max(poll, ttl / 3)), "requeue")
         except OwnershipLost as error:
             return _Outcome(False, f"OwnershipLost: {error.message}", kind="lost")
+        except AgentStillRunning as error:  # an earlier attempt's agent outlived its worker: an operator decides
+            return _Outcome(False, error.message, kind="operator")
         except (UnknownProvider, ProviderMismatch) as error:
             # Meant for workers configured with another provider: leave it for them, without spinning on it.
             return _Outcome(True, error.message, max(ttl, 5.0), "error")

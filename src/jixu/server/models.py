@@ -88,6 +88,9 @@ class CreateRun(Body):
 
 class ResumeRun(Body):
     note: str | None = Field(default=None, max_length=MAX_NOTE)
+    stop_agents: bool = Field(default=False, description="Stop an earlier attempt's processes that still run "
+                              "(SIGTERM, then SIGKILL after the grace period) before resuming; without it such a "
+                              "process is a 409 agent_still_running.")
 
 
 class Handoff(Body):

@@ -123,7 +123,7 @@ def resume_run(run_id: str, body: ResumeRun, ctx: Annotated[Context, Depends(con
     authorize(ctx, run_id, "editor")
 
     def operation() -> Outcome:
-        run_async(ctx.services.runs.resume(run_id, ctx.actor, note=body.note))
+        run_async(ctx.services.runs.resume(run_id, ctx.actor, note=body.note, stop_agents=body.stop_agents))
         _requeue(ctx, run_id)
         return Outcome(200, state_of(ctx, run_id))
 

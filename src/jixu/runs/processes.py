@@ -1,0 +1,156 @@
+"""The processes a run starts: recorded before they run, stopped and waited for when the run's work must end.
+
+Every program a run starts for a task (an agent CLI through
+:class:`~jixu.runs.CommandProvider`, a policy check) runs in a process group
+of its own, started through a *gate*: a tiny interpreter that waits on a pipe
+before it ``exec``s the program. Between the two the group's identity
+(:func:`~jixu.kernel.ownership.group_identity`: host, boot id, pid namespace,
+pid = pgid, start time) is handed to the caller's ``started`` hook, which
+records it durably (``run.process_started`` in the run's journal). Only then
+is the program let go. A worker killed in between leaves nothing running: the
+gate reads end-of-file and exits without starting the program.
+
+:func:`stop_group` ends a recorded group from any process on the same machine:
+SIGTERM, a grace period, SIGKILL, and a wait until no process of the group
+remains (by :func:`~jixu.kernel.ownership.group_members`, so a recycled pid is
+never signalled as the group). A group recorded on another machine, in
+another pid namespace or before a reboot cannot be checked from here: it is
+reported ``unverifiable`` and nothing is signalled.
+
+A process that leaves its group on purpose (``setsid``, ``setpgid``) is not
+followed; nor is one whose parent re-parents it elsewhere. A cgroup per task
+would be; decision 0028 says why it is not used yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+from jixu.kernel.ownership import group_identity, group_members
+from jixu.ledger.encoding import JSONObject
+
+ProcessHook = Callable[[JSONObject], Awaitable[None]]
+"""Called with a started group's identity before its program runs; records it (or raises: nothing runs)."""
+
+DEFAULT_GRACE_S: Final = 5.0
+"""Seconds between SIGTERM and SIGKILL when a run's processes are stopped."""
+_KILL_WAIT_S: Final = 10.0
+
+GATE: Final = """
+import os, sys
+go, err = int(sys.argv[1]), int(sys.argv[2])
+if os.read(go, 1) != b"1":
+    os._exit(0)
+os.close(go)
+os.set_inheritable(err, False)
+try:
+    os.execvp(sys.argv[3], sys.argv[3:])
+except OSError as error:
+    os.write(err, f"{type(error).__name__}: {error}".encode("utf-8", "replace"))
+    os._exit(127)
+"""
+"""The gate: wait for the go byte (end of file: the starter is gone, run nothing), then become the program.
+The error pipe is close-on-exec, so the starter reads end of file once the program runs, or why it could not."""
+
+
+async def start_gated(argv: list[str], *, started: ProcessHook, **options: Any) -> tuple[asyncio.subprocess.Process,
+                                                                                        str | None]:
+    """Start ``argv`` in a session of its own behind the gate; ``(process, start error)``.
+
+    ``started`` receives the group's identity before the program runs. If it
+    raises, the gate is killed, nothing runs, and the error propagates. A start
+    error (no such executable, …) comes back as text, as from ``exec``.
+    """
+    go_read, go_write = os.pipe()
+    err_read, err_write = os.pipe()
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-c", GATE, str(go_read), str(err_write), *argv, pass_fds=(go_read, err_write),
+            start_new_session=True, **options)
+    except BaseException:
+        for fd in (go_read, go_write, err_read, err_write):
+            os.close(fd)
+        raise
+    os.close(go_read)
+    os.close(err_write)
+    try:
+        try:
+            await started(group_identity(process.pid))
+        except BaseException:
+            os.close(go_write)  # the gate reads end of file and exits: nothing runs
+            go_write = -1
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(process.wait())
+            raise
+        os.write(go_write, b"1")
+        os.close(go_write)
+        go_write = -1
+        failure = await asyncio.to_thread(_read_all, err_read)
+    finally:
+        if go_write >= 0:
+            os.close(go_write)
+        os.close(err_read)
+    if failure:
+        await process.wait()
+        return process, failure
+    return process, None
+
+
+def _read_all(fd: int) -> str:
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def wait_group_gone(identity: JSONObject, timeout: float) -> list[int] | None:
+    """Wait up to ``timeout`` seconds until no process of the group remains; the members still there
+    (``[]``: none), or None when the group cannot be checked from here."""
+    deadline = time.monotonic() + timeout
+    while True:
+        members = group_members(identity)
+        if not members or time.monotonic() >= deadline:
+            return members
+        time.sleep(0.02)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def stop_group(identity: JSONObject, grace: float = DEFAULT_GRACE_S) -> JSONObject:
+    """Stop the recorded group and wait for it (blocking): SIGTERM, up to ``grace`` seconds, SIGKILL.
+
+    What happened, as recorded in ``run.process_stopped``: ``outcome``
+    (``gone``: nothing was running; ``terminated``: SIGTERM sufficed;
+    ``killed``: SIGKILL was needed; ``still_running``: processes remain even
+    after SIGKILL; ``unverifiable``: the group cannot be checked from here,
+    nothing was signalled), ``members`` found, ``remaining``, ``signals`` sent.
+    """
+    members = group_members(identity)
+    if members is None:
+        return {"outcome": "unverifiable", "members": None, "remaining": None, "signals": []}
+    if not members:
+        return {"outcome": "gone", "members": [], "remaining": [], "signals": []}
+    pgid = int(identity["pid"])
+    _signal_group(pgid, signal.SIGTERM)
+    remaining = wait_group_gone(identity, grace)
+    if not remaining:
+        return {"outcome": "terminated", "members": members, "remaining": [], "signals": ["SIGTERM"]}
+    _signal_group(pgid, signal.SIGKILL)
+    remaining = wait_group_gone(identity, _KILL_WAIT_S)
+    return {"outcome": "killed" if not remaining else "still_running", "members": members,
+            "remaining": remaining, "signals": ["SIGTERM", "SIGKILL"]}
+
+
+__all__ = ["DEFAULT_GRACE_S", "GATE", "ProcessHook", "start_gated", "stop_group", "wait_group_gone"]

@@ -1,0 +1,139 @@
+"""What every part of the execution-request service shares: the store, the providers, reading a run's
+requests, the project's current authority, and a request's provider and context."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+from jixu.errors import (
+    InvalidInput,
+    ProjectNotFound,
+    RequestNotFound,
+    UnknownProvider,
+)
+from jixu.ledger import Store
+from jixu.ledger.encoding import JSONObject
+from jixu.ledger.ids import is_valid_id
+from jixu.runs.journal import RunLog
+from jixu.runs.model import get_project
+from jixu.runs.processes import DEFAULT_GRACE_S
+from jixu.runs.publication import PublicationContext, Publisher
+from jixu.runs.remote import RemoteContext, RemoteProvider
+from jixu.runs.requests.drain import executor
+from jixu.runs.requests.log import RequestLog
+from jixu.runs.requests.status import DEFAULT_DRAIN_TIMEOUT, ExecutionRequestView
+
+
+class RequestService:
+    """The state and the reading every part of :class:`~jixu.runs.requests.ExecutionRequests` shares."""
+
+    def __init__(self, store: Store, publishers: Mapping[str, Publisher], *, owner: str, actor: str,
+                 remotes: Mapping[str, RemoteProvider] | None = None, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+                 poll_interval: float = 0.2, stop_grace: float = DEFAULT_GRACE_S) -> None:
+        self.store = store
+        self.publishers = dict(publishers)
+        self.remotes = dict(remotes or {})
+        self.owner = owner
+        self.actor = actor
+        self.drain_timeout = float(drain_timeout)
+        self.poll_interval = float(poll_interval)
+        self.stop_grace = float(stop_grace)
+        """Seconds between SIGTERM and SIGKILL when a drain stops what a run's processes still run."""
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def _acting(self, run_id: str, request_id: str) -> tuple[RunLog, RequestLog]:
+        """:meth:`_request`, for an operation that writes: both streams must hold (RunCorrupt, RequestCorrupt)."""
+        run, log = self._request(run_id, request_id)
+        run.open_to_act()
+        log.open_to_act()
+        return run, log
+
+    def _request(self, run_id: str, request_id: str) -> tuple[RunLog, RequestLog]:
+        run = RunLog(self.store, run_id)
+        if not isinstance(request_id, str) or request_id not in run.record.requests:
+            if isinstance(request_id, str) and not is_valid_id(request_id):
+                raise InvalidInput(f"request id {request_id!r} is not a valid id", field="request_id")
+            raise RequestNotFound(f"run {run_id} has no execution request {request_id!r}", run_id=run_id,
+                                  request_id=request_id)
+        return run, RequestLog(self.store, request_id)
+
+    def of_run(self, run_id: str) -> list[ExecutionRequestView]:
+        """The run's execution requests, oldest first."""
+        run = RunLog(self.store, run_id)
+        return [self.view(RequestLog(self.store, request_id)) for request_id in run.record.requests]
+
+    def get(self, run_id: str, request_id: str) -> ExecutionRequestView:
+        """One request of the run."""
+        return self.view(self._request(run_id, request_id)[1])
+
+
+    def _default_branch(self, run: RunLog) -> str:
+        try:
+            return get_project(self.store, run.record.project).default_branch
+        except ProjectNotFound:
+            return "main"
+
+    def _authority(self, run: RunLog) -> JSONObject:
+        """Does the project still authorize the run's origin? (Read from the project's stream now.)"""
+        try:
+            found = get_project(self.store, run.record.project)
+        except ProjectNotFound:
+            return {"ok": False, "reason": f"project {run.record.project!r} no longer exists"}
+        origin = run.record.source.get("origin")
+        if found.origin != origin:
+            return {"ok": False, "reason": f"project {found.name!r} now authorizes origin {found.origin!r}, not the "
+                                           f"run's {origin!r}", "origin": found.origin}
+        return {"ok": True, "origin": origin, "project": found.name}
+
+
+    def view(self, log: RequestLog) -> ExecutionRequestView:
+        """The request's view; a cancellation waiting for a live executor to drain is ``in_progress``."""
+        view = log.view()
+        if view.kind == "cancellation" and view.status == "needs_reconciliation" and view.decision \
+                and view.decision.get("reason") == "dispatched_without_receipt" \
+                and executor(self.store, RunLog(self.store, view.run_id))[0]:
+            return replace(view, status="in_progress",
+                           reason="the run is finished; waiting for the process executing it to stop")
+        return view
+
+    def _ownership(self, run: RunLog) -> str:
+        """Who holds the run's lease, in :data:`~jixu.runs.projection.OWNERSHIP` terms (as seen from outside)."""
+        live, seen = executor(self.store, run)
+        if live:
+            return "live"
+        if seen.get("owner") is None:
+            return "stale" if run.record.claims else "none"
+        return "released" if seen.get("released") else "stale"
+
+    def _context(self, run: RunLog, log: RequestLog, args: JSONObject) -> PublicationContext | RemoteContext:
+        admitted = log.record.admitted or {}
+        target = admitted.get("target") or {}
+        if log.record.kind != "publication":
+            return RemoteContext(
+                run_id=run.run_id, request_id=log.request_id, kind=log.record.kind,
+                workspace=Path(run.record.workspace), source_commit=str(args["source_commit"]),
+                tree=str(args["tree"]), parameters=dict(args.get("parameters") or {}),
+                idempotency_key=str((log.record.intent or {}).get("idempotency_key") or f"jixu:{log.request_id}"))
+        return PublicationContext(
+            run_id=run.run_id, request_id=log.request_id, workspace=Path(run.record.workspace),
+            origin=str(args["origin"]), branch=str(args["branch"]), base_branch=str(args["base_branch"]),
+            commit=str(args["commit"]), tree=str(args["tree"]), title=str(target.get("title", "")),
+            body=str(target.get("body", "")))
+
+    def _provider(self, log: RequestLog) -> Publisher | RemoteProvider:
+        target = (log.record.admitted or {}).get("target") or {}
+        provider: Publisher | RemoteProvider | None
+        if log.record.kind == "publication":
+            name, what = target.get("publisher"), "publisher"
+            provider = self.publishers.get(str(name))
+        else:
+            name, what = target.get("provider"), "remote provider"
+            provider = self.remotes.get(str(name))
+        if provider is None:
+            raise UnknownProvider(f"request {log.request_id} uses {what} {name!r}, which is not configured here",
+                                  provider=name)
+        return provider
+
