@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -16,26 +17,45 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from jixu.errors import InvalidInput, ProjectNotFound, ThreadNotFound
+from jixu.errors import InvalidInput, JixuError, ProjectNotFound, ThreadNotFound
 from jixu.ledger import Event, is_valid_id
 from jixu.runs import create_thread_for, enqueue_thread, project_of, submit_turn, thread_work_key
-from jixu.server.context import Context, context, principal, services
+from jixu.server.auth import authenticate
+from jixu.server.context import Authenticated, Context, context, mutation, principal, services
 from jixu.server.idempotency import Outcome
 from jixu.server.models import (
     READ,
     WRITE,
     CreateThread,
     Decision,
+    EffectId,
     ForkThread,
     RecoverTurn,
     ResolveOutcome,
     SendInput,
+    ThreadId,
+    TurnId,
 )
+from jixu.server.problems import error_response
 from jixu.threads.log import THREAD_PREFIX, ThreadLog, stream_of
 
-router = APIRouter(prefix="/threads", tags=["threads"])
+router = APIRouter(prefix="/threads", tags=["threads"], route_class=Authenticated)
 MAX_PAGE = 1000
 KEEPALIVE_SECONDS = 15.0
+MAX_SEQ = 2**53 - 1
+"""The largest seq the API accepts: every JSON reader keeps it exact, and ``seq + MAX_PAGE`` fits every store's
+integers (SQLite and PostgreSQL stop at 2**63 - 1). A larger one is 422, never a store error."""
+_SEQ_TEXT = re.compile(r"[0-9]{1,16}")
+
+
+def parse_seq(text: str, field: str) -> int:
+    """``text`` as a seq: ASCII digits only (``str.isdigit`` also accepts ``²``, which ``int`` refuses), at most
+    :data:`MAX_SEQ`; 422 naming ``field`` otherwise."""
+    value = text.strip()
+    if not _SEQ_TEXT.fullmatch(value) or int(value) > MAX_SEQ:
+        raise InvalidInput(f"{field} must be a seq: a non-negative integer of ASCII digits, at most {MAX_SEQ}",
+                           field=field)
+    return int(value)
 
 
 def _hidden(thread_id: str) -> ThreadNotFound:
@@ -82,7 +102,7 @@ def state_dict(log: ThreadLog, project: str) -> dict[str, Any]:
 
 
 @router.post("", status_code=201, responses=WRITE, response_model=dict[str, Any], summary="Create a thread in a project")
-def create_thread(body: CreateThread, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def create_thread(body: CreateThread, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Record a new idle thread of the server's agent in ``project`` (editor)."""
     ctx.principal.require(body.project, "editor", ProjectNotFound(f"no project {body.project}",
                                                                   project=body.project))
@@ -127,7 +147,7 @@ def list_threads(ctx: Annotated[Context, Depends(context)],
 
 
 @router.get("/{thread_id}", responses=READ, summary="A thread's state")
-def get_thread(thread_id: str, ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
+def get_thread(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
     """The thread's state: status, turns, messages, the resolver's decision on every effect, turn ownership.
 
     The whole history is verified first (O(events)): a thread whose history does not hold is ``corrupt``, with
@@ -138,7 +158,7 @@ def get_thread(thread_id: str, ctx: Annotated[Context, Depends(context)]) -> dic
 
 
 @router.post("/{thread_id}/inputs", status_code=202, responses=WRITE, response_model=dict[str, Any], summary="Send input (starts a turn)")
-def send_input(thread_id: str, body: SendInput, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def send_input(thread_id: ThreadId, body: SendInput, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Queue a turn with the user's input for a worker (editor); 409 while a turn is active or it waits."""
     authorize(ctx, thread_id, "editor")
 
@@ -150,7 +170,7 @@ def send_input(thread_id: str, body: SendInput, ctx: Annotated[Context, Depends(
 
 
 @router.post("/{thread_id}/resume", responses=WRITE, response_model=dict[str, Any], summary="Resume a paused turn")
-def resume_thread(thread_id: str, body: Decision, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def resume_thread(thread_id: ThreadId, body: Decision, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Record an explicit resume of a turn paused for quota or authentication (editor)."""
     authorize(ctx, thread_id, "editor")
 
@@ -164,8 +184,8 @@ def resume_thread(thread_id: str, body: Decision, ctx: Annotated[Context, Depend
 
 
 @router.get("/{thread_id}/events", responses=READ, summary="A page of a thread's events")
-def list_events(thread_id: str, ctx: Annotated[Context, Depends(context)],
-                after_seq: Annotated[int, Query(ge=0)] = 0,
+def list_events(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)],
+                after_seq: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
                 limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100) -> dict[str, Any]:
     """Events with ``seq > after_seq``, at most ``limit``; ``next_after_seq`` continues the listing."""
     authorize(ctx, thread_id, "viewer")
@@ -181,16 +201,26 @@ def sse(event: Event) -> str:
     return f"id: {event.seq}\nevent: {event.type}\ndata: {json.dumps(event.to_dict(), ensure_ascii=False)}\n\n"
 
 
+def sse_problem(error: JixuError, instance: str) -> str:
+    """The last server-sent event of a stream its caller may no longer read: ``event: problem``, the problem
+    document as data (no ``id``: a client resumes from the last event it did get)."""
+    response = error_response(error, instance)
+    return f"event: problem\ndata: {bytes(response.body).decode('utf-8')}\n\n"
+
+
 @router.get("/{thread_id}/events/stream", responses={**READ, 200: {"content": {"text/event-stream": {}},
                                                                     "description": "Server-sent events."}},
             summary="Live stream of a thread's events (SSE)")
-async def stream_events(thread_id: str, request: Request,
-                        after_seq: Annotated[int | None, Query(ge=0)] = None,
+async def stream_events(thread_id: ThreadId, request: Request,
+                        after_seq: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
                         timeout: Annotated[float, Query(gt=0, le=3600)] = 3600,
                         last_event_id: Annotated[str | None, Header()] = None) -> StreamingResponse:
     """Every event after ``after_seq`` (or the ``Last-Event-ID`` seq), then new ones as they are appended.
 
-    The stream ends after ``timeout`` seconds; a comment line every 15 s keeps proxies from closing it.
+    Everything is checked before the 200: the caller, its role, the seq to start after. The stream ends after
+    ``timeout`` seconds, when the server shuts down, or, with a last ``problem`` event, when the caller may no
+    longer read the thread (its token revoked): that is checked again every few seconds. A comment line every
+    15 s keeps proxies from closing it.
     """
     found = services(request)
     caller = await asyncio.to_thread(principal, request)
@@ -198,16 +228,30 @@ async def stream_events(thread_id: str, request: Request,
     await asyncio.to_thread(authorize, ctx, thread_id, "viewer")
     start = after_seq
     if start is None and last_event_id:
-        if not last_event_id.strip().isdigit():
-            raise InvalidInput("Last-Event-ID must be a seq (a non-negative integer)", field="Last-Event-ID")
-        start = int(last_event_id.strip())
+        start = parse_seq(last_event_id, "Last-Event-ID")
     stream = stream_of(thread_id)
+    authorization = request.headers.get("authorization")
+
+    def still_allowed() -> JixuError | None:
+        """Why the caller may no longer read the thread (None: it still may)."""
+        try:
+            again = Context(request, found, authenticate(found.store, authorization))
+            authorize(again, thread_id, "viewer")
+        except JixuError as error:
+            return error
+        return None
 
     async def events() -> AsyncIterator[str]:
         seq = start or 0
-        deadline = time.monotonic() + timeout
-        quiet_since = time.monotonic()
-        while time.monotonic() < deadline and not await request.is_disconnected():
+        now = time.monotonic()
+        deadline, quiet_since, checked_at = now + timeout, now, now
+        while time.monotonic() < deadline and not found.closing.is_set() and not await request.is_disconnected():
+            if time.monotonic() - checked_at >= found.stream_recheck_interval:
+                refused = await asyncio.to_thread(still_allowed)
+                if refused is not None:
+                    yield sse_problem(refused, request.url.path)
+                    return
+                checked_at = time.monotonic()
             batch = await asyncio.to_thread(found.store.read, stream, seq + 1, seq + MAX_PAGE)
             for event in batch:
                 yield sse(event)
@@ -225,7 +269,7 @@ async def stream_events(thread_id: str, request: Request,
 
 
 @router.get("/{thread_id}/verify", responses=READ, summary="Verify a thread's hash chain and effects")
-def verify_thread(thread_id: str, ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
+def verify_thread(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
     """Recompute the whole chain, check the effects are consistent and re-project the checkpoint; ``valid`` is
     all three (``corruption``: the thread's verdict; ``checkpoint``: what re-projecting its checkpoint found)."""
     authorize(ctx, thread_id, "viewer")
@@ -233,18 +277,20 @@ def verify_thread(thread_id: str, ctx: Annotated[Context, Depends(context)]) -> 
 
 
 @router.get("/{thread_id}/replay", responses=READ, summary="Rebuild the state from events alone")
-def replay_thread(thread_id: str, ctx: Annotated[Context, Depends(context)],
+def replay_thread(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)],
                   upto: Annotated[str | None, Query(max_length=40, description="A seq or an event id")] = None,
                   ) -> dict[str, Any]:
     """The state rebuilt from the events (up to ``upto``) by the pure projection; no driver is called."""
     authorize(ctx, thread_id, "viewer")
     log = ThreadLog.load(ctx.store, thread_id)
-    point: int | str | None = int(upto) if upto is not None and upto.isdigit() else upto
+    point: int | str | None = upto
+    if upto is not None and not is_valid_id(upto) and upto.strip().isdigit():  # digits of any script: a seq or 422
+        point = parse_seq(upto, "upto")
     return log.replay(point).to_dict()
 
 
 @router.post("/{thread_id}/fork", status_code=201, responses=WRITE, response_model=dict[str, Any], summary="Fork a thread at an event")
-def fork_thread(thread_id: str, body: ForkThread, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def fork_thread(thread_id: ThreadId, body: ForkThread, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """A child thread with this thread's state at event ``at``, in the same project (editor)."""
     project = authorize(ctx, thread_id, "editor")
 
@@ -262,8 +308,8 @@ def fork_thread(thread_id: str, body: ForkThread, ctx: Annotated[Context, Depend
 
 @router.post("/{thread_id}/effects/{effect_id}/resolve", responses=WRITE, response_model=dict[str, Any],
              summary="Resolve an effect whose outcome is unknown")
-def resolve_effect(thread_id: str, effect_id: str, body: ResolveOutcome,
-                   ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def resolve_effect(thread_id: ThreadId, effect_id: EffectId, body: ResolveOutcome,
+                   ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Record an operator's decision (occurred, not_occurred, abandoned_unknown) about an unknown effect."""
     authorize(ctx, thread_id, "operator")
 
@@ -292,22 +338,22 @@ def _decide(ctx: Context, thread_id: str, effect_id: str, phase: str, body: Deci
 
 
 @router.post("/{thread_id}/effects/{effect_id}/approve", responses=WRITE, response_model=dict[str, Any], summary="Approve a parked call")
-def approve_effect(thread_id: str, effect_id: str, body: Decision,
-                      ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def approve_effect(thread_id: ThreadId, effect_id: EffectId, body: Decision,
+                      ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Approve a call parked for approval (operator); a worker then dispatches it."""
     return _decide(ctx, thread_id, effect_id, "approved", body)
 
 
 @router.post("/{thread_id}/effects/{effect_id}/deny", responses=WRITE, response_model=dict[str, Any], summary="Deny a parked call")
-def deny_effect(thread_id: str, effect_id: str, body: Decision,
-                ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def deny_effect(thread_id: ThreadId, effect_id: EffectId, body: Decision,
+                ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Deny a call parked for approval (operator); the model is told."""
     return _decide(ctx, thread_id, effect_id, "denied", body)
 
 
 @router.post("/{thread_id}/turns/{turn_id}/recover", responses=WRITE, response_model=dict[str, Any], summary="Recover an expired turn")
-def recover_turn(thread_id: str, turn_id: str, body: RecoverTurn,
-                 ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def recover_turn(thread_id: ThreadId, turn_id: TurnId, body: RecoverTurn,
+                 ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Fence out the owner of an expired turn and record a recovery receipt (editor); nothing is retried."""
     authorize(ctx, thread_id, "editor")
 
