@@ -55,6 +55,8 @@ class Services:
     ends within this)."""
     closing: threading.Event = field(default_factory=threading.Event)
     """Set when the server begins to shut down: open streams end, so the server can drain and exit."""
+    thread_projects: dict[str, str] = field(default_factory=dict)
+    """Thread stream -> project, as its first (immutable) event says; filled as threads are read."""
     runs: Runs = field(init=False)
 
     def __post_init__(self) -> None:

@@ -21,7 +21,7 @@ from jixu.errors import InvalidInput, JixuError, ProjectNotFound, ThreadNotFound
 from jixu.ledger import Event, is_valid_id
 from jixu.runs import create_thread_for, enqueue_thread, project_of, submit_turn, thread_work_key
 from jixu.server.auth import authenticate
-from jixu.server.context import Authenticated, Context, context, mutation, principal, services
+from jixu.server.context import Authenticated, Context, Services, context, mutation, principal, services
 from jixu.server.idempotency import Outcome
 from jixu.server.models import (
     READ,
@@ -42,6 +42,7 @@ from jixu.threads.log import THREAD_PREFIX, ThreadLog, stream_of
 router = APIRouter(prefix="/threads", tags=["threads"], route_class=Authenticated)
 MAX_PAGE = 1000
 KEEPALIVE_SECONDS = 15.0
+PROJECTS_REMEMBERED = 1_000_000
 MAX_SEQ = 2**53 - 1
 """The largest seq the API accepts: every JSON reader keeps it exact, and ``seq + MAX_PAGE`` fits every store's
 integers (SQLite and PostgreSQL stop at 2**63 - 1). A larger one is 422, never a store error."""
@@ -62,15 +63,32 @@ def _hidden(thread_id: str) -> ThreadNotFound:
     return ThreadNotFound(f"no thread {thread_id}", thread_id=thread_id)
 
 
+def _project_of_stream(services: Services, stream: str) -> str | None:
+    """The project of the thread stored as ``stream`` (None: no such thread), read from its first event once per
+    server: the first event never changes, so neither does the answer (remembered for up to
+    :data:`PROJECTS_REMEMBERED` threads)."""
+    known = services.thread_projects.get(stream)
+    if known is not None:
+        return known
+    first = services.store.read(stream, 1, 1)
+    if not first:
+        return None
+    metadata = first[0].data.get("metadata")
+    found = project_of(metadata if isinstance(metadata, dict) else {})
+    if len(services.thread_projects) >= PROJECTS_REMEMBERED:
+        services.thread_projects.clear()
+    services.thread_projects[stream] = found
+    return found
+
+
 def thread_project(ctx: Context, thread_id: str) -> str:
     """The project of a thread (404 when it does not exist); nothing about it is revealed."""
     if not is_valid_id(thread_id):
         raise InvalidInput(f"thread id {thread_id!r} is not a valid id", field="thread_id")
-    first = ctx.store.read(stream_of(thread_id), 1, 1)
-    if not first:
+    found = _project_of_stream(ctx.services, stream_of(thread_id))
+    if found is None:
         raise _hidden(thread_id)
-    metadata = first[0].data.get("metadata")
-    return project_of(metadata if isinstance(metadata, dict) else {})
+    return found
 
 
 def authorize(ctx: Context, thread_id: str, role: str) -> str:
@@ -122,18 +140,22 @@ def list_threads(ctx: Annotated[Context, Depends(context)],
                  project: Annotated[str | None, Query(max_length=100)] = None,
                  after: Annotated[str | None, Query(pattern=r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")] = None,
                  limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100) -> dict[str, Any]:
-    """Threads the caller may see (of ``project``), oldest first, ``limit`` per page after thread ``after``."""
+    """Threads the caller may see (of ``project``), oldest first, ``limit`` per page after thread ``after``.
+
+    A project the caller has no role in has no threads for it (nothing is read). Otherwise the store's thread
+    streams are paged through; each thread's project is read once per server and remembered.
+    """
     rows: list[dict[str, Any]] = []
     cursor = THREAD_PREFIX + after if after else ""
     next_after: str | None = None
+    if project is not None and not ctx.principal.visible(project):
+        return {"threads": rows, "next_after": None}
     while len(rows) < limit:
         page = ctx.store.list_streams(THREAD_PREFIX, after=cursor, limit=MAX_PAGE)
         for info in page:
             thread_id = info.stream[len(THREAD_PREFIX):]
             cursor = info.stream
-            first = ctx.store.read(info.stream, 1, 1)
-            metadata = first[0].data.get("metadata") if first else None
-            owner_project = project_of(metadata if isinstance(metadata, dict) else {})
+            owner_project = _project_of_stream(ctx.services, info.stream) or ""
             if not ctx.principal.visible(owner_project) or (project is not None and owner_project != project):
                 continue
             rows.append({"thread_id": thread_id, "project": owner_project, "events": info.head_seq,
