@@ -30,7 +30,7 @@ from jixu.runs.remote import RemoteProvider
 from jixu.server import projects, runs, threads, tokens
 from jixu.server.auth import Principal
 from jixu.server.context import Authenticated, Services, principal
-from jixu.server.models import READ
+from jixu.server.models import READ, Caller, Health
 from jixu.server.problems import (
     INTERNAL,
     REQUEST_TOO_LARGE,
@@ -160,13 +160,13 @@ meta_router = APIRouter(tags=["meta"])
 caller_router = APIRouter(tags=["meta"], route_class=Authenticated)
 
 
-@meta_router.get("/health", summary="Liveness (no token needed)")
+@meta_router.get("/health", response_model=Health, summary="Liveness (no token needed)")
 def health() -> dict[str, Any]:
     """``{"status": "ok", "version": …}``."""
     return {"status": "ok", "version": __version__}
 
 
-@caller_router.get("/whoami", responses=READ, summary="The caller's token, roles and actor")
+@caller_router.get("/whoami", responses=READ, response_model=Caller, summary="The caller's token, roles and actor")
 def whoami(caller: Annotated[Principal, Depends(principal)]) -> dict[str, Any]:
     """Who the bearer token is: token id, name, kind, role per project, the actor recorded for it."""
     return caller.to_dict()

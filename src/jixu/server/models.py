@@ -193,8 +193,99 @@ class RevokeToken(Body):
 # --- responses ---------------------------------------------------------------------------------
 
 
+class Out(BaseModel):
+    """A response: the members listed are always there, with these types; more may be added later."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Health(Out):
+    status: Literal["ok"]
+    version: str
+
+
+class Caller(Out):
+    token_id: str = Field(pattern=ID)
+    name: str
+    kind: Literal["admin", "project"]
+    roles: dict[str, Role]
+    actor: str
+
+
+class Token(Out):
+    token_id: str = Field(pattern=ID)
+    name: str
+    kind: Literal["admin", "project"]
+    roles: dict[str, Role]
+    created_at: str
+    created_by: str
+    revoked: bool
+    revoked_at: str | None
+
+
+class TokenPage(Out):
+    tokens: list[Token]
+
+
+class ThreadRow(Out):
+    thread_id: str = Field(pattern=ID)
+    project: str
+    events: int = Field(ge=1)
+    head_hash: str
+    created_at: str
+
+
+class ThreadPage(Out):
+    threads: list[ThreadRow]
+    next_after: str | None = Field(description="Pass as `after` for the next page; null on the last one.")
+
+
+class EventOut(Out):
+    id: str = Field(pattern=ID)
+    stream: str
+    seq: int = Field(ge=1)
+    type: str
+    data: dict[str, Any]
+    meta: dict[str, Any]
+    recorded_at: str
+    prev_hash: str
+    hash: str
+
+
+class EventPage(Out):
+    thread_id: str = Field(pattern=ID)
+    events: list[EventOut]
+    next_after_seq: int = Field(ge=0)
+    head_seq: int = Field(ge=0)
+
+
+class ThreadSummary(Out):
+    thread_id: str = Field(pattern=ID)
+    status: str
+    reason: str | None
+    seq: int = Field(ge=0)
+    head_hash: str
+
+
+class ThreadCreated(ThreadSummary):
+    project: str
+    agent: str | None
+
+
+class InputQueued(Out):
+    thread_id: str = Field(pattern=ID)
+    turn_id: str = Field(pattern=ID)
+    queued: bool
+
+
+class EffectDecided(Out):
+    recorded: bool
+    effect: dict[str, Any]
+    thread: ThreadSummary
+
+
 class TokenCreated(BaseModel):
-    token: dict[str, Any]
+    token: Token
     secret: str | None = Field(description="The bearer token, shown once (null when a request is replayed).")
 
 
@@ -236,7 +327,20 @@ __all__ = [
     "RetryRun",
     "RevokeToken",
     "SendInput",
+    "Caller",
+    "EffectDecided",
+    "EventOut",
+    "EventPage",
+    "Health",
+    "InputQueued",
+    "Out",
+    "ThreadCreated",
+    "ThreadPage",
+    "ThreadRow",
+    "ThreadSummary",
+    "Token",
     "TokenCreated",
+    "TokenPage",
     "UpdatePolicy",
     "problems",
 ]

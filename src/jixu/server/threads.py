@@ -28,12 +28,18 @@ from jixu.server.models import (
     WRITE,
     CreateThread,
     Decision,
+    EffectDecided,
     EffectId,
+    EventPage,
     ForkThread,
+    InputQueued,
     RecoverTurn,
     ResolveOutcome,
     SendInput,
+    ThreadCreated,
     ThreadId,
+    ThreadPage,
+    ThreadSummary,
     TurnId,
 )
 from jixu.server.problems import error_response
@@ -119,7 +125,7 @@ def state_dict(log: ThreadLog, project: str) -> dict[str, Any]:
     return state
 
 
-@router.post("", status_code=201, responses=WRITE, response_model=dict[str, Any], summary="Create a thread in a project")
+@router.post("", status_code=201, responses=WRITE, response_model=ThreadCreated, summary="Create a thread in a project")
 def create_thread(body: CreateThread, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Record a new idle thread of the server's agent in ``project`` (editor)."""
     ctx.principal.require(body.project, "editor", ProjectNotFound(f"no project {body.project}",
@@ -135,7 +141,7 @@ def create_thread(body: CreateThread, ctx: Annotated[Context, Depends(mutation)]
     return ctx.mutate(body, operation)
 
 
-@router.get("", responses=READ, summary="List threads")
+@router.get("", responses=READ, response_model=ThreadPage, summary="List threads")
 def list_threads(ctx: Annotated[Context, Depends(context)],
                  project: Annotated[str | None, Query(max_length=100)] = None,
                  after: Annotated[str | None, Query(pattern=r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")] = None,
@@ -179,7 +185,8 @@ def get_thread(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)]) -
     return state_dict(ThreadLog.load(ctx.store, thread_id, verify=True), project)
 
 
-@router.post("/{thread_id}/inputs", status_code=202, responses=WRITE, response_model=dict[str, Any], summary="Send input (starts a turn)")
+@router.post("/{thread_id}/inputs", status_code=202, responses=WRITE, response_model=InputQueued,
+             summary="Send input (starts a turn)")
 def send_input(thread_id: ThreadId, body: SendInput, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Queue a turn with the user's input for a worker (editor); 409 while a turn is active or it waits."""
     authorize(ctx, thread_id, "editor")
@@ -191,7 +198,7 @@ def send_input(thread_id: ThreadId, body: SendInput, ctx: Annotated[Context, Dep
     return ctx.mutate(body, operation)
 
 
-@router.post("/{thread_id}/resume", responses=WRITE, response_model=dict[str, Any], summary="Resume a paused turn")
+@router.post("/{thread_id}/resume", responses=WRITE, response_model=ThreadSummary, summary="Resume a paused turn")
 def resume_thread(thread_id: ThreadId, body: Decision, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Record an explicit resume of a turn paused for quota or authentication (editor)."""
     authorize(ctx, thread_id, "editor")
@@ -205,7 +212,7 @@ def resume_thread(thread_id: ThreadId, body: Decision, ctx: Annotated[Context, D
     return ctx.mutate(body, operation)
 
 
-@router.get("/{thread_id}/events", responses=READ, summary="A page of a thread's events")
+@router.get("/{thread_id}/events", responses=READ, response_model=EventPage, summary="A page of a thread's events")
 def list_events(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)],
                 after_seq: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
                 limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100) -> dict[str, Any]:
@@ -328,7 +335,7 @@ def fork_thread(thread_id: ThreadId, body: ForkThread, ctx: Annotated[Context, D
     return ctx.mutate(body, operation)
 
 
-@router.post("/{thread_id}/effects/{effect_id}/resolve", responses=WRITE, response_model=dict[str, Any],
+@router.post("/{thread_id}/effects/{effect_id}/resolve", responses=WRITE, response_model=EffectDecided,
              summary="Resolve an effect whose outcome is unknown")
 def resolve_effect(thread_id: ThreadId, effect_id: EffectId, body: ResolveOutcome,
                    ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
@@ -359,14 +366,16 @@ def _decide(ctx: Context, thread_id: str, effect_id: str, phase: str, body: Deci
     return ctx.mutate(body, operation)
 
 
-@router.post("/{thread_id}/effects/{effect_id}/approve", responses=WRITE, response_model=dict[str, Any], summary="Approve a parked call")
+@router.post("/{thread_id}/effects/{effect_id}/approve", responses=WRITE, response_model=EffectDecided,
+             summary="Approve a parked call")
 def approve_effect(thread_id: ThreadId, effect_id: EffectId, body: Decision,
                       ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Approve a call parked for approval (operator); a worker then dispatches it."""
     return _decide(ctx, thread_id, effect_id, "approved", body)
 
 
-@router.post("/{thread_id}/effects/{effect_id}/deny", responses=WRITE, response_model=dict[str, Any], summary="Deny a parked call")
+@router.post("/{thread_id}/effects/{effect_id}/deny", responses=WRITE, response_model=EffectDecided,
+             summary="Deny a parked call")
 def deny_effect(thread_id: ThreadId, effect_id: EffectId, body: Decision,
                 ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Deny a call parked for approval (operator); the model is told."""
