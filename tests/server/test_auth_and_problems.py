@@ -241,9 +241,10 @@ def test_tokens_made_in_the_store_authenticate(tmp_path: Path, role: str) -> Non
 
 
 def test_values_nested_too_deeply_are_refused_with_their_path_and_write_nothing(api: Api) -> None:
-    """Free-form fields (thread metadata, a resolution's evidence) may not nest deeper than every reader can
-    decode: 422 naming the path, nothing written; bodies too deep to parse at all are 422 too."""
-    from jixu.ledger.encoding import MAX_NESTING
+    """Free-form fields (thread metadata, a resolution's evidence) nest at most ``VALUE_NESTING`` levels, the
+    ledger's rule for free-form values: 422 naming the field and the path, nothing written; bodies too deep to
+    parse at all are 422 too."""
+    from jixu.ledger.encoding import VALUE_NESTING
 
     editor = api.client("alpha-editor")
 
@@ -251,13 +252,69 @@ def test_values_nested_too_deeply_are_refused_with_their_path_and_write_nothing(
         return "[" * levels + "1" + "]" * levels
 
     before = len(editor.get("/threads", params={"project": "alpha"}).json()["threads"])
-    body = '{"project": "alpha", "metadata": {"note": ' + deep(MAX_NESTING) + "}}"
+    body = '{"project": "alpha", "metadata": {"note": ' + deep(VALUE_NESTING) + "}}"
     problem = assert_problem(editor.post("/threads", content=body, headers={"Content-Type": "application/json"}),
-                             422, "malformed_event")
-    assert problem["path"].startswith("data.metadata.note[0]") and "nested too deeply" in problem["detail"]
+                             422, "invalid_input")
+    assert problem["field"] == "metadata" and "nested too deeply" in problem["detail"]
+    assert "metadata.note[0]" in problem["detail"]
     unparsable = '{"project": "alpha", "metadata": {"note": ' + deep(100_000) + "}}"
     assert_problem(editor.post("/threads", content=unparsable, headers={"Content-Type": "application/json"}),
                    422, "invalid_input")
     assert len(editor.get("/threads", params={"project": "alpha"}).json()["threads"]) == before
-    fine = '{"project": "alpha", "metadata": {"note": ' + deep(MAX_NESTING - 5) + "}}"
+    fine = '{"project": "alpha", "metadata": {"note": ' + deep(VALUE_NESTING - 1) + "}}"
     assert editor.post("/threads", content=fine, headers={"Content-Type": "application/json"}).status_code == 201
+
+
+def test_an_unauthenticated_caller_gets_401_whatever_its_body(api: Api) -> None:
+    """Authentication comes first: a caller without a token learns nothing of a route's validation."""
+    thread_id = new_thread(api.client("alpha-editor"))
+    anonymous = api.client(None)
+    for body in (b"{not json", b"[" * 5000, b"\xff\xfe", b'{"project": 5}', b'{"input": ""}'):
+        for path in ("/threads", f"/threads/{thread_id}/inputs", "/tokens", "/runs", "/projects"):
+            response = anonymous.post(path, content=body, headers={"Content-Type": "application/json"})
+            assert_problem(response, 401, "unauthorized")
+            assert response.headers["www-authenticate"].startswith("Bearer")
+    assert_problem(anonymous.get("/threads/not-an-id"), 401, "unauthorized")
+    assert_problem(anonymous.get(f"/threads/{thread_id}/events", params={"after_seq": -1}), 401, "unauthorized")
+
+
+def test_two_authorization_headers_are_refused_not_resolved_by_order(api: Api) -> None:
+    admin, viewer = api.tokens["admin"], api.tokens["alpha-viewer"]
+    for first, second in ((admin, viewer), (viewer, admin), (admin, admin), (admin, "nonsense")):
+        headers = [("Authorization", f"Bearer {first}"), ("Authorization", f"Bearer {second}")]
+        assert_problem(httpx.get(f"{api.url}/api/v1/whoami", headers=headers), 401, "unauthorized")
+        made = httpx.post(f"{api.url}/api/v1/threads", json={"project": "alpha"}, headers=headers)
+        assert_problem(made, 401, "unauthorized")
+    assert api.client("admin").get("/threads").json()["threads"] == []  # nothing was created
+
+
+def test_a_method_a_path_does_not_serve_is_405_listing_the_ones_it_does(api: Api) -> None:
+    thread_id = new_thread(api.client("alpha-editor"))
+    client = api.client("admin")
+    for method, path, allowed in (("DELETE", "/threads", "GET, POST"), ("PUT", "/health", "GET"),
+                                  ("GET", f"/threads/{thread_id}/inputs", "POST"),
+                                  ("PATCH", f"/threads/{thread_id}", "GET"),
+                                  ("DELETE", "/projects/alpha/policy", "PUT")):
+        response = client.request(method, path)
+        assert_problem(response, 405, "method_not_allowed")
+        assert response.headers["allow"] == allowed, (method, path)
+
+
+def test_the_published_document_constrains_ids_and_documents_request_ids(api: Api) -> None:
+    document = httpx.get(f"{api.url}/openapi.json").json()
+    ulid = r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$"
+    mutations = 0
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            parameters = {p["name"]: p for p in operation.get("parameters", [])}
+            for name, parameter in parameters.items():
+                if parameter["in"] == "path":
+                    assert parameter["schema"].get("pattern"), (method, path, name)
+                    if name.endswith("_id"):
+                        assert parameter["schema"]["pattern"] == ulid, (method, path, name)
+            if method in ("post", "put", "patch", "delete"):
+                mutations += 1
+                key = parameters.get("Idempotency-Key")
+                assert key is not None and key["in"] == "header", (method, path)
+                assert key["schema"]["anyOf"][0]["pattern"], (method, path)
+    assert mutations >= 20

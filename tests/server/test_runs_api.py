@@ -152,3 +152,38 @@ def test_only_admins_register_projects_and_change_policies(runs_api: tuple[Api, 
                          "invalid_policy")
     assert bad["detail"]
     assert_problem(admin.put("/projects/nowhere/policy", json={"policy": policy()}), 404, "project_not_found")
+
+
+def _problems_alike(missing: dict[str, Any], hidden: dict[str, Any], missing_id: str, real_id: str) -> None:
+    """Two 404 bodies are the same but for the id the caller sent itself."""
+    assert {k: str(v).replace(missing_id, real_id) for k, v in missing.items()} == {k: str(v) for k, v in
+                                                                                     hidden.items()}
+
+
+def test_another_projects_run_and_a_missing_run_answer_the_same_404_without_the_store_location(
+        runs_api: tuple[Api, Path]) -> None:
+    api, origin = runs_api
+    register(api, origin)
+    run = api.client("alpha-editor").post("/runs", json={"project": "alpha", "brief": "fix", "provider": "fixer"})
+    assert run.status_code == 201, run.text
+    run_id = run.json()["run_id"]
+    missing_id = "01" + "3" * 24
+    outsider = api.client("beta-operator")
+    rid = "01" + "4" * 24
+    gets = ["", "/plan", "/journal", "/execution-requests", f"/execution-requests/{rid}"]
+    posts = {"/resume": {}, "/handoff": {"agent": "ok"}, "/retry": {}, "/cancel": {},
+             "/publications": {}, "/remote-tasks": {"kind": "deploy", "provider": "p"},
+             f"/execution-requests/{rid}/reconcile": {"reconciliation_id": "a" * 32},
+             f"/execution-requests/{rid}/inspect": {},
+             f"/execution-requests/{rid}/resolve": {"resolution": "occurred", "note": "n"},
+             f"/tasks/{rid}/resolve": {"resolution": "not_occurred", "note": "n"}}
+    calls = [("GET", suffix, None) for suffix in gets] + [("POST", suffix, body) for suffix, body in posts.items()]
+    for method, suffix, body in calls:
+        hidden = assert_problem(outsider.request(method, f"/runs/{run_id}{suffix}", json=body), 404, "run_not_found")
+        missing = assert_problem(outsider.request(method, f"/runs/{missing_id}{suffix}", json=body), 404,
+                                 "run_not_found")
+        _problems_alike(missing, hidden, missing_id, run_id)
+        assert str(api.store.url) not in str(missing) and "sqlite" not in str(missing)
+    # The caller's own project: a missing run there does not name the store either.
+    own = assert_problem(api.client("alpha-viewer").get(f"/runs/{missing_id}"), 404, "run_not_found")
+    assert "sqlite" not in str(own)

@@ -194,3 +194,45 @@ def test_sending_input_to_a_waiting_thread_is_refused_and_writes_nothing(api: Ap
     refused = editor.post(f"/threads/{thread_id}/inputs", json={"input": "anything"})
     assert refused.status_code == 409 and refused.json()["code"] == "thread_busy"
     assert editor.get(f"/threads/{thread_id}/events").json()["head_seq"] == head
+
+
+def test_listing_threads_reads_each_threads_project_once_and_nothing_for_a_project_the_caller_cannot_see(
+        tmp_path: Any) -> None:
+    from jixu.ledger import SQLiteStore
+    from jixu.server import create_app, create_token
+    from jixu.threads.log import THREAD_PREFIX
+    from tests.server.agents import agent
+    from tests.server.conftest import LiveServer
+
+    class Counting(SQLiteStore):
+        reads = 0
+
+        def read(self, stream: str, from_seq: int = 1, to_seq: int | None = None) -> Any:
+            if stream.startswith(THREAD_PREFIX):
+                Counting.reads += 1
+            return super().read(stream, from_seq, to_seq)
+
+    store = Counting(tmp_path / "count.db")
+    _, editor_secret = create_token(store, "ed", roles={"alpha": "editor"})
+    _, outsider_secret = create_token(store, "out", roles={"beta": "viewer"})
+    server = LiveServer(create_app(store, agent=agent()))
+    server.start()
+    try:
+        def client(secret: str) -> httpx.Client:
+            return httpx.Client(base_url=f"{server.url}/api/v1", headers={"Authorization": f"Bearer {secret}"})
+
+        with client(editor_secret) as editor, client(outsider_secret) as outsider:
+            made = [new_thread(editor) for _ in range(30)]
+            Counting.reads = 0
+            assert outsider.get("/threads").json()["threads"] == []
+            first_listing = Counting.reads
+            assert first_listing <= 30  # each thread's first event at most once...
+            for _ in range(3):
+                assert outsider.get("/threads").json()["threads"] == []
+                assert [t["thread_id"] for t in editor.get("/threads").json()["threads"]] == made
+            assert Counting.reads == first_listing  # ...and never again
+            assert outsider.get("/threads", params={"project": "alpha"}).json()["threads"] == []
+            assert Counting.reads == first_listing
+    finally:
+        server.stop()
+        store.close()

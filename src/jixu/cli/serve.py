@@ -59,10 +59,9 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
 
     Exit codes: 0 stopped cleanly, 2 usage, 5 store problem, 6 invalid input.
     """
-    import uvicorn
-
     from jixu.server import create_app
     from jixu.server.background import BackgroundWorker
+    from jixu.server.serving import serve
     from jixu.server.studio import studio_router
 
     with handled(False):
@@ -93,7 +92,7 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda received, frame: None)
     try:
-        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info")).run()
+        serve(app, host=host, port=port)
     finally:
         store.close()
     sys.exit(EXIT_OK)

@@ -7,6 +7,7 @@ creation; they authenticate with :func:`jixu.server.context.principal`.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -17,6 +18,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from jixu import __version__
@@ -27,8 +29,8 @@ from jixu.runs.publication import Publisher
 from jixu.runs.remote import RemoteProvider
 from jixu.server import projects, runs, threads, tokens
 from jixu.server.auth import Principal
-from jixu.server.context import Services, principal
-from jixu.server.models import READ
+from jixu.server.context import Authenticated, Services, principal
+from jixu.server.models import READ, Caller, Health
 from jixu.server.problems import (
     INTERNAL,
     REQUEST_TOO_LARGE,
@@ -97,10 +99,38 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
+_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+def _allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
+    """Every method some route serves at the path of ``scope`` (what a 405's ``Allow`` header lists), found by
+    asking the router, method by method, whether it would serve the path."""
+    allowed: list[str] = []
+    for method in _METHODS:
+        probe: Scope = {"type": "http", "method": method, "path": scope["path"], "root_path": scope.get("root_path", ""),
+                        "headers": []}
+        if any(route.matches(probe)[0] is Match.FULL for route in app.router.routes):
+            allowed.append(method)
+    return allowed
+
+
+def _unlocated(error: JixuError, store: Store) -> JixuError:
+    """``error`` without the store's location: a path or URL (a PostgreSQL one may hold a password) tells a
+    caller nothing it needs and an attacker something it wants."""
+    where = store.url
+    if not where or (where not in error.message and not any(isinstance(v, str) and where in v
+                                                              for v in error.details.values())):
+        return error
+    hidden = copy.copy(error)
+    hidden.message = error.message.replace(where, "the store")
+    hidden.details = {k: v.replace(where, "the store") if isinstance(v, str) else v for k, v in error.details.items()}
+    return hidden
+
+
 def _install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(JixuError)
     async def jixu_error(request: Request, error: JixuError) -> JSONResponse:
-        return error_response(error, request.url.path)
+        return error_response(_unlocated(error, app.state.jixu.store), request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -114,7 +144,10 @@ def _install_problem_handlers(app: FastAPI) -> None:
         if error.status_code == 400:  # a body that is not even text (bad UTF-8): invalid input, like bad JSON
             return problem_response("invalid_input", 422, f"body: {error.detail}", request.url.path, field="body")
         code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
-        return problem_response(code, error.status_code, str(error.detail), request.url.path)
+        headers = dict(error.headers or {})
+        if error.status_code == 405:  # RFC 9110: a 405 lists what the resource does allow
+            headers["Allow"] = ", ".join(_allowed_methods(app, request.scope))
+        return problem_response(code, error.status_code, str(error.detail), request.url.path, headers=headers or None)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> JSONResponse:
@@ -124,25 +157,34 @@ def _install_problem_handlers(app: FastAPI) -> None:
 
 
 meta_router = APIRouter(tags=["meta"])
+caller_router = APIRouter(tags=["meta"], route_class=Authenticated)
 
 
-@meta_router.get("/health", summary="Liveness (no token needed)")
+@meta_router.get("/health", response_model=Health, summary="Liveness (no token needed)")
 def health() -> dict[str, Any]:
     """``{"status": "ok", "version": …}``."""
     return {"status": "ok", "version": __version__}
 
 
-@meta_router.get("/whoami", responses=READ, summary="The caller's token, roles and actor")
+@caller_router.get("/whoami", responses=READ, response_model=Caller, summary="The caller's token, roles and actor")
 def whoami(caller: Annotated[Principal, Depends(principal)]) -> dict[str, Any]:
     """Who the bearer token is: token id, name, kind, role per project, the actor recorded for it."""
     return caller.to_dict()
+
+
+def begin_shutdown(app: Any) -> None:
+    """Tell the app its server is stopping: open event streams end (within their poll interval), so the server's
+    graceful shutdown is not held up by them and its lifespan (the in-process worker's drain) runs."""
+    found = getattr(getattr(app, "state", None), "jixu", None)
+    if isinstance(found, Services):
+        found.closing.set()
 
 
 def create_app(store: Store, *, agent: Agent | None = None, providers: dict[str, Provider] | None = None,
                publishers: dict[str, Publisher] | None = None, remotes: dict[str, RemoteProvider] | None = None,
                workspace_root: Path | str = "jixu-workspaces", routers: Iterable[APIRouter] = (),
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, stream_poll_interval: float = 0.2,
-               lifespan: Sequence[Lifespan] = ()) -> FastAPI:
+               stream_recheck_interval: float = 5.0, lifespan: Sequence[Lifespan] = ()) -> FastAPI:
     """The HTTP API over ``store``.
 
     ``agent``: the agent new threads are recorded under (without it, creating
@@ -150,7 +192,9 @@ def create_app(store: Store, *, agent: Agent | None = None, providers: dict[str,
     handoffs need them). ``publishers`` / ``remotes``: for publication and
     remote-task requests (default: only ``git``). ``routers`` are mounted at the root after the API.
     ``lifespan``: async context managers (taking the app) entered at startup
-    and left at shutdown, e.g. an in-process worker.
+    and left at shutdown, e.g. an in-process worker. ``stream_recheck_interval``:
+    how often an open event stream checks that its caller may still read it.
+    A server that stops calls :func:`begin_shutdown` first, so open streams end.
     """
     entered = list(lifespan)
 
@@ -161,7 +205,10 @@ def create_app(store: Store, *, agent: Agent | None = None, providers: dict[str,
         async with AsyncExitStack() as stack:
             for factory in entered:
                 await stack.enter_async_context(factory(app))
-            yield
+            try:
+                yield
+            finally:
+                begin_shutdown(app)
 
     app = FastAPI(title="jixu", version=__version__, lifespan=lifespan_all,
                   description="Durable agent threads and runs over a hash-chained event ledger. Authenticate with "
@@ -169,10 +216,12 @@ def create_app(store: Store, *, agent: Agent | None = None, providers: dict[str,
     app.state.jixu = Services(store=store, agent=agent, providers=dict(providers or {}), publishers=publishers,
                               remotes=remotes,
                               workspace_root=Path(workspace_root), max_body_bytes=max_body_bytes,
-                              stream_poll_interval=stream_poll_interval)
+                              stream_poll_interval=stream_poll_interval,
+                              stream_recheck_interval=stream_recheck_interval)
     _install_problem_handlers(app)
     api = APIRouter(prefix=API_PREFIX)
     api.include_router(meta_router)
+    api.include_router(caller_router)
     api.include_router(threads.router)
     api.include_router(runs.router)
     api.include_router(projects.router)
@@ -184,4 +233,4 @@ def create_app(store: Store, *, agent: Agent | None = None, providers: dict[str,
     return app
 
 
-__all__ = ["API_PREFIX", "DEFAULT_MAX_BODY_BYTES", "BodyLimit", "create_app"]
+__all__ = ["API_PREFIX", "DEFAULT_MAX_BODY_BYTES", "BodyLimit", "begin_shutdown", "create_app"]

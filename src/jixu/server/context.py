@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from fastapi import Request
+from fastapi import Depends, Header, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
 from jixu.ledger import Store
@@ -24,8 +27,8 @@ from jixu.runs import Provider, Runs
 from jixu.runs.publication import Publisher
 from jixu.runs.remote import RemoteProvider
 from jixu.server.auth import Principal, authenticate
-from jixu.server.idempotency import HEADER, Outcome, run_once
-from jixu.server.problems import AGENT_NOT_CONFIGURED, HTTPProblem
+from jixu.server.idempotency import HEADER, REQUEST_ID_PATTERN, Outcome, run_once
+from jixu.server.problems import AGENT_NOT_CONFIGURED, UNAUTHORIZED, HTTPProblem
 from jixu.threads import Agent
 
 T = TypeVar("T")
@@ -47,6 +50,13 @@ class Services:
     workspace_root: Path = Path("jixu-workspaces")
     max_body_bytes: int = 1024 * 1024
     stream_poll_interval: float = 0.2
+    stream_recheck_interval: float = 5.0
+    """How often an open event stream checks again that its caller may still read it (a revoked token's stream
+    ends within this)."""
+    closing: threading.Event = field(default_factory=threading.Event)
+    """Set when the server begins to shut down: open streams end, so the server can drain and exit."""
+    thread_projects: dict[str, str] = field(default_factory=dict)
+    """Thread stream -> project, as its first (immutable) event says; filled as threads are read."""
     runs: Runs = field(init=False)
 
     def __post_init__(self) -> None:
@@ -70,13 +80,34 @@ def services(request: Request) -> Services:
 
 
 def principal(request: Request) -> Principal:
-    """FastAPI dependency: the authenticated caller (401 problem without a valid bearer token)."""
+    """FastAPI dependency: the authenticated caller (401 problem without a valid bearer token).
+
+    A request with more than one ``Authorization`` header is refused: which one a proxy or a server reads is
+    not something a caller should have to guess.
+    """
     cached = getattr(request.state, "principal", None)
     if isinstance(cached, Principal):
         return cached
-    found = authenticate(services(request).store, request.headers.get("authorization"))
+    sent = request.headers.getlist("authorization")
+    if len(sent) > 1:
+        raise HTTPProblem(UNAUTHORIZED, f"send one Authorization header; this request has {len(sent)}")
+    found = authenticate(services(request).store, sent[0] if sent else None)
     request.state.principal = found
     return found
+
+
+class Authenticated(APIRoute):
+    """A route that authenticates its caller before anything else, before its body is even parsed: an
+    unauthenticated caller gets 401 whatever it sent, never a 422 that describes the route's validation."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def authenticated(request: Request) -> Response:
+            await run_in_threadpool(principal, request)
+            return await handler(request)
+
+        return authenticated
 
 
 @dataclass
@@ -112,9 +143,20 @@ def context(request: Request) -> Context:
     return Context(request, services(request), principal(request))
 
 
+def mutation(ctx: Annotated[Context, Depends(context)],
+             idempotency_key: Annotated[str | None, Header(
+                 alias=HEADER, pattern=REQUEST_ID_PATTERN.pattern,
+                 description="A request id: a repeat with the same id and body gets the original answer and "
+                             "changes nothing; the same id with another body is 422.")] = None) -> Context:
+    """FastAPI dependency of a mutation: its :class:`Context`, with the ``Idempotency-Key`` header documented
+    and checked (:meth:`Context.mutate` reads it)."""
+    return ctx
+
+
 def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run one of the async Python APIs from a synchronous route (routes run in worker threads)."""
     return asyncio.run(coroutine)
 
 
-__all__ = ["REPLAYED_HEADER", "Context", "Services", "context", "principal", "run_async", "services"]
+__all__ = ["REPLAYED_HEADER", "Authenticated", "Context", "Services", "context", "mutation", "principal", "run_async",
+           "services"]

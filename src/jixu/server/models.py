@@ -6,10 +6,13 @@ that names the field instead of a silently ignored value.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import Path
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
 
+from jixu.errors import MalformedEvent
+from jixu.ledger.encoding import VALUE_NESTING, canonical_text
 from jixu.server.problems import PROBLEM_MEDIA_TYPE
 
 PROJECT = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
@@ -17,6 +20,32 @@ ID = r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$"
 MAX_NOTE = 10_000
 MAX_INPUT = 200_000
 Role = Literal["viewer", "editor", "operator"]
+
+# Path parameters: every id is a ULID, so the published document says so and a malformed one is a 422 that names it.
+ThreadId = Annotated[str, Path(pattern=ID, description="A thread id (ULID).")]
+RunId = Annotated[str, Path(pattern=ID, description="A run id (ULID).")]
+EffectId = Annotated[str, Path(pattern=ID, description="An effect id (ULID).")]
+TurnId = Annotated[str, Path(pattern=ID, description="A turn id (ULID).")]
+RequestId = Annotated[str, Path(pattern=ID, description="An execution request id (ULID).")]
+TokenId = Annotated[str, Path(pattern=ID, description="A token id (ULID).")]
+ProjectName = Annotated[str, Path(pattern=PROJECT, description="A project name.")]
+
+
+def _storable(value: Any, info: ValidationInfo) -> Any:
+    """A free-form value as the ledger will take it: JSON nested at most ``VALUE_NESTING`` levels (the rule every
+    free-form value follows, whoever writes it), else a 422 naming the field and the path. Checked here, before
+    anything copies or serialises the body (pydantic's own serialiser gives up, with a 500, past ~255 levels)."""
+    try:
+        canonical_text(value, path=info.field_name or "value", max_nesting=VALUE_NESTING)
+    except MalformedEvent as error:
+        raise ValueError(error.message) from None
+    return value
+
+
+FreeObject = Annotated[dict[str, Any], AfterValidator(_storable)]
+"""A free JSON object in a body (metadata, evidence, policy, parameters, knowledge)."""
+FreeValue = Annotated[Any, AfterValidator(_storable)]
+"""Any free JSON value in a body (an observed result)."""
 
 
 class Body(BaseModel):
@@ -44,7 +73,7 @@ class Problem(BaseModel):
 
 class CreateThread(Body):
     project: str = Field(pattern=PROJECT, description="The project the thread belongs to.")
-    metadata: dict[str, Any] | None = Field(default=None, description="Free JSON kept with the thread.")
+    metadata: FreeObject | None = Field(default=None, description="Free JSON kept with the thread.")
 
 
 class SendInput(Body):
@@ -61,8 +90,8 @@ class ResolveOutcome(Body):
     resolution: Literal["occurred", "not_occurred", "abandoned_unknown"]
     note: str = Field(min_length=1, max_length=MAX_NOTE, description="Why: what you checked.")
     resolution_id: str | None = Field(default=None, min_length=1, max_length=100)
-    evidence: dict[str, Any] | None = None
-    result: Any = Field(default=None, description="With 'occurred': the result observed.")
+    evidence: FreeObject | None = None
+    result: FreeValue = Field(default=None, description="With 'occurred': the result observed.")
 
 
 class Decision(Body):
@@ -83,7 +112,7 @@ class CreateRun(Body):
     brief: str = Field(min_length=1, max_length=MAX_INPUT)
     provider: str = Field(min_length=1, max_length=200)
     commit: str | None = Field(default=None, min_length=1, max_length=200)
-    knowledge: dict[str, Any] | None = None
+    knowledge: FreeObject | None = None
 
 
 class ResumeRun(Body):
@@ -121,7 +150,7 @@ class Publish(Body):
 class RemoteTask(Body):
     kind: Literal["deploy", "rollback", "knowledge_write"]
     provider: str = Field(min_length=1, max_length=200, description="A remote provider the server is configured with.")
-    parameters: dict[str, Any] = Field(default_factory=dict, description="Handed to the provider.")
+    parameters: FreeObject = Field(default_factory=dict, description="Handed to the provider.")
 
 
 class Inspect(Body):
@@ -147,11 +176,11 @@ class RegisterProject(Body):
     name: str = Field(pattern=PROJECT)
     origin: str = Field(min_length=1, max_length=2000, description="The authorized git origin (path or URL).")
     default_branch: str | None = Field(default=None, min_length=1, max_length=200)
-    policy: dict[str, Any] = Field(default_factory=dict)
+    policy: FreeObject = Field(default_factory=dict)
 
 
 class UpdatePolicy(Body):
-    policy: dict[str, Any]
+    policy: FreeObject
 
 
 class CreateToken(Body):
@@ -167,8 +196,99 @@ class RevokeToken(Body):
 # --- responses ---------------------------------------------------------------------------------
 
 
+class Out(BaseModel):
+    """A response: the members listed are always there, with these types; more may be added later."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Health(Out):
+    status: Literal["ok"]
+    version: str
+
+
+class Caller(Out):
+    token_id: str = Field(pattern=ID)
+    name: str
+    kind: Literal["admin", "project"]
+    roles: dict[str, Role]
+    actor: str
+
+
+class Token(Out):
+    token_id: str = Field(pattern=ID)
+    name: str
+    kind: Literal["admin", "project"]
+    roles: dict[str, Role]
+    created_at: str
+    created_by: str
+    revoked: bool
+    revoked_at: str | None
+
+
+class TokenPage(Out):
+    tokens: list[Token]
+
+
+class ThreadRow(Out):
+    thread_id: str = Field(pattern=ID)
+    project: str
+    events: int = Field(ge=1)
+    head_hash: str
+    created_at: str
+
+
+class ThreadPage(Out):
+    threads: list[ThreadRow]
+    next_after: str | None = Field(description="Pass as `after` for the next page; null on the last one.")
+
+
+class EventOut(Out):
+    id: str = Field(pattern=ID)
+    stream: str
+    seq: int = Field(ge=1)
+    type: str
+    data: dict[str, Any]
+    meta: dict[str, Any]
+    recorded_at: str
+    prev_hash: str
+    hash: str
+
+
+class EventPage(Out):
+    thread_id: str = Field(pattern=ID)
+    events: list[EventOut]
+    next_after_seq: int = Field(ge=0)
+    head_seq: int = Field(ge=0)
+
+
+class ThreadSummary(Out):
+    thread_id: str = Field(pattern=ID)
+    status: str
+    reason: str | None
+    seq: int = Field(ge=0)
+    head_hash: str
+
+
+class ThreadCreated(ThreadSummary):
+    project: str
+    agent: str | None
+
+
+class InputQueued(Out):
+    thread_id: str = Field(pattern=ID)
+    turn_id: str = Field(pattern=ID)
+    queued: bool
+
+
+class EffectDecided(Out):
+    recorded: bool
+    effect: dict[str, Any]
+    thread: ThreadSummary
+
+
 class TokenCreated(BaseModel):
-    token: dict[str, Any]
+    token: Token
     secret: str | None = Field(description="The bearer token, shown once (null when a request is replayed).")
 
 
@@ -183,6 +303,15 @@ WRITE = problems(401, 403, 404, 409, 413, 422, 503)
 
 __all__ = [
     "READ",
+    "EffectId",
+    "FreeObject",
+    "FreeValue",
+    "ProjectName",
+    "RequestId",
+    "RunId",
+    "ThreadId",
+    "TokenId",
+    "TurnId",
     "WRITE",
     "Body",
     "CancelRun",
@@ -201,7 +330,20 @@ __all__ = [
     "RetryRun",
     "RevokeToken",
     "SendInput",
+    "Caller",
+    "EffectDecided",
+    "EventOut",
+    "EventPage",
+    "Health",
+    "InputQueued",
+    "Out",
+    "ThreadCreated",
+    "ThreadPage",
+    "ThreadRow",
+    "ThreadSummary",
+    "Token",
     "TokenCreated",
+    "TokenPage",
     "UpdatePolicy",
     "problems",
 ]

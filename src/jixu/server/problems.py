@@ -130,7 +130,10 @@ def validation_errors(errors: list[dict[str, Any]]) -> tuple[str, list[dict[str,
         loc = [str(part) for part in error.get("loc", ())]
         where = loc[0] if loc else "body"
         path = loc[1:] if where in ("body", "query", "path", "header") and len(loc) > 1 else loc
-        listed.append({"field": ".".join(path) or where, "in": where, "message": str(error.get("msg", "invalid"))})
+        message = str(error.get("msg", "invalid"))
+        if error.get("type") == "value_error":  # a validator's own sentence, without pydantic's prefix
+            message = message.removeprefix("Value error, ")
+        listed.append({"field": ".".join(path) or where, "in": where, "message": message})
     first = listed[0]["field"] if listed else "body"
     return first, listed
 

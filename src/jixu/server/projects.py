@@ -9,11 +9,11 @@ from fastapi.responses import JSONResponse
 
 from jixu.errors import ProjectNotFound
 from jixu.runs import get_project, list_projects, register_project, update_policy
-from jixu.server.context import Context, context
+from jixu.server.context import Authenticated, Context, context, mutation
 from jixu.server.idempotency import Outcome
-from jixu.server.models import READ, WRITE, RegisterProject, UpdatePolicy, problems
+from jixu.server.models import READ, WRITE, ProjectName, RegisterProject, UpdatePolicy, problems
 
-router = APIRouter(prefix="/projects", tags=["projects"])
+router = APIRouter(prefix="/projects", tags=["projects"], route_class=Authenticated)
 Obj = dict[str, Any]
 
 
@@ -33,7 +33,7 @@ def list_all(ctx: Annotated[Context, Depends(context)]) -> Obj:
 
 
 @router.get("/{name}", responses=READ, summary="A project")
-def get_one(name: str, ctx: Annotated[Context, Depends(context)]) -> Obj:
+def get_one(name: ProjectName, ctx: Annotated[Context, Depends(context)]) -> Obj:
     """A registered project: origin, default branch, policy and its digest."""
     if not ctx.principal.visible(name):
         raise _hidden(name)
@@ -42,7 +42,7 @@ def get_one(name: str, ctx: Annotated[Context, Depends(context)]) -> Obj:
 
 @router.post("", status_code=201, responses={**WRITE, **problems(403)}, response_model=Obj,
              summary="Register a project (admin)")
-def register(body: RegisterProject, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def register(body: RegisterProject, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Record a project: its authorized git origin and policy (admin)."""
     ctx.principal.require_admin()
 
@@ -55,7 +55,7 @@ def register(body: RegisterProject, ctx: Annotated[Context, Depends(context)]) -
 
 
 @router.put("/{name}/policy", responses=WRITE, response_model=Obj, summary="Record a new policy (admin)")
-def set_policy(name: str, body: UpdatePolicy, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def set_policy(name: ProjectName, body: UpdatePolicy, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Record a new policy for the project's later runs (admin); frozen runs keep theirs."""
     ctx.principal.require_admin()
 

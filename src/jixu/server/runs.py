@@ -16,25 +16,28 @@ from jixu.errors import InvalidInput, ProjectNotFound, RunNotFound
 from jixu.ledger import is_valid_id
 from jixu.runs import RUN_STATUSES, run_work_key, submit_run
 from jixu.runs.engine import RunLog
-from jixu.server.context import Context, context, run_async
+from jixu.server.context import Authenticated, Context, context, mutation, run_async
 from jixu.server.idempotency import Outcome
 from jixu.server.models import (
     READ,
     WRITE,
     CancelRun,
     CreateRun,
+    EffectId,
     Handoff,
     Inspect,
     Publish,
     Reconcile,
     RemoteTask,
+    RequestId,
     ResolveRequest,
     ResolveTask,
     ResumeRun,
     RetryRun,
+    RunId,
 )
 
-router = APIRouter(prefix="/runs", tags=["runs"])
+router = APIRouter(prefix="/runs", tags=["runs"], route_class=Authenticated)
 Obj = dict[str, Any]
 
 
@@ -46,7 +49,10 @@ def authorize(ctx: Context, run_id: str, role: str) -> str:
     """Allow the caller ``role`` on a run (404 outside its projects, 403 when the role is too weak)."""
     if not is_valid_id(run_id):
         raise InvalidInput(f"run id {run_id!r} is not a valid id", field="run_id")
-    project = RunLog(ctx.store, run_id).record.project
+    try:
+        project = RunLog(ctx.store, run_id).record.project
+    except RunNotFound:
+        raise _hidden(run_id) from None  # the very answer another project's run gets (no store location either)
     ctx.principal.require(project, role, _hidden(run_id))
     return project
 
@@ -57,7 +63,7 @@ def state_of(ctx: Context, run_id: str) -> Obj:
 
 
 @router.post("", status_code=201, responses=WRITE, response_model=Obj, summary="Create a run (queued for workers)")
-def create_run(body: CreateRun, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def create_run(body: CreateRun, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Record a run of ``brief`` on ``project`` with ``provider`` and queue it (editor)."""
     ctx.principal.require(body.project, "editor", ProjectNotFound(f"no project {body.project}",
                                                                   project=body.project))
@@ -87,21 +93,21 @@ def list_runs(ctx: Annotated[Context, Depends(context)],
 
 
 @router.get("/{run_id}", responses=READ, summary="A run's state")
-def get_run(run_id: str, ctx: Annotated[Context, Depends(context)]) -> Obj:
+def get_run(run_id: RunId, ctx: Annotated[Context, Depends(context)]) -> Obj:
     """Status (derived from the journal), snapshots, plan, tasks with the resolver's decisions, pauses."""
     authorize(ctx, run_id, "viewer")
     return state_of(ctx, run_id)
 
 
 @router.get("/{run_id}/plan", responses=READ, summary="A run's plan")
-def get_plan(run_id: str, ctx: Annotated[Context, Depends(context)]) -> Obj:
+def get_plan(run_id: RunId, ctx: Annotated[Context, Depends(context)]) -> Obj:
     """The current plan revision with its tasks' states, and every earlier revision."""
     authorize(ctx, run_id, "viewer")
     return run_async(ctx.services.runs.plan(run_id)).to_dict()
 
 
 @router.get("/{run_id}/journal", responses=READ, summary="A run's journal and whether it verifies")
-def get_journal(run_id: str, ctx: Annotated[Context, Depends(context)]) -> Obj:
+def get_journal(run_id: RunId, ctx: Annotated[Context, Depends(context)]) -> Obj:
     """The run's hash-chained entries and ``valid``: whether the whole chain verifies."""
     authorize(ctx, run_id, "viewer")
     entries, valid = run_async(ctx.services.runs.journal(run_id))
@@ -118,7 +124,7 @@ def _requeue(ctx: Context, run_id: str) -> None:
 
 
 @router.post("/{run_id}/resume", responses=WRITE, response_model=Obj, summary="Resume a run in place")
-def resume_run(run_id: str, body: ResumeRun, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def resume_run(run_id: RunId, body: ResumeRun, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Continue a paused, interrupted or unreconciled run (editor): the workspace is reconciled first."""
     authorize(ctx, run_id, "editor")
 
@@ -131,7 +137,7 @@ def resume_run(run_id: str, body: ResumeRun, ctx: Annotated[Context, Depends(con
 
 
 @router.post("/{run_id}/handoff", responses=WRITE, response_model=Obj, summary="Hand a run to another provider")
-def handoff_run(run_id: str, body: Handoff, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def handoff_run(run_id: RunId, body: Handoff, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Hand the run to provider ``agent`` (operator): tested first, then a new snapshot and plan revision."""
     authorize(ctx, run_id, "operator")
 
@@ -145,7 +151,7 @@ def handoff_run(run_id: str, body: Handoff, ctx: Annotated[Context, Depends(cont
 
 @router.post("/{run_id}/retry", status_code=201, responses=WRITE, response_model=Obj,
              summary="Retry a failed or cancelled run as a fresh run")
-def retry_run(run_id: str, body: RetryRun, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def retry_run(run_id: RunId, body: RetryRun, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """A new run (fresh clone, lineage to this one) of a failed or cancelled run, queued (editor)."""
     authorize(ctx, run_id, "editor")
 
@@ -158,7 +164,7 @@ def retry_run(run_id: str, body: RetryRun, ctx: Annotated[Context, Depends(conte
 
 
 @router.post("/{run_id}/cancel", responses=WRITE, response_model=Obj, summary="Cancel a run")
-def cancel_run(run_id: str, body: CancelRun, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def cancel_run(run_id: RunId, body: CancelRun, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Finish the run as cancelled (operator)."""
     authorize(ctx, run_id, "operator")
 
@@ -169,7 +175,7 @@ def cancel_run(run_id: str, body: CancelRun, ctx: Annotated[Context, Depends(con
 
 
 @router.get("/{run_id}/execution-requests", responses=READ, summary="A run's execution requests")
-def list_execution_requests(run_id: str, ctx: Annotated[Context, Depends(context)]) -> Obj:
+def list_execution_requests(run_id: RunId, ctx: Annotated[Context, Depends(context)]) -> Obj:
     """The run's execution requests (publication, cancellation, remote tasks), oldest first, with their status."""
     authorize(ctx, run_id, "viewer")
     views = run_async(ctx.services.runs.execution_requests(run_id))
@@ -178,8 +184,8 @@ def list_execution_requests(run_id: str, ctx: Annotated[Context, Depends(context
 
 @router.post("/{run_id}/execution-requests/{request_id}/reconcile", responses=WRITE, response_model=Obj,
              summary="Reconcile an execution request from retained evidence (operator)")
-def reconcile_execution_request(run_id: str, request_id: str, body: Reconcile,
-                                ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def reconcile_execution_request(run_id: RunId, request_id: RequestId, body: Reconcile,
+                                ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Settle an interrupted request from retained evidence only (operator); 409 when there is no proof.
 
     The caller cannot assert success or absence; no provider is called and
@@ -201,7 +207,7 @@ def _request_of(ctx: Context, run_id: str, request_id: str) -> None:
 
 @router.post("/{run_id}/publications", status_code=201, responses=WRITE, response_model=Obj,
              summary="Publish a succeeded run's verified source (operator; queued for workers)")
-def publish_run(run_id: str, body: Publish, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def publish_run(run_id: RunId, body: Publish, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Admit a publication request (push a branch, or open a pull request); a worker carries it out.
 
     409 when the run did not succeed, the project's authority changed, an
@@ -221,7 +227,7 @@ def publish_run(run_id: str, body: Publish, ctx: Annotated[Context, Depends(cont
 
 @router.post("/{run_id}/remote-tasks", status_code=201, responses=WRITE, response_model=Obj,
              summary="Deploy, roll back or write knowledge from a succeeded run (operator; queued for workers)")
-def remote_task(run_id: str, body: RemoteTask, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def remote_task(run_id: RunId, body: RemoteTask, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Admit a remote task request; its evidence will be the job id or version the provider reports."""
     authorize(ctx, run_id, "operator")
 
@@ -235,7 +241,7 @@ def remote_task(run_id: str, body: RemoteTask, ctx: Annotated[Context, Depends(c
 
 
 @router.get("/{run_id}/execution-requests/{request_id}", responses=READ, summary="One execution request")
-def get_execution_request(run_id: str, request_id: str, ctx: Annotated[Context, Depends(context)]) -> Obj:
+def get_execution_request(run_id: RunId, request_id: RequestId, ctx: Annotated[Context, Depends(context)]) -> Obj:
     """An execution request with its intent, receipt, reconciliations and inspections."""
     authorize(ctx, run_id, "viewer")
     return run_async(ctx.services.runs.execution_request(run_id, request_id)).to_dict()
@@ -243,8 +249,8 @@ def get_execution_request(run_id: str, request_id: str, ctx: Annotated[Context, 
 
 @router.post("/{run_id}/execution-requests/{request_id}/inspect", responses=WRITE, response_model=Obj,
              summary="Ask the provider, read-only, what it shows for a request (operator); the finding is kept")
-def inspect_remote(run_id: str, request_id: str, body: Inspect,
-                   ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def inspect_remote(run_id: RunId, request_id: RequestId, body: Inspect,
+                   ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Query the publisher or remote provider without changing anything there; what it shows is retained."""
     authorize(ctx, run_id, "operator")
     _request_of(ctx, run_id, request_id)
@@ -257,8 +263,8 @@ def inspect_remote(run_id: str, request_id: str, body: Inspect,
 
 @router.post("/{run_id}/execution-requests/{request_id}/resolve", responses=WRITE, response_model=Obj,
              summary="Record an operator's resolution of an unknown request, after an inspection (operator)")
-def resolve_request(run_id: str, request_id: str, body: ResolveRequest,
-                    ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def resolve_request(run_id: RunId, request_id: RequestId, body: ResolveRequest,
+                    ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """The resolution cites the latest retained inspection; 409 without one."""
     authorize(ctx, run_id, "operator")
     _request_of(ctx, run_id, request_id)
@@ -273,8 +279,8 @@ def resolve_request(run_id: str, request_id: str, body: ResolveRequest,
 
 @router.post("/{run_id}/tasks/{effect_id}/resolve", responses=WRITE, response_model=Obj,
              summary="Record an operator's decision about a run task stuck unknown (operator)")
-def resolve_task(run_id: str, effect_id: str, body: ResolveTask,
-                 ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def resolve_task(run_id: RunId, effect_id: EffectId, body: ResolveTask,
+                 ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """not_occurred: the run tries the task again under a new effect id; abandoned_unknown: it fails."""
     authorize(ctx, run_id, "operator")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -16,41 +17,84 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from jixu.errors import InvalidInput, ProjectNotFound, ThreadNotFound
+from jixu.errors import InvalidInput, JixuError, ProjectNotFound, ThreadNotFound
 from jixu.ledger import Event, is_valid_id
 from jixu.runs import create_thread_for, enqueue_thread, project_of, submit_turn, thread_work_key
-from jixu.server.context import Context, context, principal, services
+from jixu.server.auth import authenticate
+from jixu.server.context import Authenticated, Context, Services, context, mutation, principal, services
 from jixu.server.idempotency import Outcome
 from jixu.server.models import (
     READ,
     WRITE,
     CreateThread,
     Decision,
+    EffectDecided,
+    EffectId,
+    EventPage,
     ForkThread,
+    InputQueued,
     RecoverTurn,
     ResolveOutcome,
     SendInput,
+    ThreadCreated,
+    ThreadId,
+    ThreadPage,
+    ThreadSummary,
+    TurnId,
 )
+from jixu.server.problems import error_response
 from jixu.threads.log import THREAD_PREFIX, ThreadLog, stream_of
 
-router = APIRouter(prefix="/threads", tags=["threads"])
+router = APIRouter(prefix="/threads", tags=["threads"], route_class=Authenticated)
 MAX_PAGE = 1000
 KEEPALIVE_SECONDS = 15.0
+PROJECTS_REMEMBERED = 1_000_000
+MAX_SEQ = 2**53 - 1
+"""The largest seq the API accepts: every JSON reader keeps it exact, and ``seq + MAX_PAGE`` fits every store's
+integers (SQLite and PostgreSQL stop at 2**63 - 1). A larger one is 422, never a store error."""
+_SEQ_TEXT = re.compile(r"[0-9]{1,16}")
+
+
+def parse_seq(text: str, field: str) -> int:
+    """``text`` as a seq: ASCII digits only (``str.isdigit`` also accepts ``²``, which ``int`` refuses), at most
+    :data:`MAX_SEQ`; 422 naming ``field`` otherwise."""
+    value = text.strip()
+    if not _SEQ_TEXT.fullmatch(value) or int(value) > MAX_SEQ:
+        raise InvalidInput(f"{field} must be a seq: a non-negative integer of ASCII digits, at most {MAX_SEQ}",
+                           field=field)
+    return int(value)
 
 
 def _hidden(thread_id: str) -> ThreadNotFound:
     return ThreadNotFound(f"no thread {thread_id}", thread_id=thread_id)
 
 
+def _project_of_stream(services: Services, stream: str) -> str | None:
+    """The project of the thread stored as ``stream`` (None: no such thread), read from its first event once per
+    server: the first event never changes, so neither does the answer (remembered for up to
+    :data:`PROJECTS_REMEMBERED` threads)."""
+    known = services.thread_projects.get(stream)
+    if known is not None:
+        return known
+    first = services.store.read(stream, 1, 1)
+    if not first:
+        return None
+    metadata = first[0].data.get("metadata")
+    found = project_of(metadata if isinstance(metadata, dict) else {})
+    if len(services.thread_projects) >= PROJECTS_REMEMBERED:
+        services.thread_projects.clear()
+    services.thread_projects[stream] = found
+    return found
+
+
 def thread_project(ctx: Context, thread_id: str) -> str:
     """The project of a thread (404 when it does not exist); nothing about it is revealed."""
     if not is_valid_id(thread_id):
         raise InvalidInput(f"thread id {thread_id!r} is not a valid id", field="thread_id")
-    first = ctx.store.read(stream_of(thread_id), 1, 1)
-    if not first:
+    found = _project_of_stream(ctx.services, stream_of(thread_id))
+    if found is None:
         raise _hidden(thread_id)
-    metadata = first[0].data.get("metadata")
-    return project_of(metadata if isinstance(metadata, dict) else {})
+    return found
 
 
 def authorize(ctx: Context, thread_id: str, role: str) -> str:
@@ -81,8 +125,8 @@ def state_dict(log: ThreadLog, project: str) -> dict[str, Any]:
     return state
 
 
-@router.post("", status_code=201, responses=WRITE, response_model=dict[str, Any], summary="Create a thread in a project")
-def create_thread(body: CreateThread, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+@router.post("", status_code=201, responses=WRITE, response_model=ThreadCreated, summary="Create a thread in a project")
+def create_thread(body: CreateThread, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Record a new idle thread of the server's agent in ``project`` (editor)."""
     ctx.principal.require(body.project, "editor", ProjectNotFound(f"no project {body.project}",
                                                                   project=body.project))
@@ -97,23 +141,27 @@ def create_thread(body: CreateThread, ctx: Annotated[Context, Depends(context)])
     return ctx.mutate(body, operation)
 
 
-@router.get("", responses=READ, summary="List threads")
+@router.get("", responses=READ, response_model=ThreadPage, summary="List threads")
 def list_threads(ctx: Annotated[Context, Depends(context)],
                  project: Annotated[str | None, Query(max_length=100)] = None,
                  after: Annotated[str | None, Query(pattern=r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")] = None,
                  limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100) -> dict[str, Any]:
-    """Threads the caller may see (of ``project``), oldest first, ``limit`` per page after thread ``after``."""
+    """Threads the caller may see (of ``project``), oldest first, ``limit`` per page after thread ``after``.
+
+    A project the caller has no role in has no threads for it (nothing is read). Otherwise the store's thread
+    streams are paged through; each thread's project is read once per server and remembered.
+    """
     rows: list[dict[str, Any]] = []
     cursor = THREAD_PREFIX + after if after else ""
     next_after: str | None = None
+    if project is not None and not ctx.principal.visible(project):
+        return {"threads": rows, "next_after": None}
     while len(rows) < limit:
         page = ctx.store.list_streams(THREAD_PREFIX, after=cursor, limit=MAX_PAGE)
         for info in page:
             thread_id = info.stream[len(THREAD_PREFIX):]
             cursor = info.stream
-            first = ctx.store.read(info.stream, 1, 1)
-            metadata = first[0].data.get("metadata") if first else None
-            owner_project = project_of(metadata if isinstance(metadata, dict) else {})
+            owner_project = _project_of_stream(ctx.services, info.stream) or ""
             if not ctx.principal.visible(owner_project) or (project is not None and owner_project != project):
                 continue
             rows.append({"thread_id": thread_id, "project": owner_project, "events": info.head_seq,
@@ -127,7 +175,7 @@ def list_threads(ctx: Annotated[Context, Depends(context)],
 
 
 @router.get("/{thread_id}", responses=READ, summary="A thread's state")
-def get_thread(thread_id: str, ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
+def get_thread(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
     """The thread's state: status, turns, messages, the resolver's decision on every effect, turn ownership.
 
     The whole history is verified first (O(events)): a thread whose history does not hold is ``corrupt``, with
@@ -137,8 +185,9 @@ def get_thread(thread_id: str, ctx: Annotated[Context, Depends(context)]) -> dic
     return state_dict(ThreadLog.load(ctx.store, thread_id, verify=True), project)
 
 
-@router.post("/{thread_id}/inputs", status_code=202, responses=WRITE, response_model=dict[str, Any], summary="Send input (starts a turn)")
-def send_input(thread_id: str, body: SendInput, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+@router.post("/{thread_id}/inputs", status_code=202, responses=WRITE, response_model=InputQueued,
+             summary="Send input (starts a turn)")
+def send_input(thread_id: ThreadId, body: SendInput, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Queue a turn with the user's input for a worker (editor); 409 while a turn is active or it waits."""
     authorize(ctx, thread_id, "editor")
 
@@ -149,8 +198,8 @@ def send_input(thread_id: str, body: SendInput, ctx: Annotated[Context, Depends(
     return ctx.mutate(body, operation)
 
 
-@router.post("/{thread_id}/resume", responses=WRITE, response_model=dict[str, Any], summary="Resume a paused turn")
-def resume_thread(thread_id: str, body: Decision, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+@router.post("/{thread_id}/resume", responses=WRITE, response_model=ThreadSummary, summary="Resume a paused turn")
+def resume_thread(thread_id: ThreadId, body: Decision, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Record an explicit resume of a turn paused for quota or authentication (editor)."""
     authorize(ctx, thread_id, "editor")
 
@@ -163,9 +212,9 @@ def resume_thread(thread_id: str, body: Decision, ctx: Annotated[Context, Depend
     return ctx.mutate(body, operation)
 
 
-@router.get("/{thread_id}/events", responses=READ, summary="A page of a thread's events")
-def list_events(thread_id: str, ctx: Annotated[Context, Depends(context)],
-                after_seq: Annotated[int, Query(ge=0)] = 0,
+@router.get("/{thread_id}/events", responses=READ, response_model=EventPage, summary="A page of a thread's events")
+def list_events(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)],
+                after_seq: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
                 limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100) -> dict[str, Any]:
     """Events with ``seq > after_seq``, at most ``limit``; ``next_after_seq`` continues the listing."""
     authorize(ctx, thread_id, "viewer")
@@ -181,16 +230,26 @@ def sse(event: Event) -> str:
     return f"id: {event.seq}\nevent: {event.type}\ndata: {json.dumps(event.to_dict(), ensure_ascii=False)}\n\n"
 
 
+def sse_problem(error: JixuError, instance: str) -> str:
+    """The last server-sent event of a stream its caller may no longer read: ``event: problem``, the problem
+    document as data (no ``id``: a client resumes from the last event it did get)."""
+    response = error_response(error, instance)
+    return f"event: problem\ndata: {bytes(response.body).decode('utf-8')}\n\n"
+
+
 @router.get("/{thread_id}/events/stream", responses={**READ, 200: {"content": {"text/event-stream": {}},
                                                                     "description": "Server-sent events."}},
             summary="Live stream of a thread's events (SSE)")
-async def stream_events(thread_id: str, request: Request,
-                        after_seq: Annotated[int | None, Query(ge=0)] = None,
+async def stream_events(thread_id: ThreadId, request: Request,
+                        after_seq: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
                         timeout: Annotated[float, Query(gt=0, le=3600)] = 3600,
                         last_event_id: Annotated[str | None, Header()] = None) -> StreamingResponse:
     """Every event after ``after_seq`` (or the ``Last-Event-ID`` seq), then new ones as they are appended.
 
-    The stream ends after ``timeout`` seconds; a comment line every 15 s keeps proxies from closing it.
+    Everything is checked before the 200: the caller, its role, the seq to start after. The stream ends after
+    ``timeout`` seconds, when the server shuts down, or, with a last ``problem`` event, when the caller may no
+    longer read the thread (its token revoked): that is checked again every few seconds. A comment line every
+    15 s keeps proxies from closing it.
     """
     found = services(request)
     caller = await asyncio.to_thread(principal, request)
@@ -198,16 +257,30 @@ async def stream_events(thread_id: str, request: Request,
     await asyncio.to_thread(authorize, ctx, thread_id, "viewer")
     start = after_seq
     if start is None and last_event_id:
-        if not last_event_id.strip().isdigit():
-            raise InvalidInput("Last-Event-ID must be a seq (a non-negative integer)", field="Last-Event-ID")
-        start = int(last_event_id.strip())
+        start = parse_seq(last_event_id, "Last-Event-ID")
     stream = stream_of(thread_id)
+    authorization = request.headers.get("authorization")
+
+    def still_allowed() -> JixuError | None:
+        """Why the caller may no longer read the thread (None: it still may)."""
+        try:
+            again = Context(request, found, authenticate(found.store, authorization))
+            authorize(again, thread_id, "viewer")
+        except JixuError as error:
+            return error
+        return None
 
     async def events() -> AsyncIterator[str]:
         seq = start or 0
-        deadline = time.monotonic() + timeout
-        quiet_since = time.monotonic()
-        while time.monotonic() < deadline and not await request.is_disconnected():
+        now = time.monotonic()
+        deadline, quiet_since, checked_at = now + timeout, now, now
+        while time.monotonic() < deadline and not found.closing.is_set() and not await request.is_disconnected():
+            if time.monotonic() - checked_at >= found.stream_recheck_interval:
+                refused = await asyncio.to_thread(still_allowed)
+                if refused is not None:
+                    yield sse_problem(refused, request.url.path)
+                    return
+                checked_at = time.monotonic()
             batch = await asyncio.to_thread(found.store.read, stream, seq + 1, seq + MAX_PAGE)
             for event in batch:
                 yield sse(event)
@@ -225,7 +298,7 @@ async def stream_events(thread_id: str, request: Request,
 
 
 @router.get("/{thread_id}/verify", responses=READ, summary="Verify a thread's hash chain and effects")
-def verify_thread(thread_id: str, ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
+def verify_thread(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
     """Recompute the whole chain, check the effects are consistent and re-project the checkpoint; ``valid`` is
     all three (``corruption``: the thread's verdict; ``checkpoint``: what re-projecting its checkpoint found)."""
     authorize(ctx, thread_id, "viewer")
@@ -233,18 +306,20 @@ def verify_thread(thread_id: str, ctx: Annotated[Context, Depends(context)]) -> 
 
 
 @router.get("/{thread_id}/replay", responses=READ, summary="Rebuild the state from events alone")
-def replay_thread(thread_id: str, ctx: Annotated[Context, Depends(context)],
+def replay_thread(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)],
                   upto: Annotated[str | None, Query(max_length=40, description="A seq or an event id")] = None,
                   ) -> dict[str, Any]:
     """The state rebuilt from the events (up to ``upto``) by the pure projection; no driver is called."""
     authorize(ctx, thread_id, "viewer")
     log = ThreadLog.load(ctx.store, thread_id)
-    point: int | str | None = int(upto) if upto is not None and upto.isdigit() else upto
+    point: int | str | None = upto
+    if upto is not None and not is_valid_id(upto) and upto.strip().isdigit():  # digits of any script: a seq or 422
+        point = parse_seq(upto, "upto")
     return log.replay(point).to_dict()
 
 
 @router.post("/{thread_id}/fork", status_code=201, responses=WRITE, response_model=dict[str, Any], summary="Fork a thread at an event")
-def fork_thread(thread_id: str, body: ForkThread, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def fork_thread(thread_id: ThreadId, body: ForkThread, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """A child thread with this thread's state at event ``at``, in the same project (editor)."""
     project = authorize(ctx, thread_id, "editor")
 
@@ -260,10 +335,10 @@ def fork_thread(thread_id: str, body: ForkThread, ctx: Annotated[Context, Depend
     return ctx.mutate(body, operation)
 
 
-@router.post("/{thread_id}/effects/{effect_id}/resolve", responses=WRITE, response_model=dict[str, Any],
+@router.post("/{thread_id}/effects/{effect_id}/resolve", responses=WRITE, response_model=EffectDecided,
              summary="Resolve an effect whose outcome is unknown")
-def resolve_effect(thread_id: str, effect_id: str, body: ResolveOutcome,
-                   ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def resolve_effect(thread_id: ThreadId, effect_id: EffectId, body: ResolveOutcome,
+                   ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Record an operator's decision (occurred, not_occurred, abandoned_unknown) about an unknown effect."""
     authorize(ctx, thread_id, "operator")
 
@@ -291,23 +366,25 @@ def _decide(ctx: Context, thread_id: str, effect_id: str, phase: str, body: Deci
     return ctx.mutate(body, operation)
 
 
-@router.post("/{thread_id}/effects/{effect_id}/approve", responses=WRITE, response_model=dict[str, Any], summary="Approve a parked call")
-def approve_effect(thread_id: str, effect_id: str, body: Decision,
-                      ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+@router.post("/{thread_id}/effects/{effect_id}/approve", responses=WRITE, response_model=EffectDecided,
+             summary="Approve a parked call")
+def approve_effect(thread_id: ThreadId, effect_id: EffectId, body: Decision,
+                      ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Approve a call parked for approval (operator); a worker then dispatches it."""
     return _decide(ctx, thread_id, effect_id, "approved", body)
 
 
-@router.post("/{thread_id}/effects/{effect_id}/deny", responses=WRITE, response_model=dict[str, Any], summary="Deny a parked call")
-def deny_effect(thread_id: str, effect_id: str, body: Decision,
-                ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+@router.post("/{thread_id}/effects/{effect_id}/deny", responses=WRITE, response_model=EffectDecided,
+             summary="Deny a parked call")
+def deny_effect(thread_id: ThreadId, effect_id: EffectId, body: Decision,
+                ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Deny a call parked for approval (operator); the model is told."""
     return _decide(ctx, thread_id, effect_id, "denied", body)
 
 
 @router.post("/{thread_id}/turns/{turn_id}/recover", responses=WRITE, response_model=dict[str, Any], summary="Recover an expired turn")
-def recover_turn(thread_id: str, turn_id: str, body: RecoverTurn,
-                 ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def recover_turn(thread_id: ThreadId, turn_id: TurnId, body: RecoverTurn,
+                 ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Fence out the owner of an expired turn and record a recovery receipt (editor); nothing is retried."""
     authorize(ctx, thread_id, "editor")
 

@@ -8,17 +8,26 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
 from jixu.server.auth import create_token, get_token, list_tokens, revoke_token
-from jixu.server.context import Context, context
+from jixu.server.context import Authenticated, Context, context, mutation
 from jixu.server.idempotency import Outcome
-from jixu.server.models import WRITE, CreateToken, RevokeToken, TokenCreated, problems
+from jixu.server.models import (
+    WRITE,
+    CreateToken,
+    RevokeToken,
+    Token,
+    TokenCreated,
+    TokenId,
+    TokenPage,
+    problems,
+)
 
-router = APIRouter(prefix="/tokens", tags=["tokens"])
+router = APIRouter(prefix="/tokens", tags=["tokens"], route_class=Authenticated)
 ADMIN = {**WRITE, **problems(403)}
 Obj = dict[str, Any]
 
 
 @router.post("", status_code=201, responses=ADMIN, response_model=TokenCreated, summary="Create a token (admin)")
-def create(body: CreateToken, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+def create(body: CreateToken, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """A new token with ``roles`` per project (or ``admin``); the secret is in this answer only.
 
     A replay with the same ``Idempotency-Key`` returns the token with
@@ -39,22 +48,22 @@ def create(body: CreateToken, ctx: Annotated[Context, Depends(context)]) -> JSON
     return response
 
 
-@router.get("", responses=ADMIN, summary="List tokens (admin)")
+@router.get("", responses=ADMIN, response_model=TokenPage, summary="List tokens (admin)")
 def list_all(ctx: Annotated[Context, Depends(context)]) -> Obj:
     """Every token (never a secret or its hash)."""
     ctx.principal.require_admin()
     return {"tokens": [t.to_dict() for t in list_tokens(ctx.store)]}
 
 
-@router.get("/{token_id}", responses=ADMIN, summary="A token (admin)")
-def get_one(token_id: str, ctx: Annotated[Context, Depends(context)]) -> Obj:
+@router.get("/{token_id}", responses=ADMIN, response_model=Token, summary="A token (admin)")
+def get_one(token_id: TokenId, ctx: Annotated[Context, Depends(context)]) -> Obj:
     """One token's record."""
     ctx.principal.require_admin()
     return get_token(ctx.store, token_id).to_dict()
 
 
-@router.post("/{token_id}/revoke", responses=ADMIN, response_model=Obj, summary="Revoke a token (admin)")
-def revoke(token_id: str, body: RevokeToken, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+@router.post("/{token_id}/revoke", responses=ADMIN, response_model=Token, summary="Revoke a token (admin)")
+def revoke(token_id: TokenId, body: RevokeToken, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Record that the token may no longer be used (at once, on every server over this store)."""
     ctx.principal.require_admin()
 

@@ -1,0 +1,37 @@
+"""Serving the app with uvicorn so that a stop is graceful: ``serve(app, host=..., port=...)``.
+
+On SIGTERM or SIGINT uvicorn stops accepting connections and waits for the
+open ones before it runs the app's lifespan shutdown (the in-process worker's
+drain). An event stream stays open for up to an hour, so the signal first
+tells the app (:func:`jixu.server.app.begin_shutdown`): open streams end at
+their next poll, the connections finish, the worker drains, the process exits.
+Whatever still runs after ``drain_timeout`` seconds is cancelled.
+"""
+
+from __future__ import annotations
+
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from jixu.server.app import begin_shutdown
+
+
+class GracefulServer(uvicorn.Server):
+    """A uvicorn server that ends the app's event streams as soon as it is asked to stop."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """uvicorn's signal handler: tell the app first, then stop as uvicorn does."""
+        begin_shutdown(self.config.app)
+        super().handle_exit(sig, frame)
+
+
+def serve(app: Any, *, host: str, port: int, drain_timeout: int = 10, log_level: str = "info") -> None:
+    """Serve ``app`` until SIGTERM/SIGINT; then stop within about ``drain_timeout`` seconds (plus the lifespan's
+    own drain)."""
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=drain_timeout)
+    GracefulServer(config).run()
+
+
+__all__ = ["GracefulServer", "serve"]
