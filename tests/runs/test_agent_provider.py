@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from jixu.errors import InvalidInput, ModelError
+from jixu.kernel import ownership
 from jixu.ledger import Event, MemoryStore, SQLiteStore, Store
 from jixu.runs.agent_provider import (
     CONTINUE_MESSAGE,
@@ -486,10 +487,28 @@ def test_a_killed_worker_resumes_the_same_thread_without_repeating_the_write(
 
 
 @pytest.mark.crash
-def test_another_worker_waits_for_the_dead_owners_lease_then_takes_over(
+def test_another_worker_on_this_machine_takes_a_dead_owner_over_at_once(
         ws: Path, tmp_path: Path, children: list[subprocess.Popen[str]]) -> None:
+    """The dead worker's process is proven gone (same boot, pid gone): its live lease is not waited for."""
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    start_and_kill(children, url, ws, "write", owner="worker-1", lease_ttl=30.0)
+    store = SQLiteStore(tmp_path / "ledger.db")
+    provider = AgentProvider("agent", continuing("taken over"), store=store, owner="worker-2", lease_ttl=30.0)
+    result = run(provider.implement(ws, context()))
+    assert result.summary == "taken over"
+    thread_id = result.details["thread_id"]
+    [*_, taken] = events_of(store, thread_id, "turn.claimed")
+    assert taken.data["reason"] == "took_over_dead_owner" and taken.data["proof"]["found"] == "no such process"
+    assert len(tool_events(store, thread_id, "dispatched", "write_file")) == 1
+    store.close()
+
+
+def test_another_machine_waits_for_the_dead_owners_lease_then_takes_over(
+        ws: Path, tmp_path: Path, children: list[subprocess.Popen[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen from another machine (another boot id) nothing proves the owner gone: its lease is honoured."""
     url = f"sqlite:///{tmp_path}/ledger.db"
     start_and_kill(children, url, ws, "write", owner="worker-1", lease_ttl=3.0)
+    monkeypatch.setattr(ownership, "_IDENTITY", (os.getpid(), {**ownership.process_identity(), "boot_id": "elsewhere"}))
     store = SQLiteStore(tmp_path / "ledger.db")
     provider = AgentProvider("agent", continuing("taken over"), store=store, owner="worker-2", lease_ttl=3.0)
     with pytest.raises(ProviderError) as caught:
