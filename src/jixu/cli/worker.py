@@ -85,7 +85,7 @@ def rich_report(owner: str) -> Report:
                    "shared); claims stop meanwhile while the loop runs late (--max-loop-lag).")
 @click.option("--max-loop-lag", type=click.FloatRange(0.001, 3600), default=None,
               help="Claim nothing new while the event loop runs this many seconds late (default: a tenth of the "
-                   "heartbeat interval, lease-ttl / 30).")
+                   "heartbeat interval, lease-ttl / 30, at least 0.02).")
 @click.option("--tool-threads", type=click.IntRange(1, 1024), default=DEFAULT_TOOL_THREADS, show_default=True,
               help="Threads for plain `def` tools per process (a blocking tool holds one, never the loop).")
 @click.option("--owner", default=None, metavar="NAME",

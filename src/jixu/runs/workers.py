@@ -151,7 +151,11 @@ a model or a tool cost little, and claims stop early anyway when the event loop 
 DEFAULT_TOOL_THREADS = 64
 """Threads a worker process runs plain ``def`` tools (and other blocking calls) in, at most, at once."""
 LAG_FRACTION = 0.1
-"""The default ``max_loop_lag``: this fraction of the heartbeat interval (``lease_ttl / 3``)."""
+"""The default ``max_loop_lag``: this fraction of the heartbeat interval (``lease_ttl / 3``), at least
+:data:`MIN_LOOP_LAG`."""
+MIN_LOOP_LAG = 0.02
+"""The smallest default ``max_loop_lag`` (a very short lease must not turn an event loop's ordinary jitter into
+back-pressure)."""
 
 
 def default_owner() -> str:
@@ -189,7 +193,8 @@ class WorkerConfig:
     their commits are shared). ``jixu worker`` and ``jixu serve`` default to :data:`DEFAULT_CONCURRENCY`."""
     max_loop_lag: float | None = None
     """Back-pressure: no new item is claimed while the event loop runs this many seconds late (None: a tenth
-    of the heartbeat interval, ``lease_ttl / 30``), so the heartbeats of the items in hand stay on time."""
+    of the heartbeat interval, ``lease_ttl / 30``, at least 20 ms), so the heartbeats of the items in hand stay
+    on time."""
     tool_threads: int = DEFAULT_TOOL_THREADS
     """The bounded thread pool that plain ``def`` tools run in, when the worker owns its event loop
     (:func:`serve`, ``jixu serve``): a blocking tool holds one of these threads, never the loop or the commits."""
@@ -235,7 +240,7 @@ class WorkerConfig:
         """Seconds of event-loop lag above which this worker claims nothing new."""
         if self.max_loop_lag is not None:
             return float(self.max_loop_lag)
-        return LAG_FRACTION * self.lease_ttl / 3
+        return max(MIN_LOOP_LAG, LAG_FRACTION * self.lease_ttl / 3)
 
     @property
     def limits(self) -> dict[str, Any]:
@@ -373,7 +378,8 @@ class Worker:
                              f"{'global' if default is None else default}), takeover {config.takeover}")
         self._queue_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="jixu-queue")
         lag_limit = config.loop_lag_limit
-        monitor = asyncio.create_task(self._watch_loop(min(0.05, lag_limit / 2)), name="jixu-loop-lag")
+        look_every = max(0.005, min(0.05, lag_limit / 2))
+        monitor = asyncio.create_task(self._watch_loop(look_every), name="jixu-loop-lag")
         repair = asyncio.create_task(self._repair_queue(), name="jixu-repair-queue") if self.harness else None
         in_flight: set[asyncio.Task[None]] = set()
         try:
@@ -385,7 +391,7 @@ class Worker:
                     # Back-pressure: the loop runs late, so the heartbeats of the items in hand would too. Claim
                     # nothing new until it has caught up (the lag is measured again every few tens of ms).
                     self.stats.held_back += 1
-                    await self._until_one_ends(in_flight, min(0.05, lag_limit / 2))
+                    await self._until_one_ends(in_flight, look_every)
                     continue
                 try:
                     # In a thread: a claim is a durable write (an fsync on SQLite), which would hold the loop
