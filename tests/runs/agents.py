@@ -6,6 +6,7 @@ Configured through the environment, since a factory takes no arguments:
   line ``<thread_id> <effect_id> <idempotency_key> <pid> <time>`` to it
   (``O_APPEND``, one ``write``: lines from several processes never interleave);
 - ``JIXU_TEST_TOOL_SLEEP``: seconds the tool then takes (default 0);
+- ``JIXU_TEST_BLOCK_SLEEP``: seconds the blocking ``def`` tool of ``blocking_agent`` sleeps (``time.sleep``);
 - ``JIXU_TEST_CLOCK_SKEW``: seconds added to this process's ``time.time``
   (a worker whose local clock is wrong; the store's clock must not care).
 """
@@ -75,6 +76,41 @@ def booking_agent() -> Agent:
     """One idempotent tool call per turn, then the reply ``done``."""
     _skew_clock()
     return Agent("booker", _one_call("book"), tools=[book])
+
+
+def _by_input(tools: dict[str, str]) -> ScriptedModel:
+    """One call per turn of the tool the user's input names (a word of it), then ``done``."""
+
+    def script(messages: list[JSONObject]) -> Step:
+        if messages and messages[-1].get("role") == "tool":
+            return "done"
+        said = next((str(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")
+        return ToolCall(next((tool for word, tool in tools.items() if word in said.split()), "charge"))
+
+    return ScriptedModel(script, keep_calls=False)
+
+
+def mixed_agent() -> Agent:
+    """Per turn one call of ``charge`` (unsafe; input with the word "charge") or ``book`` (idempotent; "book")."""
+    return Agent("mixed", _by_input({"charge": "charge", "book": "book"}), tools=[charge, book])
+
+
+@tool(semantics="unsafe")
+def block(ctx: ToolContext) -> str:
+    """A plain ``def`` tool that blocks its thread (``time.sleep``) after reaching the outside system."""
+    line = f"{ctx.thread_id} {ctx.effect_id} {ctx.idempotency_key} {os.getpid()} {time.monotonic():.6f}\n"
+    fd = os.open(os.environ["JIXU_TEST_OUTSIDE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+    time.sleep(float(os.environ.get("JIXU_TEST_BLOCK_SLEEP") or 0))
+    return f"blocked for {ctx.thread_id}"
+
+
+def blocking_agent() -> Agent:
+    """Per turn one call of ``block`` (a blocking ``def``; input with the word "block") or ``charge`` (async)."""
+    return Agent("blocking", _by_input({"block": "block", "charge": "charge"}), tools=[block, charge])
 
 
 def not_an_agent() -> str:

@@ -32,7 +32,7 @@ def test_sigterm_drains_within_the_timeout_loses_nothing_and_a_restarted_worker_
         submit_turn(store, thread_id, f"book table {n}")
         threads.append(thread_id)
     env = {"JIXU_TEST_OUTSIDE": str(outside)}
-    worker = workers(factory.url, "worker-1", "--drain-timeout", str(drain), "--lease-ttl", "5",
+    worker = workers(factory.url, "worker-1", "--concurrency", "1", "--drain-timeout", str(drain), "--lease-ttl", "5",
                      agent="booking_agent", env={**env, "JIXU_TEST_TOOL_SLEEP": str(tool_seconds)})
     wait_until(lambda: len(outside_lines(outside)) == 1, "the first call to be in flight")
     stopped_at = time.monotonic()
@@ -59,8 +59,8 @@ def test_sigterm_drains_within_the_timeout_loses_nothing_and_a_restarted_worker_
     assert not [e for e in cut_events if e.type == "turn.ended"], "a drained turn stays active for the next worker"
     assert {i.key: i.state for i in store.list_work()}[f"thread/{cut_thread}"] == "pending"
     # A restarted worker (same name) finishes every turn.
-    again = workers(factory.url, "worker-1", "--drain-timeout", str(drain), "--lease-ttl", "5", agent="booking_agent",
-                    env=env)
+    again = workers(factory.url, "worker-1", "--concurrency", "1", "--drain-timeout", str(drain), "--lease-ttl", "5",
+                    agent="booking_agent", env=env)
     wait_until(lambda: all(thread_state(store, t)["status"] == "idle" for t in threads), "every turn to finish",
                interval=0.05)
     assert again.stop() == 0

@@ -16,7 +16,14 @@ from jixu.cli.runs import DEFAULT_WORKSPACE_ROOT, PROVIDERS_ENV, WORKSPACE_ENV, 
 from jixu.cli.worker import open_store_label
 from jixu.ledger import DEFAULT_STORE_URL, open_store
 from jixu.runs.operations import PUBLISHERS_ENV, REMOTES_ENV, load_publishers, load_remotes
-from jixu.runs.workers import MAX_CONCURRENCY, WorkerConfig, default_owner, make_agent
+from jixu.runs.workers import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_TOOL_THREADS,
+    MAX_CONCURRENCY,
+    WorkerConfig,
+    default_owner,
+    make_agent,
+)
 
 
 @click.command("serve", short_help="Serve the HTTP API (/api/v1, OpenAPI at /openapi.json) over a store.")
@@ -38,13 +45,16 @@ from jixu.runs.workers import MAX_CONCURRENCY, WorkerConfig, default_owner, make
               help="Only record: leave queued inputs and runs for `jixu worker` even when --agent/--providers "
                    "are given.")
 @click.option("--owner", default=None, metavar="NAME", help="The in-process worker's name (default worker@<host>).")
-@click.option("--concurrency", type=click.IntRange(1, MAX_CONCURRENCY), default=1, show_default=True,
-              help="Threads and runs the in-process worker runs at once.")
+@click.option("--concurrency", type=click.IntRange(1, MAX_CONCURRENCY), default=DEFAULT_CONCURRENCY,
+              show_default=True, help="Threads and runs the in-process worker runs at once (claims stop meanwhile "
+                                      "while its event loop runs late).")
+@click.option("--tool-threads", type=click.IntRange(1, 1024), default=DEFAULT_TOOL_THREADS, show_default=True,
+              help="Threads for plain `def` tools in the in-process worker.")
 @click.option("--max-body-bytes", type=click.IntRange(1024, 64 * 1024 * 1024), default=1024 * 1024,
               show_default=True, help="Larger request bodies are refused with 413.")
 def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, providers_spec: str | None,
                   workspace_root: str, publishers_spec: str | None, remotes_spec: str | None, no_worker: bool, owner: str | None, max_body_bytes: int,
-                  concurrency: int) -> None:
+                  concurrency: int, tool_threads: int) -> None:
     """Serve the HTTP API over STORE: threads, runs, projects and tokens under /api/v1.
 
     Callers authenticate with bearer tokens: make the first one with
@@ -77,7 +87,8 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
     if not no_worker and (agent is not None or providers is not None):
         config = WorkerConfig(store_url=store_url, agent=agent_spec, owner=owner or default_owner(),
                               providers=providers_spec if providers is not None else None, workspace_root=str(root),
-                              publishers=publishers_spec, remotes=remotes_spec, concurrency=concurrency)
+                              publishers=publishers_spec, remotes=remotes_spec, concurrency=concurrency,
+                              tool_threads=tool_threads)
         lifespan.append(BackgroundWorker(store, config, agent=agent, providers=providers).lifespan)
     app = create_app(store, agent=agent, providers=providers, workspace_root=root, max_body_bytes=max_body_bytes,
                      publishers=publishers, remotes=remotes,

@@ -17,6 +17,8 @@ from jixu.kernel import DEFAULT_LEASE_TTL
 from jixu.ledger import open_store
 from jixu.runs.operations import PUBLISHERS_ENV, REMOTES_ENV, load_publishers, load_remotes
 from jixu.runs.workers import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_TOOL_THREADS,
     MAX_CONCURRENCY,
     UNBOUNDED,
     Report,
@@ -77,9 +79,15 @@ def rich_report(owner: str) -> Report:
                    f"tasks; default ${REMOTES_ENV}.")
 @click.option("--processes", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Worker processes to run.")
-@click.option("--concurrency", type=click.IntRange(1, MAX_CONCURRENCY), default=1, show_default=True,
+@click.option("--concurrency", type=click.IntRange(1, MAX_CONCURRENCY), default=DEFAULT_CONCURRENCY,
+              show_default=True,
               help="Threads and runs each worker process runs at once on its event loop (their commits are "
-                   "shared).")
+                   "shared); claims stop meanwhile while the loop runs late (--max-loop-lag).")
+@click.option("--max-loop-lag", type=click.FloatRange(0.001, 3600), default=None,
+              help="Claim nothing new while the event loop runs this many seconds late (default: a tenth of the "
+                   "heartbeat interval, lease-ttl / 30, at least 0.02).")
+@click.option("--tool-threads", type=click.IntRange(1, 1024), default=DEFAULT_TOOL_THREADS, show_default=True,
+              help="Threads for plain `def` tools per process (a blocking tool holds one, never the loop).")
 @click.option("--owner", default=None, metavar="NAME",
               help="Worker name (prefix NAME-1…NAME-N with several processes); stable across restarts, unique "
                    "among running workers. Default: worker@<hostname>.")
@@ -104,7 +112,7 @@ def worker_command(store_url: str, agent_spec: str | None, providers_spec: str |
                    publishers_spec: str | None, remotes_spec: str | None, processes: int, owner: str | None, global_limit: int | None,
                    project_limits: tuple[str, ...], default_project_limit: int | None, takeover: str,
                    lease_ttl: float, drain_timeout: float, poll_interval: float, exit_when_idle: bool,
-                   quiet: bool, concurrency: int) -> None:
+                   quiet: bool, concurrency: int, max_loop_lag: float | None, tool_threads: int) -> None:
     """Claim queued threads and runs from STORE and execute them, fairly across projects, within the limits.
 
     Threads get into the queue with jixu.runs.submit_turn(store, thread_id,
@@ -127,7 +135,7 @@ def worker_command(store_url: str, agent_spec: str | None, providers_spec: str |
     --remotes, cancellations) are carried out too. Give --agent,
     --providers or both; a worker leaves work it cannot do in the queue.
 
-    SIGTERM or SIGINT: stop claiming, drain the turn in flight (within
+    SIGTERM or SIGINT: stop claiming, drain every turn in flight (within
     --drain-timeout), put unfinished items back in the queue, exit 0. A worker
     killed abruptly leaves claims that expire; see `jixu turns list --expired`.
 
@@ -157,7 +165,7 @@ def worker_command(store_url: str, agent_spec: str | None, providers_spec: str |
                               takeover="safe" if takeover == "safe" else "never", poll_interval=poll_interval,
                               drain_timeout=drain_timeout, exit_when_idle=exit_when_idle, quiet=quiet,
                               providers=providers, workspace_root=root, publishers=publishers, remotes=remotes,
-                              concurrency=concurrency)
+                              concurrency=concurrency, max_loop_lag=max_loop_lag, tool_threads=tool_threads)
         open_store(store_url).close()  # migrate once before the workers start, and fail early
         if processes == 1:
             stats = asyncio.run(serve(config, report=rich_report(name)))
@@ -170,7 +178,8 @@ def worker_command(store_url: str, agent_spec: str | None, providers_spec: str |
                           default_project_limit=default_project_limit, takeover=config.takeover,
                           poll_interval=poll_interval, drain_timeout=drain_timeout, exit_when_idle=exit_when_idle,
                           quiet=quiet, providers=providers, workspace_root=root, publishers=publishers,
-                          remotes=remotes, concurrency=concurrency)
+                          remotes=remotes, concurrency=concurrency, max_loop_lag=max_loop_lag,
+                          tool_threads=tool_threads)
     console.print(f"[bold]jixu worker[/]: starting {processes} processes ({', '.join(pool.owners)}) on "
                   f"{escape(open_store_label(store_url))}", highlight=False)
     code = pool.run()

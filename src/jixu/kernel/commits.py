@@ -20,7 +20,9 @@ Where a commit runs, by one rule:
   commit: none of them could run during it anyway (decision 0021).
 * **In a worker thread** otherwise (some running user is busy with a model
   or a tool, or the appends are not a user's, e.g. turns starting): the loop
-  keeps serving them while the commit's fsync runs.
+  keeps serving them while the commit's fsync runs. That thread is this
+  commit path's own, not the loop's default executor, where plain ``def``
+  tools run: tools blocking every thread of that pool never hold a commit.
 
 Each waiter gets exactly what ``append`` would have given it: its stored
 events once they are durable, or its own error. A waiter cancelled while its
@@ -34,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from jixu.errors import JixuError, StoreError
@@ -81,6 +84,8 @@ class Commits:
         """Of :attr:`commits`, those queued and made in the loop's own thread (every running user waited)."""
         self.appends = 0
         """Appends committed (or refused) through this path."""
+        self._thread: ThreadPoolExecutor | None = None
+        """The one thread commits run in when not in the loop's (made on first use; one commit runs at a time)."""
 
     @classmethod
     def of(cls, store: Store) -> Commits:
@@ -209,7 +214,9 @@ class Commits:
             except Exception as exc:
                 return exc, False
         # A plain executor future, not a task: cancelling every task (as asyncio.run does on its way out) leaves it be.
-        running = asyncio.get_running_loop().run_in_executor(None, self.store.append_many, requests)
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jixu-commit")
+        running = asyncio.get_running_loop().run_in_executor(self._thread, self.store.append_many, requests)
         cancelled = False
         while True:
             try:

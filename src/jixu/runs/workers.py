@@ -46,8 +46,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import IO, Any, Literal
+from functools import partial
+from typing import IO, Any, Literal, TypeVar
 
 from jixu.errors import (
     AgentStillRunning,
@@ -79,6 +81,7 @@ from jixu.runs.scheduler import repair_queue, thread_id_of
 from jixu.threads.agent import Agent
 from jixu.threads.harness import Harness
 
+_T = TypeVar("_T")
 UNBOUNDED = 1_000_000
 """The global limit when none is given: each worker process still runs one item at a time."""
 CONFIG_ENV = "JIXU_WORKER_CONFIG"
@@ -143,6 +146,17 @@ def factory_spec(factory: str | Callable[[], Agent]) -> str:
 
 MAX_CONCURRENCY = 10_000
 """The most work items one worker runs at once."""
+DEFAULT_CONCURRENCY = 100
+"""Work items ``jixu worker`` and ``jixu serve`` run at once per process unless told otherwise: turns waiting on
+a model or a tool cost little, and claims stop early anyway when the event loop falls behind (``max_loop_lag``)."""
+DEFAULT_TOOL_THREADS = 64
+"""Threads a worker process runs plain ``def`` tools (and other blocking calls) in, at most, at once."""
+LAG_FRACTION = 0.1
+"""The default ``max_loop_lag``: this fraction of the heartbeat interval (``lease_ttl / 3``), at least
+:data:`MIN_LOOP_LAG`."""
+MIN_LOOP_LAG = 0.02
+"""The smallest default ``max_loop_lag`` (a very short lease must not turn an event loop's ordinary jitter into
+back-pressure)."""
 
 
 def default_owner() -> str:
@@ -177,7 +191,14 @@ class WorkerConfig:
     """Report only start, stop and problems, not every item."""
     concurrency: int = 1
     """Work items this worker runs at once on its event loop (turns waiting on a model or a tool cost little;
-    their commits are shared)."""
+    their commits are shared). ``jixu worker`` and ``jixu serve`` default to :data:`DEFAULT_CONCURRENCY`."""
+    max_loop_lag: float | None = None
+    """Back-pressure: no new item is claimed while the event loop runs this many seconds late (None: a tenth
+    of the heartbeat interval, ``lease_ttl / 30``, at least 20 ms), so the heartbeats of the items in hand stay
+    on time."""
+    tool_threads: int = DEFAULT_TOOL_THREADS
+    """The bounded thread pool that plain ``def`` tools run in, when the worker owns its event loop
+    (:func:`serve`, ``jixu serve``): a blocking tool holds one of these threads, never the loop or the commits."""
     providers: str | None = None
     """``MODULE:FACTORY`` of the providers this worker executes runs with (None: leave run keys queued)."""
     workspace_root: str | None = None
@@ -202,6 +223,11 @@ class WorkerConfig:
         _number(self.lease_ttl, "lease_ttl", 0.05, 3600)
         _number(self.poll_interval, "poll_interval", 0.001, 60)
         _number(self.drain_timeout, "drain_timeout", 0, 3600)
+        if self.max_loop_lag is not None:
+            _number(self.max_loop_lag, "max_loop_lag", 0.001, 3600)
+        if isinstance(self.tool_threads, bool) or not isinstance(self.tool_threads, int) \
+                or not 1 <= self.tool_threads <= 1024:
+            raise InvalidInput("tool_threads must be an integer between 1 and 1024", field="tool_threads")
         if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) \
                 or not 1 <= self.concurrency <= MAX_CONCURRENCY:
             raise InvalidInput(f"concurrency must be an integer between 1 and {MAX_CONCURRENCY}", field="concurrency")
@@ -209,6 +235,13 @@ class WorkerConfig:
                      self.default_project_limit)
         if self.takeover not in ("never", "safe"):
             raise InvalidInput("takeover must be 'never' or 'safe'", field="takeover")
+
+    @property
+    def loop_lag_limit(self) -> float:
+        """Seconds of event-loop lag above which this worker claims nothing new."""
+        if self.max_loop_lag is not None:
+            return float(self.max_loop_lag)
+        return max(MIN_LOOP_LAG, LAG_FRACTION * self.lease_ttl / 3)
 
     @property
     def limits(self) -> dict[str, Any]:
@@ -239,10 +272,16 @@ class WorkerStats:
     requeued: int = 0
     lost: int = 0
     errors: int = 0
+    held_back: int = 0
+    """Times a claim was put off because the event loop ran late (back-pressure)."""
+    max_in_flight: int = 0
+    """The most items this worker ran at once."""
+    max_loop_lag: float = 0.0
+    """The largest event-loop lag measured, in seconds."""
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, int | float]:
         """A JSON-ready dict."""
-        return asdict(self)
+        return {key: round(value, 4) if isinstance(value, float) else value for key, value in asdict(self).items()}
 
 
 @dataclass(frozen=True)
@@ -300,6 +339,8 @@ class Worker:
         self._stopping = False
         self._stop_event: asyncio.Event | None = None
         self._stop_reason = ""
+        self._lag = 0.0
+        self._queue_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="jixu-queue")
 
     @property
     def stopping(self) -> bool:
@@ -336,33 +377,53 @@ class Worker:
                              f"global limit {'none' if config.global_limit is None else config.global_limit}, "
                              f"project limits {per_project or '-'} (others: "
                              f"{'global' if default is None else default}), takeover {config.takeover}")
+        self._queue_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="jixu-queue")
+        lag_limit = config.loop_lag_limit
+        look_every = max(0.005, min(0.05, lag_limit / 2))
+        monitor = asyncio.create_task(self._watch_loop(look_every), name="jixu-loop-lag")
         repair = asyncio.create_task(self._repair_queue(), name="jixu-repair-queue") if self.harness else None
         in_flight: set[asyncio.Task[None]] = set()
-        while not self._stopping:
-            if len(in_flight) >= config.concurrency:
-                await self._until_one_ends(in_flight, None)
-                continue
-            try:
-                claim = self.store.claim_work(config.owner, config.lease_ttl, **limits)
-                idle = claim is None and not in_flight and config.exit_when_idle and self._queue_empty()
-            except StoreError as error:  # e.g. the database restarting: keep trying, slowly
-                self.stats.errors += 1
-                self.report("error", f"could not claim work ({error.message}); retrying")
-                await self._pause(max(1.0, min(5.0, config.poll_interval * 10)))
-                continue
-            if claim is None:
-                if idle:
-                    self.report("stop", "the queue is empty; exiting")
-                    break
-                await self._until_one_ends(in_flight, config.poll_interval)
-                continue
-            self.stats.claimed += 1
-            self.report("claim", f"claimed {claim.key} (project {claim.project}, epoch {claim.epoch})")
-            in_flight.add(asyncio.create_task(self._process(claim), name=f"jixu-work-{claim.key}"))
-        if self._stopping:
-            await self._drain(busy=len(in_flight))
-        if in_flight:
-            await asyncio.gather(*in_flight)
+        try:
+            while not self._stopping:
+                if len(in_flight) >= config.concurrency:
+                    await self._until_one_ends(in_flight, None)
+                    continue
+                if self._lag > lag_limit:
+                    # Back-pressure: the loop runs late, so the heartbeats of the items in hand would too. Claim
+                    # nothing new until it has caught up (the lag is measured again every few tens of ms).
+                    self.stats.held_back += 1
+                    await self._until_one_ends(in_flight, look_every)
+                    continue
+                try:
+                    # In a thread: a claim is a durable write (an fsync on SQLite), which would hold the loop
+                    # and every turn on it.
+                    claim = await self._queue(self.store.claim_work, config.owner, config.lease_ttl, **limits)
+                    idle = (claim is None and not in_flight and config.exit_when_idle
+                            and await self._queue(self._queue_empty))
+                except StoreError as error:  # e.g. the database restarting: keep trying, slowly
+                    self.stats.errors += 1
+                    self.report("error", f"could not claim work ({error.message}); retrying")
+                    await self._pause(max(1.0, min(5.0, config.poll_interval * 10)))
+                    continue
+                if claim is None:
+                    if idle:
+                        self.report("stop", "the queue is empty; exiting")
+                        break
+                    await self._until_one_ends(in_flight, config.poll_interval)
+                    continue
+                self.stats.claimed += 1
+                self.report("claim", f"claimed {claim.key} (project {claim.project}, epoch {claim.epoch})")
+                in_flight.add(asyncio.create_task(self._process(claim), name=f"jixu-work-{claim.key}"))
+                self.stats.max_in_flight = max(self.stats.max_in_flight, len(in_flight))
+            if self._stopping:
+                await self._drain(busy=len(in_flight))
+            if in_flight:
+                await asyncio.gather(*in_flight)
+        finally:
+            monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await monitor
+            self._queue_pool.shutdown(wait=False)
         if repair is not None and not repair.done():
             repair.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -370,6 +431,24 @@ class Worker:
         if self._stopping:
             self.report("stop", f"stopped ({self._stop_reason}): {json.dumps(self.stats.to_dict())}")
         return self.stats
+
+    async def _queue(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """``fn(*args, **kwargs)`` (a work-queue call of the store) in this worker's queue threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._queue_pool, partial(fn, *args, **kwargs))
+
+    async def _watch_loop(self, interval: float) -> None:
+        """Measure how late the event loop wakes a sleeper (its lag), every ``interval`` seconds."""
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(interval)
+            self._lag = max(0.0, loop.time() - before - interval)
+            self.stats.max_loop_lag = max(self.stats.max_loop_lag, self._lag)
+
+    @property
+    def loop_lag(self) -> float:
+        """The event loop's lag as last measured, in seconds (claims stop above ``config.loop_lag_limit``)."""
+        return self._lag
 
     async def _repair_queue(self) -> None:
         """Put back in the queue the queued turns older versions left without a work item (see repair_queue)."""
@@ -439,7 +518,7 @@ class Worker:
         finally:
             heartbeat.cancel()
         try:
-            self.store.finish_work(claim, requeue=outcome.requeue, delay=outcome.delay)
+            await self._queue(self.store.finish_work, claim, requeue=outcome.requeue, delay=outcome.delay)
         except FencingError as error:
             self.stats.lost += 1
             self.report("lost", f"{claim.key}: {outcome.note}; the work claim was lost meanwhile "
@@ -461,7 +540,7 @@ class Worker:
         while True:
             await asyncio.sleep(ttl / 3)
             try:
-                claim = self.store.renew_work(claim, ttl)
+                claim = await self._queue(self.store.renew_work, claim, ttl)
             except FencingError as error:
                 self.report("lost", f"{claim.key}: lost the work claim ({error.message}); the turn's own lease "
                                     "still fences its events")
@@ -618,6 +697,7 @@ async def serve(config: WorkerConfig, *, report: Report | None = None,
     try:
         worker = Worker(agent, store, config, report=report, providers=providers)
         loop = asyncio.get_running_loop()
+        use_tool_pool(loop, config)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, worker.stop, f"{signal.Signals(signum).name} received")
         if on_ready is not None:
@@ -629,6 +709,15 @@ async def serve(config: WorkerConfig, *, report: Report | None = None,
                 loop.remove_signal_handler(signum)
     finally:
         store.close()
+
+
+def use_tool_pool(loop: asyncio.AbstractEventLoop, config: WorkerConfig) -> ThreadPoolExecutor:
+    """Make a bounded pool of ``config.tool_threads`` the default executor of ``loop`` (the one a worker owns):
+    plain ``def`` tools and other blocking calls run there, never on the loop (the commits have their own thread,
+    so even a full pool of blocking tools never holds a commit)."""
+    pool = ThreadPoolExecutor(max_workers=config.tool_threads, thread_name_prefix="jixu-tool")
+    loop.set_default_executor(pool)
+    return pool
 
 
 def load_run_providers(spec: str) -> dict[str, Provider]:
@@ -681,7 +770,8 @@ class WorkerPool:
                  env: dict[str, str] | None = None, stdout: IO[str] | int | None = None,
                  stderr: IO[str] | int | None = None, providers: str | None = None,
                  workspace_root: str | None = None, publishers: str | None = None,
-                 remotes: str | None = None, concurrency: int = 1) -> None:
+                 remotes: str | None = None, concurrency: int = 1, max_loop_lag: float | None = None,
+                 tool_threads: int = DEFAULT_TOOL_THREADS) -> None:
         if isinstance(processes, bool) or not isinstance(processes, int) or not 1 <= processes <= 256:
             raise InvalidInput("processes must be an integer between 1 and 256", field="processes")
         spec = factory_spec(agent_factory) if agent_factory is not None else None
@@ -692,7 +782,7 @@ class WorkerPool:
                                      poll_interval=poll_interval, drain_timeout=drain_timeout,
                                      exit_when_idle=exit_when_idle, quiet=quiet, providers=providers,
                                      workspace_root=workspace_root, publishers=publishers, remotes=remotes,
-                                     concurrency=concurrency)
+                                     concurrency=concurrency, max_loop_lag=max_loop_lag, tool_threads=tool_threads)
                         for i in range(1, processes + 1)]
         self.drain_timeout = float(drain_timeout)
         self._env = dict(env or {})
@@ -783,6 +873,6 @@ class WorkerPool:
         self.stop()
 
 
-__all__ = ["CONFIG_ENV", "DEFAULT_WORKSPACE_ROOT", "UNBOUNDED", "Report", "Worker", "WorkerConfig", "WorkerPool",
+__all__ = ["CONFIG_ENV", "DEFAULT_CONCURRENCY", "DEFAULT_TOOL_THREADS", "DEFAULT_WORKSPACE_ROOT", "UNBOUNDED", "Report", "Worker", "WorkerConfig", "WorkerPool",
            "WorkerStats", "child_main", "default_owner", "exit_code_of", "factory_spec", "load_agent_factory",
-           "load_run_providers", "make_agent", "print_report", "serve"]
+           "load_run_providers", "make_agent", "print_report", "serve", "use_tool_pool"]

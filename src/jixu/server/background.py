@@ -2,7 +2,8 @@
 
 The worker is the same :class:`jixu.runs.Worker` that ``jixu worker`` runs,
 on its own thread with its own event loop (the store is thread-safe), so a
-long model or tool call never blocks the HTTP server. It is started and
+long model or tool call never blocks the HTTP server; plain ``def`` tools run
+in that loop's bounded pool (``WorkerConfig.tool_threads``). It is started and
 stopped (drained) with the app's lifespan.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 
 from jixu.ledger import Store
 from jixu.runs import Provider, Worker, WorkerConfig
+from jixu.runs.workers import use_tool_pool
 from jixu.threads import Agent
 
 log = logging.getLogger("jixu.server.worker")
@@ -38,6 +40,7 @@ class BackgroundWorker:
 
     def _main(self) -> None:
         loop = asyncio.new_event_loop()
+        tools = use_tool_pool(loop, self.worker.config)
         self._loop = loop
         self._ready.set()
         try:
@@ -46,6 +49,7 @@ class BackgroundWorker:
             log.exception("the in-process worker stopped with an error")
         finally:
             loop.close()
+            tools.shutdown(wait=False)
 
     def start(self) -> None:
         """Start the worker thread."""

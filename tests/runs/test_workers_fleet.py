@@ -1,0 +1,244 @@
+"""A fleet of turns per worker process: many at once, within the limits, a blocking tool stalls nothing, SIGTERM
+drains them all, SIGKILL loses none of them.
+
+Real ``jixu worker`` processes over real stores (PostgreSQL from the ``postgres_dsn`` fixture); the outside
+system is a file each tool call appends one line to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+from jixu.ledger import MemoryStore
+from jixu.runs import Worker, WorkerConfig, create_thread_for, submit_turn
+from jixu.threads.log import ThreadLog
+from tests.conftest import StoreFactory
+from tests.runs.agents import blocking_agent, counter_agent, mixed_agent
+from tests.runs.conftest import WAIT, Spawn, outside_lines, thread_state, wait_until
+from tests.runs.test_multiworker import Sampler
+
+
+def stats_of(output: str) -> dict[str, float]:
+    """The stats a worker printed when it stopped."""
+    [found] = re.findall(r"stopped \([^)]*\): (\{.*\})", output)
+    stats: dict[str, float] = json.loads(found)
+    return stats
+
+
+def most_at_once(starts: list[float], seconds: float) -> int:
+    """The most calls that started within ``seconds`` of each other (calls of that duration running together)."""
+    ordered = sorted(starts)
+    return max(sum(1 for t in ordered if s <= t < s + seconds) for s in ordered)
+
+
+def test_two_workers_on_postgres_run_n_turns_at_once_each_and_never_more_per_project_than_its_limit(
+        postgres: StoreFactory, workers: Spawn, tmp_path: Path) -> None:
+    store = postgres()
+    assert postgres.url is not None
+    outside = tmp_path / "outside.txt"
+    agent = counter_agent()
+    projects: dict[str, str] = {}
+    for project, count in (("a", 40), ("b", 60)):
+        for _ in range(count):
+            thread_id = create_thread_for(store, agent, project=project)
+            submit_turn(store, thread_id, "charge the order")
+            projects[thread_id] = project
+    sampler = Sampler(postgres())
+    sampler.start()
+    env = {"JIXU_TEST_OUTSIDE": str(outside), "JIXU_TEST_TOOL_SLEEP": "1.5"}
+    options = ("--concurrency", "15", "--project-limit", "a=8", "--lease-ttl", "9", "--drain-timeout", "5")
+    pool = [workers(postgres.url, f"fleet-{n}", *options, env=env) for n in (1, 2)]
+    try:
+        wait_until(lambda: len(store.list_work(state="done")) == len(projects), "all 100 turns done",
+                   timeout=WAIT * 2, interval=0.05)
+    finally:
+        sampler.done.set()
+        sampler.join(WAIT)
+    for worker in pool:
+        worker.signal(signal.SIGTERM)
+    assert [worker.wait() for worker in pool] == [0, 0], [w.output() for w in pool]
+    assert sampler.error is None and sampler.samples > 20
+    # Each process ran its full concurrency at once, and never more; project a never above its limit of 8.
+    assert [stats_of(w.output())["max_in_flight"] for w in pool] == [15, 15]
+    assert sampler.peak["*"] <= 30 and sampler.peak["a"] <= 8, sampler.peak
+    assert sampler.peak["*"] >= 25, f"expected ~30 claims at once: {sampler.peak}"
+    lines = outside_lines(outside)
+    by_process = Counter(line[3] for line in lines)
+    assert len(by_process) == 2, "both processes ran turns"
+    at_once = most_at_once([float(line[4]) for line in lines], 1.5)
+    assert 25 <= at_once <= 30, f"{at_once} calls ran at once across the two processes (2 x 15 allowed)"
+    # Exactly once each.
+    calls = Counter(line[0] for line in lines)
+    assert set(calls) == set(projects) and set(calls.values()) == {1}
+    for thread_id in projects:
+        assert thread_state(store, thread_id)["last_reply"] == "done"
+        assert store.verify(f"thread/{thread_id}").valid
+
+
+def test_a_blocking_def_tool_does_not_stall_the_other_turns_and_runs_in_a_bounded_pool(
+        sqlite: StoreFactory, workers: Spawn, tmp_path: Path) -> None:
+    """Ten turns call a plain ``def`` tool that blocks its thread for 6 s; twenty others call an async tool. With
+    --tool-threads 8, eight blockers run at once (the pool is bounded) and the twenty others finish meanwhile:
+    neither the event loop nor the commits wait for a blocked thread."""
+    store = sqlite()
+    assert sqlite.url is not None
+    outside = tmp_path / "outside.txt"
+    agent = blocking_agent()
+    blockers, others = [], []
+    for n in range(10):
+        blockers.append(create_thread_for(store, agent))
+        submit_turn(store, blockers[-1], f"block {n}")
+    for n in range(20):
+        others.append(create_thread_for(store, agent))
+        submit_turn(store, others[-1], f"charge {n}")
+    worker = workers(sqlite.url, "blocked", "--concurrency", "30", "--tool-threads", "8", "--lease-ttl", "9",
+                     agent="blocking_agent", env={"JIXU_TEST_OUTSIDE": str(outside), "JIXU_TEST_BLOCK_SLEEP": "6"})
+    blocked = set(blockers)
+    wait_until(lambda: len({line[0] for line in outside_lines(outside)} & blocked) >= 8, "eight blocking calls")
+    first_block = min(float(line[4]) for line in outside_lines(outside) if line[0] in blocked)
+    waited = wait_until(lambda: all(thread_state(store, t)["status"] == "idle" for t in others),
+                        "the twenty other turns", interval=0.05)
+    lines = outside_lines(outside)
+    block_starts = sorted(float(line[4]) for line in lines if line[0] in blocked)
+    assert len(block_starts) == 8 or block_starts[8] - first_block > 5, "more than 8 blocking calls at once"
+    done_before_unblocked = time.monotonic() - first_block
+    print(f"the 20 other turns were done {waited:.2f}s after the 8th blocking call started")
+    assert done_before_unblocked < 5.5, "the other turns waited for the blocked threads"
+    wait_until(lambda: all(thread_state(store, t)["status"] == "idle" for t in blockers), "the blocking turns",
+               timeout=WAIT)
+    assert most_at_once(sorted(float(line[4]) for line in outside_lines(outside) if line[0] in blocked), 5.9) == 8
+    assert worker.stop() == 0
+    assert Counter(line[0] for line in outside_lines(outside)) == Counter({t: 1 for t in blockers + others})
+
+
+def test_sigterm_drains_every_turn_in_flight_within_the_timeout_and_leaves_nothing_claimed(
+        sqlite: StoreFactory, workers: Spawn, tmp_path: Path) -> None:
+    store = sqlite()
+    assert sqlite.url is not None
+    outside = tmp_path / "outside.txt"
+    threads = []
+    for n in range(40):
+        threads.append(create_thread_for(store, mixed_agent()))
+        submit_turn(store, threads[-1], f"book table {n}")
+    env = {"JIXU_TEST_OUTSIDE": str(outside)}
+    worker = workers(sqlite.url, "drained", "--concurrency", "40", "--drain-timeout", "5", "--lease-ttl", "9",
+                     agent="mixed_agent", env={**env, "JIXU_TEST_TOOL_SLEEP": "2.5"})
+    wait_until(lambda: len(outside_lines(outside)) == 40, "all 40 calls in flight")
+    stopped_at = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output()
+    took = time.monotonic() - stopped_at
+    print(f"40 turns drained; the worker exited {took:.2f}s after SIGTERM (drain timeout 5s)")
+    assert took < 5, f"exited {took:.2f}s after SIGTERM; the drain timeout is 5s"
+    assert "draining the 40 turns in flight" in worker.output()
+    # Every call in flight finished within the drain and was recorded; each turn stopped after it, its item put
+    # back in the queue; nothing is left claimed.
+    items = Counter(item.state for item in store.list_work())
+    assert items == Counter({"pending": 40}), items
+    for thread_id in threads:
+        events = store.read(f"thread/{thread_id}")
+        assert [e.type for e in events if e.type in ("tool.completed", "tool.failed")] == ["tool.completed"]
+        assert store.verify(f"thread/{thread_id}").valid
+    assert stats_of(worker.output())["requeued"] == 40
+    again = workers(sqlite.url, "drained", "--drain-timeout", "4", agent="mixed_agent", env=env)
+    wait_until(lambda: all(thread_state(store, t)["status"] == "idle" for t in threads), "every turn to finish",
+               interval=0.05)
+    assert again.stop() == 0
+    assert Counter(line[0] for line in outside_lines(outside)) == Counter({t: 1 for t in threads})
+
+
+def test_sigkill_of_a_worker_holding_50_turns_the_other_recovers_all_50_and_no_unsafe_call_runs_twice(
+        postgres: StoreFactory, workers: Spawn, tmp_path: Path) -> None:
+    """Worker A holds 50 turns, each with its tool call in flight (25 unsafe ``charge``, 25 idempotent ``book``),
+    and is SIGKILLed. Worker B (``--takeover safe``) takes every one of the 50 over: the idempotent calls are
+    retried under their own effect id and key and the turns finish; the unsafe calls become unknown and wait for
+    an operator (B writes nothing to those threads), never run a second time."""
+    store = postgres()
+    assert postgres.url is not None
+    outside = tmp_path / "outside.txt"
+    agent = mixed_agent()
+    kind: dict[str, str] = {}
+    for n in range(50):
+        word = "charge" if n % 2 else "book"
+        thread_id = create_thread_for(store, agent)
+        submit_turn(store, thread_id, f"{word} order {n}")
+        kind[thread_id] = word
+    first = workers(postgres.url, "fleet-a", "--concurrency", "50", "--lease-ttl", "3", agent="mixed_agent",
+                    env={"JIXU_TEST_OUTSIDE": str(outside), "JIXU_TEST_TOOL_SLEEP": "60"})
+    wait_until(lambda: len(outside_lines(outside)) == 50, "worker A to have all 50 calls in flight")
+    assert len(store.list_work(state="claimed")) == 50
+    first.signal(signal.SIGKILL)
+    first.wait()
+    second = workers(postgres.url, "fleet-b", "--concurrency", "50", "--lease-ttl", "3", "--takeover", "safe",
+                     agent="mixed_agent", env={"JIXU_TEST_OUTSIDE": str(outside)})
+    wait_until(lambda: len(store.list_work(state="done")) == 50, "worker B to settle all 50 items", timeout=WAIT * 2,
+               interval=0.05)
+    assert second.stop() == 0, second.output()
+    assert not store.list_work(state="claimed") and not store.list_work(state="pending")
+    calls: dict[str, list[list[str]]] = defaultdict(list)
+    for line in outside_lines(outside):
+        calls[line[0]].append(line)
+    output = second.output()
+    for thread_id, word in kind.items():
+        events = store.read(f"thread/{thread_id}")
+        assert store.verify(f"thread/{thread_id}").valid
+        state = thread_state(store, thread_id)
+        claimed = [e.data["reason"] for e in events if e.type == "turn.claimed"]
+        if word == "book":  # retry-safe: taken over by B, retried under the same identity, and finished
+            assert claimed[-1] == "took_over_dead_owner", claimed
+            assert state["status"] == "idle" and state["last_reply"] == "done", state["status"]
+            assert len(calls[thread_id]) == 2 and len({(c[1], c[2]) for c in calls[thread_id]}) == 1
+            assert {c[3] for c in calls[thread_id]} == {str(first.pid), str(second.pid)}
+        else:  # unsafe: in doubt, left to an operator, never run again
+            assert len(calls[thread_id]) == 1, calls[thread_id]
+            assert len([e for e in events if e.type == "tool.dispatched"]) == 1
+            effect = ThreadLog.load(store, thread_id).snapshot().effects[calls[thread_id][0][1]]
+            assert (effect.name, effect.state) == ("charge", "unknown"), effect
+            assert state["status"] == "waiting", state["status"]
+            assert f"thread/{thread_id}: waiting: effects with an unknown outcome need an operator" in output
+    assert output.count("claimed thread/") >= 50
+
+
+def test_claims_stop_while_the_event_loop_runs_late_and_resume_once_it_caught_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Back-pressure: while something holds the loop (0.1 s at a time, for 1 s), the worker's measured lag is
+    above its limit (0.03 s) and it claims (almost) nothing; afterwards it claims and runs every turn."""
+    monkeypatch.setenv("JIXU_TEST_OUTSIDE", str(tmp_path / "outside.txt"))
+    store = MemoryStore()
+    threads = [create_thread_for(store, counter_agent()) for _ in range(20)]
+    for thread_id in threads:
+        submit_turn(store, thread_id, "charge")
+    claims: list[float] = []
+    config = WorkerConfig(store_url="memory://", agent="tests.runs.agents:counter_agent", owner="w-1",
+                          poll_interval=0.01, lease_ttl=5, concurrency=100, max_loop_lag=0.03, exit_when_idle=True)
+    worker = Worker(counter_agent(), store, config,
+                    report=lambda kind, text: claims.append(time.monotonic()) if kind == "claim" else None)
+    hog_until = 0.0
+
+    async def main() -> None:
+        nonlocal hog_until
+        hog_until = time.monotonic() + 1.0
+
+        async def hog() -> None:
+            while time.monotonic() < hog_until:
+                time.sleep(0.1)  # holds the loop, as a CPU-bound stretch or a blocking call would
+                await asyncio.sleep(0)
+
+        hogging = asyncio.create_task(hog())
+        await asyncio.wait_for(worker.run(), WAIT)
+        await hogging
+
+    asyncio.run(main())
+    during = [t for t in claims if t < hog_until]
+    assert len(during) <= 3, f"{len(during)} claims while the loop ran 0.1 s late"
+    assert worker.stats.held_back > 0 and worker.stats.max_loop_lag >= 0.08, worker.stats
+    assert worker.stats.finished == 20
+    assert all(thread_state(store, t)["status"] == "idle" for t in threads)
