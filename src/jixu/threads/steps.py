@@ -592,7 +592,8 @@ def _step_tool(name: str, call: Callable[[ToolContext], Any], **declared: Any) -
 
 
 def durable(store: Store | str | os.PathLike[str] | None, thread_id: str | None = None, *, name: str = "run",
-            agent: str = "steps", metadata: dict[str, Any] | None = None, **harness: Any) -> DurableRun:
+            agent: str = "steps", metadata: dict[str, Any] | None = None,
+            approval_poll: float = DEFAULT_APPROVAL_POLL, **harness: Any) -> DurableRun:
     """A durable run on ``store`` without an agent of yours: ``async with jixu.durable(url, thread_id) as run``.
 
     ``agent`` names the (model-less) agent the thread is recorded under; ``harness`` goes to
@@ -601,7 +602,7 @@ def durable(store: Store | str | os.PathLike[str] | None, thread_id: str | None 
     from jixu.threads.harness import Harness
 
     return DurableRun(Harness(steps_agent(agent), store, **harness), thread_id, name=name, metadata=metadata,
-                      owns_harness=True)
+                      approval_poll=approval_poll, owns_harness=True)
 
 
 __all__ = ["AskProbe", "AwaitApproval", "Call", "Done", "DurableRun", "Fail", "Mismatch", "ProbeAgain", "Record",
