@@ -246,7 +246,7 @@ def test_replay_and_fork_project_each_turn_under_the_revision_it_ran_with() -> N
     run(go())
 
 
-def test_the_cli_and_the_http_api_show_the_revision(tmp_path: Path) -> None:
+def test_the_cli_and_the_http_api_show_the_revision_and_a_durable_run(tmp_path: Path) -> None:
     from tests.server.conftest import start_api
 
     db = tmp_path / "api.db"
@@ -264,7 +264,16 @@ def test_the_cli_and_the_http_api_show_the_revision(tmp_path: Path) -> None:
             await reopened.wait()
             return thread.thread_id
 
+        async def steps() -> str:
+            async with Harness(agent(), store).durable(metadata={"project": "alpha"}, name="sync") as durable:
+                await durable.effect("lookup_remote", {"id": 3}, semantics="read_only", call=lambda ctx: "found")
+                return durable.thread_id
+
         thread_id = run(go())
+        steps_id = run(steps())
+        durable_state = api.client().get(f"/threads/{steps_id}").json()
+        assert durable_state["status"] == "idle" and durable_state["turns"][0]["steps"] is True
+        assert [e["name"] for e in durable_state["effects"].values()] == ["lookup_remote"]
         body = api.client().get(f"/threads/{thread_id}").json()
         assert body["revision"] == 2 and [t["revisions"] for t in body["turns"]] == [[1], [2]], body
         assert body["revisions"][1]["changes"]["tools_added"] == ["echo"]
@@ -276,6 +285,9 @@ def test_the_cli_and_the_http_api_show_the_revision(tmp_path: Path) -> None:
                            capture_output=True, text=True, env=python_env(), check=False)
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["revision"] == 2
+    steps_shown = subprocess.run([sys.executable, "-m", "jixu", "threads", "show", str(db), steps_id, "--json"],
+                                 capture_output=True, text=True, env=python_env(), check=False)
+    assert json.loads(steps_shown.stdout)["effects"], steps_shown.stderr
     human = subprocess.run([sys.executable, "-m", "jixu", "threads", "show", str(db), thread_id],
                            capture_output=True, text=True, env={**python_env(), "COLUMNS": "200"}, check=False)
     assert human.returncode == 0 and "revision 2" in human.stdout, human.stdout + human.stderr
