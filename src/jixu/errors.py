@@ -241,6 +241,28 @@ class IncompatibleAgent(JixuError):
     code = "incompatible_agent"
 
 
+class StepOutcomeUnknown(JixuError):
+    """A durable step (``Harness.durable``) was dispatched and its outcome is unknown: it is unsafe to run again,
+    and no probe settled it. ``details``: ``thread_id``, ``effect_id``, ``step``, ``probe`` (what the probe
+    answered, if one was asked). An operator resolves it (``jixu threads resolve``), then the code runs again."""
+
+    code = "step_outcome_unknown"
+
+
+class StepMismatch(JixuError):
+    """A durable step's recorded intent differs from what the code asks now (name, arguments' hash, semantics or
+    approval under the same step key): the code changed under a run in progress. Nothing is run."""
+
+    code = "step_mismatch"
+
+
+class StepFailed(JixuError):
+    """A durable step ended without a result, as recorded: a determinate failure (``ToolError``), a denial, or an
+    operator's ``abandoned_unknown``. ``details["reason"]`` says which; re-running the code raises it again."""
+
+    code = "step_failed"
+
+
 class EffectNotUnknown(JixuError):
     """An outcome resolution names an effect that is not in the ``unknown`` state."""
 
@@ -457,6 +479,9 @@ __all__ = [
     "StoreNotDurable",
     "StoreNotFound",
     "StoreReadOnly",
+    "StepFailed",
+    "StepMismatch",
+    "StepOutcomeUnknown",
     "StreamBusy",
     "StreamCorrupt",
     "ThreadBusy",

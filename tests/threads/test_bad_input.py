@@ -336,8 +336,7 @@ def _lookup_other_schema() -> Tool:
     return Tool(lookup, semantics="read_only")
 
 
-INCOMPATIBLE: dict[str, Callable[[], Agent]] = {
-    "other-name": lambda: agent(name="kit-2"),
+CHANGED: dict[str, Callable[[], Agent]] = {
     "other-semantics": lambda: agent(tools=[_lookup_variant("idempotent"), charge, wire]),
     "now-requires-approval": lambda: agent(tools=[_lookup_variant(requires_approval=True), charge, wire]),
     "other-schema": lambda: agent(tools=[_lookup_other_schema(), charge, wire]),
@@ -346,16 +345,33 @@ INCOMPATIBLE: dict[str, Callable[[], Agent]] = {
 }
 
 
-@pytest.mark.parametrize("variant", sorted(INCOMPATIBLE))
-def test_open_thread_under_an_incompatible_agent_is_refused(ledger: Ledger, variant: str) -> None:
+def test_open_thread_under_another_agent_is_refused(ledger: Ledger) -> None:
     original = ledger.harness(agent())
-    other = ledger.harness(INCOMPATIBLE[variant]())
+    other = ledger.harness(agent(name="kit-2"))
 
     async def scenario() -> None:
         thread = await finished_thread(original)
         error = await expect(IncompatibleAgent, lambda: other.open_thread(thread.thread_id),
                              Unchanged(original.store, thread))
-        assert thread.thread_id in error.message
+        assert thread.thread_id in error.message and "another agent" in error.message
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("variant", sorted(CHANGED))
+def test_open_thread_under_a_changed_definition_with_no_call_open_writes_nothing_until_it_acts(
+        ledger: Ledger, variant: str) -> None:
+    """A thread with no effect open takes any change of its agent's tools (tests/threads/test_agent_revisions.py
+    holds the rules); opening alone records nothing."""
+    original = ledger.harness(agent())
+    other = ledger.harness(CHANGED[variant]())
+
+    async def scenario() -> None:
+        thread = await finished_thread(original)
+        unchanged = Unchanged(original.store, thread)
+        reopened = await other.open_thread(thread.thread_id)
+        assert reopened.state().status == "idle" and reopened.state().revision == 1
+        unchanged.check()
 
     run(scenario())
 

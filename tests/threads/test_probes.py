@@ -309,7 +309,7 @@ def test_probes_survive_a_checkpoint_and_are_not_inherited_by_a_fork() -> None:
     del dumped["probes"]  # a fork record written by reducer version 4
     assert projection.load(dumped).probes == {}
     assert fork_state(state).probes == {}
-    assert REDUCER_VERSION == 5
+    assert REDUCER_VERSION == 6
 
 
 def test_the_model_is_told_who_settled_the_call() -> None:
@@ -409,16 +409,22 @@ def test_a_probe_that_cannot_tell_leaves_the_call_waiting_with_its_answer_then_a
     run(go())
 
 
-def test_a_thread_whose_calls_were_probed_is_not_continued_by_an_agent_without_the_probe() -> None:
+def test_a_thread_whose_unknown_call_expects_a_probe_is_not_continued_by_an_agent_without_the_probe() -> None:
     payments = Payments()
     store = MemoryStore()
 
     async def go() -> None:
-        with_probe = Harness(Agent("refunder", ScriptedModel(_step), tools=[payments.tool(payments.find)]), store)
+        cannot_tell = payments.tool(lambda query: DontKnow(reason="the payment system is down"))
+        with_probe = Harness(Agent("refunder", ScriptedModel(_step), tools=[cannot_tell]), store)
         thread = await with_probe.create_thread()
+        await thread.send("Refund order 42")
+        state = await thread.wait()
+        assert state.status == "waiting", state.reason
+        [waiting] = state.waiting_on
         without = Harness(Agent("refunder", ScriptedModel(_step), tools=[payments.tool(None)]), store)
-        with pytest.raises(IncompatibleAgent):
+        with pytest.raises(IncompatibleAgent) as refused:
             await without.open_thread(thread.thread_id)
+        assert waiting["effect_id"] in refused.value.message and "tool 'refund' changed" in refused.value.message
 
     run(go())
 

@@ -246,18 +246,21 @@ def show_command(store: str, thread_id: str, as_json: bool) -> None:
         emit_json(state.to_dict())
     else:
         out().print(f"[bold]thread {state.thread_id}[/]  {status_line(state)}", highlight=False)
-        out().print(f"agent {state.agent.get('name')!r} (contract {str(state.agent.get('contract'))[:12]}…), "
+        out().print(f"agent {state.agent.get('name')!r} revision {state.revision} (contract "
+                      f"{str(state.agent.get('contract'))[:12]}…, model {state.agent.get('model')}), "
                       f"{state.seq} events, head {state.head_hash[:16]}…", highlight=False)
         if state.parent:
             out().print(f"forked from thread {state.parent.get('thread_id')} at event "
                           f"{state.parent.get('event_id')} (seq {state.parent.get('seq')}, hash "
                           f"{str(state.parent.get('hash'))[:16]}…)", highlight=False)
         turns = Table(title="turns")
-        for column in ("turn", "status", "input", "reply / error"):
+        for column in ("turn", "status", "revision", "input", "reply / error"):
             turns.add_column(column)
         for turn in state.turns:
             outcome = turn.get("reply") if turn.get("reply") is not None else (turn.get("error") or "")
-            turns.add_row(turn["turn_id"], str(turn["status"]), trim(turn["input"], 50), trim(outcome, 60))
+            ran_under = ", ".join(str(r) for r in turn.get("revisions") or ()) or "-"
+            turns.add_row(turn["turn_id"], str(turn["status"]), ran_under,
+                          ("steps: " if turn.get("steps") else "") + trim(turn["input"], 50), trim(outcome, 60))
         out().print(turns)
         out().print(messages_table(state.messages, "messages"))
         out().print(effects_table(state.effects, "effects (RecoveryResolver)"))

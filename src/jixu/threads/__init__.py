@@ -9,6 +9,7 @@ from jixu.threads.harness import Harness, ThreadSummary
 from jixu.threads.log import ThreadLog
 from jixu.threads.model import ModelDriver, ModelRequest, ModelResponse, ScriptedModel, ToolCall, Usage
 from jixu.threads.projection import ThreadProjection
+from jixu.threads.steps import DurableRun, durable
 from jixu.threads.thread import State, Thread
 from jixu.threads.tools import DontKnow, NotOccurred, Occurred, ProbeQuery, Tool, ToolContext, ToolError, tool
 
@@ -40,6 +41,7 @@ __all__ = [
     "Agent",
     "AnthropicModel",
     "DontKnow",
+    "DurableRun",
     "FallbackModel",
     "Harness",
     "ModelDriver",
@@ -61,5 +63,6 @@ __all__ = [
     "ToolContext",
     "ToolError",
     "Usage",
+    "durable",
     "tool",
 ]

@@ -17,10 +17,12 @@ class Agent:
     """A name, instructions, a model driver and tools (and optionally a context budget).
 
     ``contract`` is a digest of the name and every tool's contract (name,
-    schemas, semantics, approval): a thread refuses to continue under an agent
-    whose contract differs, because its recorded effects would no longer mean
-    the same thing. ``digest`` also covers instructions and the model's name,
-    and is recorded for audit.
+    schemas, semantics, approval, probe). ``digest`` also covers instructions,
+    the model's name and the limits. A thread records both, and each tool's
+    own digest; a thread reopened under a changed definition of the same name
+    records a new revision (``agent.revised``, see
+    :mod:`jixu.threads.revisions`) unless the change would alter an effect
+    still open, which is refused.
     """
 
     name: str
@@ -78,9 +80,14 @@ class Agent:
             definition["context_budget"] = self.context_budget
         return content_hash(definition)
 
+    def tool_digests(self) -> dict[str, str]:
+        """Each tool's contract digest, by tool name (what tells a changed tool from an unchanged one)."""
+        return {t.name: content_hash(t.contract()) for t in self.tools}
+
     def describe(self) -> dict[str, Any]:
-        """What a thread records about its agent."""
-        return {"name": self.name, "contract": self.contract, "digest": self.digest, "model": self.model.name}
+        """What a thread records about its agent (``tools``: :meth:`tool_digests`)."""
+        return {"name": self.name, "contract": self.contract, "digest": self.digest, "model": self.model.name,
+                "tools": self.tool_digests()}
 
 
 __all__ = ["Agent"]

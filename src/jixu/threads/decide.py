@@ -153,6 +153,8 @@ def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attemp
         return Stop("paused", f"paused ({turn.pause.get('reason')}): "
                     + ("retrying automatically after the recorded delay" if automatic
                        else "resume it explicitly (thread.resume()) once the cause is fixed"))
+    if turn is not None and turn.steps:
+        return _steps_stop(analysis, turn.turn_id)
     if turn is not None:
         ready: list[str] = []
         for effect_id in analysis.not_dispatched:
@@ -241,6 +243,19 @@ def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attemp
         # compaction that may not run again counts as a failed one.
         return RequestCompaction(turn.turn_id, turn.message_index)
     return RequestModel(turn.turn_id)
+
+
+def _steps_stop(analysis: Analysis, turn_id: str) -> Stop:
+    """A durable run (``Harness.durable``): its own code dispatches, retries and probes its steps, so the agent
+    loop never acts on it; it says what the run waits for."""
+    if analysis.requires_resolution:
+        return Stop("waiting", f"durable run {turn_id}: steps with an unknown outcome need an operator's resolution: "
+                    f"{', '.join(analysis.requires_resolution)}", analysis.requires_resolution)
+    if analysis.waiting_on_parked:
+        return Stop("waiting", f"durable run {turn_id}: steps awaiting approval: {', '.join(analysis.waiting_on_parked)}",
+                    analysis.waiting_on_parked)
+    return Stop("waiting", f"durable run {turn_id} is unfinished: its own code continues it (run it again with "
+                "harness.durable(thread_id))")
 
 
 def probe_record(state: ThreadState, analysis: Analysis, effect_id: str) -> JSONObject | None:

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
 
-from jixu.errors import IncompatibleAgent, InvalidInput, ThreadBusy
+from jixu.errors import InvalidInput, ThreadBusy
 from jixu.kernel import DEFAULT_LEASE_TTL, tracing
 from jixu.ledger import Store, open_store
 from jixu.threads.agent import Agent
 from jixu.threads.log import THREAD_PREFIX, ThreadLog
+from jixu.threads.revisions import revision
+from jixu.threads.steps import DurableRun
 from jixu.threads.thread import Thread
 
 
@@ -110,6 +112,11 @@ class Harness:
     async def open_thread(self, thread_id: str, *, resume: bool = True) -> Thread:
         """Reopen a thread after a process boundary and, with ``resume``, continue its pending work.
 
+        A thread recorded under another definition of this agent (same name) takes this one as its next
+        revision (``agent.revised``, recorded before it acts); :class:`~jixu.errors.IncompatibleAgent` for
+        another agent, or for a change that would alter an effect still open (its tool removed or changed
+        while a call of it is not dispatched, unknown or parked), naming the effect and what to do.
+
         Loads the latest valid checkpoint plus the events after it, asks the
         resolver, then dispatches work that never left the process, retries
         retry-safe effects under their original identity, and waits (status
@@ -123,13 +130,9 @@ class Harness:
         (status ``corrupt``) with nothing appended and no driver called.
         """
         log = ThreadLog.load(self.store, thread_id, actor=self.actor)
-        recorded = log.state.agent.get("contract")
-        if recorded != self.agent.contract:
-            raise IncompatibleAgent(
-                f"thread {thread_id} was recorded under agent {log.state.agent.get('name')!r} with contract "
-                f"{str(recorded)[:12]}…; this harness runs {self.agent.name!r} with contract "
-                f"{self.agent.contract[:12]}… (tool names, schemas or semantics differ)",
-                thread_id=thread_id)
+        # Another agent, or a change of this one that would alter an effect still open, is refused here; a
+        # compatible change is recorded as the thread's next revision before the thread acts (Thread._revise).
+        revision(log.state, log.open_analysis(), self.agent, thread_id=thread_id)
         thread = self._track(Thread(self, log))
         status = log.status(max_steps=self.agent.max_steps, max_attempts=self.max_attempts,
                             context_budget=self.agent.context_budget)  # O(open effects), unlike state()
@@ -144,6 +147,19 @@ class Harness:
             if log.corruption() is None:
                 thread.wait_in_background()
         return thread
+
+    def durable(self, thread_id: str | None = None, *, name: str = "run", metadata: dict[str, Any] | None = None,
+                approval_poll: float = 0.5) -> DurableRun:
+        """A durable run of your own code on a thread (decision 0032)::
+
+            async with harness.durable(thread_id) as run:   # None: a new thread
+                receipt = await run.effect("charge", {"order": 7}, call=charge, probe=find_charge)
+
+        Entering continues the thread's unfinished run named ``name`` (after a crash: its completed steps
+        return their recorded results without running again) or starts a new one; see
+        :class:`~jixu.threads.steps.DurableRun`.
+        """
+        return DurableRun(self, thread_id, name=name, metadata=metadata, approval_poll=approval_poll)
 
     def _track(self, thread: Thread) -> Thread:
         self._threads.add(thread)

@@ -104,6 +104,13 @@ class State:
     probes: dict[str, tuple[dict[str, Any], ...]] = dataclasses.field(default_factory=dict)
     """What the tools' probes were asked and answered, by the effect id of the call asked about (oldest first;
     see ``ThreadState.probes``). An unknown call in ``waiting_on`` carries its latest probe as ``probe``."""
+    revisions: tuple[dict[str, Any], ...] = ()
+    """The agent's revisions, oldest first (``ThreadState.revisions``); ``agent`` is the last one's record."""
+
+    @property
+    def revision(self) -> int:
+        """The number of the agent revision the thread runs under now."""
+        return int(self.revisions[-1]["revision"]) if self.revisions else 1
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the analysis flags included, the decisions as dicts)."""
@@ -125,6 +132,8 @@ class State:
             "has_corruption": self.analysis.has_corruption,
             "corruption": None if self.corruption is None else self.corruption.to_dict(),
             "probes": {effect_id: list(records) for effect_id, records in self.probes.items()},
+            "revision": self.revision,
+            "revisions": list(self.revisions),
         }
 
 
@@ -190,6 +199,7 @@ def build_state(thread_state: ThreadState, analysis: Analysis, *, max_steps: int
         analysis=analysis,
         corruption=corrupt,
         probes={effect_id: tuple(dict(r) for r in records) for effect_id, records in thread_state.probes.items()},
+        revisions=tuple(dict(r) for r in thread_state.revisions),
     )
 
 
@@ -665,17 +675,20 @@ class ThreadLog:
         self.append(events, fence, enqueue=enqueue)
         return turn_id, fence
 
-    async def start_turn_async(self, text: str, *, owner: str | None = None,
-                               ttl: float = DEFAULT_LEASE_TTL) -> tuple[str, Fence | None]:
+    async def start_turn_async(self, text: str, *, owner: str | None = None, ttl: float = DEFAULT_LEASE_TTL,
+                               steps: bool = False) -> tuple[str, Fence | None]:
         """:meth:`start_turn`, with ``turn.started`` committed through the loop's shared commits (see
         :meth:`append_async`): turns started together on one event loop share a commit, and none holds the
         loop while it commits."""
-        turn_id, fence, events = self._turn_start(text, owner, ttl)
+        turn_id, fence, events = self._turn_start(text, owner, ttl, steps=steps)
         await self.append_async(events, fence)
         return turn_id, fence
 
-    def _turn_start(self, text: str, owner: str | None, ttl: float) -> tuple[str, Fence | None, list[NewEvent]]:
-        """Check a new turn, claim its lease (with ``owner``); its id, fence and ``turn.started`` event."""
+    def _turn_start(self, text: str, owner: str | None, ttl: float, *,
+                    steps: bool = False) -> tuple[str, Fence | None, list[NewEvent]]:
+        """Check a new turn, claim its lease (with ``owner``); its id, fence and ``turn.started`` event.
+
+        ``steps``: a durable run of the caller's own code (``Harness.durable``), which needs an owner."""
         check_text(text, "input", MAX_INPUT_CHARS, required=True)
         self.open_to_act()
         if self.state.active_turn() is not None:
@@ -690,9 +703,11 @@ class ThreadLog:
             raise TurnOwned(f"thread {self.thread_id}'s turn lease is held by {error.details.get('owner')!r}; "
                             "wait for it to finish", thread_id=self.thread_id) from error
         turn_id = new_id()
-        return turn_id, fence, [NewEvent("turn.started", {"turn_id": turn_id, "input": text, "owner": owner,
-                                                          "epoch": fence.epoch, "process": process_identity()},
-                                         self.meta())]
+        started: dict[str, Any] = {"turn_id": turn_id, "input": text, "owner": owner, "epoch": fence.epoch,
+                                   "process": process_identity()}
+        if steps:
+            started["steps"] = True
+        return turn_id, fence, [NewEvent("turn.started", started, self.meta())]
 
     def end_running_turn(self, reason: str, fence: Fence | None = None) -> bool:
         """Record that the active turn was interrupted; False if no turn was active."""

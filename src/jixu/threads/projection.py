@@ -25,8 +25,9 @@ from jixu.recovery import Analysis, EffectDecision, RecoveryResolver, decide_eff
 from jixu.recovery.decision_text import decode_decision, encode_decision, ordinary_decision_text
 from jixu.threads.compaction import summary_message
 
-REDUCER_VERSION = 5
-"""5: probes (``state.probes``, the ``probe.*`` effects and the answers they recorded)."""
+REDUCER_VERSION = 6
+"""5: probes (``state.probes``, the ``probe.*`` effects and the answers they recorded). 6: agent revisions
+(``state.revisions``, ``agent.revised``, each turn's ``revisions``) and durable runs (``Turn.steps``)."""
 
 LIFECYCLE_PHASES = frozenset(
     {"requested", "parked", "approved", "denied", "dispatched", "completed", "failed", "outcome_resolved"}
@@ -324,6 +325,11 @@ class Turn:
     """Automatic resumes since the last successful model call or explicit resume."""
     compaction_failed: bool = False
     """A compaction of this turn failed: the turn keeps the full context and does not try again."""
+    revisions: list[int] = field(default_factory=list)
+    """The agent revisions the turn ran under: the one current when it started, and one more for each
+    ``agent.revised`` recorded while it was active (empty for turns projected before revisions existed)."""
+    steps: bool = False
+    """A durable run of code the user owns (``Harness.durable``): no model call, its steps are the tool calls."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
@@ -332,7 +338,7 @@ class Turn:
                 "ended_seq": self.ended_seq, "message_index": self.message_index, "owner": self.owner,
                 "epoch": self.epoch, "recoveries": self.recoveries, "queued": self.queued,
                 "failure": self.failure, "pause": self.pause, "auto_retries": self.auto_retries,
-                "compaction_failed": self.compaction_failed}
+                "compaction_failed": self.compaction_failed, "revisions": self.revisions, "steps": self.steps}
 
 
 @dataclass
@@ -368,6 +374,9 @@ class ThreadState:
     """The probes asked about each call, by the call's effect id, in order: ``{effect_id`` (the probe's),
     ``attempt`` (of the call asked about), ``tool``, ``requested_seq``, ``answer`` (``None`` until it
     answered, then ``{"answer": "occurred" | "not_occurred" | "dont_know", ...}``), ``answered_seq}``."""
+    revisions: list[JSONObject] = field(default_factory=list)
+    """The agent's revisions, oldest first: ``{revision, agent, seq, event_id, turn_id, changes}``; the first is the
+    one ``thread.created`` (or ``thread.forked``) recorded, the last is ``agent``."""
     usage: JSONObject = field(default_factory=lambda: {"input_tokens": 0, "output_tokens": 0,
                                                        "cached_tokens": 0, "cost": None,
                                                        "model_calls": 0, "tool_calls": 0})
@@ -404,6 +413,11 @@ class ThreadState:
         if self.turns and self.turns[-1].status in ("running", "needs_reconciliation"):
             return self.turns[-1]
         return None
+
+    @property
+    def revision(self) -> int:
+        """The number of the agent revision the thread runs under now (1 before any ``agent.revised``)."""
+        return int(self.revisions[-1]["revision"]) if self.revisions else 1
 
     def recovery(self, request_id: str) -> JSONObject | None:
         """The receipt of the turn recovery with this request id, if one was recorded."""
@@ -715,6 +729,7 @@ class ThreadProjection:
             "closed_calls": state.closed_calls,
             "inherit_parts": state.inherit_parts,
             "probes": state.probes,
+            "revisions": state.revisions,
             "usage": state.usage,
             "contradiction": state.contradiction,
             "seq": state.seq,
@@ -811,6 +826,7 @@ class ThreadProjection:
             closed_calls=list(data["closed_calls"]),
             inherit_parts=list(data["inherit_parts"]),
             probes={str(k): [dict(p) for p in v] for k, v in (data.get("probes") or {}).items()},  # none in v4 forks
+            revisions=[dict(r) for r in data.get("revisions") or ()],  # none in forks recorded before v6
             usage=dict(data["usage"]),
             contradiction=bool(data["contradiction"]),
             seq=int(data["seq"]),
@@ -865,10 +881,17 @@ def _probe_answered(state: ThreadState, event: Event, phase: str, intent: JSONOb
     record["answered_seq"] = event.seq
 
 
+def _first_revision(state: ThreadState, event: Event) -> None:
+    """The agent record of ``thread.created`` / ``thread.forked`` is revision 1."""
+    state.revisions = [{"revision": 1, "agent": dict(state.agent), "seq": event.seq, "event_id": event.id,
+                        "turn_id": None, "changes": None}]
+
+
 def _created(state: ThreadState, event: Event) -> None:
     state.thread_id = str(event.data.get("thread_id", ""))
     state.agent = dict(event.data.get("agent") or {})
     state.metadata = dict(event.data.get("metadata") or {})
+    _first_revision(state, event)
 
 
 def _forked(state: ThreadState, event: Event) -> None:
@@ -877,6 +900,22 @@ def _forked(state: ThreadState, event: Event) -> None:
     state.agent = dict(event.data.get("agent") or {})
     state.parent = dict(event.data.get("parent") or {})
     state.metadata = dict(event.data.get("metadata") or {})
+    _first_revision(state, event)
+
+
+def _agent_revised(state: ThreadState, event: Event) -> None:
+    """A new revision of the thread's agent: later turns run under it (and the rest of an active turn)."""
+    agent = event.data.get("agent")
+    if not isinstance(agent, dict):
+        return
+    number = event.data.get("revision")
+    number = number if type(number) is int else state.revision + 1
+    turn = state.active_turn()
+    state.agent = dict(agent)
+    state.revisions.append({"revision": number, "agent": dict(agent), "seq": event.seq, "event_id": event.id,
+                            "turn_id": None if turn is None else turn.turn_id, "changes": event.data.get("changes")})
+    if turn is not None:
+        turn.revisions.append(number)
 
 
 def _turn_started(state: ThreadState, event: Event) -> None:
@@ -884,7 +923,8 @@ def _turn_started(state: ThreadState, event: Event) -> None:
     owner = event.data.get("owner")
     state.turns.append(Turn(turn_id=str(event.data.get("turn_id")), input=text, started_seq=event.seq,
                             message_index=len(state.messages), owner=owner if isinstance(owner, str) else None,
-                            epoch=int(event.data.get("epoch") or 0), queued=event.data.get("queued") is True))
+                            epoch=int(event.data.get("epoch") or 0), queued=event.data.get("queued") is True,
+                            revisions=[state.revision], steps=event.data.get("steps") is True))
     _add_message(state, {"role": "user", "content": text}, event.id)
 
 
@@ -965,6 +1005,15 @@ def _inherited(state: ThreadState, event: Event) -> None:
     state.message_events = [source or event.id for source in inherited.message_events]
     state.turns = inherited.turns
     state.usage = inherited.usage
+    if inherited.revisions:
+        # The child keeps its parent's revisions (its inherited turns name them); the fork's own agent record is
+        # the next one when it differs from the parent's latest.
+        mine = state.revisions[-1] if state.revisions else None
+        state.revisions = inherited.revisions
+        latest = inherited.revisions[-1].get("agent") or {}
+        if mine is not None and latest.get("digest") != state.agent.get("digest"):
+            state.revisions.append({**mine, "revision": int(inherited.revisions[-1]["revision"]) + 1,
+                                    "changes": {"by": "fork"}})
 
 
 _HANDLERS = {
@@ -977,6 +1026,7 @@ _HANDLERS = {
     "turn.recovered": _turn_recovered,
     "turn.paused": _turn_paused,
     "turn.resumed": _turn_resumed,
+    "agent.revised": _agent_revised,
 }
 
 

@@ -67,6 +67,7 @@ from jixu.threads.decide import (
 from jixu.threads.log import MAX_INPUT_CHARS, State, ThreadLog, stream_of
 from jixu.threads.model import ModelRequest
 from jixu.threads.projection import PROBE_ACTOR_PREFIX, tool_content
+from jixu.threads.revisions import revision
 from jixu.threads.tools import ProbeQuery, Tool, ToolContext, ToolError
 
 if TYPE_CHECKING:
@@ -110,6 +111,8 @@ class Thread:
         """What every model request offers (the agent's tools never change under a thread)."""
         self._artifact_scan: tuple[list[JSONObject], int, Any, bool] | None = None
         """(conversation, messages scanned, the last of them, whether one refers to an artifact)."""
+        self.steps_active = False
+        """True while a durable run (``Harness.durable``) carries this thread's turn out in this process."""
         self.thread_id = log.thread_id
         self.stream = log.stream
 
@@ -203,6 +206,7 @@ class Thread:
             raise ThreadBusy("the harness is shutting down and admits no new turns", thread_id=self.thread_id)
         self._starting = True
         try:
+            await self._revise(fenced=False)  # a new definition applies from this turn on
             turn_id, self._fence = await self.log.start_turn_async(text, owner=self._harness.owner,
                                                                    ttl=self._harness.lease_ttl)
         finally:
@@ -272,6 +276,8 @@ class Thread:
                                                             release_at_end=False))
                 else:
                     stack.enter_context(Commits.of(log.store).user())
+                if fence is not None:
+                    await self._revise()  # the rest of the turn runs under this harness's definition
                 turn = log.state.active_turn()
                 try:
                     with tracing.turn(agent=self._agent.name, thread_id=self.thread_id,
@@ -353,6 +359,22 @@ class Thread:
         elif isinstance(action, FailTurn):
             await self._commit([NewEvent("turn.ended", {
                 "turn_id": action.turn_id, "outcome": "failed", "error": action.error}, log.meta())])
+
+    # --- agent revisions ------------------------------------------------------------------
+
+    async def _revise(self, *, fenced: bool = True) -> None:
+        """Record ``agent.revised`` when this harness's agent is another definition than the thread's latest
+        revision (see :mod:`jixu.threads.revisions`; refused with IncompatibleAgent when it would alter an
+        effect still open). ``fenced``: appended with the loop's claim on the active turn."""
+        log = self.log
+        data = revision(log.state, log.open_analysis(), self._agent, thread_id=self.thread_id)
+        if data is None:
+            return
+        event = NewEvent("agent.revised", {**data, "actor": self._harness.actor}, log.meta())
+        if fenced:
+            await self._commit([event])
+        else:
+            await log.append_async([event], None)
 
     # --- pauses -------------------------------------------------------------------------
 
@@ -468,6 +490,17 @@ class Thread:
                                max_attempts=harness.max_attempts, context_budget=self._agent.context_budget),
                         Stop):
             return None
+        fence = self._claim_turn()
+        # None: someone wrote meanwhile and the turn is no longer the one claimed (it may even have ended): look again.
+        return fence if fence is not None else self._claim()
+
+    def _claim_turn(self) -> Fence | None:
+        """Take the claim on the active turn (this process may already hold it): the fence, with ``turn.claimed``
+        recorded; ``None`` when the turn changed meanwhile; :class:`~jixu.errors.TurnOwned` while another process
+        may run it."""
+        log, harness = self.log, self._harness
+        turn = log.state.active_turn()
+        assert turn is not None
         problem = self.claim_problem()
         if problem is not None:
             raise TurnOwned(problem, thread_id=self.thread_id, turn_id=turn.turn_id)
@@ -483,8 +516,7 @@ class Thread:
             raise TurnOwned(f"turn {turn.turn_id} changed hands while claiming it: {error.message}",
                             thread_id=self.thread_id, turn_id=turn.turn_id) from error
         if claim is None:
-            # Someone wrote meanwhile and the turn is no longer the one claimed (it may even have ended): look again.
-            return self._claim()
+            return None
         self._fence = claim.fence
         return claim.fence
 
@@ -831,8 +863,10 @@ class Thread:
             return Outcome.failed({"type": "invalid_arguments", **error.to_dict()}, indeterminate=False)
 
     async def _call_tool(self, effect_id: str, intent: dict[str, Any], attempt: int, *,
-                         checked: tuple[Tool, dict[str, Any]] | None = None) -> None:
-        """Call a tool (``checked``: its arguments were validated and its marker committed already)."""
+                         checked: tuple[Tool, dict[str, Any]] | None = None, dispatched: bool | None = None,
+                         raised: list[BaseException] | None = None) -> None:
+        """Call a tool (``checked``: its arguments were validated and, unless ``dispatched`` is False, its marker
+        committed already; ``raised`` collects what the call raised)."""
         found = checked if checked is not None else self._checked_call(intent)
         if isinstance(found, Outcome):
             await self._record("tool", effect_id, None, found)
@@ -847,6 +881,8 @@ class Thread:
             return Outcome.completed(self._tool_result(result))
 
         def classify(error: Exception) -> Outcome:
+            if raised is not None:
+                raised.append(error)
             if isinstance(error, ToolError):
                 return Outcome.failed(error.to_dict(), indeterminate=False)
             if isinstance(error, TimeoutError):
@@ -858,7 +894,8 @@ class Thread:
                 return Outcome.failed(error.to_dict(), indeterminate=True)
             return Outcome.failed(_exception_dict(error), indeterminate=True)
 
-        await self._perform("tool", effect_id, intent, attempt, call, classify, dispatched=checked is not None)
+        await self._perform("tool", effect_id, intent, attempt, call, classify,
+                            dispatched=checked is not None if dispatched is None else dispatched)
 
     def _tool_result(self, result: Any) -> dict[str, Any]:
         """A ``tool.completed`` body: the result inline, or a reference to it stored as an artifact.
@@ -984,7 +1021,7 @@ class Thread:
         return self.state()
 
     def _continue(self) -> None:
-        if not self.running:
+        if not self.running and not self.steps_active:  # a durable run's own code continues it
             self._start()
 
     # --- replay and fork ----------------------------------------------------------------

@@ -1,0 +1,609 @@
+"""Durable steps: a loop you write yourself gets what a jixu agent's tool calls get (decision 0032).
+
+::
+
+    async with harness.durable(thread_id) as run:          # thread_id None: a new thread
+        charge = await run.effect("charge", {"order": 7}, semantics="unsafe",
+                                  call=lambda ctx: bank.charge(7, idempotency_key=ctx.idempotency_key),
+                                  probe=find_charge)
+
+A durable run is one turn of a thread (``turn.started`` with ``steps: true``),
+owned and fenced like an agent's turn. Each :meth:`DurableRun.effect` is one
+tool call of that turn, recorded with the same events (``tool.requested`` with
+``step``, ``tool.parked``, ``tool.dispatched``, ``tool.completed`` /
+``tool.failed``, ``tool.outcome_resolved``, ``probe.*``), carried out through
+the thread's path through the effect kernel, and judged by the
+RecoveryResolver alone. So ``jixu threads show``, replay, fork and the HTTP
+API see a run like any thread.
+
+Run the same code again after a crash (with the thread id): each step is
+found by its key (its name and how many steps of that name came before it in
+the run, or an explicit ``key``) and, by the resolver's state of its effect,
+returns its recorded result without running again (``completed``), runs now
+(``not_dispatched``), runs again under the same effect id and idempotency key
+(a retry-safe ``unknown``), is asked about by its probe (an unsafe
+``unknown``), or raises :class:`~jixu.errors.StepOutcomeUnknown` naming the
+effect and the operator's command; a parked step waits for its approval. A
+recorded step whose name, arguments, semantics or approval differ from the
+code's raises :class:`~jixu.errors.StepMismatch`: never a silent rerun.
+
+What to do with a step is decided by the pure :func:`decide_step`; the run
+only carries it out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeAlias
+
+from jixu.errors import (
+    InvalidInput,
+    ModelError,
+    StepFailed,
+    StepMismatch,
+    StepOutcomeUnknown,
+    ThreadBusy,
+    TurnOwned,
+)
+from jixu.kernel import Outcome, Session
+from jixu.ledger import Fence, NewEvent, Store, content_hash, new_id
+from jixu.ledger.encoding import JSONObject, canonical_text
+from jixu.recovery import EffectDecision
+from jixu.threads.agent import Agent
+from jixu.threads.decide import ResolveByProbe
+from jixu.threads.model import ModelRequest, ModelResponse
+from jixu.threads.projection import ThreadState
+from jixu.threads.tools import DEFINITE_ANSWERS, ProbeQuery, Tool, ToolContext
+
+if TYPE_CHECKING:
+    from jixu.threads.harness import Harness
+    from jixu.threads.thread import State, Thread
+
+Semantics: TypeAlias = Literal["read_only", "idempotent", "unsafe"]
+STEP_KEY_CHARS = 200
+DEFAULT_APPROVAL_POLL = 0.5
+"""Seconds between two looks at the store while a parked step waits for its approval."""
+
+
+# --- the pure decision ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What the code asks for: the step's key and the intent it would record."""
+
+    key: str
+    name: str
+    args: JSONObject
+    semantics: Semantics
+    requires_approval: bool
+    has_probe: bool
+
+    @property
+    def args_hash(self) -> str:
+        return content_hash(self.args)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """No usable effect is recorded for the step: record a new intent (a new effect id)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Dispatch attempt ``attempt`` of the step's effect (never dispatched, or retry-safe and unknown)."""
+
+    effect_id: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitApproval:
+    """The step is parked: wait for an operator's approval or denial."""
+
+    effect_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The step settled: its receipt (a result, a determinate failure, a denial) or an ``occurred`` resolution."""
+
+    effect_id: str
+    decision: EffectDecision
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """The step ended without a result it can return (:class:`~jixu.errors.StepFailed`)."""
+
+    effect_id: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class AskProbe:
+    """Ask the step's probe about attempt ``attempt`` of its unknown effect (a new probe effect)."""
+
+    effect_id: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeAgain:
+    """A probe effect was cut off (it is read-only, so retry-safe): dispatch it again."""
+
+    probe_effect_id: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    """The step's outcome is unknown and nothing here may settle it (:class:`~jixu.errors.StepOutcomeUnknown`)."""
+
+    effect_id: str
+    why: str
+    probe: JSONObject | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    """The recorded step is not the one the code asks for (:class:`~jixu.errors.StepMismatch`)."""
+
+    effect_id: str
+    message: str
+
+
+StepAction: TypeAlias = (Record | Call | AwaitApproval | Done | Fail | AskProbe | ProbeAgain | ResolveByProbe
+                         | Unknown | Mismatch)
+
+
+def latest_probe(state: ThreadState, effect_id: str, attempt: int) -> JSONObject | None:
+    """The latest probe asked about attempt ``attempt`` of ``effect_id`` (``ThreadState.probes``), or None."""
+    asked = [r for r in state.probes.get(effect_id, ()) if r.get("attempt") == attempt]
+    return asked[-1] if asked else None
+
+
+def decide_step(step: Step, recorded: Sequence[JSONObject], decision_of: Callable[[str], EffectDecision | None],
+                state: ThreadState, *, max_attempts: int) -> StepAction:
+    """What to do next with ``step`` (pure).
+
+    ``recorded``: the intents recorded under the step's key in this run, oldest first (a ``not_occurred``
+    resolution lets the step be recorded again, under a new effect id); ``decision_of``: the resolver's decision
+    of an effect. The latest intent must be the code's step exactly (name, arguments' hash, semantics,
+    approval), else :class:`Mismatch`.
+    """
+    if not recorded:
+        return Record()
+    intent = recorded[-1]
+    effect_id = str(intent.get("effect_id"))
+    for field, mine in (("name", step.name), ("args_hash", step.args_hash), ("semantics", step.semantics),
+                        ("requires_approval", step.requires_approval)):
+        if intent.get(field) != mine:
+            return Mismatch(effect_id, f"step {step.key!r} was recorded (effect {effect_id}) with {field} "
+                                       f"{intent.get(field)!r}; the code now asks for {mine!r}")
+    decision = decision_of(effect_id)
+    if decision is None or decision.state == "corrupt":
+        return Unknown(effect_id, "its events contradict themselves (the thread is corrupt)")
+    if decision.state == "parked":
+        return AwaitApproval(effect_id)
+    if decision.state == "not_dispatched":
+        return Call(effect_id, decision.attempts + 1)
+    if decision.state == "completed":
+        return Done(effect_id, decision)
+    resolution = decision.resolution
+    if resolution is not None:
+        what = resolution.get("resolution")
+        if what == "occurred":
+            return Done(effect_id, decision)
+        if what == "not_occurred":
+            if len(recorded) >= max_attempts:
+                return Fail(effect_id, "attempts_exhausted",
+                            f"step {step.key!r} did not happen {len(recorded)} times (the last: effect {effect_id})")
+            return Record()
+        return Fail(effect_id, "abandoned_unknown", f"an operator abandoned the unknown outcome of step "
+                                                    f"{step.key!r} (effect {effect_id}): it may or may not have "
+                                                    "happened")
+    if decision.retry_safe and decision.attempts < max_attempts:
+        return Call(effect_id, decision.attempts + 1)
+    if not step.has_probe:
+        why = (f"it was tried {decision.attempts} times without a receipt" if decision.retry_safe
+               else "it is unsafe to run again")
+        return Unknown(effect_id, why)
+    asked = latest_probe(state, effect_id, decision.attempts)
+    if asked is None:
+        return AskProbe(effect_id, decision.attempts)
+    answer = asked.get("answer")
+    if not isinstance(answer, dict):
+        probe = decision_of(str(asked.get("effect_id")))
+        if probe is not None and probe.state in ("unknown", "not_dispatched") and probe.attempts < max_attempts:
+            return ProbeAgain(str(asked.get("effect_id")), probe.attempts + 1)
+        return Unknown(effect_id, "its probe never answered", asked)
+    if answer.get("answer") in DEFINITE_ANSWERS:
+        evidence = answer.get("evidence")
+        key = "found" if answer["answer"] == "occurred" else "searched"
+        return ResolveByProbe(effect_id, str(asked.get("effect_id")), step.name, str(answer["answer"]),
+                              {"probe_effect_id": asked.get("effect_id"),
+                               key: evidence if isinstance(evidence, dict) else {}},
+                              answer.get("result") if answer["answer"] == "occurred" else None)
+    return Unknown(effect_id, f"its probe does not know: {answer.get('reason')}", asked)
+
+
+# --- carrying it out ------------------------------------------------------------------------
+
+
+class _NoModel:
+    """The model of a harness that only runs durable steps: never called (a durable run makes no model call)."""
+
+    name = "none"
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        raise ModelError("this harness runs durable steps only and has no model", kind="invalid_request",
+                         indeterminate=False)
+
+
+def steps_agent(name: str = "steps") -> Agent:
+    """An agent with no model and no tools, for a harness that runs durable steps only."""
+    return Agent(name, _NoModel())
+
+
+class DurableRun:
+    """One run of your own code on a thread (see the module docstring). Get one from
+    :meth:`Harness.durable <jixu.threads.harness.Harness.durable>` or :func:`durable`; use it as ``async with``."""
+
+    def __init__(self, harness: Harness, thread_id: str | None, *, name: str = "run",
+                 metadata: dict[str, Any] | None = None, approval_poll: float = DEFAULT_APPROVAL_POLL,
+                 owns_harness: bool = False) -> None:
+        if not isinstance(name, str) or not name.strip() or len(name) > 200:
+            raise InvalidInput("a durable run's name must be 1-200 characters", field="name")
+        if isinstance(approval_poll, bool) or not isinstance(approval_poll, int | float) or not 0 < approval_poll <= 60:
+            raise InvalidInput("approval_poll must be between 0 and 60 seconds", field="approval_poll")
+        self._harness = harness
+        self._thread_id = thread_id
+        self.name = name
+        self._metadata = metadata
+        self._poll = float(approval_poll)
+        self._owns_harness = owns_harness
+        self._thread: Thread | None = None
+        self._session: Session | None = None
+        self._turn_id = ""
+        self._steps: dict[str, list[JSONObject]] = {}
+        """The intents recorded under each step key in this run, oldest first."""
+        self._counts: Counter[str] = Counter()
+        self._lock = asyncio.Lock()
+        self.reply: str | None = None
+        """What the run's ``turn.ended`` records as its reply when the block ends normally (default: a count)."""
+
+    # --- the run ---------------------------------------------------------------------------
+
+    @property
+    def thread_id(self) -> str:
+        """The thread the run is recorded in (pass it to run the code again after a crash)."""
+        return self._live().thread_id
+
+    @property
+    def turn_id(self) -> str:
+        """The run's turn."""
+        return self._turn_id
+
+    def state(self) -> State:
+        """The thread's state as every surface shows it (``running`` while the run is in progress here)."""
+        thread = self._live()
+        return thread.log.snapshot(max_attempts=self._harness.max_attempts, running=self._session is not None)
+
+    def _live(self) -> Thread:
+        if self._thread is None:
+            raise ThreadBusy("the durable run has not started: use it as `async with harness.durable(...) as run`")
+        return self._thread
+
+    async def __aenter__(self) -> Self:
+        harness = self._harness
+        if harness.closing:
+            raise ThreadBusy("the harness is shutting down and admits no new runs")
+        if self._thread_id is None:
+            thread = await harness.create_thread(metadata=self._metadata)
+        else:
+            thread = await harness.open_thread(self._thread_id, resume=False)
+        log = thread.log
+        await log.writer.idle()
+        log.sync()
+        log.open_to_act()
+        if thread.running or thread.steps_active:
+            raise ThreadBusy(f"thread {thread.thread_id} is running in this process already",
+                             thread_id=thread.thread_id)
+        turn = log.state.active_turn()
+        fence: Fence | None
+        if turn is None:
+            await thread._revise(fenced=False)  # a new definition of the agent applies from this run on
+            self._turn_id, fence = await log.start_turn_async(self.name, owner=harness.owner, ttl=harness.lease_ttl,
+                                                              steps=True)
+            thread._fence = fence
+            claimed = False
+        else:
+            if not turn.steps:
+                raise ThreadBusy(f"thread {thread.thread_id} has an agent turn in progress ({turn.turn_id}); a durable "
+                                 "run needs an idle thread or its own unfinished run", thread_id=thread.thread_id)
+            if turn.input != self.name:
+                raise StepMismatch(f"thread {thread.thread_id}'s unfinished durable run is named {turn.input!r}, not "
+                                   f"{self.name!r}", thread_id=thread.thread_id, turn_id=turn.turn_id)
+            self._turn_id = turn.turn_id
+            fence = thread._claim_turn()  # TurnOwned while another live process runs it
+            if fence is None:
+                raise TurnOwned(f"thread {thread.thread_id}'s run {turn.turn_id} changed while claiming it; try again",
+                                thread_id=thread.thread_id, turn_id=turn.turn_id)
+            claimed = True
+        assert fence is not None
+        thread.steps_active = True
+        self._thread = thread
+        session = Session(log.store, fence, harness.lease_ttl, release_at_end=False)
+        await session.__aenter__()
+        self._session = session
+        try:
+            if claimed:
+                await thread._revise()
+            started = log.state.active_turn()
+            for event in log.events(started.started_seq if started is not None else 1):
+                data = event.data
+                if event.type == "tool.requested" and data.get("turn_id") == self._turn_id \
+                        and isinstance(data.get("step"), str):
+                    self._steps.setdefault(data["step"], []).append(dict(data))
+        except BaseException:
+            await self._stop(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        """A block that ends normally ends the run (``turn.ended`` completed); an exception leaves it unfinished
+        (the lease given back): run the code again with the thread id to continue it."""
+        await self._stop(exc_type, exc, tb)
+
+    async def _stop(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                    tb: TracebackType | None) -> None:
+        thread, session = self._thread, self._session
+        try:
+            if thread is not None and exc is None and session is not None:
+                steps = sum(len(v) for v in self._steps.values())
+                reply = self.reply if self.reply is not None else f"{steps} steps"
+                await thread._commit([NewEvent("turn.ended", {"turn_id": self._turn_id, "outcome": "completed",
+                                                              "reply": str(reply)}, thread.log.meta())])
+                thread.log.checkpoint()
+        finally:
+            self._session = None
+            try:
+                if session is not None:
+                    await session.__aexit__(exc_type, exc, tb)
+            finally:
+                if thread is not None:
+                    thread._release()
+                    thread.steps_active = False
+                if self._owns_harness:
+                    self._harness.close()
+
+    # --- steps -----------------------------------------------------------------------------
+
+    async def effect(self, name: str, args: JSONObject | None = None, *,
+                     call: Callable[[ToolContext], Any], semantics: Semantics = "unsafe",
+                     probe: Callable[[ProbeQuery], Any] | None = None, probe_timeout: float | None = None,
+                     requires_approval: bool = False, timeout: float | None = None, key: str | None = None) -> Any:
+        """Run one durable step and return its result (plain JSON), or its recorded result when it ran before.
+
+        ``call(ctx)`` (sync, run in a worker thread, or async) does the work; ``ctx`` is a
+        :class:`~jixu.ToolContext`: send ``ctx.idempotency_key`` to the outside system. ``args`` (plain JSON) are
+        recorded, hashed and compared with the record when the code runs again. ``semantics`` as for tools;
+        ``probe(query)`` as a tool's probe (:class:`~jixu.ProbeQuery` -> ``Occurred`` / ``NotOccurred`` /
+        ``DontKnow``) settles an unknown unsafe step. ``key`` names the step (default ``<name>#<n>``: the
+        ``n``-th step of that name in the run). Steps of one run are carried out one at a time.
+
+        Raises :class:`~jixu.errors.StepOutcomeUnknown`, :class:`~jixu.errors.StepMismatch`,
+        :class:`~jixu.errors.StepFailed` (the call raised ``ToolError``, was denied, or its unknown outcome was
+        abandoned), :class:`~jixu.errors.ToolDefinitionError` for a bad declaration.
+        """
+        thread = self._live()
+        if self._session is None:
+            raise ThreadBusy(f"durable run {self._turn_id} has ended", thread_id=thread.thread_id)
+        args = {} if args is None else args
+        if not isinstance(args, dict):
+            raise InvalidInput("a step's args must be a JSON object", field="args")
+        canonical_text(args, path="args")
+        if not callable(call):
+            raise InvalidInput("call must be a function taking the step's ToolContext", field="call")
+        tool = _step_tool(name, call, semantics=semantics, probe=probe, probe_timeout=probe_timeout,
+                          requires_approval=requires_approval, timeout=timeout)
+        if key is None:
+            self._counts[name] += 1
+            key = f"{name}#{self._counts[name]}"
+        elif not isinstance(key, str) or not key.strip() or len(key) > STEP_KEY_CHARS:
+            raise InvalidInput(f"a step key must be 1-{STEP_KEY_CHARS} characters", field="key")
+        step = Step(key, name, args, semantics, requires_approval, probe is not None)
+        async with self._lock:
+            return await self._carry_out(thread, step, tool)
+
+    async def _carry_out(self, thread: Thread, step: Step, tool: Tool) -> Any:
+        log, harness = thread.log, self._harness
+        cause: BaseException | None = None
+        while True:
+            await log.writer.idle()
+            log.sync()
+            log.refuse_if_corrupt()
+            action = decide_step(step, self._steps.get(step.key, ()), self._decision, log.state,
+                                 max_attempts=harness.max_attempts)
+            if isinstance(action, Record):
+                await self._record(thread, step, tool)
+            elif isinstance(action, Call):
+                cause = await self._call(thread, tool, action.effect_id, action.attempt) or cause
+            elif isinstance(action, AwaitApproval):
+                await asyncio.sleep(self._poll)
+            elif isinstance(action, Done):
+                return self._result(thread, step, action)
+            elif isinstance(action, AskProbe):
+                await self._ask_probe(thread, tool, action)
+            elif isinstance(action, ProbeAgain):
+                intent = log.state.intent(action.probe_effect_id)
+                if intent is None:  # pragma: no cover - the resolver reports only recorded effects
+                    raise StepOutcomeUnknown(f"probe {action.probe_effect_id} has no intent")
+                await self._run_probe(thread, tool, action.probe_effect_id, intent, action.attempt)
+            elif isinstance(action, ResolveByProbe):
+                await thread._resolve_by_probe(action)
+            elif isinstance(action, Fail):
+                raise StepFailed(f"step {step.key!r} of durable run {self._turn_id} in thread {thread.thread_id}: "
+                                 f"{action.message}", thread_id=thread.thread_id, effect_id=action.effect_id,
+                                 step=step.key, reason=action.reason)
+            elif isinstance(action, Mismatch):
+                raise StepMismatch(f"thread {thread.thread_id}, durable run {self._turn_id}: {action.message}. The "
+                                   "code changed under an unfinished run; run the code that recorded it, or start "
+                                   "a new run", thread_id=thread.thread_id, effect_id=action.effect_id, step=step.key)
+            else:
+                assert isinstance(action, Unknown)
+                answer = ""
+                if action.probe is not None:
+                    found = action.probe.get("answer")
+                    answer = f" (probe {action.probe.get('effect_id')}: " + (
+                        f"{found.get('answer')}: {found.get('reason')})" if isinstance(found, dict) else "no answer)")
+                raise StepOutcomeUnknown(
+                    f"step {step.key!r} of durable run {self._turn_id} in thread {thread.thread_id}: effect "
+                    f"{action.effect_id} was dispatched and its outcome is unknown; {action.why}{answer}. Find out "
+                    f"what happened, record it with `jixu threads resolve STORE {thread.thread_id} {action.effect_id} "
+                    "--resolution occurred|not_occurred|abandoned_unknown --note ...`, then run the code again",
+                    thread_id=thread.thread_id, effect_id=action.effect_id, step=step.key,
+                    probe=action.probe) from cause
+
+    def _decision(self, effect_id: str) -> EffectDecision | None:
+        """The resolver's decision of one effect: the open analysis, or the settled decision kept."""
+        log = self._live().log
+        found = log.open_analysis().decisions.get(effect_id)
+        if found is None and effect_id in log.state.settled:
+            found = log.state.settled[effect_id]
+        return found
+
+    async def _record(self, thread: Thread, step: Step, tool: Tool) -> None:
+        """Record the step's intent; a retry-safe one without approval is committed with its dispatch marker."""
+        log = thread.log
+        effect_id = new_id()
+        intent: JSONObject = {
+            "effect_id": effect_id, "name": step.name, "args": step.args, "args_hash": step.args_hash,
+            "semantics": step.semantics, "idempotency_key": f"jixu:{effect_id}",
+            "requires_approval": step.requires_approval, "turn_id": self._turn_id, "call_id": step.key,
+            "step": step.key,
+        }
+        if step.has_probe:
+            intent["probe"] = True
+        events = [NewEvent("tool.requested", intent, log.meta())]
+        if step.requires_approval:
+            events.append(NewEvent("tool.parked", {"effect_id": effect_id, "reason": "requires_approval"}, log.meta()))
+        if step.semantics in ("read_only", "idempotent") and not step.requires_approval:
+            thread._pending = events  # committed with the marker (decision 0010)
+            self._steps.setdefault(step.key, []).append(intent)
+            try:
+                await self._call(thread, tool, effect_id, 1, intent)
+            finally:
+                thread._pending = []
+            return
+        await thread._commit(events)  # an unsafe intent is durable before its marker
+        self._steps.setdefault(step.key, []).append(intent)
+
+    async def _call(self, thread: Thread, tool: Tool, effect_id: str, attempt: int,
+                    intent: JSONObject | None = None) -> BaseException | None:
+        """One attempt through the thread's path through the kernel (marker, call, one receipt); the exception
+        the call raised, if any (kept as the cause of an unknown outcome)."""
+        intent = intent if intent is not None else thread.log.state.intent(effect_id)
+        if intent is None:  # pragma: no cover - the resolver reports only recorded effects as dispatchable
+            raise StepOutcomeUnknown(f"effect {effect_id} has no intent", effect_id=effect_id)
+        raised: list[BaseException] = []
+        await thread._call_tool(effect_id, intent, attempt, checked=(tool, {}), dispatched=False, raised=raised)
+        return raised[-1] if raised else None
+
+    async def _ask_probe(self, thread: Thread, tool: Tool, action: AskProbe) -> None:
+        log = thread.log
+        effect_id = new_id()
+        args = {"effect_id": action.effect_id, "attempt": action.attempt}
+        intent: JSONObject = {"effect_id": effect_id, "name": tool.name, "args": args, "args_hash": content_hash(args),
+                              "semantics": "read_only", "idempotency_key": f"jixu:{effect_id}",
+                              "requires_approval": False, "turn_id": self._turn_id}
+        thread._pending = [NewEvent("probe.requested", intent, log.meta())]
+        try:
+            await self._run_probe(thread, tool, effect_id, intent, 1)
+        finally:
+            thread._pending = []
+
+    async def _run_probe(self, thread: Thread, tool: Tool, effect_id: str, intent: JSONObject, attempt: int) -> None:
+        """Ask the step's probe (a ``probe`` effect: marker, the probe, one receipt holding its answer)."""
+        log = thread.log
+        args = intent.get("args") or {}
+        target = str(args.get("effect_id"))
+        asked = log.state.intent(target) or {}
+        attempt_asked = args.get("attempt")
+        query = ProbeQuery(effect_id=target, idempotency_key=str(asked.get("idempotency_key")),
+                           args=dict(asked.get("args") or {}), tool=tool.name,
+                           attempt=attempt_asked if isinstance(attempt_asked, int) else 1,
+                           thread_id=thread.thread_id, turn_id=self._turn_id)
+
+        async def call() -> Outcome:
+            return Outcome.completed({"result": await tool.ask_probe(query)})
+
+        def classify(error: Exception) -> Outcome:
+            if isinstance(error, TimeoutError):
+                return Outcome.failed({"type": "timeout", "message": f"no answer within {tool.probe_timeout}s"},
+                                      indeterminate=False)
+            return Outcome.failed({"type": "exception", "exception": type(error).__name__,
+                                   "message": str(error)[:2000]}, indeterminate=False)  # read-only: nothing happened
+
+        await thread._perform("probe", effect_id, intent, attempt, call, classify)
+
+    def _result(self, thread: Thread, step: Step, done: Done) -> Any:
+        """The recorded result of a settled step (read from its receipt), or :class:`StepFailed`."""
+        decision, log = done.decision, thread.log
+        if decision.resolution is not None:  # occurred, by an operator or a probe
+            return decision.resolution.get("result")
+        [receipt] = log.store.read(log.stream, decision.last_seq, decision.last_seq)
+        data = receipt.data
+        if receipt.type == "tool.completed" and data.get("effect_id") == done.effect_id:
+            ref = data.get("result_artifact")
+            return json.loads(log.artifact_text(ref)) if isinstance(ref, dict) else data.get("result")
+        reason = "denied" if receipt.type == "tool.denied" else "failed"
+        detail = data.get("note") if reason == "denied" else data.get("error")
+        raise StepFailed(f"step {step.key!r} of durable run {self._turn_id} in thread {thread.thread_id} "
+                         f"{'was denied' if reason == 'denied' else 'failed'} (effect {done.effect_id}): {detail}",
+                         thread_id=thread.thread_id, effect_id=done.effect_id, step=step.key, reason=reason,
+                         error=detail)
+
+
+def _step_tool(name: str, call: Callable[[ToolContext], Any], **declared: Any) -> Tool:
+    """The step as a :class:`~jixu.threads.tools.Tool` taking no arguments (its arguments are the closure's):
+    its declaration is checked, its result and its probe's answers are validated, as a tool's are."""
+
+    async def step(ctx: ToolContext) -> Any:
+        if inspect.iscoroutinefunction(call):
+            value = await call(ctx)
+        else:
+            value = await asyncio.to_thread(call, ctx)
+        while inspect.isawaitable(value):
+            value = await value
+        return value
+
+    return Tool(step, name=name, description=f"durable step {name}", **declared)
+
+
+def durable(store: Store | str | os.PathLike[str] | None, thread_id: str | None = None, *, name: str = "run",
+            agent: str = "steps", metadata: dict[str, Any] | None = None,
+            approval_poll: float = DEFAULT_APPROVAL_POLL, **harness: Any) -> DurableRun:
+    """A durable run on ``store`` without an agent of yours: ``async with jixu.durable(url, thread_id) as run``.
+
+    ``agent`` names the (model-less) agent the thread is recorded under; ``harness`` goes to
+    :class:`~jixu.Harness` (``owner``, ``lease_ttl``, ``max_attempts``, ...).
+    """
+    from jixu.threads.harness import Harness
+
+    return DurableRun(Harness(steps_agent(agent), store, **harness), thread_id, name=name, metadata=metadata,
+                      approval_poll=approval_poll, owns_harness=True)
+
+
+__all__ = ["AskProbe", "AwaitApproval", "Call", "Done", "DurableRun", "Fail", "Mismatch", "ProbeAgain", "Record",
+           "Step", "StepAction", "Unknown", "decide_step", "durable", "latest_probe", "steps_agent"]

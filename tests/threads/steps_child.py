@@ -1,0 +1,100 @@
+"""The child program of ``tests/threads/test_steps_crash.py``: a loop of its own, made durable with
+``jixu.durable``, SIGKILLed inside its unsafe ``charge`` step.
+
+Run as ``python -m tests.threads.steps_child MODE STORE DIR``:
+
+``after``
+    Starts a durable run, prints ``T <thread_id>``, runs ``reserve`` (idempotent), then ``charge`` (unsafe), and
+    SIGKILLs itself inside ``charge`` right *after* the charge's line is durable in the bank's file, before jixu
+    records a receipt.
+``before``
+    The same, but the process dies inside ``charge`` *before* the line is written.
+
+Every side effect is one fsynced line in a file of DIR (``reserve.log``, ``bank.log``, ``ship.log``), so the
+parent counts how often each really ran. The parent runs the same loop (:func:`order_loop`) again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jixu
+from jixu import NotOccurred, Occurred, ProbeQuery, ToolContext
+
+RUN = "order-7"
+
+
+def say(*fields: object) -> None:
+    os.write(1, (" ".join(map(str, fields)) + "\n").encode())
+
+
+def write_line(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (text + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def find_charge(directory: Path) -> Callable[[ProbeQuery], Any]:
+    """The bank's lookup by idempotency key: read-only."""
+
+    def probe(query: ProbeQuery) -> Occurred | NotOccurred:
+        for number, line in enumerate(lines(directory / "bank.log"), start=1):
+            if f"key={query.idempotency_key}" in line:
+                return Occurred(result={"charged": query.args["order"], "line": number}, evidence={"line": number})
+        return NotOccurred(evidence={"searched": len(lines(directory / "bank.log"))})
+
+    return probe
+
+
+async def order_loop(url: str, directory: Path, thread_id: str | None, *, crash: str | None = None,
+                     probe: bool = True, started: Callable[[str], None] | None = None) -> Any:
+    """The user's loop: reserve, charge, ship. Returns what the run recorded as its reply."""
+
+    def reserve(ctx: ToolContext) -> str:
+        write_line(directory / "reserve.log", f"reserve key={ctx.idempotency_key}")
+        return "reserved"
+
+    def charge(ctx: ToolContext) -> dict[str, Any]:
+        if crash == "before":
+            os.kill(os.getpid(), signal.SIGKILL)
+        write_line(directory / "bank.log", f"charge order=7 key={ctx.idempotency_key}")
+        if crash == "after":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {"charged": 7, "line": len(lines(directory / "bank.log"))}
+
+    def ship(ctx: ToolContext) -> str:
+        write_line(directory / "ship.log", f"ship key={ctx.idempotency_key}")
+        return "shipped"
+
+    async with jixu.durable(url, thread_id, name=RUN, agent="orders") as run:
+        if started is not None:
+            started(run.thread_id)
+        reserved = await run.effect("reserve", {"order": 7}, semantics="idempotent", call=reserve)
+        charged = await run.effect("charge", {"order": 7}, semantics="unsafe", call=charge,
+                                   probe=find_charge(directory) if probe else None)
+        shipped = await run.effect("ship", {"order": 7}, semantics="idempotent", call=ship)
+        run.reply = f"{reserved}, {charged}, {shipped}"
+    return run.reply
+
+
+def main(argv: Sequence[str]) -> None:
+    mode, url, directory = argv
+    asyncio.run(order_loop(url, Path(directory), None, crash=mode, started=lambda tid: say("T", tid)))
+    raise SystemExit("the charge never killed this process")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,254 @@
+"""Durable steps (decision 0032) in one process: matching by step key, the typed errors, retries under the same
+identity, parked steps, and what every other surface (replay, fork, the agent loop) makes of a run.
+
+The crash cases (a real SIGKILL inside an unsafe step, SQLite and PostgreSQL) are in test_steps_crash.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import jixu
+from jixu import (
+    Harness,
+    MemoryStore,
+    NotOccurred,
+    ProbeQuery,
+    StepFailed,
+    StepMismatch,
+    StepOutcomeUnknown,
+    ToolContext,
+    ToolError,
+)
+from jixu.ledger import Store
+from jixu.threads.log import ThreadLog
+from jixu.threads.steps import steps_agent
+
+
+class Boom(Exception):
+    """The user's code stopping half-way (a crash without a receipt missing: the run stays unfinished)."""
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def types(store: Store, thread_id: str) -> list[str]:
+    return [e.type for e in ThreadLog.load(store, thread_id).events()]
+
+
+def test_a_completed_step_returns_its_recorded_result_and_is_not_called_again() -> None:
+    store, calls = MemoryStore(), []
+
+    async def loop(thread_id: str | None, stop: bool) -> tuple[str, Any]:
+        async with jixu.durable(store, thread_id) as run:
+            first = await run.effect("fetch", {"id": 1}, semantics="read_only",
+                                     call=lambda ctx: calls.append(ctx.effect_id) or {"v": len(calls)})
+            if stop:
+                raise Boom
+            second = await run.effect("fetch", {"id": 2}, semantics="read_only", call=lambda ctx: "two")
+            return run.thread_id, (first, second)
+
+    async def go() -> None:
+        with pytest.raises(Boom):
+            await loop(None, True)
+        [thread_id] = [s.stream.split("/", 1)[1] for s in store.list_streams("thread/")]
+        assert ThreadLog.load(store, thread_id).snapshot().status == "waiting"  # unfinished: its code continues it
+        again, results = await loop(thread_id, False)
+        assert again == thread_id and results == ({"v": 1}, "two")
+        assert len(calls) == 1, "the recorded step did not run again"
+        assert types(store, thread_id).count("turn.started") == 1 and types(store, thread_id)[-1] == "turn.ended"
+
+    run(go())
+
+
+def test_a_step_that_differs_from_its_record_is_a_step_mismatch_and_nothing_runs() -> None:
+    store, calls = MemoryStore(), []
+
+    async def go() -> None:
+        with pytest.raises(Boom):
+            async with jixu.durable(store) as run:
+                thread_id = run.thread_id
+                await run.effect("charge", {"order": 7}, call=lambda ctx: calls.append(7) or "ok")
+                raise Boom
+        before = types(store, thread_id)
+        for args, semantics in (({"order": 8}, "unsafe"), ({"order": 7}, "idempotent")):
+            with pytest.raises(StepMismatch) as raised:
+                async with jixu.durable(store, thread_id) as run:
+                    await run.effect("charge", args, semantics=semantics, call=lambda ctx: calls.append(0) or "x")
+            assert "charge#1" in raised.value.message and raised.value.details["step"] == "charge#1"
+        assert calls == [7]
+        after = types(store, thread_id)
+        assert after[:len(before)] == before and set(after[len(before):]) == {"turn.claimed"}, after
+
+    run(go())
+
+
+def test_a_retry_safe_step_with_an_unknown_outcome_is_retried_under_the_same_effect_and_key() -> None:
+    store, keys = MemoryStore(), []
+
+    def flaky(ctx: ToolContext) -> str:
+        keys.append((ctx.effect_id, ctx.idempotency_key, ctx.attempt))
+        if len(keys) == 1:
+            raise ConnectionError("the answer was lost")
+        return "booked"
+
+    async def go() -> None:
+        async with jixu.durable(store) as run:
+            assert await run.effect("book", {"room": 4}, semantics="idempotent", call=flaky) == "booked"
+            thread_id = run.thread_id
+        assert [k[:2] for k in keys] == [keys[0][:2]] * 2 and [k[2] for k in keys] == [1, 2]
+        assert keys[0][1] == f"jixu:{keys[0][0]}"
+        events = ThreadLog.load(store, thread_id).events()
+        assert [e.data["attempt"] for e in events if e.type == "tool.dispatched"] == [1, 2]
+        assert [e.data["indeterminate"] for e in events if e.type == "tool.failed"] == [True]
+
+    run(go())
+
+
+def test_an_unsafe_step_whose_call_failed_without_a_receipt_raises_step_outcome_unknown_and_is_not_retried() -> None:
+    store, calls = MemoryStore(), []
+
+    def charge(ctx: ToolContext) -> str:
+        calls.append(ctx.attempt)
+        raise ConnectionError("reset after the request was sent")
+
+    async def go() -> None:
+        thread_id: str | None = None
+        for _ in range(2):
+            with pytest.raises(StepOutcomeUnknown) as raised:
+                async with jixu.durable(store, thread_id) as run:
+                    thread_id = run.thread_id
+                    await run.effect("charge", {"order": 7}, call=charge)
+            assert isinstance(raised.value.__cause__, ConnectionError) or calls == [1]
+            assert f"jixu threads resolve STORE {thread_id}" in raised.value.message
+        assert calls == [1], "an unsafe step is never dispatched twice"
+        state = ThreadLog.load(store, thread_id).snapshot()
+        assert state.status == "waiting" and [w["name"] for w in state.waiting_on] == ["charge"]
+
+    run(go())
+
+
+def test_a_probe_that_finds_nothing_lets_the_step_run_again_under_a_new_effect_id() -> None:
+    store, calls = MemoryStore(), []
+
+    def charge(ctx: ToolContext) -> str:
+        calls.append(ctx.effect_id)
+        if len(calls) == 1:
+            raise ConnectionError("refused before anything was sent")
+        return "charged"
+
+    async def go() -> None:
+        async with jixu.durable(store) as run:
+            result = await run.effect("charge", {"order": 7}, call=charge,
+                                      probe=lambda query: NotOccurred(evidence={"searched": query.idempotency_key}))
+            thread_id = run.thread_id
+        assert result == "charged" and len(set(calls)) == 2
+        events = ThreadLog.load(store, thread_id).events()
+        [resolved] = [e for e in events if e.type == "tool.outcome_resolved"]
+        assert resolved.data["effect_id"] == calls[0] and resolved.data["actor"] == "probe:charge"
+        assert [e.data["effect_id"] for e in events if e.type == "tool.requested"] == calls
+
+    run(go())
+
+
+def test_a_determinate_failure_is_a_step_failed_again_on_every_rerun_without_calling_again() -> None:
+    store, calls = MemoryStore(), []
+
+    def charge(ctx: ToolContext) -> str:
+        calls.append(1)
+        raise ToolError("card declined", code="declined")
+
+    async def go() -> None:
+        thread_id = None
+        for _ in range(2):
+            with pytest.raises(StepFailed) as raised:
+                async with jixu.durable(store, thread_id) as run:
+                    thread_id = run.thread_id
+                    await run.effect("charge", {"order": 7}, call=charge)
+            assert raised.value.details["reason"] == "failed" and "card declined" in raised.value.message
+        assert calls == [1]
+
+    run(go())
+
+
+def test_a_parked_step_waits_for_its_approval_and_a_denied_one_is_step_failed() -> None:
+    store, calls = MemoryStore(), []
+
+    async def go() -> None:
+        async def loop() -> Any:
+            async with jixu.durable(store, approval_poll=0.01) as run:
+                found.append(run.thread_id)
+                return await run.effect("wire", {"amount": 100}, requires_approval=True,
+                                        call=lambda ctx: calls.append(1) or "sent")
+
+        for decision in ("approved", "denied"):
+            found: list[str] = []
+            task = asyncio.create_task(loop())
+            for _ in range(500):
+                await asyncio.sleep(0.01)
+                if found and ThreadLog.load(store, found[0]).snapshot().waiting_on:
+                    break
+            operator = ThreadLog.load(store, found[0])
+            [parked] = operator.snapshot().waiting_on
+            assert parked["state"] == "parked" and not task.done() and calls == [1] * (decision == "denied")
+            operator.decide_parked(parked["effect_id"], decision, actor="ops")  # as `jixu threads approve|deny`
+            if decision == "approved":
+                assert await asyncio.wait_for(task, 10) == "sent"
+            else:
+                with pytest.raises(StepFailed) as raised:
+                    await asyncio.wait_for(task, 10)
+                assert raised.value.details["reason"] == "denied"
+        assert calls == [1]
+
+    run(go())
+
+
+def test_the_agent_loop_never_acts_on_a_durable_run_and_replay_and_fork_see_its_steps() -> None:
+    store = MemoryStore()
+
+    async def go() -> None:
+        harness = Harness(steps_agent(), store)
+        with pytest.raises(Boom):
+            async with harness.durable(name="nightly") as run:
+                thread_id = run.thread_id
+                await run.effect("fetch", {"id": 1}, semantics="read_only", call=lambda ctx: {"rows": 3})
+                assert run.state().status == "running"
+                raise Boom
+        before = types(store, thread_id)
+        thread = await harness.open_thread(thread_id)  # resume: the agent loop must not touch the run
+        state = await thread.wait()
+        assert state.status == "waiting" and "durable run" in state.reason and not state.waiting_on
+        assert types(store, thread_id) == before, "the agent loop recorded nothing (its model was never called)"
+        replayed = await thread.replay()
+        assert replayed.effects == state.effects and replayed.turns == state.turns
+        assert replayed.turns[0]["steps"] is True and replayed.turns[0]["input"] == "nightly"
+        [completed] = [e for e in await thread.events() if e.type == "tool.completed"]
+        child = await thread.fork(completed.id)
+        assert [m["content"] for m in child.state().messages if m["role"] == "tool"] == ['{"rows": 3}']
+        with pytest.raises(StepMismatch):
+            async with harness.durable(thread_id, name="another"):
+                pass
+
+    run(go())
+
+
+def test_bad_step_declarations_are_refused_before_anything_is_recorded() -> None:
+    store = MemoryStore()
+
+    def probe(query: ProbeQuery) -> NotOccurred:
+        return NotOccurred()
+
+    async def go() -> None:
+        async with jixu.durable(store) as run:
+            head = len(ThreadLog.load(store, run.thread_id).events())
+            for bad in (dict(name="no spaces"), dict(name="ok", semantics="read_only", probe=probe),
+                        dict(name="ok", args=[1]), dict(name="ok", key="")):
+                with pytest.raises(jixu.JixuError):
+                    await run.effect(**{"call": lambda ctx: 1, **bad})  # type: ignore[arg-type]
+            assert len(ThreadLog.load(store, run.thread_id).events()) == head
+
+    run(go())
