@@ -23,6 +23,7 @@ from jixu.server import threads as threads_api
 from jixu.server.auth import ROLE_RANK
 from jixu.server.context import Context, run_async
 from jixu.threads.log import THREAD_PREFIX, ThreadLog, probe_text
+from jixu.threads.streaming import reasoning_of, reasoning_text
 
 Obj = dict[str, Any]
 PAGE_LIMIT = 1000
@@ -77,6 +78,21 @@ def _marked_seq(corrupt: Corruption | None, seqs: list[int]) -> int | None:
     if corrupt is None or corrupt.first_bad_seq is None:
         return None
     return min((seq for seq in seqs if seq >= corrupt.first_bad_seq), default=None)
+
+
+def _message_view(message: dict[str, Any]) -> dict[str, Any]:
+    """A conversation message as the page shows it: its text, its tool calls, and an assistant's reasoning as
+    such (thinking and summaries readable; signatures, redacted and encrypted content never shown)."""
+    record = reasoning_of(message) if message.get("role") == "assistant" else None
+    calls = [{"name": str(c.get("name")), "args": json.dumps(c.get("args"), ensure_ascii=False, sort_keys=True)}
+             for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+    content = message.get("content")
+    other = {k: v for k, v in message.items() if k not in ("role", "content", "tool_calls", "reasoning")
+             and v is not None}
+    return {"role": str(message.get("role")), "text": content if isinstance(content, str) else None,
+            "calls": calls, "thinking": reasoning_text(record) if record is not None else None,
+            "status": other.get("status"), "other": json.dumps(other, sort_keys=True, default=str)
+            if not isinstance(content, str) and not calls and other else None}
 
 
 def _decision_dict(decision: EffectDecision) -> Obj:
@@ -157,7 +173,7 @@ def thread_page(ctx: Context, thread_id: str) -> Obj:
         "parent": state.parent, "chain": verified, "timeline": timeline, "effects": effects,
         "corruption": None if corrupt is None else corrupt.to_dict(),
         "bad_event_shown": bad_seq is not None, "bad_event_seq": bad_seq,
-        "unresolved": unresolved, "parked": parked, "messages": list(state.messages),
+        "unresolved": unresolved, "parked": parked, "messages": [_message_view(m) for m in state.messages],
         "can_operate": allows(role, "operator"), "can_edit": allows(role, "editor"),
         "can_send": allows(role, "editor") and state.status == "idle" and corrupt is None,
     }
