@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             renewal = heartbeat_seconds(url, 300)
             per_second = args.turns / (DEFAULT_LEASE_TTL / 3)
             figures.append((f"{backend}: one lease renewal", f"heartbeat_ms_{backend}", renewal * 1000, "ms"))
-            figures.append((f"{backend}: renewals/s of a worker holding {args.turns} turns", f"heartbeats_per_s_{args.turns}_turns",
+            figures.append((f"{backend}: renewals/s of a worker holding {args.turns} turns", f"heartbeats_per_s_{args.turns}_turns_{backend}",
                             per_second, "1/s"))
             figures.append((f"{backend}: share of one core those renewals take", f"heartbeat_core_share_{args.turns}_turns_{backend}",
                             per_second * renewal * 100, "%"))
