@@ -34,7 +34,6 @@ only carries it out.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import os
 from collections import Counter
@@ -60,7 +59,7 @@ from jixu.threads.agent import Agent
 from jixu.threads.decide import ResolveByProbe
 from jixu.threads.model import ModelRequest, ModelResponse
 from jixu.threads.projection import ThreadState
-from jixu.threads.tools import DEFINITE_ANSWERS, ProbeQuery, Tool, ToolContext
+from jixu.threads.tools import DEFINITE_ANSWERS, ProbeQuery, Tool, ToolContext, call_user_function
 
 if TYPE_CHECKING:
     from jixu.threads.harness import Harness
@@ -580,13 +579,7 @@ def _step_tool(name: str, call: Callable[[ToolContext], Any], **declared: Any) -
     its declaration is checked, its result and its probe's answers are validated, as a tool's are."""
 
     async def step(ctx: ToolContext) -> Any:
-        if inspect.iscoroutinefunction(call):
-            value = await call(ctx)
-        else:
-            value = await asyncio.to_thread(call, ctx)
-        while inspect.isawaitable(value):
-            value = await value
-        return value
+        return await call_user_function(call, ctx)
 
     return Tool(step, name=name, description=f"durable step {name}", **declared)
 

@@ -676,10 +676,11 @@ class Thread:
         async def dispatch() -> None:
             if not dispatched:
                 await self._commit([marker(kind, effect_id, attempt, intent, log.meta())])
-            open_spans.append(tracing.start_effect(kind, effect_id=effect_id, attempt=attempt, intent=intent,
-                                                   attributes={"jixu.thread.id": self.thread_id,
-                                                               "jixu.turn.id": intent.get("turn_id"),
-                                                               "jixu.model": self._agent.model.name}))
+            if tracing.tracer().enabled:  # nothing is built for the no-op tracer: this is every call's path
+                open_spans.append(tracing.start_effect(kind, effect_id=effect_id, attempt=attempt, intent=intent,
+                                                       attributes={"jixu.thread.id": self.thread_id,
+                                                                   "jixu.turn.id": intent.get("turn_id"),
+                                                                   "jixu.model": self._agent.model.name}))
 
         async def record(outcome: Outcome) -> None:
             await self._record(kind, effect_id, attempt, outcome)

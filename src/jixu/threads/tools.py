@@ -149,6 +149,18 @@ def _json_problem(value: object, what: str) -> str | None:
     return None
 
 
+async def call_user_function(fn: Callable[[Any], Any], arg: Any) -> Any:
+    """``fn(arg)`` as user code is called: a coroutine function on the loop, a plain function in a worker
+    thread (the loop's executor, so a blocking call stalls nothing else); an awaitable it returns is awaited."""
+    if inspect.iscoroutinefunction(fn):
+        value = await fn(arg)
+    else:
+        value = await asyncio.to_thread(fn, arg)
+    while inspect.isawaitable(value):
+        value = await value
+    return value
+
+
 def _dont_know(reason: str, evidence: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"answer": "dont_know", "reason": reason[:MAX_PROBE_REASON_CHARS], "evidence": evidence or {}}
 
@@ -975,16 +987,7 @@ class Tool:
         if probe is None:
             return _dont_know(f"tool {self.name!r} declares no probe")
 
-        async def run() -> Any:
-            if inspect.iscoroutinefunction(probe):
-                value = await probe(query)
-            else:
-                value = await asyncio.to_thread(probe, query)
-            while inspect.isawaitable(value):
-                value = await value
-            return value
-
-        return self.probe_answer(await asyncio.wait_for(run(), self._probe_timeout))
+        return self.probe_answer(await asyncio.wait_for(call_user_function(probe, query), self._probe_timeout))
 
     def probe_answer(self, value: object) -> dict[str, Any]:
         """The recorded form of what a probe returned (pure): a bad value is a ``dont_know`` with the reason."""
