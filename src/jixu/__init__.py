@@ -5,115 +5,173 @@ The public surface is what ``__all__`` lists; everything else is internal.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from jixu.errors import (
-    ConcurrencyError,
-    EffectNotParked,
-    EffectNotUnknown,
-    FencingError,
-    IdempotencyConflict,
-    IncompatibleAgent,
-    InvalidId,
-    InvalidInput,
-    JixuError,
-    LeaseHeld,
-    MalformedEvent,
-    ModelError,
-    NotFound,
-    PayloadTooLarge,
-    ResolutionConflict,
-    SchemaTooNew,
-    StepFailed,
-    StepMismatch,
-    StepOutcomeUnknown,
-    StoreError,
-    StoreLocked,
-    StoreNotFound,
-    StoreReadOnly,
-    ThreadBusy,
-    ThreadCorrupt,
-    ThreadNotFound,
-)
-from jixu.ledger import (
-    DEFAULT_STORE_URL,
-    Checkpoint,
-    Event,
-    Fence,
-    Lease,
-    MemoryStore,
-    NewEvent,
-    Projected,
-    Projection,
-    SQLiteStore,
-    Store,
-    StreamInfo,
-    VerifyReport,
-    canonical_bytes,
-    content_hash,
-    new_id,
-    open_store,
-    project,
-    save_checkpoint,
-    verify,
-    verify_all,
-)
-from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
-from jixu.threads import (
-    Agent,
-    DontKnow,
-    DurableRun,
-    Harness,
-    ModelDriver,
-    ModelRequest,
-    ModelResponse,
-    NotOccurred,
-    Occurred,
-    ProbeQuery,
-    ScriptedModel,
-    State,
-    Thread,
-    ThreadSummary,
-    Tool,
-    ToolCall,
-    ToolContext,
-    ToolError,
-    Usage,
-    durable,
-    tool,
-)
+from jixu.exports import lazy_exports
 
 if TYPE_CHECKING:
+    from jixu.errors import (
+        ConcurrencyError,
+        EffectNotParked,
+        EffectNotUnknown,
+        FencingError,
+        IdempotencyConflict,
+        IncompatibleAgent,
+        InvalidId,
+        InvalidInput,
+        JixuError,
+        LeaseHeld,
+        MalformedEvent,
+        ModelError,
+        NotFound,
+        PayloadTooLarge,
+        ResolutionConflict,
+        SchemaTooNew,
+        StepFailed,
+        StepMismatch,
+        StepOutcomeUnknown,
+        StoreError,
+        StoreLocked,
+        StoreNotFound,
+        StoreReadOnly,
+        ThreadBusy,
+        ThreadCorrupt,
+        ThreadNotFound,
+    )
+    from jixu.ledger import (
+        DEFAULT_STORE_URL,
+        Checkpoint,
+        Event,
+        Fence,
+        Lease,
+        MemoryStore,
+        NewEvent,
+        Projected,
+        Projection,
+        SQLiteStore,
+        Store,
+        StreamInfo,
+        VerifyReport,
+        canonical_bytes,
+        content_hash,
+        new_id,
+        open_store,
+        project,
+        save_checkpoint,
+        verify,
+        verify_all,
+    )
     from jixu.ledger.postgres import PostgresStore
+    from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
+    from jixu.threads import (
+        Agent,
+        DontKnow,
+        DurableRun,
+        Harness,
+        ModelDriver,
+        ModelRequest,
+        ModelResponse,
+        NotOccurred,
+        Occurred,
+        ProbeQuery,
+        ScriptedModel,
+        State,
+        Thread,
+        ThreadSummary,
+        Tool,
+        ToolCall,
+        ToolContext,
+        ToolError,
+        Usage,
+        durable,
+        tool,
+    )
     from jixu.threads.anthropic import AnthropicModel
     from jixu.threads.fallback import FallbackModel
     from jixu.threads.openai import OpenAIModel
 
+_EXPORTS = {
+    "Agent": "jixu.threads",
+    "Analysis": "jixu.recovery",
+    "AnthropicModel": "jixu.threads.anthropic",
+    "Checkpoint": "jixu.ledger",
+    "ConcurrencyError": "jixu.errors",
+    "DEFAULT_STORE_URL": "jixu.ledger",
+    "DontKnow": "jixu.threads",
+    "DurableRun": "jixu.threads",
+    "EffectDecision": "jixu.recovery",
+    "EffectNotParked": "jixu.errors",
+    "EffectNotUnknown": "jixu.errors",
+    "Event": "jixu.ledger",
+    "FallbackModel": "jixu.threads.fallback",
+    "Fence": "jixu.ledger",
+    "FencingError": "jixu.errors",
+    "Harness": "jixu.threads",
+    "IdempotencyConflict": "jixu.errors",
+    "IncompatibleAgent": "jixu.errors",
+    "InvalidId": "jixu.errors",
+    "InvalidInput": "jixu.errors",
+    "JixuError": "jixu.errors",
+    "Lease": "jixu.ledger",
+    "LeaseHeld": "jixu.errors",
+    "MalformedEvent": "jixu.errors",
+    "MemoryStore": "jixu.ledger",
+    "ModelDriver": "jixu.threads",
+    "ModelError": "jixu.errors",
+    "ModelRequest": "jixu.threads",
+    "ModelResponse": "jixu.threads",
+    "NewEvent": "jixu.ledger",
+    "NotFound": "jixu.errors",
+    "NotOccurred": "jixu.threads",
+    "Occurred": "jixu.threads",
+    "OpenAIModel": "jixu.threads.openai",
+    "PayloadTooLarge": "jixu.errors",
+    "PostgresStore": "jixu.ledger.postgres",
+    "ProbeQuery": "jixu.threads",
+    "Projected": "jixu.ledger",
+    "Projection": "jixu.ledger",
+    "RecoveryResolver": "jixu.recovery",
+    "ResolutionConflict": "jixu.errors",
+    "SQLiteStore": "jixu.ledger",
+    "SchemaTooNew": "jixu.errors",
+    "ScriptedModel": "jixu.threads",
+    "State": "jixu.threads",
+    "StepFailed": "jixu.errors",
+    "StepMismatch": "jixu.errors",
+    "StepOutcomeUnknown": "jixu.errors",
+    "Store": "jixu.ledger",
+    "StoreError": "jixu.errors",
+    "StoreLocked": "jixu.errors",
+    "StoreNotFound": "jixu.errors",
+    "StoreReadOnly": "jixu.errors",
+    "StreamInfo": "jixu.ledger",
+    "Thread": "jixu.threads",
+    "ThreadBusy": "jixu.errors",
+    "ThreadCorrupt": "jixu.errors",
+    "ThreadNotFound": "jixu.errors",
+    "ThreadSummary": "jixu.threads",
+    "Tool": "jixu.threads",
+    "ToolCall": "jixu.threads",
+    "ToolContext": "jixu.threads",
+    "ToolError": "jixu.threads",
+    "Usage": "jixu.threads",
+    "VerifyReport": "jixu.ledger",
+    "canonical_bytes": "jixu.ledger",
+    "content_hash": "jixu.ledger",
+    "durable": "jixu.threads",
+    "new_id": "jixu.ledger",
+    "open_store": "jixu.ledger",
+    "project": "jixu.ledger",
+    "save_checkpoint": "jixu.ledger",
+    "tool": "jixu.threads",
+    "verify": "jixu.ledger",
+    "verify_all": "jixu.ledger",
+}
+"""Each public name and the module it lives in (imported on first use: :mod:`jixu.exports`)."""
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
 __version__ = "0.1.0"
-
-
-def __getattr__(name: str) -> Any:
-    """Import :class:`PostgresStore` (and psycopg) and the provider drivers only when first used.
-
-    The drivers import their SDK (an optional extra) only when constructed.
-    """
-    if name == "PostgresStore":
-        from jixu.ledger.postgres import PostgresStore
-
-        return PostgresStore
-    if name == "OpenAIModel":
-        from jixu.threads.openai import OpenAIModel
-
-        return OpenAIModel
-    if name == "AnthropicModel":
-        from jixu.threads.anthropic import AnthropicModel
-
-        return AnthropicModel
-    if name == "FallbackModel":
-        from jixu.threads.fallback import FallbackModel
-
-        return FallbackModel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

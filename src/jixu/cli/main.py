@@ -1,27 +1,54 @@
-"""The ``jixu`` entry point."""
+"""The ``jixu`` entry point.
+
+The command groups are imported when they are run (or listed by ``--help``), not at start: a command pays
+only for the modules it uses, so ``jixu threads show`` does not import the server, the runs engine or the
+demo.
+"""
 
 from __future__ import annotations
 
+from importlib import import_module
+
 import click
 
-import jixu.cli.requests  # noqa: F401  (adds the execution-request commands to the `runs` group)
 from jixu import __version__
-from jixu.cli.demo import demo_command
-from jixu.cli.ledger import effects_command, keys_group, ledger_group, verify_command
-from jixu.cli.projects import projects_group
-from jixu.cli.remote import remote_group
-from jixu.cli.runs import runs_group
-from jixu.cli.serve import serve_command
-from jixu.cli.studio import studio_fixture_command
-from jixu.cli.threads import threads_group
-from jixu.cli.threads_queue import create_command as thread_create_command
-from jixu.cli.threads_queue import send_command as thread_send_command
-from jixu.cli.tokens import tokens_group
-from jixu.cli.turns import turns_group
-from jixu.cli.worker import worker_command
+
+COMMANDS: dict[str, str] = {
+    "verify": "jixu.cli.ledger:verify_command",
+    "effects": "jixu.cli.ledger:effects_command",
+    "ledger": "jixu.cli.ledger:ledger_group",
+    "keys": "jixu.cli.ledger:keys_group",
+    "threads": "jixu.cli.threads_queue:threads_group",
+    "turns": "jixu.cli.turns:turns_group",
+    "worker": "jixu.cli.worker:worker_command",
+    "projects": "jixu.cli.projects:projects_group",
+    "runs": "jixu.cli.requests:runs_group",
+    "demo": "jixu.cli.demo:demo_command",
+    "serve": "jixu.cli.serve:serve_command",
+    "studio-fixture": "jixu.cli.studio:studio_fixture_command",
+    "tokens": "jixu.cli.tokens:tokens_group",
+    "remote": "jixu.cli.remote:remote_group",
+}
+"""Each top-level command and where it is defined (``module:attribute``)."""
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A group whose commands are imported from :data:`COMMANDS` on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, attribute = COMMANDS[cmd_name].split(":")
+            command = getattr(import_module(module), attribute)
+            if not isinstance(command, click.Command) or command.name != cmd_name:
+                raise RuntimeError(f"{COMMANDS[cmd_name]} is not the {cmd_name!r} command")
+            self.add_command(command)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="jixu")
 def cli() -> None:
     """jixu: durable agent work that never guesses whether a side effect happened.
@@ -30,24 +57,6 @@ def cli() -> None:
     without succeeding or needs an operator), 2 usage, 3 not found, 4 conflict, 5 store problem,
     6 invalid input, 7 not authorized (remote commands).
     """
-
-
-cli.add_command(verify_command)
-cli.add_command(effects_command)
-cli.add_command(ledger_group)
-cli.add_command(keys_group)
-cli.add_command(threads_group)
-cli.add_command(turns_group)
-cli.add_command(worker_command)
-cli.add_command(projects_group)
-cli.add_command(runs_group)
-cli.add_command(demo_command)
-cli.add_command(serve_command)
-cli.add_command(studio_fixture_command)
-cli.add_command(tokens_group)
-cli.add_command(remote_group)
-threads_group.add_command(thread_create_command)
-threads_group.add_command(thread_send_command)
 
 
 def main() -> None:

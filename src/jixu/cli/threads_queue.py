@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from jixu.cli.output import emit_json, handled, json_option
-from jixu.cli.threads import default_actor, out
+from jixu.cli.threads import default_actor, out, threads_group
 from jixu.errors import InvalidInput
 from jixu.ledger import open_store
 from jixu.runs import DEFAULT_PROJECT, create_thread_for, make_agent, submit_turn
@@ -63,4 +63,7 @@ def send_command(store: str, thread_id: str, text: str, actor: str | None, as_js
     out().print(f"turn {turn_id} queued on thread {thread_id}; a worker runs it", highlight=False)
 
 
-__all__ = ["create_command", "send_command"]
+threads_group.add_command(create_command)
+threads_group.add_command(send_command)
+
+__all__ = ["create_command", "send_command", "threads_group"]

@@ -19,65 +19,128 @@ requests (``request/<id>``) with a :class:`Runs` under its own owner name.
 
 from __future__ import annotations
 
-from jixu.runs.command_provider import CommandProvider
-from jixu.runs.engine import RunLog, Runs, submit_run
-from jixu.runs.model import (
-    RUN_STATUSES,
-    PlanView,
-    Project,
-    RunState,
-    TaskView,
-    change_origin,
-    get_project,
-    list_projects,
-    register_project,
-    run_id_of,
-    run_work_key,
-    update_policy,
-    validate_policy,
-)
-from jixu.runs.providers import (
-    ImplementContext,
-    ImplementResult,
-    Provider,
-    ProviderError,
-    ProviderTest,
-    provider_snapshot,
-)
-from jixu.runs.publication import (
-    GitPublisher,
-    PublicationContext,
-    PublicationRejected,
-    Publisher,
-    PullRequestPublisher,
-)
-from jixu.runs.remote import CommandRemote, RemoteContext, RemoteProvider
-from jixu.runs.requests import (
-    MAX_PUBLICATION_ATTEMPTS,
-    REQUEST_STATUSES,
-    ExecutionRequestView,
-    request_id_of,
-    request_work_key,
-)
-from jixu.runs.scheduler import (
-    DEFAULT_PROJECT,
-    create_thread_for,
-    enqueue_thread,
-    project_of,
-    submit_turn,
-    thread_id_of,
-    thread_work_key,
-)
-from jixu.runs.scripted_provider import ScriptedProvider, write_files
-from jixu.runs.workers import (
-    Worker,
-    WorkerConfig,
-    WorkerPool,
-    WorkerStats,
-    load_agent_factory,
-    make_agent,
-    serve,
-)
+from typing import TYPE_CHECKING
+
+from jixu.exports import lazy_exports
+
+if TYPE_CHECKING:
+    from jixu.runs.command_provider import CommandProvider
+    from jixu.runs.engine import RunLog, Runs, submit_run
+    from jixu.runs.model import (
+        RUN_STATUSES,
+        PlanView,
+        Project,
+        RunState,
+        TaskView,
+        change_origin,
+        get_project,
+        list_projects,
+        register_project,
+        run_id_of,
+        run_work_key,
+        update_policy,
+        validate_policy,
+    )
+    from jixu.runs.providers import (
+        ImplementContext,
+        ImplementResult,
+        Provider,
+        ProviderError,
+        ProviderTest,
+        provider_snapshot,
+    )
+    from jixu.runs.publication import (
+        GitPublisher,
+        PublicationContext,
+        PublicationRejected,
+        Publisher,
+        PullRequestPublisher,
+    )
+    from jixu.runs.remote import CommandRemote, RemoteContext, RemoteProvider
+    from jixu.runs.requests import (
+        MAX_PUBLICATION_ATTEMPTS,
+        REQUEST_STATUSES,
+        ExecutionRequestView,
+        request_id_of,
+        request_work_key,
+    )
+    from jixu.runs.scheduler import (
+        DEFAULT_PROJECT,
+        create_thread_for,
+        enqueue_thread,
+        project_of,
+        submit_turn,
+        thread_id_of,
+        thread_work_key,
+    )
+    from jixu.runs.scripted_provider import ScriptedProvider, write_files
+    from jixu.runs.workers import (
+        Worker,
+        WorkerConfig,
+        WorkerPool,
+        WorkerStats,
+        load_agent_factory,
+        make_agent,
+        serve,
+    )
+
+_EXPORTS = {
+    "CommandProvider": "jixu.runs.command_provider",
+    "CommandRemote": "jixu.runs.remote",
+    "DEFAULT_PROJECT": "jixu.runs.scheduler",
+    "ExecutionRequestView": "jixu.runs.requests",
+    "GitPublisher": "jixu.runs.publication",
+    "ImplementContext": "jixu.runs.providers",
+    "ImplementResult": "jixu.runs.providers",
+    "MAX_PUBLICATION_ATTEMPTS": "jixu.runs.requests",
+    "PlanView": "jixu.runs.model",
+    "Project": "jixu.runs.model",
+    "Provider": "jixu.runs.providers",
+    "ProviderError": "jixu.runs.providers",
+    "ProviderTest": "jixu.runs.providers",
+    "PublicationContext": "jixu.runs.publication",
+    "PublicationRejected": "jixu.runs.publication",
+    "Publisher": "jixu.runs.publication",
+    "PullRequestPublisher": "jixu.runs.publication",
+    "REQUEST_STATUSES": "jixu.runs.requests",
+    "RUN_STATUSES": "jixu.runs.model",
+    "RemoteContext": "jixu.runs.remote",
+    "RemoteProvider": "jixu.runs.remote",
+    "RunLog": "jixu.runs.engine",
+    "RunState": "jixu.runs.model",
+    "Runs": "jixu.runs.engine",
+    "ScriptedProvider": "jixu.runs.scripted_provider",
+    "TaskView": "jixu.runs.model",
+    "Worker": "jixu.runs.workers",
+    "WorkerConfig": "jixu.runs.workers",
+    "WorkerPool": "jixu.runs.workers",
+    "WorkerStats": "jixu.runs.workers",
+    "change_origin": "jixu.runs.model",
+    "create_thread_for": "jixu.runs.scheduler",
+    "enqueue_thread": "jixu.runs.scheduler",
+    "get_project": "jixu.runs.model",
+    "list_projects": "jixu.runs.model",
+    "load_agent_factory": "jixu.runs.workers",
+    "make_agent": "jixu.runs.workers",
+    "project_of": "jixu.runs.scheduler",
+    "provider_snapshot": "jixu.runs.providers",
+    "register_project": "jixu.runs.model",
+    "request_id_of": "jixu.runs.requests",
+    "request_work_key": "jixu.runs.requests",
+    "run_id_of": "jixu.runs.model",
+    "run_work_key": "jixu.runs.model",
+    "serve": "jixu.runs.workers",
+    "submit_run": "jixu.runs.engine",
+    "submit_turn": "jixu.runs.scheduler",
+    "thread_id_of": "jixu.runs.scheduler",
+    "thread_work_key": "jixu.runs.scheduler",
+    "update_policy": "jixu.runs.model",
+    "validate_policy": "jixu.runs.model",
+    "write_files": "jixu.runs.scripted_provider",
+}
+"""Each public name and the module it lives in (imported on first use: :mod:`jixu.exports`)."""
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "DEFAULT_PROJECT",

@@ -2,39 +2,65 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from jixu.threads.agent import Agent
-from jixu.threads.harness import Harness, ThreadSummary
-from jixu.threads.log import ThreadLog
-from jixu.threads.model import ModelDriver, ModelRequest, ModelResponse, ScriptedModel, ToolCall, Usage
-from jixu.threads.projection import ThreadProjection
-from jixu.threads.steps import DurableRun, durable
-from jixu.threads.thread import State, Thread
-from jixu.threads.tools import DontKnow, NotOccurred, Occurred, ProbeQuery, Tool, ToolContext, ToolError, tool
+from jixu.exports import lazy_exports
 
 if TYPE_CHECKING:
+    from jixu.threads.agent import Agent
     from jixu.threads.anthropic import AnthropicModel
     from jixu.threads.fallback import FallbackModel
+    from jixu.threads.harness import Harness, ThreadSummary
+    from jixu.threads.log import ThreadLog
+    from jixu.threads.model import ModelDriver, ModelRequest, ModelResponse, ScriptedModel, ToolCall, Usage
     from jixu.threads.openai import OpenAIModel
+    from jixu.threads.projection import ThreadProjection
+    from jixu.threads.steps import DurableRun, durable
     from jixu.threads.streaming import Signal
+    from jixu.threads.thread import State, Thread
+    from jixu.threads.tools import (
+        DontKnow,
+        NotOccurred,
+        Occurred,
+        ProbeQuery,
+        Tool,
+        ToolContext,
+        ToolError,
+        tool,
+    )
 
-_LAZY = {
+_EXPORTS = {
+    "Agent": "jixu.threads.agent",
     "AnthropicModel": "jixu.threads.anthropic",
+    "DontKnow": "jixu.threads.tools",
+    "DurableRun": "jixu.threads.steps",
     "FallbackModel": "jixu.threads.fallback",
+    "Harness": "jixu.threads.harness",
+    "ModelDriver": "jixu.threads.model",
+    "ModelRequest": "jixu.threads.model",
+    "ModelResponse": "jixu.threads.model",
+    "NotOccurred": "jixu.threads.tools",
+    "Occurred": "jixu.threads.tools",
     "OpenAIModel": "jixu.threads.openai",
+    "ProbeQuery": "jixu.threads.tools",
+    "ScriptedModel": "jixu.threads.model",
     "Signal": "jixu.threads.streaming",
+    "State": "jixu.threads.thread",
+    "Thread": "jixu.threads.thread",
+    "ThreadLog": "jixu.threads.log",
+    "ThreadProjection": "jixu.threads.projection",
+    "ThreadSummary": "jixu.threads.harness",
+    "Tool": "jixu.threads.tools",
+    "ToolCall": "jixu.threads.model",
+    "ToolContext": "jixu.threads.tools",
+    "ToolError": "jixu.threads.tools",
+    "Usage": "jixu.threads.model",
+    "durable": "jixu.threads.steps",
+    "tool": "jixu.threads.tools",
 }
+"""Each public name and the module it lives in (imported on first use: :mod:`jixu.exports`)."""
 
-
-def __getattr__(name: str) -> Any:
-    """Import the provider drivers only when first used (their SDKs are optional extras)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = [
