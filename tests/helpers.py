@@ -16,6 +16,15 @@ from jixu.ledger.store import AppendRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+EXAMPLE_SCALE = float(os.environ.get("JIXU_EXAMPLE_SCALE", "1"))
+"""Multiplies the examples of the heavy property tests; ``bench/properties.py`` runs them with 10."""
+
+
+def examples(count: int) -> int:
+    """The ``max_examples`` of a heavy property test: ``count`` in the test run (bounded, so CI stays fast),
+    ``count`` x ``JIXU_EXAMPLE_SCALE`` when the bench runs them deep."""
+    return max(1, round(count * EXAMPLE_SCALE))
+
 
 def chain(specs: Iterable[tuple[str, dict[str, Any]]], stream: str = "test/1",
           recorded_at: str = "2026-01-01T00:00:00.000000Z") -> list[Event]:

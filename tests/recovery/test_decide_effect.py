@@ -27,6 +27,7 @@ from jixu.ledger.event import Event
 from jixu.recovery import RecoveryResolver, analyze, resolver
 from jixu.recovery.decision_text import encode_decision, ordinary_decision_text
 from jixu.recovery.resolver import _args_hash_ok, decide_effect
+from tests.helpers import examples
 from tests.recovery import reference
 
 EID = "e1"
@@ -103,7 +104,7 @@ def ordinary_is_plain(text: str) -> bool:
     return text.count('"') == 22 and "\\" not in text and text.isprintable()
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.text(min_size=1, max_size=6), st.text(max_size=6), st.text(min_size=1, max_size=6),
        st.sampled_from(["tool", "model", "t\"x", "mé"]))
 def test_the_ordinary_text_of_any_names_is_the_decisions_text(effect_id: str, name: str, key: str,
@@ -210,7 +211,7 @@ NEAR_VALID = [
 groups = st.one_of(lifecycle(), in_flight(), free_history())
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(groups)
 def test_the_resolver_follows_the_reference_rules(events: list[Event]) -> None:
     analysis = analyze(events, check_links=False)
@@ -220,7 +221,7 @@ def test_the_resolver_follows_the_reference_rules(events: list[Event]) -> None:
     assert dataclasses.replace(analysis) == analysis  # every slot filled (from_decisions fills them directly)
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(groups)
 def test_decide_effect_equals_the_general_resolver(events: list[Event]) -> None:
     expected = analyze(events, check_links=False).decisions.get(EID)
@@ -228,7 +229,7 @@ def test_decide_effect_equals_the_general_resolver(events: list[Event]) -> None:
     assert expected == reference.analyze(events, check_links=False).decisions.get(EID)
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(groups)
 def test_the_first_stage_answers_as_the_second_does(events: list[Event]) -> None:
     """Stage 1 of the walk (the ordinary lifecycle) answers at once; stage 2 alone must answer the same."""
@@ -239,7 +240,7 @@ def test_the_first_stage_answers_as_the_second_does(events: list[Event]) -> None
     assert fast == walked
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.one_of(lifecycle(), free_history().filter(lambda events: len(events) == 3)))
 def test_the_ordinary_text_is_the_decisions_text(events: list[Event]) -> None:
     if len(events) != 3:
@@ -343,7 +344,7 @@ def test_the_type_memo_is_bounded_and_a_full_memo_changes_no_answer(monkeypatch:
         resolver._TYPES.update(kept)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.dictionaries(st.text(max_size=4), st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=6),
                                                        st.floats(allow_nan=True)), max_size=4))
 def test_the_flat_args_hash_equals_content_hash(args: dict[str, Any]) -> None:

@@ -31,6 +31,7 @@ from jixu.recovery import (
     analyze,
     decide_effect,
 )
+from tests.helpers import examples
 from tests.recovery import reference as rules
 
 Spec = tuple[str, dict[str, Any]]
@@ -245,7 +246,7 @@ def assert_consistent(analysis: Analysis) -> None:
 # --- properties -----------------------------------------------------------------------
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(valid_history())
 def test_valid_histories_match_the_reference_model(specs: list[Spec]) -> None:
     analysis = analyze(chain(specs))
@@ -269,7 +270,7 @@ def test_valid_histories_match_the_reference_model(specs: list[Spec]) -> None:
     assert_consistent(analysis)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(any_history)
 def test_no_prefix_claims_completion_without_a_terminal_receipt(events: list[Event]) -> None:
     for cut in range(len(events) + 1):
@@ -288,7 +289,7 @@ def test_no_prefix_claims_completion_without_a_terminal_receipt(events: list[Eve
             ), f"{eid} completed without a receipt in the first {cut} events"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(any_history)
 def test_analysis_is_pure(events: list[Event]) -> None:
     snapshot = copy.deepcopy(events)
@@ -303,7 +304,7 @@ def test_analysis_is_pure(events: list[Event]) -> None:
     assert analyze(tuple(events)) == first
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(mutated_history())
 def test_mutated_histories_never_raise_and_decide_every_effect(events: list[Event]) -> None:
     analysis = analyze(events)
@@ -313,7 +314,7 @@ def test_mutated_histories_never_raise_and_decide_every_effect(events: list[Even
         assert analysis.has_corruption and not analysis.safe_to_continue
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(any_history, st.one_of(st.none(), st.integers(1, 30)), st.booleans(), st.sampled_from([None, GENESIS_HASH]))
 def test_every_history_is_decided_as_the_reference_rules_decide_it(
         events: list[Event], chain_break_seq: int | None, check_links: bool, anchor_hash: str | None) -> None:

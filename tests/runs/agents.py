@@ -6,6 +6,8 @@ Configured through the environment, since a factory takes no arguments:
   line ``<thread_id> <effect_id> <idempotency_key> <pid> <time>`` to it
   (``O_APPEND``, one ``write``: lines from several processes never interleave);
 - ``JIXU_TEST_TOOL_SLEEP``: seconds the tool then takes (default 0);
+- ``JIXU_TEST_TOOL_RELEASE``: a path; with it the tool's sleep ends as soon as that file exists (a test
+  releases the call once it has looked, instead of waiting out a sleep long enough for a loaded machine);
 - ``JIXU_TEST_BLOCK_SLEEP``: seconds the blocking ``def`` tool of ``blocking_agent`` sleeps (``time.sleep``);
 - ``JIXU_TEST_CLOCK_SKEW``: seconds added to this process's ``time.time``
   (a worker whose local clock is wrong; the store's clock must not care).
@@ -42,8 +44,10 @@ async def _outside(ctx: ToolContext) -> str:
     finally:
         os.close(fd)
     delay = float(os.environ.get("JIXU_TEST_TOOL_SLEEP") or 0)
-    if delay:
-        await asyncio.sleep(delay)
+    release = os.environ.get("JIXU_TEST_TOOL_RELEASE")
+    deadline = time.monotonic() + delay
+    while time.monotonic() < deadline and not (release and os.path.exists(release)):
+        await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
     return f"recorded for {ctx.thread_id}"
 
 

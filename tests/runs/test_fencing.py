@@ -102,12 +102,13 @@ def test_a_worker_with_a_skewed_clock_is_judged_by_the_store_clock(sqlite: Store
     outside = tmp_path / "outside.txt"
     thread_id, turn_id = queued_thread(store)
     # 3 s: long enough that a heartbeat delayed by a loaded machine does not let the lease lapse mid-call.
+    release = tmp_path / "release"
     skewed = workers(sqlite.url, "skewed", "--lease-ttl", "3",
-                     env={"JIXU_TEST_OUTSIDE": str(outside), "JIXU_TEST_TOOL_SLEEP": "20",
-                          "JIXU_TEST_CLOCK_SKEW": "3600"})
+                     env={"JIXU_TEST_OUTSIDE": str(outside), "JIXU_TEST_TOOL_SLEEP": "120",
+                          "JIXU_TEST_TOOL_RELEASE": str(release), "JIXU_TEST_CLOCK_SKEW": "3600"})
     wait_until(lambda: len(outside_lines(outside)) == 1, "the skewed worker's tool call")
     # While it heartbeats, its lease is live by the store's clock (and only 3 s long, not an hour). The tool
-    # sleeps 20 s so that these three looks (six CLI processes, up to 3 s each on a loaded machine) fit in it.
+    # call lasts until these three looks (six CLI processes) are done, however loaded the machine is.
     for _ in range(3):
         code, [row] = jixu_json("turns", "list", sqlite.url)
         assert code == 0 and row["owner"] == "skewed" and not row["expired"]
@@ -116,8 +117,10 @@ def test_a_worker_with_a_skewed_clock_is_judged_by_the_store_clock(sqlite: Store
                                   "--expected-epoch", str(row["epoch"]))
         assert code == 4 and refused["error"]["code"] == "turn_owned", refused
         time.sleep(0.5)
+    release.touch()
     wait_until(lambda: thread_state(store, thread_id)["status"] == "idle", "the skewed worker to finish")
     # Stopped, its lease expires by the store's clock although its own clock says another hour is left.
+    release.unlink()  # the second call lasts until it is released again
     second_turn = submit_turn(store, thread_id, "charge order 43")
     pause_when_the_effect_runs(skewed, outside, count=2)
     wait_until(lambda: ownership(store, thread_id)["expired"], "the stopped worker's lease to expire")
@@ -126,6 +129,7 @@ def test_a_worker_with_a_skewed_clock_is_judged_by_the_store_clock(sqlite: Store
                                 "--expected-epoch", str(epoch))
     assert code == 0 and recovered["receipt"]["previous_owner"] == "skewed", recovered
     before = store.read(f"thread/{thread_id}")
+    release.touch()
     skewed.signal(signal.SIGCONT)
     wait_until(lambda: "OwnershipLost" in skewed.output(), "the skewed worker to lose the turn")
     assert [e.to_dict() for e in store.read(f"thread/{thread_id}")] == [e.to_dict() for e in before]

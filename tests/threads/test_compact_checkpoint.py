@@ -32,6 +32,7 @@ from jixu.threads.projection import (
     decode_decision,
     encode_decision,
 )
+from tests.helpers import examples
 
 
 @tool(semantics="unsafe")
@@ -75,7 +76,7 @@ _OPTIONAL_TEXT = _mostly(_TEXTS, st.none())
 _SEQ = _mostly(st.integers(min_value=-3, max_value=10**20), st.sampled_from([None, True]))
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(_TEXTS, _TEXTS, _OPTIONAL_TEXT, _TEXTS, _TEXTS, st.lists(_TEXTS, max_size=4).map(tuple) | st.just(()),
        st.booleans(), _OPTIONAL_TEXT, _OPTIONAL_TEXT, _OPTIONAL_TEXT, _mostly(st.integers(0, 5), st.just(False)),
        _mostly(st.none(), st.just({"resolution": "occurred", "note": "n"}), 5), _SEQ, _SEQ.filter(lambda v: v is not None))
@@ -91,7 +92,7 @@ def test_the_formatted_compact_text_equals_the_json_encoders(
     assert decode_decisions([text, text]) == [decode_decision(text)] * 2 == [decision] * 2
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.lists(st.sampled_from(['"', "\\", "a", "0", " ", "~", "\x00", "\x1f", "\x7f", "\n", "ü", "\u2028"])
                 | st.characters(), max_size=40).map("".join), st.integers(0, 40))
 def test_the_escaping_check_answers_as_isprintable_does(text: str, quotes: int) -> None:
