@@ -195,17 +195,17 @@ def _check_after_kill(path: Path, batch: int, committed_heads: list[int], cycle:
 
 
 @pytest.mark.parametrize(
-    ("batch", "pause", "seed"),
-    [(2000, 0.0, 20260101), (200, 0.03, 20260102)],
+    ("batch", "pause", "seed", "kills"),
+    [(2000, 0.0, 20260101, 8), (200, 0.03, 20260102, 20)],
     ids=["big_batches", "pause_inside_transaction"],
 )
 def test_sigkill_during_appends_leaves_whole_batches_and_a_valid_chain(
-    tmp_path: Path, batch: int, pause: float, seed: int
+    tmp_path: Path, batch: int, pause: float, seed: int, kills: int
 ) -> None:
     rng = random.Random(seed)
     path = tmp_path / "crash.db"
     SQLiteStore(path).close()
-    kills, budget, started = 20, 20.0, time.perf_counter()
+    started = time.perf_counter()  # a fixed number of kills: a time budget made the count depend on the load
     committed_heads: list[int] = []
     phases: Counter[str] = Counter()
     lost_in_flight = 0  # kills that left a begun batch unstored
@@ -227,9 +227,7 @@ def test_sigkill_during_appends_leaves_whole_batches_and_a_valid_chain(
             lost_in_flight += 1
         if phase in ("txn", "insert"):
             assert head == (k - 1) * batch, "a batch killed before COMMIT must leave no trace"
-        if time.perf_counter() - started > budget:
-            break
-    assert done >= 5, f"only {done} kill cycles fit in {budget}s"
+    assert done == kills
     inside = phases["txn"] + phases["insert"] + phases["commit"]
     print(
         f"\n[crash {batch=} {pause=}] {done} kills in {time.perf_counter() - started:.1f}s; "
