@@ -433,3 +433,20 @@ def test_results_and_annotations_map_as_documented() -> None:
     with pytest.raises(jixu.ToolError) as failed:
         jixu_mcp.tool_result({"content": [text], "isError": True}, tool="t")
     assert failed.value.code == "mcp_tool_error" and failed.value.message == "hi"
+
+
+# --- the example ------------------------------------------------------------------------------------
+
+
+def test_the_example_runs_offline(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "mcp_tools.py")], env=python_env(),
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "tool price: read_only",
+        "tool charge: unsafe",
+        "idle - Charged 1.20 for order o-7.",
+        '  price -> {"result": 120}',
+        '  charge -> {"result": "charged 120 cents for o-7"}',
+        "reopened: idle; tool calls recorded before 2, after 2, all completed",
+    ]
