@@ -285,6 +285,8 @@ class _Session:
             if not ready.done():
                 ready.set_exception(error if isinstance(error, Exception) else MCPConnectionError(
                     f"connecting to the MCP server was interrupted ({type(error).__name__})"))
+            if not isinstance(error, Exception | asyncio.CancelledError):
+                raise  # KeyboardInterrupt, SystemExit: not ours to swallow
         finally:
             self.ended.set()
             if not ready.done():  # pragma: no cover - every path above settles it
