@@ -420,6 +420,12 @@ class AlreadyReconciled(JixuError):
 
     code = "already_reconciled"
 
+class MCPConnectionError(JixuError):
+    """An MCP server cannot be connected to, or its session ended during a call (whose outcome is then unknown)."""
+
+    code = "mcp_connection"
+
+
 class ModelError(JixuError):
     """A model driver failed. ``indeterminate`` says whether the call may have been processed."""
 
@@ -451,6 +457,7 @@ __all__ = [
     "KeyUnavailable",
     "JixuError",
     "LeaseHeld",
+    "MCPConnectionError",
     "MalformedEvent",
     "ModelError",
     "NotFound",

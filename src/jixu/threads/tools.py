@@ -14,6 +14,10 @@ Supported annotations: ``str``, ``int``, ``float``, ``bool``, ``None``,
 ``int`` values, ``Annotated[T, "description"]``, ``NewType`` over a supported
 type, dataclasses and ``TypedDict``. A parameter annotated :class:`ToolContext`
 is injected by the runtime and is not part of the schema.
+
+A tool whose arguments come with a JSON Schema of their own (an MCP server's
+tool) is built with ``parameters=ArgumentsSchema(schema, problem)``: the
+function takes them as ``**kwargs``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeAlias, overload
 
 from jixu.errors import InvalidInput, MalformedEvent, ToolDefinitionError, ToolInputError, ToolOutputError
@@ -579,6 +583,50 @@ class _DescribedNode(_Node):
         return self.inner.to_json(value)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ArgumentsSchema:
+    """A tool's arguments described by a JSON Schema given as it is, not built from type hints (an MCP tool's
+    input schema): ``schema`` is what the model is shown and the contract records; ``problem(args)`` checks
+    plain-JSON ``args`` and returns what is wrong (a path below ``args``, e.g. ``("items", 2)``, and a
+    message), or None when they are valid. Defaults are not filled in."""
+
+    schema: dict[str, Any]
+    problem: Callable[[dict[str, Any]], tuple[Sequence[str | int], str] | None]
+
+
+class _SchemaNode(_Node):
+    """Arguments checked by an :class:`ArgumentsSchema`; ``reserved`` is the name the ToolContext is passed as."""
+
+    def __init__(self, arguments: ArgumentsSchema, reserved: str | None) -> None:
+        self.arguments = arguments
+        self.reserved = reserved
+        self._schema = _copy_json(arguments.schema)
+
+    def schema(self) -> dict[str, Any]:
+        return typing.cast("dict[str, Any]", _copy_json(self._schema))
+
+    def describe(self) -> str:
+        return "an object matching the tool's JSON Schema"
+
+    def same_kind(self, value: object) -> bool:
+        return type(value) is dict
+
+    def check(self, value: object, path: str) -> Any:
+        if type(value) is not dict:
+            raise self._fail(value, path)
+        checked = _AnyNode().check(value, path)
+        if self.reserved is not None and self.reserved in checked:
+            where = _child(path, self.reserved)
+            raise _Mismatch(where, f"{where}: {self.reserved!r} is reserved for the call's ToolContext")
+        found = self.arguments.problem(checked)
+        if found is None:
+            return checked
+        where = path
+        for key in found[0]:
+            where = f"{where}[{key}]" if type(key) is int else _child(where, key)
+        raise _Mismatch(where, f"{where}: {found[1]}")
+
+
 _SUPPORTED = ("str, int, float, bool, None, Any, list[T], tuple[T, ...], dict[str, T], unions, Literal[...], "
               "Enum (str or int values), Annotated[T, 'description'], NewType, dataclasses and TypedDict")
 
@@ -740,7 +788,7 @@ class Tool:
     _is_async: bool
     _name: str
     _parameters: dict[str, Any]
-    _params: _ObjectNode
+    _params: _ObjectNode | _SchemaNode
     _probe: Callable[[ProbeQuery], Any] | None
     _probe_timeout: float
     _requires_approval: bool
@@ -760,8 +808,13 @@ class Tool:
         timeout: float | None = None,
         probe: Callable[[ProbeQuery], Any] | None = None,
         probe_timeout: float | None = None,
+        parameters: ArgumentsSchema | None = None,
     ) -> None:
-        """Compile ``fn`` into a tool; raises :class:`ToolDefinitionError` when it cannot be one."""
+        """Compile ``fn`` into a tool; raises :class:`ToolDefinitionError` when it cannot be one.
+
+        With ``parameters``, the arguments are described and checked by it, and ``fn`` takes them as
+        ``**kwargs`` (and may take a ToolContext parameter).
+        """
         if isinstance(fn, Tool):
             raise ToolDefinitionError(f"{fn.name!r} is already a tool; apply @tool once", function=fn.name)
         if not (inspect.isfunction(fn) or inspect.ismethod(fn)):
@@ -808,6 +861,8 @@ class Tool:
         for pname, param in inspect.signature(fn).parameters.items():
             if param.kind is inspect.Parameter.POSITIONAL_ONLY:
                 raise fail("positional-only parameters are not supported (arguments are passed by name)", pname)
+            if param.kind is inspect.Parameter.VAR_KEYWORD and parameters is not None:
+                continue
             if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
                 raise fail("*args and **kwargs are not supported; declare each parameter with a type", pname)
             if pname not in hints:
@@ -830,7 +885,16 @@ class Tool:
         except _Unsupported as exc:
             raise fail(f"return annotation: {exc}") from None
 
-        params = _ObjectNode(f"tool {tool_name!r}", fields)
+        params: _ObjectNode | _SchemaNode = _ObjectNode(f"tool {tool_name!r}", fields)
+        if parameters is not None:
+            if not isinstance(parameters, ArgumentsSchema):
+                raise fail(f"parameters must be an ArgumentsSchema, got {parameters!r}")
+            takes_kwargs = any(param.kind is inspect.Parameter.VAR_KEYWORD
+                               for param in inspect.signature(fn).parameters.values())
+            if fields or not takes_kwargs:
+                raise fail("with parameters=, the function takes the arguments as **kwargs only",
+                           fields[0].name if fields else None)
+            params = _SchemaNode(parameters, ctx_name)
         object.__setattr__(self, "_fn", fn)
         object.__setattr__(self, "_name", tool_name)
         object.__setattr__(self, "_description", description)
@@ -1096,5 +1160,5 @@ def tool(
     return decorate(fn)
 
 
-__all__ = ["DEFAULT_PROBE_TIMEOUT", "DEFINITE_ANSWERS", "DontKnow", "NotOccurred", "Occurred", "ProbeAnswer",
-           "ProbeQuery", "Semantics", "Tool", "ToolContext", "ToolError", "tool"]
+__all__ = ["DEFAULT_PROBE_TIMEOUT", "DEFINITE_ANSWERS", "ArgumentsSchema", "DontKnow", "NotOccurred", "Occurred",
+           "ProbeAnswer", "ProbeQuery", "Semantics", "Tool", "ToolContext", "ToolError", "tool"]
