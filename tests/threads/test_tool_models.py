@@ -7,21 +7,34 @@ and its canonical arguments, or every existing thread would see a new revision.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import datetime
 import enum
+import json
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, NewType, NotRequired, Optional, TypedDict
 
+import jsonschema
+import pydantic
 import pytest
+from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from jixu.cli.demo import refund_agent
 from jixu.cli.studio import fixture_agent
+from jixu.errors import ToolDefinitionError, ToolInputError, ToolOutputError
 from jixu.ledger.encoding import canonical_text, content_hash
 from jixu.runs.workspace_tools import workspace_tools
-from jixu.threads import Agent
-from jixu.threads.model import ScriptedModel
+from jixu.threads import Agent, Harness, State, ToolCall
+from jixu.threads.model import ScriptedModel, Step
+from jixu.threads.openai import OpenAIModel
 from jixu.threads.steps import _step_tool
-from jixu.threads.tools import NotOccurred, ProbeQuery, Tool, ToolContext, tool
+from jixu.threads.tools import NotOccurred, Occurred, ProbeQuery, Tool, ToolContext, tool
+from tests.providers.fake_servers import Call, Completion, FakeOpenAI
+from tests.threads.conftest import TouchlessModel, assert_same_answer
 
 # --- today's tools, pinned --------------------------------------------------------------
 
@@ -182,3 +195,661 @@ def test_the_canonical_arguments_of_todays_tools_are_pinned(name: str) -> None:
     made = {t.name: t for t in pinned_tools()}[name]
     sample, expected = PINNED_ARGS[name]
     assert canonical_text(made.validate_args(sample)) == expected
+
+
+# --- models of the tests below (module level: type hints are resolved against module globals) ----------
+
+
+class Size(enum.Enum):
+    SMALL = "s"
+    LARGE = "l"
+
+
+class Item(BaseModel):
+    sku: str
+    quantity: int = Field(1, gt=0, description="How many.")
+    size: Size = Size.SMALL
+
+
+class Order(BaseModel):
+    """An order to place."""
+
+    customer: str
+    items: list[Item]
+    note: Optional[str] = None  # noqa: UP045
+    deliver_on: datetime.date | None = None
+    speed: Literal["standard", "express"] = "standard"
+
+
+class Receipt(BaseModel):
+    order_id: str
+    total: float
+    items: list[Item]
+
+
+class Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    count: int
+
+
+@pydantic_dataclass
+class Span:
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+
+@dataclasses.dataclass
+class Parcel:
+    weight: float
+    size: Size
+    labels: tuple[str, ...] = ()
+
+
+class Shipment(TypedDict):
+    order: Order
+    parcels: NotRequired[list[Parcel]]
+
+
+class Recursive(BaseModel):
+    name: str
+    children: list[Recursive] = []
+
+
+class Unschematic(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    callback: Callable[[], int]
+
+
+class NotFullyDefined(BaseModel):
+    later: Later  # type: ignore[name-defined]  # noqa: F821  # never defined: pydantic cannot complete the model
+
+
+def ctx(attempt: int = 1) -> ToolContext:
+    """A context as the harness would build it."""
+    return ToolContext(effect_id="eff_1", idempotency_key="key_1", attempt=attempt, thread_id="thr_1",
+                       turn_id="turn_1")
+
+
+def call(made: Tool, args: dict[str, Any]) -> Any:
+    """``made.invoke(args)`` on a fresh event loop."""
+    return asyncio.run(made.invoke(args, ctx()))
+
+
+def input_error(made: Tool, args: object) -> ToolInputError:
+    with pytest.raises(ToolInputError) as caught:
+        made.validate_args(args)
+    assert caught.value.code == "tool_input_invalid" and caught.value.details["tool"] == made.name
+    return caught.value
+
+
+def output_error(made: Tool) -> ToolOutputError:
+    with pytest.raises(ToolOutputError) as caught:
+        call(made, {})
+    assert caught.value.code == "tool_output_invalid" and caught.value.details["tool"] == made.name
+    canonical_text(caught.value.to_dict())
+    return caught.value
+
+
+def definition_error(fn: Callable[..., Any]) -> ToolDefinitionError:
+    with pytest.raises(ToolDefinitionError) as caught:
+        tool(fn)
+    assert caught.value.code == "tool_definition_invalid"
+    return caught.value
+
+
+ORDER = {"customer": "ada", "items": [{"sku": "A-1", "quantity": 2}, {"sku": "B-2", "size": "l"}]}
+ORDER_DUMP = {"customer": "ada", "items": [{"sku": "A-1", "quantity": 2, "size": "s"},
+                                           {"sku": "B-2", "quantity": 1, "size": "l"}],
+              "note": None, "deliver_on": None, "speed": "standard"}
+
+
+PLACE_ORDER_DIGEST = "5aeda3f820130795d19b4297829699dbcfe01b2495ff3fe05036dbfee1b8090f"
+"""``place_order``'s contract digest under pydantic 2.14."""
+
+
+@tool(semantics="idempotent")
+def place_order(order: Order, rush: bool = False) -> Receipt:
+    """Place an order."""
+    return Receipt(order_id=f"o-{order.customer}", total=9.5 * len(order.items), items=order.items)
+
+
+# --- schemas ------------------------------------------------------------------------------
+
+
+def test_a_model_argument_has_pydantics_schema_with_its_definitions_at_the_root() -> None:
+    expected_defs = Order.model_json_schema(ref_template="#/$defs/{model}")
+    nested = expected_defs.pop("$defs")
+    assert place_order.parameters == {
+        "type": "object",
+        "properties": {"order": {"$ref": "#/$defs/Order"}, "rush": {"type": "boolean", "default": False}},
+        "required": ["order"],
+        "additionalProperties": False,
+        "$defs": {**nested, "Order": expected_defs},
+    }
+    defs = place_order.parameters["$defs"]
+    assert defs["Order"]["description"] == "An order to place."
+    assert defs["Order"]["properties"]["speed"] == {"default": "standard", "enum": ["standard", "express"],
+                                                    "title": "Speed", "type": "string"}
+    assert defs["Order"]["properties"]["deliver_on"]["anyOf"] == [{"format": "date", "type": "string"},
+                                                                  {"type": "null"}]
+    assert defs["Item"]["properties"]["quantity"] == {"default": 1, "description": "How many.",
+                                                      "exclusiveMinimum": 0, "title": "Quantity", "type": "integer"}
+    assert defs["Size"] == {"enum": ["s", "l"], "title": "Size", "type": "string"}
+
+
+def test_a_model_result_has_the_schema_of_its_dump_as_a_document_of_its_own() -> None:
+    schema = Receipt.model_json_schema(mode="serialization", ref_template="#/$defs/{model}")
+    nested = schema.pop("$defs")
+    assert place_order.returns == {"$ref": "#/$defs/Receipt", "$defs": {**nested, "Receipt": schema}}
+
+
+def test_models_inside_containers_unions_and_annotated_refer_to_the_same_definitions() -> None:
+    @tool
+    def many(items: list[Item], by_name: dict[str, Item], maybe: Item | None,
+             described: Annotated[Order, "The order."]) -> list[Item]:
+        return items
+
+    properties = many.parameters["properties"]
+    assert properties == {
+        "items": {"type": "array", "items": {"$ref": "#/$defs/Item"}},
+        "by_name": {"type": "object", "additionalProperties": {"$ref": "#/$defs/Item"}},
+        "maybe": {"anyOf": [{"$ref": "#/$defs/Item"}, {"type": "null"}]},
+        "described": {"$ref": "#/$defs/Order", "description": "The order."},
+    }
+    assert sorted(many.parameters["$defs"]) == ["Item", "Order", "Size"]
+    assert many.returns["items"] == {"$ref": "#/$defs/Item"} and sorted(many.returns["$defs"]) == ["Item", "Size"]
+
+
+def test_two_models_of_the_same_name_get_two_definitions() -> None:
+    def model_named_item(field: str) -> type[BaseModel]:
+        return create_model("Item", **{field: (int, ...)})  # type: ignore[call-overload, no-any-return]
+
+    first, second = model_named_item("a"), model_named_item("b")
+
+    def both(one: Any, two: Any) -> None:
+        pass
+
+    both.__annotations__ = {"one": first, "two": second, "return": None}
+    made = tool(both)
+    refs = [made.parameters["properties"][name]["$ref"] for name in ("one", "two")]
+    assert refs[0] != refs[1]
+    defs = made.parameters["$defs"]
+    assert [sorted(defs[ref.rsplit("/", 1)[1]]["properties"]) for ref in refs] == [["a"], ["b"]]
+
+
+def test_a_recursive_model_is_supported_through_its_definition() -> None:
+    @tool
+    def tree(root: Recursive) -> int:
+        return len(root.children)
+
+    assert tree.parameters["properties"]["root"] == {"$ref": "#/$defs/Recursive"}
+    assert tree.parameters["$defs"]["Recursive"]["properties"]["children"]["items"] == {"$ref": "#/$defs/Recursive"}
+    assert call(tree, {"root": {"name": "a", "children": [{"name": "b"}, {"name": "c", "children": []}]}}) == 2
+
+
+def test_a_pydantic_dataclass_argument_has_pydantics_schema() -> None:
+    @tool
+    def measure(span: Span) -> int:
+        return span.end - span.start
+
+    span = measure.parameters["$defs"]["Span"]
+    assert span["required"] == ["start", "end"]
+    assert span["properties"]["start"] == {"minimum": 0, "title": "Start", "type": "integer"}
+
+
+def test_a_plain_dataclass_keeps_todays_schema_even_beside_a_model() -> None:
+    @tool
+    def ship(parcel: Parcel, order: Order) -> None:
+        pass
+
+    assert ship.parameters["properties"]["parcel"] == {
+        "type": "object",
+        "properties": {"weight": {"type": "number"}, "size": {"type": "string", "enum": ["s", "l"]},
+                       "labels": {"type": "array", "items": {"type": "string"}, "default": []}},
+        "required": ["weight", "size"],
+        "additionalProperties": False,
+    }
+
+
+def test_the_same_model_tool_always_yields_the_same_contract_and_a_changed_model_another() -> None:
+    def define() -> Tool:
+        def place(order: Order) -> Receipt:
+            raise AssertionError("not called")
+
+        return tool(place, semantics="idempotent")
+
+    first, second = define(), define()
+    assert canonical_text(first.contract()) == canonical_text(second.contract())
+    assert content_hash(first.contract()) == content_hash(second.contract())
+    changed = create_model("Order", __base__=Order, gift=(bool, False))
+
+    def place(order: Any) -> Receipt:
+        raise AssertionError("not called")
+
+    place.__annotations__ = {"order": changed, "return": Receipt}
+    assert content_hash(tool(place, semantics="idempotent").contract()) != content_hash(first.contract())
+
+
+def test_a_model_tools_digest_is_pinned_under_this_pydantic() -> None:
+    # If this fails after a pydantic upgrade, pydantic's JSON Schemas changed: every thread whose agent has a
+    # model tool will record a new revision (refused while a call of that tool is open). Say so in the CHANGELOG.
+    assert content_hash(place_order.contract()) == PLACE_ORDER_DIGEST, pydantic.VERSION
+
+
+# --- arguments ----------------------------------------------------------------------------
+
+
+def test_model_arguments_are_recorded_as_the_models_json_dump() -> None:
+    checked = place_order.validate_args({"order": {**ORDER, "deliver_on": "2026-03-01"}})
+    assert checked == {"order": {**ORDER_DUMP, "deliver_on": "2026-03-01"}, "rush": False}
+    canonical_text(checked)
+    assert place_order.validate_args(checked) == checked, "the canonical arguments validate to themselves"
+
+
+def test_a_lax_model_normalizes_what_it_coerces_so_the_record_matches_the_schema() -> None:
+    checked = place_order.validate_args({"order": {"customer": "ada", "items": [{"sku": "A", "quantity": "3"}]}})
+    assert checked["order"]["items"] == [{"sku": "A", "quantity": 3, "size": "s"}]
+
+
+def test_the_function_receives_model_instances_with_nested_models_and_enum_members() -> None:
+    seen: list[Any] = []
+
+    @tool
+    def take(order: Order, extra: list[Item] | None = None, ctx: ToolContext | None = None) -> None:
+        seen.extend([order, extra, ctx])
+
+    args = {"order": {**ORDER, "deliver_on": "2026-03-01", "speed": "express"}, "extra": [{"sku": "C"}]}
+    before = json.dumps(args)
+    assert call(take, args) is None
+    order, extra, context = seen
+    assert json.dumps(args) == before, "the arguments given are not changed"
+    assert isinstance(order, Order) and order.customer == "ada" and order.speed == "express"
+    assert order.deliver_on == datetime.date(2026, 3, 1)
+    assert [type(item) for item in order.items] == [Item, Item]
+    assert order.items[1].size is Size.LARGE and order.items[1].quantity == 1
+    assert extra == [Item(sku="C")] and isinstance(context, ToolContext)
+
+
+def test_a_dataclass_and_a_typeddict_may_hold_models_and_a_model_may_hold_a_dataclass() -> None:
+    class Box(BaseModel):
+        parcel: Parcel
+
+    seen: list[Any] = []
+
+    def pack(shipment: Any, box: Any) -> None:
+        seen.extend([shipment, box])
+
+    pack.__annotations__ = {"shipment": Shipment, "box": Box, "return": None}
+    made = tool(pack)
+    call(made, {"shipment": {"order": ORDER, "parcels": [{"weight": 2, "size": "l"}]},
+                "box": {"parcel": {"weight": 1.5, "size": "s", "labels": ["fragile"]}}})
+    shipment, box = seen
+    assert type(shipment) is dict and isinstance(shipment["order"], Order)
+    assert shipment["parcels"] == [Parcel(2, Size.LARGE)]
+    assert box.parcel == Parcel(1.5, Size.SMALL, ("fragile",))
+
+
+def test_a_pydantic_dataclass_argument_is_validated_before_the_call() -> None:
+    calls: list[Span] = []
+
+    @tool
+    def measure(span: Span) -> int:
+        calls.append(span)
+        return span.end - span.start
+
+    assert call(measure, {"span": {"start": 1, "end": 4}}) == 3
+    assert isinstance(calls[0], Span)
+    with pytest.raises(ToolInputError) as caught:
+        call(measure, {"span": {"start": -1, "end": 4}})
+    assert caught.value.details["path"] == "args.span.start"
+    assert len(calls) == 1
+
+
+def test_a_model_default_is_written_as_its_dump_and_supplied_when_absent() -> None:
+    seen: list[Order] = []
+
+    @tool
+    def reorder(order: Order = Order(customer="ada", items=[Item(sku="A")])) -> None:  # noqa: B008
+        seen.append(order)
+
+    default = {"customer": "ada", "items": [{"sku": "A", "quantity": 1, "size": "s"}], "note": None,
+               "deliver_on": None, "speed": "standard"}
+    assert reorder.parameters["properties"]["order"] == {"$ref": "#/$defs/Order", "default": default}
+    assert reorder.parameters["required"] == []
+    assert reorder.validate_args({}) == {"order": default}
+    call(reorder, {})
+    assert seen == [Order(customer="ada", items=[Item(sku="A")])]
+
+
+# --- validation errors --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("order", "path", "words"), [
+    ({**ORDER, "customer": 7}, "args.order.customer", "Input should be a valid string, got integer 7"),
+    ({"items": []}, "args.order.customer", "missing required key 'customer'"),
+    ({**ORDER, "items": [{"sku": "A", "quantity": 0}]}, "args.order.items[0].quantity",
+     "Input should be greater than 0, got integer 0"),
+    ({**ORDER, "items": [{"sku": "A", "size": "xl"}]}, "args.order.items[0].size", "Input should be 's' or 'l'"),
+    ({**ORDER, "speed": "warp"}, "args.order.speed", "Input should be 'standard' or 'express'"),
+    ({**ORDER, "note": ["x"]}, "args.order.note", "Input should be a valid string"),
+    ({**ORDER, "deliver_on": "someday"}, "args.order.deliver_on", "Input should be a valid date"),
+    ({**ORDER, "items": "A-1"}, "args.order.items", "Input should be a valid array"),
+    ("ada", "args.order", "Input should be an object, got string 'ada'"),
+    ({**ORDER, "items": [{"sku": "A", "quantity": math.inf}]}, "args.order.items[0].quantity",
+     "args.order.items[0].quantity is inf; NaN and Infinity are not JSON"),
+])
+def test_a_bad_model_argument_is_a_tool_input_error_naming_its_path(order: Any, path: str, words: str) -> None:
+    error = input_error(place_order, {"order": order})
+    assert error.details["path"] == path
+    assert error.message.startswith("tool 'place_order': ") and path in error.message
+    assert words in error.message
+    assert error.to_dict() == {"code": "tool_input_invalid", "message": error.message, "tool": "place_order",
+                               "path": path}
+
+
+def test_several_problems_are_named_at_once_up_to_five() -> None:
+    items = [{"sku": index} for index in range(7)]
+    error = input_error(place_order, {"order": {"customer": "ada", "items": items}})
+    assert error.details["path"] == "args.order.items[0].sku"
+    assert error.message.count("Input should be a valid string") == 5
+    assert error.message.endswith("; and 2 more")
+
+
+def test_the_models_config_decides_strictness_and_extra_keys() -> None:
+    @tool
+    def count(value: Closed) -> int:
+        return value.count
+
+    assert count.validate_args({"value": {"count": 3}}) == {"value": {"count": 3}}
+    assert input_error(count, {"value": {"count": "3"}}).details["path"] == "args.value.count"
+    error = input_error(count, {"value": {"count": 3, "extra": 1}})
+    assert error.details["path"] == "args.value.extra" and "unexpected key 'extra'" in error.message
+    assert place_order.validate_args({"order": {**ORDER, "unknown": 1}})["order"] == ORDER_DUMP, \
+        "a model that ignores extra keys drops them from the record"
+
+
+def test_the_tool_level_rules_still_apply_around_a_model() -> None:
+    assert input_error(place_order, {}).details["path"] == "args.order"
+    assert input_error(place_order, {"order": ORDER, "rsuh": True}).details["path"] == "args.rsuh"
+    assert input_error(place_order, {"order": Order(customer="ada", items=[])}).details["path"] == "args.order"
+
+
+def test_a_union_of_a_model_and_null_reports_the_models_nested_problem() -> None:
+    @tool
+    def maybe(item: Item | None) -> None:
+        pass
+
+    error = input_error(maybe, {"item": {"sku": "A", "quantity": -1}})
+    assert error.details["path"] == "args.item.quantity"
+    assert maybe.validate_args({"item": None}) == {"item": None}
+
+
+# --- definition errors --------------------------------------------------------------------
+
+
+def test_a_model_pydantic_has_no_json_schema_for_is_a_definition_error_naming_the_parameter() -> None:
+    def register(hook: Unschematic) -> None:
+        pass
+
+    error = definition_error(register)
+    assert error.details == {"function": register.__qualname__, "parameter": "hook"}
+    assert "Unschematic" in error.message and "JSON Schema" in error.message
+    assert "errors.pydantic.dev" not in error.message
+
+
+def test_a_model_that_is_not_fully_defined_is_a_definition_error() -> None:
+    def use(value: NotFullyDefined) -> None:
+        pass
+
+    error = definition_error(use)
+    assert error.details["parameter"] == "value" and "NotFullyDefined" in error.message
+
+
+def test_an_unsupported_result_model_is_a_definition_error_of_the_return_annotation() -> None:
+    def give() -> Unschematic:
+        raise AssertionError("not called")
+
+    assert "return annotation" in definition_error(give).message
+
+
+def test_a_bad_model_default_is_a_definition_error() -> None:
+    def fn(item: Item = {"sku": 5}) -> None:  # type: ignore[assignment]  # noqa: B006
+        pass
+
+    error = definition_error(fn)
+    assert error.details["parameter"] == "item" and "default" in error.message
+
+
+def test_pydantic_types_other_than_models_stay_unsupported_annotations() -> None:
+    def fn(when: datetime.datetime) -> None:
+        pass
+
+    error = definition_error(fn)
+    assert "datetime" in error.message and "pydantic models" in error.message
+
+
+# --- results ------------------------------------------------------------------------------
+
+
+def test_a_model_result_is_dumped_to_plain_json() -> None:
+    result = call(place_order, {"order": ORDER})
+    assert result == {"order_id": "o-ada", "total": 19.0, "items": ORDER_DUMP["items"]}
+    canonical_text(result)
+
+
+def test_a_plain_dict_result_of_a_model_tool_is_validated_and_normalized() -> None:
+    @tool
+    def quote() -> Receipt:
+        return {"order_id": "q", "total": 3, "items": [{"sku": "A"}]}  # type: ignore[return-value]
+
+    assert call(quote, {}) == {"order_id": "q", "total": 3.0, "items": [{"sku": "A", "quantity": 1, "size": "s"}]}
+
+
+@pytest.mark.parametrize(("returns", "value", "expected"), [
+    (Parcel, Parcel(1.5, Size.LARGE, ("a",)), {"weight": 1.5, "size": "l", "labels": ["a"]}),
+    (list[Parcel], [Parcel(1, Size.SMALL)], [{"weight": 1, "size": "s", "labels": []}]),
+    (Size, Size.LARGE, "l"),
+    (tuple[int, ...], (1, 2), [1, 2]),
+    (list[Item] | None, [Item(sku="A")], [{"sku": "A", "quantity": 1, "size": "s"}]),
+    (dict[str, Span], {"a": Span(start=1, end=2)}, {"a": {"start": 1, "end": 2}}),
+])
+def test_dataclass_enum_tuple_and_model_results_are_turned_into_json(returns: Any, value: Any, expected: Any) -> None:
+    def give() -> Any:
+        return value
+
+    give.__annotations__ = {"return": returns}
+    assert call(tool(give), {}) == expected
+
+
+def test_a_result_model_that_does_not_match_is_a_tool_output_error_naming_its_path() -> None:
+    @tool
+    def bad() -> Receipt:
+        return {"order_id": "q", "total": "lots", "items": []}  # type: ignore[return-value]
+
+    error = output_error(bad)
+    assert error.details["path"] == "result.total"
+    assert "does not match its return annotation" in error.message
+
+
+def test_another_model_than_the_declared_one_is_a_tool_output_error() -> None:
+    @tool
+    def wrong() -> Receipt:
+        return Item(sku="A")  # type: ignore[return-value]
+
+    assert output_error(wrong).details["path"] == "result"
+
+
+def test_a_model_returned_by_an_unannotated_tool_is_not_json_and_the_error_says_what_to_do() -> None:
+    @tool
+    def loose():  # type: ignore[no-untyped-def]
+        return Item(sku="A")
+
+    error = output_error(loose)
+    assert "not plain JSON" in error.message and "annotate the return type" in error.message
+
+
+def test_a_probe_may_answer_with_a_model_and_is_asked_with_the_canonical_arguments() -> None:
+    asked: list[ProbeQuery] = []
+
+    def find(query: ProbeQuery) -> Occurred:
+        asked.append(query)
+        return Occurred(result=Receipt(order_id="o-ada", total=1, items=[]), evidence={"row": 1})
+
+    @tool(probe=find)
+    def charge(order: Order) -> Receipt:
+        raise AssertionError("not called")
+
+    query = ProbeQuery(effect_id="e", idempotency_key="k", args=charge.validate_args({"order": ORDER}), tool="charge",
+                       attempt=1, thread_id="t", turn_id="u")
+    answer = asyncio.run(charge.ask_probe(query))
+    assert answer == {"answer": "occurred", "result": {"order_id": "o-ada", "total": 1.0, "items": []},
+                      "evidence": {"row": 1}}
+    assert asked[0].args == {"order": ORDER_DUMP}
+    other = charge.probe_answer(Occurred(result=Item(sku="A")))
+    assert other["answer"] == "dont_know" and "its result is not plain JSON" in other["reason"]
+    bad = charge.probe_answer(Occurred(result={"order_id": "o", "total": "lots", "items": []}))
+    assert bad["answer"] == "dont_know" and "does not match the tool's return annotation" in bad["reason"]
+    assert "result.total" in bad["reason"]
+
+
+# --- threads ------------------------------------------------------------------------------
+
+
+def order_tools(placed: list[Order], *, requires_approval: bool = False) -> list[Tool]:
+    """A fresh definition of the order tool (as another process would make it), recording what it receives."""
+
+    @tool(semantics="unsafe", requires_approval=requires_approval)
+    def place_order(order: Order, ctx: ToolContext) -> Receipt:
+        """Place an order."""
+        placed.append(order)
+        return Receipt(order_id=f"o-{ctx.effect_id[-6:]}", total=9.5 * len(order.items), items=order.items)
+
+    return [place_order]
+
+
+def test_a_model_provider_sees_the_models_schema_and_the_tool_runs_with_the_model(tmp_path: Path) -> None:
+    server = FakeOpenAI().start()
+    placed: list[Order] = []
+    arguments = json.dumps({"order": {**ORDER, "deliver_on": "2026-03-01"}})
+    server.script(Completion(calls=[Call("call_1", "place_order", arguments)]), Completion(text="Placed."))
+    url = f"sqlite:///{tmp_path}/t.db"
+
+    def agent(model: Any) -> Agent:
+        return Agent("shop", model, instructions="Place orders.", tools=order_tools(placed))
+
+    async def scenario() -> tuple[str, State]:
+        harness = Harness(agent(OpenAIModel("gpt-4o-mini", base_url=server.url, api_key="sk-test")), url)
+        try:
+            thread = await harness.create_thread()
+            await thread.send("two things for ada")
+            return thread.thread_id, await thread.wait()
+        finally:
+            harness.close()
+
+    try:
+        thread_id, state = asyncio.run(scenario())
+    finally:
+        server.stop()
+    assert state.status == "idle" and state.last_reply == "Placed.", state.reason
+    [function] = [entry["function"] for entry in server.bodies[0]["tools"]]
+    sent_schema = function["parameters"]
+    assert sent_schema == order_tools([])[0].parameters and "$defs" in sent_schema
+    jsonschema.Draft202012Validator.check_schema(sent_schema)
+    jsonschema.validate(json.loads(arguments), sent_schema)  # the $refs resolve against the document sent
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"order": {**ORDER, "items": [{"sku": "A", "quantity": 0}]}}, sent_schema)
+    [order] = placed
+    assert isinstance(order, Order) and order.deliver_on == datetime.date(2026, 3, 1)
+    [tool_message] = [m for m in server.bodies[1]["messages"] if m["role"] == "tool"]
+    result = json.loads(tool_message["content"])
+    assert result["total"] == 19.0 and result["items"] == ORDER_DUMP["items"]
+
+    async def reopen() -> tuple[State, State, list[Any]]:
+        harness = Harness(agent(TouchlessModel()), url)  # a new process: the tool is defined anew
+        try:
+            thread = await harness.open_thread(thread_id)
+            return thread.state(), await thread.replay(), await thread.events()
+        finally:
+            harness.close()
+
+    reopened, replayed, events = asyncio.run(reopen())
+    assert [e.type for e in events].count("agent.revised") == 0, "the same model tool is the same revision"
+    assert reopened.revision == 1 and replayed.revision == 1
+    assert reopened.agent["tools"] == {"place_order": content_hash(order_tools([])[0].contract())}
+    [completed] = [e for e in events if e.type == "tool.completed"]
+    assert completed.data["result"] == result
+    assert replayed.to_dict() == reopened.to_dict()
+    assert len(placed) == 1, "reopening and replaying call no tool"
+
+
+def test_an_approved_call_with_a_model_argument_runs_after_a_reopen_with_the_recorded_arguments(
+        tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/t.db"
+    placed: list[Order] = []
+    script: list[Step] = [ToolCall("place_order", {"order": ORDER}), "Done."]
+
+    def harness() -> Harness:
+        return Harness(Agent("shop", ScriptedModel(script), tools=order_tools(placed, requires_approval=True)), url)
+
+    async def park() -> tuple[str, str]:
+        first = harness()
+        try:
+            thread = await first.create_thread()
+            await thread.send("order")
+            state = await thread.wait()
+            [waiting] = state.waiting_on
+            return thread.thread_id, str(waiting["effect_id"])
+        finally:
+            first.close()
+
+    async def approve(thread_id: str, effect_id: str) -> tuple[State, list[Any]]:
+        second = harness()
+        try:
+            thread = await second.open_thread(thread_id)
+            await thread.approve(effect_id)
+            state = await thread.wait()
+            await assert_same_answer(second, thread)
+            return state, await thread.events()
+        finally:
+            second.close()
+
+    thread_id, effect_id = asyncio.run(park())
+    assert placed == []
+    state, events = asyncio.run(approve(thread_id, effect_id))
+    assert state.status == "idle" and state.last_reply == "Done.", state.reason
+    assert placed == [Order.model_validate(ORDER)]
+    assert [e.type for e in events].count("agent.revised") == 0
+    [requested] = [e for e in events if e.type == "tool.requested"]
+    assert requested.data["args"] == {"order": ORDER}, "the intent records the arguments the model sent"
+    [completed] = [e for e in events if e.type == "tool.completed"]
+    assert completed.data["result"]["items"] == ORDER_DUMP["items"]
+
+
+def test_bad_model_arguments_in_a_thread_fail_before_dispatch_like_any_bad_arguments(tmp_path: Path) -> None:
+    placed: list[Order] = []
+    bad = {"order": {**ORDER, "items": [{"sku": "A", "quantity": 0}]}}
+    agent = Agent("shop", ScriptedModel([ToolCall("place_order", bad), "Sorry."]), tools=order_tools(placed))
+
+    async def scenario() -> tuple[State, list[Any]]:
+        harness = Harness(agent, f"sqlite:///{tmp_path}/t.db")
+        try:
+            thread = await harness.create_thread()
+            await thread.send("order")
+            return await thread.wait(), await thread.events()
+        finally:
+            harness.close()
+
+    state, events = asyncio.run(scenario())
+    assert placed == []
+    assert [e.type for e in events if e.type.startswith("tool.")] == ["tool.requested", "tool.failed"]
+    [failed] = [e for e in events if e.type == "tool.failed"]
+    assert failed.data["indeterminate"] is False
+    assert failed.data["error"] == {
+        "type": "invalid_arguments", "code": "tool_input_invalid", "tool": "place_order",
+        "path": "args.order.items[0].quantity",
+        "message": "tool 'place_order': args.order.items[0].quantity: Input should be greater than 0, got integer 0"}
+    [effect_id] = [e.data["effect_id"] for e in events if e.type == "tool.requested"]
+    decision = state.effects[effect_id]
+    assert (decision.state, decision.reason) == ("completed", "rejected_before_dispatch")
