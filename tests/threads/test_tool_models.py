@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal, NewType, NotRequired, Optional, Type
 import jsonschema
 import pydantic
 import pytest
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, computed_field, create_model
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from jixu.cli.demo import refund_agent
@@ -853,3 +853,41 @@ def test_bad_model_arguments_in_a_thread_fail_before_dispatch_like_any_bad_argum
     [effect_id] = [e.data["effect_id"] for e in events if e.type == "tool.requested"]
     decision = state.effects[effect_id]
     assert (decision.state, decision.reason) == ("completed", "rejected_before_dispatch")
+
+
+class Priced(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    price: int
+    quantity: int = 1
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def total(self) -> int:
+        return self.price * self.quantity
+
+
+class Totalled(BaseModel):
+    price: int
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def total(self) -> int:
+        return self.price
+
+
+def test_a_dump_that_does_not_validate_again_is_refused_before_dispatch_not_after() -> None:
+    @tool
+    def buy(item: Priced) -> None:
+        raise AssertionError("not called")
+
+    error = input_error(buy, {"item": {"price": 2}})
+    assert error.details["path"] == "args.item" and "does not validate as one again" in error.message
+
+    @tool
+    def keep(item: Totalled) -> int:
+        return item.total
+
+    checked = keep.validate_args({"item": {"price": 2}})
+    assert checked == {"item": {"price": 2, "total": 2}}
+    assert keep.validate_args(checked) == checked and call(keep, checked) == 2

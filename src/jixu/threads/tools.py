@@ -5,15 +5,25 @@ are described by a JSON Schema built from the annotations, deterministically,
 so the same function always yields the same :meth:`Tool.contract`. Arguments
 are validated against that schema before a call and stay plain JSON (they are
 recorded in the ledger); the function receives Python values (``Enum``
-members, dataclass instances, tuples) converted from them. The return value
-must be plain JSON and match the return annotation.
+members, dataclass instances, tuples, pydantic model instances) converted from
+them. The return value must be plain JSON matching the return annotation, or
+what the annotation declares (a model, a dataclass, an ``Enum`` member, a
+tuple), which is turned into JSON.
 
 Supported annotations: ``str``, ``int``, ``float``, ``bool``, ``None``,
 ``Any``, ``list[T]``, ``tuple[T, ...]``, ``dict[str, T]``, unions (``X | Y``,
 ``Optional[X]``), ``Literal[...]``, ``enum.Enum`` subclasses with ``str`` or
 ``int`` values, ``Annotated[T, "description"]``, ``NewType`` over a supported
-type, dataclasses and ``TypedDict``. A parameter annotated :class:`ToolContext`
-is injected by the runtime and is not part of the schema.
+type, dataclasses, ``TypedDict``, and pydantic models (``BaseModel``) and
+pydantic dataclasses. A parameter annotated :class:`ToolContext` is injected by
+the runtime and is not part of the schema.
+
+Everything but the pydantic types is compiled here (``_build``), and its schema
+is part of recorded contracts: it must not change (decision 0037). A pydantic
+type is left to pydantic: its schema (``$ref`` into one ``$defs`` at the root of
+the parameters, or of the result, schema), its validation (of the JSON, under
+the model's own config) and its dump (``mode="json"``), which is what is
+recorded and what a probe is asked with.
 """
 
 from __future__ import annotations
@@ -624,9 +634,13 @@ class _ModelNode(_Node):
         try:
             self.adapter: TypeAdapter[Any] = TypeAdapter(cls)
             self.adapter.json_schema()  # fails here, naming the parameter, if pydantic has no schema for a field
+            dumped = self.adapter.json_schema(mode="serialization")
         except Exception as exc:
             raise _Unsupported(f"pydantic cannot build a JSON Schema for {cls.__qualname__}: "
                                f"{_pydantic_message(exc)}") from None
+        self.computed = _has_read_only(dumped)
+        """Whether a dump carries computed fields (read-only in the serialization schema), which a model that
+        forbids extra keys refuses: then a dump is validated again before it is kept (see :meth:`check`)."""
         self.in_document: dict[str, Any] | None = None
         """This model's schema inside the document being built (a ``$ref`` into its ``$defs``): see
         :func:`_document`, the only place that sets it."""
@@ -656,9 +670,19 @@ class _ModelNode(_Node):
         except ValidationError as exc:
             raise _validation_mismatch(exc, value, path) from None
         try:
-            return self._dump(instance)
+            dumped = self._dump(instance)
         except _NotJSON as exc:
             raise _Mismatch(path, f"{path}: {exc}") from None
+        if self.computed:
+            # Canonical arguments are validated again (by invoke, a probe, a revision check): a dump that does
+            # not validate must be refused here, before dispatch, not later as a call whose outcome is unknown.
+            try:
+                self.adapter.validate_json(canonical_text(dumped))
+            except ValidationError as exc:
+                raise _Mismatch(path, f"{path}: the JSON dump of this {self.cls.__qualname__} does not validate "
+                                      f"as one again (a computed field where extra keys are forbidden?): "
+                                      f"{_validation_mismatch(exc, dumped, path).message}") from None
+        return dumped
 
     def to_python(self, value: Any) -> Any:
         return self.adapter.validate_json(canonical_text(value))
@@ -715,6 +739,12 @@ def _problem(problem: Any, value: object, path: str) -> tuple[str, str]:
     if kind == "extra_forbidden" and loc:
         return where, f"{where}: unexpected key {loc[-1]!r}"
     return where, f"{where}: {problem['msg']}, got {_got(problem['input'])}"
+
+
+def _has_read_only(schema: object) -> bool:
+    if isinstance(schema, dict):
+        return schema.get("readOnly") is True or any(_has_read_only(value) for value in schema.values())
+    return isinstance(schema, list) and any(_has_read_only(value) for value in schema)
 
 
 def _is_pydantic_type(tp: object) -> bool:
@@ -1101,7 +1131,7 @@ class Tool:
 
     @property
     def returns(self) -> dict[str, Any]:
-        """The JSON Schema of the result (``{}`` when unannotated or ``Any``)."""
+        """The JSON Schema of the result as recorded (``{}`` when unannotated or ``Any``; a model's dump)."""
         return copy.deepcopy(self._returns_schema)
 
     def spec(self) -> dict[str, Any]:
@@ -1126,7 +1156,8 @@ class Tool:
         return contract
 
     def validate_args(self, args: object) -> dict[str, Any]:
-        """Check ``args`` against :attr:`parameters`; return a new plain-JSON dict with defaults filled in.
+        """Check ``args`` against :attr:`parameters`; return a new plain-JSON dict with defaults filled in (a
+        model's argument as its JSON dump): the canonical arguments the function and a probe are given.
 
         Raises :class:`ToolInputError` naming the offending path, e.g. ``args.items[2]``.
         """
