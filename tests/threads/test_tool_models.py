@@ -13,6 +13,8 @@ import datetime
 import enum
 import json
 import math
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, NewType, NotRequired, Optional, TypedDict
@@ -33,6 +35,7 @@ from jixu.threads.model import ScriptedModel, Step
 from jixu.threads.openai import OpenAIModel
 from jixu.threads.steps import _step_tool
 from jixu.threads.tools import NotOccurred, Occurred, ProbeQuery, Tool, ToolContext, tool
+from tests.helpers import python_env
 from tests.providers.fake_servers import Call, Completion, FakeOpenAI
 from tests.threads.conftest import TouchlessModel, assert_same_answer
 
@@ -891,3 +894,12 @@ def test_a_dump_that_does_not_validate_again_is_refused_before_dispatch_not_afte
     checked = keep.validate_args({"item": {"price": 2}})
     assert checked == {"item": {"price": 2, "total": 2}}
     assert keep.validate_args(checked) == checked and call(keep, checked) == 2
+
+
+def test_tools_without_models_do_not_import_pydantic() -> None:
+    code = ("import sys\nimport jixu\n\n@jixu.tool\ndef add(a: int, b: int = 2) -> int:\n    return a + b\n\n"
+            "assert add.validate_args({'a': 1}) == {'a': 1, 'b': 2}\nprint('pydantic' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], env=python_env(), capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
