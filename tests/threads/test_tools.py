@@ -1100,6 +1100,6 @@ def test_tool_context_is_frozen_and_slotted() -> None:
 def test_the_module_exports_exactly_its_public_names() -> None:
     import jixu.threads.tools as module
 
-    assert sorted(module.__all__) == ["DEFAULT_PROBE_TIMEOUT", "DEFINITE_ANSWERS", "DontKnow", "NotOccurred",
+    assert sorted(module.__all__) == ["ArgumentsSchema", "DEFAULT_PROBE_TIMEOUT", "DEFINITE_ANSWERS", "DontKnow", "NotOccurred",
                                       "Occurred", "ProbeAnswer", "ProbeQuery", "Semantics", "Tool", "ToolContext",
                                       "ToolError", "tool"]

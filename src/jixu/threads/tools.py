@@ -5,15 +5,25 @@ are described by a JSON Schema built from the annotations, deterministically,
 so the same function always yields the same :meth:`Tool.contract`. Arguments
 are validated against that schema before a call and stay plain JSON (they are
 recorded in the ledger); the function receives Python values (``Enum``
-members, dataclass instances, tuples) converted from them. The return value
-must be plain JSON and match the return annotation.
+members, dataclass instances, tuples, pydantic model instances) converted from
+them. The return value must be plain JSON matching the return annotation, or
+what the annotation declares (a model, a dataclass, an ``Enum`` member, a
+tuple), which is turned into JSON.
 
 Supported annotations: ``str``, ``int``, ``float``, ``bool``, ``None``,
 ``Any``, ``list[T]``, ``tuple[T, ...]``, ``dict[str, T]``, unions (``X | Y``,
 ``Optional[X]``), ``Literal[...]``, ``enum.Enum`` subclasses with ``str`` or
 ``int`` values, ``Annotated[T, "description"]``, ``NewType`` over a supported
-type, dataclasses and ``TypedDict``. A parameter annotated :class:`ToolContext`
-is injected by the runtime and is not part of the schema.
+type, dataclasses, ``TypedDict``, and pydantic models (``BaseModel``) and
+pydantic dataclasses. A parameter annotated :class:`ToolContext` is injected by
+the runtime and is not part of the schema.
+
+Everything but the pydantic types is compiled here (``_build``), and its schema
+is part of recorded contracts: it must not change (decision 0037). A pydantic
+type is left to pydantic: its schema (``$ref`` into one ``$defs`` at the root of
+the parameters, or of the result, schema), its validation (of the JSON, under
+the model's own config) and its dump (``mode="json"``), which is what is
+recorded and what a probe is asked with.
 
 A tool whose arguments come with a JSON Schema of their own (an MCP server's
 tool) is built with ``parameters=ArgumentsSchema(schema, problem)``: the
@@ -31,6 +41,7 @@ import inspect
 import json
 import math
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -239,7 +250,13 @@ class _Node(abc.ABC):
     """A compiled annotation: its JSON Schema, a validator and converters."""
 
     converts = False
-    """Whether :meth:`to_python` changes anything (Enum members, dataclasses, tuples)."""
+    """Whether :meth:`to_python` changes anything (Enum members, dataclasses, tuples, models)."""
+    normalizes = False
+    """Whether :meth:`check` may return a value that differs from the one checked (a model's dump)."""
+
+    def parts(self) -> tuple[_Node, ...]:
+        """The nodes this one is made of (to find the models of a schema document)."""
+        return ()
 
     @abc.abstractmethod
     def schema(self) -> dict[str, Any]:
@@ -378,6 +395,10 @@ class _ArrayNode(_Node):
         self.item = item
         self.as_tuple = as_tuple
         self.converts = as_tuple or item.converts
+        self.normalizes = item.normalizes
+
+    def parts(self) -> tuple[_Node, ...]:
+        return (self.item,)
 
     def schema(self) -> dict[str, Any]:
         return {"type": "array", "items": self.item.schema()}
@@ -407,6 +428,10 @@ class _MapNode(_Node):
     def __init__(self, item: _Node) -> None:
         self.item = item
         self.converts = item.converts
+        self.normalizes = item.normalizes
+
+    def parts(self) -> tuple[_Node, ...]:
+        return (self.item,)
 
     def schema(self) -> dict[str, Any]:
         return {"type": "object", "additionalProperties": self.item.schema()}
@@ -462,6 +487,10 @@ class _ObjectNode(_Node):
         self.fields = {field.name: field for field in fields}
         self.factory = factory
         self.converts = factory is not None or any(field.node.converts for field in fields)
+        self.normalizes = any(field.node.normalizes for field in fields)
+
+    def parts(self) -> tuple[_Node, ...]:
+        return tuple(field.node for field in self.fields.values())
 
     def schema(self) -> dict[str, Any]:
         return {
@@ -515,6 +544,10 @@ class _UnionNode(_Node):
     def __init__(self, options: list[_Node]) -> None:
         self.options = options
         self.converts = any(option.converts for option in options)
+        self.normalizes = any(option.normalizes for option in options)
+
+    def parts(self) -> tuple[_Node, ...]:
+        return tuple(self.options)
 
     def schema(self) -> dict[str, Any]:
         return {"anyOf": [option.schema() for option in self.options]}
@@ -563,6 +596,10 @@ class _DescribedNode(_Node):
         self.inner = inner
         self.text = text
         self.converts = inner.converts
+        self.normalizes = inner.normalizes
+
+    def parts(self) -> tuple[_Node, ...]:
+        return (self.inner,)
 
     def schema(self) -> dict[str, Any]:
         return {**self.inner.schema(), "description": self.text}
@@ -627,8 +664,183 @@ class _SchemaNode(_Node):
         raise _Mismatch(where, f"{where}: {found[1]}")
 
 
+class _ModelNode(_Node):
+    """A pydantic model (``BaseModel``) or pydantic dataclass: pydantic builds its schema, validates and dumps it.
+
+    A value is validated as the JSON it is (``validate_json``, under the model's own config: strict or lax,
+    extra keys ignored or forbidden) and kept as the model's JSON dump (``mode="json"``: defaults filled in,
+    values normalized), which is what the ledger records; the function receives the model instance.
+    """
+
+    converts = True
+    normalizes = True
+
+    def __init__(self, cls: type) -> None:
+        from pydantic import TypeAdapter
+
+        self.cls = cls
+        try:
+            self.adapter: TypeAdapter[Any] = TypeAdapter(cls)
+            self.adapter.json_schema()  # fails here, naming the parameter, if pydantic has no schema for a field
+            dumped = self.adapter.json_schema(mode="serialization")
+        except Exception as exc:
+            raise _Unsupported(f"pydantic cannot build a JSON Schema for {cls.__qualname__}: "
+                               f"{_pydantic_message(exc)}") from None
+        self.computed = _has_read_only(dumped)
+        """Whether a dump carries computed fields (read-only in the serialization schema), which a model that
+        forbids extra keys refuses: then a dump is validated again before it is kept (see :meth:`check`)."""
+        self.in_document: dict[str, Any] | None = None
+        """This model's schema inside the document being built (a ``$ref`` into its ``$defs``): see
+        :func:`_document`, the only place that sets it."""
+
+    def schema(self) -> dict[str, Any]:
+        if self.in_document is None:
+            raise RuntimeError(f"the schema of {self.cls.__qualname__} is only known inside a document")
+        return copy.deepcopy(self.in_document)
+
+    def describe(self) -> str:
+        return f"{self.cls.__qualname__} object"
+
+    def same_kind(self, value: object) -> bool:
+        from pydantic import RootModel
+
+        return issubclass(self.cls, RootModel) or type(value) is dict
+
+    def check(self, value: object, path: str) -> Any:
+        from pydantic import ValidationError
+
+        try:
+            text = canonical_text(value, path=path, max_nesting=VALUE_NESTING)
+        except MalformedEvent as exc:
+            raise _Mismatch(str(exc.details.get("path", path)), exc.message) from None
+        try:
+            instance = self.adapter.validate_json(text)
+        except ValidationError as exc:
+            raise _validation_mismatch(exc, value, path) from None
+        try:
+            dumped = self._dump(instance)
+        except _NotJSON as exc:
+            raise _Mismatch(path, f"{path}: {exc}") from None
+        if self.computed:
+            # Canonical arguments are validated again (by invoke, a probe, a revision check): a dump that does
+            # not validate must be refused here, before dispatch, not later as a call whose outcome is unknown.
+            try:
+                self.adapter.validate_json(canonical_text(dumped))
+            except ValidationError as exc:
+                raise _Mismatch(path, f"{path}: the JSON dump of this {self.cls.__qualname__} does not validate "
+                                      f"as one again (a computed field where extra keys are forbidden?): "
+                                      f"{_validation_mismatch(exc, dumped, path).message}") from None
+        return dumped
+
+    def to_python(self, value: Any) -> Any:
+        return self.adapter.validate_json(canonical_text(value))
+
+    def to_json(self, value: object) -> Any:
+        return self._dump(value) if isinstance(value, self.cls) else value
+
+    def _dump(self, instance: object) -> Any:
+        """The JSON dump of an instance, or :class:`_NotJSON` saying why it has none."""
+        from pydantic_core import PydanticSerializationError
+
+        try:
+            dumped = self.adapter.dump_python(instance, mode="json")
+            canonical_text(dumped, path="dump", max_nesting=VALUE_NESTING)
+        except (PydanticSerializationError, MalformedEvent) as exc:
+            raise _NotJSON(f"the JSON dump of this {self.cls.__qualname__} is not plain JSON: {exc}") from None
+        return dumped
+
+
+_MAX_PROBLEMS = 5
+"""A failed model validation names at most this many problems (and how many more there are)."""
+
+
+def _pydantic_message(exc: Exception) -> str:
+    """``exc``'s message without the link pydantic appends to it."""
+    return str(exc).split("\n\nFor further information visit", 1)[0].strip()
+
+
+def _validation_mismatch(error: Any, value: object, path: str) -> _Mismatch:
+    """A pydantic ``ValidationError`` of ``value`` as a mismatch: its first problems, each with its path."""
+    problems = error.errors(include_url=False)
+    located = [_problem(problem, value, path) for problem in problems[:_MAX_PROBLEMS]]
+    message = "; ".join(text for _, text in located)
+    if len(problems) > _MAX_PROBLEMS:
+        message += f"; and {len(problems) - _MAX_PROBLEMS} more"
+    return _Mismatch(located[0][0] if located else path, message or f"{path}: {error}")
+
+
+def _problem(problem: Any, value: object, path: str) -> tuple[str, str]:
+    """``(path, message)`` of one pydantic error. Its ``loc`` is followed through ``value`` as far as the value
+    goes: the rest are pydantic's names for union branches and validators, not keys of the arguments."""
+    loc: tuple[int | str, ...] = problem["loc"]
+    kind: str = problem["type"]
+    where, current = path, value
+    for index, key in enumerate(loc):
+        if type(current) is dict and isinstance(key, str) and key in current:
+            where, current = _child(where, key), current[key]
+        elif type(current) is list and type(key) is int and 0 <= key < len(current):
+            where, current = f"{where}[{key}]", current[key]
+        elif kind == "missing" and index == len(loc) - 1 and isinstance(key, str):
+            return _child(where, key), f"{_child(where, key)}: missing required key {key!r}"
+        else:
+            break
+    if kind == "extra_forbidden" and loc:
+        return where, f"{where}: unexpected key {loc[-1]!r}"
+    return where, f"{where}: {problem['msg']}, got {_got(problem['input'])}"
+
+
+def _has_read_only(schema: object) -> bool:
+    if isinstance(schema, dict):
+        return schema.get("readOnly") is True or any(_has_read_only(value) for value in schema.values())
+    return isinstance(schema, list) and any(_has_read_only(value) for value in schema)
+
+
+def _is_pydantic_type(tp: object) -> bool:
+    """Whether ``tp`` is a pydantic model or pydantic dataclass. pydantic is only imported when something else
+    imported it already: no class can be a model before, and a tool module without models pays nothing."""
+    if "pydantic" not in sys.modules or not isinstance(tp, type):
+        return False
+    from pydantic import BaseModel
+    from pydantic.dataclasses import is_pydantic_dataclass
+
+    return issubclass(tp, BaseModel) or is_pydantic_dataclass(tp)
+
+
+def _walk(node: _Node) -> typing.Iterator[_Node]:
+    yield node
+    for part in node.parts():
+        yield from _walk(part)
+
+
+def _document(node: _Node, mode: Literal["validation", "serialization"]) -> dict[str, Any]:
+    """``node``'s JSON Schema as a document of its own: the same as :meth:`_Node.schema` without models (the
+    schema of a plain annotation is never touched), else with one ``$defs`` at its root that every model in it
+    refers to, generated by pydantic in one pass (so two models of the same name are told apart)."""
+    models = [part for part in _walk(node) if isinstance(part, _ModelNode)]
+    if not models:
+        return node.schema()
+    from pydantic import TypeAdapter
+
+    try:
+        refs, definitions = TypeAdapter.json_schemas([(index, mode, model.adapter) for index, model in
+                                                      enumerate(models)], ref_template="#/$defs/{model}")
+    except Exception as exc:
+        raise _Unsupported(f"pydantic cannot build the JSON Schema: {_pydantic_message(exc)}") from None
+    for index, model in enumerate(models):
+        model.in_document = dict(refs[(index, mode)])
+    schema = node.schema()
+    if definitions.get("$defs"):
+        schema["$defs"] = definitions["$defs"]
+    try:
+        canonical_text(schema, path="schema", max_nesting=VALUE_NESTING)
+    except MalformedEvent as exc:
+        raise _Unsupported(f"the JSON Schema pydantic built is not plain JSON: {exc.message}") from None
+    return schema
+
+
 _SUPPORTED = ("str, int, float, bool, None, Any, list[T], tuple[T, ...], dict[str, T], unions, Literal[...], "
-              "Enum (str or int values), Annotated[T, 'description'], NewType, dataclasses and TypedDict")
+              "Enum (str or int values), Annotated[T, 'description'], NewType, dataclasses, TypedDict, "
+              "pydantic models and pydantic dataclasses")
 
 
 def _type_name(tp: object) -> str:
@@ -700,6 +912,8 @@ def _build(tp: Any, seen: tuple[type, ...] = ()) -> _Node:
         return _MapNode(_build(args[1], seen))
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return _enum_node(tp)
+    if _is_pydantic_type(tp):
+        return _ModelNode(tp)
     if typing.is_typeddict(tp):
         return _typeddict_node(tp, seen)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
@@ -895,6 +1109,14 @@ class Tool:
                 raise fail("with parameters=, the function takes the arguments as **kwargs only",
                            fields[0].name if fields else None)
             params = _SchemaNode(parameters, ctx_name)
+        try:
+            params_schema = _document(params, "validation")
+        except _Unsupported as exc:
+            raise fail(f"parameters: {exc}") from None
+        try:
+            returns_schema = _document(returns, "serialization")
+        except _Unsupported as exc:
+            raise fail(f"return annotation: {exc}") from None
         object.__setattr__(self, "_fn", fn)
         object.__setattr__(self, "_name", tool_name)
         object.__setattr__(self, "_description", description)
@@ -907,9 +1129,9 @@ class Tool:
         object.__setattr__(self, "_is_async", inspect.iscoroutinefunction(fn))
         object.__setattr__(self, "_ctx_name", ctx_name)
         object.__setattr__(self, "_params", params)
-        object.__setattr__(self, "_parameters", params.schema())
+        object.__setattr__(self, "_parameters", params_schema)
         object.__setattr__(self, "_returns", returns)
-        object.__setattr__(self, "_returns_schema", returns.schema())
+        object.__setattr__(self, "_returns_schema", returns_schema)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"Tool is immutable; cannot set {name!r}")
@@ -973,7 +1195,7 @@ class Tool:
 
     @property
     def returns(self) -> dict[str, Any]:
-        """The JSON Schema of the result (``{}`` when unannotated or ``Any``)."""
+        """The JSON Schema of the result as recorded (``{}`` when unannotated or ``Any``; a model's dump)."""
         return copy.deepcopy(self._returns_schema)
 
     def spec(self) -> dict[str, Any]:
@@ -998,7 +1220,8 @@ class Tool:
         return contract
 
     def validate_args(self, args: object) -> dict[str, Any]:
-        """Check ``args`` against :attr:`parameters`; return a new plain-JSON dict with defaults filled in.
+        """Check ``args`` against :attr:`parameters`; return a new plain-JSON dict with defaults filled in (a
+        model's argument as its JSON dump): the canonical arguments the function and a probe are given.
 
         Raises :class:`ToolInputError` naming the offending path, e.g. ``args.items[2]``.
         """
@@ -1008,10 +1231,12 @@ class Tool:
             raise ToolInputError(f"tool {self.name!r}: {exc.message}", tool=self.name, path=exc.path) from None
 
     async def invoke(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        """Validate ``args``, call the function (sync ones in a worker thread) and check the result.
+        """Validate ``args``, call the function (sync ones in a worker thread) and return its result as JSON.
 
-        Exceptions raised by the function, :class:`ToolError` included, propagate unchanged; a
-        result that is not plain JSON or does not match :attr:`returns` raises :class:`ToolOutputError`.
+        The function receives Python values (models, dataclasses, Enum members); a model or dataclass it
+        returns is dumped to JSON. Exceptions raised by the function, :class:`ToolError` included, propagate
+        unchanged; a result that has no plain-JSON form or does not match :attr:`returns` raises
+        :class:`ToolOutputError`.
         """
         if not isinstance(ctx, ToolContext):
             raise InvalidInput(f"tool {self.name!r}: ctx must be a ToolContext, got {type(ctx).__name__}",
@@ -1024,17 +1249,17 @@ class Tool:
             result = await self.fn(**kwargs)
         else:
             result = await asyncio.to_thread(self.fn, **kwargs)
-        self._check_result(result)
-        return result
+        return self._checked_result(result)
 
-    def _check_result(self, result: object) -> None:
+    def _checked_result(self, result: object) -> Any:
         try:
-            canonical_text(result, path="result", max_nesting=VALUE_NESTING)
+            return _result_json(self._returns, result)
         except MalformedEvent as exc:
-            raise ToolOutputError(f"tool {self.name!r} returned a value that is not plain JSON: {exc.message}",
+            hint = ""
+            if self._returns_schema == {} and (dataclasses.is_dataclass(result) or _is_pydantic_type(type(result))):
+                hint = " (annotate the return type with its class to have it dumped to JSON)"
+            raise ToolOutputError(f"tool {self.name!r} returned a value that is not plain JSON: {exc.message}{hint}",
                                   tool=self.name, path=exc.details.get("path", "result")) from exc
-        try:
-            self._returns.check(result, "result")
         except _Mismatch as exc:
             raise ToolOutputError(f"tool {self.name!r} returned a value that does not match its return "
                                   f"annotation: {exc.message}", tool=self.name, path=exc.path) from None
@@ -1068,20 +1293,43 @@ class Tool:
                 return _dont_know(reason, evidence)
             if isinstance(value, NotOccurred):
                 return {"answer": "not_occurred", "evidence": evidence}
-            problem = _json_problem(value.result, "result")
-            if problem is None:
-                try:
-                    self._returns.check(value.result, "result")
-                except _Mismatch as exc:
-                    problem = f"its result does not match the tool's return annotation: {exc.message}"
+            try:
+                result = _copy_json(_result_json(self._returns, value.result))
+                problem = _json_problem(result, "result")
+            except MalformedEvent as exc:
+                problem = f"its result is not plain JSON: {exc.message}"
+            except _Mismatch as exc:
+                problem = f"its result does not match the tool's return annotation: {exc.message}"
             if problem is not None:
                 return _dont_know(f"the probe answered Occurred, but {problem}", evidence)
-            return {"answer": "occurred", "result": _copy_json(value.result), "evidence": evidence}
+            return {"answer": "occurred", "result": result, "evidence": evidence}
         return _dont_know(f"the probe returned {_got(value)}, not Occurred, NotOccurred or DontKnow")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the underlying function directly (no validation, no context injection)."""
         return self.fn(*args, **kwargs)
+
+
+def _result_json(returns: _Node, value: object) -> Any:
+    """What a tool (or its probe) returned, as plain JSON checked against the return annotation: models,
+    dataclasses, Enum members and tuples it declares are turned into JSON, a plain-JSON value is kept as it is
+    (a model's is normalized to its dump). Raises :class:`MalformedEvent` (no plain-JSON form) or
+    :class:`_Mismatch` (does not match)."""
+    try:
+        canonical_text(value, path="result", max_nesting=VALUE_NESTING)
+    except MalformedEvent as not_json:
+        try:
+            converted = returns.to_json(value)
+        except _NotJSON as exc:
+            if str(exc):  # a model whose dump is not JSON says why
+                raise _Mismatch("result", f"result: {exc}") from None
+            raise not_json from None
+        if converted is value:
+            raise
+        canonical_text(converted, path="result", max_nesting=VALUE_NESTING)
+        value = converted
+    checked = returns.check(value, "result")
+    return checked if returns.normalizes else value
 
 
 def _probe_problem(probe: object, semantics: str) -> str | None:
