@@ -26,6 +26,32 @@ class JixuError(Exception):
         return {"code": self.code, "message": self.message, **self.details}
 
 
+class MissingExtra(JixuError, ImportError):
+    """A feature needs an optional dependency that is not installed; the message names the ``pip install``.
+
+    Also an :class:`ImportError`, so code that guards an optional import keeps working.
+    """
+
+    code = "missing_extra"
+
+    @classmethod
+    def needed(cls, extra: str, feature: str, error: ImportError) -> MissingExtra:
+        """The error for ``feature``, which needs ``jixu[extra]`` and failed to import with ``error``."""
+        missing = error.name or str(error)
+        return cls(f'{feature} needs the {extra!r} extra ({missing} is not installed): pip install "jixu[{extra}]"',
+                   extra=extra, module=missing)
+
+
+def require_extra(module: str, extra: str, feature: str) -> None:
+    """Import ``module`` (whose package comes with ``jixu[extra]``), or raise :class:`MissingExtra`."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError as error:
+        raise MissingExtra.needed(extra, feature, error) from error
+
+
 # --- bad input: nothing was written -------------------------------------------------
 
 
@@ -458,6 +484,7 @@ __all__ = [
     "JixuError",
     "LeaseHeld",
     "MCPConnectionError",
+    "MissingExtra",
     "MalformedEvent",
     "ModelError",
     "NotFound",
@@ -501,4 +528,5 @@ __all__ = [
     "UnknownProvider",
     "UnsupportedStoreUrl",
     "WorkspaceMismatch",
+    "require_extra",
 ]

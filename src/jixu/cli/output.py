@@ -37,6 +37,7 @@ _EXIT_BY_CODE: dict[str, int] = {
     "store_read_only": EXIT_STORE,
     "schema_too_new": EXIT_STORE,
     "unsupported_store_url": EXIT_USAGE,
+    "missing_extra": EXIT_USAGE,
     "thread_not_found": EXIT_NOT_FOUND,
     "thread_corrupt": EXIT_CHECK_FAILED,
     "stream_corrupt": EXIT_CHECK_FAILED,

@@ -14,6 +14,7 @@ from rich.markup import escape
 from jixu.cli.output import EXIT_OK, console, handled
 from jixu.cli.runs import DEFAULT_WORKSPACE_ROOT, PROVIDERS_ENV, WORKSPACE_ENV, load_providers
 from jixu.cli.worker import open_store_label
+from jixu.errors import require_extra
 from jixu.ledger import DEFAULT_STORE_URL, open_store
 from jixu.runs.operations import PUBLISHERS_ENV, REMOTES_ENV, load_publishers, load_remotes
 from jixu.runs.workers import (
@@ -69,6 +70,9 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
 
     Exit codes: 0 stopped cleanly, 2 usage, 5 store problem, 6 invalid input.
     """
+    with handled(False):
+        for module in ("fastapi", "uvicorn", "jinja2"):
+            require_extra(module, "server", "jixu serve")
     from jixu.server import create_app
     from jixu.server.background import BackgroundWorker
     from jixu.server.serving import serve

@@ -54,17 +54,12 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
-import psycopg
-from psycopg import errors as pg_errors
-from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import TupleRow
-from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
-
 from jixu.errors import (
     ConcurrencyError,
     FencingError,
     InvalidInput,
     JixuError,
+    MissingExtra,
     OutcomeUnknown,
     SchemaTooNew,
     StoreError,
@@ -73,6 +68,16 @@ from jixu.errors import (
     StoreNotFound,
     StoreReadOnly,
 )
+
+try:
+    import psycopg
+    from psycopg import errors as pg_errors
+    from psycopg.conninfo import conninfo_to_dict
+    from psycopg.rows import TupleRow
+    from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
+except ImportError as error:  # without the extra: say what to install
+    raise MissingExtra.needed("postgres", "a PostgreSQL store", error) from error
+
 from jixu.ledger.chain import VerifyReport, verify_rows
 from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow
 from jixu.ledger.store import (
