@@ -23,7 +23,8 @@ jixu's durable steps (decision 0032): one :meth:`JixuAgent.run` is one durable r
   probe (decision 0027) and its validated arguments; :func:`current_effect` gives the tool its effect id and
   idempotency key. pydantic-ai's control flow raised by a tool (``ModelRetry``, ``ToolFailed``,
   ``ApprovalRequired``, ``CallDeferred``, argument ``ValidationError``) is recorded as the call's result and
-  raised again from the record;
+  raised again from the record; any other exception, or a result pydantic-ai cannot serialize, is no receipt of
+  what the call did: its outcome is unknown, as for every jixu tool;
 - a tool that needs approval (``requires_approval=True``, or one that raises ``ApprovalRequired``) is a parked
   step: the run waits until ``jixu threads approve`` (the tool runs) or ``jixu threads deny`` (the model is told
   the call was denied, as pydantic-ai's ``ToolDenied`` tells it).
