@@ -270,40 +270,71 @@ def test_a_finished_run_is_not_run_again_and_a_run_recorded_failed_lets_the_next
     assert len(server.requests) == 3, "each run asked the model once; the failed request was not asked again"
 
 
-def test_a_tool_needing_approval_parks_until_approved_and_a_denied_one_tells_the_model(tmp_path: Path) -> None:
+async def _parked(url: str, thread_id: str, task: asyncio.Task[Any]) -> str:
+    """Wait until the run's one call is parked; its effect id."""
+    operator, store = _events(url, thread_id)
+    try:
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            operator.sync()
+            waiting = operator.snapshot().waiting_on
+            if waiting:
+                assert [w["state"] for w in waiting] == ["parked"] and not task.done()
+                return str(waiting[0]["effect_id"])
+    finally:
+        store.close()
+    raise AssertionError("the call never parked")
+
+
+def test_a_tool_needing_approval_parks_and_resumes_once_approved_even_in_another_run(tmp_path: Path) -> None:
     ran: list[int] = []
-    agent = Agent(FunctionModel(_call_then_echo("wire", {"amount": 100})), name="payments")
+    url = f"sqlite:///{tmp_path / 'jixu.db'}"
 
-    @agent.tool_plain(requires_approval=True)
-    def wire(amount: int) -> str:
-        ran.append(amount)
-        return f"wired {amount}"
-
-    async def scenario(decision: str) -> tuple[str, list[dict[str, Any]]]:
-        before = len(ran)
-        async with JixuAgent(agent, tmp_path / f"{decision}.db", approval_poll=0.02) as durable:
+    async def first() -> tuple[str, str]:
+        async with _payments(url, ran) as durable:
             thread_id = await durable.new_thread()
             task = asyncio.create_task(durable.run("Wire 100.", thread_id=thread_id))
-            operator, store = _events(str(tmp_path / f"{decision}.db"), thread_id)
+            effect_id = await _parked(url, thread_id, task)
+            task.cancel()  # the process stops waiting: the run stays unfinished, the call parked
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return thread_id, effect_id
+
+    thread_id, effect_id = asyncio.run(first())
+    assert not ran
+    approved = subprocess.run([sys.executable, "-m", "jixu", "threads", "approve", url, thread_id, effect_id,
+                               "--note", "within the limit"], env=python_env(), cwd=ROOT, text=True,
+                              capture_output=True, timeout=60, check=False)
+    assert approved.returncode == 0, approved.stdout + approved.stderr
+
+    with _payments(url, ran) as durable:
+        result = durable.run_sync("Wire 100.", thread_id=thread_id)
+        state = asyncio.run(durable.harness.open_thread(thread_id, resume=False)).state()
+    assert result.output == "wired 100" and ran == [100]
+    assert [t["status"] for t in state.turns] == ["completed"], "the parked run itself continued"
+    assert state.effects[effect_id].state == "completed"
+
+
+def test_a_denied_call_never_runs_and_the_model_is_told_as_pydantic_ai_tells_it(tmp_path: Path) -> None:
+    ran: list[int] = []
+    url = f"sqlite:///{tmp_path / 'jixu.db'}"
+
+    async def scenario() -> Any:
+        async with _payments(url, ran) as durable:
+            thread_id = await durable.new_thread()
+            task = asyncio.create_task(durable.run("Wire 100.", thread_id=thread_id))
+            effect_id = await _parked(url, thread_id, task)
+            operator, store = _events(url, thread_id)
             try:
-                waiting: list[dict[str, Any]] = []
-                for _ in range(500):
-                    await asyncio.sleep(0.01)
-                    operator.sync()
-                    waiting = operator.snapshot().waiting_on
-                    if waiting:
-                        break
-                assert [w["state"] for w in waiting] == ["parked"] and not task.done() and len(ran) == before
-                operator.decide_parked(waiting[0]["effect_id"], decision, actor="ops", note="over the limit")
+                operator.decide_parked(effect_id, "denied", actor="ops", note="over the limit")  # as `deny`
             finally:
                 store.close()
-            result = await task
-            return str(result.output), waiting
+            return await task
 
-    output, _ = asyncio.run(scenario("approved"))
-    assert output == "wired 100" and ran == [100]
-    output, _ = asyncio.run(scenario("denied"))
-    assert output == "The tool call was denied: over the limit" and ran == [100], "a denied call never runs"
+    result = asyncio.run(scenario())
+    assert result.output == "The tool call was denied: over the limit" and not ran
+    [denied] = [p for m in result.all_messages() for p in m.parts if isinstance(p, ToolReturnPart)]
+    assert denied.outcome == "denied"
 
 
 def test_pydantic_ai_control_flow_is_recorded_and_raised_again_from_the_record(tmp_path: Path) -> None:
@@ -395,6 +426,18 @@ def test_the_example_runs_offline_and_shows_a_crash_settled_without_a_second_cha
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
+
+def _payments(url: str, ran: list[int]) -> JixuAgent:
+    """An agent whose ``wire`` tool needs approval (pydantic-ai's ``requires_approval=True``)."""
+    agent = Agent(FunctionModel(_call_then_echo("wire", {"amount": 100})), name="payments")
+
+    @agent.tool_plain(requires_approval=True)
+    def wire(amount: int) -> str:
+        ran.append(amount)
+        return f"wired {amount}"
+
+    return JixuAgent(agent, url, approval_poll=0.02)
 
 
 def _openai(server: FakeOpenAI) -> Any:

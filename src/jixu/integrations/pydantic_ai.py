@@ -424,7 +424,8 @@ class JixuAgent:
             raise InvalidInput(f"JixuAgent wraps a pydantic_ai.Agent, got {type(agent).__name__}", field="agent")
         self.agent = agent
         self.name = name or agent.name or "pydantic-ai"
-        self._policy = _declared(agent, tool_semantics, probes)
+        self._tool_semantics, self._probes = tool_semantics, probes
+        _declared(agent, tool_semantics, probes)  # checked now: a bad declaration fails here, before any run
         self._approval_poll = approval_poll
         if isinstance(store, Harness):
             if harness_options:
@@ -459,10 +460,11 @@ class JixuAgent:
         chosen = model if model is not None else self.agent.model
         if chosen is None:
             raise InvalidInput("the agent has no model: give one to the Agent or to run(model=...)", field="model")
+        policy = _declared(self.agent, self._tool_semantics, self._probes)  # tools added since are declared too
         async with DurableRun(self.harness, thread_id, name=self.name, approval_poll=self._approval_poll) as run:
             durable_model = JixuModel(_infer_model(chosen), run)
             needs_approval: set[str] = set()
-            wrapped = [JixuToolset(toolset, run=run, policy=self._policy, needs_approval=needs_approval)
+            wrapped = [JixuToolset(toolset, run=run, policy=policy, needs_approval=needs_approval)
                        for toolset in [*self.agent.toolsets, *(toolsets or ())]]
             options = dict(run_options)
             options.setdefault("run_id", run.turn_id)
