@@ -1,1 +1,2 @@
-"""What connects jixu to the systems around it (each behind an optional extra): OpenTelemetry traces, MCP tools."""
+"""What connects jixu to the systems around it (each behind an optional extra): OpenTelemetry traces, MCP tools,
+durable pydantic-ai agents."""

@@ -279,6 +279,9 @@ class DurableRun:
         self._lock = asyncio.Lock()
         self.reply: str | None = None
         """What the run's ``turn.ended`` records as its reply when the block ends normally (default: a count)."""
+        self.error: JSONObject | None = None
+        """Set (plain JSON) when the run failed for good: a block that then ends normally records ``turn.ended``
+        ``failed`` with this error instead of ``completed`` (running the code again starts the next run)."""
 
     # --- the run ---------------------------------------------------------------------------
 
@@ -360,8 +363,9 @@ class DurableRun:
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        """A block that ends normally ends the run (``turn.ended`` completed); an exception leaves it unfinished
-        (the lease given back): run the code again with the thread id to continue it."""
+        """A block that ends normally ends the run (``turn.ended`` completed, or failed when :attr:`error` is
+        set); an exception leaves it unfinished (the lease given back): run the code again with the thread id to
+        continue it."""
         await self._stop(exc_type, exc, tb)
 
     async def _stop(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -371,8 +375,10 @@ class DurableRun:
             if thread is not None and exc is None and session is not None:
                 steps = sum(len(v) for v in self._steps.values())
                 reply = self.reply if self.reply is not None else f"{steps} steps"
-                await thread._commit([NewEvent("turn.ended", {"turn_id": self._turn_id, "outcome": "completed",
-                                                              "reply": str(reply)}, thread.log.meta())])
+                ended: JSONObject = {"turn_id": self._turn_id, "outcome": "completed", "reply": str(reply)}
+                if self.error is not None:
+                    ended = {"turn_id": self._turn_id, "outcome": "failed", "error": self.error}
+                await thread._commit([NewEvent("turn.ended", ended, thread.log.meta())])
                 thread.log.checkpoint()
         finally:
             self._session = None

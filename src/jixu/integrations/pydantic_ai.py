@@ -1,0 +1,524 @@
+"""Durable pydantic-ai agents: an unchanged ``pydantic_ai.Agent`` run on a jixu thread (the ``pydantic-ai`` extra).
+
+::
+
+    from jixu.integrations.pydantic_ai import JixuAgent, effect
+
+    @agent.tool_plain
+    @effect(semantics="unsafe", probe=find_charge)        # or JixuAgent(..., tool_semantics={"charge": "unsafe"})
+    def charge(order: int) -> str:
+        return bank.charge(order, idempotency_key=current_effect().idempotency_key)
+
+    durable = JixuAgent(agent, "sqlite:///jixu.db")
+    thread_id = durable.new_thread_sync()
+    result = durable.run_sync("charge order 7", thread_id=thread_id)   # after a crash: the same call again
+
+Built like pydantic-ai's own durable-execution wrappers (a wrapper agent, a wrapped model, wrapped toolsets), on
+jixu's durable steps (decision 0032): one :meth:`JixuAgent.run` is one durable run of the thread, and
+
+- every model request is a retry-safe step (``model_request``) whose result is the response serialized with
+  pydantic-ai's own ``ModelMessagesTypeAdapter``; the response handed to the agent is always the one rebuilt from
+  the record, so a rerun after a crash gets exactly what the first run got, without asking the model again;
+- every tool call is a step named after the tool, with the tool's semantics (``unsafe`` unless declared), its
+  probe (decision 0027) and its validated arguments; :func:`current_effect` gives the tool its effect id and
+  idempotency key. pydantic-ai's control flow raised by a tool (``ModelRetry``, ``ToolFailed``,
+  ``ApprovalRequired``, ``CallDeferred``, argument ``ValidationError``) is recorded as the call's result and
+  raised again from the record; any other exception, or a result pydantic-ai cannot serialize, is no receipt of
+  what the call did: its outcome is unknown, as for every jixu tool;
+- a tool that needs approval (``requires_approval=True``, or one that raises ``ApprovalRequired``) is a parked
+  step: the run waits until ``jixu threads approve`` (the tool runs) or ``jixu threads deny`` (the model is told
+  the call was denied, as pydantic-ai's ``ToolDenied`` tells it).
+
+Each step goes through the thread's path through the effect kernel (intent, dispatch marker, one receipt) and
+its state is the RecoveryResolver's alone: a completed step returns its record, an unsafe call cut off after
+dispatch is ``unknown`` and is never run again (its probe or an operator settles it; until then the run raises
+:class:`~jixu.errors.StepOutcomeUnknown`), and a rerun whose request or call differs from the record raises
+:class:`~jixu.errors.StepMismatch`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
+from typing import Any, Literal, TypeAlias, TypeVar, cast, get_args
+
+from jixu.errors import InvalidInput, JixuError, StepFailed
+from jixu.ledger import Store, content_hash
+from jixu.ledger.encoding import JSONObject
+from jixu.threads.harness import Harness
+from jixu.threads.steps import DurableRun, steps_agent
+from jixu.threads.tools import Occurred, ProbeQuery, Tool, ToolContext, ToolError, call_user_function
+
+try:
+    from pydantic_ai import Agent, ModelMessagesTypeAdapter
+    from pydantic_ai.durable_exec import JSON_CODEC, CallToolResult
+    from pydantic_ai.durable_exec._toolset import unwrap_tool_call_result, wrap_tool_call_result
+    from pydantic_ai.exceptions import ApprovalRequired, ModelHTTPError
+    from pydantic_ai.messages import ModelMessage, ModelResponse
+    from pydantic_ai.models import CompletedStreamedResponse, Model, ModelRequestParameters, StreamedResponse
+    from pydantic_ai.models import infer_model as _infer_model
+    from pydantic_ai.models.wrapper import WrapperModel
+    from pydantic_ai.run import AgentRunResult
+    from pydantic_ai.settings import ModelSettings
+    from pydantic_ai.tools import RunContext, ToolDenied
+    from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, ToolsetTool, WrapperToolset
+    from pydantic_core import to_jsonable_python
+except ImportError as error:  # pragma: no cover - exercised only without the extra
+    raise ImportError('jixu.integrations.pydantic_ai needs pydantic-ai: pip install "jixu[pydantic-ai]"') from error
+
+Semantics: TypeAlias = Literal["read_only", "idempotent", "unsafe"]
+MODEL_STEP = "model_request"
+"""The step name of every model request."""
+RECORD_KEY = "pydantic_ai"
+"""A tool step's recorded result is ``{"pydantic_ai": <pydantic-ai's CallToolResult as JSON>}``; a result given by
+a probe or an operator (``jixu threads resolve ... --result``) is the tool's plain return value."""
+OCCURRED_WITHOUT_RESULT = ("This call happened (its outcome was settled after the fact, by a probe or an operator); "
+                           "its result was not recorded.")
+"""What the model is given for a call settled ``occurred`` without a result."""
+VOLATILE_FIELDS = frozenset({"timestamp", "run_id", "conversation_id"})
+"""Message fields left out of a model request's digest: they differ between a run and its rerun, and the model is
+not asked anything different because of them."""
+_EFFECT_ATTRIBUTE = "__jixu_effect__"
+_current: ContextVar[ToolContext | None] = ContextVar("jixu_pydantic_ai_effect", default=None)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# --- declaring tools -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EffectSpec:
+    """How jixu treats the calls of one tool (see :func:`effect`)."""
+
+    semantics: Semantics = "unsafe"
+    probe: Callable[[ProbeQuery], Any] | None = None
+    probe_timeout: float | None = None
+    timeout: float | None = None
+
+    def checked(self, name: str) -> EffectSpec:
+        """This declaration, checked by the rules of a jixu tool (``ToolDefinitionError`` names what is wrong)."""
+        if self.semantics not in get_args(Semantics):
+            raise InvalidInput(f"tool {name!r}: semantics must be one of {get_args(Semantics)}, got "
+                               f"{self.semantics!r}", field="semantics", tool=name)
+
+        def declared(ctx: ToolContext) -> Any:  # pragma: no cover - never called: only the declaration is checked
+            return None
+
+        Tool(declared, name=_step_name(name), semantics=self.semantics, probe=self.probe,
+             probe_timeout=self.probe_timeout, timeout=self.timeout)
+        return self
+
+
+def effect(*, semantics: Semantics = "unsafe", probe: Callable[[ProbeQuery], Any] | None = None,
+           probe_timeout: float | None = None, timeout: float | None = None) -> Callable[[F], F]:
+    """Declare how jixu treats calls of a pydantic-ai tool function; put it under pydantic-ai's decorator::
+
+        @agent.tool_plain
+        @effect(semantics="idempotent")
+        def reserve(order: int) -> str: ...
+
+    ``semantics``: ``read_only`` / ``idempotent`` (retried after a crash, under the same idempotency key) /
+    ``unsafe`` (never run twice; the default). ``probe(query)`` (a :class:`~jixu.ProbeQuery`, returning
+    ``Occurred(result=<what the tool would have returned>)`` / ``NotOccurred`` / ``DontKnow``) settles an unsafe call
+    whose outcome a crash left unknown. ``timeout``: seconds a call may take (then its outcome is unknown).
+    """
+    spec = EffectSpec(semantics, probe, probe_timeout, timeout)
+
+    def mark(function: F) -> F:
+        spec.checked(getattr(function, "__name__", "tool"))
+        setattr(function, _EFFECT_ATTRIBUTE, spec)
+        return function
+
+    return mark
+
+
+def current_effect() -> ToolContext:
+    """The jixu identity of the tool call running now: ``effect_id``, ``idempotency_key`` (send it to the outside
+    system), ``attempt``, ``thread_id``, ``turn_id``. Only inside a tool called by a :class:`JixuAgent` run."""
+    found = _current.get()
+    if found is None:
+        raise InvalidInput("current_effect() is only known inside a tool called by a JixuAgent run")
+    return found
+
+
+def _step_name(tool_name: str) -> str:
+    """The step name of a tool: its own name when jixu accepts it, else a readable name with a short digest."""
+    if tool_name and len(tool_name) <= 64 and tool_name[0].isalpha() and all(
+            c.isalnum() or c in "_-" for c in tool_name) and tool_name.isascii():
+        return tool_name
+    cleaned = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in tool_name)[:48]
+    return f"t_{cleaned}_{hashlib.sha256(tool_name.encode()).hexdigest()[:8]}"
+
+
+def _step_key(*parts: str) -> str:
+    """A step key of at most 200 characters (long ids are shortened to a digest)."""
+    key = ":".join(parts)
+    return key if len(key) <= 200 else f"{key[:150]}~{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+# --- model requests ---------------------------------------------------------------------------
+
+
+def dump_response(response: ModelResponse) -> JSONObject:
+    """A model response as plain JSON, by pydantic-ai's own message serialization."""
+    return cast(JSONObject, ModelMessagesTypeAdapter.dump_python([response], mode="json")[0])
+
+
+def load_response(payload: JSONObject) -> ModelResponse:
+    """The model response :func:`dump_response` recorded, rebuilt."""
+    [message] = ModelMessagesTypeAdapter.validate_python([payload])
+    if not isinstance(message, ModelResponse):
+        raise InvalidInput(f"the recorded model response is a {type(message).__name__}", field="response")
+    return message
+
+
+def _without_volatile(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_volatile(v) for k, v in value.items() if k not in VOLATILE_FIELDS}
+    if isinstance(value, list):
+        return [_without_volatile(v) for v in value]
+    return value
+
+
+def request_args(model: Model, messages: Sequence[ModelMessage]) -> JSONObject:
+    """What a model request step records as its arguments: the model, how many messages, and a digest of the
+    messages without their timestamps and run ids (a rerun that would ask something else is a mismatch)."""
+    dumped = ModelMessagesTypeAdapter.dump_python(list(messages), mode="json")
+    return {"model": model.model_name, "messages": len(messages),
+            "digest": content_hash({"messages": _without_volatile(dumped)})}
+
+
+def _determinate(error: Exception) -> ToolError | None:
+    """A model error that asking again would meet again (a 4xx other than timeout, conflict and rate limit) as a
+    determinate failure; anything else stays in doubt, and the retry-safe request is retried."""
+    if isinstance(error, ModelHTTPError) and 400 <= error.status_code < 500 \
+            and error.status_code not in (408, 409, 429):
+        return ToolError(str(error)[:2000], code="model_http_error",
+                         data={"status_code": error.status_code, "model_name": error.model_name})
+    return None
+
+
+class JixuModel(WrapperModel):
+    """A model whose every request is a durable jixu step of ``run`` (its record returned on a rerun)."""
+
+    def __init__(self, wrapped: Model, run: DurableRun) -> None:
+        super().__init__(wrapped)
+        self._run = run
+
+    async def _step(self, messages: list[ModelMessage],
+                    ask: Callable[[], Any]) -> ModelResponse:
+        raised: list[Exception] = []
+
+        async def call(ctx: ToolContext) -> JSONObject:
+            try:
+                response = await ask()
+            except Exception as error:
+                raised.append(error)
+                failure = _determinate(error)
+                if failure is not None:
+                    raise failure from error
+                raise
+            return {"response": dump_response(response)}
+
+        try:
+            recorded = await self._run.effect(MODEL_STEP, request_args(self.wrapped, messages), call=call,
+                                              semantics="idempotent")
+        except StepFailed:
+            if raised:  # this process asked: the caller gets pydantic-ai's own error (the record keeps it too)
+                raise raised[-1] from None
+            raise
+        return load_response(recorded["response"])
+
+    async def request(self, messages: list[ModelMessage], model_settings: ModelSettings | None,
+                      model_request_parameters: ModelRequestParameters) -> ModelResponse:
+        """The wrapped model's response, asked once and recorded; a rerun returns the record."""
+        return await self._step(messages, lambda: self.wrapped.request(messages, model_settings,
+                                                                       model_request_parameters))
+
+    @asynccontextmanager
+    async def request_stream(self, messages: list[ModelMessage], model_settings: ModelSettings | None,
+                             model_request_parameters: ModelRequestParameters,
+                             run_context: RunContext[Any] | None = None) -> AsyncIterator[StreamedResponse]:
+        """The wrapped model's stream, drained inside the step; its recorded response is replayed as events."""
+
+        async def drained() -> ModelResponse:
+            async with self.wrapped.request_stream(messages, model_settings, model_request_parameters,
+                                                   run_context) as streamed:
+                async for _ in streamed:
+                    pass
+            return streamed.get()
+
+        response = await self._step(messages, drained)
+        yield CompletedStreamedResponse(response, model_request_parameters=model_request_parameters,
+                                        replay_events=True)
+
+
+# --- tool calls -------------------------------------------------------------------------------
+
+
+def _record(payload: Any) -> JSONObject:
+    return {RECORD_KEY: JSON_CODEC.dump(CallToolResult, payload)}
+
+
+def _recorded_result(recorded: Any) -> Any:
+    """A tool step's result as the tool gave it (or raised it), from the record."""
+    if isinstance(recorded, dict) and set(recorded) == {RECORD_KEY}:
+        return unwrap_tool_call_result(JSON_CODEC.load(CallToolResult, recorded[RECORD_KEY]))
+    if recorded is None:  # `occurred` without a result (an operator's `jixu threads resolve` gives none)
+        return OCCURRED_WITHOUT_RESULT
+    return recorded  # a probe's or an operator's result: the tool's plain return value
+
+
+def _probe_of(spec: EffectSpec) -> Callable[[ProbeQuery], Any] | None:
+    """The tool's probe, its ``Occurred`` result standing for the tool's plain return value (made plain JSON)."""
+    probe = spec.probe
+    if probe is None:
+        return None
+
+    async def ask(query: ProbeQuery) -> Any:
+        answer = await call_user_function(probe, query)
+        if isinstance(answer, Occurred):
+            return Occurred(result=to_jsonable_python(answer.result), evidence=answer.evidence)
+        return answer
+
+    return ask
+
+
+@dataclass(frozen=True)
+class _Policy:
+    """How every tool of one agent is treated: declared by :func:`effect`, ``tool_semantics`` or ``probes``."""
+
+    specs: Mapping[str, EffectSpec]
+
+    def of(self, name: str) -> EffectSpec:
+        return self.specs.get(name) or EffectSpec()
+
+
+@dataclass
+class JixuToolset(WrapperToolset[Any]):
+    """A toolset whose every call is a durable jixu step of ``run``; tools needing approval become parked steps."""
+
+    run: DurableRun | None = None
+    policy: _Policy = _Policy({})
+    needs_approval: set[str] | None = None
+
+    def _durable(self) -> DurableRun:
+        if self.run is None:  # pragma: no cover - JixuAgent always binds a run
+            raise InvalidInput("a JixuToolset is used only inside a JixuAgent run")
+        return self.run
+
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        """The wrapped tools; one that pydantic-ai would defer for approval is offered as a plain tool whose calls
+        park in jixu instead."""
+        tools = await super().get_tools(ctx)
+        offered: dict[str, ToolsetTool[Any]] = {}
+        for name, tool in tools.items():
+            offered[name] = tool
+            if tool.tool_def.kind == "unapproved":
+                if self.needs_approval is not None:
+                    self.needs_approval.add(name)
+                offered[name] = replace(tool, tool_def=replace(tool.tool_def, kind="function"))
+        return offered
+
+    async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any],
+                        tool: ToolsetTool[Any]) -> Any:
+        """The call as a durable step (its record on a rerun); a denial is pydantic-ai's ``ToolDenied``."""
+        key = _step_key(name, str(ctx.run_step), str(ctx.tool_call_id))
+        approval = name in (self.needs_approval or ()) and not ctx.tool_call_approved
+        try:
+            return _recorded_result(await self._step(name, tool_args, ctx, tool, key, approval))
+        except ApprovalRequired:
+            if ctx.tool_call_approved:
+                raise
+            # The tool asked for approval itself: the call needs it, as a parked step of its own.
+            return _recorded_result(await self._step(name, tool_args, ctx, tool, f"{key}:approval", True))
+
+    async def _step(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any],
+                    key: str, approval: bool) -> Any:
+        spec = self.policy.of(name)
+        called = replace(ctx, tool_call_approved=True) if approval else ctx
+
+        async def call(jctx: ToolContext) -> JSONObject:
+            token = _current.set(jctx)
+            try:
+                return _record(await wrap_tool_call_result(self.wrapped.call_tool(name, tool_args, called, tool)))
+            finally:
+                _current.reset(token)
+
+        try:
+            return await self._durable().effect(
+                _step_name(name), cast(JSONObject, to_jsonable_python(tool_args)), call=call,
+                semantics=spec.semantics, probe=_probe_of(spec), probe_timeout=spec.probe_timeout,
+                requires_approval=approval, timeout=spec.timeout, key=key)
+        except StepFailed as failed:
+            if failed.details.get("reason") != "denied":
+                raise
+            note = failed.details.get("error")  # the operator's note: the model is told, as pydantic-ai tells it
+            return ToolDenied(f"The tool call was denied: {note}" if note else "The tool call was denied.")
+
+
+def _declared(agent: Agent[Any, Any], tool_semantics: Mapping[str, Semantics] | None,
+              probes: Mapping[str, Callable[[ProbeQuery], Any]] | None) -> _Policy:
+    """Each tool's declaration: ``@effect`` on its function, overridden by ``tool_semantics`` and ``probes``."""
+    specs: dict[str, EffectSpec] = {}
+
+    def collect(toolset: AbstractToolset[Any]) -> None:
+        if isinstance(toolset, FunctionToolset):
+            for name, declared in toolset.tools.items():
+                found = getattr(declared.function, _EFFECT_ATTRIBUTE, None)
+                if isinstance(found, EffectSpec):
+                    specs[name] = found
+
+    for toolset in agent.toolsets:
+        toolset.apply(collect)
+    for field, given in (("tool_semantics", tool_semantics), ("probes", probes)):
+        if given is not None and (not isinstance(given, Mapping) or not all(isinstance(k, str) for k in given)):
+            raise InvalidInput(f"{field} must map tool names to declarations", field=field)
+    for name in {*(tool_semantics or {}), *(probes or {})}:
+        base = specs.get(name) or EffectSpec()
+        specs[name] = replace(base, semantics=(tool_semantics or {}).get(name, base.semantics),
+                              probe=(probes or {}).get(name, base.probe))
+    return _Policy({name: spec.checked(name) for name, spec in specs.items()})
+
+
+# --- the agent --------------------------------------------------------------------------------
+
+
+def _failure(error: BaseException) -> JSONObject | None:
+    """The error a run ends with for good, or None when it must stay unfinished for a rerun.
+
+    A rerun replays every recorded step, so an error of pydantic-ai or of the code meets the rerun again: the run
+    ends ``failed``. An unknown outcome, a mismatch, an ownership or store problem (any other jixu error) and a
+    cancellation leave the run unfinished: it continues when the code runs again with the thread id.
+    """
+    if not isinstance(error, Exception) or (isinstance(error, JixuError) and not isinstance(error, StepFailed)):
+        return None
+    found: JSONObject = {"type": type(error).__name__, "message": str(error)[:2000]}
+    if isinstance(error, JixuError):
+        found["jixu"] = cast(JSONObject, to_jsonable_python(error.to_dict(), fallback=repr))
+    return found
+
+
+def _reply(output: Any) -> str:
+    return output if isinstance(output, str) else str(to_jsonable_python(output, fallback=repr))
+
+
+class JixuAgent:
+    """A pydantic-ai agent made durable on jixu threads (see the module docstring).
+
+    ``store``: a :class:`~jixu.Harness` to run on, or a store (a URL, a path, a :class:`~jixu.ledger.Store`) for a
+    harness of its own (``harness_options`` go to it: ``owner``, ``lease_ttl``, ``max_attempts``, ...).
+    ``tool_semantics`` and ``probes`` declare tools by name (over :func:`effect`); a tool declared nowhere is
+    ``unsafe``. ``name``: the durable run's name (default: the agent's name).
+    """
+
+    def __init__(self, agent: Agent[Any, Any], store: Harness | Store | str | Any, *,
+                 tool_semantics: Mapping[str, Semantics] | None = None,
+                 probes: Mapping[str, Callable[[ProbeQuery], Any]] | None = None, name: str | None = None,
+                 approval_poll: float = 0.5, **harness_options: Any) -> None:
+        if not isinstance(agent, Agent):
+            raise InvalidInput(f"JixuAgent wraps a pydantic_ai.Agent, got {type(agent).__name__}", field="agent")
+        self.agent = agent
+        self.name = name or agent.name or "pydantic-ai"
+        self._tool_semantics, self._probes = tool_semantics, probes
+        _declared(agent, tool_semantics, probes)  # checked now: a bad declaration fails here, before any run
+        self._approval_poll = approval_poll
+        if isinstance(store, Harness):
+            if harness_options:
+                raise InvalidInput("harness options go to the Harness you pass, not to JixuAgent",
+                                   field=next(iter(harness_options)))
+            self.harness = store
+            self._owns_harness = False
+        else:
+            self.harness = Harness(steps_agent(_step_name(self.name)), store, **harness_options)
+            self._owns_harness = True
+
+    async def new_thread(self, *, metadata: dict[str, Any] | None = None) -> str:
+        """A new thread for this agent; pass its id to :meth:`run` (and again after a crash)."""
+        return (await self.harness.create_thread(metadata=metadata)).thread_id
+
+    def new_thread_sync(self, *, metadata: dict[str, Any] | None = None) -> str:
+        """:meth:`new_thread`, for code without an event loop."""
+        return _run_sync(self.new_thread(metadata=metadata))
+
+    async def run(self, user_prompt: Any = None, *, thread_id: str, model: Model | str | None = None,
+                  toolsets: Sequence[AbstractToolset[Any]] | None = None, **run_options: Any) -> AgentRunResult[Any]:
+        """``agent.run(user_prompt, ...)`` as one durable run of thread ``thread_id``.
+
+        ``run_options`` go to pydantic-ai's ``Agent.run`` (``deps``, ``message_history``, ``output_type``,
+        ``usage_limits``, ``event_stream_handler``, ...). Its ``run_id`` is the jixu run's turn id and its
+        ``conversation_id`` the thread id unless given (or taken from ``message_history``). Running again with the
+        thread id continues the thread's unfinished run: recorded steps return their records, an unknown unsafe
+        call is asked about by its probe or raises :class:`~jixu.errors.StepOutcomeUnknown`. A run that ended
+        (with a result, or failed with an error a rerun would meet again) is not run again: the next call starts
+        the thread's next run.
+        """
+        chosen = model if model is not None else self.agent.model
+        if chosen is None:
+            raise InvalidInput("the agent has no model: give one to the Agent or to run(model=...)", field="model")
+        policy = _declared(self.agent, self._tool_semantics, self._probes)  # tools added since are declared too
+        async with DurableRun(self.harness, thread_id, name=self.name, approval_poll=self._approval_poll) as run:
+            durable_model = JixuModel(_infer_model(chosen), run)
+            needs_approval: set[str] = set()
+            wrapped = [JixuToolset(toolset, run=run, policy=policy, needs_approval=needs_approval)
+                       for toolset in [*self.agent.toolsets, *(toolsets or ())]]
+            options = dict(run_options)
+            options.setdefault("run_id", run.turn_id)
+            if "conversation_id" not in options and not options.get("message_history"):
+                options["conversation_id"] = run.thread_id
+            try:
+                with self.agent.override(model=durable_model, toolsets=wrapped, tools=[]):
+                    result = await self.agent.run(user_prompt, **options)
+            except BaseException as error:
+                failure = _failure(error)
+                if failure is None:
+                    raise  # unfinished: running again with the thread id continues it
+                run.error = failure  # the block ends normally: the run is recorded failed
+                final: BaseException | None = error
+            else:
+                run.reply = _reply(result.output)
+                final = None
+        if final is not None:
+            raise final
+        return result
+
+    def run_sync(self, user_prompt: Any = None, *, thread_id: str, **run_options: Any) -> AgentRunResult[Any]:
+        """:meth:`run`, for code without an event loop."""
+        return _run_sync(self.run(user_prompt, thread_id=thread_id, **run_options))
+
+    def close(self) -> None:
+        """Close the store if this agent's harness opened it."""
+        if self._owns_harness:
+            self.harness.close()
+
+    async def __aenter__(self) -> JixuAgent:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    def __enter__(self) -> JixuAgent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+T = TypeVar("T")
+
+
+def _run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    coroutine.close()
+    raise InvalidInput("the *_sync methods cannot run inside an event loop: await the async method instead")
+
+
+__all__ = ["MODEL_STEP", "EffectSpec", "JixuAgent", "JixuModel", "JixuToolset", "Semantics", "current_effect",
+           "dump_response", "effect", "load_response", "request_args"]

@@ -1,0 +1,460 @@
+"""An unchanged pydantic-ai agent made durable with ``jixu.integrations.pydantic_ai.JixuAgent``, against the real
+pydantic-ai package: its ``OpenAIChatModel`` talking to a local server that speaks the Chat Completions wire format
+(``tests/providers/fake_servers.py``), or its own offline ``FunctionModel``.
+
+The crash tests SIGKILL a child process (``tests/integrations/pydantic_ai_child.py``) inside the unsafe ``charge``
+tool and run the same agent again in this process; every charge is a line in a file, so the counts are what really
+ran, and every model request the server received is counted too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent, ModelRetry
+from pydantic_ai.exceptions import ModelHTTPError
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelResponse,
+    TextPart,
+    ThinkingPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.usage import RequestUsage
+
+from jixu import RecoveryResolver, StepMismatch, StepOutcomeUnknown
+from jixu.errors import InvalidInput, ToolDefinitionError
+from jixu.integrations.pydantic_ai import (
+    MODEL_STEP,
+    OCCURRED_WITHOUT_RESULT,
+    JixuAgent,
+    current_effect,
+    dump_response,
+    effect,
+    load_response,
+)
+from jixu.ledger import open_store
+from jixu.threads.log import ThreadLog
+from tests.helpers import ROOT, python_env
+from tests.integrations.pydantic_ai_child import PROMPT, durable_orders
+from tests.providers.fake_servers import Call, Completion, Failure, FakeOpenAI
+from tests.threads.steps_child import lines
+
+CHILD_TIMEOUT = 60.0
+CHARGE = Completion(calls=[Call("call_charge_7", "charge", '{"order": 7}')])
+DONE = Completion(text="Order 7 is charged.")
+
+
+@pytest.fixture
+def server() -> Iterator[FakeOpenAI]:
+    found = FakeOpenAI().start()
+    yield found
+    found.stop()
+
+
+def _crash(mode: str, url: str, directory: Path, server: FakeOpenAI) -> str:
+    """Run the child until it SIGKILLs itself inside ``charge``; the thread id it reported."""
+    server.script(CHARGE)
+    proc = subprocess.run([sys.executable, "-m", "tests.integrations.pydantic_ai_child", mode, url, str(directory),
+                           server.url], env=python_env(), cwd=ROOT, text=True, capture_output=True,
+                          timeout=CHILD_TIMEOUT, check=False)
+    assert proc.returncode == -signal.SIGKILL, f"the child exited {proc.returncode}: {proc.stderr[-3000:]}"
+    assert len(server.requests) == 1, "the child asked the model once, then died inside the tool"
+    [thread_id] = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("T ")]
+    return thread_id
+
+
+def _events(url: str, thread_id: str) -> tuple[ThreadLog, Any]:
+    store = open_store(url)
+    return ThreadLog.load(store, thread_id, verify=True), store
+
+
+def _charge_effect(url: str, thread_id: str) -> str:
+    """The record the dead child left: the model request completed, the charge dispatched with no receipt."""
+    log, store = _events(url, thread_id)
+    try:
+        analysis = RecoveryResolver.analyze(log.events())
+        [charge] = [d for d in analysis.decisions.values() if d.name == "charge"]
+        [request] = [d for d in analysis.decisions.values() if d.name == MODEL_STEP]
+        assert request.state == "completed" and request.semantics == "idempotent"
+        assert charge.semantics == "unsafe"
+        assert charge.state == "unknown" and charge.reason == "dispatched_without_receipt", charge
+        assert log.snapshot().status == "waiting"
+        return charge.effect_id
+    finally:
+        store.close()
+
+
+def _tool_messages(server: FakeOpenAI) -> list[str]:
+    """What the model was told about each tool call, in the last request it received."""
+    return [m["content"] for m in server.bodies[-1]["messages"] if m.get("role") == "tool"]
+
+
+@pytest.mark.crash
+def test_killed_after_the_unsafe_side_effect_the_call_is_unknown_the_probe_settles_it_and_nothing_repeats(
+        tmp_path: Path, server: FakeOpenAI) -> None:
+    url = f"sqlite:///{tmp_path / 'jixu.db'}"
+    thread_id = _crash("after", url, tmp_path, server)
+    assert len(lines(tmp_path / "bank.log")) == 1
+    charge = _charge_effect(url, thread_id)
+
+    server.script(DONE)
+    durable = durable_orders(url, tmp_path, server.url)
+    try:
+        result = asyncio.run(durable.run(PROMPT, thread_id=thread_id))
+    finally:
+        durable.close()
+
+    assert result.output == "Order 7 is charged."
+    assert len(lines(tmp_path / "bank.log")) == 1, "the unsafe call was not repeated"
+    assert len(server.requests) == 2, "the recorded model response was returned, not asked for again"
+    assert json.loads(_tool_messages(server)[0]) == {"charged": 7, "line": 1}, "the model got the probe's result"
+    log, store = _events(url, thread_id)
+    try:
+        events = log.events()
+        assert [e.data["attempt"] for e in events if e.type == "tool.dispatched"
+                and e.data["effect_id"] == charge] == [1]
+        [resolved] = [e for e in events if e.type == "tool.outcome_resolved"]
+        assert resolved.data["effect_id"] == charge and resolved.data["resolution"] == "occurred"
+        assert resolved.data["actor"] == "probe:charge"
+        assert [e.data["reason"] for e in events if e.type == "turn.claimed"] == ["took_over_dead_owner"]
+        [ended] = [e for e in events if e.type == "turn.ended"]
+        assert ended.data["outcome"] == "completed" and ended.data["reply"] == "Order 7 is charged."
+        state = log.snapshot()
+        assert state.status == "idle" and state.analysis.safe_to_continue
+        assert RecoveryResolver.analyze(events).decisions == state.effects, "online == replayed"
+    finally:
+        store.close()
+
+
+@pytest.mark.crash
+def test_without_a_probe_the_run_stops_until_an_operator_resolves_the_call_with_jixu_threads_resolve(
+        tmp_path: Path, server: FakeOpenAI) -> None:
+    url = f"sqlite:///{tmp_path / 'jixu.db'}"
+    thread_id = _crash("after", url, tmp_path, server)
+    charge = _charge_effect(url, thread_id)
+
+    durable = durable_orders(url, tmp_path, server.url, probe=False)
+    try:
+        with pytest.raises(StepOutcomeUnknown) as raised:
+            asyncio.run(durable.run(PROMPT, thread_id=thread_id))
+        assert raised.value.details["effect_id"] == charge
+        assert f"jixu threads resolve STORE {thread_id} {charge}" in raised.value.message
+        assert len(lines(tmp_path / "bank.log")) == 1 and len(server.requests) == 1, "nothing ran, nothing asked"
+
+        resolved = subprocess.run([sys.executable, "-m", "jixu", "threads", "resolve", url, thread_id, charge,
+                                   "--resolution", "occurred", "--note", "the bank shows the charge"],
+                                  env=python_env(), cwd=ROOT, text=True, capture_output=True, timeout=60, check=False)
+        assert resolved.returncode == 0, resolved.stdout + resolved.stderr
+
+        server.script(DONE)
+        result = asyncio.run(durable.run(PROMPT, thread_id=thread_id))
+    finally:
+        durable.close()
+    assert result.output == "Order 7 is charged."
+    assert len(lines(tmp_path / "bank.log")) == 1, "exactly one charge"
+    assert _tool_messages(server) == [OCCURRED_WITHOUT_RESULT]
+
+
+@pytest.mark.crash
+def test_killed_before_the_side_effect_the_probe_finds_nothing_and_the_call_runs_once(
+        tmp_path: Path, server: FakeOpenAI) -> None:
+    url = f"sqlite:///{tmp_path / 'jixu.db'}"
+    thread_id = _crash("before", url, tmp_path, server)
+    assert not lines(tmp_path / "bank.log")
+    charge = _charge_effect(url, thread_id)
+
+    server.script(DONE)
+    durable = durable_orders(url, tmp_path, server.url)
+    try:
+        result = asyncio.run(durable.run(PROMPT, thread_id=thread_id))
+    finally:
+        durable.close()
+
+    assert result.output == "Order 7 is charged."
+    [line] = lines(tmp_path / "bank.log")
+    assert len(server.requests) == 2
+    log, store = _events(url, thread_id)
+    try:
+        events = log.events()
+        [resolved] = [e for e in events if e.type == "tool.outcome_resolved"]
+        assert resolved.data["effect_id"] == charge and resolved.data["resolution"] == "not_occurred"
+        [again] = [e for e in events if e.type == "tool.requested" and e.data["name"] == "charge"
+                   and e.data["effect_id"] != charge]
+        assert f"key=jixu:{again.data['effect_id']}" in line, "the call ran once more, under a new effect"
+    finally:
+        store.close()
+
+
+@pytest.mark.crash
+def test_a_rerun_that_asks_something_else_is_a_step_mismatch_and_runs_nothing(
+        tmp_path: Path, server: FakeOpenAI) -> None:
+    url = f"sqlite:///{tmp_path / 'jixu.db'}"
+    thread_id = _crash("after", url, tmp_path, server)
+    durable = durable_orders(url, tmp_path, server.url)
+    try:
+        with pytest.raises(StepMismatch) as raised:
+            asyncio.run(durable.run("Charge order 8.", thread_id=thread_id))
+    finally:
+        durable.close()
+    assert raised.value.details["step"] == f"{MODEL_STEP}#1"
+    assert len(server.requests) == 1 and len(lines(tmp_path / "bank.log")) == 1, "nothing was asked or run"
+    _charge_effect(url, thread_id)  # the record is as the child left it
+
+
+# --- in one process ---------------------------------------------------------------------------
+
+
+def test_requests_and_calls_are_steps_and_each_response_is_the_one_rebuilt_from_its_record(
+        tmp_path: Path, server: FakeOpenAI) -> None:
+    server.script(Completion(calls=[Call("c1", "reserve", '{"order": 7}')], input_tokens=30, output_tokens=5), DONE)
+    keys: list[str] = []
+    agent = Agent(_openai(server), name="orders")
+
+    @agent.tool_plain
+    @effect(semantics="idempotent")
+    def reserve(order: int) -> str:
+        keys.append(current_effect().idempotency_key)
+        return f"reserved {order}"
+
+    with JixuAgent(agent, tmp_path / "jixu.db") as durable:
+        thread_id = durable.new_thread_sync()
+        result = durable.run_sync("Reserve order 7.", thread_id=thread_id)
+        state = asyncio.run(durable.harness.open_thread(thread_id, resume=False)).state()
+    assert result.output == "Order 7 is charged."
+    assert [d.name for d in state.effects.values()] == [MODEL_STEP, "reserve", MODEL_STEP]
+    [reserve_effect] = [d for d in state.effects.values() if d.name == "reserve"]
+    assert reserve_effect.semantics == "idempotent" and keys == [f"jixu:{reserve_effect.effect_id}"]
+    assert _tool_messages(server) == ["reserved 7"]
+    first = result.all_messages()[1]
+    assert isinstance(first, ModelResponse) and first.usage.input_tokens == 30
+    assert first.parts[0] == ToolCallPart("reserve", '{"order": 7}', tool_call_id="c1")
+    assert state.turns[-1]["reply"] == "Order 7 is charged."
+
+
+def test_a_response_survives_its_record_exactly() -> None:
+    response = ModelResponse(
+        parts=[ThinkingPart("weigh it", signature="sig"), TextPart("hi ✓"),
+               ToolCallPart("charge", {"order": 7, "note": None}, tool_call_id="call_1")],
+        usage=RequestUsage(input_tokens=11, output_tokens=3, details={"reasoning_tokens": 2}),
+        model_name="gpt-4o-mini", provider_name="openai", provider_response_id="chatcmpl-1",
+        provider_details={"finish_reason": "tool_calls"}, finish_reason="tool_call", run_id="r", conversation_id="c")
+    payload = dump_response(response)
+    assert json.loads(json.dumps(payload)) == payload, "plain JSON"
+    assert load_response(payload) == response
+
+
+def test_a_finished_run_is_not_run_again_and_a_run_recorded_failed_lets_the_next_one_start(
+        tmp_path: Path, server: FakeOpenAI) -> None:
+    server.script(Failure(400, {"error": {"message": "bad request", "type": "invalid_request_error"}}), DONE, DONE)
+    with JixuAgent(Agent(_openai(server), name="chat"), tmp_path / "jixu.db") as durable:
+        thread_id = durable.new_thread_sync()
+        with pytest.raises(ModelHTTPError) as raised:
+            durable.run_sync("Hello?", thread_id=thread_id)
+        assert raised.value.status_code == 400
+        assert durable.run_sync("Hello?", thread_id=thread_id).output == "Order 7 is charged."
+        assert durable.run_sync("Hello?", thread_id=thread_id).output == "Order 7 is charged."
+        state = asyncio.run(durable.harness.open_thread(thread_id, resume=False)).state()
+    assert [t["status"] for t in state.turns] == ["failed", "completed", "completed"]
+    assert state.turns[0]["error"]["type"] == type(raised.value).__name__  # a ModelHTTPError (its 4xx category)
+    assert len(server.requests) == 3, "each run asked the model once; the failed request was not asked again"
+
+
+async def _parked(url: str, thread_id: str, task: asyncio.Task[Any]) -> str:
+    """Wait until the run's one call is parked; its effect id."""
+    operator, store = _events(url, thread_id)
+    try:
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            operator.sync()
+            waiting = operator.snapshot().waiting_on
+            if waiting:
+                assert [w["state"] for w in waiting] == ["parked"] and not task.done()
+                return str(waiting[0]["effect_id"])
+    finally:
+        store.close()
+    raise AssertionError("the call never parked")
+
+
+def test_a_tool_needing_approval_parks_and_resumes_once_approved_even_in_another_run(tmp_path: Path) -> None:
+    ran: list[int] = []
+    url = f"sqlite:///{tmp_path / 'jixu.db'}"
+
+    async def first() -> tuple[str, str]:
+        async with _payments(url, ran) as durable:
+            thread_id = await durable.new_thread()
+            task = asyncio.create_task(durable.run("Wire 100.", thread_id=thread_id))
+            effect_id = await _parked(url, thread_id, task)
+            task.cancel()  # the process stops waiting: the run stays unfinished, the call parked
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return thread_id, effect_id
+
+    thread_id, effect_id = asyncio.run(first())
+    assert not ran
+    approved = subprocess.run([sys.executable, "-m", "jixu", "threads", "approve", url, thread_id, effect_id,
+                               "--note", "within the limit"], env=python_env(), cwd=ROOT, text=True,
+                              capture_output=True, timeout=60, check=False)
+    assert approved.returncode == 0, approved.stdout + approved.stderr
+
+    with _payments(url, ran) as durable:
+        result = durable.run_sync("Wire 100.", thread_id=thread_id)
+        state = asyncio.run(durable.harness.open_thread(thread_id, resume=False)).state()
+    assert result.output == "wired 100" and ran == [100]
+    assert [t["status"] for t in state.turns] == ["completed"], "the parked run itself continued"
+    assert state.effects[effect_id].state == "completed"
+
+
+def test_a_denied_call_never_runs_and_the_model_is_told_as_pydantic_ai_tells_it(tmp_path: Path) -> None:
+    ran: list[int] = []
+    url = f"sqlite:///{tmp_path / 'jixu.db'}"
+
+    async def scenario() -> Any:
+        async with _payments(url, ran) as durable:
+            thread_id = await durable.new_thread()
+            task = asyncio.create_task(durable.run("Wire 100.", thread_id=thread_id))
+            effect_id = await _parked(url, thread_id, task)
+            operator, store = _events(url, thread_id)
+            try:
+                operator.decide_parked(effect_id, "denied", actor="ops", note="over the limit")  # as `deny`
+            finally:
+                store.close()
+            return await task
+
+    result = asyncio.run(scenario())
+    assert result.output == "The tool call was denied: over the limit" and not ran
+    [denied] = [p for m in result.all_messages() for p in m.parts if isinstance(p, ToolReturnPart)]
+    assert denied.outcome == "denied"
+
+
+def test_pydantic_ai_control_flow_is_recorded_and_raised_again_from_the_record(tmp_path: Path) -> None:
+    calls: list[str] = []
+    asked: list[int] = []
+    echo = _call_then_echo("lookup", {"key": "a"})
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked.append(len(messages))
+        return echo(messages, info)
+
+    agent = Agent(FunctionModel(model), name="retrying")
+
+    @agent.tool_plain
+    @effect(semantics="read_only")
+    def lookup(key: str) -> str:
+        calls.append("retry" if not calls else "die" if len(calls) == 1 else "value")
+        if calls[-1] == "retry":
+            raise ModelRetry("try again with the same key")
+        if calls[-1] == "die":
+            raise SystemExit("the process stops inside the second call, before its receipt")
+        return f"value of {key}"
+
+    with JixuAgent(agent, tmp_path / "jixu.db") as durable:
+        thread_id = durable.new_thread_sync()
+        with pytest.raises(SystemExit):
+            durable.run_sync("Look up a.", thread_id=thread_id)
+        assert calls == ["retry", "die"] and len(asked) == 2
+        result = durable.run_sync("Look up a.", thread_id=thread_id)
+        state = asyncio.run(durable.harness.open_thread(thread_id, resume=False)).state()
+    assert result.output == "value of a"
+    assert calls == ["retry", "die", "value"], "the recorded ModelRetry was raised again without calling the tool"
+    assert len(asked) == 3, "the two recorded model responses were not asked for again"
+    lookups = [d for d in state.effects.values() if d.name == "lookup"]
+    assert [(d.state, d.attempts) for d in lookups] == [("completed", 1), ("completed", 2)]
+    [retried] = [p for m in result.all_messages() for p in m.parts
+                 if isinstance(p, ToolReturnPart) and p.outcome == "retried"]
+    assert retried.content == "try again with the same key", "pydantic-ai got its ModelRetry back"
+    assert [t["status"] for t in state.turns] == ["completed"], "one run, continued"
+
+
+def test_streamed_requests_are_steps_and_their_events_reach_the_handler(tmp_path: Path, server: FakeOpenAI) -> None:
+    server.script(Completion(text="streamed answer"))
+    seen: list[str] = []
+
+    async def handler(ctx: Any, events: Any) -> None:
+        async for event in events:
+            seen.append(type(event).__name__)
+
+    with JixuAgent(Agent(_openai(server), name="streaming"), tmp_path / "jixu.db") as durable:
+        thread_id = durable.new_thread_sync()
+        result = durable.run_sync("Stream it.", thread_id=thread_id, event_stream_handler=handler)
+    assert result.output == "streamed answer"
+    assert server.bodies[0].get("stream") is True
+    assert "PartStartEvent" in seen
+
+
+def test_declarations_are_checked_when_made(tmp_path: Path) -> None:
+    agent = Agent(FunctionModel(_call_then_echo("noop", {})), name="checked")
+
+    @agent.tool_plain
+    def noop() -> str:
+        return "ok"
+
+    with pytest.raises(ToolDefinitionError):
+        JixuAgent(agent, tmp_path / "a.db", tool_semantics={"noop": "read_only"}, probes={"noop": lambda q: None})
+    with pytest.raises(InvalidInput):
+        JixuAgent(agent, tmp_path / "b.db", tool_semantics={"noop": "sometimes"})  # type: ignore[dict-item]
+    with pytest.raises(InvalidInput):
+        current_effect()
+
+
+def test_importing_without_pydantic_ai_names_the_extra_to_install() -> None:
+    code = ("import sys; sys.modules['pydantic_ai'] = None\n"
+            "try:\n    import jixu.integrations.pydantic_ai\nexcept ImportError as e:\n    print(e)")
+    proc = subprocess.run([sys.executable, "-c", code], env=python_env(), cwd=ROOT, text=True, capture_output=True,
+                          timeout=60, check=False)
+    assert 'pip install "jixu[pydantic-ai]"' in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_the_example_runs_offline_and_shows_a_crash_settled_without_a_second_charge(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "pydantic_ai_durable.py")], env=python_env(),
+                          cwd=tmp_path, text=True, capture_output=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "killed inside charge" in out and "charge unknown" in out, out
+    assert "charges in the bank: 1" in out, out
+    assert "answer: Charged order 7" in out, out
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _payments(url: str, ran: list[int]) -> JixuAgent:
+    """An agent whose ``wire`` tool needs approval (pydantic-ai's ``requires_approval=True``)."""
+    agent = Agent(FunctionModel(_call_then_echo("wire", {"amount": 100})), name="payments")
+
+    @agent.tool_plain(requires_approval=True)
+    def wire(amount: int) -> str:
+        ran.append(amount)
+        return f"wired {amount}"
+
+    return JixuAgent(agent, url, approval_poll=0.02)
+
+
+def _openai(server: FakeOpenAI) -> Any:
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    return OpenAIChatModel("gpt-4o-mini", provider=OpenAIProvider(base_url=server.url, api_key="sk-test"))
+
+
+def _call_then_echo(tool: str, args: dict[str, Any]) -> Any:
+    """A FunctionModel's function: call ``tool`` until it returned, then answer with what it returned."""
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        returns = [p for m in messages for p in m.parts if isinstance(p, ToolReturnPart) and p.outcome != "retried"]
+        if returns:
+            return ModelResponse(parts=[TextPart(str(returns[-1].content))])
+        return ModelResponse(parts=[ToolCallPart(tool, args, tool_call_id=f"call_{len(messages)}")])
+
+    return respond
+
