@@ -102,3 +102,24 @@ except ImportError as error:
     result = run_without(POSTGRES, code, tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["missing_extra", "postgres"]
+
+
+@pytest.mark.parametrize(("module", "blocked", "extra"), [
+    ("jixu.integrations.otel", {"opentelemetry"}, "otel"),
+    ("jixu.integrations.mcp", {"mcp"}, "mcp"),
+    ("jixu.integrations.pydantic_ai", {"pydantic_ai"}, "pydantic-ai"),
+])
+def test_an_integration_without_its_extra_raises_missing_extra(tmp_path: Path, module: str, blocked: set[str],
+                                                               extra: str) -> None:
+    code = f"""
+from jixu.errors import MissingExtra
+try:
+    import {module}
+except MissingExtra as error:
+    print(error.details["extra"])
+    print(error.message)
+"""
+    result = run_without(blocked, code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    named, message = result.stdout.splitlines()
+    assert named == extra and f'pip install "jixu[{extra}]"' in message, message

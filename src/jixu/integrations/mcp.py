@@ -51,7 +51,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequen
 from types import TracebackType
 from typing import Any, Self, TextIO, TypedDict, Unpack
 
-from jixu.errors import InvalidInput, MCPConnectionError, ToolDefinitionError
+from jixu.errors import InvalidInput, MCPConnectionError, MissingExtra, ToolDefinitionError
 from jixu.threads.steps import DurableRun
 from jixu.threads.tools import ArgumentsSchema, ProbeQuery, Semantics, Tool, ToolContext, ToolError
 
@@ -64,7 +64,7 @@ try:
     from mcp.shared.exceptions import MCPError
     from mcp.types import PaginatedRequestParams
 except ImportError as error:  # pragma: no cover - exercised in a child process without the SDK
-    raise ImportError('jixu.integrations.mcp needs the MCP SDK (mcp>=2): pip install "jixu[mcp]"') from error
+    raise MissingExtra.needed("mcp", "jixu.integrations.mcp (the MCP SDK, mcp>=2)", error) from error
 
 META_IDEMPOTENCY_KEY = "jixu/idempotency_key"
 """The request ``_meta`` key carrying the call's idempotency key."""

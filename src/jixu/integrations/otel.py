@@ -38,15 +38,15 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from jixu.errors import InvalidInput
+from jixu.errors import InvalidInput, MissingExtra
 from jixu.kernel import tracing
 from jixu.kernel.effects import Outcome
 
 try:
     from opentelemetry import trace
     from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-except ImportError as error:  # pragma: no cover - exercised only without the extra
-    raise ImportError("jixu.integrations.otel needs OpenTelemetry: pip install 'jixu[otel]'") from error
+except ImportError as error:  # without the extra: say what to install
+    raise MissingExtra.needed("otel", "jixu.integrations.otel (OpenTelemetry)", error) from error
 
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 SCOPE = "jixu"

@@ -46,7 +46,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias, TypeVar, cast, get_args
 
-from jixu.errors import InvalidInput, JixuError, StepFailed
+from jixu.errors import InvalidInput, JixuError, MissingExtra, StepFailed
 from jixu.ledger import Store, content_hash
 from jixu.ledger.encoding import JSONObject
 from jixu.threads.harness import Harness
@@ -67,8 +67,8 @@ try:
     from pydantic_ai.tools import RunContext, ToolDenied
     from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, ToolsetTool, WrapperToolset
     from pydantic_core import to_jsonable_python
-except ImportError as error:  # pragma: no cover - exercised only without the extra
-    raise ImportError('jixu.integrations.pydantic_ai needs pydantic-ai: pip install "jixu[pydantic-ai]"') from error
+except ImportError as error:  # without the extra: say what to install
+    raise MissingExtra.needed("pydantic-ai", "jixu.integrations.pydantic_ai", error) from error
 
 Semantics: TypeAlias = Literal["read_only", "idempotent", "unsafe"]
 MODEL_STEP = "model_request"
