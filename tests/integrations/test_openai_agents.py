@@ -286,6 +286,37 @@ def test_a_recorded_model_response_is_rebuilt_exactly(kind: str) -> None:
         load_model_response({**recorded, "output": [{"class": "os:system", "data": {}}]})
 
 
+def test_a_tool_that_raises_after_its_side_effect_is_unknown_and_an_abandoned_outcome_is_told_to_the_model(
+        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    sent: list[str] = []
+
+    @function_tool(failure_error_function=None)  # the SDK's handler off: the exception reaches jixu
+    def send_mail(to: str) -> str:
+        """Send a mail."""
+        sent.append(to)
+        raise ConnectionResetError("the mail server hung up after accepting the mail")
+
+    def mailer() -> Agent[Any]:  # a client per event loop (each run_sync has its own)
+        client = AsyncOpenAI(base_url=openai_server.url, api_key="sk-test", max_retries=0)
+        return Agent(name="mailer", model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client),
+                     tools=[send_mail])
+
+    url, found = _url(tmp_path), []
+    openai_server.script(Completion(calls=[Call("m1", "send_mail", '{"to": "ada"}')]))
+    with pytest.raises(StepOutcomeUnknown) as raised:
+        DurableRunner(url).run_sync(mailer(), "Mail ada", started=found.append)
+    assert isinstance(raised.value.__cause__, ConnectionResetError) and sent == ["ada"]
+
+    _log(url, found[0]).resolve(raised.value.details["effect_id"], "abandoned_unknown", note="cannot tell",
+                                actor="ops")
+    openai_server.script(DONE)
+    result = DurableRunner(url).run_sync(mailer(), "Mail ada", thread_id=found[0])
+
+    assert result.final_output == "wrote it" and sent == ["ada"], "never sent again"
+    [told] = _tool_messages(openai_server.bodies[1])
+    assert told.startswith("The outcome of this call is unknown")
+
+
 # --- approval ------------------------------------------------------------------------------------------------
 
 

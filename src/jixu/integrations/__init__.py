@@ -1,1 +1,2 @@
-"""What connects jixu to the systems around it (each behind an optional extra): OpenTelemetry traces."""
+"""What connects jixu to the systems around it (each behind an optional extra): OpenTelemetry traces, OpenAI
+Agents SDK agents run on durable steps."""

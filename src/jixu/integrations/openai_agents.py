@@ -54,6 +54,7 @@ from jixu.errors import InvalidInput, JixuError, StepFailed, StepMismatch
 from jixu.ledger import Store, content_hash
 from jixu.ledger.encoding import JSONObject
 from jixu.threads.harness import Harness
+from jixu.threads.projection import RESOLUTION_MESSAGES
 from jixu.threads.steps import DEFAULT_APPROVAL_POLL, STEP_KEY_CHARS, DurableRun, Semantics, durable
 from jixu.threads.tools import ProbeQuery, ToolContext, ToolError
 
@@ -391,7 +392,7 @@ class _RunSteps:
             return found
         refuse_local_tools(agent)
         changes: dict[str, Any] = {
-            "tools": [self._tool(t, agent) if isinstance(t, FunctionTool) else t for t in agent.tools],
+            "tools": [self._tool(t) if isinstance(t, FunctionTool) else t for t in agent.tools],
             "handoffs": [self._handoff(h if isinstance(h, Handoff) else handoff(h), agent) for h in agent.handoffs],
         }
         if isinstance(agent.model, Model):
@@ -401,7 +402,7 @@ class _RunSteps:
         self._agents[id(clone)] = clone
         return clone
 
-    def _tool(self, tool: FunctionTool, agent: Agent[Any]) -> FunctionTool:
+    def _tool(self, tool: FunctionTool) -> FunctionTool:
         policy = self.policy(tool)
         original = tool.on_invoke_tool
         needs_approval = tool.needs_approval
@@ -413,12 +414,12 @@ class _RunSteps:
             except ValueError:
                 parsed = None
             args: JSONObject = parsed if isinstance(parsed, dict) else {"arguments": input_json}
+            call_id = str(getattr(ctx, "tool_call_id", "") or "")
             if callable(needs_approval):
                 # The SDK asks a policy about raw parsed arguments, and requires approval when they do not parse.
-                approval = parsed is None or bool(await needs_approval(ctx, args, ctx.tool_call_id))
+                approval = parsed is None or bool(await needs_approval(ctx, args, call_id))
             else:
                 approval = bool(needs_approval)
-            call_id = str(getattr(ctx, "tool_call_id", "") or "")
             self._tool_calls[(name, call_id)] += 1  # a model may reuse a call id in a later response
             key = _short_key(name, f"{call_id}#{self._tool_calls[(name, call_id)]}")
 
@@ -434,8 +435,11 @@ class _RunSteps:
                                              semantics=policy.semantics, probe=policy.probe,
                                              probe_timeout=policy.probe_timeout, requires_approval=approval, key=key)
             except StepFailed as failed:
-                if failed.details.get("reason") == "denied":
+                reason = failed.details.get("reason")
+                if reason == "denied":
                     return DEFAULT_APPROVAL_REJECTION_MESSAGE  # what the SDK tells the model of a rejection
+                if reason == "abandoned_unknown":
+                    return RESOLUTION_MESSAGES["abandoned_unknown"]  # what a jixu agent's model is told
                 raise
 
         # The SDK never interrupts for approval here: a call needing one is parked by jixu and waits for it.
@@ -446,6 +450,7 @@ class _RunSteps:
 
         async def invoke(ctx: Any, input_json: str) -> Agent[Any]:
             self._handoffs += 1
+            key = f"{HANDOFF_STEP}#{self._handoffs}"
             taken: list[Any] = []
 
             async def call(effect: ToolContext) -> JSONObject:
@@ -459,17 +464,17 @@ class _RunSteps:
                 parsed = input_json
             args = {"from": source.name, "to": given.agent_name, "tool": given.tool_name,
                     "input": _plain(parsed, "input", strict=False)}
-            recorded = await self.run.effect(HANDOFF_STEP, args, call=call, semantics="idempotent",
-                                             key=f"{HANDOFF_STEP}#{self._handoffs}")
+            recorded = await self.run.effect(HANDOFF_STEP, args, call=call, semantics="idempotent", key=key)
             if not taken:  # replayed: the target is the handoff's own agent (its on_handoff ran before)
                 ref = getattr(given, "_agent_ref", None)
                 known = ref() if ref is not None else None
+                # A Handoff of your own with no agent to refer to is asked again (its callback runs again).
                 taken.append(known if known is not None else await original(ctx, input_json))
             target = taken[0]
-            if target.name != recorded.get("agent"):
-                raise StepMismatch(f"handoff #{self._handoffs} of durable run {self.run.turn_id} went to agent "
-                                   f"{recorded.get('agent')!r}; it now goes to {target.name!r}",
-                                   thread_id=self.run.thread_id, step=f"{HANDOFF_STEP}#{self._handoffs}")
+            went = recorded.get("agent") if isinstance(recorded, dict) else None
+            if target.name != went:
+                raise StepMismatch(f"{key} of durable run {self.run.turn_id} went to agent {went!r}; it now goes "
+                                   f"to {target.name!r}", thread_id=self.run.thread_id, step=key)
             return self.agent(target)
 
         return dataclasses.replace(given, on_invoke_handoff=invoke)
