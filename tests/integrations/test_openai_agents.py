@@ -207,6 +207,46 @@ def test_every_model_and_tool_call_is_an_effect_and_a_failed_model_call_is_asked
     assert _steps(_log(url, thread_id)) == ["model#1", "append_line:call_hello#1", "model#2", "model#2.2"]
 
 
+def test_a_responses_model_with_reasoning_replays_and_the_retried_request_is_the_same(tmp_path: Path) -> None:
+    server = FakeResponses().start()
+    try:
+        def responses_writer() -> Agent[Any]:
+            agent = writer(server.url, tmp_path)
+            client = AsyncOpenAI(base_url=server.url, api_key="sk-test", max_retries=0)
+            return agent.clone(model=OpenAIResponsesModel(model="o4-mini", openai_client=client))
+
+        server.script(Completion(thinking=[Thinking("the user wants a line")], calls=HELLO.calls), SERVER_ERROR)
+        found: list[str] = []
+        with pytest.raises(InternalServerError):
+            runner(_url(tmp_path), tmp_path).run_sync(responses_writer(), INPUT, started=found.append)
+        server.script(DONE)
+        result = runner(_url(tmp_path), tmp_path).run_sync(responses_writer(), INPUT, thread_id=found[0])
+    finally:
+        server.stop()
+
+    assert result.final_output == "wrote it" and len(lines(tmp_path / "lines.log")) == 1
+    failed, retried = server.bodies[1], server.bodies[2]
+    assert retried == failed, "the rebuilt reasoning and call items are sent back exactly as the first time"
+    assert [item.get("type") for item in retried["input"]][1:3] == ["reasoning", "function_call"]
+
+
+def test_a_harness_of_yours_records_the_runs_under_its_agent(tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    from jixu import Harness
+    from jixu.threads.steps import steps_agent
+
+    harness = Harness(steps_agent("sdk-agents"), _url(tmp_path))
+    try:
+        openai_server.script(HELLO, DONE)
+        found: list[str] = []
+        result = DurableRunner(harness).run_sync(writer(openai_server.url, tmp_path), INPUT, started=found.append)
+        assert result.final_output == "wrote it"
+        assert _log(_url(tmp_path), found[0]).state.agent["name"] == "sdk-agents"
+        with pytest.raises(InvalidInput, match="lease_ttl"):
+            DurableRunner(harness, lease_ttl=5)
+    finally:
+        harness.close()
+
+
 def test_a_rerun_that_asks_the_model_something_else_is_a_step_mismatch_and_runs_nothing(
         tmp_path: Path, openai_server: FakeOpenAI) -> None:
     url = _url(tmp_path)
