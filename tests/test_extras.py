@@ -108,6 +108,7 @@ except ImportError as error:
     ("jixu.integrations.otel", {"opentelemetry"}, "otel"),
     ("jixu.integrations.mcp", {"mcp"}, "mcp"),
     ("jixu.integrations.pydantic_ai", {"pydantic_ai"}, "pydantic-ai"),
+    ("jixu.integrations.openai_agents", {"agents"}, "openai-agents"),
 ])
 def test_an_integration_without_its_extra_raises_missing_extra(tmp_path: Path, module: str, blocked: set[str],
                                                                extra: str) -> None:

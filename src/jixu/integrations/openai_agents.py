@@ -1,0 +1,635 @@
+"""Run an unchanged OpenAI Agents SDK agent durably on a jixu thread (the ``openai-agents`` extra; decision 0033).
+
+::
+
+    from agents import Agent, function_tool
+    from jixu.integrations.openai_agents import DurableRunner, durable_tool
+
+    @durable_tool(semantics="unsafe", probe=find_charge)   # optional: the default is unsafe, no probe
+    @function_tool
+    def charge(order: int) -> str: ...
+
+    runner = DurableRunner("sqlite:///agents.db")
+    result = await runner.run(agent, "Charge order 7", thread_id=thread_id)   # or runner.run_sync(...)
+
+A run is one durable run of the thread (decision 0032): ``Runner.run`` of the
+SDK, unchanged, with the agent's model and function tools wrapped so that
+
+- every model call is a retry-safe step (``model``, ``read_only``): its
+  response is recorded as plain JSON and, when the code runs again after a
+  crash, rebuilt and returned without calling the model, so the SDK's loop
+  replays deterministically up to where it died. The step's arguments are the
+  model's name and a hash of the whole request (instructions, input items,
+  tools, handoffs, output schema, settings): a rerun that would ask something
+  else raises :class:`~jixu.errors.StepMismatch`;
+- every function-tool call is a step named after the tool and keyed by the
+  model's call id, with the tool's semantics (:func:`durable_tool` or the
+  runner's ``tools`` mapping; default ``unsafe``), its probe (decision 0027),
+  and the effect's identity for the tool (:func:`current_effect`); the SDK's
+  ``needs_approval`` becomes a parked call (``jixu threads approve`` /
+  ``deny``), a denial the SDK's own rejection message;
+- every handoff is an ``idempotent`` step ``handoff`` recording the agents
+  from and to.
+
+All of them go through the thread's own path through the effect kernel
+(intent, dispatch marker, receipt) and are judged by the resolver alone: an
+unsafe tool cut off after its marker is ``unknown`` and never repeated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import hashlib
+import importlib
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any, get_args
+
+from jixu.errors import InvalidInput, JixuError, MissingExtra, StepFailed, StepMismatch
+from jixu.ledger import Store, content_hash
+from jixu.ledger.encoding import JSONObject
+from jixu.threads.harness import Harness
+from jixu.threads.projection import RESOLUTION_MESSAGES
+from jixu.threads.steps import DEFAULT_APPROVAL_POLL, STEP_KEY_CHARS, DurableRun, Semantics, durable
+from jixu.threads.tools import ProbeQuery, ToolContext, ToolError
+
+try:
+    from agents import (
+        Agent,
+        FunctionTool,
+        Handoff,
+        Model,
+        ModelProvider,
+        ModelResponse,
+        RunConfig,
+        Runner,
+        RunResult,
+        Usage,
+        handoff,
+    )
+    from agents import tool as sdk_tools
+    from agents.tool import (
+        DEFAULT_APPROVAL_REJECTION_MESSAGE,
+        ToolOutputFileContent,
+        ToolOutputImage,
+        ToolOutputText,
+    )
+    from pydantic import BaseModel, TypeAdapter, ValidationError
+except ImportError as error:  # without the extra: say what to install
+    raise MissingExtra.needed("openai-agents", "jixu.integrations.openai_agents (the OpenAI Agents SDK, tested with "
+                              "0.24)", error) from error
+
+
+MODEL_STEP = "model"
+HANDOFF_STEP = "handoff"
+RUN_NAME_CHARS = 200
+_SEMANTICS: tuple[str, ...] = get_args(Semantics)
+_LOCAL_TOOLS: tuple[type, ...] = tuple(
+    getattr(sdk_tools, name) for name in ("ComputerTool", "CustomTool", "ShellTool", "ApplyPatchTool", "LocalShellTool")
+    if isinstance(getattr(sdk_tools, name, None), type))
+"""Tools the SDK carries out on this machine outside a function tool: nothing would record them."""
+_REBUILDABLE = ("openai.", "agents.")
+"""Modules whose pydantic classes a recorded model response may name (nothing else is imported from a record)."""
+_USAGE: TypeAdapter[Usage] = TypeAdapter(Usage)
+_STRUCTURED: TypeAdapter[ToolOutputText | ToolOutputImage | ToolOutputFileContent] = TypeAdapter(
+    ToolOutputText | ToolOutputImage | ToolOutputFileContent)
+_CURRENT: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar("jixu_openai_agents_effect",
+                                                                             default=None)
+
+
+# --- what a tool is -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolPolicy:
+    """How jixu treats one SDK function tool: its semantics, and a probe that settles an unknown call.
+
+    ``probe(query)`` (sync or async) gets a :class:`~jixu.ProbeQuery` (the call's ``idempotency_key`` and
+    parsed arguments) and returns ``Occurred(result=...)`` (the result becomes the tool's output),
+    ``NotOccurred()`` (the call is made again, once) or ``DontKnow(...)``.
+    """
+
+    semantics: Semantics = "unsafe"
+    probe: Callable[[ProbeQuery], Any] | None = None
+    probe_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.semantics not in _SEMANTICS:
+            raise InvalidInput(f"semantics must be one of {', '.join(_SEMANTICS)}, not {self.semantics!r}",
+                               field="semantics")
+        if self.probe is not None and not callable(self.probe):
+            raise InvalidInput("probe must be a function taking a ProbeQuery", field="probe")
+
+
+_POLICY_ATTRIBUTE = "_jixu_tool_policy"
+
+
+def durable_tool(*, semantics: Semantics = "unsafe", probe: Callable[[ProbeQuery], Any] | None = None,
+                 probe_timeout: float | None = None) -> Callable[[FunctionTool], FunctionTool]:
+    """Declare an SDK function tool's semantics (and probe) for :class:`DurableRunner`; put it above
+    ``@function_tool``. The tool itself is unchanged (the declaration is kept on the object)."""
+    policy = ToolPolicy(semantics, probe, probe_timeout)
+
+    def declare(tool: FunctionTool) -> FunctionTool:
+        if not isinstance(tool, FunctionTool):
+            raise InvalidInput("@durable_tool(...) goes above @function_tool: it declares a FunctionTool",
+                               field="tool")
+        setattr(tool, _POLICY_ATTRIBUTE, policy)
+        return tool
+
+    return declare
+
+
+def current_effect() -> ToolContext:
+    """The jixu identity of the tool call running now (``effect_id``, ``idempotency_key``, ``attempt``,
+    ``thread_id``, ``turn_id``): call it inside an SDK function tool run by :class:`DurableRunner` and send
+    ``idempotency_key`` to the outside system."""
+    found = _CURRENT.get()
+    if found is None:
+        raise InvalidInput("current_effect() is only known inside a function tool run by DurableRunner")
+    return found
+
+
+# --- plain JSON -----------------------------------------------------------------------------
+
+
+def _plain(value: Any, path: str, *, strict: bool = True) -> Any:
+    """``value`` as plain JSON (pydantic models dumped, dataclasses and tuples converted). Not strict: what
+    is not JSON is named by its type (for hashing a request), instead of :class:`InvalidInput`."""
+    if value is None or isinstance(value, bool | str | int):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+    elif isinstance(value, BaseModel):
+        return _plain(value.model_dump(mode="json", exclude_unset=True, by_alias=True), path, strict=strict)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain({f.name: getattr(value, f.name) for f in dataclasses.fields(value)}, path, strict=strict)
+    elif isinstance(value, Mapping):
+        if all(isinstance(k, str) for k in value):
+            return {k: _plain(v, f"{path}.{k}", strict=strict) for k, v in value.items()}
+    elif isinstance(value, list | tuple):
+        return [_plain(v, f"{path}[{i}]", strict=strict) for i, v in enumerate(value)]
+    if not strict:
+        return f"<{type(value).__qualname__}>"
+    raise InvalidInput(f"{path} is not plain JSON ({type(value).__name__})", field=path)
+
+
+def dump_model_response(response: ModelResponse) -> JSONObject:
+    """A model response as plain JSON: each output item with its class and its fields as set (so
+    :func:`load_model_response` rebuilds exactly the same objects), the usage, and the other fields."""
+    output: list[JSONObject] = []
+    for index, item in enumerate(response.output):
+        if isinstance(item, BaseModel):
+            cls = type(item)
+            output.append({"class": f"{cls.__module__}:{cls.__qualname__}",
+                           "data": item.model_dump(mode="json", exclude_unset=True, by_alias=True)})
+        else:
+            output.append({"data": _plain(item, f"output[{index}]")})
+    data: JSONObject = {"output": output, "usage": _USAGE.dump_python(response.usage, mode="json")}
+    for field in dataclasses.fields(response):
+        if field.name not in ("output", "usage"):
+            data[field.name] = _plain(getattr(response, field.name), field.name)
+    return data
+
+
+def load_model_response(data: Mapping[str, Any]) -> ModelResponse:
+    """The :class:`agents.ModelResponse` that :func:`dump_model_response` recorded."""
+    output: list[Any] = []
+    for item in data["output"]:
+        name = item.get("class")
+        if name is None:
+            output.append(item["data"])
+            continue
+        module, _, qualname = str(name).partition(":")
+        if not module.startswith(_REBUILDABLE):
+            raise InvalidInput(f"a recorded model response names class {name!r}, outside {_REBUILDABLE}",
+                               field="output")
+        cls: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
+            raise InvalidInput(f"a recorded model response names {name!r}, not a pydantic model", field="output")
+        output.append(cls.model_validate(item["data"]))
+    fields = {f.name for f in dataclasses.fields(ModelResponse)}
+    extra = {k: v for k, v in data.items() if k in fields and k not in ("output", "usage")}
+    return ModelResponse(output=output, usage=_USAGE.validate_python(data["usage"]), **extra)
+
+
+def _structured(value: Any) -> ToolOutputText | ToolOutputImage | ToolOutputFileContent | None:
+    """``value`` as one of the SDK's structured tool outputs (a model, or its dict form), or None."""
+    if isinstance(value, ToolOutputText | ToolOutputImage | ToolOutputFileContent):
+        return value
+    if isinstance(value, dict) and "type" in value:
+        try:
+            return _STRUCTURED.validate_python(value)
+        except ValidationError:
+            return None
+    return None
+
+
+def _tool_output(value: Any) -> Any:
+    """What a tool returned, as recorded and given to the SDK (now and on every rerun): what the model is
+    sent for it. Strings, numbers, booleans and None stay; the SDK's structured outputs (``ToolOutputText``
+    ..., or a list of them) become the dicts it accepts for them; anything else becomes ``str(value)``, which
+    is what the SDK sends the model (a recorded dict would come back with its keys sorted)."""
+    if value is None or isinstance(value, str | bool | int) or (isinstance(value, float) and math.isfinite(value)):
+        return value
+    one = _structured(value)
+    if one is not None:
+        return one.model_dump(mode="json", exclude_none=True)
+    if isinstance(value, list | tuple) and value:
+        many = [_structured(v) for v in value]
+        if all(m is not None for m in many):
+            return [m.model_dump(mode="json", exclude_none=True) for m in many if m is not None]
+    return str(value)
+
+
+def _request_hash(system_instructions: str | None, input: Any, model_settings: Any, tools: list[Any],
+                  output_schema: Any, handoffs: list[Any], previous_response_id: str | None,
+                  conversation_id: str | None, prompt: Any) -> str:
+    """A digest of everything the model is asked (what a rerun must ask again to get the recorded answer)."""
+    described_tools = []
+    for tool in tools:
+        if isinstance(tool, FunctionTool):
+            described_tools.append({"function": tool.name, "description": tool.description,
+                                    "parameters": tool.params_json_schema, "strict": tool.strict_json_schema})
+        else:
+            described_tools.append({"tool": type(tool).__name__, "name": getattr(tool, "name", None)})
+    schema = None
+    if output_schema is not None:
+        schema = "text" if output_schema.is_plain_text() else output_schema.json_schema()
+    settings = model_settings.to_json_dict() if hasattr(model_settings, "to_json_dict") else model_settings
+    request = {"instructions": system_instructions, "input": input, "settings": settings,
+               "tools": described_tools, "output_schema": schema,
+               "handoffs": [{"tool": h.tool_name, "description": h.tool_description,
+                             "parameters": h.input_json_schema} for h in handoffs],
+               "previous_response_id": previous_response_id, "conversation_id": conversation_id,
+               "prompt": prompt}
+    return content_hash(_plain(request, "request", strict=False))
+
+
+def _short_key(prefix: str, text: str) -> str:
+    """``prefix:text``, with ``text`` replaced by its digest when the key would be too long."""
+    key = f"{prefix}:{text}"
+    if len(key) <= STEP_KEY_CHARS - 8:
+        return key
+    return f"{prefix}:{hashlib.sha256(text.encode()).hexdigest()[:32]}"
+
+
+# --- one run's wrappers ---------------------------------------------------------------------
+
+
+class _DurableModel(Model):
+    """The SDK model ``model`` whose every ``get_response`` is a durable step of the run."""
+
+    def __init__(self, model: Model, steps: _RunSteps) -> None:
+        self.model = model
+        self._steps = steps
+
+    @property
+    def model_name(self) -> str:
+        name = getattr(self.model, "model", None)
+        return name if isinstance(name, str) else type(self.model).__name__
+
+    async def get_response(self, system_instructions: str | None, input: Any, model_settings: Any,
+                           tools: list[Any], output_schema: Any, handoffs: list[Any], tracing: Any, *,
+                           previous_response_id: str | None, conversation_id: str | None,
+                           prompt: Any) -> ModelResponse:
+        steps = self._steps
+        number = steps.model_calls + 1  # counted when answered: the SDK's own retry asks for the same call again
+        args = {"model": self.model_name,
+                "request": _request_hash(system_instructions, input, model_settings, tools, output_schema,
+                                         handoffs, previous_response_id, conversation_id, prompt)}
+        raised: list[Exception] = []
+
+        async def call(ctx: ToolContext) -> JSONObject:
+            try:
+                response = await self.model.get_response(
+                    system_instructions, input, model_settings, tools, output_schema, handoffs, tracing,
+                    previous_response_id=previous_response_id, conversation_id=conversation_id, prompt=prompt)
+            except Exception as error:
+                # No answer to replay, and nothing happened outside: a determinate failure of this call.
+                raised.append(error)
+                raise ToolError(f"{type(error).__name__}: {error}"[:2000], code="model_error",
+                                data={"exception": type(error).__name__}) from error
+            return dump_model_response(response)
+
+        while True:
+            generation = steps.model_generation.get(number, 1)
+            key = f"{MODEL_STEP}#{number}" + (f".{generation}" if generation > 1 else "")
+            try:
+                recorded = await steps.run.effect(MODEL_STEP, args, call=call, semantics="read_only", key=key)
+            except StepFailed as failed:
+                if failed.details.get("reason") != "failed":
+                    raise
+                steps.model_generation[number] = generation + 1
+                if raised:  # the SDK sees the model's own error, as without jixu
+                    raise raised[0] from raised[0].__cause__
+                continue  # a call that failed in an earlier process: ask the model again
+            steps.model_calls = number
+            # The SDK gets the response rebuilt from its record, now as on every rerun: both see the same.
+            return load_model_response(recorded)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise InvalidInput("DurableRunner records whole model responses; streaming (Runner.run_streamed) is not "
+                           "durable: use DurableRunner.run")
+
+    async def close(self) -> None:
+        await self.model.close()
+
+    def get_retry_advice(self, request: Any) -> Any:
+        return self.model.get_retry_advice(request)
+
+
+class _DurableProvider(ModelProvider):
+    """The run's model provider: the models it hands out are durable."""
+
+    def __init__(self, provider: ModelProvider, steps: _RunSteps) -> None:
+        self._provider = provider
+        self._steps = steps
+
+    def get_model(self, model_name: str | None) -> Model:
+        return self._steps.model(self._provider.get_model(model_name))
+
+    async def aclose(self) -> None:
+        await self._provider.aclose()
+
+
+class _RunSteps:
+    """What one :meth:`DurableRunner.run` wraps: its durable run, its step counters, its wrapped agents."""
+
+    def __init__(self, run: DurableRun, policies: Mapping[str, ToolPolicy]) -> None:
+        self.run = run
+        self._policies = policies
+        self.model_calls = 0
+        self.model_generation: dict[int, int] = {}
+        """Per model call, the next step key's generation (``model#3.2`` after ``model#3`` failed)."""
+        self._handoffs = 0
+        self._tool_calls: Counter[tuple[str, str]] = Counter()
+        self._agents: dict[int, Agent[Any]] = {}
+
+    def model(self, model: Model) -> Model:
+        return model if isinstance(model, _DurableModel) else _DurableModel(model, self)
+
+    def policy(self, tool: FunctionTool) -> ToolPolicy:
+        found = self._policies.get(tool.name)
+        if found is not None:
+            return found
+        declared = getattr(tool, _POLICY_ATTRIBUTE, None)
+        return declared if isinstance(declared, ToolPolicy) else ToolPolicy()
+
+    def agent(self, agent: Agent[Any]) -> Agent[Any]:
+        """A clone of ``agent`` whose model, function tools and handoffs are durable (one per agent per run;
+        handoffs are wrapped when taken, so agents that hand off to each other are fine)."""
+        found = self._agents.get(id(agent))
+        if found is not None:
+            return found
+        refuse_local_tools(agent)
+        changes: dict[str, Any] = {
+            "tools": [self._tool(t) if isinstance(t, FunctionTool) else t for t in agent.tools],
+            "handoffs": [self._handoff(h if isinstance(h, Handoff) else handoff(h), agent) for h in agent.handoffs],
+        }
+        if isinstance(agent.model, Model):
+            changes["model"] = self.model(agent.model)
+        clone = agent.clone(**changes)
+        self._agents[id(agent)] = clone
+        self._agents[id(clone)] = clone
+        return clone
+
+    def _tool(self, tool: FunctionTool) -> FunctionTool:
+        policy = self.policy(tool)
+        original = tool.on_invoke_tool
+        needs_approval = tool.needs_approval
+        name = tool.name
+
+        async def invoke(ctx: Any, input_json: str) -> Any:
+            try:
+                parsed = json.loads(input_json) if input_json else {}
+            except ValueError:
+                parsed = None
+            args: JSONObject = parsed if isinstance(parsed, dict) else {"arguments": input_json}
+            call_id = str(getattr(ctx, "tool_call_id", "") or "")
+            if callable(needs_approval):
+                # The SDK asks a policy about raw parsed arguments, and requires approval when they do not parse.
+                approval = parsed is None or bool(await needs_approval(ctx, args, call_id))
+            else:
+                approval = bool(needs_approval)
+            self._tool_calls[(name, call_id)] += 1  # a model may reuse a call id in a later response
+            key = _short_key(name, f"{call_id}#{self._tool_calls[(name, call_id)]}")
+
+            async def call(effect: ToolContext) -> Any:
+                token = _CURRENT.set(effect)
+                try:
+                    return _tool_output(await original(ctx, input_json))
+                finally:
+                    _CURRENT.reset(token)
+
+            try:
+                return await self.run.effect(_step_name(name), _plain(args, "arguments"), call=call,
+                                             semantics=policy.semantics, probe=policy.probe,
+                                             probe_timeout=policy.probe_timeout, requires_approval=approval, key=key)
+            except StepFailed as failed:
+                reason = failed.details.get("reason")
+                if reason == "denied":
+                    return DEFAULT_APPROVAL_REJECTION_MESSAGE  # what the SDK tells the model of a rejection
+                if reason == "abandoned_unknown":
+                    return RESOLUTION_MESSAGES["abandoned_unknown"]  # what a jixu agent's model is told
+                raise
+
+        # The SDK never interrupts for approval here: a call needing one is parked by jixu and waits for it.
+        return dataclasses.replace(tool, on_invoke_tool=invoke, needs_approval=False)
+
+    def _handoff(self, given: Handoff[Any, Any], source: Agent[Any]) -> Handoff[Any, Any]:
+        original = given.on_invoke_handoff
+
+        async def invoke(ctx: Any, input_json: str) -> Agent[Any]:
+            self._handoffs += 1
+            key = f"{HANDOFF_STEP}#{self._handoffs}"
+            taken: list[Any] = []
+
+            async def call(effect: ToolContext) -> JSONObject:
+                target = await original(ctx, input_json)
+                taken.append(target)
+                return {"agent": target.name}
+
+            try:
+                parsed = json.loads(input_json) if input_json else None
+            except ValueError:
+                parsed = input_json
+            args = {"from": source.name, "to": given.agent_name, "tool": given.tool_name,
+                    "input": _plain(parsed, "input", strict=False)}
+            recorded = await self.run.effect(HANDOFF_STEP, args, call=call, semantics="idempotent", key=key)
+            if not taken:  # replayed: the target is the handoff's own agent (its on_handoff ran before)
+                ref = getattr(given, "_agent_ref", None)
+                known = ref() if ref is not None else None
+                # A Handoff of your own with no agent to refer to is asked again (its callback runs again).
+                taken.append(known if known is not None else await original(ctx, input_json))
+            target = taken[0]
+            went = recorded.get("agent") if isinstance(recorded, dict) else None
+            if target.name != went:
+                raise StepMismatch(f"{key} of durable run {self.run.turn_id} went to agent {went!r}; it now goes "
+                                   f"to {target.name!r}", thread_id=self.run.thread_id, step=key)
+            return self.agent(target)
+
+        return dataclasses.replace(given, on_invoke_handoff=invoke)
+
+
+def _step_name(tool_name: str) -> str:
+    """A jixu tool name for an SDK tool name (jixu names are ``[a-zA-Z_][a-zA-Z0-9_-]{0,63}``)."""
+    cleaned = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in tool_name)[:64]
+    return cleaned if cleaned and (cleaned[0].isalpha() or cleaned[0] == "_") else f"_{cleaned}"[:64]
+
+
+def refuse_local_tools(agent: Agent[Any]) -> None:
+    """Refuse what the SDK would run on this machine without a function tool (nothing would record it)."""
+    for tool in agent.tools:
+        if isinstance(tool, _LOCAL_TOOLS):
+            raise InvalidInput(f"agent {agent.name!r} has a {type(tool).__name__}, which the SDK runs on this machine "
+                               "outside a function tool: DurableRunner cannot record it; wrap it in a function tool",
+                               field="tools")
+    if getattr(agent, "mcp_servers", None):
+        raise InvalidInput(f"agent {agent.name!r} uses MCP servers, whose tools the SDK lists at run time: "
+                           "DurableRunner cannot record them yet; wrap the calls in function tools",
+                           field="mcp_servers")
+
+
+def _reachable(agent: Agent[Any]) -> list[Agent[Any]]:
+    """The agent and every agent its handoffs (known in advance) lead to."""
+    seen: dict[int, Agent[Any]] = {}
+    todo = [agent]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen[id(current)] = current
+        for item in current.handoffs:
+            if isinstance(item, Agent):
+                todo.append(item)
+            else:
+                ref = getattr(item, "_agent_ref", None)
+                target = ref() if ref is not None else None
+                if isinstance(target, Agent):
+                    todo.append(target)
+    return list(seen.values())
+
+
+def _jixu_error(error: BaseException) -> JixuError | None:
+    """The jixu error (a step's) that ``error`` is, or that the SDK wrapped into it, if any."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, JixuError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__
+    return None
+
+
+def _run_name(input: Any) -> str:
+    """The durable run's default name: the input's first line (so a rerun with other input is refused)."""
+    if isinstance(input, str):
+        first = input.strip().splitlines()[0].strip() if input.strip() else ""
+        if first:
+            return first[:RUN_NAME_CHARS]
+    return "run"
+
+
+# --- the runner -----------------------------------------------------------------------------
+
+
+class DurableRunner:
+    """``Runner.run`` / ``Runner.run_sync`` of the OpenAI Agents SDK, durable on a jixu thread.
+
+    ``target`` is a store (a :class:`~jixu.ledger.Store`, a URL or a path; each run opens a harness on it
+    whose threads are recorded under the starting agent's name) or a :class:`~jixu.Harness` of yours.
+    ``tools`` maps tool names to a :class:`ToolPolicy` or a semantics (it wins over :func:`durable_tool`);
+    ``harness`` goes to :class:`~jixu.Harness` (``owner``, ``lease_ttl``, ``max_attempts``, ...).
+    """
+
+    def __init__(self, target: Store | Harness | str | os.PathLike[str], *,
+                 tools: Mapping[str, ToolPolicy | Semantics] | None = None,
+                 approval_poll: float = DEFAULT_APPROVAL_POLL, **harness: Any) -> None:
+        if isinstance(target, Harness) and harness:
+            raise InvalidInput(f"harness options ({', '.join(sorted(harness))}) go to your Harness itself",
+                               field="harness")
+        self._target = target
+        self._harness_options = harness
+        self._approval_poll = approval_poll
+        policies: dict[str, ToolPolicy] = {}
+        for name, given in (tools or {}).items():
+            policies[name] = given if isinstance(given, ToolPolicy) else ToolPolicy(given)
+        self._policies = policies
+
+    def _durable(self, agent: Agent[Any], thread_id: str | None, name: str) -> DurableRun:
+        if isinstance(self._target, Harness):
+            return self._target.durable(thread_id, name=name, approval_poll=self._approval_poll)
+        return durable(self._target, thread_id, name=name, agent=agent.name, approval_poll=self._approval_poll,
+                       **self._harness_options)
+
+    def _check(self, agent: Agent[Any], input: Any, kwargs: Mapping[str, Any]) -> None:
+        if not isinstance(agent, Agent):
+            raise InvalidInput("DurableRunner runs an agents.Agent", field="starting_agent")
+        if not isinstance(input, str | list):
+            raise InvalidInput("the input is a string or a list of input items (a RunState is not resumed: the "
+                               "thread is the run's state; run again with its thread_id)", field="input")
+        if kwargs.get("session") is not None:
+            raise InvalidInput("an SDK session changes the input a rerun sees; the jixu thread records the run",
+                               field="session")
+        agents = _reachable(agent)
+        tool_names: set[str] = set()
+        for each in agents:
+            refuse_local_tools(each)
+            tool_names.update(t.name for t in each.tools if isinstance(t, FunctionTool))
+        unknown = sorted(set(self._policies) - tool_names)
+        if unknown:
+            raise InvalidInput(f"tools= names no function tool of agent {agent.name!r} or the agents it hands off "
+                               f"to: {', '.join(unknown)}", field="tools")
+
+    async def run(self, starting_agent: Agent[Any], input: str | list[Any], *, thread_id: str | None = None,
+                  name: str | None = None, started: Callable[[str], Any] | None = None,
+                  run_config: RunConfig | None = None, **kwargs: Any) -> RunResult:
+        """Run ``starting_agent`` as ``Runner.run`` does, durably; ``kwargs`` go to ``Runner.run``.
+
+        ``thread_id`` None starts a new thread (``started(thread_id)`` is called once the run is recorded, before
+        anything runs: keep it to run again after a crash). Run the same call again with the thread id to
+        continue an unfinished run: completed steps return what they recorded, an unsafe tool cut off is never
+        repeated (its probe or an operator settles it: :class:`~jixu.errors.StepOutcomeUnknown` until then).
+        ``name`` names the run (default: the input's first line); a rerun must give the same.
+        """
+        self._check(starting_agent, input, kwargs)
+        async with self._durable(starting_agent, thread_id, name or _run_name(input)) as run:
+            if started is not None:
+                started(run.thread_id)
+            steps = _RunSteps(run, self._policies)
+            config = run_config if run_config is not None else RunConfig()
+            changes: dict[str, Any] = {"model_provider": _DurableProvider(config.model_provider, steps)}
+            if isinstance(config.model, Model):
+                changes["model"] = steps.model(config.model)
+            try:
+                result = await Runner.run(steps.agent(starting_agent), input,
+                                          run_config=dataclasses.replace(config, **changes), **kwargs)
+            except Exception as error:
+                found = _jixu_error(error)
+                if found is None or found is error:
+                    raise
+                raise found from found.__cause__  # the SDK wraps a tool's exception in UserError: show ours
+            run.reply = str(result.final_output)
+        return result
+
+    def run_sync(self, starting_agent: Agent[Any], input: str | list[Any], **kwargs: Any) -> RunResult:
+        """:meth:`run` for code without an event loop (as ``Runner.run_sync``)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.run(starting_agent, input, **kwargs))
+        raise InvalidInput("run_sync cannot run inside an event loop: await DurableRunner.run(...)")
+
+
+__all__ = ["DurableRunner", "ToolPolicy", "current_effect", "dump_model_response", "durable_tool",
+           "load_model_response"]

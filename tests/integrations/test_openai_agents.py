@@ -1,0 +1,500 @@
+"""An unchanged OpenAI Agents SDK agent run durably by ``jixu.integrations.openai_agents`` (decision 0033).
+
+The agents are real ``agents.Agent`` objects run by the real SDK; their model is the SDK's own
+``OpenAIChatCompletionsModel`` (or ``OpenAIResponsesModel``) talking to a fake server that speaks the OpenAI wire
+format (``tests/providers/fake_servers.py``), so every request a test counts is one the SDK really sent. The
+SIGKILL tests kill a child process (``openai_agents_child.py``) inside the unsafe tool, after or before its side
+effect (a line in a file), and run the agent again in this process: the file says what really ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agents import (
+    Agent,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
+    RunContextWrapper,
+    SQLiteSession,
+    function_tool,
+    handoff,
+)
+from agents.models.interface import ModelTracing
+from agents.tool import LocalShellTool
+from openai import AsyncOpenAI, InternalServerError
+
+from jixu import InvalidInput, RecoveryResolver, StepMismatch, StepOutcomeUnknown
+from jixu.integrations.openai_agents import (
+    DurableRunner,
+    ToolPolicy,
+    current_effect,
+    dump_model_response,
+    durable_tool,
+    load_model_response,
+)
+from jixu.ledger import open_store
+from jixu.threads.log import ThreadLog
+from tests.helpers import ROOT, python_env
+from tests.integrations.openai_agents_child import DONE, HELLO, INPUT, lines, runner, writer
+from tests.providers.fake_servers import Call, Completion, Failure, FakeOpenAI, FakeResponses, Thinking
+
+CHILD_TIMEOUT = 60.0
+SERVER_ERROR = Failure(500, {"error": {"message": "overloaded", "type": "server_error"}})
+
+
+@pytest.fixture
+def openai_server() -> Any:
+    server = FakeOpenAI().start()
+    yield server
+    server.stop()
+
+
+def _url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'jixu.db'}"
+
+
+def _log(url: str, thread_id: str) -> ThreadLog:
+    return ThreadLog.load(open_store(url), thread_id, verify=True)
+
+
+def _steps(log: ThreadLog) -> list[str]:
+    return [str(e.data["step"]) for e in log.events() if e.type == "tool.requested"]
+
+
+def _effect(log: ThreadLog, step: str) -> str:
+    [found] = [e.data["effect_id"] for e in log.events() if e.type == "tool.requested" and e.data["step"] == step]
+    return str(found)
+
+
+def _tool_messages(body: dict[str, Any]) -> list[str]:
+    return [str(m["content"]) for m in body["messages"] if m.get("role") == "tool"]
+
+
+def _crash(mode: str, url: str, directory: Path) -> str:
+    """Run the child until it SIGKILLs itself inside ``append_line``; the thread id it reported."""
+    proc = subprocess.run([sys.executable, "-m", "tests.integrations.openai_agents_child", mode, url, str(directory)],
+                          env=python_env(), cwd=ROOT, text=True, capture_output=True, timeout=CHILD_TIMEOUT,
+                          check=False)
+    assert proc.returncode == -signal.SIGKILL, f"the child exited {proc.returncode}: {proc.stderr[-3000:]}"
+    [thread_id] = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("T ")]
+    return thread_id
+
+
+def _after_the_kill(url: str, thread_id: str) -> str:
+    """What the dead child left: the first model call completed, the tool call dispatched without a receipt."""
+    log = _log(url, thread_id)
+    analysis = RecoveryResolver.analyze(log.events())
+    assert _steps(log) == ["model#1", "append_line:call_hello#1"]
+    model, tool = _effect(log, "model#1"), _effect(log, "append_line:call_hello#1")
+    assert analysis.decisions[model].state == "completed"
+    assert analysis.decisions[tool].state == "unknown", analysis.decisions[tool]
+    assert analysis.decisions[tool].reason == "dispatched_without_receipt"
+    assert log.snapshot().status == "waiting"
+    return tool
+
+
+# --- SIGKILL between the side effect and its receipt ----------------------------------------------------------
+
+
+@pytest.mark.crash
+def test_killed_after_the_unsafe_tool_ran_the_call_is_unknown_the_probe_settles_it_and_it_never_runs_twice(
+        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    url = _url(tmp_path)
+    thread_id = _crash("after", url, tmp_path)
+    assert len(lines(tmp_path / "lines.log")) == 1
+    tool = _after_the_kill(url, thread_id)
+
+    openai_server.script(DONE)
+    result = runner(url, tmp_path).run_sync(writer(openai_server.url, tmp_path), INPUT, thread_id=thread_id)
+
+    assert result.final_output == "wrote it"
+    assert len(lines(tmp_path / "lines.log")) == 1, "the unsafe tool ran exactly once"
+    [request] = openai_server.bodies  # the first model call was replayed from its record, not sent again
+    assert _tool_messages(request) == ["line 1 written"], "the model got the probe's result as the tool output"
+    log = _log(url, thread_id)
+    events = log.events()
+    assert [e.data["attempt"] for e in events if e.type == "tool.dispatched" and e.data["effect_id"] == tool] == [1]
+    [resolved] = [e for e in events if e.type == "tool.outcome_resolved"]
+    assert (resolved.data["effect_id"], resolved.data["resolution"], resolved.data["actor"]) == (
+        tool, "occurred", "probe:append_line")
+    assert _steps(log) == ["model#1", "append_line:call_hello#1", "model#2"]
+    assert [e.data["reason"] for e in events if e.type == "turn.claimed"] == ["took_over_dead_owner"]
+    [ended] = [e for e in events if e.type == "turn.ended"]
+    assert ended.data == {**ended.data, "outcome": "completed", "reply": "wrote it"}
+    assert log.snapshot().status == "idle"
+
+
+@pytest.mark.crash
+def test_without_a_probe_the_unknown_call_stops_the_agent_until_an_operator_resolves_it(
+        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    url = _url(tmp_path)
+    thread_id = _crash("after", url, tmp_path)
+    tool = _after_the_kill(url, thread_id)
+
+    with pytest.raises(StepOutcomeUnknown) as raised:
+        runner(url, tmp_path, probe=False).run_sync(writer(openai_server.url, tmp_path), INPUT, thread_id=thread_id)
+    assert raised.value.details["effect_id"] == tool
+    assert f"jixu threads resolve STORE {thread_id} {tool}" in raised.value.message
+    assert len(lines(tmp_path / "lines.log")) == 1 and openai_server.requests == []
+
+    # The operator looked at the file: the line is there.
+    _log(url, thread_id).resolve(tool, "occurred", note="the line is in the file", result="line 1 written",
+                                 actor="ops")
+    openai_server.script(DONE)
+    result = runner(url, tmp_path, probe=False).run_sync(writer(openai_server.url, tmp_path), INPUT,
+                                                         thread_id=thread_id)
+
+    assert result.final_output == "wrote it"
+    assert len(lines(tmp_path / "lines.log")) == 1
+    assert _tool_messages(openai_server.bodies[0]) == ["line 1 written"]
+    assert _log(url, thread_id).snapshot().status == "idle"
+
+
+@pytest.mark.crash
+def test_killed_before_the_side_effect_the_probe_finds_nothing_and_the_tool_runs_once_under_a_new_effect(
+        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    url = _url(tmp_path)
+    thread_id = _crash("before", url, tmp_path)
+    assert lines(tmp_path / "lines.log") == []
+    first = _after_the_kill(url, thread_id)
+
+    openai_server.script(DONE)
+    result = runner(url, tmp_path).run_sync(writer(openai_server.url, tmp_path), INPUT, thread_id=thread_id)
+
+    assert result.final_output == "wrote it"
+    [line] = lines(tmp_path / "lines.log")
+    log = _log(url, thread_id)
+    intents = [e.data for e in log.events() if e.type == "tool.requested" and e.data["name"] == "append_line"]
+    assert len(intents) == 2 and intents[0]["effect_id"] == first
+    assert line == f"hello key={intents[1]['idempotency_key']}", "the tool saw its effect's idempotency key"
+    assert log.snapshot().effects[first].resolution["resolution"] == "not_occurred"  # type: ignore[index]
+
+
+# --- the record, replay and mismatches -----------------------------------------------------------------------
+
+
+def test_every_model_and_tool_call_is_an_effect_and_a_failed_model_call_is_asked_again_on_the_rerun(
+        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    url = _url(tmp_path)
+    openai_server.script(HELLO, SERVER_ERROR)
+    found: list[str] = []
+    with pytest.raises(InternalServerError):  # the SDK sees the model's own error, as without jixu
+        runner(url, tmp_path).run_sync(writer(openai_server.url, tmp_path), INPUT, started=found.append)
+    [thread_id] = found
+    log = _log(url, thread_id)
+    assert [(e.type, e.data.get("name")) for e in log.events()[2:]] == [
+        ("tool.requested", "model"), ("tool.dispatched", "model"), ("tool.completed", None),
+        ("tool.requested", "append_line"), ("tool.dispatched", "append_line"), ("tool.completed", None),
+        ("tool.requested", "model"), ("tool.dispatched", "model"), ("tool.failed", None)]
+    assert len(lines(tmp_path / "lines.log")) == 1 and len(openai_server.requests) == 2
+
+    openai_server.script(DONE)
+    result = runner(url, tmp_path).run_sync(writer(openai_server.url, tmp_path), INPUT, thread_id=thread_id)
+
+    assert result.final_output == "wrote it"
+    assert len(lines(tmp_path / "lines.log")) == 1, "the completed tool call returned its recorded output"
+    assert len(openai_server.requests) == 3, "only the failed model call was asked again"
+    assert openai_server.bodies[2]["messages"] == openai_server.bodies[1]["messages"], "the same request"
+    assert _steps(_log(url, thread_id)) == ["model#1", "append_line:call_hello#1", "model#2", "model#2.2"]
+
+
+def test_a_responses_model_with_reasoning_replays_and_the_retried_request_is_the_same(tmp_path: Path) -> None:
+    server = FakeResponses().start()
+    try:
+        def responses_writer() -> Agent[Any]:
+            agent = writer(server.url, tmp_path)
+            client = AsyncOpenAI(base_url=server.url, api_key="sk-test", max_retries=0)
+            return agent.clone(model=OpenAIResponsesModel(model="o4-mini", openai_client=client))
+
+        server.script(Completion(thinking=[Thinking("the user wants a line")], calls=HELLO.calls), SERVER_ERROR)
+        found: list[str] = []
+        with pytest.raises(InternalServerError):
+            runner(_url(tmp_path), tmp_path).run_sync(responses_writer(), INPUT, started=found.append)
+        server.script(DONE)
+        result = runner(_url(tmp_path), tmp_path).run_sync(responses_writer(), INPUT, thread_id=found[0])
+    finally:
+        server.stop()
+
+    assert result.final_output == "wrote it" and len(lines(tmp_path / "lines.log")) == 1
+    failed, retried = server.bodies[1], server.bodies[2]
+    assert retried == failed, "the rebuilt reasoning and call items are sent back exactly as the first time"
+    assert [item.get("type") for item in retried["input"]][1:3] == ["reasoning", "function_call"]
+
+
+def test_a_harness_of_yours_records_the_runs_under_its_agent(tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    from jixu import Harness
+    from jixu.threads.steps import steps_agent
+
+    harness = Harness(steps_agent("sdk-agents"), _url(tmp_path))
+    try:
+        openai_server.script(HELLO, DONE)
+        found: list[str] = []
+        result = DurableRunner(harness).run_sync(writer(openai_server.url, tmp_path), INPUT, started=found.append)
+        assert result.final_output == "wrote it"
+        assert _log(_url(tmp_path), found[0]).state.agent["name"] == "sdk-agents"
+        with pytest.raises(InvalidInput, match="lease_ttl"):
+            DurableRunner(harness, lease_ttl=5)
+    finally:
+        harness.close()
+
+
+def test_a_rerun_that_asks_the_model_something_else_is_a_step_mismatch_and_runs_nothing(
+        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    url = _url(tmp_path)
+    openai_server.script(HELLO, SERVER_ERROR)
+    found: list[str] = []
+    with pytest.raises(InternalServerError):
+        runner(url, tmp_path).run_sync(writer(openai_server.url, tmp_path), INPUT, started=found.append)
+
+    changed = writer(openai_server.url, tmp_path, instructions="Write what is asked, in capitals.")
+    with pytest.raises(StepMismatch) as raised:
+        runner(url, tmp_path).run_sync(changed, INPUT, thread_id=found[0])
+
+    assert raised.value.details["step"] == "model#1"
+    assert "args_hash" in raised.value.message
+    assert len(openai_server.requests) == 2 and len(lines(tmp_path / "lines.log")) == 1, "nothing ran"
+    with pytest.raises(StepMismatch):  # another input is another run: refused while this one is unfinished
+        runner(url, tmp_path).run_sync(writer(openai_server.url, tmp_path), "Write goodbye", thread_id=found[0])
+
+
+def test_a_handoff_is_a_recorded_step_and_a_rerun_replays_it_without_running_on_handoff_again(
+        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    url = _url(tmp_path)
+    handed: list[str] = []
+
+    def agents() -> Agent[Any]:
+        target = writer(openai_server.url, tmp_path)
+        client = AsyncOpenAI(base_url=openai_server.url, api_key="sk-test", max_retries=0)
+        return Agent(name="triage", instructions="Hand writing to the writer.",
+                     model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client),
+                     handoffs=[handoff(target, on_handoff=lambda ctx: handed.append("writer"))])
+
+    openai_server.script(Completion(calls=[Call("call_h", "transfer_to_writer", "{}")]), HELLO, SERVER_ERROR)
+    found: list[str] = []
+    with pytest.raises(InternalServerError):
+        runner(url, tmp_path).run_sync(agents(), INPUT, started=found.append)
+    assert handed == ["writer"] and len(lines(tmp_path / "lines.log")) == 1
+
+    openai_server.script(DONE)
+    result = runner(url, tmp_path).run_sync(agents(), INPUT, thread_id=found[0])
+
+    assert result.final_output == "wrote it" and result.last_agent.name == "writer"
+    assert handed == ["writer"], "the recorded handoff was not taken again"
+    assert len(lines(tmp_path / "lines.log")) == 1
+    log = _log(url, found[0])
+    assert _steps(log) == ["model#1", "handoff#1", "model#2", "append_line:call_hello#1", "model#3", "model#3.2"]
+    [taken] = [e.data for e in log.events() if e.type == "tool.requested" and e.data["name"] == "handoff"]
+    assert (taken["args"]["from"], taken["args"]["to"], taken["semantics"]) == ("triage", "writer", "idempotent")
+    [receipt] = [e.data for e in log.events() if e.type == "tool.completed" and e.data["effect_id"] ==
+                 taken["effect_id"]]
+    assert receipt["result"] == {"agent": "writer"}
+
+
+@pytest.mark.parametrize("kind", ["chat", "responses"])
+def test_a_recorded_model_response_is_rebuilt_exactly(kind: str) -> None:
+    server = (FakeOpenAI() if kind == "chat" else FakeResponses()).start()
+    try:
+        server.script(Completion(text="thinking done", thinking=[Thinking("first I think")] if kind != "chat"
+                                 else (), calls=[Call("call_1", "append_line", '{"text": "x"}')]))
+        client = AsyncOpenAI(base_url=server.url, api_key="sk-test", max_retries=0)
+        model = (OpenAIChatCompletionsModel if kind == "chat" else OpenAIResponsesModel)(
+            model="gpt-4o-mini", openai_client=client)
+        response = asyncio.run(model.get_response(
+            "Be brief.", "hi", ModelSettings(), [], None, [], ModelTracing.DISABLED, previous_response_id=None,
+            conversation_id=None, prompt=None))
+    finally:
+        server.stop()
+    recorded = json.loads(json.dumps(dump_model_response(response)))  # as the ledger stores it
+
+    rebuilt = load_model_response(recorded)
+
+    assert rebuilt == response
+    assert [type(i) for i in rebuilt.output] == [type(i) for i in response.output]
+    assert rebuilt.to_input_items() == response.to_input_items(), "the next request is the same"
+    assert len(response.output) >= (2 if kind == "chat" else 3)
+    assert dump_model_response(rebuilt) == recorded
+    with pytest.raises(InvalidInput):
+        load_model_response({**recorded, "output": [{"class": "os:system", "data": {}}]})
+
+
+def test_a_tool_that_raises_after_its_side_effect_is_unknown_and_an_abandoned_outcome_is_told_to_the_model(
+        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    sent: list[str] = []
+
+    @function_tool(failure_error_function=None)  # the SDK's handler off: the exception reaches jixu
+    def send_mail(to: str) -> str:
+        """Send a mail."""
+        sent.append(to)
+        raise ConnectionResetError("the mail server hung up after accepting the mail")
+
+    def mailer() -> Agent[Any]:  # a client per event loop (each run_sync has its own)
+        client = AsyncOpenAI(base_url=openai_server.url, api_key="sk-test", max_retries=0)
+        return Agent(name="mailer", model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client),
+                     tools=[send_mail])
+
+    url, found = _url(tmp_path), []
+    openai_server.script(Completion(calls=[Call("m1", "send_mail", '{"to": "ada"}')]))
+    with pytest.raises(StepOutcomeUnknown) as raised:
+        DurableRunner(url).run_sync(mailer(), "Mail ada", started=found.append)
+    assert isinstance(raised.value.__cause__, ConnectionResetError) and sent == ["ada"]
+
+    _log(url, found[0]).resolve(raised.value.details["effect_id"], "abandoned_unknown", note="cannot tell",
+                                actor="ops")
+    openai_server.script(DONE)
+    result = DurableRunner(url).run_sync(mailer(), "Mail ada", thread_id=found[0])
+
+    assert result.final_output == "wrote it" and sent == ["ada"], "never sent again"
+    [told] = _tool_messages(openai_server.bodies[1])
+    assert told.startswith("The outcome of this call is unknown")
+
+
+# --- approval ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("decision", ["approve", "deny"])
+def test_needs_approval_parks_the_call_and_the_operators_decision_resumes_the_agent(
+        decision: str, tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    url = _url(tmp_path)
+    openai_server.script(HELLO, DONE)
+    agent = writer(openai_server.url, tmp_path, needs_approval=True)
+    found: list[str] = []
+
+    async def go() -> Any:
+        task = asyncio.create_task(DurableRunner(url, approval_poll=0.02).run(agent, INPUT, started=found.append))
+        parked: list[dict[str, Any]] = []
+        for _ in range(500):
+            await asyncio.sleep(0.02)
+            parked = list(ThreadLog.load(open_store(url), found[0]).snapshot().waiting_on) if found else []
+            if parked:
+                break
+        [call] = parked
+        assert call["state"] == "parked" and not task.done() and lines(tmp_path / "lines.log") == []
+        command = [sys.executable, "-m", "jixu", "threads", decision, url, found[0], call["effect_id"], "--note",
+                   "checked"]
+        done = await asyncio.to_thread(subprocess.run, command, env=python_env(), capture_output=True, text=True,
+                                       timeout=60, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return await asyncio.wait_for(task, 30)
+
+    result = asyncio.run(go())
+
+    assert result.final_output == "wrote it"
+    if decision == "approve":
+        assert len(lines(tmp_path / "lines.log")) == 1
+        assert _tool_messages(openai_server.bodies[1]) == ["line 1 written"]
+    else:
+        assert lines(tmp_path / "lines.log") == []
+        assert _tool_messages(openai_server.bodies[1]) == ["Tool execution was not approved."]
+    assert len(openai_server.requests) == 2
+
+
+# --- declarations and refusals -------------------------------------------------------------------------------
+
+
+def test_semantics_come_from_the_mapping_over_the_decorator_and_the_tool_sees_its_effect(
+        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    seen: list[str] = []
+
+    @durable_tool(semantics="idempotent")
+    @function_tool
+    def lookup(key: str) -> dict[str, Any]:
+        """Look a key up."""
+        seen.append(current_effect().idempotency_key)
+        return {"key": key, "found": True}
+
+    @durable_tool(semantics="idempotent")
+    @function_tool
+    def store_value(key: str) -> str:
+        """Store a key."""
+        return "stored"
+
+    client = AsyncOpenAI(base_url=openai_server.url, api_key="sk-test", max_retries=0)
+    agent = Agent(name="keeper", model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client),
+                  tools=[lookup, store_value])
+    openai_server.script(Completion(calls=[Call("c1", "lookup", '{"key": "a"}'), Call("c2", "store_value",
+                                                                                    '{"key": "a"}')]), DONE)
+    found: list[str] = []
+    DurableRunner(_url(tmp_path), tools={"lookup": "read_only"}).run_sync(agent, "Keep a", started=found.append)
+
+    intents = {e.data["name"]: e.data for e in _log(_url(tmp_path), found[0]).events() if e.type == "tool.requested"}
+    assert (intents["lookup"]["semantics"], intents["store_value"]["semantics"]) == ("read_only", "idempotent")
+    assert seen == [intents["lookup"]["idempotency_key"]]
+    assert _tool_messages(openai_server.bodies[1]) == [str({"key": "a", "found": True}), "stored"]
+    with pytest.raises(InvalidInput):
+        current_effect()
+
+
+def test_what_cannot_be_recorded_is_refused_before_anything_runs(tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    agent = writer(openai_server.url, tmp_path)
+    url = _url(tmp_path)
+    with pytest.raises(InvalidInput, match="appendline"):
+        DurableRunner(url, tools={"appendline": "idempotent"}).run_sync(agent, INPUT)
+    with pytest.raises(InvalidInput, match="session"):
+        DurableRunner(url).run_sync(agent, INPUT, session=SQLiteSession("s", str(tmp_path / "s.db")))
+    with pytest.raises(InvalidInput, match="LocalShellTool"):
+        DurableRunner(url).run_sync(agent.clone(tools=[LocalShellTool(executor=lambda request: "")]), INPUT)
+    with pytest.raises(InvalidInput, match="semantics"):
+        ToolPolicy("sometimes")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="above @function_tool"):
+        durable_tool()(lambda ctx: None)  # type: ignore[arg-type]
+    assert openai_server.requests == [] and not (tmp_path / "jixu.db").exists()
+
+    async def inside() -> None:
+        with pytest.raises(InvalidInput, match="event loop"):
+            DurableRunner(url).run_sync(agent, INPUT)
+
+    asyncio.run(inside())
+
+
+def test_a_needs_approval_policy_is_asked_per_call(tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    asked: list[tuple[dict[str, Any], str]] = []
+
+    async def only_long(ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str) -> bool:
+        asked.append((params, call_id))
+        return len(params["text"]) > 10
+
+    agent = writer(openai_server.url, tmp_path)
+    [tool] = agent.tools
+    agent = agent.clone(tools=[tool.__class__(**{**tool.__dict__, "needs_approval": only_long})])  # type: ignore
+    openai_server.script(HELLO, DONE)
+    found: list[str] = []
+    result = runner(_url(tmp_path), tmp_path).run_sync(agent, INPUT, started=found.append)
+
+    assert result.final_output == "wrote it" and asked == [({"text": "hello"}, "call_hello")]
+    [intent] = [e.data for e in _log(_url(tmp_path), found[0]).events() if e.type == "tool.requested"
+                and e.data["name"] == "append_line"]
+    assert intent["requires_approval"] is False
+
+
+def test_importing_without_the_sdk_names_the_extra_to_install() -> None:
+    code = "import sys; sys.modules['agents'] = None; import jixu.integrations.openai_agents"
+    done = subprocess.run([sys.executable, "-c", code], env=python_env(), capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode != 0
+    assert 'pip install "jixu[openai-agents]"' in done.stderr
+
+
+@pytest.mark.crash
+def test_the_example_kills_its_agent_and_the_rerun_sends_one_invoice(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "openai_agents_durable.py")],
+                          env={**python_env(), "INVOICE_DIR": str(tmp_path)}, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "child killed by signal 9; invoices.log has 1 line(s)",
+        "after the kill: {'model': 'completed', 'send_invoice': 'unknown'}",
+        "final output: Invoice sent to ada.",
+        "steps: ['model#1', 'send_invoice:call_1#1', 'model#2']",
+        "settled by: probe:send_invoice occurred",
+        "invoices.log has 1 line(s)",
+    ]
+    assert len((tmp_path / "invoices.log").read_text().splitlines()) == 1
