@@ -247,6 +247,29 @@ def test_a_harness_of_yours_records_the_runs_under_its_agent(tmp_path: Path, ope
         harness.close()
 
 
+def test_a_run_that_would_fail_again_ends_failed_and_the_thread_takes_the_next_run(
+        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    """MaxTurnsExceeded would meet every rerun (the steps replay): the run is recorded failed, not left
+    unfinished to lock its thread; the next call on the thread is a new run."""
+    from agents.exceptions import MaxTurnsExceeded
+
+    url = _url(tmp_path)
+    openai_server.script(HELLO, HELLO)
+    found: list[str] = []
+    with pytest.raises(MaxTurnsExceeded):
+        runner(url, tmp_path).run_sync(writer(openai_server.url, tmp_path), INPUT, started=found.append,
+                                       max_turns=1)
+    log = _log(url, found[0])
+    [ended] = [e.data for e in log.events() if e.type == "turn.ended"]
+    assert ended["outcome"] == "failed" and ended["error"]["type"] == "MaxTurnsExceeded", ended
+    assert log.snapshot().status != "waiting"
+    openai_server.script(DONE)
+    result = runner(url, tmp_path).run_sync(writer(openai_server.url, tmp_path), "Say done", thread_id=found[0])
+    assert result.final_output == "wrote it"
+    assert [e.data["outcome"] for e in _log(url, found[0]).events() if e.type == "turn.ended"] == ["failed",
+                                                                                                  "completed"]
+
+
 def test_a_rerun_that_asks_the_model_something_else_is_a_step_mismatch_and_runs_nothing(
         tmp_path: Path, openai_server: FakeOpenAI) -> None:
     url = _url(tmp_path)

@@ -48,7 +48,7 @@ import math
 import os
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 from jixu.errors import InvalidInput, JixuError, MissingExtra, StepFailed, StepMismatch
 from jixu.ledger import Store, content_hash
@@ -73,6 +73,11 @@ try:
         handoff,
     )
     from agents import tool as sdk_tools
+    from agents.exceptions import (
+        InputGuardrailTripwireTriggered,
+        MaxTurnsExceeded,
+        OutputGuardrailTripwireTriggered,
+    )
     from agents.tool import (
         DEFAULT_APPROVAL_REJECTION_MESSAGE,
         ToolOutputFileContent,
@@ -80,6 +85,7 @@ try:
         ToolOutputText,
     )
     from pydantic import BaseModel, TypeAdapter, ValidationError
+    from pydantic_core import to_jsonable_python
 except ImportError as error:  # without the extra: say what to install
     raise MissingExtra.needed("openai-agents", "jixu.integrations.openai_agents (the OpenAI Agents SDK, tested with "
                               "0.24)", error) from error
@@ -531,6 +537,21 @@ def _jixu_error(error: BaseException) -> JixuError | None:
     return None
 
 
+FINAL_ERRORS = (MaxTurnsExceeded, InputGuardrailTripwireTriggered, OutputGuardrailTripwireTriggered, StepFailed)
+"""Errors a rerun would meet again (it replays every recorded step): the run ends ``failed`` instead of staying
+unfinished and locking its thread; the next call starts the thread's next run."""
+
+
+def _final_failure(error: Exception) -> JSONObject | None:
+    """The error a run ends with for good (:data:`FINAL_ERRORS`), or None when it must stay unfinished."""
+    if not isinstance(error, FINAL_ERRORS):
+        return None
+    found: JSONObject = {"type": type(error).__name__, "message": str(error)[:2000]}
+    if isinstance(error, JixuError):
+        found["jixu"] = cast(JSONObject, to_jsonable_python(error.to_dict(), fallback=repr))
+    return found
+
+
 def _run_name(input: Any) -> str:
     """The durable run's default name: the input's first line (so a rerun with other input is refused)."""
     if isinstance(input, str):
@@ -616,10 +637,19 @@ class DurableRunner:
                                           run_config=dataclasses.replace(config, **changes), **kwargs)
             except Exception as error:
                 found = _jixu_error(error)
-                if found is None or found is error:
-                    raise
-                raise found from found.__cause__  # the SDK wraps a tool's exception in UserError: show ours
-            run.reply = str(result.final_output)
+                shown: Exception = found if isinstance(found, Exception) else error
+                failure = _final_failure(shown)
+                if failure is None:  # unfinished: running again with the thread id continues it
+                    if shown is error:
+                        raise
+                    raise shown from shown.__cause__  # the SDK wraps a tool's exception in UserError: show ours
+                run.error = failure  # the block ends normally: the run is recorded failed
+                final: Exception | None = shown
+            else:
+                run.reply = str(result.final_output)
+                final = None
+        if final is not None:
+            raise final
         return result
 
     def run_sync(self, starting_agent: Agent[Any], input: str | list[Any], **kwargs: Any) -> RunResult:
