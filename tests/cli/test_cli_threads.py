@@ -255,6 +255,15 @@ def test_resolve_records_evidence_with_the_decision(ledger: Ledger) -> None:
     assert result["effect"]["resolution"]["evidence"] == {"bank_ref": "TX-991"}
 
 
+def test_resolve_occurred_with_the_observed_result_records_it_for_the_model(ledger: Ledger) -> None:
+    code, result = as_json("resolve", str(ledger.db), ledger.unknown, ledger.pay_effect, "--resolution", "occurred",
+                           "--note", "statement line 14", "--result", '{"charged": "TX-991"}')
+    assert code == 0, result
+    with SQLiteStore(ledger.db) as store:
+        [resolved] = [e.data for e in store.read(f"thread/{ledger.unknown}") if e.type == "tool.outcome_resolved"]
+    assert resolved["result"] == {"charged": "TX-991"} and resolved["resolution"] == "occurred"
+
+
 @pytest.mark.parametrize(("args", "code"), [
     ((), 6),                                                    # no --resolution, no --note
     (("--resolution", "occurred"), 6),                          # the note is required
@@ -263,6 +272,8 @@ def test_resolve_records_evidence_with_the_decision(ledger: Ledger) -> None:
     (("--resolution", "occurred", "--note", "x", "--resolution-id", ""), 6),
     (("--resolution", "occurred", "--note", "x", "--evidence", "{not json"), 6),
     (("--resolution", "occurred", "--note", "x", "--evidence", "[1, 2]"), 6),
+    (("--resolution", "occurred", "--note", "x", "--result", "charged"), 6),    # a text must be JSON-quoted
+    (("--resolution", "not_occurred", "--note", "x", "--result", '"x"'), 6),  # a result only with occurred
 ])
 def test_resolve_rejects_bad_input_and_writes_nothing(ledger: Ledger, args: tuple[str, ...], code: int) -> None:
     before = ledger.count(ledger.unknown)

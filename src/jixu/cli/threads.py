@@ -400,6 +400,17 @@ def parse_evidence(text: str | None) -> dict[str, Any] | None:
     return value
 
 
+def parse_result(text: str | None) -> Any:
+    """``--result`` as a JSON value (None when absent; a JSON ``null`` is no result either)."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise InvalidInput(f"--result is not valid JSON: {exc} (quote a text: '\"charged\"')",
+                           field="result") from exc
+
+
 @threads_group.command("resolve", short_help="Record what happened to an effect whose outcome is unknown.")
 @click.argument("store")
 @click.argument("thread_id")
@@ -411,10 +422,14 @@ def parse_evidence(text: str | None) -> dict[str, Any] | None:
               help="Makes a retried command idempotent: same id and body -> no new event; another body -> exit 4.")
 @click.option("--evidence", default=None, metavar="JSON",
               help='Optional evidence as a JSON object, e.g. \'{"bank_ref": "TX-991"}\' (recorded).')
+@click.option("--result", "result_text", default=None, metavar="JSON",
+              help="With occurred: the result you observed, as JSON (what the model is told the call returned), "
+                   "e.g. '\"charged TX-991\"' or '{\"charge\": \"TX-991\"}'.")
 @click.option("--actor", default=None, help="Who decides (recorded; default cli:<login name>).")
 @json_option
 def resolve_command(store: str, thread_id: str, effect_id: str, resolution: str | None, note: str | None,
-                    resolution_id: str | None, evidence: str | None, actor: str | None, as_json: bool) -> None:
+                    resolution_id: str | None, evidence: str | None, result_text: str | None, actor: str | None,
+                    as_json: bool) -> None:
     """Record what happened to an effect whose outcome is unknown (a fact, not a retry).
 
     Only an unknown effect can be resolved (exit 4 otherwise). The original
@@ -431,7 +446,7 @@ def resolve_command(store: str, thread_id: str, effect_id: str, resolution: str 
             raise InvalidInput("--note is required: say why you decided this (what you checked)", field="note")
         check_effect_id(log, effect_id)
         recorded = log.resolve(effect_id, resolution, resolution_id=resolution_id, note=note, actor=who,
-                               evidence=parse_evidence(evidence))
+                               evidence=parse_evidence(evidence), result=parse_result(result_text))
         wake_worker(log)
         effect_summary(log, effect_id, recorded, f"effect {effect_id} resolved as {resolution} by {who}",
                        as_json)
