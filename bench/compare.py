@@ -374,7 +374,7 @@ def run_concurrent_loop(path: str, threads: int, steps: int, tool_kind: str = "a
 def queue_turns(path: str, threads: int, steps: int) -> None:
     """``threads`` threads of the concurrency agent with a queued turn each, in the work queue of ``path``."""
     from jixu.ledger import SQLiteStore
-    from jixu.runs import create_thread_for, submit_turn
+    from jixu.scheduling import create_thread_for, submit_turn
 
     store = SQLiteStore(path, synchronous="FULL")
     try:
@@ -389,7 +389,7 @@ def run_worker(path: str, steps: int, concurrency: int, owner: str, start_at: fl
     """The ``jixu worker`` path: one ``Worker`` with ``concurrency`` runs the queued turns of ``path`` until the
     queue is empty (each turn: ``steps`` agent steps of the concurrency agent)."""
     from jixu.ledger import SQLiteStore
-    from jixu.runs import Worker, WorkerConfig
+    from jixu.scheduling import Worker, WorkerConfig
 
     store = SQLiteStore(path, synchronous="FULL")
     config = WorkerConfig(store_url=path, agent="bench.compare:concurrent_agent", owner=owner, concurrency=concurrency,

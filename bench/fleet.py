@@ -425,7 +425,7 @@ class FakeServer:
 def queue_fleet(url: str, k: int) -> list[str]:
     """K threads of the fleet agent, each with one queued turn; their ids."""
     from jixu.ledger import open_store
-    from jixu.runs import create_thread_for, submit_turn
+    from jixu.scheduling import create_thread_for, submit_turn
 
     agent = fleet_agent()
     store = open_store(url)

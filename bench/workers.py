@@ -55,7 +55,7 @@ for _path in (ROOT / "src", ROOT):  # run as a script from a checkout; workers i
 from jixu import Agent, Harness, ScriptedModel, ToolCall, tool  # noqa: E402
 from jixu.ledger import NewEvent, Store, open_store  # noqa: E402
 from jixu.ledger.encoding import JSONObject  # noqa: E402
-from jixu.runs import WorkerPool, create_thread_for  # noqa: E402
+from jixu.scheduling import WorkerPool, create_thread_for  # noqa: E402
 from jixu.threads.log import ThreadLog  # noqa: E402
 from jixu.threads.model import Step  # noqa: E402
 

@@ -18,9 +18,11 @@ ALLOWED_IMPORTS = {
     "kernel": {"errors", "ledger", "recovery", "kernel"},
     "threads": {"errors", "ledger", "recovery", "kernel", "threads"},
     "runs": {"errors", "ledger", "recovery", "kernel", "threads", "runs"},
-    "integrations": {"errors", "ledger", "recovery", "kernel", "threads", "runs", "integrations"},
-    "server": {"errors", "ledger", "recovery", "kernel", "threads", "runs", "integrations", "server"},
-    "cli": {"errors", "ledger", "recovery", "kernel", "threads", "runs", "integrations", "server", "cli"},
+    "scheduling": {"errors", "ledger", "recovery", "kernel", "threads", "runs", "scheduling"},
+    "integrations": {"errors", "ledger", "recovery", "kernel", "threads", "runs", "scheduling", "integrations"},
+    "server": {"errors", "ledger", "recovery", "kernel", "threads", "runs", "scheduling", "integrations", "server"},
+    "cli": {"errors", "ledger", "recovery", "kernel", "threads", "runs", "scheduling", "integrations", "server",
+            "cli"},
 }
 
 
@@ -65,7 +67,7 @@ def test_layers_depend_only_downwards() -> None:
 
 def test_no_sql_above_the_ledger() -> None:
     offenders = []
-    for layer in ("recovery", "kernel", "threads", "runs", "integrations", "server", "cli"):
+    for layer in ("recovery", "kernel", "threads", "runs", "scheduling", "integrations", "server", "cli"):
         for path in sorted((SRC / layer).rglob("*.py")) if (SRC / layer).exists() else []:
             text = path.read_text(encoding="utf-8")
             if "import sqlite3" in text or "import psycopg" in text or "INSERT INTO" in text:
@@ -204,7 +206,7 @@ def test_the_other_recovery_modules_read_no_event() -> None:
 # are made by kernel.effects.Outcome.receipt.
 KERNEL_ONLY_METHODS = {"acquire_lease", "take_over_lease", "renew_lease", "release_lease", "append_many"}
 RECEIPT_SUFFIXES = (".completed", ".failed")
-ABOVE_THE_KERNEL = ("threads", "runs", "server", "cli")
+ABOVE_THE_KERNEL = ("threads", "runs", "scheduling", "server", "cli")
 
 
 def _kernel_violations(path: Path) -> list[str]:
@@ -256,3 +258,78 @@ def test_the_kernel_check_catches_what_it_forbids(tmp_path: Path) -> None:
     finally:
         globals()["ROOT"] = original
     assert len(found) == 6, found
+
+
+# Issue 24: the work queue's policy (projects, their limits, fairness) is the scheduling layer's. The ledger keeps
+# the queue as storage: items in groups, and an atomic claim that takes the order of groups from its caller. So no
+# name in the ledger speaks of projects, limits of claims or fairness (its SQL keeps the column names of schema 2:
+# strings, not names), and outside the ledger only the scheduling layer claims work.
+POLICY_WORDS = {"project", "projects", "fair", "fairness", "quota", "quotas"}
+POLICY_NAMES = {"global_limit", "limit_of", "claim_order", "check_limits"}
+PROJECTION_VERB = {"ledger/projection.py", "ledger/__init__.py"}
+"""Where ``project`` is the ledger's verb (:func:`jixu.ledger.project` folds a stream into its projection)."""
+
+
+def _words(identifier: str) -> set[str]:
+    spaced = "".join(f"_{c.lower()}" if c.isupper() else c for c in identifier)
+    return {word for word in spaced.split("_") if word}
+
+
+def _identifiers(tree: ast.AST) -> list[tuple[str, int, bool]]:
+    """``(identifier, line, bare)`` for every name the code gives or uses; ``bare``: a plain name, a function's
+    or an import's (what the projection verb may be), not an attribute, argument or keyword."""
+    found: list[tuple[str, int, bool]] = []
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Name):
+            found.append((node.id, line, True))
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            found.append((node.name, line, True))
+        elif isinstance(node, ast.alias):
+            found.append((node.asname or node.name.split(".")[-1], line, True))
+        elif isinstance(node, ast.Attribute):
+            found.append((node.attr, line, False))
+        elif isinstance(node, ast.arg | ast.keyword) and node.arg:
+            found.append((node.arg, line, False))
+    return found
+
+
+def _policy_names(path: Path, where: str) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [f"{where}:{line} names {name!r}" for name, line, bare in _identifiers(tree)
+            if (name in POLICY_NAMES or _words(name) & POLICY_WORDS)
+            and not (name == "project" and bare and where in PROJECTION_VERB)]
+
+
+def test_the_ledger_knows_no_project_limit_or_fairness_of_the_queue() -> None:
+    offenders = [offence for path in sorted((SRC / "ledger").rglob("*.py"))
+                 for offence in _policy_names(path, path.relative_to(SRC).as_posix())]
+    assert not offenders, offenders
+
+
+def test_the_policy_check_catches_what_it_forbids(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "from jixu.ledger.projection import project\n"
+        "def claim(self, owner, project_limits, *, limits):\n"
+        "    row.project\n"
+        "    limits.limit_of('p')\n"
+        "    return claim_order(live, oldest, served, limits, fair=True)\n"
+        "class WorkProject: ...\n", encoding="utf-8")
+    found = _policy_names(sample, "ledger/store.py")
+    assert len(found) == 7, found  # project (not the verb here), project_limits, .project, limit_of, claim_order,
+    #                                fair, WorkProject
+    assert [f for f in _policy_names(sample, "ledger/projection.py") if "'project'" in f] == [
+        "ledger/projection.py:3 names 'project'"], "only the verb, by its bare name, is the projection's"
+
+
+def test_only_the_scheduling_layer_claims_work() -> None:
+    offenders = []
+    for path in sorted(SRC.rglob("*.py")):
+        where = path.relative_to(SRC).as_posix()
+        if where.startswith(("ledger/", "scheduling/")):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        offenders += [f"{where}:{node.lineno}" for node in ast.walk(tree)
+                      if isinstance(node, ast.Attribute) and node.attr == "claim_work"]
+    assert not offenders, f"claims of work are the scheduling layer's (jixu.scheduling.queue.claim): {offenders}"

@@ -385,14 +385,14 @@ def test_help_says_the_cli_records_decisions_and_the_application_continues() -> 
 
 
 def test_a_decision_puts_a_thread_that_workers_run_back_in_their_queue(ledger: Ledger) -> None:
-    from jixu.runs.scheduler import thread_work_key
+    from jixu.scheduling import claim, thread_work_key
 
     key = thread_work_key(ledger.parked)
     with SQLiteStore(ledger.db) as store:
         store.enqueue(key, "default")
-        claim = store.claim_work("worker-a", 30, global_limit=1, project_limits={}, default_project_limit=1)
-        assert claim is not None and claim.key == key
-        store.finish_work(claim)  # the worker stopped: the call is parked, an operator is needed
+        held = claim(store, "worker-a", 30, global_limit=1, project_limits={}, default_project_limit=1)
+        assert held is not None and held.key == key
+        store.finish_work(held)  # the worker stopped: the call is parked, an operator is needed
         assert store.get_work(key).state == "done"  # type: ignore[union-attr]
         untouched = thread_work_key(ledger.done)
         assert store.get_work(untouched) is None

@@ -14,7 +14,7 @@ import pytest
 
 from jixu import Agent, ScriptedModel, ToolCall, tool
 from jixu.ledger import NewEvent, SQLiteStore
-from jixu.runs import create_thread_for, submit_turn
+from jixu.scheduling import create_thread_for, submit_turn
 from jixu.threads.log import ThreadLog, stream_of
 from tests.helpers import python_env
 

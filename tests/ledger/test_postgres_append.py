@@ -582,11 +582,11 @@ def test_a_write_that_is_unsafe_to_repeat_reports_a_dropped_connection_unless_it
         store.enqueue("w/1", "p")
         _kill_pooled_connection(store, url)
         with pytest.raises(OutcomeUnknown, match=r"cannot use .*whether it was committed is unknown"):
-            store.claim_work("w1", 30, global_limit=5)
+            store.claim_work("w1", 30, lambda census: sorted(census.oldest))
         assert store.list_work()[0].state == "pending"  # nothing was claimed; the next connection is fresh
         _kill_pooled_connection(store, url)
         monkeypatch.setattr(postgres_module, "_IDLE_CHECK_SECONDS", 0.0)  # as if it sat idle: pinged first
-        claim = store.claim_work("w1", 30, global_limit=5)
+        claim = store.claim_work("w1", 30, lambda census: sorted(census.oldest))
         assert claim is not None and claim.key == "w/1"
 
 

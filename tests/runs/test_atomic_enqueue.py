@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from jixu.ledger import Store
-from jixu.runs import Worker, WorkerConfig, create_thread_for, submit_turn, thread_work_key
-from jixu.runs.scheduler import repair_queue
+from jixu.scheduling import Worker, WorkerConfig, create_thread_for, submit_turn, thread_work_key
+from jixu.scheduling.work import repair_queue
 from jixu.threads.log import ThreadLog
 from tests.conftest import StoreFactory
 from tests.helpers import python_env
@@ -28,7 +28,7 @@ from tests.runs.conftest import WAIT, thread_state
 KILLED_INSIDE = r"""
 import os, signal, sys
 from jixu.ledger import open_store
-from jixu.runs import submit_turn
+from jixu.scheduling import submit_turn
 store = open_store(sys.argv[1])
 kind = type(store)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from jixu.ledger import Store
-from jixu.runs import create_thread_for, enqueue_thread, submit_turn
+from jixu.scheduling import create_thread_for, enqueue_thread, submit_turn
 from jixu.threads.log import ThreadLog
 from tests.conftest import StoreFactory
 from tests.runs.agents import counter_agent

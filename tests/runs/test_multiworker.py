@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from jixu.ledger import Store
-from jixu.runs import create_thread_for, submit_turn
+from jixu.scheduling import create_thread_for, submit_turn
 from tests.conftest import StoreFactory
 from tests.runs.agents import counter_agent
 from tests.runs.conftest import WAIT, Spawn, outside_lines, wait_until
@@ -38,7 +38,7 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         try:
             while not self.done.is_set():
-                live = Counter(item.project for item in self.store.list_work(state="claimed"))
+                live = Counter(item.group for item in self.store.list_work(state="claimed"))
                 live["*"] = sum(live.values())
                 for key, value in live.items():
                     self.peak[key] = max(self.peak[key], value)

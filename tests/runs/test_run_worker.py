@@ -11,19 +11,10 @@ import pytest
 
 from jixu.errors import InvalidInput
 from jixu.ledger import SQLiteStore, Store
-from jixu.runs import (
-    ProviderError,
-    Runs,
-    ScriptedProvider,
-    Worker,
-    WorkerConfig,
-    create_thread_for,
-    run_work_key,
-    submit_run,
-    submit_turn,
-)
+from jixu.runs import ProviderError, Runs, ScriptedProvider, run_work_key
 from jixu.runs.model import run_stream
 from jixu.runs.providers import Provider
+from jixu.scheduling import Worker, WorkerConfig, create_thread_for, submit_run, submit_turn
 from tests.runs.agents import counter_agent
 from tests.runs.conftest import WAIT, jixu
 from tests.runs.run_helpers import events_of, fix, make_origin, register, run

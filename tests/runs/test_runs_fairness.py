@@ -7,7 +7,9 @@ import asyncio
 from pathlib import Path
 
 from jixu.ledger import SQLiteStore
-from jixu.runs import Runs, ScriptedProvider, register_project, run_id_of, run_work_key, submit_run
+from jixu.runs import Runs, ScriptedProvider, register_project, run_id_of, run_work_key
+from jixu.scheduling import submit_run
+from jixu.scheduling.queue import claim as claim_work
 from tests.runs.run_helpers import fix, make_origin, policy, run
 
 BIG, SMALL = "backlog", "hotfix"
@@ -34,14 +36,14 @@ def test_a_small_projects_runs_start_before_a_large_backlog_drains(tmp_path: Pat
 
         async def slot(name: str) -> None:
             while not set(small) <= finished:
-                claim = store.claim_work(name, 30.0, global_limit=2, default_project_limit=1)
+                claim = claim_work(store, name, 30.0, global_limit=2, default_project_limit=1)
                 if claim is None:
                     await asyncio.sleep(0.005)
                     continue
                 run_id = run_id_of(claim.key)
                 assert run_id is not None
-                started.append((claim.project, run_id))
-                running[run_id] = claim.project
+                started.append((claim.group, run_id))
+                running[run_id] = claim.group
                 peaks["total"] = max(peaks["total"], len(running))
                 for project in (BIG, SMALL):
                     peaks[project] = max(peaks[project], list(running.values()).count(project))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jixu.runs import create_thread_for, submit_turn
+from jixu.scheduling import create_thread_for, submit_turn
 from tests.conftest import StoreFactory
 from tests.runs.agents import booking_agent
 from tests.runs.conftest import Spawn, outside_lines, thread_state, wait_until

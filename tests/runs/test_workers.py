@@ -11,7 +11,7 @@ import pytest
 
 from jixu.errors import InvalidInput, ThreadBusy, ThreadNotFound
 from jixu.ledger import MemoryStore, Store
-from jixu.runs import (
+from jixu.scheduling import (
     Worker,
     WorkerConfig,
     WorkerPool,
@@ -22,7 +22,7 @@ from jixu.runs import (
     thread_id_of,
     thread_work_key,
 )
-from jixu.runs.workers import factory_spec, load_agent_factory
+from jixu.scheduling.workers import factory_spec, load_agent_factory
 from jixu.threads.log import ThreadLog
 from tests.conftest import StoreFactory
 from tests.runs.agents import counter_agent
@@ -40,7 +40,7 @@ def test_submit_turn_records_a_queued_turn_and_enqueues_the_thread_in_its_projec
     turn = ThreadLog.load(store, thread_id).state.active_turn()
     assert turn is not None and turn.turn_id == turn_id and turn.queued and turn.owner is None
     [item] = store.list_work()
-    assert (item.key, item.project, item.state) == (thread_work_key(thread_id), "billing", "pending")
+    assert (item.key, item.group, item.state) == (thread_work_key(thread_id), "billing", "pending")
     assert thread_id_of(item.key) == thread_id and thread_id_of("run/1") is None
     events = len(store.read(f"thread/{thread_id}"))
     with pytest.raises(ThreadBusy):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from jixu.ledger import MemoryStore
-from jixu.runs import Worker, WorkerConfig, create_thread_for, submit_turn
+from jixu.scheduling import Worker, WorkerConfig, create_thread_for, submit_turn
 from jixu.threads.log import ThreadLog
 from tests.conftest import StoreFactory
 from tests.runs.agents import blocking_agent, counter_agent, mixed_agent

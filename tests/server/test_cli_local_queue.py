@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from jixu.ledger import SQLiteStore
-from jixu.runs import thread_work_key
+from jixu.scheduling import thread_work_key
 from tests.server.test_cli_remote import jixu
 
 
@@ -20,7 +20,7 @@ def test_a_thread_created_and_sent_input_locally_is_run_by_a_worker(tmp_path: Pa
     assert sent.returncode == 0, sent.stderr
     with SQLiteStore(tmp_path / "local.db") as opened:
         work = opened.get_work(thread_work_key(thread_id))
-        assert work is not None and work.project == "demo"
+        assert work is not None and work.group == "demo"
         started = [e for e in opened.read(f"thread/{thread_id}") if e.type == "turn.started"]
         assert len(started) == 1 and started[0].meta["actor"] == "cli:alice"
     busy = jixu("threads", "send", store, thread_id, "again")

@@ -13,7 +13,7 @@ from playwright.sync_api import expect
 
 from jixu import Agent, Harness, ScriptedModel, ToolCall, tool
 from jixu.ledger import SQLiteStore
-from jixu.runs import create_thread_for
+from jixu.scheduling import create_thread_for
 from jixu.threads import ModelResponse
 from tests.studio.conftest import Shots, Studio, log_in
 

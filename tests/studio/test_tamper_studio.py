@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from jixu.ledger import SQLiteStore, Store
-from jixu.runs import WorkerConfig
+from jixu.scheduling import WorkerConfig
 from jixu.server import create_app, create_token
 from jixu.server.background import BackgroundWorker
 from jixu.server.studio import studio_router

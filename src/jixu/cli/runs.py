@@ -49,7 +49,7 @@ from jixu.cli.threads import default_actor, out, styled, trim
 from jixu.errors import InvalidInput, NotFound
 from jixu.ledger import Store, VerifyReport, open_store
 from jixu.ledger.encoding import JSONObject
-from jixu.runs.engine import RunLog, Runs, default_run_owner, submit_run
+from jixu.runs.engine import RunLog, Runs, default_run_owner
 from jixu.runs.model import (
     RUN_PREFIX,
     RUN_STATUSES,
@@ -62,6 +62,7 @@ from jixu.runs.model import (
 from jixu.runs.operations import PLACEHOLDER, PROVIDERS_ENV, load_providers, next_operations
 from jixu.runs.projection import task_views
 from jixu.runs.providers import Provider
+from jixu.scheduling import submit_run
 
 """The environment variable naming the providers factory when ``--providers`` is not given."""
 WORKSPACE_ENV = "JIXU_WORKSPACE_ROOT"

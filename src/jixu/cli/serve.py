@@ -17,7 +17,7 @@ from jixu.cli.worker import open_store_label
 from jixu.errors import require_extra
 from jixu.ledger import DEFAULT_STORE_URL, open_store
 from jixu.runs.operations import PUBLISHERS_ENV, REMOTES_ENV, load_publishers, load_remotes
-from jixu.runs.workers import (
+from jixu.scheduling.workers import (
     DEFAULT_CONCURRENCY,
     DEFAULT_TOOL_THREADS,
     MAX_CONCURRENCY,

@@ -39,15 +39,12 @@ from jixu.runs import (
     PublicationContext,
     Runs,
     ScriptedProvider,
-    Worker,
-    WorkerConfig,
-    create_thread_for,
     get_project,
     register_project,
-    submit_turn,
     write_files,
 )
 from jixu.runs.scripted_provider import StepFunction
+from jixu.scheduling import Worker, WorkerConfig, create_thread_for, submit_turn
 from jixu.server.auth import create_token
 from jixu.threads import Agent, ScriptedModel, ToolCall, tool
 from jixu.threads.log import ThreadLog

@@ -25,7 +25,7 @@ from jixu.cli.output import EXIT_CHECK_FAILED, console, emit_json, handled, json
 from jixu.errors import InvalidInput, JixuError, NotFound
 from jixu.ledger import Event, Store, is_valid_id, open_store
 from jixu.recovery import RESOLUTIONS, EffectDecision
-from jixu.runs.scheduler import enqueue_thread, thread_work_key
+from jixu.scheduling import enqueue_thread, thread_work_key
 from jixu.threads.log import MAX_INPUT_CHARS, THREAD_PREFIX, State, ThreadLog, probe_text, stream_of
 from jixu.threads.streaming import reasoning_of, reasoning_text
 

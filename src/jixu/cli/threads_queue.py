@@ -16,7 +16,7 @@ from jixu.cli.output import emit_json, handled, json_option
 from jixu.cli.threads import default_actor, out, threads_group
 from jixu.errors import InvalidInput
 from jixu.ledger import open_store
-from jixu.runs import DEFAULT_PROJECT, create_thread_for, make_agent, submit_turn
+from jixu.scheduling import DEFAULT_PROJECT, create_thread_for, make_agent, submit_turn
 
 
 @click.command("create", short_help="Record a new thread of an agent in a project (for workers).")

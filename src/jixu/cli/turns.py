@@ -21,7 +21,7 @@ from jixu.cli.output import EXIT_OK, emit_json, handled, json_option
 from jixu.cli.threads import default_actor, load_verified, out, trim
 from jixu.errors import InvalidInput, JixuError
 from jixu.ledger import Store, open_store
-from jixu.runs.scheduler import enqueue_thread, thread_work_key
+from jixu.scheduling import enqueue_thread, queued_work, thread_work_key
 from jixu.threads.log import THREAD_PREFIX, ThreadLog
 
 _PAGE = 1000
@@ -54,7 +54,7 @@ def turn_rows(store: Store) -> list[dict[str, Any]]:
             now = float(ownership.get("store_now") or store.now())
             expires_at = ownership.get("expires_at")
             heartbeat_at = ownership.get("heartbeat_at")
-            work = store.get_work(thread_work_key(thread_id))
+            work = queued_work(store, thread_work_key(thread_id))
             rows.append({
                 "thread_id": thread_id,
                 "turn_id": turn.turn_id,

@@ -16,7 +16,7 @@ from jixu.errors import InvalidInput
 from jixu.kernel import DEFAULT_LEASE_TTL
 from jixu.ledger import open_store
 from jixu.runs.operations import PUBLISHERS_ENV, REMOTES_ENV, load_publishers, load_remotes
-from jixu.runs.workers import (
+from jixu.scheduling.workers import (
     DEFAULT_CONCURRENCY,
     DEFAULT_TOOL_THREADS,
     MAX_CONCURRENCY,
@@ -115,7 +115,7 @@ def worker_command(store_url: str, agent_spec: str | None, providers_spec: str |
                    quiet: bool, concurrency: int, max_loop_lag: float | None, tool_threads: int) -> None:
     """Claim queued threads and runs from STORE and execute them, fairly across projects, within the limits.
 
-    Threads get into the queue with jixu.runs.submit_turn(store, thread_id,
+    Threads get into the queue with jixu.scheduling.submit_turn(store, thread_id,
     text) (or enqueue_thread). Each worker claims up to --concurrency threads
     and runs at a time, opens each with a Harness owned by the worker's name,
     runs the turn until it stops, and heartbeats both claims against the
@@ -127,7 +127,7 @@ def worker_command(store_url: str, agent_spec: str | None, providers_spec: str |
     current directory is importable.
 
     Runs get into the queue with `jixu runs create … --queue` (or
-    jixu.runs.submit_run). With --providers (as for `jixu runs`) a worker
+    jixu.scheduling.submit_run). With --providers (as for `jixu runs`) a worker
     executes them under its own name: an automatic pause (rate limit) puts the
     run back in the queue until its recorded resume time; a run that needs an
     operator is finished with the `jixu runs …` command to use; admitted execution

@@ -231,18 +231,18 @@ class StreamWriter(Generic[F]):
         Staged events go first in the same atomic append. Receipts are kept
         across another writer's events (see the module docstring); anything
         else meets :class:`~jixu.errors.ConcurrencyError`. ``enqueue`` =
-        ``(key, project)``: the work item is enqueued in the same transaction.
+        ``(key, group)``: the work item is enqueued in the same transaction.
         """
         if self._busy:
             raise StreamBusy(f"{self.stream}: an append is waiting for its commit; wait for it first",
                              stream=self.stream)
         if enqueue is None:
             return self._commit_now(events, fence, self.store.append)
-        key, project = enqueue
+        key, group = enqueue
 
         def both(stream: str, batch: Sequence[NewEvent | PreparedEvent], expected: int,
                  held: Fence | None) -> list[Event]:
-            return self.store.append_and_enqueue(stream, batch, expected, key=key, project=project, fence=held)
+            return self.store.append_and_enqueue(stream, batch, expected, key=key, group=group, fence=held)
 
         return self._commit_now(events, fence, both)
 

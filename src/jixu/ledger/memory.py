@@ -14,17 +14,18 @@ from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow, utc_now_te
 from jixu.ledger.store import (
     AlreadyStored,
     Checkpoint,
+    ClaimOrder,
     Fence,
     Lease,
+    QueueCensus,
     Store,
     StreamInfo,
     WorkClaim,
     WorkItem,
-    WorkLimits,
     WorkRow,
-    claim_order,
     claimed_row,
     decide_append,
+    groups_to_try,
     work_claim_of,
 )
 
@@ -100,7 +101,7 @@ class MemoryStore(Store):
         with self._lock:  # re-entrant: both under one hold, nothing between them
             now = self.now()
             current = self._work.get(key)
-            row = change(current, now)  # refused (a key of another project): before anything is written
+            row = change(current, now)  # refused (a key of another group): before anything is written
             rows = self._append(stream, batch, expected_seq, fence, GENESIS_HASH)
             self._put_work(current, row)
             return rows
@@ -181,31 +182,31 @@ class MemoryStore(Store):
             self._work[row.key] = row
         return row
 
-    def _claim_work(self, owner: str, ttl: float, limits: WorkLimits) -> WorkClaim | None:
+    def _claim_work(self, owner: str, ttl: float, order: ClaimOrder) -> WorkClaim | None:
         with self._lock:
             now = self.now()
             live: dict[str, int] = {}
             oldest: dict[str, tuple[float, int]] = {}
             for row in self._work.values():
                 if row.live(now):
-                    live[row.project] = live.get(row.project, 0) + 1
+                    live[row.group] = live.get(row.group, 0) + 1
                 elif row.claimable(now):
                     here = (row.ready_at, row.position)
-                    oldest[row.project] = min(oldest.get(row.project, here), here)
-            for project in claim_order(live, oldest, self._last_claimed, limits):
-                candidates = [r for r in self._work.values() if r.project == project and r.claimable(now)]
+                    oldest[row.group] = min(oldest.get(row.group, here), here)
+            for group in groups_to_try(order, QueueCensus(live, oldest, dict(self._last_claimed))):
+                candidates = [r for r in self._work.values() if r.group == group and r.claimable(now)]
                 if candidates:
                     chosen = min(candidates, key=lambda r: (r.ready_at, r.position))
                     row = claimed_row(chosen, owner, ttl, now)
                     self._work[row.key] = row
-                    self._last_claimed[project] = max(self._last_claimed.values(), default=0) + 1
+                    self._last_claimed[group] = max(self._last_claimed.values(), default=0) + 1
                     return work_claim_of(row)
             return None
 
-    def _list_work(self, project: str | None, status: str | None) -> tuple[list[WorkRow], float]:
+    def _list_work(self, group: str | None, status: str | None) -> tuple[list[WorkRow], float]:
         with self._lock:
             rows = [r for r in self._work.values()
-                    if (project is None or r.project == project) and (status is None or r.status == status)]
+                    if (group is None or r.group == group) and (status is None or r.status == status)]
             return sorted(rows, key=lambda r: (r.ready_at, r.position)), self.now()
 
     def _get_work(self, key: str) -> tuple[WorkRow | None, float]:

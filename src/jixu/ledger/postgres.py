@@ -83,17 +83,18 @@ from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow
 from jixu.ledger.store import (
     AlreadyStored,
     Checkpoint,
+    ClaimOrder,
     Fence,
     Lease,
+    QueueCensus,
     Store,
     StreamInfo,
     WorkClaim,
     WorkItem,
-    WorkLimits,
     WorkRow,
-    claim_order,
     claimed_row,
     decide_append,
+    groups_to_try,
     judge_append,
     work_claim_of,
 )
@@ -419,6 +420,7 @@ _CLIENT_CHECK_MS = 10
 """While a statement runs, the server looks this often (ms) whether its client is still connected."""
 _APPEND_SQL = ("SELECT * FROM jixu_append_v4(%s::text, %s::bigint, %s::text, %s::text, %s::text, %s::bigint, "
                "%b::text[], %b::text[], %b::text[], %b::text[])")
+# The column ``project`` holds an item's group (as in SQLite: renaming it would stop older workers sharing the store).
 _WORK_COLUMNS = ("key, project, status, ready_at, enqueued_at, claimed_by, epoch, expires_at, heartbeat_at, "
                  "rerun, position")
 _CLAIMABLE = ("((status = 'pending' AND ready_at <= %(now)s) OR "
@@ -1086,8 +1088,8 @@ class PostgresStore(Store):
 
     @staticmethod
     def _work_row(row: Any) -> WorkRow:
-        key, project, status, ready_at, enqueued_at, claimed_by, epoch, expires_at, heartbeat_at, rerun, pos = row
-        return WorkRow(str(key), str(project), str(status), float(ready_at), float(enqueued_at),
+        key, group, status, ready_at, enqueued_at, claimed_by, epoch, expires_at, heartbeat_at, rerun, pos = row
+        return WorkRow(str(key), str(group), str(status), float(ready_at), float(enqueued_at),
                        None if claimed_by is None else str(claimed_by), int(epoch),
                        None if expires_at is None else float(expires_at),
                        None if heartbeat_at is None else float(heartbeat_at), bool(rerun), int(pos))
@@ -1132,33 +1134,33 @@ class PostgresStore(Store):
                 "INSERT INTO jixu_work (key, project, status, ready_at, enqueued_at, claimed_by, epoch, "
                 "expires_at, heartbeat_at, rerun) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
                 "ON CONFLICT (key) DO NOTHING RETURNING position",
-                (row.key, row.project, row.status, row.ready_at, row.enqueued_at, row.claimed_by, row.epoch,
+                (row.key, row.group, row.status, row.ready_at, row.enqueued_at, row.claimed_by, row.epoch,
                  row.expires_at, row.heartbeat_at, row.rerun)).fetchone()
             if inserted is not None:
-                row = WorkRow(row.key, row.project, row.status, row.ready_at, row.enqueued_at, row.claimed_by,
+                row = WorkRow(row.key, row.group, row.status, row.ready_at, row.enqueued_at, row.claimed_by,
                               row.epoch, row.expires_at, row.heartbeat_at, row.rerun, int(inserted[0]))
                 return row.item(now), row
             # another caller created the item meanwhile: decide again under its row lock
         raise StoreError(f"{self._where}: work item {key!r} kept changing; retry")
 
-    def _claim_work(self, owner: str, ttl: float, limits: WorkLimits) -> WorkClaim | None:
+    def _claim_work(self, owner: str, ttl: float, order: ClaimOrder) -> WorkClaim | None:
         def claim(conn: _Conn) -> WorkClaim | None:
             conn.execute(_WORK_LOCK_SQL)  # claimers take turns: the count below stays true until commit
             now = self._clock(conn)[0]
-            live = {str(p): int(n) for p, n in conn.execute(
+            live = {str(g): int(n) for g, n in conn.execute(
                 "SELECT project, count(*) FROM jixu_work WHERE status = 'claimed' AND expires_at > %s "
                 "GROUP BY project", (now,)).fetchall()}
-            oldest = {str(p): (float(r), int(pos)) for p, r, pos in conn.execute(
+            oldest = {str(g): (float(r), int(pos)) for g, r, pos in conn.execute(
                 f"SELECT DISTINCT ON (project) project, ready_at, position FROM jixu_work WHERE {_CLAIMABLE} "
                 "ORDER BY project, ready_at, position", {"now": now}).fetchall()}
-            served = {str(p): int(n) for p, n in conn.execute(
+            served = {str(g): int(n) for g, n in conn.execute(
                 "SELECT project, last_claim FROM jixu_work_projects").fetchall()}
-            for project in claim_order(live, oldest, served, limits):
+            for group in groups_to_try(order, QueueCensus(live, oldest, served)):
                 # SKIP LOCKED: pass over an item a finisher or enqueuer holds right now.
                 found = conn.execute(
-                    f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE project = %(project)s AND {_CLAIMABLE} "
+                    f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE project = %(group)s AND {_CLAIMABLE} "
                     "ORDER BY ready_at, position LIMIT 1 FOR UPDATE SKIP LOCKED",
-                    {"project": project, "now": now}).fetchone()
+                    {"group": group, "now": now}).fetchone()
                 if found:
                     row = claimed_row(self._work_row(found), owner, ttl, now)
                     self._update_work(conn, row)
@@ -1166,19 +1168,19 @@ class PostgresStore(Store):
                                  "VALUES (%s, %s, %s, 1) ON CONFLICT (project) DO UPDATE SET "
                                  "last_claim = excluded.last_claim, last_claimed_at = excluded.last_claimed_at, "
                                  "claims = jixu_work_projects.claims + 1",
-                                 (project, max(served.values(), default=0) + 1, now))
+                                 (group, max(served.values(), default=0) + 1, now))
                     return work_claim_of(row)
             return None
 
         return self._run(claim, write=True, transaction=True)
 
-    def _list_work(self, project: str | None, status: str | None) -> tuple[list[WorkRow], float]:
+    def _list_work(self, group: str | None, status: str | None) -> tuple[list[WorkRow], float]:
         def read(conn: _Conn) -> tuple[list[WorkRow], float]:
             now = self._clock(conn)[0]
             rows = conn.execute(
-                f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE (%(project)s::text IS NULL OR project = %(project)s) "
+                f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE (%(group)s::text IS NULL OR project = %(group)s) "
                 "AND (%(status)s::text IS NULL OR status = %(status)s) ORDER BY ready_at, position",
-                {"project": project, "status": status}).fetchall()
+                {"group": group, "status": status}).fetchall()
             return [self._work_row(r) for r in rows], now
 
         return self._run(read, snapshot=True)

@@ -70,17 +70,18 @@ from jixu.ledger.store import (
     AlreadyStored,
     AppendRequest,
     Checkpoint,
+    ClaimOrder,
     Fence,
     Lease,
+    QueueCensus,
     Store,
     StreamInfo,
     WorkClaim,
     WorkItem,
-    WorkLimits,
     WorkRow,
-    claim_order,
     claimed_row,
     decide_append,
+    groups_to_try,
     work_claim_of,
 )
 
@@ -176,6 +177,8 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
     ),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
+# The column ``project`` holds an item's group (its name from schema version 2; renaming it would stop the workers
+# of older versions sharing a store), and ``jixu_work_projects`` each group's latest claim.
 _WORK_COLUMNS = ("key, project, status, ready_at, enqueued_at, claimed_by, epoch, expires_at, heartbeat_at, "
                  "rerun, position")
 _CLAIMABLE = "((status = 'pending' AND ready_at <= :now) OR (status = 'claimed' AND expires_at <= :now))"
@@ -871,15 +874,15 @@ class SQLiteStore(Store):
 
     @staticmethod
     def _work_row(row: Any) -> WorkRow:
-        key, project, status, ready_at, enqueued_at, claimed_by, epoch, expires_at, heartbeat_at, rerun, pos = row
-        return WorkRow(str(key), str(project), str(status), float(ready_at), float(enqueued_at),
+        key, group, status, ready_at, enqueued_at, claimed_by, epoch, expires_at, heartbeat_at, rerun, pos = row
+        return WorkRow(str(key), str(group), str(status), float(ready_at), float(enqueued_at),
                        None if claimed_by is None else str(claimed_by), int(epoch),
                        None if expires_at is None else float(expires_at),
                        None if heartbeat_at is None else float(heartbeat_at), bool(rerun), int(pos))
 
     @staticmethod
     def _put_work(conn: sqlite3.Connection, row: WorkRow, *, new: bool) -> WorkRow:
-        values = (row.project, row.status, row.ready_at, row.enqueued_at, row.claimed_by, row.epoch, row.expires_at,
+        values = (row.group, row.status, row.ready_at, row.enqueued_at, row.claimed_by, row.epoch, row.expires_at,
                   row.heartbeat_at, int(row.rerun))
         if new:
             cursor = conn.execute(
@@ -920,41 +923,41 @@ class SQLiteStore(Store):
         self.append_count += 1
         return rows
 
-    def _claim_work(self, owner: str, ttl: float, limits: WorkLimits) -> WorkClaim | None:
+    def _claim_work(self, owner: str, ttl: float, order: ClaimOrder) -> WorkClaim | None:
         def claim(conn: sqlite3.Connection) -> WorkClaim | None:
             # BEGIN IMMEDIATE: no other writer (claimer, renewer, finisher) runs until this commits.
             now = float(conn.execute(_NOW_SQL).fetchone()[0])
-            live = {str(p): int(n) for p, n in conn.execute(
+            live = {str(g): int(n) for g, n in conn.execute(
                 "SELECT project, count(*) FROM jixu_work WHERE status = 'claimed' AND expires_at > ? "
                 "GROUP BY project", (now,))}
-            oldest = {str(p): (float(r), int(pos)) for p, r, pos in conn.execute(
+            oldest = {str(g): (float(r), int(pos)) for g, r, pos in conn.execute(
                 "SELECT project, ready_at, position FROM (SELECT project, ready_at, position, row_number() OVER "
                 f"(PARTITION BY project ORDER BY ready_at, position) AS rank FROM jixu_work WHERE {_CLAIMABLE}) "
                 "WHERE rank = 1", {"now": now})}
-            served = {str(p): int(n) for p, n in conn.execute("SELECT project, last_claim FROM jixu_work_projects")}
-            for project in claim_order(live, oldest, served, limits):
+            served = {str(g): int(n) for g, n in conn.execute("SELECT project, last_claim FROM jixu_work_projects")}
+            for group in groups_to_try(order, QueueCensus(live, oldest, served)):
                 found = conn.execute(
-                    f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE project = :project AND {_CLAIMABLE} "
-                    "ORDER BY ready_at, position LIMIT 1", {"project": project, "now": now}).fetchone()
+                    f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE project = :group AND {_CLAIMABLE} "
+                    "ORDER BY ready_at, position LIMIT 1", {"group": group, "now": now}).fetchone()
                 if found:
                     row = self._put_work(conn, claimed_row(self._work_row(found), owner, ttl, now), new=False)
                     conn.execute("INSERT INTO jixu_work_projects VALUES (?, ?, ?, 1) ON CONFLICT (project) DO UPDATE "
                                  "SET last_claim = excluded.last_claim, last_claimed_at = excluded.last_claimed_at, "
-                                 "claims = claims + 1", (project, max(served.values(), default=0) + 1, now))
+                                 "claims = claims + 1", (group, max(served.values(), default=0) + 1, now))
                     return work_claim_of(row)
             return None
 
         return self._write(claim)
 
-    def _list_work(self, project: str | None, status: str | None) -> tuple[list[WorkRow], float]:
+    def _list_work(self, group: str | None, status: str | None) -> tuple[list[WorkRow], float]:
         def read(conn: sqlite3.Connection) -> tuple[list[WorkRow], float]:
             conn.execute("BEGIN")
             try:
                 now = float(conn.execute(_NOW_SQL).fetchone()[0])
                 rows = conn.execute(
-                    f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE (:project IS NULL OR project = :project) "
+                    f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE (:group IS NULL OR project = :group) "
                     "AND (:status IS NULL OR status = :status) ORDER BY ready_at, position",
-                    {"project": project, "status": status}).fetchall()
+                    {"group": group, "status": status}).fetchall()
             finally:
                 conn.execute("COMMIT")
             return [self._work_row(r) for r in rows], now

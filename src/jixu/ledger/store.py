@@ -2,8 +2,11 @@
 
 A store keeps streams of immutable events, leases that fence writers,
 disposable checkpoints, and a work queue (durable rows, not events: which
-aggregates are ready to run, who claimed each, under which epoch). The contract is written once as a test suite
-(``tests/ledger/test_store_contract.py``) and run against every backend.
+aggregates are ready to run, in which group, who claimed each, under which epoch). The queue is storage only:
+a claim is atomic and counted per group, and the order groups are tried in is the caller's (the scheduling
+layer's projects, limits and fairness, :mod:`jixu.scheduling.queue`). The contract is written once as a test
+suite (``tests/ledger/test_store_contract.py``, ``tests/ledger/test_queue_contract.py``) and run against every
+backend.
 
 Backends implement the ``_``-prefixed primitives; the public methods here
 validate input first, so bad input raises a typed error and writes nothing.
@@ -12,7 +15,7 @@ validate input first, so bad input raises a typed error and writes nothing.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -308,8 +311,7 @@ def decide_append(stream: str, batch: Sequence[PreparedEvent], expected_seq: int
 
 WORK_STATES = ("pending", "claimed", "expired", "done")
 """States of a work item as :meth:`Store.list_work` reports them (``claimed``/``expired`` by the store's clock)."""
-_MAX_PROJECT = 100
-_MAX_LIMIT = 1_000_000
+_MAX_GROUP = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,14 +322,14 @@ class WorkClaim:
     """
 
     key: str
-    project: str
+    group: str
     owner: str
     epoch: int
     expires_at: float
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
-        return {"key": self.key, "project": self.project, "owner": self.owner, "epoch": self.epoch,
+        return {"key": self.key, "group": self.group, "owner": self.owner, "epoch": self.epoch,
                 "expires_at": self.expires_at}
 
 
@@ -344,7 +346,7 @@ class WorkItem:
     """
 
     key: str
-    project: str
+    group: str
     state: str
     ready_at: float
     enqueued_at: float
@@ -356,7 +358,7 @@ class WorkItem:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
-        return {"key": self.key, "project": self.project, "state": self.state, "ready_at": self.ready_at,
+        return {"key": self.key, "group": self.group, "state": self.state, "ready_at": self.ready_at,
                 "enqueued_at": self.enqueued_at, "claimed_by": self.claimed_by, "epoch": self.epoch,
                 "expires_at": self.expires_at, "heartbeat_at": self.heartbeat_at, "rerun": self.rerun}
 
@@ -370,7 +372,7 @@ class WorkRow:
     """
 
     key: str
-    project: str
+    group: str
     status: str
     ready_at: float
     enqueued_at: float
@@ -386,7 +388,7 @@ class WorkRow:
         state = self.status
         if state == "claimed" and (self.expires_at is None or self.expires_at <= now):
             state = "expired"
-        return WorkItem(self.key, self.project, state, self.ready_at, self.enqueued_at, self.claimed_by,
+        return WorkItem(self.key, self.group, state, self.ready_at, self.enqueued_at, self.claimed_by,
                         self.epoch, self.expires_at, self.heartbeat_at, self.rerun)
 
     def live(self, now: float) -> bool:
@@ -401,45 +403,39 @@ class WorkRow:
 
 
 @dataclass(frozen=True, slots=True)
-class WorkLimits:
-    """Concurrency bounds a claimer respects: live claims in total and per project."""
+class QueueCensus:
+    """The queue as one claim sees it inside its transaction: what a :data:`ClaimOrder` decides from.
 
-    global_limit: int
-    project_limits: dict[str, int]
-    default_project_limit: int
-
-    def limit_of(self, project: str) -> int:
-        """The most live claims ``project`` may have."""
-        return self.project_limits.get(project, self.default_project_limit)
-
-
-def check_project(project: object) -> str:
-    """Return ``project`` if it is a usable project name (1-100 printable characters)."""
-    if not isinstance(project, str) or not project or len(project) > _MAX_PROJECT or not project.isprintable():
-        raise InvalidInput(f"project {project!r} must be 1-100 printable characters", field="project")
-    return project
-
-
-def _check_limit(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= _MAX_LIMIT:
-        raise InvalidInput(f"{name} {value!r} must be an integer between {minimum} and {_MAX_LIMIT}", field=name)
-    return value
-
-
-def check_limits(global_limit: object, project_limits: object, default_project_limit: object) -> WorkLimits:
-    """Validate claim limits: ``global_limit`` >= 1, each project limit >= 0 (0 holds a project back).
-
-    ``default_project_limit`` ``None`` means a project is bounded by the global limit only.
+    ``live`` counts each group's live claims (claimed, not expired by the store's clock); ``oldest`` gives
+    every group that has a claimable item (pending and ready, or claimed with an expired claim) its oldest one
+    as ``(ready_at, position)``; ``last_claimed`` the number of each group's latest claim (claims are numbered
+    1, 2, … per store, so the order of claims is exact whatever the clock's resolution; a group never claimed
+    from is absent).
     """
-    total = _check_limit(global_limit, "global_limit", 1)
-    if project_limits is None:
-        project_limits = {}
-    if not isinstance(project_limits, dict):
-        raise InvalidInput("project_limits must be a dict of project name -> limit", field="project_limits")
-    limits = {check_project(p): _check_limit(n, f"project limit of {p!r}", 0) for p, n in project_limits.items()}
-    default = total if default_project_limit is None else _check_limit(
-        default_project_limit, "default_project_limit", 0)
-    return WorkLimits(total, limits, default)
+
+    live: Mapping[str, int]
+    oldest: Mapping[str, tuple[float, int]]
+    last_claimed: Mapping[str, int]
+
+
+ClaimOrder = Callable[[QueueCensus], Sequence[str]]
+"""The groups a claim tries, best first, for a census; an empty answer claims nothing. It runs inside the
+claim's transaction, under the store's lock: it must be pure and quick, and never call the store."""
+
+
+def groups_to_try(order: ClaimOrder, census: QueueCensus) -> list[str]:
+    """The groups ``order`` names for ``census`` that have a claimable item, in its order (for backends)."""
+    chosen = order(census)
+    if isinstance(chosen, str) or not isinstance(chosen, Sequence) or not all(isinstance(g, str) for g in chosen):
+        raise InvalidInput("a claim order must return a sequence of group names", field="order")
+    return [group for group in chosen if group in census.oldest]
+
+
+def check_group(group: object) -> str:
+    """Return ``group`` if it is a usable name of a work group (1-100 printable characters)."""
+    if not isinstance(group, str) or not group or len(group) > _MAX_GROUP or not group.isprintable():
+        raise InvalidInput(f"work group {group!r} must be 1-100 printable characters", field="group")
+    return group
 
 
 def check_work_claim(claim: object) -> WorkClaim:
@@ -460,58 +456,39 @@ def _check_time(value: object, name: str) -> float:
     return float(value)
 
 
-def enqueued_row(current: WorkRow | None, key: str, project: str, ready_at: float | None, now: float) -> WorkRow:
+def enqueued_row(current: WorkRow | None, key: str, group: str, ready_at: float | None, now: float) -> WorkRow:
     """The row after ``key`` is enqueued at store time ``now`` (pure; ``current`` returned when unchanged).
 
     New -> pending; pending -> unchanged; done -> pending again; claimed (live
     or expired) -> ``rerun``, so finishing the claim makes it pending again.
     """
-    if current is not None and current.project != project:
-        raise InvalidInput(f"work item {key!r} belongs to project {current.project!r}, not {project!r}",
-                           field="project")
+    if current is not None and current.group != group:
+        raise InvalidInput(f"work item {key!r} belongs to group {current.group!r}, not {group!r}",
+                           field="group")
     ready = now if ready_at is None else ready_at
     if current is None:
-        return WorkRow(key, project, "pending", ready, now, None, 0, None, None, False)
+        return WorkRow(key, group, "pending", ready, now, None, 0, None, None, False)
     if current.status == "pending":
         return current
     if current.status == "done":
-        return WorkRow(key, project, "pending", ready, now, None, current.epoch, None, None, False,
+        return WorkRow(key, group, "pending", ready, now, None, current.epoch, None, None, False,
                        current.position)
     if current.rerun:
         return current
-    return WorkRow(key, project, current.status, current.ready_at, current.enqueued_at, current.claimed_by,
+    return WorkRow(key, group, current.status, current.ready_at, current.enqueued_at, current.claimed_by,
                    current.epoch, current.expires_at, current.heartbeat_at, True, current.position)
-
-
-def claim_order(live: dict[str, int], oldest: dict[str, tuple[float, int]], last_claimed: dict[str, int],
-                limits: WorkLimits) -> list[str]:
-    """Projects a claimer should try, best first (pure); empty when the global limit is reached.
-
-    ``live`` counts live claims per project, ``oldest`` gives each project's
-    oldest claimable item as ``(ready_at, position)``, ``last_claimed`` the
-    number of each project's latest claim (claims are numbered 1, 2, … per
-    store, so the order is exact whatever the clock's resolution). Only projects under their own limit
-    are eligible; fewest live claims first; among equals, the project served
-    longest ago (never served first), then the one whose oldest item waited
-    longest. So a project's backlog cannot hold every slot, and even a single
-    worker takes turns between projects instead of draining one backlog first.
-    """
-    if sum(live.values()) >= limits.global_limit:
-        return []
-    eligible = [p for p in oldest if live.get(p, 0) < limits.limit_of(p)]
-    return sorted(eligible, key=lambda p: (live.get(p, 0), last_claimed.get(p, 0), oldest[p], p))
 
 
 def claimed_row(row: WorkRow, owner: str, ttl: float, now: float) -> WorkRow:
     """``row`` claimed by ``owner`` at store time ``now`` for ``ttl`` seconds (pure; epoch + 1)."""
-    return WorkRow(row.key, row.project, "claimed", row.ready_at, row.enqueued_at, owner, row.epoch + 1,
+    return WorkRow(row.key, row.group, "claimed", row.ready_at, row.enqueued_at, owner, row.epoch + 1,
                    now + ttl, now, False, row.position)
 
 
 def work_claim_of(row: WorkRow) -> WorkClaim:
     """The claim a freshly claimed ``row`` hands its owner."""
     assert row.claimed_by is not None and row.expires_at is not None
-    return WorkClaim(row.key, row.project, row.claimed_by, row.epoch, row.expires_at)
+    return WorkClaim(row.key, row.group, row.claimed_by, row.epoch, row.expires_at)
 
 
 def work_fence_problem(row: WorkRow | None, claim: WorkClaim, now: float, *, allow_expired: bool) -> FencingError | None:
@@ -541,7 +518,7 @@ def renewed_row(row: WorkRow | None, claim: WorkClaim, ttl: float, now: float) -
     if problem:
         raise problem
     assert row is not None
-    return WorkRow(row.key, row.project, "claimed", row.ready_at, row.enqueued_at, row.claimed_by, row.epoch,
+    return WorkRow(row.key, row.group, "claimed", row.ready_at, row.enqueued_at, row.claimed_by, row.epoch,
                    now + ttl, now, row.rerun, row.position)
 
 
@@ -557,9 +534,9 @@ def finished_row(row: WorkRow | None, claim: WorkClaim, now: float, *, requeue: 
     assert row is not None
     if requeue or row.rerun:
         ready = now + delay if delay > 0 else (row.ready_at if requeue else now)
-        return WorkRow(row.key, row.project, "pending", ready, row.enqueued_at, None, row.epoch, None, None,
+        return WorkRow(row.key, row.group, "pending", ready, row.enqueued_at, None, row.epoch, None, None,
                        False, row.position)
-    return WorkRow(row.key, row.project, "done", row.ready_at, row.enqueued_at, None, row.epoch, None, None,
+    return WorkRow(row.key, row.group, "done", row.ready_at, row.enqueued_at, None, row.epoch, None, None,
                    False, row.position)
 
 
@@ -608,13 +585,13 @@ class Store(abc.ABC):
         return [row.to_event() for row in rows]
 
     def append_and_enqueue(self, stream: str, events: Sequence[NewEvent | PreparedEvent], expected_seq: int, *,
-                           key: str, project: str, fence: Fence | None = None) -> list[Event]:
-        """:meth:`append`, and :meth:`enqueue` of the work item ``key`` in ``project`` (ready now), in one
+                           key: str, group: str, fence: Fence | None = None) -> list[Event]:
+        """:meth:`append`, and :meth:`enqueue` of the work item ``key`` in ``group`` (ready now), in one
         transaction: both are durable, or neither (a queued turn is never left without its queue row)."""
         batch = self._prepare_append(stream, events, expected_seq, fence, None)
-        key, project = check_lease_key(key), check_project(project)
+        key, group = check_lease_key(key), check_group(group)
         rows = self._append_and_enqueue(stream, batch, expected_seq, fence,
-                                        lambda current, now: enqueued_row(current, key, project, None, now), key)
+                                        lambda current, now: enqueued_row(current, key, group, None, now), key)
         return [row.to_event() for row in rows]
 
     def append_many(self, requests: Sequence[AppendRequest]) -> list[list[Event] | JixuError]:
@@ -763,34 +740,37 @@ class Store(abc.ABC):
 
     # --- work queue -----------------------------------------------------------------
 
-    def enqueue(self, key: str, project: str, *, ready_at: float | None = None) -> WorkItem:
-        """Make the work item ``key`` of ``project`` pending (ready from ``ready_at``, store clock; default now).
+    def enqueue(self, key: str, group: str, *, ready_at: float | None = None) -> WorkItem:
+        """Make the work item ``key`` of ``group`` pending (ready from ``ready_at``, store clock; default now).
 
         Idempotent per key: enqueueing a pending item changes nothing; a done
         item becomes pending again; a claimed item is marked to run again
         once its claim finishes (so no wake-up is lost). A key belongs to one
-        project for good (:class:`~jixu.errors.InvalidInput` otherwise).
+        group for good (:class:`~jixu.errors.InvalidInput` otherwise).
         """
-        key, project = check_lease_key(key), check_project(project)
+        key, group = check_lease_key(key), check_group(group)
         ready = None if ready_at is None else _check_time(ready_at, "ready_at")
-        return self._change_work(key, lambda current, now: enqueued_row(current, key, project, ready, now))[0]
+        return self._change_work(key, lambda current, now: enqueued_row(current, key, group, ready, now))[0]
 
-    def claim_work(self, owner: str, ttl: float, *, global_limit: int, project_limits: dict[str, int] | None = None,
-                   default_project_limit: int | None = None) -> WorkClaim | None:
-        """Atomically claim one ready item for ``owner`` for ``ttl`` seconds of store time, or ``None``.
+    def claim_work(self, owner: str, ttl: float, order: ClaimOrder) -> WorkClaim | None:
+        """Atomically claim one claimable item for ``owner`` for ``ttl`` seconds of store time, or ``None``.
 
-        Ready means pending with ``ready_at`` reached, or claimed with a claim
-        expired by the store's clock. Live claims stay below ``global_limit``
-        in total and below each project's limit (``project_limits``, else
-        ``default_project_limit``, else only the global limit). Fair across
-        projects: the eligible project with the fewest live claims wins (ties:
-        the one served longest ago, then the one whose oldest ready item
-        waited longest), then its oldest item.
-        The claim's epoch is the item's previous epoch + 1.
+        In one transaction serialised with every other claim on the store, so
+        what it counts holds across every process and machine sharing it:
+        take the :class:`QueueCensus`, ask ``order`` which groups to try
+        (best first), and claim the oldest claimable item (``ready_at``, then
+        ``position``) of the first of them that has one. Claimable means
+        pending with ``ready_at`` reached, or claimed with a claim expired by
+        the store's clock. The claim's epoch is the item's previous epoch + 1;
+        the group's ``last_claimed`` becomes the store's next claim number.
+        Which groups there are, their limits and the fairness between them
+        are the caller's (:func:`jixu.scheduling.queue.claim`).
         """
         owner, ttl = check_owner(owner), check_ttl(ttl)
-        limits = check_limits(global_limit, project_limits, default_project_limit)
-        return self._claim_work(owner, ttl, limits)
+        if not callable(order):
+            raise InvalidInput("order must be a function of a QueueCensus naming the groups to try",
+                               field="order")
+        return self._claim_work(owner, ttl, order)
 
     def renew_work(self, claim: WorkClaim, ttl: float) -> WorkClaim:
         """Extend ``claim`` to ``ttl`` seconds from the store's now; :class:`~jixu.errors.FencingError`
@@ -815,14 +795,14 @@ class Store(abc.ABC):
         return self._change_work(claim.key, lambda current, now: finished_row(
             current, claim, now, requeue=requeue, delay=float(delay)))[0]
 
-    def list_work(self, project: str | None = None, state: str | None = None) -> list[WorkItem]:
-        """Work items (of ``project``, in ``state``), oldest first; states judged by the store's clock."""
-        if project is not None:
-            check_project(project)
+    def list_work(self, group: str | None = None, state: str | None = None) -> list[WorkItem]:
+        """Work items (of ``group``, in ``state``), oldest first; states judged by the store's clock."""
+        if group is not None:
+            check_group(group)
         if state is not None and state not in WORK_STATES:
             raise InvalidInput(f"state {state!r} must be one of {list(WORK_STATES)}", field="state")
         stored = {"expired": "claimed"}.get(state, state) if state is not None else None
-        rows, now = self._list_work(project, stored)
+        rows, now = self._list_work(group, stored)
         items = [row.item(now) for row in rows]
         return [item for item in items if state is None or item.state == state]
 
@@ -921,12 +901,12 @@ class Store(abc.ABC):
         renewal, which must not overlap a claimer's count of live claims."""
 
     @abc.abstractmethod
-    def _claim_work(self, owner: str, ttl: float, limits: WorkLimits) -> WorkClaim | None:
-        """In one transaction serialised with every other claim: count live claims, pick by
-        :func:`claim_order`, claim the chosen project's oldest claimable item."""
+    def _claim_work(self, owner: str, ttl: float, order: ClaimOrder) -> WorkClaim | None:
+        """In one transaction serialised with every other claim: take the :class:`QueueCensus`, ask
+        :func:`groups_to_try`, claim the oldest claimable item of the first group that has one."""
 
     @abc.abstractmethod
-    def _list_work(self, project: str | None, status: str | None) -> tuple[list[WorkRow], float]:
+    def _list_work(self, group: str | None, status: str | None) -> tuple[list[WorkRow], float]:
         """Rows (filtered by stored status) in (ready_at, position) order, and the store's now."""
 
     @abc.abstractmethod
@@ -945,22 +925,22 @@ __all__ = [
     "AlreadyStored",
     "WORK_STATES",
     "Checkpoint",
+    "ClaimOrder",
     "Fence",
     "Lease",
+    "QueueCensus",
     "Store",
     "StreamInfo",
     "WorkClaim",
     "WorkItem",
-    "WorkLimits",
     "WorkRow",
     "check_fence",
-    "check_limits",
-    "check_project",
+    "check_group",
     "check_work_claim",
-    "claim_order",
     "claimed_row",
     "enqueued_row",
     "finished_row",
+    "groups_to_try",
     "renewed_row",
     "work_claim_of",
     "work_fence_problem",

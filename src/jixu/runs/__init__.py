@@ -1,20 +1,20 @@
-"""Runs layer: durable work orders (runs) and the queued work and worker processes that run them.
+"""Runs layer: durable work orders (runs), their execution requests and the providers that implement them.
 
 Runs (SPEC section 5, decision 0005): :func:`register_project` records a
 project (authorized git origin + policy); :class:`Runs` creates runs, executes
 them (``prepare`` -> ``implement`` -> ``verify`` as ``task`` effects in the
 run's hash-chained journal) and operates them (``resume``, ``handoff``,
-``retry``, ``cancel``); :func:`submit_run` puts a run in the work queue.
+``retry``, ``cancel``); :func:`jixu.scheduling.submit_run` puts a run in the work queue.
 Execution requests (:mod:`jixu.runs.requests`) publish a succeeded run
 (:class:`GitPublisher`, :class:`PullRequestPublisher`) or cancel one, each with
 its own hash-chained stream, and are settled only by evidence.
 Providers implement the brief: :class:`CommandProvider` (an external agent
 CLI), :class:`ScriptedProvider` (deterministic, for tests).
 
-Threads become queued work with :func:`submit_turn` (or :func:`enqueue_thread`);
-:class:`WorkerPool` / ``jixu worker`` run them with bounded, fair concurrency.
-A worker given providers also executes runs (``run/<id>``) and execution
-requests (``request/<id>``) with a :class:`Runs` under its own owner name.
+Queued work (threads' turns, runs, execution requests) and the workers that run
+it with bounded, fair concurrency are the scheduling layer's (:mod:`jixu.scheduling`);
+a worker given providers executes runs (``run/<id>``) and execution requests
+(``request/<id>``) with a :class:`Runs` under its own owner name.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from jixu.exports import lazy_exports
 
 if TYPE_CHECKING:
     from jixu.runs.command_provider import CommandProvider
-    from jixu.runs.engine import RunLog, Runs, submit_run
+    from jixu.runs.engine import RunLog, Runs
     from jixu.runs.model import (
         RUN_STATUSES,
         PlanView,
@@ -64,30 +64,11 @@ if TYPE_CHECKING:
         request_id_of,
         request_work_key,
     )
-    from jixu.runs.scheduler import (
-        DEFAULT_PROJECT,
-        create_thread_for,
-        enqueue_thread,
-        project_of,
-        submit_turn,
-        thread_id_of,
-        thread_work_key,
-    )
     from jixu.runs.scripted_provider import ScriptedProvider, write_files
-    from jixu.runs.workers import (
-        Worker,
-        WorkerConfig,
-        WorkerPool,
-        WorkerStats,
-        load_agent_factory,
-        make_agent,
-        serve,
-    )
 
 _EXPORTS = {
     "CommandProvider": "jixu.runs.command_provider",
     "CommandRemote": "jixu.runs.remote",
-    "DEFAULT_PROJECT": "jixu.runs.scheduler",
     "ExecutionRequestView": "jixu.runs.requests",
     "GitPublisher": "jixu.runs.publication",
     "ImplementContext": "jixu.runs.providers",
@@ -111,29 +92,15 @@ _EXPORTS = {
     "Runs": "jixu.runs.engine",
     "ScriptedProvider": "jixu.runs.scripted_provider",
     "TaskView": "jixu.runs.model",
-    "Worker": "jixu.runs.workers",
-    "WorkerConfig": "jixu.runs.workers",
-    "WorkerPool": "jixu.runs.workers",
-    "WorkerStats": "jixu.runs.workers",
     "change_origin": "jixu.runs.model",
-    "create_thread_for": "jixu.runs.scheduler",
-    "enqueue_thread": "jixu.runs.scheduler",
     "get_project": "jixu.runs.model",
     "list_projects": "jixu.runs.model",
-    "load_agent_factory": "jixu.runs.workers",
-    "make_agent": "jixu.runs.workers",
-    "project_of": "jixu.runs.scheduler",
     "provider_snapshot": "jixu.runs.providers",
     "register_project": "jixu.runs.model",
     "request_id_of": "jixu.runs.requests",
     "request_work_key": "jixu.runs.requests",
     "run_id_of": "jixu.runs.model",
     "run_work_key": "jixu.runs.model",
-    "serve": "jixu.runs.workers",
-    "submit_run": "jixu.runs.engine",
-    "submit_turn": "jixu.runs.scheduler",
-    "thread_id_of": "jixu.runs.scheduler",
-    "thread_work_key": "jixu.runs.scheduler",
     "update_policy": "jixu.runs.model",
     "validate_policy": "jixu.runs.model",
     "write_files": "jixu.runs.scripted_provider",
@@ -143,7 +110,6 @@ _EXPORTS = {
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
-    "DEFAULT_PROJECT",
     "MAX_PUBLICATION_ATTEMPTS",
     "REQUEST_STATUSES",
     "RUN_STATUSES",
@@ -172,26 +138,12 @@ __all__ = [
     "Runs",
     "ScriptedProvider",
     "TaskView",
-    "Worker",
-    "WorkerConfig",
-    "WorkerPool",
-    "WorkerStats",
-    "create_thread_for",
-    "enqueue_thread",
     "get_project",
     "list_projects",
-    "load_agent_factory",
-    "make_agent",
-    "project_of",
     "provider_snapshot",
     "register_project",
     "run_id_of",
     "run_work_key",
-    "serve",
-    "submit_run",
-    "submit_turn",
-    "thread_id_of",
-    "thread_work_key",
     "update_policy",
     "validate_policy",
     "write_files",

@@ -21,7 +21,7 @@ Durability rules (the same as threads'):
   :meth:`Runs.retry`, :meth:`Runs.cancel`) validate everything first: bad input
   raises a typed error and writes nothing. They record decisions; running is
   :meth:`Runs.execute`'s job (or a worker's, for runs put in the work queue
-  with :func:`submit_run`).
+  with :func:`jixu.scheduling.submit_run`).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from jixu.kernel import (
 from jixu.ledger import Fence, NewEvent, Store, new_id
 from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
 from jixu.ledger.ids import is_valid_id
-from jixu.ledger.store import WorkItem, check_owner, check_ttl
+from jixu.ledger.store import check_owner, check_ttl
 from jixu.recovery import Analysis
 from jixu.recovery.resolutions import admit_resolution, resolution_body
 from jixu.runs.checks import run_checks
@@ -123,16 +123,6 @@ def _unexpected(error: Exception) -> Outcome:
 def default_run_owner() -> str:
     """An owner name stable across restarts on this machine: ``runs@<hostname>``."""
     return f"runs@{socket.gethostname()}"
-
-
-def submit_run(store: Store, run_id: str) -> WorkItem:
-    """Put a run in the work queue: key ``run/<run_id>`` in the run's project (idempotent, like threads').
-
-    A worker that claims the key runs :meth:`Runs.execute` (see the module
-    docstring of :mod:`jixu.runs` for what the thread worker still lacks).
-    """
-    log = RunLog(store, run_id)
-    return store.enqueue(run_work_key(run_id), log.record.project)
 
 
 def _allowed(path: str, globs: list[str]) -> bool:
@@ -663,8 +653,9 @@ class Runs:
     def _wake(self, log: RunLog) -> None:
         """Re-enqueue the run if it is in the work queue, so a worker picks the decision up."""
         key = run_work_key(log.run_id)
-        if self.store.get_work(key) is not None:
-            self.store.enqueue(key, log.record.project)
+        queued = self.store.get_work(key)
+        if queued is not None:
+            self.store.enqueue(key, queued.group)
 
     def _refuse_unless_operable(self, log: RunLog, status: str, reason: str, analysis: Analysis, what: str) -> None:
         log.open_to_act()
@@ -684,7 +675,8 @@ class Runs:
 
     async def resume(self, run_id: str, actor: str = "operator", *, note: str | None = None,
                      stop_agents: bool = False) -> RunState:
-        """Continue a paused, interrupted or unreconciled run in place (then :meth:`execute` or :func:`submit_run`).
+        """Continue a paused, interrupted or unreconciled run in place (then :meth:`execute` or
+        :func:`jixu.scheduling.submit_run`).
 
         First reconciles the workspace against the journal (git root,
         authorized origin, HEAD, source tree) and records it
@@ -896,4 +888,4 @@ class Runs:
                             knowledge if isinstance(knowledge, dict) else None, actor)
 
 
-__all__ = ["DEFAULT_LEASE_TTL", "RunLog", "Runs", "default_run_owner", "submit_run"]
+__all__ = ["DEFAULT_LEASE_TTL", "RunLog", "Runs", "default_run_owner"]

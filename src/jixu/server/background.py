@@ -1,6 +1,6 @@
 """An in-process worker for ``jixu serve --agent/--providers``: inputs sent over HTTP are executed here.
 
-The worker is the same :class:`jixu.runs.Worker` that ``jixu worker`` runs,
+The worker is the same :class:`jixu.scheduling.Worker` that ``jixu worker`` runs,
 on its own thread with its own event loop (the store is thread-safe), so a
 long model or tool call never blocks the HTTP server; plain ``def`` tools run
 in that loop's bounded pool (``WorkerConfig.tool_threads``). It is started and
@@ -17,15 +17,16 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from jixu.ledger import Store
-from jixu.runs import Provider, Worker, WorkerConfig
-from jixu.runs.workers import use_tool_pool
+from jixu.runs import Provider
+from jixu.scheduling import Worker, WorkerConfig
+from jixu.scheduling.workers import use_tool_pool
 from jixu.threads import Agent
 
 log = logging.getLogger("jixu.server.worker")
 
 
 class BackgroundWorker:
-    """One :class:`~jixu.runs.Worker` over ``store`` on a daemon thread; use :meth:`lifespan` with create_app."""
+    """One :class:`~jixu.scheduling.Worker` over ``store`` on a daemon thread; use :meth:`lifespan` with create_app."""
 
     def __init__(self, store: Store, config: WorkerConfig, *, agent: Agent | None = None,
                  providers: dict[str, Provider] | None = None) -> None:

@@ -1,6 +1,6 @@
 """``/api/v1/runs``: create, list and inspect runs; resume, hand off, retry and cancel them.
 
-Runs made here are put in the work queue (:func:`jixu.runs.submit_run`):
+Runs made here are put in the work queue (:func:`jixu.scheduling.submit_run`):
 the server's own worker (``jixu serve --providers``) or ``jixu worker``
 executes them. A run belongs to its project: other projects' callers get 404.
 """
@@ -14,8 +14,9 @@ from fastapi.responses import JSONResponse
 
 from jixu.errors import InvalidInput, ProjectNotFound, RunNotFound
 from jixu.ledger import is_valid_id
-from jixu.runs import RUN_STATUSES, run_work_key, submit_run
+from jixu.runs import RUN_STATUSES, run_work_key
 from jixu.runs.engine import RunLog
+from jixu.scheduling import submit_run
 from jixu.server.context import Authenticated, Context, context, mutation, run_async
 from jixu.server.idempotency import Outcome
 from jixu.server.models import (

@@ -1,7 +1,7 @@
 """``/api/v1/threads``: create threads, send input, read state and events (paged and live), decide.
 
 Every thread belongs to the project recorded in its metadata at creation.
-Inputs are queued turns (:func:`jixu.runs.submit_turn`): a worker (the
+Inputs are queued turns (:func:`jixu.scheduling.submit_turn`): a worker (the
 server's own, with ``jixu serve --agent``, or ``jixu worker``) runs them.
 """
 
@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from jixu.errors import InvalidInput, JixuError, ProjectNotFound, ThreadNotFound
 from jixu.ledger import Event, is_valid_id
-from jixu.runs import create_thread_for, enqueue_thread, project_of, submit_turn, thread_work_key
+from jixu.scheduling import create_thread_for, enqueue_thread, project_of, submit_turn, thread_work_key
 from jixu.server.auth import authenticate
 from jixu.server.context import Authenticated, Context, Services, context, mutation, principal, services
 from jixu.server.idempotency import Outcome

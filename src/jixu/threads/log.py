@@ -668,8 +668,8 @@ class ThreadLog:
         started fenced by it (:class:`~jixu.errors.TurnOwned` while another
         process holds a live claim). Without, the turn is queued: recorded
         unowned, for whichever process (a worker, the owning application)
-        claims it next; ``enqueue`` = ``(key, project)`` puts it in the work
-        queue in the same transaction.
+        claims it next; ``enqueue`` = ``(key, group)`` puts it in the work
+        queue in the same transaction (the scheduling layer says which).
         """
         turn_id, fence, events = self._turn_start(text, owner, ttl)
         self.append(events, fence, enqueue=enqueue)

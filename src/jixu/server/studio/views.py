@@ -17,7 +17,7 @@ from typing import Any
 from jixu.ledger import Event
 from jixu.recovery import EffectDecision
 from jixu.recovery.corruption import Corruption
-from jixu.runs import project_of
+from jixu.scheduling import project_of
 from jixu.server import runs as runs_api
 from jixu.server import threads as threads_api
 from jixu.server.auth import ROLE_RANK

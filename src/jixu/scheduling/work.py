@@ -1,9 +1,10 @@
-"""Threads as queued work: record a turn for whichever worker claims it, and put the thread in the queue.
+"""What goes in the work queue: threads' queued turns and runs, each under its key in its project.
 
 A thread's work item has the key ``thread/<thread_id>`` (its stream's name)
 and the project named in the thread's metadata (``project``, default
-``"default"``). The queue itself (fair, bounded claims) is the ledger's
-(:meth:`jixu.ledger.Store.claim_work`); this module only decides what goes in.
+``"default"``); a run's the key ``run/<run_id>`` in the run's project. The queue itself (atomic claims) is
+the ledger's and its policy (limits, fairness) :mod:`jixu.scheduling.queue`'s; this module decides what goes
+in.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ from typing import Any
 
 from jixu.errors import InvalidInput, JixuError, ThreadBusy
 from jixu.ledger import Store
-from jixu.ledger.store import WorkItem, check_project
+from jixu.runs.journal import RunLog
+from jixu.runs.model import run_work_key
+from jixu.scheduling.queue import DEFAULT_PROJECT, QueuedWork, check_project, enqueue
 from jixu.threads.agent import Agent
 from jixu.threads.log import THREAD_PREFIX, ThreadLog
-
-DEFAULT_PROJECT = "default"
-"""The project of a thread whose metadata names none."""
 
 
 def thread_work_key(thread_id: str) -> str:
@@ -74,14 +74,23 @@ def submit_turn(store: Store, thread_id: str, text: str, *, actor: str = "jixu")
     return turn_id
 
 
-def enqueue_thread(store: Store, thread_id: str) -> WorkItem:
+def enqueue_thread(store: Store, thread_id: str) -> QueuedWork:
     """Put a thread (back) in the queue, e.g. after an operator's decision lets it continue.
 
     Idempotent: a pending thread stays as it is; one being worked on runs once
     more after its current claim.
     """
     log = ThreadLog.load(store, thread_id)
-    return store.enqueue(thread_work_key(thread_id), project_of(log.state.metadata))
+    return enqueue(store, thread_work_key(thread_id), project_of(log.state.metadata))
+
+
+def submit_run(store: Store, run_id: str) -> QueuedWork:
+    """Put a run in the work queue: key ``run/<run_id>`` in the run's project (idempotent, like threads').
+
+    A worker given providers that claims the key runs :meth:`Runs.execute <jixu.runs.Runs.execute>`.
+    """
+    log = RunLog(store, run_id)
+    return enqueue(store, run_work_key(run_id), log.record.project)
 
 
 async def repair_queue(store: Store, *, page: int = 500) -> list[str]:
@@ -89,7 +98,7 @@ async def repair_queue(store: Store, *, page: int = 500) -> list[str]:
     transactions, killed in between); the ids of the threads it enqueued.
 
     Reads each thread without a work item once (from its checkpoint), yielding to the event loop between
-    threads, so a worker can run it beside its work (:meth:`jixu.runs.Worker.run` does, at start).
+    threads, so a worker can run it beside its work (:meth:`jixu.scheduling.Worker.run` does, at start).
     """
     repaired: list[str] = []
     after = ""
@@ -105,7 +114,7 @@ async def repair_queue(store: Store, *, page: int = 500) -> list[str]:
                 continue  # not a thread this can read (corrupt, invalid id): an operator's business
             turn = log.state.active_turn()
             if turn is not None and turn.queued and turn.owner is None:
-                store.enqueue(thread_work_key(thread_id), project_of(log.state.metadata))
+                enqueue(store, thread_work_key(thread_id), project_of(log.state.metadata))
                 repaired.append(thread_id)
             await asyncio.sleep(0)
         if len(infos) < page:
@@ -113,5 +122,5 @@ async def repair_queue(store: Store, *, page: int = 500) -> list[str]:
         after = infos[-1].stream
 
 
-__all__ = ["DEFAULT_PROJECT", "create_thread_for", "enqueue_thread", "project_of", "repair_queue", "submit_turn",
+__all__ = ["create_thread_for", "enqueue_thread", "project_of", "repair_queue", "submit_run", "submit_turn",
            "thread_id_of", "thread_work_key"]

@@ -1,7 +1,7 @@
 """Worker processes: claim queued threads from the ledger, run their turns, finish the claims.
 
-A :class:`Worker` is one process's loop: ``claim_work`` (fair across
-projects, bounded globally and per project, by the store) -> open the thread
+A :class:`Worker` is one process's loop: a claim (fair across projects,
+bounded globally and per project: :func:`jixu.scheduling.queue.claim`, atomic in the store) -> open the thread
 with a :class:`~jixu.threads.Harness` whose owner is the worker's stable name
 -> run until the turn stops -> ``finish_work``. The work claim is renewed
 every ``lease_ttl / 3`` seconds while the item runs (the Harness renews the
@@ -20,7 +20,7 @@ finds every open effect safe, otherwise it waits for ``jixu turns recover``.
 The agent comes from a factory given as ``MODULE:FACTORY``: a zero-argument
 callable returning a :class:`~jixu.Agent`, importable in every worker process.
 
-Runs (keys ``run/<id>``, put in the queue by :func:`~jixu.runs.submit_run`) and execution requests
+Runs (keys ``run/<id>``, put in the queue by :func:`~jixu.scheduling.submit_run`) and execution requests
 (keys ``request/<id>``, put there when admitted)
 are executed by workers given a providers factory (``MODULE:FACTORY``
 returning ``dict[str, Provider]``, as for ``jixu runs``): :meth:`Runs.execute
@@ -71,13 +71,15 @@ from jixu.errors import (
 from jixu.kernel import DEFAULT_LEASE_TTL
 from jixu.ledger import Store, open_store
 from jixu.ledger.encoding import JSONObject
-from jixu.ledger.store import WorkClaim, check_limits, check_owner
+from jixu.ledger.store import WorkClaim, check_owner
 from jixu.runs.engine import Runs
 from jixu.runs.model import RunState, run_id_of
 from jixu.runs.operations import load_publishers, load_remotes
 from jixu.runs.providers import Provider
 from jixu.runs.requests import request_id_of
-from jixu.runs.scheduler import repair_queue, thread_id_of
+from jixu.scheduling.queue import check_limits
+from jixu.scheduling.queue import claim as claim_work
+from jixu.scheduling.work import repair_queue, thread_id_of
 from jixu.threads.agent import Agent
 from jixu.threads.harness import Harness
 
@@ -88,7 +90,7 @@ CONFIG_ENV = "JIXU_WORKER_CONFIG"
 """The environment variable a pool hands each child its configuration in (kept out of ``ps``)."""
 EXIT_OK, EXIT_FAILED, EXIT_STORE, EXIT_INVALID_INPUT = 0, 1, 5, 6
 """Exit codes of a worker process (the same meanings as the ``jixu`` CLI's)."""
-_CHILD_CODE = "from jixu.runs.workers import child_main; child_main()"
+_CHILD_CODE = "from jixu.scheduling.workers import child_main; child_main()"
 DEFAULT_WORKSPACE_ROOT = "jixu-workspaces"
 """Where a worker makes new runs' workspaces when none is configured (as ``jixu runs``)."""
 
@@ -245,7 +247,7 @@ class WorkerConfig:
 
     @property
     def limits(self) -> dict[str, Any]:
-        """The keyword arguments of :meth:`~jixu.ledger.Store.claim_work`."""
+        """The keyword arguments of :func:`~jixu.scheduling.queue.claim`."""
         return {"global_limit": UNBOUNDED if self.global_limit is None else self.global_limit,
                 "project_limits": dict(self.project_limits), "default_project_limit": self.default_project_limit}
 
@@ -397,23 +399,23 @@ class Worker:
                 try:
                     # In a thread: a claim is a durable write (an fsync on SQLite), which would hold the loop
                     # and every turn on it.
-                    claim = await self._queue(self.store.claim_work, config.owner, config.lease_ttl, **limits)
-                    idle = (claim is None and not in_flight and config.exit_when_idle
+                    claimed = await self._queue(claim_work, self.store, config.owner, config.lease_ttl, **limits)
+                    idle = (claimed is None and not in_flight and config.exit_when_idle
                             and await self._queue(self._queue_empty))
                 except StoreError as error:  # e.g. the database restarting: keep trying, slowly
                     self.stats.errors += 1
                     self.report("error", f"could not claim work ({error.message}); retrying")
                     await self._pause(max(1.0, min(5.0, config.poll_interval * 10)))
                     continue
-                if claim is None:
+                if claimed is None:
                     if idle:
                         self.report("stop", "the queue is empty; exiting")
                         break
                     await self._until_one_ends(in_flight, config.poll_interval)
                     continue
                 self.stats.claimed += 1
-                self.report("claim", f"claimed {claim.key} (project {claim.project}, epoch {claim.epoch})")
-                in_flight.add(asyncio.create_task(self._process(claim), name=f"jixu-work-{claim.key}"))
+                self.report("claim", f"claimed {claimed.key} (project {claimed.group}, epoch {claimed.epoch})")
+                in_flight.add(asyncio.create_task(self._process(claimed), name=f"jixu-work-{claimed.key}"))
                 self.stats.max_in_flight = max(self.stats.max_in_flight, len(in_flight))
             if self._stopping:
                 await self._drain(busy=len(in_flight))
@@ -433,7 +435,7 @@ class Worker:
         return self.stats
 
     async def _queue(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        """``fn(*args, **kwargs)`` (a work-queue call of the store) in this worker's queue threads."""
+        """``fn(*args, **kwargs)`` (a work-queue call on the store) in this worker's queue threads."""
         return await asyncio.get_running_loop().run_in_executor(self._queue_pool, partial(fn, *args, **kwargs))
 
     async def _watch_loop(self, interval: float) -> None:
