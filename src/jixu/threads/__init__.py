@@ -10,6 +10,7 @@ from jixu.threads.log import ThreadLog
 from jixu.threads.model import ModelDriver, ModelRequest, ModelResponse, ScriptedModel, ToolCall, Usage
 from jixu.threads.projection import ThreadProjection
 from jixu.threads.steps import DurableRun, durable
+from jixu.threads.sync import SyncHarness, SyncThread
 from jixu.threads.thread import State, Thread
 from jixu.threads.tools import DontKnow, NotOccurred, Occurred, ProbeQuery, Tool, ToolContext, ToolError, tool
 
@@ -54,6 +55,8 @@ __all__ = [
     "ScriptedModel",
     "Signal",
     "State",
+    "SyncHarness",
+    "SyncThread",
     "Thread",
     "ThreadLog",
     "ThreadProjection",
