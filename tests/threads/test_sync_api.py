@@ -215,6 +215,42 @@ def test_an_interruption_still_cuts_the_call_in_flight(tmp_path: Path) -> None:
     harness.close()
 
 
+def test_two_handles_of_one_thread_share_one_agent_loop(tmp_path: Path) -> None:
+    """Web handlers open the same thread: a second handle never starts a second loop on the turn (it would take
+    the claim from the first mid-call); it follows the first, and a second send is refused."""
+    SENT.clear()
+    gate = asyncio.Event()
+
+    @tool(semantics="unsafe")
+    async def gated_email(to: str, ctx: ToolContext) -> str:
+        """Send an email once the gate opens."""
+        await gate.wait()
+        SENT.append(f"{to} {ctx.effect_id}")
+        return f"sent to {to}"
+
+    harness = Harness(_addressed_mailer(gated_email), f"sqlite:///{tmp_path}/t.db")
+
+    async def scenario() -> None:
+        first = await harness.create_thread()
+        second = await harness.open_thread(first.thread_id)  # idle now: a handle of its own
+        assert second is not first
+        await first.send("a@example.com")
+        assert await harness.open_thread(first.thread_id) is first, "the handle at work is the one opened"
+        waiting = asyncio.ensure_future(second.wait())
+        await asyncio.sleep(0.05)
+        with pytest.raises(ThreadBusy):
+            await second.send("b@example.com")
+        gate.set()
+        one, two = await asyncio.gather(first.wait(), waiting)
+        assert (one.status, one.last_reply) == (two.status, two.last_reply) == ("idle", "Sent.")
+        assert [d.state for d in two.effects.values() if d.kind == "tool"] == ["completed"]
+        assert not [e for e in await second.events() if e.type == "turn.claimed"], "nobody took the claim over"
+
+    asyncio.run(scenario())
+    harness.close()
+    assert len(SENT) == 1
+
+
 # --- the synchronous facade -------------------------------------------------------------------------------
 
 
