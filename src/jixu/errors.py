@@ -249,6 +249,12 @@ class ThreadBusy(JixuError):
     code = "thread_busy"
 
 
+class HarnessClosed(ThreadBusy):
+    """The harness was closed (or belongs to another process, before a fork): it admits no more work."""
+
+    code = "harness_closed"
+
+
 class TurnOwned(ThreadBusy):
     """Another process owns the thread's active turn (its lease is live, or expired but not recovered)."""
 
@@ -475,6 +481,7 @@ __all__ = [
     "EffectNotUnknown",
     "FencingError",
     "GitError",
+    "HarnessClosed",
     "IdempotencyConflict",
     "IncompatibleAgent",
     "InvalidId",

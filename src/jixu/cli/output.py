@@ -45,6 +45,7 @@ _EXIT_BY_CODE: dict[str, int] = {
     "request_corrupt": EXIT_CHECK_FAILED,
     "key_unavailable": EXIT_STORE,
     "thread_busy": EXIT_CONFLICT,
+    "harness_closed": EXIT_CONFLICT,
     "incompatible_agent": EXIT_CONFLICT,
     "step_outcome_unknown": EXIT_CONFLICT,
     "step_mismatch": EXIT_CONFLICT,

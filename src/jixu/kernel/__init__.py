@@ -5,6 +5,7 @@
   only; receipts are kept across other writers' events.
 * :mod:`~jixu.kernel.ownership`: claims, the ``*.claimed`` record, heartbeats, release.
 * :mod:`~jixu.kernel.effects`: dispatch marker -> driver -> receipt.
+* :mod:`~jixu.kernel.shutdown`: a loop's shutdown never cuts a call in flight.
 * :mod:`~jixu.kernel.loop`: the decide-and-act loop and its pauses.
 
 The kernel sits on the ledger and the recovery resolver; threads and runs sit on it and supply only
@@ -31,18 +32,22 @@ from jixu.kernel.ownership import (
     release,
     take_claim,
 )
+from jixu.kernel.shutdown import CallerTask, ServingTask, calls_in_flight
 from jixu.kernel.writer import StreamWriter, is_receipt, record, unrecorded_receipts
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
     "INTERRUPTED",
+    "CallerTask",
     "Claim",
     "Commitment",
     "Commits",
     "Outcome",
+    "ServingTask",
     "Session",
     "StreamWriter",
     "acquire_claim",
+    "calls_in_flight",
     "claim_stream",
     "dead_holder",
     "drive",

@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from jixu.errors import JixuError, StoreError
+from jixu.kernel.shutdown import ServingTask
 from jixu.ledger.event import Event, NewEvent, PreparedEvent
 from jixu.ledger.store import AppendRequest, Fence, Store
 
@@ -138,7 +139,8 @@ class Commits:
         if not self._committing:
             self._committing = True
             # Kept referenced: the loop holds tasks only weakly.
-            self._task = loop.create_task(self._commit_all(), name="jixu-commits")
+            # A ServingTask: a loop's shutdown leaves it committing while a call is in flight (decision 0036).
+            self._task = ServingTask(self._commit_all(), loop=loop, name="jixu-commits")
             self._task.add_done_callback(self._abandon_if_never_run)
         return future
 

@@ -8,6 +8,14 @@ driver says for sure that nothing happened, an indeterminate one otherwise;
 a cancellation mid-call records ``interrupted`` (indeterminate: the call may
 have happened) before the cancellation goes on. The caller supplies the
 driver call, the classification of its errors and where the receipt goes.
+
+**A loop's shutdown never cuts a call** (decision 0036). ``asyncio.run``
+cancels every task of its loop on the way out, so a program that sends in one
+``asyncio.run`` and waits in another would cut the call in flight between its
+dispatch marker and its receipt. A call carried out on a
+:class:`~jixu.kernel.shutdown.CallerTask` is safe from that (see
+:mod:`jixu.kernel.shutdown`): the shutdown takes effect once the call's
+receipt is recorded.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from jixu.kernel.shutdown import CallerTask
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.event import NewEvent
 
@@ -70,19 +79,31 @@ async def perform(*, dispatch: Callable[[], Awaitable[object]], call: Callable[[
 
     ``classify`` turns an exception of the call into its outcome (be honest:
     determinate only when the error proves nothing happened). A
-    cancellation while the call runs records ``interrupted`` and goes on.
+    cancellation while the call runs records ``interrupted`` and goes on,
+    except a loop's shutdown on a :class:`CallerTask`: that one is raised
+    only after the call ended and its receipt was recorded.
     ``KeyboardInterrupt`` and ``SystemExit`` are not receipts: they go on up
     and leave the effect dispatched without one (``unknown``).
     """
     await dispatch()
+    task = asyncio.current_task()
+    caller = task if isinstance(task, CallerTask) else None
+    if caller is not None:
+        caller.in_flight += 1
     try:
-        outcome = await call()
-    except asyncio.CancelledError:
-        await record(interrupted)
-        raise
-    except Exception as error:
-        outcome = classify(error)
-    await record(outcome)
+        try:
+            outcome = await call()
+        except asyncio.CancelledError:
+            await record(interrupted)
+            raise
+        except Exception as error:
+            outcome = classify(error)
+        await record(outcome)
+    finally:
+        if caller is not None:
+            caller.in_flight -= 1
+    if caller is not None and caller.stop_requested and not caller.in_flight:
+        raise asyncio.CancelledError  # the loop's shutdown, held back until this receipt was recorded
     return outcome
 
 

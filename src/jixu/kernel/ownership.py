@@ -44,6 +44,7 @@ from typing import Any
 
 from jixu.errors import ConcurrencyError, FencingError, JixuError
 from jixu.kernel.commits import Commits
+from jixu.kernel.shutdown import ServingTask
 from jixu.kernel.writer import StreamWriter
 from jixu.ledger.event import NewEvent
 from jixu.ledger.store import Fence, Lease, Store
@@ -336,7 +337,8 @@ class Session:
         self._owner_task = asyncio.current_task()
         self._user = contextlib.ExitStack()
         self._user.enter_context(Commits.of(self.store).user())
-        self._heartbeat = asyncio.get_running_loop().create_task(self._beat(), name=f"jixu-heartbeat {self.fence.key}")
+        # A loop's shutdown leaves it beating while a call is in flight: the call's receipt needs the claim.
+        self._heartbeat = ServingTask(self._beat(), name=f"jixu-heartbeat {self.fence.key}")
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -47,6 +47,7 @@ from jixu.errors import (
     StreamCorrupt,
 )
 from jixu.kernel.commits import Commitment, Commits
+from jixu.kernel.shutdown import ServingTask
 from jixu.ledger.chain import row_hash
 from jixu.ledger.event import Event, NewEvent, PreparedEvent, parse_json, prepare
 from jixu.ledger.projection import Followed, Projection
@@ -264,7 +265,8 @@ class StreamWriter(Generic[F]):
         self._queue.append(_Queued(prepared, fence, user, future))
         if not self._busy:
             self._busy = True
-            self._pump = asyncio.get_running_loop().create_task(self._drain(commits), name=f"jixu-writer {self.stream}")
+            # A ServingTask: a loop's shutdown leaves it committing while a call is in flight (decision 0036).
+            self._pump = ServingTask(self._drain(commits), name=f"jixu-writer {self.stream}")
             self._pump.add_done_callback(self._abandon_if_never_run)
         return await future
 

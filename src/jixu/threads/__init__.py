@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from jixu.threads.projection import ThreadProjection
     from jixu.threads.steps import DurableRun, durable
     from jixu.threads.streaming import Signal
+    from jixu.threads.sync import SyncHarness, SyncThread
     from jixu.threads.thread import State, Thread
     from jixu.threads.tools import (
         DontKnow,
@@ -46,6 +47,8 @@ _EXPORTS = {
     "ScriptedModel": "jixu.threads.model",
     "Signal": "jixu.threads.streaming",
     "State": "jixu.threads.thread",
+    "SyncHarness": "jixu.threads.sync",
+    "SyncThread": "jixu.threads.sync",
     "Thread": "jixu.threads.thread",
     "ThreadLog": "jixu.threads.log",
     "ThreadProjection": "jixu.threads.projection",
@@ -80,6 +83,8 @@ __all__ = [
     "ScriptedModel",
     "Signal",
     "State",
+    "SyncHarness",
+    "SyncThread",
     "Thread",
     "ThreadLog",
     "ThreadProjection",

@@ -10,16 +10,20 @@ import warnings
 import weakref
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from jixu.errors import InvalidInput, ThreadBusy
 from jixu.kernel import DEFAULT_LEASE_TTL, tracing
 from jixu.ledger import Store, open_store
 from jixu.threads.agent import Agent
+from jixu.threads.home import OwnLoop, on_home_loop
 from jixu.threads.log import THREAD_PREFIX, ThreadLog
 from jixu.threads.revisions import revision
 from jixu.threads.steps import DurableRun
 from jixu.threads.thread import Thread
+
+if TYPE_CHECKING:
+    from jixu.threads.sync import SyncHarness
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +67,13 @@ class Harness:
     their commits (:class:`~jixu.kernel.Commits`: the one commit path, always
     on); a thread running alone commits at once. ``group_commits`` is
     accepted for compatibility and changes nothing.
+
+    Event loops (decision 0036): a harness works on the loop that awaits it,
+    and a loop's end (``asyncio.run`` returning) never cuts a call in flight:
+    the call finishes, its receipt is recorded, and the turn waits, its lease
+    given back, for the next ``wait()`` on any loop. :meth:`sync` gives the
+    harness a loop of its own instead, for synchronous programs
+    (:class:`~jixu.SyncHarness`).
     """
 
     def __init__(self, agent: Agent, store: Store | str | os.PathLike[str] | None = None, *,
@@ -96,12 +107,42 @@ class Harness:
         self.retry_backoff_cap = float(retry_backoff_cap)
         self.closing = False
         self._threads: weakref.WeakSet[Thread] = weakref.WeakSet()
+        self._own_loop: OwnLoop | None = None
+        """The loop of its own this harness's threads live on (see :meth:`sync`), if any."""
+        self._sync: SyncHarness | None = None
         if group_commits is not None:
             if not isinstance(group_commits, bool):
                 raise InvalidInput("group_commits must be True or False", field="group_commits")
             warnings.warn("Harness(group_commits=...) changes nothing: threads on one event loop always share "
                           "their commits", DeprecationWarning, stacklevel=2)
 
+    @property
+    def home_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop this harness's threads live on, or ``None``: the loop of whoever awaits them.
+
+        Set once :meth:`sync` gave the harness a loop of its own: a coroutine of the harness or of its threads
+        awaited on another loop is then carried out there.
+        """
+        return None if self._own_loop is None else self._own_loop.loop
+
+    def sync(self, *, drain_timeout: float = 10.0) -> SyncHarness:
+        """This harness for synchronous code: its threads move to an event loop of its own, in a daemon thread
+        (see :class:`~jixu.SyncHarness`; the same one on every call until it is closed). Call it before any
+        of its threads runs."""
+        from jixu.threads.sync import SyncHarness  # sync.py builds on this module
+
+        if self._sync is None or self._sync.closed:
+            self._sync = SyncHarness(self, drain_timeout=drain_timeout)
+        return self._sync
+
+    def _adopt(self, own: OwnLoop) -> None:
+        """Live on ``own`` from now on (see :meth:`sync`)."""
+        if any(thread.running for thread in list(self._threads)):
+            raise ThreadBusy("a thread of this harness is running on a caller's event loop; give the harness a "
+                             "loop of its own (sync()) before its threads run")
+        self._own_loop = own
+
+    @on_home_loop
     async def create_thread(self, *, metadata: dict[str, Any] | None = None) -> Thread:
         """A new, idle thread recorded under this harness's agent."""
         if self.closing:
@@ -109,8 +150,12 @@ class Harness:
         return self._track(Thread(self, ThreadLog.create(self.store, self.agent.describe(), metadata=metadata,
                                                          actor=self.actor)))
 
+    @on_home_loop
     async def open_thread(self, thread_id: str, *, resume: bool = True) -> Thread:
         """Reopen a thread after a process boundary and, with ``resume``, continue its pending work.
+
+        A thread this harness is working on in this process (its loop running, or its turn starting) is
+        returned as it is: a second loop on the same turn would take the claim from the first mid-call.
 
         A thread recorded under another definition of this agent (same name) takes this one as its next
         revision (``agent.revised``, recorded before it acts); :class:`~jixu.errors.IncompatibleAgent` for
@@ -129,6 +174,9 @@ class Harness:
         change made in the store before the checkpoint stops the thread
         (status ``corrupt``) with nothing appended and no driver called.
         """
+        for known in list(self._threads):
+            if known.thread_id == thread_id and known.busy and not known.following:
+                return known
         log = ThreadLog.load(self.store, thread_id, actor=self.actor)
         # Another agent, or a change of this one that would alter an effect still open, is refused here; a
         # compatible change is recorded as the thread's next revision before the thread acts (Thread._revise).
@@ -161,10 +209,21 @@ class Harness:
         """
         return DurableRun(self, thread_id, name=name, metadata=metadata, approval_poll=approval_poll)
 
+    def working_on(self, thread: Thread) -> Thread | None:
+        """Another handle of ``thread``'s thread that this harness is working with now (see :attr:`Thread.busy`).
+
+        One loop per thread and harness: two loops of one owner would take the turn's claim from each other.
+        """
+        for other in list(self._threads):
+            if other is not thread and other.thread_id == thread.thread_id and other.busy and not other.following:
+                return other
+        return None
+
     def _track(self, thread: Thread) -> Thread:
         self._threads.add(thread)
         return thread
 
+    @on_home_loop
     async def shutdown(self, drain_timeout: float = 10.0) -> None:
         """Stop admitting work, drain this process's running turns (up to ``drain_timeout``), close the store.
 
@@ -177,6 +236,7 @@ class Harness:
         await asyncio.gather(*(thread.drain(drain_timeout) for thread in list(self._threads)))
         self.close()
 
+    @on_home_loop
     async def list_threads(self, *, limit: int = 1000, after: str = "") -> list[ThreadSummary]:
         """Threads in this store, oldest id first."""
         infos = self.store.list_streams(THREAD_PREFIX, after=THREAD_PREFIX + after if after else "", limit=limit)

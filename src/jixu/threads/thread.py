@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
@@ -29,6 +29,7 @@ from jixu.errors import (
 )
 from jixu.kernel import (
     INTERRUPTED,
+    CallerTask,
     Commits,
     Outcome,
     Session,
@@ -64,6 +65,7 @@ from jixu.threads.decide import (
     Stop,
     decide,
 )
+from jixu.threads.home import on_home_loop
 from jixu.threads.log import MAX_INPUT_CHARS, State, ThreadLog, stream_of
 from jixu.threads.model import ModelRequest
 from jixu.threads.projection import PROBE_ACTOR_PREFIX, tool_content
@@ -97,6 +99,8 @@ class Thread:
         """This process's claim on the active turn, while it runs it."""
         self._starting = False  # send() is waiting for its turn.started to be committed
         self._draining = False
+        self.following = False
+        """True while this handle's loop waits for another handle's (see :meth:`_follow`)."""
         self._pending: list[NewEvent] = []
         """Intents of retry-safe effects waiting to be committed with their dispatch marker (see _commit)."""
         self._stage_receipts = False
@@ -115,6 +119,16 @@ class Thread:
         """True while a durable run (``Harness.durable``) carries this thread's turn out in this process."""
         self.thread_id = log.thread_id
         self.stream = log.stream
+
+    @property
+    def home_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop this thread's coroutines run on (its harness's, see :attr:`Harness.home_loop`)."""
+        return self._harness.home_loop
+
+    @property
+    def busy(self) -> bool:
+        """True while this process works on the thread: its loop runs, a turn starts or a durable run is on."""
+        return self.running or self._starting or self.steps_active
 
     @property
     def checkpoint_status(self) -> str:
@@ -141,6 +155,7 @@ class Thread:
         """True while the agent loop is working in this process."""
         return self._task is not None and not self._task.done()
 
+    @on_home_loop
     async def events(self, from_seq: int = 1) -> list[Event]:
         """The thread's events, in order."""
         return self.log.events(from_seq)
@@ -170,6 +185,7 @@ class Thread:
                                field="model")
         return cast("AsyncIterator[Signal]", source(thread_id=self.thread_id, maxsize=maxsize))
 
+    @on_home_loop
     async def refresh(self) -> State:
         """Pick up events other processes appended, and return the state."""
         await self.log.writer.idle()
@@ -178,6 +194,7 @@ class Thread:
 
     # --- driving ------------------------------------------------------------------------
 
+    @on_home_loop
     async def send(self, text: str) -> str:
         """Start a turn with user input ``text``; returns the turn id once ``turn.started`` is durable. The loop
         runs in the background.
@@ -199,7 +216,8 @@ class Thread:
         if state.status == "waiting":
             raise ThreadBusy(f"thread {self.thread_id} is waiting: {state.reason}. Resolve or approve first "
                              "(jixu threads resolve …)", thread_id=self.thread_id)
-        if self.running or self._starting or self.log.state.active_turn() is not None:
+        if (self.running or self._starting or self.log.state.active_turn() is not None
+                or self._harness.working_on(self) is not None):
             raise ThreadBusy(f"thread {self.thread_id} is still working on a turn; wait() for it first",
                              thread_id=self.thread_id)
         if self._harness.closing:
@@ -214,6 +232,7 @@ class Thread:
         self._start()
         return turn_id
 
+    @on_home_loop
     async def wait(self) -> State:
         """Run the agent loop until the thread is idle, waiting, failed or corrupt; return its state.
 
@@ -242,8 +261,12 @@ class Thread:
         if not self.running:
             self._start()
 
+    @on_home_loop
     async def interrupt(self, reason: str = "interrupted by the caller") -> State:
         """Stop the running turn; calls in flight are recorded as having an unknown outcome."""
+        sibling = self._harness.working_on(self)
+        if sibling is not None:  # the loop running the turn is another handle's (see _follow)
+            await sibling.interrupt(reason)
         if self._task is not None and not self._task.done():
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -260,7 +283,41 @@ class Thread:
         return self.state()
 
     def _start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"jixu-thread-{self.thread_id}")
+        sibling = self._harness.working_on(self)
+        # Set at once, before the task's first step: no handle may pick a follower to follow (no cycle).
+        self.following = sibling is not None
+        loop = self._run() if sibling is None else self._follow(sibling)
+        # A CallerTask: the end of the event loop (asyncio.run returning) waits for a call in flight (decision 0036).
+        self._task = CallerTask(loop, name=f"jixu-thread-{self.thread_id}")
+        self._task.add_done_callback(self._never_ran)
+
+    async def _follow(self, first: Thread) -> None:
+        """Let another handle of this thread in this harness finish its loop (or its turn's start, or its
+        durable run), then run this one: two loops of one owner on one turn would take the claim from each other
+        mid-call. Errors of the other loop are its own caller's."""
+        sibling: Thread | None = first
+        while sibling is not None:
+            task = sibling._task
+            if task is not None and not task.done():
+                try:
+                    await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    if not task.done():
+                        self.following = False
+                        raise  # this loop was cancelled, not the other one
+                except Exception:  # reported to whoever waits on the other handle
+                    pass
+            elif sibling.busy:
+                await asyncio.sleep(0.01)  # a turn starting or a durable run: no task to wait on
+            sibling = self._harness.working_on(self)
+        self.following = False  # at once: a handle that follows now follows this one
+        await self._run()
+
+    def _never_ran(self, task: asyncio.Task[None]) -> None:
+        """A loop cancelled before its first step (its event loop ended right after ``send``) never ran its
+        ``finally``: give back the claim ``send`` took, so whoever continues the turn need not wait it out."""
+        if task.cancelled() and self._task is task and not self._starting:
+            self._release()
 
     async def _run(self) -> None:
         log = self.log
@@ -405,6 +462,7 @@ class Thread:
         await self._commit([NewEvent("turn.resumed", {"turn_id": turn.turn_id, "reason": "automatic"},
                                      self.log.meta())])
 
+    @on_home_loop
     async def resume(self, *, actor: str = "operator", note: str | None = None) -> State:
         """Resume a turn paused for quota, authentication or exhausted automatic retries; it continues."""
         await self.log.writer.idle()
@@ -877,8 +935,12 @@ class Thread:
                               thread_id=self.thread_id, turn_id=str(intent.get("turn_id")))
 
         async def call() -> Outcome:
-            invoked = declared.invoke(args, context)
-            result = await (asyncio.wait_for(invoked, declared.timeout) if declared.timeout else invoked)
+            if not declared.timeout:
+                return Outcome.completed(self._tool_result(await declared.invoke(args, context)))
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the tool as a task of its own, which a
+            # loop's shutdown would cancel mid-call (decision 0036).
+            async with asyncio.timeout(declared.timeout):
+                result = await declared.invoke(args, context)
             return Outcome.completed(self._tool_result(result))
 
         def classify(error: Exception) -> Outcome:
@@ -977,6 +1039,7 @@ class Thread:
 
     # --- operator decisions -------------------------------------------------------------
 
+    @on_home_loop
     async def resolve_tool_outcome(
         self,
         effect_id: str,
@@ -1007,6 +1070,7 @@ class Thread:
         self._continue()
         return self.state()
 
+    @on_home_loop
     async def approve(self, effect_id: str, *, actor: str = "operator", note: str | None = None) -> State:
         """Approve a parked call; the thread continues and dispatches it."""
         await self.log.writer.idle()
@@ -1014,6 +1078,7 @@ class Thread:
         self._continue()
         return self.state()
 
+    @on_home_loop
     async def deny(self, effect_id: str, *, actor: str = "operator", note: str | None = None) -> State:
         """Deny a parked call; the model is told and the thread continues."""
         await self.log.writer.idle()
@@ -1027,6 +1092,7 @@ class Thread:
 
     # --- replay and fork ----------------------------------------------------------------
 
+    @on_home_loop
     async def replay(self, upto: int | str | None = None) -> State:
         """Rebuild the state from events alone, calling no model, tool or other driver.
 
@@ -1036,6 +1102,7 @@ class Thread:
         """
         return self.log.replay(upto)
 
+    @on_home_loop
     async def fork(self, at: str, input: str | None = None) -> Thread:
         """A new thread with this one's state at event ``at``; this thread does not change.
 
@@ -1076,13 +1143,14 @@ def _compaction_failure(error: Exception) -> Outcome:
     return Outcome.failed({**_exception_dict(error), "kind": "transient"}, indeterminate=True)
 
 
-async def _together(calls: Iterable[Awaitable[None]]) -> None:
+async def _together(calls: Iterable[Coroutine[Any, Any, None]]) -> None:
     """Run ``calls`` side by side and return only once every one of them ended, then raise the first error.
 
     A call that fails never leaves a sibling running behind the loop's back: the loop decides again only
     when no call of this step is still in flight (otherwise it could dispatch one that still runs).
     """
-    results = await asyncio.gather(*calls, return_exceptions=True)
+    # CallerTasks, as the loop's own: a loop's shutdown lets each call in flight finish (decision 0036).
+    results = await asyncio.gather(*(CallerTask(call) for call in calls), return_exceptions=True)
     for result in results:
         if isinstance(result, FencingError):
             raise result
