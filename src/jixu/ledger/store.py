@@ -12,6 +12,7 @@ validate input first, so bad input raises a typed error and writes nothing.
 from __future__ import annotations
 
 import abc
+import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -81,6 +82,9 @@ class StreamInfo:
     head_hash: str
     genesis_hash: str
     created_at: str
+    project: str | None = None
+    """The project the stream's first event names in its ``meta`` (``meta.project``), or ``None``: the index
+    :meth:`Store.list_streams` finds a project's streams by."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
@@ -90,7 +94,42 @@ class StreamInfo:
             "head_hash": self.head_hash,
             "genesis_hash": self.genesis_hash,
             "created_at": self.created_at,
+            "project": self.project,
         }
+
+
+def project_of_meta(meta_json: str) -> str | None:
+    """The project a stream's first event names: its ``meta.project`` when that is a string of 1-100 characters
+    (PostgreSQL's ``jixu_project_of`` is the same rule in SQL)."""
+    if '"project"' not in meta_json:  # most first events name none: no parse
+        return None
+    found = json.loads(meta_json).get("project")
+    return found if isinstance(found, str) and 0 < len(found) <= _MAX_PROJECT else None
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """A server-side login session (rows, not events: sessions are credentials, and they end).
+
+    ``key`` is what the store keeps to find it (the server keeps a digest of the cookie's secret, never the
+    secret), ``subject`` whom it authenticates (a token id). Times are seconds on the store's clock;
+    ``active`` is whether it was neither revoked nor expired by that clock when it was read.
+    """
+
+    key: str
+    subject: str
+    created_at: float
+    expires_at: float
+    revoked_at: float | None
+    active: bool
+
+    @staticmethod
+    def of_row(key: str, subject: str, created_at: float, expires_at: float, revoked_at: float | None,
+               now: float) -> Session:
+        """The session a stored row is at store time ``now``."""
+        return Session(str(key), str(subject), float(created_at), float(expires_at),
+                       None if revoked_at is None else float(revoked_at),
+                       revoked_at is None and float(expires_at) > now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,7 +348,10 @@ def decide_append(stream: str, batch: Sequence[PreparedEvent], expected_seq: int
 WORK_STATES = ("pending", "claimed", "expired", "done")
 """States of a work item as :meth:`Store.list_work` reports them (``claimed``/``expired`` by the store's clock)."""
 _MAX_PROJECT = 100
+_MAX_PROJECTS = 1000
 _MAX_LIMIT = 1_000_000
+SESSION_RETENTION = 86_400.0
+"""Seconds a session is kept after it ended (then :meth:`Store.create_session` deletes it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -687,13 +729,23 @@ class Store(abc.ABC):
         check_stream(stream)
         return self._stream_info(stream)
 
-    def list_streams(self, prefix: str = "", *, after: str = "", limit: int = 1000) -> list[StreamInfo]:
-        """Streams whose name starts with ``prefix``, ordered by name, after ``after``."""
+    def list_streams(self, prefix: str = "", *, after: str = "", limit: int = 1000,
+                     projects: Sequence[str] | None = None) -> list[StreamInfo]:
+        """Streams whose name starts with ``prefix``, ordered by name, after ``after``.
+
+        With ``projects``, only streams whose first event names one of them (``meta.project``), found by an
+        index: the cost follows the streams of those projects, not the store.
+        """
         if not isinstance(prefix, str) or not isinstance(after, str):
             raise InvalidInput("prefix and after must be strings")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
             raise InvalidInput(f"limit {limit!r} must be between 1 and 100000", field="limit")
-        return self._list_streams(prefix, after, limit)
+        if projects is None:
+            return self._list_streams(prefix, after, limit)
+        if isinstance(projects, str) or not isinstance(projects, Sequence) or len(projects) > _MAX_PROJECTS:
+            raise InvalidInput(f"projects must be a list of at most {_MAX_PROJECTS} project names", field="projects")
+        wanted = sorted({check_project(project) for project in projects})
+        return self._list_project_streams(prefix, after, limit, wanted) if wanted else []
 
     def verify(self, stream: str) -> VerifyReport:
         """Recompute ``stream``'s hash chain and report the first bad seq, if any.
@@ -847,6 +899,42 @@ class Store(abc.ABC):
         check_stream(stream)
         return self._read_checkpoint(stream, name)
 
+    # --- sessions and credential use -------------------------------------------------
+
+    def create_session(self, key: str, subject: str, ttl: float) -> Session:
+        """Record a new session ``key`` of ``subject`` that lasts ``ttl`` seconds of store time.
+
+        A key is used once (:class:`~jixu.errors.InvalidInput` if it exists). Sessions that expired more than
+        :data:`SESSION_RETENTION` seconds ago are deleted on the way (they authenticate nothing any more).
+        """
+        key, subject, ttl = check_lease_key(key), check_owner(subject), check_ttl(ttl)
+        return self._create_session(key, subject, ttl)
+
+    def get_session(self, key: str) -> Session | None:
+        """The session ``key`` (``active`` judged by the store's clock), or ``None``."""
+        return self._get_session(check_lease_key(key))
+
+    def revoke_session(self, key: str) -> bool:
+        """End the session ``key`` now; True when it was active."""
+        return self._revoke_sessions(check_lease_key(key), None) > 0
+
+    def revoke_sessions(self, subject: str) -> int:
+        """End every active session of ``subject`` now; how many there were."""
+        return int(self._revoke_sessions(None, check_owner(subject)))
+
+    def record_use(self, key: str) -> None:
+        """Note that credential ``key`` was used now (store clock), replacing the earlier note.
+
+        Not waited for on disk where the store can avoid it: a lost note only makes a last use look older.
+        """
+        self._record_use(check_lease_key(key))
+
+    def last_used(self, keys: Sequence[str]) -> dict[str, float]:
+        """When each of ``keys`` was last noted by :meth:`record_use` (keys never noted are absent)."""
+        if isinstance(keys, str) or not isinstance(keys, Sequence):
+            raise InvalidInput("keys must be a list of strings", field="keys")
+        return self._last_used([check_lease_key(key) for key in keys]) if keys else {}
+
     # --- lifecycle ------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -898,6 +986,26 @@ class Store(abc.ABC):
     def _list_streams(self, prefix: str, after: str, limit: int) -> list[StreamInfo]: ...
 
     @abc.abstractmethod
+    def _list_project_streams(self, prefix: str, after: str, limit: int, projects: list[str]) -> list[StreamInfo]:
+        """:meth:`_list_streams` of the streams indexed under ``projects`` (sorted, distinct, not empty)."""
+
+    @abc.abstractmethod
+    def _create_session(self, key: str, subject: str, ttl: float) -> Session: ...
+
+    @abc.abstractmethod
+    def _get_session(self, key: str) -> Session | None: ...
+
+    @abc.abstractmethod
+    def _revoke_sessions(self, key: str | None, subject: str | None) -> int:
+        """End the active session ``key``, or every active one of ``subject``; how many were ended."""
+
+    @abc.abstractmethod
+    def _record_use(self, key: str) -> None: ...
+
+    @abc.abstractmethod
+    def _last_used(self, keys: list[str]) -> dict[str, float]: ...
+
+    @abc.abstractmethod
     def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
         """In one transaction: lock the lease row, call ``change(current, store_now)``, store its result."""
 
@@ -947,6 +1055,8 @@ __all__ = [
     "Checkpoint",
     "Fence",
     "Lease",
+    "SESSION_RETENTION",
+    "Session",
     "Store",
     "StreamInfo",
     "WorkClaim",
@@ -973,5 +1083,6 @@ __all__ = [
     "head_moved",
     "judge_append",
     "next_lease",
+    "project_of_meta",
     "taken_over_lease",
 ]
