@@ -15,10 +15,7 @@ from jixu.errors import InvalidInput, JixuError, ThreadBusy
 from jixu.ledger import Store
 from jixu.ledger.store import WorkItem, check_project
 from jixu.threads.agent import Agent
-from jixu.threads.log import THREAD_PREFIX, ThreadLog
-
-DEFAULT_PROJECT = "default"
-"""The project of a thread whose metadata names none."""
+from jixu.threads.log import DEFAULT_PROJECT, THREAD_PREFIX, ThreadLog
 
 
 def thread_work_key(thread_id: str) -> str:

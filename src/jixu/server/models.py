@@ -187,6 +187,13 @@ class CreateToken(Body):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,63}$")
     roles: dict[str, Role] = Field(default_factory=dict, description="Project name -> role.")
     admin: bool = False
+    expires_in: int | None = Field(default=None, ge=1, le=3650 * 86400,
+                                   description="Seconds until the token stops working (default: never).")
+
+
+class RotateToken(Body):
+    grace_seconds: int = Field(default=0, ge=0, le=7 * 86400,
+                               description="How long the old secret keeps working (default 0: it stops now).")
 
 
 class RevokeToken(Body):
@@ -213,6 +220,7 @@ class Caller(Out):
     kind: Literal["admin", "project"]
     roles: dict[str, Role]
     actor: str
+    expires_at: str | None = Field(description="When the token stops working; null: never.")
 
 
 class Token(Out):
@@ -224,6 +232,11 @@ class Token(Out):
     created_by: str
     revoked: bool
     revoked_at: str | None
+    expires_at: str | None = Field(description="When the token stops working (UTC); null: never.")
+    expired: bool
+    rotated_at: str | None = Field(description="When its secret was last replaced.")
+    last_used_at: str | None = Field(description="When a server last saw it used (to within a minute); null: "
+                                                 "never seen.")
 
 
 class TokenPage(Out):
@@ -329,6 +342,7 @@ __all__ = [
     "ResumeRun",
     "RetryRun",
     "RevokeToken",
+    "RotateToken",
     "SendInput",
     "Caller",
     "EffectDecided",

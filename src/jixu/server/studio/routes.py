@@ -48,6 +48,7 @@ from jixu.server.studio.session import (
     check_token,
     clear_session,
     csrf_token,
+    end_session,
     read_form,
     require_csrf,
     same_origin,
@@ -179,6 +180,7 @@ async def logout(request: Request) -> Response:
         require_csrf(request, form)
     except HTTPProblem as error:
         return _error_page(request, session_principal(request), error)
+    await asyncio.to_thread(end_session, request)
     response = RedirectResponse(f"{PREFIX}/login", status_code=303)
     clear_session(response)
     return response
