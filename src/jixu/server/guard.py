@@ -10,9 +10,11 @@ is checked or the store is read, so guessing gains nothing by going faster.
 A request with no credential, or one not even of the form
 ``jixu_<id>_<secret>``, is a plain 401: it guesses nothing and reads
 nothing. A caller that authenticated from its address with its token in the
-last hour is not held back by the others' failures (the pair is
-remembered), so callers already at work never wait for an attacker next to
-them or naming their token id; a success costs a dictionary look-up.
+last hour answers only for the failures of that pair (its own bucket), not
+for the others' at its address or naming its token id, so callers already
+at work never wait for an attacker next to them; a success costs a
+dictionary look-up. (An attacker at the same address naming the same token
+id cannot be told from its holder: both are limited by the pair's bucket.)
 
 A success also notes when the token was used: written to the store (its
 credential-use rows) at most once per :attr:`AuthGuard.use_interval` per
@@ -86,31 +88,45 @@ class AuthGuard:
         self.store = store
         self.addresses = Buckets(per_address or FailureLimit())
         self.tokens = Buckets(per_token or FailureLimit())
+        self.pairs = Buckets(per_token or FailureLimit())
         self.use_interval = use_interval
         self._trusted: dict[tuple[str, str], float] = {}
         self._noted: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def check(self, address: str, token_id: str | None) -> None:
-        """Refuse (429) an attempt from ``address`` naming ``token_id`` while either has failed too often."""
+    def _trusted_pair(self, address: str, token_id: str, now: float) -> str | None:
+        """The pair's bucket key when ``token_id`` authenticated from ``address`` lately, else ``None``."""
+        at = self._trusted.get((address, token_id))
+        return f"{address} {token_id}" if at is not None and now - at < TRUSTED_SECONDS else None
+
+    def check(self, address: str, token_id: str) -> None:
+        """Refuse (429) an attempt from ``address`` naming ``token_id`` while it has failed too often.
+
+        A pair that authenticated lately answers only for its own failures (its own bucket); any other
+        attempt for the address's and the token id's.
+        """
         now = time.monotonic()
         with self._lock:
-            if token_id is not None and now - self._trusted.get((address, token_id), -math.inf) < TRUSTED_SECONDS:
-                return
-            wait = max(self.addresses.wait(address, now), self.tokens.wait(token_id, now) if token_id else 0.0)
+            pair = self._trusted_pair(address, token_id, now)
+            if pair is not None:
+                wait = self.pairs.wait(pair, now)
+            else:
+                wait = max(self.addresses.wait(address, now), self.tokens.wait(token_id, now))
         if wait > 0:
             seconds = max(1, math.ceil(wait))
             raise HTTPProblem(RATE_LIMITED, f"too many failed authentications from this address or for this token; "
                                             f"try again in {seconds} s", headers={"Retry-After": str(seconds)},
                               retry_after=seconds)
 
-    def failed(self, address: str, token_id: str | None) -> None:
-        """Count one failed attempt against ``address`` and ``token_id``."""
+    def failed(self, address: str, token_id: str) -> None:
+        """Count one failed attempt against ``address`` and ``token_id`` (and their pair, if it is trusted)."""
         now = time.monotonic()
         with self._lock:
             self.addresses.take(address, now)
-            if token_id is not None:
-                self.tokens.take(token_id, now)
+            self.tokens.take(token_id, now)
+            pair = self._trusted_pair(address, token_id, now)
+            if pair is not None:
+                self.pairs.take(pair, now)
 
     def succeeded(self, address: str, token_id: str) -> None:
         """Remember the pair (its later attempts are not held back) and note the token's use (throttled)."""
