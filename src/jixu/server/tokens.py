@@ -51,17 +51,17 @@ def create(body: CreateToken, ctx: Annotated[Context, Depends(mutation)]) -> JSO
 
 
 @router.get("", responses=ADMIN, response_model=TokenPage, summary="List tokens (admin)")
-def list_all(ctx: Annotated[Context, Depends(context)]) -> Obj:
-    """Every token (never a secret or its hash)."""
+def list_all(ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """Every token (never a secret or its hash), with its expiry and last use."""
     ctx.principal.require_admin()
-    return {"tokens": [t.to_dict() for t in list_tokens(ctx.store)]}
+    return JSONResponse({"tokens": [t.to_dict() for t in list_tokens(ctx.store)]})
 
 
 @router.get("/{token_id}", responses=ADMIN, response_model=Token, summary="A token (admin)")
-def get_one(token_id: TokenId, ctx: Annotated[Context, Depends(context)]) -> Obj:
-    """One token's record."""
+def get_one(token_id: TokenId, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
+    """One token's record, with its expiry and last use."""
     ctx.principal.require_admin()
-    return get_token(ctx.store, token_id).to_dict()
+    return JSONResponse(get_token(ctx.store, token_id).to_dict())
 
 
 @router.post("/{token_id}/rotate", responses=ADMIN, response_model=TokenCreated,
