@@ -234,7 +234,8 @@ def test_tokens_made_in_the_store_authenticate(tmp_path: Path, role: str) -> Non
     try:
         answer = httpx.get(f"{server.url}/api/v1/whoami", headers={"Authorization": f"Bearer {secret}"})
         assert answer.json() == {"token_id": info.token_id, "name": f"t-{role}", "kind": "project",
-                                 "roles": {"alpha": role}, "actor": f"token:{info.token_id}"}
+                                 "roles": {"alpha": role}, "actor": f"token:{info.token_id}",
+                                 "expires_at": None}
     finally:
         server.stop()
         store.close()

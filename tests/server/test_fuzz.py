@@ -4,10 +4,14 @@ Requests are generated from the published ``/openapi.json``; every answer must
 be no 5xx, have a documented status and content type, and match its schema.
 Bounded: a few examples per operation (about 20 s in all). The live event
 stream is excluded (it is endless by design) and tested in test_threads_api.
+Random ids mostly meet 404s, so the bodies of real resources (a thread that
+ran a turn, its fork, tokens, projects) are checked as well, with the same
+checks, in ``test_real_resources_answer_within_their_schemas``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +42,7 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     editor = api.client("admin")
     thread_id = editor.post("/threads", json={"project": "alpha"}).json()["thread_id"]
     editor.post(f"/threads/{thread_id}/inputs", json={"input": "hello"})
+    api.token_ids["thread"] = thread_id
     try:
         yield api
     finally:
@@ -63,3 +68,36 @@ def test_the_fuzzed_document_is_the_published_one(fuzzed: Api) -> None:
 def test_no_operation_answers_5xx_or_off_schema(case: Any, fuzzed: Api) -> None:
     case.call_and_validate(base_url=fuzzed.url, headers={"Authorization": f"Bearer {fuzzed.tokens['admin']}"},
                            checks=CHECKS)
+
+
+def test_real_resources_answer_within_their_schemas(fuzzed: Api) -> None:
+    admin = httpx.Client(base_url=f"{fuzzed.url}/api/v1", headers={"Authorization": f"Bearer {fuzzed.tokens['admin']}"})
+    thread_id = fuzzed.token_ids["thread"]
+    deadline = time.monotonic() + 20
+    while admin.get(f"/threads/{thread_id}").json()["status"] not in ("idle", "waiting"):
+        assert time.monotonic() < deadline, "the thread's turn did not finish"
+        time.sleep(0.05)
+    first = admin.get(f"/threads/{thread_id}/events").json()["events"][0]["id"]
+    viewer_id = fuzzed.token_ids["alpha-viewer"]
+    cases = [
+        ("/whoami", "GET", {}, {}, None), ("/health", "GET", {}, {}, None), ("/threads", "GET", {}, {}, None),
+        ("/threads", "GET", {}, {"project": "alpha", "limit": 1}, None),
+        ("/threads/{thread_id}", "GET", {"thread_id": thread_id}, {}, None),
+        ("/threads/{thread_id}/events", "GET", {"thread_id": thread_id}, {"limit": 3}, None),
+        ("/threads/{thread_id}/verify", "GET", {"thread_id": thread_id}, {}, None),
+        ("/threads/{thread_id}/replay", "GET", {"thread_id": thread_id}, {"upto": "2"}, None),
+        ("/threads/{thread_id}/fork", "POST", {"thread_id": thread_id}, {}, {"at": first}),
+        ("/threads", "POST", {}, {}, {"project": "beta", "metadata": {"k": [1, {"n": None}]}}),
+        ("/tokens", "GET", {}, {}, None), ("/tokens/{token_id}", "GET", {"token_id": viewer_id}, {}, None),
+        ("/tokens", "POST", {}, {}, {"name": "made", "roles": {"alpha": "viewer"}, "expires_in": 3600}),
+        ("/tokens/{token_id}/rotate", "POST", {"token_id": viewer_id}, {}, {"grace_seconds": 60}),
+        ("/projects", "GET", {}, {}, None), ("/runs", "GET", {}, {}, None),
+    ]
+    for path, method, params, query, body in cases:
+        operation = schema[f"/api/v1{path}"][method]
+        case = operation.Case(path_parameters=params, query=query, **({"body": body} if body is not None else {}))
+        response = case.call_and_validate(base_url=fuzzed.url,
+                                          headers={"Authorization": f"Bearer {fuzzed.tokens['admin']}"},
+                                          checks=CHECKS)
+        assert response.status_code < 300, (path, method, response.text)
+    admin.close()

@@ -17,7 +17,7 @@ from jixu.cli.output import emit_json, handled, json_option
 from jixu.cli.threads import default_actor, out
 from jixu.errors import InvalidInput
 from jixu.ledger import open_store
-from jixu.server.auth import ROLES, create_token, list_tokens, revoke_token
+from jixu.server.auth import ROLES, create_token, list_tokens, parse_duration, revoke_token, rotate_token
 from jixu.server.client import SERVER_ENV, TOKEN_ENV, Client
 
 
@@ -42,7 +42,7 @@ def _remote(store_url: str | None, server: str | None, token: str | None) -> Cli
     return Client(server, token)
 
 
-@click.group("tokens", short_help="Make, list and revoke the HTTP API's bearer tokens.")
+@click.group("tokens", short_help="Make, list, rotate and revoke the HTTP API's bearer tokens.")
 def tokens_group() -> None:
     """Bearer tokens of the HTTP API: a role per project (viewer < editor < operator), or admin."""
 
@@ -52,10 +52,13 @@ def tokens_group() -> None:
 @click.option("--project", "projects", multiple=True, metavar="PROJECT", help="A project (repeatable).")
 @click.option("--role", type=click.Choice(ROLES), default=None, help="The role in every --project.")
 @click.option("--admin", is_flag=True, help="An admin token: every project, and projects and tokens themselves.")
+@click.option("--expires-in", "expires_in", default=None, metavar="DURATION",
+              help="Stop working after this long: 45s, 15m, 12h, 30d, 2w (default: never).")
 @target_options
 @json_option
 def create_command(name: str | None, projects: tuple[str, ...], role: str | None, admin: bool,
-                   store_url: str | None, server: str | None, token: str | None, as_json: bool) -> None:
+                   expires_in: str | None, store_url: str | None, server: str | None, token: str | None,
+                   as_json: bool) -> None:
     """Make a bearer token with ROLE in each --project (or --admin); prints the secret once.
 
     Exit codes: 0 made, 2 usage, 5 store or server unreachable, 6 invalid input, 7 not authorized.
@@ -65,30 +68,38 @@ def create_command(name: str | None, projects: tuple[str, ...], role: str | None
             raise InvalidInput("give --project P --role R (or --admin)", field="role")
         roles = {} if admin else dict.fromkeys(projects, role or "")
         label = name or ("admin" if admin else f"{projects[0]}-{role}")
+        lifetime = parse_duration(expires_in, "expires_in") if expires_in is not None else None
         client = _remote(store_url, server, token)
         if client is None:
             with open_store(str(store_url)) as store:
-                info, secret = create_token(store, label, roles=roles, admin=admin, actor=default_actor())
+                info, secret = create_token(store, label, roles=roles, admin=admin, actor=default_actor(),
+                                            expires_in=lifetime)
             made: dict[str, Any] = {"token": info.to_dict(), "secret": secret}
         else:
             with client:
-                made = client.create_token(label, roles=roles, admin=admin)
+                made = client.create_token(label, roles=roles, admin=admin, expires_in=lifetime)
     if as_json:
         emit_json(made)
         return
+    _print_secret(made)
+
+
+def _print_secret(made: dict[str, Any]) -> None:
     record = made["token"]
     out().print(f"token [bold]{record['token_id']}[/] ({record['name']}, "
                 f"{'admin' if record['kind'] == 'admin' else ', '.join(f'{p}: {r}' for p, r in record['roles'].items())})",
                 highlight=False)
     out().print("secret (shown once; keep it, it is not stored):", highlight=False)
     out().print(str(made["secret"]), highlight=False, markup=False, soft_wrap=True)
+    if record.get("expires_at"):
+        out().print(f"expires at {record['expires_at']}", highlight=False)
 
 
 @tokens_group.command("list", short_help="List tokens (never their secrets).")
 @target_options
 @json_option
 def list_command(store_url: str | None, server: str | None, token: str | None, as_json: bool) -> None:
-    """List every token: id, name, kind, roles, who made it, revoked or not."""
+    """List every token: id, name, kind, roles, who made it, expiry, last use, revoked or not."""
     with handled(as_json):
         client = _remote(store_url, server, token)
         if client is None:
@@ -102,13 +113,48 @@ def list_command(store_url: str | None, server: str | None, token: str | None, a
         return
     table = Table(title="tokens")
     table.add_column("token", no_wrap=True, min_width=26)
-    for column in ("name", "kind", "roles", "created by", "revoked"):
+    for column in ("name", "kind", "roles", "created by", "expires", "last used", "state"):
         table.add_column(column)
     for row in rows:
+        state = ("[red]revoked[/]" if row["revoked"] else "[yellow]expired[/]" if row.get("expired") else
+                 f"rotated {_short(row.get('rotated_at'))}" if row.get("rotated_at") else "")
         table.add_row(row["token_id"], row["name"], row["kind"],
                       ", ".join(f"{p}: {r}" for p, r in row["roles"].items()), row["created_by"],
-                      "[red]revoked[/]" if row["revoked"] else "")
+                      _short(row.get("expires_at")) or "never", _short(row.get("last_used_at")) or "never", state)
     out().print(table)
+
+
+def _short(moment: str | None) -> str:
+    """A ``recorded_at`` text to the minute (``2026-12-02 10:15``)."""
+    return moment[:16].replace("T", " ") if moment else ""
+
+
+@tokens_group.command("rotate", short_help="Give a token a new secret; printed once.")
+@click.argument("token_id")
+@click.option("--grace", "grace", default=None, metavar="DURATION",
+              help="Let the old secret keep working this long (e.g. 1h; at most 7d). Default: it stops now.")
+@target_options
+@json_option
+def rotate_command(token_id: str, grace: str | None, store_url: str | None, server: str | None,
+                   token: str | None, as_json: bool) -> None:
+    """Replace TOKEN_ID's secret: the new one is printed once, the old one stops working (after --grace).
+
+    Roles, id and expiry stay; the token's Studio sessions end.
+    """
+    with handled(as_json):
+        seconds = parse_duration(grace, "grace") if grace is not None else 0
+        client = _remote(store_url, server, token)
+        if client is None:
+            with open_store(str(store_url), create=False) as store:
+                info, secret = rotate_token(store, token_id, actor=default_actor(), grace_seconds=seconds)
+            made: dict[str, Any] = {"token": info.to_dict(), "secret": secret}
+        else:
+            with client:
+                made = client.rotate_token(token_id, seconds)
+    if as_json:
+        emit_json(made)
+        return
+    _print_secret(made)
 
 
 @tokens_group.command("revoke", short_help="Revoke a token (at once).")

@@ -8,16 +8,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from jixu.errors import JixuError
+from jixu.errors import InvalidInput, JixuError
 from jixu.ledger.chain import VerifyReport
 from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow, utc_now_text
 from jixu.ledger.store import (
+    SESSION_RETENTION,
     AlreadyStored,
     Checkpoint,
     ClaimOrder,
     Fence,
     Lease,
     QueueCensus,
+    Session,
     Store,
     StreamInfo,
     WorkClaim,
@@ -25,6 +27,7 @@ from jixu.ledger.store import (
     WorkRow,
     claimed_row,
     decide_append,
+    group_of_meta,
     groups_to_try,
     work_claim_of,
 )
@@ -42,6 +45,9 @@ class MemoryStore(Store):
         self._streams: dict[str, list[StoredRow]] = {}
         self._genesis: dict[str, str] = {}
         self._created: dict[str, str] = {}
+        self._stream_groups: dict[str, str | None] = {}
+        self._sessions: dict[str, Session] = {}
+        self._used: dict[str, float] = {}
         self._names: list[str] = []
         self._by_id: dict[str, StoredRow] = {}
         self._leases: dict[str, Lease] = {}
@@ -59,7 +65,7 @@ class MemoryStore(Store):
         self._clock_offset += seconds
 
     def schema_version(self) -> int:
-        return 2
+        return 3
 
     def close(self) -> None:
         pass
@@ -90,6 +96,7 @@ class MemoryStore(Store):
                 rows = self._streams[stream] = []
                 self._genesis[stream] = genesis_hash
                 self._created[stream] = new_rows[0].recorded_at
+                self._stream_groups[stream] = group_of_meta(new_rows[0].meta_json)
                 bisect.insort(self._names, stream)
             rows.extend(new_rows)
             for row in new_rows:
@@ -125,7 +132,7 @@ class MemoryStore(Store):
             if not rows:
                 return None
             return StreamInfo(stream, len(rows), rows[-1].hash, self._genesis.get(stream, GENESIS_HASH),
-                              self._created[stream])
+                              self._created[stream], self._stream_groups.get(stream))
 
     def _list_streams(self, prefix: str, after: str, limit: int) -> list[StreamInfo]:
         with self._lock:
@@ -139,6 +146,61 @@ class MemoryStore(Store):
                     assert info is not None
                     out.append(info)
             return out
+
+    def _list_group_streams(self, prefix: str, after: str, limit: int, groups: list[str]) -> list[StreamInfo]:
+        with self._lock:
+            wanted = set(groups)
+            start = bisect.bisect_right(self._names, after) if after else 0
+            out: list[StreamInfo] = []
+            for name in self._names[start:]:
+                if len(out) >= limit:
+                    break
+                if name.startswith(prefix) and self._stream_groups.get(name) in wanted:
+                    info = self._stream_info(name)
+                    assert info is not None
+                    out.append(info)
+            return out
+
+    # --- sessions and credential use -------------------------------------------------
+
+    def _create_session(self, key: str, subject: str, ttl: float) -> Session:
+        with self._lock:
+            now = self.now()
+            if key in self._sessions:
+                raise InvalidInput(f"session {key!r} exists already", field="key")
+            for old in [s for s in self._sessions.values() if s.expires_at < now - SESSION_RETENTION]:
+                del self._sessions[old.key]
+            made = Session.of_row(key, subject, now, now + ttl, None, now)
+            self._sessions[key] = made
+            return made
+
+    def _get_session(self, key: str) -> Session | None:
+        with self._lock:
+            found = self._sessions.get(key)
+            if found is None:
+                return None
+            return Session.of_row(found.key, found.subject, found.created_at, found.expires_at, found.revoked_at,
+                                  self.now())
+
+    def _revoke_sessions(self, key: str | None, subject: str | None) -> int:
+        with self._lock:
+            now = self.now()
+            ended = 0
+            for found in list(self._sessions.values()):
+                if (key is not None and found.key != key) or (subject is not None and found.subject != subject):
+                    continue
+                if found.revoked_at is None and found.expires_at > now:
+                    self._sessions[found.key] = dataclasses.replace(found, revoked_at=now, active=False)
+                    ended += 1
+            return ended
+
+    def _record_use(self, key: str) -> None:
+        with self._lock:
+            self._used[key] = self.now()
+
+    def _last_used(self, keys: list[str]) -> dict[str, float]:
+        with self._lock:
+            return {key: self._used[key] for key in keys if key in self._used}
 
     def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
         with self._lock:

@@ -81,12 +81,14 @@ except ImportError as error:  # without the extra: say what to install
 from jixu.ledger.chain import VerifyReport, verify_rows
 from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow
 from jixu.ledger.store import (
+    SESSION_RETENTION,
     AlreadyStored,
     Checkpoint,
     ClaimOrder,
     Fence,
     Lease,
     QueueCensus,
+    Session,
     Store,
     StreamInfo,
     WorkClaim,
@@ -410,7 +412,64 @@ MIGRATIONS.append((
     "jixu_append_v4(): jixu_append without a look-up of the ids before every append",
     (_APPEND_FUNCTION_V4,),
 ))
+
+_THREAD_PROJECT = "(e.data::json -> 'metadata' -> 'project')"
+MIGRATIONS.append((
+    5,
+    "sessions, credential use, streams indexed by the project their first event names",
+    (
+        """CREATE TABLE jixu_sessions (
+            key        text COLLATE "C" PRIMARY KEY,
+            subject    text COLLATE "C" NOT NULL,
+            created_at double precision NOT NULL,
+            expires_at double precision NOT NULL,
+            revoked_at double precision
+        )""",
+        "CREATE INDEX jixu_sessions_subject ON jixu_sessions (subject)",
+        "CREATE INDEX jixu_sessions_expiry ON jixu_sessions (expires_at)",
+        """CREATE TABLE jixu_last_used (
+            key     text COLLATE "C" PRIMARY KEY,
+            used_at double precision NOT NULL
+        )""",
+        'ALTER TABLE jixu_streams ADD COLUMN project text COLLATE "C"',
+        # jixu.ledger.store.group_of_meta in SQL: meta.project of a stream's first event, a string of 1-100.
+        """CREATE FUNCTION jixu_project_of(p_meta text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+            SELECT CASE WHEN json_typeof(p_meta::json -> 'project') = 'string'
+                             AND char_length(p_meta::json ->> 'project') BETWEEN 1 AND 100
+                        THEN p_meta::json ->> 'project' END
+        $$""",
+        # A new stream's head row is inserted before its events (jixu_append_v4), so its project is set at commit,
+        # by a deferred trigger, whichever path (the function, the slower transaction, an older worker) made it.
+        """CREATE FUNCTION jixu_streams_project() RETURNS trigger LANGUAGE plpgsql AS $$
+        DECLARE
+            v_project text;
+        BEGIN
+            SELECT jixu_project_of(e.meta) INTO v_project FROM jixu_events e
+             WHERE e.stream = NEW.stream AND e.seq = 1;
+            IF v_project IS NOT NULL THEN
+                UPDATE jixu_streams SET project = v_project WHERE stream = NEW.stream;
+            END IF;
+            RETURN NULL;
+        END
+        $$""",
+        """CREATE CONSTRAINT TRIGGER jixu_streams_project AFTER INSERT ON jixu_streams
+        DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION jixu_streams_project()""",
+        # Streams made before: the same rule, and for a thread what jixu recorded until now, its metadata's
+        # project ("default" when it names none).
+        f"""UPDATE jixu_streams s SET project = coalesce(jixu_project_of(e.meta), CASE
+                WHEN s.stream NOT LIKE 'thread/%' THEN NULL
+                WHEN {_THREAD_PROJECT} IS NULL THEN 'default'
+                WHEN json_typeof({_THREAD_PROJECT}) = 'string'
+                     AND char_length(e.data::json -> 'metadata' ->> 'project') BETWEEN 1 AND 100
+                    THEN e.data::json -> 'metadata' ->> 'project'
+            END)
+            FROM jixu_events e WHERE e.stream = s.stream AND e.seq = 1""",
+        "CREATE INDEX jixu_streams_project ON jixu_streams (project, stream) WHERE project IS NOT NULL",
+    ),
+))
 SCHEMA_VERSION = MIGRATIONS[-1][0]
+_STREAM_COLUMNS = "stream, head_seq, head_hash, genesis_hash, created_at, project"
+_SESSION_COLUMNS = "key, subject, created_at, expires_at, revoked_at"
 _DURABLE_COMMITS_SQL = ("SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') "
                         "WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, false)")
 """Pins the session's ``synchronous_commit`` to ``on``, keeping only the stronger ``remote_apply`` (decision 0023)."""
@@ -1012,17 +1071,69 @@ class PostgresStore(Store):
 
     def _stream_info(self, stream: str) -> StreamInfo | None:
         row = self._run(lambda conn: conn.execute(
-            "SELECT stream, head_seq, head_hash, genesis_hash, created_at FROM jixu_streams WHERE stream = %s",
-            (stream,)).fetchone())
+            f"SELECT {_STREAM_COLUMNS} FROM jixu_streams WHERE stream = %s", (stream,)).fetchone())
         return StreamInfo(*row) if row else None
 
     def _list_streams(self, prefix: str, after: str, limit: int) -> list[StreamInfo]:
         escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         rows = self._run(lambda conn: conn.execute(
-            "SELECT stream, head_seq, head_hash, genesis_hash, created_at FROM jixu_streams "
+            f"SELECT {_STREAM_COLUMNS} FROM jixu_streams "
             "WHERE stream LIKE %s ESCAPE '\\' AND stream > %s ORDER BY stream LIMIT %s",
             (escaped + "%", after, limit)).fetchall())
         return [StreamInfo(*row) for row in rows]
+
+    def _list_group_streams(self, prefix: str, after: str, limit: int, groups: list[str]) -> list[StreamInfo]:
+        # One index range per project (project, stream > after), each cut at ``limit`` (LATERAL), merged: the rows
+        # read are at most limit x projects, whatever else the store holds.
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        rows = self._run(lambda conn: conn.execute(
+            f"SELECT s.{_STREAM_COLUMNS.replace(', ', ', s.')} FROM unnest(%s::text[]) AS p (project) "
+            f"CROSS JOIN LATERAL (SELECT {_STREAM_COLUMNS} FROM jixu_streams WHERE project = p.project "
+            "AND stream > %s AND stream LIKE %s ESCAPE '\\' ORDER BY stream LIMIT %s) AS s "
+            "ORDER BY s.stream LIMIT %s", (groups, max(after, prefix), escaped + "%", limit, limit)).fetchall())
+        return [StreamInfo(*row) for row in rows]
+
+    # --- sessions and credential use -------------------------------------------------
+
+    def _create_session(self, key: str, subject: str, ttl: float) -> Session:
+        def create(conn: _Conn) -> Session:
+            now = self._clock(conn)[0]
+            conn.execute("DELETE FROM jixu_sessions WHERE expires_at < %s", (now - SESSION_RETENTION,))
+            inserted = conn.execute(
+                f"INSERT INTO jixu_sessions ({_SESSION_COLUMNS}) VALUES (%s, %s, %s, %s, NULL) "
+                "ON CONFLICT (key) DO NOTHING RETURNING key", (key, subject, now, now + ttl)).fetchone()
+            if inserted is None:
+                raise InvalidInput(f"session {key!r} exists already", field="key")
+            return Session.of_row(key, subject, now, now + ttl, None, now)
+
+        return self._run(create, write=True, transaction=True)
+
+    def _get_session(self, key: str) -> Session | None:
+        row = self._run(lambda conn: conn.execute(
+            f"SELECT {_SESSION_COLUMNS}, extract(epoch FROM clock_timestamp())::float8 FROM jixu_sessions "
+            "WHERE key = %s", (key,)).fetchone())
+        return Session.of_row(*row) if row else None
+
+    def _revoke_sessions(self, key: str | None, subject: str | None) -> int:
+        column, value = ("key", key) if key is not None else ("subject", subject)
+
+        def revoke(conn: _Conn) -> int:
+            cursor = conn.execute(
+                "UPDATE jixu_sessions SET revoked_at = now.t FROM (SELECT extract(epoch FROM clock_timestamp())"
+                f"::float8 AS t) AS now WHERE {column} = %s AND revoked_at IS NULL AND expires_at > now.t", (value,))
+            return int(cursor.rowcount)
+
+        return self._run(revoke, write=True, idempotent=True)  # ending what has ended changes nothing
+
+    def _record_use(self, key: str) -> None:
+        self._run(lambda conn: conn.execute(
+            "INSERT INTO jixu_last_used VALUES (%s, extract(epoch FROM clock_timestamp())::float8) "
+            "ON CONFLICT (key) DO UPDATE SET used_at = excluded.used_at", (key,)), write=True, idempotent=True)
+
+    def _last_used(self, keys: list[str]) -> dict[str, float]:
+        rows = self._run(lambda conn: conn.execute(
+            "SELECT key, used_at FROM jixu_last_used WHERE key = ANY(%s)", (keys,)).fetchall())
+        return {str(key): float(at) for key, at in rows}
 
     # --- leases ---------------------------------------------------------------------
 

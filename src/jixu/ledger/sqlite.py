@@ -67,6 +67,7 @@ from jixu.ledger.event import (
     utc_now_text,
 )
 from jixu.ledger.store import (
+    SESSION_RETENTION,
     AlreadyStored,
     AppendRequest,
     Checkpoint,
@@ -74,6 +75,7 @@ from jixu.ledger.store import (
     Fence,
     Lease,
     QueueCensus,
+    Session,
     Store,
     StreamInfo,
     WorkClaim,
@@ -81,6 +83,7 @@ from jixu.ledger.store import (
     WorkRow,
     claimed_row,
     decide_append,
+    group_of_meta,
     groups_to_try,
     work_claim_of,
 )
@@ -175,10 +178,48 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
             ) WITHOUT ROWID""",
         ),
     ),
+    (
+        3,
+        "sessions, credential use, streams indexed by the project their first event names",
+        (
+            """CREATE TABLE jixu_sessions (
+                key        TEXT PRIMARY KEY,
+                subject    TEXT NOT NULL,
+                created_at REAL NOT NULL,
+                expires_at REAL NOT NULL,
+                revoked_at REAL
+            ) WITHOUT ROWID""",
+            "CREATE INDEX jixu_sessions_subject ON jixu_sessions (subject)",
+            "CREATE INDEX jixu_sessions_expiry ON jixu_sessions (expires_at)",
+            """CREATE TABLE jixu_last_used (
+                key     TEXT PRIMARY KEY,
+                used_at REAL NOT NULL
+            ) WITHOUT ROWID""",
+            "ALTER TABLE jixu_streams ADD COLUMN project TEXT",
+            # Streams made before: meta.project of the first event (the rule of group_of_meta), and for a
+            # thread what jixu recorded until now, its metadata's project ("default" when it names none).
+            """UPDATE jixu_streams SET project = (
+                SELECT CASE
+                    WHEN json_type(e.meta, '$.project') = 'text'
+                         AND length(json_extract(e.meta, '$.project')) BETWEEN 1 AND 100
+                        THEN json_extract(e.meta, '$.project')
+                    WHEN jixu_streams.stream LIKE 'thread/%' AND json_type(e.data, '$.metadata.project') IS NULL
+                        THEN 'default'
+                    WHEN jixu_streams.stream LIKE 'thread/%' AND json_type(e.data, '$.metadata.project') = 'text'
+                         AND length(json_extract(e.data, '$.metadata.project')) BETWEEN 1 AND 100
+                        THEN json_extract(e.data, '$.metadata.project')
+                END
+                FROM jixu_events e WHERE e.stream = jixu_streams.stream AND e.seq = 1)""",
+            "CREATE INDEX jixu_streams_project ON jixu_streams (project, stream) WHERE project IS NOT NULL",
+        ),
+    ),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 # The column ``project`` holds an item's group (its name from schema version 2; renaming it would stop the workers
 # of older versions sharing a store), and ``jixu_work_projects`` each group's latest claim.
+_STREAM_COLUMNS = "stream, head_seq, head_hash, genesis_hash, created_at, project"
+_INSERT_STREAMS = f"INSERT INTO jixu_streams ({_STREAM_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
+_SESSION_COLUMNS = "key, subject, created_at, expires_at, revoked_at"
 _WORK_COLUMNS = ("key, project, status, ready_at, enqueued_at, claimed_by, epoch, expires_at, heartbeat_at, "
                  "rerun, position")
 _CLAIMABLE = "((status = 'pending' AND ready_at <= :now) OR (status = 'claimed' AND expires_at <= :now))"
@@ -668,7 +709,7 @@ class SQLiteStore(Store):
             now = float(conn.execute(_NOW_SQL).fetchone()[0])
         existed = set(heads)
         moved: dict[str, None] = {}  # streams that were there and took events, in order
-        created: dict[str, tuple[str, str]] = {}  # new streams -> (genesis_hash, created_at) of their first append
+        created: dict[str, tuple[str, str, str | None]] = {}  # new streams -> genesis_hash, created_at, project
         new_rows: list[StoredRow] = []
         recorded_at = utc_now_text()  # one commit, one time
         for index, request in enumerate(group):
@@ -696,16 +737,15 @@ class SQLiteStore(Store):
             if stream in existed:
                 moved[stream] = None
             else:
-                created.setdefault(stream, (request.genesis_hash, recorded_at))
+                created.setdefault(stream, (request.genesis_hash, recorded_at, group_of_meta(sealed[0].meta_json)))
         if new_rows:
             _insert_rows(conn, new_rows)
         if moved:
             conn.executemany("UPDATE jixu_streams SET head_seq = ?, head_hash = ? WHERE stream = ?",
                              [(*heads[stream], stream) for stream in moved])
         if created:
-            conn.executemany("INSERT INTO jixu_streams VALUES (?, ?, ?, ?, ?)",
-                             [(stream, *heads[stream], genesis_hash, created_at)
-                              for stream, (genesis_hash, created_at) in created.items()])
+            conn.executemany(_INSERT_STREAMS, [(stream, *heads[stream], genesis_hash, created_at, group)
+                                               for stream, (genesis_hash, created_at, group) in created.items()])
         return True
 
     @staticmethod
@@ -748,8 +788,8 @@ class SQLiteStore(Store):
             conn.execute("UPDATE jixu_streams SET head_seq = ?, head_hash = ? WHERE stream = ?",
                          (rows[-1].seq, rows[-1].hash, stream))
         else:
-            conn.execute("INSERT INTO jixu_streams VALUES (?, ?, ?, ?, ?)",
-                         (stream, rows[-1].seq, rows[-1].hash, genesis_hash, rows[0].recorded_at))
+            conn.execute(_INSERT_STREAMS, (stream, rows[-1].seq, rows[-1].hash, genesis_hash, rows[0].recorded_at,
+                                           group_of_meta(rows[0].meta_json)))
         return rows
 
     def _pages(self, stream: str, from_seq: int, to_seq: int | None, columns: str, size: int,
@@ -802,17 +842,69 @@ class SQLiteStore(Store):
 
     def _stream_info(self, stream: str) -> StreamInfo | None:
         row = self._run(lambda conn: conn.execute(
-            "SELECT stream, head_seq, head_hash, genesis_hash, created_at FROM jixu_streams WHERE stream = ?",
-            (stream,)).fetchone())
+            f"SELECT {_STREAM_COLUMNS} FROM jixu_streams WHERE stream = ?", (stream,)).fetchone())
         return StreamInfo(*row) if row else None
 
     def _list_streams(self, prefix: str, after: str, limit: int) -> list[StreamInfo]:
         escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         rows = self._run(lambda conn: conn.execute(
-            "SELECT stream, head_seq, head_hash, genesis_hash, created_at FROM jixu_streams "
+            f"SELECT {_STREAM_COLUMNS} FROM jixu_streams "
             "WHERE stream LIKE ? ESCAPE '\\' AND stream > ? ORDER BY stream LIMIT ?",
             (escaped + "%", after, limit)).fetchall())
         return [StreamInfo(*row) for row in rows]
+
+    def _list_group_streams(self, prefix: str, after: str, limit: int, groups: list[str]) -> list[StreamInfo]:
+        # One index range per project (project, stream > after), each cut at ``limit``, merged: the rows read
+        # are at most limit x projects, whatever else the store holds. GLOB, not LIKE: case-sensitive, like the
+        # names, and its prefix bounds the range.
+        low = max(after, prefix)
+        glob = "".join(f"[{c}]" if c in "*?[" else c for c in prefix) + "*"
+        part = (f"SELECT * FROM (SELECT {_STREAM_COLUMNS} FROM jixu_streams INDEXED BY jixu_streams_project "
+                "WHERE project = ? AND stream > ? AND stream GLOB ? ORDER BY stream LIMIT ?)")
+        sql = " UNION ALL ".join([part] * len(groups)) + " ORDER BY stream LIMIT ?"
+        values: list[Any] = [v for group in groups for v in (group, low, glob, limit)] + [limit]
+        rows = self._run(lambda conn: conn.execute(sql, values).fetchall())
+        return [StreamInfo(*row) for row in rows]
+
+    # --- sessions and credential use -------------------------------------------------
+
+    def _create_session(self, key: str, subject: str, ttl: float) -> Session:
+        def create(conn: sqlite3.Connection) -> Session:
+            now = float(conn.execute(_NOW_SQL).fetchone()[0])
+            conn.execute("DELETE FROM jixu_sessions WHERE expires_at < ?", (now - SESSION_RETENTION,))
+            try:
+                conn.execute(f"INSERT INTO jixu_sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, NULL)",
+                             (key, subject, now, now + ttl))
+            except sqlite3.IntegrityError:
+                raise InvalidInput(f"session {key!r} exists already", field="key") from None
+            return Session.of_row(key, subject, now, now + ttl, None, now)
+
+        return self._write(create)
+
+    def _get_session(self, key: str) -> Session | None:
+        row = self._run(lambda conn: conn.execute(
+            f"SELECT {_SESSION_COLUMNS}, {_NOW_EXPR} FROM jixu_sessions WHERE key = ?", (key,)).fetchone())
+        return Session.of_row(*row) if row else None
+
+    def _revoke_sessions(self, key: str | None, subject: str | None) -> int:
+        def revoke(conn: sqlite3.Connection) -> int:
+            now = float(conn.execute(_NOW_SQL).fetchone()[0])
+            column, value = ("key", key) if key is not None else ("subject", subject)
+            cursor = conn.execute(f"UPDATE jixu_sessions SET revoked_at = ? WHERE {column} = ? "
+                                  "AND revoked_at IS NULL AND expires_at > ?", (now, value, now))
+            return int(cursor.rowcount)
+
+        return self._write(revoke)
+
+    def _record_use(self, key: str) -> None:
+        # Not waited for on disk (decision 0017): a note lost in a power failure only makes a last use look older.
+        self._write(lambda conn: conn.execute(
+            f"INSERT INTO jixu_last_used VALUES (?, {_NOW_EXPR}) ON CONFLICT (key) DO UPDATE "
+            "SET used_at = excluded.used_at", (key,)), sync=False)
+
+    def _last_used(self, keys: list[str]) -> dict[str, float]:
+        return self._run(lambda conn: {str(key): float(at) for key, at in _select_in(
+            conn, "SELECT key, used_at FROM jixu_last_used WHERE key IN", keys)})
 
     # --- leases ---------------------------------------------------------------------
 

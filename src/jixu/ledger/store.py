@@ -15,6 +15,7 @@ validate input first, so bad input raises a typed error and writes nothing.
 from __future__ import annotations
 
 import abc
+import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -84,6 +85,9 @@ class StreamInfo:
     head_hash: str
     genesis_hash: str
     created_at: str
+    group: str | None = None
+    """The stream's group (:func:`group_of_meta`), or ``None``: the index :meth:`Store.list_streams` finds a
+    group's streams by."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
@@ -93,7 +97,43 @@ class StreamInfo:
             "head_hash": self.head_hash,
             "genesis_hash": self.genesis_hash,
             "created_at": self.created_at,
+            "group": self.group,
         }
+
+
+def group_of_meta(meta_json: str) -> str | None:
+    """A stream's group: what its first event names in ``meta.project`` when that is a string of 1-100 characters
+    (the index :meth:`Store.list_streams` finds a group's streams by; PostgreSQL's ``jixu_project_of`` is the
+    same rule in SQL). The ledger knows the key, not what a project is."""
+    if '"project"' not in meta_json:  # most first events name none: no parse
+        return None
+    found = json.loads(meta_json).get("project")
+    return found if isinstance(found, str) and 0 < len(found) <= _MAX_GROUP else None
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """A server-side login session (rows, not events: sessions are credentials, and they end).
+
+    ``key`` is what the store keeps to find it (the server keeps a digest of the cookie's secret, never the
+    secret), ``subject`` whom it authenticates (a token id). Times are seconds on the store's clock;
+    ``active`` is whether it was neither revoked nor expired by that clock when it was read.
+    """
+
+    key: str
+    subject: str
+    created_at: float
+    expires_at: float
+    revoked_at: float | None
+    active: bool
+
+    @staticmethod
+    def of_row(key: str, subject: str, created_at: float, expires_at: float, revoked_at: float | None,
+               now: float) -> Session:
+        """The session a stored row is at store time ``now``."""
+        return Session(str(key), str(subject), float(created_at), float(expires_at),
+                       None if revoked_at is None else float(revoked_at),
+                       revoked_at is None and float(expires_at) > now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +352,9 @@ def decide_append(stream: str, batch: Sequence[PreparedEvent], expected_seq: int
 WORK_STATES = ("pending", "claimed", "expired", "done")
 """States of a work item as :meth:`Store.list_work` reports them (``claimed``/``expired`` by the store's clock)."""
 _MAX_GROUP = 100
+_MAX_GROUPS = 1000
+SESSION_RETENTION = 86_400.0
+"""Seconds a session is kept after it ended (then :meth:`Store.create_session` deletes it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -664,13 +707,24 @@ class Store(abc.ABC):
         check_stream(stream)
         return self._stream_info(stream)
 
-    def list_streams(self, prefix: str = "", *, after: str = "", limit: int = 1000) -> list[StreamInfo]:
-        """Streams whose name starts with ``prefix``, ordered by name, after ``after``."""
+    def list_streams(self, prefix: str = "", *, after: str = "", limit: int = 1000,
+                     groups: Sequence[str] | None = None) -> list[StreamInfo]:
+        """Streams whose name starts with ``prefix``, ordered by name, after ``after``.
+
+        With ``groups``, only streams whose first event names one of them (in ``meta.project``: the ledger's
+        group of a stream is the name a layer above records there), found by an index: the cost follows the
+        streams of those groups, not the store.
+        """
         if not isinstance(prefix, str) or not isinstance(after, str):
             raise InvalidInput("prefix and after must be strings")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
             raise InvalidInput(f"limit {limit!r} must be between 1 and 100000", field="limit")
-        return self._list_streams(prefix, after, limit)
+        if groups is None:
+            return self._list_streams(prefix, after, limit)
+        if isinstance(groups, str) or not isinstance(groups, Sequence) or len(groups) > _MAX_GROUPS:
+            raise InvalidInput(f"groups must be a list of at most {_MAX_GROUPS} group names", field="groups")
+        wanted = sorted({check_group(group) for group in groups})
+        return self._list_group_streams(prefix, after, limit, wanted) if wanted else []
 
     def verify(self, stream: str) -> VerifyReport:
         """Recompute ``stream``'s hash chain and report the first bad seq, if any.
@@ -827,6 +881,42 @@ class Store(abc.ABC):
         check_stream(stream)
         return self._read_checkpoint(stream, name)
 
+    # --- sessions and credential use -------------------------------------------------
+
+    def create_session(self, key: str, subject: str, ttl: float) -> Session:
+        """Record a new session ``key`` of ``subject`` that lasts ``ttl`` seconds of store time.
+
+        A key is used once (:class:`~jixu.errors.InvalidInput` if it exists). Sessions that expired more than
+        :data:`SESSION_RETENTION` seconds ago are deleted on the way (they authenticate nothing any more).
+        """
+        key, subject, ttl = check_lease_key(key), check_owner(subject), check_ttl(ttl)
+        return self._create_session(key, subject, ttl)
+
+    def get_session(self, key: str) -> Session | None:
+        """The session ``key`` (``active`` judged by the store's clock), or ``None``."""
+        return self._get_session(check_lease_key(key))
+
+    def revoke_session(self, key: str) -> bool:
+        """End the session ``key`` now; True when it was active."""
+        return self._revoke_sessions(check_lease_key(key), None) > 0
+
+    def revoke_sessions(self, subject: str) -> int:
+        """End every active session of ``subject`` now; how many there were."""
+        return int(self._revoke_sessions(None, check_owner(subject)))
+
+    def record_use(self, key: str) -> None:
+        """Note that credential ``key`` was used now (store clock), replacing the earlier note.
+
+        Not waited for on disk where the store can avoid it: a lost note only makes a last use look older.
+        """
+        self._record_use(check_lease_key(key))
+
+    def last_used(self, keys: Sequence[str]) -> dict[str, float]:
+        """When each of ``keys`` was last noted by :meth:`record_use` (keys never noted are absent)."""
+        if isinstance(keys, str) or not isinstance(keys, Sequence):
+            raise InvalidInput("keys must be a list of strings", field="keys")
+        return self._last_used([check_lease_key(key) for key in keys]) if keys else {}
+
     # --- lifecycle ------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -876,6 +966,26 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def _list_streams(self, prefix: str, after: str, limit: int) -> list[StreamInfo]: ...
+
+    @abc.abstractmethod
+    def _list_group_streams(self, prefix: str, after: str, limit: int, groups: list[str]) -> list[StreamInfo]:
+        """:meth:`_list_streams` of the streams indexed under ``groups`` (sorted, distinct, not empty)."""
+
+    @abc.abstractmethod
+    def _create_session(self, key: str, subject: str, ttl: float) -> Session: ...
+
+    @abc.abstractmethod
+    def _get_session(self, key: str) -> Session | None: ...
+
+    @abc.abstractmethod
+    def _revoke_sessions(self, key: str | None, subject: str | None) -> int:
+        """End the active session ``key``, or every active one of ``subject``; how many were ended."""
+
+    @abc.abstractmethod
+    def _record_use(self, key: str) -> None: ...
+
+    @abc.abstractmethod
+    def _last_used(self, keys: list[str]) -> dict[str, float]: ...
 
     @abc.abstractmethod
     def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
@@ -929,6 +1039,8 @@ __all__ = [
     "Fence",
     "Lease",
     "QueueCensus",
+    "SESSION_RETENTION",
+    "Session",
     "Store",
     "StreamInfo",
     "WorkClaim",
@@ -953,5 +1065,6 @@ __all__ = [
     "head_moved",
     "judge_append",
     "next_lease",
+    "group_of_meta",
     "taken_over_lease",
 ]

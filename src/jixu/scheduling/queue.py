@@ -22,9 +22,8 @@ from typing import Any
 from jixu.errors import InvalidInput
 from jixu.ledger import Store
 from jixu.ledger.store import QueueCensus, WorkClaim, WorkItem
+from jixu.threads.log import DEFAULT_PROJECT  # a thread records its project when it is made
 
-DEFAULT_PROJECT = "default"
-"""The project of a thread whose metadata names none."""
 _MAX_PROJECT = 100
 _MAX_LIMIT = 1_000_000
 

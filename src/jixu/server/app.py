@@ -30,6 +30,7 @@ from jixu.runs.remote import RemoteProvider
 from jixu.server import projects, runs, threads, tokens
 from jixu.server.auth import Principal
 from jixu.server.context import Authenticated, Services, principal
+from jixu.server.guard import FailureLimit
 from jixu.server.models import READ, Caller, Health
 from jixu.server.problems import (
     INTERNAL,
@@ -184,7 +185,8 @@ def create_app(store: Store, *, agent: Agent | None = None, providers: dict[str,
                publishers: dict[str, Publisher] | None = None, remotes: dict[str, RemoteProvider] | None = None,
                workspace_root: Path | str = "jixu-workspaces", routers: Iterable[APIRouter] = (),
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, stream_poll_interval: float = 0.2,
-               stream_recheck_interval: float = 5.0, lifespan: Sequence[Lifespan] = ()) -> FastAPI:
+               stream_recheck_interval: float = 5.0, lifespan: Sequence[Lifespan] = (),
+               failed_auth_limit: FailureLimit | None = None, session_ttl: float = 12 * 3600.0) -> FastAPI:
     """The HTTP API over ``store``.
 
     ``agent``: the agent new threads are recorded under (without it, creating
@@ -194,6 +196,8 @@ def create_app(store: Store, *, agent: Agent | None = None, providers: dict[str,
     ``lifespan``: async context managers (taking the app) entered at startup
     and left at shutdown, e.g. an in-process worker. ``stream_recheck_interval``:
     how often an open event stream checks that its caller may still read it.
+    ``failed_auth_limit``: the failed authentications an address or a token id may make before 429 (default a
+    burst of 20, then 10 a minute). ``session_ttl``: how long a Studio login lasts (seconds).
     A server that stops calls :func:`begin_shutdown` first, so open streams end.
     """
     entered = list(lifespan)
@@ -217,7 +221,8 @@ def create_app(store: Store, *, agent: Agent | None = None, providers: dict[str,
                               remotes=remotes,
                               workspace_root=Path(workspace_root), max_body_bytes=max_body_bytes,
                               stream_poll_interval=stream_poll_interval,
-                              stream_recheck_interval=stream_recheck_interval)
+                              stream_recheck_interval=stream_recheck_interval, failed_auth_limit=failed_auth_limit,
+                              session_ttl=session_ttl)
     _install_problem_handlers(app)
     api = APIRouter(prefix=API_PREFIX)
     api.include_router(meta_router)

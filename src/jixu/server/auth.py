@@ -4,9 +4,14 @@ A token is ``jixu_<token_id>_<secret>``: the id (a ULID) finds its record, the
 secret (32 random bytes, url-safe base64) proves possession. Only
 ``sha256(secret)`` is stored; the secret is shown once, when the token is made.
 Each token is the stream ``auth/token/<token_id>``: ``token.created`` (name,
-kind, role per project, the secret's hash, who made it) and, later,
-``token.revoked``. Because the secret is random and long, a plain SHA-256 is
-enough (no password stretching is needed) and lookups cost one stream read.
+kind, role per project, the secret's hash, who made it, when it expires if
+ever), ``token.rotated`` (a new secret's hash; the one before may keep
+working for a grace period) and ``token.revoked``. Because the secret is
+random and long, a plain SHA-256 is enough (no password stretching is
+needed) and lookups cost one stream read. When a token was last used is not
+an event (it changes all the time): the server notes it in the store's
+credential-use rows (:meth:`jixu.ledger.Store.record_use`), at most once a
+minute per token and process.
 
 Roles per project: ``viewer`` reads, ``editor`` also sends input, creates
 threads and runs and recovers conversation turns, ``operator`` also resolves
@@ -19,18 +24,21 @@ thing does not exist (404), never that it is forbidden.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import hmac
 import re
 import secrets
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from jixu.errors import InvalidInput, JixuError, NotFound
 from jixu.kernel import record
 from jixu.ledger import Event, NewEvent, Store, is_valid_id, new_id
+from jixu.ledger.event import format_timestamp
 from jixu.runs.model import check_project_name
-from jixu.server.problems import FORBIDDEN, UNAUTHORIZED, HTTPProblem
+from jixu.server.problems import FORBIDDEN, TOKEN_EXPIRED, UNAUTHORIZED, HTTPProblem
 
 TOKEN_PREFIX = "auth/token/"
 ROLES = ("viewer", "editor", "operator")
@@ -39,12 +47,47 @@ ROLE_RANK = {role: rank for rank, role in enumerate(ROLES, start=1)}
 TOKEN_PATTERN = re.compile(r"^jixu_([0-7][0-9A-HJKMNP-TV-Z]{25})_([A-Za-z0-9_-]{43})$")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,63}$")
 MAX_PROJECTS_PER_TOKEN = 100
+MAX_LIFETIME_SECONDS = 3650 * 86400
+"""The longest expiry a token may be given (ten years); a token may also never expire."""
+MAX_GRACE_SECONDS = 7 * 86400
+"""The longest a rotated-out secret may keep working."""
+USE_KEY_PREFIX = "token/"
+"""Credential-use keys of tokens in the store: ``token/<token_id>``."""
+_DURATION = re.compile(r"^([0-9]{1,7})([smhdw])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 class TokenNotFound(NotFound):
     """No token with this id exists."""
 
     code = "token_not_found"
+
+
+class TokenRevoked(JixuError):
+    """The token was revoked: it cannot be rotated (make a new one)."""
+
+    code = "token_revoked"
+
+
+def parse_duration(text: str, field: str = "expires_in") -> int:
+    """``30d``, ``12h``, ``15m``, ``45s``, ``2w`` (or plain seconds) as seconds; typed error otherwise."""
+    value = text.strip() if isinstance(text, str) else ""
+    match = _DURATION.match(value) or (re.match(r"^([0-9]{1,9})()$", value) if value.isascii() else None)
+    if match is None:
+        raise InvalidInput(f"{field} {text!r} must be a number and a unit: 45s, 15m, 12h, 30d or 2w", field=field)
+    return int(match.group(1)) * _UNIT_SECONDS.get(match.group(2), 1)
+
+
+def _time_text(when: datetime) -> str:
+    return format_timestamp(when)
+
+
+def _parse_time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _epoch_text(seconds: float) -> str:
+    return _time_text(datetime.fromtimestamp(seconds, UTC))
 
 
 @dataclass(frozen=True)
@@ -59,13 +102,35 @@ class TokenInfo:
     created_by: str
     revoked: bool = False
     revoked_at: str | None = None
+    expires_at: str | None = None
+    """When the token stops working (UTC, ``recorded_at`` form); ``None``: never."""
+    rotated_at: str | None = None
+    """When its secret was last replaced."""
+    last_used_at: str | None = None
+    """When a server last noted its use (to within a minute); ``None``: never noted (filled in by reads)."""
     secret_sha256: str = field(default="", repr=False)
+    previous_secrets: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    """Rotated-out secrets' hashes with the time each stops working (a rotation's grace period)."""
+
+    def expired(self, now: datetime | None = None) -> bool:
+        """True once ``expires_at`` has passed."""
+        return self.expires_at is not None and _parse_time(self.expires_at) <= (now or datetime.now(UTC))
+
+    def accepts(self, secret: str, now: datetime | None = None) -> bool:
+        """True when ``secret`` is the token's secret, or a rotated-out one still in its grace period."""
+        digest = secret_hash(secret)
+        if hmac.compare_digest(self.secret_sha256, digest):
+            return True
+        moment = now or datetime.now(UTC)
+        return any(hmac.compare_digest(old, digest) and _parse_time(until) > moment
+                   for old, until in self.previous_secrets)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, without the secret's hash."""
         return {"token_id": self.token_id, "name": self.name, "kind": "admin" if self.admin else "project",
                 "roles": dict(self.roles), "created_at": self.created_at, "created_by": self.created_by,
-                "revoked": self.revoked, "revoked_at": self.revoked_at}
+                "revoked": self.revoked, "revoked_at": self.revoked_at, "expires_at": self.expires_at,
+                "expired": self.expired(), "rotated_at": self.rotated_at, "last_used_at": self.last_used_at}
 
 
 @dataclass(frozen=True)
@@ -76,6 +141,7 @@ class Principal:
     name: str
     admin: bool
     roles: dict[str, str]
+    expires_at: str | None = None
 
     @property
     def actor(self) -> str:
@@ -107,9 +173,9 @@ class Principal:
                               role_needed="admin")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: token id, name, kind, roles, actor."""
+        """JSON-ready: token id, name, kind, roles, actor, expiry."""
         return {"token_id": self.token_id, "name": self.name, "kind": "admin" if self.admin else "project",
-                "roles": dict(self.roles), "actor": self.actor}
+                "roles": dict(self.roles), "actor": self.actor, "expires_at": self.expires_at}
 
 
 def token_stream(token_id: str) -> str:
@@ -137,12 +203,23 @@ def check_roles(roles: object) -> dict[str, str]:
     return checked
 
 
+def _new_secret() -> str:
+    return base64.urlsafe_b64encode(secrets.token_bytes(32)).decode("ascii").rstrip("=")
+
+
+def _check_seconds(value: object, field: str, maximum: int, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise InvalidInput(f"{field} {value!r} must be a whole number of seconds from {minimum} to {maximum}",
+                           field=field)
+    return value
+
+
 def create_token(store: Store, name: str, *, roles: dict[str, str] | None = None, admin: bool = False,
-                 actor: str = "jixu") -> tuple[TokenInfo, str]:
+                 actor: str = "jixu", expires_in: int | None = None) -> tuple[TokenInfo, str]:
     """Record a new token; returns its record and the bearer text (shown once, never stored).
 
     A project token needs at least one role; an admin token has none (it may
-    do everything).
+    do everything). ``expires_in``: seconds until it stops working (default: never).
     """
     if not isinstance(name, str) or not NAME_PATTERN.match(name):
         raise InvalidInput(f"token name {name!r} must be 1-64 of A-Z a-z 0-9 . _ @ : -, starting alphanumeric",
@@ -154,11 +231,15 @@ def create_token(store: Store, name: str, *, roles: dict[str, str] | None = None
         raise InvalidInput("an admin token has every role; give it no project roles", field="roles")
     if not admin and not checked:
         raise InvalidInput("a project token needs a role in at least one project", field="roles")
+    data: dict[str, Any] = {}
+    if expires_in is not None:
+        lifetime = _check_seconds(expires_in, "expires_in", MAX_LIFETIME_SECONDS)
+        data["expires_at"] = _time_text(datetime.now(UTC) + timedelta(seconds=lifetime))
     token_id = new_id()
-    secret = base64.urlsafe_b64encode(secrets.token_bytes(32)).decode("ascii").rstrip("=")
+    secret = _new_secret()
     [event] = record(store, token_stream(token_id), [NewEvent("token.created", {
         "token_id": token_id, "name": name, "kind": "admin" if admin else "project", "roles": checked,
-        "secret_sha256": secret_hash(secret), "created_by": actor}, {"actor": actor})], 0)
+        "secret_sha256": secret_hash(secret), "created_by": actor, **data}, {"actor": actor})], 0)
     return _info([event]), f"jixu_{token_id}_{secret}"
 
 
@@ -166,15 +247,33 @@ def _info(events: list[Event]) -> TokenInfo:
     created = events[0]
     data = created.data
     revoked = next((e for e in events if e.type == "token.revoked"), None)
+    secret, previous, rotated_at = str(data.get("secret_sha256")), [], None
+    for event in events:
+        if event.type == "token.rotated":
+            until = event.data.get("previous_valid_until")
+            if isinstance(until, str):
+                previous.append((secret, until))
+            secret, rotated_at = str(event.data.get("secret_sha256")), event.recorded_at
+    expires = data.get("expires_at")
     return TokenInfo(token_id=str(data["token_id"]), name=str(data["name"]), admin=data.get("kind") == "admin",
                      roles={str(k): str(v) for k, v in dict(data.get("roles") or {}).items()},
                      created_at=created.recorded_at, created_by=str(data.get("created_by")),
                      revoked=revoked is not None, revoked_at=revoked.recorded_at if revoked else None,
-                     secret_sha256=str(data.get("secret_sha256")))
+                     expires_at=expires if isinstance(expires, str) else None, rotated_at=rotated_at,
+                     secret_sha256=secret, previous_secrets=tuple(previous))
 
 
-def get_token(store: Store, token_id: str) -> TokenInfo:
-    """A token's record (:class:`TokenNotFound` if there is none)."""
+def _with_use(store: Store, tokens: list[TokenInfo]) -> list[TokenInfo]:
+    """``tokens`` with ``last_used_at`` from the store's credential-use notes (one read for all of them)."""
+    used: dict[str, float] = {}
+    keys = [f"{USE_KEY_PREFIX}{t.token_id}" for t in tokens]
+    for start in range(0, len(keys), 1000):
+        used.update(store.last_used(keys[start:start + 1000]))
+    return [dataclasses.replace(t, last_used_at=_epoch_text(used[key])) if key in used else t
+            for t, key in zip(tokens, keys, strict=True)]
+
+
+def _read_token(store: Store, token_id: str) -> TokenInfo:
     if not is_valid_id(token_id):
         raise InvalidInput(f"token id {token_id!r} is not a valid id", field="token_id")
     events = store.read(token_stream(token_id))
@@ -183,8 +282,13 @@ def get_token(store: Store, token_id: str) -> TokenInfo:
     return _info(events)
 
 
+def get_token(store: Store, token_id: str) -> TokenInfo:
+    """A token's record with its last use (:class:`TokenNotFound` if there is none)."""
+    return _with_use(store, [_read_token(store, token_id)])[0]
+
+
 def list_tokens(store: Store) -> list[TokenInfo]:
-    """Every token, oldest first (revoked ones included)."""
+    """Every token, oldest first (revoked and expired ones included), with its last use."""
     tokens: list[TokenInfo] = []
     after = ""
     while True:
@@ -194,8 +298,32 @@ def list_tokens(store: Store) -> list[TokenInfo]:
             if events and events[0].type == "token.created":
                 tokens.append(_info(events))
         if len(page) < 1000:
-            return tokens
+            return _with_use(store, tokens)
         after = page[-1].stream
+
+
+def rotate_token(store: Store, token_id: str, *, actor: str = "jixu",
+                 grace_seconds: int = 0) -> tuple[TokenInfo, str]:
+    """Give a token a new secret; returns its record and the new bearer text (shown once).
+
+    The old secret stops working at once, or after ``grace_seconds`` (at most
+    :data:`MAX_GRACE_SECONDS`), so clients can be moved to the new one. Roles,
+    expiry and id stay; the token's Studio sessions end (log in again with the
+    new secret). A revoked token is refused (:class:`TokenRevoked`).
+    """
+    grace = _check_seconds(grace_seconds, "grace_seconds", MAX_GRACE_SECONDS, minimum=0)
+    token = _read_token(store, token_id)
+    if token.revoked:
+        raise TokenRevoked(f"token {token_id} is revoked; make a new one", token_id=token_id)
+    secret = _new_secret()
+    stream = token_stream(token_id)
+    info = store.stream_info(stream)
+    until = _time_text(datetime.now(UTC) + timedelta(seconds=grace)) if grace else None
+    record(store, stream, [NewEvent("token.rotated", {"token_id": token_id, "secret_sha256": secret_hash(secret),
+                                                      "previous_valid_until": until, "actor": actor},
+                                    {"actor": actor})], info.head_seq if info else 0)
+    store.revoke_sessions(token_id)
+    return get_token(store, token_id), f"jixu_{token_id}_{secret}"
 
 
 def revoke_token(store: Store, token_id: str, *, actor: str = "jixu", reason: str | None = None) -> TokenInfo:
@@ -204,16 +332,49 @@ def revoke_token(store: Store, token_id: str, *, actor: str = "jixu", reason: st
         raise InvalidInput("reason must be a string of at most 1000 characters", field="reason")
     token = get_token(store, token_id)
     if token.revoked:
+        store.revoke_sessions(token_id)  # a revocation recorded by a process that stopped before ending them
         return token
     stream = token_stream(token_id)
     info = store.stream_info(stream)
     record(store, stream, [NewEvent("token.revoked", {"token_id": token_id, "actor": actor, "reason": reason},
                                    {"actor": actor})], info.head_seq if info else 0)
+    store.revoke_sessions(token_id)  # its Studio sessions end with it (each is checked against the token too)
     return get_token(store, token_id)
 
 
+def token_id_of(authorization: str | None) -> str | None:
+    """The token id an ``Authorization`` header names (well formed or not otherwise), or ``None``."""
+    if not authorization:
+        return None
+    scheme, _, value = authorization.partition(" ")
+    match = TOKEN_PATTERN.match(value.strip()) if scheme.lower() == "bearer" else None
+    return match.group(1) if match else None
+
+
+def principal_of(token: TokenInfo) -> Principal:
+    """The caller ``token`` makes, when it may still be used (401 problem when revoked or expired)."""
+    if token.revoked:
+        raise HTTPProblem(UNAUTHORIZED, "unknown or revoked token")
+    if token.expired():
+        raise HTTPProblem(TOKEN_EXPIRED, f"token {token.token_id} expired at {token.expires_at}; ask an admin for "
+                                         "a new one (or rotate it with a new expiry)", token_id=token.token_id,
+                          expires_at=token.expires_at)
+    return Principal(token.token_id, token.name, token.admin, dict(token.roles), token.expires_at)
+
+
+def token_principal(store: Store, token_id: str) -> Principal:
+    """The caller token ``token_id`` makes, without its secret (a server-side session proved it already)."""
+    events = store.read(token_stream(token_id)) if is_valid_id(token_id) else []
+    if not events or events[0].type != "token.created":
+        raise HTTPProblem(UNAUTHORIZED, "unknown or revoked token")
+    return principal_of(_info(events))
+
+
 def authenticate(store: Store, authorization: str | None) -> Principal:
-    """The caller named by an ``Authorization: Bearer jixu_…`` header (401 problem when absent or wrong)."""
+    """The caller named by an ``Authorization: Bearer jixu_…`` header (401 problem when absent or wrong).
+
+    An expired token is told so (``token_expired``), but only to a caller that knows its secret.
+    """
     if not authorization:
         raise HTTPProblem(UNAUTHORIZED, "send a bearer token: Authorization: Bearer jixu_<id>_<secret> "
                                         "(make one with `jixu tokens create`)")
@@ -226,9 +387,9 @@ def authenticate(store: Store, authorization: str | None) -> Principal:
     if not events or events[0].type != "token.created":
         raise HTTPProblem(UNAUTHORIZED, "unknown or revoked token")
     token = _info(events)
-    if not hmac.compare_digest(token.secret_sha256, secret_hash(secret)) or token.revoked:
+    if not token.accepts(secret):
         raise HTTPProblem(UNAUTHORIZED, "unknown or revoked token")
-    return Principal(token.token_id, token.name, token.admin, dict(token.roles))
+    return principal_of(token)
 
 
 __all__ = [
@@ -237,13 +398,22 @@ __all__ = [
     "TOKEN_PREFIX",
     "Principal",
     "TokenInfo",
+    "MAX_GRACE_SECONDS",
+    "MAX_LIFETIME_SECONDS",
+    "USE_KEY_PREFIX",
     "TokenNotFound",
+    "TokenRevoked",
     "authenticate",
     "check_roles",
     "create_token",
     "get_token",
     "list_tokens",
+    "parse_duration",
+    "principal_of",
     "revoke_token",
+    "rotate_token",
     "secret_hash",
+    "token_id_of",
+    "token_principal",
     "token_stream",
 ]

@@ -263,9 +263,15 @@ class Client:
         """A registered project."""
         return self.request("GET", f"/projects/{name}")
 
-    def create_token(self, name: str, *, roles: dict[str, str] | None = None, admin: bool = False) -> Any:
-        """Create a token (admin); the answer holds its secret."""
-        return self.request("POST", "/tokens", json_body={"name": name, "roles": roles or {}, "admin": admin})
+    def create_token(self, name: str, *, roles: dict[str, str] | None = None, admin: bool = False,
+                     expires_in: int | None = None) -> Any:
+        """Create a token (admin), expiring after ``expires_in`` seconds if given; the answer holds its secret."""
+        return self.request("POST", "/tokens", json_body={"name": name, "roles": roles or {}, "admin": admin,
+                                                          "expires_in": expires_in})
+
+    def rotate_token(self, token_id: str, grace_seconds: int = 0) -> Any:
+        """Give a token a new secret (admin); the answer holds it."""
+        return self.request("POST", f"/tokens/{token_id}/rotate", json_body={"grace_seconds": grace_seconds})
 
     def list_tokens(self) -> Any:
         """Every token (admin)."""

@@ -26,7 +26,8 @@ from jixu.ledger import Store
 from jixu.runs import Provider, Runs
 from jixu.runs.publication import Publisher
 from jixu.runs.remote import RemoteProvider
-from jixu.server.auth import Principal, authenticate
+from jixu.server.auth import Principal
+from jixu.server.guard import AuthGuard, FailureLimit
 from jixu.server.idempotency import HEADER, REQUEST_ID_PATTERN, Outcome, run_once
 from jixu.server.problems import AGENT_NOT_CONFIGURED, UNAUTHORIZED, HTTPProblem
 from jixu.threads import Agent
@@ -57,9 +58,15 @@ class Services:
     """Set when the server begins to shut down: open streams end, so the server can drain and exit."""
     thread_projects: dict[str, str] = field(default_factory=dict)
     """Thread stream -> project, as its first (immutable) event says; filled as threads are read."""
+    failed_auth_limit: FailureLimit | None = None
+    """How many failed authentications an address (and a token id) may make: a burst, then so many a minute."""
+    session_ttl: float = 12 * 3600.0
+    """How long a Studio login lasts (seconds)."""
     runs: Runs = field(init=False)
+    guard: AuthGuard = field(init=False)
 
     def __post_init__(self) -> None:
+        self.guard = AuthGuard(self.store, per_address=self.failed_auth_limit, per_token=self.failed_auth_limit)
         # An owner name of this process only, so a run another process executes never looks like its own.
         owner = f"jixu-server-{os.getpid()}@{socket.gethostname()}"
         self.runs = Runs(self.store, self.workspace_root, self.providers, owner=owner, actor="jixu-server",
@@ -79,11 +86,18 @@ def services(request: Request) -> Services:
     return found
 
 
+def client_address(request: Request) -> str:
+    """The address failed authentications are counted by (as the server sees the client; behind a proxy, let
+    uvicorn's ``--proxy-headers`` / ``--forwarded-allow-ips`` make it the client's own)."""
+    return request.client.host if request.client else "unknown"
+
+
 def principal(request: Request) -> Principal:
     """FastAPI dependency: the authenticated caller (401 problem without a valid bearer token).
 
     A request with more than one ``Authorization`` header is refused: which one a proxy or a server reads is
-    not something a caller should have to guess.
+    not something a caller should have to guess. Failed attempts are rate-limited per client address and token
+    id (429, :mod:`jixu.server.guard`).
     """
     cached = getattr(request.state, "principal", None)
     if isinstance(cached, Principal):
@@ -91,7 +105,7 @@ def principal(request: Request) -> Principal:
     sent = request.headers.getlist("authorization")
     if len(sent) > 1:
         raise HTTPProblem(UNAUTHORIZED, f"send one Authorization header; this request has {len(sent)}")
-    found = authenticate(services(request).store, sent[0] if sent else None)
+    found = services(request).guard.authenticate(client_address(request), sent[0] if sent else None)
     request.state.principal = found
     return found
 
@@ -158,5 +172,5 @@ def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coroutine)
 
 
-__all__ = ["REPLAYED_HEADER", "Authenticated", "Context", "Services", "context", "mutation", "principal", "run_async",
+__all__ = ["REPLAYED_HEADER", "Authenticated", "Context", "Services", "client_address", "context", "mutation", "principal", "run_async",
            "services"]

@@ -187,6 +187,13 @@ class CreateToken(Body):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,63}$")
     roles: dict[str, Role] = Field(default_factory=dict, description="Project name -> role.")
     admin: bool = False
+    expires_in: int | None = Field(default=None, ge=1, le=3650 * 86400,
+                                   description="Seconds until the token stops working (default: never).")
+
+
+class RotateToken(Body):
+    grace_seconds: int = Field(default=0, ge=0, le=7 * 86400,
+                               description="How long the old secret keeps working (default 0: it stops now).")
 
 
 class RevokeToken(Body):
@@ -213,6 +220,7 @@ class Caller(Out):
     kind: Literal["admin", "project"]
     roles: dict[str, Role]
     actor: str
+    expires_at: str | None = Field(description="When the token stops working; null: never.")
 
 
 class Token(Out):
@@ -224,6 +232,11 @@ class Token(Out):
     created_by: str
     revoked: bool
     revoked_at: str | None
+    expires_at: str | None = Field(description="When the token stops working (UTC); null: never.")
+    expired: bool
+    rotated_at: str | None = Field(description="When its secret was last replaced.")
+    last_used_at: str | None = Field(description="When a server last saw it used (to within a minute); null: "
+                                                 "never seen.")
 
 
 class TokenPage(Out):
@@ -281,15 +294,233 @@ class InputQueued(Out):
     queued: bool
 
 
+class TokenCreated(Out):
+    token: Token
+    secret: str | None = Field(description="The bearer token, shown once (null when a request is replayed).")
+
+
+JSON = dict[str, Any]
+
+
+class Effect(Out):
+    """The resolver's decision about one effect (a tool or model call)."""
+
+    effect_id: str
+    kind: str
+    name: str | None
+    state: str = Field(description="completed, not_dispatched, unknown, parked or corrupt (the resolver's word).")
+    reason: str
+    evidence: list[Any]
+    retry_safe: bool
+    semantics: str | None
+    idempotency_key: str | None
+    args_hash: str | None
+    attempts: int = Field(ge=0)
+    resolution: JSON | None
+    requested_seq: int | None
+    last_seq: int
+
+
 class EffectDecided(Out):
     recorded: bool
-    effect: dict[str, Any]
+    effect: Effect
     thread: ThreadSummary
 
 
-class TokenCreated(BaseModel):
-    token: Token
-    secret: str | None = Field(description="The bearer token, shown once (null when a request is replayed).")
+class ThreadState(Out):
+    """A thread's state as the projection and the resolver make it."""
+
+    thread_id: str = Field(pattern=ID)
+    status: str
+    reason: str | None
+    messages: list[JSON]
+    turns: list[JSON]
+    effects: dict[str, Effect]
+    waiting_on: list[JSON]
+    last_reply: str | None
+    usage: JSON
+    seq: int = Field(ge=0)
+    head_hash: str
+    parent: JSON | None
+    agent: JSON
+    safe_to_continue: bool
+    has_corruption: bool
+    corruption: JSON | None
+    probes: dict[str, list[JSON]]
+    revision: int = Field(ge=1)
+    revisions: list[JSON]
+
+
+class ThreadDetail(ThreadState):
+    project: str
+    ownership: JSON | None = Field(description="Who owns the active turn, by the store's clock (null: no turn).")
+
+
+class ChainReport(Out):
+    stream: str
+    valid: bool
+    count: int = Field(ge=0)
+    head_hash: str
+    first_bad_seq: int | None
+    reason: str | None
+    detail: str | None
+
+
+class Verification(Out):
+    thread_id: str = Field(pattern=ID)
+    valid: bool = Field(description="The chain, the effects and the checkpoint all hold.")
+    chain: ChainReport
+    corruption: JSON | None
+    checkpoint: JSON | None
+    corrupt_effects: list[str]
+    unattributed_events: list[Any]
+
+
+class ThreadForked(ThreadSummary):
+    project: str
+    parent: JSON | None
+    turn_id: str | None = Field(description="The child's first turn, when an input was given.")
+
+
+class TurnRecovered(Out):
+    recorded: bool = Field(description="False when the same request id was recovered already (a replay).")
+    receipt: JSON
+    thread: ThreadSummary
+
+
+# --- runs ---------------------------------------------------------------------------------------
+
+
+class Task(Out):
+    task_id: str
+    kind: str
+    params: JSON
+    revision: int
+    status: str
+    attempts: list[JSON]
+    evidence: JSON | None
+
+
+class Plan(Out):
+    revision: int = Field(ge=0)
+    provider_revision: int = Field(ge=0)
+    reason: str
+    tasks: list[Task]
+    revisions: list[JSON]
+
+
+class Run(Out):
+    """A run as its journal, the resolver and its lease make it."""
+
+    run_id: str = Field(pattern=ID)
+    project: str
+    brief: str
+    status: str
+    reason: str
+    pause_reason: str | None
+    source: JSON
+    provider: JSON
+    providers: list[JSON]
+    policy: JSON
+    policy_digest: str
+    workspace: str
+    plan: Plan
+    pauses: list[JSON]
+    automatic_retries_used: int = Field(ge=0)
+    repairs_used: int = Field(ge=0)
+    reconciliations: list[JSON]
+    finished: JSON | None
+    lineage: JSON
+    owner: JSON | None
+    seq: int = Field(ge=0)
+    head_hash: str
+    problems: list[str]
+    safe_to_continue: bool
+    has_corruption: bool
+    corruption: JSON | None
+
+
+class RunPage(Out):
+    runs: list[Run]
+
+
+class Journal(Out):
+    run_id: str = Field(pattern=ID)
+    entries: list[JSON]
+    valid: bool
+    corruption: JSON | None
+
+
+class ExecutionRequest(Out):
+    request_id: str = Field(pattern=ID)
+    run_id: str = Field(pattern=ID)
+    kind: str
+    attempt: int
+    status: str
+    reason: str | None
+    actor: str | None
+    admitted_source: JSON | None
+    target: JSON | None
+    intent: JSON | None
+    receipt: JSON | None
+    reconciliations: list[JSON]
+    inspections: list[JSON]
+    decision: JSON | None
+    seq: int = Field(ge=0)
+    head_hash: str
+    chain_valid: bool
+    corruption: JSON | None
+
+
+class ExecutionRequestPage(Out):
+    run_id: str = Field(pattern=ID)
+    requests: list[ExecutionRequest]
+
+
+class Reconciled(Out):
+    reconciliation_id: str
+    request_id: str = Field(pattern=ID)
+    run_id: str = Field(pattern=ID)
+    actor: str
+    status_before: str
+    settled: bool
+
+
+class Inspected(Out):
+    actor: str
+    provider: str
+    found: Any
+    expected: JSON
+    evidence: JSON
+    event_id: str = Field(pattern=ID)
+    settled: bool = Field(description="The inspection found the admitted source and settled the outcome.")
+
+
+# --- projects -----------------------------------------------------------------------------------
+
+
+class Project(Out):
+    name: str
+    origin: str
+    default_branch: str
+    policy: JSON
+    policy_digest: str
+    policy_revision: int = Field(ge=1)
+    seq: int = Field(ge=1)
+
+
+class ProjectSeen(Project):
+    role: Role
+
+
+class ProjectRow(Out):
+    name: str
+    registered: bool = Field(description="False: the caller has a role in a project nobody registered yet.")
+    role: Role
+
+
+class ProjectPage(Out):
+    projects: list[ProjectRow]
 
 
 def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -302,7 +533,28 @@ READ = problems(401, 404, 422, 503)
 WRITE = problems(401, 403, 404, 409, 413, 422, 503)
 
 __all__ = [
+    "JSON",
     "READ",
+    "ChainReport",
+    "Effect",
+    "ExecutionRequest",
+    "ExecutionRequestPage",
+    "Inspected",
+    "Journal",
+    "Plan",
+    "Project",
+    "ProjectPage",
+    "ProjectRow",
+    "ProjectSeen",
+    "Reconciled",
+    "Run",
+    "RunPage",
+    "Task",
+    "ThreadDetail",
+    "ThreadForked",
+    "ThreadState",
+    "TurnRecovered",
+    "Verification",
     "EffectId",
     "FreeObject",
     "FreeValue",
@@ -329,6 +581,7 @@ __all__ = [
     "ResumeRun",
     "RetryRun",
     "RevokeToken",
+    "RotateToken",
     "SendInput",
     "Caller",
     "EffectDecided",

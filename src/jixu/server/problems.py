@@ -20,6 +20,8 @@ PROBLEM_TYPE_PREFIX = "urn:jixu:problem:"
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 
 UNAUTHORIZED = "unauthorized"
+TOKEN_EXPIRED = "token_expired"
+RATE_LIMITED = "too_many_failed_logins"
 FORBIDDEN = "forbidden"
 REQUEST_TOO_LARGE = "request_too_large"
 REQUEST_ID_REUSED = "request_id_reused"
@@ -29,6 +31,8 @@ INTERNAL = "internal_error"
 
 _STATUS_BY_CODE: dict[str, int] = {
     UNAUTHORIZED: 401,
+    TOKEN_EXPIRED: 401,
+    RATE_LIMITED: 429,
     FORBIDDEN: 403,
     REQUEST_TOO_LARGE: 413,
     "payload_too_large": 413,
@@ -51,6 +55,7 @@ _TITLES: dict[int, str] = {
     409: "Conflict",
     413: "Request too large",
     422: "Invalid input",
+    429: "Too many requests",
     500: "Internal error",
     503: "Store unavailable",
 }
@@ -82,10 +87,13 @@ def status_of(error: JixuError) -> int:
 class HTTPProblem(JixuError):
     """An error that exists only over HTTP (authentication, authorization, request limits, request ids)."""
 
-    def __init__(self, code: str, message: str, *, status: int | None = None, **details: Any) -> None:
+    def __init__(self, code: str, message: str, *, status: int | None = None,
+                 headers: dict[str, str] | None = None, **details: Any) -> None:
         super().__init__(message, **details)
         self.code = code
         self.status = status if status is not None else _STATUS_BY_CODE.get(code, 400)
+        self.headers = dict(headers or {})
+        """Response headers the problem needs (e.g. ``Retry-After`` of a 429)."""
 
 
 def problem_body(code: str, status: int, detail: str, instance: str | None = None, /,
@@ -114,9 +122,11 @@ def problem_response(code: str, status: int, detail: str, instance: str | None =
 def error_response(error: JixuError, instance: str | None = None) -> JSONResponse:
     """The problem+json response for a typed jixu error (its details become extension members)."""
     status = error.status if isinstance(error, HTTPProblem) else status_of(error)
-    headers = {"WWW-Authenticate": 'Bearer realm="jixu"'} if status == 401 else None
+    headers = {"WWW-Authenticate": 'Bearer realm="jixu"'} if status == 401 else {}
+    if isinstance(error, HTTPProblem):
+        headers.update(error.headers)
     details = {k: v for k, v in error.details.items() if _json_ready(v)}
-    return problem_response(error.code, status, error.message, instance, headers=headers, **details)
+    return problem_response(error.code, status, error.message, instance, headers=headers or None, **details)
 
 
 def validation_errors(errors: list[dict[str, Any]]) -> tuple[str, list[dict[str, str]]]:
@@ -148,9 +158,11 @@ __all__ = [
     "INTERNAL",
     "PROBLEM_MEDIA_TYPE",
     "PROBLEM_TYPE_PREFIX",
+    "RATE_LIMITED",
     "REQUEST_ID_REUSED",
     "REQUEST_IN_PROGRESS",
     "REQUEST_TOO_LARGE",
+    "TOKEN_EXPIRED",
     "UNAUTHORIZED",
     "HTTPProblem",
     "code_of_type",

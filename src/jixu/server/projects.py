@@ -11,7 +11,17 @@ from jixu.errors import ProjectNotFound
 from jixu.runs import get_project, list_projects, register_project, update_policy
 from jixu.server.context import Authenticated, Context, context, mutation
 from jixu.server.idempotency import Outcome
-from jixu.server.models import READ, WRITE, ProjectName, RegisterProject, UpdatePolicy, problems
+from jixu.server.models import (
+    READ,
+    WRITE,
+    Project,
+    ProjectName,
+    ProjectPage,
+    ProjectSeen,
+    RegisterProject,
+    UpdatePolicy,
+    problems,
+)
 
 router = APIRouter(prefix="/projects", tags=["projects"], route_class=Authenticated)
 Obj = dict[str, Any]
@@ -21,26 +31,26 @@ def _hidden(name: str) -> ProjectNotFound:
     return ProjectNotFound(f"no project {name}", project=name)
 
 
-@router.get("", responses=READ, summary="List the projects the caller has a role in")
-def list_all(ctx: Annotated[Context, Depends(context)]) -> Obj:
+@router.get("", responses=READ, response_model=ProjectPage, summary="List the projects the caller has a role in")
+def list_all(ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
     """Registered projects the caller may see, with the caller's role, and the roles for unregistered names."""
     registered = {p.name: p for p in list_projects(ctx.store)}
     rows = [{**p.to_dict(), "registered": True, "role": ctx.principal.role_in(name)}
             for name, p in registered.items() if ctx.principal.visible(name)]
     rows.extend({"name": name, "registered": False, "role": role}
                 for name, role in sorted(ctx.principal.roles.items()) if name not in registered)
-    return {"projects": rows}
+    return JSONResponse({"projects": rows})
 
 
-@router.get("/{name}", responses=READ, summary="A project")
-def get_one(name: ProjectName, ctx: Annotated[Context, Depends(context)]) -> Obj:
+@router.get("/{name}", responses=READ, response_model=ProjectSeen, summary="A project")
+def get_one(name: ProjectName, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
     """A registered project: origin, default branch, policy and its digest."""
     if not ctx.principal.visible(name):
         raise _hidden(name)
-    return {**get_project(ctx.store, name).to_dict(), "role": ctx.principal.role_in(name)}
+    return JSONResponse({**get_project(ctx.store, name).to_dict(), "role": ctx.principal.role_in(name)})
 
 
-@router.post("", status_code=201, responses={**WRITE, **problems(403)}, response_model=Obj,
+@router.post("", status_code=201, responses={**WRITE, **problems(403)}, response_model=Project,
              summary="Register a project (admin)")
 def register(body: RegisterProject, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Record a project: its authorized git origin and policy (admin)."""
@@ -54,7 +64,7 @@ def register(body: RegisterProject, ctx: Annotated[Context, Depends(mutation)]) 
     return ctx.mutate(body, operation)
 
 
-@router.put("/{name}/policy", responses=WRITE, response_model=Obj, summary="Record a new policy (admin)")
+@router.put("/{name}/policy", responses=WRITE, response_model=Project, summary="Record a new policy (admin)")
 def set_policy(name: ProjectName, body: UpdatePolicy, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Record a new policy for the project's later runs (admin); frozen runs keep theirs."""
     ctx.principal.require_admin()

@@ -25,17 +25,25 @@ from jixu.server.models import (
     CancelRun,
     CreateRun,
     EffectId,
+    ExecutionRequest,
+    ExecutionRequestPage,
     Handoff,
     Inspect,
+    Inspected,
+    Journal,
+    Plan,
     Publish,
     Reconcile,
+    Reconciled,
     RemoteTask,
     RequestId,
     ResolveRequest,
     ResolveTask,
     ResumeRun,
     RetryRun,
+    Run,
     RunId,
+    RunPage,
 )
 
 router = APIRouter(prefix="/runs", tags=["runs"], route_class=Authenticated)
@@ -63,7 +71,7 @@ def state_of(ctx: Context, run_id: str) -> Obj:
     return run_async(ctx.services.runs.state(run_id)).to_dict()
 
 
-@router.post("", status_code=201, responses=WRITE, response_model=Obj, summary="Create a run (queued for workers)")
+@router.post("", status_code=201, responses=WRITE, response_model=Run, summary="Create a run (queued for workers)")
 def create_run(body: CreateRun, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Record a run of ``brief`` on ``project`` with ``provider`` and queue it (editor)."""
     ctx.principal.require(body.project, "editor", ProjectNotFound(f"no project {body.project}",
@@ -79,42 +87,42 @@ def create_run(body: CreateRun, ctx: Annotated[Context, Depends(mutation)]) -> J
     return ctx.mutate(body, operation)
 
 
-@router.get("", responses=READ, summary="List runs")
+@router.get("", responses=READ, response_model=RunPage, summary="List runs")
 def list_runs(ctx: Annotated[Context, Depends(context)],
               project: Annotated[str | None, Query(max_length=100)] = None,
               status: Annotated[str | None, Query(max_length=40, description="One of the run statuses")] = None,
-              ) -> Obj:
+              ) -> JSONResponse:
     """Runs the caller may see (of ``project``, in ``status``), oldest first."""
     if status is not None and status not in RUN_STATUSES:
         raise InvalidInput(f"status {status!r} must be one of {list(RUN_STATUSES)}", field="status")
     states = run_async(ctx.services.runs.list_runs(project=project))
     rows = [s.to_dict() for s in states if ctx.principal.visible(s.project)
             and (status is None or s.status == status)]
-    return {"runs": rows}
+    return JSONResponse({"runs": rows})
 
 
-@router.get("/{run_id}", responses=READ, summary="A run's state")
-def get_run(run_id: RunId, ctx: Annotated[Context, Depends(context)]) -> Obj:
+@router.get("/{run_id}", responses=READ, response_model=Run, summary="A run's state")
+def get_run(run_id: RunId, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
     """Status (derived from the journal), snapshots, plan, tasks with the resolver's decisions, pauses."""
     authorize(ctx, run_id, "viewer")
-    return state_of(ctx, run_id)
+    return JSONResponse(state_of(ctx, run_id))
 
 
-@router.get("/{run_id}/plan", responses=READ, summary="A run's plan")
-def get_plan(run_id: RunId, ctx: Annotated[Context, Depends(context)]) -> Obj:
+@router.get("/{run_id}/plan", responses=READ, response_model=Plan, summary="A run's plan")
+def get_plan(run_id: RunId, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
     """The current plan revision with its tasks' states, and every earlier revision."""
     authorize(ctx, run_id, "viewer")
-    return run_async(ctx.services.runs.plan(run_id)).to_dict()
+    return JSONResponse(run_async(ctx.services.runs.plan(run_id)).to_dict())
 
 
-@router.get("/{run_id}/journal", responses=READ, summary="A run's journal and whether it verifies")
-def get_journal(run_id: RunId, ctx: Annotated[Context, Depends(context)]) -> Obj:
+@router.get("/{run_id}/journal", responses=READ, response_model=Journal, summary="A run's journal and whether it verifies")
+def get_journal(run_id: RunId, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
     """The run's hash-chained entries and ``valid``: whether the whole chain verifies."""
     authorize(ctx, run_id, "viewer")
     entries, valid = run_async(ctx.services.runs.journal(run_id))
     state = run_async(ctx.services.runs.state(run_id))
-    return {"run_id": run_id, "entries": entries, "valid": valid,
-            "corruption": None if state.corruption is None else state.corruption.to_dict()}
+    return JSONResponse({"run_id": run_id, "entries": entries, "valid": valid,
+            "corruption": None if state.corruption is None else state.corruption.to_dict()})
 
 
 def _requeue(ctx: Context, run_id: str) -> None:
@@ -124,7 +132,7 @@ def _requeue(ctx: Context, run_id: str) -> None:
         submit_run(ctx.store, run_id)
 
 
-@router.post("/{run_id}/resume", responses=WRITE, response_model=Obj, summary="Resume a run in place")
+@router.post("/{run_id}/resume", responses=WRITE, response_model=Run, summary="Resume a run in place")
 def resume_run(run_id: RunId, body: ResumeRun, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Continue a paused, interrupted or unreconciled run (editor): the workspace is reconciled first."""
     authorize(ctx, run_id, "editor")
@@ -137,7 +145,7 @@ def resume_run(run_id: RunId, body: ResumeRun, ctx: Annotated[Context, Depends(m
     return ctx.mutate(body, operation)
 
 
-@router.post("/{run_id}/handoff", responses=WRITE, response_model=Obj, summary="Hand a run to another provider")
+@router.post("/{run_id}/handoff", responses=WRITE, response_model=Run, summary="Hand a run to another provider")
 def handoff_run(run_id: RunId, body: Handoff, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Hand the run to provider ``agent`` (operator): tested first, then a new snapshot and plan revision."""
     authorize(ctx, run_id, "operator")
@@ -150,7 +158,7 @@ def handoff_run(run_id: RunId, body: Handoff, ctx: Annotated[Context, Depends(mu
     return ctx.mutate(body, operation)
 
 
-@router.post("/{run_id}/retry", status_code=201, responses=WRITE, response_model=Obj,
+@router.post("/{run_id}/retry", status_code=201, responses=WRITE, response_model=Run,
              summary="Retry a failed or cancelled run as a fresh run")
 def retry_run(run_id: RunId, body: RetryRun, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """A new run (fresh clone, lineage to this one) of a failed or cancelled run, queued (editor)."""
@@ -164,7 +172,7 @@ def retry_run(run_id: RunId, body: RetryRun, ctx: Annotated[Context, Depends(mut
     return ctx.mutate(body, operation)
 
 
-@router.post("/{run_id}/cancel", responses=WRITE, response_model=Obj, summary="Cancel a run")
+@router.post("/{run_id}/cancel", responses=WRITE, response_model=Run, summary="Cancel a run")
 def cancel_run(run_id: RunId, body: CancelRun, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Finish the run as cancelled (operator)."""
     authorize(ctx, run_id, "operator")
@@ -175,15 +183,15 @@ def cancel_run(run_id: RunId, body: CancelRun, ctx: Annotated[Context, Depends(m
     return ctx.mutate(body, operation)
 
 
-@router.get("/{run_id}/execution-requests", responses=READ, summary="A run's execution requests")
-def list_execution_requests(run_id: RunId, ctx: Annotated[Context, Depends(context)]) -> Obj:
+@router.get("/{run_id}/execution-requests", responses=READ, response_model=ExecutionRequestPage, summary="A run's execution requests")
+def list_execution_requests(run_id: RunId, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
     """The run's execution requests (publication, cancellation, remote tasks), oldest first, with their status."""
     authorize(ctx, run_id, "viewer")
     views = run_async(ctx.services.runs.execution_requests(run_id))
-    return {"run_id": run_id, "requests": [view.to_dict() for view in views]}
+    return JSONResponse({"run_id": run_id, "requests": [view.to_dict() for view in views]})
 
 
-@router.post("/{run_id}/execution-requests/{request_id}/reconcile", responses=WRITE, response_model=Obj,
+@router.post("/{run_id}/execution-requests/{request_id}/reconcile", responses=WRITE, response_model=Reconciled,
              summary="Reconcile an execution request from retained evidence (operator)")
 def reconcile_execution_request(run_id: RunId, request_id: RequestId, body: Reconcile,
                                 ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
@@ -206,7 +214,7 @@ def _request_of(ctx: Context, run_id: str, request_id: str) -> None:
     run_async(ctx.services.runs.execution_request(run_id, request_id))
 
 
-@router.post("/{run_id}/publications", status_code=201, responses=WRITE, response_model=Obj,
+@router.post("/{run_id}/publications", status_code=201, responses=WRITE, response_model=ExecutionRequest,
              summary="Publish a succeeded run's verified source (operator; queued for workers)")
 def publish_run(run_id: RunId, body: Publish, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Admit a publication request (push a branch, or open a pull request); a worker carries it out.
@@ -226,7 +234,7 @@ def publish_run(run_id: RunId, body: Publish, ctx: Annotated[Context, Depends(mu
     return ctx.mutate(body, operation)
 
 
-@router.post("/{run_id}/remote-tasks", status_code=201, responses=WRITE, response_model=Obj,
+@router.post("/{run_id}/remote-tasks", status_code=201, responses=WRITE, response_model=ExecutionRequest,
              summary="Deploy, roll back or write knowledge from a succeeded run (operator; queued for workers)")
 def remote_task(run_id: RunId, body: RemoteTask, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Admit a remote task request; its evidence will be the job id or version the provider reports."""
@@ -241,14 +249,14 @@ def remote_task(run_id: RunId, body: RemoteTask, ctx: Annotated[Context, Depends
     return ctx.mutate(body, operation)
 
 
-@router.get("/{run_id}/execution-requests/{request_id}", responses=READ, summary="One execution request")
-def get_execution_request(run_id: RunId, request_id: RequestId, ctx: Annotated[Context, Depends(context)]) -> Obj:
+@router.get("/{run_id}/execution-requests/{request_id}", responses=READ, response_model=ExecutionRequest, summary="One execution request")
+def get_execution_request(run_id: RunId, request_id: RequestId, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
     """An execution request with its intent, receipt, reconciliations and inspections."""
     authorize(ctx, run_id, "viewer")
-    return run_async(ctx.services.runs.execution_request(run_id, request_id)).to_dict()
+    return JSONResponse(run_async(ctx.services.runs.execution_request(run_id, request_id)).to_dict())
 
 
-@router.post("/{run_id}/execution-requests/{request_id}/inspect", responses=WRITE, response_model=Obj,
+@router.post("/{run_id}/execution-requests/{request_id}/inspect", responses=WRITE, response_model=Inspected,
              summary="Ask the provider, read-only, what it shows for a request (operator); the finding is kept")
 def inspect_remote(run_id: RunId, request_id: RequestId, body: Inspect,
                    ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
@@ -262,7 +270,7 @@ def inspect_remote(run_id: RunId, request_id: RequestId, body: Inspect,
     return ctx.mutate(body, operation)
 
 
-@router.post("/{run_id}/execution-requests/{request_id}/resolve", responses=WRITE, response_model=Obj,
+@router.post("/{run_id}/execution-requests/{request_id}/resolve", responses=WRITE, response_model=ExecutionRequest,
              summary="Record an operator's resolution of an unknown request, after an inspection (operator)")
 def resolve_request(run_id: RunId, request_id: RequestId, body: ResolveRequest,
                     ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
@@ -278,7 +286,7 @@ def resolve_request(run_id: RunId, request_id: RequestId, body: ResolveRequest,
     return ctx.mutate(body, operation)
 
 
-@router.post("/{run_id}/tasks/{effect_id}/resolve", responses=WRITE, response_model=Obj,
+@router.post("/{run_id}/tasks/{effect_id}/resolve", responses=WRITE, response_model=Run,
              summary="Record an operator's decision about a run task stuck unknown (operator)")
 def resolve_task(run_id: RunId, effect_id: EffectId, body: ResolveTask,
                  ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:

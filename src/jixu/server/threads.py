@@ -37,10 +37,15 @@ from jixu.server.models import (
     ResolveOutcome,
     SendInput,
     ThreadCreated,
+    ThreadDetail,
+    ThreadForked,
     ThreadId,
     ThreadPage,
+    ThreadState,
     ThreadSummary,
     TurnId,
+    TurnRecovered,
+    Verification,
 )
 from jixu.server.problems import error_response
 from jixu.threads.log import THREAD_PREFIX, ThreadLog, stream_of
@@ -145,44 +150,44 @@ def create_thread(body: CreateThread, ctx: Annotated[Context, Depends(mutation)]
 def list_threads(ctx: Annotated[Context, Depends(context)],
                  project: Annotated[str | None, Query(max_length=100)] = None,
                  after: Annotated[str | None, Query(pattern=r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")] = None,
-                 limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100) -> dict[str, Any]:
+                 limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100) -> JSONResponse:
     """Threads the caller may see (of ``project``), oldest first, ``limit`` per page after thread ``after``.
 
-    A project the caller has no role in has no threads for it (nothing is read). Otherwise the store's thread
-    streams are paged through; each thread's project is read once per server and remembered.
+    The store finds them by its index of threads by project (:meth:`jixu.ledger.Store.list_streams` with
+    ``projects``), so a page costs what the caller may see: at most ``limit`` threads of each of its projects are
+    read, whatever else the store holds. Only an admin without ``project`` pages through every thread.
     """
-    rows: list[dict[str, Any]] = []
-    cursor = THREAD_PREFIX + after if after else ""
-    next_after: str | None = None
     if project is not None and not ctx.principal.visible(project):
-        return {"threads": rows, "next_after": None}
-    while len(rows) < limit:
-        page = ctx.store.list_streams(THREAD_PREFIX, after=cursor, limit=MAX_PAGE)
-        for info in page:
-            thread_id = info.stream[len(THREAD_PREFIX):]
-            cursor = info.stream
-            owner_project = _project_of_stream(ctx.services, info.stream) or ""
-            if not ctx.principal.visible(owner_project) or (project is not None and owner_project != project):
-                continue
-            rows.append({"thread_id": thread_id, "project": owner_project, "events": info.head_seq,
-                         "head_hash": info.head_hash, "created_at": info.created_at})
-            if len(rows) == limit:
-                next_after = thread_id
-                break
-        if len(page) < MAX_PAGE:
-            break
-    return {"threads": rows, "next_after": next_after}
+        return JSONResponse({"threads": [], "next_after": None})  # a project the caller has no role in: nothing
+    cursor = THREAD_PREFIX + after if after else ""
+    if ctx.principal.admin and project is None:
+        page = ctx.store.list_streams(THREAD_PREFIX, after=cursor, limit=limit)
+    else:
+        wanted = [project] if project is not None else sorted(ctx.principal.roles)
+        page = ctx.store.list_streams(THREAD_PREFIX, after=cursor, limit=limit, groups=wanted)
+    rows = [{"thread_id": info.stream[len(THREAD_PREFIX):], "project": info.group or _unindexed_project(ctx, info.stream),
+             "events": info.head_seq, "head_hash": info.head_hash, "created_at": info.created_at} for info in page]
+    return JSONResponse({"threads": rows, "next_after": rows[-1]["thread_id"] if len(rows) == limit else None})
 
 
-@router.get("/{thread_id}", responses=READ, summary="A thread's state")
-def get_thread(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
+def _unindexed_project(ctx: Context, stream: str) -> str:
+    """The project of a thread the index has none for (its metadata names no usable project): only an admin's
+    listing shows such a thread, with what its metadata says, or ``""``."""
+    try:
+        return _project_of_stream(ctx.services, stream) or ""
+    except JixuError:
+        return ""
+
+
+@router.get("/{thread_id}", responses=READ, response_model=ThreadDetail, summary="A thread's state")
+def get_thread(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
     """The thread's state: status, turns, messages, the resolver's decision on every effect, turn ownership.
 
     The whole history is verified first (O(events)): a thread whose history does not hold is ``corrupt``, with
     ``corruption`` naming the first bad seq and the reason, as on every other surface.
     """
     project = authorize(ctx, thread_id, "viewer")
-    return state_dict(ThreadLog.load(ctx.store, thread_id, verify=True), project)
+    return JSONResponse(state_dict(ThreadLog.load(ctx.store, thread_id, verify=True), project))
 
 
 @router.post("/{thread_id}/inputs", status_code=202, responses=WRITE, response_model=InputQueued,
@@ -215,14 +220,15 @@ def resume_thread(thread_id: ThreadId, body: Decision, ctx: Annotated[Context, D
 @router.get("/{thread_id}/events", responses=READ, response_model=EventPage, summary="A page of a thread's events")
 def list_events(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)],
                 after_seq: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
-                limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100) -> dict[str, Any]:
+                limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100) -> JSONResponse:
     """Events with ``seq > after_seq``, at most ``limit``; ``next_after_seq`` continues the listing."""
     authorize(ctx, thread_id, "viewer")
     stream = stream_of(thread_id)
     events = ctx.store.read(stream, after_seq + 1, after_seq + limit)
     info = ctx.store.stream_info(stream)
-    return {"thread_id": thread_id, "events": [e.to_dict() for e in events],
-            "next_after_seq": events[-1].seq if events else after_seq, "head_seq": info.head_seq if info else 0}
+    return JSONResponse({"thread_id": thread_id, "events": [e.to_dict() for e in events],
+                         "next_after_seq": events[-1].seq if events else after_seq,
+                         "head_seq": info.head_seq if info else 0})
 
 
 def sse(event: Event) -> str:
@@ -297,28 +303,31 @@ async def stream_events(thread_id: ThreadId, request: Request,
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-@router.get("/{thread_id}/verify", responses=READ, summary="Verify a thread's hash chain and effects")
-def verify_thread(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
+@router.get("/{thread_id}/verify", responses=READ, response_model=Verification,
+            summary="Verify a thread's hash chain and effects")
+def verify_thread(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
     """Recompute the whole chain, check the effects are consistent and re-project the checkpoint; ``valid`` is
     all three (``corruption``: the thread's verdict; ``checkpoint``: what re-projecting its checkpoint found)."""
     authorize(ctx, thread_id, "viewer")
-    return ThreadLog.load(ctx.store, thread_id, verify=True).verification()
+    return JSONResponse(ThreadLog.load(ctx.store, thread_id, verify=True).verification())
 
 
-@router.get("/{thread_id}/replay", responses=READ, summary="Rebuild the state from events alone")
+@router.get("/{thread_id}/replay", responses=READ, response_model=ThreadState,
+            summary="Rebuild the state from events alone")
 def replay_thread(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)],
                   upto: Annotated[str | None, Query(max_length=40, description="A seq or an event id")] = None,
-                  ) -> dict[str, Any]:
+                  ) -> JSONResponse:
     """The state rebuilt from the events (up to ``upto``) by the pure projection; no driver is called."""
     authorize(ctx, thread_id, "viewer")
     log = ThreadLog.load(ctx.store, thread_id)
     point: int | str | None = upto
     if upto is not None and not is_valid_id(upto) and upto.strip().isdigit():  # digits of any script: a seq or 422
         point = parse_seq(upto, "upto")
-    return log.replay(point).to_dict()
+    return JSONResponse(log.replay(point).to_dict())
 
 
-@router.post("/{thread_id}/fork", status_code=201, responses=WRITE, response_model=dict[str, Any], summary="Fork a thread at an event")
+@router.post("/{thread_id}/fork", status_code=201, responses=WRITE, response_model=ThreadForked,
+             summary="Fork a thread at an event")
 def fork_thread(thread_id: ThreadId, body: ForkThread, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """A child thread with this thread's state at event ``at``, in the same project (editor)."""
     project = authorize(ctx, thread_id, "editor")
@@ -382,7 +391,8 @@ def deny_effect(thread_id: ThreadId, effect_id: EffectId, body: Decision,
     return _decide(ctx, thread_id, effect_id, "denied", body)
 
 
-@router.post("/{thread_id}/turns/{turn_id}/recover", responses=WRITE, response_model=dict[str, Any], summary="Recover an expired turn")
+@router.post("/{thread_id}/turns/{turn_id}/recover", responses=WRITE, response_model=TurnRecovered,
+             summary="Recover an expired turn")
 def recover_turn(thread_id: ThreadId, turn_id: TurnId, body: RecoverTurn,
                  ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Fence out the owner of an expired turn and record a recovery receipt (editor); nothing is retried."""

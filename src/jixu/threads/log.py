@@ -61,6 +61,15 @@ from jixu.threads.decide import Stop, decide, probe_record
 from jixu.threads.projection import ThreadProjection, ThreadState, fork_state
 
 THREAD_PREFIX = "thread/"
+DEFAULT_PROJECT = "default"
+"""The project of a thread whose metadata names none."""
+
+
+def indexed_project(metadata: dict[str, Any]) -> str | None:
+    """The project a thread's first event names in its ``meta`` (so the ledger indexes the thread under it): the
+    metadata's ``project``, :data:`DEFAULT_PROJECT` when it names none, ``None`` when what it names is no name."""
+    found = metadata.get("project", DEFAULT_PROJECT)
+    return found if isinstance(found, str) and 0 < len(found) <= 100 and found.isprintable() else None
 DEFAULT_MAX_STEPS = 32
 DEFAULT_MAX_ATTEMPTS = 3
 MAX_NOTE_CHARS = 10_000
@@ -357,8 +366,12 @@ class ThreadLog:
         if metadata is not None and not isinstance(metadata, dict):
             raise InvalidInput("metadata must be a JSON object", field="metadata")
         thread_id = new_id()
+        meta: dict[str, Any] = {"actor": actor}
+        project_name = indexed_project(metadata or {})
+        if project_name is not None:
+            meta["project"] = project_name
         created = NewEvent("thread.created", {"thread_id": thread_id, "agent": agent_record,
-                                              "metadata": metadata or {}}, {"actor": actor})
+                                              "metadata": metadata or {}}, meta)
         [event] = record(store, stream_of(thread_id), [created], 0)
         projection = ThreadProjection()
         return cls(store, projection.apply(projection.initial(), event), actor=actor)
@@ -859,9 +872,11 @@ class ThreadLog:
         text = canonical_text(self._projection.dump(child_state), max_nesting=STATE_NESTING)
         parts = [text[i:i + INHERIT_CHUNK_CHARS] for i in range(0, len(text), INHERIT_CHUNK_CHARS)] or [""]
         meta = self.meta()
+        project_name = indexed_project(parent_state.metadata)
         batch = [NewEvent("thread.forked", {
             "thread_id": child_id, "parent": parent, "agent": agent_record or parent_state.agent,
-            "metadata": parent_state.metadata, "inherited_parts": len(parts)}, meta, id=forked_id)]
+            "metadata": parent_state.metadata, "inherited_parts": len(parts)},
+            meta if project_name is None else {**meta, "project": project_name}, id=forked_id)]
         batch.extend(NewEvent("thread.inherited", {"part": i, "of": len(parts), "text": part}, meta)
                      for i, part in enumerate(parts))
         if input is not None:
@@ -924,5 +939,5 @@ def check_text(value: object, name: str, limit: int, *, required: bool = False) 
                            + (" (not empty)" if required else ""), field=name)
 
 
-__all__ = ["DEFAULT_MAX_ATTEMPTS", "DEFAULT_MAX_STEPS", "THREAD_PREFIX", "State", "ThreadLog", "build_state",
-           "check_text", "probe_text", "stream_of", "thread_corrupt"]
+__all__ = ["DEFAULT_MAX_ATTEMPTS", "DEFAULT_MAX_STEPS", "DEFAULT_PROJECT", "THREAD_PREFIX", "State", "ThreadLog",
+           "build_state", "check_text", "indexed_project", "probe_text", "stream_of", "thread_corrupt"]

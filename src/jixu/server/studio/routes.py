@@ -48,6 +48,7 @@ from jixu.server.studio.session import (
     check_token,
     clear_session,
     csrf_token,
+    end_session,
     read_form,
     require_csrf,
     same_origin,
@@ -165,7 +166,8 @@ async def login(request: Request) -> Response:
         await asyncio.to_thread(check_token, request, token)
     except HTTPProblem as error:
         message = error.message if token else "Paste a bearer token (jixu_<id>_<secret>)."
-        return _render(request, "login.html", 401, title="Log in", next=target, error=message)
+        return _render(request, "login.html", error.status if token else 401, title="Log in", next=target,
+                       error=message)  # 401, or 429 while this address or token failed too often
     response = RedirectResponse(target, status_code=303)
     set_session(response, request, token)
     return response
@@ -179,6 +181,7 @@ async def logout(request: Request) -> Response:
         require_csrf(request, form)
     except HTTPProblem as error:
         return _error_page(request, session_principal(request), error)
+    await asyncio.to_thread(end_session, request)
     response = RedirectResponse(f"{PREFIX}/login", status_code=303)
     clear_session(response)
     return response
