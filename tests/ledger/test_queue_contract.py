@@ -374,6 +374,11 @@ def test_a_store_at_schema_1_gains_the_work_queue_on_open(shared_factory: StoreF
         raw = sqlite3.connect(shared_factory.tmp_path / "ledger.db")
         raw.execute("DROP TABLE jixu_work")
         raw.execute("DROP TABLE jixu_work_projects")
+        # what migration 3 adds, which a schema-1 store lacks as well
+        raw.execute("DROP TABLE jixu_sessions")
+        raw.execute("DROP TABLE jixu_last_used")
+        raw.execute("DROP INDEX jixu_streams_project")
+        raw.execute("ALTER TABLE jixu_streams DROP COLUMN project")
         raw.execute("DELETE FROM jixu_schema WHERE version >= 2")
         raw.commit()
         raw.close()
@@ -386,6 +391,12 @@ def test_a_store_at_schema_1_gains_the_work_queue_on_open(shared_factory: StoreF
             conn.execute("DROP TABLE jixu_work_projects")
             conn.execute("DROP FUNCTION jixu_append")  # migrations 3 and 4, which a schema-1 store lacks as well
             conn.execute("DROP FUNCTION jixu_append_v4")
+            conn.execute("DROP TRIGGER jixu_streams_project ON jixu_streams")  # and migration 5's
+            conn.execute("DROP FUNCTION jixu_streams_project()")
+            conn.execute("DROP FUNCTION jixu_project_of(text)")
+            conn.execute("DROP TABLE jixu_sessions")
+            conn.execute("DROP TABLE jixu_last_used")
+            conn.execute("ALTER TABLE jixu_streams DROP COLUMN project")
             conn.execute("DELETE FROM jixu_schema WHERE version >= 2")
     reopened = shared_factory()
     assert reopened.schema_version() == (SQLITE_SCHEMA_VERSION if shared_factory.kind == "sqlite"

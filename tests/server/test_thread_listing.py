@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from jixu.runs import create_thread_for
+from jixu.scheduling import create_thread_for
 from jixu.threads.log import ThreadLog
 from tests.server.agents import agent
 from tests.server.conftest import Api
