@@ -24,7 +24,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.studio.conftest import Shots, csrf_of, http_login
-from tests.studio.operator_server import LONG_CALLS, OTHER_PROJECT, PROJECT, Served, serve
+from tests.studio.operator_server import OTHER_PROJECT, PROJECT, Served, serve
 
 OPERATOR = "alice-operator"
 MESSAGE_LABEL = "Message (starts a turn a worker runs)"
@@ -199,7 +199,7 @@ def test_a_2000_event_thread_is_paged_small_and_paints_fast(ops: Served, page: A
         http_login(client, ops.tokens[OPERATOR])
         html = client.get(url)
         head = client.get(f"{url}/head").json()["seq"]
-    assert head >= 2000 and LONG_CALLS * 3 <= head
+    assert head >= 2000
     size = len(html.content)
     assert html.status_code == 200 and size < 300_000, size
     log_in(page, ops)
