@@ -102,7 +102,7 @@ def _event_summary(event: Event) -> str:
     if "resolution" in data:
         return excerpt(f"{data.get('resolution')}: {data.get('note') or ''}")
     if "name" in data and "args" in data:
-        return excerpt(f"{data['name']}({json.dumps(data['args'], ensure_ascii=False, sort_keys=True)})")
+        return excerpt(f"{data['name']}({call_args(data['args'])})")
     return excerpt({k: v for k, v in data.items() if k not in ("effect_id", "thread_id")})
 
 
@@ -207,7 +207,7 @@ def thread_rows(ctx: Context) -> list[Obj]:
             tools = sorted({d.name for d in state.effects.values() if d.kind == "tool" and d.name})
             rows.append({"thread_id": thread_id, "project": project, "status": state.status,
                          "label": list_label(state.status, state.waiting_on),
-                         "reason": state.reason, "waiting_on": list(state.waiting_on), "events": state.seq,
+                         "reason": state.reason, "waiting_on": list(state.waiting_on), "events": info.head_seq,
                          "parent": state.parent, "children": [], "created_at": info.created_at,
                          "created": _created(info.created_at), "tools": tools,
                          "agent": state.agent.get("name"), "last_reply": state.last_reply})
@@ -365,7 +365,8 @@ def thread_page(ctx: Context, thread_id: str, *, before: int | None = None, view
     corrupt = state.corruption
     # Forks may start only where the verdict vouches for the events (before the first bad one).
     fork_before = corrupt.sound_before if corrupt is not None else None
-    head = state.seq
+    info = ctx.store.stream_info(log.stream)
+    head = info.head_seq if info is not None else state.seq  # the stored head: a corrupt thread's state stops earlier
     first, last = window(head, before)
     events = ctx.store.read(log.stream, first, last) if last >= first else []
     bad_seq = _marked_seq(corrupt, [event.seq for event in events])
@@ -471,7 +472,8 @@ def thread_head(ctx: Context, thread_id: str) -> Obj:
     """What the live updates compare: the thread's last seq and status."""
     threads_api.authorize(ctx, thread_id, "viewer")
     log = ThreadLog.load(ctx.store, thread_id)
-    return {"seq": log.state.seq, "status": log.status()}
+    info = ctx.store.stream_info(log.stream)
+    return {"seq": info.head_seq if info is not None else log.state.seq, "status": log.status()}
 
 
 # --- runs ---------------------------------------------------------------------------------------
