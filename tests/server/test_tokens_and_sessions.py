@@ -222,11 +222,14 @@ def test_guesses_at_a_trusted_token_from_its_own_address_are_limited_too(
 def test_the_studio_login_is_limited_like_the_api(limited: tuple[str, Store, dict[str, str]]) -> None:
     url, _store, secrets = limited
     with httpx.Client(base_url=url, follow_redirects=False) as browser:
+        # A browser form: every refusal answers 303 to the login page, which says why (Post/Redirect/Get).
         for _ in range(3):
-            assert browser.post("/studio/login", data={"token": f"jixu_{secrets['admin-id']}_{'D' * 43}"}
-                                ).status_code == 401
+            failed = browser.post("/studio/login", data={"token": f"jixu_{secrets['admin-id']}_{'D' * 43}"})
+            assert failed.status_code == 303 and "jixu_studio" not in failed.cookies
+            assert "too many failed" not in browser.get(failed.headers["location"]).text
         refused = browser.post("/studio/login", data={"token": secrets["bystander"]})
-        assert refused.status_code == 429 and "too many failed" in refused.text
+        assert refused.status_code == 303 and "jixu_studio" not in refused.cookies
+        assert "too many failed" in browser.get(refused.headers["location"]).text
 
 
 def test_buckets_count_by_address_and_by_token_id(tmp_path: Path) -> None:

@@ -56,7 +56,7 @@ def test_thinking_is_shown_as_such_and_its_opaque_parts_never(studio: Studio, pa
     expect(thinking.locator("summary")).to_have_text("Thinking")
     thinking.locator("summary").click()
     expect(thinking).to_contain_text("The customer means order 1; look it up first. [redacted thinking]")
-    expect(assistant).to_contain_text('calls lookup({"order": "1"})')
+    expect(assistant).to_contain_text('calls lookup(order="1")')
     content = page.content()
     for opaque in ("SIG-7f3a", "OPAQUE-REDACTED-91"):
         assert opaque not in page.locator("section[aria-labelledby=messages-title]").inner_html(), opaque

@@ -28,9 +28,10 @@ def test_a_viewer_sees_every_page_but_no_mutation_control(studio: Studio, page: 
     for number, url in enumerate(_pages(studio)):
         page.goto(url)
         expect(page.locator("h1")).to_be_visible()
-        # The only form a viewer gets is "Log out" in the header; the page itself has none.
-        expect(page.locator("main form")).to_have_count(0)
-        expect(page.locator("main button, main textarea, main select, main input")).to_have_count(0)
+        # The only form a viewer may post is "Log out" in the header; the page itself has none (the threads
+        # list's filters are a GET form: they change nothing).
+        expect(page.locator("main form[method=post]")).to_have_count(0)
+        expect(page.locator("main form:not([method=get]) :is(button, textarea, select, input)")).to_have_count(0)
         for name in MUTATIONS:
             expect(page.get_by_role("button", name=re.compile(name))).to_have_count(0)
         shots(page, f"viewer-{number}")
@@ -40,6 +41,12 @@ def test_a_viewer_sees_every_page_but_no_mutation_control(studio: Studio, page: 
     expect(page.locator("#unresolved .badge", has_text="unknown")).to_be_visible()
     page.goto(_pages(studio)[5])
     expect(page.locator("#requests")).to_contain_text("An operator of studio-demo must reconcile this")
+
+
+def _followed(client: httpx.Client, response: httpx.Response) -> str:
+    """The page a refused post's 303 leads to (Post/Redirect/Get: refusals are shown on a GET page)."""
+    assert response.status_code == 303, (response.status_code, response.text[:300])
+    return client.get(response.headers["location"]).text
 
 
 def _status(client: httpx.Client, studio: Studio) -> tuple[str, str]:
@@ -72,8 +79,10 @@ def test_hand_crafted_posts_from_a_viewer_are_refused(studio: Studio) -> None:
                 {"reconciliation_id": "b" * 32},
         }
         for path, form in posts.items():
-            refused = client.post(path, data={**form, "csrf_token": csrf})
-            assert refused.status_code == 403, (path, refused.status_code, refused.text[:300])
+            redirected = client.post(path, data={**form, "csrf_token": csrf})
+            assert redirected.status_code == 303, (path, redirected.status_code, redirected.text[:300])
+            refused = client.get(redirected.headers["location"])  # Post/Redirect/Get: the refusal on a page
+            assert "403: forbidden" in refused.text, (path, refused.text[:300])
             assert "Refused (403): nothing was changed." in refused.text
             assert "needs the" in refused.text  # the API's own explanation: which role it needs
         assert _status(client, studio) == before == ("waiting", "paused")
@@ -89,25 +98,27 @@ def test_posts_without_the_csrf_token_or_from_another_site_are_refused(studio: S
         csrf = csrf_of(client.get(f"/studio/runs/{f['failed_check_run']}").text)
         before = _status(client, studio)
         for form in ({}, {"csrf_token": ""}, {"csrf_token": "0" * 64}, {"csrf_token": csrf[:-1] + ("1" if csrf.endswith("0") else "0")}):
-            refused = client.post(resume, data=form)
-            assert refused.status_code == 403, (form, refused.status_code)
-            assert "no valid CSRF token" in refused.text
+            refused = _followed(client, client.post(resume, data=form))
+            assert "403: forbidden" in refused, form
+            assert "no valid CSRF token" in refused
         elsewhere = client.post(resume, data={"csrf_token": csrf}, headers={"Origin": "https://evil.example"})
-        assert elsewhere.status_code == 403 and "posted from another site" in elsewhere.text
+        assert "403: forbidden" in _followed(client, elsewhere) and "posted from another site" in _followed(client, elsewhere)
         # Another session's token is not this session's.
         with studio.http() as other:
             http_login(other, f["viewer_token"])
             theirs = csrf_of(other.get("/studio/threads").text)
         assert theirs != csrf
-        assert client.post(resume, data={"csrf_token": theirs}).status_code == 403
+        assert "403: forbidden" in _followed(client, client.post(resume, data={"csrf_token": theirs}))
         assert _status(client, studio) == before == ("waiting", "paused")
     with studio.http() as anonymous:
-        assert anonymous.post(resume, data={"csrf_token": csrf}).status_code == 401
+        gone = anonymous.post(resume, data={"csrf_token": csrf})
+        assert gone.status_code == 303 and gone.headers["location"].startswith("/studio/login?next=")
         redirected = anonymous.get(f"/studio/runs/{f['failed_check_run']}")
         assert redirected.status_code == 303 and redirected.headers["location"].startswith("/studio/login?next=")
         assert anonymous.get(f"/studio/runs/{f['failed_check_run']}/head").status_code == 401
         bad = anonymous.post("/studio/login", data={"token": "jixu_not-a-token"})
-        assert bad.status_code == 401 and "set-cookie" not in bad.headers
+        assert bad.status_code == 303 and "set-cookie" not in bad.headers
+        assert 'role="alert" id="login-error"' in anonymous.get(bad.headers["location"]).text
 
 
 def test_pages_send_a_strict_content_security_policy(studio: Studio) -> None:
@@ -131,5 +142,6 @@ def test_the_server_refuses_a_resolution_without_a_note(studio: Studio) -> None:
         for note in ("", "   "):
             refused = client.post(f"/studio/threads/{f['unknown_thread']}/effects/{effect.group(1)}/resolve",
                                   data={"csrf_token": csrf_of(page.text), "resolution": "not_occurred", "note": note})
-            assert refused.status_code == 422 and "note" in refused.text
+            shown = _followed(client, refused)
+            assert "422: invalid_input" in shown and "Note: this field is required" in shown
         assert _status(client, studio)[0] == "waiting"

@@ -1,0 +1,450 @@
+"""Issue 27's Studio, in headless Chromium over real threads served by a real server with its worker running:
+
+* Post/Redirect/Get: a form refused (409 ``thread_busy``) answers 303 to the thread's page; the head then
+  changes (another operator approves, the worker runs) and the form is still posted exactly once;
+* live without reloads: while a thread runs the page follows it in place (zero navigations), an open
+  disclosure stays open, and a form being filled in is kept;
+* a 2,000-event thread: a page of its timeline (HTML < 300 KB; first contentful paint printed), pages back,
+  compact / full / JSON views;
+* the list leads with what needs a person, with distinct badges, counts, filters and search;
+* decision panels with the call's context; settled states that say so; deny asks for a reason;
+* state at an event and a fork from there, forks on the parent; a phone's width; the Studio's own error
+  pages; actors by their token's name.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+from tests.studio.conftest import Shots, csrf_of, http_login
+from tests.studio.operator_server import OTHER_PROJECT, PROJECT, Served, serve
+
+OPERATOR = "alice-operator"
+MESSAGE_LABEL = "Message (starts a turn a worker runs)"
+
+
+@pytest.fixture(scope="module")
+def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    served = serve(tmp_path_factory.mktemp("studio-ops"))
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+def log_in(page: Any, ops: Served, who: str = OPERATOR) -> None:
+    page.goto(f"{ops.studio}/login")
+    page.get_by_label("Bearer token").fill(ops.tokens[who])
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(re.compile(r".*/studio/threads$"))
+
+
+def api(ops: Served, who: str = OPERATOR) -> httpx.Client:
+    return httpx.Client(base_url=f"{ops.url}/api/v1", headers={"Authorization": f"Bearer {ops.tokens[who]}"},
+                        timeout=30)
+
+
+def new_thread(client: httpx.Client) -> str:
+    created = client.post("/threads", json={"project": PROJECT})
+    assert created.status_code == 201, created.text
+    return str(created.json()["thread_id"])
+
+
+def navigations(page: Any) -> list[str]:
+    """The main frame's navigations from now on (a reload, a form post or a link each count one)."""
+    seen: list[str] = []
+    page.on("framenavigated", lambda frame: seen.append(frame.url) if frame == page.main_frame else None)
+    return seen
+
+
+def events_of(client: httpx.Client, thread_id: str) -> list[dict[str, Any]]:
+    page = client.get(f"/threads/{thread_id}/events", params={"limit": 1000})
+    assert page.status_code == 200, page.text
+    return list(page.json()["events"])
+
+
+# --- 1. Post/Redirect/Get -------------------------------------------------------------------------------------
+
+
+def test_a_refused_form_is_never_sent_again_when_the_head_changes(ops: Served, page: Any, shots: Shots) -> None:
+    with api(ops) as alice, api(ops, "bob-operator") as bob:
+        thread_id = new_thread(alice)
+        log_in(page, ops)
+        posts: list[str] = []
+        page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
+        page.goto(f"{ops.studio}/threads/{thread_id}")
+        expect(page.locator("#thread-status")).to_contain_text("idle")
+        page.get_by_label(MESSAGE_LABEL).fill("hello from the Studio")
+
+        # Meanwhile another operator starts a turn that parks on a refund: the thread is no longer idle.
+        assert bob.post(f"/threads/{thread_id}/inputs", json={"input": "refund order 1002"}).status_code == 202
+        expect(page.locator("#thread-status")).to_contain_text("waiting")  # live, in place
+        expect(page.locator("#live")).to_contain_text("kept as it was")  # the form being filled in is kept
+        with page.expect_response(lambda r: r.url.endswith("/inputs")) as posted:
+            page.get_by_role("button", name="Send").click()
+        assert posted.value.status == 303  # never a page at the post's URL
+        page.wait_for_url(re.compile(rf".*/studio/threads/{thread_id}\?flash=[\w-]+$"))
+        alert = page.get_by_role("alert")
+        expect(alert).to_contain_text("409: thread_busy")
+        expect(alert).to_contain_text("reloading it, or its live updates, send nothing")
+        expect(page.locator("#unsent-input")).to_have_text("hello from the Studio")
+        shots(page, "refused-409")
+
+        # The head changes: the other operator approves, the worker dispatches the refund and ends the turn.
+        moved = navigations(page)
+        effect = bob.get(f"/threads/{thread_id}").json()["waiting_on"][0]["effect_id"]
+        assert bob.post(f"/threads/{thread_id}/effects/{effect}/approve", json={}).status_code == 200
+        expect(page.locator("#thread-status")).to_contain_text("idle", timeout=30_000)
+        expect(page.locator("#last-reply")).to_contain_text("Done after 1 calls.")
+        # The form is offered again with what was typed: sending it is the person's choice, not the browser's.
+        expect(page.get_by_label(MESSAGE_LABEL)).to_have_value("hello from the Studio")
+        page.wait_for_timeout(1500)  # several live updates' worth of time
+        assert moved == []
+        page.reload()  # the refusal's page is a GET: reloading it sends nothing
+        expect(page.locator("#thread-status")).to_contain_text("idle")
+        inputs = [e["data"]["input"] for e in events_of(alice, thread_id) if e["type"] == "turn.started"]
+        assert inputs == ["refund order 1002"]  # the refused message was never recorded
+        assert [p for p in posts if p.endswith("/inputs")] == [f"{ops.studio}/threads/{thread_id}/inputs"]
+        shots(page, "refused-then-idle")
+
+
+def test_every_refused_post_answers_303_to_a_page_that_shows_why(ops: Served) -> None:
+    t = ops.threads
+    with httpx.Client(base_url=ops.url, timeout=30, follow_redirects=False) as client:
+        http_login(client, ops.tokens[OPERATOR])
+        csrf = csrf_of(client.get(f"/studio/threads/{t['parked']}").text)
+        effect = re.search(r"/effects/(\w{26})/approve", client.get(f"/studio/threads/{t['parked']}").text)
+        assert effect is not None
+        refusals = {
+            f"/studio/threads/{t['unknown']}/effects/{'0' * 26}/resolve": ({"resolution": "occurred", "note": "x"},
+                                                                           "404"),
+            f"/studio/threads/{t['parked']}/effects/{effect.group(1)}/deny": ({"note": "  "}, "say why the call is denied"),
+            f"/studio/threads/{t['idle']}/fork": ({"at": "not-an-event"}, "422"),
+            f"/studio/threads/{t['corrupt']}/inputs": ({"input": "hello"}, "thread_corrupt"),
+            f"/studio/threads/{t['unknown']}/effects/{effect.group(1)}/resolve": ({"resolution": "sideways",
+                                                                                  "note": "x"}, "choose one"),
+        }
+        for path, (form, shown) in refusals.items():
+            refused = client.post(path, data={**form, "csrf_token": csrf})
+            assert refused.status_code == 303, (path, refused.status_code)
+            location = refused.headers["location"]
+            assert re.fullmatch(r"/studio/(threads|runs)/\w{26}\?flash=[\w-]+", location), location
+            shown_page = client.get(location)
+            assert shown_page.status_code == 200 and shown in shown_page.text, (path, shown_page.text[:400])
+            assert "String should have" not in shown_page.text  # people's words, not pydantic's
+        # A flash belongs to the session that posted: another one's link shows nothing of it.
+        with httpx.Client(base_url=ops.url, timeout=30) as other:
+            http_login(other, ops.tokens["bob-operator"])
+            stranger = other.get(location)
+            assert "choose one" not in stranger.text and "has expired" in stranger.text
+        # Without a session a post goes to the login page, which says the form was not carried out.
+        with httpx.Client(base_url=ops.url, timeout=30) as anonymous:
+            gone = anonymous.post(f"/studio/threads/{t['idle']}/inputs", data={"input": "hi"})
+            assert gone.status_code == 303 and gone.headers["location"].startswith("/studio/login?next=")
+            assert "was not carried out" in anonymous.get(gone.headers["location"]).text
+
+
+# --- 2. live, never a reload --------------------------------------------------------------------------------
+
+
+def test_a_running_thread_updates_in_place_without_a_single_navigation(ops: Served, page: Any,
+                                                                        shots: Shots) -> None:
+    with api(ops) as alice:
+        thread_id = new_thread(alice)
+        log_in(page, ops)
+        streams: list[str] = []
+        page.on("request", lambda r: streams.append(r.url) if "/events/stream" in r.url else None)
+        page.goto(f"{ops.studio}/threads/{thread_id}")
+        opened = page.locator("#event-1-data")
+        opened.locator("summary").click()
+        expect(opened.locator("pre")).to_be_visible()
+        moved = navigations(page)
+        assert alice.post(f"/threads/{thread_id}/inputs", json={"input": "slow 12"}).status_code == 202
+        expect(page.locator("#thread-status")).to_contain_text("running", timeout=30_000)
+        shots(page, "running")
+        expect(page.locator("#last-reply")).to_contain_text("Done after 12 calls.", timeout=60_000)
+        expect(page.locator("#thread-status")).to_contain_text("idle")
+        head = len(events_of(alice, thread_id))
+        expect(page.locator(".timeline li.event")).to_have_count(head)
+        expect(page.locator(f"#event-{head}")).to_be_visible()
+        assert moved == []  # zero navigations while it ran: no reload, ever
+        assert opened.evaluate("d => d.open"), "an open disclosure was closed by a live update"
+        assert streams and all("/studio/threads/" in s for s in streams)  # the page followed the event stream
+        shots(page, "ran-in-place")
+
+
+# --- 3. long threads ----------------------------------------------------------------------------------------
+
+
+def _paint(page: Any, url: str) -> float:
+    page.goto(url)
+    return float(page.evaluate("""() => new Promise(done => {
+        const seen = () => performance.getEntriesByName('first-contentful-paint');
+        if (seen().length) { done(seen()[0].startTime); return; }
+        new PerformanceObserver(() => done(seen()[0].startTime)).observe({type: 'paint', buffered: true});
+    })"""))
+
+
+def test_a_2000_event_thread_is_paged_small(ops: Served, page: Any, shots: Shots) -> None:
+    thread_id = ops.threads["long"]
+    url = f"{ops.studio}/threads/{thread_id}"
+    with httpx.Client(base_url=ops.url, timeout=30) as client:
+        http_login(client, ops.tokens[OPERATOR])
+        html = client.get(url)
+        head = client.get(f"{url}/head").json()["seq"]
+    assert head >= 2000
+    size = len(html.content)
+    assert html.status_code == 200 and size < 300_000, size
+    log_in(page, ops)
+    paints = [_paint(page, url) for _ in range(3)]
+    timing = page.evaluate("""() => { const n = performance.getEntriesByType('navigation')[0];
+        return {response_start_ms: Math.round(n.responseStart), dom_content_loaded_ms:
+                Math.round(n.domContentLoadedEventEnd), load_ms: Math.round(n.loadEventEnd)}; }""")
+    nodes = int(page.evaluate("document.getElementsByTagName('*').length"))
+    forms = int(page.evaluate("document.forms.length"))
+    small = [_paint(page, f"{ops.studio}/threads/{ops.threads['idle']}") for _ in range(3)]
+    # The figures, for the record; no timing assertion (the machine's load is not the page's cost). What the
+    # paint costs is bounded by what the page holds: its bytes, its nodes, its forms.
+    print(json.dumps({"bench": "studio_long_thread", "events": head, "html_bytes": size, "dom_nodes": nodes,
+                      "forms": forms, "fcp_ms": [round(p) for p in paints],
+                      "fcp_ms_of_a_6_event_thread": [round(p) for p in small], **timing}))
+    assert nodes < 5000 and forms <= 5, (nodes, forms)
+    page.goto(url)
+    events = page.locator(".timeline li.event")
+    expect(events).to_have_count(100)
+    expect(events.first).to_have_attribute("id", f"event-{head - 99}")
+    expect(events.last).to_have_attribute("id", f"event-{head}")
+    expect(page.locator("#timeline-title")).to_contain_text(f"of {head}")
+    expect(page.locator("#messages-title")).to_contain_text(re.compile(r"the last 40 of \d{3} messages"))
+    expect(page.locator(".message")).to_have_count(40)
+    shots(page, "long-thread")
+
+    page.get_by_role("link", name="Earlier events").first.click()
+    expect(events.first).to_have_attribute("id", f"event-{head - 199}")
+    expect(events.last).to_have_attribute("id", f"event-{head - 100}")
+    page.get_by_role("link", name="json", exact=True).click()
+    expect(page).to_have_url(re.compile(rf"view=json&before={head - 99}$"))
+    first = json.loads(page.locator("pre.event-data").first.inner_text())
+    assert first["seq"] == head - 199 and len(first["hash"]) == 64 and first["stream"] == f"thread/{thread_id}"
+    page.get_by_role("link", name="full", exact=True).click()
+    expect(page.locator("pre.event-data")).to_have_count(100)
+    expect(page.locator(".timeline details")).to_have_count(0)
+    page.get_by_role("link", name="these events as the API's JSON").click()
+    listed = json.loads(page.locator("body").inner_text())
+    assert [e["seq"] for e in listed["events"]] == list(range(head - 199, head - 99))
+
+
+# --- 4. attention first -------------------------------------------------------------------------------------
+
+
+def _labels(page: Any) -> list[str]:
+    return [str(s) for s in page.locator("tbody tr td.status-cell .badge").evaluate_all("bs => bs.map(b => b.textContent)")]
+
+
+def test_the_list_leads_with_what_needs_a_person(ops: Served, page: Any, shots: Shots) -> None:
+    t = ops.threads
+    log_in(page, ops)
+    labels = _labels(page)
+    attention = [label for label in labels if label in ("corrupt", "unknown", "parked")]
+    assert labels[:len(attention)] == attention, labels  # everything that needs a person is on top ...
+    assert attention[0] == "corrupt" and attention.index("unknown") < attention.index("parked")  # ... in order
+    assert labels.count("unknown") >= 1 and labels.count("parked") >= 1
+    unknown = page.locator("td.status-cell .badge", has_text="unknown").first
+    parked = page.locator("td.status-cell .badge", has_text="parked").first
+    style = "b => getComputedStyle(b).backgroundColor + getComputedStyle(b).borderStyle"
+    assert unknown.evaluate(style) != parked.evaluate(style)  # unknown and parked look different
+    ids = page.locator("tbody tr td:nth-child(2) a").evaluate_all("as => as.map(a => a.textContent)")
+    rest = [i for i, label in zip(ids, labels, strict=True) if label == "idle"]
+    assert rest.index(t["idle"]) < rest.index(t["old_idle"])  # newest first otherwise
+    counts = page.locator("#counts")
+    expect(counts).to_contain_text("need a person")
+    shots(page, "attention-first")
+
+    counts.locator("a.count", has_text="parked").click()
+    assert set(_labels(page)) == {"parked"}
+    expect(page.locator("tbody tr")).to_have_count(labels.count("parked"))
+    page.goto(f"{ops.studio}/threads?tool=charge")
+    assert set(_labels(page)) == {"unknown"}
+    page.goto(f"{ops.studio}/threads?project={OTHER_PROJECT}")
+    expect(page.locator("tbody tr")).to_have_count(1)
+    expect(page.locator("tbody tr")).to_contain_text(t["other_project"])
+    page.get_by_label("Thread id").fill(t["unknown_2"][-8:].lower())
+    page.get_by_label("Project").select_option("")
+    page.get_by_role("button", name="Filter").click()
+    expect(page.locator("tbody tr")).to_have_count(1)
+    expect(page.locator("tbody tr")).to_contain_text(t["unknown_2"])
+    page.goto(f"{ops.studio}/threads?age=1h&status=corrupt")
+    expect(page.locator("tbody tr")).to_have_count(1)
+    page.goto(f"{ops.studio}/threads?age=forever")
+    expect(page.locator("h1")).to_contain_text("422")
+
+
+# --- 5. decisions with their context ------------------------------------------------------------------------
+
+
+def test_decision_panels_show_the_call_and_what_each_choice_does(ops: Served, page: Any, shots: Shots) -> None:
+    t = ops.threads
+    log_in(page, ops)
+    page.goto(f"{ops.studio}/threads/{t['unknown']}")
+    panel = page.locator("#unresolved")
+    expect(panel.locator(".call")).to_have_text("charge(amount=42)")
+    expect(panel).to_contain_text("ConnectionResetError: the payment gateway hung up before answering")
+    expect(panel).to_contain_text("indeterminate: it may have happened")
+    expect(panel).to_contain_text("1 dispatch(es): #1 at")
+    expect(panel).to_contain_text("jixu:")  # the idempotency key the gateway saw
+    expect(panel.get_by_label("Arguments of charge")).to_contain_text('"amount": 42')
+    for choice in ("It occurred", "It did not occur", "Abandon: the outcome stays unknown"):
+        described = panel.get_by_label(choice).get_attribute("aria-describedby")
+        expect(page.locator(f"#{described}")).to_contain_text("The model is told")
+    shots(page, "unknown-panel")
+
+    page.goto(f"{ops.studio}/threads/{t['parked']}")
+    panel = page.locator("#parked")
+    expect(panel.locator(".call")).to_have_text('refund(amount=7, order="1002")')
+    approve = panel.get_by_role("button", name="Approve refund")
+    expect(approve).to_be_visible()
+    confirm = panel.get_by_role("button", name="Confirm: deny refund")
+    expect(confirm).to_be_hidden()  # denying takes a second, deliberate step
+    colour = "b => getComputedStyle(b).backgroundColor"
+    panel.locator("summary", has_text="Deny refund").click()
+    expect(confirm).to_be_visible()
+    assert approve.evaluate(colour) != confirm.evaluate(colour)
+    confirm.click()  # no reason: the browser refuses
+    assert panel.get_by_label("Reason for denying (required)").evaluate("e => e.validity.valueMissing")
+    panel.get_by_label("Reason for denying (required)").fill("Order 1002 was never returned.")
+    shots(page, "deny-confirm")
+    confirm.click()
+    expect(page.locator(".notice")).to_contain_text("Denied")
+    card = page.locator(".effect-card", has_text="refund")
+    expect(card.locator(".badge")).to_have_text("denied")  # not a green "completed"
+    denied = page.locator(".timeline li.event", has_text="tool.denied")
+    expect(denied.locator(".actor")).to_have_text(OPERATOR)  # the token's name, not token:01…
+    expect(denied.locator(".actor")).to_have_attribute("title", re.compile(r"^token:\w{26}$"))
+
+    page.goto(f"{ops.studio}/threads/{t['unknown_2']}")
+    panel = page.locator("#unresolved")
+    panel.get_by_label("Abandon: the outcome stays unknown").check()
+    panel.get_by_label(re.compile("Note \\(required\\)")).fill("The gateway cannot tell us.")
+    panel.get_by_role("button", name="Record resolution").click()
+    card = page.locator(".effect-card", has_text="charge")
+    expect(card.locator(".badge")).to_have_text("abandoned: unknown")  # settled, not a bare "unknown"
+    expect(card).to_contain_text(f"by {OPERATOR}")
+    shots(page, "settled")
+
+
+# --- 6. state at an event, forks, phone, error pages ----------------------------------------------------------
+
+
+def test_state_at_an_event_and_a_fork_from_there_listed_on_the_parent(ops: Served, page: Any,
+                                                                      shots: Shots) -> None:
+    t = ops.threads
+    log_in(page, ops)
+    page.goto(f"{ops.studio}/threads/{t['idle']}")
+    expect(page.locator("#forks")).to_contain_text(t["fork"])  # forked before the server started
+    page.locator("#event-2 a.state-link").click()
+    expect(page.locator("h1")).to_contain_text("at event #2")
+    expect(page.locator("#at-event")).to_contain_text("turn.started")
+    expect(page.locator("#at-status")).to_contain_text("running")  # then, not now (idle)
+    expect(page.locator("#at-last-reply")).to_have_text("—")
+    page.get_by_role("link", name="at #3").click()
+    expect(page.locator("h1")).to_contain_text("at event #3")
+    page.goto(f"{ops.studio}/threads/{t['idle']}/at/6")
+    expect(page.locator("#at-status")).to_contain_text("idle")
+    expect(page.locator("#at-last-reply")).to_have_text("echo: how are you")
+    shots(page, "state-at")
+    page.get_by_label("First input for the child (optional)").fill("and now?")
+    page.get_by_role("button", name="Fork at event 6").click()
+    expect(page.locator(".notice")).to_contain_text("Forked")
+    child = page.url.split("/threads/")[1].split("?")[0]
+    expect(page.locator("#lineage")).to_contain_text(f"fork of {t['idle']} at event #6")
+    expect(page.locator("#last-reply")).to_contain_text("echo: and now?", timeout=30_000)
+    page.goto(f"{ops.studio}/threads/{t['idle']}")
+    expect(page.locator("#forks li")).to_have_count(2)
+    expect(page.locator("#forks")).to_contain_text(child)
+    # A corrupt thread forks only before its first bad event.
+    page.goto(f"{ops.studio}/threads/{t['corrupt']}/at/3")
+    expect(page.locator("#no-fork")).to_contain_text("corrupt from event #2")
+    expect(page.get_by_role("button", name=re.compile("Fork at"))).to_have_count(0)
+
+
+def test_a_phone_scrolls_nothing_sideways_and_sees_every_status(ops: Served, browser: Any, shots: Shots) -> None:
+    context = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True,
+                                  has_touch=True)
+    phone = context.new_page()
+    try:
+        log_in(phone, ops)
+        for name, url in (("list", f"{ops.studio}/threads"),
+                          ("parked", f"{ops.studio}/threads/{ops.threads['parked_2']}"),
+                          ("long", f"{ops.studio}/threads/{ops.threads['long']}"),
+                          ("state-at", f"{ops.studio}/threads/{ops.threads['idle']}/at/6")):
+            phone.goto(url)
+            width = phone.evaluate("document.documentElement.scrollWidth")
+            assert width <= 390, (name, width)
+            badges = phone.locator(".status-cell .badge, #thread-status .badge, #at-status .badge")
+            assert badges.count() > 0, name
+            for box in badges.evaluate_all("bs => bs.map(b => b.getBoundingClientRect().right)"):
+                assert 0 < box <= 390, (name, box)
+            shots(phone, f"phone-{name}")
+    finally:
+        context.close()
+
+
+def test_error_pages_are_the_studios_own(ops: Served, page: Any, shots: Shots) -> None:
+    t = ops.threads
+    with httpx.Client(base_url=ops.url, timeout=30, follow_redirects=False) as client:
+        unknown = client.get("/studio/no/such/page")
+        assert unknown.status_code == 404 and unknown.headers["content-type"].startswith("text/html")
+        assert "/studio/static/studio.css" in unknown.text and "Log in" in unknown.text
+        http_login(client, ops.tokens[OPERATOR])
+        visited = client.get(f"/studio/threads/{t['idle']}/fork")
+        assert visited.status_code == 405 and visited.headers["allow"] == "POST"
+        assert f'href="/studio/threads/{t["idle"]}"' in visited.text and "nothing was done" in visited.text
+        bad_seq = client.get(f"/studio/threads/{t['idle']}?before=%C2%B2")
+        assert bad_seq.status_code == 422 and "ASCII digits" in bad_seq.text and "<!doctype html>" in bad_seq.text
+        posted = client.post("/studio/no/such/form", data={"x": "1"})
+        assert posted.status_code == 303 and client.get(posted.headers["location"]).status_code == 404
+    log_in(page, ops)
+    page.goto(f"{ops.studio}/threads/{t['idle']}/effects/{'0' * 26}/approve")
+    expect(page.locator("h1")).to_have_text("405: This address takes a form, not a visit")
+    page.get_by_role("link", name="Go to the page with this form").click()
+    expect(page.locator("#thread-status")).to_be_visible()
+    page.goto(f"{ops.studio}/threads/{'7' * 26}")
+    expect(page.locator("h1")).to_have_text("404: Not found")
+    shots(page, "not-found")
+
+
+def test_a_viewer_is_offered_no_decision_on_the_new_pages(ops: Served, page: Any) -> None:
+    t = ops.threads
+    log_in(page, ops, "vera-viewer")
+    for url in (f"{ops.studio}/threads/{t['idle']}/at/6", f"{ops.studio}/threads/{t['parked_2']}",
+                f"{ops.studio}/threads/{t['long']}"):
+        page.goto(url)
+        expect(page.locator("main form[method=post]")).to_have_count(0)
+        expect(page.locator("a.fork-link")).to_have_count(0)
+    page.goto(f"{ops.studio}/threads")
+    expect(page.locator("tbody tr", has_text=t["other_project"])).to_have_count(0)  # not its project
+
+
+def test_the_sessions_event_stream_is_its_own_and_checked(ops: Served) -> None:
+    t = ops.threads
+    with httpx.Client(base_url=ops.url, timeout=30) as client:
+        assert client.get(f"/studio/threads/{t['idle']}/events/stream").status_code == 401
+        http_login(client, ops.tokens["vera-viewer"])
+        hidden = client.get(f"/studio/threads/{t['other_project']}/events/stream")
+        assert hidden.status_code == 404  # another project's thread does not exist for this session
+        with client.stream("GET", f"/studio/threads/{t['idle']}/events/stream", params={"after_seq": 0}) as live:
+            assert live.status_code == 200 and live.headers["content-type"].startswith("text/event-stream")
+            lines = []
+            for line in live.iter_lines():
+                lines.append(line)
+                if line.startswith("data:"):
+                    break
+        seq = int(json.loads(lines[-1][len("data:"):])["seq"])
+        assert f"id: {seq}" in lines and seq == len(ops.store.read(f"thread/{t['idle']}"))
