@@ -17,7 +17,7 @@ from typing import Any
 
 from jixu import Agent, Harness, ScriptedModel, ToolCall, tool
 from jixu.ledger import SQLiteStore
-from jixu.runs import WorkerConfig, create_thread_for
+from jixu.scheduling import WorkerConfig, create_thread_for
 from jixu.server import create_app, create_token
 from jixu.server.background import BackgroundWorker
 from jixu.server.studio import studio_router
