@@ -1,11 +1,12 @@
-"""The heavy property tests with many more examples than the test run draws (their CI run is bounded).
+"""The heavy property tests, and the random-SIGKILL test of threads, run far longer than the suite runs them.
 
 Exact command (from the repository root, in the test environment)::
 
     .venv/bin/python bench/properties.py --scale 10
 
 Runs the property tests that call ``tests.helpers.examples`` with ``JIXU_EXAMPLE_SCALE`` set to ``--scale``
-(the suite runs them with 1) and fails when one fails. Prints a table, then one JSON line per figure
+(the suite runs them with 1), and ``tests/threads/test_crash.py`` with ``JIXU_CRASH_RUNS`` = ``--scale`` / 2, and
+fails when one fails. Prints a table, then one JSON line per figure
 ``{"bench": "properties", "metric": ..., "value": ..., "unit": ...}``.
 """
 
@@ -21,19 +22,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = ["tests/recovery/test_decide_effect.py", "tests/recovery/test_resolver_properties.py",
-          "tests/threads/test_compact_checkpoint.py"]
+          "tests/threads/test_compact_checkpoint.py", "tests/ledger/test_group_commit_batched.py",
+          "tests/threads/test_crash.py"]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=float, default=10.0, help="examples multiplier (default 10)")
     args = parser.parse_args()
-    env = {**os.environ, "JIXU_EXAMPLE_SCALE": str(args.scale)}
+    # the random thread kills at half the scale (x5 by default: 200 on SQLite, where the outcome tally is checked)
+    env = {**os.environ, "JIXU_EXAMPLE_SCALE": str(args.scale), "JIXU_CRASH_RUNS": str(max(1.0, args.scale / 2))}
     rows = []
     failed = False
     for suite in SUITES:
         start = time.perf_counter()
-        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", suite], cwd=ROOT,
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", suite], cwd=ROOT,
                                 env=env, capture_output=True, text=True, check=False)
         seconds = time.perf_counter() - start
         failed = failed or result.returncode != 0

@@ -345,7 +345,7 @@ def test_an_id_in_two_appends_of_a_group_takes_the_savepoint_path(world: _World,
 _STREAMS = ["old/1", "old/2", "old/3", "new/1", "new/2"]
 
 
-@settings(max_examples=examples(60), suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30), suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_groups_answer_and_store_as_one_by_one(data: st.DataObject) -> None:
     with tempfile.TemporaryDirectory() as directory, pytest.MonkeyPatch.context() as patch:

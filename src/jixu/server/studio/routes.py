@@ -332,10 +332,11 @@ def thread_events_json(request: Request, thread_id: str) -> Response:
     try:
         after = _query_seq(request, "after_seq") or 0
         limit = min(max(_query_seq(request, "limit") or 100, 1), threads_api.MAX_PAGE)
-        body = threads_api.list_events(thread_id, ctx, after, limit)
+        answer = threads_api.list_events(thread_id, ctx, after, limit)  # the API's own response, as written
     except JixuError as error:
         return JSONResponse({"error": error.code, "message": error.message}, status_code=_problem(error)["status"])
-    return JSONResponse(body, headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
+    return Response(bytes(answer.body), media_type="application/json",
+                    headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
 
 
 @router.get("/runs")
