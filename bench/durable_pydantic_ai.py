@@ -50,6 +50,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from jixu import NotOccurred, Occurred, ProbeQuery
 from jixu.integrations.pydantic_ai import JixuAgent, current_effect
+from outside import lines, write_line  # bench/outside.py (bench/ is the script's directory)
 
 BENCH = "pydantic_ai"
 PROMPT = "Charge order 7."
@@ -90,17 +91,6 @@ def forked(work: Callable[[Callable[[Any], None]], Any], timeout: float = 120.0)
     return code, [json.loads(line) for line in b"".join(chunks).decode().splitlines() if line]
 
 
-def write_line(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (text + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
 
 
 # --- the agent ----------------------------------------------------------------------------------

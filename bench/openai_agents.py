@@ -55,6 +55,7 @@ from openai import AsyncOpenAI  # noqa: E402
 
 from jixu import NotOccurred, Occurred, ProbeQuery, StepOutcomeUnknown  # noqa: E402
 from jixu.integrations.openai_agents import DurableRunner, ToolPolicy, current_effect  # noqa: E402
+from outside import lines, write_line  # noqa: E402  (bench/outside.py: bench/ is the script's directory)
 
 set_tracing_disabled(True)
 
@@ -66,17 +67,6 @@ Figure = tuple[str, str, float, str]
 # --- the agent ------------------------------------------------------------------------------
 
 
-def write_line(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (text + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
 
 
 def line_tool(path: Path | None, *, crash: bool, key: Callable[[], str], wrap: Callable[[Any], Any] = lambda f: f

@@ -25,29 +25,13 @@ from openai import AsyncOpenAI
 from jixu import NotOccurred, Occurred, ProbeQuery
 from jixu.integrations.openai_agents import DurableRunner, ToolPolicy, current_effect
 from tests.providers.fake_servers import Call, Completion, FakeOpenAI
+from tests.threads.steps_child import lines, say, write_line
 
 set_tracing_disabled(True)  # the SDK would export traces to OpenAI
 
 INPUT = "Write hello"
 HELLO = Completion(calls=[Call("call_hello", "append_line", '{"text": "hello"}')])
 DONE = Completion(text="wrote it")
-
-
-def say(*fields: object) -> None:
-    os.write(1, (" ".join(map(str, fields)) + "\n").encode())
-
-
-def write_line(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (text + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
 
 
 def find_line(directory: Path) -> Callable[[ProbeQuery], Any]:
