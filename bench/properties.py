@@ -30,7 +30,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=float, default=10.0, help="examples multiplier (default 10)")
     args = parser.parse_args()
-    # the random thread kills at half the scale (x5 by default: 200 on SQLite, where the outcome tally is checked)
+    # the random thread kills at half the scale (x5 by default: 125 on SQLite, where the outcome tally is checked)
     env = {**os.environ, "JIXU_EXAMPLE_SCALE": str(args.scale), "JIXU_CRASH_RUNS": str(max(1.0, args.scale / 2))}
     rows = []
     failed = False

@@ -26,7 +26,7 @@ from jixu.ledger import MemoryStore, SQLiteStore, Store
 
 # One bounded profile wherever the suite runs (CI included: it must stay under 15 minutes); "deep" is for
 # long runs by hand (HYPOTHESIS_PROFILE=deep), bench/properties.py scales the heaviest tests further.
-settings.register_profile("suite", max_examples=100, deadline=None, print_blob=True)
+settings.register_profile("suite", max_examples=60, deadline=None, print_blob=True)
 settings.register_profile("deep", max_examples=1000, deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 

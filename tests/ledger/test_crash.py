@@ -196,7 +196,7 @@ def _check_after_kill(path: Path, batch: int, committed_heads: list[int], cycle:
 
 @pytest.mark.parametrize(
     ("batch", "pause", "seed", "kills"),
-    [(2000, 0.0, 20260101, 5), (200, 0.03, 20260102, 12)],
+    [(2000, 0.0, 20260101, 4), (200, 0.03, 20260102, 8)],
     ids=["big_batches", "pause_inside_transaction"],
 )
 def test_sigkill_during_appends_leaves_whole_batches_and_a_valid_chain(
