@@ -19,31 +19,17 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from pydantic_ai import Agent
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
-from jixu import NotOccurred, Occurred, ProbeQuery
 from jixu.integrations.pydantic_ai import JixuAgent, current_effect
-from tests.threads.steps_child import lines, say, write_line
+from tests.threads.steps_child import find_charge, lines, say, write_line
 
 PROMPT = "Charge order 7."
-
-
-def find_charge(directory: Path) -> Callable[[ProbeQuery], Any]:
-    """The bank's lookup by idempotency key: read-only."""
-
-    def probe(query: ProbeQuery) -> Occurred | NotOccurred:
-        for number, line in enumerate(lines(directory / "bank.log"), start=1):
-            if f"key={query.idempotency_key}" in line:
-                return Occurred(result={"charged": query.args["order"], "line": number}, evidence={"line": number})
-        return NotOccurred(evidence={"searched": len(lines(directory / "bank.log"))})
-
-    return probe
 
 
 def order_agent(directory: Path, base_url: str, *, crash: str | None = None) -> Agent[None, str]:
