@@ -48,14 +48,21 @@ import math
 import os
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any, cast, get_args
+from typing import Any, get_args
 
 from jixu.errors import InvalidInput, JixuError, MissingExtra, StepFailed, StepMismatch
 from jixu.ledger import Store, content_hash
 from jixu.ledger.encoding import JSONObject
 from jixu.threads.harness import Harness
 from jixu.threads.projection import RESOLUTION_MESSAGES
-from jixu.threads.steps import DEFAULT_APPROVAL_POLL, STEP_KEY_CHARS, DurableRun, Semantics, durable
+from jixu.threads.steps import (
+    DEFAULT_APPROVAL_POLL,
+    STEP_KEY_CHARS,
+    DurableRun,
+    Semantics,
+    durable,
+    run_failure,
+)
 from jixu.threads.tools import ProbeQuery, ToolContext, ToolError
 
 try:
@@ -85,7 +92,6 @@ try:
         ToolOutputText,
     )
     from pydantic import BaseModel, TypeAdapter, ValidationError
-    from pydantic_core import to_jsonable_python
 except ImportError as error:  # without the extra: say what to install
     raise MissingExtra.needed("openai-agents", "jixu.integrations.openai_agents (the OpenAI Agents SDK, tested with "
                               "0.24)", error) from error
@@ -546,10 +552,7 @@ def _final_failure(error: Exception) -> JSONObject | None:
     """The error a run ends with for good (:data:`FINAL_ERRORS`), or None when it must stay unfinished."""
     if not isinstance(error, FINAL_ERRORS):
         return None
-    found: JSONObject = {"type": type(error).__name__, "message": str(error)[:2000]}
-    if isinstance(error, JixuError):
-        found["jixu"] = cast(JSONObject, to_jsonable_python(error.to_dict(), fallback=repr))
-    return found
+    return run_failure(error)
 
 
 def _run_name(input: Any) -> str:

@@ -50,7 +50,7 @@ from jixu.errors import InvalidInput, JixuError, MissingExtra, StepFailed
 from jixu.ledger import Store, content_hash
 from jixu.ledger.encoding import JSONObject
 from jixu.threads.harness import Harness
-from jixu.threads.steps import DurableRun, steps_agent
+from jixu.threads.steps import DurableRun, run_failure, steps_agent
 from jixu.threads.tools import Occurred, ProbeQuery, Tool, ToolContext, ToolError, call_user_function
 
 try:
@@ -397,10 +397,7 @@ def _failure(error: BaseException) -> JSONObject | None:
     """
     if not isinstance(error, Exception) or (isinstance(error, JixuError) and not isinstance(error, StepFailed)):
         return None
-    found: JSONObject = {"type": type(error).__name__, "message": str(error)[:2000]}
-    if isinstance(error, JixuError):
-        found["jixu"] = cast(JSONObject, to_jsonable_python(error.to_dict(), fallback=repr))
-    return found
+    return run_failure(error)
 
 
 def _reply(output: Any) -> str:

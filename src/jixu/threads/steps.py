@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self, TypeAlias
 
 from jixu.errors import (
     InvalidInput,
+    JixuError,
     ModelError,
     StepFailed,
     StepMismatch,
@@ -604,5 +605,16 @@ def durable(store: Store | str | os.PathLike[str] | None, thread_id: str | None 
                       approval_poll=approval_poll, owns_harness=True)
 
 
+def run_failure(error: Exception) -> JSONObject:
+    """What :attr:`DurableRun.error` records of ``error``: its type, its message (at most 2,000 characters) and, for
+    a jixu error, its ``to_dict()`` as plain JSON (a value that is not JSON is kept as its ``repr``)."""
+    found: JSONObject = {"type": type(error).__name__, "message": str(error)[:2000]}
+    if isinstance(error, JixuError):
+        from pydantic_core import to_jsonable_python  # imported when a run fails, not with every thread
+
+        found["jixu"] = to_jsonable_python(error.to_dict(), fallback=repr)
+    return found
+
+
 __all__ = ["AskProbe", "AwaitApproval", "Call", "Done", "DurableRun", "Fail", "Mismatch", "ProbeAgain", "Record",
-           "Step", "StepAction", "Unknown", "decide_step", "durable", "latest_probe", "steps_agent"]
+           "Step", "StepAction", "Unknown", "decide_step", "durable", "latest_probe", "run_failure", "steps_agent"]
