@@ -365,8 +365,11 @@ def thread_page(ctx: Context, thread_id: str, *, before: int | None = None, view
     corrupt = state.corruption
     # Forks may start only where the verdict vouches for the events (before the first bad one).
     fork_before = corrupt.sound_before if corrupt is not None else None
-    info = ctx.store.stream_info(log.stream)
-    head = info.head_seq if info is not None else state.seq  # the stored head: a corrupt thread's state stops earlier
+    # The page's seq is the one its status was decided at (the live updates fetch again when the head moves past
+    # it; a later stored head read here would hide those events); a corrupt thread's state stops earlier, so its
+    # page shows up to the stored head.
+    info = ctx.store.stream_info(log.stream) if corrupt is not None else None
+    head = info.head_seq if info is not None else state.seq
     first, last = window(head, before)
     events = ctx.store.read(log.stream, first, last) if last >= first else []
     bad_seq = _marked_seq(corrupt, [event.seq for event in events])
@@ -472,8 +475,9 @@ def thread_head(ctx: Context, thread_id: str) -> Obj:
     """What the live updates compare: the thread's last seq and status."""
     threads_api.authorize(ctx, thread_id, "viewer")
     log = ThreadLog.load(ctx.store, thread_id)
-    info = ctx.store.stream_info(log.stream)
-    return {"seq": info.head_seq if info is not None else log.state.seq, "status": log.status()}
+    status = log.status()
+    info = ctx.store.stream_info(log.stream) if status == "corrupt" else None  # as thread_page: the seq of the status
+    return {"seq": info.head_seq if info is not None else log.state.seq, "status": status}
 
 
 # --- runs ---------------------------------------------------------------------------------------

@@ -1,0 +1,83 @@
+"""A thread page's seq is the seq its status was decided at.
+
+The page's live updates fetch it again when the thread's head moves past its seq. Seen in the suite: the page
+loaded the thread (status ``running``), another writer appended the turn's last events, then the page read the
+stored head (the later seq) and showed it beside the old status, so no update ever came and the page stayed
+``running`` on an idle thread. Here another writer approves the parked call right after the page (and the
+``/head`` the page polls) loaded the thread.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from jixu.ledger import SQLiteStore
+from jixu.server.studio import views
+from jixu.threads.log import ThreadLog
+from tests.attacker import Raw
+from tests.studio.conftest import http_login
+from tests.studio.test_tamper_studio import Served, serve
+from tests.tamper_cases import _two_turns, agent, run
+
+
+@pytest.fixture
+def parked(tmp_path: Path) -> Iterator[tuple[Served, str, str]]:
+    path = tmp_path / "parked.db"
+    with SQLiteStore(path) as store:
+        thread_id, _seq = run(lambda: _two_turns(store, Raw(path), "head", last="charge 42"))
+        log = ThreadLog.load(store, thread_id)
+        assert log.status() == "waiting"
+        effect_id = str(store.read(log.stream)[-1].data["effect_id"])
+    served = serve(path, agent=agent())
+    try:
+        yield served, thread_id, effect_id
+    finally:
+        served.stop()
+
+
+def page_seq(client: httpx.Client, thread_id: str) -> tuple[int, str]:
+    html = client.get(f"/studio/threads/{thread_id}").text
+    main = re.search(r'<main[^>]*id="main"[^>]*>', html)
+    assert main is not None, html[:500]
+    seq, status = re.search(r'data-seq="(\d+)"', main.group(0)), re.search(r'data-status="(\w+)"', main.group(0))
+    assert seq is not None and status is not None, main.group(0)
+    return int(seq.group(1)), status.group(1)
+
+
+def head_seq(client: httpx.Client, thread_id: str) -> tuple[int, str]:
+    head = client.get(f"/studio/threads/{thread_id}/head").json()
+    return int(head["seq"]), str(head["status"])
+
+
+@pytest.mark.parametrize("read", [page_seq, head_seq], ids=["page", "head"])
+def test_the_page_and_its_head_carry_the_seq_of_the_status_they_show(parked: tuple[Served, str, str],
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     read: Any) -> None:
+    served, thread_id, effect_id = parked
+    info = served.store.stream_info(f"thread/{thread_id}")
+    assert info is not None
+    waiting_seq = info.head_seq
+    real_load = ThreadLog.load
+    approvals: list[int] = []
+
+    def load_then_another_writer_approves(*args: Any, **kwargs: Any) -> ThreadLog:
+        loaded = real_load(*args, **kwargs)
+        if not approvals:  # once: the view's load and another operator's approval race
+            other = real_load(served.store, thread_id)
+            other.decide_parked(effect_id, "approved", actor="another-operator")
+            approvals.append(other.state.seq)
+        return loaded
+
+    monkeypatch.setattr(views.ThreadLog, "load", load_then_another_writer_approves)
+    with httpx.Client(base_url=served.server.url, timeout=30) as client:
+        http_login(client, served.token)
+        # Decided before the approval landed, so at that seq: the stream's next head makes the page fetch again.
+        assert read(client, thread_id) == (waiting_seq, "waiting")
+        assert approvals == [waiting_seq + 1]
+        assert read(client, thread_id) == (waiting_seq + 1, "running")  # no worker here: it stays to be run
