@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+import traceback
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,37 @@ def python_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
     return env
+
+
+OWN_PROCESS = frozenset({"worker", "serve", "demo"})
+"""Commands that run until a signal, install handlers or kill themselves: always a child process."""
+
+
+def run_jixu(*args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None,
+             timeout: float = 120, own_process: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run ``jixu args…`` and return its exit code, stdout and stderr as a child process would give them.
+
+    Commands that finish by themselves run in this process through Click's runner (a child's start-up, ~0.4 s of
+    imports, is most of a short command's time, and the suite makes hundreds of such calls); ``own_process``, and
+    the commands of :data:`OWN_PROCESS`, run ``python -m jixu`` as a child. ``env`` holds variables set on top of
+    this process's environment; an uncaught exception exits 1 with its traceback on
+    stderr, as in a child.
+    """
+    if own_process or (args and args[0] in OWN_PROCESS):
+        return subprocess.run([sys.executable, "-m", "jixu", *args], capture_output=True, text=True, cwd=cwd,
+                              env=python_env() if env is None else {**python_env(), **env}, timeout=timeout,
+                              check=False)
+    from click.testing import CliRunner
+
+    from jixu.cli.main import cli
+
+    changes = {key: value for key, value in (env or {}).items() if os.environ.get(key) != value}
+    with contextlib.chdir(cwd or os.getcwd()):
+        result = CliRunner().invoke(cli, list(args), env=changes, prog_name="jixu")
+    stderr = result.stderr
+    if result.exc_info is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(*result.exc_info))
+    return subprocess.CompletedProcess(["jixu", *args], result.exit_code, result.stdout, stderr)
 
 
 def spawn_python(code: str, *args: str) -> subprocess.Popen[str]:

@@ -5,17 +5,15 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 from jixu.ledger import SQLiteStore
 from jixu.ledger.encoding import content_hash
-from tests.helpers import python_env
+from tests.helpers import run_jixu
 
 
 def jixu(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jixu", *args], capture_output=True, text=True,
-                          env=python_env(), cwd=cwd, timeout=60, check=False)
+    return run_jixu(*args, cwd=cwd)
 
 
 def test_the_readme_main_job_appends_and_verifies(tmp_path: Path) -> None:

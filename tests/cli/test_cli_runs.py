@@ -23,7 +23,7 @@ import pytest
 
 from jixu.ledger import SQLiteStore, new_id
 from jixu.runs.model import run_stream
-from tests.helpers import python_env
+from tests.helpers import python_env, run_jixu
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "Test", "GIT_AUTHOR_EMAIL": "test@example.com", "GIT_COMMITTER_NAME": "Test",
            "GIT_COMMITTER_EMAIL": "test@example.com", "GIT_CONFIG_NOSYSTEM": "1"}
@@ -90,8 +90,7 @@ class Env:
     env: dict[str, str] = field(default_factory=dict)
 
     def jixu(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "jixu", *args], capture_output=True, text=True,
-                              env={**self.env, **(env or {})}, cwd=self.root, timeout=120, check=False)
+        return run_jixu(*args, env={**self.env, **(env or {})}, cwd=self.root)
 
     def json(self, *args: str, env: dict[str, str] | None = None) -> tuple[int, Any]:
         result = self.jixu(*args, "--json", env=env)

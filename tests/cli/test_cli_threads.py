@@ -6,7 +6,6 @@ import asyncio
 import json
 import sqlite3
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from jixu.ledger import SQLiteStore, new_id
 from jixu.ledger.encoding import JSONObject
 from jixu.threads.log import ThreadLog, stream_of
 from jixu.threads.model import Step
-from tests.helpers import python_env
+from tests.helpers import run_jixu
 
 
 @tool(semantics="unsafe")
@@ -107,8 +106,7 @@ async def _continue(db: Path, thread_id: str) -> dict[str, Any]:
 
 
 def jixu(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jixu", "threads", *args], capture_output=True, text=True,
-                          env=python_env(), cwd=cwd, timeout=60, check=False)
+    return run_jixu("threads", *args, cwd=cwd)
 
 
 def as_json(*args: str) -> tuple[int, Any]:

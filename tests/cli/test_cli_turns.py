@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from jixu import Agent, ScriptedModel, ToolCall, tool
 from jixu.ledger import NewEvent, SQLiteStore
 from jixu.scheduling import create_thread_for, submit_turn
 from jixu.threads.log import ThreadLog, stream_of
-from tests.helpers import python_env
+from tests.helpers import run_jixu
 
 REQUEST = "00112233445566778899aabbccddeeff"
 LEGACY_TURN = "01JD0000000000000000000001"
@@ -70,8 +69,7 @@ def ledger(tmp_path: Path) -> Ledger:
 
 
 def jixu(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jixu", "turns", *args], capture_output=True, text=True,
-                          env=python_env(), timeout=60, check=False)
+    return run_jixu("turns", *args)
 
 
 def as_json(*args: str) -> tuple[int, Any]:

@@ -17,7 +17,7 @@ import pytest
 from jixu.ledger import Store
 from jixu.threads.log import ThreadLog
 from tests.conftest import StoreFactory
-from tests.helpers import ROOT, python_env
+from tests.helpers import ROOT, python_env, run_jixu
 
 WAIT = 30.0
 """The longest any single wait in these suites may take."""
@@ -119,8 +119,7 @@ def outside_lines(path: Path) -> list[list[str]]:
 
 def jixu(*args: str, timeout: float = WAIT) -> subprocess.CompletedProcess[str]:
     """Run the ``jixu`` CLI as an operator would."""
-    return subprocess.run([sys.executable, "-m", "jixu", *args], capture_output=True, text=True, env=python_env(),
-                          cwd=ROOT, timeout=timeout, check=False)
+    return run_jixu(*args, cwd=ROOT, timeout=timeout)
 
 
 def jixu_json(*args: str) -> tuple[int, Any]:

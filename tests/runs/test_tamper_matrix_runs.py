@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,7 +26,7 @@ from jixu.runs import Runs
 from jixu.runs.operations import next_operations
 from jixu.server import create_app
 from tests.attacker import KINDS, Raw
-from tests.helpers import python_env
+from tests.helpers import run_jixu
 from tests.server.conftest import LiveServer
 from tests.tamper_cases import RunCase, run, run_cases, run_fixture
 
@@ -104,8 +103,7 @@ def test_the_runs_service_shows_corrupt_and_refuses_every_operation(cases: dict[
 
 
 def _jixu(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jixu", *args], capture_output=True, text=True, env=python_env(),
-                          timeout=120, check=False)
+    return run_jixu(*args)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import ROOT, python_env
+from tests.helpers import ROOT, python_env, run_jixu
 
 README = ROOT / "README.md"
 
@@ -34,8 +34,7 @@ class Served:
 
 
 def jixu(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jixu", *args], cwd=ROOT, env={**python_env(), **(env or {})},
-                          capture_output=True, text=True, timeout=120, check=False)
+    return run_jixu(*args, cwd=ROOT, env=env)
 
 
 def free_port() -> int:

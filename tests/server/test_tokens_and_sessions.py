@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from jixu.server.problems import HTTPProblem
 from jixu.server.studio import studio_router
 from jixu.server.studio.session import COOKIE, SESSION_KEY_PREFIX, session_key
 from tests.conftest import PostgresSchema
-from tests.helpers import ROOT, python_env
+from tests.helpers import ROOT, run_jixu
 from tests.server.conftest import Api, LiveServer
 from tests.server.test_auth_and_problems import assert_problem
 
@@ -143,8 +142,7 @@ def test_a_revoked_token_cannot_be_rotated_and_only_admins_rotate(api: Api) -> N
 
 
 def _jixu(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jixu", *args], cwd=ROOT, env=python_env(), capture_output=True,
-                          text=True, timeout=120, check=False)
+    return run_jixu(*args, cwd=ROOT)
 
 
 def test_the_cli_makes_expiring_tokens_lists_their_use_and_rotates_them(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from jixu.server.background import BackgroundWorker
 from jixu.server.studio import studio_router
 from tests.attacker import KINDS, Raw, flip_data_byte
 from tests.server.conftest import LiveServer
-from tests.studio.conftest import Shots, csrf_of, http_login
+from tests.studio.conftest import WAIT, Shots, csrf_of, http_login
 from tests.tamper_cases import (
     CHECKPOINT_EDITS,
     FORGED_TEXT,
@@ -105,12 +105,37 @@ def threads(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, 
         served.stop()
 
 
+class OperatorPage:
+    """One browser page for all the cases of this module (a new context starts a renderer: ~1 s a case),
+    logged in to whichever server a case serves."""
+
+    def __init__(self, page: Any) -> None:
+        self.page, self.server = page, ""
+
+    def on(self, served: Served) -> Any:
+        if self.server != served.server.url:
+            self.page.context.clear_cookies()
+            log_in(self.page, served)
+            self.server = served.server.url
+        return self.page
+
+
+@pytest.fixture(scope="module")
+def operator(browser: Any) -> Iterator[OperatorPage]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(WAIT * 1000)
+    try:
+        yield OperatorPage(context.new_page())
+    finally:
+        context.close()
+
+
 @pytest.mark.parametrize("name", THREADS)
 def test_a_tampered_thread_page_shows_corrupt_offers_nothing_and_marks_the_first_bad_event(
-        threads: tuple[Served, dict[str, Case]], page: Any, shots: Shots, name: str) -> None:
+        threads: tuple[Served, dict[str, Case]], operator: OperatorPage, shots: Shots, name: str) -> None:
     served, cases = threads
     case = cases[name]
-    log_in(page, served)
+    page = operator.on(served)
     page.goto(f"{served.studio}/threads/{case.thread_id}")
     status = page.locator("#thread-status .badge").first
     actions = forms(page)
@@ -220,7 +245,7 @@ def run_matrix(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunCase]:
 
 @pytest.mark.parametrize("name", RUNS)
 def test_a_tampered_run_or_request_page_shows_corrupt_and_offers_nothing(run_matrix: dict[str, RunCase],
-                                                                         page: Any, shots: Shots,
+                                                                         operator: OperatorPage, shots: Shots,
                                                                          name: str) -> None:
     from jixu.cli.studio import fixture_agent, fixture_providers
 
@@ -228,7 +253,7 @@ def test_a_tampered_run_or_request_page_shows_corrupt_and_offers_nothing(run_mat
     served = serve(case.path, str(case.fixture["operator_token"]), agent=fixture_agent(),
                    providers=fixture_providers(), workspace_root=case.fixture["workspace_root"])
     try:
-        log_in(page, served)
+        page = operator.on(served)
         page.goto(f"{served.studio}/runs/{case.run_id}")
         if case.placement == "request":
             request = page.locator(f"#request-{case.request_id}")

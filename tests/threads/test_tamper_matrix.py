@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from jixu.errors import ThreadCorrupt
 from jixu.ledger import SQLiteStore, Store
 from jixu.server import create_app, create_token
 from tests.attacker import KINDS, Raw
-from tests.helpers import python_env
+from tests.helpers import run_jixu
 from tests.server.conftest import LiveServer
 from tests.tamper_cases import (
     CHECKPOINT_EDITS,
@@ -136,8 +135,7 @@ def test_replay_names_the_same_first_bad_event(matrix: tuple[Path, dict[str, Cas
 
 
 def _jixu(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jixu", *args], capture_output=True, text=True, env=python_env(),
-                          timeout=120, check=False)
+    return run_jixu(*args)
 
 
 def test_jixu_verify_names_every_kind_and_every_forged_checkpoint(matrix: tuple[Path, dict[str, Case]],
