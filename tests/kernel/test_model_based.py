@@ -32,7 +32,7 @@ from tests.kernel.model import World, draw, recover_scenario, run_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 
-EXAMPLES = int(os.environ.get("JIXU_MODEL_EXAMPLES", "15"))  # bench/soak.py runs the model for minutes
+EXAMPLES = int(os.environ.get("JIXU_MODEL_EXAMPLES", "10"))  # bench/soak.py runs the model for minutes
 """Scenarios per store kind in CI (``bench/soak.py`` runs many more)."""
 
 

@@ -675,9 +675,9 @@ async def _check_random_kill(url: str, outside: Path, report: Report, tally: Tal
         harness.close()
 
 
-RANDOM_RUNS = {"sqlite": 25, "postgres": 12}
+RANDOM_RUNS = {"sqlite": 15, "postgres": 8}
 """Random kills per store kind, the same wherever the suite runs (``JIXU_CRASH_RUNS`` multiplies them:
-``bench/properties.py`` runs 5x, where the outcome tally is checked too). PostgreSQL's children start slower (psycopg, a connection pool) and its turns take about
+``bench/properties.py`` runs 10x, where the outcome tally is checked too). PostgreSQL's children start slower (psycopg, a connection pool) and its turns take about
 twice as long (each commit waits for the server): fewer runs keep the crash file under a minute."""
 COVERAGE_RUNS = 100
 """From this many runs on, the tally must show every kind of outcome (an unknown unsafe effect resolved, an
@@ -685,7 +685,7 @@ intent never dispatched, a thread handed over to the next child)."""
 
 
 def test_random_sigkills_never_lose_repeat_or_guess(crash_ledger: CrashLedger, tmp_path: Path) -> None:
-    """Random kills (SQLite: 25, PostgreSQL: 12; bench/properties.py kills 5x as often) of a child running turns of parallel
+    """Random kills (SQLite: 15, PostgreSQL: 8; bench/properties.py kills 10x as often) of a child running turns of parallel
     calls; each reopened and checked.
 
     All runs share one ledger. A run starts a new thread, or (a quarter of the time, and always after a
