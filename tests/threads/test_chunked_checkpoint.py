@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterator
+from dataclasses import asdict
 from typing import Any
 
 import pytest
@@ -288,3 +289,15 @@ def test_chunks_are_written_once(store: Store) -> None:
     reopened = ThreadLog.load(store, writer.thread_id)
     reopened.checkpoint()  # nothing moved: nothing written
     assert writes.count("thread") == 1
+
+
+def test_a_checkpoints_turns_load_equal_to_their_constructor_with_or_without_every_field() -> None:
+    turn_class, turn_of = thread_projection.Turn, thread_projection._turn_of
+    turn = turn_class(turn_id="t1", input="refund 7", status="completed", reply="done", model_calls=3,
+                recoveries=[{"request_id": "r1"}], pause={"reason": "budget"})
+    whole = turn_of(asdict(turn))  # every field: built without __init__
+    assert whole == turn and type(whole) is turn_class
+    whole.recoveries.append({"request_id": "r2"})  # its own lists, as from JSON
+    assert turn.recoveries == [{"request_id": "r1"}]
+    older = turn_of({"turn_id": "t0", "input": "look up 1"})  # a checkpoint from before some fields existed
+    assert older == turn_class(turn_id="t0", input="look up 1") and older.recoveries == [] and older.queued is False
