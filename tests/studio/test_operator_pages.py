@@ -4,7 +4,8 @@
   changes (another operator approves, the worker runs) and the form is still posted exactly once;
 * live without reloads: while a thread runs the page follows it in place (zero navigations), an open
   disclosure stays open, and a form being filled in is kept;
-* a 2,000-event thread: a page of its timeline (HTML < 300 KB; first contentful paint printed), pages back,
+* a 2,000-event thread: a page of its timeline (HTML < 300 KB; first contentful paint < 500 ms, the best of
+  3 loads), pages back,
   compact / full / JSON views;
 * the list leads with what needs a person, with distinct badges, counts, filters and search;
 * decision panels with the call's context; settled states that say so; deny asks for a reason;
@@ -210,12 +211,14 @@ def test_a_2000_event_thread_is_paged_small(ops: Served, page: Any, shots: Shots
     nodes = int(page.evaluate("document.getElementsByTagName('*').length"))
     forms = int(page.evaluate("document.forms.length"))
     small = [_paint(page, f"{ops.studio}/threads/{ops.threads['idle']}") for _ in range(3)]
-    # The figures, for the record; no timing assertion (the machine's load is not the page's cost). What the
-    # paint costs is bounded by what the page holds: its bytes, its nodes, its forms.
+    # The figures, for the record. The paint is asserted as the best of the 3 loads: this machine is shared (other
+    # test processes, benchmarks), so one load can wait for a core; the best one is the page's own cost. What the
+    # paint costs is bounded too by what the page holds: its bytes, its nodes, its forms.
     print(json.dumps({"bench": "studio_long_thread", "events": head, "html_bytes": size, "dom_nodes": nodes,
                       "forms": forms, "fcp_ms": [round(p) for p in paints],
                       "fcp_ms_of_a_6_event_thread": [round(p) for p in small], **timing}))
     assert nodes < 5000 and forms <= 5, (nodes, forms)
+    assert min(paints) < 500, f"first contentful paint of the 2,000-event page, best of 3 loads: {paints} ms"
     page.goto(url)
     events = page.locator(".timeline li.event")
     expect(events).to_have_count(100)
