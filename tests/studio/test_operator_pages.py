@@ -5,8 +5,8 @@
 * live without reloads: while a thread runs the page follows it in place (zero navigations), an open
   disclosure stays open, and a form being filled in is kept;
 * a 2,000-event thread: a page of its timeline (HTML < 300 KB; first contentful paint < 500 ms, the best of
-  3 loads), pages back,
-  compact / full / JSON views;
+  3 loads), pages back, compact / full / JSON views, lanes only for the effects of the events shown;
+* each turn's effects drawn across time, one lane per effect coloured by the resolver's state;
 * the list leads with what needs a person, with distinct badges, counts, filters and search;
 * decision panels with the call's context; settled states that say so; deny asks for a reason;
 * state at an event and a fork from there, forks on the parent; a phone's width; the Studio's own error
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -227,6 +228,11 @@ def test_a_2000_event_thread_is_paged_small(ops: Served, page: Any, shots: Shots
     expect(page.locator("#timeline-title")).to_contain_text(f"of {head}")
     expect(page.locator("#messages-title")).to_contain_text(re.compile(r"the last 40 of \d{3} messages"))
     expect(page.locator(".message")).to_have_count(40)
+    # The drawing is of the page's events: a lane for every effect with an event shown, and for no other.
+    on_page = set(page.locator(".timeline li.event a[href^='#effect-']").evaluate_all(
+        "as => as.map(a => a.getAttribute('href').slice('#effect-'.length))"))
+    lanes = page.locator("#live-lanes li.lane").evaluate_all("ls => ls.map(l => l.dataset.effect)")
+    assert on_page and len(lanes) == len(set(lanes)) and set(lanes) == on_page, (len(lanes), len(on_page))
     shots(page, "long-thread")
 
     page.get_by_role("link", name="Earlier events").first.click()
@@ -242,6 +248,74 @@ def test_a_2000_event_thread_is_paged_small(ops: Served, page: Any, shots: Shots
     page.get_by_role("link", name="these events as the API's JSON").click()
     listed = json.loads(page.locator("body").inner_text())
     assert [e["seq"] for e in listed["events"]] == list(range(head - 199, head - 99))
+
+
+# --- 3b. each turn's effects drawn across time -----------------------------------------------------------
+
+
+def _waiting(client: httpx.Client, thread_id: str) -> dict[str, Any]:
+    for _ in range(300):
+        state: dict[str, Any] = client.get(f"/threads/{thread_id}").json()
+        if state["status"] == "waiting":
+            return state
+        time.sleep(0.1)
+    raise AssertionError(f"thread {thread_id} never waited: {state['status']}")
+
+
+LANE_FILL = "r => getComputedStyle(r).fill"
+BADGE_COLOUR = "b => getComputedStyle(b).color"
+
+
+def test_each_turns_effects_are_drawn_as_lanes_coloured_by_the_resolver(ops: Served, page: Any,
+                                                                        shots: Shots) -> None:
+    with api(ops) as alice:
+        thread_id = new_thread(alice)
+        assert alice.post(f"/threads/{thread_id}/inputs", json={"input": "lookup, charge and refund"}).status_code == 202
+        state = _waiting(alice, thread_id)
+        resolver = {e: d["state"] for e, d in state["effects"].items()}  # the resolver's answer, per effect
+        names = {e: d["name"] for e, d in state["effects"].items()}
+        assert sorted(resolver.values()) == ["completed", "completed", "parked", "unknown"], resolver
+        log_in(page, ops)
+        page.goto(f"{ops.studio}/threads/{thread_id}")
+        lanes = page.locator("#live-lanes li.lane")
+        expect(lanes).to_have_count(len(resolver))  # one lane per effect (the model call and the three tools)
+        expect(page.locator("#live-lanes figure.turn-lanes")).to_have_count(1)  # one turn
+        fills: dict[str, str] = {}
+        starts: list[float] = []
+        for i in range(lanes.count()):
+            lane = lanes.nth(i)
+            effect = str(lane.get_attribute("data-effect"))
+            assert lane.get_attribute("data-state") == resolver[effect]
+            track = lane.locator("svg.lane-track")
+            label = str(track.get_attribute("aria-label"))
+            assert label.startswith(f"{'model' if names[effect] == 'scripted' else 'tool'} call {names[effect]}: "
+                                    f"{resolver[effect]}; requested"), label
+            expect(track).to_have_attribute("role", "img")
+            bar = track.locator("rect.lane-bar")
+            expect(bar).to_have_class(f"lane-bar state-{resolver[effect]}")
+            # The bar's colour is the badge's colour of the effect's card: the same state, the same class.
+            card_badge = page.locator(f"#effect-{effect} h3 .badge")
+            expect(card_badge).to_have_text(resolver[effect])
+            fill = bar.evaluate(LANE_FILL)
+            assert fill == card_badge.evaluate(BADGE_COLOUR), (effect, fill)
+            fills[resolver[effect]] = fill
+            # One mark per event of the effect, where the timeline lists them.
+            events = page.locator(f".timeline li.event:has(a[href='#effect-{effect}'])").count()
+            expect(track.locator("rect.lane-mark")).to_have_count(events)
+            starts.append(float(str(bar.get_attribute("x"))))
+        assert len(set(fills.values())) == 3, fills  # completed, unknown and parked look different
+        assert starts == sorted(starts) and starts[0] < starts[-1]  # time across: the model call comes first
+        shots(page, "effect-lanes")
+
+        # Live: another operator approves the refund; its lane turns completed in place, nothing reloads.
+        moved = navigations(page)
+        refund = next(e for e, n in names.items() if n == "refund")
+        assert alice.post(f"/threads/{thread_id}/effects/{refund}/approve", json={}).status_code == 200
+        expect(page.locator(f"#live-lanes li.lane[data-effect='{refund}']")).to_have_attribute(
+            "data-state", "completed", timeout=30_000)
+        assert page.locator(f"#live-lanes li.lane[data-effect='{refund}'] rect.lane-bar").evaluate(LANE_FILL) \
+            == fills["completed"]
+        assert moved == []
 
 
 # --- 4. attention first -------------------------------------------------------------------------------------
