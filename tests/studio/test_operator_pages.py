@@ -7,6 +7,7 @@
 * a 2,000-event thread: a page of its timeline (HTML < 300 KB; first contentful paint < 500 ms, the best of
   3 loads), pages back, compact / full / JSON views, lanes only for the effects of the events shown;
 * each turn's effects drawn across time, one lane per effect coloured by the resolver's state;
+* an expired turn recovered from its page by an operator (reason, confirmation), never by a viewer;
 * the list leads with what needs a person, with distinct badges, counts, filters and search;
 * decision panels with the call's context; settled states that say so; deny asks for a reason;
 * state at an event and a fork from there, forks on the parent; a phone's width; the Studio's own error
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -25,8 +27,10 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
+from jixu.scheduling import create_thread_for
+from jixu.threads.log import ThreadLog
 from tests.studio.conftest import Shots, csrf_of, http_login
-from tests.studio.operator_server import OTHER_PROJECT, PROJECT, Served, serve
+from tests.studio.operator_server import OTHER_PROJECT, PROJECT, Served, agent, serve
 
 OPERATOR = "alice-operator"
 MESSAGE_LABEL = "Message (starts a turn a worker runs)"
@@ -316,6 +320,96 @@ def test_each_turns_effects_are_drawn_as_lanes_coloured_by_the_resolver(ops: Ser
         assert page.locator(f"#live-lanes li.lane[data-effect='{refund}'] rect.lane-bar").evaluate(LANE_FILL) \
             == fills["completed"]
         assert moved == []
+
+
+# --- 3c. turn recovery --------------------------------------------------------------------------------------
+
+
+def _turn_of_a_gone_owner(ops: Served, ttl: float = 0.05) -> tuple[str, str]:
+    """A thread whose turn a process outside the server started (and, with a short ttl, died holding): nothing
+    queues it for the server's worker."""
+    thread_id = create_thread_for(ops.store, agent(), project=PROJECT)
+    turn_id, _fence = ThreadLog.load(ops.store, thread_id).start_turn("lost work", owner="crashed-process", ttl=ttl)
+    return thread_id, turn_id
+
+
+def test_an_expired_turn_is_recovered_from_its_page_by_an_operator_only(ops: Served, page: Any,
+                                                                       shots: Shots) -> None:
+    thread_id, turn_id = _turn_of_a_gone_owner(ops)
+    live_id, live_turn = _turn_of_a_gone_owner(ops, ttl=300)  # its owner's lease is still valid
+    time.sleep(0.2)  # the crashed process's lease expires by the store's clock
+    path = f"/studio/threads/{thread_id}/turns/{turn_id}/recover"
+    with api(ops) as alice:
+        epoch = alice.get(f"/threads/{thread_id}").json()["ownership"]["epoch"]
+        before = len(events_of(alice, thread_id))
+    # A viewer: no control, and its hand-crafted post (with its own valid CSRF token) is refused, 403.
+    with httpx.Client(base_url=ops.url, timeout=30, follow_redirects=False) as vera:
+        http_login(vera, ops.tokens["vera-viewer"])
+        shown = vera.get(f"/studio/threads/{thread_id}").text
+        assert 'id="recover"' not in shown and "/recover" not in shown
+        refused = vera.post(path, data={"csrf_token": csrf_of(shown), "request_id": secrets.token_hex(16),
+                                        "expected_epoch": str(epoch), "note": "I am only a viewer"})
+        assert refused.status_code == 303
+        assert "403: forbidden" in vera.get(refused.headers["location"]).text
+    with api(ops) as alice:
+        assert len(events_of(alice, thread_id)) == before  # nothing written
+
+    log_in(page, ops)
+    page.goto(f"{ops.studio}/threads/{live_id}")
+    expect(page.locator("#recover")).to_have_count(0)  # a live owner's turn is not offered
+    page.goto(f"{ops.studio}/threads/{thread_id}")
+    panel = page.locator("#recover")
+    expect(panel).to_contain_text("crashed-process")
+    expect(panel).to_contain_text(f"epoch {epoch}")
+    confirm = panel.get_by_role("button", name="Confirm: recover turn")
+    expect(confirm).to_be_hidden()  # recovering takes a second, deliberate step
+    panel.locator("summary", has_text="Recover turn").click()
+    confirm.click()  # no reason: the browser refuses
+    reason = panel.get_by_label("Reason for recovering (required)")
+    assert reason.evaluate("e => e.validity.valueMissing")
+    reason.fill("The worker's host was replaced; its process is gone.")
+    shots(page, "recover-confirm")
+    with page.expect_response(lambda r: r.url.endswith("/recover")) as posted:
+        confirm.click()
+    assert posted.value.status == 303
+    page.wait_for_url(re.compile(rf".*/studio/threads/{thread_id}\?done=turn_recovered$"))
+    expect(page.locator(".notice")).to_contain_text("Recovered: the former owner is fenced out")
+    expect(page.locator("#recover")).to_have_count(0)  # recovered: nothing more to offer
+    recovered = page.locator(".timeline li.event", has_text="turn.recovered")
+    expect(recovered.locator(".actor")).to_have_text(OPERATOR)
+    shots(page, "recovered")
+    with api(ops) as alice:
+        receipt = events_of(alice, thread_id)[-1]
+        assert receipt["type"] == "turn.recovered"
+        assert receipt["data"]["previous_owner"] == "crashed-process" and receipt["data"]["epoch"] == epoch + 1
+        assert receipt["data"]["note"] == "The worker's host was replaced; its process is gone."
+        assert receipt["data"]["reason"] == "lease_expired"
+        assert alice.get(f"/threads/{thread_id}").json()["ownership"]["status"] == "needs_reconciliation"
+
+    # Not recoverable (already recovered; a live owner): the refusal's 409 is explained on the thread's page.
+    with httpx.Client(base_url=ops.url, timeout=30, follow_redirects=False) as client:
+        http_login(client, ops.tokens[OPERATOR])
+        csrf = csrf_of(client.get(f"/studio/threads/{thread_id}").text)
+        for thread, turn, why in ((thread_id, turn_id, "already recovered"), (live_id, live_turn, "still owned")):
+            again = client.post(f"/studio/threads/{thread}/turns/{turn}/recover",
+                                data={"csrf_token": csrf, "request_id": secrets.token_hex(16),
+                                      "expected_epoch": str(epoch + 1 if thread == thread_id else 1),
+                                      "note": "once more"})
+            assert again.status_code == 303
+            location = again.headers["location"]
+            assert re.fullmatch(rf"/studio/threads/{thread}\?flash=[\w-]+", location), location
+            explained = client.get(location).text
+            assert "409:" in explained and why in explained, explained[:2000]
+    page.goto(f"{ops.studio}/threads/{live_id}")
+    page.evaluate("""([action, csrf]) => { const f = document.createElement('form'); f.method = 'post';
+        f.action = action; for (const [k, v] of Object.entries({csrf_token: csrf, request_id: 'a'.repeat(32),
+        expected_epoch: '1', note: 'try it'})) { const i = document.createElement('input'); i.type = 'hidden';
+        i.name = k; i.value = v; f.append(i); } document.body.append(f); f.submit(); }""",
+                  [f"/studio/threads/{live_id}/turns/{live_turn}/recover", csrf_of(page.content())])
+    page.wait_for_url(re.compile(rf".*/studio/threads/{live_id}\?flash=[\w-]+$"))
+    expect(page.get_by_role("alert")).to_contain_text("409")
+    expect(page.get_by_role("alert")).to_contain_text("still owned")
+    shots(page, "recover-refused-409")
 
 
 # --- 4. attention first -------------------------------------------------------------------------------------

@@ -412,6 +412,22 @@ def _error_text(error: object) -> str:
     return str(error)
 
 
+def _recoverable(log: ThreadLog, ownership: Obj | None) -> Obj | None:
+    """The active turn, when what ``ThreadLog.recover_turn`` accepts holds for it: its owner's lease expired by
+    the store's clock, or (a legacy turn: no owner, not queued) on the operator's assertion that its process
+    stopped; not yet recovered. ``None`` otherwise (no form is offered; the service decides anyway)."""
+    turn = log.state.active_turn()
+    if ownership is None or turn is None or turn.status == "needs_reconciliation":
+        return None
+    legacy = turn.owner is None and not turn.queued and bool(ownership.get("legacy"))
+    if not legacy and not (ownership.get("expired") and not ownership.get("legacy")):
+        return None
+    expires = ownership.get("expires_at")
+    return {"turn_id": turn.turn_id, "epoch": int(ownership.get("epoch") or 0), "owner": ownership.get("owner"),
+            "expires_at": datetime.fromtimestamp(expires, UTC).isoformat() if isinstance(expires, int | float)
+            else None, "legacy": legacy, "request_id": new_hex_id()}
+
+
 def thread_page(ctx: Context, thread_id: str, *, before: int | None = None, view: str = "compact",
                 all_messages: bool = False) -> Obj:
     """A thread's page: status, decisions with their context, the conversation's end, one page of the
@@ -482,6 +498,8 @@ def thread_page(ctx: Context, thread_id: str, *, before: int | None = None, view
     messages = list(state.messages)
     hidden_messages = 0 if all_messages else max(0, len(messages) - MESSAGES_SHOWN)
     can_edit = allows(role, "editor")
+    ownership = log.ownership() if corrupt is None else None
+    recovery = _recoverable(log, ownership)
     return {
         "thread_id": thread_id, "project": project, "role": role, "agent_name": state.agent.get("name"),
         "last_reply": state.last_reply, "status": state.status, "reason": state.reason, "seq": head,
@@ -498,6 +516,7 @@ def thread_page(ctx: Context, thread_id: str, *, before: int | None = None, view
                    "earlier": first if first > 1 else None,
                    "later": min(head + 1, last + TIMELINE_PAGE + 1) if last < head else None},
         "lanes": effect_lanes(timeline, decisions), "lane_units": LANE_UNITS,
+        "recovery": recovery if can_edit else None,
         "view": view, "views": VIEWS, "before": before, "event_href": event_href, "actor_name": actors,
         "can_operate": allows(role, "operator"), "can_edit": can_edit,
         "can_send": can_edit and state.status == "idle" and corrupt is None,
