@@ -27,8 +27,9 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
+from jixu.ledger import NewEvent
 from jixu.scheduling import create_thread_for
-from jixu.threads.log import ThreadLog
+from jixu.threads.log import ThreadLog, stream_of
 from tests.studio.conftest import Shots, csrf_of, http_login
 from tests.studio.operator_server import OTHER_PROJECT, PROJECT, Served, agent, serve
 
@@ -410,6 +411,31 @@ def test_an_expired_turn_is_recovered_from_its_page_by_an_operator_only(ops: Ser
     expect(page.get_by_role("alert")).to_contain_text("409")
     expect(page.get_by_role("alert")).to_contain_text("still owned")
     shots(page, "recover-refused-409")
+
+
+def test_a_legacy_turn_is_recovered_only_on_the_operators_word_that_its_process_stopped(ops: Served) -> None:
+    thread_id = create_thread_for(ops.store, agent(), project=PROJECT)
+    turn_id = "01JD0000000000000000000001"  # recorded before turn ownership existed: no owner, epoch 0, no lease
+    ops.store.append(stream_of(thread_id), [NewEvent("turn.started", {"turn_id": turn_id, "input": "old"})], 1)
+    page = f"/studio/threads/{thread_id}"
+    with httpx.Client(base_url=ops.url, timeout=30, follow_redirects=False) as client:
+        http_login(client, ops.tokens[OPERATOR])
+        shown = client.get(page).text
+        assert "was recorded before turn ownership existed" in shown
+        assert 'name="legacy_confirmed_stopped" value="yes" required' in shown
+        form = {"csrf_token": csrf_of(shown), "request_id": secrets.token_hex(16), "expected_epoch": "0",
+                "note": "the old deployment was shut down"}
+        refused = client.post(f"{page}/turns/{turn_id}/recover", data=form)  # without the confirmation
+        assert refused.status_code == 303 and "?flash=" in refused.headers["location"]
+        explained = client.get(refused.headers["location"]).text
+        assert "422:" in explained and "legacy_confirmed_stopped" in explained
+        done = client.post(f"{page}/turns/{turn_id}/recover", data={**form, "legacy_confirmed_stopped": "yes"})
+        assert done.status_code == 303 and done.headers["location"] == f"{page}?done=turn_recovered"
+        assert 'id="recover"' not in client.get(done.headers["location"]).text
+    receipt = ops.store.read(stream_of(thread_id))[-1]
+    assert receipt.type == "turn.recovered"
+    assert (receipt.data["reason"], receipt.data["legacy_confirmed_stopped"], receipt.data["note"]) == (
+        "legacy_confirmed_stopped", True, "the old deployment was shut down")
 
 
 # --- 4. attention first -------------------------------------------------------------------------------------
