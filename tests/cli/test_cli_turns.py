@@ -109,10 +109,10 @@ def test_list_shows_every_active_turn_with_its_ownership_by_the_store_clock(ledg
 
 def test_recover_records_a_receipt_replays_it_and_requeues_the_thread(ledger: Ledger) -> None:
     before = ledger.count(ledger.expired)
-    code, out = recover(ledger, "--actor", "ops")
+    code, out = recover(ledger, "--actor", "ops", "--note", "worker-a's host was replaced")
     assert code == 0, out
     receipt = out["receipt"]
-    assert out["recorded"] is True
+    assert out["recorded"] is True and receipt["note"] == "worker-a's host was replaced"
     assert (receipt["turn_id"], receipt["epoch"], receipt["previous_owner"], receipt["reason"], receipt["actor"]) == (
         ledger.expired_turn, 2, "worker-a", "lease_expired", "ops")
     assert out["thread"]["status"] == "waiting" and "needs reconciliation" in out["thread"]["reason"]

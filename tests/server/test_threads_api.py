@@ -173,7 +173,7 @@ def test_an_expired_turn_is_recovered_by_an_editor_with_its_epoch(api: Api) -> N
     turn_id, _fence = log.start_turn("lost work", owner="crashed-process", ttl=0.05)
     ownership = wait_for(lambda: (o := viewer.get(f"/threads/{thread_id}").json()["ownership"]) and o["expired"]
                          and o, "the lease to expire")
-    body = {"request_id": secrets.token_hex(16), "expected_epoch": ownership["epoch"]}
+    body = {"request_id": secrets.token_hex(16), "expected_epoch": ownership["epoch"], "note": "its host is gone"}
     path = f"/threads/{thread_id}/turns/{turn_id}/recover"
     assert viewer.post(path, json=body).status_code == 403
     recovered = editor.post(path, json=body)
@@ -181,6 +181,7 @@ def test_an_expired_turn_is_recovered_by_an_editor_with_its_epoch(api: Api) -> N
     receipt = recovered.json()["receipt"]
     assert receipt["previous_owner"] == "crashed-process" and receipt["epoch"] == ownership["epoch"] + 1
     assert receipt["actor"] == f"token:{api.token_ids['alpha-editor']}"
+    assert receipt["note"] == "its host is gone"  # the reason is in the receipt (the turn.recovered event)
     stale = editor.post(path, json={**body, "request_id": secrets.token_hex(16)})
     assert stale.status_code == 409
 

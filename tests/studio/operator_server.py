@@ -4,7 +4,8 @@ uvicorn server with the API, the Studio and an in-process worker, and named toke
 Threads (project ``ops`` unless said): two with an ``unknown`` charge, two with a ``refund`` parked for
 approval, three idle (one of them forked, one tampered so it is ``corrupt``), one in project ``ops-2``, and a
 long one of about 2,000 events (read-only lookups in batches). The agent also answers ``slow N`` with N
-sequential slow lookups, so a test can watch a thread run.
+sequential slow lookups, so a test can watch a thread run, and ``lookup, charge and refund`` with the three
+calls at once (a completed lookup, an unknown charge, a parked refund).
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ def _script(messages: list[dict[str, Any]]) -> str | ToolCall | ModelResponse:
                                                   for i in range(min(BATCH, wanted - done))))
     if messages[-1].get("role") != "user":
         return f"Done after {done} calls."
+    if words == ["lookup,", "charge", "and", "refund"]:  # one of each: completed, unknown, parked
+        return ModelResponse(tool_calls=(ToolCall("lookup", {"order": "1001"}), ToolCall("charge", {"amount": 42}),
+                                         ToolCall("refund", {"amount": 7, "order": "1002"})))
     if "charge" in words:
         return ToolCall("charge", {"amount": 42})
     if "refund" in words:

@@ -4,8 +4,10 @@
   changes (another operator approves, the worker runs) and the form is still posted exactly once;
 * live without reloads: while a thread runs the page follows it in place (zero navigations), an open
   disclosure stays open, and a form being filled in is kept;
-* a 2,000-event thread: a page of its timeline (HTML < 300 KB; first contentful paint printed), pages back,
-  compact / full / JSON views;
+* a 2,000-event thread: a page of its timeline (HTML < 300 KB; first contentful paint < 500 ms, the best of
+  3 loads), pages back, compact / full / JSON views, lanes only for the effects of the events shown;
+* each turn's effects drawn across time, one lane per effect coloured by the resolver's state;
+* an expired turn recovered from its page by an operator (reason, confirmation), never by a viewer;
 * the list leads with what needs a person, with distinct badges, counts, filters and search;
 * decision panels with the call's context; settled states that say so; deny asks for a reason;
 * state at an event and a fork from there, forks on the parent; a phone's width; the Studio's own error
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,8 +27,11 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
+from jixu.ledger import NewEvent
+from jixu.scheduling import create_thread_for
+from jixu.threads.log import ThreadLog, stream_of
 from tests.studio.conftest import Shots, csrf_of, http_login
-from tests.studio.operator_server import OTHER_PROJECT, PROJECT, Served, serve
+from tests.studio.operator_server import OTHER_PROJECT, PROJECT, Served, agent, serve
 
 OPERATOR = "alice-operator"
 MESSAGE_LABEL = "Message (starts a turn a worker runs)"
@@ -210,12 +217,14 @@ def test_a_2000_event_thread_is_paged_small(ops: Served, page: Any, shots: Shots
     nodes = int(page.evaluate("document.getElementsByTagName('*').length"))
     forms = int(page.evaluate("document.forms.length"))
     small = [_paint(page, f"{ops.studio}/threads/{ops.threads['idle']}") for _ in range(3)]
-    # The figures, for the record; no timing assertion (the machine's load is not the page's cost). What the
-    # paint costs is bounded by what the page holds: its bytes, its nodes, its forms.
+    # The figures, for the record. The paint is asserted as the best of the 3 loads: this machine is shared (other
+    # test processes, benchmarks), so one load can wait for a core; the best one is the page's own cost. What the
+    # paint costs is bounded too by what the page holds: its bytes, its nodes, its forms.
     print(json.dumps({"bench": "studio_long_thread", "events": head, "html_bytes": size, "dom_nodes": nodes,
                       "forms": forms, "fcp_ms": [round(p) for p in paints],
                       "fcp_ms_of_a_6_event_thread": [round(p) for p in small], **timing}))
     assert nodes < 5000 and forms <= 5, (nodes, forms)
+    assert min(paints) < 500, f"first contentful paint of the 2,000-event page, best of 3 loads: {paints} ms"
     page.goto(url)
     events = page.locator(".timeline li.event")
     expect(events).to_have_count(100)
@@ -224,6 +233,11 @@ def test_a_2000_event_thread_is_paged_small(ops: Served, page: Any, shots: Shots
     expect(page.locator("#timeline-title")).to_contain_text(f"of {head}")
     expect(page.locator("#messages-title")).to_contain_text(re.compile(r"the last 40 of \d{3} messages"))
     expect(page.locator(".message")).to_have_count(40)
+    # The drawing is of the page's events: a lane for every effect with an event shown, and for no other.
+    on_page = set(page.locator(".timeline li.event a[href^='#effect-']").evaluate_all(
+        "as => as.map(a => a.getAttribute('href').slice('#effect-'.length))"))
+    lanes = page.locator("#live-lanes li.lane").evaluate_all("ls => ls.map(l => l.dataset.effect)")
+    assert on_page and len(lanes) == len(set(lanes)) and set(lanes) == on_page, (len(lanes), len(on_page))
     shots(page, "long-thread")
 
     page.get_by_role("link", name="Earlier events").first.click()
@@ -239,6 +253,189 @@ def test_a_2000_event_thread_is_paged_small(ops: Served, page: Any, shots: Shots
     page.get_by_role("link", name="these events as the API's JSON").click()
     listed = json.loads(page.locator("body").inner_text())
     assert [e["seq"] for e in listed["events"]] == list(range(head - 199, head - 99))
+
+
+# --- 3b. each turn's effects drawn across time -----------------------------------------------------------
+
+
+def _waiting(client: httpx.Client, thread_id: str) -> dict[str, Any]:
+    for _ in range(300):
+        state: dict[str, Any] = client.get(f"/threads/{thread_id}").json()
+        if state["status"] == "waiting":
+            return state
+        time.sleep(0.1)
+    raise AssertionError(f"thread {thread_id} never waited: {state['status']}")
+
+
+LANE_FILL = "r => getComputedStyle(r).fill"
+BADGE_COLOUR = "b => getComputedStyle(b).color"
+
+
+def test_each_turns_effects_are_drawn_as_lanes_coloured_by_the_resolver(ops: Served, page: Any,
+                                                                        shots: Shots) -> None:
+    with api(ops) as alice:
+        thread_id = new_thread(alice)
+        assert alice.post(f"/threads/{thread_id}/inputs", json={"input": "lookup, charge and refund"}).status_code == 202
+        state = _waiting(alice, thread_id)
+        resolver = {e: d["state"] for e, d in state["effects"].items()}  # the resolver's answer, per effect
+        names = {e: d["name"] for e, d in state["effects"].items()}
+        assert sorted(resolver.values()) == ["completed", "completed", "parked", "unknown"], resolver
+        log_in(page, ops)
+        page.goto(f"{ops.studio}/threads/{thread_id}")
+        lanes = page.locator("#live-lanes li.lane")
+        expect(lanes).to_have_count(len(resolver))  # one lane per effect (the model call and the three tools)
+        expect(page.locator("#live-lanes figure.turn-lanes")).to_have_count(1)  # one turn
+        fills: dict[str, str] = {}
+        starts: list[float] = []
+        for i in range(lanes.count()):
+            lane = lanes.nth(i)
+            effect = str(lane.get_attribute("data-effect"))
+            assert lane.get_attribute("data-state") == resolver[effect]
+            track = lane.locator("svg.lane-track")
+            label = str(track.get_attribute("aria-label"))
+            assert label.startswith(f"{'model' if names[effect] == 'scripted' else 'tool'} call {names[effect]}: "
+                                    f"{resolver[effect]}; requested"), label
+            expect(track).to_have_attribute("role", "img")
+            bar = track.locator("rect.lane-bar")
+            expect(bar).to_have_class(f"lane-bar state-{resolver[effect]}")
+            # The bar's colour is the badge's colour of the effect's card: the same state, the same class.
+            card_badge = page.locator(f"#effect-{effect} h3 .badge")
+            expect(card_badge).to_have_text(resolver[effect])
+            fill = bar.evaluate(LANE_FILL)
+            assert fill == card_badge.evaluate(BADGE_COLOUR), (effect, fill)
+            fills[resolver[effect]] = fill
+            # One mark per event of the effect, where the timeline lists them.
+            events = page.locator(f".timeline li.event:has(a[href='#effect-{effect}'])").count()
+            expect(track.locator("rect.lane-mark")).to_have_count(events)
+            starts.append(float(str(bar.get_attribute("x"))))
+        assert len(set(fills.values())) == 3, fills  # completed, unknown and parked look different
+        assert starts == sorted(starts) and starts[0] < starts[-1]  # time across: the model call comes first
+        shots(page, "effect-lanes")
+
+        # Live: another operator approves the refund; its lane turns completed in place, nothing reloads.
+        moved = navigations(page)
+        refund = next(e for e, n in names.items() if n == "refund")
+        assert alice.post(f"/threads/{thread_id}/effects/{refund}/approve", json={}).status_code == 200
+        expect(page.locator(f"#live-lanes li.lane[data-effect='{refund}']")).to_have_attribute(
+            "data-state", "completed", timeout=30_000)
+        assert page.locator(f"#live-lanes li.lane[data-effect='{refund}'] rect.lane-bar").evaluate(LANE_FILL) \
+            == fills["completed"]
+        assert moved == []
+
+
+# --- 3c. turn recovery --------------------------------------------------------------------------------------
+
+
+def _turn_of_a_gone_owner(ops: Served, ttl: float = 0.05) -> tuple[str, str]:
+    """A thread whose turn a process outside the server started (and, with a short ttl, died holding): nothing
+    queues it for the server's worker."""
+    thread_id = create_thread_for(ops.store, agent(), project=PROJECT)
+    turn_id, _fence = ThreadLog.load(ops.store, thread_id).start_turn("lost work", owner="crashed-process", ttl=ttl)
+    return thread_id, turn_id
+
+
+def test_an_expired_turn_is_recovered_from_its_page_by_an_operator_only(ops: Served, page: Any,
+                                                                       shots: Shots) -> None:
+    thread_id, turn_id = _turn_of_a_gone_owner(ops)
+    live_id, live_turn = _turn_of_a_gone_owner(ops, ttl=300)  # its owner's lease is still valid
+    time.sleep(0.2)  # the crashed process's lease expires by the store's clock
+    path = f"/studio/threads/{thread_id}/turns/{turn_id}/recover"
+    with api(ops) as alice:
+        epoch = alice.get(f"/threads/{thread_id}").json()["ownership"]["epoch"]
+        before = len(events_of(alice, thread_id))
+    # A viewer: no control, and its hand-crafted post (with its own valid CSRF token) is refused, 403.
+    with httpx.Client(base_url=ops.url, timeout=30, follow_redirects=False) as vera:
+        http_login(vera, ops.tokens["vera-viewer"])
+        shown = vera.get(f"/studio/threads/{thread_id}").text
+        assert 'id="recover"' not in shown and "/recover" not in shown
+        refused = vera.post(path, data={"csrf_token": csrf_of(shown), "request_id": secrets.token_hex(16),
+                                        "expected_epoch": str(epoch), "note": "I am only a viewer"})
+        assert refused.status_code == 303
+        assert "403: forbidden" in vera.get(refused.headers["location"]).text
+    with api(ops) as alice:
+        assert len(events_of(alice, thread_id)) == before  # nothing written
+
+    log_in(page, ops)
+    page.goto(f"{ops.studio}/threads/{live_id}")
+    expect(page.locator("#recover")).to_have_count(0)  # a live owner's turn is not offered
+    page.goto(f"{ops.studio}/threads/{thread_id}")
+    panel = page.locator("#recover")
+    expect(panel).to_contain_text("crashed-process")
+    expect(panel).to_contain_text(f"epoch {epoch}")
+    confirm = panel.get_by_role("button", name="Confirm: recover turn")
+    expect(confirm).to_be_hidden()  # recovering takes a second, deliberate step
+    panel.locator("summary", has_text="Recover turn").click()
+    confirm.click()  # no reason: the browser refuses
+    reason = panel.get_by_label("Reason for recovering (required)")
+    assert reason.evaluate("e => e.validity.valueMissing")
+    reason.fill("The worker's host was replaced; its process is gone.")
+    shots(page, "recover-confirm")
+    with page.expect_response(lambda r: r.url.endswith("/recover")) as posted:
+        confirm.click()
+    assert posted.value.status == 303
+    page.wait_for_url(re.compile(rf".*/studio/threads/{thread_id}\?done=turn_recovered$"))
+    expect(page.locator(".notice")).to_contain_text("Recovered: the former owner is fenced out")
+    expect(page.locator("#recover")).to_have_count(0)  # recovered: nothing more to offer
+    recovered = page.locator(".timeline li.event", has_text="turn.recovered")
+    expect(recovered.locator(".actor")).to_have_text(OPERATOR)
+    shots(page, "recovered")
+    with api(ops) as alice:
+        receipt = events_of(alice, thread_id)[-1]
+        assert receipt["type"] == "turn.recovered"
+        assert receipt["data"]["previous_owner"] == "crashed-process" and receipt["data"]["epoch"] == epoch + 1
+        assert receipt["data"]["note"] == "The worker's host was replaced; its process is gone."
+        assert receipt["data"]["reason"] == "lease_expired"
+        assert alice.get(f"/threads/{thread_id}").json()["ownership"]["status"] == "needs_reconciliation"
+
+    # Not recoverable (already recovered; a live owner): the refusal's 409 is explained on the thread's page.
+    with httpx.Client(base_url=ops.url, timeout=30, follow_redirects=False) as client:
+        http_login(client, ops.tokens[OPERATOR])
+        csrf = csrf_of(client.get(f"/studio/threads/{thread_id}").text)
+        for thread, turn, why in ((thread_id, turn_id, "already recovered"), (live_id, live_turn, "still owned")):
+            again = client.post(f"/studio/threads/{thread}/turns/{turn}/recover",
+                                data={"csrf_token": csrf, "request_id": secrets.token_hex(16),
+                                      "expected_epoch": str(epoch + 1 if thread == thread_id else 1),
+                                      "note": "once more"})
+            assert again.status_code == 303
+            location = again.headers["location"]
+            assert re.fullmatch(rf"/studio/threads/{thread}\?flash=[\w-]+", location), location
+            explained = client.get(location).text
+            assert "409:" in explained and why in explained, explained[:2000]
+    page.goto(f"{ops.studio}/threads/{live_id}")
+    page.evaluate("""([action, csrf]) => { const f = document.createElement('form'); f.method = 'post';
+        f.action = action; for (const [k, v] of Object.entries({csrf_token: csrf, request_id: 'a'.repeat(32),
+        expected_epoch: '1', note: 'try it'})) { const i = document.createElement('input'); i.type = 'hidden';
+        i.name = k; i.value = v; f.append(i); } document.body.append(f); f.submit(); }""",
+                  [f"/studio/threads/{live_id}/turns/{live_turn}/recover", csrf_of(page.content())])
+    page.wait_for_url(re.compile(rf".*/studio/threads/{live_id}\?flash=[\w-]+$"))
+    expect(page.get_by_role("alert")).to_contain_text("409")
+    expect(page.get_by_role("alert")).to_contain_text("still owned")
+    shots(page, "recover-refused-409")
+
+
+def test_a_legacy_turn_is_recovered_only_on_the_operators_word_that_its_process_stopped(ops: Served) -> None:
+    thread_id = create_thread_for(ops.store, agent(), project=PROJECT)
+    turn_id = "01JD0000000000000000000001"  # recorded before turn ownership existed: no owner, epoch 0, no lease
+    ops.store.append(stream_of(thread_id), [NewEvent("turn.started", {"turn_id": turn_id, "input": "old"})], 1)
+    page = f"/studio/threads/{thread_id}"
+    with httpx.Client(base_url=ops.url, timeout=30, follow_redirects=False) as client:
+        http_login(client, ops.tokens[OPERATOR])
+        shown = client.get(page).text
+        assert "was recorded before turn ownership existed" in shown
+        assert 'name="legacy_confirmed_stopped" value="yes" required' in shown
+        form = {"csrf_token": csrf_of(shown), "request_id": secrets.token_hex(16), "expected_epoch": "0",
+                "note": "the old deployment was shut down"}
+        refused = client.post(f"{page}/turns/{turn_id}/recover", data=form)  # without the confirmation
+        assert refused.status_code == 303 and "?flash=" in refused.headers["location"]
+        explained = client.get(refused.headers["location"]).text
+        assert "422:" in explained and "legacy_confirmed_stopped" in explained
+        done = client.post(f"{page}/turns/{turn_id}/recover", data={**form, "legacy_confirmed_stopped": "yes"})
+        assert done.status_code == 303 and done.headers["location"] == f"{page}?done=turn_recovered"
+        assert 'id="recover"' not in client.get(done.headers["location"]).text
+    receipt = ops.store.read(stream_of(thread_id))[-1]
+    assert receipt.type == "turn.recovered"
+    assert (receipt.data["reason"], receipt.data["legacy_confirmed_stopped"], receipt.data["note"]) == (
+        "legacy_confirmed_stopped", True, "the old deployment was shut down")
 
 
 # --- 4. attention first -------------------------------------------------------------------------------------

@@ -320,13 +320,14 @@ for _decision in ("approve", "deny"):
 @click.option("--request-id", required=True, metavar="HEX", help="32 lower-case hex characters.")
 @click.option("--expected-epoch", required=True, type=click.IntRange(0))
 @click.option("--legacy-confirmed-stopped", is_flag=True)
+@click.option("--note", default=None, help="Why you recover it (recorded in the receipt).")
 @json_option
 def thread_recover(thread_id: str, turn_id: str, request_id: str, expected_epoch: int,
-                   legacy_confirmed_stopped: bool, as_json: bool) -> None:
+                   legacy_confirmed_stopped: bool, note: str | None, as_json: bool) -> None:
     """Fence out the owner of TURN_ID's expired lease and record a recovery receipt."""
     answer = call(as_json, lambda c: c.recover_turn(thread_id, turn_id, request_id=request_id,
                                                     expected_epoch=expected_epoch,
-                                                    legacy_confirmed_stopped=legacy_confirmed_stopped))
+                                                    legacy_confirmed_stopped=legacy_confirmed_stopped, note=note))
     if as_json:
         emit_json(answer)
         return

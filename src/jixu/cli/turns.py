@@ -168,9 +168,10 @@ def parse_epoch(text: str) -> int:
 @click.option("--legacy-confirmed-stopped", is_flag=True,
               help="For a turn recorded before ownership existed: you assert its process has stopped (recorded).")
 @click.option("--actor", default=None, help="Who recovers (recorded; default cli:<login name>).")
+@click.option("--note", default=None, help="Why you recover it (recorded in the receipt).")
 @json_option
 def recover_command(store: str, thread_id: str, turn_id: str, request_id: str, expected_epoch: str,
-                    legacy_confirmed_stopped: bool, actor: str | None, as_json: bool) -> None:
+                    legacy_confirmed_stopped: bool, actor: str | None, note: str | None, as_json: bool) -> None:
     """Recover TURN_ID of THREAD_ID after its owner stopped: the store checks expiry by its own clock.
 
     The epoch moves past the owner's, so anything the former owner still
@@ -189,7 +190,7 @@ def recover_command(store: str, thread_id: str, turn_id: str, request_id: str, e
         log = load_verified(opened, thread_id, actor=who)
         replay = log.state.recovery(request_id) is not None
         receipt = log.recover_turn(turn_id, request_id=request_id, expected_epoch=epoch,
-                                   legacy_confirmed_stopped=legacy_confirmed_stopped, actor=who)
+                                   legacy_confirmed_stopped=legacy_confirmed_stopped, actor=who, note=note)
         work = None
         if opened.get_work(thread_work_key(thread_id)) is not None:
             work = enqueue_thread(opened, thread_id)  # a worker continues it once its effects are settled

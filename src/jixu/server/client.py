@@ -172,10 +172,12 @@ class Client:
                             request_id=request_id)
 
     def recover_turn(self, thread_id: str, turn_id: str, *, request_id: str, expected_epoch: int,
-                     legacy_confirmed_stopped: bool = False) -> Any:
-        """Recover an expired turn (``request_id`` is also the recovery's own id)."""
-        body = {"request_id": request_id, "expected_epoch": expected_epoch,
-                "legacy_confirmed_stopped": legacy_confirmed_stopped}
+                     legacy_confirmed_stopped: bool = False, note: str | None = None) -> Any:
+        """Recover an expired turn (``request_id`` is also the recovery's own id; ``note``: why, recorded)."""
+        body: dict[str, Any] = {"request_id": request_id, "expected_epoch": expected_epoch,
+                                "legacy_confirmed_stopped": legacy_confirmed_stopped}
+        if note is not None:
+            body["note"] = note
         return self.request("POST", f"/threads/{thread_id}/turns/{turn_id}/recover", json_body=body,
                             request_id=request_id)
 

@@ -102,6 +102,7 @@ class RecoverTurn(Body):
     request_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="32 lower-case hex characters.")
     expected_epoch: int = Field(ge=0, description="The claim epoch you observed (state.ownership.epoch).")
     legacy_confirmed_stopped: bool = False
+    note: str | None = Field(default=None, max_length=MAX_NOTE, description="Why (recorded in the receipt).")
 
 
 # --- runs --------------------------------------------------------------------------------------

@@ -402,7 +402,8 @@ def recover_turn(thread_id: ThreadId, turn_id: TurnId, body: RecoverTurn,
         log = ThreadLog.load(ctx.store, thread_id, actor=ctx.actor)
         replay = log.state.recovery(body.request_id) is not None
         receipt = log.recover_turn(turn_id, request_id=body.request_id, expected_epoch=body.expected_epoch,
-                                   legacy_confirmed_stopped=body.legacy_confirmed_stopped, actor=ctx.actor)
+                                   legacy_confirmed_stopped=body.legacy_confirmed_stopped, actor=ctx.actor,
+                                   note=body.note)
         wake(ctx, thread_id)
         return Outcome(200, {"recorded": not replay, "receipt": receipt, "thread": summary(log)})
 

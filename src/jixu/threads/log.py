@@ -760,7 +760,8 @@ class ThreadLog:
                 "expired": lease.expires_at <= now, "legacy": False, "store_now": now}
 
     def recover_turn(self, turn_id: str, *, request_id: str, expected_epoch: int,
-                     legacy_confirmed_stopped: bool = False, actor: str = "operator") -> dict[str, Any]:
+                     legacy_confirmed_stopped: bool = False, actor: str = "operator",
+                     note: str | None = None) -> dict[str, Any]:
         """Fence out the owner of an expired turn and record an immutable recovery receipt.
 
         The store verifies expiry by its own clock and increments the epoch;
@@ -768,7 +769,8 @@ class ThreadLog:
         is called, and a late reply from the former owner is refused. A turn
         recorded before ownership existed (epoch 0, no owner) needs
         ``legacy_confirmed_stopped=True``, your assertion that its process
-        stopped, recorded as such. Idempotent on ``request_id`` (32 hex
+        stopped, recorded as such. ``note`` (optional) is the operator's reason,
+        recorded in the receipt. Idempotent on ``request_id`` (32 hex
         characters): the same request returns the original receipt; the same id
         with another body raises :class:`~jixu.errors.ResolutionConflict`.
         """
@@ -780,8 +782,11 @@ class ThreadLog:
         if not isinstance(legacy_confirmed_stopped, bool):
             raise InvalidInput("legacy_confirmed_stopped must be true or false", field="legacy_confirmed_stopped")
         check_text(actor, "actor", 200, required=True)
-        body = {"turn_id": turn_id, "expected_epoch": expected_epoch,
-                "legacy_confirmed_stopped": legacy_confirmed_stopped}
+        body: dict[str, Any] = {"turn_id": turn_id, "expected_epoch": expected_epoch,
+                                "legacy_confirmed_stopped": legacy_confirmed_stopped}
+        if note is not None:
+            check_text(note, "note", MAX_NOTE_CHARS)
+            body["note"] = note
         self.sync()
         self.open_to_act()
         earlier = self.state.recovery(request_id)

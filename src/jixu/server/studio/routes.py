@@ -46,6 +46,7 @@ from jixu.server.models import (
     ForkThread,
     Handoff,
     Inspect,
+    RecoverTurn,
     ResolveOutcome,
     ResolveRequest,
     ResumeRun,
@@ -88,6 +89,8 @@ NOTICES = {
     "sent": "Input queued: a worker runs the turn.",
     "forked": "Forked: this is the child thread.",
     "thread_resumed": "Resumed: a worker continues the paused turn.",
+    "turn_recovered": "Recovered: the former owner is fenced out and the receipt recorded. Nothing was retried; "
+                      "reconcile the turn's open effects to continue it.",
     "resumed": "Resumed: the workspace was reconciled and the run is queued for a worker.",
     "handed_off": "Handed off: a new provider snapshot and plan revision were recorded.",
     "retried": "Retried: this is the new run.",
@@ -102,7 +105,8 @@ LOGIN_REASONS = {
 }
 FIELD_LABELS = {"note": "Note", "resolution": "What happened", "input": "Message", "reason": "Reason",
                 "agent": "Provider", "at": "Fork point", "reconciliation_id": "Reconciliation id",
-                "resolution_id": "Resolution id"}
+                "resolution_id": "Resolution id", "request_id": "Request id", "expected_epoch": "Epoch",
+                "legacy_confirmed_stopped": "Process stopped"}
 STREAM_SECONDS = 600.0
 """A page's event stream ends after this long; the browser's EventSource then opens it again by itself."""
 KEEPALIVE_SECONDS = 15.0
@@ -573,6 +577,23 @@ async def resume_thread(request: Request, thread_id: str) -> Response:
     def action(ctx: Context, form: dict[str, str]) -> str:
         threads_api.resume_thread(thread_id, Decision(note=_text(form, "note")), ctx)
         return f"{PREFIX}/threads/{thread_id}?done=thread_resumed"
+
+    return await _thread_post(request, thread_id, action)
+
+
+@router.post("/threads/{thread_id}/turns/{turn_id}/recover")
+async def recover_turn(request: Request, thread_id: str, turn_id: str) -> Response:
+    """Recover a turn whose owner's lease expired (the Studio asks for a reason: it is in the receipt)."""
+    def action(ctx: Context, form: dict[str, str]) -> str:
+        note = _required(form, "note", "say why the turn is recovered (it is recorded)")
+        epoch = form.get("expected_epoch", "")
+        if not (epoch.isascii() and epoch.isdigit()):
+            raise InvalidInput("Epoch: not in the expected form", field="expected_epoch")
+        body = RecoverTurn.model_validate({"request_id": form.get("request_id", ""), "expected_epoch": int(epoch),
+                                           "legacy_confirmed_stopped": form.get("legacy_confirmed_stopped") == "yes",
+                                           "note": note})
+        threads_api.recover_turn(thread_id, turn_id, body, ctx)
+        return f"{PREFIX}/threads/{thread_id}?done=turn_recovered"
 
     return await _thread_post(request, thread_id, action)
 

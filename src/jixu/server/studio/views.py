@@ -337,6 +337,67 @@ def _effect_context(ctx: Context, stream: str, decision: EffectDecision) -> Obj:
             "requested_at": requested.recorded_at if requested is not None else None}
 
 
+LANE_UNITS = 1000
+"""The width of an effect lane's drawing, in SVG user units (scaled to the page's width)."""
+MARK_UNITS = 4
+
+
+def _moment(text: object) -> datetime | None:
+    return _created(text) if isinstance(text, str) else None
+
+
+def effect_lanes(timeline: list[Obj], decisions: dict[str, EffectDecision]) -> list[Obj]:
+    """The turns of a page's events, each drawn as one lane per effect: time across (from the turn's first event
+    on the page to its last), the effect's events as marks on a bar, the bar coloured by the resolver's state
+    (``settled`` of its decision: the same badge the effect's card shows; nothing else decides it)."""
+    turns: list[Obj] = []
+    current: Obj | None = None
+    for row in timeline:
+        if row["type"] == "turn.started" or current is None:
+            started = row["type"] == "turn.started"
+            current = {"turn_id": row.get("turn_id") if started else None, "rows": [], "from_earlier": not started}
+            turns.append(current)
+        current["rows"].append(row)
+    drawn: list[Obj] = []
+    for number, turn in enumerate(turns, start=1):
+        moments = [m for m in (_moment(r["recorded_at"]) for r in turn["rows"]) if m is not None]
+        if not moments:
+            continue
+        start, end = min(moments), max(moments)
+        span = max((end - start).total_seconds(), 1e-6)
+
+        def x(at: object, start: datetime = start, span: float = span) -> float:
+            moment = _moment(at)
+            offset = (moment - start).total_seconds() if moment is not None else 0.0
+            return round(min(max(offset / span, 0.0), 1.0) * (LANE_UNITS - MARK_UNITS), 1)
+
+        lanes: dict[str, Obj] = {}
+        for row in turn["rows"]:
+            effect_id = row["effect_id"]
+            decision = decisions.get(effect_id) if effect_id else None
+            if decision is None or effect_id is None:
+                continue
+            if effect_id not in lanes:
+                css, label = settled(decision.to_dict())
+                lanes[effect_id] = {"effect_id": effect_id, "kind": decision.kind, "name": decision.name or "",
+                                    "css": css, "label": label, "state": decision.state, "marks": []}
+            step = row["type"].rpartition(".")[2]
+            lanes[effect_id]["marks"].append({"seq": row["seq"], "step": step, "at": row["recorded_at"],
+                                              "x": x(row["recorded_at"])})
+        for lane in lanes.values():
+            marks = lane["marks"]
+            lane["x"] = marks[0]["x"]
+            lane["width"] = round(max(marks[-1]["x"] - marks[0]["x"], 0.0) + MARK_UNITS, 1)
+            lane["steps"] = " → ".join(m["step"] for m in marks)
+            what = "model call" if lane["kind"] == "model" else f"{lane['kind']} call"
+            lane["title"] = (f"{what} {lane['name']}: {lane['label']}; {lane['steps']} "
+                             f"(events #{marks[0]['seq']} to #{marks[-1]['seq']}, {marks[0]['at']} to {marks[-1]['at']})")
+        drawn.append({"number": number, "turn_id": turn["turn_id"], "from_earlier": turn["from_earlier"],
+                      "start": turn["rows"][0]["recorded_at"], "end": turn["rows"][-1]["recorded_at"],
+                      "seconds": round(span, 3) if span > 1e-6 else 0.0, "lanes": list(lanes.values())})
+    return [turn for turn in drawn if turn["lanes"]]
+
+
 def call_args(args: object) -> str:
     """A call's arguments as a reader writes them: ``amount=7, order="1002"``."""
     if not isinstance(args, dict):
@@ -349,6 +410,22 @@ def _error_text(error: object) -> str:
         kind = error.get("exception") or error.get("type") or "error"
         return f"{kind}: {error.get('message')}" if error.get("message") else pretty(error)
     return str(error)
+
+
+def _recoverable(log: ThreadLog, ownership: Obj | None) -> Obj | None:
+    """The active turn, when what ``ThreadLog.recover_turn`` accepts holds for it: its owner's lease expired by
+    the store's clock, or (a legacy turn: no owner, not queued) on the operator's assertion that its process
+    stopped; not yet recovered. ``None`` otherwise (no form is offered; the service decides anyway)."""
+    turn = log.state.active_turn()
+    if ownership is None or turn is None or turn.status == "needs_reconciliation":
+        return None
+    legacy = turn.owner is None and not turn.queued and bool(ownership.get("legacy"))
+    if not legacy and not (ownership.get("expired") and not ownership.get("legacy")):
+        return None
+    expires = ownership.get("expires_at")
+    return {"turn_id": turn.turn_id, "epoch": int(ownership.get("epoch") or 0), "owner": ownership.get("owner"),
+            "expires_at": datetime.fromtimestamp(expires, UTC).isoformat() if isinstance(expires, int | float)
+            else None, "legacy": legacy, "request_id": new_hex_id()}
 
 
 def thread_page(ctx: Context, thread_id: str, *, before: int | None = None, view: str = "compact",
@@ -393,7 +470,8 @@ def thread_page(ctx: Context, thread_id: str, *, before: int | None = None, view
                "actor": actors(event.meta.get("actor")), "actor_id": event.meta.get("actor"),
                "effect_id": effect_id, "badge": badge, "summary": _event_summary(event),
                "data": pretty(event.to_dict() if view == "json" else event.data), "hash": event.hash,
-               "bad": event.seq == bad_seq, "can_fork": fork_before is None or event.seq < fork_before}
+               "bad": event.seq == bad_seq, "can_fork": fork_before is None or event.seq < fork_before,
+               "turn_id": event.data.get("turn_id") if event.type == "turn.started" else None}
         timeline.append(row)
         if effect_id:
             effect_events.setdefault(effect_id, []).append(row)
@@ -420,6 +498,8 @@ def thread_page(ctx: Context, thread_id: str, *, before: int | None = None, view
     messages = list(state.messages)
     hidden_messages = 0 if all_messages else max(0, len(messages) - MESSAGES_SHOWN)
     can_edit = allows(role, "editor")
+    ownership = log.ownership() if corrupt is None else None
+    recovery = _recoverable(log, ownership)
     return {
         "thread_id": thread_id, "project": project, "role": role, "agent_name": state.agent.get("name"),
         "last_reply": state.last_reply, "status": state.status, "reason": state.reason, "seq": head,
@@ -435,6 +515,8 @@ def thread_page(ctx: Context, thread_id: str, *, before: int | None = None, view
         "window": {"first": first, "last": last, "head": head, "size": TIMELINE_PAGE,
                    "earlier": first if first > 1 else None,
                    "later": min(head + 1, last + TIMELINE_PAGE + 1) if last < head else None},
+        "lanes": effect_lanes(timeline, decisions), "lane_units": LANE_UNITS,
+        "recovery": recovery if can_edit else None,
         "view": view, "views": VIEWS, "before": before, "event_href": event_href, "actor_name": actors,
         "can_operate": allows(role, "operator"), "can_edit": can_edit,
         "can_send": can_edit and state.status == "idle" and corrupt is None,
@@ -577,5 +659,5 @@ def run_head(ctx: Context, run_id: str) -> Obj:
     return {"seq": state.seq, "status": state.status}
 
 
-__all__ = ["Actors", "ListFilter", "allows", "list_label", "new_hex_id", "run_head", "run_page", "run_rows", "settled",
+__all__ = ["Actors", "ListFilter", "allows", "effect_lanes", "list_label", "new_hex_id", "run_head", "run_page", "run_rows", "settled",
            "state_at", "thread_head", "thread_list", "thread_page", "thread_rows", "window"]
