@@ -52,8 +52,9 @@ def test_every_control_has_an_accessible_name(studio: Studio, page: Any, shots: 
     # The resolution controls are reachable by their labels, as a screen reader announces them.
     page.goto(_pages(studio)[1])
     panel = page.locator("#unresolved")
-    for label in ("It occurred", "It did not occur", "Abandon: the outcome stays unknown"):
+    for label in ("It occurred", "It did not occur"):
         expect(panel.get_by_label(label)).to_have_attribute("type", "radio")
+    expect(panel.get_by_label("Reason for abandoning (required)")).to_have_attribute("required", "")  # 2nd step
     expect(panel.get_by_role("group", name=re.compile("What happened to charge_card"))).to_be_visible()
     expect(panel.get_by_label(re.compile("Note \\(required\\)"))).to_have_attribute("required", "")
     shots(page, "operator-thread")

@@ -496,9 +496,10 @@ def test_decision_panels_show_the_call_and_what_each_choice_does(ops: Served, pa
     expect(panel).to_contain_text("1 dispatch(es): #1 at")
     expect(panel).to_contain_text("jixu:")  # the idempotency key the gateway saw
     expect(panel.get_by_label("Arguments of charge")).to_contain_text('"amount": 42')
-    for choice in ("It occurred", "It did not occur", "Abandon: the outcome stays unknown"):
+    for choice in ("It occurred", "It did not occur"):
         described = panel.get_by_label(choice).get_attribute("aria-describedby")
         expect(page.locator(f"#{described}")).to_contain_text("The model is told")
+    expect(panel.locator("details[id^=abandon-] .does")).to_contain_text("The model is told")  # behind a step
     shots(page, "unknown-panel")
 
     page.goto(f"{ops.studio}/threads/{t['parked']}")
@@ -526,9 +527,13 @@ def test_decision_panels_show_the_call_and_what_each_choice_does(ops: Served, pa
 
     page.goto(f"{ops.studio}/threads/{t['unknown_2']}")
     panel = page.locator("#unresolved")
-    panel.get_by_label("Abandon: the outcome stays unknown").check()
-    panel.get_by_label(re.compile("Note \\(required\\)")).fill("The gateway cannot tell us.")
-    panel.get_by_role("button", name="Record resolution").click()
+    assert panel.locator("input[name=resolution][value=abandoned_unknown][type=radio]").count() == 0  # no 1 click
+    panel.get_by_text(re.compile("^Abandon charge: the outcome stays unknown")).click()  # the second step opens
+    confirm = panel.get_by_role("button", name="Confirm: abandon charge")
+    confirm.click()  # no reason: the browser refuses
+    assert panel.get_by_label("Reason for abandoning (required)").evaluate("e => e.validity.valueMissing")
+    panel.get_by_label("Reason for abandoning (required)").fill("The gateway cannot tell us.")
+    confirm.click()
     card = page.locator(".effect-card", has_text="charge")
     expect(card.locator(".badge")).to_have_text("abandoned: unknown")  # settled, not a bare "unknown"
     expect(card).to_contain_text(f"by {OPERATOR}")
