@@ -1,21 +1,18 @@
-"""The "outside system" of the kill benchmarks: one line per side effect, appended and synced before returning."""
+"""The "outside system" of the kill benchmarks: one line per side effect, appended and synced before returning.
+
+The same outside system as the kill tests' children (``tests/threads/steps_child.py``, where it is defined):
+what a benchmark counts is what the tests count.
+"""
 
 from __future__ import annotations
 
-import os
+import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-def write_line(path: Path, text: str) -> None:
-    """Append ``text`` as one line (one ``write``, then ``fsync``: it is on disk before the call returns)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (text + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+from tests.threads.steps_child import lines, write_line  # noqa: E402
 
-
-def lines(path: Path) -> list[str]:
-    """The lines written so far (none when the file does not exist yet)."""
-    return path.read_text().splitlines() if path.exists() else []
+__all__ = ["lines", "write_line"]

@@ -35,6 +35,7 @@ def say(*fields: object) -> None:
 
 
 def write_line(path: Path, text: str) -> None:
+    """Append ``text`` as one line (one ``write``, then ``fsync``: it is on disk before the call returns)."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (text + "\n").encode())
@@ -44,6 +45,7 @@ def write_line(path: Path, text: str) -> None:
 
 
 def lines(path: Path) -> list[str]:
+    """The lines written so far (none when the file does not exist yet)."""
     return path.read_text().splitlines() if path.exists() else []
 
 
