@@ -400,6 +400,12 @@ def test_an_expired_turn_is_recovered_from_its_page_by_an_operator_only(ops: Ser
             assert re.fullmatch(rf"/studio/threads/{thread}\?flash=[\w-]+", location), location
             explained = client.get(location).text
             assert "409:" in explained and why in explained, explained[:2000]
+        for epoch_text in ("9" * 5000, "²", "-1", ""):  # a typed 422 on the page, never a server error
+            bad = client.post(f"/studio/threads/{live_id}/turns/{live_turn}/recover",
+                              data={"csrf_token": csrf, "request_id": secrets.token_hex(16),
+                                    "expected_epoch": epoch_text, "note": "bad epoch"})
+            assert bad.status_code == 303, (epoch_text[:8], bad.status_code)
+            assert "422:" in client.get(bad.headers["location"]).text, epoch_text[:8]
     page.goto(f"{ops.studio}/threads/{live_id}")
     page.evaluate("""([action, csrf]) => { const f = document.createElement('form'); f.method = 'post';
         f.action = action; for (const [k, v] of Object.entries({csrf_token: csrf, request_id: 'a'.repeat(32),

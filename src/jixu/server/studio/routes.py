@@ -587,7 +587,9 @@ async def recover_turn(request: Request, thread_id: str, turn_id: str) -> Respon
     def action(ctx: Context, form: dict[str, str]) -> str:
         note = _required(form, "note", "say why the turn is recovered (it is recorded)")
         epoch = form.get("expected_epoch", "")
-        if not (epoch.isascii() and epoch.isdigit()):
+        # ASCII digits (``isdigit`` alone takes "²"), at most 19: a store's integer; int() of a longer text can
+        # raise ValueError (over 4,300 digits), which would be a 500.
+        if not (epoch.isascii() and epoch.isdigit() and len(epoch) <= 19):
             raise InvalidInput("Epoch: not in the expected form", field="expected_epoch")
         body = RecoverTurn.model_validate({"request_id": form.get("request_id", ""), "expected_epoch": int(epoch),
                                            "legacy_confirmed_stopped": form.get("legacy_confirmed_stopped") == "yes",
