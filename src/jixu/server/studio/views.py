@@ -355,7 +355,7 @@ def effect_lanes(timeline: list[Obj], decisions: dict[str, EffectDecision]) -> l
     for row in timeline:
         if row["type"] == "turn.started" or current is None:
             started = row["type"] == "turn.started"
-            current = {"turn_id": row.get("turn_id") if started else None, "rows": [], "from_earlier": not started}
+            current = {"turn_id": row.get("turn_id") if started else None, "rows": []}
             turns.append(current)
         current["rows"].append(row)
     drawn: list[Obj] = []
@@ -380,7 +380,7 @@ def effect_lanes(timeline: list[Obj], decisions: dict[str, EffectDecision]) -> l
             if effect_id not in lanes:
                 css, label = settled(decision.to_dict())
                 lanes[effect_id] = {"effect_id": effect_id, "kind": decision.kind, "name": decision.name or "",
-                                    "css": css, "label": label, "state": decision.state, "marks": []}
+                                    "css": css, "label": label, "marks": []}
             step = row["type"].rpartition(".")[2]
             lanes[effect_id]["marks"].append({"seq": row["seq"], "step": step, "at": row["recorded_at"],
                                               "x": x(row["recorded_at"])})
@@ -392,7 +392,7 @@ def effect_lanes(timeline: list[Obj], decisions: dict[str, EffectDecision]) -> l
             what = "model call" if lane["kind"] == "model" else f"{lane['kind']} call"
             lane["title"] = (f"{what} {lane['name']}: {lane['label']}; {lane['steps']} "
                              f"(events #{marks[0]['seq']} to #{marks[-1]['seq']}, {marks[0]['at']} to {marks[-1]['at']})")
-        drawn.append({"number": number, "turn_id": turn["turn_id"], "from_earlier": turn["from_earlier"],
+        drawn.append({"number": number, "turn_id": turn["turn_id"],
                       "start": turn["rows"][0]["recorded_at"], "end": turn["rows"][-1]["recorded_at"],
                       "seconds": round(span, 3) if span > 1e-6 else 0.0, "lanes": list(lanes.values())})
     return [turn for turn in drawn if turn["lanes"]]
