@@ -205,6 +205,23 @@ def test_renewal_extends_the_claim_on_the_store_clock(store: Store) -> None:
     assert item.heartbeat_at is not None and abs(item.heartbeat_at + 1.0 - held.expires_at) < 1e-6
 
 
+def test_claims_are_numbered_in_commit_order_across_connections_and_renewal_keeps_the_number(
+        shared_factory: StoreFactory) -> None:
+    first, second = shared_factory(), shared_factory()
+    for n, group in enumerate(("alpha", "beta", "alpha")):
+        first.enqueue(f"thread/{n}", group)
+    held = [claim(first, "w1"), claim(second, "w2"), claim(first, "w1")]
+    assert [(c.key, c.number) for c in held if c is not None] == [("thread/0", 1), ("thread/1", 2), ("thread/2", 3)]
+    assert held[1] is not None and held[1].to_dict()["number"] == 2
+    assert second.renew_work(held[1], 30.0).number == 2
+    first.finish_work(held[0])  # type: ignore[arg-type]
+    first.enqueue("thread/0", "alpha")
+    again = claim(second, "w2")
+    assert again is not None and (again.key, again.epoch, again.number) == ("thread/0", 2, 4)
+    with pytest.raises(InvalidInput):
+        second.renew_work(WorkClaim(again.key, again.group, again.owner, again.epoch, again.expires_at, -1), 30.0)
+
+
 def test_requeue_keeps_the_items_place_or_delays_it(store: Store) -> None:
     store.enqueue("job/0", "alpha")
     store.enqueue("job/1", "alpha")

@@ -261,8 +261,8 @@ class MemoryStore(Store):
                     chosen = min(candidates, key=lambda r: (r.ready_at, r.position))
                     row = claimed_row(chosen, owner, ttl, now)
                     self._work[row.key] = row
-                    self._last_claimed[group] = max(self._last_claimed.values(), default=0) + 1
-                    return work_claim_of(row)
+                    number = self._last_claimed[group] = max(self._last_claimed.values(), default=0) + 1
+                    return work_claim_of(row, number)
             return None
 
     def _list_work(self, group: str | None, status: str | None) -> tuple[list[WorkRow], float]:

@@ -1273,14 +1273,15 @@ class PostgresStore(Store):
                     "ORDER BY ready_at, position LIMIT 1 FOR UPDATE SKIP LOCKED",
                     {"group": group, "now": now}).fetchone()
                 if found:
+                    number = max(served.values(), default=0) + 1
                     row = claimed_row(self._work_row(found), owner, ttl, now)
                     self._update_work(conn, row)
                     conn.execute("INSERT INTO jixu_work_projects (project, last_claim, last_claimed_at, claims) "
                                  "VALUES (%s, %s, %s, 1) ON CONFLICT (project) DO UPDATE SET "
                                  "last_claim = excluded.last_claim, last_claimed_at = excluded.last_claimed_at, "
                                  "claims = jixu_work_projects.claims + 1",
-                                 (group, max(served.values(), default=0) + 1, now))
-                    return work_claim_of(row)
+                                 (group, number, now))
+                    return work_claim_of(row, number)
             return None
 
         return self._run(claim, write=True, transaction=True)

@@ -1032,11 +1032,12 @@ class SQLiteStore(Store):
                     f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE project = :group AND {_CLAIMABLE} "
                     "ORDER BY ready_at, position LIMIT 1", {"group": group, "now": now}).fetchone()
                 if found:
+                    number = max(served.values(), default=0) + 1
                     row = self._put_work(conn, claimed_row(self._work_row(found), owner, ttl, now), new=False)
                     conn.execute("INSERT INTO jixu_work_projects VALUES (?, ?, ?, 1) ON CONFLICT (project) DO UPDATE "
                                  "SET last_claim = excluded.last_claim, last_claimed_at = excluded.last_claimed_at, "
-                                 "claims = claims + 1", (group, max(served.values(), default=0) + 1, now))
-                    return work_claim_of(row)
+                                 "claims = claims + 1", (group, number, now))
+                    return work_claim_of(row, number)
             return None
 
         return self._write(claim)

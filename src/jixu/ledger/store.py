@@ -361,7 +361,9 @@ SESSION_RETENTION = 86_400.0
 class WorkClaim:
     """Proof of holding a work item: only this owner at this epoch may renew or finish it.
 
-    ``expires_at`` is on the store's clock.
+    ``expires_at`` is on the store's clock. ``number`` is the store's number of the claim that made it
+    (claims are numbered 1, 2, … per store, in the order they committed, whichever process made them; 0 when
+    the proof was built by hand): logs of many processes sort by it into the true order of their claims.
     """
 
     key: str
@@ -369,11 +371,12 @@ class WorkClaim:
     owner: str
     epoch: int
     expires_at: float
+    number: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
         return {"key": self.key, "group": self.group, "owner": self.owner, "epoch": self.epoch,
-                "expires_at": self.expires_at}
+                "expires_at": self.expires_at, "number": self.number}
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,6 +492,8 @@ def check_work_claim(claim: object) -> WorkClaim:
     check_owner(claim.owner)
     if isinstance(claim.epoch, bool) or not isinstance(claim.epoch, int) or claim.epoch < 1:
         raise InvalidInput(f"claim epoch {claim.epoch!r} must be an integer >= 1", field="claim")
+    if isinstance(claim.number, bool) or not isinstance(claim.number, int) or claim.number < 0:
+        raise InvalidInput(f"claim number {claim.number!r} must be an integer >= 0", field="claim")
     return claim
 
 
@@ -528,10 +533,10 @@ def claimed_row(row: WorkRow, owner: str, ttl: float, now: float) -> WorkRow:
                    now + ttl, now, False, row.position)
 
 
-def work_claim_of(row: WorkRow) -> WorkClaim:
-    """The claim a freshly claimed ``row`` hands its owner."""
+def work_claim_of(row: WorkRow, number: int) -> WorkClaim:
+    """The claim a freshly claimed (or renewed) ``row`` hands its owner; ``number`` is the claim's (see WorkClaim)."""
     assert row.claimed_by is not None and row.expires_at is not None
-    return WorkClaim(row.key, row.group, row.claimed_by, row.epoch, row.expires_at)
+    return WorkClaim(row.key, row.group, row.claimed_by, row.epoch, row.expires_at, number)
 
 
 def work_fence_problem(row: WorkRow | None, claim: WorkClaim, now: float, *, allow_expired: bool) -> FencingError | None:
@@ -816,7 +821,7 @@ class Store(abc.ABC):
         ``position``) of the first of them that has one. Claimable means
         pending with ``ready_at`` reached, or claimed with a claim expired by
         the store's clock. The claim's epoch is the item's previous epoch + 1;
-        the group's ``last_claimed`` becomes the store's next claim number.
+        the group's ``last_claimed`` becomes the store's next claim number, which the claim carries.
         Which groups there are, their limits and the fairness between them
         are the caller's (:func:`jixu.scheduling.queue.claim`).
         """
@@ -831,7 +836,7 @@ class Store(abc.ABC):
         if the claim expired, or the item was finished or claimed again."""
         claim, ttl = check_work_claim(claim), check_ttl(ttl)
         row = self._change_work(claim.key, lambda current, now: renewed_row(current, claim, ttl, now), renew=True)[1]
-        return work_claim_of(row)
+        return work_claim_of(row, claim.number)
 
     def finish_work(self, claim: WorkClaim, *, requeue: bool = False, delay: float = 0.0) -> WorkItem:
         """Finish ``claim``: the item is done, or pending again with ``requeue`` (after ``delay`` seconds).

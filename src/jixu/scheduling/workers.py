@@ -414,7 +414,7 @@ class Worker:
                     await self._until_one_ends(in_flight, config.poll_interval)
                     continue
                 self.stats.claimed += 1
-                self.report("claim", f"claimed {claimed.key} (project {claimed.group}, epoch {claimed.epoch})")
+                self.report("claim", f"claimed {claimed.key} (project {claimed.group}, epoch {claimed.epoch}, claim #{claimed.number})")
                 in_flight.add(asyncio.create_task(self._process(claimed), name=f"jixu-work-{claimed.key}"))
                 self.stats.max_in_flight = max(self.stats.max_in_flight, len(in_flight))
             if self._stopping:
