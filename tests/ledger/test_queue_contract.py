@@ -421,3 +421,18 @@ def test_a_store_at_schema_1_gains_the_work_queue_on_open(shared_factory: StoreF
     assert reopened.read("thread/1") == [event]
     reopened.enqueue("thread/1", "alpha")
     assert [i.key for i in reopened.list_work()] == ["thread/1"]
+
+
+def test_append_and_enqueue_may_make_the_item_ready_later_on_the_store_clock(store: Store) -> None:
+    for bad in (-1, float("nan"), True, "1", 10**8):
+        with pytest.raises(InvalidInput):
+            store.append_and_enqueue("thread/a", [NewEvent("turn.started", {})], 0, key="thread/a", group="p",
+                                     delay=bad)  # type: ignore[arg-type]
+    assert store.stream_info("thread/a") is None and store.list_work() == []
+    store.append_and_enqueue("thread/a", [NewEvent("turn.started", {})], 0, key="thread/a", group="p", delay=0.3)
+    item = store.get_work("thread/a")
+    assert item is not None and item.ready_at == pytest.approx(item.enqueued_at + 0.3, abs=1e-6)
+    assert claim(store) is None, "not before its time"
+    expire(store, 0.35)
+    held = claim(store)
+    assert held is not None and held.key == "thread/a"

@@ -1,8 +1,10 @@
-"""A queued turn's start and its queue row commit in one transaction; a sweep repairs what older versions left.
+"""A queued turn's start (and a run's admitted request) and its queue row commit in one transaction; a sweep
+repairs what older versions left.
 
 Before issue 23 ``submit_turn`` wrote ``turn.started`` and then the queue row in a second transaction: a
 process killed between them left a started turn no worker would ever claim, and the next ``submit_turn``
-answered ``ThreadBusy``.
+answered ``ThreadBusy``. Admitting an execution request (a cancellation, a publication) did the same with the
+journal's ``run.request_admitted``: killed between, the journal named a request no worker would ever carry out.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from pathlib import Path
 import pytest
 
 from jixu.ledger import Store
+from jixu.runs import Runs, ScriptedProvider, request_work_key
+from jixu.runs.engine import CANCEL_HEAD_START
+from jixu.runs.journal import RunLog
 from jixu.scheduling import Worker, WorkerConfig, create_thread_for, submit_turn, thread_work_key
 from jixu.scheduling.work import repair_queue
 from jixu.threads.log import ThreadLog
@@ -24,6 +29,7 @@ from tests.conftest import StoreFactory
 from tests.helpers import python_env
 from tests.runs.agents import counter_agent
 from tests.runs.conftest import WAIT, thread_state
+from tests.runs.run_helpers import make_origin, register
 
 KILLED_INSIDE = r"""
 import os, signal, sys
@@ -37,6 +43,21 @@ def die(self, *args, **kwargs):
 
 kind._work_in = die
 submit_turn(store, sys.argv[2], "charge order 42")
+"""
+
+
+KILLED_ADMITTING = r"""
+import os, signal, sys
+from pathlib import Path
+from jixu.ledger import open_store
+from jixu.runs import Runs
+store = open_store(sys.argv[1])
+
+def die(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)  # the journal's event is written, its transaction not committed
+
+type(store)._work_in = die
+Runs(store, Path(sys.argv[3]), {}).requests.admit_cancellation(sys.argv[2], reason="stop")
 """
 
 
@@ -82,7 +103,7 @@ def test_the_sweep_enqueues_queued_turns_without_a_queue_row_and_nothing_else(st
     submit_turn(store, queued, "already in the queue")
     owned = create_thread_for(store, counter_agent())
     ThreadLog.load(store, owned).start_turn("an application runs this one", owner="app", ttl=30)
-    assert asyncio.run(repair_queue(store, page=2)) == [stranded]
+    assert asyncio.run(repair_queue(store, page=2)) == [thread_work_key(stranded)]
     assert store.get_work(thread_work_key(stranded)) is not None
     assert store.get_work(thread_work_key(idle)) is None and store.get_work(thread_work_key(owned)) is None
     assert asyncio.run(repair_queue(store)) == [], "a second sweep finds nothing"
@@ -109,3 +130,52 @@ def test_a_starting_worker_repairs_and_runs_a_stranded_queued_turn(
 
     asyncio.run(main(lambda: thread_state(store, stranded)["status"] == "idle"))
     assert any(kind == "repair" and stranded in text for kind, text in said), said
+
+
+def _queued_run(store: Store, tmp_path: Path) -> tuple[Runs, str]:
+    register(store, make_origin(tmp_path))
+    runs = Runs(store, tmp_path / "ws", {"scripted": ScriptedProvider("scripted", [])})
+    return runs, asyncio.run(runs.create_run("calc", "fix add()", provider="scripted"))
+
+
+@pytest.mark.crash
+def test_a_kill_inside_an_admission_leaves_neither_the_journals_request_nor_its_queue_row(
+        durable_factory: StoreFactory, tmp_path: Path) -> None:
+    assert durable_factory.url is not None
+    store = durable_factory()
+    runs, run_id = _queued_run(store, tmp_path)
+    child = subprocess.run([sys.executable, "-c", KILLED_ADMITTING, durable_factory.url, run_id,
+                            str(tmp_path / "ws")], env=python_env(), capture_output=True, text=True, timeout=WAIT,
+                           check=False)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert RunLog(store, run_id).record.requests == {}, "the journal named a request whose queue row was never written"
+    assert [item.key for item in store.list_work() if item.key.startswith("request/")] == []
+    cancelled = asyncio.run(runs.cancel(run_id, "ops", reason="stop"))  # nothing half-written is in the way
+    assert cancelled.status == "cancelled"
+
+
+def test_a_cancelling_caller_has_a_head_start_before_a_worker_may_take_its_request(
+        store: Store, tmp_path: Path) -> None:
+    """The caller carries its cancellation out at once; the queue row (the backstop, should the caller stop) is
+    not ready before CANCEL_HEAD_START, so a worker does not race the caller, whose answer is the finished run
+    (a worker that took the request first left the caller answering ``paused``)."""
+    runs, run_id = _queued_run(store, tmp_path)
+    done = asyncio.run(runs.cancel(run_id, "ops", reason="stop"))
+    assert done.status == "cancelled"
+    [request_id] = list(RunLog(store, run_id).record.requests)
+    queued = store.get_work(request_work_key(request_id))
+    assert queued is not None and queued.ready_at - queued.enqueued_at == pytest.approx(CANCEL_HEAD_START, abs=1e-3)
+
+
+def test_the_sweep_enqueues_an_admitted_request_an_older_version_left_without_a_queue_row(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs, run_id = _queued_run(store, tmp_path)
+    # What the two-write admission committed when killed between its writes: the journal's event only.
+    monkeypatch.setattr(store, "append_and_enqueue", lambda stream, events, expected, *, key, group, fence=None,
+                        delay=0.0: store.append(stream, events, expected, fence))
+    stranded = runs.requests.admit_cancellation(run_id, reason="stop")
+    monkeypatch.undo()
+    assert store.get_work(request_work_key(stranded)) is None and stranded in RunLog(store, run_id).record.requests
+    assert asyncio.run(repair_queue(store, threads=False)) == [request_work_key(stranded)]
+    assert asyncio.run(repair_queue(store)) == [], "a second sweep finds nothing"
+    assert asyncio.run(repair_queue(store, requests=False)) == []

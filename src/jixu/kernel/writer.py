@@ -226,13 +226,13 @@ class StreamWriter(Generic[F]):
     # --- appending ------------------------------------------------------------------------------
 
     def append(self, events: Sequence[NewEvent | PreparedEvent], fence: Fence | None = None, *,
-               enqueue: tuple[str, str] | None = None) -> list[Event]:
+               enqueue: tuple[str, str] | None = None, delay: float = 0.0) -> list[Event]:
         """Append after this record's head, now, in the caller (holding its event loop if it has one).
 
         Staged events go first in the same atomic append. Receipts are kept
         across another writer's events (see the module docstring); anything
         else meets :class:`~jixu.errors.ConcurrencyError`. ``enqueue`` =
-        ``(key, group)``: the work item is enqueued in the same transaction.
+        ``(key, group)``: the work item is enqueued in the same transaction, ready in ``delay`` seconds.
         """
         if self._busy:
             raise StreamBusy(f"{self.stream}: an append is waiting for its commit; wait for it first",
@@ -243,7 +243,8 @@ class StreamWriter(Generic[F]):
 
         def both(stream: str, batch: Sequence[NewEvent | PreparedEvent], expected: int,
                  held: Fence | None) -> list[Event]:
-            return self.store.append_and_enqueue(stream, batch, expected, key=key, group=group, fence=held)
+            return self.store.append_and_enqueue(stream, batch, expected, key=key, group=group, fence=held,
+                                                 delay=delay)
 
         return self._commit_now(events, fence, both)
 

@@ -497,6 +497,13 @@ def check_work_claim(claim: object) -> WorkClaim:
     return claim
 
 
+def check_delay(delay: object) -> float:
+    """Return ``delay`` if it is a usable number of seconds to wait (0 up to ~115 days)."""
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay < 10**7:
+        raise InvalidInput(f"delay {delay!r} must be a number of seconds >= 0", field="delay")
+    return float(delay)
+
+
 def _check_time(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 10**11:
         raise InvalidInput(f"{name} {value!r} must be seconds since the Unix epoch on the store's clock",
@@ -633,13 +640,14 @@ class Store(abc.ABC):
         return [row.to_event() for row in rows]
 
     def append_and_enqueue(self, stream: str, events: Sequence[NewEvent | PreparedEvent], expected_seq: int, *,
-                           key: str, group: str, fence: Fence | None = None) -> list[Event]:
-        """:meth:`append`, and :meth:`enqueue` of the work item ``key`` in ``group`` (ready now), in one
-        transaction: both are durable, or neither (a queued turn is never left without its queue row)."""
+                           key: str, group: str, fence: Fence | None = None, delay: float = 0.0) -> list[Event]:
+        """:meth:`append`, and :meth:`enqueue` of the work item ``key`` in ``group`` (ready ``delay`` seconds of
+        store time from now), in one transaction: both are durable, or neither (a queued turn is never left
+        without its queue row)."""
         batch = self._prepare_append(stream, events, expected_seq, fence, None)
-        key, group = check_lease_key(key), check_group(group)
-        rows = self._append_and_enqueue(stream, batch, expected_seq, fence,
-                                        lambda current, now: enqueued_row(current, key, group, None, now), key)
+        key, group, wait = check_lease_key(key), check_group(group), check_delay(delay)
+        rows = self._append_and_enqueue(stream, batch, expected_seq, fence, lambda current, now: enqueued_row(
+            current, key, group, now + wait if wait else None, now), key)
         return [row.to_event() for row in rows]
 
     def append_many(self, requests: Sequence[AppendRequest]) -> list[list[Event] | JixuError]:
@@ -849,10 +857,9 @@ class Store(abc.ABC):
         claim = check_work_claim(claim)
         if not isinstance(requeue, bool):
             raise InvalidInput("requeue must be true or false", field="requeue")
-        if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay < 10**7:
-            raise InvalidInput(f"delay {delay!r} must be a number of seconds >= 0", field="delay")
+        wait = check_delay(delay)
         return self._change_work(claim.key, lambda current, now: finished_row(
-            current, claim, now, requeue=requeue, delay=float(delay)))[0]
+            current, claim, now, requeue=requeue, delay=wait))[0]
 
     def list_work(self, group: str | None = None, state: str | None = None) -> list[WorkItem]:
         """Work items (of ``group``, in ``state``), oldest first; states judged by the store's clock."""

@@ -110,6 +110,8 @@ from jixu.runs.requests import DEFAULT_DRAIN_TIMEOUT, ExecutionRequests, Executi
 from jixu.runs.workspace import changes, clone, inspect, resolve_source, tree_of
 
 _CONFLICT_RETRIES = 5
+CANCEL_HEAD_START = 10.0
+"""Seconds a cancelling caller has to carry its request out before a worker may take it from the queue."""
 _INTERRUPTED = Outcome.failed({"type": "interrupted", "message": "the worker stopped while the task ran"},
                               indeterminate=True)
 
@@ -788,7 +790,7 @@ class Runs:
         the executing process stops at its next step (it records
         ``run.drained``); until then the request is ``in_progress``.
         """
-        request_id = self.requests.admit_cancellation(run_id, reason=reason, actor=actor)
+        request_id = self.requests.admit_cancellation(run_id, reason=reason, actor=actor, delay=CANCEL_HEAD_START)
         await self.requests.execute(request_id, drain_timeout=0)
         return self._state(self._load(run_id))
 

@@ -73,15 +73,17 @@ class RunLog:
         """Apply events other writers appended since this record's head."""
         self.writer.sync()
 
-    def append(self, events: list[NewEvent], fence: Fence | None = None) -> list[Event]:
+    def append(self, events: list[NewEvent], fence: Fence | None = None, *, enqueue: tuple[str, str] | None = None,
+               delay: float = 0.0) -> list[Event]:
         """Append after this record's head and project (see :class:`~jixu.kernel.StreamWriter`: receipts are
         kept across another writer's events; anything else meets :class:`~jixu.errors.ConcurrencyError`).
+        ``enqueue`` = ``(key, group)``: the work item is enqueued in the same transaction (ready in ``delay`` s).
 
         Nothing is appended to a journal whose chain broke or whose record contradicts itself
         (:class:`~jixu.errors.RunCorrupt`)."""
         if self.chain_break is not None or self.record.problems:
             self.open_to_act()
-        stored = self.writer.append(events, fence)
+        stored = self.writer.append(events, fence, enqueue=enqueue, delay=delay)
         if any(e.type == "run.finished" for e in stored) or self.record.seq - self._checkpoint_seq >= CHECKPOINT_EVERY:
             self.checkpoint()
         return stored

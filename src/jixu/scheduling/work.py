@@ -10,12 +10,14 @@ in.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from jixu.errors import InvalidInput, JixuError, ThreadBusy
 from jixu.ledger import Store
 from jixu.runs.journal import RunLog
 from jixu.runs.model import run_work_key
+from jixu.runs.requests import REQUEST_PREFIX, RequestLog, request_work_key
 from jixu.scheduling.queue import DEFAULT_PROJECT, QueuedWork, check_project, enqueue
 from jixu.threads.agent import Agent
 from jixu.threads.log import THREAD_PREFIX, ThreadLog
@@ -93,32 +95,51 @@ def submit_run(store: Store, run_id: str) -> QueuedWork:
     return enqueue(store, run_work_key(run_id), log.record.project)
 
 
-async def repair_queue(store: Store, *, page: int = 500) -> list[str]:
-    """Enqueue every thread whose queued turn has no work item (left by versions that wrote the two in separate
-    transactions, killed in between); the ids of the threads it enqueued.
+async def repair_queue(store: Store, *, page: int = 500, threads: bool = True, requests: bool = True) -> list[str]:
+    """Enqueue what older versions left without a work item (they wrote the event and the queue row in separate
+    transactions and could be killed in between): ``threads``' queued turns and ``requests`` (execution requests
+    that the run's journal names and nobody has carried out yet); the keys it enqueued.
 
-    Reads each thread without a work item once (from its checkpoint), yielding to the event loop between
-    threads, so a worker can run it beside its work (:meth:`jixu.scheduling.Worker.run` does, at start).
+    Reads each stream without a work item once (a thread from its checkpoint), yielding to the event loop between
+    streams, so a worker can run it beside its work (:meth:`jixu.scheduling.Worker.run` does, at start).
     """
     repaired: list[str] = []
-    after = ""
-    while True:
-        infos = store.list_streams(THREAD_PREFIX, after=after, limit=page)
-        for info in infos:
-            thread_id = info.stream[len(THREAD_PREFIX):]
-            if store.get_work(thread_work_key(thread_id)) is not None:
-                continue
+    if threads:
+        async for thread_id in _streams_without_work(store, THREAD_PREFIX, thread_work_key, page):
             try:
                 log = ThreadLog.load(store, thread_id)
             except JixuError:
                 continue  # not a thread this can read (corrupt, invalid id): an operator's business
             turn = log.state.active_turn()
             if turn is not None and turn.queued and turn.owner is None:
-                enqueue(store, thread_work_key(thread_id), project_of(log.state.metadata))
-                repaired.append(thread_id)
+                repaired.append(enqueue(store, thread_work_key(thread_id), project_of(log.state.metadata)).key)
+    if requests:
+        async for request_id in _streams_without_work(store, REQUEST_PREFIX, request_work_key, page):
+            try:
+                request = RequestLog(store, request_id)
+                if request.corruption() is not None or request.status()[0] != "pending":
+                    continue
+                run = RunLog(store, request.record.run_id)
+            except JixuError:
+                continue
+            if request_id in run.record.requests:  # else never admitted completely: never executed (admission)
+                repaired.append(enqueue(store, request_work_key(request_id), run.record.project).key)
+    return repaired
+
+
+async def _streams_without_work(store: Store, prefix: str, key_of: Callable[[str], str],
+                                page: int) -> AsyncIterator[str]:
+    """The ids of the streams named ``prefix + id`` that have no work item, yielding to the loop after each."""
+    after = ""
+    while True:
+        infos = store.list_streams(prefix, after=after, limit=page)
+        for info in infos:
+            stream_id = info.stream[len(prefix):]
+            if store.get_work(key_of(stream_id)) is None:
+                yield stream_id
             await asyncio.sleep(0)
         if len(infos) < page:
-            return repaired
+            return
         after = infos[-1].stream
 
 

@@ -383,7 +383,7 @@ class Worker:
         lag_limit = config.loop_lag_limit
         look_every = max(0.005, min(0.05, lag_limit / 2))
         monitor = asyncio.create_task(self._watch_loop(look_every), name="jixu-loop-lag")
-        repair = asyncio.create_task(self._repair_queue(), name="jixu-repair-queue") if self.harness else None
+        repair = asyncio.create_task(self._repair_queue(), name="jixu-repair-queue")
         in_flight: set[asyncio.Task[None]] = set()
         try:
             while not self._stopping:
@@ -453,14 +453,15 @@ class Worker:
         return self._lag
 
     async def _repair_queue(self) -> None:
-        """Put back in the queue the queued turns older versions left without a work item (see repair_queue)."""
+        """Put back in the queue what older versions left without a work item (see repair_queue): queued turns
+        when this worker runs threads, execution requests when it runs runs."""
         try:
-            repaired = await repair_queue(self.store)
+            repaired = await repair_queue(self.store, threads=self.harness is not None, requests=self.runs is not None)
         except JixuError as error:
-            self.report("error", f"could not look for queued turns without a work item ({error.message})")
+            self.report("error", f"could not look for queued work without a work item ({error.message})")
             return
         if repaired:
-            self.report("repair", f"enqueued {len(repaired)} queued turn(s) that had no work item: "
+            self.report("repair", f"enqueued {len(repaired)} queued item(s) that had no work item: "
                                   f"{', '.join(repaired[:5])}{' …' if len(repaired) > 5 else ''}")
 
     async def _until_one_ends(self, in_flight: set[asyncio.Task[None]], timeout: float | None) -> None:

@@ -30,7 +30,7 @@ class Admission(RequestService):
     """Admit execution requests (the part of :class:`~jixu.runs.requests.ExecutionRequests` that records them)."""
 
     def _admit(self, run: RunLog, kind: str, actor: str, source: JSONObject, target: JSONObject,
-               attempt: int, extra: JSONObject | None = None) -> str:
+               attempt: int, extra: JSONObject | None = None, *, delay: float = 0.0) -> str:
         request_id = new_id()
         task_id = new_id() if kind in REMOTE_REQUEST_KINDS else None
         meta = RequestLog.meta(actor, run.run_id, request_id)
@@ -40,10 +40,11 @@ class Admission(RequestService):
         # The request's own stream first: if the process stops before the journal names it, the orphan
         # stream is never executed or listed (everything starts from the run's journal).
         record(self.store, request_stream(request_id), [NewEvent("request.admitted", admitted, meta)], 0)
+        # Named by the journal and queued in one transaction: an admitted request is never left without its
+        # queue row (a worker carries it out even if this process stops now).
         run.append([NewEvent("run.request_admitted", {
             "request_id": request_id, "kind": kind, "attempt": attempt, "actor": actor, "task_id": task_id,
-            "target": target}, meta)])
-        self.store.enqueue(request_work_key(request_id), run.record.project)
+            "target": target}, meta)], enqueue=(request_work_key(request_id), run.record.project), delay=delay)
         return request_id
 
     def _history(self, run: RunLog, kind: str) -> list[tuple[str, str]]:
@@ -151,8 +152,14 @@ class Admission(RequestService):
         raise RequestStateError(f"run {run_id}'s journal kept moving while admitting a publication; try again",
                                 run_id=run_id)
 
-    def admit_cancellation(self, run_id: str, *, reason: str | None = None, actor: str | None = None) -> str:
-        """Admit cancelling an unfinished run; the request id."""
+    def admit_cancellation(self, run_id: str, *, reason: str | None = None, actor: str | None = None,
+                           delay: float = 0.0) -> str:
+        """Admit cancelling an unfinished run; the request id.
+
+        ``delay``: seconds of store time before a worker may take the request from the queue. A caller that
+        carries the request out at once gives itself that head start (so its answer is the cancellation's,
+        not a worker's half-done one); the queue row is the backstop should it stop first.
+        """
         actor = actor or self.actor
         check_text(actor, "actor", 200, required=True)
         check_text(reason, "reason", 10_000)
@@ -171,7 +178,7 @@ class Admission(RequestService):
             try:
                 return self._admit(run, "cancellation", actor, {"origin": run.record.source.get("origin"),
                                                                 "commit": run.record.source.get("commit")},
-                                   {"reason": reason or f"cancelled by {actor}"}, 1)
+                                   {"reason": reason or f"cancelled by {actor}"}, 1, delay=delay)
             except ConcurrencyError:
                 run.sync()
         raise RequestStateError(f"run {run_id}'s journal kept moving while admitting a cancellation; try again",
