@@ -101,12 +101,14 @@ def test_an_expired_turn_stays_until_it_is_recovered_with_the_observed_epoch(led
         log = seen.log
         ownership = log.ownership()
         assert ownership is not None and ownership["expired"] and ownership["epoch"] == 1
+        assert log.recovery_reason(ownership) == "lease_expired", "the forecast the Studio offers its form on"
         with pytest.raises(FencingError):
             log.recover_turn(turn_id, request_id=REQUEST, expected_epoch=7)
         before = len(await seen.events())
         receipt = log.recover_turn(turn_id, request_id=REQUEST, expected_epoch=1, actor="ops")
         assert receipt["reason"] == "lease_expired" and receipt["epoch"] == 2
         assert receipt["previous_owner"] == "worker-a"
+        assert log.recovery_reason(log.ownership()) is None, "a recovered turn is not offered again"
         events = await seen.events()
         assert [e.type for e in events[before:]] == ["turn.recovered"]
         assert seen.state().status == "waiting" and "needs reconciliation" in seen.state().reason
@@ -138,6 +140,7 @@ def test_recovering_a_live_turn_is_refused_by_the_store_clock(ledger: Ledger) ->
         turn_id, _ = thread.log.start_turn("charge 42", owner="worker-a", ttl=30)
         other = ThreadLog.load(ledger.store(), thread.thread_id)
         before = len(other.events())
+        assert other.recovery_reason(other.ownership()) is None
         with pytest.raises(TurnOwned):
             other.recover_turn(turn_id, request_id=REQUEST, expected_epoch=1)
         with pytest.raises(InvalidInput):
@@ -161,11 +164,14 @@ def test_a_legacy_turn_needs_an_explicit_assertion_recorded_as_such(ledger: Ledg
         store.append(thread.stream, [NewEvent("turn.started", {"turn_id": "01JD0000000000000000000001",
                                                                "input": "old"})], 1)
         log = ThreadLog.load(store, thread.thread_id)
+        assert log.recovery_reason(log.ownership()) == "legacy_confirmed_stopped"
+        assert log.recovery_reason(None) is None
         with pytest.raises(InvalidInput, match="legacy_confirmed_stopped"):
             log.recover_turn("01JD0000000000000000000001", request_id=REQUEST, expected_epoch=0)
         receipt = log.recover_turn("01JD0000000000000000000001", request_id=REQUEST, expected_epoch=0,
                                    legacy_confirmed_stopped=True)
         assert receipt["reason"] == "legacy_confirmed_stopped" and receipt["legacy_confirmed_stopped"] is True
+        assert log.recovery_reason(log.ownership()) is None
 
     run(scenario())
 

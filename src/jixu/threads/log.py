@@ -58,7 +58,7 @@ from jixu.recovery.corruption import Corruption, corruption
 from jixu.recovery.decision_text import decode_decisions
 from jixu.recovery.resolutions import admit_resolution, resolution_body
 from jixu.threads.decide import Stop, decide, probe_record
-from jixu.threads.projection import ThreadProjection, ThreadState, fork_state
+from jixu.threads.projection import ThreadProjection, ThreadState, Turn, fork_state
 
 THREAD_PREFIX = "thread/"
 DEFAULT_PROJECT = "default"
@@ -759,6 +759,19 @@ class ThreadLog:
                 "expires_at": lease.expires_at, "heartbeat_at": lease.heartbeat_at, "released": lease.released,
                 "expired": lease.expires_at <= now, "legacy": False, "store_now": now}
 
+    def recovery_reason(self, ownership: dict[str, Any] | None) -> str | None:
+        """How :meth:`recover_turn` would accept the active turn now, given :meth:`ownership`'s answer:
+        ``"lease_expired"`` (its owner's lease expired by the store's clock), ``"legacy_confirmed_stopped"``
+        (recorded before turn ownership existed: on the operator's assertion that its process stopped), or
+        ``None`` (no active turn, already recovered, or still owned). A forecast for offering the control; the
+        store decides when the recovery is made."""
+        turn = self.state.active_turn()
+        if ownership is None or turn is None or turn.status == "needs_reconciliation":
+            return None
+        if _legacy_turn(turn):
+            return "legacy_confirmed_stopped" if ownership.get("legacy") else None
+        return "lease_expired" if ownership.get("expired") and not ownership.get("legacy") else None
+
     def recover_turn(self, turn_id: str, *, request_id: str, expected_epoch: int,
                      legacy_confirmed_stopped: bool = False, actor: str = "operator",
                      note: str | None = None) -> dict[str, Any]:
@@ -801,7 +814,7 @@ class ThreadLog:
         if turn.status == "needs_reconciliation":
             raise ThreadBusy(f"turn {turn_id} was already recovered; reconcile its effects and continue it",
                              turn_id=turn_id)
-        legacy = turn.owner is None and not turn.queued
+        legacy = _legacy_turn(turn)
         if legacy and not legacy_confirmed_stopped:
             raise InvalidInput(f"turn {turn_id} was recorded before turn ownership existed (epoch 0, no owner): "
                                "recover it only with legacy_confirmed_stopped=True, asserting that its process "
@@ -920,6 +933,11 @@ def thread_corrupt(thread_id: str, found: Corruption) -> ThreadCorrupt:
                          f"inspect it with `jixu threads verify STORE {thread_id}`", thread_id=thread_id,
                          stream=found.stream_name, first_bad_seq=found.first_bad_seq, reason=found.reason,
                          detail=found.detail)
+
+
+def _legacy_turn(turn: Turn) -> bool:
+    """Whether ``turn`` was recorded before turn ownership existed (no owner, not queued for a worker)."""
+    return turn.owner is None and not turn.queued
 
 
 def _seal_staged(state: ThreadState, stored: list[Event]) -> ThreadState:

@@ -413,19 +413,17 @@ def _error_text(error: object) -> str:
 
 
 def _recoverable(log: ThreadLog, ownership: Obj | None) -> Obj | None:
-    """The active turn, when what ``ThreadLog.recover_turn`` accepts holds for it: its owner's lease expired by
-    the store's clock, or (a legacy turn: no owner, not queued) on the operator's assertion that its process
-    stopped; not yet recovered. ``None`` otherwise (no form is offered; the service decides anyway)."""
+    """The recovery form's facts for the active turn when ``ThreadLog.recovery_reason`` says
+    ``ThreadLog.recover_turn`` would accept it now; ``None`` otherwise (no form is offered; the service decides
+    anyway)."""
+    reason = log.recovery_reason(ownership)
     turn = log.state.active_turn()
-    if ownership is None or turn is None or turn.status == "needs_reconciliation":
-        return None
-    legacy = turn.owner is None and not turn.queued and bool(ownership.get("legacy"))
-    if not legacy and not (ownership.get("expired") and not ownership.get("legacy")):
+    if reason is None or ownership is None or turn is None:
         return None
     expires = ownership.get("expires_at")
     return {"turn_id": turn.turn_id, "epoch": int(ownership.get("epoch") or 0), "owner": ownership.get("owner"),
             "expires_at": datetime.fromtimestamp(expires, UTC).isoformat() if isinstance(expires, int | float)
-            else None, "legacy": legacy, "request_id": new_hex_id()}
+            else None, "legacy": reason == "legacy_confirmed_stopped", "request_id": new_hex_id()}
 
 
 def thread_page(ctx: Context, thread_id: str, *, before: int | None = None, view: str = "compact",
