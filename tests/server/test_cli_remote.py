@@ -143,3 +143,36 @@ def test_tokens_are_managed_through_the_server_with_an_admin_token(served: Serve
 def test_tokens_create_needs_a_role_and_a_project(tmp_path: Path) -> None:
     result = jixu("tokens", "create", "--store", f"sqlite:///{tmp_path / 't.db'}", "--project", "demo")
     assert result.returncode == 6 and "--role" in result.stderr
+
+
+def test_the_remote_cli_recovers_an_expired_turn_once_with_the_operators_note(served: Served) -> None:
+    from jixu.ledger import open_store
+    from jixu.scheduling import create_thread_for
+    from jixu.threads.log import ThreadLog
+    from tests.server.agents import agent
+
+    store = open_store(served.store)  # another process's view of the served file: its owner "died"
+    try:
+        thread_id = create_thread_for(store, agent(), project="demo")
+        turn_id, _fence = ThreadLog.load(store, thread_id).start_turn("charge 42", owner="gone-worker", ttl=0.2)
+        time.sleep(0.3)  # the lease expires by the store's clock
+        request = "ab" * 16
+        args = ("threads", "recover-turn", thread_id, turn_id, "--request-id", request, "--expected-epoch", "1",
+                "--note", "worker host lost")
+        refused = remote(served, "viewer", *args)
+        assert refused.returncode == 7 and "forbidden" in refused.stderr
+        recovered = remote(served, "editor", *args, "--json")
+        assert recovered.returncode == 0, recovered.stderr
+        answer = json.loads(recovered.stdout)
+        assert answer["recorded"] is True
+        assert (answer["receipt"]["epoch"], answer["receipt"]["previous_owner"], answer["receipt"]["note"]) == (
+            2, "gone-worker", "worker host lost")
+        # The same request again is the same answer (its Idempotency-Key is the request id), recorded once.
+        again = remote(served, "editor", *args, "--json")
+        assert again.returncode == 0 and json.loads(again.stdout)["receipt"] == answer["receipt"]
+        stale = remote(served, "editor", *args[:5], "cd" * 16, "--expected-epoch", "1")
+        assert stale.returncode != 0 and "already recovered" in stale.stderr, stale.stdout + stale.stderr
+        events = [e for e in store.read(f"thread/{thread_id}") if e.type == "turn.recovered"]
+        assert len(events) == 1 and events[0].data["note"] == "worker host lost"
+    finally:
+        store.close()
