@@ -29,6 +29,7 @@ from jixu.ledger.store import (
     decide_append,
     group_of_meta,
     groups_to_try,
+    next_claim_number,
     work_claim_of,
 )
 
@@ -261,7 +262,7 @@ class MemoryStore(Store):
                     chosen = min(candidates, key=lambda r: (r.ready_at, r.position))
                     row = claimed_row(chosen, owner, ttl, now)
                     self._work[row.key] = row
-                    number = self._last_claimed[group] = max(self._last_claimed.values(), default=0) + 1
+                    number = self._last_claimed[group] = next_claim_number(self._last_claimed)
                     return work_claim_of(row, number)
             return None
 

@@ -98,6 +98,7 @@ from jixu.ledger.store import (
     decide_append,
     groups_to_try,
     judge_append,
+    next_claim_number,
     work_claim_of,
 )
 from jixu.ledger.urls import postgres_dsn_and_options
@@ -1273,7 +1274,7 @@ class PostgresStore(Store):
                     "ORDER BY ready_at, position LIMIT 1 FOR UPDATE SKIP LOCKED",
                     {"group": group, "now": now}).fetchone()
                 if found:
-                    number = max(served.values(), default=0) + 1
+                    number = next_claim_number(served)
                     row = claimed_row(self._work_row(found), owner, ttl, now)
                     self._update_work(conn, row)
                     conn.execute("INSERT INTO jixu_work_projects (project, last_claim, last_claimed_at, claims) "

@@ -85,6 +85,7 @@ from jixu.ledger.store import (
     decide_append,
     group_of_meta,
     groups_to_try,
+    next_claim_number,
     work_claim_of,
 )
 
@@ -1032,7 +1033,7 @@ class SQLiteStore(Store):
                     f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE project = :group AND {_CLAIMABLE} "
                     "ORDER BY ready_at, position LIMIT 1", {"group": group, "now": now}).fetchone()
                 if found:
-                    number = max(served.values(), default=0) + 1
+                    number = next_claim_number(served)
                     row = self._put_work(conn, claimed_row(self._work_row(found), owner, ttl, now), new=False)
                     conn.execute("INSERT INTO jixu_work_projects VALUES (?, ?, ?, 1) ON CONFLICT (project) DO UPDATE "
                                  "SET last_claim = excluded.last_claim, last_claimed_at = excluded.last_claimed_at, "

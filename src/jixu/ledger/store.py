@@ -540,6 +540,11 @@ def claimed_row(row: WorkRow, owner: str, ttl: float, now: float) -> WorkRow:
                    now + ttl, now, False, row.position)
 
 
+def next_claim_number(last_claimed: Mapping[str, int]) -> int:
+    """The number the next claim of the store gets, from every group's latest (``QueueCensus.last_claimed``)."""
+    return max(last_claimed.values(), default=0) + 1
+
+
 def work_claim_of(row: WorkRow, number: int) -> WorkClaim:
     """The claim a freshly claimed (or renewed) ``row`` hands its owner; ``number`` is the claim's (see WorkClaim)."""
     assert row.claimed_by is not None and row.expires_at is not None
@@ -1066,6 +1071,7 @@ __all__ = [
     "finished_row",
     "groups_to_try",
     "renewed_row",
+    "next_claim_number",
     "work_claim_of",
     "work_fence_problem",
     "check_lease_key",

@@ -426,7 +426,7 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError):
                 await monitor
             self._queue_pool.shutdown(wait=False)
-        if repair is not None and not repair.done():
+        if not repair.done():
             repair.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await repair
