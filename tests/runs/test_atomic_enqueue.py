@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from jixu.errors import InvalidInput
 from jixu.ledger import Store
 from jixu.runs import Runs, ScriptedProvider, request_work_key
 from jixu.runs.engine import CANCEL_HEAD_START
@@ -179,3 +180,12 @@ def test_the_sweep_enqueues_an_admitted_request_an_older_version_left_without_a_
     assert asyncio.run(repair_queue(store, threads=False)) == [request_work_key(stranded)]
     assert asyncio.run(repair_queue(store)) == [], "a second sweep finds nothing"
     assert asyncio.run(repair_queue(store, requests=False)) == []
+
+
+def test_a_bad_head_start_is_refused_before_anything_is_written(store: Store, tmp_path: Path) -> None:
+    runs, run_id = _queued_run(store, tmp_path)
+    before = store.list_streams("request/")
+    for bad in (-1, float("inf"), "10", True):
+        with pytest.raises(InvalidInput, match="delay"):
+            runs.requests.admit_cancellation(run_id, reason="stop", delay=bad)  # type: ignore[arg-type]
+    assert store.list_streams("request/") == before and RunLog(store, run_id).record.requests == {}

@@ -12,6 +12,7 @@ from jixu.errors import (
 from jixu.kernel import record
 from jixu.ledger import NewEvent, new_id
 from jixu.ledger.encoding import JSONObject, canonical_text
+from jixu.ledger.store import check_delay
 from jixu.runs.journal import RunLog
 from jixu.runs.model import check_text
 from jixu.runs.remote import REMOTE_TASK_KINDS
@@ -163,6 +164,7 @@ class Admission(RequestService):
         actor = actor or self.actor
         check_text(actor, "actor", 200, required=True)
         check_text(reason, "reason", 10_000)
+        delay = check_delay(delay)  # before anything is written (the request's stream comes first)
         run = RunLog(self.store, run_id)
         run.open_to_act()
         for _ in range(5):
