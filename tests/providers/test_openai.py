@@ -441,6 +441,65 @@ def test_a_given_client_is_used_with_retries_off(openai_server: FakeOpenAI) -> N
     assert error.kind == "transient" and len(openai_server.requests) == 1
 
 
+ANSWERS = [
+    Completion(text="plain text"),
+    Completion(text="Let me add.", calls=[Call("c1", "add", '{"a": 1, "b": 2}'), Call("c2", "lookup", "{}")]),
+    Completion(text="ok", reasoning_content="think first", cached_tokens=4, reasoning_tokens=3),
+    Completion(calls=[Call("c1", "add", '{"a": 1,')]),  # arguments that are not JSON
+]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("answer", ANSWERS, ids=["text", "calls", "reasoning", "bad-arguments"])
+def test_jixus_own_client_and_a_given_sdk_client_read_every_answer_the_same(openai_server: FakeOpenAI,
+                                                                           stream: bool, answer: Completion) -> None:
+    import openai
+
+    openai_server.script(answer, answer)
+    own = complete(driver(openai_server, stream=stream))
+    client = openai.AsyncOpenAI(api_key=OPENAI_KEY, base_url=openai_server.url)
+    given = complete(OpenAIModel("gpt-4o-mini", client=client, stream=stream))
+    assert own == given
+    first, second = openai_server.bodies
+    assert first == second, "both send the same request body"
+    if stream:
+        assert first["stream"] is True and first["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_jixus_own_client_sends_the_key_organization_and_project(openai_server: FakeOpenAI, stream: bool,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_ORG_ID", "org-fleet")
+    monkeypatch.setenv("OPENAI_PROJECT_ID", "proj_fleet")
+    openai_server.script(Completion(text="hi"))
+    assert complete(driver(openai_server, stream=stream)).text == "hi"
+    headers = openai_server.requests[0].headers
+    assert headers["authorization"] == f"Bearer {OPENAI_KEY}"
+    assert (headers["openai-organization"], headers["openai-project"]) == ("org-fleet", "proj_fleet")
+    assert headers["content-type"] == "application/json"
+    assert openai_server.requests[0].path.endswith("/chat/completions")
+
+
+def test_server_sent_events_are_read_as_the_format_defines_them() -> None:
+    from jixu.threads.openai import server_sent_data
+
+    async def lines() -> Any:
+        for line in [": a comment", "event: message", "id: 7", 'data: {"a":', "data: 1}", "", "retry: 10", "",
+                     "data:no-space", "", "data", "", "data: [DONE]"]:
+            yield line
+
+    async def collect() -> list[str]:
+        return [data async for data in server_sent_data(lines())]
+
+    assert run(collect()) == ['{"a":\n1}', "no-space", "", "[DONE]"]
+
+
+def test_a_200_answer_that_is_not_json_is_an_invalid_response(openai_server: FakeOpenAI) -> None:
+    openai_server.script(Failure(200, "<html>a captive portal</html>"))
+    error = fail(driver(openai_server, stream=False))
+    assert (error.kind, error.indeterminate) == ("invalid_response", False)
+
+
 # --- end to end through the harness ------------------------------------------------------------------------
 
 

@@ -13,14 +13,28 @@ from ``base_url=`` or ``OPENAI_BASE_URL``; the key is never written into an
 event, a result or an error message. The SDK's own retries are off: jixu
 records every attempt and decides retries itself (see
 :class:`~jixu.errors.ModelError` ``kind`` and ``indeterminate``).
+
+Chat Completions calls go out over jixu's own ``httpx`` client as the wire
+format defines them (a JSON body; an answer object, or an SSE stream of
+chunk objects): the SDK's request transformation and its typed object per
+streamed chunk cost ~2 ms of CPU per call, which bounds how many model-bound
+turns one worker process holds (``bench/fleet.py``). A ``client=`` of your own
+(Azure, a proxy, custom headers) is used as given, through the SDK, and its
+objects are read as the same wire dicts; the Responses API always goes
+through the SDK.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, cast
+
+import httpx
 
 from jixu.errors import InvalidInput, ModelError
 from jixu.ledger.encoding import JSONObject
@@ -49,8 +63,6 @@ from jixu.threads.streaming import (
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
-    from openai.types.chat import ChatCompletion, ChatCompletionChunk
-    from openai.types.completion_usage import CompletionUsage
 
 EXTRA_HINT = "pip install 'jixu[openai]'"
 REASONING_MODEL = re.compile(r"^(?:[\w.-]+/)?(?:o\d|gpt-5(?![.\d]*-chat)|codex)", re.IGNORECASE)
@@ -65,6 +77,8 @@ APIS = ("chat", "responses")
 TOKEN_PARAMETERS = ("max_tokens", "max_completion_tokens")
 PLACEHOLDER_KEY = "not-needed"
 """Sent as the key to a custom ``base_url`` when no key is configured (local servers ignore it)."""
+CONNECTION_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+"""The SDK's own defaults, kept for jixu's client: as many connections as turns in flight, up to 1,000."""
 
 
 def tool_specs(tools: tuple[JSONObject, ...] | list[JSONObject]) -> list[JSONObject]:
@@ -133,9 +147,63 @@ def _reasoning(model: str, thoughts: Mapping[str, str]) -> JSONObject | None:
 
 
 def _dumps(value: object) -> str:
-    import json
-
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _headers(key: str, env: Mapping[str, str]) -> dict[str, str]:
+    """What every request of jixu's own client carries: the key, and the organization and project the
+    SDK would send (``OPENAI_ORG_ID``, ``OPENAI_PROJECT_ID``)."""
+    from jixu import __version__
+
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json",
+               "User-Agent": f"jixu/{__version__}"}
+    if env.get("OPENAI_ORG_ID"):
+        headers["OpenAI-Organization"] = env["OPENAI_ORG_ID"]
+    if env.get("OPENAI_PROJECT_ID"):
+        headers["OpenAI-Project"] = env["OPENAI_PROJECT_ID"]
+    return headers
+
+
+async def server_sent_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The ``data`` of each event of a server-sent event stream (its ``data:`` lines joined by newlines;
+    comments, ``event``, ``id`` and ``retry`` fields skipped), as the WHATWG EventSource format defines it."""
+    data: list[str] = []
+    async for line in lines:
+        if not line:
+            if data:
+                yield "\n".join(data)
+                data = []
+            continue
+        field, _, value = line.partition(":")
+        if field == "data":
+            data.append(value[1:] if value.startswith(" ") else value)
+    if data:
+        yield "\n".join(data)
+
+
+def _wire(value: object) -> object:
+    """An SDK object as the wire dict it was read from (a plain value as it is)."""
+    to_dict = getattr(value, "to_dict", None)
+    return to_dict() if callable(to_dict) else value
+
+
+def _object(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _text_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _count(value: object) -> int:
+    """A token count from the wire (absent, null or not a number: 0)."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return int(value)
+    return 0
 
 
 class OpenAIModel(ProviderDriver):
@@ -204,23 +272,29 @@ class OpenAIModel(ProviderDriver):
         key = resolve_setting(api_key, os.environ, "OPENAI_API_KEY")
         url = resolve_setting(base_url, os.environ, "OPENAI_BASE_URL")
         super().__init__(model, api_key=key, prices=prices, stream=stream, name=name, on_signal=on_signal)
+        self._http: httpx.AsyncClient | None = None
+        """jixu's own client for Chat Completions (None when a ``client`` was given, or for the Responses API)."""
         if client is not None:
             if not isinstance(client, openai.AsyncOpenAI):
                 raise InvalidInput("client must be an openai.AsyncOpenAI", field="client")
             self._client = client.with_options(max_retries=0, timeout=timeout)
+            self.base_url = str(self._client.base_url)
         else:
             if key is None and url is None:
                 raise InvalidInput("OpenAIModel needs an API key: pass api_key=... or set OPENAI_API_KEY "
                                    "(or point base_url at a server that needs none)", field="api_key")
             self._client = openai.AsyncOpenAI(api_key=key or PLACEHOLDER_KEY, base_url=url, timeout=timeout,
                                               max_retries=0)
+            self.base_url = str(self._client.base_url)
+            if api == "chat":
+                self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=CONNECTION_LIMITS,
+                                               headers=_headers(key or PLACEHOLDER_KEY, os.environ))
         if api == "responses" and not hasattr(self._client, "responses"):
             raise InvalidInput("api='responses' needs openai>=1.66 (the Responses API); upgrade the openai "
                                "package", field="api")
         self.api = api
         self.store = store
         self.reasoning_summary = reasoning_summary
-        self.base_url = str(self._client.base_url)
         self.timeout = float(timeout)
         self.max_tokens = max_tokens
         self.temperature = temperature
@@ -230,7 +304,9 @@ class OpenAIModel(ProviderDriver):
             "max_completion_tokens" if official or REASONING_MODEL.match(model) else "max_tokens")
 
     async def aclose(self) -> None:
-        """Close the HTTP client (its connections)."""
+        """Close the HTTP clients (their connections)."""
+        if self._http is not None:
+            await self._http.aclose()
         await self._client.close()
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
@@ -275,26 +351,41 @@ class OpenAIModel(ProviderDriver):
     async def _whole(self, request: ModelRequest) -> ModelResponse:
         if self.api == "responses":
             return self._from_response(await self._client.responses.create(**self.request_body(request)))
-        completion = cast("ChatCompletion",
-                          await self._client.chat.completions.create(**self.request_body(request)))
-        if not completion.choices:
+        params = self.request_body(request)
+        if self._http is None:  # the caller's own client
+            completion: object = _wire(await self._client.chat.completions.create(**params))
+        else:
+            response = await self._http.post(self.base_url + "chat/completions", content=_dumps(params).encode())
+            if response.status_code >= 400:
+                raise self._http_error(response) from None
+            try:
+                completion = response.json()
+            except ValueError:
+                completion = None
+        if not isinstance(completion, dict):
+            raise self._error("the response is not a JSON object", kind="invalid_response", indeterminate=False)
+        choices = completion.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise self._error("the response has no choices", kind="invalid_response", indeterminate=False)
-        choice = completion.choices[0]
-        message = choice.message
+        choice = choices[0]
+        message = _object(choice.get("message"))
         calls: list[ToolCall] = []
-        for call in message.tool_calls or []:
-            function = getattr(call, "function", None)
-            if function is None:
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict):
                 continue
-            calls.append(ToolCall(name=str(function.name or ""), args=parse_arguments(function.arguments),
-                                  id=call.id or None))
-        text = message.content if message.content is not None else getattr(message, "refusal", None)
-        model = completion.model or self.model
+            calls.append(ToolCall(name=str(function.get("name") or ""),
+                                  args=parse_arguments(_text_or_none(function.get("arguments"))),
+                                  id=_text_or_none(call.get("id")) or None))
+        content = message.get("content")
+        text = content if content is not None else message.get("refusal")
+        reported = _text_or_none(completion.get("model"))
+        model = reported or self.model
         thoughts = {name: value for name in REASONING_FIELDS
-                    if isinstance(value := getattr(message, name, None), str) and value}
-        return ModelResponse(text=text or None, tool_calls=tuple(calls),
-                             usage=self._usage_of(completion.usage, completion.model),
-                             model=model, stop_reason=str(choice.finish_reason or ""),
+                    if isinstance(value := message.get(name), str) and value}
+        return ModelResponse(text=text if isinstance(text, str) and text else None, tool_calls=tuple(calls),
+                             usage=self._usage_of(completion.get("usage"), reported),
+                             model=model, stop_reason=str(choice.get("finish_reason") or ""),
                              reasoning=_reasoning(model, thoughts))
 
     def _from_response(self, response: Any, done_items: dict[int, Any] | None = None) -> ModelResponse:
@@ -374,54 +465,56 @@ class OpenAIModel(ProviderDriver):
             return await self._responses_streamed(request, emit)
         params = self.request_body(request)
         params["stream_options"] = {"include_usage": True}
-        stream = await self._client.chat.completions.create(**params, stream=True)
         text: list[str] = []
         thoughts: dict[str, list[str]] = {}
         calls: dict[int, dict[str, Any]] = {}
         finish: str | None = None
-        usage: CompletionUsage | None = None
+        usage: object = None
         model = ""
-        try:
-            async for chunk in stream:
-                chunk = cast("ChatCompletionChunk", chunk)
-                model = chunk.model or model
-                if chunk.usage is not None:
-                    usage = chunk.usage
-                if not chunk.choices:
+        async with aclosing(self._chunks(params)) as chunks:  # closed (its connection too) on any exit
+            async for chunk in chunks:
+                model = _text_or_none(chunk.get("model")) or model
+                if chunk.get("usage") is not None:
+                    usage = chunk["usage"]
+                choices = chunk.get("choices")
+                if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
                     continue
-                choice = chunk.choices[0]
-                delta = choice.delta
+                choice = choices[0]
+                delta = _object(choice.get("delta"))
                 for field_name in REASONING_FIELDS:
-                    thought = getattr(delta, field_name, None) if delta is not None else None
+                    thought = delta.get(field_name)
                     if isinstance(thought, str) and thought:
                         thoughts.setdefault(field_name, []).append(thought)
                         emit("reasoning_delta", {"text": thought})
-                if delta is not None and delta.content:
-                    text.append(delta.content)
-                    emit("text_delta", {"text": delta.content})
-                refusal = getattr(delta, "refusal", None) if delta is not None else None
+                content = delta.get("content")
+                if isinstance(content, str) and content:
+                    text.append(content)
+                    emit("text_delta", {"text": content})
+                refusal = delta.get("refusal")
                 if isinstance(refusal, str) and refusal:
                     # A refusal is the model's reply, as in the unstreamed message (content or refusal).
                     text.append(refusal)
                     emit("text_delta", {"text": refusal})
-                for part in (delta.tool_calls if delta is not None else None) or []:
-                    index = part.index if isinstance(part.index, int) else len(calls)
+                for part in delta.get("tool_calls") or []:
+                    if not isinstance(part, dict):
+                        continue
+                    position = part.get("index")
+                    index = position if type(position) is int else len(calls)
                     slot = calls.setdefault(index, {"id": None, "name": "", "arguments": []})
-                    function = part.function
-                    name = function.name if function is not None and function.name else ""
-                    fragment = function.arguments if function is not None and function.arguments else ""
-                    if part.id:
-                        slot["id"] = part.id
+                    function = _object(part.get("function"))
+                    name = _text_or_none(function.get("name")) or ""
+                    fragment = _text_or_none(function.get("arguments")) or ""
+                    call_id = _text_or_none(part.get("id"))
+                    if call_id:
+                        slot["id"] = call_id
                     if name:
                         slot["name"] = merge_name(slot["name"], name)
                     if fragment:
                         slot["arguments"].append(fragment)
                     emit("tool_call_delta", {"index": index, "id": slot["id"], "name": slot["name"],
                                              "arguments": fragment})
-                if choice.finish_reason:
-                    finish = str(choice.finish_reason)
-        finally:
-            await close_quietly(stream)
+                if choice.get("finish_reason"):
+                    finish = str(choice["finish_reason"])
         if finish is None:
             raise self._incomplete("no finish_reason was received")
         tool_calls = tuple(ToolCall(name=slot["name"], args=parse_arguments("".join(slot["arguments"])),
@@ -431,15 +524,62 @@ class OpenAIModel(ProviderDriver):
                              usage=self._usage_of(usage, model), model=model, stop_reason=finish,
                              reasoning=_reasoning(model, {k: "".join(v) for k, v in thoughts.items()}))
 
-    def _usage_of(self, usage: CompletionUsage | None, model: str | None) -> Usage:
-        if usage is None:
+    async def _chunks(self, params: JSONObject) -> AsyncGenerator[JSONObject, None]:
+        """The chunk objects of one streamed Chat Completions call, as wire dicts (an error event raises)."""
+        if self._http is None:  # the caller's own client: its stream of typed chunks
+            stream = await self._client.chat.completions.create(**params, stream=True)
+            try:
+                async for chunk in stream:
+                    wire = _wire(chunk)
+                    if isinstance(wire, dict):
+                        yield wire
+            finally:
+                await close_quietly(stream)
+            return
+        params["stream"] = True
+        async with self._http.stream("POST", self.base_url + "chat/completions",
+                                     content=_dumps(params).encode()) as response:
+            if response.status_code >= 400:
+                await response.aread()
+                raise self._http_error(response) from None
+            async for data in server_sent_data(response.aiter_lines()):
+                if data.startswith("[DONE]"):
+                    return
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    raise self._error("a streamed chunk is not JSON", kind="invalid_response",
+                                      indeterminate=True) from None
+                if not isinstance(chunk, dict):
+                    continue
+                if chunk.get("error"):  # an error object inside a 200 stream, as the SDK reads it
+                    error = chunk["error"]
+                    message = error.get("message") if isinstance(error, dict) else None
+                    text = str(message or "An error occurred during streaming")
+                    raise self._status_error(200, None, {"error": error}, text, None) from None
+                yield chunk
+
+    def _http_error(self, response: httpx.Response) -> ModelError:
+        """An HTTP error answer of jixu's own client as a :class:`ModelError` (what the SDK's
+        ``APIStatusError`` would give: the body's ``error`` object, else the body, else the text)."""
+        try:
+            body: object = response.json()
+        except ValueError:
+            body = None
+        if isinstance(body, dict) and "error" not in body:
+            body = {"error": body}
+        fallback = response.text if body is None else f"Error code: {response.status_code}"
+        return self._status_error(response.status_code, response.headers, body, fallback,
+                                  response.headers.get("x-request-id"))
+
+    def _usage_of(self, usage: object, model: str | None) -> Usage:
+        if not isinstance(usage, dict):
             return Usage()  # the server reported nothing: tokens 0, cost unknown
-        details = getattr(usage, "prompt_tokens_details", None)
-        cached = getattr(details, "cached_tokens", None) or 0
-        reasoning = getattr(getattr(usage, "completion_tokens_details", None), "reasoning_tokens", None) or 0
-        return self._usage(model=model, input_tokens=int(usage.prompt_tokens or 0),
-                           output_tokens=int(usage.completion_tokens or 0), cached_tokens=int(cached),
-                           reasoning_tokens=int(reasoning))
+        cached = _object(usage.get("prompt_tokens_details")).get("cached_tokens")
+        reasoning = _object(usage.get("completion_tokens_details")).get("reasoning_tokens")
+        return self._usage(model=model, input_tokens=_count(usage.get("prompt_tokens")),
+                           output_tokens=_count(usage.get("completion_tokens")), cached_tokens=_count(cached),
+                           reasoning_tokens=_count(reasoning))
 
     def _translate(self, error: Exception) -> ModelError:
         """Any failure of a call as a :class:`ModelError` (see the module's error table)."""
