@@ -480,6 +480,50 @@ def test_jixus_own_client_sends_the_key_organization_and_project(openai_server: 
     assert openai_server.requests[0].path.endswith("/chat/completions")
 
 
+def test_jixus_own_client_spreads_concurrent_calls_over_its_pools(openai_server: FakeOpenAI) -> None:
+    import asyncio
+
+    from jixu.threads.http import POOLS, SpreadTransport
+
+    calls = 2 * POOLS
+    openai_server.script(*[Completion(text=f"answer {i}", event_delay=0.02) for i in range(calls)])
+    model = driver(openai_server)
+    assert model._http is not None
+    transport = model._http._transport
+    assert isinstance(transport, SpreadTransport)
+    seen: list[int] = []
+    for index, pool in enumerate(transport._pools):
+        original = pool.handle_async_request
+
+        async def counted(request: Any, index: int = index, original: Any = original) -> Any:
+            seen.append(index)
+            return await original(request)
+
+        pool.handle_async_request = counted  # type: ignore[method-assign]
+
+    async def scenario() -> list[ModelResponse]:
+        try:
+            return list(await asyncio.gather(*(model.complete(make_request()) for _ in range(calls))))
+        finally:
+            await model.aclose()
+
+    answers = run(scenario())
+    assert sorted(a.text or "" for a in answers) == sorted(f"answer {i}" for i in range(calls))
+    assert sorted(seen) == sorted(list(range(POOLS)) * 2), "round robin: every pool carried two calls"
+
+
+def test_with_a_proxy_in_the_environment_the_client_is_httpxs_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jixu.threads.http import SpreadTransport, model_client
+
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    client = model_client(5.0, {})
+    assert not isinstance(client._transport, SpreadTransport)
+    assert [mount for mount in client._mounts.values() if mount is not None], "httpx mounted the proxy"
+    monkeypatch.delenv("HTTPS_PROXY")
+    spread = model_client(5.0, {})
+    assert isinstance(spread._transport, SpreadTransport) and not spread._mounts
+
+
 def test_server_sent_events_are_read_as_the_format_defines_them() -> None:
     from jixu.threads.openai import server_sent_data
 

@@ -38,6 +38,7 @@ import httpx
 
 from jixu.errors import InvalidInput, ModelError
 from jixu.ledger.encoding import JSONObject
+from jixu.threads.http import model_client
 from jixu.threads.model import ModelRequest, ModelResponse, ToolCall, Usage
 from jixu.threads.pricing import PriceTable
 from jixu.threads.responses import (
@@ -77,8 +78,6 @@ APIS = ("chat", "responses")
 TOKEN_PARAMETERS = ("max_tokens", "max_completion_tokens")
 PLACEHOLDER_KEY = "not-needed"
 """Sent as the key to a custom ``base_url`` when no key is configured (local servers ignore it)."""
-CONNECTION_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-"""The SDK's own defaults, kept for jixu's client: as many connections as turns in flight, up to 1,000."""
 
 
 def tool_specs(tools: tuple[JSONObject, ...] | list[JSONObject]) -> list[JSONObject]:
@@ -287,8 +286,7 @@ class OpenAIModel(ProviderDriver):
                                               max_retries=0)
             self.base_url = str(self._client.base_url)
             if api == "chat":
-                self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=CONNECTION_LIMITS,
-                                               headers=_headers(key or PLACEHOLDER_KEY, os.environ))
+                self._http = model_client(timeout, _headers(key or PLACEHOLDER_KEY, os.environ))
         if api == "responses" and not hasattr(self._client, "responses"):
             raise InvalidInput("api='responses' needs openai>=1.66 (the Responses API); upgrade the openai "
                                "package", field="api")
