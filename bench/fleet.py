@@ -359,7 +359,12 @@ class Process:
         """Wait for the end (os.wait4: its CPU and peak RSS)."""
         deadline = time.monotonic() + timeout
         while True:
-            pid, status, usage = os.wait4(self.popen.pid, os.WNOHANG)
+            try:
+                pid, status, usage = os.wait4(self.popen.pid, os.WNOHANG)
+            except ChildProcessError:  # already reaped (by Popen itself): no usage figures to read
+                self.code = self.popen.wait()
+                self.reader.join(10)
+                return self.code
             if pid:
                 break
             if time.monotonic() > deadline:

@@ -24,9 +24,9 @@ from jixu.ledger.sqlite import SCHEMA_VERSION
 from tests.helpers import spawn_python
 
 
-def test_checkpoints_and_lease_releases_commit_without_waiting_for_the_disk_and_the_rest_does(
+def test_checkpoints_renewals_and_lease_releases_commit_without_waiting_for_the_disk_and_the_rest_does(
         sqlite_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Decision 0017: only writes whose loss in a power failure is harmless skip the fsync."""
+    """Decisions 0017 and 0042: only writes whose loss in a power failure is harmless skip the fsync."""
     from jixu.ledger import Checkpoint
 
     with SQLiteStore(sqlite_path) as store:
@@ -47,9 +47,16 @@ def test_checkpoints_and_lease_releases_commit_without_waiting_for_the_disk_and_
         store.write_checkpoint(Checkpoint("orders/1", "main", 1, 1, store.stream_info("orders/1").head_hash,
                                           "{}", "d"))
         store.release_lease(fence)
-        # 2 = FULL, 1 = NORMAL (the append goes through its own group-commit path at FULL).
-        assert seen == [("_change_lease", 2), ("_change_lease", 2), ("_write_checkpoint", 1),
-                        ("_release_lease", 1)]
+        store.enqueue("work/1", "fleet")
+        claim = store.claim_work("me", 30, lambda census: ["fleet"])
+        assert claim is not None
+        store.renew_work(claim, 30)
+        store.finish_work(claim)
+        # 2 = FULL, 1 = NORMAL (the append goes through its own group-commit path at FULL). Taking a lease or
+        # a work claim and finishing one stay durable: they are acted on at once.
+        assert seen == [("_change_lease", 2), ("_change_lease", 1), ("_write_checkpoint", 1),
+                        ("_release_lease", 1), ("_change_work", 2), ("_claim_work", 2), ("_change_work", 1),
+                        ("_change_work", 2)]
         assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2
 
         def failing(conn: sqlite3.Connection) -> None:

@@ -354,7 +354,9 @@ class Session:
         while True:
             await asyncio.sleep(self.ttl / 3)
             try:
-                self.store.renew_lease(self.fence, self.ttl)
+                # In a thread: a renewal is a write (a round trip on PostgreSQL) that would hold every turn on
+                # the loop; with hundreds of turns in flight, hundreds of them every few seconds.
+                await asyncio.to_thread(self.store.renew_lease, self.fence, self.ttl)
             except FencingError as error:
                 self.lost = error
                 if self._owner_task is not None:

@@ -203,7 +203,8 @@ class MemoryStore(Store):
         with self._lock:
             return {key: self._used[key] for key in keys if key in self._used}
 
-    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
+    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease], *,
+                      renew: bool = False) -> Lease:
         with self._lock:
             lease = change(self._leases.get(key), self.now())
             self._leases[key] = lease

@@ -1145,7 +1145,8 @@ class PostgresStore(Store):
         ).fetchone()
         return Lease(row[0], row[1], int(row[2]), float(row[3]), float(row[4]), bool(row[5])) if row else None
 
-    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
+    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease], *,
+                      renew: bool = False) -> Lease:
         def apply(conn: _Conn) -> Lease:
             for _ in range(3):
                 current = self._lease_row(conn, key, lock=True)

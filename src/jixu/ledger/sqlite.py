@@ -926,13 +926,16 @@ class SQLiteStore(Store):
             (lease.key, lease.owner, lease.epoch, lease.expires_at, lease.heartbeat_at, int(lease.released)),
         )
 
-    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
+    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease], *,
+                      renew: bool = False) -> Lease:
         def apply(conn: sqlite3.Connection) -> Lease:
             lease = change(self._lease_row(conn, key), float(conn.execute(_NOW_SQL).fetchone()[0]))
             self._put_lease(conn, lease)
             return lease
 
-        return self._write(apply)
+        # A renewal is not waited for on disk (decision 0042): lost in a power failure, the lease expires as if
+        # its holder had died in it, which it did. Taking a lease stays durable: it is acted on at once.
+        return self._write(apply, sync=not renew)
 
     def _release_lease(self, fence: Fence) -> None:
         # Not waited for on disk: lost in a power failure, the lease just expires as if its holder had died,
@@ -988,7 +991,8 @@ class SQLiteStore(Store):
 
     def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow], *,
                      renew: bool = False) -> tuple[WorkItem, WorkRow]:
-        return self._write(lambda conn: self._work_in(conn, key, change))
+        # A work claim's renewal, like a lease's, is not waited for on disk (decision 0042).
+        return self._write(lambda conn: self._work_in(conn, key, change), sync=not renew)
 
     def _work_in(self, conn: sqlite3.Connection, key: str,
                  change: Callable[[WorkRow | None, float], WorkRow]) -> tuple[WorkItem, WorkRow]:

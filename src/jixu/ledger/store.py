@@ -783,7 +783,7 @@ class Store(abc.ABC):
                 raise problem
             return Lease(fence.key, fence.owner, fence.epoch, now + ttl, now, False)
 
-        return self._change_lease(fence.key, renew)
+        return self._change_lease(fence.key, renew, renew=True)
 
     def take_over_lease(self, key: str, owner: str, ttl: float, *, expected_epoch: int,
                         require_expired: bool = True) -> Fence:
@@ -1005,8 +1005,13 @@ class Store(abc.ABC):
     def _last_used(self, keys: list[str]) -> dict[str, float]: ...
 
     @abc.abstractmethod
-    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
-        """In one transaction: lock the lease row, call ``change(current, store_now)``, store its result."""
+    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease], *,
+                      renew: bool = False) -> Lease:
+        """In one transaction: lock the lease row, call ``change(current, store_now)``, store its result.
+
+        ``renew``: the change only extends a lease its holder has (a backend may commit it without waiting
+        for the disk: lost in a power failure, the lease expires as if its holder had died in it; decision
+        0042)."""
 
     @abc.abstractmethod
     def _release_lease(self, fence: Fence) -> None: ...

@@ -1,0 +1,43 @@
+"""A turn's lease is renewed off the event loop: a slow renewal never holds the other turns on it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from jixu.kernel.ownership import Session
+from jixu.ledger import Fence, Lease, SQLiteStore
+
+
+class SlowRenewals(SQLiteStore):
+    """A store whose renewals take ``delay`` seconds (a slow disk, a far database)."""
+
+    delay = 0.3
+
+    def renew_lease(self, fence: Fence, ttl: float) -> Lease:
+        time.sleep(self.delay)
+        return super().renew_lease(fence, ttl)
+
+
+def test_a_slow_renewal_does_not_hold_the_loop_and_the_lease_is_renewed(tmp_path: Path) -> None:
+    async def scenario(store: SlowRenewals) -> tuple[float, float, float]:
+        fence = store.acquire_lease("thread/t/turn", "worker-1", 0.6)
+        before = store.get_lease("thread/t/turn")
+        assert before is not None
+        late = 0.0
+        async with Session(store, fence, 0.6, release_at_end=False):  # a beat every 0.2 s
+            started = time.monotonic()
+            while time.monotonic() - started < 1.2:
+                asked = time.monotonic()
+                await asyncio.sleep(0.01)
+                late = max(late, time.monotonic() - asked - 0.01)
+        after = store.get_lease("thread/t/turn")
+        assert after is not None
+        return late, before.expires_at, after.expires_at
+
+    with SlowRenewals(tmp_path / "slow.db") as store:
+        late, first_expiry, last_expiry = asyncio.run(scenario(store))
+    # Renewing on the loop would hold every sleeper for the renewal's 0.3 s, several times.
+    assert late < 0.15, f"the loop was held {late:.3f} s"
+    assert last_expiry > first_expiry, "the heartbeat renewed the lease"
