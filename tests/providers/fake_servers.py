@@ -147,6 +147,13 @@ def _pieces(text: str, size: int) -> list[str]:
     return [text[i:i + size] for i in range(0, len(text), size)] or [""]
 
 
+class _Listening(ThreadingHTTPServer):
+    """A provider's listen backlog: many clients connect at once (socketserver's default queue is 5, and a
+    loaded machine then resets the connections beyond it)."""
+
+    request_queue_size = 256
+
+
 class FakeServer:
     """The scripted server; subclasses render :class:`Completion` in one provider's format."""
 
@@ -171,7 +178,7 @@ class FakeServer:
                 except (BrokenPipeError, ConnectionResetError):  # the client went away (e.g. cancelled)
                     self.close_connection = True
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = _Listening(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02},
                                         name="fake-provider", daemon=True)

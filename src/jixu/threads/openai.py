@@ -163,21 +163,26 @@ def _headers(key: str, env: Mapping[str, str]) -> dict[str, str]:
     return headers
 
 
-async def server_sent_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+async def server_sent_data(lines: AsyncIterator[str]) -> AsyncGenerator[str, None]:
     """The ``data`` of each event of a server-sent event stream (its ``data:`` lines joined by newlines;
     comments, ``event``, ``id`` and ``retry`` fields skipped), as the WHATWG EventSource format defines it."""
     data: list[str] = []
-    async for line in lines:
-        if not line:
-            if data:
-                yield "\n".join(data)
-                data = []
-            continue
-        field, _, value = line.partition(":")
-        if field == "data":
-            data.append(value[1:] if value.startswith(" ") else value)
-    if data:
-        yield "\n".join(data)
+    try:
+        async for line in lines:
+            if not line:
+                if data:
+                    yield "\n".join(data)
+                    data = []
+                continue
+            field, _, value = line.partition(":")
+            if field == "data":
+                data.append(value[1:] if value.startswith(" ") else value)
+        if data:
+            yield "\n".join(data)
+    finally:
+        close = getattr(lines, "aclose", None)  # the source's own generators too, not left to the GC's hook
+        if close is not None:
+            await close()
 
 
 def _wire(value: object) -> object:
@@ -540,22 +545,23 @@ class OpenAIModel(ProviderDriver):
             if response.status_code >= 400:
                 await response.aread()
                 raise self._http_error(response) from None
-            async for data in server_sent_data(response.aiter_lines()):
-                if data.startswith("[DONE]"):
-                    return
-                try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    raise self._error("a streamed chunk is not JSON", kind="invalid_response",
-                                      indeterminate=True) from None
-                if not isinstance(chunk, dict):
-                    continue
-                if chunk.get("error"):  # an error object inside a 200 stream, as the SDK reads it
-                    error = chunk["error"]
-                    message = error.get("message") if isinstance(error, dict) else None
-                    text = str(message or "An error occurred during streaming")
-                    raise self._status_error(200, None, {"error": error}, text, None) from None
-                yield chunk
+            async with aclosing(server_sent_data(response.aiter_lines())) as events:
+                async for data in events:
+                    if data.startswith("[DONE]"):
+                        return
+                    try:
+                        chunk = json.loads(data)
+                    except ValueError:
+                        raise self._error("a streamed chunk is not JSON", kind="invalid_response",
+                                          indeterminate=True) from None
+                    if not isinstance(chunk, dict):
+                        continue
+                    if chunk.get("error"):  # an error object inside a 200 stream, as the SDK reads it
+                        error = chunk["error"]
+                        message = error.get("message") if isinstance(error, dict) else None
+                        text = str(message or "An error occurred during streaming")
+                        raise self._status_error(200, None, {"error": error}, text, None) from None
+                    yield chunk
 
     def _http_error(self, response: httpx.Response) -> ModelError:
         """An HTTP error answer of jixu's own client as a :class:`ModelError` (what the SDK's
