@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+from jixu.errors import FencingError
 from jixu.kernel.ownership import Session
 from jixu.ledger import Fence, Lease, SQLiteStore
 
@@ -15,9 +17,9 @@ class SlowRenewals(SQLiteStore):
 
     delay = 0.3
 
-    def renew_lease(self, fence: Fence, ttl: float) -> Lease:
+    def renew_leases(self, fences: Sequence[Fence], ttl: float) -> list[Lease | FencingError]:
         time.sleep(self.delay)
-        return super().renew_lease(fence, ttl)
+        return super().renew_leases(fences, ttl)
 
 
 def test_a_slow_renewal_does_not_hold_the_loop_and_the_lease_is_renewed(tmp_path: Path) -> None:

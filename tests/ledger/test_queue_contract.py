@@ -205,6 +205,25 @@ def test_renewal_extends_the_claim_on_the_store_clock(store: Store) -> None:
     assert item.heartbeat_at is not None and abs(item.heartbeat_at + 1.0 - held.expires_at) < 1e-6
 
 
+def test_claims_renewed_together_each_get_their_answer_and_keep_their_number(store: Store) -> None:
+    for key in ("thread/1", "thread/2", "thread/3"):
+        store.enqueue(key, "alpha")
+    first, second, third = (claim(store, "w1", 1.0) for _ in range(3))
+    assert first is not None and second is not None and third is not None
+    store.finish_work(second)  # finished: its claim can no longer be renewed
+    expire(store, 0.3)
+    answers = store.renew_work_claims([third, second, first], 5.0)
+    assert [type(a).__name__ for a in answers] == ["WorkClaim", "FencingError", "WorkClaim"]
+    renewed = [a for a in answers if not isinstance(a, FencingError)]
+    assert [(a.key, a.number) for a in renewed] == [(third.key, third.number), (first.key, first.number)]
+    for each in renewed:
+        item = store.get_work(each.key)
+        assert item is not None and item.state == "claimed" and item.expires_at == each.expires_at
+        assert each.expires_at > store.now() + 4
+    assert store.get_work(second.key).state == "done"  # type: ignore[union-attr]
+    assert store.renew_work_claims([], 5.0) == []
+
+
 def test_claims_are_numbered_in_commit_order_across_connections_and_renewal_keeps_the_number(
         shared_factory: StoreFactory) -> None:
     first, second = shared_factory(), shared_factory()

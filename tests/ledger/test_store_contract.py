@@ -21,7 +21,7 @@ from jixu.errors import (
     MalformedEvent,
     PayloadTooLarge,
 )
-from jixu.ledger import Checkpoint, Event, Fence, NewEvent, PostgresStore, SQLiteStore, Store
+from jixu.ledger import Checkpoint, Event, Fence, Lease, NewEvent, PostgresStore, SQLiteStore, Store
 from jixu.ledger import postgres as postgres_module
 from jixu.ledger.event import GENESIS_HASH, PreparedEvent, prepare
 from jixu.ledger.ids import new_id
@@ -477,6 +477,27 @@ def test_a_held_lease_cannot_be_taken_and_the_holder_renews(store: Store) -> Non
     assert lease.epoch == 1 and lease.expires_at > store.now() + 50
     store.release_lease(fence)
     assert store.acquire_lease("k", "b", 30).epoch == 2
+
+
+def test_leases_renewed_together_each_get_their_answer_and_a_lost_one_stops_none(store: Store) -> None:
+    held = [store.acquire_lease(f"k{i}", "a", 30) for i in range(3)]
+    taken = store.acquire_lease("gone", "a", 30)
+    store.release_lease(taken)
+    store.acquire_lease("gone", "b", 30)  # taken by b: a's fence on it is lost
+    before = store.now()
+    answers = store.renew_leases([held[2], taken, held[0], held[1]], 60)
+    assert [type(a).__name__ for a in answers] == ["Lease", "FencingError", "Lease", "Lease"]
+    assert [a.key for a in answers if isinstance(a, Lease)] == ["k2", "k0", "k1"], "in the order asked"
+    for fence in held:
+        lease = store.get_lease(fence.key)
+        assert lease is not None and lease.epoch == fence.epoch and lease.expires_at > before + 50
+    stolen = store.get_lease("gone")
+    assert stolen is not None and stolen.owner == "b", "a lost lease is left as it is"
+    assert store.renew_leases([], 60) == []
+    with pytest.raises(InvalidInput):
+        store.renew_leases(held[0], 60)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput):
+        store.renew_leases(held, 0)
 
 
 @pytest.mark.parametrize(("key", "owner", "ttl"), [("", "a", 1), ("k", "", 1), ("k", "a", 0), ("k", "a", -1),

@@ -44,6 +44,7 @@ from typing import Any
 
 from jixu.errors import ConcurrencyError, FencingError, JixuError
 from jixu.kernel.commits import Commits
+from jixu.kernel.renewals import lease_renewals
 from jixu.kernel.shutdown import ServingTask
 from jixu.kernel.writer import StreamWriter
 from jixu.ledger.event import NewEvent
@@ -354,9 +355,9 @@ class Session:
         while True:
             await asyncio.sleep(self.ttl / 3)
             try:
-                # In a thread: a renewal is a write (a round trip on PostgreSQL) that would hold every turn on
-                # the loop; with hundreds of turns in flight, hundreds of them every few seconds.
-                await asyncio.to_thread(self.store.renew_lease, self.fence, self.ttl)
+                # With the loop's other renewals, in one call in a thread (kernel.renewals): a renewal is a
+                # write (a round trip on PostgreSQL) that would hold every turn on the loop.
+                await lease_renewals(self.store).renew(self.fence, self.ttl)
             except FencingError as error:
                 self.lost = error
                 if self._owner_task is not None:

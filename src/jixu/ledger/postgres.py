@@ -87,10 +87,12 @@ from jixu.ledger.store import (
     ClaimOrder,
     Fence,
     Lease,
+    LeaseChange,
     QueueCensus,
     Session,
     Store,
     StreamInfo,
+    WorkChange,
     WorkClaim,
     WorkItem,
     WorkRow,
@@ -1147,27 +1149,42 @@ class PostgresStore(Store):
 
     def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease], *,
                       renew: bool = False) -> Lease:
-        def apply(conn: _Conn) -> Lease:
-            for _ in range(3):
-                current = self._lease_row(conn, key, lock=True)
-                lease = change(current, self._clock(conn)[0])
-                if current is not None:
-                    conn.execute("UPDATE jixu_leases SET owner = %s, epoch = %s, expires_at = %s, "
-                                 "heartbeat_at = %s, released = %s WHERE key = %s",
-                                 (lease.owner, lease.epoch, lease.expires_at, lease.heartbeat_at, lease.released,
-                                  lease.key))
-                    return lease
-                inserted = conn.execute(
-                    f"INSERT INTO jixu_leases ({_LEASE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s) "
-                    "ON CONFLICT (key) DO NOTHING RETURNING key",
-                    (lease.key, lease.owner, lease.epoch, lease.expires_at, lease.heartbeat_at, lease.released),
-                ).fetchone()
-                if inserted is not None:
-                    return lease
-                # another owner created the lease meanwhile: decide again under its row lock
-            raise StoreError(f"{self._where}: lease {key!r} kept changing; retry")
+        return self._run(lambda conn: self._lease_in(conn, key, change), write=True, transaction=True)
 
-        return self._run(apply, write=True, transaction=True)
+    def _change_leases(self, changes: list[tuple[str, LeaseChange]]) -> list[Lease | FencingError]:
+        def apply(conn: _Conn) -> list[Lease | FencingError]:
+            results: list[Lease | FencingError | None] = [None] * len(changes)
+            # The rows are locked in key order, so two processes renewing overlapping sets cannot deadlock.
+            for index in sorted(range(len(changes)), key=lambda i: changes[i][0]):
+                key, change = changes[index]
+                try:
+                    results[index] = self._lease_in(conn, key, change)
+                except FencingError as error:
+                    results[index] = error
+            return [result for result in results if result is not None]
+
+        return self._run(apply, write=True, transaction=True) if changes else []
+
+    def _lease_in(self, conn: _Conn, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
+        """A lease's change inside the open transaction (its row locked)."""
+        for _ in range(3):
+            current = self._lease_row(conn, key, lock=True)
+            lease = change(current, self._clock(conn)[0])
+            if current is not None:
+                conn.execute("UPDATE jixu_leases SET owner = %s, epoch = %s, expires_at = %s, "
+                             "heartbeat_at = %s, released = %s WHERE key = %s",
+                             (lease.owner, lease.epoch, lease.expires_at, lease.heartbeat_at, lease.released,
+                              lease.key))
+                return lease
+            inserted = conn.execute(
+                f"INSERT INTO jixu_leases ({_LEASE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (key) DO NOTHING RETURNING key",
+                (lease.key, lease.owner, lease.epoch, lease.expires_at, lease.heartbeat_at, lease.released),
+            ).fetchone()
+            if inserted is not None:
+                return lease
+            # another owner created the lease meanwhile: decide again under its row lock
+        raise StoreError(f"{self._where}: lease {key!r} kept changing; retry")
 
     def _release_lease(self, fence: Fence) -> None:
         self._run(lambda conn: conn.execute(
@@ -1217,6 +1234,19 @@ class PostgresStore(Store):
     def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow], *,
                      renew: bool = False) -> tuple[WorkItem, WorkRow]:
         return self._run(lambda conn: self._work_in(conn, key, change, renew=renew), write=True, transaction=True)
+
+    def _renew_works(self, changes: list[tuple[str, WorkChange]]) -> list[WorkRow | FencingError]:
+        def apply(conn: _Conn) -> list[WorkRow | FencingError]:
+            results: list[WorkRow | FencingError | None] = [None] * len(changes)
+            for index in sorted(range(len(changes)), key=lambda i: changes[i][0]):  # key order, as leases
+                key, change = changes[index]
+                try:
+                    results[index] = self._work_in(conn, key, change, renew=True)[1]
+                except FencingError as error:
+                    results[index] = error
+            return [result for result in results if result is not None]
+
+        return self._run(apply, write=True, transaction=True) if changes else []
 
     def _append_and_enqueue(self, stream: str, batch: list[PreparedEvent], expected_seq: int, fence: Fence | None,
                             change: Callable[[WorkRow | None, float], WorkRow], key: str) -> list[StoredRow]:

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from jixu.errors import (
+    FencingError,
     InvalidInput,
     JixuError,
     OutcomeUnknown,
@@ -74,10 +75,12 @@ from jixu.ledger.store import (
     ClaimOrder,
     Fence,
     Lease,
+    LeaseChange,
     QueueCensus,
     Session,
     Store,
     StreamInfo,
+    WorkChange,
     WorkClaim,
     WorkItem,
     WorkRow,
@@ -937,6 +940,22 @@ class SQLiteStore(Store):
         # its holder had died in it, which it did. Taking a lease stays durable: it is acted on at once.
         return self._write(apply, sync=not renew)
 
+    def _change_leases(self, changes: list[tuple[str, LeaseChange]]) -> list[Lease | FencingError]:
+        def apply(conn: sqlite3.Connection) -> list[Lease | FencingError]:
+            now = float(conn.execute(_NOW_SQL).fetchone()[0])
+            results: list[Lease | FencingError] = []
+            for key, change in changes:
+                try:
+                    lease = change(self._lease_row(conn, key), now)
+                except FencingError as error:
+                    results.append(error)
+                    continue
+                self._put_lease(conn, lease)
+                results.append(lease)
+            return results
+
+        return self._write(apply, sync=False) if changes else []  # renewals only (decision 0042)
+
     def _release_lease(self, fence: Fence) -> None:
         # Not waited for on disk: lost in a power failure, the lease just expires as if its holder had died,
         # and whoever acts on the release commits durably after it (decision 0017).
@@ -993,6 +1012,18 @@ class SQLiteStore(Store):
                      renew: bool = False) -> tuple[WorkItem, WorkRow]:
         # A work claim's renewal, like a lease's, is not waited for on disk (decision 0042).
         return self._write(lambda conn: self._work_in(conn, key, change), sync=not renew)
+
+    def _renew_works(self, changes: list[tuple[str, WorkChange]]) -> list[WorkRow | FencingError]:
+        def apply(conn: sqlite3.Connection) -> list[WorkRow | FencingError]:
+            results: list[WorkRow | FencingError] = []
+            for key, change in changes:
+                try:
+                    results.append(self._work_in(conn, key, change)[1])
+                except FencingError as error:
+                    results.append(error)
+            return results
+
+        return self._write(apply, sync=False) if changes else []
 
     def _work_in(self, conn: sqlite3.Connection, key: str,
                  change: Callable[[WorkRow | None, float], WorkRow]) -> tuple[WorkItem, WorkRow]:

@@ -18,6 +18,7 @@ import abc
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import Any, Self
 
@@ -272,6 +273,14 @@ def head_moved(stream: str, expected_seq: int, actual_seq: int) -> ConcurrencyEr
         expected_seq=expected_seq,
         actual_seq=actual_seq,
     )
+
+
+def renewed_lease(current: Lease | None, fence: Fence, ttl: float, now: float) -> Lease:
+    """The lease ``fence`` holds, extended to ``now + ttl`` (pure); :class:`FencingError` if it lost it."""
+    problem = fence_problem(current, fence, now)
+    if problem:
+        raise problem
+    return Lease(fence.key, fence.owner, fence.epoch, now + ttl, now, False)
 
 
 def fence_problem(current: Lease | None, fence: Fence, now: float) -> FencingError | None:
@@ -582,6 +591,26 @@ def renewed_row(row: WorkRow | None, claim: WorkClaim, ttl: float, now: float) -
                    now + ttl, now, row.rerun, row.position)
 
 
+LeaseChange = Callable[[Lease | None, float], Lease]
+"""A lease's change inside its transaction: ``change(current, store_now)`` -> the lease to store."""
+WorkChange = Callable[[WorkRow | None, float], WorkRow]
+"""A work item's change inside its transaction: ``change(current, store_now)`` -> the row to store."""
+
+
+def _renew_with(fence: Fence, ttl: float, current: Lease | None, now: float) -> Lease:
+    return renewed_lease(current, fence, ttl, now)
+
+
+def _renew_row_with(claim: WorkClaim, ttl: float, current: WorkRow | None, now: float) -> WorkRow:
+    return renewed_row(current, claim, ttl, now)
+
+
+def _sequence(values: object, field: str) -> Sequence[Any]:
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+        raise InvalidInput(f"{field} must be a list", field=field)
+    return values
+
+
 def finished_row(row: WorkRow | None, claim: WorkClaim, now: float, *, requeue: bool, delay: float) -> WorkRow:
     """``row`` after ``claim`` finishes it (pure): done, or pending again when requeued or enqueued meanwhile.
 
@@ -776,14 +805,18 @@ class Store(abc.ABC):
         """Extend the lease ``fence`` holds; :class:`~jixu.errors.FencingError` if it lost it."""
         check_fence(fence)
         ttl = check_ttl(ttl)
+        return self._change_lease(fence.key, lambda current, now: renewed_lease(current, fence, ttl, now),
+                                  renew=True)
 
-        def renew(current: Lease | None, now: float) -> Lease:
-            problem = fence_problem(current, fence, now)
-            if problem:
-                raise problem
-            return Lease(fence.key, fence.owner, fence.epoch, now + ttl, now, False)
+    def renew_leases(self, fences: Sequence[Fence], ttl: float) -> list[Lease | FencingError]:
+        """:meth:`renew_lease` of each of ``fences``, in one transaction: for each, its renewed lease or the
+        :class:`~jixu.errors.FencingError` saying it was lost (a lost one does not stop the others).
 
-        return self._change_lease(fence.key, renew, renew=True)
+        What a process holding many leases renews together (``kernel.renewals``): one commit, not one each.
+        """
+        checked = [check_fence(fence) for fence in _sequence(fences, "fences")]
+        ttl = check_ttl(ttl)
+        return self._change_leases([(fence.key, partial(_renew_with, fence, ttl)) for fence in checked])
 
     def take_over_lease(self, key: str, owner: str, ttl: float, *, expected_epoch: int,
                         require_expired: bool = True) -> Fence:
@@ -850,6 +883,15 @@ class Store(abc.ABC):
         claim, ttl = check_work_claim(claim), check_ttl(ttl)
         row = self._change_work(claim.key, lambda current, now: renewed_row(current, claim, ttl, now), renew=True)[1]
         return work_claim_of(row, claim.number)
+
+    def renew_work_claims(self, claims: Sequence[WorkClaim], ttl: float) -> list[WorkClaim | FencingError]:
+        """:meth:`renew_work` of each of ``claims``, in one transaction: for each, the renewed claim or the
+        :class:`~jixu.errors.FencingError` saying it was lost (a lost one does not stop the others)."""
+        checked = [check_work_claim(claim) for claim in _sequence(claims, "claims")]
+        ttl = check_ttl(ttl)
+        rows = self._renew_works([(claim.key, partial(_renew_row_with, claim, ttl)) for claim in checked])
+        return [row if isinstance(row, FencingError) else work_claim_of(row, claim.number)
+                for claim, row in zip(checked, rows, strict=True)]
 
     def finish_work(self, claim: WorkClaim, *, requeue: bool = False, delay: float = 0.0) -> WorkItem:
         """Finish ``claim``: the item is done, or pending again with ``requeue`` (after ``delay`` seconds).
@@ -1012,6 +1054,28 @@ class Store(abc.ABC):
         ``renew``: the change only extends a lease its holder has (a backend may commit it without waiting
         for the disk: lost in a power failure, the lease expires as if its holder had died in it; decision
         0042)."""
+
+    def _change_leases(self, changes: list[tuple[str, LeaseChange]]) -> list[Lease | FencingError]:
+        """Renewals (``renew=True`` changes) of several leases; a FencingError in the list for each lost one.
+
+        This default renews them one transaction each; SQLite and PostgreSQL override it with one."""
+        results: list[Lease | FencingError] = []
+        for key, change in changes:
+            try:
+                results.append(self._change_lease(key, change, renew=True))
+            except FencingError as error:
+                results.append(error)
+        return results
+
+    def _renew_works(self, changes: list[tuple[str, WorkChange]]) -> list[WorkRow | FencingError]:
+        """Renewals of several work claims (as :meth:`_change_leases`): the renewed rows."""
+        results: list[WorkRow | FencingError] = []
+        for key, change in changes:
+            try:
+                results.append(self._change_work(key, change, renew=True)[1])
+            except FencingError as error:
+                results.append(error)
+        return results
 
     @abc.abstractmethod
     def _release_lease(self, fence: Fence) -> None: ...

@@ -69,6 +69,7 @@ from jixu.errors import (
     UnknownProvider,
 )
 from jixu.kernel import DEFAULT_LEASE_TTL
+from jixu.kernel.renewals import work_renewals
 from jixu.ledger import Store, open_store
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.store import WorkClaim, check_owner
@@ -543,7 +544,7 @@ class Worker:
         while True:
             await asyncio.sleep(ttl / 3)
             try:
-                claim = await self._queue(self.store.renew_work, claim, ttl)
+                claim = await work_renewals(self.store).renew(claim, ttl)  # with the others due, in one call
             except FencingError as error:
                 self.report("lost", f"{claim.key}: lost the work claim ({error.message}); the turn's own lease "
                                     "still fences its events")

@@ -1,0 +1,116 @@
+"""Renewals of one store's claims by every owner on one event loop, sent together (decision 0042).
+
+A worker running hundreds of turns renews a lease (and a work claim) for each
+of them every few seconds. Sent one by one, each renewal is a transaction of
+its own: a commit on SQLite, four or five round trips on PostgreSQL, and
+Python work in a thread that competes with the turns for the interpreter.
+Here an owner's renewal waits up to :data:`WINDOW` seconds for the others due
+about then, and all of them go to the store in one call
+(:meth:`~jixu.ledger.Store.renew_leases`,
+:meth:`~jixu.ledger.Store.renew_work_claims`: one transaction), in a thread,
+never on the loop. Each owner gets its own answer: its renewed claim, or the
+:class:`~jixu.errors.FencingError` saying it lost it; a failure of the whole
+call (the store is down) is every owner's.
+
+The window costs an owner at most :data:`WINDOW` of its renewal period
+(a third of its lease, 3 s by default).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+from jixu.errors import FencingError
+from jixu.kernel.shutdown import ServingTask
+from jixu.ledger import Fence, Lease, Store, WorkClaim
+
+WINDOW = 0.05
+"""Seconds a renewal waits for others to go with it."""
+
+_Held = TypeVar("_Held")
+_Renewed = TypeVar("_Renewed")
+
+
+class Renewals(Generic[_Held, _Renewed]):
+    """The renewals of one kind (leases or work claims) of one store on one event loop."""
+
+    def __init__(self, renew_all: Callable[[Sequence[_Held], float], list[_Renewed | FencingError]]) -> None:
+        self._renew_all = renew_all
+        self._pending: list[tuple[_Held, float, asyncio.Future[_Renewed]]] = []
+        self._sender: asyncio.Task[None] | None = None
+        self.calls = 0
+        """Calls made to the store (each renewing every claim then pending)."""
+
+    async def renew(self, held: _Held, ttl: float) -> _Renewed:
+        """``held`` renewed for ``ttl`` seconds, with the others due now; raises what its renewal raised."""
+        future: asyncio.Future[_Renewed] = asyncio.get_running_loop().create_future()
+        self._pending.append((held, ttl, future))
+        if self._sender is None or self._sender.done():
+            # A serving task: a loop's shutdown leaves it running while a call is in flight (its claim).
+            self._sender = ServingTask(self._send(), name="jixu-renewals")
+        return await future
+
+    async def _send(self) -> None:
+        try:
+            while self._pending:
+                await asyncio.sleep(WINDOW)
+                batch, self._pending = self._pending, []
+                by_ttl: dict[float, list[tuple[_Held, asyncio.Future[_Renewed]]]] = {}
+                for held, ttl, future in batch:
+                    if not future.done():  # its owner stopped waiting (cancelled): nothing to renew
+                        by_ttl.setdefault(ttl, []).append((held, future))
+                for ttl, group in by_ttl.items():
+                    self.calls += 1
+                    try:
+                        answers = await asyncio.to_thread(self._renew_all, [held for held, _f in group], ttl)
+                    except Exception as error:  # the store failed: every owner of the call hears it
+                        for _held, future in group:
+                            if not future.done():
+                                future.set_exception(error)
+                        continue
+                    for (_held, future), answer in zip(group, answers, strict=True):
+                        if future.done():
+                            continue
+                        if isinstance(answer, FencingError):
+                            future.set_exception(answer)
+                        else:
+                            future.set_result(answer)
+        finally:
+            # Cancelled (the loop is going away): nobody is left to send what is still pending.
+            for _held, _ttl, future in self._pending:
+                future.cancel()
+            self._pending = []
+
+
+_BY_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Store, dict[str, Any]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _of(store: Store, kind: str, make: Callable[[], Renewals[Any, Any]]) -> Renewals[Any, Any]:
+    loop = asyncio.get_running_loop()
+    per_store = _BY_LOOP.get(loop)
+    if per_store is None:
+        per_store = _BY_LOOP[loop] = weakref.WeakKeyDictionary()
+    kinds = per_store.get(store)
+    if kinds is None:
+        kinds = per_store[store] = {}
+    found = kinds.get(kind)
+    if found is None:
+        found = kinds[kind] = make()
+    return found
+
+
+def lease_renewals(store: Store) -> Renewals[Fence, Lease]:
+    """The lease renewals of ``store`` on the running event loop (made on first use)."""
+    return _of(store, "leases", lambda: Renewals(store.renew_leases))
+
+
+def work_renewals(store: Store) -> Renewals[WorkClaim, WorkClaim]:
+    """The work-claim renewals of ``store`` on the running event loop (made on first use)."""
+    return _of(store, "work", lambda: Renewals(store.renew_work_claims))
+
+
+__all__ = ["WINDOW", "Renewals", "lease_renewals", "work_renewals"]

@@ -1,0 +1,91 @@
+"""Renewals due together go to the store in one call; each owner gets its own answer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from jixu.errors import FencingError, StoreError
+from jixu.kernel.ownership import Session
+from jixu.kernel.renewals import lease_renewals, work_renewals
+from jixu.ledger import Fence, Lease, SQLiteStore, WorkClaim
+
+
+class CountingStore(SQLiteStore):
+    """A real SQLite store that counts its batch renewals (and can be told to fail them)."""
+
+    batches: list[int]
+    fail = False
+
+    def renew_leases(self, fences: Sequence[Fence], ttl: float) -> list[Lease | FencingError]:
+        self.batches.append(len(fences))
+        if self.fail:
+            raise StoreError("the database went away")
+        return super().renew_leases(fences, ttl)
+
+
+def test_fifty_owners_due_together_renew_in_one_call_and_a_lost_one_alone_hears_it(tmp_path: Path) -> None:
+    async def scenario(store: CountingStore) -> list[object]:
+        fences = [store.acquire_lease(f"thread/{i}/turn", "worker-1", 30) for i in range(50)]
+        store.take_over_lease("thread/7/turn", "worker-2", 30, expected_epoch=1, require_expired=False)
+        renewals = lease_renewals(store)
+        assert lease_renewals(store) is renewals, "one per store and loop"
+        return list(await asyncio.gather(*(renewals.renew(f, 60) for f in fences), return_exceptions=True))
+
+    with CountingStore(tmp_path / "q.db") as store:
+        store.batches = []
+        answers = asyncio.run(scenario(store))
+        assert store.batches == [50], "one call for all fifty"
+        assert isinstance(answers[7], FencingError)
+        assert all(isinstance(a, Lease) and a.key == f"thread/{i}/turn" for i, a in enumerate(answers) if i != 7)
+        lease = store.get_lease("thread/3/turn")
+        assert lease is not None and lease.expires_at > store.now() + 50
+
+
+def test_a_failed_call_is_every_owners_failure(tmp_path: Path) -> None:
+    async def scenario(store: CountingStore) -> list[object]:
+        fences = [store.acquire_lease(f"thread/{i}/turn", "worker-1", 30) for i in range(3)]
+        store.fail = True
+        return list(await asyncio.gather(*(lease_renewals(store).renew(f, 60) for f in fences),
+                                         return_exceptions=True))
+
+    with CountingStore(tmp_path / "q.db") as store:
+        store.batches = []
+        answers = asyncio.run(scenario(store))
+    assert [type(a) for a in answers] == [StoreError] * 3
+
+
+def test_work_claims_renew_together(tmp_path: Path) -> None:
+    async def scenario(store: SQLiteStore) -> list[WorkClaim]:
+        for i in range(5):
+            store.enqueue(f"thread:{i}", "fleet")
+        claims = [store.claim_work("w", 5.0, lambda census: ["fleet"]) for _ in range(5)]
+        held = [c for c in claims if c is not None]
+        return list(await asyncio.gather(*(work_renewals(store).renew(c, 30.0) for c in held)))
+
+    with SQLiteStore(tmp_path / "q.db") as store:
+        renewed = asyncio.run(scenario(store))
+        assert [c.key for c in renewed] == [f"thread:{i}" for i in range(5)]
+        assert all(c.expires_at > store.now() + 25 for c in renewed)
+
+
+def test_a_session_that_loses_its_lease_in_a_batch_cancels_its_owner(tmp_path: Path) -> None:
+    async def scenario(store: SQLiteStore) -> FencingError | None:
+        fence = store.acquire_lease("thread/t/turn", "worker-1", 0.3)
+        session = Session(store, fence, 0.3, release_at_end=False)
+
+        async def owner() -> None:
+            async with session:
+                store.take_over_lease("thread/t/turn", "worker-2", 30, expected_epoch=1, require_expired=False)
+                await asyncio.sleep(5)
+
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(owner(), 3)
+        return session.lost
+
+    with SQLiteStore(tmp_path / "q.db") as store:
+        lost = asyncio.run(scenario(store))
+    assert isinstance(lost, FencingError)
