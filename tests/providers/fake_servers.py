@@ -125,6 +125,8 @@ class Recorded:
     path: str
     headers: dict[str, str]
     body: dict[str, Any]
+    client_port: int = 0
+    """The client's port: requests of one kept-alive connection share it."""
 
 
 REASONING_MODEL = re.compile(r"^(o\d|gpt-5)")
@@ -224,7 +226,7 @@ class FakeServer:
             body = {"__unparsed__": raw.decode("utf-8", "replace")}
         headers = {k.lower(): v for k, v in handler.headers.items()}
         with self._lock:
-            self.requests.append(Recorded("POST", handler.path, headers, body))
+            self.requests.append(Recorded("POST", handler.path, headers, body, handler.client_address[1]))
             reply: Reply | None = self.replies.popleft() if self.replies else None
         if handler.path.split("?")[0] != self.endpoint:
             self._send_json(handler, 404, {"error": {"message": f"no route {handler.path}", "type": "not_found"}})

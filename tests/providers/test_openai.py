@@ -512,6 +512,27 @@ def test_jixus_own_client_spreads_concurrent_calls_over_its_pools(openai_server:
     assert sorted(seen) == sorted(list(range(POOLS)) * 2), "round robin: every pool carried two calls"
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_connections_are_kept_alive_and_reused(openai_server: FakeOpenAI, stream: bool) -> None:
+    from jixu.threads.http import POOLS
+
+    calls = 3 * POOLS
+    openai_server.script(*[Completion(text=f"answer {i}") for i in range(calls)])
+    model = driver(openai_server, stream=stream)
+
+    async def scenario() -> None:
+        try:
+            for _ in range(calls):
+                await model.complete(make_request())
+        finally:
+            await model.aclose()
+
+    run(scenario())
+    ports = {request.client_port for request in openai_server.requests}
+    # One connection per pool, reused: a stream left unread to its end would close its connection instead.
+    assert len(openai_server.requests) == calls and len(ports) == POOLS
+
+
 def test_with_a_proxy_in_the_environment_the_client_is_httpxs_own(monkeypatch: pytest.MonkeyPatch) -> None:
     from jixu.threads.http import SpreadTransport, model_client
 

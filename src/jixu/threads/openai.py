@@ -545,10 +545,14 @@ class OpenAIModel(ProviderDriver):
             if response.status_code >= 400:
                 await response.aread()
                 raise self._http_error(response) from None
+            done = False
             async with aclosing(server_sent_data(response.aiter_lines())) as events:
                 async for data in events:
+                    if done:
+                        continue  # read on to the end of the body: its connection then goes back to the pool
                     if data.startswith("[DONE]"):
-                        return
+                        done = True
+                        continue
                     try:
                         chunk = json.loads(data)
                     except ValueError:
