@@ -89,3 +89,29 @@ def test_a_session_that_loses_its_lease_in_a_batch_cancels_its_owner(tmp_path: P
     with SQLiteStore(tmp_path / "q.db") as store:
         lost = asyncio.run(scenario(store))
     assert isinstance(lost, FencingError)
+
+
+def test_an_owner_waiting_on_a_cancelled_sender_is_not_left_waiting() -> None:
+    import time
+
+    from jixu.kernel.renewals import Renewals
+
+    def slow(items: Sequence[str], ttl: float) -> list[str | FencingError]:
+        time.sleep(0.2)
+        return [f"{item} renewed" for item in items]
+
+    async def scenario() -> tuple[str, bool]:
+        renewals: Renewals[str, str] = Renewals(slow)
+        first = await renewals.renew("a", 1.0)
+        waiting = asyncio.create_task(renewals.renew("b", 1.0))
+        await asyncio.sleep(0.1)  # its call is in flight now
+        assert renewals._sender is not None
+        renewals._sender.cancel()
+        try:
+            await asyncio.wait_for(waiting, 2)
+        except asyncio.CancelledError:
+            return first, True
+        return first, False
+
+    first, cancelled = asyncio.run(scenario())
+    assert first == "a renewed" and cancelled

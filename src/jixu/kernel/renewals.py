@@ -40,6 +40,8 @@ class Renewals(Generic[_Held, _Renewed]):
     def __init__(self, renew_all: Callable[[Sequence[_Held], float], list[_Renewed | FencingError]]) -> None:
         self._renew_all = renew_all
         self._pending: list[tuple[_Held, float, asyncio.Future[_Renewed]]] = []
+        self._sending: list[tuple[_Held, float, asyncio.Future[_Renewed]]] = []
+        """The renewals of the call in flight."""
         self._sender: asyncio.Task[None] | None = None
         self.calls = 0
         """Calls made to the store (each renewing every claim then pending)."""
@@ -57,7 +59,8 @@ class Renewals(Generic[_Held, _Renewed]):
         try:
             while self._pending:
                 await asyncio.sleep(WINDOW)
-                batch, self._pending = self._pending, []
+                batch = self._sending = self._pending
+                self._pending = []
                 by_ttl: dict[float, list[tuple[_Held, asyncio.Future[_Renewed]]]] = {}
                 for held, ttl, future in batch:
                     if not future.done():  # its owner stopped waiting (cancelled): nothing to renew
@@ -79,10 +82,11 @@ class Renewals(Generic[_Held, _Renewed]):
                         else:
                             future.set_result(answer)
         finally:
-            # Cancelled (the loop is going away): nobody is left to send what is still pending.
-            for _held, _ttl, future in self._pending:
-                future.cancel()
-            self._pending = []
+            # Cancelled (the loop is going away): nobody is left to send or answer what is still waiting.
+            for _held, _ttl, future in self._sending + self._pending:
+                if not future.done():
+                    future.cancel()
+            self._sending, self._pending = [], []
 
 
 _BY_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Store, dict[str, Any]]] = (
