@@ -242,3 +242,37 @@ def test_claims_stop_while_the_event_loop_runs_late_and_resume_once_it_caught_up
     assert worker.stats.held_back > 0 and worker.stats.max_loop_lag >= 0.08, worker.stats
     assert worker.stats.finished == 20
     assert all(thread_state(store, t)["status"] == "idle" for t in threads)
+
+
+def test_a_burst_of_queued_turns_is_claimed_sixteen_at_a_time_once_the_loop_keeps_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jixu.scheduling.workers import CLAIMS_AT_ONCE
+
+    monkeypatch.setenv("JIXU_TEST_OUTSIDE", str(tmp_path / "outside.txt"))
+
+    class Counting(MemoryStore):
+        """Claims that take 10 ms each call, as a durable commit does: the loop's lag is measured meanwhile."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.sizes: list[int] = []
+
+        def claim_works(self, owner: str, ttl: float, order: object, count: int) -> list[object]:  # type: ignore[override]
+            time.sleep(0.01)
+            claims = super().claim_works(owner, ttl, order, count)  # type: ignore[arg-type]
+            if claims:
+                self.sizes.append(len(claims))
+            return claims  # type: ignore[return-value]
+
+    store = Counting()
+    threads = [create_thread_for(store, counter_agent()) for _ in range(100)]
+    for thread_id in threads:
+        submit_turn(store, thread_id, "charge")
+    config = WorkerConfig(store_url="memory://", agent="tests.runs.agents:counter_agent", owner="w-1",
+                          poll_interval=0.01, lease_ttl=5, concurrency=200, exit_when_idle=True)
+    worker = Worker(counter_agent(), store, config)
+    asyncio.run(asyncio.wait_for(worker.run(), WAIT))
+    assert worker.stats.finished == 100
+    sizes = store.sizes
+    assert sum(sizes) == 100 and sizes[0] == 1, f"one at a time before the loop's lag is measured: {sizes}"
+    assert max(sizes) == CLAIMS_AT_ONCE and len(sizes) < 50, f"then up to {CLAIMS_AT_ONCE} per commit: {sizes}"

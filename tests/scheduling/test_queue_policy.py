@@ -92,6 +92,26 @@ def test_limits_bound_live_claims_globally_and_per_project(store: Store) -> None
     assert claim(store, "w9", **LIMITS) is None
 
 
+def test_claims_taken_together_hold_the_limits_and_the_fairness_of_claims_taken_one_by_one(store: Store) -> None:
+    from jixu.scheduling.queue import claim_some
+
+    for n in range(3):
+        store.enqueue(f"a/{n}", "a")
+    store.enqueue("b/0", "b")
+    store.enqueue("c/0", "c")
+    # As one by one (test_fair_selection_...): oldest first, then the projects with fewer live claims; a's
+    # limit of 2 and the global limit of 4 counted again for each claim of the batch.
+    batch = claim_some(store, "w1", 30.0, 10, global_limit=4, default_project_limit=2)
+    assert [c.key for c in batch] == ["a/0", "b/0", "c/0", "a/1"]
+    assert [c.number for c in batch] == [1, 2, 3, 4], "numbered in order within the one transaction"
+    assert claim_some(store, "w2", 30.0, 10, global_limit=4) == [], "the global limit is reached"
+    with pytest.raises(InvalidInput):
+        claim_some(store, "w2", 30.0, 0, global_limit=10)
+    with pytest.raises(InvalidInput):
+        store.claim_works("w2", 30.0, lambda census: ["a"], True)  # type: ignore[arg-type]
+    assert {i.key: i.state for i in store.list_work()}["a/2"] == "pending", "a refused batch claims nothing"
+
+
 def test_a_project_limit_of_zero_holds_that_project_back(store: Store) -> None:
     store.enqueue("a/1", "a")
     store.enqueue("b/1", "b")

@@ -246,7 +246,14 @@ class MemoryStore(Store):
             self._work[row.key] = row
         return row
 
-    def _claim_work(self, owner: str, ttl: float, order: ClaimOrder) -> WorkClaim | None:
+    def _claim_works(self, owner: str, ttl: float, order: ClaimOrder, count: int) -> list[WorkClaim]:
+        with self._lock:  # one "transaction": nothing else claims in between
+            claims: list[WorkClaim] = []
+            while len(claims) < count and (one := self._claim_one(owner, ttl, order)) is not None:
+                claims.append(one)
+            return claims
+
+    def _claim_one(self, owner: str, ttl: float, order: ClaimOrder) -> WorkClaim | None:
         with self._lock:
             now = self.now()
             live: dict[str, int] = {}

@@ -1286,7 +1286,7 @@ class PostgresStore(Store):
             # another caller created the item meanwhile: decide again under its row lock
         raise StoreError(f"{self._where}: work item {key!r} kept changing; retry")
 
-    def _claim_work(self, owner: str, ttl: float, order: ClaimOrder) -> WorkClaim | None:
+    def _claim_works(self, owner: str, ttl: float, order: ClaimOrder, count: int) -> list[WorkClaim]:
         def claim(conn: _Conn) -> WorkClaim | None:
             conn.execute(_WORK_LOCK_SQL)  # claimers take turns: the count below stays true until commit
             now = self._clock(conn)[0]
@@ -1316,7 +1316,13 @@ class PostgresStore(Store):
                     return work_claim_of(row, number)
             return None
 
-        return self._run(claim, write=True, transaction=True)
+        def claim_some(conn: _Conn) -> list[WorkClaim]:
+            claims: list[WorkClaim] = []
+            while len(claims) < count and (one := claim(conn)) is not None:
+                claims.append(one)
+            return claims
+
+        return self._run(claim_some, write=True, transaction=True)
 
     def _list_work(self, group: str | None, status: str | None) -> tuple[list[WorkRow], float]:
         def read(conn: _Conn) -> tuple[list[WorkRow], float]:

@@ -1051,7 +1051,7 @@ class SQLiteStore(Store):
         self.append_count += 1
         return rows
 
-    def _claim_work(self, owner: str, ttl: float, order: ClaimOrder) -> WorkClaim | None:
+    def _claim_works(self, owner: str, ttl: float, order: ClaimOrder, count: int) -> list[WorkClaim]:
         def claim(conn: sqlite3.Connection) -> WorkClaim | None:
             # BEGIN IMMEDIATE: no other writer (claimer, renewer, finisher) runs until this commits.
             now = float(conn.execute(_NOW_SQL).fetchone()[0])
@@ -1076,7 +1076,13 @@ class SQLiteStore(Store):
                     return work_claim_of(row, number)
             return None
 
-        return self._write(claim)
+        def claim_some(conn: sqlite3.Connection) -> list[WorkClaim]:
+            claims: list[WorkClaim] = []
+            while len(claims) < count and (one := claim(conn)) is not None:
+                claims.append(one)
+            return claims
+
+        return self._write(claim_some)
 
     def _list_work(self, group: str | None, status: str | None) -> tuple[list[WorkRow], float]:
         def read(conn: sqlite3.Connection) -> tuple[list[WorkRow], float]:

@@ -591,6 +591,8 @@ def renewed_row(row: WorkRow | None, claim: WorkClaim, ttl: float, now: float) -
                    now + ttl, now, row.rerun, row.position)
 
 
+MAX_CLAIMS_AT_ONCE = 1000
+"""The most claims :meth:`Store.claim_works` makes in one transaction."""
 LeaseChange = Callable[[Lease | None, float], Lease]
 """A lease's change inside its transaction: ``change(current, store_now)`` -> the lease to store."""
 WorkChange = Callable[[WorkRow | None, float], WorkRow]
@@ -871,11 +873,21 @@ class Store(abc.ABC):
         Which groups there are, their limits and the fairness between them
         are the caller's (:func:`jixu.scheduling.queue.claim`).
         """
+        claims = self.claim_works(owner, ttl, order, 1)
+        return claims[0] if claims else None
+
+    def claim_works(self, owner: str, ttl: float, order: ClaimOrder, count: int) -> list[WorkClaim]:
+        """Up to ``count`` claims, each made as :meth:`claim_work` makes one (its own census, ``order`` asked
+        again), one after another in one transaction: what a worker with ``count`` free slots takes at once.
+        Fewer (or none) when fewer items are claimable or ``order`` names no group."""
         owner, ttl = check_owner(owner), check_ttl(ttl)
         if not callable(order):
             raise InvalidInput("order must be a function of a QueueCensus naming the groups to try",
                                field="order")
-        return self._claim_work(owner, ttl, order)
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_CLAIMS_AT_ONCE:
+            raise InvalidInput(f"count must be an integer from 1 to {MAX_CLAIMS_AT_ONCE}, got {count!r}",
+                               field="count")
+        return self._claim_works(owner, ttl, order, count)
 
     def renew_work(self, claim: WorkClaim, ttl: float) -> WorkClaim:
         """Extend ``claim`` to ``ttl`` seconds from the store's now; :class:`~jixu.errors.FencingError`
@@ -1097,9 +1109,10 @@ class Store(abc.ABC):
         renewal, which must not overlap a claimer's count of live claims."""
 
     @abc.abstractmethod
-    def _claim_work(self, owner: str, ttl: float, order: ClaimOrder) -> WorkClaim | None:
-        """In one transaction serialised with every other claim: take the :class:`QueueCensus`, ask
-        :func:`groups_to_try`, claim the oldest claimable item of the first group that has one."""
+    def _claim_works(self, owner: str, ttl: float, order: ClaimOrder, count: int) -> list[WorkClaim]:
+        """In one transaction serialised with every other claim, up to ``count`` times: take the
+        :class:`QueueCensus`, ask :func:`groups_to_try`, claim the oldest claimable item of the first group
+        that has one (stop when none has)."""
 
     @abc.abstractmethod
     def _list_work(self, group: str | None, status: str | None) -> tuple[list[WorkRow], float]:

@@ -110,6 +110,15 @@ def claim(store: Store, owner: str, ttl: float, *, global_limit: int, project_li
     return store.claim_work(owner, ttl, limits.order)
 
 
+def claim_some(store: Store, owner: str, ttl: float, count: int, *, global_limit: int,
+               project_limits: dict[str, int] | None = None,
+               default_project_limit: int | None = None) -> list[WorkClaim]:
+    """Up to ``count`` claims, each as :func:`claim` makes one (the limits and the fairness counted again
+    for each), in one transaction: a worker with ``count`` free slots takes them with one commit."""
+    limits = check_limits(global_limit, project_limits, default_project_limit)
+    return store.claim_works(owner, ttl, limits.order, count)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class QueuedWork(WorkItem):
     """A work item as jixu's interfaces tell it: the ledger's item, whose group is a project.
@@ -152,4 +161,4 @@ def enqueue(store: Store, key: str, project: str) -> QueuedWork:
 
 
 __all__ = ["DEFAULT_PROJECT", "QueuedWork", "WorkLimits", "check_limits", "check_project", "claim",
-           "claim_order", "enqueue", "queued_work"]
+           "claim_order", "claim_some", "enqueue", "queued_work"]

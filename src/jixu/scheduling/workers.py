@@ -78,8 +78,7 @@ from jixu.runs.model import RunState, run_id_of
 from jixu.runs.operations import load_publishers, load_remotes
 from jixu.runs.providers import Provider
 from jixu.runs.requests import request_id_of
-from jixu.scheduling.queue import check_limits
-from jixu.scheduling.queue import claim as claim_work
+from jixu.scheduling.queue import check_limits, claim_some
 from jixu.scheduling.work import repair_queue, thread_id_of
 from jixu.threads.agent import Agent
 from jixu.threads.harness import Harness
@@ -314,6 +313,11 @@ def print_report(owner: str) -> Report:
     return report
 
 
+CLAIMS_AT_ONCE = 16
+"""The most free slots a worker fills with one claim transaction (a burst of queued turns starts with one
+commit per this many, and workers sharing a store still take turns)."""
+
+
 class Worker:
     """One worker loop over a store (see the module docstring). Run it with ``await worker.run()``."""
 
@@ -343,6 +347,7 @@ class Worker:
         self._stop_event: asyncio.Event | None = None
         self._stop_reason = ""
         self._lag = 0.0
+        self._lag_measured = False
         self._queue_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="jixu-queue")
 
     @property
@@ -399,24 +404,30 @@ class Worker:
                     continue
                 try:
                     # In a thread: a claim is a durable write (an fsync on SQLite), which would hold the loop
-                    # and every turn on it.
-                    claimed = await self._queue(claim_work, self.store, config.owner, config.lease_ttl, **limits)
-                    idle = (claimed is None and not in_flight and config.exit_when_idle
+                    # and every turn on it. Up to CLAIMS_AT_ONCE free slots are filled with one commit, but only
+                    # while the loop is known to keep up (measured, and under half its limit): else one.
+                    keeping_up = self._lag_measured and self._lag <= lag_limit / 2
+                    free = min(config.concurrency - len(in_flight), CLAIMS_AT_ONCE) if keeping_up else 1
+                    batch = await self._queue(claim_some, self.store, config.owner, config.lease_ttl, free,
+                                              **limits)
+                    idle = (not batch and not in_flight and config.exit_when_idle
                             and await self._queue(self._queue_empty))
                 except StoreError as error:  # e.g. the database restarting: keep trying, slowly
                     self.stats.errors += 1
                     self.report("error", f"could not claim work ({error.message}); retrying")
                     await self._pause(max(1.0, min(5.0, config.poll_interval * 10)))
                     continue
-                if claimed is None:
+                if not batch:
                     if idle:
                         self.report("stop", "the queue is empty; exiting")
                         break
                     await self._until_one_ends(in_flight, config.poll_interval)
                     continue
-                self.stats.claimed += 1
-                self.report("claim", f"claimed {claimed.key} (project {claimed.group}, epoch {claimed.epoch}, claim #{claimed.number})")
-                in_flight.add(asyncio.create_task(self._process(claimed), name=f"jixu-work-{claimed.key}"))
+                for claimed in batch:
+                    self.stats.claimed += 1
+                    self.report("claim", f"claimed {claimed.key} (project {claimed.group}, epoch {claimed.epoch}, "
+                                         f"claim #{claimed.number})")
+                    in_flight.add(asyncio.create_task(self._process(claimed), name=f"jixu-work-{claimed.key}"))
                 self.stats.max_in_flight = max(self.stats.max_in_flight, len(in_flight))
             if self._stopping:
                 await self._drain(busy=len(in_flight))
@@ -446,6 +457,7 @@ class Worker:
             before = loop.time()
             await asyncio.sleep(interval)
             self._lag = max(0.0, loop.time() - before - interval)
+            self._lag_measured = True
             self.stats.max_loop_lag = max(self.stats.max_loop_lag, self._lag)
 
     @property
