@@ -1155,21 +1155,23 @@ class PostgresStore(Store):
         def apply(conn: _Conn) -> list[Lease | FencingError]:
             results: list[Lease | FencingError | None] = [None] * len(changes)
             # The rows are locked in key order, so two processes renewing overlapping sets cannot deadlock.
+            now = self._clock(conn)[0]  # one store time for the batch, as SQLite's one transaction has
             for index in sorted(range(len(changes)), key=lambda i: changes[i][0]):
                 key, change = changes[index]
                 try:
-                    results[index] = self._lease_in(conn, key, change)
+                    results[index] = self._lease_in(conn, key, change, now)
                 except FencingError as error:
                     results[index] = error
             return [result for result in results if result is not None]
 
         return self._run(apply, write=True, transaction=True) if changes else []
 
-    def _lease_in(self, conn: _Conn, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
-        """A lease's change inside the open transaction (its row locked)."""
+    def _lease_in(self, conn: _Conn, key: str, change: Callable[[Lease | None, float], Lease],
+                  now: float | None = None) -> Lease:
+        """A lease's change inside the open transaction (its row locked), at store time ``now`` if given."""
         for _ in range(3):
             current = self._lease_row(conn, key, lock=True)
-            lease = change(current, self._clock(conn)[0])
+            lease = change(current, self._clock(conn)[0] if now is None else now)
             if current is not None:
                 conn.execute("UPDATE jixu_leases SET owner = %s, epoch = %s, expires_at = %s, "
                              "heartbeat_at = %s, released = %s WHERE key = %s",
@@ -1238,10 +1240,12 @@ class PostgresStore(Store):
     def _renew_works(self, changes: list[tuple[str, WorkChange]]) -> list[WorkRow | FencingError]:
         def apply(conn: _Conn) -> list[WorkRow | FencingError]:
             results: list[WorkRow | FencingError | None] = [None] * len(changes)
+            conn.execute(_WORK_LOCK_SHARED_SQL)  # once for the batch (see _work_in)
+            now = self._clock(conn)[0]
             for index in sorted(range(len(changes)), key=lambda i: changes[i][0]):  # key order, as leases
                 key, change = changes[index]
                 try:
-                    results[index] = self._work_in(conn, key, change, renew=True)[1]
+                    results[index] = self._work_in(conn, key, change, now=now)[1]
                 except FencingError as error:
                     results[index] = error
             return [result for result in results if result is not None]
@@ -1258,15 +1262,16 @@ class PostgresStore(Store):
         return self._run(both, write=True, transaction=True, idempotent=True)
 
     def _work_in(self, conn: _Conn, key: str, change: Callable[[WorkRow | None, float], WorkRow], *,
-                 renew: bool = False) -> tuple[WorkItem, WorkRow]:
-        """A work item's change inside the open transaction."""
+                 renew: bool = False, now: float | None = None) -> tuple[WorkItem, WorkRow]:
+        """A work item's change inside the open transaction (at store time ``now`` if given)."""
         if renew:
             conn.execute(_WORK_LOCK_SHARED_SQL)
         for _ in range(3):
             found = conn.execute(f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE key = %s FOR UPDATE",
                                  (key,)).fetchone()
             current = self._work_row(found) if found else None
-            now = self._clock(conn)[0]
+            if now is None:
+                now = self._clock(conn)[0]
             row = change(current, now)
             if row is current:
                 return row.item(now), row
