@@ -685,3 +685,77 @@ def test_an_append_whose_connection_breaks_once_is_answered_by_its_retry(url: st
         thread.join(10)
         assert [e.seq for e in outcome[0]] == [2], outcome
         assert [e.data["n"] for e in store.read("once/1")] == [1, 2]
+
+
+# --- append_many: one transaction for a batch of appends --------------------------------------------------
+
+
+def test_append_many_commits_a_batch_in_one_transaction_and_answers_each_append_as_append_would(url: str) -> None:
+    from jixu.errors import InvalidInput
+    from jixu.ledger.store import AppendRequest
+
+    with PostgresStore(url) as store:
+        stored_before = store.append("many/old", [NewEvent("a.b", {"n": 0})], 0)
+        retried = [NewEvent("a.b", {"n": 1}, id=stored_before[0].id)]  # the stored event again: a retry
+        lease = store.acquire_lease("many/turn", "owner-a", 60)
+        store.release_lease(lease)
+        store.acquire_lease("many/turn", "owner-b", 60)  # owner-a's fence is stale now
+        transactions: list[bool] = []
+        run = store._run
+
+        def counted(fn: Any, **options: Any) -> Any:
+            transactions.append(bool(options.get("transaction")))
+            return run(fn, **options)
+
+        store._run = counted  # type: ignore[method-assign]
+        requests = [AppendRequest(f"many/{n}", [NewEvent("a.b", {"n": n})], 0) for n in range(20)]
+        requests += [
+            AppendRequest("many/old", [NewEvent("a.b", {"n": 9})], 0),  # wrong head
+            AppendRequest("many/fenced", [NewEvent("a.b", {})], 0, lease),  # stale fence
+            AppendRequest("many/old", [NewEvent("a.b", {"n": 0}, id=stored_before[0].id)], 0),  # stored batch
+            AppendRequest("", [NewEvent("a.b", {})], 0),  # invalid stream
+        ]
+        answers = store.append_many(requests)
+        store._run = run  # type: ignore[method-assign]
+        assert all(isinstance(a, list) and a[0].seq == 1 for a in answers[:20])
+        assert isinstance(answers[20], ConcurrencyError)
+        assert isinstance(answers[21], FencingError)
+        assert isinstance(answers[22], list) and answers[22][0].id == stored_before[0].id, "a retry finds it stored"
+        assert isinstance(answers[23], InvalidInput)
+        assert transactions.count(True) <= 2, f"the 20 new appends share one transaction: {transactions}"
+        for n in range(20):
+            assert [e.data for e in store.read(f"many/{n}")] == [{"n": n}]
+            assert store.verify(f"many/{n}").valid
+        assert [e.data for e in store.read("many/old")] == [{"n": 0}], "the refused append wrote nothing"
+        assert store.read("many/fenced") == []
+        assert retried[0].id == stored_before[0].id
+
+
+@pytest.mark.parametrize("racer", ["fall/2", "fall/3"])  # in the middle, and last (then only COMMIT would tell)
+def test_append_many_falls_back_to_each_append_when_the_batch_transaction_aborts(url: str, racer: str) -> None:
+    from jixu.ledger.store import AppendRequest
+
+    with PostgresStore(url) as store:
+        stored_first = store.append("fall/1", [NewEvent("a.b", {"n": 1})], 0)
+        once = store._append_once
+        aborted: list[str] = []
+
+        def racing(conn: Any, stream: str, *args: Any, batched: bool = False) -> Any:
+            if batched and stream == racer and not aborted:
+                # As a concurrent commit of the same id would: a real unique violation, which aborts the
+                # batch's transaction in the database (the appends before it in the batch roll back too).
+                aborted.append(stream)
+                conn.execute(f"INSERT INTO jixu_events ({_COLUMNS}) SELECT {_COLUMNS} FROM jixu_events "
+                             "WHERE id = %s", (stored_first[0].id,))
+            return once(conn, stream, *args, batched=batched)
+
+        store._append_once = racing  # type: ignore[method-assign]
+        requests = [AppendRequest("fall/0", [NewEvent("a.b", {"n": 0})], 0),
+                    AppendRequest("fall/2", [NewEvent("a.b", {"n": 2})], 0),
+                    AppendRequest("fall/3", [NewEvent("a.b", {"n": 3})], 0)]
+        answers = store.append_many(requests)
+        assert aborted == [racer], "the batch was aborted"
+        assert all(isinstance(a, list) and len(a) == 1 for a in answers), answers
+        for n in (0, 2, 3):
+            assert [e.data for e in store.read(f"fall/{n}")] == [{"n": n}], "appended once, on its own"
+            assert store.verify(f"fall/{n}").valid

@@ -50,7 +50,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
@@ -79,10 +79,11 @@ except ImportError as error:  # without the extra: say what to install
     raise MissingExtra.needed("postgres", "a PostgreSQL store", error) from error
 
 from jixu.ledger.chain import VerifyReport, verify_rows
-from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow
+from jixu.ledger.event import GENESIS_HASH, Event, PreparedEvent, StoredRow
 from jixu.ledger.store import (
     SESSION_RETENTION,
     AlreadyStored,
+    AppendRequest,
     Checkpoint,
     ClaimOrder,
     Fence,
@@ -927,6 +928,58 @@ class PostgresStore(Store):
                 return rows
         return self._append_slowly(stream, batch, expected_seq, fence, genesis_hash)
 
+    def append_many(self, requests: Sequence[AppendRequest]) -> list[list[Event] | JixuError]:
+        """Commit the appends in one transaction (one WAL flush), each all or nothing with its own answer.
+
+        Each goes through ``jixu_append_v4`` as :meth:`append` does, in stream order (so two processes'
+        batches lock the heads they share in one order). A refused append inserted nothing and is answered
+        with its refusal; one the function leaves to the slow path (ids already stored, a busy head), or a
+        batch the database aborts, is appended on its own after the others, as :meth:`append` would.
+        """
+        results: list[list[Event] | JixuError | None] = [None] * len(requests)
+        queued: list[tuple[int, AppendRequest, list[PreparedEvent]]] = []
+        for index, request in enumerate(requests):
+            try:
+                queued.append((index, request, self._prepare_append(request.stream, request.events,
+                                                                    request.expected_seq, request.fence, None)))
+            except JixuError as refused:
+                results[index] = refused
+        later = queued
+        if self._fast_append and len(queued) > 1:
+            ordered = sorted(queued, key=lambda item: item[1].stream)
+
+            def together(conn: _PooledConnection) -> list[list[StoredRow] | JixuError | None]:
+                answers: list[list[StoredRow] | JixuError | None] = []
+                for _index, request, batch in ordered:
+                    try:
+                        answers.append(self._append_once(conn, request.stream, batch, request.expected_seq,
+                                                         request.fence, GENESIS_HASH, batched=True))
+                    except (ConcurrencyError, FencingError) as refused:  # the function wrote nothing
+                        answers.append(refused)
+                return answers
+
+            try:
+                answers = self._run(together, write=True, transaction=True, idempotent=True)
+            except JixuError:
+                # The transaction rolled back, or its outcome is in doubt (a broken connection): each append
+                # runs again on its own below; their ids make a committed one found stored, not written twice.
+                answers = [None] * len(ordered)
+            later = []
+            for (index, request, batch), answer in zip(ordered, answers, strict=True):
+                if answer is None:
+                    later.append((index, request, batch))
+                elif isinstance(answer, JixuError):
+                    results[index] = answer
+                else:
+                    results[index] = [row.to_event() for row in answer]
+        for index, request, batch in later:
+            try:
+                results[index] = [row.to_event() for row in self._append(
+                    request.stream, batch, request.expected_seq, request.fence, GENESIS_HASH)]
+            except JixuError as error:
+                results[index] = error
+        return [result for result in results if result is not None]
+
     def _append_once(
         self,
         conn: _PooledConnection,
@@ -935,8 +988,13 @@ class PostgresStore(Store):
         expected_seq: int,
         fence: Fence | None,
         genesis_hash: str,
+        *,
+        batched: bool = False,
     ) -> list[StoredRow] | None:
-        """The rows ``jixu_append_v4`` sealed and committed, or ``None`` when the slow path must decide."""
+        """The rows ``jixu_append_v4`` sealed and committed, or ``None`` when the slow path must decide.
+
+        ``batched``: inside a transaction of several appends, where a unique violation has aborted the
+        transaction: it is raised (the whole transaction rolls back), not taken as "decide slowly"."""
         cursor = conn.append_cursor()
         try:
             result = cursor.execute(_APPEND_SQL, (
@@ -946,7 +1004,7 @@ class PostgresStore(Store):
                 [p.meta_json for p in batch],
             )).fetchone()
         except pg_errors.UniqueViolation as exc:
-            if exc.diag.constraint_name == _ID_CONSTRAINT:
+            if exc.diag.constraint_name == _ID_CONSTRAINT and not batched:
                 return None  # an id of the batch is stored, or was committed meanwhile: decide slowly
             raise
         assert result is not None
