@@ -85,6 +85,9 @@ class Completion:
     error_after: int | None = None
     error_body: Any = None
     event_delay: float = 0.0
+    linger_after: float | None = None
+    """Hold the body open this many seconds after the last event, then cut the connection without ending
+    it (a server that sends its terminating event but not the end of the body)."""
     refusal: str | None = None
     """Chat Completions: the model refuses; the message's ``refusal`` (streamed as ``delta.refusal``), no content."""
     repeat_tool_name: bool = False
@@ -303,6 +306,10 @@ class FakeServer:
             handler.wfile.flush()
             if reply.event_delay:
                 time.sleep(reply.event_delay)
+        if reply.linger_after is not None:
+            time.sleep(reply.linger_after)
+            self._hang_up(handler)
+            return
         handler.wfile.write(b"0\r\n\r\n")
         handler.wfile.flush()
 

@@ -533,6 +533,20 @@ def test_connections_are_kept_alive_and_reused(openai_server: FakeOpenAI, stream
     assert len(openai_server.requests) == calls and len(ports) == POOLS
 
 
+def test_a_body_left_open_after_done_does_not_hold_or_fail_the_answer(openai_server: FakeOpenAI) -> None:
+    import time
+
+    from jixu.threads.openai import DRAIN_SECONDS
+
+    # The server sends its last event and data: [DONE], then neither ends the body nor closes for 3 s.
+    openai_server.script(Completion(text="whole answer", linger_after=3.0), Completion(text="next"))
+    model = driver(openai_server, timeout=30)
+    started = time.monotonic()
+    assert complete(model).text == "whole answer"
+    assert time.monotonic() - started < DRAIN_SECONDS + 1.0, "waited only a moment for the rest of the body"
+    assert complete(model).text == "next", "the next call goes over another connection"
+
+
 def test_with_a_proxy_in_the_environment_the_client_is_httpxs_own(monkeypatch: pytest.MonkeyPatch) -> None:
     from jixu.threads.http import SpreadTransport, model_client
 

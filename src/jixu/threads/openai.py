@@ -26,6 +26,7 @@ through the SDK.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -76,6 +77,8 @@ REASONING_FORMAT = "openai-chat"
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 APIS = ("chat", "responses")
 TOKEN_PARAMETERS = ("max_tokens", "max_completion_tokens")
+DRAIN_SECONDS = 0.1
+"""How long the rest of a streamed body may take once ``[DONE]`` arrived (read so its connection is reused)."""
 PLACEHOLDER_KEY = "not-needed"
 """Sent as the key to a custom ``base_url`` when no key is configured (local servers ignore it)."""
 
@@ -546,26 +549,34 @@ class OpenAIModel(ProviderDriver):
                 await response.aread()
                 raise self._http_error(response) from None
             done = False
-            async with aclosing(server_sent_data(response.aiter_lines())) as events:
-                async for data in events:
-                    if done:
-                        continue  # read on to the end of the body: its connection then goes back to the pool
-                    if data.startswith("[DONE]"):
-                        done = True
-                        continue
-                    try:
-                        chunk = json.loads(data)
-                    except ValueError:
-                        raise self._error("a streamed chunk is not JSON", kind="invalid_response",
-                                          indeterminate=True) from None
-                    if not isinstance(chunk, dict):
-                        continue
-                    if chunk.get("error"):  # an error object inside a 200 stream, as the SDK reads it
-                        error = chunk["error"]
-                        message = error.get("message") if isinstance(error, dict) else None
-                        text = str(message or "An error occurred during streaming")
-                        raise self._status_error(200, None, {"error": error}, text, None) from None
-                    yield chunk
+            try:
+                async with asyncio.timeout(None) as drain, \
+                        aclosing(server_sent_data(response.aiter_lines())) as events:
+                    async for data in events:
+                        if done:
+                            continue  # read on to the end of the body: its connection then goes back to the pool
+                        if data.startswith("[DONE]"):
+                            done = True  # the answer is whole; what follows only gets a moment (as the SDK's)
+                            drain.reschedule(asyncio.get_running_loop().time() + DRAIN_SECONDS)
+                            continue
+                        try:
+                            chunk = json.loads(data)
+                        except ValueError:
+                            raise self._error("a streamed chunk is not JSON", kind="invalid_response",
+                                              indeterminate=True) from None
+                        if not isinstance(chunk, dict):
+                            continue
+                        if chunk.get("error"):  # an error object inside a 200 stream, as the SDK reads it
+                            error = chunk["error"]
+                            message = error.get("message") if isinstance(error, dict) else None
+                            text = str(message or "An error occurred during streaming")
+                            raise self._status_error(200, None, {"error": error}, text, None) from None
+                        yield chunk
+            except (TimeoutError, httpx.HTTPError, httpx.StreamError):
+                if not done:
+                    raise
+                # The rest of the body did not come, or broke: the answer was whole; only this connection is
+                # not reused (closing the response drops it).
 
     def _http_error(self, response: httpx.Response) -> ModelError:
         """An HTTP error answer of jixu's own client as a :class:`ModelError` (what the SDK's
