@@ -80,7 +80,7 @@ def test_no_sql_above_the_ledger() -> None:
 # that use them, every one of which must still use it.
 APPEND_CONTRACT_USES = {
     "existing_batch": {"ledger/store.py:judge_append"},
-    "fence_problem": {"ledger/store.py:judge_append", "ledger/store.py:Store.renew_lease.renew"},
+    "fence_problem": {"ledger/store.py:judge_append", "ledger/store.py:renewed_lease"},
     "head_moved": {"ledger/store.py:judge_append"},
     "judge_append": {"ledger/store.py:decide_append",
                      "ledger/postgres.py:PostgresStore._append_once"},  # words the PL/pgSQL function's refusals
