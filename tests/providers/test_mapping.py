@@ -515,8 +515,10 @@ def test_unknown_attributes_still_raise_attribute_error() -> None:
         jixu.threads.NoSuchThing  # noqa: B018
 
 
-def test_drivers_validate_their_options() -> None:
+def test_drivers_validate_their_options(monkeypatch: pytest.MonkeyPatch) -> None:
     from jixu import AnthropicModel, OpenAIModel
+
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
 
     for bad in ({"timeout": 0}, {"timeout": "5"}, {"max_tokens": 0}, {"max_tokens": 1.5}, {"temperature": -1},
                 {"stream": "yes"}, {"name": ""}, {"prices": {"m": {"input": 1}}}):
@@ -532,6 +534,11 @@ def test_drivers_validate_their_options() -> None:
         AnthropicModel("claude-sonnet-4", api_key="sk-x", max_tokens=None)  # type: ignore[arg-type]
     with pytest.raises(InvalidInput, match="client"):
         OpenAIModel("gpt-4o", client=object())  # type: ignore[arg-type]
+    for url in ("not a url", "ftp://example.com/v1", "http://", "localhost:8000/v1"):
+        with pytest.raises(InvalidInput, match="base_url"):
+            OpenAIModel("gpt-4o", api_key="sk-x", base_url=url)
+    assert OpenAIModel("m", base_url="http://127.0.0.1:8000/v1").base_url == "http://127.0.0.1:8000/v1/"
+    assert OpenAIModel("m", api_key="sk-x").base_url == "https://api.openai.com/v1/"
     model = OpenAIModel("gpt-4o", api_key="sk-proj-abcdefghijklmnop")
     assert model.name == "openai:gpt-4o" and "sk-proj" not in repr(model)
     assert AnthropicModel("claude-x", api_key="k", name="claude").name == "claude"

@@ -77,6 +77,7 @@ REASONING_FORMAT = "openai-chat"
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 APIS = ("chat", "responses")
 TOKEN_PARAMETERS = ("max_tokens", "max_completion_tokens")
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DRAIN_SECONDS = 0.1
 """How long the rest of a streamed body may take once ``[DONE]`` arrived (read so its connection is reused)."""
 PLACEHOLDER_KEY = "not-needed"
@@ -150,6 +151,20 @@ def _reasoning(model: str, thoughts: Mapping[str, str]) -> JSONObject | None:
 
 def _dumps(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def endpoint(base_url: str | None) -> str:
+    """The API's base URL (``base_url``, else OpenAI's) ending in ``/``, as the SDK keeps it; an
+    :class:`InvalidInput` unless it is an absolute ``http``/``https`` URL."""
+    text = base_url or DEFAULT_BASE_URL
+    try:
+        url = httpx.URL(text)
+    except (httpx.InvalidURL, TypeError) as error:
+        raise InvalidInput(f"base_url {text!r} is not a URL: {error}", field="base_url") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise InvalidInput(f"base_url must be an http:// or https:// URL, got {text!r}", field="base_url")
+    text = str(url)
+    return text if text.endswith("/") else text + "/"
 
 
 def _headers(key: str, env: Mapping[str, str]) -> dict[str, str]:
@@ -281,6 +296,8 @@ class OpenAIModel(ProviderDriver):
         super().__init__(model, api_key=key, prices=prices, stream=stream, name=name, on_signal=on_signal)
         self._http: httpx.AsyncClient | None = None
         """jixu's own client for Chat Completions (None when a ``client`` was given, or for the Responses API)."""
+        self._client: AsyncOpenAI | None = None
+        """The SDK's client: the caller's own, or made for the Responses API (None for jixu's own chat calls)."""
         if client is not None:
             if not isinstance(client, openai.AsyncOpenAI):
                 raise InvalidInput("client must be an openai.AsyncOpenAI", field="client")
@@ -290,12 +307,13 @@ class OpenAIModel(ProviderDriver):
             if key is None and url is None:
                 raise InvalidInput("OpenAIModel needs an API key: pass api_key=... or set OPENAI_API_KEY "
                                    "(or point base_url at a server that needs none)", field="api_key")
-            self._client = openai.AsyncOpenAI(api_key=key or PLACEHOLDER_KEY, base_url=url, timeout=timeout,
-                                              max_retries=0)
-            self.base_url = str(self._client.base_url)
+            self.base_url = endpoint(url)
             if api == "chat":
                 self._http = model_client(timeout, _headers(key or PLACEHOLDER_KEY, os.environ))
-        if api == "responses" and not hasattr(self._client, "responses"):
+            else:
+                self._client = openai.AsyncOpenAI(api_key=key or PLACEHOLDER_KEY, base_url=self.base_url,
+                                                  timeout=timeout, max_retries=0)
+        if api == "responses" and not hasattr(self._sdk, "responses"):
             raise InvalidInput("api='responses' needs openai>=1.66 (the Responses API); upgrade the openai "
                                "package", field="api")
         self.api = api
@@ -313,7 +331,15 @@ class OpenAIModel(ProviderDriver):
         """Close the HTTP clients (their connections)."""
         if self._http is not None:
             await self._http.aclose()
-        await self._client.close()
+        if self._client is not None:
+            await self._client.close()
+
+    @property
+    def _sdk(self) -> AsyncOpenAI:
+        """The SDK's client (the Responses API, or a caller's own ``client``)."""
+        if self._client is None:  # pragma: no cover - only reached by jixu's own chat calls, which never ask
+            raise AssertionError("no SDK client: chat calls without client= go over jixu's own HTTP client")
+        return self._client
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The Chat Completions (or Responses) parameters for ``request`` (without ``stream``)."""
@@ -356,10 +382,10 @@ class OpenAIModel(ProviderDriver):
 
     async def _whole(self, request: ModelRequest) -> ModelResponse:
         if self.api == "responses":
-            return self._from_response(await self._client.responses.create(**self.request_body(request)))
+            return self._from_response(await self._sdk.responses.create(**self.request_body(request)))
         params = self.request_body(request)
         if self._http is None:  # the caller's own client
-            completion: object = _wire(await self._client.chat.completions.create(**params))
+            completion: object = _wire(await self._sdk.chat.completions.create(**params))
         else:
             response = await self._http.post(self.base_url + "chat/completions", content=_dumps(params).encode())
             if response.status_code >= 400:
@@ -427,7 +453,7 @@ class OpenAIModel(ProviderDriver):
                            cache_write_tokens=int(written), reasoning_tokens=int(reasoning))
 
     async def _responses_streamed(self, request: ModelRequest, emit: Emit) -> ModelResponse:
-        stream: Any = await self._client.responses.create(**self.request_body(request), stream=True)
+        stream: Any = await self._sdk.responses.create(**self.request_body(request), stream=True)
         calls: dict[int, dict[str, Any]] = {}
         done_items: dict[int, Any] = {}
         final: Any = None
@@ -533,7 +559,7 @@ class OpenAIModel(ProviderDriver):
     async def _chunks(self, params: JSONObject) -> AsyncGenerator[JSONObject, None]:
         """The chunk objects of one streamed Chat Completions call, as wire dicts (an error event raises)."""
         if self._http is None:  # the caller's own client: its stream of typed chunks
-            stream = await self._client.chat.completions.create(**params, stream=True)
+            stream = await self._sdk.chat.completions.create(**params, stream=True)
             try:
                 async for chunk in stream:
                     wire = _wire(chunk)
