@@ -43,8 +43,6 @@ class Renewals(Generic[_Held, _Renewed]):
         self._sending: list[tuple[_Held, float, asyncio.Future[_Renewed]]] = []
         """The renewals of the call in flight."""
         self._sender: asyncio.Task[None] | None = None
-        self.calls = 0
-        """Calls made to the store (each renewing every claim then pending)."""
 
     async def renew(self, held: _Held, ttl: float) -> _Renewed:
         """``held`` renewed for ``ttl`` seconds, with the others due now; raises what its renewal raised."""
@@ -66,7 +64,6 @@ class Renewals(Generic[_Held, _Renewed]):
                     if not future.done():  # its owner stopped waiting (cancelled): nothing to renew
                         by_ttl.setdefault(ttl, []).append((held, future))
                 for ttl, group in by_ttl.items():
-                    self.calls += 1
                     try:
                         answers = await asyncio.to_thread(self._renew_all, [held for held, _f in group], ttl)
                     except Exception as error:  # the store failed: every owner of the call hears it

@@ -203,8 +203,7 @@ class MemoryStore(Store):
         with self._lock:
             return {key: self._used[key] for key in keys if key in self._used}
 
-    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease], *,
-                      renew: bool = False) -> Lease:
+    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
         with self._lock:
             lease = change(self._leases.get(key), self.now())
             self._leases[key] = lease
@@ -229,8 +228,7 @@ class MemoryStore(Store):
 
     # --- work queue -----------------------------------------------------------------
 
-    def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow], *,
-                     renew: bool = False) -> tuple[WorkItem, WorkRow]:
+    def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow]) -> tuple[WorkItem, WorkRow]:
         with self._lock:
             now = self.now()
             current = self._work.get(key)

@@ -1205,8 +1205,7 @@ class PostgresStore(Store):
         ).fetchone()
         return Lease(row[0], row[1], int(row[2]), float(row[3]), float(row[4]), bool(row[5])) if row else None
 
-    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease], *,
-                      renew: bool = False) -> Lease:
+    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
         return self._run(lambda conn: self._lease_in(conn, key, change), write=True, transaction=True)
 
     def _change_leases(self, changes: list[tuple[str, LeaseChange]]) -> list[Lease | FencingError]:
@@ -1291,14 +1290,13 @@ class PostgresStore(Store):
                      (row.status, row.ready_at, row.enqueued_at, row.claimed_by, row.epoch, row.expires_at,
                       row.heartbeat_at, row.rerun, row.key))
 
-    def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow], *,
-                     renew: bool = False) -> tuple[WorkItem, WorkRow]:
-        return self._run(lambda conn: self._work_in(conn, key, change, renew=renew), write=True, transaction=True)
+    def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow]) -> tuple[WorkItem, WorkRow]:
+        return self._run(lambda conn: self._work_in(conn, key, change), write=True, transaction=True)
 
     def _renew_works(self, changes: list[tuple[str, WorkChange]]) -> list[WorkRow | FencingError]:
         def apply(conn: _Conn) -> list[WorkRow | FencingError]:
             results: list[WorkRow | FencingError | None] = [None] * len(changes)
-            conn.execute(_WORK_LOCK_SHARED_SQL)  # once for the batch (see _work_in)
+            conn.execute(_WORK_LOCK_SHARED_SQL)  # no claimer counts live claims while these are renewed
             now = self._clock(conn)[0]
             for index in sorted(range(len(changes)), key=lambda i: changes[i][0]):  # key order, as leases
                 key, change = changes[index]
@@ -1320,10 +1318,8 @@ class PostgresStore(Store):
         return self._run(both, write=True, transaction=True, idempotent=True)
 
     def _work_in(self, conn: _Conn, key: str, change: Callable[[WorkRow | None, float], WorkRow], *,
-                 renew: bool = False, now: float | None = None) -> tuple[WorkItem, WorkRow]:
+                 now: float | None = None) -> tuple[WorkItem, WorkRow]:
         """A work item's change inside the open transaction (at store time ``now`` if given)."""
-        if renew:
-            conn.execute(_WORK_LOCK_SHARED_SQL)
         for _ in range(3):
             found = conn.execute(f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE key = %s FOR UPDATE",
                                  (key,)).fetchone()

@@ -929,16 +929,13 @@ class SQLiteStore(Store):
             (lease.key, lease.owner, lease.epoch, lease.expires_at, lease.heartbeat_at, int(lease.released)),
         )
 
-    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease], *,
-                      renew: bool = False) -> Lease:
+    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
         def apply(conn: sqlite3.Connection) -> Lease:
             lease = change(self._lease_row(conn, key), float(conn.execute(_NOW_SQL).fetchone()[0]))
             self._put_lease(conn, lease)
             return lease
 
-        # A renewal is not waited for on disk (decision 0042): lost in a power failure, the lease expires as if
-        # its holder had died in it, which it did. Taking a lease stays durable: it is acted on at once.
-        return self._write(apply, sync=not renew)
+        return self._write(apply)  # taking a lease is durable: it is acted on at once (renewals: below)
 
     def _change_leases(self, changes: list[tuple[str, LeaseChange]]) -> list[Lease | FencingError]:
         def apply(conn: sqlite3.Connection) -> list[Lease | FencingError]:
@@ -954,7 +951,9 @@ class SQLiteStore(Store):
                 results.append(lease)
             return results
 
-        return self._write(apply, sync=False) if changes else []  # renewals only (decision 0042)
+        # A renewal is not waited for on disk (decision 0042): lost in a power failure, the lease expires as if
+        # its holder had died in it, which it did.
+        return self._write(apply, sync=False) if changes else []
 
     def _release_lease(self, fence: Fence) -> None:
         # Not waited for on disk: lost in a power failure, the lease just expires as if its holder had died,
@@ -1008,10 +1007,8 @@ class SQLiteStore(Store):
                      "epoch = ?, expires_at = ?, heartbeat_at = ?, rerun = ? WHERE key = ?", (*values, row.key))
         return row
 
-    def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow], *,
-                     renew: bool = False) -> tuple[WorkItem, WorkRow]:
-        # A work claim's renewal, like a lease's, is not waited for on disk (decision 0042).
-        return self._write(lambda conn: self._work_in(conn, key, change), sync=not renew)
+    def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow]) -> tuple[WorkItem, WorkRow]:
+        return self._write(lambda conn: self._work_in(conn, key, change))
 
     def _renew_works(self, changes: list[tuple[str, WorkChange]]) -> list[WorkRow | FencingError]:
         def apply(conn: sqlite3.Connection) -> list[WorkRow | FencingError]:
@@ -1023,7 +1020,7 @@ class SQLiteStore(Store):
                     results.append(error)
             return results
 
-        return self._write(apply, sync=False) if changes else []
+        return self._write(apply, sync=False) if changes else []  # renewals, as leases' (decision 0042)
 
     def _work_in(self, conn: sqlite3.Connection, key: str,
                  change: Callable[[WorkRow | None, float], WorkRow]) -> tuple[WorkItem, WorkRow]:

@@ -805,10 +805,10 @@ class Store(abc.ABC):
 
     def renew_lease(self, fence: Fence, ttl: float) -> Lease:
         """Extend the lease ``fence`` holds; :class:`~jixu.errors.FencingError` if it lost it."""
-        check_fence(fence)
-        ttl = check_ttl(ttl)
-        return self._change_lease(fence.key, lambda current, now: renewed_lease(current, fence, ttl, now),
-                                  renew=True)
+        answer = self.renew_leases([fence], ttl)[0]  # one renewal path, alone or together
+        if isinstance(answer, FencingError):
+            raise answer
+        return answer
 
     def renew_leases(self, fences: Sequence[Fence], ttl: float) -> list[Lease | FencingError]:
         """:meth:`renew_lease` of each of ``fences``, in one transaction: for each, its renewed lease or the
@@ -892,9 +892,10 @@ class Store(abc.ABC):
     def renew_work(self, claim: WorkClaim, ttl: float) -> WorkClaim:
         """Extend ``claim`` to ``ttl`` seconds from the store's now; :class:`~jixu.errors.FencingError`
         if the claim expired, or the item was finished or claimed again."""
-        claim, ttl = check_work_claim(claim), check_ttl(ttl)
-        row = self._change_work(claim.key, lambda current, now: renewed_row(current, claim, ttl, now), renew=True)[1]
-        return work_claim_of(row, claim.number)
+        answer = self.renew_work_claims([claim], ttl)[0]  # one renewal path, as leases
+        if isinstance(answer, FencingError):
+            raise answer
+        return answer
 
     def renew_work_claims(self, claims: Sequence[WorkClaim], ttl: float) -> list[WorkClaim | FencingError]:
         """:meth:`renew_work` of each of ``claims``, in one transaction: for each, the renewed claim or the
@@ -1059,32 +1060,30 @@ class Store(abc.ABC):
     def _last_used(self, keys: list[str]) -> dict[str, float]: ...
 
     @abc.abstractmethod
-    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease], *,
-                      renew: bool = False) -> Lease:
-        """In one transaction: lock the lease row, call ``change(current, store_now)``, store its result.
-
-        ``renew``: the change only extends a lease its holder has (a backend may commit it without waiting
-        for the disk: lost in a power failure, the lease expires as if its holder had died in it; decision
-        0042)."""
+    def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
+        """In one transaction: lock the lease row, call ``change(current, store_now)``, store its result."""
 
     def _change_leases(self, changes: list[tuple[str, LeaseChange]]) -> list[Lease | FencingError]:
-        """Renewals (``renew=True`` changes) of several leases; a FencingError in the list for each lost one.
+        """Renewals of several leases (every renewal comes here); a FencingError in the list for each lost one.
 
-        This default renews them one transaction each; SQLite and PostgreSQL override it with one."""
+        A backend may commit renewals without waiting for the disk: lost in a power failure, a lease expires as
+        if its holder had died in it (decision 0042). This default renews them one transaction each; SQLite and
+        PostgreSQL override it with one."""
         results: list[Lease | FencingError] = []
         for key, change in changes:
             try:
-                results.append(self._change_lease(key, change, renew=True))
+                results.append(self._change_lease(key, change))
             except FencingError as error:
                 results.append(error)
         return results
 
     def _renew_works(self, changes: list[tuple[str, WorkChange]]) -> list[WorkRow | FencingError]:
-        """Renewals of several work claims (as :meth:`_change_leases`): the renewed rows."""
+        """Renewals of several work claims (as :meth:`_change_leases`; every renewal comes here): the renewed
+        rows."""
         results: list[WorkRow | FencingError] = []
         for key, change in changes:
             try:
-                results.append(self._change_work(key, change, renew=True)[1])
+                results.append(self._change_work(key, change)[1])
             except FencingError as error:
                 results.append(error)
         return results
@@ -1102,11 +1101,10 @@ class Store(abc.ABC):
     def _read_checkpoint(self, stream: str, name: str) -> Checkpoint | None: ...
 
     @abc.abstractmethod
-    def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow], *,
-                     renew: bool = False) -> tuple[WorkItem, WorkRow]:
+    def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow]) -> tuple[WorkItem, WorkRow]:
         """In one transaction: lock the item's row, call ``change(current, store_now)``, store its result
-        (unless it returned ``current`` itself); return it as an item and as a row. ``renew`` marks a claim
-        renewal, which must not overlap a claimer's count of live claims."""
+        (unless it returned ``current`` itself); return it as an item and as a row. (Claim renewals go through
+        :meth:`_renew_works`, which must not overlap a claimer's count of live claims.)"""
 
     @abc.abstractmethod
     def _claim_works(self, owner: str, ttl: float, order: ClaimOrder, count: int) -> list[WorkClaim]:
