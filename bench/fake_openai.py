@@ -10,8 +10,8 @@ on 127.0.0.1 until SIGTERM. It speaks the public Chat Completions API as far as 
   then ``data: [DONE]``). While the conversation holds fewer than ``--steps - 1`` assistant messages the
   answer calls the first tool of ``tools`` (``finish_reason: "tool_calls"``); then it replies with text
   (``finish_reason: "stop"``). So a turn is ``--steps`` model calls.
-- ``GET /stats``: requests served, the first request's arrival and the last answer's end (``time.time()``),
-  and per conversation (keyed by the first user message) the gaps between the end of one answer and the
+- ``GET /stats``: requests served, connections accepted, the first request's arrival and the last answer's
+  end (``time.time()``), and per conversation (keyed by the first user message) the gaps between the end of one answer and the
   arrival of the next request: what the client spent between two model calls (tool call and bookkeeping).
 - ``POST /stats/reset``: forget everything counted.
 
@@ -38,6 +38,7 @@ class Stats:
 
     def reset(self) -> None:
         self.requests = 0
+        self.connections = 0
         self.first_request: float | None = None
         self.last_answer: float | None = None
         self.last_end: dict[str, float] = {}
@@ -57,8 +58,8 @@ class Stats:
             self.last_end[key] = now
 
     def to_dict(self) -> dict[str, Any]:
-        return {"requests": self.requests, "first_request": self.first_request, "last_answer": self.last_answer,
-                "gaps": self.gaps}
+        return {"requests": self.requests, "connections": self.connections, "first_request": self.first_request,
+                "last_answer": self.last_answer, "gaps": self.gaps}
 
 
 class Settings:
@@ -148,6 +149,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self.stats.connections += 1
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None

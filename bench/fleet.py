@@ -587,6 +587,7 @@ def figures_of(label: str, run: dict[str, Any], k: int, args: argparse.Namespace
         (label, "cpu_per_step", 1000 * run["cpu"] / calls, "ms CPU/step"),
         (label, "peak_rss", run["rss_mb"], "MB"),
         (label, "model_calls", calls, "calls"),
+        (label, "connections_per_call", int(stats.get("connections", 0)) / max(1, calls), "connections/call"),
     ]
     bad = sum(run["faults"].values()) + (calls != k * args.steps)
     figures.append((label, "faults", bad, "faults"))

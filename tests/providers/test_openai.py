@@ -480,43 +480,34 @@ def test_jixus_own_client_sends_the_key_organization_and_project(openai_server: 
     assert openai_server.requests[0].path.endswith("/chat/completions")
 
 
-def test_jixus_own_client_spreads_concurrent_calls_over_its_pools(openai_server: FakeOpenAI) -> None:
+def test_jixus_own_client_sends_concurrent_calls_over_its_connection_stack(openai_server: FakeOpenAI) -> None:
     import asyncio
 
-    from jixu.threads.http import POOLS, SpreadTransport
+    from jixu.threads.http import StackTransport
 
-    calls = 2 * POOLS
+    calls = 12
     openai_server.script(*[Completion(text=f"answer {i}", event_delay=0.02) for i in range(calls)])
     model = driver(openai_server)
     assert model._http is not None
     transport = model._http._transport
-    assert isinstance(transport, SpreadTransport)
-    seen: list[int] = []
-    for index, pool in enumerate(transport._pools):
-        original = pool.handle_async_request
-
-        async def counted(request: Any, index: int = index, original: Any = original) -> Any:
-            seen.append(index)
-            return await original(request)
-
-        pool.handle_async_request = counted  # type: ignore[method-assign]
+    assert isinstance(transport, StackTransport)
 
     async def scenario() -> list[ModelResponse]:
         try:
-            return list(await asyncio.gather(*(model.complete(make_request()) for _ in range(calls))))
+            answers = list(await asyncio.gather(*(model.complete(make_request()) for _ in range(calls))))
+            assert (transport.stack.connections, transport.stack.idle) == (calls, calls), "all kept for reuse"
+            return answers
         finally:
             await model.aclose()
 
     answers = run(scenario())
     assert sorted(a.text or "" for a in answers) == sorted(f"answer {i}" for i in range(calls))
-    assert sorted(seen) == sorted(list(range(POOLS)) * 2), "round robin: every pool carried two calls"
+    assert len({request.client_port for request in openai_server.requests}) == calls
 
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_connections_are_kept_alive_and_reused(openai_server: FakeOpenAI, stream: bool) -> None:
-    from jixu.threads.http import POOLS
-
-    calls = 3 * POOLS
+    calls = 12
     openai_server.script(*[Completion(text=f"answer {i}") for i in range(calls)])
     model = driver(openai_server, stream=stream)
 
@@ -529,8 +520,8 @@ def test_connections_are_kept_alive_and_reused(openai_server: FakeOpenAI, stream
 
     run(scenario())
     ports = {request.client_port for request in openai_server.requests}
-    # One connection per pool, reused: a stream left unread to its end would close its connection instead.
-    assert len(openai_server.requests) == calls and len(ports) == POOLS
+    # One connection, reused: a stream left unread to its end would close its connection instead.
+    assert len(openai_server.requests) == calls and len(ports) == 1
 
 
 def test_a_body_left_open_after_done_does_not_hold_or_fail_the_answer(openai_server: FakeOpenAI) -> None:
@@ -545,18 +536,6 @@ def test_a_body_left_open_after_done_does_not_hold_or_fail_the_answer(openai_ser
     assert complete(model).text == "whole answer"
     assert time.monotonic() - started < DRAIN_SECONDS + 1.0, "waited only a moment for the rest of the body"
     assert complete(model).text == "next", "the next call goes over another connection"
-
-
-def test_with_a_proxy_in_the_environment_the_client_is_httpxs_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    from jixu.threads.http import SpreadTransport, model_client
-
-    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
-    client = model_client(5.0, {})
-    assert not isinstance(client._transport, SpreadTransport)
-    assert [mount for mount in client._mounts.values() if mount is not None], "httpx mounted the proxy"
-    monkeypatch.delenv("HTTPS_PROXY")
-    spread = model_client(5.0, {})
-    assert isinstance(spread._transport, SpreadTransport) and not spread._mounts
 
 
 def test_server_sent_events_are_read_as_the_format_defines_them() -> None:

@@ -1,61 +1,237 @@
-"""The HTTP client jixu's model drivers send their calls with: ``httpx``, its connections spread over pools.
+"""The HTTP client jixu's model drivers send their calls with: ``httpx``, its idle connections kept on a stack.
 
-httpcore's connection pool looks at every connection it holds each time a
-request arrives or a response is closed (and asks the socket of each idle one
-whether it is still readable). With hundreds of calls in flight, as a worker
-running hundreds of turns has, that scan is a large part of each call's CPU.
-Spreading the requests round robin over :data:`POOLS` pools, each with its
-share of the limits, divides the scan by as many: measured with 500 streamed
-calls in flight against ``bench/fake_openai.py``, 1.67 -> 1.30 ms of CPU per
-call. Each request still goes over one ordinary pool, so keep-alive, timeouts
-and certificates behave as httpx's own. When the environment names a proxy
+httpx's transport hands every request to httpcore's connection pool, which
+looks at every connection it holds each time a request arrives or a response
+is closed, and asks the socket of each idle one whether it is still readable.
+A worker running hundreds of turns holds hundreds of connections: that scan
+was a large part of each call's CPU, and with the SDKs' limit of 100 idle
+connections most answers closed their connection (measured at 500 calls in
+flight against ``bench/fake_openai.py``: one new connection per call; against
+a real provider, a TLS handshake per call).
+
+:class:`StackTransport` is httpx's own transport over a :class:`ConnectionStack`
+instead: each origin's idle connections on a stack, the request takes the one
+used last (as urllib3's pools do), so a request costs the same whatever the
+number of connections, a quiet thread keeps reusing one warm connection, and a
+busy worker keeps as many as it has calls in flight. The connections themselves
+are httpcore's (``httpcore.AsyncHTTPConnection``: connecting, TLS, HTTP/1.1,
+keep-alive expiry) and httpx maps their errors, so timeouts and failures read
+exactly as with httpx's default transport. When the environment names a proxy
 (``HTTPS_PROXY`` and friends), which httpx applies only to a client of its own
-transport, the client is httpx's plain one with the same limits.
+transport, the client is httpx's plain one.
 """
 
 from __future__ import annotations
 
-import itertools
+import asyncio
+import ssl
 import urllib.request
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
 
+import httpcore
 import httpx
 
 MAX_CONNECTIONS = 1000
-MAX_KEEPALIVE = 100
-"""Over all pools: the limits the official SDKs set on their clients."""
-POOLS = 8
+"""Open connections of one client at most (the official SDKs' limit)."""
+MAX_IDLE = 1000
+"""Idle connections one client keeps at most: one per call in flight (an idle connection costs no request
+anything here; each closes after :data:`KEEPALIVE_EXPIRY` unused)."""
+KEEPALIVE_EXPIRY = 5.0
+"""Seconds an idle connection is kept (httpx's default)."""
+
+_Key = tuple[bytes, bytes, int]
 
 
-class SpreadTransport(httpx.AsyncBaseTransport):
-    """Requests round robin over ``pools`` ordinary transports, each with its share of the limits."""
+class ConnectionStack:
+    """httpcore's connection pool's job with each origin's idle connections on a stack (last used, first taken).
 
-    def __init__(self, pools: int = POOLS, *, max_connections: int = MAX_CONNECTIONS,
-                 max_keepalive: int = MAX_KEEPALIVE) -> None:
-        limits = httpx.Limits(max_connections=max(1, max_connections // pools),
-                              max_keepalive_connections=max(1, max_keepalive // pools))
-        self._pools = [httpx.AsyncHTTPTransport(limits=limits) for _ in range(pools)]
-        self._next = itertools.cycle(self._pools)
+    Speaks httpcore's request interface (``handle_async_request``, ``aclose``) for :class:`StackTransport`.
+    At ``max_connections`` a request waits (at most the request's pool timeout: then ``httpcore.PoolTimeout``)
+    for a connection to be given back, after closing an idle connection of another origin if there is one.
+    """
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """Send ``request`` over the next pool."""
-        return await next(self._next).handle_async_request(request)
+    def __init__(self, *, ssl_context: ssl.SSLContext | None = None, max_connections: int = MAX_CONNECTIONS,
+                 max_idle: int = MAX_IDLE, keepalive_expiry: float = KEEPALIVE_EXPIRY) -> None:
+        if max_connections < 1 or max_idle < 0:
+            raise ValueError("max_connections must be >= 1 and max_idle >= 0")
+        self._ssl_context = ssl_context
+        self._max_connections = max_connections
+        self._max_idle = max_idle
+        self._keepalive_expiry = keepalive_expiry
+        self._idle: dict[_Key, list[httpcore.AsyncHTTPConnection]] = {}
+        self._idle_count = 0
+        self._connections: set[httpcore.AsyncHTTPConnection] = set()
+        self._waiting: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def connections(self) -> int:
+        """Connections open or being opened now (idle or carrying a request)."""
+        return len(self._connections)
+
+    @property
+    def idle(self) -> int:
+        """Idle connections kept now."""
+        return self._idle_count
+
+    async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
+        """Send ``request`` over an idle connection of its origin (the last used), else a new one."""
+        scheme = request.url.scheme
+        if scheme not in (b"http", b"https"):
+            raise httpcore.UnsupportedProtocol(f"Request URL has an unsupported protocol '{scheme.decode()}://'.")
+        origin = request.url.origin
+        key = (origin.scheme, origin.host, origin.port)
+        timeout = request.extensions.get("timeout", {}).get("pool")
+        while True:
+            connection = await self._connection(origin, key, timeout)
+            try:
+                response = await connection.handle_async_request(request)
+            except httpcore.ConnectionNotAvailable:
+                await self._give_back(connection, key)  # it closed meanwhile: the next one
+                continue
+            except BaseException:
+                await self._give_back(connection, key)
+                raise
+            assert isinstance(response.stream, AsyncIterable)
+            return httpcore.Response(status=response.status, headers=response.headers,
+                                     content=_GivenBackOnClose(response.stream, self, connection, key),
+                                     extensions=response.extensions)
+
+    async def _connection(self, origin: httpcore.Origin, key: _Key,
+                          timeout: float | None) -> httpcore.AsyncHTTPConnection:
+        while True:
+            stack = self._idle.get(key)
+            while stack:
+                connection = stack.pop()
+                self._idle_count -= 1
+                if connection.is_available() and not connection.has_expired():
+                    return connection
+                await self._close(connection)  # the server closed it, or it expired
+            if len(self._connections) < self._max_connections:
+                connection = httpcore.AsyncHTTPConnection(origin=origin, ssl_context=self._ssl_context,
+                                                          keepalive_expiry=self._keepalive_expiry)
+                self._connections.add(connection)
+                return connection
+            if self._idle_count:
+                await self._close(self._oldest_idle())  # at the limit: make room for this origin
+                continue
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiting.append(waiter)  # woken by a connection given back or closed (see _wake)
+            try:
+                async with asyncio.timeout(timeout):
+                    await waiter
+            except TimeoutError:
+                raise httpcore.PoolTimeout("no connection became free within the pool timeout") from None
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake()  # woken, but leaving: the turn goes to the next in line
+                raise
+
+    def _oldest_idle(self) -> httpcore.AsyncHTTPConnection:
+        stack = max((stack for stack in self._idle.values() if stack), key=len)
+        self._idle_count -= 1
+        return stack.pop(0)
+
+    async def _give_back(self, connection: httpcore.AsyncHTTPConnection, key: _Key) -> None:
+        """Keep ``connection`` for the next request if it is idle and there is room, else close it."""
+        if not (connection.is_idle() and not connection.is_closed() and self._idle_count < self._max_idle
+                and connection in self._connections):
+            await self._close(connection)
+            return
+        stack = self._idle.setdefault(key, [])
+        stack.append(connection)
+        self._idle_count += 1
+        self._wake()
+        # The bottom of a stack waited longest: close it once it expired (one look per give-back keeps the
+        # stacks free of dead sockets without scanning them).
+        if len(stack) > 1 and stack[0].has_expired():
+            self._idle_count -= 1
+            await self._close(stack.pop(0))
+
+    async def _close(self, connection: httpcore.AsyncHTTPConnection) -> None:
+        self._connections.discard(connection)  # counted out first: a cancelled close still frees its place
+        self._wake()
+        await connection.aclose()
+
+    def _wake(self) -> None:
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def __aenter__(self) -> ConnectionStack:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def aclose(self) -> None:
-        """Close every pool's connections."""
-        for pool in self._pools:
-            await pool.aclose()
+        """Close every connection, idle or carrying a request."""
+        connections = list(self._connections)
+        self._connections.clear()
+        self._idle.clear()
+        self._idle_count = 0
+        for connection in connections:
+            await connection.aclose()
+
+
+class _GivenBackOnClose:
+    """A response body that gives its connection back to the stack when it is closed."""
+
+    def __init__(self, stream: AsyncIterable[bytes], stack: ConnectionStack,
+                 connection: httpcore.AsyncHTTPConnection, key: _Key) -> None:
+        self._stream, self._stack, self._connection, self._key = stream, stack, connection, key
+        self._closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for part in self._stream:
+                yield part
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        close = getattr(self._stream, "aclose", None)
+        try:
+            if close is not None:
+                await close()
+        finally:
+            await self._stack._give_back(self._connection, self._key)
+
+
+class StackTransport(httpx.AsyncHTTPTransport):
+    """httpx's transport with its requests sent over a :class:`ConnectionStack` (no proxy)."""
+
+    def __init__(self, *, max_connections: int = MAX_CONNECTIONS, max_idle: int = MAX_IDLE,
+                 keepalive_expiry: float = KEEPALIVE_EXPIRY) -> None:
+        super().__init__(limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_idle,
+                                             keepalive_expiry=keepalive_expiry))
+        # httpx sends through ``_pool`` (handle_async_request, aclose) and maps httpcore's errors around it.
+        self._pool = ConnectionStack(ssl_context=httpx.create_ssl_context(), max_connections=max_connections,
+                                     max_idle=max_idle, keepalive_expiry=keepalive_expiry)  # type: ignore[assignment]
+
+    @property
+    def stack(self) -> ConnectionStack:
+        """The connections this transport sends over."""
+        pool = self._pool
+        assert isinstance(pool, ConnectionStack)
+        return pool
 
 
 def model_client(timeout: float, headers: Mapping[str, str]) -> httpx.AsyncClient:
     """An ``httpx.AsyncClient`` for a model provider: ``timeout`` for connecting and each read,
-    ``headers`` on every request, the connections spread over :data:`POOLS` pools (one plain pool, the
+    ``headers`` on every request, over a :class:`StackTransport` (httpx's plain client with the
     environment's proxies applied, when it names any)."""
     if urllib.request.getproxies():
         return httpx.AsyncClient(timeout=httpx.Timeout(timeout), headers=dict(headers),
                                  limits=httpx.Limits(max_connections=MAX_CONNECTIONS,
-                                                     max_keepalive_connections=MAX_KEEPALIVE))
-    return httpx.AsyncClient(timeout=httpx.Timeout(timeout), headers=dict(headers), transport=SpreadTransport())
+                                                     max_keepalive_connections=MAX_IDLE))
+    return httpx.AsyncClient(timeout=httpx.Timeout(timeout), headers=dict(headers), transport=StackTransport())
 
 
-__all__ = ["MAX_CONNECTIONS", "MAX_KEEPALIVE", "POOLS", "SpreadTransport", "model_client"]
+__all__ = ["KEEPALIVE_EXPIRY", "MAX_CONNECTIONS", "MAX_IDLE", "ConnectionStack", "StackTransport", "model_client"]

@@ -1,0 +1,277 @@
+"""jixu's model HTTP client: idle connections on a stack (reused, expired, limited), errors as httpx's own.
+
+Against a real HTTP/1.1 server on loopback (asyncio streams, in the test's loop) that counts its connections
+and can delay, hold, cut or never send its answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from jixu.threads.http import ConnectionStack, StackTransport, model_client
+
+
+class Server:
+    """An HTTP/1.1 server on 127.0.0.1: ``200 ok`` after ``delay`` seconds, keep-alive, unless told otherwise."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.requests = 0
+        self.delay = 0.0
+        self.close_after_answer: float | None = None
+        """Close the connection this many seconds after each answer (a server's own idle timeout)."""
+        self.mode = "answer"
+        """``answer``; ``silent``: read the request, never answer; ``cut``: send half a body, then close."""
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Server:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 1)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                await reader.readexactly(length)
+                self.requests += 1
+                if self.mode == "silent":
+                    await asyncio.sleep(60)
+                await asyncio.sleep(self.delay)
+                if self.mode == "cut":
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nhalf")
+                    await writer.drain()
+                    writer.close()
+                    return
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                await writer.drain()
+                if self.close_after_answer is not None:
+                    await asyncio.sleep(self.close_after_answer)
+                    writer.close()
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            writer.close()
+
+
+def run(scenario: Callable[[], Any]) -> Any:
+    return asyncio.run(scenario())
+
+
+def client(transport: httpx.AsyncBaseTransport | None = None, **options: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=transport or StackTransport(), timeout=options.pop("timeout", 5.0), **options)
+
+
+def test_sequential_requests_reuse_one_connection() -> None:
+    async def scenario() -> None:
+        async with Server() as server, client() as http:
+            for _ in range(10):
+                assert (await http.get(server.url)).text == "ok"
+            stack = stack_of(http)
+            assert (server.connections, server.requests) == (1, 10)
+            assert (stack.connections, stack.idle) == (1, 1)
+
+    run(scenario)
+
+
+def test_a_quiet_caller_keeps_its_warm_connection() -> None:
+    # Requests a little apart (as a thread's model calls are): the one used last is taken, so one
+    # connection serves them all and none expires in between (round robin over pools made one per call).
+    async def scenario() -> None:
+        async with Server() as server, client(StackTransport(keepalive_expiry=0.3)) as http:
+            for _ in range(6):
+                assert (await http.get(server.url)).text == "ok"
+                await asyncio.sleep(0.1)
+            assert server.connections == 1
+
+    run(scenario)
+
+
+def test_concurrent_callers_get_a_connection_each_and_keep_it() -> None:
+    # 150 callers making calls one after another with a moment between (as turns do: model call, tool,
+    # model call): more connections than the 100 an SDK's client keeps idle. None is closed and opened again
+    # (httpx's transport with 8 pools of the SDK's limits opened 406 connections for these 600 calls).
+    async def scenario() -> None:
+        async with Server() as server, client() as http:
+            server.delay = 0.05
+
+            async def caller() -> list[str]:
+                texts = []
+                for _ in range(4):
+                    texts.append((await http.get(server.url)).text)
+                    await asyncio.sleep(0.01)
+                return texts
+
+            answers = await asyncio.gather(*(caller() for _ in range(150)))
+            assert answers == [["ok"] * 4] * 150
+            assert (server.connections, server.requests) == (150, 600)
+            assert (stack_of(http).connections, stack_of(http).idle) == (150, 150)
+
+    run(scenario)
+
+
+def test_a_connection_the_server_closed_while_idle_is_not_used() -> None:
+    async def scenario() -> None:
+        async with Server() as server, client() as http:
+            server.close_after_answer = 0.05
+            assert (await http.get(server.url)).text == "ok"
+            await asyncio.sleep(0.2)  # the server closed it meanwhile
+            assert (await http.get(server.url)).text == "ok"
+            assert server.connections == 2
+            assert stack_of(http).connections == 1, "the dead one was dropped"
+
+    run(scenario)
+
+
+def test_an_expired_idle_connection_is_closed_and_not_used() -> None:
+    async def scenario() -> None:
+        async with Server() as server, client(StackTransport(keepalive_expiry=0.1)) as http:
+            assert (await http.get(server.url)).text == "ok"
+            await asyncio.sleep(0.3)
+            assert (await http.get(server.url)).text == "ok"
+            assert server.connections == 2 and stack_of(http).connections == 1
+
+    run(scenario)
+
+
+def test_the_oldest_idle_connection_is_closed_once_expired() -> None:
+    # Two connections kept; the one at the bottom expires while the other is in use: giving that one back
+    # closes the expired one (no idle connection outlives its expiry by more than one give-back).
+    async def scenario() -> None:
+        async with Server() as server, client(StackTransport(keepalive_expiry=0.2)) as http:
+            server.delay = 0.05
+            await asyncio.gather(http.get(server.url), http.get(server.url))
+            assert stack_of(http).idle == 2
+            await asyncio.sleep(0.1)
+            for _ in range(4):  # the top one is refreshed each time; the bottom one expires
+                await http.get(server.url)
+                await asyncio.sleep(0.05)
+            assert (stack_of(http).connections, stack_of(http).idle) == (1, 1)
+            assert server.connections == 2
+
+    run(scenario)
+
+
+def test_at_the_limit_a_request_waits_for_a_connection_or_times_out_as_httpx_does() -> None:
+    async def scenario() -> None:
+        async with Server() as server, client(StackTransport(max_connections=1)) as http:
+            async with http.stream("GET", server.url) as held:
+                with pytest.raises(httpx.PoolTimeout):
+                    await http.get(server.url, timeout=httpx.Timeout(5.0, pool=0.2))
+                waiting = asyncio.create_task(http.get(server.url))
+                await asyncio.sleep(0.1)
+                assert not waiting.done(), "waits while the only connection is busy"
+                await held.aread()
+            assert (await waiting).text == "ok"
+            assert server.connections == 1
+
+    run(scenario)
+
+
+def test_at_the_limit_an_idle_connection_of_another_origin_makes_room() -> None:
+    async def scenario() -> None:
+        async with Server() as first, Server() as second, client(StackTransport(max_connections=1)) as http:
+            assert (await http.get(first.url)).text == "ok"
+            assert (await asyncio.wait_for(http.get(second.url), 2)).text == "ok"
+            assert (stack_of(http).connections, first.connections, second.connections) == (1, 1, 1)
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("failure", ["refused", "silent", "cut"])
+def test_failures_read_as_with_httpxs_own_transport(failure: str) -> None:
+    async def outcome(transport: httpx.AsyncBaseTransport) -> tuple[type[BaseException], int | None]:
+        async with Server() as server, client(transport, timeout=0.3) as http:
+            url = server.url
+            if failure == "refused":
+                await server.__aexit__()
+            else:
+                server.mode = failure
+            with pytest.raises(httpx.HTTPError) as raised:
+                async with http.stream("GET", url) as response:
+                    await response.aread()
+            left = stack_of(http).connections if isinstance(transport, StackTransport) else None
+            return type(raised.value), left
+
+    async def scenario() -> None:
+        ours, left = await outcome(StackTransport())
+        theirs, _ = await outcome(httpx.AsyncHTTPTransport())
+        assert ours is theirs, f"{failure}: {ours.__name__} here, {theirs.__name__} with httpx's transport"
+        assert left == 0, "the failed connection was closed and counted out"
+
+    run(scenario)
+
+
+def test_a_cancelled_request_leaves_no_connection_behind() -> None:
+    async def scenario() -> None:
+        async with Server() as server, client() as http:
+            server.delay = 5.0
+            request = asyncio.create_task(http.get(server.url))
+            await asyncio.sleep(0.1)
+            request.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await request
+            assert stack_of(http).connections == 0
+            server.delay = 0.0
+            assert (await http.get(server.url)).text == "ok"
+
+    run(scenario)
+
+
+def test_closing_the_client_closes_idle_and_busy_connections() -> None:
+    async def scenario() -> None:
+        async with Server() as server:
+            http = client()
+            response = await http.send(http.build_request("GET", server.url), stream=True)  # busy
+            await http.get(server.url)  # over a second connection, idle after
+            stack = stack_of(http)
+            assert (stack.connections, stack.idle) == (2, 1)
+            await http.aclose()
+            assert (stack.connections, stack.idle) == (0, 0)
+            await response.aclose()  # a body closed after its client: nothing is given back
+            assert stack.connections == 0
+
+    run(scenario)
+
+
+def test_bad_limits_are_refused() -> None:
+    with pytest.raises(ValueError, match="max_connections"):
+        ConnectionStack(max_connections=0)
+
+
+def test_with_a_proxy_in_the_environment_the_client_is_httpxs_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    proxied = model_client(5.0, {})
+    assert not isinstance(proxied._transport, StackTransport)
+    assert [mount for mount in proxied._mounts.values() if mount is not None], "httpx mounted the proxy"
+    monkeypatch.delenv("HTTPS_PROXY")
+    direct = model_client(5.0, {})
+    assert isinstance(direct._transport, StackTransport) and not direct._mounts
+
+
+def stack_of(http: httpx.AsyncClient) -> ConnectionStack:
+    transport = http._transport
+    assert isinstance(transport, StackTransport)
+    return transport.stack
