@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
+import trustme
 
 from jixu.threads.http import ConnectionStack, StackTransport, model_client
 
@@ -20,19 +22,24 @@ from jixu.threads.http import ConnectionStack, StackTransport, model_client
 class Server:
     """An HTTP/1.1 server on 127.0.0.1: ``200 ok`` after ``delay`` seconds, keep-alive, unless told otherwise."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.tls = tls
         self.connections = 0
         self.requests = 0
         self.delay = 0.0
         self.close_after_answer: float | None = None
         """Close the connection this many seconds after each answer (a server's own idle timeout)."""
         self.mode = "answer"
-        """``answer``; ``silent``: read the request, never answer; ``cut``: send half a body, then close."""
+        """``answer``; ``silent``: read the request, never answer; ``cut``: send half a body, then close;
+        ``unread``: read the request's head, never its body."""
+        self.answer = b"ok"
+        self.bodies: list[int] = []
+        """The length of each request body read."""
         self.port = 0
         self._server: asyncio.Server | None = None
 
     async def __aenter__(self) -> Server:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -44,7 +51,7 @@ class Server:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/"
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -56,7 +63,9 @@ class Server:
                     name, _, value = line.partition(b":")
                     if name.strip().lower() == b"content-length":
                         length = int(value)
-                await reader.readexactly(length)
+                if self.mode == "unread":
+                    await asyncio.sleep(60)
+                self.bodies.append(len(await reader.readexactly(length)))
                 self.requests += 1
                 if self.mode == "silent":
                     await asyncio.sleep(60)
@@ -66,13 +75,14 @@ class Server:
                     await writer.drain()
                     writer.close()
                     return
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(self.answer) + self.answer)
                 await writer.drain()
                 if self.close_after_answer is not None:
                     await asyncio.sleep(self.close_after_answer)
                     writer.close()
                     return
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ssl.SSLError,
+                asyncio.CancelledError):
             writer.close()
 
 
@@ -200,7 +210,27 @@ def test_at_the_limit_an_idle_connection_of_another_origin_makes_room() -> None:
     run(scenario)
 
 
-@pytest.mark.parametrize("failure", ["refused", "silent", "cut"])
+def test_large_bodies_arrive_whole_both_ways() -> None:
+    # More than the socket buffers and the read buffer's limit hold: writing waits for the socket, reading
+    # stops taking bytes from the socket until they are read.
+    async def scenario() -> None:
+        async with Server() as server, client() as http:
+            server.answer = bytes(range(256)) * 24_000  # ~6 MB
+            sent = b"z" * 12_000_000
+            response = await http.post(server.url, content=sent)
+            assert response.content == server.answer and server.bodies == [len(sent)]
+            slowly = b""
+            async with http.stream("GET", server.url) as streamed:
+                async for part in streamed.aiter_raw():
+                    slowly += part
+                    await asyncio.sleep(0)  # a slow reader: the buffer fills past its limit
+            assert slowly == server.answer
+            assert stack_of(http).connections == 1
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("failure", ["refused", "silent", "cut", "unread"])
 def test_failures_read_as_with_httpxs_own_transport(failure: str) -> None:
     async def outcome(transport: httpx.AsyncBaseTransport) -> tuple[type[BaseException], int | None]:
         async with Server() as server, client(transport, timeout=0.3) as http:
@@ -210,7 +240,7 @@ def test_failures_read_as_with_httpxs_own_transport(failure: str) -> None:
             else:
                 server.mode = failure
             with pytest.raises(httpx.HTTPError) as raised:
-                async with http.stream("GET", url) as response:
+                async with http.stream("POST", url, content=b"b" * 50_000_000) as response:
                     await response.aread()
             left = stack_of(http).connections if isinstance(transport, StackTransport) else None
             return type(raised.value), left
@@ -252,6 +282,60 @@ def test_closing_the_client_closes_idle_and_busy_connections() -> None:
             assert (stack.connections, stack.idle) == (0, 0)
             await response.aclose()  # a body closed after its client: nothing is given back
             assert stack.connections == 0
+
+    run(scenario)
+
+
+@pytest.fixture(scope="module")
+def authority() -> trustme.CA:
+    return trustme.CA()
+
+
+def tls_pair(authority: trustme.CA) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(the server's context with a certificate for 127.0.0.1, a client context trusting it)."""
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("127.0.0.1").configure_cert(server)
+    trusting = ssl.create_default_context()
+    authority.configure_trust(trusting)
+    return server, trusting
+
+
+def test_tls_connections_are_verified_and_reused(authority: trustme.CA) -> None:
+    server_tls, trusting = tls_pair(authority)
+
+    async def scenario() -> None:
+        async with Server(server_tls) as server, client(StackTransport(verify=trusting)) as http:
+            for _ in range(5):
+                async with http.stream("GET", server.url) as response:
+                    assert (await response.aread()) == b"ok"
+                    stream = response.extensions["network_stream"]
+                    assert stream.get_extra_info("ssl_object").version().startswith("TLS")
+            assert (server.connections, server.requests) == (1, 5)
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("failure", ["untrusted", "no handshake"])
+def test_tls_failures_read_as_with_httpxs_own_transport(authority: trustme.CA, failure: str) -> None:
+    server_tls, _trusting = tls_pair(authority)
+
+    async def outcome(transport: httpx.AsyncBaseTransport) -> type[BaseException]:
+        # Untrusted: the default trust store does not know the test authority. No handshake: a plain
+        # server that never answers the TLS hello.
+        async with Server(server_tls if failure == "untrusted" else None) as server, \
+                client(transport, timeout=0.3) as http:
+            url = server.url.replace("http://", "https://")
+            with pytest.raises(httpx.HTTPError) as raised:
+                await http.get(url)
+            if isinstance(transport, StackTransport):
+                assert transport.stack.connections == 0
+            return type(raised.value)
+
+    async def scenario() -> None:
+        ours = await outcome(StackTransport())
+        theirs = await outcome(httpx.AsyncHTTPTransport())
+        assert ours is theirs, f"{failure}: {ours.__name__} here, {theirs.__name__} with httpx's transport"
+        assert ours is (httpx.ConnectError if failure == "untrusted" else httpx.ConnectTimeout)
 
     run(scenario)
 
