@@ -90,6 +90,9 @@ class Completion:
     it (a server that sends its terminating event but not the end of the body)."""
     refusal: str | None = None
     """Chat Completions: the model refuses; the message's ``refusal`` (streamed as ``delta.refusal``), no content."""
+    ascii_json: bool = True
+    """Chat Completions: JSON with non-ASCII characters escaped (``json.dumps``'s default); False: sent as
+    UTF-8, unescaped, as OpenAI's API sends them (U+2028 and U+0085 included: not line breaks in SSE)."""
     repeat_tool_name: bool = False
     """Chat Completions: send the call's whole ``name`` (and ``id``) again in every argument chunk, as some
     compatible servers do (MiniMax through NVIDIA NIM, some vLLM builds); OpenAI sends them once."""
@@ -403,7 +406,7 @@ class FakeOpenAI(FakeServer):
                                                  "finish_reason": finish}]}
             if include_usage:
                 data["usage"] = None
-            return f"data: {json.dumps(data)}\n\n"
+            return f"data: {json.dumps(data, ensure_ascii=reply.ascii_json)}\n\n"
 
         yield chunk({"role": "assistant", "content": "", "refusal": None})
         if reply.reasoning_content:

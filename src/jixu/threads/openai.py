@@ -181,26 +181,62 @@ def _headers(key: str, env: Mapping[str, str]) -> dict[str, str]:
     return headers
 
 
-async def server_sent_data(lines: AsyncIterator[str]) -> AsyncGenerator[str, None]:
-    """The ``data`` of each event of a server-sent event stream (its ``data:`` lines joined by newlines;
-    comments, ``event``, ``id`` and ``retry`` fields skipped), as the WHATWG EventSource format defines it."""
+async def server_sent_data(chunks: AsyncIterator[bytes]) -> AsyncGenerator[str, None]:
+    """The ``data`` of each event of a server-sent event stream read from its body's byte ``chunks`` (its
+    ``data:`` lines joined by newlines; comments, ``event``, ``id`` and ``retry`` fields skipped), as the WHATWG
+    EventSource format defines it: UTF-8 (bad bytes replaced), lines as :func:`_lines` cuts them. An event the
+    body ends without a blank line after is given too."""
     data: list[str] = []
     try:
-        async for line in lines:
-            if not line:
-                if data:
-                    yield "\n".join(data)
-                    data = []
-                continue
-            field, _, value = line.partition(":")
-            if field == "data":
-                data.append(value[1:] if value.startswith(" ") else value)
+        async with aclosing(_lines(chunks)) as lines:
+            async for line in lines:
+                if not line:
+                    if data:
+                        yield "\n".join(data)
+                        data = []
+                    continue
+                field, _, value = line.decode("utf-8", "replace").partition(":")
+                if field == "data":
+                    data.append(value[1:] if value.startswith(" ") else value)
         if data:
             yield "\n".join(data)
     finally:
-        close = getattr(lines, "aclose", None)  # the source's own generators too, not left to the GC's hook
+        close = getattr(chunks, "aclose", None)  # the source's own generators too, not left to the GC's hook
         if close is not None:
             await close()
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+async def _lines(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+    """The lines of an event stream's bytes, as the format ends them: CR, LF or CRLF only (a CRLF cut between
+    two chunks is one end), a byte order mark at the start dropped. Cut as bytes, so U+2028 or U+0085 inside a
+    JSON text end nothing (``str.splitlines``, and so httpx's ``aiter_lines``, would end a line there)."""
+    pending = b""
+    after_cr = False  # the last chunk ended in CR: a LF starting the next one belongs to it
+    head = True
+    async for chunk in chunks:
+        buffer = pending + chunk
+        if after_cr:
+            after_cr = False
+            buffer = buffer.removeprefix(b"\n")
+        if head:
+            if len(buffer) < len(_BOM) and _BOM.startswith(buffer):
+                pending = buffer  # perhaps a byte order mark, not whole yet
+                continue
+            head = False
+            buffer = buffer.removeprefix(_BOM)
+        if not buffer:
+            pending = b""
+            continue
+        lines = buffer.splitlines()  # bytes: CR, LF and CRLF only
+        after_cr = buffer.endswith(b"\r")
+        pending = b"" if after_cr or buffer.endswith(b"\n") else lines.pop()
+        for line in lines:
+            yield line
+    if pending:
+        yield pending
 
 
 def _wire(value: object) -> object:
@@ -577,7 +613,7 @@ class OpenAIModel(ProviderDriver):
             done = False
             try:
                 async with asyncio.timeout(None) as drain, \
-                        aclosing(server_sent_data(response.aiter_lines())) as events:
+                        aclosing(server_sent_data(response.aiter_bytes())) as events:
                     async for data in events:
                         if done:
                             continue  # read on to the end of the body: its connection then goes back to the pool
