@@ -538,43 +538,6 @@ def test_a_body_left_open_after_done_does_not_hold_or_fail_the_answer(openai_ser
     assert complete(model).text == "next", "the next call goes over another connection"
 
 
-def sse_data(*chunks: bytes) -> list[str]:
-    from jixu.threads.openai import server_sent_data
-
-    async def body() -> Any:
-        for chunk in chunks:
-            yield chunk
-
-    async def collect() -> list[str]:
-        return [data async for data in server_sent_data(body())]
-
-    return run(collect())
-
-
-def test_server_sent_events_are_read_as_the_format_defines_them() -> None:
-    text = ('\ufeff: a comment\nevent: message\nid: 7\ndata: {"a":\ndata: 1}\n\nretry: 10\n\n'
-            "data:no-space\n\ndata\n\ndata: [DONE]").encode()
-    expected = ['{"a":\n1}', "no-space", "", "[DONE]"]
-    assert sse_data(text) == expected
-    # Cut anywhere, one byte at a time, with CR or CRLF line ends (a CRLF cut between its two bytes too):
-    assert sse_data(*(text[i:i + 1] for i in range(len(text)))) == expected
-    for ending in (b"\r", b"\r\n"):
-        ended = text.replace(b"\n", ending)
-        assert sse_data(ended) == expected
-        assert sse_data(*(ended[i:i + 1] for i in range(len(ended)))) == expected
-        assert sse_data(*(ended[i:i + 7] for i in range(0, len(ended), 7))) == expected
-
-
-def test_only_cr_and_lf_end_an_event_line() -> None:
-    # U+2028, U+2029 and U+0085 may stand unescaped in a JSON text; str.splitlines (and so httpx's
-    # aiter_lines) would break the data line there. A character cut between chunks is put together.
-    data = '{"content":"a\u2028b\u2029c\u0085d \u4f60\u597d \x0b\x0c\x1c"}'
-    body = f"data: {data}\n\n".encode()
-    assert sse_data(body) == [data]
-    assert sse_data(*(body[i:i + 1] for i in range(len(body)))) == [data]
-    assert sse_data(b"data: \xff bad\n\n") == ["\ufffd bad"], "bad UTF-8 is replaced, as the format says"
-
-
 def test_a_streamed_answer_keeps_unicode_line_separators(openai_server: FakeOpenAI) -> None:
     text = "one\u2028two\u2029three\u0085four \u4f60\u597d"
     openai_server.script(Completion(text=text, ascii_json=False, fragment=3))

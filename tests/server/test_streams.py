@@ -161,3 +161,28 @@ def test_sigterm_closes_open_streams_drains_the_worker_and_exits_0(tmp_path: Pat
     assert reader.wait_ended(5) and reader.error is None, reader.error  # the stream ended cleanly
     assert [e["event"] for e in reader.events] == ["thread.created"]
     assert "stopped (the server is shutting down)" in output, output  # the worker was drained
+
+
+def test_the_client_reads_streamed_events_whole_and_raises_the_closing_problem(rechecking: Api) -> None:
+    from jixu.server.client import Client, RemoteError
+
+    api = rechecking
+    editor = api.client("alpha-editor")
+    thread_id = new_thread(editor)
+    text = "one\u2028two\u2029three\u0085four \u4f60\u597d"  # line separators to str.splitlines, text to SSE
+    assert editor.post(f"/threads/{thread_id}/inputs", json={"input": text}).status_code in (200, 201, 202)
+    with Client(api.url, api.tokens["alpha-viewer"]) as client:
+        seen = list(client.stream_events(thread_id, timeout=2))
+    assert seen and seen[0]["type"] == "thread.created"
+    assert [event["seq"] for event in seen] == list(range(1, len(seen) + 1))
+    assert any(text in json.dumps(event["data"], ensure_ascii=False) for event in seen), "the input came whole"
+
+    info, secret = create_token(api.store, "leaving", roles={"alpha": "viewer"}, actor="test")
+    with Client(api.url, secret) as client:
+        events = client.stream_events(thread_id, timeout=60)
+        assert next(events)["type"] == "thread.created"
+        assert api.client("admin").post(f"/tokens/{info.token_id}/revoke", json={"reason": "left"}).status_code == 200
+        with pytest.raises(RemoteError) as raised:
+            for _event in events:
+                pass
+    assert (raised.value.code, raised.value.status) == ("unauthorized", 401)

@@ -9,14 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
 import pytest
 import trustme
 
-from jixu.threads.http import ConnectionStack, StackTransport, model_client
+from jixu.threads.http import ConnectionStack, EventStream, StackTransport, model_client, server_sent_data
 
 
 class Server:
@@ -359,3 +359,60 @@ def stack_of(http: httpx.AsyncClient) -> ConnectionStack:
     transport = http._transport
     assert isinstance(transport, StackTransport)
     return transport.stack
+
+
+# --- the event stream format -------------------------------------------------------------------------------
+
+
+def events_of(*chunks: bytes) -> list[tuple[str, str]]:
+    stream = EventStream()
+    found = [event for chunk in chunks for event in stream.feed(chunk)]
+    return found + stream.end()
+
+
+FORMAT_SAMPLE = ('\ufeff: a comment\nevent: message\nid: 7\ndata: {"a":\ndata: 1}\n\nretry: 10\n\n'
+                 "event: problem\ndata:no-space\n\nevent: nothing\n\ndata\n\ndata: [DONE]").encode()
+FORMAT_EVENTS = [("message", '{"a":\n1}'), ("problem", "no-space"), ("message", ""), ("message", "[DONE]")]
+
+
+def test_server_sent_events_are_read_as_the_format_defines_them() -> None:
+    assert events_of(FORMAT_SAMPLE) == FORMAT_EVENTS
+    # Cut anywhere, with CR or CRLF line ends (a CRLF cut between its two bytes too):
+    for ending in (b"\n", b"\r", b"\r\n"):
+        text = FORMAT_SAMPLE.replace(b"\n", ending)
+        assert events_of(text) == FORMAT_EVENTS
+        for size in (1, 2, 7):
+            assert events_of(*(text[i:i + size] for i in range(0, len(text), size))) == FORMAT_EVENTS, (ending, size)
+
+
+def test_only_cr_and_lf_end_an_event_line() -> None:
+    # U+2028, U+2029 and U+0085 may stand unescaped in a JSON text; str.splitlines (and so httpx's
+    # iter_lines) would break the data line there. A character cut between chunks is put together.
+    data = '{"content":"a\u2028b\u2029c\u0085d \u4f60\u597d \x0b\x0c\x1c"}'
+    body = f"data: {data}\n\n".encode()
+    assert events_of(body) == [("message", data)]
+    assert events_of(*(body[i:i + 1] for i in range(len(body)))) == [("message", data)]
+    assert events_of(b"data: \xff bad\n\n") == [("message", "\ufffd bad")], "bad UTF-8 is replaced"
+
+
+def test_a_body_ending_inside_an_event_gives_it_once() -> None:
+    for body in (b"data: last", b"data: last\n", b"data: last\r", b"data: last\r\n"):
+        assert events_of(body) == [("message", "last")], body
+    assert events_of(b"") == [] and events_of(b"event: x\n") == []
+
+
+def test_server_sent_data_gives_the_data_and_closes_its_source() -> None:
+    closed: list[bool] = []
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            yield FORMAT_SAMPLE[:20]
+            yield FORMAT_SAMPLE[20:]
+        finally:
+            closed.append(True)
+
+    async def collect() -> list[str]:
+        return [data async for data in server_sent_data(body())]
+
+    assert asyncio.run(collect()) == [data for _type, data in FORMAT_EVENTS]
+    assert closed == [True]

@@ -14,12 +14,13 @@ import json
 import secrets
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, NoReturn, Self
 
 import httpx
 
 from jixu.errors import JixuError, StoreError
 from jixu.server.problems import code_of_type
+from jixu.threads.http import EventStream
 
 API_PREFIX = "/api/v1"
 SERVER_ENV = "JIXU_SERVER"
@@ -77,8 +78,8 @@ class Client:
                                      server=self.server) from error
         return self._answer(response)
 
-    @staticmethod
-    def _answer(response: httpx.Response) -> Any:
+    @classmethod
+    def _answer(cls, response: httpx.Response) -> Any:
         if response.status_code < 400:
             return response.json()
         try:
@@ -87,10 +88,15 @@ class Client:
             problem = {}
         if not isinstance(problem, dict):
             problem = {}
-        code = code_of_type(str(problem.get("type") or problem.get("code") or f"http_{response.status_code}"))
-        detail = str(problem.get("detail") or response.reason_phrase or "request failed")
+        cls._raise_problem(problem, response.status_code, response.reason_phrase or "request failed")
+
+    @staticmethod
+    def _raise_problem(problem: dict[str, Any], status: int, fallback: str) -> NoReturn:
+        """Raise the :class:`RemoteError` of a problem document answered with ``status``."""
+        code = code_of_type(str(problem.get("type") or problem.get("code") or f"http_{status}"))
+        detail = str(problem.get("detail") or fallback)
         extra = {k: v for k, v in problem.items() if k not in ("type", "title", "status", "detail", "code")}
-        raise RemoteError(code, detail, response.status_code, **extra)
+        raise RemoteError(code, detail, status, **extra)
 
     # --- meta ------------------------------------------------------------------------------------
 
@@ -133,9 +139,25 @@ class Client:
             if response.status_code >= 400:
                 response.read()
                 self._answer(response)
-            for line in response.iter_lines():
-                if line.startswith("data: "):
-                    yield json.loads(line[len("data: "):])
+            events = EventStream()
+            for chunk in response.iter_bytes():
+                for kind, data in events.feed(chunk):
+                    yield self._streamed(kind, data, response.status_code)
+            for kind, data in events.end():
+                yield self._streamed(kind, data, response.status_code)
+
+    @classmethod
+    def _streamed(cls, kind: str, data: str, status: int) -> dict[str, Any]:
+        """A streamed event's envelope; a ``problem`` event (the stream's last, when the caller may no longer
+        read the thread) raised as the :class:`RemoteError` it names."""
+        body = json.loads(data)
+        if kind == "problem":
+            problem = body if isinstance(body, dict) else {}
+            named = problem.get("status")
+            cls._raise_problem(problem, named if isinstance(named, int) else status, "the stream ended with a problem")
+        if not isinstance(body, dict):
+            raise RemoteError("invalid_response", f"a streamed event is not an object: {data[:200]!r}", status)
+        return body
 
     def verify_thread(self, thread_id: str) -> Any:
         """Verify a thread's chain and effects."""

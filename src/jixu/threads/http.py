@@ -30,7 +30,7 @@ import asyncio
 import ssl
 import urllib.request
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Mapping
 from typing import Any
 
 import httpcore
@@ -413,4 +413,87 @@ def model_client(timeout: float, headers: Mapping[str, str]) -> httpx.AsyncClien
     return httpx.AsyncClient(timeout=httpx.Timeout(timeout), headers=dict(headers), transport=StackTransport())
 
 
-__all__ = ["KEEPALIVE_EXPIRY", "MAX_CONNECTIONS", "MAX_IDLE", "ConnectionStack", "StackTransport", "model_client"]
+class EventStream:
+    """The WHATWG EventSource format read as its bytes arrive: :meth:`feed` gives each event a chunk completes
+    as ``(type, data)`` (its ``event`` field, ``message`` when it has none; its ``data:`` lines joined by
+    newlines; comments, ``id`` and ``retry`` skipped), :meth:`end` the one the body ended in without a blank
+    line after.
+
+    Lines end in CR, LF or CRLF only (a CRLF cut between two chunks is one end), cut as bytes: U+2028 or
+    U+0085 inside a JSON text end nothing (``str.splitlines``, and so httpx's ``iter_lines``, end a line
+    there). UTF-8, bad bytes replaced; a byte order mark at the start dropped. An event without data is not
+    given (as the format dispatches none).
+    """
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self._after_cr = False  # the last chunk ended in CR: a LF starting the next one belongs to it
+        self._head = True
+        self._data: list[str] = []
+        self._type = ""
+
+    def feed(self, chunk: bytes) -> list[tuple[str, str]]:
+        """The events ``chunk`` completes, in order."""
+        buffer = self._pending + chunk
+        if self._after_cr:
+            self._after_cr = False
+            buffer = buffer.removeprefix(b"\n")
+        if self._head:
+            if len(buffer) < len(_BOM) and _BOM.startswith(buffer):
+                self._pending = buffer  # perhaps a byte order mark, not whole yet
+                return []
+            self._head = False
+            buffer = buffer.removeprefix(_BOM)
+        if not buffer:
+            self._pending = b""
+            return []
+        lines = buffer.splitlines()  # bytes: CR, LF and CRLF only
+        self._after_cr = buffer.endswith(b"\r")
+        self._pending = b"" if self._after_cr or buffer.endswith(b"\n") else lines.pop()
+        events: list[tuple[str, str]] = []
+        data = self._data
+        for line in lines:
+            if line:
+                field, _, value = line.decode("utf-8", "replace").partition(":")
+                if field == "data":
+                    data.append(value[1:] if value.startswith(" ") else value)
+                elif field == "event":
+                    self._type = value[1:] if value.startswith(" ") else value
+            else:
+                if data:
+                    events.append((self._type or "message", "\n".join(data)))
+                    data.clear()
+                self._type = ""
+        return events
+
+    def end(self) -> list[tuple[str, str]]:
+        """The event the body ended in (its last line or blank line missing), if any."""
+        events = self.feed(b"\n") if self._pending else []  # ends the last line (never after a CR: see feed)
+        if self._data:
+            events.append((self._type or "message", "\n".join(self._data)))
+            self._data.clear()
+        self._type = ""
+        return events
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+async def server_sent_data(chunks: AsyncIterator[bytes]) -> AsyncGenerator[str, None]:
+    """The data of each event of a server-sent event stream read from its body's byte ``chunks``
+    (:class:`EventStream`); closes ``chunks`` when done."""
+    stream = EventStream()
+    try:
+        async for chunk in chunks:
+            for _type, data in stream.feed(chunk):
+                yield data
+        for _type, data in stream.end():
+            yield data
+    finally:
+        close = getattr(chunks, "aclose", None)  # the source's own generators too, not left to the GC's hook
+        if close is not None:
+            await close()
+
+
+__all__ = ["KEEPALIVE_EXPIRY", "MAX_CONNECTIONS", "MAX_IDLE", "AsyncioBackend", "ConnectionStack", "EventStream",
+           "StackTransport", "model_client", "server_sent_data"]

@@ -31,7 +31,7 @@ import json
 import math
 import os
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, cast
 
@@ -39,7 +39,7 @@ import httpx
 
 from jixu.errors import InvalidInput, ModelError
 from jixu.ledger.encoding import JSONObject
-from jixu.threads.http import model_client
+from jixu.threads.http import model_client, server_sent_data
 from jixu.threads.model import ModelRequest, ModelResponse, ToolCall, Usage
 from jixu.threads.pricing import PriceTable
 from jixu.threads.responses import (
@@ -179,64 +179,6 @@ def _headers(key: str, env: Mapping[str, str]) -> dict[str, str]:
     if env.get("OPENAI_PROJECT_ID"):
         headers["OpenAI-Project"] = env["OPENAI_PROJECT_ID"]
     return headers
-
-
-async def server_sent_data(chunks: AsyncIterator[bytes]) -> AsyncGenerator[str, None]:
-    """The ``data`` of each event of a server-sent event stream read from its body's byte ``chunks`` (its
-    ``data:`` lines joined by newlines; comments, ``event``, ``id`` and ``retry`` fields skipped), as the WHATWG
-    EventSource format defines it: UTF-8 (bad bytes replaced), lines as :func:`_lines` cuts them. An event the
-    body ends without a blank line after is given too."""
-    data: list[str] = []
-    try:
-        async with aclosing(_lines(chunks)) as lines:
-            async for line in lines:
-                if not line:
-                    if data:
-                        yield "\n".join(data)
-                        data = []
-                    continue
-                field, _, value = line.decode("utf-8", "replace").partition(":")
-                if field == "data":
-                    data.append(value[1:] if value.startswith(" ") else value)
-        if data:
-            yield "\n".join(data)
-    finally:
-        close = getattr(chunks, "aclose", None)  # the source's own generators too, not left to the GC's hook
-        if close is not None:
-            await close()
-
-
-_BOM = b"\xef\xbb\xbf"
-
-
-async def _lines(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
-    """The lines of an event stream's bytes, as the format ends them: CR, LF or CRLF only (a CRLF cut between
-    two chunks is one end), a byte order mark at the start dropped. Cut as bytes, so U+2028 or U+0085 inside a
-    JSON text end nothing (``str.splitlines``, and so httpx's ``aiter_lines``, would end a line there)."""
-    pending = b""
-    after_cr = False  # the last chunk ended in CR: a LF starting the next one belongs to it
-    head = True
-    async for chunk in chunks:
-        buffer = pending + chunk
-        if after_cr:
-            after_cr = False
-            buffer = buffer.removeprefix(b"\n")
-        if head:
-            if len(buffer) < len(_BOM) and _BOM.startswith(buffer):
-                pending = buffer  # perhaps a byte order mark, not whole yet
-                continue
-            head = False
-            buffer = buffer.removeprefix(_BOM)
-        if not buffer:
-            pending = b""
-            continue
-        lines = buffer.splitlines()  # bytes: CR, LF and CRLF only
-        after_cr = buffer.endswith(b"\r")
-        pending = b"" if after_cr or buffer.endswith(b"\n") else lines.pop()
-        for line in lines:
-            yield line
-    if pending:
-        yield pending
 
 
 def _wire(value: object) -> object:
