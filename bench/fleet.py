@@ -525,9 +525,12 @@ def run_jixu_serve(args: argparse.Namespace, server: FakeServer, url: str, k: in
                         if sent.status_code != 202:
                             raise SystemExit(f"send {sent.status_code}: {sent.text[:300]}")
 
+                started = time.monotonic()
                 await asyncio.gather(*(send(i, t) for i, t in enumerate(threads)))
+                inputs_seconds.append(time.monotonic() - started)
                 return list(threads)
 
+        inputs_seconds: list[float] = []
         threads = asyncio.run(drive())
         expected = k * args.steps
         deadline = time.monotonic() + 300
@@ -545,7 +548,7 @@ def run_jixu_serve(args: argparse.Namespace, server: FakeServer, url: str, k: in
         serve.popen.send_signal(signal.SIGTERM)
         serve.reap()
     return {"stats": stats, "cpu": serve.cpu, "rss_mb": serve.rss_mb, "faults": check_jixu(url, threads, args.steps),
-            "notes": f"--concurrency {k}"}
+            "notes": f"--concurrency {k}", "inputs_seconds": inputs_seconds[0]}
 
 
 def run_peer(args: argparse.Namespace, server: FakeServer, kind: str, url: str, k: int) -> dict[str, Any]:
@@ -590,6 +593,8 @@ def figures_of(label: str, run: dict[str, Any], k: int, args: argparse.Namespace
         (label, "connections_per_call", int(stats.get("connections", 0)) / max(1, calls), "connections/call"),
     ]
     bad = sum(run["faults"].values()) + (calls != k * args.steps)
+    if "inputs_seconds" in run:  # jixu serve: how long the K input POSTs took to be answered
+        figures.append((label, "inputs_sent_in", run["inputs_seconds"], "s"))
     figures.append((label, "faults", bad, "faults"))
     if bad:
         print(f"warning: {label}: faults {run['faults']}, {calls} calls (expected {k * args.steps})", file=sys.stderr)
