@@ -324,3 +324,26 @@ def test_append_many_is_one_commit_and_a_closed_store_answers_each_append_with_a
                                  AppendRequest("many/9", [_event("m", 10)], 0)])
     assert len(refused) == 2 and all(isinstance(answer, StoreError) for answer in refused)
     assert all(isinstance(answer, JixuError) for answer in refused)
+
+
+def test_appends_that_queue_work_share_a_group_and_each_keeps_both_or_neither(tmp_path: Path) -> None:
+    # What the API's sync endpoints do at once (POST /threads/{id}/inputs, one thread each): one commit for
+    # all of them; an append refused inside the group writes neither its events nor its queue row.
+    store = SQLiteStore(tmp_path / "queued.db")
+    for name in ("a", "b", "c"):
+        store.append(f"thread/{name}", [_event(f"created {name}")], 0)
+    commits = store.commit_count
+
+    def enqueue(name: str, expected: int) -> Callable[[], Any]:
+        return lambda: store.append_and_enqueue(f"thread/{name}", [_event(f"turn {name}")], expected,
+                                                key=f"thread/{name}", group="p")
+
+    outcomes = _in_one_group(store, [enqueue("a", 1), enqueue("b", 7), enqueue("c", 1),
+                                     lambda: store.append("plain/1", [_event("plain")], 0)])
+    assert store.commit_count == commits + 1, "one transaction for the whole group"
+    assert [type(outcome.error) for outcome in outcomes] == [type(None), ConcurrencyError, type(None), type(None)]
+    assert [e.data["tag"] for e in store.read("thread/a")] == ["created a", "turn a"]
+    assert [e.data["tag"] for e in store.read("thread/b")] == ["created b"]
+    queued = {item.key for item in store.list_work(state="pending")}
+    assert queued == {"thread/a", "thread/c"}, "the refused append queued nothing"
+    store.close()

@@ -285,6 +285,8 @@ class _QueuedAppend:
     expected_seq: int
     fence: Fence | None
     genesis_hash: str
+    work: tuple[str, Callable[[WorkRow | None, float], WorkRow]] | None = None
+    """A work item's key and change committed with the append (``append_and_enqueue``), or None."""
     done: bool = False
     rows: list[StoredRow] | None = None
     error: BaseException | None = None
@@ -621,7 +623,7 @@ class SQLiteStore(Store):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 if len(group) == 1:
-                    rows[0] = self._append_in(conn, group[0])
+                    rows[0] = self._append_with_work(conn, group[0])
                 else:
                     try:
                         batched = self._append_batched(conn, group, rows, errors)
@@ -664,13 +666,20 @@ class SQLiteStore(Store):
             raise failure from exc
         self._finish(group, rows, errors)
 
+    def _append_with_work(self, conn: sqlite3.Connection, request: _QueuedAppend) -> list[StoredRow]:
+        """``request``'s append, and its work item's change if it carries one, inside the open transaction."""
+        rows = self._append_in(conn, request)
+        if request.work is not None:
+            self._work_in(conn, *request.work)
+        return rows
+
     def _append_each(self, conn: sqlite3.Connection, group: list[_QueuedAppend], rows: list[list[StoredRow] | None],
                      errors: list[BaseException | None]) -> None:
         """Run ``group``'s appends one by one, each in its own savepoint; fill in ``rows`` and ``errors``."""
         for index, request in enumerate(group):
             conn.execute("SAVEPOINT jixu_append")
             try:
-                rows[index] = self._append_in(conn, request)
+                rows[index] = self._append_with_work(conn, request)
             except (JixuError, sqlite3.Error) as exc:
                 # This append alone is undone; the others in the group go on.
                 conn.execute("ROLLBACK TO jixu_append")
@@ -698,8 +707,8 @@ class SQLiteStore(Store):
             streams[request.stream] = None
             if request.fence is not None:
                 keys[request.fence.key] = None
-        if len(set(ids)) != len(ids):
-            return False
+        if len(set(ids)) != len(ids) or any(request.work is not None for request in group):
+            return False  # the same id twice, or a queue row to change: one savepoint per append
         heads: dict[str, tuple[int, str]] = {
             stream: (seq, digest) for stream, seq, digest in
             _select_in(conn, "SELECT stream, head_seq, head_hash FROM jixu_streams WHERE stream IN", list(streams))}
@@ -1035,18 +1044,18 @@ class SQLiteStore(Store):
 
     def _append_and_enqueue(self, stream: str, batch: list[PreparedEvent], expected_seq: int, fence: Fence | None,
                             change: Callable[[WorkRow | None, float], WorkRow], key: str) -> list[StoredRow]:
+        # Through the group commit, as appends are: the API's sync endpoints (one thread each) that queue work
+        # at once share one transaction and one fsync instead of one each.
+        if self.read_only:
+            raise StoreReadOnly(f"{self.path}: opened read-only; open it writable to change it", path=self.path)
         if self._closed:
             raise StoreError(f"{self.path}: the store is closed")
-
-        def both(conn: sqlite3.Connection) -> list[StoredRow]:
-            rows = self._append_in(conn, _QueuedAppend(stream, batch, expected_seq, fence, GENESIS_HASH))
-            self._work_in(conn, key, change)
-            return rows
-
-        rows = self._write(both)
-        self.commit_count += 1
-        self.append_count += 1
-        return rows
+        request = _QueuedAppend(stream, batch, expected_seq, fence, GENESIS_HASH, work=(key, change))
+        self._commit_queued([request])
+        if request.error is not None:
+            raise request.error
+        assert request.rows is not None
+        return request.rows
 
     def _claim_works(self, owner: str, ttl: float, order: ClaimOrder, count: int) -> list[WorkClaim]:
         def claim(conn: sqlite3.Connection) -> WorkClaim | None:
