@@ -31,7 +31,7 @@ import ssl
 import urllib.request
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import httpcore
 import httpx
@@ -245,14 +245,7 @@ class _AsyncioStream(httpcore.AsyncNetworkStream):
         """Up to ``max_bytes`` received bytes, waiting for them at most ``timeout``; ``b""`` at the end."""
         protocol = self._protocol
         if not protocol.buffer and not protocol.ended:
-            protocol.readable = asyncio.get_running_loop().create_future()
-            try:
-                async with asyncio.timeout(timeout):
-                    await protocol.readable
-            except TimeoutError:
-                raise httpcore.ReadTimeout("timed out reading the response") from None
-            finally:
-                protocol.readable = None
+            await self._until("readable", timeout, httpcore.ReadTimeout("timed out reading the response"))
         buffer = protocol.buffer
         if buffer:
             data = bytes(buffer[:max_bytes])
@@ -274,16 +267,23 @@ class _AsyncioStream(httpcore.AsyncNetworkStream):
             raise httpcore.WriteError(str(protocol.lost or "the connection is closed"))
         self._transport.write(buffer)
         if protocol.writing_paused:
-            protocol.writable = asyncio.get_running_loop().create_future()
-            try:
-                async with asyncio.timeout(timeout):
-                    await protocol.writable
-            except TimeoutError:
-                raise httpcore.WriteTimeout("timed out writing the request") from None
-            finally:
-                protocol.writable = None
+            await self._until("writable", timeout, httpcore.WriteTimeout("timed out writing the request"))
             if protocol.lost is not None:
                 raise httpcore.WriteError(str(protocol.lost))
+
+    async def _until(self, event: Literal["readable", "writable"], timeout: float | None,
+                     expired: Exception) -> None:
+        """Wait until the protocol sets ``event`` (bytes or the end arrived; the socket takes bytes again), at
+        most ``timeout``: then raise ``expired``."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        setattr(self._protocol, event, waiter)
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except TimeoutError:
+            raise expired from None
+        finally:
+            setattr(self._protocol, event, None)
 
     async def aclose(self) -> None:
         """Close the connection (its transport sends what it still holds, then closes)."""
