@@ -110,7 +110,7 @@ def test_a_quiet_caller_keeps_its_warm_connection() -> None:
     # Requests a little apart (as a thread's model calls are): the one used last is taken, so one
     # connection serves them all and none expires in between (round robin over pools made one per call).
     async def scenario() -> None:
-        async with Server() as server, client(StackTransport(keepalive_expiry=0.3)) as http:
+        async with Server() as server, client(StackTransport(keepalive_expiry=2.0)) as http:
             for _ in range(6):
                 assert (await http.get(server.url)).text == "ok"
                 await asyncio.sleep(0.1)
@@ -170,14 +170,14 @@ def test_the_oldest_idle_connection_is_closed_once_expired() -> None:
     # Two connections kept; the one at the bottom expires while the other is in use: giving that one back
     # closes the expired one (no idle connection outlives its expiry by more than one give-back).
     async def scenario() -> None:
-        async with Server() as server, client(StackTransport(keepalive_expiry=0.2)) as http:
+        async with Server() as server, client(StackTransport(keepalive_expiry=0.5)) as http:
             server.delay = 0.05
             await asyncio.gather(http.get(server.url), http.get(server.url))
             assert stack_of(http).idle == 2
-            await asyncio.sleep(0.1)
-            for _ in range(4):  # the top one is refreshed each time; the bottom one expires
+            await asyncio.sleep(0.3)
+            for _ in range(5):  # the top one is refreshed each time; the bottom one expires meanwhile
                 await http.get(server.url)
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.1)
             assert (stack_of(http).connections, stack_of(http).idle) == (1, 1)
             assert server.connections == 2
 
