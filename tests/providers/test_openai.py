@@ -524,6 +524,26 @@ def test_connections_are_kept_alive_and_reused(openai_server: FakeOpenAI, stream
     assert len(openai_server.requests) == calls and len(ports) == 1
 
 
+def test_a_model_used_by_one_asyncio_run_after_another_answers_each_at_once(openai_server: FakeOpenAI) -> None:
+    # A script that runs each call in its own asyncio.run: a connection made in a closed loop is never handed
+    # to the next loop (its transport can no longer read: the call waited for its timeout, then failed
+    # after the request had been sent), and the closed loops' connections are dropped.
+    import time
+
+    from jixu.threads.http import StackTransport
+
+    openai_server.script(*[Completion(text=f"answer {i}") for i in range(4)])
+    model = driver(openai_server, timeout=10)
+    for i in range(4):
+        started = time.monotonic()
+        assert complete(model).text == f"answer {i}"
+        assert time.monotonic() - started < 3, f"call {i} waited"
+    assert model._http is not None
+    transport = model._http._transport
+    assert isinstance(transport, StackTransport) and transport.stack.connections == 1
+    assert len(openai_server.requests) == 4
+
+
 def test_a_body_left_open_after_done_does_not_hold_or_fail_the_answer(openai_server: FakeOpenAI) -> None:
     import time
 

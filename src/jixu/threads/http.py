@@ -44,7 +44,9 @@ anything here; each closes after :data:`KEEPALIVE_EXPIRY` unused)."""
 KEEPALIVE_EXPIRY = 5.0
 """Seconds an idle connection is kept (httpx's default)."""
 
-_Key = tuple[bytes, bytes, int]
+_Key = tuple[asyncio.AbstractEventLoop, bytes, bytes, int]
+"""An idle stack's key: the event loop its connections were made on (asyncio transports belong to one loop),
+and the origin."""
 
 
 class ConnectionStack:
@@ -53,6 +55,10 @@ class ConnectionStack:
     Speaks httpcore's request interface (``handle_async_request``, ``aclose``) for :class:`StackTransport`.
     At ``max_connections`` a request waits (at most the request's pool timeout: then ``httpcore.PoolTimeout``)
     for a connection to be given back, after closing an idle connection of another origin if there is one.
+
+    A connection serves only the event loop it was made on: a client used by one ``asyncio.run`` after
+    another (a script sending a turn per run) gets new connections in each loop, and those of loops that
+    have closed are dropped (their sockets close with their transports) the next time one is made.
     """
 
     def __init__(self, *, ssl_context: ssl.SSLContext | None = None, max_connections: int = MAX_CONNECTIONS,
@@ -65,7 +71,8 @@ class ConnectionStack:
         self._keepalive_expiry = keepalive_expiry
         self._idle: dict[_Key, list[httpcore.AsyncHTTPConnection]] = {}
         self._idle_count = 0
-        self._connections: set[httpcore.AsyncHTTPConnection] = set()
+        self._connections: dict[httpcore.AsyncHTTPConnection, asyncio.AbstractEventLoop] = {}
+        self._loops: set[asyncio.AbstractEventLoop] = set()
         self._waiting: deque[asyncio.Future[None]] = deque()
 
     @property
@@ -84,7 +91,7 @@ class ConnectionStack:
         if scheme not in (b"http", b"https"):
             raise httpcore.UnsupportedProtocol(f"Request URL has an unsupported protocol '{scheme.decode()}://'.")
         origin = request.url.origin
-        key = (origin.scheme, origin.host, origin.port)
+        key = (asyncio.get_running_loop(), origin.scheme, origin.host, origin.port)
         timeout = request.extensions.get("timeout", {}).get("pool")
         while True:
             connection = await self._connection(origin, key, timeout)
@@ -111,14 +118,18 @@ class ConnectionStack:
                 if connection.is_available() and not connection.has_expired():
                     return connection
                 await self._close(connection)  # the server closed it, or it expired
+            loop = key[0]
+            if loop not in self._loops or len(self._loops) > 1:
+                self._forget_closed_loops(loop)
             if len(self._connections) < self._max_connections:
                 connection = httpcore.AsyncHTTPConnection(origin=origin, ssl_context=self._ssl_context,
                                                           keepalive_expiry=self._keepalive_expiry,
                                                           network_backend=_BACKEND)
-                self._connections.add(connection)
+                self._connections[connection] = loop
                 return connection
-            if self._idle_count:
-                await self._close(self._oldest_idle())  # at the limit: make room for this origin
+            victim = self._oldest_idle(loop)
+            if victim is not None:
+                await self._close(victim)  # at the limit: make room for this origin
                 continue
             waiter = asyncio.get_running_loop().create_future()
             self._waiting.append(waiter)  # woken by a connection given back or closed (see _wake)
@@ -132,15 +143,30 @@ class ConnectionStack:
                     self._wake()  # woken, but leaving: the turn goes to the next in line
                 raise
 
-    def _oldest_idle(self) -> httpcore.AsyncHTTPConnection:
-        stack = max((stack for stack in self._idle.values() if stack), key=len)
+    def _forget_closed_loops(self, current: asyncio.AbstractEventLoop) -> None:
+        """Drop the connections of event loops that have closed (nothing can use or close them any more)."""
+        self._loops.add(current)
+        closed = {loop for loop in self._loops if loop.is_closed()}
+        if not closed:
+            return
+        self._loops -= closed
+        for key in [key for key in self._idle if key[0] in closed]:
+            self._idle_count -= len(self._idle.pop(key))
+        for connection in [c for c, loop in self._connections.items() if loop in closed]:
+            del self._connections[connection]
+
+    def _oldest_idle(self, loop: asyncio.AbstractEventLoop) -> httpcore.AsyncHTTPConnection | None:
+        """The longest-idle connection of the longest stack of ``loop`` (None: it has no idle connection)."""
+        stacks = [stack for key, stack in self._idle.items() if stack and key[0] is loop]
+        if not stacks:
+            return None
         self._idle_count -= 1
-        return stack.pop(0)
+        return max(stacks, key=len).pop(0)
 
     async def _give_back(self, connection: httpcore.AsyncHTTPConnection, key: _Key) -> None:
         """Keep ``connection`` for the next request if it is idle and there is room, else close it."""
         if not (connection.is_idle() and not connection.is_closed() and self._idle_count < self._max_idle
-                and connection in self._connections):
+                and self._connections.get(connection) is key[0]):
             await self._close(connection)
             return
         stack = self._idle.setdefault(key, [])
@@ -154,9 +180,10 @@ class ConnectionStack:
             await self._close(stack.pop(0))
 
     async def _close(self, connection: httpcore.AsyncHTTPConnection) -> None:
-        self._connections.discard(connection)  # counted out first: a cancelled close still frees its place
+        owner = self._connections.pop(connection, None)  # counted out first: a cancelled close still frees it
         self._wake()
-        await connection.aclose()
+        if owner is None or owner is asyncio.get_running_loop():  # another loop's transport is not ours to close
+            await connection.aclose()
 
     def _wake(self) -> None:
         while self._waiting:
@@ -172,11 +199,13 @@ class ConnectionStack:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close every connection, idle or carrying a request."""
-        connections = list(self._connections)
+        """Close every connection of this event loop, idle or carrying a request (and forget the others')."""
+        loop = asyncio.get_running_loop()
+        connections = [connection for connection, owner in self._connections.items() if owner is loop]
         self._connections.clear()
         self._idle.clear()
         self._idle_count = 0
+        self._loops.clear()
         for connection in connections:
             await connection.aclose()
 
