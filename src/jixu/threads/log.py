@@ -273,9 +273,12 @@ class ThreadLog:
         if not isinstance(thread_id, str) or not is_valid_id(thread_id):
             raise InvalidInput(f"thread id {thread_id!r} is not a valid id", field="thread_id")
         stream = stream_of(thread_id)
-        if store.stream_info(stream) is None:
-            raise ThreadNotFound(f"no thread {thread_id} in {store.url}", thread_id=thread_id)
-        projected = project(store, stream, ThreadProjection())
+        try:
+            projected = project(store, stream, ThreadProjection())
+        except NotFound as missing:  # project's own refusal of a stream without events (read its head once)
+            if type(missing) is not NotFound:
+                raise
+            raise ThreadNotFound(f"no thread {thread_id} in {store.url}", thread_id=thread_id) from None
         chain_break = None if projected.chain.valid else projected.chain.first_bad_seq
         log = cls(store, projected.state, chain_break_seq=chain_break, checkpoint_status=projected.checkpoint,
                   actor=actor, chain=projected.chain)
