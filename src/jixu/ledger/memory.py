@@ -26,6 +26,7 @@ from jixu.ledger.store import (
     WorkItem,
     WorkRow,
     claimed_row,
+    claims_up_to,
     decide_append,
     group_of_meta,
     groups_to_try,
@@ -246,10 +247,7 @@ class MemoryStore(Store):
 
     def _claim_works(self, owner: str, ttl: float, order: ClaimOrder, count: int) -> list[WorkClaim]:
         with self._lock:  # one "transaction": nothing else claims in between
-            claims: list[WorkClaim] = []
-            while len(claims) < count and (one := self._claim_one(owner, ttl, order)) is not None:
-                claims.append(one)
-            return claims
+            return claims_up_to(count, lambda: self._claim_one(owner, ttl, order))
 
     def _claim_one(self, owner: str, ttl: float, order: ClaimOrder) -> WorkClaim | None:
         with self._lock:

@@ -98,7 +98,9 @@ from jixu.ledger.store import (
     WorkItem,
     WorkRow,
     claimed_row,
+    claims_up_to,
     decide_append,
+    each_change,
     groups_to_try,
     judge_append,
     next_claim_number,
@@ -1210,16 +1212,9 @@ class PostgresStore(Store):
 
     def _change_leases(self, changes: list[tuple[str, LeaseChange]]) -> list[Lease | FencingError]:
         def apply(conn: _Conn) -> list[Lease | FencingError]:
-            results: list[Lease | FencingError | None] = [None] * len(changes)
-            # The rows are locked in key order, so two processes renewing overlapping sets cannot deadlock.
+            # each_change locks the rows in key order, so two processes renewing overlapping sets cannot deadlock.
             now = self._clock(conn)[0]  # one store time for the batch, as SQLite's one transaction has
-            for index in sorted(range(len(changes)), key=lambda i: changes[i][0]):
-                key, change = changes[index]
-                try:
-                    results[index] = self._lease_in(conn, key, change, now)
-                except FencingError as error:
-                    results[index] = error
-            return [result for result in results if result is not None]
+            return each_change(changes, lambda key, change: self._lease_in(conn, key, change, now))
 
         return self._run(apply, write=True, transaction=True) if changes else []
 
@@ -1295,16 +1290,9 @@ class PostgresStore(Store):
 
     def _renew_works(self, changes: list[tuple[str, WorkChange]]) -> list[WorkRow | FencingError]:
         def apply(conn: _Conn) -> list[WorkRow | FencingError]:
-            results: list[WorkRow | FencingError | None] = [None] * len(changes)
             conn.execute(_WORK_LOCK_SHARED_SQL)  # no claimer counts live claims while these are renewed
             now = self._clock(conn)[0]
-            for index in sorted(range(len(changes)), key=lambda i: changes[i][0]):  # key order, as leases
-                key, change = changes[index]
-                try:
-                    results[index] = self._work_in(conn, key, change, now=now)[1]
-                except FencingError as error:
-                    results[index] = error
-            return [result for result in results if result is not None]
+            return each_change(changes, lambda key, change: self._work_in(conn, key, change, now=now)[1])
 
         return self._run(apply, write=True, transaction=True) if changes else []
 
@@ -1375,13 +1363,7 @@ class PostgresStore(Store):
                     return work_claim_of(row, number)
             return None
 
-        def claim_some(conn: _Conn) -> list[WorkClaim]:
-            claims: list[WorkClaim] = []
-            while len(claims) < count and (one := claim(conn)) is not None:
-                claims.append(one)
-            return claims
-
-        return self._run(claim_some, write=True, transaction=True)
+        return self._run(lambda conn: claims_up_to(count, lambda: claim(conn)), write=True, transaction=True)
 
     def _list_work(self, group: str | None, status: str | None) -> tuple[list[WorkRow], float]:
         def read(conn: _Conn) -> tuple[list[WorkRow], float]:

@@ -85,7 +85,9 @@ from jixu.ledger.store import (
     WorkItem,
     WorkRow,
     claimed_row,
+    claims_up_to,
     decide_append,
+    each_change,
     group_of_meta,
     groups_to_try,
     next_claim_number,
@@ -949,16 +951,13 @@ class SQLiteStore(Store):
     def _change_leases(self, changes: list[tuple[str, LeaseChange]]) -> list[Lease | FencingError]:
         def apply(conn: sqlite3.Connection) -> list[Lease | FencingError]:
             now = float(conn.execute(_NOW_SQL).fetchone()[0])
-            results: list[Lease | FencingError] = []
-            for key, change in changes:
-                try:
-                    lease = change(self._lease_row(conn, key), now)
-                except FencingError as error:
-                    results.append(error)
-                    continue
+
+            def renew(key: str, change: LeaseChange) -> Lease:
+                lease = change(self._lease_row(conn, key), now)
                 self._put_lease(conn, lease)
-                results.append(lease)
-            return results
+                return lease
+
+            return each_change(changes, renew)
 
         # A renewal is not waited for on disk (decision 0042): lost in a power failure, the lease expires as if
         # its holder had died in it, which it did.
@@ -1021,13 +1020,7 @@ class SQLiteStore(Store):
 
     def _renew_works(self, changes: list[tuple[str, WorkChange]]) -> list[WorkRow | FencingError]:
         def apply(conn: sqlite3.Connection) -> list[WorkRow | FencingError]:
-            results: list[WorkRow | FencingError] = []
-            for key, change in changes:
-                try:
-                    results.append(self._work_in(conn, key, change)[1])
-                except FencingError as error:
-                    results.append(error)
-            return results
+            return each_change(changes, lambda key, change: self._work_in(conn, key, change)[1])
 
         return self._write(apply, sync=False) if changes else []  # renewals, as leases' (decision 0042)
 
@@ -1082,13 +1075,7 @@ class SQLiteStore(Store):
                     return work_claim_of(row, number)
             return None
 
-        def claim_some(conn: sqlite3.Connection) -> list[WorkClaim]:
-            claims: list[WorkClaim] = []
-            while len(claims) < count and (one := claim(conn)) is not None:
-                claims.append(one)
-            return claims
-
-        return self._write(claim_some)
+        return self._write(lambda conn: claims_up_to(count, lambda: claim(conn)))
 
     def _list_work(self, group: str | None, status: str | None) -> tuple[list[WorkRow], float]:
         def read(conn: sqlite3.Connection) -> tuple[list[WorkRow], float]:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from jixu.errors import (
     ConcurrencyError,
@@ -607,6 +607,33 @@ def _renew_row_with(claim: WorkClaim, ttl: float, current: WorkRow | None, now: 
     return renewed_row(current, claim, ttl, now)
 
 
+_Change = TypeVar("_Change")
+_Changed = TypeVar("_Changed")
+
+
+def each_change(changes: Sequence[tuple[str, _Change]],
+                apply: Callable[[str, _Change], _Changed]) -> list[_Changed | FencingError]:
+    """``apply(key, change)`` for each of ``changes`` (renewals of claims), in key order, so that two processes
+    changing overlapping sets lock their rows in one order; answered in the order given: the result, or the
+    :class:`FencingError` the change raised (a lost claim does not stop the others)."""
+    results: list[_Changed | FencingError | None] = [None] * len(changes)
+    for index in sorted(range(len(changes)), key=lambda i: changes[i][0]):
+        key, change = changes[index]
+        try:
+            results[index] = apply(key, change)
+        except FencingError as error:
+            results[index] = error
+    return [result for result in results if result is not None]
+
+
+def claims_up_to(count: int, claim_one: Callable[[], WorkClaim | None]) -> list[WorkClaim]:
+    """``claim_one()`` again until it claims nothing or ``count`` claims are made (inside one transaction)."""
+    claims: list[WorkClaim] = []
+    while len(claims) < count and (claimed := claim_one()) is not None:
+        claims.append(claimed)
+    return claims
+
+
 def _sequence(values: object, field: str) -> Sequence[Any]:
     if isinstance(values, str | bytes) or not isinstance(values, Sequence):
         raise InvalidInput(f"{field} must be a list", field=field)
@@ -1069,24 +1096,12 @@ class Store(abc.ABC):
         A backend may commit renewals without waiting for the disk: lost in a power failure, a lease expires as
         if its holder had died in it (decision 0042). This default renews them one transaction each; SQLite and
         PostgreSQL override it with one."""
-        results: list[Lease | FencingError] = []
-        for key, change in changes:
-            try:
-                results.append(self._change_lease(key, change))
-            except FencingError as error:
-                results.append(error)
-        return results
+        return each_change(changes, self._change_lease)
 
     def _renew_works(self, changes: list[tuple[str, WorkChange]]) -> list[WorkRow | FencingError]:
         """Renewals of several work claims (as :meth:`_change_leases`; every renewal comes here): the renewed
         rows."""
-        results: list[WorkRow | FencingError] = []
-        for key, change in changes:
-            try:
-                results.append(self._change_work(key, change)[1])
-            except FencingError as error:
-                results.append(error)
-        return results
+        return each_change(changes, lambda key, change: self._change_work(key, change)[1])
 
     @abc.abstractmethod
     def _release_lease(self, fence: Fence) -> None: ...
