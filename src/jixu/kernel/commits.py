@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import TypeAlias, TypeVar
 
 from jixu.errors import JixuError, StoreError
 from jixu.kernel.shutdown import ServingTask
@@ -63,8 +64,35 @@ class Commitment(asyncio.Future[list[Event]]):
         super().cancel()
 
 
-_BY_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Store, Commits]] = \
-    weakref.WeakKeyDictionary()
+_T = TypeVar("_T")
+PerLoop: TypeAlias = weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Store, _T]]
+"""What the kernel keeps per event loop and store (a loop's commits, its renewals), gone with either."""
+
+
+def for_this_loop(registry: PerLoop[_T], store: Store, make: Callable[[], _T]) -> _T:
+    """``registry``'s object for ``store`` on the running event loop, made by ``make`` on first use."""
+    loop = asyncio.get_running_loop()
+    per_store = registry.get(loop)
+    if per_store is None:
+        per_store = registry[loop] = weakref.WeakKeyDictionary()
+    found = per_store.get(store)
+    if found is None:
+        found = per_store[store] = make()
+    return found
+
+
+def settle(future: asyncio.Future[_T], outcome: _T | BaseException) -> None:
+    """Give ``future`` its ``outcome`` unless it is done already: raised in it when an exception, else its
+    result (the answers of the kernel's shared calls: commits, renewals)."""
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
+_BY_LOOP: PerLoop[Commits] = weakref.WeakKeyDictionary()
 
 
 class Commits:
@@ -91,14 +119,7 @@ class Commits:
     @classmethod
     def of(cls, store: Store) -> Commits:
         """The commit path of ``store`` on the running event loop (made on first use)."""
-        loop = asyncio.get_running_loop()
-        per_store = _BY_LOOP.get(loop)
-        if per_store is None:
-            per_store = _BY_LOOP[loop] = weakref.WeakKeyDictionary()
-        found = per_store.get(store)
-        if found is None:
-            found = per_store[store] = cls(store)
-        return found
+        return for_this_loop(_BY_LOOP, store, lambda: cls(store))
 
     @contextmanager
     def user(self) -> Iterator[None]:
@@ -168,8 +189,7 @@ class Commits:
                     unknown = StoreError(f"{self.store.url}: the shared commit was interrupted "
                                          f"({type(interrupted).__name__}); whether it is durable is not known")
                     for _request, future, _user in batch:
-                        if not future.done():
-                            future.set_exception(unknown)
+                        settle(future, unknown)
                     # Appends queued behind it were never started: nothing of them was written.
                     waiting, self._waiting = self._waiting, []
                     for _request, future, _user in waiting:
@@ -185,12 +205,7 @@ class Commits:
                 self.commits_in_loop += in_loop
                 self.appends += len(batch)
                 for (_request, future, _user), result in zip(batch, results, strict=True):
-                    if future.done():
-                        continue
-                    if isinstance(result, BaseException):
-                        future.set_exception(result)
-                    else:
-                        future.set_result(result)
+                    settle(future, result)
                 if cancelled:
                     # The loop is shutting down (its tasks are cancelled): appends still queued were never
                     # started, so nothing of them was written; their waiters are told so by cancellation.

@@ -21,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from jixu.errors import FencingError
+from jixu.kernel.commits import PerLoop, for_this_loop, settle
 from jixu.kernel.shutdown import ServingTask
 from jixu.ledger import Fence, Lease, Store, WorkClaim
 
@@ -68,16 +69,10 @@ class Renewals(Generic[_Held, _Renewed]):
                         answers = await asyncio.to_thread(self._renew_all, [held for held, _f in group], ttl)
                     except Exception as error:  # the store failed: every owner of the call hears it
                         for _held, future in group:
-                            if not future.done():
-                                future.set_exception(error)
+                            settle(future, error)
                         continue
                     for (_held, future), answer in zip(group, answers, strict=True):
-                        if future.done():
-                            continue
-                        if isinstance(answer, FencingError):
-                            future.set_exception(answer)
-                        else:
-                            future.set_result(answer)
+                        settle(future, answer)  # its renewed claim, or the FencingError saying it lost it
         finally:
             # Cancelled (the loop is going away): nobody is left to send or answer what is still waiting.
             for _held, _ttl, future in self._sending + self._pending:
@@ -86,32 +81,21 @@ class Renewals(Generic[_Held, _Renewed]):
             self._sending, self._pending = [], []
 
 
-_BY_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Store, dict[str, Any]]] = (
-    weakref.WeakKeyDictionary())
+_BY_LOOP: PerLoop[tuple[Renewals[Fence, Lease], Renewals[WorkClaim, WorkClaim]]] = weakref.WeakKeyDictionary()
 
 
-def _of(store: Store, kind: str, make: Callable[[], Renewals[Any, Any]]) -> Renewals[Any, Any]:
-    loop = asyncio.get_running_loop()
-    per_store = _BY_LOOP.get(loop)
-    if per_store is None:
-        per_store = _BY_LOOP[loop] = weakref.WeakKeyDictionary()
-    kinds = per_store.get(store)
-    if kinds is None:
-        kinds = per_store[store] = {}
-    found = kinds.get(kind)
-    if found is None:
-        found = kinds[kind] = make()
-    return found
+def _of(store: Store) -> tuple[Renewals[Fence, Lease], Renewals[WorkClaim, WorkClaim]]:
+    return for_this_loop(_BY_LOOP, store, lambda: (Renewals(store.renew_leases), Renewals(store.renew_work_claims)))
 
 
 def lease_renewals(store: Store) -> Renewals[Fence, Lease]:
     """The lease renewals of ``store`` on the running event loop (made on first use)."""
-    return _of(store, "leases", lambda: Renewals(store.renew_leases))
+    return _of(store)[0]
 
 
 def work_renewals(store: Store) -> Renewals[WorkClaim, WorkClaim]:
     """The work-claim renewals of ``store`` on the running event loop (made on first use)."""
-    return _of(store, "work", lambda: Renewals(store.renew_work_claims))
+    return _of(store)[1]
 
 
 __all__ = ["WINDOW", "Renewals", "lease_renewals", "work_renewals"]

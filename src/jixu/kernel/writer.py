@@ -46,7 +46,7 @@ from jixu.errors import (
     StreamBusy,
     StreamCorrupt,
 )
-from jixu.kernel.commits import Commitment, Commits
+from jixu.kernel.commits import Commitment, Commits, settle
 from jixu.kernel.shutdown import ServingTask
 from jixu.ledger.chain import row_hash
 from jixu.ledger.event import Event, NewEvent, PreparedEvent, parse_json, prepare
@@ -400,8 +400,7 @@ class StreamWriter(Generic[F]):
     @staticmethod
     def _fail(items: list[_Queued], error: BaseException) -> None:
         for item in items:
-            if not item.future.done():
-                item.future.set_exception(error)
+            settle(item.future, error)
 
     def _after_conflict(self, batch: list[PreparedEvent], fence: Fence | None, conflict: ConcurrencyError, *,
                         offset: int, expected: int) -> list[Event]:

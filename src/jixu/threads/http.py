@@ -210,7 +210,6 @@ class ConnectionStack:
             await connection.aclose()
 
 
-
 class _Receiving(asyncio.Protocol):
     """A connection's asyncio protocol: received bytes buffered for :class:`_AsyncioStream`, flow control both ways."""
 
