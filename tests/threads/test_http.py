@@ -16,6 +16,7 @@ import httpx
 import pytest
 import trustme
 
+from jixu.errors import InvalidInput
 from jixu.threads.http import ConnectionStack, EventStream, StackTransport, model_client, server_sent_data
 
 
@@ -343,9 +344,16 @@ def test_tls_failures_read_as_with_httpxs_own_transport(authority: trustme.CA, f
     run(scenario)
 
 
-def test_bad_limits_are_refused() -> None:
-    with pytest.raises(ValueError, match="max_connections"):
-        ConnectionStack(max_connections=0)
+@pytest.mark.parametrize(("option", "value"), [("max_connections", 0), ("max_connections", True),
+                                             ("max_connections", 2.5), ("max_idle", -1), ("max_idle", "8"),
+                                             ("keepalive_expiry", 0), ("keepalive_expiry", float("nan")),
+                                             ("keepalive_expiry", None)])
+def test_bad_limits_are_refused_with_a_typed_error(option: str, value: Any) -> None:
+    with pytest.raises(InvalidInput, match=option) as raised:
+        ConnectionStack(**{option: value})
+    assert raised.value.details.get("field") == option
+    with pytest.raises(InvalidInput, match=option):
+        StackTransport(**{option: value})
 
 
 def test_with_a_proxy_in_the_environment_the_client_is_httpxs_own(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -36,6 +36,8 @@ from typing import Any, Literal
 import httpcore
 import httpx
 
+from jixu.errors import InvalidInput
+
 MAX_CONNECTIONS = 1000
 """Open connections of one client at most (the official SDKs' limit)."""
 MAX_IDLE = 1000
@@ -63,8 +65,13 @@ class ConnectionStack:
 
     def __init__(self, *, ssl_context: ssl.SSLContext | None = None, max_connections: int = MAX_CONNECTIONS,
                  max_idle: int = MAX_IDLE, keepalive_expiry: float = KEEPALIVE_EXPIRY) -> None:
-        if max_connections < 1 or max_idle < 0:
-            raise ValueError("max_connections must be >= 1 and max_idle >= 0")
+        for field, value, least in (("max_connections", max_connections, 1), ("max_idle", max_idle, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise InvalidInput(f"{field} must be an integer >= {least}, got {value!r}", field=field)
+        if isinstance(keepalive_expiry, bool) or not isinstance(keepalive_expiry, int | float) \
+                or not keepalive_expiry > 0:
+            raise InvalidInput(f"keepalive_expiry must be a number of seconds > 0, got {keepalive_expiry!r}",
+                               field="keepalive_expiry")
         self._ssl_context = ssl_context
         self._max_connections = max_connections
         self._max_idle = max_idle
@@ -415,12 +422,12 @@ class StackTransport(httpx.AsyncHTTPTransport):
 
     def __init__(self, *, max_connections: int = MAX_CONNECTIONS, max_idle: int = MAX_IDLE,
                  keepalive_expiry: float = KEEPALIVE_EXPIRY, verify: ssl.SSLContext | str | bool = True) -> None:
-        super().__init__(limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_idle,
-                                             keepalive_expiry=keepalive_expiry))
-        # httpx sends through ``_pool`` (handle_async_request, aclose) and maps httpcore's errors around it.
-        self._pool = ConnectionStack(ssl_context=httpx.create_ssl_context(verify=verify),
-                                     max_connections=max_connections,
-                                     max_idle=max_idle, keepalive_expiry=keepalive_expiry)  # type: ignore[assignment]
+        # httpx's transport sends through ``_pool`` (handle_async_request, aclose, the context manager) and maps
+        # httpcore's errors around it; its __init__ is not called: it would make a pool and an SSL context
+        # (~35 ms: the certificate bundle read and parsed) only for them to be replaced.
+        self._pool = ConnectionStack(ssl_context=httpx.create_ssl_context(verify=verify),  # type: ignore[assignment]
+                                     max_connections=max_connections, max_idle=max_idle,
+                                     keepalive_expiry=keepalive_expiry)
 
     @property
     def stack(self) -> ConnectionStack:
