@@ -12,7 +12,8 @@ on 127.0.0.1 until SIGTERM. It speaks the public Chat Completions API as far as 
   (``finish_reason: "stop"``). So a turn is ``--steps`` model calls.
 - ``GET /stats``: requests served, connections accepted, the first request's arrival and the last answer's
   end (``time.time()``), and per conversation (keyed by the first user message) the gaps between the end of one answer and the
-  arrival of the next request: what the client spent between two model calls (tool call and bookkeeping).
+  arrival of the next request: what the client spent between two model calls (tool call and bookkeeping);
+  ``first_calls``: when each conversation's first request arrived, in order.
 - ``POST /stats/reset``: forget everything counted.
 
 HTTP/1.1 with keep-alive, written on ``asyncio.Protocol`` so the server itself costs little CPU (it shares the
@@ -43,6 +44,7 @@ class Stats:
         self.last_answer: float | None = None
         self.last_end: dict[str, float] = {}
         self.gaps: list[float] = []
+        self.started: dict[str, float] = {}
 
     def arrived(self, key: str, now: float) -> None:
         self.requests += 1
@@ -51,6 +53,8 @@ class Stats:
         ended = self.last_end.pop(key, None)
         if ended is not None:
             self.gaps.append(now - ended)
+        else:
+            self.started.setdefault(key, now)
 
     def answered(self, key: str, now: float, final: bool) -> None:
         self.last_answer = now if self.last_answer is None else max(self.last_answer, now)
@@ -59,7 +63,7 @@ class Stats:
 
     def to_dict(self) -> dict[str, Any]:
         return {"requests": self.requests, "connections": self.connections, "first_request": self.first_request,
-                "last_answer": self.last_answer, "gaps": self.gaps}
+                "last_answer": self.last_answer, "gaps": self.gaps, "first_calls": sorted(self.started.values())}
 
 
 class Settings:
