@@ -28,7 +28,8 @@ Systems, each against the same server, one after the other, each on a fresh data
 Figures per run: model calls/s over the span from the first call's arrival to the last answer, against the
 ideal K / latency; turns/s over the same span; the latency the system adds to an agent step beyond the model's
 own (the gap between an answer and the next call of the same conversation, less the tool's own time; p50,
-p99); when the last turn made its first call, after the first turn did (the ramp of starting K turns); process CPU per agent step (user + system of the system's own processes from when they are ready to
+p99); when the last turn made its first call, after the first turn did (the ramp of starting K turns);
+process CPU per agent step (user + system of the system's own processes from when they are ready to
 when they are done: the fake server, the database server and the driver are not counted); the peak RSS of
 its largest process. Ratios jixu/DBOS and jixu/LangGraph of model calls/s. Every run is checked: the server
 served exactly K x steps calls, every turn ended with its reply (jixu: every chain verifies, one dispatch
