@@ -681,7 +681,9 @@ RANDOM_RUNS = {"sqlite": 15, "postgres": 8}
 twice as long (each commit waits for the server): fewer runs keep the crash file under a minute."""
 COVERAGE_RUNS = 100
 """From this many runs on, the tally must show every kind of outcome (an unknown unsafe effect resolved, an
-intent never dispatched, a thread handed over to the next child)."""
+intent never dispatched, a thread handed over to the next child, a kill between turns that left nothing
+open). Fewer runs check every kill, not the spread: CI on PostgreSQL once drew 8 kills that all landed
+inside a turn."""
 
 
 def test_random_sigkills_never_lose_repeat_or_guess(crash_ledger: CrashLedger, tmp_path: Path) -> None:
@@ -736,9 +738,9 @@ def test_random_sigkills_never_lose_repeat_or_guess(crash_ledger: CrashLedger, t
     )
     unknown = sum(n for what, n in tally.outcomes.items() if what.startswith("unknown"))
     assert unknown > 0, "no kill left an effect with an unknown outcome"
-    assert tally.outcomes["no open effect"] > 0, "every kill left an open effect"
     assert sum(tally.final.values()) == runs
-    if runs >= COVERAGE_RUNS:
+    if runs >= COVERAGE_RUNS:  # a kill between two turns is a narrow window: only many runs must hit it
+        assert tally.outcomes["no open effect"] > 0, "every kill left an open effect"
         assert tally.final["waited, resolved abandoned_unknown"] > 0, "no kill left an unknown unsafe effect"
         assert any(what.startswith("not_dispatched") for what in tally.outcomes)
         assert tally.final[HANDED_OVER] > 0
