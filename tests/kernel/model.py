@@ -167,7 +167,7 @@ def make_agent(scenario: Scenario, world: World) -> Agent:
 
 
 _GUARDED = ("append", "append_many", "release_lease", "renew_lease", "write_checkpoint", "take_over_lease",
-            "acquire_lease", "enqueue", "finish_work")
+            "take_over_leases", "renew_leases", "acquire_lease", "enqueue", "finish_work")
 
 
 def crash_after(store: Store, appends: int | None, world: World, *, kill: bool = False) -> Store:

@@ -21,7 +21,17 @@ from jixu.errors import (
     MalformedEvent,
     PayloadTooLarge,
 )
-from jixu.ledger import Checkpoint, Event, Fence, Lease, NewEvent, PostgresStore, SQLiteStore, Store
+from jixu.ledger import (
+    Checkpoint,
+    Event,
+    Fence,
+    Lease,
+    LeaseTake,
+    NewEvent,
+    PostgresStore,
+    SQLiteStore,
+    Store,
+)
 from jixu.ledger import postgres as postgres_module
 from jixu.ledger.event import GENESIS_HASH, PreparedEvent, prepare
 from jixu.ledger.ids import new_id
@@ -607,6 +617,33 @@ def test_take_over_without_expiry_is_an_explicit_assertion(store: Store) -> None
     assert legacy.epoch == 1
     with pytest.raises(InvalidInput):
         store.take_over_lease("turn/1", "x", 30, expected_epoch=-1)
+
+
+def test_take_overs_together_each_get_their_answer_and_a_refused_one_stops_none(store: Store) -> None:
+    store.acquire_lease("held", "worker-a", 30)  # live: a take-over needing expiry is refused
+    store.acquire_lease("moved", "worker-a", 30)  # at epoch 1: a take expecting 0 is refused
+    answers = store.take_over_leases([
+        LeaseTake("new", "worker-b", 30, 0),
+        LeaseTake("held", "worker-b", 30, 1),
+        LeaseTake("moved", "worker-b", 30, 0, require_expired=False),
+        LeaseTake("dead", "worker-b", 30, 0),
+        LeaseTake("new", "worker-c", 30, 1, require_expired=False),  # sees the first take of "new"
+    ])
+    assert [type(a).__name__ for a in answers] == ["Fence", "LeaseHeld", "FencingError", "Fence", "Fence"]
+    assert answers[0] == Fence("new", "worker-b", 1) and answers[3] == Fence("dead", "worker-b", 1)
+    assert answers[4] == Fence("new", "worker-c", 2)
+    for key, owner, epoch in [("held", "worker-a", 1), ("moved", "worker-a", 1), ("new", "worker-c", 2)]:
+        lease = store.get_lease(key)
+        assert lease is not None and (lease.owner, lease.epoch) == (owner, epoch), "a refused take changes nothing"
+    with pytest.raises(FencingError):
+        store.append("new/stream", events(1), 0, answers[0])  # worker-b's take was taken over in the same call
+    assert store.take_over_leases([]) == []
+    for bad in (LeaseTake("k", "a", 30, -1), LeaseTake("", "a", 30, 0), LeaseTake("k", "a", 0, 0), "k"):
+        with pytest.raises(InvalidInput):
+            store.take_over_leases([LeaseTake("k", "a", 30, 0), bad])  # type: ignore[list-item]
+    with pytest.raises(InvalidInput):
+        store.take_over_leases(LeaseTake("k", "a", 30, 0))  # type: ignore[arg-type]
+    assert store.get_lease("k") is None, "a bad request takes nothing"
 
 
 def test_append_many_answers_each_append_on_its_own(store: Store) -> None:

@@ -12,7 +12,7 @@ from jixu.ledger.ids import is_valid_id, new_id
 from jixu.ledger.memory import MemoryStore
 from jixu.ledger.projection import Projected, Projection, project, save_checkpoint
 from jixu.ledger.sqlite import SQLiteStore
-from jixu.ledger.store import Checkpoint, Fence, Lease, Store, StreamInfo, WorkClaim, WorkItem
+from jixu.ledger.store import Checkpoint, Fence, Lease, LeaseTake, Store, StreamInfo, WorkClaim, WorkItem
 from jixu.ledger.urls import DEFAULT_STORE_URL, open_store
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ __all__ = [
     "Fence",
     "JSONObject",
     "Lease",
+    "LeaseTake",
     "MemoryStore",
     "NewEvent",
     "PostgresStore",

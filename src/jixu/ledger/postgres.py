@@ -104,6 +104,7 @@ from jixu.ledger.store import (
     groups_to_try,
     judge_append,
     next_claim_number,
+    renewal_answers,
     work_claim_of,
 )
 from jixu.ledger.urls import postgres_dsn_and_options
@@ -1210,11 +1211,13 @@ class PostgresStore(Store):
     def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
         return self._run(lambda conn: self._lease_in(conn, key, change), write=True, transaction=True)
 
-    def _change_leases(self, changes: list[tuple[str, LeaseChange]]) -> list[Lease | FencingError]:
-        def apply(conn: _Conn) -> list[Lease | FencingError]:
-            # each_change locks the rows in key order, so two processes renewing overlapping sets cannot deadlock.
+    def _change_leases(self, changes: list[tuple[str, LeaseChange]], *, durable: bool,
+                       refusals: tuple[type[JixuError], ...]) -> list[Lease | JixuError]:
+        # Every commit here waits for the WAL flush, so ``durable`` changes nothing.
+        def apply(conn: _Conn) -> list[Lease | JixuError]:
+            # each_change locks the rows in key order, so two processes changing overlapping sets cannot deadlock.
             now = self._clock(conn)[0]  # one store time for the batch, as SQLite's one transaction has
-            return each_change(changes, lambda key, change: self._lease_in(conn, key, change, now))
+            return each_change(changes, lambda key, change: self._lease_in(conn, key, change, now), refusals)
 
         return self._run(apply, write=True, transaction=True) if changes else []
 
@@ -1292,7 +1295,8 @@ class PostgresStore(Store):
         def apply(conn: _Conn) -> list[WorkRow | FencingError]:
             conn.execute(_WORK_LOCK_SHARED_SQL)  # no claimer counts live claims while these are renewed
             now = self._clock(conn)[0]
-            return each_change(changes, lambda key, change: self._work_in(conn, key, change, now=now)[1])
+            return renewal_answers(each_change(changes, lambda key, change: self._work_in(conn, key, change,
+                                                                                        now=now)[1]))
 
         return self._run(apply, write=True, transaction=True) if changes else []
 

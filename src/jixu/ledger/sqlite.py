@@ -91,6 +91,7 @@ from jixu.ledger.store import (
     group_of_meta,
     groups_to_try,
     next_claim_number,
+    renewal_answers,
     work_claim_of,
 )
 
@@ -948,20 +949,21 @@ class SQLiteStore(Store):
 
         return self._write(apply)  # taking a lease is durable: it is acted on at once (renewals: below)
 
-    def _change_leases(self, changes: list[tuple[str, LeaseChange]]) -> list[Lease | FencingError]:
-        def apply(conn: sqlite3.Connection) -> list[Lease | FencingError]:
+    def _change_leases(self, changes: list[tuple[str, LeaseChange]], *, durable: bool,
+                       refusals: tuple[type[JixuError], ...]) -> list[Lease | JixuError]:
+        def apply(conn: sqlite3.Connection) -> list[Lease | JixuError]:
             now = float(conn.execute(_NOW_SQL).fetchone()[0])
 
-            def renew(key: str, change: LeaseChange) -> Lease:
+            def change_one(key: str, change: LeaseChange) -> Lease:
                 lease = change(self._lease_row(conn, key), now)
                 self._put_lease(conn, lease)
                 return lease
 
-            return each_change(changes, renew)
+            return each_change(changes, change_one, refusals)
 
         # A renewal is not waited for on disk (decision 0042): lost in a power failure, the lease expires as if
-        # its holder had died in it, which it did.
-        return self._write(apply, sync=False) if changes else []
+        # its holder had died in it, which it did. A take-over is (durable): it is acted on at once.
+        return self._write(apply, sync=durable) if changes else []
 
     def _release_lease(self, fence: Fence) -> None:
         # Not waited for on disk: lost in a power failure, the lease just expires as if its holder had died,
@@ -1020,7 +1022,7 @@ class SQLiteStore(Store):
 
     def _renew_works(self, changes: list[tuple[str, WorkChange]]) -> list[WorkRow | FencingError]:
         def apply(conn: sqlite3.Connection) -> list[WorkRow | FencingError]:
-            return each_change(changes, lambda key, change: self._work_in(conn, key, change)[1])
+            return renewal_answers(each_change(changes, lambda key, change: self._work_in(conn, key, change)[1]))
 
         return self._write(apply, sync=False) if changes else []  # renewals, as leases' (decision 0042)
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, cast
 
 from jixu.errors import (
     ConcurrencyError,
@@ -611,19 +611,59 @@ _Change = TypeVar("_Change")
 _Changed = TypeVar("_Changed")
 
 
-def each_change(changes: Sequence[tuple[str, _Change]],
-                apply: Callable[[str, _Change], _Changed]) -> list[_Changed | FencingError]:
-    """``apply(key, change)`` for each of ``changes`` (renewals of claims), in key order, so that two processes
-    changing overlapping sets lock their rows in one order; answered in the order given: the result, or the
-    :class:`FencingError` the change raised (a lost claim does not stop the others)."""
-    results: list[_Changed | FencingError | None] = [None] * len(changes)
+RENEWAL_REFUSALS: tuple[type[JixuError], ...] = (FencingError,)
+"""What refuses one renewal of a claim (the claim was lost)."""
+TAKE_REFUSALS: tuple[type[JixuError], ...] = (FencingError, LeaseHeld)
+"""What refuses one take-over of a lease (it moved since it was read; its holder's lease is still live)."""
+
+
+def each_change(changes: Sequence[tuple[str, _Change]], apply: Callable[[str, _Change], _Changed],
+                refusals: tuple[type[JixuError], ...] = RENEWAL_REFUSALS) -> list[_Changed | JixuError]:
+    """``apply(key, change)`` for each of ``changes`` (renewals or takes of claims), in key order, so that two
+    processes changing overlapping sets lock their rows in one order; answered in the order given: the result,
+    or the error of ``refusals`` the change raised (one refused change does not stop the others)."""
+    results: list[_Changed | JixuError | None] = [None] * len(changes)
     for index in sorted(range(len(changes)), key=lambda i: changes[i][0]):
         key, change = changes[index]
         try:
             results[index] = apply(key, change)
-        except FencingError as error:
+        except refusals as error:
             results[index] = error
     return [result for result in results if result is not None]
+
+
+def renewal_answers(answers: list[_Changed | JixuError]) -> list[_Changed | FencingError]:
+    """Renewals' answers, typed as what they are: a renewal is refused only with a FencingError
+    (:data:`RENEWAL_REFUSALS`; anything else was raised, not answered)."""
+    return cast("list[_Changed | FencingError]", answers)
+
+
+@dataclass(frozen=True)
+class LeaseTake:
+    """One take-over of :meth:`Store.take_over_leases`: the arguments :meth:`Store.take_over_lease` takes."""
+
+    key: str
+    owner: str
+    ttl: float
+    expected_epoch: int
+    require_expired: bool = True
+
+
+def check_take(take: object) -> LeaseTake:
+    """``take`` checked (:class:`~jixu.errors.InvalidInput` for a bad one): key, owner, ttl, epoch."""
+    if not isinstance(take, LeaseTake):
+        raise InvalidInput(f"{take!r} is not a LeaseTake", field="takes")
+    epoch = take.expected_epoch
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise InvalidInput(f"expected_epoch {epoch!r} must be an integer >= 0", field="expected_epoch")
+    if not isinstance(take.require_expired, bool):
+        raise InvalidInput("require_expired must be true or false", field="require_expired")
+    return LeaseTake(check_lease_key(take.key), check_owner(take.owner), check_ttl(take.ttl), epoch,
+                     take.require_expired)
+
+
+def _take_with(take: LeaseTake, current: Lease | None, now: float) -> Lease:
+    return taken_over_lease(current, take.key, take.owner, now, take.ttl, take.expected_epoch, take.require_expired)
 
 
 def claims_up_to(count: int, claim_one: Callable[[], WorkClaim | None]) -> list[WorkClaim]:
@@ -841,11 +881,12 @@ class Store(abc.ABC):
         """:meth:`renew_lease` of each of ``fences``, in one transaction: for each, its renewed lease or the
         :class:`~jixu.errors.FencingError` saying it was lost (a lost one does not stop the others).
 
-        What a process holding many leases renews together (``kernel.renewals``): one commit, not one each.
+        What a process holding many leases renews together (``kernel.batched``): one commit, not one each.
         """
         checked = [check_fence(fence) for fence in _sequence(fences, "fences")]
         ttl = check_ttl(ttl)
-        return self._change_leases([(fence.key, partial(_renew_with, fence, ttl)) for fence in checked])
+        return renewal_answers(self._change_leases([(fence.key, partial(_renew_with, fence, ttl)) for fence in checked],
+                                                   durable=False, refusals=RENEWAL_REFUSALS))
 
     def take_over_lease(self, key: str, owner: str, ttl: float, *, expected_epoch: int,
                         require_expired: bool = True) -> Fence:
@@ -858,11 +899,23 @@ class Store(abc.ABC):
         exists yet. Any other epoch raises :class:`~jixu.errors.FencingError`:
         somebody else moved the lease since the caller looked.
         """
-        key, owner, ttl = check_lease_key(key), check_owner(owner), check_ttl(ttl)
-        if isinstance(expected_epoch, bool) or not isinstance(expected_epoch, int) or expected_epoch < 0:
-            raise InvalidInput(f"expected_epoch {expected_epoch!r} must be an integer >= 0", field="expected_epoch")
-        return self._change_lease(key, lambda current, now: taken_over_lease(
-            current, key, owner, now, ttl, expected_epoch, require_expired)).fence()
+        answer = self.take_over_leases([LeaseTake(key, owner, ttl, expected_epoch, require_expired)])[0]
+        if isinstance(answer, JixuError):  # one take-over path, alone or together
+            raise answer
+        return answer
+
+    def take_over_leases(self, takes: Sequence[LeaseTake]) -> list[Fence | JixuError]:
+        """:meth:`take_over_lease` of each of ``takes``, in one durable transaction: for each, its fence or
+        the error refusing it (:class:`~jixu.errors.FencingError`, :class:`~jixu.errors.LeaseHeld`; one
+        refused take does not stop the others).
+
+        What the turns starting together on one event loop take at once (``kernel.batched``): one commit, not
+        one each. Two takes of one key in one call are decided one after the other (the second sees the first).
+        """
+        checked = [check_take(take) for take in _sequence(takes, "takes")]
+        answers = self._change_leases([(take.key, partial(_take_with, take)) for take in checked],
+                                      durable=True, refusals=TAKE_REFUSALS)
+        return [answer.fence() if isinstance(answer, Lease) else answer for answer in answers]
 
     def release_lease(self, fence: Fence) -> None:
         """Give the lease up (a no-op if ``fence`` no longer holds it)."""
@@ -1090,18 +1143,21 @@ class Store(abc.ABC):
     def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
         """In one transaction: lock the lease row, call ``change(current, store_now)``, store its result."""
 
-    def _change_leases(self, changes: list[tuple[str, LeaseChange]]) -> list[Lease | FencingError]:
-        """Renewals of several leases (every renewal comes here); a FencingError in the list for each lost one.
+    def _change_leases(self, changes: list[tuple[str, LeaseChange]], *, durable: bool,
+                       refusals: tuple[type[JixuError], ...]) -> list[Lease | JixuError]:
+        """Changes of several leases (every renewal and every take-over comes here); in the list, for each
+        change refused with one of ``refusals``, its error.
 
-        A backend may commit renewals without waiting for the disk: lost in a power failure, a lease expires as
-        if its holder had died in it (decision 0042). This default renews them one transaction each; SQLite and
-        PostgreSQL override it with one."""
-        return each_change(changes, self._change_lease)
+        ``durable=False`` (renewals) lets a backend commit without waiting for the disk: lost in a power
+        failure, a lease expires as if its holder had died in it (decision 0042); a take-over is durable, since
+        it is acted on at once. This default changes them one transaction each; SQLite and PostgreSQL override
+        it with one."""
+        return each_change(changes, self._change_lease, refusals)
 
     def _renew_works(self, changes: list[tuple[str, WorkChange]]) -> list[WorkRow | FencingError]:
         """Renewals of several work claims (as :meth:`_change_leases`; every renewal comes here): the renewed
         rows."""
-        return each_change(changes, lambda key, change: self._change_work(key, change)[1])
+        return renewal_answers(each_change(changes, lambda key, change: self._change_work(key, change)[1]))
 
     @abc.abstractmethod
     def _release_lease(self, fence: Fence) -> None: ...
@@ -1150,6 +1206,7 @@ __all__ = [
     "ClaimOrder",
     "Fence",
     "Lease",
+    "LeaseTake",
     "QueueCensus",
     "SESSION_RETENTION",
     "Session",
@@ -1180,4 +1237,9 @@ __all__ = [
     "next_lease",
     "group_of_meta",
     "taken_over_lease",
+    "check_take",
+    "each_change",
+    "renewal_answers",
+    "RENEWAL_REFUSALS",
+    "TAKE_REFUSALS",
 ]
