@@ -43,12 +43,12 @@ from types import TracebackType
 from typing import Any
 
 from jixu.errors import ConcurrencyError, FencingError, JixuError
+from jixu.kernel.batched import lease_renewals, lease_takes
 from jixu.kernel.commits import Commits
-from jixu.kernel.renewals import lease_renewals
 from jixu.kernel.shutdown import ServingTask
 from jixu.kernel.writer import StreamWriter
 from jixu.ledger.event import NewEvent
-from jixu.ledger.store import Fence, Lease, Store
+from jixu.ledger.store import Fence, Lease, LeaseTake, Store
 
 
 def _read(path: str) -> str | None:
@@ -217,9 +217,10 @@ class Claim:
         return data
 
 
-def take_claim(store: Store, key: str, owner: str, ttl: float, *,
-               holder_process: Callable[[Lease], object] | None = None) -> Claim:
-    """Take ``key``'s lease for ``owner`` at the next epoch.
+async def take_claim(store: Store, key: str, owner: str, ttl: float, *,
+                     holder_process: Callable[[Lease], object] | None = None) -> Claim:
+    """Take ``key``'s lease for ``owner`` at the next epoch (with the other take-overs of the loop, in one
+    durable transaction in a thread: ``kernel.batched``).
 
     Another owner's lease is taken only once it expired by the store's clock
     (:class:`~jixu.errors.LeaseHeld` otherwise), or at once when
@@ -240,8 +241,22 @@ def take_claim(store: Store, key: str, owner: str, ttl: float, *,
         else:
             proof = dead_holder(lease, holder_process)
             reason, require_expired = ("took_over_dead_owner", False) if proof else ("took_over_expired", True)
-    fence = store.take_over_lease(key, owner, ttl, expected_epoch=previous_epoch, require_expired=require_expired)
+    asked = asyncio.ensure_future(lease_takes(store).ask(LeaseTake(key, owner, ttl, previous_epoch, require_expired)))
+    try:
+        fence = await asyncio.shield(asked)
+    except asyncio.CancelledError:
+        # The take may be in flight: once it is answered, give back what nobody will use (no one waits it out).
+        asked.add_done_callback(_give_back(store))
+        raise
     return Claim(fence, reason, previous_owner, previous_epoch, proof)
+
+
+def _give_back(store: Store) -> Callable[[asyncio.Future[Fence]], None]:
+    def done(taken: asyncio.Future[Fence]) -> None:
+        if not taken.cancelled() and taken.exception() is None:
+            release(store, taken.result())
+
+    return done
 
 
 def dead_holder(lease: Lease | None, holder_process: Callable[[Lease], object] | None) -> dict[str, Any] | None:
@@ -285,22 +300,25 @@ def holds(store: Store, fence: Fence | None) -> bool:
     return lease is not None and not lease.released and (lease.owner, lease.epoch) == (fence.owner, fence.epoch)
 
 
-def claim_stream(writer: StreamWriter[Any], key: str, owner: str, ttl: float,
-                 claimed: Callable[[Claim], NewEvent], *, still_wanted: Callable[[], bool],
-                 tries: int = 5, holder_process: Callable[[Lease], object] | None = None) -> Claim | None:
+async def claim_stream(writer: StreamWriter[Any], key: str, owner: str, ttl: float,
+                       claimed: Callable[[Claim], NewEvent], *, still_wanted: Callable[[], bool],
+                       tries: int = 5, holder_process: Callable[[Lease], object] | None = None) -> Claim | None:
     """Take ``key``'s lease and record ``claimed(claim)`` in ``writer``'s stream, fenced by it.
 
-    When another writer moved the head meanwhile, the new events are folded
-    and, while ``still_wanted()`` (there is still work to do), the claim is
-    recorded again after them; otherwise the lease is given back and ``None``
-    returned.
+    Neither holds the event loop: the take goes with the loop's other
+    take-overs, the event through its shared commits (claims starting together
+    share both). When another writer moved the head meanwhile, the new events
+    are folded and, while ``still_wanted()`` (there is still work to do), the
+    claim is recorded again after them; otherwise the lease is given back and
+    ``None`` returned.
     """
-    claim = take_claim(writer.store, key, owner, ttl, holder_process=holder_process)
+    claim = await take_claim(writer.store, key, owner, ttl, holder_process=holder_process)
     for _ in range(tries):
         try:
-            writer.append([claimed(claim)], claim.fence)
+            await writer.append_async([claimed(claim)], claim.fence)
             return claim
         except ConcurrencyError:
+            await writer.idle()
             writer.sync()
             if not still_wanted():
                 break
@@ -355,7 +373,7 @@ class Session:
         while True:
             await asyncio.sleep(self.ttl / 3)
             try:
-                # With the loop's other renewals, in one call in a thread (kernel.renewals): a renewal is a
+                # With the loop's other renewals, in one call in a thread (kernel.batched): a renewal is a
                 # write (a round trip on PostgreSQL) that would hold every turn on the loop.
                 await lease_renewals(self.store).renew(self.fence, self.ttl)
             except FencingError as error:

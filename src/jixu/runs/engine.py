@@ -357,7 +357,7 @@ class Runs:
         running = await asyncio.to_thread(survey, log.record)
         if running:
             raise still_running(run_id, running, "executed")
-        fence = self._claim(log)
+        fence = await self._claim(log)
         if fence is None:
             return self._state(log)
         me = asyncio.current_task()
@@ -379,13 +379,13 @@ class Runs:
             self._executing.discard(run_id)
         return self._state(log)
 
-    def _claim(self, log: RunLog) -> Fence | None:
+    async def _claim(self, log: RunLog) -> Fence | None:
         """Take the run's lease and record ``run.claimed``; ``None`` if the run stopped being runnable meanwhile."""
         try:
-            claim = claim_stream(log.writer, run_lease_key(log.run_id), self.owner, self.lease_ttl,
-                                 lambda c: NewEvent("run.claimed", c.record(), log.meta(self.owner)),
-                                 still_wanted=lambda: not isinstance(decide(log.record, log.analysis()), Stop),
-                                 tries=_CONFLICT_RETRIES, holder_process=log.holder_process)
+            claim = await claim_stream(log.writer, run_lease_key(log.run_id), self.owner, self.lease_ttl,
+                                       lambda c: NewEvent("run.claimed", c.record(), log.meta(self.owner)),
+                                       still_wanted=lambda: not isinstance(decide(log.record, log.analysis()), Stop),
+                                       tries=_CONFLICT_RETRIES, holder_process=log.holder_process)
         except (FencingError, LeaseHeld) as error:
             raise RunOwned(f"run {log.run_id} changed hands while claiming it: {error.message}",
                            run_id=log.run_id) from error

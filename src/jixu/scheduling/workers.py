@@ -69,7 +69,7 @@ from jixu.errors import (
     UnknownProvider,
 )
 from jixu.kernel import DEFAULT_LEASE_TTL
-from jixu.kernel.renewals import work_renewals
+from jixu.kernel.batched import work_renewals
 from jixu.ledger import Store, open_store
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.store import WorkClaim, check_owner

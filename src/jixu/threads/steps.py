@@ -337,7 +337,7 @@ class DurableRun:
                 raise StepMismatch(f"thread {thread.thread_id}'s unfinished durable run is named {turn.input!r}, not "
                                    f"{self.name!r}", thread_id=thread.thread_id, turn_id=turn.turn_id)
             self._turn_id = turn.turn_id
-            fence = thread._claim_turn()  # TurnOwned while another live process runs it
+            fence = await thread._claim_turn()  # TurnOwned while another live process runs it
             if fence is None:
                 raise TurnOwned(f"thread {thread.thread_id}'s run {turn.turn_id} changed while claiming it; try again",
                                 thread_id=thread.thread_id, turn_id=turn.turn_id)

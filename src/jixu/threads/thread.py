@@ -274,7 +274,7 @@ class Thread:
         await self.log.writer.idle()
         self.log.sync()
         if self.log.state.active_turn() is not None:
-            fence = self._claim()
+            fence = await self._claim()
             try:
                 self.log.end_running_turn(reason, fence)
                 self.log.checkpoint()
@@ -324,7 +324,7 @@ class Thread:
         await log.writer.idle()  # a turn.started still waiting for its shared commit (see send)
         log.sync()
         log.establish()  # opening to act: nothing runs on a history that does not verify (decide() stops it)
-        fence = self._claim()
+        fence = await self._claim()
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if fence is not None:
@@ -531,7 +531,7 @@ class Thread:
         return all(d.state in ("not_dispatched", "parked") or (d.state == "unknown" and d.retry_safe)
                    for d in analysis.decisions.values())
 
-    def _claim(self) -> Fence | None:
+    async def _claim(self) -> Fence | None:
         """Own the active turn before running it; returns the fence, or None when there is nothing to run."""
         log, harness = self.log, self._harness
         turn = log.state.active_turn()
@@ -548,11 +548,11 @@ class Thread:
                                max_attempts=harness.max_attempts, context_budget=self._agent.context_budget),
                         Stop):
             return None
-        fence = self._claim_turn()
+        fence = await self._claim_turn()
         # None: someone wrote meanwhile and the turn is no longer the one claimed (it may even have ended): look again.
-        return fence if fence is not None else self._claim()
+        return fence if fence is not None else await self._claim()
 
-    def _claim_turn(self) -> Fence | None:
+    async def _claim_turn(self) -> Fence | None:
         """Take the claim on the active turn (this process may already hold it): the fence, with ``turn.claimed``
         recorded; ``None`` when the turn changed meanwhile; :class:`~jixu.errors.TurnOwned` while another process
         may run it."""
@@ -565,11 +565,11 @@ class Thread:
         if holds(log.store, self._fence):
             return self._fence
         try:
-            claim = claim_stream(log.writer, log.turn_key, harness.owner, harness.lease_ttl,
-                                 lambda c: NewEvent("turn.claimed", {"turn_id": turn.turn_id, **c.record()},
-                                                    log.meta()),
-                                 still_wanted=lambda: log.state.active_turn() is turn,
-                                 holder_process=log.holder_process)
+            claim = await claim_stream(log.writer, log.turn_key, harness.owner, harness.lease_ttl,
+                                       lambda c: NewEvent("turn.claimed", {"turn_id": turn.turn_id, **c.record()},
+                                                          log.meta()),
+                                       still_wanted=lambda: log.state.active_turn() is turn,
+                                       holder_process=log.holder_process)
         except (FencingError, LeaseHeld) as error:
             raise TurnOwned(f"turn {turn.turn_id} changed hands while claiming it: {error.message}",
                             thread_id=self.thread_id, turn_id=turn.turn_id) from error

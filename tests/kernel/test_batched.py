@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from jixu.errors import FencingError, StoreError
+from jixu.kernel.batched import lease_renewals, work_renewals
 from jixu.kernel.ownership import Session
-from jixu.kernel.renewals import lease_renewals, work_renewals
 from jixu.ledger import Fence, Lease, SQLiteStore, WorkClaim
 
 
@@ -94,7 +94,7 @@ def test_a_session_that_loses_its_lease_in_a_batch_cancels_its_owner(tmp_path: P
 def test_an_owner_waiting_on_a_cancelled_sender_is_not_left_waiting() -> None:
     import time
 
-    from jixu.kernel.renewals import Renewals
+    from jixu.kernel.batched import Renewals
 
     def slow(items: Sequence[str], ttl: float) -> list[str | FencingError]:
         time.sleep(0.2)
@@ -115,3 +115,49 @@ def test_an_owner_waiting_on_a_cancelled_sender_is_not_left_waiting() -> None:
 
     first, cancelled = asyncio.run(scenario())
     assert first == "a renewed" and cancelled
+
+
+def test_a_hundred_turns_starting_together_take_their_leases_in_few_calls(tmp_path: Path) -> None:
+    """Take-overs wait for no window, only for the call in flight: 100 starting together need a handful of
+    transactions, not 100; one refused (its lease is held) hears it alone."""
+    from jixu.errors import LeaseHeld
+    from jixu.kernel.batched import lease_takes
+    from jixu.kernel.ownership import take_claim
+
+    async def scenario(store: SQLiteStore) -> tuple[list[object], int]:
+        store.acquire_lease("thread/held/turn", "worker-2", 30)
+        keys = [f"thread/{i}/turn" for i in range(100)] + ["thread/held/turn"]
+        answers = await asyncio.gather(*(take_claim(store, key, "worker-1", 30) for key in keys),
+                                       return_exceptions=True)
+        return list(answers), lease_takes(store).calls
+
+    with SQLiteStore(tmp_path / "q.db") as store:
+        answers, calls = asyncio.run(scenario(store))
+        assert isinstance(answers[-1], LeaseHeld)
+        assert [a.fence.key for a in answers[:-1]] == [f"thread/{i}/turn" for i in range(100)]  # type: ignore[union-attr]
+        assert 1 <= calls <= 5, f"{calls} transactions for 101 take-overs"
+        held = store.get_lease("thread/held/turn")
+        assert held is not None and held.owner == "worker-2"
+
+
+def test_renewals_are_answered_while_every_thread_of_the_loops_executor_is_blocked(tmp_path: Path) -> None:
+    """Plain ``def`` tools run in the loop's default executor: blocking all of it must not hold a renewal
+    (the claim would expire under its live owner)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    async def scenario(store: SQLiteStore) -> Lease:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=2))
+        release = threading.Event()
+        blocked = [loop.run_in_executor(None, release.wait) for _ in range(2)]
+        try:
+            fence = store.acquire_lease("thread/t/turn", "worker-1", 30)
+            return await asyncio.wait_for(lease_renewals(store).renew(fence, 60), 10)
+        finally:
+            release.set()
+            await asyncio.gather(*blocked)
+
+    with SQLiteStore(tmp_path / "q.db") as store:
+        renewed = asyncio.run(scenario(store))
+        assert renewed.expires_at > store.now() + 50
