@@ -16,7 +16,14 @@ import pytest
 
 from jixu.errors import KeyUnavailable
 from jixu.ledger import NewEvent, SQLiteStore, Store, project, save_checkpoint
-from jixu.ledger.keys import KEY_FILE_ENV, keyring, retire_keys, rotate_keys, sealing_keyring
+from jixu.ledger.keys import (
+    KEY_FILE_ENV,
+    default_key_path,
+    keyring,
+    retire_keys,
+    rotate_keys,
+    sealing_keyring,
+)
 from jixu.ledger.projection import audit_checkpoint
 from jixu.ledger.trust import VERDICT_NAME, record_break, recorded_break, verdict
 from tests.attacker import Raw, flip_data_byte, forge_checkpoint, public_digest, rewrite_from
@@ -32,6 +39,31 @@ def key_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "config" / "jixu" / "checkpoint-keys"
     monkeypatch.setenv(KEY_FILE_ENV, str(path))
     return path
+
+
+def test_the_default_key_file_follows_the_environment_as_it_changes(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default path is remembered per environment, never across a change of it."""
+    monkeypatch.delenv(KEY_FILE_ENV, raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "one"))
+    assert default_key_path() == tmp_path / "one" / ".config" / "jixu" / "checkpoint-keys"
+    monkeypatch.setenv("HOME", str(tmp_path / "two"))
+    assert default_key_path() == tmp_path / "two" / ".config" / "jixu" / "checkpoint-keys"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    assert default_key_path() == tmp_path / "xdg" / "jixu" / "checkpoint-keys"
+    monkeypatch.setenv(KEY_FILE_ENV, str(tmp_path / "given"))
+    assert default_key_path() == tmp_path / "given"
+    monkeypatch.delenv(KEY_FILE_ENV)
+    monkeypatch.delenv("XDG_CONFIG_HOME")
+    assert default_key_path() == tmp_path / "two" / ".config" / "jixu" / "checkpoint-keys"
+    # A key made under one home is not found under another.
+    monkeypatch.setenv(KEY_FILE_ENV, str(tmp_path / "two" / ".config" / "jixu" / "checkpoint-keys"))
+    assert sealing_keyring().keys
+    monkeypatch.delenv(KEY_FILE_ENV)
+    assert keyring().keys
+    monkeypatch.setenv("HOME", str(tmp_path / "one"))
+    assert not keyring().keys
 
 
 def _ledger(tmp_path: Path, events: int = 20, at: int | None = None) -> Path:

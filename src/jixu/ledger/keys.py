@@ -33,6 +33,7 @@ for a state.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import hmac
 import os
@@ -62,16 +63,23 @@ not held here; not a seal at all (an unkeyed digest of an older version, or garb
 
 def default_key_path() -> Path | None:
     """``$JIXU_KEY_FILE``, else ``$XDG_CONFIG_HOME/jixu/checkpoint-keys``; ``None`` without a home directory."""
-    given = os.environ.get(KEY_FILE_ENV)
+    environ = os.environ
+    return _key_path_for(environ.get(KEY_FILE_ENV), environ.get("XDG_CONFIG_HOME"), environ.get("HOME"))
+
+
+@functools.lru_cache(maxsize=16)
+def _key_path_for(given: str | None, config: str | None, home: str | None) -> Path | None:
+    """:func:`default_key_path` for these environment values: every opening and seal asks for it, and
+    ``Path.home()`` costs more than the rest of a key lookup (remembered per value, so a changed
+    environment still counts)."""
     if given:
         return Path(given)
-    config = os.environ.get("XDG_CONFIG_HOME")
     if config:
         return Path(config) / "jixu" / KEY_FILE_NAME
-    try:
-        return Path.home() / ".config" / "jixu" / KEY_FILE_NAME
-    except RuntimeError:
-        return None
+    found = os.path.expanduser("~") if home is None else home  # what Path.home() reads
+    if found.startswith("~"):
+        return None  # no $HOME and no password entry: Path.home() would raise
+    return Path(found) / ".config" / "jixu" / KEY_FILE_NAME
 
 
 def key_id(secret: bytes) -> str:
