@@ -100,8 +100,9 @@ async def repair_queue(store: Store, *, page: int = 500, threads: bool = True, r
     transactions and could be killed in between): ``threads``' queued turns and ``requests`` (execution requests
     that the run's journal names and nobody has carried out yet); the keys it enqueued.
 
-    Reads each stream without a work item once (a thread from its checkpoint), yielding to the event loop between
-    streams, so a worker can run it beside its work (:meth:`jixu.scheduling.Worker.run` does, at start).
+    Finds the streams without a work item a page at a time in a worker thread, then reads each of them once (a
+    thread from its checkpoint), yielding to the event loop between them, so a worker can run it beside its work
+    (:meth:`jixu.scheduling.Worker.run` does, at start).
     """
     repaired: list[str] = []
     if threads:
@@ -129,18 +130,24 @@ async def repair_queue(store: Store, *, page: int = 500, threads: bool = True, r
 
 async def _streams_without_work(store: Store, prefix: str, key_of: Callable[[str], str],
                                 page: int) -> AsyncIterator[str]:
-    """The ids of the streams named ``prefix + id`` that have no work item, yielding to the loop after each."""
-    after = ""
-    while True:
+    """The ids of the streams named ``prefix + id`` that have no work item, a page at a time.
+
+    Each page is read in a worker thread: a worker repairs at start, while its first turns commit, and each
+    read waits for the store's lock; on the event loop those waits would hold back every turn starting.
+    """
+
+    def page_after(after: str) -> tuple[list[str], str | None]:
         infos = store.list_streams(prefix, after=after, limit=page)
-        for info in infos:
-            stream_id = info.stream[len(prefix):]
-            if store.get_work(key_of(stream_id)) is None:
-                yield stream_id
-            await asyncio.sleep(0)
-        if len(infos) < page:
-            return
-        after = infos[-1].stream
+        ids = [info.stream[len(prefix):] for info in infos]
+        missing = [stream_id for stream_id in ids if store.get_work(key_of(stream_id)) is None]
+        return missing, (infos[-1].stream if len(infos) == page else None)
+
+    after: str | None = ""
+    while after is not None:
+        missing, after = await asyncio.to_thread(page_after, after)
+        for stream_id in missing:
+            yield stream_id
+            await asyncio.sleep(0)  # the caller reads each one on the loop: let the turns run in between
 
 
 __all__ = ["create_thread_for", "enqueue_thread", "project_of", "repair_queue", "submit_run", "submit_turn",
