@@ -161,3 +161,43 @@ def test_renewals_are_answered_while_every_thread_of_the_loops_executor_is_block
     with SQLiteStore(tmp_path / "q.db") as store:
         renewed = asyncio.run(scenario(store))
         assert renewed.expires_at > store.now() + 50
+
+
+def test_a_claim_cancelled_while_its_take_is_in_flight_gives_the_lease_back(tmp_path: Path) -> None:
+    """The take is durable once answered even if nobody waits for it any more: the cancelled claim must give
+    it back, or the key stays held by a live-looking owner until its lease expires."""
+    import threading
+
+    from jixu.kernel.ownership import take_claim
+    from jixu.ledger import LeaseTake
+
+    class HeldTakes(SQLiteStore):
+        entered: threading.Event
+        gate: threading.Event
+
+        def take_over_leases(self, takes: Sequence[LeaseTake]) -> list[Fence | FencingError]:
+            self.entered.set()
+            self.gate.wait(10)
+            return super().take_over_leases(takes)
+
+    async def scenario(store: HeldTakes) -> Lease | None:
+        claim = asyncio.create_task(take_claim(store, "thread/t/turn", "worker-1", 60))
+        while not store.entered.is_set():
+            await asyncio.sleep(0.005)
+        claim.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await claim
+        store.gate.set()  # the take now commits, for nobody
+        for _ in range(500):
+            lease = store.get_lease("thread/t/turn")
+            if lease is not None and lease.released:
+                return lease
+            await asyncio.sleep(0.01)
+        return store.get_lease("thread/t/turn")
+
+    with HeldTakes(tmp_path / "q.db") as store:
+        store.entered, store.gate = threading.Event(), threading.Event()
+        lease = asyncio.run(scenario(store))
+        assert lease is not None and lease.owner == "worker-1" and lease.released, lease
+        taken = store.acquire_lease("thread/t/turn", "worker-2", 30)  # at once: nothing to wait out
+        assert taken.epoch == lease.epoch + 1
