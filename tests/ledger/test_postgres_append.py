@@ -759,3 +759,48 @@ def test_append_many_falls_back_to_each_append_when_the_batch_transaction_aborts
         for n in (0, 2, 3):
             assert [e.data for e in store.read(f"fall/{n}")] == [{"n": n}], "appended once, on its own"
             assert store.verify(f"fall/{n}").valid
+
+
+_FROZEN_HOLDER = """
+import os, signal, sys
+from jixu.ledger import PostgresStore
+
+store = PostgresStore(sys.argv[1])
+
+def hold(conn):
+    conn.execute("SELECT key FROM jixu_work WHERE key = %s FOR UPDATE", (sys.argv[2],)).fetchall()
+    print("holding", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)  # frozen inside the transaction, the row locked
+
+store._run(hold, write=True, transaction=True)
+"""
+
+
+def test_a_process_frozen_inside_a_transaction_does_not_hold_its_rows_past_the_servers_timeout(url: str) -> None:
+    """A worker paused (SIGSTOP, a frozen VM) mid-transaction keeps its row locks: claims pass over such a row
+    (``SKIP LOCKED``), so without a limit on idle transactions the item would never be claimed again, whatever
+    its lease says. The store's sessions end such a transaction after ``_IDLE_IN_TRANSACTION_MS``."""
+    import signal
+
+    from tests.helpers import spawn_python
+
+    with PostgresStore(url) as store:
+        store.enqueue("thread/frozen", "shop")
+        holder = spawn_python(_FROZEN_HOLDER, url, "thread/frozen")
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+            assert store.claim_work("w1", 30, lambda census: sorted(census.oldest)) is None  # passed over
+            deadline = time.monotonic() + postgres_module._IDLE_IN_TRANSACTION_MS / 1000 + 20
+            claim = None
+            while claim is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+                claim = store.claim_work("w1", 30, lambda census: sorted(census.oldest))
+            assert claim is not None and claim.key == "thread/frozen", "the frozen transaction kept the row"
+            with raw(url) as conn:
+                [(timeout,)] = conn.execute("SELECT current_setting('idle_in_transaction_session_timeout')")
+                assert timeout == "0", "the server's own default is no limit: the store sets its own"
+            assert store._run(lambda conn: conn.execute(
+                "SELECT current_setting('idle_in_transaction_session_timeout')").fetchone()[0]) == "5s"
+        finally:
+            holder.send_signal(signal.SIGKILL)
+            holder.wait(10)

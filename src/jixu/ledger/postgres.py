@@ -484,6 +484,11 @@ _IDLE_CHECK_SECONDS = 5.0
 """A pooled connection idle this long is pinged before use; one used more recently is trusted."""
 _CLIENT_CHECK_MS = 10
 """While a statement runs, the server looks this often (ms) whether its client is still connected."""
+_IDLE_IN_TRANSACTION_MS = 5000
+"""A session of this store that sits this long (ms) inside a transaction is ended by the server. None of the
+store's transactions waits on its caller; one that does was frozen (SIGSTOP, a paused VM) while it held row
+locks, and every other process would skip the rows it locked (``SKIP LOCKED``) or wait for them for as
+long as it stays frozen, whatever the leases' TTL says."""
 _APPEND_SQL = ("SELECT * FROM jixu_append_v4(%s::text, %s::bigint, %s::text, %s::text, %s::text, %s::bigint, "
                "%b::text[], %b::text[], %b::text[], %b::text[])")
 # The column ``project`` holds an item's group (as in SQLite: renaming it would stop older workers sharing the store).
@@ -677,6 +682,8 @@ class PostgresStore(Store):
             conn.execute("SET default_transaction_read_only = on")
         # Durable commits whatever the server, database or role set: a commit returns once it is flushed.
         conn.execute(_DURABLE_COMMITS_SQL)
+        # A frozen holder of row locks must not outlast the leases: the server ends its transaction.
+        conn.execute(f"SET idle_in_transaction_session_timeout = {_IDLE_IN_TRANSACTION_MS}")
         if conn.info.server_version >= 140000:
             # An append is one statement that commits by itself: should its process die while the statement
             # runs (a SIGKILL, a crash), the server aborts it at the next check instead of committing it on
