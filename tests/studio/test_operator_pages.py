@@ -325,7 +325,7 @@ def test_each_turns_effects_are_drawn_as_lanes_coloured_by_the_resolver(ops: Ser
 # --- 3c. turn recovery --------------------------------------------------------------------------------------
 
 
-def _turn_of_a_gone_owner(ops: Served, ttl: float = 0.05) -> tuple[str, str]:
+def _turn_of_a_gone_owner(ops: Served, ttl: float = 1.0) -> tuple[str, str]:
     """A thread whose turn a process outside the server started (and, with a short ttl, died holding): nothing
     queues it for the server's worker."""
     thread_id = create_thread_for(ops.store, agent(), project=PROJECT)
@@ -337,7 +337,12 @@ def test_an_expired_turn_is_recovered_from_its_page_by_an_operator_only(ops: Ser
                                                                        shots: Shots) -> None:
     thread_id, turn_id = _turn_of_a_gone_owner(ops)
     live_id, live_turn = _turn_of_a_gone_owner(ops, ttl=300)  # its owner's lease is still valid
-    time.sleep(0.2)  # the crashed process's lease expires by the store's clock
+    # The crashed process's lease expires by the store's clock (a ttl long enough for its own turn.started to
+    # be appended under the lease on a loaded machine).
+    deadline = time.monotonic() + 10
+    while not ThreadLog.load(ops.store, thread_id).ownership()["expired"]:  # type: ignore[index]
+        assert time.monotonic() < deadline, "the crashed process's lease did not expire"
+        time.sleep(0.05)
     path = f"/studio/threads/{thread_id}/turns/{turn_id}/recover"
     with api(ops) as alice:
         epoch = alice.get(f"/threads/{thread_id}").json()["ownership"]["epoch"]
