@@ -38,11 +38,10 @@ def _two_call_agent(tools: list[Any], calls: list[ToolCall]) -> Agent:
     return Agent("parallel", ScriptedModel(script), tools=tools, max_steps=6)
 
 
-@pytest.mark.parametrize("group_commits", [True, False])
 @pytest.mark.parametrize("semantics", ["read_only", "idempotent", "unsafe"])
 @pytest.mark.parametrize("finish", ["together", "staggered"])
 def test_parallel_calls_of_one_response_are_each_dispatched_once(
-        ledger: Ledger, group_commits: bool, semantics: str, finish: str) -> None:
+        ledger: Ledger, semantics: str, finish: str) -> None:
     """Two threads on one loop, each asking for two calls at once: every call leaves exactly once.
 
     ``together``: both calls of a response return in the same turn of the event loop, so their receipts
@@ -69,7 +68,7 @@ def test_parallel_calls_of_one_response_are_each_dispatched_once(
     agent = _two_call_agent([probe], [ToolCall("probe", {"which": "a"}), ToolCall("probe", {"which": "b"})])
 
     async def scenario() -> None:
-        harness = ledger.harness(agent, group_commits=group_commits)
+        harness = ledger.harness(agent)
         threads = [await harness.create_thread() for _ in range(2)]
         await asyncio.gather(*(thread.send("go") for thread in threads))
         states = await asyncio.gather(*(asyncio.wait_for(thread.wait(), 30) for thread in threads))
@@ -98,9 +97,8 @@ def _approve_from_elsewhere(store: Store, thread_id: str, effect_id: str) -> Non
                                                                            actor="other-operator")
 
 
-@pytest.mark.parametrize("group_commits", [False, True])
 def test_a_receipt_is_kept_when_another_writer_moved_the_head_while_the_call_ran(
-        ledger: Ledger, group_commits: bool) -> None:
+        ledger: Ledger) -> None:
     """While an unsafe refund runs, another connection approves its parked sibling: the refund's receipt is
     recorded after the approval, the refund ran once and is ``completed``, and the approved call runs."""
     refunds: list[str] = []
@@ -126,7 +124,7 @@ def test_a_receipt_is_kept_when_another_writer_moved_the_head_while_the_call_ran
                                                ToolCall("notify", {"text": "refund issued"})])
 
     async def scenario() -> None:
-        harness = ledger.harness(agent, group_commits=group_commits)
+        harness = ledger.harness(agent)
         thread = await harness.create_thread()
         await thread.send("refund order 42")
         await asyncio.wait_for(running.wait(), 10)
@@ -154,9 +152,8 @@ def test_a_receipt_is_kept_when_another_writer_moved_the_head_while_the_call_ran
     run(scenario())
 
 
-@pytest.mark.parametrize("group_commits", [False, True])
 def test_the_receipt_of_a_call_running_alone_is_kept_when_another_process_ends_the_turn(
-        ledger: Ledger, group_commits: bool) -> None:
+        ledger: Ledger) -> None:
     """One unsafe call alone (its receipt would ride with the next step's events): meanwhile another
     connection records that the turn was interrupted. The charge did happen: its receipt is recorded after
     the interruption, the effect is ``completed`` and nothing is dispatched again."""
@@ -175,7 +172,7 @@ def test_the_receipt_of_a_call_running_alone_is_kept_when_another_process_ends_t
     agent = Agent("charger", ScriptedModel([ToolCall("charge", {"amount": 5}), "charged"]), tools=[charge])
 
     async def scenario() -> None:
-        harness = ledger.harness(agent, group_commits=group_commits)
+        harness = ledger.harness(agent)
         thread = await harness.create_thread()
         await thread.send("charge 5")
         await asyncio.wait_for(started.wait(), 10)
