@@ -99,8 +99,8 @@ def principal(request: Request) -> Principal:
     not something a caller should have to guess. Failed attempts are rate-limited per client address and token
     id (429, :mod:`jixu.server.guard`).
     """
-    cached = getattr(request.state, "principal", None)
-    if isinstance(cached, Principal):
+    cached = authenticated_caller(request)
+    if cached is not None:
         return cached
     sent = request.headers.getlist("authorization")
     if len(sent) > 1:
@@ -108,6 +108,12 @@ def principal(request: Request) -> Principal:
     found = services(request).guard.authenticate(client_address(request), sent[0] if sent else None)
     request.state.principal = found
     return found
+
+
+def authenticated_caller(request: Request) -> Principal | None:
+    """The caller :func:`principal` already authenticated for ``request``, if it did (no store read)."""
+    cached = getattr(request.state, "principal", None)
+    return cached if isinstance(cached, Principal) else None
 
 
 class Authenticated(APIRoute):
@@ -159,8 +165,9 @@ async def context(request: Request) -> Context:
     worker thread and back for each request. Routes of :class:`Authenticated` have their caller by now;
     any other caller is authenticated in a worker thread (the token is read from the store).
     """
-    cached = getattr(request.state, "principal", None)
-    caller = cached if isinstance(cached, Principal) else await run_in_threadpool(principal, request)
+    caller = authenticated_caller(request)
+    if caller is None:
+        caller = await run_in_threadpool(principal, request)
     return Context(request, services(request), caller)
 
 
