@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,30 +35,17 @@ for _path in (ROOT / "src", ROOT):
         sys.path.insert(0, str(_path))
 
 import httpx  # noqa: E402
+from bench.api import free_port  # noqa: E402
+from bench.fleet import cpu_of  # noqa: E402
 
 from jixu import Agent, ScriptedModel  # noqa: E402
 from jixu.ledger import open_store  # noqa: E402
 from jixu.server.auth import create_token  # noqa: E402
 
-TICK = os.sysconf("SC_CLK_TCK")
-
 
 def agent() -> Agent:
     """The agent new threads are recorded under (never run here: the server has no worker)."""
     return Agent("bench-inputs", ScriptedModel(lambda messages: "ok", keep_calls=False))
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of process ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def one_run(k: int, in_flight: int) -> tuple[float, float]:
@@ -112,9 +98,9 @@ async def drive(base: str, token: str, k: int, in_flight: int, pid: int) -> tupl
                 if sent.status_code != 202:
                     raise SystemExit(f"input {i}: {sent.status_code} {sent.text[:300]}")
 
-        cpu_before, started = cpu_seconds(pid), time.monotonic()
+        cpu_before, started = cpu_of(pid), time.monotonic()
         await asyncio.gather(*(send(i, thread_id) for i, thread_id in enumerate(threads)))
-        elapsed, cpu = time.monotonic() - started, cpu_seconds(pid) - cpu_before
+        elapsed, cpu = time.monotonic() - started, cpu_of(pid) - cpu_before
         return k / elapsed, cpu / k * 1000
 
 
