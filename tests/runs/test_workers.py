@@ -26,7 +26,7 @@ from jixu.scheduling.workers import factory_spec, load_agent_factory
 from jixu.threads.log import ThreadLog
 from tests.conftest import StoreFactory
 from tests.runs.agents import counter_agent
-from tests.runs.conftest import WAIT, jixu, outside_lines, thread_state
+from tests.runs.conftest import WAIT, Spawn, jixu, outside_lines, thread_state, wait_until
 
 # --- queueing -------------------------------------------------------------------------------------------
 
@@ -229,6 +229,52 @@ def test_a_pool_runs_the_queue_empty_and_exits(sqlite: StoreFactory, tmp_path: P
         log.close()
     assert all(thread_state(store, t)["status"] == "idle" for t in threads)
     assert len(outside_lines(tmp_path / "outside.txt")) == 3
+
+
+def _children_of(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _exited(pid: int) -> bool:
+    """True once ``pid`` is gone or a zombie (an orphan's new parent may not have reaped it yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads a process's children from Linux's /proc")
+def test_a_sigkilled_pool_leaves_no_orphans_its_children_drain_their_turns_and_exit(
+        sqlite: StoreFactory, workers: Spawn, tmp_path: Path) -> None:
+    """SIGKILL of `jixu worker --processes 2` while each child is inside an unsafe call: the children notice
+    their parent is gone, drain as on SIGTERM (the calls in hand finish and are recorded, the turns go back in
+    the queue) and exit, instead of running on as orphans claiming more work under the pool's names; the next
+    worker finishes every turn with each call made exactly once."""
+    store = sqlite()
+    assert sqlite.url is not None
+    outside = tmp_path / "outside.txt"
+    threads = [create_thread_for(store, counter_agent()) for _ in range(4)]
+    for thread_id in threads[:2]:
+        submit_turn(store, thread_id, "charge")
+    pool = workers(sqlite.url, "pool", "--processes", "2", "--concurrency", "1", "--drain-timeout", "20",
+                   env={"JIXU_TEST_OUTSIDE": str(outside), "JIXU_TEST_TOOL_SLEEP": "2.0"})
+    wait_until(lambda: len(outside_lines(outside)) == 2, "both children inside their calls")
+    children = _children_of(pool.pid)
+    assert len(children) == 2, pool.output()
+    pool.kill()
+    for thread_id in threads[2:]:  # queued after the parent died: no orphan may claim these
+        submit_turn(store, thread_id, "charge")
+    wait_until(lambda: all(_exited(child) for child in children), "the orphaned children to exit")
+    assert "the pool's parent process is gone" in pool.output()
+    assert "drained at seq" in pool.output()
+    assert sorted(line[0] for line in outside_lines(outside)) == sorted(threads[:2]), "an orphan claimed new work"
+    assert store.list_work(state="claimed") == [], "a child left a claim behind"
+    unclaimed = {f"thread/{t}" for t in threads[2:]}
+    assert all(item.epoch == 0 for item in store.list_work() if item.key in unclaimed), "an orphan claimed new work"
+    after = workers(sqlite.url, "after", "--exit-when-idle", env={"JIXU_TEST_OUTSIDE": str(outside)})
+    assert after.wait() == 0, after.output()
+    assert [thread_state(store, t)["status"] for t in threads] == ["idle"] * 4, after.output()
+    assert sorted(line[0] for line in outside_lines(outside)) == sorted(threads), "each call made exactly once"
 
 
 def test_jixu_worker_refuses_bad_options_with_meaningful_exit_codes(tmp_path: Path) -> None:

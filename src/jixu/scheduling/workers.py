@@ -13,7 +13,9 @@ A :class:`WorkerPool` starts N such processes (``python -c`` children, each
 with its own name ``<prefix>-<i>``) and stops them gracefully: SIGTERM or
 SIGINT makes each stop claiming, drain its running turn within the drain
 timeout (``Harness.shutdown``), put unfinished items back in the queue and
-exit 0. An abruptly killed worker leaves its claims to expire; a turn it owned
+exit 0. Each child also watches the pool's process (a pipe only that process
+holds open): when it ends, however abruptly, its children stop the same way
+instead of running on as orphans. An abruptly killed worker leaves its claims to expire; a turn it owned
 is taken over automatically only with ``takeover="safe"`` when the resolver
 finds every open effect safe, otherwise it waits for ``jixu turns recover``.
 
@@ -90,6 +92,9 @@ CONFIG_ENV = "JIXU_WORKER_CONFIG"
 """The environment variable a pool hands each child its configuration in (kept out of ``ps``)."""
 EXIT_OK, EXIT_FAILED, EXIT_STORE, EXIT_INVALID_INPUT = 0, 1, 5, 6
 """Exit codes of a worker process (the same meanings as the ``jixu`` CLI's)."""
+PARENT_FD_ENV = "JIXU_WORKER_PARENT_FD"
+"""The environment variable naming a pool child's lifeline: the read end of a pipe whose write end only the
+pool's process holds, so end of file there means that process is gone (even SIGKILLed) and the child drains."""
 _CHILD_CODE = "from jixu.scheduling.workers import child_main; child_main()"
 DEFAULT_WORKSPACE_ROOT = "jixu-workspaces"
 """Where a worker makes new runs' workspaces when none is configured (as ``jixu runs``)."""
@@ -308,7 +313,10 @@ def print_report(owner: str) -> Report:
     """A reporter printing ``HH:MM:SS owner message`` lines on stdout (flushed)."""
 
     def report(kind: str, message: str) -> None:
-        print(f"{time.strftime('%H:%M:%S')} {owner} {message}", flush=True)
+        # Saying what it does never stops a worker: a pool child whose parent was killed may have lost the
+        # reader of its stdout, and it must still drain.
+        with contextlib.suppress(OSError):
+            print(f"{time.strftime('%H:%M:%S')} {owner} {message}", flush=True)
 
     return report
 
@@ -705,8 +713,11 @@ class Worker:
 
 
 async def serve(config: WorkerConfig, *, report: Report | None = None,
-                on_ready: Callable[[Worker], None] | None = None) -> WorkerStats:
-    """Run one worker in this process until SIGTERM/SIGINT (or an empty queue with ``exit_when_idle``)."""
+                on_ready: Callable[[Worker], None] | None = None, lifeline: int | None = None) -> WorkerStats:
+    """Run one worker in this process until SIGTERM/SIGINT (or an empty queue with ``exit_when_idle``).
+
+    ``lifeline``: a file descriptor that reaches end of file when the process that started this one is gone
+    (see :data:`PARENT_FD_ENV`); the worker then stops as on SIGTERM, so a killed pool leaves no orphans."""
     agent = make_agent(config.agent) if config.agent is not None else None
     providers = load_run_providers(config.providers) if config.providers is not None else None
     store = open_store(config.store_url)
@@ -716,6 +727,8 @@ async def serve(config: WorkerConfig, *, report: Report | None = None,
         use_tool_pool(loop, config)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, worker.stop, f"{signal.Signals(signum).name} received")
+        if lifeline is not None:
+            loop.add_reader(lifeline, _watch_lifeline, loop, lifeline, worker)
         if on_ready is not None:
             on_ready(worker)
         try:
@@ -723,8 +736,21 @@ async def serve(config: WorkerConfig, *, report: Report | None = None,
         finally:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
+            if lifeline is not None:
+                loop.remove_reader(lifeline)
     finally:
         store.close()
+
+
+def _watch_lifeline(loop: asyncio.AbstractEventLoop, fd: int, worker: Worker) -> None:
+    """The lifeline is readable: at end of file (nobody holds its write end any more) the worker stops."""
+    try:
+        gone = not os.read(fd, 64)
+    except OSError:
+        gone = True
+    if gone:
+        loop.remove_reader(fd)
+        worker.stop("the pool's parent process is gone")
 
 
 def use_tool_pool(loop: asyncio.AbstractEventLoop, config: WorkerConfig) -> ThreadPoolExecutor:
@@ -760,11 +786,26 @@ def child_main() -> None:
         sys.exit(EXIT_INVALID_INPUT)
     try:
         config = WorkerConfig.from_json(text)
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, lifeline=_lifeline()))
     except JixuError as error:
         print(f"worker error ({error.code}): {error.message}", file=sys.stderr, flush=True)
         sys.exit(exit_code_of(error))
     sys.exit(EXIT_OK)
+
+
+def _lifeline() -> int | None:
+    """The lifeline the pool handed this child (:data:`PARENT_FD_ENV`), kept from the child's own children."""
+    text = os.environ.pop(PARENT_FD_ENV, "")
+    if not text:
+        return None
+    try:
+        fd = int(text)
+        os.set_inheritable(fd, False)
+    except (ValueError, OSError):
+        print(f"{PARENT_FD_ENV}={text!r} is not an open file descriptor; not watching the parent",
+              file=sys.stderr, flush=True)
+        return None
+    return fd
 
 
 class WorkerPool:
@@ -805,6 +846,8 @@ class WorkerPool:
         self._stdout, self._stderr = stdout, stderr
         self.processes: list[subprocess.Popen[str]] = []
         self._stopping = False
+        self._lifeline: int | None = None
+        """The write end of the children's lifeline (open while this pool may have children)."""
 
     @property
     def owners(self) -> list[str]:
@@ -817,13 +860,21 @@ class WorkerPool:
         return [p.pid for p in self.processes]
 
     def start(self) -> None:
-        """Start every worker process."""
+        """Start every worker process.
+
+        Each child watches a pipe only this process holds the write end of: when this process ends, however
+        it ends (SIGKILL too), the children stop claiming, drain within the drain timeout and exit."""
         if self.processes:
             raise InvalidInput("this pool was started already", field="pool")
-        for config in self.configs:
-            env = {**os.environ, **self._env, CONFIG_ENV: config.to_json()}
-            self.processes.append(subprocess.Popen([sys.executable, "-c", _CHILD_CODE], env=env, text=True,
-                                                   stdout=self._stdout, stderr=self._stderr))
+        read_end, self._lifeline = os.pipe()  # neither end is inherited but where passed explicitly
+        try:
+            for config in self.configs:
+                env = {**os.environ, **self._env, CONFIG_ENV: config.to_json(), PARENT_FD_ENV: str(read_end)}
+                self.processes.append(subprocess.Popen([sys.executable, "-c", _CHILD_CODE], env=env, text=True,
+                                                       stdout=self._stdout, stderr=self._stderr,
+                                                       pass_fds=(read_end,)))
+        finally:
+            os.close(read_end)
 
     def signal(self, signum: int = signal.SIGTERM) -> None:
         """Send ``signum`` to every worker still running."""
@@ -839,7 +890,10 @@ class WorkerPool:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(left)
-        return [p.poll() for p in self.processes]
+        codes = [p.poll() for p in self.processes]
+        if all(code is not None for code in codes):
+            self._close_lifeline()
+        return codes
 
     def stop(self, grace: float = 5.0) -> list[int | None]:
         """SIGTERM every worker, wait for them to drain (drain timeout + ``grace``), SIGKILL stragglers."""
@@ -849,7 +903,13 @@ class WorkerPool:
         if any(code is None for code in codes):
             self.signal(signal.SIGKILL)
             codes = self.wait(grace)
+        self._close_lifeline()
         return codes
+
+    def _close_lifeline(self) -> None:
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
 
     def run(self) -> int:
         """Start the workers and wait for them; SIGTERM/SIGINT here stops them gracefully.
@@ -878,6 +938,7 @@ class WorkerPool:
                     break
             return EXIT_OK if all(code == 0 for code in codes) else EXIT_FAILED
         finally:
+            self._close_lifeline()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
@@ -889,6 +950,6 @@ class WorkerPool:
         self.stop()
 
 
-__all__ = ["CONFIG_ENV", "DEFAULT_CONCURRENCY", "DEFAULT_TOOL_THREADS", "DEFAULT_WORKSPACE_ROOT", "UNBOUNDED", "Report", "Worker", "WorkerConfig", "WorkerPool",
+__all__ = ["CONFIG_ENV", "DEFAULT_CONCURRENCY", "PARENT_FD_ENV", "DEFAULT_TOOL_THREADS", "DEFAULT_WORKSPACE_ROOT", "UNBOUNDED", "Report", "Worker", "WorkerConfig", "WorkerPool",
            "WorkerStats", "child_main", "default_owner", "exit_code_of", "factory_spec", "load_agent_factory",
            "load_run_providers", "make_agent", "print_report", "serve", "use_tool_pool"]
