@@ -49,13 +49,17 @@ from jixu.scheduling.workers import (
 @click.option("--concurrency", type=click.IntRange(1, MAX_CONCURRENCY), default=DEFAULT_CONCURRENCY,
               show_default=True, help="Threads and runs the in-process worker runs at once (claims stop meanwhile "
                                       "while its event loop runs late).")
+@click.option("--worker-processes", type=click.IntRange(0, 256), default=0, show_default=True, metavar="N",
+              help="Run the worker as N processes of their own beside the server, named <owner>-1..N (as `jixu "
+                   "worker --processes N`: the turns' CPU spread over cores; each ends with the server however it "
+                   "ends), instead of in the server's process (0).")
 @click.option("--tool-threads", type=click.IntRange(1, 1024), default=DEFAULT_TOOL_THREADS, show_default=True,
               help="Threads for plain `def` tools in the in-process worker.")
 @click.option("--max-body-bytes", type=click.IntRange(1024, 64 * 1024 * 1024), default=1024 * 1024,
               show_default=True, help="Larger request bodies are refused with 413.")
 def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, providers_spec: str | None,
                   workspace_root: str, publishers_spec: str | None, remotes_spec: str | None, no_worker: bool, owner: str | None, max_body_bytes: int,
-                  concurrency: int, tool_threads: int) -> None:
+                  concurrency: int, worker_processes: int, tool_threads: int) -> None:
     """Serve the HTTP API over STORE: threads, runs, projects and tokens under /api/v1.
 
     Callers authenticate with bearer tokens: make the first one with
@@ -63,8 +67,9 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
     is at /openapi.json, interactive docs at /docs.
 
     With --agent (threads) and/or --providers (runs) a worker runs in this
-    process, so inputs and runs sent over HTTP are executed; without them (or
-    with --no-worker) they are queued for `jixu worker`.
+    process (or, with --worker-processes N, in N processes beside it), so
+    inputs and runs sent over HTTP are executed; without them (or with
+    --no-worker) they are queued for `jixu worker`.
 
     SIGTERM or SIGINT: stop accepting requests, drain the worker, exit 0.
 
@@ -74,7 +79,7 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
         for module in ("fastapi", "uvicorn", "jinja2"):
             require_extra(module, "server", "jixu serve")
     from jixu.server import create_app
-    from jixu.server.background import BackgroundWorker
+    from jixu.server.background import BackgroundPool, BackgroundWorker
     from jixu.server.serving import serve
     from jixu.server.studio import studio_router
 
@@ -93,12 +98,18 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
                               providers=providers_spec if providers is not None else None, workspace_root=str(root),
                               publishers=publishers_spec, remotes=remotes_spec, concurrency=concurrency,
                               tool_threads=tool_threads)
-        lifespan.append(BackgroundWorker(store, config, agent=agent, providers=providers).lifespan)
+        if worker_processes:
+            lifespan.append(BackgroundPool(config, worker_processes).lifespan)
+        else:
+            lifespan.append(BackgroundWorker(store, config, agent=agent, providers=providers).lifespan)
     app = create_app(store, agent=agent, providers=providers, workspace_root=root, max_body_bytes=max_body_bytes,
                      publishers=publishers, remotes=remotes,
                      lifespan=lifespan, routers=[studio_router()])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    worker = "a worker in this process" if lifespan else "no worker (inputs are queued for `jixu worker`)"
+    if not lifespan:
+        worker = "no worker (inputs are queued for `jixu worker`)"
+    else:
+        worker = f"{worker_processes} worker processes" if worker_processes else "a worker in this process"
     console.print(f"[bold]jixu serve[/]: {escape(open_store_label(store_url))} on http://{host}:{port}/api/v1 "
                   f"with {worker}", highlight=False)
     console.print(f"Studio: http://{host}:{port}/studio (log in with a token)", highlight=False)

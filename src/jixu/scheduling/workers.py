@@ -49,7 +49,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import IO, Any, Literal, TypeVar
 
@@ -833,14 +833,14 @@ class WorkerPool:
             raise InvalidInput("processes must be an integer between 1 and 256", field="processes")
         spec = factory_spec(agent_factory) if agent_factory is not None else None
         prefix = owner_prefix if owner_prefix is not None else default_owner()
-        self.configs = [WorkerConfig(store_url=store_url, agent=spec, owner=f"{prefix}-{i}", lease_ttl=lease_ttl,
-                                     global_limit=global_limit, project_limits=dict(project_limits or {}),
-                                     default_project_limit=default_project_limit, takeover=takeover,
-                                     poll_interval=poll_interval, drain_timeout=drain_timeout,
-                                     exit_when_idle=exit_when_idle, quiet=quiet, providers=providers,
-                                     workspace_root=workspace_root, publishers=publishers, remotes=remotes,
-                                     concurrency=concurrency, max_loop_lag=max_loop_lag, tool_threads=tool_threads)
-                        for i in range(1, processes + 1)]
+        base = WorkerConfig(store_url=store_url, agent=spec, owner=prefix, lease_ttl=lease_ttl,
+                            global_limit=global_limit, project_limits=dict(project_limits or {}),
+                            default_project_limit=default_project_limit, takeover=takeover,
+                            poll_interval=poll_interval, drain_timeout=drain_timeout, exit_when_idle=exit_when_idle,
+                            quiet=quiet, providers=providers, workspace_root=workspace_root, publishers=publishers,
+                            remotes=remotes, concurrency=concurrency, max_loop_lag=max_loop_lag,
+                            tool_threads=tool_threads)
+        self.configs = [replace(base, owner=f"{prefix}-{i}") for i in range(1, processes + 1)]
         self.drain_timeout = float(drain_timeout)
         self._env = dict(env or {})
         self._stdout, self._stderr = stdout, stderr
@@ -848,6 +848,15 @@ class WorkerPool:
         self._stopping = False
         self._lifeline: int | None = None
         """The write end of the children's lifeline (open while this pool may have children)."""
+
+    @classmethod
+    def of(cls, config: WorkerConfig, processes: int, *, env: dict[str, str] | None = None,
+           stdout: IO[str] | int | None = None, stderr: IO[str] | int | None = None) -> WorkerPool:
+        """A pool of ``processes`` workers configured as ``config``, named ``<config.owner>-<i>``."""
+        settings = {name: value for name, value in asdict(config).items() if name not in ("store_url", "agent",
+                                                                                            "owner")}
+        return cls(config.agent, config.store_url, processes=processes, owner_prefix=config.owner, env=env,
+                   stdout=stdout, stderr=stderr, **settings)
 
     @property
     def owners(self) -> list[str]:

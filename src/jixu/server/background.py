@@ -1,10 +1,13 @@
-"""An in-process worker for ``jixu serve --agent/--providers``: inputs sent over HTTP are executed here.
+"""An in-process worker or a pool of worker processes for ``jixu serve``.
 
-The worker is the same :class:`jixu.scheduling.Worker` that ``jixu worker`` runs,
-on its own thread with its own event loop (the store is thread-safe), so a
-long model or tool call never blocks the HTTP server; plain ``def`` tools run
-in that loop's bounded pool (``WorkerConfig.tool_threads``). It is started and
-stopped (drained) with the app's lifespan.
+The workers of ``jixu serve --agent/--providers``: inputs and runs sent over HTTP are executed by them.
+
+:class:`BackgroundWorker` is the same :class:`jixu.scheduling.Worker` that ``jixu worker`` runs, in the
+server's process on its own thread with its own event loop (the store is thread-safe), so a long model or
+tool call never blocks the HTTP server; plain ``def`` tools run in that loop's bounded pool
+(``WorkerConfig.tool_threads``). :class:`BackgroundPool` is ``jixu worker --processes N`` beside the server
+instead (``jixu serve --worker-processes N``): the turns' CPU is spread over processes of their own, each
+one ending with the server however it ends. Both are started and stopped (drained) with the app's lifespan.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 
 from jixu.ledger import Store
 from jixu.runs import Provider
-from jixu.scheduling import Worker, WorkerConfig
+from jixu.scheduling import Worker, WorkerConfig, WorkerPool
 from jixu.scheduling.workers import use_tool_pool
 from jixu.threads import Agent
 
@@ -74,4 +77,41 @@ class BackgroundWorker:
             await asyncio.to_thread(self.stop)
 
 
-__all__ = ["BackgroundWorker"]
+class BackgroundPool:
+    """``processes`` worker processes configured as ``config`` (a :class:`~jixu.scheduling.WorkerPool`, named
+    ``<config.owner>-<i>``) beside the server; use :meth:`lifespan` with create_app.
+
+    The children are drained on shutdown (SIGTERM, the drain timeout, SIGKILL for stragglers); if the server's
+    process dies instead, they notice and drain by themselves. One that exits early is named in the log."""
+
+    def __init__(self, config: WorkerConfig, processes: int) -> None:
+        self.pool = WorkerPool.of(config, processes)
+
+    async def _watch(self) -> None:
+        """Log each child that exits while the server runs (its work stays queued for the others)."""
+        reported: set[int] = set()
+        while True:
+            await asyncio.sleep(1.0)
+            for owner, process in zip(self.pool.owners, self.pool.processes, strict=True):
+                code = process.poll()
+                if code is not None and process.pid not in reported:
+                    reported.add(process.pid)
+                    log.warning("worker process %s (pid %d) exited with code %d; its work stays queued for the "
+                                "other workers", owner, process.pid, code)
+
+    @asynccontextmanager
+    async def lifespan(self, app: Any) -> AsyncIterator[None]:
+        """Run the worker processes while the app runs."""
+        self.pool.start()
+        log.info("started %d worker processes: %s", len(self.pool.owners), ", ".join(self.pool.owners))
+        watch = asyncio.create_task(self._watch(), name="jixu-worker-processes")
+        try:
+            yield
+        finally:
+            watch.cancel()
+            codes = await asyncio.to_thread(self.pool.stop)
+            log.info("worker processes stopped: %s", ", ".join(f"{owner} {code}" for owner, code
+                                                               in zip(self.pool.owners, codes, strict=True)))
+
+
+__all__ = ["BackgroundPool", "BackgroundWorker"]

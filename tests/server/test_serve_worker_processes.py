@@ -1,0 +1,160 @@
+"""``jixu serve --worker-processes N``: the worker runs as N processes of their own beside a real server; they
+execute what is sent over HTTP, drain with the server on SIGTERM, and end with it when it is SIGKILLed."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from jixu.ledger import SQLiteStore
+from tests.helpers import ROOT, python_env
+from tests.runs.conftest import wait_until
+from tests.server.test_cli_remote import free_port, jixu
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(),
+                                reason="reads a process's children from Linux's /proc")
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[str]
+    client: httpx.Client
+    log_path: Path
+    store_path: Path
+
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    def children(self) -> list[int]:
+        pid = self.process.pid
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _exited(pid: int) -> bool:
+    """True once ``pid`` is gone or a zombie (an orphan's new parent may not have reaped it yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+@contextmanager
+def served(tmp_path: Path, *options: str) -> Iterator[Served]:
+    """A real `jixu serve` of the API tests' agent with ``options``, and an editor's client of project demo."""
+    store_path = tmp_path / "served.db"
+    store = f"sqlite:///{store_path}"
+    made = jixu("tokens", "create", "--store", store, "--project", "demo", "--role", "editor", "--json")
+    assert made.returncode == 0, made.stderr
+    token = json.loads(made.stdout)["secret"]
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "jixu", "serve", "--store", store, "--port", str(port),
+                                    "--agent", "tests.server.agents:agent", "--workspace-root", str(tmp_path / "ws"),
+                                    *options], cwd=ROOT, env=python_env(), stdout=log, stderr=subprocess.STDOUT,
+                                   text=True)
+        url = f"http://127.0.0.1:{port}/api/v1"
+        client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        server = Served(process, client, log_path, store_path)
+        children: list[int] = []
+        try:
+            def up() -> bool:
+                assert process.poll() is None, server.output()
+                try:
+                    return httpx.get(f"{url}/health").status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            wait_until(up, "jixu serve to answer", interval=0.1)
+            children = server.children()
+            yield server
+        finally:
+            client.close()
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+            for child in children:  # a test that failed must not leave workers behind either
+                if not _exited(child):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child, signal.SIGKILL)
+
+
+def idle_state(client: httpx.Client, thread_id: str) -> dict[str, Any] | None:
+    state: dict[str, Any] = client.get(f"/threads/{thread_id}").json()
+    owner = state["ownership"]
+    return state if state["status"] == "idle" and (not owner or owner["released"]) else None
+
+
+def claimed_by(client: httpx.Client, thread_id: str) -> set[str]:
+    events = client.get(f"/threads/{thread_id}/events", params={"limit": 1000}).json()["events"]
+    return {e["data"]["owner"] for e in events if e["type"] == "turn.claimed"}
+
+
+def test_the_worker_processes_run_the_inputs_sent_over_http_and_drain_with_the_server(tmp_path: Path) -> None:
+    with served(tmp_path, "--worker-processes", "2", "--owner", "srv") as server:
+        children = server.children()
+        assert len(children) == 2, server.output()
+        threads = []
+        for _ in range(8):
+            made = server.client.post("/threads", json={"project": "demo"})
+            assert made.status_code == 201, made.text
+            threads.append(made.json()["thread_id"])
+        for i, thread_id in enumerate(threads):
+            sent = server.client.post(f"/threads/{thread_id}/inputs", json={"input": f"hello {i}"})
+            assert sent.status_code == 202, sent.text
+        states: dict[str, dict[str, Any]] = {}
+
+        def all_idle() -> bool:
+            for thread_id in threads:
+                state = states.get(thread_id) or idle_state(server.client, thread_id)
+                if state is None:
+                    return False
+                states[thread_id] = state
+            return True
+
+        wait_until(all_idle, "every turn to finish", interval=0.05)
+        assert [states[t]["last_reply"] for t in threads] == [f"echo: hello {i}" for i in range(8)]
+        owners = set().union(*(claimed_by(server.client, t) for t in threads))
+        assert owners <= {"srv-1", "srv-2"} and owners, owners  # run by the children, not the server's process
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(30) == 0, server.output()
+        wait_until(lambda: all(_exited(child) for child in children), "the worker processes to exit")
+        output = server.output()
+    assert "srv-1 stopped (SIGTERM received)" in output and "srv-2 stopped (SIGTERM received)" in output, output
+    store = SQLiteStore(server.store_path)
+    try:
+        assert store.list_work(state="claimed") == []
+    finally:
+        store.close()
+
+
+def test_a_sigkilled_server_takes_its_worker_processes_with_it(tmp_path: Path) -> None:
+    with served(tmp_path, "--worker-processes", "2", "--owner", "srv") as server:
+        children = server.children()
+        assert len(children) == 2, server.output()
+        server.process.kill()
+        server.process.wait(10)
+        wait_until(lambda: all(_exited(child) for child in children), "the orphaned worker processes to exit")
+        time.sleep(0.2)  # their last lines reach the log
+        output = server.output()
+    assert output.count("stopped (the pool's parent process is gone)") == 2, output
+
+
+def test_worker_processes_out_of_range_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    result = jixu("serve", "--store", f"sqlite:///{tmp_path / 'x.db'}", "--agent", "tests.server.agents:agent",
+                  "--worker-processes", "-1")
+    assert result.returncode == 2 and "--worker-processes" in result.stderr, result.stderr
+    assert not (tmp_path / "x.db").exists()
