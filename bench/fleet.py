@@ -18,7 +18,9 @@ Systems, each against the same server, one after the other, each on a fresh data
   with ``submit_turn``, then ``jixu worker --concurrency ceil(K / processes)`` with 1 or 2 processes on SQLite
   (synchronous FULL) or PostgreSQL, until the queue is empty (``--exit-when-idle``).
 - **jixu serve**: ``jixu serve --agent ... --concurrency K``; K threads are created over its HTTP API, then all K
-  inputs are sent at once (``POST /api/v1/threads/{id}/inputs``); run by its in-process worker.
+  inputs are sent at once (``POST /api/v1/threads/{id}/inputs``); run by its in-process worker (``serve``) or by
+  two worker processes beside it (``serve2``: ``--worker-processes 2 --concurrency ceil(K / 2)``; the CPU counted
+  is the server's and its workers').
 - **DBOS**: an async workflow per turn on a queue with ``worker_concurrency=K``, one ``@DBOS.step`` per model
   call (the official ``openai`` async client) and one per tool call.
 - **LangGraph**: the usual async two-node graph (model node with the ``openai`` client, ``ToolNode``) with
@@ -484,7 +486,13 @@ def run_jixu_workers(args: argparse.Namespace, server: FakeServer, url: str, k: 
             "faults": check_jixu(url, threads, args.steps), "notes": f"{processes} x --concurrency {concurrency}"}
 
 
-def run_jixu_serve(args: argparse.Namespace, server: FakeServer, url: str, k: int) -> dict[str, Any]:
+def children_of(pid: int) -> list[int]:
+    """The process ids of ``pid``'s children (Linux /proc)."""
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def run_jixu_serve(args: argparse.Namespace, server: FakeServer, url: str, k: int,
+                   processes: int = 0) -> dict[str, Any]:
     import httpx
 
     from jixu.ledger import open_store
@@ -497,11 +505,21 @@ def run_jixu_serve(args: argparse.Namespace, server: FakeServer, url: str, k: in
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    concurrency = math.ceil(k / processes) if processes else k
     serve = Process([sys.executable, "-m", "jixu", "serve", "--store", url, "--agent", "bench.fleet:fleet_agent",
-                     "--concurrency", str(k), "--port", str(port), "--owner", "fleet-serve"], child_env(),
+                     "--concurrency", str(concurrency), "--port", str(port), "--owner", "fleet-serve",
+                     "--worker-processes", str(processes)], child_env(),
                     ready="Application startup complete")
+    workers: list[int] = []
+
+    def cpu_now() -> float:  # the server's process and its worker processes
+        return cpu_of(serve.popen.pid) + sum(cpu_of(pid) for pid in workers)
+
     try:
         serve.wait_ready()
+        workers = children_of(serve.popen.pid)
+        if len(workers) != processes:
+            raise SystemExit(f"jixu serve has {len(workers)} worker processes, expected {processes}")
         base = f"http://127.0.0.1:{port}/api/v1"
 
         async def drive() -> list[str]:
@@ -518,7 +536,7 @@ def run_jixu_serve(args: argparse.Namespace, server: FakeServer, url: str, k: in
 
                 threads = await asyncio.gather(*(create(i) for i in range(k)))
                 server.reset()
-                serve.base_cpu = cpu_of(serve.popen.pid)
+                serve.base_cpu = cpu_now()
 
                 async def send(i: int, thread_id: str) -> None:
                     async with gate:
@@ -545,11 +563,14 @@ def run_jixu_serve(args: argparse.Namespace, server: FakeServer, url: str, k: in
         if stats["requests"] != expected:
             print(f"warning: serve run: {stats['requests']} model calls, expected {expected}", file=sys.stderr)
         serve.sample()
+        serve.cpu = cpu_now() - serve.base_cpu
+        serve.rss_mb = max([serve.rss_mb, *(peak_rss_of(pid) for pid in workers)])
     finally:
         serve.popen.send_signal(signal.SIGTERM)
         serve.reap()
+    notes = f"{processes} worker processes x --concurrency {concurrency}" if processes else f"--concurrency {k}"
     return {"stats": stats, "cpu": serve.cpu, "rss_mb": serve.rss_mb, "faults": check_jixu(url, threads, args.steps),
-            "notes": f"--concurrency {k}", "inputs_seconds": inputs_seconds[0]}
+            "notes": notes, "inputs_seconds": inputs_seconds[0]}
 
 
 def run_peer(args: argparse.Namespace, server: FakeServer, kind: str, url: str, k: int) -> dict[str, Any]:
@@ -620,8 +641,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-pools", type=int, default=1,
                         help="connection pools of each system's openai client (1: the SDK's default client)")
     parser.add_argument("--backends", default="sqlite,postgres")
-    parser.add_argument("--systems", default="jixu,jixu2,serve,dbos,langgraph",
-                        help="jixu (one worker), jixu2 (two workers), serve, dbos, langgraph")
+    parser.add_argument("--systems", default="jixu,jixu2,serve,serve2,dbos,langgraph",
+                        help="jixu (one worker), jixu2 (two workers), serve (its worker in the server's process), "
+                             "serve2 (jixu serve --worker-processes 2), dbos, langgraph")
     args = parser.parse_args(argv)
     if args.child:
         child_main(json.loads(args.child))
@@ -660,10 +682,10 @@ def main(argv: list[str] | None = None) -> int:
                             run = run_jixu_workers(args, server, url(), k, 1)
                         elif system == "jixu2":
                             run = run_jixu_workers(args, server, url(), k, 2)
-                        elif system == "serve":
+                        elif system in ("serve", "serve2"):
                             if backend != "sqlite" and "sqlite" in backends:
                                 continue  # the HTTP path once per size, on the embedded store
-                            run = run_jixu_serve(args, server, url(), k)
+                            run = run_jixu_serve(args, server, url(), k, 2 if system == "serve2" else 0)
                         else:
                             run = run_peer(args, server, system, url(), k)
                         if run.get("notes") or run.get("version"):

@@ -17,6 +17,14 @@ import uvicorn
 
 from jixu.server.app import begin_shutdown
 
+KEEP_ALIVE_SECONDS = 75
+"""How long an idle keep-alive connection is kept open (nginx's default; uvicorn's own is 5 s).
+
+A server must keep idle connections longer than its clients do: httpx, the client of ``jixu remote`` and of
+most Python callers, reuses one for up to 5 s, so with uvicorn's 5 s the server closed connections at the
+moment clients sent their next request on them, and that POST failed with a read error, unanswered and not
+safely retried."""
+
 
 class GracefulServer(uvicorn.Server):
     """A uvicorn server that ends the app's event streams as soon as it is asked to stop."""
@@ -30,8 +38,9 @@ class GracefulServer(uvicorn.Server):
 def serve(app: Any, *, host: str, port: int, drain_timeout: int = 10, log_level: str = "info") -> None:
     """Serve ``app`` until SIGTERM/SIGINT; then stop within about ``drain_timeout`` seconds (plus the lifespan's
     own drain)."""
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=drain_timeout)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=drain_timeout,
+                            timeout_keep_alive=KEEP_ALIVE_SECONDS)
     GracefulServer(config).run()
 
 
-__all__ = ["GracefulServer", "serve"]
+__all__ = ["KEEP_ALIVE_SECONDS", "GracefulServer", "serve"]

@@ -1,5 +1,6 @@
-"""``jixu serve --worker-processes N``: the worker runs as N processes of their own beside a real server; they
-execute what is sent over HTTP, drain with the server on SIGTERM, and end with it when it is SIGKILLed."""
+"""A real ``jixu serve`` process: with ``--worker-processes N`` the worker runs as N processes of their own
+beside it, which execute what is sent over HTTP, drain with the server on SIGTERM, and end with it when it is
+SIGKILLed; and its idle keep-alive connections outlive the clients' own reuse of them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +26,7 @@ from tests.helpers import ROOT, python_env
 from tests.runs.conftest import wait_until
 from tests.server.test_cli_remote import free_port, jixu
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(),
+linux_proc = pytest.mark.skipif(not Path("/proc/self/task").exists(),
                                 reason="reads a process's children from Linux's /proc")
 
 
@@ -39,6 +41,8 @@ class Served:
         return self.log_path.read_text()
 
     def children(self) -> list[int]:
+        if not Path("/proc/self/task").exists():
+            return []
         pid = self.process.pid
         return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
@@ -103,6 +107,7 @@ def claimed_by(client: httpx.Client, thread_id: str) -> set[str]:
     return {e["data"]["owner"] for e in events if e["type"] == "turn.claimed"}
 
 
+@linux_proc
 def test_the_worker_processes_run_the_inputs_sent_over_http_and_drain_with_the_server(tmp_path: Path) -> None:
     with served(tmp_path, "--worker-processes", "2", "--owner", "srv") as server:
         children = server.children()
@@ -141,6 +146,7 @@ def test_the_worker_processes_run_the_inputs_sent_over_http_and_drain_with_the_s
         store.close()
 
 
+@linux_proc
 def test_a_sigkilled_server_takes_its_worker_processes_with_it(tmp_path: Path) -> None:
     with served(tmp_path, "--worker-processes", "2", "--owner", "srv") as server:
         children = server.children()
@@ -158,3 +164,23 @@ def test_worker_processes_out_of_range_are_refused_before_anything_starts(tmp_pa
                   "--worker-processes", "-1")
     assert result.returncode == 2 and "--worker-processes" in result.stderr, result.stderr
     assert not (tmp_path / "x.db").exists()
+
+
+def test_an_idle_keep_alive_connection_outlives_the_clients_reuse_of_it(tmp_path: Path) -> None:
+    """httpx reuses an idle connection for up to 5 s (its default ``keepalive_expiry``): the server must keep it
+    longer, or it closes connections just as clients send on them (a POST then fails unanswered). A request,
+    then 6 s idle, then a second request on the same socket is answered."""
+    with served(tmp_path, "--no-worker") as server:
+        port = httpx.URL(str(server.client.base_url)).port
+        assert port is not None
+        request = f"GET /api/v1/health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            for pause in (6.0, 0.0):
+                sock.sendall(request)
+                answer = b""
+                while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
+                    piece = sock.recv(65536)
+                    assert piece, f"the server closed the connection; got {answer!r}"
+                    answer += piece
+                assert answer.startswith(b"HTTP/1.1 200"), answer
+                time.sleep(pause)
