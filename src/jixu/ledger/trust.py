@@ -159,9 +159,10 @@ def verdict(store: Store, stream: str, *, checkpoints: Iterable[str] = (), keys:
     keys = keys if keys is not None else keyring()
     report = store.verify(stream)
     if report.valid:
-        info = store.stream_info(stream)
-        head_seq = info.head_seq if info is not None else 0
-        report = contradicted(store, stream, checkpoints, keys, head_seq, report.count, report.head_hash) or report
+        # A valid chain ends at the head the store recorded in the snapshot verified (Store.verify reports events
+        # beyond it or a head without them), so its count is that head's seq: no second read of the head.
+        report = contradicted(store, stream, checkpoints, keys, report.count, report.count,
+                              report.head_hash) or report
     earlier = recorded_break(store, stream, keys)
     if earlier is not None and (report.valid or (earlier.first_bad_seq or 0) < (report.first_bad_seq or 0)):
         return earlier

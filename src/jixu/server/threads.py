@@ -86,10 +86,14 @@ def _project_of_stream(services: Services, stream: str) -> str | None:
         return None
     metadata = first[0].data.get("metadata")
     found = project_of(metadata if isinstance(metadata, dict) else {})
+    _remember_project(services, stream, found)
+    return found
+
+
+def _remember_project(services: Services, stream: str, project: str) -> None:
     if len(services.thread_projects) >= PROJECTS_REMEMBERED:
         services.thread_projects.clear()
-    services.thread_projects[stream] = found
-    return found
+    services.thread_projects[stream] = project
 
 
 def thread_project(ctx: Context, thread_id: str) -> str:
@@ -140,6 +144,7 @@ def create_thread(body: CreateThread, ctx: Annotated[Context, Depends(mutation)]
         agent = ctx.services.require_agent()
         thread_id = create_thread_for(ctx.store, agent, project=body.project, metadata=body.metadata,
                                       actor=ctx.actor)
+        _remember_project(ctx.services, stream_of(thread_id), body.project)  # what its first event just recorded
         log = ThreadLog.load(ctx.store, thread_id)
         return Outcome(201, {**summary(log), "project": body.project, "agent": log.state.agent.get("name")})
 
