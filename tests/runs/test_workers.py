@@ -277,6 +277,12 @@ def test_a_sigkilled_pool_leaves_no_orphans_its_children_drain_their_turns_and_e
     assert sorted(line[0] for line in outside_lines(outside)) == sorted(threads), "each call made exactly once"
 
 
+def test_a_pool_over_a_store_in_memory_is_refused() -> None:
+    for url in ("memory://", ":memory:"):
+        with pytest.raises(InvalidInput, match="a store they can share"):
+            WorkerPool(counter_agent, url, processes=2)
+
+
 def test_jixu_worker_refuses_bad_options_with_meaningful_exit_codes(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'w.db'}"
     cases = [

@@ -166,6 +166,14 @@ def test_worker_processes_out_of_range_are_refused_before_anything_starts(tmp_pa
     assert not (tmp_path / "x.db").exists()
 
 
+def test_worker_processes_over_a_store_in_memory_are_refused_instead_of_never_seeing_the_inputs() -> None:
+    """Each process opening memory:// gets its own empty store: the children would never see an input."""
+    result = jixu("serve", "--store", "memory://", "--agent", "tests.server.agents:agent", "--worker-processes", "2",
+                  "--port", str(free_port()))
+    assert result.returncode == 6, (result.stdout, result.stderr)
+    assert "a store they can share" in result.stderr, result.stderr
+
+
 def test_an_idle_keep_alive_connection_outlives_the_clients_reuse_of_it(tmp_path: Path) -> None:
     """httpx reuses an idle connection for up to 5 s (its default ``keepalive_expiry``): the server must keep it
     longer, or it closes connections just as clients send on them (a POST then fails unanswered). A request,

@@ -99,7 +99,8 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
                               publishers=publishers_spec, remotes=remotes_spec, concurrency=concurrency,
                               tool_threads=tool_threads)
         if worker_processes:
-            lifespan.append(BackgroundPool(config, worker_processes).lifespan)
+            with handled(False):
+                lifespan.append(BackgroundPool(config, worker_processes).lifespan)
         else:
             lifespan.append(BackgroundWorker(store, config, agent=agent, providers=providers).lifespan)
     app = create_app(store, agent=agent, providers=providers, workspace_root=root, max_body_bytes=max_body_bytes,

@@ -82,6 +82,15 @@ def postgres_dsn_and_options(dsn: str) -> tuple[str, dict[str, Any]]:
     return f"{base}{'?' if kept else ''}{'&'.join(kept)}{hash_mark}{fragment}", options
 
 
+def is_memory_url(url: str) -> bool:
+    """True for the URLs of a store that lives in one process's memory (another process opening it gets a new,
+    empty one)."""
+    return url in _MEMORY_URLS
+
+
+_MEMORY_URLS = frozenset(("memory://", ":memory:"))
+
+
 def open_store(target: str | os.PathLike[str] | Store | None = None, **options: Any) -> Store:
     """Return a store for ``target``: a Store (returned as is), a URL or a file path.
 
@@ -97,7 +106,7 @@ def open_store(target: str | os.PathLike[str] | Store | None = None, **options: 
         raise InvalidInput(f"store must be a Store, a URL or a path, not {type(target).__name__}",
                            field="store")
     text = os.fspath(target)
-    if text in {"memory://", ":memory:"}:
+    if is_memory_url(text):
         from jixu.ledger.memory import MemoryStore
 
         return MemoryStore(**options)

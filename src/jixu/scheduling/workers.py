@@ -75,6 +75,7 @@ from jixu.kernel.batched import work_renewals
 from jixu.ledger import Store, open_store
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.store import WorkClaim, check_owner
+from jixu.ledger.urls import is_memory_url
 from jixu.runs.engine import Runs
 from jixu.runs.model import RunState, run_id_of
 from jixu.runs.operations import load_publishers, load_remotes
@@ -831,6 +832,9 @@ class WorkerPool:
                  tool_threads: int = DEFAULT_TOOL_THREADS) -> None:
         if isinstance(processes, bool) or not isinstance(processes, int) or not 1 <= processes <= 256:
             raise InvalidInput("processes must be an integer between 1 and 256", field="processes")
+        if isinstance(store_url, str) and is_memory_url(store_url):
+            raise InvalidInput("worker processes need a store they can share (a SQLite file or PostgreSQL); a "
+                               f"{store_url} store lives in one process", field="store")
         spec = factory_spec(agent_factory) if agent_factory is not None else None
         prefix = owner_prefix if owner_prefix is not None else default_owner()
         base = WorkerConfig(store_url=store_url, agent=spec, owner=prefix, lease_ttl=lease_ttl,
