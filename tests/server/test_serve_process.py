@@ -4,17 +4,9 @@ SIGKILLed; and its idle keep-alive connections outlive the clients' own reuse of
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,78 +14,12 @@ import httpx
 import pytest
 
 from jixu.ledger import SQLiteStore
-from tests.helpers import ROOT, python_env
 from tests.runs.conftest import wait_until
+from tests.server.serve_process import exited, served
 from tests.server.test_cli_remote import free_port, jixu
 
 linux_proc = pytest.mark.skipif(not Path("/proc/self/task").exists(),
                                 reason="reads a process's children from Linux's /proc")
-
-
-@dataclass
-class Served:
-    process: subprocess.Popen[str]
-    client: httpx.Client
-    log_path: Path
-    store_path: Path
-
-    def output(self) -> str:
-        return self.log_path.read_text()
-
-    def children(self) -> list[int]:
-        if not Path("/proc/self/task").exists():
-            return []
-        pid = self.process.pid
-        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
-def _exited(pid: int) -> bool:
-    """True once ``pid`` is gone or a zombie (an orphan's new parent may not have reaped it yet)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
-
-
-@contextmanager
-def served(tmp_path: Path, *options: str) -> Iterator[Served]:
-    """A real `jixu serve` of the API tests' agent with ``options``, and an editor's client of project demo."""
-    store_path = tmp_path / "served.db"
-    store = f"sqlite:///{store_path}"
-    made = jixu("tokens", "create", "--store", store, "--project", "demo", "--role", "editor", "--json")
-    assert made.returncode == 0, made.stderr
-    token = json.loads(made.stdout)["secret"]
-    port = free_port()
-    log_path = tmp_path / "serve.log"
-    with log_path.open("w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "jixu", "serve", "--store", store, "--port", str(port),
-                                    "--agent", "tests.server.agents:agent", "--workspace-root", str(tmp_path / "ws"),
-                                    *options], cwd=ROOT, env=python_env(), stdout=log, stderr=subprocess.STDOUT,
-                                   text=True)
-        url = f"http://127.0.0.1:{port}/api/v1"
-        client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-        server = Served(process, client, log_path, store_path)
-        children: list[int] = []
-        try:
-            def up() -> bool:
-                assert process.poll() is None, server.output()
-                try:
-                    return httpx.get(f"{url}/health").status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            wait_until(up, "jixu serve to answer", interval=0.1)
-            children = server.children()
-            yield server
-        finally:
-            client.close()
-            if process.poll() is None:
-                process.kill()
-                process.wait(10)
-            for child in children:  # a test that failed must not leave workers behind either
-                if not _exited(child):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(child, signal.SIGKILL)
 
 
 def idle_state(client: httpx.Client, thread_id: str) -> dict[str, Any] | None:
@@ -136,7 +62,7 @@ def test_the_worker_processes_run_the_inputs_sent_over_http_and_drain_with_the_s
         assert owners <= {"srv-1", "srv-2"} and owners, owners  # run by the children, not the server's process
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(30) == 0, server.output()
-        wait_until(lambda: all(_exited(child) for child in children), "the worker processes to exit")
+        wait_until(lambda: all(exited(child) for child in children), "the worker processes to exit")
         output = server.output()
     assert "srv-1 stopped (SIGTERM received)" in output and "srv-2 stopped (SIGTERM received)" in output, output
     store = SQLiteStore(server.store_path)
@@ -153,7 +79,7 @@ def test_a_sigkilled_server_takes_its_worker_processes_with_it(tmp_path: Path) -
         assert len(children) == 2, server.output()
         server.process.kill()
         server.process.wait(10)
-        wait_until(lambda: all(_exited(child) for child in children), "the orphaned worker processes to exit")
+        wait_until(lambda: all(exited(child) for child in children), "the orphaned worker processes to exit")
         time.sleep(0.2)  # their last lines reach the log
         output = server.output()
     assert output.count("stopped (the pool's parent process is gone)") == 2, output

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,9 +17,8 @@ import pytest
 
 from jixu.ledger import SQLiteStore
 from jixu.server import create_token
-from tests.helpers import ROOT, python_env
 from tests.server.conftest import Api, start_api
-from tests.server.test_cli_remote import free_port, jixu
+from tests.server.serve_process import served
 from tests.server.test_threads_api import new_thread
 
 RECHECK = 0.3
@@ -115,47 +113,20 @@ def test_a_stream_of_a_token_that_stays_valid_stays_open(rechecking: Api) -> Non
 def test_sigterm_closes_open_streams_drains_the_worker_and_exits_0(tmp_path: Path) -> None:
     """`jixu serve --help`: "SIGTERM or SIGINT: stop accepting requests, drain the worker, exit 0" — also with
     a client in the middle of a one-hour event stream."""
-    store = f"sqlite:///{tmp_path / 'served.db'}"
-    made = jixu("tokens", "create", "--store", store, "--project", "demo", "--role", "editor", "--json")
-    assert made.returncode == 0, made.stderr
-    token = json.loads(made.stdout)["secret"]
-    port = free_port()
-    log_path = tmp_path / "serve.log"
-    with log_path.open("w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "jixu", "serve", "--store", store, "--port", str(port),
-                                    "--agent", "tests.server.agents:agent", "--workspace-root", str(tmp_path / "ws")],
-                                   cwd=ROOT, env=python_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
+    with served(tmp_path) as server:
+        thread_id = server.client.post("/threads", json={"project": "demo"}).json()["thread_id"]
+        reader = Reader(f"{server.url}/threads/{thread_id}/events/stream", server.token, timeout=3600)
+        assert reader.status == 200
+        time.sleep(0.5)  # the stream is open and polling
+        stopped_at = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
         try:
-            url = f"http://127.0.0.1:{port}/api/v1"
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if httpx.get(f"{url}/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
-                time.sleep(0.1)
-            client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"})
-            thread_id = client.post("/threads", json={"project": "demo"}).json()["thread_id"]
-            reader = Reader(f"{url}/threads/{thread_id}/events/stream", token, timeout=3600)
-            assert reader.status == 200
-            time.sleep(0.5)  # the stream is open and polling
-            stopped_at = time.monotonic()
-            process.send_signal(signal.SIGTERM)
-            try:
-                code = process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
-                raise AssertionError("jixu serve did not exit within 20 s of SIGTERM with a stream open:\n"
-                                     + log_path.read_text()) from None
-            took = time.monotonic() - stopped_at
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait(10)
-    output = log_path.read_text()
+            code = server.process.wait(20)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("jixu serve did not exit within 20 s of SIGTERM with a stream open:\n"
+                                 + server.output()) from None
+        took = time.monotonic() - stopped_at
+        output = server.output()
     assert code == 0, output
     assert took < 10, f"{took:.1f}s to exit\n{output}"
     assert reader.wait_ended(5) and reader.error is None, reader.error  # the stream ended cleanly
