@@ -47,14 +47,14 @@ from jixu.scheduling.workers import (
                    "are given.")
 @click.option("--owner", default=None, metavar="NAME", help="The in-process worker's name (default worker@<host>).")
 @click.option("--concurrency", type=click.IntRange(1, MAX_CONCURRENCY), default=DEFAULT_CONCURRENCY,
-              show_default=True, help="Threads and runs the in-process worker runs at once (claims stop meanwhile "
-                                      "while its event loop runs late).")
+              show_default=True, help="Threads and runs the worker runs at once, per process with --worker-processes "
+                                      "(claims stop meanwhile while its event loop runs late).")
 @click.option("--worker-processes", type=click.IntRange(0, 256), default=0, show_default=True, metavar="N",
               help="Run the worker as N processes of their own beside the server, named <owner>-1..N (as `jixu "
                    "worker --processes N`: the turns' CPU spread over cores; each ends with the server however it "
                    "ends), instead of in the server's process (0).")
 @click.option("--tool-threads", type=click.IntRange(1, 1024), default=DEFAULT_TOOL_THREADS, show_default=True,
-              help="Threads for plain `def` tools in the in-process worker.")
+              help="Threads for plain `def` tools in the worker (per process with --worker-processes).")
 @click.option("--max-body-bytes", type=click.IntRange(1024, 64 * 1024 * 1024), default=1024 * 1024,
               show_default=True, help="Larger request bodies are refused with 413.")
 def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, providers_spec: str | None,
