@@ -18,12 +18,20 @@ from jixu.ledger import open_store
 from tests.kernel.model import World, draw, run_scenario
 
 
+def say(*words: str) -> None:
+    """One whole line in one write: the SIGKILL comes from another thread (the commits'), and with
+    ``PYTHONUNBUFFERED`` set ``print`` writes each word and separator on its own, so a kill between two of them
+    left the parent half a line."""
+    sys.stdout.write(" ".join(words) + "\n")
+    sys.stdout.flush()
+
+
 def main(url: str, seed: int, threads: int) -> None:
     world = World()
-    world.on_invoke = lambda effect_id, semantics: print("X", effect_id, semantics, flush=True)
+    world.on_invoke = lambda effect_id, semantics: say("X", effect_id, semantics)
     asyncio.run(run_scenario(draw(seed, threads=threads, crash=True), lambda: open_store(url), kill=True,
-                             world=world, on_threads=lambda ids: print("T", *ids, flush=True)))
-    print("DONE", flush=True)
+                             world=world, on_threads=lambda ids: say("T", *ids)))
+    say("DONE")
 
 
 if __name__ == "__main__":
