@@ -315,9 +315,11 @@ def print_report(owner: str) -> Report:
 
     def report(kind: str, message: str) -> None:
         # Saying what it does never stops a worker: a pool child whose parent was killed may have lost the
-        # reader of its stdout, and it must still drain.
+        # reader of its stdout, and it must still drain. One write per line: a pool's children share one
+        # stdout, and ``print`` writes its text and its newline apart when Python runs unbuffered.
         with contextlib.suppress(OSError):
-            print(f"{time.strftime('%H:%M:%S')} {owner} {message}", flush=True)
+            sys.stdout.write(f"{time.strftime('%H:%M:%S')} {owner} {message}\n")
+            sys.stdout.flush()
 
     return report
 
@@ -354,6 +356,8 @@ class Worker:
         self._report = report or print_report(config.owner)
         self._stopping = False
         self._stop_event: asyncio.Event | None = None
+        self._nudged: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_reason = ""
         self._lag = 0.0
         self._lag_measured = False
@@ -370,6 +374,15 @@ class Worker:
             return
         self._report(kind, message)
 
+    def nudge(self) -> None:
+        """Look at the queue now instead of at the next poll (something was just queued). Safe from any
+        thread; does nothing while the worker is not running, and nudges that come together count once."""
+        loop, nudged = self._loop, self._nudged
+        if loop is None or nudged is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the worker is gone
+            loop.call_soon_threadsafe(nudged.set)
+
     def stop(self, reason: str = "asked to stop") -> None:
         """Stop admitting work; the item in hand is drained within the drain timeout (idempotent)."""
         if self._stopping:
@@ -385,6 +398,8 @@ class Worker:
         self._stop_event = asyncio.Event()
         if self._stopping:
             self._stop_event.set()
+        self._nudged = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
         limits = config.limits
         default = limits["default_project_limit"]
         per_project = ", ".join(f"{p}={n}" for p, n in sorted(limits["project_limits"].items()))
@@ -430,7 +445,7 @@ class Worker:
                     if idle:
                         self.report("stop", "the queue is empty; exiting")
                         break
-                    await self._until_one_ends(in_flight, config.poll_interval)
+                    await self._until_one_ends(in_flight, config.poll_interval, nudged=self._nudged)
                     continue
                 for claimed in batch:
                     self.stats.claimed += 1
@@ -486,16 +501,24 @@ class Worker:
             self.report("repair", f"enqueued {len(repaired)} queued item(s) that had no work item: "
                                   f"{', '.join(repaired[:5])}{' …' if len(repaired) > 5 else ''}")
 
-    async def _until_one_ends(self, in_flight: set[asyncio.Task[None]], timeout: float | None) -> None:
-        """Wait until an item in flight ends (removing the ended ones), ``timeout`` passes, or a stop."""
+    async def _until_one_ends(self, in_flight: set[asyncio.Task[None]], timeout: float | None, *,
+                              nudged: asyncio.Event | None = None) -> None:
+        """Wait until an item in flight ends (removing the ended ones), ``timeout`` passes, a stop, or (given
+        ``nudged``) a :meth:`nudge`, which is then cleared: one that comes later wakes the next wait."""
         assert self._stop_event is not None
         stopped = asyncio.ensure_future(self._stop_event.wait())
+        waiters = {stopped}
+        if nudged is not None:
+            waiters.add(asyncio.ensure_future(nudged.wait()))
         try:
-            done, _pending = await asyncio.wait({*in_flight, stopped}, timeout=timeout,
+            done, _pending = await asyncio.wait({*in_flight, *waiters}, timeout=timeout,
                                                 return_when=asyncio.FIRST_COMPLETED)
         finally:
-            stopped.cancel()
-        for task in done - {stopped}:
+            for waiter in waiters:
+                waiter.cancel()
+        if nudged is not None:
+            nudged.clear()  # before the next claim: a nudge for work queued after it sets it again
+        for task in done - waiters:
             in_flight.discard(task)
             task.result()  # _process handles its own errors; anything else is a bug worth seeing
 
