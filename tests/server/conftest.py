@@ -86,9 +86,10 @@ ROLE_TOKENS = {
 }
 
 
-def start_api(store: Store, tmp_path: Path, providers: dict[str, Any] | None = None,
+def start_api(store: Store, tmp_path: Path, providers: dict[str, Any] | None = None, *, poll_interval: float = 0.02,
               **options: Any) -> tuple[Api, LiveServer]:
-    """Tokens in ``store``, then a live server over it with the in-process worker (runs too, given providers)."""
+    """Tokens in ``store``, then a live server over it with the in-process worker (runs too, given providers),
+    which looks at the queue every ``poll_interval`` seconds when it is not nudged."""
     api = Api("", store)
     info, secret = create_token(store, "root", admin=True, actor="test")
     api.tokens["admin"], api.token_ids["admin"] = secret, info.token_id
@@ -97,7 +98,7 @@ def start_api(store: Store, tmp_path: Path, providers: dict[str, Any] | None = N
         api.tokens[name], api.token_ids[name] = secret, info.token_id
     workspaces = tmp_path / "workspaces"
     config = WorkerConfig(store_url=store.url or "memory://", agent="tests.server.agents:agent", owner="api-worker",
-                          poll_interval=0.02, quiet=True, drain_timeout=2,
+                          poll_interval=poll_interval, quiet=True, drain_timeout=2,
                           providers="test-providers" if providers is not None else None, workspace_root=str(workspaces))
     worker = BackgroundWorker(store, config, agent=agent(), providers=providers)
     app = create_app(store, agent=agent(), providers=providers, workspace_root=workspaces, stream_poll_interval=0.02,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from typing import Any
 
 import httpx
@@ -238,5 +239,34 @@ def test_listing_threads_reads_only_the_threads_of_the_callers_projects_and_no_e
             assert outsider.get("/threads", params={"project": "alpha"}).json()["threads"] == []
             assert Counting.listed == 30 and Counting.reads == 0  # no thread's events are read to list threads
     finally:
+        server.stop()
+        store.close()
+
+
+def test_input_sent_over_http_is_claimed_at_once_not_at_the_workers_next_poll(tmp_path: Any) -> None:
+    """The in-process worker polls the queue every 30 s here; the answered POST nudges it, so the turn runs
+    within a few seconds (without the nudge it would wait for the poll)."""
+    from jixu.ledger import SQLiteStore
+    from tests.server.conftest import start_api
+
+    store = SQLiteStore(tmp_path / "api.db")
+    made, server = start_api(store, tmp_path, poll_interval=30.0)
+    try:
+        client = made.client("alpha-editor")
+        thread_id = new_thread(client)
+        time.sleep(0.5)  # the worker has looked at the empty queue and waits for its next poll
+        for text in ("first", "second"):  # the second nudge comes after the first was cleared
+            sent_at = time.monotonic()
+            assert client.post(f"/threads/{thread_id}/inputs", json={"input": text}).status_code == 202
+            def replied(text: str = text) -> dict[str, Any] | None:
+                state: dict[str, Any] = client.get(f"/threads/{thread_id}").json()
+                return state if state["status"] == "idle" and state["last_reply"] == f"echo: {text}" else None
+
+            state = wait_for(replied, f"the {text} turn", timeout=10)
+            took = time.monotonic() - sent_at
+            assert took < 5, f"{took:.1f}s from the POST to the reply: the worker waited for its poll"
+            assert state["last_reply"] == f"echo: {text}"
+    finally:
+        made.close()
         server.stop()
         store.close()

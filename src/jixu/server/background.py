@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -69,11 +69,15 @@ class BackgroundWorker:
 
     @asynccontextmanager
     async def lifespan(self, app: Any) -> AsyncIterator[None]:
-        """Run the worker while the app runs."""
+        """Run the worker while the app runs; every mutation the app answers nudges it (see
+        :attr:`Services.work_queued <jixu.server.context.Services.work_queued>`)."""
         self.start()
+        queued: list[Callable[[], None]] = app.state.jixu.work_queued
+        queued.append(self.worker.nudge)
         try:
             yield
         finally:
+            queued.remove(self.worker.nudge)
             await asyncio.to_thread(self.stop)
 
 

@@ -62,6 +62,9 @@ class Services:
     """How many failed authentications an address (and a token id) may make: a burst, then so many a minute."""
     session_ttl: float = 12 * 3600.0
     """How long a Studio login lasts (seconds)."""
+    work_queued: list[Callable[[], None]] = field(default_factory=list)
+    """Called after every mutation that may have put work in the queue (the in-process worker registers its
+    :meth:`~jixu.scheduling.Worker.nudge`, so a turn sent over HTTP is claimed at once, not at its next poll)."""
     runs: Runs = field(init=False)
     guard: AuthGuard = field(init=False)
 
@@ -155,6 +158,9 @@ class Context:
                            method=self.request.method, path=self.request.url.path, body=payload,
                            actor=self.actor, operation=operation)
         headers = {REPLAYED_HEADER: "true"} if outcome.replayed else None
+        if not outcome.replayed:
+            for nudge in self.services.work_queued:
+                nudge()
         return JSONResponse(outcome.body, status_code=outcome.status, headers=headers)
 
 
