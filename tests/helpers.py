@@ -48,6 +48,23 @@ def python_env() -> dict[str, str]:
     return env
 
 
+PROC_CHILDREN = Path("/proc/self/task").exists()
+"""Whether this system lists a process's children in ``/proc`` (Linux): :func:`children_of` needs it."""
+
+
+def children_of(pid: int) -> list[int]:
+    """The process ids of ``pid``'s children (Linux's ``/proc``; see :data:`PROC_CHILDREN`)."""
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def process_exited(pid: int) -> bool:
+    """True once ``pid`` is gone or a zombie (an orphan's new parent may not have reaped it yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):  # gone before or while being read
+        return True
+
+
 OWN_PROCESS = frozenset({"worker", "serve", "demo"})
 """Commands that run until a signal, install handlers or kill themselves: always a child process."""
 

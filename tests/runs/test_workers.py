@@ -25,6 +25,7 @@ from jixu.scheduling import (
 from jixu.scheduling.workers import factory_spec, load_agent_factory
 from jixu.threads.log import ThreadLog
 from tests.conftest import StoreFactory
+from tests.helpers import PROC_CHILDREN, children_of, process_exited
 from tests.runs.agents import counter_agent
 from tests.runs.conftest import WAIT, Spawn, jixu, outside_lines, thread_state, wait_until
 
@@ -231,19 +232,7 @@ def test_a_pool_runs_the_queue_empty_and_exits(sqlite: StoreFactory, tmp_path: P
     assert len(outside_lines(tmp_path / "outside.txt")) == 3
 
 
-def _children_of(pid: int) -> list[int]:
-    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
-def _exited(pid: int) -> bool:
-    """True once ``pid`` is gone or a zombie (an orphan's new parent may not have reaped it yet)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-
-
-@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads a process's children from Linux's /proc")
+@pytest.mark.skipif(not PROC_CHILDREN, reason="reads a process's children from Linux's /proc")
 def test_a_sigkilled_pool_leaves_no_orphans_its_children_drain_their_turns_and_exit(
         sqlite: StoreFactory, workers: Spawn, tmp_path: Path) -> None:
     """SIGKILL of `jixu worker --processes 2` while each child is inside an unsafe call: the children notice
@@ -259,12 +248,12 @@ def test_a_sigkilled_pool_leaves_no_orphans_its_children_drain_their_turns_and_e
     pool = workers(sqlite.url, "pool", "--processes", "2", "--concurrency", "1", "--drain-timeout", "20",
                    env={"JIXU_TEST_OUTSIDE": str(outside), "JIXU_TEST_TOOL_SLEEP": "2.0"})
     wait_until(lambda: len(outside_lines(outside)) == 2, "both children inside their calls")
-    children = _children_of(pool.pid)
+    children = children_of(pool.pid)
     assert len(children) == 2, pool.output()
     pool.kill()
     for thread_id in threads[2:]:  # queued after the parent died: no orphan may claim these
         submit_turn(store, thread_id, "charge")
-    wait_until(lambda: all(_exited(child) for child in children), "the orphaned children to exit")
+    wait_until(lambda: all(process_exited(child) for child in children), "the orphaned children to exit")
     assert "the pool's parent process is gone" in pool.output()
     assert "drained at seq" in pool.output()
     assert sorted(line[0] for line in outside_lines(outside)) == sorted(threads[:2]), "an orphan claimed new work"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.helpers import ROOT, python_env
+from tests.helpers import PROC_CHILDREN, ROOT, children_of, process_exited, python_env
 from tests.runs.conftest import wait_until
 from tests.server.test_cli_remote import free_port, jixu
 
@@ -34,18 +34,7 @@ class Served:
         return self.log_path.read_text()
 
     def children(self) -> list[int]:
-        if not Path("/proc/self/task").exists():
-            return []
-        pid = self.process.pid
-        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
-def exited(pid: int) -> bool:
-    """True once ``pid`` is gone or a zombie (an orphan's new parent may not have reaped it yet)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
+        return children_of(self.process.pid) if PROC_CHILDREN else []
 
 
 @contextmanager
@@ -84,9 +73,9 @@ def served(tmp_path: Path, *options: str) -> Iterator[Served]:
                 process.kill()
                 process.wait(10)
             for child in children:  # a test that failed must not leave workers behind either
-                if not exited(child):
+                if not process_exited(child):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(child, signal.SIGKILL)
 
 
-__all__ = ["Served", "exited", "served"]
+__all__ = ["Served", "served"]

@@ -14,12 +14,12 @@ import httpx
 import pytest
 
 from jixu.ledger import SQLiteStore
+from tests.helpers import PROC_CHILDREN, process_exited
 from tests.runs.conftest import wait_until
-from tests.server.serve_process import exited, served
+from tests.server.serve_process import served
 from tests.server.test_cli_remote import free_port, jixu
 
-linux_proc = pytest.mark.skipif(not Path("/proc/self/task").exists(),
-                                reason="reads a process's children from Linux's /proc")
+linux_proc = pytest.mark.skipif(not PROC_CHILDREN, reason="reads a process's children from Linux's /proc")
 
 
 def idle_state(client: httpx.Client, thread_id: str) -> dict[str, Any] | None:
@@ -62,7 +62,7 @@ def test_the_worker_processes_run_the_inputs_sent_over_http_and_drain_with_the_s
         assert owners <= {"srv-1", "srv-2"} and owners, owners  # run by the children, not the server's process
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(30) == 0, server.output()
-        wait_until(lambda: all(exited(child) for child in children), "the worker processes to exit")
+        wait_until(lambda: all(process_exited(child) for child in children), "the worker processes to exit")
         output = server.output()
     assert "srv-1 stopped (SIGTERM received)" in output and "srv-2 stopped (SIGTERM received)" in output, output
     store = SQLiteStore(server.store_path)
@@ -79,7 +79,7 @@ def test_a_sigkilled_server_takes_its_worker_processes_with_it(tmp_path: Path) -
         assert len(children) == 2, server.output()
         server.process.kill()
         server.process.wait(10)
-        wait_until(lambda: all(exited(child) for child in children), "the orphaned worker processes to exit")
+        wait_until(lambda: all(process_exited(child) for child in children), "the orphaned worker processes to exit")
         time.sleep(0.2)  # their last lines reach the log
         output = server.output()
     assert output.count("stopped (the pool's parent process is gone)") == 2, output
