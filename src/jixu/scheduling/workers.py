@@ -445,7 +445,7 @@ class Worker:
                     if idle:
                         self.report("stop", "the queue is empty; exiting")
                         break
-                    await self._until_one_ends(in_flight, config.poll_interval, nudged=self._nudged)
+                    await self._until_one_ends(in_flight, config.poll_interval, nudgeable=True)
                     continue
                 for claimed in batch:
                     self.stats.claimed += 1
@@ -502,12 +502,13 @@ class Worker:
                                   f"{', '.join(repaired[:5])}{' …' if len(repaired) > 5 else ''}")
 
     async def _until_one_ends(self, in_flight: set[asyncio.Task[None]], timeout: float | None, *,
-                              nudged: asyncio.Event | None = None) -> None:
-        """Wait until an item in flight ends (removing the ended ones), ``timeout`` passes, a stop, or (given
-        ``nudged``) a :meth:`nudge`, which is then cleared: one that comes later wakes the next wait."""
+                              nudgeable: bool = False) -> None:
+        """Wait until an item in flight ends (removing the ended ones), ``timeout`` passes, a stop, or (when
+        ``nudgeable``) a :meth:`nudge`, which is then cleared: one that comes later wakes the next wait."""
         assert self._stop_event is not None
         stopped = asyncio.ensure_future(self._stop_event.wait())
         waiters = {stopped}
+        nudged = self._nudged if nudgeable else None
         if nudged is not None:
             waiters.add(asyncio.ensure_future(nudged.wait()))
         try:
