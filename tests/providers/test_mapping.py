@@ -398,6 +398,45 @@ def test_genai_prices_is_used_when_installed_and_the_users_prices_win() -> None:
     assert mine == pytest.approx(2.0)
 
 
+def test_a_model_the_catalogue_does_not_know_is_looked_for_once_per_catalogue_snapshot(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    import genai_prices  # (installed by the test extra: missing, the test fails)
+    from genai_prices import data_snapshot
+
+    from jixu.threads import pricing
+
+    walks: list[str] = []
+    bundled = data_snapshot.get_snapshot()
+
+    def counted(snapshot: data_snapshot.DataSnapshot) -> data_snapshot.DataSnapshot:
+        original = snapshot.find_provider_model
+
+        def find(model_ref: str, *args: object) -> object:
+            walks.append(model_ref)
+            return original(model_ref, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(snapshot, "find_provider_model", find)
+        return snapshot
+
+    monkeypatch.setattr(data_snapshot, "_custom_snapshot", counted(dataclasses.replace(bundled)))
+    for _ in range(3):
+        assert _cost("my-finetune-v1") is None
+    assert walks == ["my-finetune-v1"], "a miss is remembered: the catalogue is not walked again on each call"
+    # New catalogue data (as an update installs it) that knows the model: the remembered miss no longer holds.
+    openai = next(p for p in bundled.providers if p.id == "openai")
+    known = next(m for m in openai.models if m.id == "gpt-4o")
+    taught = dataclasses.replace(openai, models=[*openai.models, dataclasses.replace(
+        known, id="my-finetune-v1", match=genai_prices.types.ClauseEquals(equals="my-finetune-v1"))])
+    monkeypatch.setattr(data_snapshot, "_custom_snapshot", counted(dataclasses.replace(
+        bundled, providers=[taught if p is openai else p for p in bundled.providers])))
+    walks.clear()
+    assert _cost("my-finetune-v1") == _cost("gpt-4o") is not None
+    assert walks, "the new snapshot was asked"
+    assert pricing.catalogue() is genai_prices
+
+
 @pytest.mark.parametrize("model", sorted(DEFAULT_PRICES))
 def test_the_fallback_table_agrees_with_genai_prices(model: str) -> None:
     # Both are copies of the providers' published prices: a disagreement is a typo here or a price change there.

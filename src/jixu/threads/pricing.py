@@ -204,6 +204,24 @@ def catalogue() -> Any:
     return _CATALOGUE or None
 
 
+_MISSES: tuple[object, set[tuple[str, str, str]]] = (None, set())
+"""The catalogue snapshot last asked and the (model, provider_api_url/provider_id, value) it knows no model for."""
+
+
+def _misses_of(snapshot: object) -> set[tuple[str, str, str]]:
+    """The lookups ``snapshot`` (the catalogue's current data) answered with "no such model".
+
+    The catalogue remembers the models it found but not the ones it did not, and looks for those through
+    every provider's models again on each call: a model it does not know (a local or fine-tuned one) paid
+    that walk on every call. Which models a snapshot holds does not depend on the call's date (only their
+    prices do), so a miss holds until the catalogue's data is replaced (an update makes a new snapshot).
+    """
+    global _MISSES
+    if _MISSES[0] is not snapshot:
+        _MISSES = (snapshot, set())
+    return _MISSES[1]
+
+
 def catalogue_cost(models: Sequence[str | None], *, provider: str, api_url: str | None, input_tokens: int,
                    output_tokens: int, cached_tokens: int, cache_write_tokens: int) -> float | None:
     """The cost from the genai-prices catalogue for the first of ``models`` it knows, or None.
@@ -217,15 +235,21 @@ def catalogue_cost(models: Sequence[str | None], *, provider: str, api_url: str 
     usage = prices.Usage(input_tokens=input_tokens, output_tokens=output_tokens,
                          cache_read_tokens=cached_tokens, cache_write_tokens=cache_write_tokens)
     now = datetime.datetime.now(tz=datetime.UTC)
+    misses = _misses_of(prices.data_snapshot.get_snapshot())
     for model in models:
         if not model:
             continue
         attempts: list[dict[str, str]] = [{"provider_api_url": api_url}] if api_url else []
         attempts.append({"provider_id": provider})
         for where in attempts:
+            (how, place), = where.items()
+            if (model, how, place) in misses:
+                continue
             try:
                 calculation = prices.calc_price(usage, model, genai_request_timestamp=now, **where)
-            except LookupError:
+            except LookupError as exc:
+                if type(exc) is LookupError:  # "no such model or provider" (not a KeyError of a pricing bug)
+                    misses.add((model, how, place))
                 continue
             except Exception:  # a catalogue that cannot price this usage knows no price for it
                 _log.debug("genai-prices could not price %r", model, exc_info=True)
