@@ -258,6 +258,145 @@ def test_failures_read_as_with_httpxs_own_transport(failure: str) -> None:
     run(scenario)
 
 
+ANSWERS = {
+    # name: (the bytes a server answers each request with, whether it then closes the connection)
+    "length": (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", False),
+    "chunked": (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4;ext=1\r\nWiki\r\n5\r\npedia\r\n0\r\n"
+                b"x-trailer: 1\r\n\r\n", False),
+    "chunked in capitals": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\nA\r\n0123456789\r\n0\r\n\r\n", False),
+    "until the end": (b"HTTP/1.1 200 OK\r\n\r\nuntil the end", True),
+    "interim answers": (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: x\r\n\r\n"
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", False),
+    "lf line ends": (b"HTTP/1.1 200 OK\ncontent-length: 2\n\nok", False),
+    "folded header": (b"HTTP/1.1 200 OK\r\nx-a: one\r\n two\r\ncontent-length: 2\r\n\r\nok", False),
+    "connection close": (b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok", True),
+    "http 1.0": (b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok", False),
+    "no content": (b"HTTP/1.1 204 No Content\r\n\r\n", False),
+    "not modified": (b"HTTP/1.1 304 Not Modified\r\ncontent-length: 10\r\n\r\n", False),
+    "no reason": (b"HTTP/1.1 200\r\ncontent-length: 2\r\n\r\nok", False),
+    "empty reason": (b"HTTP/1.1 200 \r\ncontent-length: 2\r\n\r\nok", False),
+    "bad status": (b"HTTP/1.1 2x0 OK\r\ncontent-length: 2\r\n\r\nok", False),
+    "bad length": (b"HTTP/1.1 200 OK\r\ncontent-length: abc\r\n\r\nok", False),
+    "conflicting lengths": (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nok", False),
+    "repeated length": (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\nok", False),
+    "listed length": (b"HTTP/1.1 200 OK\r\ncontent-length: 2, 2\r\n\r\nok", False),
+    "bad chunk size": (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nok\r\n0\r\n\r\n", False),
+    "chunk longer than said": (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nokay\r\n0\r\n\r\n", False),
+    "chunk cut": (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n10\r\nshort", True),
+    "body cut": (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort", True),
+    "head cut": (b"HTTP/1.1 200 OK\r\ncontent-len", True),
+    "http 2.0 text": (b"HTTP/2.0 200 OK\r\ncontent-length: 2\r\n\r\nok", False),
+    "line without colon": (b"HTTP/1.1 200 OK\r\nbroken header\r\ncontent-length: 2\r\n\r\nok", False),
+    "space before colon": (b"HTTP/1.1 200 OK\r\nx-a : 1\r\ncontent-length: 2\r\n\r\nok", False),
+    "chunked and length": (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n"
+                           b"2\r\nok\r\n0\r\n\r\n", False),
+    "gzip then chunked": (b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n", False),
+    "identity coding": (b"HTTP/1.1 200 OK\r\ntransfer-encoding: identity\r\n\r\nok", True),
+    "nothing": (b"", True),
+    "not http": (b"SSH-2.0-OpenSSH_9.2\r\n", True),
+    "control character": (b"HTTP/1.1 200 OK\r\nx-a: a\x01b\r\ncontent-length: 2\r\n\r\nok", False),
+    "nul in a value": (b"HTTP/1.1 200 OK\r\nx-a: a\x00b\r\ncontent-length: 2\r\n\r\nok", False),
+    "utf-8 value": ("HTTP/1.1 200 OK\r\nx-a: caf\u00e9\r\ncontent-length: 2\r\n\r\nok".encode(), False),
+    "tabs around a value": (b"HTTP/1.1 200 OK\r\nx-a:\tv\t\r\ncontent-length: 2\r\n\r\nok", False),
+    "blank line first": (b"\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", False),
+}
+
+
+async def answered(transport: httpx.AsyncBaseTransport, answer: bytes, close: bool,
+                   requests: int = 2) -> tuple[list[Any], int]:
+    """What a client reads of ``requests`` GETs a server answers with ``answer``: each response's status,
+    reason, version, headers and body, or the name of its error; and how many connections it opened."""
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        with contextlib.suppress(Exception):
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(answer)
+                await writer.drain()
+                if close:
+                    break
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+    seen: list[Any] = []
+    async with client(transport, timeout=2.0) as http:
+        for _ in range(requests):
+            try:
+                response = await http.get(url)
+            except httpx.HTTPError as error:
+                seen.append(type(error).__name__)
+            else:
+                seen.append((response.status_code, response.reason_phrase, response.http_version,
+                             [(name.lower(), value) for name, value in response.headers.raw], response.content))
+    server.close()
+    return seen, connections
+
+
+@pytest.mark.parametrize("name", sorted(ANSWERS))
+def test_answers_read_as_with_httpxs_own_transport(name: str) -> None:
+    # Framing, interim answers, keep-alive and every malformed answer: the same responses or the same errors,
+    # over as many connections, as httpx's transport (httpcore and h11) reads them.
+    answer, close = ANSWERS[name]
+
+    async def scenario() -> None:
+        ours = await answered(StackTransport(), answer, close)
+        theirs = await answered(httpx.AsyncHTTPTransport(), answer, close)
+        assert ours == theirs
+
+    run(scenario)
+
+
+def test_bytes_after_an_answer_are_never_read_as_the_next_answer() -> None:
+    # h11 would read them as the next request's answer; here the connection is dropped and a new one is made.
+    async def scenario() -> None:
+        seen, connections = await answered(StackTransport(), b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                                           b"HTTP/1.1 201 Created\r\ncontent-length: 4\r\n\r\nsent", False)
+        assert [answer[0] for answer in seen] == [200, 200] and connections == 2
+
+    run(scenario)
+
+
+def test_a_request_body_without_a_length_goes_chunked() -> None:
+    async def scenario() -> None:
+        received = bytearray()
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            received.extend(await reader.readuntil(b"0\r\n\r\n"))
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            await writer.drain()
+            writer.close()
+
+        async def parts() -> AsyncIterator[bytes]:
+            yield b"hello "
+            yield b""
+            yield b"world"
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        async with client() as http:
+            response = await http.post(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/up", content=parts())
+        server.close()
+        assert response.content == b"ok"
+        head, _, body = bytes(received).partition(b"\r\n\r\n")
+        assert head.startswith(b"POST /up HTTP/1.1\r\n") and b"\r\nTransfer-Encoding: chunked" in head
+        assert body == b"6\r\nhello \r\n5\r\nworld\r\n0\r\n\r\n"
+
+    run(scenario)
+
+
+def test_a_header_that_cannot_be_sent_is_refused_before_anything_is_sent() -> None:
+    async def scenario() -> None:
+        async with Server() as server, client() as http:
+            with pytest.raises(httpx.LocalProtocolError):
+                await http.get(server.url, headers={"x-key": "one\r\nx-injected: two"})
+            assert server.requests == 0
+
+    run(scenario)
+
+
 def test_a_cancelled_request_leaves_no_connection_behind() -> None:
     async def scenario() -> None:
         async with Server() as server, client() as http:

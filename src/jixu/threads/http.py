@@ -1,4 +1,4 @@
-"""The HTTP client jixu's model drivers send their calls with: ``httpx``, its idle connections kept on a stack.
+"""The HTTP client jixu's model drivers send their calls with: httpx's interface, jixu's own HTTP/1.1 beneath.
 
 httpx's transport hands every request to httpcore's connection pool, which
 looks at every connection it holds each time a request arrives or a response
@@ -13,25 +13,30 @@ a real provider, a TLS handshake per call).
 instead: each origin's idle connections on a stack, the request takes the one
 used last (as urllib3's pools do), so a request costs the same whatever the
 number of connections, a quiet thread keeps reusing one warm connection, and a
-busy worker keeps as many as it has calls in flight. The connections themselves
-are httpcore's (``httpcore.AsyncHTTPConnection``: connecting, TLS, HTTP/1.1,
-keep-alive expiry) over :class:`AsyncioBackend`, httpcore's network interface on
-asyncio's own transports (its default goes through anyio, whose cancel scope
-around every read and write cost a third of a call's CPU); httpx maps their
-errors, so timeouts and failures read exactly as with httpx's default transport
-(``tests/threads/test_http.py`` compares them). When the environment names a proxy
-(``HTTPS_PROXY`` and friends), which httpx applies only to a client of its own
-transport, the client is httpx's plain one.
+busy worker keeps as many as it has calls in flight. Each connection is an
+:class:`Http11Connection`: HTTP/1.1 written and read directly over an asyncio
+transport (connecting, TLS, keep-alive expiry, the framing rules h11 applies),
+without h11's event machinery and httpcore's stream layers, which were ~40 % of
+a streamed call's CPU (decision 0047). It raises httpcore's exceptions and httpx
+maps them, so answers, timeouts and failures read exactly as with httpx's
+default transport (``tests/threads/test_http.py`` compares them, malformed
+answers included). When the environment names a proxy (``HTTPS_PROXY`` and
+friends), which httpx applies only to a client of its own transport, the client
+is httpx's plain one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
+import select
+import socket
 import ssl
+import time
 import urllib.request
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Mapping
-from typing import Any, Literal
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Mapping
+from typing import Literal
 
 import httpcore
 import httpx
@@ -76,9 +81,9 @@ class ConnectionStack:
         self._max_connections = max_connections
         self._max_idle = max_idle
         self._keepalive_expiry = keepalive_expiry
-        self._idle: dict[_Key, list[httpcore.AsyncHTTPConnection]] = {}
+        self._idle: dict[_Key, list[Http11Connection]] = {}
         self._idle_count = 0
-        self._connections: dict[httpcore.AsyncHTTPConnection, asyncio.AbstractEventLoop] = {}
+        self._connections: dict[Http11Connection, asyncio.AbstractEventLoop] = {}
         self._loops: set[asyncio.AbstractEventLoop] = set()
         self._waiting: deque[asyncio.Future[None]] = deque()
 
@@ -116,7 +121,7 @@ class ConnectionStack:
                                      extensions=response.extensions)
 
     async def _connection(self, origin: httpcore.Origin, key: _Key,
-                          timeout: float | None) -> httpcore.AsyncHTTPConnection:
+                          timeout: float | None) -> Http11Connection:
         while True:
             stack = self._idle.get(key)
             while stack:
@@ -129,9 +134,8 @@ class ConnectionStack:
             if loop not in self._loops or len(self._loops) > 1:
                 self._forget_closed_loops(loop)
             if len(self._connections) < self._max_connections:
-                connection = httpcore.AsyncHTTPConnection(origin=origin, ssl_context=self._ssl_context,
-                                                          keepalive_expiry=self._keepalive_expiry,
-                                                          network_backend=_BACKEND)
+                connection = Http11Connection(origin, ssl_context=self._ssl_context,
+                                              keepalive_expiry=self._keepalive_expiry)
                 self._connections[connection] = loop
                 return connection
             victim = self._oldest_idle(loop)
@@ -162,7 +166,7 @@ class ConnectionStack:
         for connection in [c for c, loop in self._connections.items() if loop in closed]:
             del self._connections[connection]
 
-    def _oldest_idle(self, loop: asyncio.AbstractEventLoop) -> httpcore.AsyncHTTPConnection | None:
+    def _oldest_idle(self, loop: asyncio.AbstractEventLoop) -> Http11Connection | None:
         """The longest-idle connection of the longest stack of ``loop`` (None: it has no idle connection)."""
         stacks = [stack for key, stack in self._idle.items() if stack and key[0] is loop]
         if not stacks:
@@ -170,7 +174,7 @@ class ConnectionStack:
         self._idle_count -= 1
         return max(stacks, key=len).pop(0)
 
-    async def _give_back(self, connection: httpcore.AsyncHTTPConnection, key: _Key) -> None:
+    async def _give_back(self, connection: Http11Connection, key: _Key) -> None:
         """Keep ``connection`` for the next request if it is idle and there is room, else close it."""
         if not (connection.is_idle() and not connection.is_closed() and self._idle_count < self._max_idle
                 and self._connections.get(connection) is key[0]):
@@ -186,7 +190,7 @@ class ConnectionStack:
             self._idle_count -= 1
             await self._close(stack.pop(0))
 
-    async def _close(self, connection: httpcore.AsyncHTTPConnection) -> None:
+    async def _close(self, connection: Http11Connection) -> None:
         owner = self._connections.pop(connection, None)  # counted out first: a cancelled close still frees it
         self._wake()
         if owner is None or owner is asyncio.get_running_loop():  # another loop's transport is not ours to close
@@ -268,132 +272,443 @@ _READ_HIGH = 1 << 20
 """Buffered bytes at which a connection stops reading from its socket until they are read."""
 
 
-class _AsyncioStream(httpcore.AsyncNetworkStream):
-    """httpcore's network stream over an asyncio transport: what its anyio stream does, with the same errors
-    (``ReadError``/``ReadTimeout``, ``WriteError``/``WriteTimeout``, ``ConnectError``/``ConnectTimeout`` for
-    TLS), without anyio's cancel scope around every read and write."""
+class Http11Connection:
+    """One HTTP/1.1 connection to an origin, over an asyncio transport: what httpcore's ``AsyncHTTPConnection``
+    does for :class:`ConnectionStack` (connect, TLS, one request at a time, keep-alive expiry), with its errors.
 
-    def __init__(self, transport: asyncio.Transport, protocol: _Receiving) -> None:
+    The request is written and the response read here, without h11's event machinery and httpcore's stream
+    layers between (they were ~40 % of a streamed model call's CPU at 500 calls in flight). The rules are
+    RFC 9112's as h11 applies them: a response's body is framed by ``Transfer-Encoding: chunked``, else
+    ``Content-Length``, else the connection's end (none for ``HEAD``, 1xx, 204 and 304); interim 1xx answers
+    are skipped; lines may end in LF alone. A connection is reused only after an HTTP/1.1 response read whole
+    that did not say ``Connection: close`` (nor did the request). Failures raise httpcore's exceptions, which
+    httpx maps as it maps its own transport's: ``ConnectError`` / ``ConnectTimeout`` (TLS included),
+    ``WriteTimeout``, ``ReadError`` / ``ReadTimeout``, ``RemoteProtocolError`` (the server ended the
+    connection before its answer was whole, or broke the protocol), ``LocalProtocolError`` (a header that
+    cannot be sent). As in httpcore, a failed write is not raised: the server may have answered and closed,
+    so the answer is read (a server that closed without one reads as ``RemoteProtocolError``).
+    """
+
+    def __init__(self, origin: httpcore.Origin, *, ssl_context: ssl.SSLContext | None,
+                 keepalive_expiry: float) -> None:
+        self._origin = origin
+        self._ssl_context = ssl_context
+        self._keepalive_expiry = keepalive_expiry
+        self._transport: asyncio.Transport | None = None
+        self._protocol: _Receiving | None = None
+        self._state: Literal["new", "active", "idle", "closed"] = "new"
+        self._expire_at = 0.0
+
+    def is_available(self) -> bool:
+        """Whether a request may be sent on it now (idle; a new connection is its first request's)."""
+        return self._state == "idle"
+
+    def is_idle(self) -> bool:
+        """Connected and carrying no request."""
+        return self._state == "idle"
+
+    def is_closed(self) -> bool:
+        """Closed (after a failure, a response not read whole, or ``Connection: close``)."""
+        return self._state == "closed"
+
+    def has_expired(self) -> bool:
+        """Idle longer than the keep-alive expiry, or the server sent something or left while it was idle."""
+        if self._state != "idle":
+            return self._state == "closed"
+        protocol, transport = self._protocol, self._transport
+        assert protocol is not None and transport is not None
+        # The socket is asked too: an end the server sent just now is not yet read by the event loop (a request
+        # sent on it would meet the close, as httpcore's check of the socket avoids).
+        return bool(protocol.buffer) or protocol.ended or time.monotonic() > self._expire_at \
+            or _socket_readable(transport.get_extra_info("socket"))
+
+    async def aclose(self) -> None:
+        """Close it (its transport sends what it still holds, then closes)."""
+        self._close()
+
+    def get_extra_info(self, info: str) -> object:
+        """What httpcore's network streams tell (a response's ``network_stream`` extension is this connection):
+        ``ssl_object``, ``client_addr``, ``server_addr``, ``socket``, and ``is_readable``."""
+        protocol = self._protocol
+        if info == "is_readable":
+            return protocol is not None and (bool(protocol.buffer) or protocol.ended)
+        name = _EXTRA.get(info)
+        return self._transport.get_extra_info(name) if name is not None and self._transport is not None else None
+
+    def _close(self) -> None:
+        self._state = "closed"
+        if self._transport is not None:
+            self._transport.close()
+
+    async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
+        """Send ``request`` and read its answer's head; the body is read through the response's stream."""
+        if self._state not in ("new", "idle"):
+            raise httpcore.ConnectionNotAvailable()
+        new = self._state == "new"
+        self._state = "active"
+        timeouts = request.extensions.get("timeout", {})
+        read_timeout = timeouts.get("read")
+        try:
+            if new:
+                await self._connect(timeouts.get("connect"), request.extensions.get("sni_hostname"))
+            chunked = False
+            try:
+                head, chunked = _request_head(request)
+                async for part in request.stream:  # type: ignore[union-attr]
+                    if not part:
+                        continue
+                    framed = b"%x\r\n%b\r\n" % (len(part), part) if chunked else part
+                    await self._write(head + framed, timeouts.get("write"))  # the head with the first part
+                    head = b""
+                await self._write(head + (b"0\r\n\r\n" if chunked else b""), timeouts.get("write"))
+            except httpcore.WriteError:
+                pass  # the server may have answered and closed: read what it said (as httpcore does)
+            while True:
+                status, reason, version, received = await self._read_head(read_timeout)
+                if status >= 200 or status == 101:
+                    break  # 1xx but 101 are interim: the answer follows
+            headers, framing, keep_alive = _response_rules(
+                received, version, no_body=request.method == b"HEAD" or status < 200 or status in (204, 304))
+            body = _Body(self, framing, read_timeout,
+                         reusable=keep_alive and status != 101 and not _says_close(request.headers))
+        except BaseException:
+            self._close()
+            raise
+        return httpcore.Response(status, headers=headers, content=body,
+                                 extensions={"http_version": b"HTTP/" + version, "reason_phrase": reason,
+                                             "network_stream": self})
+
+    async def _connect(self, timeout: float | None, sni_hostname: str | None) -> None:
+        loop = asyncio.get_running_loop()
+        host, port = self._origin.host.decode("ascii"), self._origin.port
+        try:
+            async with asyncio.timeout(timeout):
+                transport, protocol = await loop.create_connection(_Receiving, host, port,
+                                                                   happy_eyeballs_delay=0.25)
+        except TimeoutError:
+            raise httpcore.ConnectTimeout(f"timed out connecting to {host}:{port}") from None
+        except OSError as exc:
+            raise httpcore.ConnectError(str(exc) or type(exc).__name__) from exc
         self._transport, self._protocol = transport, protocol
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        """Up to ``max_bytes`` received bytes, waiting for them at most ``timeout``; ``b""`` at the end."""
-        protocol = self._protocol
-        if not protocol.buffer and not protocol.ended:
-            await self._until("readable", timeout, httpcore.ReadTimeout("timed out reading the response"))
-        buffer = protocol.buffer
-        if buffer:
-            data = bytes(buffer[:max_bytes])
-            del buffer[:max_bytes]
-            if protocol.reading_paused and len(buffer) <= _READ_HIGH // 2:
-                protocol.reading_paused = False
-                self._transport.resume_reading()
-            return data
-        if protocol.lost is not None:
-            raise httpcore.ReadError(str(protocol.lost) or type(protocol.lost).__name__) from protocol.lost
-        return b""
-
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        """Send ``buffer``; wait at most ``timeout`` while the socket's buffer is full."""
-        if not buffer:
+        if self._origin.scheme != b"https":
             return
-        protocol = self._protocol
-        if protocol.lost is not None or self._transport.is_closing():
+        context = self._ssl_context if self._ssl_context is not None else httpx.create_ssl_context()
+        context.set_alpn_protocols(["http/1.1"])
+        try:
+            async with asyncio.timeout(timeout):
+                secured = await loop.start_tls(transport, protocol, context, server_hostname=sni_hostname or host)
+        except TimeoutError:
+            transport.close()
+            raise httpcore.ConnectTimeout("timed out in the TLS handshake") from None
+        except (OSError, EOFError, ConnectionError) as exc:  # ssl.SSLError is an OSError
+            transport.close()
+            raise httpcore.ConnectError(str(exc) or type(exc).__name__) from exc
+        if secured is None:  # the connection closed during the handshake
+            raise httpcore.ConnectError("the connection closed during the TLS handshake")
+        self._transport = secured
+
+    async def _write(self, data: bytes, timeout: float | None) -> None:
+        """Send ``data``; wait at most ``timeout`` while the socket's buffer is full."""
+        if not data:
+            return
+        transport, protocol = self._transport, self._protocol
+        assert transport is not None and protocol is not None
+        if protocol.lost is not None or transport.is_closing():
             raise httpcore.WriteError(str(protocol.lost or "the connection is closed"))
-        self._transport.write(buffer)
+        transport.write(data)
         if protocol.writing_paused:
             await self._until("writable", timeout, httpcore.WriteTimeout("timed out writing the request"))
             if protocol.lost is not None:
                 raise httpcore.WriteError(str(protocol.lost))
 
+    async def _received(self, timeout: float | None) -> bytearray:
+        """The received bytes not yet taken (at least one, waiting at most ``timeout``), empty at the end."""
+        protocol = self._protocol
+        assert protocol is not None
+        if not protocol.buffer and not protocol.ended:
+            await self._until("readable", timeout, httpcore.ReadTimeout("timed out reading the response"))
+        if protocol.buffer:
+            return protocol.buffer
+        if protocol.lost is not None:
+            raise httpcore.ReadError(str(protocol.lost) or type(protocol.lost).__name__) from protocol.lost
+        return protocol.buffer
+
+    def _taken(self, count: int) -> bytes:
+        """The first ``count`` received bytes, removed from the buffer (reading resumes once it has room)."""
+        protocol = self._protocol
+        assert protocol is not None and self._transport is not None
+        buffer = protocol.buffer
+        data = bytes(buffer[:count])
+        del buffer[:count]
+        if protocol.reading_paused and len(buffer) <= _READ_HIGH // 2:
+            protocol.reading_paused = False
+            self._transport.resume_reading()
+        return data
+
+    async def _line(self, timeout: float | None, limit: int, what: str) -> bytes:
+        """The next received line (without its CRLF or LF), at most ``limit`` bytes."""
+        start = 0
+        while True:
+            buffer = await self._received(timeout)
+            end = buffer.find(b"\n", start)
+            if end >= 0:
+                line = self._taken(end + 1)[:-1]
+                return line[:-1] if line.endswith(b"\r") else line
+            if not buffer or self._ended():
+                raise self._cut(what)
+            if len(buffer) > limit:
+                raise httpcore.RemoteProtocolError(f"the server's {what} is longer than {limit} bytes")
+            start = len(buffer)
+            await self._received_more(timeout)
+
+    async def _read_head(self, timeout: float | None) -> tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]:
+        """A response's status, reason, version (``b"1.1"``) and header fields as received (obsolete line
+        foldings joined, names and values checked as h11 checks them)."""
+        protocol = self._protocol
+        assert protocol is not None
+        buffer = await self._received(timeout)
+        if not buffer:
+            raise httpcore.RemoteProtocolError("Server disconnected without sending a response.")
+        start = 0
+        while True:  # the whole head first: its end is a blank line (CRLF or LF)
+            found = _BLANK_LINE.search(buffer, max(0, start - 3))
+            if found is not None:
+                break
+            if len(buffer) > _MAX_HEAD:
+                raise httpcore.RemoteProtocolError(f"the response's head is longer than {_MAX_HEAD} bytes")
+            start = len(buffer)
+            if protocol.ended:
+                raise self._cut("message head")
+            await self._received_more(timeout)
+            buffer = protocol.buffer
+        lines = self._taken(found.end()).split(b"\n")[:-2]
+        status_line = lines[0].rstrip(b"\r")
+        parsed = _STATUS_LINE.fullmatch(status_line)
+        if parsed is None:
+            raise httpcore.RemoteProtocolError(f"not an HTTP status line: {status_line[:100]!r}")
+        headers: list[tuple[bytes, bytes]] = []
+        for raw in lines[1:]:
+            line = raw.rstrip(b"\r")
+            if line[:1] in (b" ", b"\t"):  # an obsolete line folding: the previous value goes on
+                if not headers:
+                    raise httpcore.RemoteProtocolError("the response's head begins with a continuation line")
+                name, value = headers[-1]
+                headers[-1] = (name, (value + b" " + line.strip(b" \t")).strip(b" \t"))
+                continue
+            name, colon, value = line.partition(b":")
+            if not colon or not _TOKEN.fullmatch(name):
+                raise httpcore.RemoteProtocolError(f"not a header line: {line[:100]!r}")
+            headers.append((name, value.strip(b" \t")))
+        for name, value in headers:
+            if _BAD_VALUE.search(value):
+                raise httpcore.RemoteProtocolError(f"an illegal value of the {name.decode()} header")
+        return int(parsed.group(2)), parsed.group(3) or b"", parsed.group(1), headers
+
+    def _ended(self) -> bool:
+        protocol = self._protocol
+        assert protocol is not None
+        return protocol.ended
+
+    def _cut(self, what: str) -> httpcore.NetworkError | httpcore.RemoteProtocolError:
+        """The error of a connection that ended inside ``what``: broken (``ReadError``) or closed early."""
+        protocol = self._protocol
+        assert protocol is not None
+        if protocol.lost is not None:
+            return httpcore.ReadError(str(protocol.lost) or type(protocol.lost).__name__)
+        return httpcore.RemoteProtocolError(f"peer closed connection without sending complete {what}")
+
+    async def _received_more(self, timeout: float | None) -> None:
+        """Wait for bytes beyond those received (or the end)."""
+        protocol = self._protocol
+        assert protocol is not None
+        if not protocol.ended:
+            await self._until("readable", timeout, httpcore.ReadTimeout("timed out reading the response"))
+
     async def _until(self, event: Literal["readable", "writable"], timeout: float | None,
                      expired: Exception) -> None:
         """Wait until the protocol sets ``event`` (bytes or the end arrived; the socket takes bytes again), at
         most ``timeout``: then raise ``expired``."""
+        protocol = self._protocol
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        setattr(self._protocol, event, waiter)
+        setattr(protocol, event, waiter)
         try:
-            async with asyncio.timeout(timeout):
+            if timeout is None:
                 await waiter
+            else:
+                async with asyncio.timeout(timeout):
+                    await waiter
         except TimeoutError:
             raise expired from None
         finally:
-            setattr(self._protocol, event, None)
+            setattr(protocol, event, None)
+
+    def _done(self, reusable: bool) -> None:
+        """The response was read whole: keep the connection for the next request, or close it."""
+        if reusable and self._state == "active":
+            self._state = "idle"
+            self._expire_at = time.monotonic() + self._keepalive_expiry
+        else:
+            self._close()
+
+
+def _socket_readable(sock: socket.socket | None) -> bool:
+    """Whether ``sock`` has bytes (or its end) waiting to be read, without reading (a closed one: True)."""
+    fd = sock.fileno() if sock is not None else -1
+    if fd < 0:
+        return True
+    if not hasattr(select, "poll"):  # Windows
+        return bool(select.select([fd], [], [], 0)[0])
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+_Framing = tuple[Literal["length", "chunked", "close"], int]
+"""How a response's body ends: after a length, after its last chunk, or with the connection."""
+
+
+def _response_rules(received: list[tuple[bytes, bytes]], version: bytes, *,
+                    no_body: bool) -> tuple[list[tuple[bytes, bytes]], _Framing, bool]:
+    """A response's headers as h11 gives them (one ``Content-Length``, ``Transfer-Encoding`` in lower case),
+    its body's framing (RFC 9112 section 6.3 for a client) and whether the connection may be kept.
+
+    As h11: only ``chunked`` is understood as a transfer coding (it wins over a ``Content-Length``);
+    ``Content-Length`` values must agree; without either the body ends with the connection.
+    """
+    headers: list[tuple[bytes, bytes]] = []
+    length: bytes | None = None
+    chunked = close = False
+    for name, value in received:
+        lower = name.lower()
+        if lower == b"content-length":
+            lengths = {part.strip() for part in value.split(b",")}
+            found = lengths.pop() if len(lengths) == 1 else b""
+            if not _DIGITS.fullmatch(found) or (length is not None and found != length):
+                raise httpcore.RemoteProtocolError(f"a bad or conflicting Content-Length: {value[:100]!r}")
+            if length is None:
+                length = found
+                headers.append((name, found))
+            continue
+        if lower == b"transfer-encoding":
+            if chunked or value.lower() != b"chunked":
+                raise httpcore.RemoteProtocolError("only one Transfer-Encoding, chunked, is supported")
+            chunked = True
+            headers.append((name, b"chunked"))
+            continue
+        if lower == b"connection" and b"close" in (token.strip().lower() for token in value.split(b",")):
+            close = True
+        headers.append((name, value))
+    keep_alive = not close and version >= b"1.1"
+    if no_body:
+        return headers, ("length", 0), keep_alive
+    if chunked:
+        return headers, ("chunked", 0), keep_alive
+    if length is not None:
+        return headers, ("length", int(length)), keep_alive
+    return headers, ("close", 0), False
+
+
+class _Body:
+    """A response body read from its connection as it arrives (httpcore's response stream interface); read
+    whole and closed, its connection is kept for the next request, closed early, the connection closes."""
+
+    def __init__(self, connection: Http11Connection, framing: _Framing, timeout: float | None, *,
+                 reusable: bool) -> None:
+        self._connection, self._framing, self._timeout, self._reusable = connection, framing, timeout, reusable
+        self._whole = framing == ("length", 0)
+        self._closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self._whole or self._closed:
+            return
+        connection, timeout = self._connection, self._timeout
+        kind, left = self._framing
+        try:
+            if kind == "length":
+                while left:
+                    buffer = await connection._received(timeout)
+                    if not buffer:
+                        raise connection._cut(f"message body: {left} bytes missing")
+                    part = connection._taken(min(left, len(buffer)))
+                    left -= len(part)
+                    yield part
+            elif kind == "chunked":
+                while True:
+                    size_line = await connection._line(timeout, _MAX_CHUNK_LINE, "chunk size line")
+                    size_text = size_line.split(b";", 1)[0].strip(b" \t")
+                    if not _HEX.fullmatch(size_text):
+                        raise httpcore.RemoteProtocolError(f"not a chunk size: {size_line[:100]!r}")
+                    left = int(size_text, 16)
+                    if not left:
+                        break
+                    while left:
+                        buffer = await connection._received(timeout)
+                        if not buffer:
+                            raise connection._cut("message body: a chunk cut short")
+                        part = connection._taken(min(left, len(buffer)))
+                        left -= len(part)
+                        yield part
+                    if await connection._line(timeout, 2, "chunk") != b"":
+                        raise httpcore.RemoteProtocolError("a chunk is longer than its size")
+                while await connection._line(timeout, _MAX_HEAD, "trailer section") != b"":
+                    pass  # trailer fields: not read
+            else:
+                while True:
+                    buffer = await connection._received(timeout)
+                    if not buffer:
+                        break
+                    yield connection._taken(len(buffer))
+                self._reusable = False
+        except BaseException:
+            self._closed = True
+            connection._close()
+            raise
+        self._whole = True
 
     async def aclose(self) -> None:
-        """Close the connection (its transport sends what it still holds, then closes)."""
-        self._transport.close()
+        """Done with the body: the connection is kept when the body was read whole, else closed."""
+        if self._closed:
+            return
+        self._closed = True
+        self._connection._done(self._whole and self._reusable)
 
-    async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
-                        timeout: float | None = None) -> httpcore.AsyncNetworkStream:
-        """The same connection with TLS on top (the handshake at most ``timeout``)."""
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(timeout):
-                transport = await loop.start_tls(self._transport, self._protocol, ssl_context,
-                                                 server_hostname=server_hostname)
-        except TimeoutError:
-            self._transport.close()
-            raise httpcore.ConnectTimeout("timed out in the TLS handshake") from None
-        except (OSError, EOFError, ConnectionError) as exc:  # ssl.SSLError is an OSError
-            self._transport.close()
-            raise httpcore.ConnectError(str(exc) or type(exc).__name__) from exc
-        if transport is None:  # the connection closed during the handshake
-            raise httpcore.ConnectError("the connection closed during the TLS handshake")
-        return _AsyncioStream(transport, self._protocol)
 
-    def get_extra_info(self, info: str) -> Any:
-        """What httpcore asks of a stream: ``ssl_object``, ``client_addr``, ``server_addr``, ``socket``, and
-        ``is_readable`` (received bytes or the end wait unread: on an idle connection, the server left)."""
-        if info == "is_readable":
-            return bool(self._protocol.buffer) or self._protocol.ended
-        name = _EXTRA.get(info)
-        return self._transport.get_extra_info(name) if name is not None else None
+def _request_head(request: httpcore.Request) -> tuple[bytes, bool]:
+    """The request line and headers as sent, and whether the body goes chunked (no ``Content-Length``)."""
+    lines = [request.method, b" ", request.url.target, b" HTTP/1.1\r\n"]
+    chunked = False
+    for name, value in request.headers:
+        if not _TOKEN.fullmatch(name) or _BAD_VALUE.search(value):
+            raise httpcore.LocalProtocolError(f"a header that cannot be sent: {name[:100]!r}")
+        if name.lower() == b"transfer-encoding" and value.strip().lower() == b"chunked":
+            chunked = True
+        lines += (name, b": ", value, b"\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines), chunked
+
+
+def _says_close(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(n.lower() == b"connection" and b"close" in v.lower() for n, v in headers)
 
 
 _EXTRA = {"ssl_object": "ssl_object", "client_addr": "sockname", "server_addr": "peername", "socket": "socket"}
-
-
-class AsyncioBackend(httpcore.AsyncNetworkBackend):
-    """httpcore's network backend on asyncio's own transports (TCP_NODELAY, happy eyeballs as anyio's).
-
-    httpcore's default backend goes through anyio, whose cancel scope around each read and write was a third
-    of a streamed call's CPU (0.90 -> 0.62 ms per call at 500 in flight against ``bench/fake_openai.py``).
-    """
-
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                          local_address: str | None = None,
-                          socket_options: Iterable[Any] | None = None) -> httpcore.AsyncNetworkStream:
-        """A TCP connection to ``host:port`` (at most ``timeout`` to connect), ``socket_options`` set on it."""
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(timeout):
-                transport, protocol = await loop.create_connection(
-                    _Receiving, host, port, local_addr=(local_address, 0) if local_address else None,
-                    happy_eyeballs_delay=0.25)
-        except TimeoutError:
-            raise httpcore.ConnectTimeout(f"timed out connecting to {host}:{port}") from None
-        except OSError as exc:
-            raise httpcore.ConnectError(str(exc) or type(exc).__name__) from exc
-        if socket_options:
-            sock = transport.get_extra_info("socket")
-            for option in socket_options:
-                sock.setsockopt(*option)
-        return _AsyncioStream(transport, protocol)
-
-    async def sleep(self, seconds: float) -> None:
-        """``asyncio.sleep`` (httpcore's pause between connection retries)."""
-        await asyncio.sleep(seconds)
-
-
-_BACKEND = AsyncioBackend()
+_BLANK_LINE = re.compile(b"\n\r?\n")
+_STATUS_LINE = re.compile(rb"HTTP/([0-9]\.[0-9]) ([0-9]{3})(?: ((?:[ \t]|[^\x00\s])*))?")
+_TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
+_BAD_VALUE = re.compile(rb"[\x00\r\n\x0b\x0c]")
+"""What a header value may not hold (h11's rule: no NUL, no whitespace but spaces and tabs)."""
+_DIGITS = re.compile(rb"[0-9]{1,20}")
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_MAX_HEAD = 100 * 1024
+"""Bytes a response's head (and its trailers) may have (h11's limit)."""
+_MAX_CHUNK_LINE = 4 * 1024
 
 
 class _GivenBackOnClose:
     """A response body that gives its connection back to the stack when it is closed."""
 
     def __init__(self, stream: AsyncIterable[bytes], stack: ConnectionStack,
-                 connection: httpcore.AsyncHTTPConnection, key: _Key) -> None:
+                 connection: Http11Connection, key: _Key) -> None:
         self._stream, self._stack, self._connection, self._key = stream, stack, connection, key
         self._closed = False
 
@@ -530,5 +845,5 @@ async def server_sent_data(chunks: AsyncIterator[bytes]) -> AsyncGenerator[str, 
             await close()
 
 
-__all__ = ["KEEPALIVE_EXPIRY", "MAX_CONNECTIONS", "MAX_IDLE", "AsyncioBackend", "ConnectionStack", "EventStream",
+__all__ = ["KEEPALIVE_EXPIRY", "MAX_CONNECTIONS", "MAX_IDLE", "ConnectionStack", "EventStream", "Http11Connection",
            "StackTransport", "model_client", "server_sent_data"]
