@@ -489,7 +489,7 @@ def test_jixus_own_client_sends_concurrent_calls_over_its_connection_stack(opena
     openai_server.script(*[Completion(text=f"answer {i}", event_delay=0.02) for i in range(calls)])
     model = driver(openai_server)
     assert model._http is not None
-    transport = model._http._transport
+    transport = model._http.transport
     assert isinstance(transport, StackTransport)
 
     async def scenario() -> list[ModelResponse]:
@@ -539,7 +539,7 @@ def test_a_model_used_by_one_asyncio_run_after_another_answers_each_at_once(open
         assert complete(model).text == f"answer {i}"
         assert time.monotonic() - started < 3, f"call {i} waited"
     assert model._http is not None
-    transport = model._http._transport
+    transport = model._http.transport
     assert isinstance(transport, StackTransport) and transport.stack.connections == 1
     assert len(openai_server.requests) == 4
 

@@ -498,11 +498,49 @@ def test_bad_limits_are_refused_with_a_typed_error(option: str, value: Any) -> N
 def test_with_a_proxy_in_the_environment_the_client_is_httpxs_own(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
     proxied = model_client(5.0, {})
-    assert not isinstance(proxied._transport, StackTransport)
-    assert [mount for mount in proxied._mounts.values() if mount is not None], "httpx mounted the proxy"
+    assert proxied.transport is None and proxied.client is not None
+    assert [mount for mount in proxied.client._mounts.values() if mount is not None], "httpx mounted the proxy"
     monkeypatch.delenv("HTTPS_PROXY")
     direct = model_client(5.0, {})
-    assert isinstance(direct._transport, StackTransport) and not direct._mounts
+    assert isinstance(direct.transport, StackTransport) and direct.client is None
+
+
+@pytest.mark.parametrize("proxied", [False, True])
+def test_a_model_client_sends_what_httpxs_client_sends(monkeypatch: pytest.MonkeyPatch, proxied: bool) -> None:
+    # The same request line, headers (names, values, order) and body as httpx.AsyncClient with the same
+    # headers; with a proxy named (and bypassed for this host), through httpx's client itself.
+    if proxied:
+        monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+
+    async def scenario() -> None:
+        heads: list[bytes] = []
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(Exception):
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length:"))
+                    heads.append(head + await reader.readexactly(length))
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nset-cookie: lb=1\r\n\r\nok")
+                    await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions"
+        headers = {"Authorization": "Bearer k", "Content-Type": "application/json", "User-Agent": "jixu/test"}
+        ours = model_client(5.0, headers)
+        assert (ours.client is not None) is proxied
+        answer = await ours.post(url, b'{"a":1}')
+        assert (answer.status_code, answer.content, answer.request.url) == (200, b"ok", httpx.URL(url))
+        async with httpx.AsyncClient(headers=headers) as theirs:
+            await theirs.post(url, content=b'{"a":1}')
+        await ours.aclose()
+        server.close()
+        assert heads[0] == heads[1]
+
+    run(scenario)
 
 
 def stack_of(http: httpx.AsyncClient) -> ConnectionStack:

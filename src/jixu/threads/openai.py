@@ -39,7 +39,7 @@ import httpx
 
 from jixu.errors import InvalidInput, ModelError
 from jixu.ledger.encoding import JSONObject
-from jixu.threads.http import model_client, server_sent_data
+from jixu.threads.http import ModelClient, model_client, server_sent_data
 from jixu.threads.model import ModelRequest, ModelResponse, ToolCall, Usage
 from jixu.threads.pricing import PriceTable
 from jixu.threads.responses import (
@@ -272,7 +272,7 @@ class OpenAIModel(ProviderDriver):
         key = resolve_setting(api_key, os.environ, "OPENAI_API_KEY")
         url = resolve_setting(base_url, os.environ, "OPENAI_BASE_URL")
         super().__init__(model, api_key=key, prices=prices, stream=stream, name=name, on_signal=on_signal)
-        self._http: httpx.AsyncClient | None = None
+        self._http: ModelClient | None = None
         """jixu's own client for Chat Completions (None when a ``client`` was given, or for the Responses API)."""
         self._client: AsyncOpenAI | None = None
         """The SDK's client: the caller's own, or made for the Responses API (None for jixu's own chat calls)."""
@@ -365,7 +365,7 @@ class OpenAIModel(ProviderDriver):
         if self._http is None:  # the caller's own client
             completion: object = _wire(await self._sdk.chat.completions.create(**params))
         else:
-            response = await self._http.post(self.base_url + "chat/completions", content=_dumps(params).encode())
+            response = await self._http.post(self.base_url + "chat/completions", _dumps(params).encode())
             if response.status_code >= 400:
                 raise self._http_error(response) from None
             try:
@@ -547,8 +547,7 @@ class OpenAIModel(ProviderDriver):
                 await close_quietly(stream)
             return
         params["stream"] = True
-        async with self._http.stream("POST", self.base_url + "chat/completions",
-                                     content=_dumps(params).encode()) as response:
+        async with self._http.stream(self.base_url + "chat/completions", _dumps(params).encode()) as response:
             if response.status_code >= 400:
                 await response.aread()
                 raise self._http_error(response) from None
