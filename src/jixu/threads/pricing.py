@@ -232,9 +232,7 @@ def catalogue_cost(models: Sequence[str | None], *, provider: str, api_url: str 
     prices = catalogue()
     if prices is None:
         return None
-    usage = prices.Usage(input_tokens=input_tokens, output_tokens=output_tokens,
-                         cache_read_tokens=cached_tokens, cache_write_tokens=cache_write_tokens)
-    now = datetime.datetime.now(tz=datetime.UTC)
+    usage = now = None  # made for the first lookup that is not a known miss
     misses = _misses_of(prices.data_snapshot.get_snapshot())
     for model in models:
         if not model:
@@ -245,6 +243,10 @@ def catalogue_cost(models: Sequence[str | None], *, provider: str, api_url: str 
             (how, place), = where.items()
             if (model, how, place) in misses:
                 continue
+            if usage is None:
+                usage = prices.Usage(input_tokens=input_tokens, output_tokens=output_tokens,
+                                     cache_read_tokens=cached_tokens, cache_write_tokens=cache_write_tokens)
+                now = datetime.datetime.now(tz=datetime.UTC)
             try:
                 calculation = prices.calc_price(usage, model, genai_request_timestamp=now, **where)
             except LookupError as exc:
