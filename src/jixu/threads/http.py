@@ -775,6 +775,9 @@ class ModelClient:
         self._timeout = httpx.Timeout(timeout).as_dict()
         self._headers = httpx.Headers({"Accept": "*/*", "Accept-Encoding": "gzip, deflate", "Connection": "keep-alive",
                                        **headers})
+        self._raw_headers = self._headers.raw
+        self._urls: dict[str, tuple[httpx.URL, bytes]] = {}
+        """Each URL posted to, parsed once, and its ``Host`` header (parsing a URL was half a request's making)."""
         if urllib.request.getproxies():
             self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout), headers=self._headers,
                                             limits=httpx.Limits(max_connections=MAX_CONNECTIONS,
@@ -784,8 +787,17 @@ class ModelClient:
 
     async def send(self, url: str, body: bytes) -> httpx.Response:
         """POST ``body`` to ``url``: the response once its head arrived (read its body, then close it)."""
-        request = httpx.Request("POST", url, headers=self._headers, content=body,
-                                extensions={"timeout": self._timeout})
+        known = self._urls.get(url)
+        if known is None:
+            if len(self._urls) >= 64:
+                self._urls.clear()
+            parsed = httpx.URL(url)
+            known = self._urls[url] = (parsed, parsed.netloc)
+        # The headers httpx's request would get, in its order (Host first, Content-Length last), given whole so
+        # that it neither merges nor derives them again.
+        request = httpx.Request("POST", known[0], headers=[(b"Host", known[1]), *self._raw_headers,
+                                                          (b"Content-Length", b"%d" % len(body))],
+                                stream=httpx.ByteStream(body), extensions={"timeout": self._timeout})
         if self.transport is None:
             assert self.client is not None
             return await self.client.send(request, stream=True)
