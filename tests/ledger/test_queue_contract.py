@@ -305,6 +305,46 @@ def test_a_claim_asks_its_order_with_the_census_its_transaction_took(store: Stor
     assert dict(seen[0].last_claimed) == {"a": 1, "b": 2} and dict(seen[0].live) == {"a": 1, "b": 1}
 
 
+@pytest.mark.parametrize("count", [1, 5, 40])
+def test_claims_made_together_see_the_census_the_queue_gives_before_each(store: Store, count: int) -> None:
+    # The census is read once per transaction and kept true as each claim changes it: before every claim of
+    # a batch it must be what the queue's rows say at that point (each group's live claims and oldest
+    # claimable item, the latest claim numbers), and each claim takes its group's oldest item.
+    for i in range(12):
+        for group in ("a", "b", "c"):
+            store.enqueue(f"{group}/{i}", group)
+    store.enqueue("d/late", "d", ready_at=store.now() + 600)
+    first = claim(store, order=lambda census: ["b"])  # one live claim, and b's oldest moves on
+    assert first is not None
+    rows = {item.key: item for item in store.list_work()}
+
+    def fair(census: QueueCensus) -> list[str]:
+        # The group with the fewest live claims first, then the one served longest ago.
+        return sorted(census.oldest, key=lambda g: (census.live.get(g, 0), census.last_claimed.get(g, 0), g))
+
+    seen: list[QueueCensus] = []
+    batch = store.claim_works("w2", 30, lambda census: seen.append(census) or fair(census), count)
+    assert len(batch) == min(count, 35) and len(seen) == len(batch) + (count > 35)
+    # The census each claim should have seen, worked out from the rows listed before the batch.
+    # (list_work gives the rows in claim order: ready time, then enqueue position.)
+    waiting = {g: [r for r in rows.values() if r.group == g and r.key != first.key] for g in ("a", "b", "c")}
+    live = {"b": 1}
+    last = {"b": first.number}
+    positions: dict[str, int] = {}
+    for census, made in zip(seen, batch, strict=False):
+        oldest = {g: items[0].ready_at for g, items in waiting.items() if items}
+        assert (dict(census.live), {g: r for g, (r, _) in census.oldest.items()}, dict(census.last_claimed)) == (
+            live, oldest, last)
+        for group, (_ready, position) in census.oldest.items():
+            assert position >= positions.get(group, 0), "a group's oldest item only moves on"
+            positions[group] = position
+        assert made.group == fair(census)[0] and made.key == waiting[made.group][0].key
+        assert made.number == max(last.values()) + 1
+        waiting[made.group].pop(0)
+        live[made.group] = live.get(made.group, 0) + 1
+        last[made.group] = made.number
+
+
 def test_a_claim_takes_only_the_groups_its_order_names(store: Store) -> None:
     store.enqueue("a/0", "a")
     store.enqueue("b/0", "b")

@@ -29,8 +29,6 @@ from jixu.ledger.store import (
     claims_up_to,
     decide_append,
     group_of_meta,
-    groups_to_try,
-    next_claim_number,
     work_claim_of,
 )
 
@@ -247,10 +245,6 @@ class MemoryStore(Store):
 
     def _claim_works(self, owner: str, ttl: float, order: ClaimOrder, count: int) -> list[WorkClaim]:
         with self._lock:  # one "transaction": nothing else claims in between
-            return claims_up_to(count, lambda: self._claim_one(owner, ttl, order))
-
-    def _claim_one(self, owner: str, ttl: float, order: ClaimOrder) -> WorkClaim | None:
-        with self._lock:
             now = self.now()
             live: dict[str, int] = {}
             oldest: dict[str, tuple[float, int]] = {}
@@ -260,15 +254,19 @@ class MemoryStore(Store):
                 elif row.claimable(now):
                     here = (row.ready_at, row.position)
                     oldest[row.group] = min(oldest.get(row.group, here), here)
-            for group in groups_to_try(order, QueueCensus(live, oldest, dict(self._last_claimed))):
-                candidates = [r for r in self._work.values() if r.group == group and r.claimable(now)]
-                if candidates:
-                    chosen = min(candidates, key=lambda r: (r.ready_at, r.position))
-                    row = claimed_row(chosen, owner, ttl, now)
-                    self._work[row.key] = row
-                    number = self._last_claimed[group] = next_claim_number(self._last_claimed)
-                    return work_claim_of(row, number)
-            return None
+
+            def claim_from(group: str, number: int) -> tuple[WorkClaim, tuple[float, int] | None] | None:
+                candidates = sorted((r for r in self._work.values() if r.group == group and r.claimable(now)),
+                                    key=lambda r: (r.ready_at, r.position))
+                if not candidates:
+                    return None
+                row = claimed_row(candidates[0], owner, ttl, now)
+                self._work[row.key] = row
+                self._last_claimed[group] = number
+                after = (candidates[1].ready_at, candidates[1].position) if len(candidates) > 1 else None
+                return work_claim_of(row, number), after
+
+            return claims_up_to(count, QueueCensus(live, oldest, dict(self._last_claimed)), order, claim_from)
 
     def _list_work(self, group: str | None, status: str | None) -> tuple[list[WorkRow], float]:
         with self._lock:

@@ -101,9 +101,7 @@ from jixu.ledger.store import (
     claims_up_to,
     decide_append,
     each_change,
-    groups_to_try,
     judge_append,
-    next_claim_number,
     renewal_answers,
     work_claim_of,
 )
@@ -1345,8 +1343,8 @@ class PostgresStore(Store):
         raise StoreError(f"{self._where}: work item {key!r} kept changing; retry")
 
     def _claim_works(self, owner: str, ttl: float, order: ClaimOrder, count: int) -> list[WorkClaim]:
-        def claim(conn: _Conn) -> WorkClaim | None:
-            conn.execute(_WORK_LOCK_SQL)  # claimers take turns: the count below stays true until commit
+        def claim(conn: _Conn) -> list[WorkClaim]:
+            conn.execute(_WORK_LOCK_SQL)  # claimers take turns: the census below stays true until commit
             now = self._clock(conn)[0]
             live = {str(g): int(n) for g, n in conn.execute(
                 "SELECT project, count(*) FROM jixu_work WHERE status = 'claimed' AND expires_at > %s "
@@ -1356,25 +1354,30 @@ class PostgresStore(Store):
                 "ORDER BY project, ready_at, position", {"now": now}).fetchall()}
             served = {str(g): int(n) for g, n in conn.execute(
                 "SELECT project, last_claim FROM jixu_work_projects").fetchall()}
-            for group in groups_to_try(order, QueueCensus(live, oldest, served)):
+
+            def claim_from(group: str, number: int) -> tuple[WorkClaim, tuple[float, int] | None] | None:
                 # SKIP LOCKED: pass over an item a finisher or enqueuer holds right now.
                 found = conn.execute(
                     f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE project = %(group)s AND {_CLAIMABLE} "
                     "ORDER BY ready_at, position LIMIT 1 FOR UPDATE SKIP LOCKED",
                     {"group": group, "now": now}).fetchone()
-                if found:
-                    number = next_claim_number(served)
-                    row = claimed_row(self._work_row(found), owner, ttl, now)
-                    self._update_work(conn, row)
-                    conn.execute("INSERT INTO jixu_work_projects (project, last_claim, last_claimed_at, claims) "
-                                 "VALUES (%s, %s, %s, 1) ON CONFLICT (project) DO UPDATE SET "
-                                 "last_claim = excluded.last_claim, last_claimed_at = excluded.last_claimed_at, "
-                                 "claims = jixu_work_projects.claims + 1",
-                                 (group, number, now))
-                    return work_claim_of(row, number)
-            return None
+                if not found:
+                    return None
+                row = claimed_row(self._work_row(found), owner, ttl, now)
+                self._update_work(conn, row)
+                conn.execute("INSERT INTO jixu_work_projects (project, last_claim, last_claimed_at, claims) "
+                             "VALUES (%s, %s, %s, 1) ON CONFLICT (project) DO UPDATE SET "
+                             "last_claim = excluded.last_claim, last_claimed_at = excluded.last_claimed_at, "
+                             "claims = jixu_work_projects.claims + 1",
+                             (group, number, now))
+                after = conn.execute(
+                    f"SELECT ready_at, position FROM jixu_work WHERE project = %(group)s AND {_CLAIMABLE} "
+                    "ORDER BY ready_at, position LIMIT 1", {"group": group, "now": now}).fetchone()
+                return work_claim_of(row, number), (float(after[0]), int(after[1])) if after else None
 
-        return self._run(lambda conn: claims_up_to(count, lambda: claim(conn)), write=True, transaction=True)
+            return claims_up_to(count, QueueCensus(live, oldest, served), order, claim_from)
+
+        return self._run(claim, write=True, transaction=True)
 
     def _list_work(self, group: str | None, status: str | None) -> tuple[list[WorkRow], float]:
         def read(conn: _Conn) -> tuple[list[WorkRow], float]:

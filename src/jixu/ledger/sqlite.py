@@ -89,8 +89,6 @@ from jixu.ledger.store import (
     decide_append,
     each_change,
     group_of_meta,
-    groups_to_try,
-    next_claim_number,
     renewal_answers,
     work_claim_of,
 )
@@ -1053,7 +1051,7 @@ class SQLiteStore(Store):
         return request.rows
 
     def _claim_works(self, owner: str, ttl: float, order: ClaimOrder, count: int) -> list[WorkClaim]:
-        def claim(conn: sqlite3.Connection) -> WorkClaim | None:
+        def claim(conn: sqlite3.Connection) -> list[WorkClaim]:
             # BEGIN IMMEDIATE: no other writer (claimer, renewer, finisher) runs until this commits.
             now = float(conn.execute(_NOW_SQL).fetchone()[0])
             live = {str(g): int(n) for g, n in conn.execute(
@@ -1064,20 +1062,24 @@ class SQLiteStore(Store):
                 f"(PARTITION BY project ORDER BY ready_at, position) AS rank FROM jixu_work WHERE {_CLAIMABLE}) "
                 "WHERE rank = 1", {"now": now})}
             served = {str(g): int(n) for g, n in conn.execute("SELECT project, last_claim FROM jixu_work_projects")}
-            for group in groups_to_try(order, QueueCensus(live, oldest, served)):
+
+            def claim_from(group: str, number: int) -> tuple[WorkClaim, tuple[float, int] | None] | None:
+                # The group's two oldest claimable items: the first is claimed, the second is the group's next.
                 found = conn.execute(
                     f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE project = :group AND {_CLAIMABLE} "
-                    "ORDER BY ready_at, position LIMIT 1", {"group": group, "now": now}).fetchone()
-                if found:
-                    number = next_claim_number(served)
-                    row = self._put_work(conn, claimed_row(self._work_row(found), owner, ttl, now), new=False)
-                    conn.execute("INSERT INTO jixu_work_projects VALUES (?, ?, ?, 1) ON CONFLICT (project) DO UPDATE "
-                                 "SET last_claim = excluded.last_claim, last_claimed_at = excluded.last_claimed_at, "
-                                 "claims = claims + 1", (group, number, now))
-                    return work_claim_of(row, number)
-            return None
+                    "ORDER BY ready_at, position LIMIT 2", {"group": group, "now": now}).fetchall()
+                if not found:
+                    return None
+                row = self._put_work(conn, claimed_row(self._work_row(found[0]), owner, ttl, now), new=False)
+                conn.execute("INSERT INTO jixu_work_projects VALUES (?, ?, ?, 1) ON CONFLICT (project) DO UPDATE "
+                             "SET last_claim = excluded.last_claim, last_claimed_at = excluded.last_claimed_at, "
+                             "claims = claims + 1", (group, number, now))
+                after = self._work_row(found[1]) if len(found) > 1 else None
+                return work_claim_of(row, number), (after.ready_at, after.position) if after else None
 
-        return self._write(lambda conn: claims_up_to(count, lambda: claim(conn)))
+            return claims_up_to(count, QueueCensus(live, oldest, served), order, claim_from)
+
+        return self._write(claim)
 
     def _list_work(self, group: str | None, status: str | None) -> tuple[list[WorkRow], float]:
         def read(conn: sqlite3.Connection) -> tuple[list[WorkRow], float]:

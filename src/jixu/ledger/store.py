@@ -666,11 +666,41 @@ def _take_with(take: LeaseTake, current: Lease | None, now: float) -> Lease:
     return taken_over_lease(current, take.key, take.owner, now, take.ttl, take.expected_epoch, take.require_expired)
 
 
-def claims_up_to(count: int, claim_one: Callable[[], WorkClaim | None]) -> list[WorkClaim]:
-    """``claim_one()`` again until it claims nothing or ``count`` claims are made (inside one transaction)."""
+ClaimFrom = Callable[[str, int], "tuple[WorkClaim, tuple[float, int] | None] | None"]
+"""A backend's claim of a group's oldest claimable item, numbered as given: the claim and the group's next
+oldest claimable item as ``(ready_at, position)`` (None: none left); None when it found none to claim."""
+
+
+def claims_up_to(count: int, census: QueueCensus, order: ClaimOrder, claim_from: ClaimFrom) -> list[WorkClaim]:
+    """Up to ``count`` claims inside one transaction, each from the group ``order`` puts first for the queue as
+    the claims before it left it.
+
+    The census is read once per transaction and kept true here as each claim changes it (the claimed group has
+    one live claim more, its next oldest item, the latest claim number), instead of being counted again from
+    every row of the queue for each claim: that made a claim cost O(queue) and a batch of 16 at 500 queued
+    items ~20 ms under the write lock. A group ``claim_from`` finds nothing in (another transaction holds its
+    items) is passed over for the rest of this one.
+    """
     claims: list[WorkClaim] = []
-    while len(claims) < count and (claimed := claim_one()) is not None:
-        claims.append(claimed)
+    while len(claims) < count:
+        for group in groups_to_try(order, census):
+            made = claim_from(group, next_claim_number(census.last_claimed))
+            oldest = dict(census.oldest)
+            if made is None:
+                del oldest[group]
+                census = QueueCensus(census.live, oldest, census.last_claimed)
+                continue
+            claim, next_oldest = made
+            if next_oldest is None:
+                del oldest[group]
+            else:
+                oldest[group] = next_oldest
+            census = QueueCensus({**census.live, group: census.live.get(group, 0) + 1}, oldest,
+                                 {**census.last_claimed, group: claim.number})
+            claims.append(claim)
+            break
+        else:
+            return claims
     return claims
 
 
