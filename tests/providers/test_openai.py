@@ -707,3 +707,19 @@ def test_no_reasoning_means_no_reasoning_field_is_sent(openai_server: FakeOpenAI
                     {"role": "tool", "tool_call_id": "c1", "name": "add", "content": "1", "status": "ok"}]
     complete(driver(openai_server), messages=conversation, tools=[ADD_SPEC])
     assert set(openai_server.bodies[0]["messages"][2]) == {"role", "content", "tool_calls"}
+
+
+def test_jixus_own_chat_client_does_not_import_the_sdk_but_requires_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Importing the SDK is ~0.5 s of a worker's start, for chat calls that never use it; it must still be
+    # installed (the Responses API and given clients use it), and its absence is a typed error.
+    import subprocess
+    import sys
+
+    probe = ("import sys; from jixu.threads.openai import OpenAIModel; OpenAIModel('m', api_key='k'); "
+             "print('openai' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
+    monkeypatch.setitem(sys.modules, "openai", None)  # as if it were not installed
+    with pytest.raises(InvalidInput) as refused:
+        OpenAIModel("m", api_key="k")
+    assert "openai package" in str(refused.value)

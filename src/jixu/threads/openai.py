@@ -27,6 +27,7 @@ through the SDK.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import math
 import os
@@ -248,11 +249,11 @@ class OpenAIModel(ProviderDriver):
                  name: str | None = None, on_signal: SignalCallback | None = None,
                  max_tokens_parameter: str | None = None, reasoning_effort: str | None = None,
                  api: str = "chat", store: bool = False, reasoning_summary: str | None = None) -> None:
-        try:
-            import openai
-        except ImportError as error:
+        # jixu's own chat calls never use the SDK: it is only looked for (importing it costs ~0.5 s of a
+        # worker's start); a given client and the Responses API need it imported.
+        if importlib.util.find_spec("openai") is None:
             raise InvalidInput(f"OpenAIModel needs the openai package, which is not installed: {EXTRA_HINT}",
-                               extra="openai") from error
+                               extra="openai")
         check_number(timeout, "timeout", allow_none=False)
         check_number(max_tokens, "max_tokens", integer=True)
         check_number(temperature, "temperature", minimum=0.0, exclusive=False)
@@ -277,6 +278,8 @@ class OpenAIModel(ProviderDriver):
         self._client: AsyncOpenAI | None = None
         """The SDK's client: the caller's own, or made for the Responses API (None for jixu's own chat calls)."""
         if client is not None:
+            import openai
+
             if not isinstance(client, openai.AsyncOpenAI):
                 raise InvalidInput("client must be an openai.AsyncOpenAI", field="client")
             self._client = client.with_options(max_retries=0, timeout=timeout)
@@ -289,6 +292,8 @@ class OpenAIModel(ProviderDriver):
             if api == "chat":
                 self._http = model_client(timeout, _headers(key or PLACEHOLDER_KEY, os.environ))
             else:
+                import openai
+
                 self._client = openai.AsyncOpenAI(api_key=key or PLACEHOLDER_KEY, base_url=self.base_url,
                                                   timeout=timeout, max_retries=0)
         if api == "responses" and not hasattr(self._sdk, "responses"):
@@ -605,10 +610,12 @@ class OpenAIModel(ProviderDriver):
 
     def _translate(self, error: Exception) -> ModelError:
         """Any failure of a call as a :class:`ModelError` (see the module's error table)."""
-        import openai
-
         if isinstance(error, ModelError):
             return error
+        if self._client is None:  # jixu's own client: no SDK exception can arise (nor is the SDK imported)
+            return self._unexpected(error)
+        import openai
+
         if isinstance(error, openai.APIStatusError):
             headers = cast("Mapping[str, str]", error.response.headers)
             body: object = error.body
