@@ -387,6 +387,23 @@ def test_a_request_body_without_a_length_goes_chunked() -> None:
     run(scenario)
 
 
+@pytest.mark.parametrize(("connection", "reused"), [("close", False), ("keep-alive, Close", False),
+                                                   ("keep-alive", True), ("x-closeish", True)])
+def test_a_request_saying_connection_close_is_not_reused_as_with_httpxs_transport(connection: str,
+                                                                                    reused: bool) -> None:
+    async def connections(transport: httpx.AsyncBaseTransport) -> int:
+        async with Server() as server, client(transport) as http:
+            for _ in range(2):
+                assert (await http.get(server.url, headers={"Connection": connection})).content == b"ok"
+            return server.connections
+
+    async def scenario() -> None:
+        ours = await connections(StackTransport())
+        assert ours == await connections(httpx.AsyncHTTPTransport()) == (1 if reused else 2)
+
+    run(scenario)
+
+
 def test_a_header_that_cannot_be_sent_is_refused_before_anything_is_sent() -> None:
     async def scenario() -> None:
         async with Server() as server, client() as http:

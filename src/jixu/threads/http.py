@@ -128,7 +128,7 @@ class ConnectionStack:
             while stack:
                 connection = stack.pop()
                 self._idle_count -= 1
-                if connection.is_available() and not connection.has_expired():
+                if connection.is_idle() and not connection.has_expired():
                     return connection
                 await self._close(connection)  # the server closed it, or it expired
             loop = key[0]
@@ -300,12 +300,8 @@ class Http11Connection:
         self._state: Literal["new", "active", "idle", "closed"] = "new"
         self._expire_at = 0.0
 
-    def is_available(self) -> bool:
-        """Whether a request may be sent on it now (idle; a new connection is its first request's)."""
-        return self._state == "idle"
-
     def is_idle(self) -> bool:
-        """Connected and carrying no request."""
+        """Connected and carrying no request (a new connection is its first request's, never idle before)."""
         return self._state == "idle"
 
     def is_closed(self) -> bool:
@@ -371,7 +367,8 @@ class Http11Connection:
             headers, framing, keep_alive = _response_rules(
                 received, version, no_body=request.method == b"HEAD" or status < 200 or status in (204, 304))
             body = _Body(self, framing, read_timeout,
-                         reusable=keep_alive and status != 101 and not _says_close(request.headers))
+                         reusable=keep_alive and status != 101
+                         and not any(n.lower() == b"connection" and _says_close(v) for n, v in request.headers))
         except BaseException:
             self._close()
             raise
@@ -428,10 +425,8 @@ class Http11Connection:
         assert protocol is not None
         if not protocol.buffer and not protocol.ended:
             await self._until("readable", timeout, httpcore.ReadTimeout("timed out reading the response"))
-        if protocol.buffer:
-            return protocol.buffer
-        if protocol.lost is not None:
-            raise httpcore.ReadError(str(protocol.lost) or type(protocol.lost).__name__) from protocol.lost
+        if not protocol.buffer and protocol.lost is not None:
+            raise self._cut("message") from protocol.lost
         return protocol.buffer
 
     def _taken(self, count: int) -> bytes:
@@ -445,6 +440,16 @@ class Http11Connection:
             protocol.reading_paused = False
             self._transport.resume_reading()
         return data
+
+    async def _counted(self, count: int, timeout: float | None, what: str) -> AsyncIterator[bytes]:
+        """The next ``count`` received bytes, as they arrive."""
+        while count:
+            buffer = await self._received(timeout)
+            if not buffer:
+                raise self._cut(f"{what}: {count} bytes missing")
+            part = self._taken(min(count, len(buffer)))
+            count -= len(part)
+            yield part
 
     async def _line(self, timeout: float | None, limit: int, what: str) -> bytes:
         """The next received line (without its CRLF or LF), at most ``limit`` bytes."""
@@ -514,7 +519,7 @@ class Http11Connection:
         """The error of a connection that ended inside ``what``: broken (``ReadError``) or closed early."""
         protocol = self._protocol
         assert protocol is not None
-        if protocol.lost is not None:
+        if protocol.lost is not None:  # broken, not closed: a socket error ended it
             return httpcore.ReadError(str(protocol.lost) or type(protocol.lost).__name__)
         return httpcore.RemoteProtocolError(f"peer closed connection without sending complete {what}")
 
@@ -596,7 +601,7 @@ def _response_rules(received: list[tuple[bytes, bytes]], version: bytes, *,
             chunked = True
             headers.append((name, b"chunked"))
             continue
-        if lower == b"connection" and b"close" in (token.strip().lower() for token in value.split(b",")):
+        if lower == b"connection" and _says_close(value):
             close = True
         headers.append((name, value))
     keep_alive = not close and version >= b"1.1"
@@ -623,15 +628,10 @@ class _Body:
         if self._whole or self._closed:
             return
         connection, timeout = self._connection, self._timeout
-        kind, left = self._framing
+        kind, length = self._framing
         try:
             if kind == "length":
-                while left:
-                    buffer = await connection._received(timeout)
-                    if not buffer:
-                        raise connection._cut(f"message body: {left} bytes missing")
-                    part = connection._taken(min(left, len(buffer)))
-                    left -= len(part)
+                async for part in connection._counted(length, timeout, "message body"):
                     yield part
             elif kind == "chunked":
                 while True:
@@ -639,15 +639,10 @@ class _Body:
                     size_text = size_line.split(b";", 1)[0].strip(b" \t")
                     if not _HEX.fullmatch(size_text):
                         raise httpcore.RemoteProtocolError(f"not a chunk size: {size_line[:100]!r}")
-                    left = int(size_text, 16)
-                    if not left:
+                    size = int(size_text, 16)
+                    if not size:
                         break
-                    while left:
-                        buffer = await connection._received(timeout)
-                        if not buffer:
-                            raise connection._cut("message body: a chunk cut short")
-                        part = connection._taken(min(left, len(buffer)))
-                        left -= len(part)
+                    async for part in connection._counted(size, timeout, "message body: a chunk"):
                         yield part
                     if await connection._line(timeout, 2, "chunk") != b"":
                         raise httpcore.RemoteProtocolError("a chunk is longer than its size")
@@ -688,8 +683,9 @@ def _request_head(request: httpcore.Request) -> tuple[bytes, bool]:
     return b"".join(lines), chunked
 
 
-def _says_close(headers: list[tuple[bytes, bytes]]) -> bool:
-    return any(n.lower() == b"connection" and b"close" in v.lower() for n, v in headers)
+def _says_close(connection: bytes) -> bool:
+    """Whether a ``Connection`` header's value names ``close`` among its tokens."""
+    return b"close" in (token.strip().lower() for token in connection.split(b","))
 
 
 _EXTRA = {"ssl_object": "ssl_object", "client_addr": "sockname", "server_addr": "peername", "socket": "socket"}
@@ -773,14 +769,13 @@ class ModelClient:
         self.client: httpx.AsyncClient | None = None
         """httpx's client with the environment's proxies applied (None without a proxy)."""
         self._timeout = httpx.Timeout(timeout).as_dict()
-        self._headers = httpx.Headers({"Accept": "*/*", "Accept-Encoding": "gzip, deflate", "Connection": "keep-alive",
-                                       **headers})
-        self._raw_headers = self._headers.raw
+        self._raw_headers = httpx.Headers({"Accept": "*/*", "Accept-Encoding": "gzip, deflate",
+                                           "Connection": "keep-alive", **headers}).raw
         self._urls: dict[str, tuple[httpx.URL, bytes]] = {}
         """Each URL posted to, parsed once, and its ``Host`` header (parsing a URL was half a request's making)."""
         if urllib.request.getproxies():
-            self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout), headers=self._headers,
-                                            limits=httpx.Limits(max_connections=MAX_CONNECTIONS,
+            # Only its proxies and limits count: send() takes each request with its headers and timeout.
+            self.client = httpx.AsyncClient(limits=httpx.Limits(max_connections=MAX_CONNECTIONS,
                                                                 max_keepalive_connections=MAX_IDLE))
         else:
             self.transport = StackTransport()

@@ -237,10 +237,9 @@ def catalogue_cost(models: Sequence[str | None], *, provider: str, api_url: str 
     for model in models:
         if not model:
             continue
-        attempts: list[dict[str, str]] = [{"provider_api_url": api_url}] if api_url else []
-        attempts.append({"provider_id": provider})
-        for where in attempts:
-            (how, place), = where.items()
+        attempts = [("provider_api_url", api_url)] if api_url else []
+        attempts.append(("provider_id", provider))
+        for how, place in attempts:
             if (model, how, place) in misses:
                 continue
             if usage is None:
@@ -248,7 +247,7 @@ def catalogue_cost(models: Sequence[str | None], *, provider: str, api_url: str 
                                      cache_read_tokens=cached_tokens, cache_write_tokens=cache_write_tokens)
                 now = datetime.datetime.now(tz=datetime.UTC)
             try:
-                calculation = prices.calc_price(usage, model, genai_request_timestamp=now, **where)
+                calculation = prices.calc_price(usage, model, genai_request_timestamp=now, **{how: place})
             except LookupError as exc:
                 if type(exc) is LookupError:  # "no such model or provider" (not a KeyError of a pricing bug)
                     misses.add((model, how, place))
