@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = ["tests/recovery/test_decide_effect.py", "tests/recovery/test_resolver_properties.py",
           "tests/threads/test_compact_checkpoint.py", "tests/ledger/test_group_commit_batched.py",
-          "tests/threads/test_crash.py"]
+          "tests/threads/test_http.py", "tests/threads/test_crash.py"]
 
 
 def main() -> int:

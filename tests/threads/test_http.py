@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import ssl
-from collections.abc import AsyncIterator, Callable
+import string
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import httpx
 import pytest
 import trustme
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from jixu.errors import InvalidInput
 from jixu.threads.http import ConnectionStack, EventStream, StackTransport, model_client, server_sent_data
+from tests.helpers import examples
 
 
 class Server:
@@ -258,6 +263,8 @@ def test_failures_read_as_with_httpxs_own_transport(failure: str) -> None:
     run(scenario)
 
 
+_CHUNKED = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+
 ANSWERS = {
     # name: (the bytes a server answers each request with, whether it then closes the connection)
     "length": (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", False),
@@ -299,14 +306,37 @@ ANSWERS = {
     "utf-8 value": ("HTTP/1.1 200 OK\r\nx-a: caf\u00e9\r\ncontent-length: 2\r\n\r\nok".encode(), False),
     "tabs around a value": (b"HTTP/1.1 200 OK\r\nx-a:\tv\t\r\ncontent-length: 2\r\n\r\nok", False),
     "blank line first": (b"\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", False),
+    "space before a chunk size": (_CHUNKED + b" 2\r\nok\r\n0\r\n\r\n", False),
+    "space after a chunk size": (_CHUNKED + b"2 \r\nok\r\n0\r\n\r\n", False),
+    "space before a chunk extension": (_CHUNKED + b"2 ;x=1\r\nok\r\n0\r\n\r\n", False),
+    "tab before a chunk extension": (_CHUNKED + b"2\t;x\r\nok\r\n0\r\n\r\n", False),
+    "empty chunk extension": (_CHUNKED + b"2;\r\nok\r\n0;x=1\r\n\r\n", False),
+    "quoted chunk extension": (_CHUNKED + b'2;a="b;c"\r\nok\r\n0\r\n\r\n', False),
+    "chunk size of 20 digits": (_CHUNKED + b"00000000000000000002\r\nok\r\n0\r\n\r\n", False),
+    "chunk size of 21 digits": (_CHUNKED + b"000000000000000000002\r\nok\r\n0\r\n\r\n", False),
+    "chunk size 0x": (_CHUNKED + b"0x2\r\nok\r\n0\r\n\r\n", False),
+    "empty chunk size": (_CHUNKED + b"\r\nok\r\n0\r\n\r\n", False),
+    "lf after chunk data": (_CHUNKED + b"2\r\nok\n0\r\n\r\n", False),
+    "cr only after a chunk size": (_CHUNKED + b"2\rok\r\n0\r\n\r\n", False),
+    "trailers": (_CHUNKED + b"2\r\nok\r\n0\r\nx-a: 1\r\nx-b:2\r\n\r\n", False),
+    "trailer ending with lf": (_CHUNKED + b"2\r\nok\r\n0\r\nx-a: 1\n\r\n", False),
+    "folded trailer": (_CHUNKED + b"2\r\nok\r\n0\r\nx-a: 1\r\n 2\r\n\r\n", False),
+    "malformed trailer": (_CHUNKED + b"2\r\nok\r\n0\r\nnot a field\r\n\r\n", False),
+    "trailer with a control character": (_CHUNKED + b"2\r\nok\r\n0\r\nx-a: \x01\r\n\r\n", False),
+    "no blank line after the last chunk": (_CHUNKED + b"2\r\nok\r\n0\r\n", True),
 }
 
 
 async def answered(transport: httpx.AsyncBaseTransport, answer: bytes, close: bool,
-                   requests: int = 2) -> tuple[list[Any], int]:
+                   requests: int = 2, cuts: Sequence[int] = ()) -> tuple[list[Any], int]:
     """What a client reads of ``requests`` GETs a server answers with ``answer``: each response's status,
-    reason, version, headers and body, or the name of its error; and how many connections it opened."""
+    reason, version, headers and body, or the name of its error; and how many connections it opened.
+
+    The server sends ``answer`` in pieces cut at ``cuts`` (offsets), pausing after each piece so that the
+    client reads it on its own."""
     connections = 0
+    bounds = [0, *cuts, len(answer)]
+    pieces = [answer[start:end] for start, end in itertools.pairwise(bounds)]
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal connections
@@ -314,8 +344,11 @@ async def answered(transport: httpx.AsyncBaseTransport, answer: bytes, close: bo
         with contextlib.suppress(Exception):
             while True:
                 await reader.readuntil(b"\r\n\r\n")
-                writer.write(answer)
-                await writer.drain()
+                for number, piece in enumerate(pieces):
+                    if number:
+                        await asyncio.sleep(0.002)
+                    writer.write(piece)
+                    await writer.drain()
                 if close:
                     break
         writer.close()
@@ -346,6 +379,80 @@ def test_answers_read_as_with_httpxs_own_transport(name: str) -> None:
         ours = await answered(StackTransport(), answer, close)
         theirs = await answered(httpx.AsyncHTTPTransport(), answer, close)
         assert ours == theirs
+
+    run(scenario)
+
+
+_TOKEN = st.text(alphabet=string.ascii_letters + string.digits + "-", min_size=1, max_size=10)
+_VALUE = st.text(alphabet=string.ascii_letters + string.digits + " -_.,;=/\t", max_size=16)
+_FRAMING_HEADERS = {"content-length", "transfer-encoding", "connection"}
+
+
+@st.composite
+def framed_answers(draw: st.DrawFn) -> tuple[bytes, bool]:
+    """A well-formed HTTP/1.x answer (interim answers, any header case, length, chunked or until the end,
+    chunk extensions and trailers, CRLF or LF line ends) and whether the server closes after it."""
+    end = draw(st.sampled_from([b"\r\n", b"\r\n", b"\n"]))
+    version = draw(st.sampled_from([b"HTTP/1.1", b"HTTP/1.1", b"HTTP/1.0"]))
+    status = draw(st.sampled_from([200, 201, 204, 304, 400, 404, 429, 500, 503]))
+    reason = draw(st.sampled_from([b"", b" ", b" OK", b" Too Many Requests"]))
+    framing = draw(st.sampled_from(["length", "chunked", "until the end"]))
+    body = b"" if status in (204, 304) else draw(st.binary(max_size=200))
+    headers = [(name, value) for name, value in draw(st.lists(st.tuples(_TOKEN, _VALUE), max_size=4))
+               if name.lower() not in _FRAMING_HEADERS]
+    def cased(name: str) -> bytes:
+        return draw(st.sampled_from([name, name.upper(), name.title()])).encode()
+    if framing == "length":
+        headers.append((cased("content-length").decode(), str(len(body))))
+        payload = body
+    elif framing == "chunked":
+        headers.append((cased("transfer-encoding").decode(), draw(st.sampled_from(["chunked", "Chunked"]))))
+        cuts = sorted(set(draw(st.lists(st.integers(1, max(1, len(body) - 1)), max_size=4)))) if body else []
+        parts = [body[start:stop] for start, stop in itertools.pairwise([0, *cuts, len(body)]) if stop > start]
+        payload = b""  # its lines end with CRLF whatever the head's do (a bare LF is refused, tested apart)
+        for part in parts:
+            size = b"%x" % len(part)
+            payload += (size.upper() if draw(st.booleans()) else size) + draw(st.sampled_from([b"", b";x=1"])) \
+                + b"\r\n" + part + b"\r\n"
+        trailers = draw(st.lists(st.tuples(_TOKEN, _VALUE), max_size=2))
+        payload += b"0\r\n" + b"".join(f"{name}: {value}".encode() + end for name, value in trailers) + end
+    else:
+        payload = body
+    if status in (204, 304):
+        payload = b""  # no body whatever the head says: bytes after one are never an answer (tested apart)
+    interim = draw(st.sampled_from([b"", b"HTTP/1.1 100 Continue" + end + end]))
+    head = interim + version + b" %d" % status + reason + end
+    head += b"".join(cased(name.lower()) + b":" + draw(st.sampled_from([b" ", b"", b"\t"])) + value.encode() + end
+                     for name, value in headers)
+    return head + end + payload, framing == "until the end" and status not in (204, 304)
+
+
+@given(answer=framed_answers(), data=st.data())
+@settings(max_examples=examples(60), suppress_health_check=[HealthCheck.too_slow])
+def test_answers_in_any_pieces_read_as_with_httpxs_own_transport(answer: tuple[bytes, bool],
+                                                                 data: st.DataObject) -> None:
+    # However an answer is framed and however the network cuts it into reads (a cut inside a line ending,
+    # a chunk size, a header), the same responses over as many connections as httpx's transport reads.
+    text, close = answer
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, len(text) - 1), max_size=6))))
+
+    async def scenario() -> None:
+        ours = await answered(StackTransport(), text, close, cuts=cuts)
+        theirs = await answered(httpx.AsyncHTTPTransport(), text, close, cuts=cuts)
+        assert ours == theirs
+
+    run(scenario)
+
+
+def test_a_chunked_body_with_bare_lf_line_ends_is_refused_at_once() -> None:
+    # Chunked framing's lines end with CRLF. httpx's transport waits for one until its read times out;
+    # here the answer is a protocol error as soon as the LF arrives.
+    async def scenario() -> None:
+        started = asyncio.get_running_loop().time()
+        seen, _connections = await answered(StackTransport(), _CHUNKED.replace(b"\r\n\r\n", b"\n\n")
+                                            + b"2\nok\n0\n\n", False)
+        assert seen == ["RemoteProtocolError", "RemoteProtocolError"]
+        assert asyncio.get_running_loop().time() - started < 1.0, "refused without waiting for the timeout (2 s)"
 
     run(scenario)
 

@@ -223,7 +223,8 @@ class ConnectionStack:
 
 
 class _Receiving(asyncio.Protocol):
-    """A connection's asyncio protocol: received bytes buffered for :class:`_AsyncioStream`, flow control both ways."""
+    """A connection's asyncio protocol: received bytes buffered for :class:`Http11Connection`, flow control both
+    ways."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -452,14 +453,21 @@ class Http11Connection:
             yield part
 
     async def _line(self, timeout: float | None, limit: int, what: str) -> bytes:
-        """The next received line (without its CRLF or LF), at most ``limit`` bytes."""
+        """The next received line of a chunked body (without its CRLF), at most ``limit`` bytes.
+
+        Chunked framing ends its lines with CRLF only: a bare LF is refused at once (h11 waits for a CRLF
+        until the read times out; a lone LF where CRLF belongs is how a body's framing is made to disagree
+        between two readers).
+        """
         start = 0
         while True:
             buffer = await self._received(timeout)
             end = buffer.find(b"\n", start)
             if end >= 0:
                 line = self._taken(end + 1)[:-1]
-                return line[:-1] if line.endswith(b"\r") else line
+                if not line.endswith(b"\r"):
+                    raise httpcore.RemoteProtocolError(f"the server's {what} does not end with CRLF")
+                return line[:-1]
             if not buffer or self._ended():
                 raise self._cut(what)
             if len(buffer) > limit:
@@ -475,40 +483,43 @@ class Http11Connection:
         buffer = await self._received(timeout)
         if not buffer:
             raise httpcore.RemoteProtocolError("Server disconnected without sending a response.")
-        start = 0
-        while True:  # the whole head first: its end is a blank line (CRLF or LF)
-            found = _BLANK_LINE.search(buffer, max(0, start - 3))
-            if found is not None:
-                break
-            if len(buffer) > _MAX_HEAD:
-                raise httpcore.RemoteProtocolError(f"the response's head is longer than {_MAX_HEAD} bytes")
-            start = len(buffer)
-            if protocol.ended:
-                raise self._cut("message head")
-            await self._received_more(timeout)
-            buffer = protocol.buffer
-        lines = self._taken(found.end()).split(b"\n")[:-2]
+        lines = await self._section(timeout, "message head")
         status_line = lines[0].rstrip(b"\r")
         parsed = _STATUS_LINE.fullmatch(status_line)
         if parsed is None:
             raise httpcore.RemoteProtocolError(f"not an HTTP status line: {status_line[:100]!r}")
-        headers: list[tuple[bytes, bytes]] = []
-        for raw in lines[1:]:
-            line = raw.rstrip(b"\r")
-            if line[:1] in (b" ", b"\t"):  # an obsolete line folding: the previous value goes on
-                if not headers:
-                    raise httpcore.RemoteProtocolError("the response's head begins with a continuation line")
-                name, value = headers[-1]
-                headers[-1] = (name, (value + b" " + line.strip(b" \t")).strip(b" \t"))
-                continue
-            name, colon, value = line.partition(b":")
-            if not colon or not _TOKEN.fullmatch(name):
-                raise httpcore.RemoteProtocolError(f"not a header line: {line[:100]!r}")
-            headers.append((name, value.strip(b" \t")))
-        for name, value in headers:
-            if _BAD_VALUE.search(value):
-                raise httpcore.RemoteProtocolError(f"an illegal value of the {name.decode()} header")
-        return int(parsed.group(2)), parsed.group(3) or b"", parsed.group(1), headers
+        return int(parsed.group(2)), parsed.group(3) or b"", parsed.group(1), _fields(lines[1:])
+
+    async def _section(self, timeout: float | None, what: str) -> list[bytes]:
+        """The lines of a head or a trailer section up to the blank line (CRLF or LF) that ends it, each
+        without its LF (a CR before it is kept)."""
+        protocol = self._protocol
+        assert protocol is not None
+        buffer = protocol.buffer
+        start = 0
+        while True:
+            found = _BLANK_LINE.search(buffer, max(0, start - 3))
+            if found is not None:
+                break
+            if len(buffer) > _MAX_HEAD:
+                raise httpcore.RemoteProtocolError(f"the response's {what} is longer than {_MAX_HEAD} bytes")
+            start = len(buffer)
+            if protocol.ended:
+                raise self._cut(what)
+            await self._received_more(timeout)
+            buffer = protocol.buffer
+        return self._taken(found.end()).split(b"\n")[:-2]
+
+    async def _trailers(self, timeout: float | None) -> None:
+        """Read a chunked body's trailer section (its fields checked as a head's, then dropped: nothing here
+        uses trailers)."""
+        buffer = await self._received(timeout)
+        while len(buffer) < 2 and buffer[:1] == b"\r" and not self._ended():  # a CRLF cut after its CR
+            await self._received_more(timeout)
+        if buffer[:1] == b"\n" or buffer[:2] == b"\r\n":  # no trailers: the blank line at once
+            self._taken(1 if buffer[:1] == b"\n" else 2)
+            return
+        _fields(await self._section(timeout, "trailer section"))
 
     def _ended(self) -> bool:
         protocol = self._protocol
@@ -571,6 +582,28 @@ def _socket_readable(sock: socket.socket | None) -> bool:
 
 _Framing = tuple[Literal["length", "chunked", "close"], int]
 """How a response's body ends: after a length, after its last chunk, or with the connection."""
+
+
+def _fields(lines: list[bytes]) -> list[tuple[bytes, bytes]]:
+    """A head's or a trailer section's header fields from its lines (obsolete line foldings joined, names
+    and values checked as h11 checks them)."""
+    headers: list[tuple[bytes, bytes]] = []
+    for raw in lines:
+        line = raw.rstrip(b"\r")
+        if line[:1] in (b" ", b"\t"):  # an obsolete line folding: the previous value goes on
+            if not headers:
+                raise httpcore.RemoteProtocolError("a header section begins with a continuation line")
+            name, value = headers[-1]
+            headers[-1] = (name, (value + b" " + line.strip(b" \t")).strip(b" \t"))
+            continue
+        name, colon, value = line.partition(b":")
+        if not colon or not _TOKEN.fullmatch(name):
+            raise httpcore.RemoteProtocolError(f"not a header line: {line[:100]!r}")
+        headers.append((name, value.strip(b" \t")))
+    for name, value in headers:
+        if _BAD_VALUE.search(value):
+            raise httpcore.RemoteProtocolError(f"an illegal value of the {name.decode()} header")
+    return headers
 
 
 def _response_rules(received: list[tuple[bytes, bytes]], version: bytes, *,
@@ -636,18 +669,17 @@ class _Body:
             elif kind == "chunked":
                 while True:
                     size_line = await connection._line(timeout, _MAX_CHUNK_LINE, "chunk size line")
-                    size_text = size_line.split(b";", 1)[0].strip(b" \t")
-                    if not _HEX.fullmatch(size_text):
+                    sized = _CHUNK_SIZE_LINE.fullmatch(size_line)
+                    if sized is None:
                         raise httpcore.RemoteProtocolError(f"not a chunk size: {size_line[:100]!r}")
-                    size = int(size_text, 16)
+                    size = int(sized.group(1), 16)
                     if not size:
                         break
                     async for part in connection._counted(size, timeout, "message body: a chunk"):
                         yield part
                     if await connection._line(timeout, 2, "chunk") != b"":
                         raise httpcore.RemoteProtocolError("a chunk is longer than its size")
-                while await connection._line(timeout, _MAX_HEAD, "trailer section") != b"":
-                    pass  # trailer fields: not read
+                await connection._trailers(timeout)
             else:
                 while True:
                     buffer = await connection._received(timeout)
@@ -695,7 +727,8 @@ _TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(rb"[\x00\r\n\x0b\x0c]")
 """What a header value may not hold (h11's rule: no NUL, no whitespace but spaces and tabs)."""
 _DIGITS = re.compile(rb"[0-9]{1,20}")
-_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_CHUNK_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*")
+"""A chunk's size line without its CRLF, as h11 reads it: the size at once, then extensions (not read)."""
 _MAX_HEAD = 100 * 1024
 """Bytes a response's head (and its trailers) may have (h11's limit)."""
 _MAX_CHUNK_LINE = 4 * 1024
