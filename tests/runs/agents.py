@@ -76,6 +76,28 @@ def counter_agent() -> Agent:
     return Agent("counter", _one_call("charge"), tools=[charge])
 
 
+class _PreparedModel(ScriptedModel):
+    """Replies whether :meth:`prepare` ran before its first call (what a worker must do before taking turns)."""
+
+    def __init__(self) -> None:
+        self.prepared_at_first_call: bool | None = None
+        self._prepared = False
+        super().__init__(self._reply)
+
+    def prepare(self) -> None:
+        self._prepared = True
+
+    def _reply(self, messages: list[JSONObject]) -> Step:
+        if self.prepared_at_first_call is None:
+            self.prepared_at_first_call = self._prepared
+        return "prepared first" if self.prepared_at_first_call else "called unprepared"
+
+
+def prepared_agent() -> Agent:
+    """Replies ``prepared first`` when its model's ``prepare()`` ran before the first call of this process."""
+    return Agent("prepared", _PreparedModel())
+
+
 def booking_agent() -> Agent:
     """One idempotent tool call per turn, then the reply ``done``."""
     _skew_clock()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from jixu.scheduling.workers import factory_spec, load_agent_factory
 from jixu.threads.log import ThreadLog
 from tests.conftest import StoreFactory
 from tests.helpers import PROC_CHILDREN, children_of, process_exited
-from tests.runs.agents import counter_agent
+from tests.runs.agents import counter_agent, prepared_agent
 from tests.runs.conftest import WAIT, Spawn, jixu, outside_lines, thread_state, wait_until
 
 # --- queueing -------------------------------------------------------------------------------------------
@@ -122,6 +123,26 @@ def test_a_worker_runs_a_queued_turn(tmp_path: Path, monkeypatch: pytest.MonkeyP
     said = run_worker(store, lambda: bool(store.list_work(state="done")))
     assert thread_state(store, thread_id)["status"] == "idle" and len(outside_lines(tmp_path / "outside.txt")) == 1
     assert ("finish", f"thread/{thread_id}: idle: reply 'done'") in said
+
+
+def test_jixu_worker_prepares_its_agents_model_before_the_first_call(sqlite: StoreFactory) -> None:
+    # A module the first answer imports (the price catalogue) would run on the event loop while every other
+    # call in flight waits: the worker has the driver load it before it takes turns.
+    store = sqlite()
+    assert sqlite.url is not None
+    thread_id = create_thread_for(store, prepared_agent())
+    submit_turn(store, thread_id, "hello")
+    done = jixu("worker", "--store", sqlite.url, "--agent", "tests.runs.agents:prepared_agent", "--exit-when-idle",
+                "--quiet")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert thread_state(store, thread_id)["messages"][-1]["content"] == "prepared first"
+
+
+def test_a_provider_driver_prepares_its_price_catalogue() -> None:
+    probe = ("import sys; from jixu.threads.openai import OpenAIModel; model = OpenAIModel('m', api_key='k'); "
+             "before = 'genai_prices' in sys.modules; model.prepare(); print(before, 'genai_prices' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True).stdout.split() == ["False", "True"]
 
 
 def test_a_worker_runs_as_many_turns_at_once_as_its_concurrency_and_never_more(

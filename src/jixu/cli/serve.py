@@ -85,6 +85,8 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
 
     with handled(False):
         agent = make_agent(agent_spec) if agent_spec else None
+        if agent is not None:
+            agent.prepare()  # this server runs its turns (in-process worker, sends)
         providers = load_providers(providers_spec) if (providers_spec or "").strip() else None
         root = Path(workspace_root).expanduser().resolve()
         publishers_spec = publishers_spec if (publishers_spec or "").strip() else None

@@ -744,6 +744,8 @@ async def serve(config: WorkerConfig, *, report: Report | None = None,
     ``lifeline``: a file descriptor that reaches end of file when the process that started this one is gone
     (see :data:`PARENT_FD_ENV`); the worker then stops as on SIGTERM, so a killed pool leaves no orphans."""
     agent = make_agent(config.agent) if config.agent is not None else None
+    if agent is not None:
+        agent.prepare()
     providers = load_run_providers(config.providers) if config.providers is not None else None
     store = open_store(config.store_url)
     try:

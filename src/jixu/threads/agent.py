@@ -84,6 +84,16 @@ class Agent:
         """Each tool's contract digest, by tool name (what tells a changed tool from an unchanged one)."""
         return {t.name: content_hash(t.contract()) for t in self.tools}
 
+    def prepare(self) -> None:
+        """Load now what the model's first call would load (its driver's ``prepare()``, when it has one).
+
+        A worker calls this before it takes turns: a module imported by the first answer (the price
+        catalogue, ~0.2 s) would otherwise run on the event loop while every other call in flight waits.
+        """
+        prepare = getattr(self.model, "prepare", None)
+        if callable(prepare):
+            prepare()
+
     def describe(self) -> dict[str, Any]:
         """What a thread records about its agent (``tools``: :meth:`tool_digests`)."""
         return {"name": self.name, "contract": self.contract, "digest": self.digest, "model": self.model.name,

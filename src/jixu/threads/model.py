@@ -142,7 +142,11 @@ class ModelResponse:
 
 
 class ModelDriver(Protocol):
-    """The interface every model driver implements."""
+    """The interface every model driver implements.
+
+    A driver may also define ``prepare()``, loading what its first call would load; workers call it
+    (through :meth:`Agent.prepare <jixu.threads.agent.Agent.prepare>`) before they take turns.
+    """
 
     @property
     def name(self) -> str:

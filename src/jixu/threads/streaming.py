@@ -59,7 +59,7 @@ from typing import Any, Literal, TypeAlias
 from jixu.errors import InvalidInput, ModelError
 from jixu.ledger.encoding import JSONObject
 from jixu.threads.model import ModelRequest, ModelResponse, Usage
-from jixu.threads.pricing import PriceTable, call_cost, checked_prices
+from jixu.threads.pricing import PriceTable, call_cost, catalogue, checked_prices
 
 _log = logging.getLogger("jixu.threads.streaming")
 
@@ -541,6 +541,12 @@ class ProviderDriver(SignalSource, abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(model={self.model!r}, name={self._name!r}, stream={self.stream})"
+
+    def prepare(self) -> None:
+        """Load the price catalogue (genai-prices and its data) before the first call needs it."""
+        prices = catalogue()
+        if prices is not None:
+            prices.data_snapshot.get_snapshot()
 
     def cost(self, *, response_model: str | None = None, input_tokens: int, output_tokens: int,
              cached_tokens: int = 0, cache_write_tokens: int = 0) -> float | None:
