@@ -323,6 +323,16 @@ ANSWERS = {
     "folded trailer": (_CHUNKED + b"2\r\nok\r\n0\r\nx-a: 1\r\n 2\r\n\r\n", False),
     "malformed trailer": (_CHUNKED + b"2\r\nok\r\n0\r\nnot a field\r\n\r\n", False),
     "trailer with a control character": (_CHUNKED + b"2\r\nok\r\n0\r\nx-a: \x01\r\n\r\n", False),
+    "switching protocols": (b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\nconnection: upgrade\r\n\r\n", False),
+    "status below 100": (b"HTTP/1.1 099 X\r\ncontent-length: 2\r\n\r\nok", False),
+    "status 999": (b"HTTP/1.1 999 X\r\ncontent-length: 2\r\n\r\nok", False),
+    "many interim answers": (b"HTTP/1.1 100 Continue\r\n\r\n" * 50 + b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+                             False),
+    "interim answer with a length": (b"HTTP/1.1 100 Continue\r\ncontent-length: 5\r\n\r\n"
+                                     b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", False),
+    "connection keep-alive, close": (b"HTTP/1.1 200 OK\r\nconnection: keep-alive, close\r\ncontent-length: 2\r\n\r\nok",
+                                     True),
+    "http 1.0 keep-alive": (b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 2\r\n\r\nok", False),
     "no blank line after the last chunk": (_CHUNKED + b"2\r\nok\r\n0\r\n", True),
 }
 

@@ -363,12 +363,16 @@ class Http11Connection:
                 pass  # the server may have answered and closed: read what it said (as httpcore does)
             while True:
                 status, reason, version, received = await self._read_head(read_timeout)
-                if status >= 200 or status == 101:
-                    break  # 1xx but 101 are interim: the answer follows
+                if status < 100 or status == 101:
+                    # h11's answers too: a status below 100 is none, and this client never asks to switch
+                    # protocols (no Upgrade header is sent by a model call).
+                    raise httpcore.RemoteProtocolError(f"the server answered with status {status}")
+                if status >= 200:
+                    break  # 1xx are interim: the answer follows
             headers, framing, keep_alive = _response_rules(
-                received, version, no_body=request.method == b"HEAD" or status < 200 or status in (204, 304))
+                received, version, no_body=request.method == b"HEAD" or status in (204, 304))
             body = _Body(self, framing, read_timeout,
-                         reusable=keep_alive and status != 101
+                         reusable=keep_alive
                          and not any(n.lower() == b"connection" and _says_close(v) for n, v in request.headers))
         except BaseException:
             self._close()
