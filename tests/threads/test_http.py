@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import itertools
 import ssl
 import string
@@ -637,6 +638,49 @@ def test_with_a_proxy_in_the_environment_the_client_is_httpxs_own(monkeypatch: p
     monkeypatch.delenv("HTTPS_PROXY")
     direct = model_client(5.0, {})
     assert isinstance(direct.transport, StackTransport) and direct.client is None
+
+
+def test_a_model_client_decodes_gzipped_answers_whole_and_streamed() -> None:
+    # Providers compress what the client accepts (it sends Accept-Encoding: gzip, deflate): a JSON answer
+    # with a length, and an event stream compressed as one gzip stream sent in chunks as it is made.
+    whole = gzip.compress(b'{"ok": true}')
+    events = b"".join(b'data: {"n": %d}\n\n' % n for n in range(50)) + b"data: [DONE]\n\n"
+    packed = gzip.compress(events)
+    chunked = b"".join(b"%x\r\n%b\r\n" % (len(packed[at:at + 40]), packed[at:at + 40])
+                       for at in range(0, len(packed), 40)) + b"0\r\n\r\n"
+
+    async def scenario() -> None:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(Exception):
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length:"))
+                    if b"/stream" in head.split(b"\r\n")[0]:
+                        await reader.readexactly(length)
+                        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                                     b"content-encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n" + chunked)
+                    else:
+                        await reader.readexactly(length)
+                        writer.write(b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: %d\r\n\r\n"
+                                     % len(whole) + whole)
+                    await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        http = model_client(5.0, {})
+        try:
+            answered = await http.post(url + "/whole", b"{}")
+            assert answered.json() == {"ok": True}
+            async with http.stream(url + "/stream", b"{}") as response:
+                data = [text async for text in server_sent_data(response.aiter_bytes())]
+            assert data == [f'{{"n": {n}}}' for n in range(50)] + ["[DONE]"]
+        finally:
+            await http.aclose()
+            server.close()
+
+    run(scenario)
 
 
 @pytest.mark.parametrize("proxied", [False, True])
