@@ -640,6 +640,14 @@ def test_with_a_proxy_in_the_environment_the_client_is_httpxs_own(monkeypatch: p
     assert isinstance(direct.transport, StackTransport) and direct.client is None
 
 
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """A request's head (with its blank line) and its body (of the length it says)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    return head, await reader.readexactly(length)
+
+
 def test_a_model_client_decodes_gzipped_answers_whole_and_streamed() -> None:
     # Providers compress what the client accepts (it sends Accept-Encoding: gzip, deflate): a JSON answer
     # with a length, and an event stream compressed as one gzip stream sent in chunks as it is made.
@@ -653,15 +661,11 @@ def test_a_model_client_decodes_gzipped_answers_whole_and_streamed() -> None:
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             with contextlib.suppress(Exception):
                 while True:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                                  if line.lower().startswith(b"content-length:"))
+                    head, _body = await read_request(reader)
                     if b"/stream" in head.split(b"\r\n")[0]:
-                        await reader.readexactly(length)
                         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                                      b"content-encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n" + chunked)
                     else:
-                        await reader.readexactly(length)
                         writer.write(b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: %d\r\n\r\n"
                                      % len(whole) + whole)
                     await writer.drain()
@@ -697,10 +701,8 @@ def test_a_model_client_sends_what_httpxs_client_sends(monkeypatch: pytest.Monke
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             with contextlib.suppress(Exception):
                 while True:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                                  if line.lower().startswith(b"content-length:"))
-                    heads.append(head + await reader.readexactly(length))
+                    head, body = await read_request(reader)
+                    heads.append(head + body)
                     writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nset-cookie: lb=1\r\n\r\nok")
                     await writer.drain()
             writer.close()
