@@ -753,6 +753,29 @@ def test_server_sent_events_are_read_as_the_format_defines_them() -> None:
             assert events_of(*(text[i:i + size] for i in range(0, len(text), size))) == FORMAT_EVENTS, (ending, size)
 
 
+_FIELD_LINES = st.sampled_from(["data: x", "data:yy", "data", "event: e", ": comment", "id: 1", "", "",
+                                 'data: {"a": "\u00e9\u4f60"}', "data: " + "z" * 300])
+
+
+@given(lines=st.lists(st.tuples(_FIELD_LINES, st.sampled_from(["\n", "\r", "\r\n"])), max_size=12),
+       data=st.data())
+@settings(max_examples=examples(200))
+def test_server_sent_events_cut_anywhere_read_as_the_whole_body(lines: list[tuple[str, str]],
+                                                                 data: st.DataObject) -> None:
+    # However the body is cut into reads (inside a line, a CRLF, a character), the same events as read whole.
+    body = "".join(line + end for line, end in lines).encode()
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(body) - 1)), max_size=8)))) if body else []
+    chunks = [body[start:end] for start, end in itertools.pairwise([0, *cuts, len(body)])]
+    assert events_of(*chunks) == events_of(body)
+
+
+def test_a_long_line_in_many_chunks_is_one_event() -> None:
+    # Chunks that end no line are kept apart and joined once a line ends (not copied again for each chunk).
+    line = b"data: " + b"x" * 1_000_000 + b"\n\n"
+    assert events_of(*(line[i:i + 4096] for i in range(0, len(line), 4096))) == [("message", "x" * 1_000_000)]
+    assert events_of(*(line[i:i + 4096] for i in range(0, len(line) - 2, 4096))) == [("message", "x" * 1_000_000)]
+
+
 def test_only_cr_and_lf_end_an_event_line() -> None:
     # U+2028, U+2029 and U+0085 may stand unescaped in a JSON text; str.splitlines (and so httpx's
     # iter_lines) would break the data line there. A character cut between chunks is put together.

@@ -880,6 +880,9 @@ class EventStream:
 
     def __init__(self) -> None:
         self._pending = b""
+        self._unended: list[bytes] = []
+        """Chunks of the line after ``_pending`` that end no line, joined when one arrives that does (a long
+        line in many chunks is copied once, not once per chunk)."""
         self._after_cr = False  # the last chunk ended in CR: a LF starting the next one belongs to it
         self._head = True
         self._data: list[str] = []
@@ -887,6 +890,13 @@ class EventStream:
 
     def feed(self, chunk: bytes) -> list[tuple[str, str]]:
         """The events ``chunk`` completes, in order."""
+        if not self._head and not self._after_cr and b"\n" not in chunk and b"\r" not in chunk:
+            if chunk:
+                self._unended.append(chunk)
+            return []
+        if self._unended:
+            self._pending += b"".join(self._unended)
+            self._unended.clear()
         buffer = self._pending + chunk
         if self._after_cr:
             self._after_cr = False
@@ -921,7 +931,8 @@ class EventStream:
 
     def end(self) -> list[tuple[str, str]]:
         """The event the body ended in (its last line or blank line missing), if any."""
-        events = self.feed(b"\n") if self._pending else []  # ends the last line (never after a CR: see feed)
+        # ends the last line (never after a CR: see feed)
+        events = self.feed(b"\n") if self._pending or self._unended else []
         if self._data:
             events.append((self._type or "message", "\n".join(self._data)))
             self._data.clear()
