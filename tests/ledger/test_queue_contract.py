@@ -343,6 +343,10 @@ def test_claims_made_together_see_the_census_the_queue_gives_before_each(store: 
         waiting[made.group].pop(0)
         live[made.group] = live.get(made.group, 0) + 1
         last[made.group] = made.number
+    # What the batch committed: the next transaction's census starts from each group's latest claim number.
+    after: list[QueueCensus] = []
+    store.claim_works("w3", 30, lambda census: after.append(census) or [], 1)
+    assert dict(after[0].last_claimed) == last and dict(after[0].live) == live
 
 
 def test_a_claim_takes_only_the_groups_its_order_names(store: Store) -> None:

@@ -494,6 +494,10 @@ _WORK_COLUMNS = ("key, project, status, ready_at, enqueued_at, claimed_by, epoch
                  "rerun, position")
 _CLAIMABLE = ("((status = 'pending' AND ready_at <= %(now)s) OR "
               "(status = 'claimed' AND expires_at <= %(now)s))")
+_UPDATE_WORK_SQL = ("UPDATE jixu_work SET status = %(status)s, ready_at = %(ready_at)s, enqueued_at = %(enqueued_at)s, "
+                    "claimed_by = %(claimed_by)s, epoch = %(epoch)s, expires_at = %(expires_at)s, "
+                    "heartbeat_at = %(heartbeat_at)s, rerun = %(rerun)s WHERE key = %(key)s")
+"""A work item's row written back whole (parameters: :func:`_work_params`)."""
 _WORK_LOCK = "hashtextextended('jixu.work:' || coalesce(current_schema(), ''), 0)"
 _WORK_LOCK_SQL = f"SELECT pg_advisory_xact_lock({_WORK_LOCK})"
 """Taken by every claimer: counting live claims and claiming one item is one serialised step."""
@@ -576,6 +580,13 @@ class _Again(Exception):
     def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause))
         self.cause = cause
+
+
+def _work_params(row: WorkRow) -> dict[str, object]:
+    """The parameters of :data:`_UPDATE_WORK_SQL` for ``row``."""
+    return {"status": row.status, "ready_at": row.ready_at, "enqueued_at": row.enqueued_at,
+            "claimed_by": row.claimed_by, "epoch": row.epoch, "expires_at": row.expires_at,
+            "heartbeat_at": row.heartbeat_at, "rerun": row.rerun, "key": row.key}
 
 
 class PostgresStore(Store):
@@ -1288,10 +1299,7 @@ class PostgresStore(Store):
 
     @staticmethod
     def _update_work(conn: _Conn, row: WorkRow) -> None:
-        conn.execute("UPDATE jixu_work SET status = %s, ready_at = %s, enqueued_at = %s, claimed_by = %s, "
-                     "epoch = %s, expires_at = %s, heartbeat_at = %s, rerun = %s WHERE key = %s",
-                     (row.status, row.ready_at, row.enqueued_at, row.claimed_by, row.epoch, row.expires_at,
-                      row.heartbeat_at, row.rerun, row.key))
+        conn.execute(_UPDATE_WORK_SQL, _work_params(row))
 
     def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow]) -> tuple[WorkItem, WorkRow]:
         return self._run(lambda conn: self._work_in(conn, key, change), write=True, transaction=True)
@@ -1364,18 +1372,27 @@ class PostgresStore(Store):
                 if not found:
                     return None
                 row = claimed_row(self._work_row(found), owner, ttl, now)
-                self._update_work(conn, row)
-                conn.execute("INSERT INTO jixu_work_projects (project, last_claim, last_claimed_at, claims) "
-                             "VALUES (%s, %s, %s, 1) ON CONFLICT (project) DO UPDATE SET "
-                             "last_claim = excluded.last_claim, last_claimed_at = excluded.last_claimed_at, "
-                             "claims = jixu_work_projects.claims + 1",
-                             (group, number, now))
+                # The claim written and the group's next oldest item read in one round trip: the query beside
+                # a data-modifying WITH sees the rows as they were before it, so the claimed item is left out.
                 after = conn.execute(
-                    f"SELECT ready_at, position FROM jixu_work WHERE project = %(group)s AND {_CLAIMABLE} "
-                    "ORDER BY ready_at, position LIMIT 1", {"group": group, "now": now}).fetchone()
+                    f"WITH claimed AS ({_UPDATE_WORK_SQL}) SELECT ready_at, position FROM jixu_work "
+                    f"WHERE project = %(group)s AND key <> %(key)s AND {_CLAIMABLE} "
+                    "ORDER BY ready_at, position LIMIT 1", {**_work_params(row), "group": group, "now": now}
+                ).fetchone()
                 return work_claim_of(row, number), (float(after[0]), int(after[1])) if after else None
 
-            return claims_up_to(count, QueueCensus(live, oldest, served), order, claim_from)
+            made = claims_up_to(count, QueueCensus(live, oldest, served), order, claim_from)
+            # Each group's latest claim number and count, once per batch (the census kept them meanwhile).
+            by_group: dict[str, list[int]] = {}
+            for claimed in made:
+                by_group.setdefault(claimed.group, []).append(claimed.number)
+            for group, numbers in by_group.items():
+                conn.execute("INSERT INTO jixu_work_projects (project, last_claim, last_claimed_at, claims) "
+                             "VALUES (%s, %s, %s, %s) ON CONFLICT (project) DO UPDATE SET "
+                             "last_claim = excluded.last_claim, last_claimed_at = excluded.last_claimed_at, "
+                             "claims = jixu_work_projects.claims + excluded.claims",
+                             (group, max(numbers), now, len(numbers)))
+            return made
 
         return self._run(claim, write=True, transaction=True)
 
