@@ -20,6 +20,7 @@ from jixu.errors import (
     TurnOwned,
 )
 from jixu.ledger import NewEvent
+from jixu.ledger.store import Fence, LeaseTake
 from jixu.threads.log import ThreadLog
 from tests.threads.conftest import Ledger, of_type, run, wait_for
 
@@ -82,6 +83,47 @@ def test_a_second_process_reads_but_does_not_run_a_live_owners_turn(ledger: Ledg
         with pytest.raises(TurnOwned):
             await seen.wait()
         assert ran == []
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("late_owner", ["worker-a", "worker-b"])
+def test_a_lease_that_moves_on_between_the_look_and_the_take_is_looked_at_again(ledger: Ledger,
+                                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                                 late_owner: str) -> None:
+    # A killed process's last commit (its claim of the lease) can land on the server after a restarted process
+    # of the same owner read the lease: the take then meets a newer epoch. The claim (kernel.ownership's
+    # take_claim, which runs take the same way) looks again and takes the lease from there instead of failing
+    # the turn; a live lease of another owner found on the second look is still refused (LeaseHeld).
+    calls: list[Any] = []
+    first = ledger.harness(quick_agent(calls), owner="worker-a", lease_ttl=30)
+    again = ledger.harness(quick_agent(calls), owner="worker-a", lease_ttl=30)
+
+    async def scenario() -> None:
+        thread = await first.create_thread()
+        thread.log.start_turn("charge 42", owner="worker-a", ttl=30)  # claimed at epoch 1, then the process died
+        reopened = await again.open_thread(thread.thread_id, resume=False)
+        store = reopened.log.store
+        takes = store.take_over_leases
+        late: list[int] = []
+
+        def late_commit_first(requests: Any) -> Any:
+            if not late:  # the dead process's claim lands now, between the look and this take
+                [taken] = takes([LeaseTake(reopened.log.turn_key, late_owner, 30, 1, False)])
+                assert isinstance(taken, Fence)
+                late.append(taken.epoch)
+            return takes(requests)
+
+        monkeypatch.setattr(store, "take_over_leases", late_commit_first)
+        if late_owner != "worker-a":  # another owner's live lease: the second look refuses, nothing runs
+            with pytest.raises(TurnOwned):
+                await reopened.wait()
+            assert late == [2] and calls == []
+            return
+        state = await reopened.wait()
+        assert late == [2] and state.status == "idle" and calls == ["42"]
+        claims = [e.data for e in of_type(reopened.log.events(), "turn.claimed")]
+        assert [c["epoch"] for c in claims] == [3], "the claim looked again and took the lease at epoch 3"
 
     run(scenario())
 

@@ -217,6 +217,10 @@ class Claim:
         return data
 
 
+TAKE_LOOKS = 3
+"""Times :func:`take_claim` reads a lease that changed hands between its read and its take."""
+
+
 async def take_claim(store: Store, key: str, owner: str, ttl: float, *,
                      holder_process: Callable[[Lease], object] | None = None) -> Claim:
     """Take ``key``'s lease for ``owner`` at the next epoch (with the other take-overs of the loop, in one
@@ -226,29 +230,38 @@ async def take_claim(store: Store, key: str, owner: str, ttl: float, *,
     (:class:`~jixu.errors.LeaseHeld` otherwise), or at once when
     ``holder_process(lease)`` (the process identity its holder's claim
     recorded) is proven gone (:func:`owner_gone`); a lease that changed hands
-    since it was read raises :class:`~jixu.errors.FencingError`.
+    since it was read is read again and judged anew (a killed process's last commit can land after the read),
+    :data:`TAKE_LOOKS` times at most, then raises :class:`~jixu.errors.FencingError`.
     """
-    lease = store.get_lease(key)
-    proof = None
-    if lease is None:
-        reason, previous_owner, previous_epoch, require_expired = "claimed", None, 0, False
-    else:
-        previous_owner, previous_epoch = lease.owner, lease.epoch
-        if lease.released:
-            reason, require_expired = "continued", False
-        elif lease.owner == owner:
-            reason, require_expired = "reclaimed_by_same_owner", False
+    looks = 0
+    while True:
+        looks += 1
+        lease = store.get_lease(key)
+        proof = None
+        if lease is None:
+            reason, previous_owner, previous_epoch, require_expired = "claimed", None, 0, False
         else:
-            proof = dead_holder(lease, holder_process)
-            reason, require_expired = ("took_over_dead_owner", False) if proof else ("took_over_expired", True)
-    asked = asyncio.ensure_future(lease_takes(store).ask(LeaseTake(key, owner, ttl, previous_epoch, require_expired)))
-    try:
-        fence = await asyncio.shield(asked)
-    except asyncio.CancelledError:
-        # The take may be in flight: once it is answered, give back what nobody will use (no one waits it out).
-        asked.add_done_callback(_give_back(store))
-        raise
-    return Claim(fence, reason, previous_owner, previous_epoch, proof)
+            previous_owner, previous_epoch = lease.owner, lease.epoch
+            if lease.released:
+                reason, require_expired = "continued", False
+            elif lease.owner == owner:
+                reason, require_expired = "reclaimed_by_same_owner", False
+            else:
+                proof = dead_holder(lease, holder_process)
+                reason, require_expired = ("took_over_dead_owner", False) if proof else ("took_over_expired", True)
+        asked = asyncio.ensure_future(lease_takes(store).ask(LeaseTake(key, owner, ttl, previous_epoch,
+                                                                       require_expired)))
+        try:
+            fence = await asyncio.shield(asked)
+        except asyncio.CancelledError:
+            # The take may be in flight: once it is answered, give back what nobody will use (no one waits it out).
+            asked.add_done_callback(_give_back(store))
+            raise
+        except FencingError:
+            if looks >= TAKE_LOOKS:
+                raise
+            continue  # the lease moved on since it was read: nothing was taken; look at it again
+        return Claim(fence, reason, previous_owner, previous_epoch, proof)
 
 
 def _give_back(store: Store) -> Callable[[asyncio.Future[Fence]], None]:
