@@ -98,6 +98,16 @@ def prepared_agent() -> Agent:
     return Agent("prepared", _PreparedModel())
 
 
+class _UnpreparableModel(ScriptedModel):
+    def prepare(self) -> None:
+        raise RuntimeError("the price table is unreadable")
+
+
+def unpreparable_agent() -> Agent:
+    """An agent whose model's ``prepare()`` fails."""
+    return Agent("unpreparable", _UnpreparableModel(["never called"]))
+
+
 def booking_agent() -> Agent:
     """One idempotent tool call per turn, then the reply ``done``."""
     _skew_clock()

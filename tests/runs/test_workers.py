@@ -136,6 +136,11 @@ def test_jixu_worker_prepares_its_agents_model_before_the_first_call(sqlite: Sto
                 "--quiet")
     assert done.returncode == 0, done.stdout + done.stderr
     assert thread_state(store, thread_id)["messages"][-1]["content"] == "prepared first"
+    refused = jixu("worker", "--store", sqlite.url, "--agent", "tests.runs.agents:unpreparable_agent",
+                   "--exit-when-idle", "--quiet")
+    assert refused.returncode == 6, refused.stdout + refused.stderr
+    assert "could not prepare: RuntimeError: the price table is unreadable" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 def test_a_provider_driver_prepares_its_price_catalogue() -> None:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jixu.errors import InvalidInput
+from jixu.errors import InvalidInput, JixuError
 from jixu.ledger.encoding import content_hash
 from jixu.threads.model import ModelDriver
 from jixu.threads.tools import Tool
@@ -89,10 +89,18 @@ class Agent:
 
         A worker calls this before it takes turns: a module imported by the first answer (the price
         catalogue, ~0.2 s) would otherwise run on the event loop while every other call in flight waits.
+        A driver's failure is an :class:`~jixu.errors.InvalidInput` naming it (a worker then does not start).
         """
         prepare = getattr(self.model, "prepare", None)
-        if callable(prepare):
+        if not callable(prepare):
+            return
+        try:
             prepare()
+        except JixuError:
+            raise
+        except Exception as error:
+            raise InvalidInput(f"agent {self.name!r}: its model {self.model.name!r} could not prepare: "
+                               f"{type(error).__name__}: {error}", field="model") from error
 
     def describe(self) -> dict[str, Any]:
         """What a thread records about its agent (``tools``: :meth:`tool_digests`)."""
