@@ -281,8 +281,9 @@ class Http11Connection:
     The request is written and the response read here, without h11's event machinery and httpcore's stream
     layers between (they were ~40 % of a streamed model call's CPU at 500 calls in flight). The rules are
     RFC 9112's as h11 applies them: a response's body is framed by ``Transfer-Encoding: chunked``, else
-    ``Content-Length``, else the connection's end (none for ``HEAD``, 1xx, 204 and 304); interim 1xx answers
-    are skipped; lines may end in LF alone. A connection is reused only after an HTTP/1.1 response read whole
+    ``Content-Length``, else the connection's end (none for ``HEAD``, 204 and 304); interim 1xx answers are
+    skipped, a 101 or a status below 100 refused; a head's lines may end in LF alone (a chunked body's may
+    not). A connection is reused only after an HTTP/1.1 response read whole
     that did not say ``Connection: close`` (nor did the request). Failures raise httpcore's exceptions, which
     httpx maps as it maps its own transport's: ``ConnectError`` / ``ConnectTimeout`` (TLS included),
     ``WriteTimeout``, ``ReadError`` / ``ReadTimeout``, ``RemoteProtocolError`` (the server ended the
