@@ -103,6 +103,7 @@ from jixu.ledger.store import (
     each_change,
     judge_append,
     renewal_answers,
+    served_groups,
     work_claim_of,
 )
 from jixu.ledger.urls import postgres_dsn_and_options
@@ -1383,15 +1384,12 @@ class PostgresStore(Store):
 
             made = claims_up_to(count, QueueCensus(live, oldest, served), order, claim_from)
             # Each group's latest claim number and count, once per batch (the census kept them meanwhile).
-            by_group: dict[str, list[int]] = {}
-            for claimed in made:
-                by_group.setdefault(claimed.group, []).append(claimed.number)
-            for group, numbers in by_group.items():
+            for group, (last, claims) in served_groups(made).items():
                 conn.execute("INSERT INTO jixu_work_projects (project, last_claim, last_claimed_at, claims) "
                              "VALUES (%s, %s, %s, %s) ON CONFLICT (project) DO UPDATE SET "
                              "last_claim = excluded.last_claim, last_claimed_at = excluded.last_claimed_at, "
                              "claims = jixu_work_projects.claims + excluded.claims",
-                             (group, max(numbers), now, len(numbers)))
+                             (group, last, now, claims))
             return made
 
         return self._run(claim, write=True, transaction=True)

@@ -90,6 +90,7 @@ from jixu.ledger.store import (
     each_change,
     group_of_meta,
     renewal_answers,
+    served_groups,
     work_claim_of,
 )
 
@@ -1071,13 +1072,16 @@ class SQLiteStore(Store):
                 if not found:
                     return None
                 row = self._put_work(conn, claimed_row(self._work_row(found[0]), owner, ttl, now), new=False)
-                conn.execute("INSERT INTO jixu_work_projects VALUES (?, ?, ?, 1) ON CONFLICT (project) DO UPDATE "
-                             "SET last_claim = excluded.last_claim, last_claimed_at = excluded.last_claimed_at, "
-                             "claims = claims + 1", (group, number, now))
                 after = self._work_row(found[1]) if len(found) > 1 else None
                 return work_claim_of(row, number), (after.ready_at, after.position) if after else None
 
-            return claims_up_to(count, QueueCensus(live, oldest, served), order, claim_from)
+            made = claims_up_to(count, QueueCensus(live, oldest, served), order, claim_from)
+            # Each group's latest claim number and count, once per batch (the census kept them meanwhile).
+            for group, (last, claims) in served_groups(made).items():
+                conn.execute("INSERT INTO jixu_work_projects VALUES (?, ?, ?, ?) ON CONFLICT (project) DO UPDATE "
+                             "SET last_claim = excluded.last_claim, last_claimed_at = excluded.last_claimed_at, "
+                             "claims = claims + excluded.claims", (group, last, now, claims))
+            return made
 
         return self._write(claim)
 

@@ -671,6 +671,16 @@ ClaimFrom = Callable[[str, int], "tuple[WorkClaim, tuple[float, int] | None] | N
 oldest claimable item as ``(ready_at, position)`` (None: none left); None when it found none to claim."""
 
 
+def served_groups(claims: Sequence[WorkClaim]) -> dict[str, tuple[int, int]]:
+    """Each group ``claims`` served: its latest claim number and how many claims it had (what a backend records
+    per project once per batch of claims)."""
+    served: dict[str, tuple[int, int]] = {}
+    for claim in claims:
+        last, count = served.get(claim.group, (0, 0))
+        served[claim.group] = (max(last, claim.number), count + 1)
+    return served
+
+
 def claims_up_to(count: int, census: QueueCensus, order: ClaimOrder, claim_from: ClaimFrom) -> list[WorkClaim]:
     """Up to ``count`` claims inside one transaction, each from the group ``order`` puts first for the queue as
     the claims before it left it.
