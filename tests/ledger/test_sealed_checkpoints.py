@@ -11,13 +11,16 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from jixu.errors import KeyUnavailable
 from jixu.ledger import NewEvent, SQLiteStore, Store, project, save_checkpoint
+from jixu.ledger import keys as keys_module
 from jixu.ledger.keys import (
     KEY_FILE_ENV,
+    Keyring,
     default_key_path,
     keyring,
     retire_keys,
@@ -110,6 +113,27 @@ def test_processes_making_the_key_at_once_end_up_with_one_key(key_file: Path) ->
         made.add(out.strip())
     assert made == {keyring().current}
     assert not [p for p in key_file.parent.iterdir() if p.name != key_file.name]  # no temporary file left
+
+
+def test_a_key_file_made_by_another_process_after_the_first_look_is_used(key_file: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # The race the test above can hit: this process looks, finds no file, and another process makes it before
+    # this one would. Its key is then the key (seen once in a loaded CI run: KeyUnavailable "does not exist").
+    made = spawn_python("from jixu.ledger.keys import sealing_keyring; print(sealing_keyring().current)")
+    out, err = made.communicate(timeout=60)
+    assert made.returncode == 0, err
+    looks: list[Keyring] = []
+    real = keys_module.keyring
+
+    def first_look_before_the_other_process(path: Any = None) -> Keyring:
+        if not looks:
+            looks.append(Keyring(key_file, problem=f"the key file {key_file} does not exist"))
+            return looks[0]
+        looks.append(real(path))
+        return looks[-1]
+
+    monkeypatch.setattr(keys_module, "keyring", first_look_before_the_other_process)
+    assert sealing_keyring().current == out.strip() and len(looks) == 2
 
 
 def test_a_key_file_others_can_read_is_not_used(key_file: Path, tmp_path: Path) -> None:

@@ -226,6 +226,10 @@ def sealing_keyring(path: str | os.PathLike[str] | None = None) -> Keyring:
     if found.keys:
         return found
     where = found.path
+    if where is not None and where.exists():
+        found = keyring(where)  # another process may have made it since the first look: read it as it is now
+        if found.keys:
+            return found
     if where is None or where.exists():
         raise KeyUnavailable(f"no checkpoint key to seal with: {found.problem}", path=str(where))
     try:
