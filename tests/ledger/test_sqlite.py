@@ -246,6 +246,39 @@ def test_verify_reads_one_snapshot_while_another_process_appends(sqlite_path: Pa
     assert len(counts) > 1, "the writer should have appended between verifications"
 
 
+def test_a_stream_that_does_not_verify_is_judged_on_the_snapshot_its_rows_were_hashed_in(
+        sqlite_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify keeps no rows: a break makes it read them again, and that read is the first one's snapshot."""
+    from jixu.ledger import chain
+    from jixu.ledger.event import compute_hash, utc_now_text
+    from jixu.ledger.ids import new_id
+
+    with SQLiteStore(sqlite_path) as store:
+        last = store.append("s/1", [NewEvent("agent.step", {"i": i}) for i in range(5)], 0)[-1]
+    raw = sqlite3.connect(sqlite_path, isolation_level=None)
+    raw.execute("UPDATE jixu_streams SET head_hash = ? WHERE stream = 's/1'", ("f" * 64,))
+    # What another writer commits while the rows are hashed: a well-linked sixth event and the head it makes,
+    # after which the stream verifies again.
+    sixth = {"id": new_id(), "stream": "s/1", "seq": 6, "type": "agent.step", "data_json": '{"i":5}',
+             "meta_json": "{}", "recorded_at": utc_now_text(), "prev_hash": last.hash}
+    sixth_hash = compute_hash(**sixth)  # type: ignore[arg-type]
+    hashed = chain.envelope_text_of
+
+    def text_of(*fields: Any) -> str:
+        if fields[2] == 5 and raw.execute("SELECT head_seq FROM jixu_streams").fetchone()[0] == 5:
+            raw.execute("INSERT INTO jixu_events (id, stream, seq, type, data, meta, recorded_at, prev_hash, hash) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", (*sixth.values(), sixth_hash))
+            raw.execute("UPDATE jixu_streams SET head_seq = 6, head_hash = ? WHERE stream = 's/1'", (sixth_hash,))
+        return hashed(*fields)
+
+    monkeypatch.setattr(chain, "envelope_text_of", text_of)
+    with SQLiteStore(sqlite_path) as store:
+        during = store.verify("s/1")
+        after = store.verify("s/1")
+    assert (during.valid, during.reason, during.first_bad_seq, during.count) == (False, "head_mismatch", 5, 5)
+    assert (after.valid, after.count, after.head_hash) == (True, 6, sixth_hash)
+
+
 _APPEND_FOREVER = """
 import sys
 from jixu.ledger import SQLiteStore, NewEvent

@@ -842,7 +842,11 @@ class SQLiteStore(Store):
                     "SELECT head_seq, head_hash, genesis_hash FROM jixu_streams WHERE stream = ?", (stream,)
                 ).fetchone()
                 head = (info[0], info[1]) if info else (0, GENESIS_HASH)
-                rows = conn.execute(f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE stream = ? ORDER BY seq", (stream,))
+
+                def rows() -> sqlite3.Cursor:  # read again, in this snapshot, only when a row does not hold
+                    return conn.execute(f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE stream = ? ORDER BY seq",
+                                        (stream,))
+
                 return verify_tuples(stream, rows, genesis_hash=info[2] if info else GENESIS_HASH,
                                      recorded_head=head)
             finally:
