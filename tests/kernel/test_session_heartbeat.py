@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from jixu.errors import FencingError
+from jixu.errors import FencingError, StoreLocked
 from jixu.kernel.ownership import Session
 from jixu.ledger import Fence, Lease, SQLiteStore
 
@@ -43,3 +43,37 @@ def test_a_slow_renewal_does_not_hold_the_loop_and_the_lease_is_renewed(tmp_path
     # Renewing on the loop would hold every sleeper for the renewal's 0.3 s, several times.
     assert late < 0.15, f"the loop was held {late:.3f} s"
     assert last_expiry > first_expiry, "the heartbeat renewed the lease"
+
+
+class FlakyRenewals(SQLiteStore):
+    """A store whose first renewal fails as a busy database does (the lock held past the busy timeout)."""
+
+    failures = 1
+
+    def renew_leases(self, fences: Sequence[Fence], ttl: float) -> list[Lease | FencingError]:
+        if self.failures:
+            self.failures -= 1
+            raise StoreLocked(f"{self.path}: the database stayed locked", path=str(self.path))
+        return super().renew_leases(fences, ttl)
+
+
+def test_a_renewal_that_fails_for_the_store_is_tried_again_and_the_turn_keeps_its_lease(tmp_path: Path) -> None:
+    """A failed renewal (not a lost claim) must not end the heartbeat: the lease would lapse under a live owner
+    and the turn be lost at its next append."""
+    ttl = 1.5  # a beat every 0.5 s; the first one fails
+
+    async def scenario(store: FlakyRenewals) -> tuple[bool, Lease | None]:
+        fence = store.acquire_lease("thread/t/turn", "worker-1", ttl)
+        session = Session(store, fence, ttl, release_at_end=False)
+        async with session:
+            await asyncio.sleep(2.5 * ttl)  # past the expiry of a lease renewed never again
+            cancelled = asyncio.current_task().cancelling() > 0  # type: ignore[union-attr]
+        return cancelled, store.get_lease("thread/t/turn")
+
+    with FlakyRenewals(tmp_path / "flaky.db") as store:
+        cancelled, lease = asyncio.run(scenario(store))
+        now = time.time()
+    assert store.failures == 0, "the first renewal failed"
+    assert not cancelled
+    assert lease is not None and lease.owner == "worker-1" and not lease.released
+    assert lease.expires_at > now, f"the lease lapsed {now - lease.expires_at:.2f} s ago: the heartbeat stopped"

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 from collections.abc import Callable
@@ -49,6 +50,8 @@ from jixu.kernel.shutdown import ServingTask
 from jixu.kernel.writer import StreamWriter
 from jixu.ledger.event import NewEvent
 from jixu.ledger.store import Fence, Lease, LeaseTake, Store
+
+_log = logging.getLogger("jixu.kernel.ownership")
 
 
 def _read(path: str) -> str | None:
@@ -352,7 +355,8 @@ class Session:
 
     When a renewal finds the claim lost (:class:`~jixu.errors.FencingError`),
     the task that opened the session is cancelled and :attr:`lost` says why;
-    the owner's next fenced append would fail anyway.
+    the owner's next fenced append would fail anyway. A renewal the store
+    fails (any other error) is logged and tried again after ``ttl / 10``.
     """
 
     def __init__(self, store: Store, fence: Fence, ttl: float, *, release_at_end: bool = True) -> None:
@@ -360,6 +364,8 @@ class Session:
         self.fence = fence
         self.ttl = ttl
         self.lost: FencingError | None = None
+        self.renewal_error: JixuError | None = None
+        """The store's error of the last renewal, while the next one has not succeeded."""
         self._release_at_end = release_at_end
         self._heartbeat: asyncio.Task[None] | None = None
         self._owner_task: asyncio.Task[Any] | None = None
@@ -383,8 +389,9 @@ class Session:
             release(self.store, self.fence)
 
     async def _beat(self) -> None:
+        period = self.ttl / 3
         while True:
-            await asyncio.sleep(self.ttl / 3)
+            await asyncio.sleep(period)
             try:
                 # With the loop's other renewals, in one call in a thread (kernel.batched): a renewal is a
                 # write (a round trip on PostgreSQL) that would hold every turn on the loop.
@@ -394,6 +401,17 @@ class Session:
                 if self._owner_task is not None:
                     self._owner_task.cancel()
                 return
+            except JixuError as error:
+                # The store failed (locked past its busy timeout, a dropped connection), not the claim: try
+                # again soon, while the lease still runs. Ending the heartbeat here would let the lease lapse
+                # under a live owner and lose the turn at its next append.
+                self.renewal_error = error
+                period = self.ttl / 10
+                _log.warning("renewing %s failed (%s); trying again in %.2f s", self.fence.key, error.message,
+                             period)
+                continue
+            self.renewal_error = None
+            period = self.ttl / 3
 
 
 __all__ = ["DEFAULT_LEASE_TTL", "Claim", "Session", "acquire_claim", "claim_stream", "dead_holder", "group_gone",
