@@ -83,7 +83,7 @@ APPEND_CONTRACT_USES = {
     "fence_problem": {"ledger/store.py:judge_append", "ledger/store.py:renewed_lease"},
     "head_moved": {"ledger/store.py:judge_append"},
     "judge_append": {"ledger/store.py:decide_append",
-                     "ledger/postgres.py:PostgresStore._append_once"},  # words the PL/pgSQL function's refusals
+                     "ledger/postgres.py:_appended"},  # words the PL/pgSQL function's refusals
     "seal_batch": {"ledger/store.py:decide_append"},
     "decide_append": {"ledger/memory.py:MemoryStore._append", "ledger/sqlite.py:SQLiteStore._append_in",
                       "ledger/sqlite.py:SQLiteStore._append_batched",

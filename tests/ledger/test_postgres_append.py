@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from jixu.errors import ConcurrencyError, FencingError, IdempotencyConflict, SchemaTooNew
+from jixu.errors import ConcurrencyError, FencingError, IdempotencyConflict, JixuError, SchemaTooNew
 from jixu.ledger import NewEvent, PostgresStore
 from jixu.ledger import postgres as postgres_module
 from jixu.ledger.chain import row_hash
@@ -690,7 +690,8 @@ def test_an_append_whose_connection_breaks_once_is_answered_by_its_retry(url: st
 # --- append_many: one transaction for a batch of appends --------------------------------------------------
 
 
-def test_append_many_commits_a_batch_in_one_transaction_and_answers_each_append_as_append_would(url: str) -> None:
+def test_append_many_commits_a_batch_in_one_transaction_and_answers_each_append_as_append_would(
+        url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from jixu.errors import InvalidInput
     from jixu.ledger.store import AppendRequest
 
@@ -708,6 +709,14 @@ def test_append_many_commits_a_batch_in_one_transaction_and_answers_each_append_
             return run(fn, **options)
 
         store._run = counted  # type: ignore[method-assign]
+        statements: list[str] = []
+        execute = psycopg.Cursor.execute
+
+        def seen(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            statements.append(str(query))
+            return execute(cursor, query, *args, **kwargs)
+
+        monkeypatch.setattr(psycopg.Cursor, "execute", seen)
         requests = [AppendRequest(f"many/{n}", [NewEvent("a.b", {"n": n})], 0) for n in range(20)]
         requests += [
             AppendRequest("many/old", [NewEvent("a.b", {"n": 9})], 0),  # wrong head
@@ -716,7 +725,11 @@ def test_append_many_commits_a_batch_in_one_transaction_and_answers_each_append_
             AppendRequest("", [NewEvent("a.b", {})], 0),  # invalid stream
         ]
         answers = store.append_many(requests)
+        monkeypatch.undo()
         store._run = run  # type: ignore[method-assign]
+        appends = [q for q in statements if "jixu_append" in q]
+        # One statement for the 23 valid appends; the stored batch it answered 'existing' is then decided alone.
+        assert len(appends) == 2 and "jixu_append_many_v6" in appends[0], appends
         assert all(isinstance(a, list) and a[0].seq == 1 for a in answers[:20])
         assert isinstance(answers[20], ConcurrencyError)
         assert isinstance(answers[21], FencingError)
@@ -731,34 +744,55 @@ def test_append_many_commits_a_batch_in_one_transaction_and_answers_each_append_
         assert retried[0].id == stored_before[0].id
 
 
-@pytest.mark.parametrize("racer", ["fall/2", "fall/3"])  # in the middle, and last (then only COMMIT would tell)
-def test_append_many_falls_back_to_each_append_when_the_batch_transaction_aborts(url: str, racer: str) -> None:
+def test_append_many_falls_back_to_each_append_when_the_batch_transaction_aborts(url: str) -> None:
     from jixu.ledger.store import AppendRequest
 
     with PostgresStore(url) as store:
         stored_first = store.append("fall/1", [NewEvent("a.b", {"n": 1})], 0)
-        once = store._append_once
-        aborted: list[str] = []
+        together = store._append_together
+        aborted: list[int] = []
 
-        def racing(conn: Any, stream: str, *args: Any, batched: bool = False) -> Any:
-            if batched and stream == racer and not aborted:
+        def racing(conn: Any, appends: Any) -> Any:
+            if not aborted:
                 # As a concurrent commit of the same id would: a real unique violation, which aborts the
-                # batch's transaction in the database (the appends before it in the batch roll back too).
-                aborted.append(stream)
+                # batch's transaction in the database.
+                aborted.append(len(appends))
                 conn.execute(f"INSERT INTO jixu_events ({_COLUMNS}) SELECT {_COLUMNS} FROM jixu_events "
                              "WHERE id = %s", (stored_first[0].id,))
-            return once(conn, stream, *args, batched=batched)
+            return together(conn, appends)
 
-        store._append_once = racing  # type: ignore[method-assign]
+        store._append_together = racing  # type: ignore[method-assign]
         requests = [AppendRequest("fall/0", [NewEvent("a.b", {"n": 0})], 0),
                     AppendRequest("fall/2", [NewEvent("a.b", {"n": 2})], 0),
                     AppendRequest("fall/3", [NewEvent("a.b", {"n": 3})], 0)]
         answers = store.append_many(requests)
-        assert aborted == [racer], "the batch was aborted"
+        assert aborted == [3], "the batch was aborted"
         assert all(isinstance(a, list) and len(a) == 1 for a in answers), answers
         for n in (0, 2, 3):
             assert [e.data for e in store.read(f"fall/{n}")] == [{"n": n}], "appended once, on its own"
             assert store.verify(f"fall/{n}").valid
+
+
+@pytest.mark.parametrize("where", [1, 2])  # in the middle of the batch, and last
+def test_a_batch_whose_statement_meets_an_id_stored_in_another_stream_is_appended_one_by_one(
+        url: str, where: int) -> None:
+    """One statement appends the whole batch: an event id already stored elsewhere aborts it in the database
+    (after the appends before it went through), and each append is then decided on its own."""
+    from jixu.ledger.store import AppendRequest
+
+    with PostgresStore(url) as store:
+        stored = store.append("taken/1", [NewEvent("a.b", {"n": 1})], 0)[0]
+        requests = [AppendRequest(f"taken/new{n}", [NewEvent("a.b", {"n": n})], 0) for n in range(3)]
+        requests[where] = AppendRequest(f"taken/new{where}", [NewEvent("a.b", {"n": where}, id=stored.id)], 0)
+        answers = store.append_many(requests)
+        assert isinstance(answers[where], JixuError), answers[where]
+        assert store.read(f"taken/new{where}") == [], "the append of a stored id wrote nothing"
+        for n in {0, 1, 2} - {where}:
+            appended = answers[n]
+            assert isinstance(appended, list) and [e.data for e in appended] == [{"n": n}]
+            assert [e.data for e in store.read(f"taken/new{n}")] == [{"n": n}], "appended once, on its own"
+            assert store.verify(f"taken/new{n}").valid
+        assert [e.id for e in store.read("taken/1")] == [stored.id]
 
 
 _FROZEN_HOLDER = """
@@ -804,3 +838,31 @@ def test_a_process_frozen_inside_a_transaction_does_not_hold_its_rows_past_the_s
         finally:
             holder.send_signal(signal.SIGKILL)
             holder.wait(10)
+
+
+def test_a_batch_of_appends_of_different_lengths_stores_each_its_own_events_in_order(url: str) -> None:
+    """jixu_append_many_v6 hands each append its own slice of the statement's event arrays."""
+    from jixu.ledger.store import AppendRequest
+
+    with PostgresStore(url) as store:
+        store.append("sizes/b", [NewEvent("a.b", {"n": -1})], 0)
+        lengths = {"sizes/a": 3, "sizes/b": 1, "sizes/c": 4, "sizes/d": 2}
+        requests = [AppendRequest(stream, [NewEvent("a.b", {"stream": stream, "n": n}) for n in range(count)],
+                                  1 if stream == "sizes/b" else 0) for stream, count in lengths.items()]
+        alone: list[str] = []
+        append_alone = store._append
+
+        def noted(stream: str, *args: Any) -> Any:
+            alone.append(stream)
+            return append_alone(stream, *args)
+
+        store._append = noted  # type: ignore[method-assign]
+        answers = store.append_many(requests)
+        assert alone == [], "every append went through the batch's statement (none fell back to its own)"
+        for (stream, count), answer in zip(lengths.items(), answers, strict=True):
+            first = 2 if stream == "sizes/b" else 1
+            assert isinstance(answer, list) and [e.seq for e in answer] == list(range(first, first + count))
+            stored = store.read(stream)[first - 1:]
+            assert [e.data for e in stored] == [{"stream": stream, "n": n} for n in range(count)]
+            assert [e.hash for e in stored] == [e.hash for e in answer]
+            assert store.verify(stream).valid

@@ -477,6 +477,7 @@ def test_a_store_at_schema_1_gains_the_work_queue_on_open(shared_factory: StoreF
             conn.execute("DROP TABLE jixu_sessions")
             conn.execute("DROP TABLE jixu_last_used")
             conn.execute("ALTER TABLE jixu_streams DROP COLUMN project")
+            conn.execute("DROP FUNCTION jixu_append_many_v6")  # and migration 6's
             conn.execute("DELETE FROM jixu_schema WHERE version >= 2")
     reopened = shared_factory()
     assert reopened.schema_version() == (SQLITE_SCHEMA_VERSION if shared_factory.kind == "sqlite"

@@ -13,7 +13,7 @@ import jixu.ledger.postgres as postgres_module
 import jixu.ledger.sqlite as sqlite_module
 from jixu.errors import InvalidInput
 from jixu.ledger import NewEvent, SQLiteStore, Store
-from jixu.ledger.store import group_of_meta
+from jixu.ledger.store import AppendRequest, group_of_meta
 from tests.conftest import PostgresSchema
 
 
@@ -103,8 +103,6 @@ def test_streams_are_found_by_the_project_their_first_event_names(store: Store) 
 
 
 def test_streams_appended_together_in_one_group_are_indexed_too(store: Store) -> None:
-    from jixu.ledger.store import AppendRequest
-
     store.append_many([AppendRequest(f"thread/g{n}", [NewEvent("x.created", {}, {"project": "alpha"})], 0)
                        for n in range(4)])
     assert len(store.list_streams("thread/", groups=["alpha"])) == 4
@@ -169,13 +167,18 @@ def test_a_postgres_store_of_schema_4_is_upgraded_and_its_threads_indexed(postgr
             for statement in ("DROP TRIGGER jixu_streams_project ON jixu_streams",
                               "DROP FUNCTION jixu_streams_project()", "DROP FUNCTION jixu_project_of(text)",
                               "ALTER TABLE jixu_streams DROP COLUMN project", "DROP TABLE jixu_sessions",
-                              "DROP TABLE jixu_last_used", "DELETE FROM jixu_schema WHERE version = 5"):
+                              "DROP TABLE jixu_last_used", "DROP FUNCTION jixu_append_many_v6",
+                              "DELETE FROM jixu_schema WHERE version >= 5"):
                 conn.execute(statement)
         with PostgresStore(schema.url) as store:
-            assert store.schema_version() == postgres_module.SCHEMA_VERSION == 5
+            assert store.schema_version() == postgres_module.SCHEMA_VERSION == 6
             _check_backfilled(store)
             _stream(store, "thread/05", "alpha")  # after the upgrade: the trigger indexes a new stream
             assert store.stream_info("thread/05").group == "alpha"  # type: ignore[union-attr]
             assert store.verify("thread/01").valid
+            # and a group commit goes through migration 6's function
+            answers = store.append_many([AppendRequest(f"thread/6{n}", [NewEvent("x.created", {})], 0)
+                                         for n in range(3)])
+            assert [[e.seq for e in a] for a in answers] == [[1], [1], [1]]  # type: ignore[union-attr]
     finally:
         schema.drop()

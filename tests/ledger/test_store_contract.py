@@ -17,6 +17,7 @@ from jixu.errors import (
     IdempotencyConflict,
     InvalidId,
     InvalidInput,
+    JixuError,
     LeaseHeld,
     MalformedEvent,
     PayloadTooLarge,
@@ -239,11 +240,12 @@ def test_forked_stream_starts_from_the_given_genesis(store: Store) -> None:
 
 # --- the append contract, on every path that decides an append -------------------------------------
 
-APPEND_PATHS = ["memory", "sqlite", "sqlite-batched", "postgres", "postgres-v3", "postgres-slow"]
+APPEND_PATHS = ["memory", "sqlite", "sqlite-batched", "postgres", "postgres-batched", "postgres-v3", "postgres-slow"]
 """Every implementation of the append contract: the Python paths (memory, SQLite alone and batched, PostgreSQL's
 several-statement transaction) all decide with ``decide_append``; PostgreSQL's fast path is the PL/pgSQL
-function ``jixu_append_v4`` (``jixu_append`` for workers of schema 3), held here to the same verdicts."""
-_FUNCTION_PATHS = ("postgres", "postgres-v3")
+function ``jixu_append_v4`` (``jixu_append`` for workers of schema 3; ``jixu_append_many_v6`` calls it for a
+group commit), held here to the same verdicts."""
+_FUNCTION_PATHS = ("postgres", "postgres-batched", "postgres-v3")
 _APPEND_SQL_V3 = postgres_module._APPEND_SQL.replace("jixu_append_v4(", "jixu_append(")
 
 
@@ -252,7 +254,9 @@ class AppendPath:
 
     ``memory``; ``sqlite`` (an append alone: ``_append_in``); ``sqlite-batched`` (the append shares its
     group commit with a second one, so ``_append_batched`` decides it); ``postgres`` (``jixu_append_v4``,
-    handing over to ``_append_slowly`` when an id is stored); ``postgres-v3`` (the same with migration 3's
+    handing over to ``_append_slowly`` when an id is stored); ``postgres-batched`` (the append shares its group
+    commit with a second one: ``jixu_append_many_v6``, then the same hand-over); ``postgres-v3`` (the same with
+    migration 3's
     ``jixu_append``); ``postgres-slow`` (``_append_slowly`` alone, as on a database that does not store
     UTF-8). Each append checks that its path ran.
     """
@@ -267,6 +271,7 @@ class AppendPath:
                 store._fast_append = False
             self._spy(monkeypatch, "_append_once", "function")
             self._spy(monkeypatch, "_append_slowly", "slow")
+            self._spy(monkeypatch, "_append_together", "together")
         if kind == "sqlite-batched":
             self._spy(monkeypatch, "_append_batched", "batched")
             self._spy(monkeypatch, "_append_each", "savepoints")  # the fallback: must not be what decided
@@ -275,6 +280,8 @@ class AppendPath:
         original = getattr(self.store, name)
 
         def spy(*args: Any, **kwargs: Any) -> Any:
+            if _PAD_STREAM in args:  # the second append of a batched path's group: not the one under test
+                return original(*args, **kwargs)
             self.trail.append(label)  # before the call: it may raise the verdict
             result = original(*args, **kwargs)
             if result is False:  # _append_batched handed the group to the savepoint path
@@ -290,18 +297,21 @@ class AppendPath:
 
     def decided_by(self) -> str:
         """``plpgsql`` when the database function alone decided the last append, else ``python``."""
-        return "plpgsql" if self.trail == ["function"] else "python"
+        return "plpgsql" if self.trail in (["function"], ["together"]) else "python"
 
     def append(self, stream: str, batch: list[NewEvent], expected_seq: int, fence: Fence | None = None, *,
                genesis_hash: str | None = None) -> list[Event]:
         """``store.append`` through this path (raises what it raises)."""
         self.trail = []
         try:
-            if self.kind != "sqlite-batched":
-                return self.store.append(stream, batch, expected_seq, fence, genesis_hash=genesis_hash)
-            return self._append_batched(stream, batch, expected_seq, fence, genesis_hash)
+            if self.kind == "sqlite-batched":
+                return self._append_batched(stream, batch, expected_seq, fence, genesis_hash)
+            if self.kind == "postgres-batched":
+                return self._append_together(stream, batch, expected_seq, fence, genesis_hash)
+            return self.store.append(stream, batch, expected_seq, fence, genesis_hash=genesis_hash)
         finally:
-            expected = {"postgres-slow": [["slow"]], "sqlite-batched": [["batched"]]}.get(
+            expected = {"postgres-slow": [["slow"]], "sqlite-batched": [["batched"]],
+                        "postgres-batched": [["together"], ["together", "function", "slow"]]}.get(
                 self.kind, [["function"], ["function", "slow"]] if self.kind in _FUNCTION_PATHS else [[]])
             assert self.trail in expected, f"{self.kind} took {self.trail}"
 
@@ -313,13 +323,26 @@ class AppendPath:
         mine = _QueuedAppend(stream, prepared, expected_seq, fence, genesis_hash or GENESIS_HASH)
         # A second append in the same group, refused by its head: the group is decided together and this one
         # writes nothing.
-        other = _QueuedAppend("pad/refused", [prepare(NewEvent("pad.refused"))], 1, None, GENESIS_HASH)
+        other = _QueuedAppend(_PAD_STREAM, [prepare(NewEvent("pad.refused"))], 1, None, GENESIS_HASH)
         store._commit_queued([mine, other])
-        assert isinstance(other.error, ConcurrencyError) and store.stream_info("pad/refused") is None
+        assert isinstance(other.error, ConcurrencyError) and store.stream_info(_PAD_STREAM) is None
         if mine.error is not None:
             raise mine.error
         assert mine.rows is not None
         return [row.to_event() for row in mine.rows]
+
+    def _append_together(self, stream: str, batch: list[NewEvent], expected_seq: int, fence: Fence | None,
+                         genesis_hash: str | None) -> list[Event]:
+        # As in _append_batched: a second append in the same statement, refused by its head.
+        mine, other = self.store.append_many([AppendRequest(stream, batch, expected_seq, fence, genesis_hash),
+                                              AppendRequest(_PAD_STREAM, [NewEvent("pad.refused")], 1)])
+        assert isinstance(other, ConcurrencyError) and self.store.stream_info(_PAD_STREAM) is None
+        if isinstance(mine, JixuError):
+            raise mine
+        return mine
+
+
+_PAD_STREAM = "pad/refused"
 
 
 @pytest.fixture(params=APPEND_PATHS)

@@ -23,6 +23,11 @@ What differs is how concurrency is settled:
   function finds it by the ids' unique index when it inserts (the statement
   fails and undoes everything) or, when it refuses the fence or the head, by
   looking the ids up first, so a retry is a no-op whatever moved since.
+  A group commit's appends (:meth:`PostgresStore.append_many`) are one
+  statement too, ``SELECT * FROM jixu_append_many_v6(...)`` (migration 6):
+  ``jixu_append_v4`` for each, in stream order, in one transaction, each
+  answered on its own; when the database aborts the statement (a stored id),
+  each append is then made on its own.
 - **Fences** lock the lease row ``FOR UPDATE`` in the append's transaction
   and judge expiry by the *database* clock (``clock_timestamp()``, read after
   the locks are held), so no worker's clock skew can extend a lease. The
@@ -473,6 +478,41 @@ MIGRATIONS.append((
         "CREATE INDEX jixu_streams_project ON jixu_streams (project, stream) WHERE project IS NOT NULL",
     ),
 ))
+# A group commit's appends as one statement: jixu_append_v4 for each, in the order given (the caller sorts
+# them by stream, so two batches lock the heads they share in one order). Request i's events are the next
+# p_counts[i] entries of the event arrays; a slice has subscripts from 1, as jixu_append_v4 expects.
+_APPEND_MANY_FUNCTION_V6 = """CREATE FUNCTION jixu_append_many_v6(
+    p_streams text[], p_expected bigint[], p_geneses text[],
+    p_fence_keys text[], p_fence_owners text[], p_fence_epochs bigint[],
+    p_counts integer[], p_ids text[], p_types text[], p_data text[], p_meta text[]
+) RETURNS TABLE (
+    o_status text, o_head_seq bigint, o_prev_hash text, o_recorded_at text,
+    o_hashes text[], o_lease_found boolean, o_lease_owner text, o_lease_epoch bigint,
+    o_lease_expires_at double precision, o_lease_heartbeat_at double precision,
+    o_lease_released boolean, o_now double precision
+) LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_first integer := 1;
+    v_last  integer;
+BEGIN
+    FOR i IN 1..cardinality(p_streams) LOOP
+        v_last := v_first + p_counts[i] - 1;
+        SELECT * INTO o_status, o_head_seq, o_prev_hash, o_recorded_at, o_hashes, o_lease_found, o_lease_owner,
+                      o_lease_epoch, o_lease_expires_at, o_lease_heartbeat_at, o_lease_released, o_now
+          FROM jixu_append_v4(p_streams[i], p_expected[i], p_geneses[i], p_fence_keys[i], p_fence_owners[i],
+                              p_fence_epochs[i], p_ids[v_first:v_last], p_types[v_first:v_last],
+                              p_data[v_first:v_last], p_meta[v_first:v_last]);
+        RETURN NEXT;
+        v_first := v_last + 1;
+    END LOOP;
+END
+$fn$"""
+
+MIGRATIONS.append((
+    6,
+    "jixu_append_many_v6(): a group commit's appends in one statement",
+    (_APPEND_MANY_FUNCTION_V6,),
+))
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 _STREAM_COLUMNS = "stream, head_seq, head_hash, genesis_hash, created_at, project"
 _SESSION_COLUMNS = "key, subject, created_at, expires_at, revoked_at"
@@ -490,6 +530,8 @@ locks, and every other process would skip the rows it locked (``SKIP LOCKED``) o
 long as it stays frozen, whatever the leases' TTL says."""
 _APPEND_SQL = ("SELECT * FROM jixu_append_v4(%s::text, %s::bigint, %s::text, %s::text, %s::text, %s::bigint, "
                "%b::text[], %b::text[], %b::text[], %b::text[])")
+_APPEND_MANY_SQL = ("SELECT * FROM jixu_append_many_v6(%b::text[], %b::bigint[], %b::text[], %b::text[], %b::text[], "
+                    "%b::bigint[], %b::integer[], %b::text[], %b::text[], %b::text[], %b::text[])")
 # The column ``project`` holds an item's group (as in SQLite: renaming it would stop older workers sharing the store).
 _WORK_COLUMNS = ("key, project, status, ready_at, enqueued_at, claimed_by, epoch, expires_at, heartbeat_at, "
                  "rerun, position")
@@ -581,6 +623,32 @@ class _Again(Exception):
     def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause))
         self.cause = cause
+
+
+def _appended(stream: str, batch: list[PreparedEvent], expected_seq: int, fence: Fence | None,
+              result: tuple[Any, ...]) -> list[StoredRow] | None:
+    """What ``jixu_append_v4``'s answer ``result`` to one append means: the rows it sealed and wrote, the
+    refusal it found (raised), or ``None`` when the slow path must decide ('existing', 'busy')."""
+    (status, head_seq, prev, recorded_at, hashes, lease_found, owner, epoch, expires_at, heartbeat_at,
+     released, now) = result
+    if status == "ok":
+        rows = []
+        for offset, (prepared, digest) in enumerate(zip(batch, hashes, strict=True), start=1):
+            rows.append(StoredRow(prepared.id, stream, expected_seq + offset, prepared.type, prepared.data_json,
+                                  prepared.meta_json, recorded_at, prev, digest))
+            prev = digest
+        return rows
+    if status in ("conflict", "fenced"):
+        # The function refused, having found none of the ids stored: word its refusal as every store does,
+        # from the lease, clock and head it read under its locks.
+        current = (Lease(fence.key, owner, int(epoch), float(expires_at), float(heartbeat_at), bool(released))
+                   if fence is not None and lease_found else None)
+        refusal = judge_append(stream, batch, expected_seq, fence, found={}, lease=current,
+                               now=float(now) if now is not None else 0.0,
+                               head_seq=int(head_seq) if head_seq is not None else 0)
+        if isinstance(refusal, FencingError if status == "fenced" else ConcurrencyError):
+            raise refusal
+    return None  # 'existing' or 'busy' (or a verdict Python does not share): decide slowly
 
 
 def _work_params(row: WorkRow) -> dict[str, object]:
@@ -961,7 +1029,8 @@ class PostgresStore(Store):
         for index, request in enumerate(requests):
             try:
                 queued.append((index, request, self._prepare_append(request.stream, request.events,
-                                                                    request.expected_seq, request.fence, None)))
+                                                                    request.expected_seq, request.fence,
+                                                                    request.genesis_hash)))
             except JixuError as refused:
                 results[index] = refused
         later = queued
@@ -969,14 +1038,7 @@ class PostgresStore(Store):
             ordered = sorted(queued, key=lambda item: item[1].stream)
 
             def together(conn: _PooledConnection) -> list[list[StoredRow] | JixuError | None]:
-                answers: list[list[StoredRow] | JixuError | None] = []
-                for _index, request, batch in ordered:
-                    try:
-                        answers.append(self._append_once(conn, request.stream, batch, request.expected_seq,
-                                                         request.fence, GENESIS_HASH, batched=True))
-                    except (ConcurrencyError, FencingError) as refused:  # the function wrote nothing
-                        answers.append(refused)
-                return answers
+                return self._append_together(conn, [(request, batch) for _index, request, batch in ordered])
 
             try:
                 answers = self._run(together, write=True, transaction=True, idempotent=True)
@@ -995,7 +1057,8 @@ class PostgresStore(Store):
         for index, request, batch in later:
             try:
                 results[index] = [row.to_event() for row in self._append(
-                    request.stream, batch, request.expected_seq, request.fence, GENESIS_HASH)]
+                    request.stream, batch, request.expected_seq, request.fence,
+                    request.genesis_hash or GENESIS_HASH)]
             except JixuError as error:
                 results[index] = error
         return [result for result in results if result is not None]
@@ -1008,13 +1071,8 @@ class PostgresStore(Store):
         expected_seq: int,
         fence: Fence | None,
         genesis_hash: str,
-        *,
-        batched: bool = False,
     ) -> list[StoredRow] | None:
-        """The rows ``jixu_append_v4`` sealed and committed, or ``None`` when the slow path must decide.
-
-        ``batched``: inside a transaction of several appends, where a unique violation has aborted the
-        transaction: it is raised (the whole transaction rolls back), not taken as "decide slowly"."""
+        """The rows ``jixu_append_v4`` sealed and committed, or ``None`` when the slow path must decide."""
         cursor = conn.append_cursor()
         try:
             result = cursor.execute(_APPEND_SQL, (
@@ -1024,30 +1082,46 @@ class PostgresStore(Store):
                 [p.meta_json for p in batch],
             )).fetchone()
         except pg_errors.UniqueViolation as exc:
-            if exc.diag.constraint_name == _ID_CONSTRAINT and not batched:
+            if exc.diag.constraint_name == _ID_CONSTRAINT:
                 return None  # an id of the batch is stored, or was committed meanwhile: decide slowly
             raise
         assert result is not None
-        (status, head_seq, prev, recorded_at, hashes, lease_found, owner, epoch, expires_at, heartbeat_at,
-         released, now) = result
-        if status == "ok":
-            rows = []
-            for offset, (prepared, digest) in enumerate(zip(batch, hashes, strict=True), start=1):
-                rows.append(StoredRow(prepared.id, stream, expected_seq + offset, prepared.type, prepared.data_json,
-                                      prepared.meta_json, recorded_at, prev, digest))
-                prev = digest
-            return rows
-        if status in ("conflict", "fenced"):
-            # The function refused, having found none of the ids stored: word its refusal as every store does,
-            # from the lease, clock and head it read under its locks.
-            current = (Lease(fence.key, owner, int(epoch), float(expires_at), float(heartbeat_at), bool(released))
-                       if fence is not None and lease_found else None)
-            refusal = judge_append(stream, batch, expected_seq, fence, found={}, lease=current,
-                                   now=float(now) if now is not None else 0.0,
-                                   head_seq=int(head_seq) if head_seq is not None else 0)
-            if isinstance(refusal, FencingError if status == "fenced" else ConcurrencyError):
-                raise refusal
-        return None  # 'existing' or 'busy' (or a verdict Python does not share): decide slowly
+        return _appended(stream, batch, expected_seq, fence, result)
+
+    def _append_together(self, conn: _PooledConnection, appends: Sequence[tuple[AppendRequest, list[PreparedEvent]]]
+                         ) -> list[list[StoredRow] | JixuError | None]:
+        """Each of ``appends`` through ``jixu_append_v4``, all in one statement (``jixu_append_many_v6``),
+        answered as :meth:`_append_once` answers one: its rows, its refusal, or ``None`` (decide slowly).
+
+        Inside a transaction of several appends: an error of the statement (a unique violation of a stored
+        id) aborts the transaction and is raised."""
+        streams, expected, geneses, keys, owners, epochs, counts = [], [], [], [], [], [], []
+        ids, types, data, meta = [], [], [], []
+        for request, batch in appends:
+            fence = request.fence
+            streams.append(request.stream)
+            expected.append(request.expected_seq)
+            geneses.append(request.genesis_hash or GENESIS_HASH)
+            keys.append(fence.key if fence else None)
+            owners.append(fence.owner if fence else None)
+            epochs.append(fence.epoch if fence else None)
+            counts.append(len(batch))
+            for prepared in batch:
+                ids.append(prepared.id)
+                types.append(prepared.type)
+                data.append(prepared.data_json)
+                meta.append(prepared.meta_json)
+        results = conn.append_cursor().execute(_APPEND_MANY_SQL, (
+            streams, expected, geneses, keys, owners, epochs, counts, ids, types, data, meta)).fetchall()
+        if len(results) != len(appends):
+            raise StoreError(f"jixu_append_many_v6 answered {len(results)} of {len(appends)} appends")
+        answers: list[list[StoredRow] | JixuError | None] = []
+        for (request, batch), result in zip(appends, results, strict=True):
+            try:
+                answers.append(_appended(request.stream, batch, request.expected_seq, request.fence, result))
+            except (ConcurrencyError, FencingError) as refused:  # the function wrote nothing for it
+                answers.append(refused)
+        return answers
 
     def _append_slowly(
         self,

@@ -539,12 +539,12 @@ class SQLiteStore(Store):
         for index, request in enumerate(requests):
             try:
                 batch = self._prepare_append(request.stream, request.events, request.expected_seq, request.fence,
-                                             None)
+                                             request.genesis_hash)
             except JixuError as refused:
                 results[index] = refused
                 continue
             queued.append((index, _QueuedAppend(request.stream, batch, request.expected_seq, request.fence,
-                                                GENESIS_HASH)))
+                                                request.genesis_hash or GENESIS_HASH)))
         if queued:
             if self.read_only:
                 raise StoreReadOnly(f"{self.path}: opened read-only; open it writable to change it", path=self.path)

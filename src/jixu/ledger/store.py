@@ -746,6 +746,7 @@ class AppendRequest:
     events: Sequence[NewEvent | PreparedEvent]
     expected_seq: int
     fence: Fence | None = None
+    genesis_hash: str | None = None
 
 
 class Store(abc.ABC):
@@ -803,7 +804,8 @@ class Store(abc.ABC):
         results: list[list[Event] | JixuError] = []
         for request in requests:
             try:
-                results.append(self.append(request.stream, request.events, request.expected_seq, request.fence))
+                results.append(self.append(request.stream, request.events, request.expected_seq, request.fence,
+                                           genesis_hash=request.genesis_hash))
             except JixuError as error:
                 results.append(error)
         return results
