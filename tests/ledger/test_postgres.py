@@ -198,6 +198,44 @@ def test_the_lease_clock_is_the_databases(url: str, monkeypatch: pytest.MonkeyPa
         assert recorded.startswith(db_now)
 
 
+@pytest.mark.parametrize("how", ["take_over_leases", "acquire_lease"])
+def test_a_lease_another_owner_creates_while_leases_are_changed_is_decided_again_under_its_lock(
+        url: str, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """Leases change in one transaction: the rows are locked, the changes decided, then one update and one
+    insert. A lease another owner creates between the lock and the insert must be decided again, never
+    overwritten or shared: the take meets an epoch it did not see, the acquire a live holder."""
+    from jixu.ledger import LeaseTake
+    from jixu.ledger import postgres as postgres_module
+
+    decide = postgres_module.each_change
+    raced: list[str] = []
+
+    def racing(changes: Any, apply: Any, refusals: Any = ()) -> Any:
+        if not raced:
+            raced.append("lease/new")
+            with raw(url) as other:  # commits at once, after this transaction locked what existed
+                other.execute("INSERT INTO jixu_leases (key, owner, epoch, expires_at, heartbeat_at, released) "
+                              "VALUES ('lease/new', 'owner-b', 1, extract(epoch FROM clock_timestamp()) + 60, "
+                              "extract(epoch FROM clock_timestamp()), false)")
+        return decide(changes, apply, refusals)
+
+    with PostgresStore(url) as store:
+        kept = store.acquire_lease("lease/kept", "owner-a", 60)
+        monkeypatch.setattr(postgres_module, "each_change", racing)
+        if how == "take_over_leases":
+            answers = store.take_over_leases([LeaseTake("lease/new", "owner-a", 60, 0),
+                                              LeaseTake("lease/kept", "owner-a", 60, kept.epoch,
+                                                        require_expired=False)])
+            assert isinstance(answers[0], FencingError), answers
+            assert answers[1].epoch == kept.epoch + 1  # type: ignore[union-attr]
+        else:
+            with pytest.raises(LeaseHeld):
+                store.acquire_lease("lease/new", "owner-a", 60)
+        assert raced == ["lease/new"]
+        lease = store.get_lease("lease/new")
+        assert lease is not None and (lease.owner, lease.epoch) == ("owner-b", 1), lease
+
+
 # --- DSNs and errors -------------------------------------------------------------------------------
 
 

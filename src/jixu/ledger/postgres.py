@@ -120,6 +120,13 @@ _CHUNK = 4096
 _ATTEMPTS = 6  # tries of one transaction that the database aborted for a conflict
 _ROW_COLUMNS = "id, stream, seq, type, data, meta, recorded_at, prev_hash, hash"
 _LEASE_COLUMNS = "key, owner, epoch, expires_at, heartbeat_at, released"
+_LEASES_UNNEST = ("unnest(%s::text[], %s::text[], %s::bigint[], %s::float8[], %s::float8[], %s::boolean[]) "
+                  "AS u (key, owner, epoch, expires_at, heartbeat_at, released)")
+_UPDATE_LEASES_SQL = ("UPDATE jixu_leases AS l SET owner = u.owner, epoch = u.epoch, expires_at = u.expires_at, "
+                      f"heartbeat_at = u.heartbeat_at, released = u.released FROM {_LEASES_UNNEST} "
+                      "WHERE l.key = u.key RETURNING l.key")
+_INSERT_LEASES_SQL = (f"INSERT INTO jixu_leases ({_LEASE_COLUMNS}) SELECT u.* FROM {_LEASES_UNNEST} "
+                      "ON CONFLICT (key) DO NOTHING RETURNING key")
 _UTC_TEXT = "to_char({} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
 _NOW_SQL = "SELECT extract(epoch FROM clock_timestamp())::float8"
 _CLOCK_SQL = (f"SELECT extract(epoch FROM t)::float8, {_UTC_TEXT.format('t')} "
@@ -537,6 +544,14 @@ _WORK_COLUMNS = ("key, project, status, ready_at, enqueued_at, claimed_by, epoch
                  "rerun, position")
 _CLAIMABLE = ("((status = 'pending' AND ready_at <= %(now)s) OR "
               "(status = 'claimed' AND expires_at <= %(now)s))")
+_UPDATE_WORKS_SQL = ("UPDATE jixu_work AS w SET status = u.status, ready_at = u.ready_at, enqueued_at = u.enqueued_at, "
+                     "claimed_by = u.claimed_by, epoch = u.epoch, expires_at = u.expires_at, "
+                     "heartbeat_at = u.heartbeat_at, rerun = u.rerun "
+                     "FROM unnest(%s::text[], %s::text[], %s::float8[], %s::float8[], %s::text[], %s::bigint[], "
+                     "%s::float8[], %s::float8[], %s::boolean[]) "
+                     "AS u (key, status, ready_at, enqueued_at, claimed_by, epoch, expires_at, heartbeat_at, rerun) "
+                     "WHERE w.key = u.key")
+""":data:`_UPDATE_WORK_SQL` of several rows in one statement."""
 _UPDATE_WORK_SQL = ("UPDATE jixu_work SET status = %(status)s, ready_at = %(ready_at)s, enqueued_at = %(enqueued_at)s, "
                     "claimed_by = %(claimed_by)s, epoch = %(epoch)s, expires_at = %(expires_at)s, "
                     "heartbeat_at = %(heartbeat_at)s, rerun = %(rerun)s WHERE key = %(key)s")
@@ -1300,39 +1315,45 @@ class PostgresStore(Store):
         return Lease(row[0], row[1], int(row[2]), float(row[3]), float(row[4]), bool(row[5])) if row else None
 
     def _change_lease(self, key: str, change: Callable[[Lease | None, float], Lease]) -> Lease:
-        return self._run(lambda conn: self._lease_in(conn, key, change), write=True, transaction=True)
+        answer = self._change_leases([(key, change)], durable=True, refusals=())[0]  # () : raised, not answered
+        assert isinstance(answer, Lease)
+        return answer
 
     def _change_leases(self, changes: list[tuple[str, LeaseChange]], *, durable: bool,
                        refusals: tuple[type[JixuError], ...]) -> list[Lease | JixuError]:
+        """The leases' changes in one transaction of three or four statements, however many there are: the
+        rows locked in key order (two processes changing overlapping sets cannot deadlock), each change
+        decided in that order (two of one key: the second sees the first), one update, one insert."""
         # Every commit here waits for the WAL flush, so ``durable`` changes nothing.
         def apply(conn: _Conn) -> list[Lease | JixuError]:
-            # each_change locks the rows in key order, so two processes changing overlapping sets cannot deadlock.
             now = self._clock(conn)[0]  # one store time for the batch, as SQLite's one transaction has
-            return each_change(changes, lambda key, change: self._lease_in(conn, key, change, now), refusals)
+            keys = sorted({key for key, _change in changes})
+            current = {str(row[0]): Lease(str(row[0]), str(row[1]), int(row[2]), float(row[3]), float(row[4]),
+                                          bool(row[5])) for row in conn.execute(
+                f"SELECT {_LEASE_COLUMNS} FROM jixu_leases WHERE key = ANY(%s) ORDER BY key FOR UPDATE", (keys,))}
+            stored = set(current)
+            changed: dict[str, Lease] = {}
+
+            def change_one(key: str, change: LeaseChange) -> Lease:
+                lease = change(current.get(key), now)
+                current[key] = changed[key] = lease
+                return lease
+
+            answers = each_change(changes, change_one, refusals)
+            for leases, sql in (([lease for key, lease in changed.items() if key in stored], _UPDATE_LEASES_SQL),
+                                ([lease for key, lease in changed.items() if key not in stored], _INSERT_LEASES_SQL)):
+                if not leases:
+                    continue
+                written = conn.execute(sql, (
+                    [lease.key for lease in leases], [lease.owner for lease in leases],
+                    [lease.epoch for lease in leases], [lease.expires_at for lease in leases],
+                    [lease.heartbeat_at for lease in leases], [lease.released for lease in leases])).fetchall()
+                if len(written) != len(leases):
+                    # Another owner created one of the new leases meanwhile: decide them all again, under its lock.
+                    raise _Again(StoreError(f"{self._where}: a lease was created meanwhile"))
+            return answers
 
         return self._run(apply, write=True, transaction=True) if changes else []
-
-    def _lease_in(self, conn: _Conn, key: str, change: Callable[[Lease | None, float], Lease],
-                  now: float | None = None) -> Lease:
-        """A lease's change inside the open transaction (its row locked), at store time ``now`` if given."""
-        for _ in range(3):
-            current = self._lease_row(conn, key, lock=True)
-            lease = change(current, self._clock(conn)[0] if now is None else now)
-            if current is not None:
-                conn.execute("UPDATE jixu_leases SET owner = %s, epoch = %s, expires_at = %s, "
-                             "heartbeat_at = %s, released = %s WHERE key = %s",
-                             (lease.owner, lease.epoch, lease.expires_at, lease.heartbeat_at, lease.released,
-                              lease.key))
-                return lease
-            inserted = conn.execute(
-                f"INSERT INTO jixu_leases ({_LEASE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s) "
-                "ON CONFLICT (key) DO NOTHING RETURNING key",
-                (lease.key, lease.owner, lease.epoch, lease.expires_at, lease.heartbeat_at, lease.released),
-            ).fetchone()
-            if inserted is not None:
-                return lease
-            # another owner created the lease meanwhile: decide again under its row lock
-        raise StoreError(f"{self._where}: lease {key!r} kept changing; retry")
 
     def _release_lease(self, fence: Fence) -> None:
         self._run(lambda conn: conn.execute(
@@ -1380,11 +1401,32 @@ class PostgresStore(Store):
         return self._run(lambda conn: self._work_in(conn, key, change), write=True, transaction=True)
 
     def _renew_works(self, changes: list[tuple[str, WorkChange]]) -> list[WorkRow | FencingError]:
+        """The renewals in one transaction of four statements, however many there are: the rows locked in key
+        order, each renewal decided in that order, one update of the renewed rows."""
         def apply(conn: _Conn) -> list[WorkRow | FencingError]:
             conn.execute(_WORK_LOCK_SHARED_SQL)  # no claimer counts live claims while these are renewed
             now = self._clock(conn)[0]
-            return renewal_answers(each_change(changes, lambda key, change: self._work_in(conn, key, change,
-                                                                                        now=now)[1]))
+            keys = sorted({key for key, _change in changes})
+            current = {row.key: row for row in map(self._work_row, conn.execute(
+                f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE key = ANY(%s) ORDER BY key FOR UPDATE", (keys,)))}
+            changed: dict[str, WorkRow] = {}
+
+            def renew_one(key: str, change: WorkChange) -> WorkRow:
+                before = current.get(key)
+                row = change(before, now)  # a renewal of a missing item is refused (FencingError)
+                if row is not before:
+                    current[key] = changed[key] = row
+                return row
+
+            answers = renewal_answers(each_change(changes, renew_one))
+            if changed:
+                rows = list(changed.values())
+                conn.execute(_UPDATE_WORKS_SQL, (
+                    [row.key for row in rows], [row.status for row in rows], [row.ready_at for row in rows],
+                    [row.enqueued_at for row in rows], [row.claimed_by for row in rows], [row.epoch for row in rows],
+                    [row.expires_at for row in rows], [row.heartbeat_at for row in rows],
+                    [row.rerun for row in rows]))
+            return answers
 
         return self._run(apply, write=True, transaction=True) if changes else []
 
