@@ -6,6 +6,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -558,6 +559,22 @@ def test_checkpoints_are_stored_and_replaced(store: Store) -> None:
     store.write_checkpoint(second)
     assert store.read_checkpoint("threads/1", "state") == second
     assert store.read_checkpoint("threads/1", "other") is None
+
+
+def test_checkpoints_of_several_names_are_read_at_once_and_only_those_that_exist(store: Store) -> None:
+    made = {name: Checkpoint("threads/1", name, n, 1, "a" * 64, f'{{"n":{n}}}', "d" * 64,
+                             "2026-01-01T00:00:00.000000Z") for n, name in enumerate(["state", "jixu/verdict"], 1)}
+    for checkpoint in made.values():
+        store.write_checkpoint(checkpoint)
+    store.write_checkpoint(replace(made["state"], stream="threads/2"))  # another stream's: not read
+    assert store.read_checkpoints("threads/1", ["state", "jixu/verdict", "missing", "state"]) == made
+    assert store.read_checkpoints("threads/1", ["missing"]) == {} == store.read_checkpoints("threads/1", [])
+    assert store.read_checkpoints("threads/3", ["state"]) == {}
+    for bad in ("state", ["state", 1], ["n"] * 101):
+        with pytest.raises(InvalidInput):
+            store.read_checkpoints("threads/1", bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput):
+        store.read_checkpoints("", ["state"])
 
 
 # --- verification -------------------------------------------------------------------------

@@ -222,8 +222,9 @@ class MemoryStore(Store):
         with self._lock:
             self._checkpoints[(checkpoint.stream, checkpoint.name)] = checkpoint
 
-    def _read_checkpoint(self, stream: str, name: str) -> Checkpoint | None:
-        return self._checkpoints.get((stream, name))
+    def _read_checkpoints(self, stream: str, names: list[str]) -> dict[str, Checkpoint]:
+        found = (self._checkpoints.get((stream, name)) for name in names)
+        return {checkpoint.name: checkpoint for checkpoint in found if checkpoint is not None}
 
     # --- work queue -----------------------------------------------------------------
 

@@ -1377,11 +1377,12 @@ class PostgresStore(Store):
              checkpoint.head_hash, checkpoint.state_json, checkpoint.digest, checkpoint.created_at)), write=True,
                   idempotent=True)  # an upsert of the same row
 
-    def _read_checkpoint(self, stream: str, name: str) -> Checkpoint | None:
-        row = self._run(lambda conn: conn.execute(
+    def _read_checkpoints(self, stream: str, names: list[str]) -> dict[str, Checkpoint]:
+        rows = self._run(lambda conn: conn.execute(
             "SELECT stream, name, seq, reducer_version, head_hash, state, digest, created_at "
-            "FROM jixu_checkpoints WHERE stream = %s AND name = %s", (stream, name)).fetchone())
-        return Checkpoint(row[0], row[1], int(row[2]), int(row[3]), row[4], row[5], row[6], row[7]) if row else None
+            "FROM jixu_checkpoints WHERE stream = %s AND name = ANY(%s)", (stream, names)).fetchall())
+        return {str(row[1]): Checkpoint(row[0], row[1], int(row[2]), int(row[3]), row[4], row[5], row[6], row[7])
+                for row in rows}
 
     # --- work queue -----------------------------------------------------------------
 

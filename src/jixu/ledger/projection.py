@@ -45,7 +45,7 @@ from jixu.ledger.encoding import MAX_NESTING, JSONObject, canonical_text
 from jixu.ledger.event import Event, check_stream, utc_now_text
 from jixu.ledger.keys import Keyring, keyring, sealing_keyring
 from jixu.ledger.store import Checkpoint, Store
-from jixu.ledger.trust import anchor_holds, recorded_break, rewritten, seal_checkpoint, seal_status
+from jixu.ledger.trust import VERDICT_NAME, anchor_holds, break_of, rewritten, seal_checkpoint, seal_status
 
 S = TypeVar("S")
 
@@ -401,10 +401,12 @@ def project(store: Store, stream: str, projection: Projection[S], *, use_checkpo
     state = projection.initial()
     start_seq, anchor_hash, checkpoint_seq = 1, info.genesis_hash, None
     source: ChunkSource[S] | None = None
-    known = recorded_break(store, stream, keys)
+    # The projection's checkpoint and the recorded break, in one read.
+    read = store.read_checkpoints(stream, [VERDICT_NAME, projection.name] if use_checkpoint else [VERDICT_NAME])
+    known = break_of(stream, read.get(VERDICT_NAME), keys)
     contradiction: Checkpoint | None = None
     if use_checkpoint:
-        checkpoint = store.read_checkpoint(stream, projection.name)
+        checkpoint = read.get(projection.name)
         if checkpoint is not None and known is not None:
             status = "broken"
         elif checkpoint is not None:

@@ -991,11 +991,12 @@ class SQLiteStore(Store):
              checkpoint.head_hash, checkpoint.state_json, checkpoint.digest, checkpoint.created_at or utc_now_text())),
             sync=False)
 
-    def _read_checkpoint(self, stream: str, name: str) -> Checkpoint | None:
-        row = self._run(lambda conn: conn.execute(
+    def _read_checkpoints(self, stream: str, names: list[str]) -> dict[str, Checkpoint]:
+        rows = self._run(lambda conn: conn.execute(
             "SELECT stream, name, seq, reducer_version, head_hash, state, digest, created_at "
-            "FROM jixu_checkpoints WHERE stream = ? AND name = ?", (stream, name)).fetchone())
-        return Checkpoint(*row) if row else None
+            f"FROM jixu_checkpoints WHERE stream = ? AND name IN ({', '.join('?' * len(names))})",
+            (stream, *names)).fetchall())
+        return {row[1]: Checkpoint(*row) for row in rows}
 
     # --- work queue -----------------------------------------------------------------
 

@@ -362,6 +362,8 @@ WORK_STATES = ("pending", "claimed", "expired", "done")
 """States of a work item as :meth:`Store.list_work` reports them (``claimed``/``expired`` by the store's clock)."""
 _MAX_GROUP = 100
 _MAX_GROUPS = 1000
+_MAX_CHECKPOINT_NAMES = 100
+"""The most checkpoint names :meth:`Store.read_checkpoints` reads at once."""
 SESSION_RETENTION = 86_400.0
 """Seconds a session is kept after it ended (then :meth:`Store.create_session` deletes it)."""
 
@@ -1072,8 +1074,18 @@ class Store(abc.ABC):
 
     def read_checkpoint(self, stream: str, name: str) -> Checkpoint | None:
         """The latest checkpoint of ``name`` for ``stream``, unchecked (see projection)."""
+        return self.read_checkpoints(stream, (name,)).get(name)
+
+    def read_checkpoints(self, stream: str, names: Sequence[str]) -> dict[str, Checkpoint]:
+        """The latest checkpoints of ``names`` for ``stream`` (those that exist, by name; unchecked), in one
+        read: what opening a stream needs (its projection's checkpoint and its recorded break) at once."""
         check_stream(stream)
-        return self._read_checkpoint(stream, name)
+        if isinstance(names, str) or not isinstance(names, Sequence) or len(names) > _MAX_CHECKPOINT_NAMES \
+                or not all(isinstance(name, str) for name in names):
+            raise InvalidInput(f"names must be a list of at most {_MAX_CHECKPOINT_NAMES} checkpoint names",
+                               field="names")
+        wanted = sorted(set(names))
+        return self._read_checkpoints(stream, wanted) if wanted else {}
 
     # --- sessions and credential use -------------------------------------------------
 
@@ -1211,7 +1223,8 @@ class Store(abc.ABC):
     def _write_checkpoint(self, checkpoint: Checkpoint) -> None: ...
 
     @abc.abstractmethod
-    def _read_checkpoint(self, stream: str, name: str) -> Checkpoint | None: ...
+    def _read_checkpoints(self, stream: str, names: list[str]) -> dict[str, Checkpoint]:
+        """The checkpoints of ``names`` (distinct, at least one) for ``stream`` that exist, by name."""
 
     @abc.abstractmethod
     def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow]) -> tuple[WorkItem, WorkRow]:

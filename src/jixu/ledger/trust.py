@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from jixu.errors import StoreError
 from jixu.ledger.chain import Reason, VerifyReport, row_hash
@@ -80,11 +80,14 @@ def rewritten(checkpoint: Checkpoint, head_seq: int, count: int, head_hash: str)
 
 
 def contradicted(store: Store, stream: str, names: Iterable[str], keys: Keyring, head_seq: int, count: int,
-                 head_hash: str) -> VerifyReport | None:
-    """The earliest of the sealed checkpoints ``names`` of ``stream`` that the events contradict, as a report."""
+                 head_hash: str, *, read: Mapping[str, Checkpoint] | None = None) -> VerifyReport | None:
+    """The earliest of the sealed checkpoints ``names`` of ``stream`` that the events contradict, as a report
+    (``read``: those checkpoints as already read, by name; else they are read here)."""
+    wanted = list(names)
+    checkpoints = read if read is not None else store.read_checkpoints(stream, wanted)
     found: VerifyReport | None = None
-    for name in names:
-        checkpoint = store.read_checkpoint(stream, name)
+    for name in wanted:
+        checkpoint = checkpoints.get(name)
         if checkpoint is None or seal_status(keys, checkpoint) != "sealed":
             continue
         if checkpoint.seq <= head_seq and anchor_holds(store, checkpoint):
@@ -101,7 +104,11 @@ def _verdict_parts(stream: str, text: str) -> list[bytes]:
 
 def recorded_break(store: Store, stream: str, keys: Keyring | None = None) -> VerifyReport | None:
     """The break recorded for ``stream`` by a process holding the key, if any (an unsealed row is ignored)."""
-    row = store.read_checkpoint(stream, VERDICT_NAME)
+    return break_of(stream, store.read_checkpoint(stream, VERDICT_NAME), keys)
+
+
+def break_of(stream: str, row: Checkpoint | None, keys: Keyring | None = None) -> VerifyReport | None:
+    """The break ``row`` (``stream``'s :data:`VERDICT_NAME` row as read, or None) records, if it is sealed."""
     if row is None:
         return None
     keys = keys if keys is not None else keyring()
@@ -158,12 +165,14 @@ def verdict(store: Store, stream: str, *, checkpoints: Iterable[str] = (), keys:
     """
     keys = keys if keys is not None else keyring()
     report = store.verify(stream)
+    names = list(checkpoints)
+    read = store.read_checkpoints(stream, [*names, VERDICT_NAME])  # the checkpoints and the break, in one read
     if report.valid:
         # A valid chain ends at the head the store recorded in the snapshot verified (Store.verify reports events
         # beyond it or a head without them), so its count is that head's seq: no second read of the head.
-        report = contradicted(store, stream, checkpoints, keys, report.count, report.count,
-                              report.head_hash) or report
-    earlier = recorded_break(store, stream, keys)
+        report = contradicted(store, stream, names, keys, report.count, report.count, report.head_hash,
+                              read=read) or report
+    earlier = break_of(stream, read.get(VERDICT_NAME), keys)
     if earlier is not None and (report.valid or (earlier.first_bad_seq or 0) < (report.first_bad_seq or 0)):
         return earlier
     if record and not report.valid:
@@ -171,5 +180,5 @@ def verdict(store: Store, stream: str, *, checkpoints: Iterable[str] = (), keys:
     return report
 
 
-__all__ = ["CHECKPOINT_TAG", "VERDICT_NAME", "anchor_holds", "checkpoint_parts", "contradicted", "record_break",
+__all__ = ["CHECKPOINT_TAG", "VERDICT_NAME", "anchor_holds", "break_of", "checkpoint_parts", "contradicted", "record_break",
            "recorded_break", "rewritten", "seal_checkpoint", "seal_status", "verdict"]
