@@ -587,3 +587,28 @@ def test_a_parked_call_left_by_a_closed_process_is_approved_by_another(tmp_path:
     [email] = _sent(outbox)
     assert email.split()[1] == parked["effect_id"]
     _verified(tmp_path / "t.db")
+
+
+def test_a_harness_finds_a_threads_handles_by_id_and_forgets_those_nobody_holds(tmp_path: Path) -> None:
+    """A worker holds hundreds of handles; the one at work is found by the thread's id, and a handle the program
+    dropped leaves nothing behind in the harness (no id kept for every thread it ever opened)."""
+    import gc
+
+    harness = Harness(_addressed_mailer(), f"sqlite:///{tmp_path}/t.db")
+
+    async def scenario() -> None:
+        kept = [await harness.create_thread() for _ in range(3)]
+        dropped = [(await harness.create_thread()).thread_id for _ in range(50)]
+        again = await harness.open_thread(kept[0].thread_id)
+        gc.collect()
+        handles = harness._threads
+        assert {t.thread_id for t in handles.all()} == {t.thread_id for t in kept}
+        assert handles.of(kept[0].thread_id) in ([kept[0], again], [again, kept[0]])
+        assert all(handles.of(thread_id) == [] for thread_id in dropped)
+        assert set(handles._by_id) == {t.thread_id for t in kept}, "dropped handles leave no key"
+        del again
+        gc.collect()
+        assert handles.of(kept[0].thread_id) == [kept[0]]
+
+    asyncio.run(scenario())
+    harness.close()

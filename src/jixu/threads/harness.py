@@ -26,6 +26,43 @@ if TYPE_CHECKING:
     from jixu.threads.sync import SyncHarness
 
 
+class _Handles:
+    """The :class:`Thread` handles a harness made, by thread id, held weakly (a handle nobody holds goes away).
+
+    A worker holds hundreds of handles at once and looks up the ones of one thread at each turn's start:
+    by id that costs O(handles of that thread), not O(every handle).
+    """
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, dict[int, weakref.ref[Thread]]] = {}
+
+    def add(self, thread: Thread) -> None:
+        thread_id, key = thread.thread_id, id(thread)
+        by_id = self._by_id
+
+        def gone(_ref: weakref.ref[Thread]) -> None:
+            # Runs while the handle is freed, so no other handle has its id yet.
+            refs = by_id.get(thread_id)
+            if refs is not None and refs.get(key) is _ref:
+                del refs[key]
+                if not refs:
+                    del by_id[thread_id]
+
+        by_id.setdefault(thread_id, {})[key] = weakref.ref(thread, gone)
+
+    def of(self, thread_id: str) -> list[Thread]:
+        """The live handles of ``thread_id``."""
+        refs = self._by_id.get(thread_id)
+        if refs is None:
+            return []
+        return [thread for ref in list(refs.values()) if (thread := ref()) is not None]
+
+    def all(self) -> list[Thread]:
+        """Every live handle."""
+        return [thread for refs in list(self._by_id.values()) for ref in list(refs.values())
+                if (thread := ref()) is not None]
+
+
 @dataclass(frozen=True, slots=True)
 class ThreadSummary:
     """A thread as listed: id, head and when it started."""
@@ -106,7 +143,7 @@ class Harness:
         """Base delay of automatic retries after transient failures without a provider retry-after."""
         self.retry_backoff_cap = float(retry_backoff_cap)
         self.closing = False
-        self._threads: weakref.WeakSet[Thread] = weakref.WeakSet()
+        self._threads = _Handles()
         self._own_loop: OwnLoop | None = None
         """The loop of its own this harness's threads live on (see :meth:`sync`), if any."""
         self._sync: SyncHarness | None = None
@@ -137,7 +174,7 @@ class Harness:
 
     def _adopt(self, own: OwnLoop) -> None:
         """Live on ``own`` from now on (see :meth:`sync`)."""
-        if any(thread.running for thread in list(self._threads)):
+        if any(thread.running for thread in self._threads.all()):
             raise ThreadBusy("a thread of this harness is running on a caller's event loop; give the harness a "
                              "loop of its own (sync()) before its threads run")
         self._own_loop = own
@@ -174,8 +211,8 @@ class Harness:
         change made in the store before the checkpoint stops the thread
         (status ``corrupt``) with nothing appended and no driver called.
         """
-        for known in list(self._threads):
-            if known.thread_id == thread_id and known.busy and not known.following:
+        for known in self._threads.of(thread_id):
+            if known.busy and not known.following:
                 return known
         log = ThreadLog.load(self.store, thread_id, actor=self.actor)
         # Another agent, or a change of this one that would alter an effect still open, is refused here; a
@@ -214,8 +251,8 @@ class Harness:
 
         One loop per thread and harness: two loops of one owner would take the turn's claim from each other.
         """
-        for other in list(self._threads):
-            if other is not thread and other.thread_id == thread.thread_id and other.busy and not other.following:
+        for other in self._threads.of(thread.thread_id):
+            if other is not thread and other.busy and not other.following:
                 return other
         return None
 
@@ -233,7 +270,7 @@ class Harness:
         claims to expire for inspection and explicit recovery.
         """
         self.closing = True
-        await asyncio.gather(*(thread.drain(drain_timeout) for thread in list(self._threads)))
+        await asyncio.gather(*(thread.drain(drain_timeout) for thread in self._threads.all()))
         self.close()
 
     @on_home_loop
