@@ -166,8 +166,8 @@ def make_agent(scenario: Scenario, world: World) -> Agent:
     return Agent("model-based", ScriptedModel(script), tools=tools, max_steps=len(plan) + 4)
 
 
-_GUARDED = ("append", "append_many", "release_lease", "renew_lease", "write_checkpoint", "take_over_lease",
-            "take_over_leases", "renew_leases", "acquire_lease", "enqueue", "finish_work")
+_GUARDED = ("append", "append_many", "release_lease", "renew_lease", "write_checkpoint", "write_checkpoints",
+            "take_over_lease", "take_over_leases", "renew_leases", "acquire_lease", "enqueue", "finish_work")
 
 
 def crash_after(store: Store, appends: int | None, world: World, *, kill: bool = False) -> Store:

@@ -54,7 +54,7 @@ def test_checkpoints_renewals_and_lease_releases_commit_without_waiting_for_the_
         store.finish_work(claim)
         # 2 = FULL, 1 = NORMAL (the append goes through its own group-commit path at FULL). Taking a lease or
         # a work claim and finishing one stay durable: they are acted on at once.
-        assert seen == [("_change_lease", 2), ("_change_leases", 1), ("_write_checkpoint", 1),
+        assert seen == [("_change_lease", 2), ("_change_leases", 1), ("_write_checkpoints", 1),
                         ("_release_lease", 1), ("_change_work", 2), ("_claim_works", 2), ("_renew_works", 1),
                         ("_change_work", 2)]
         assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2

@@ -22,6 +22,7 @@ from jixu.errors import (
     LeaseHeld,
     MalformedEvent,
     PayloadTooLarge,
+    StoreError,
 )
 from jixu.ledger import (
     Checkpoint,
@@ -29,6 +30,7 @@ from jixu.ledger import (
     Fence,
     Lease,
     LeaseTake,
+    MemoryStore,
     NewEvent,
     PostgresStore,
     SQLiteStore,
@@ -559,6 +561,28 @@ def test_checkpoints_are_stored_and_replaced(store: Store) -> None:
     store.write_checkpoint(second)
     assert store.read_checkpoint("threads/1", "state") == second
     assert store.read_checkpoint("threads/1", "other") is None
+
+
+def test_checkpoints_are_written_together_all_or_none(store: Store) -> None:
+    """A chunked checkpoint's new chunks and its main row go in one call: one transaction, all or none."""
+    rows = [Checkpoint("threads/1", name, 3, 1, "a" * 64, f'{{"n":"{name}"}}', "d" * 64,
+                       "2026-01-01T00:00:00.000000Z") for name in ("thread/chunk/1", "thread/chunk/2", "thread")]
+    store.write_checkpoints(rows)
+    assert store.read_checkpoints("threads/1", [r.name for r in rows]) == {r.name: r for r in rows}
+    moved = [replace(r, seq=9, state_json='{"n":9}') for r in rows]
+    for bad in (moved[0], [*moved, moved[0]], [moved[0], "x"], [moved[0], replace(moved[1], stream="")],
+                [moved[0]] * 101):
+        with pytest.raises(InvalidInput):
+            store.write_checkpoints(bad)  # type: ignore[arg-type]
+        assert store.read_checkpoints("threads/1", [r.name for r in rows]) == {r.name: r for r in rows}
+    store.write_checkpoints([])  # nothing to write: nothing changes
+    if not isinstance(store, MemoryStore):
+        # The database refuses the last row (its state may not be null): the rows before it are not kept.
+        with pytest.raises(StoreError):
+            store.write_checkpoints([moved[0], moved[1], replace(moved[2], state_json=None)])  # type: ignore[arg-type]
+        assert store.read_checkpoints("threads/1", [r.name for r in rows]) == {r.name: r for r in rows}
+    store.write_checkpoints(moved)
+    assert store.read_checkpoints("threads/1", [r.name for r in rows]) == {r.name: r for r in moved}
 
 
 def test_checkpoints_of_several_names_are_read_at_once_and_only_those_that_exist(store: Store) -> None:

@@ -237,7 +237,7 @@ class Crash:
         """Wrap ``append`` (report each committed event, die after the crash point's) and the checkpoint write."""
         crash = self
         original_append = store_class.append
-        original_checkpoint = store_class._write_checkpoint
+        original_checkpoints = store_class._write_checkpoints
 
         def append(self: Any, *args: Any, **kwargs: Any) -> list[Event]:
             stored: list[Event] = original_append(self, *args, **kwargs)
@@ -248,17 +248,18 @@ class Crash:
                 die()
             return stored
 
-        def write_checkpoint(self: Any, checkpoint: Any) -> None:
-            say("C+", checkpoint.seq)
+        def write_checkpoints(self: Any, checkpoints: list[Any]) -> None:
+            seq = checkpoints[-1].seq  # the rows of one checkpoint (its chunks and its main row) share its seq
+            say("C+", seq)
             crash._in_checkpoint = True
             try:
-                original_checkpoint(self, checkpoint)
+                original_checkpoints(self, checkpoints)
             finally:
                 crash._in_checkpoint = False
-            say("C-", checkpoint.seq)
+            say("C-", seq)
 
         store_class.append = append
-        store_class._write_checkpoint = write_checkpoint
+        store_class._write_checkpoints = write_checkpoints
 
     def _install_sqlite(self) -> None:
         crash = self

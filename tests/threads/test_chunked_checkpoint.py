@@ -269,13 +269,13 @@ def test_chunks_are_written_once(store: Store) -> None:
     for _turn in range(6):
         writer.turn()
     writes: list[str] = []
-    original = store.write_checkpoint
+    original = store.write_checkpoints
 
-    def counting(checkpoint: Checkpoint) -> None:
-        writes.append(checkpoint.name)
-        original(checkpoint)
+    def counting(checkpoints: list[Checkpoint]) -> None:
+        writes.extend(checkpoint.name for checkpoint in checkpoints)
+        original(checkpoints)
 
-    store.write_checkpoint = counting  # type: ignore[method-assign]
+    store.write_checkpoints = counting  # type: ignore[method-assign]
     log = ThreadLog.load(store, writer.thread_id)
     log.checkpoint()
     first = [name for name in writes if "/chunk/" in name]

@@ -218,9 +218,10 @@ class MemoryStore(Store):
     def _get_lease(self, key: str) -> Lease | None:
         return self._leases.get(key)
 
-    def _write_checkpoint(self, checkpoint: Checkpoint) -> None:
+    def _write_checkpoints(self, checkpoints: list[Checkpoint]) -> None:
         with self._lock:
-            self._checkpoints[(checkpoint.stream, checkpoint.name)] = checkpoint
+            for checkpoint in checkpoints:
+                self._checkpoints[(checkpoint.stream, checkpoint.name)] = checkpoint
 
     def _read_checkpoints(self, stream: str, names: list[str]) -> dict[str, Checkpoint]:
         found = (self._checkpoints.get((stream, name)) for name in names)

@@ -1365,17 +1365,21 @@ class PostgresStore(Store):
 
     # --- checkpoints ----------------------------------------------------------------
 
-    def _write_checkpoint(self, checkpoint: Checkpoint) -> None:
-        self._run(lambda conn: conn.execute(
-            "INSERT INTO jixu_checkpoints (stream, name, seq, reducer_version, head_hash, state, digest, "
-            "created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, "
-            f"coalesce(nullif(%s, ''), {_UTC_TEXT.format('clock_timestamp()')})) "
-            "ON CONFLICT (stream, name) DO UPDATE SET seq = excluded.seq, "
-            "reducer_version = excluded.reducer_version, head_hash = excluded.head_hash, "
-            "state = excluded.state, digest = excluded.digest, created_at = excluded.created_at",
-            (checkpoint.stream, checkpoint.name, checkpoint.seq, checkpoint.reducer_version,
-             checkpoint.head_hash, checkpoint.state_json, checkpoint.digest, checkpoint.created_at)), write=True,
-                  idempotent=True)  # an upsert of the same row
+    def _write_checkpoints(self, checkpoints: list[Checkpoint]) -> None:
+        def write(conn: _PooledConnection) -> None:
+            with conn.cursor() as cursor:
+                cursor.executemany(
+                    "INSERT INTO jixu_checkpoints (stream, name, seq, reducer_version, head_hash, state, digest, "
+                    "created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, "
+                    f"coalesce(nullif(%s, ''), {_UTC_TEXT.format('clock_timestamp()')})) "
+                    "ON CONFLICT (stream, name) DO UPDATE SET seq = excluded.seq, "
+                    "reducer_version = excluded.reducer_version, head_hash = excluded.head_hash, "
+                    "state = excluded.state, digest = excluded.digest, created_at = excluded.created_at",
+                    [(checkpoint.stream, checkpoint.name, checkpoint.seq, checkpoint.reducer_version,
+                      checkpoint.head_hash, checkpoint.state_json, checkpoint.digest, checkpoint.created_at)
+                     for checkpoint in checkpoints])
+
+        self._run(write, write=True, transaction=True, idempotent=True)  # upserts of the same rows
 
     def _read_checkpoints(self, stream: str, names: list[str]) -> dict[str, Checkpoint]:
         rows = self._run(lambda conn: conn.execute(

@@ -267,16 +267,22 @@ def make_chunked_checkpoint(stream: str, projection: ChunkedProjection[S], state
 
 def write_chunked_checkpoint(store: Store, main: Checkpoint, chunks: dict[str, Checkpoint],
                              stored: set[str] | None = None) -> None:
-    """Write the chunks not in ``stored`` (digests known to be in the store), then the main checkpoint.
+    """Write the chunks not in ``stored`` (digests known to be in the store) and then the main checkpoint,
+    together in one transaction (a state with very many new chunks: in a few, the main one in the last), so a
+    main checkpoint never names a chunk that was not written.
 
     ``stored`` is updated with every chunk written.
     """
-    for digest, chunk in chunks.items():
-        if stored is None or digest not in stored:
-            store.write_checkpoint(chunk)
-            if stored is not None:
-                stored.add(digest)
-    store.write_checkpoint(main)
+    new = {digest: chunk for digest, chunk in chunks.items() if stored is None or digest not in stored}
+    rows = [*new.values(), main]
+    for start in range(0, len(rows), _CHECKPOINTS_PER_WRITE):
+        store.write_checkpoints(rows[start:start + _CHECKPOINTS_PER_WRITE])
+    if stored is not None:
+        stored.update(new)
+
+
+_CHECKPOINTS_PER_WRITE = 100
+"""Checkpoint rows written by one call (the most :meth:`Store.write_checkpoints` takes)."""
 
 
 def save_checkpoint(store: Store, stream: str, projection: Projection[S], projected: Projected[S], *,

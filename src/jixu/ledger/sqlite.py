@@ -980,15 +980,16 @@ class SQLiteStore(Store):
 
     # --- checkpoints ----------------------------------------------------------------
 
-    def _write_checkpoint(self, checkpoint: Checkpoint) -> None:
+    def _write_checkpoints(self, checkpoints: list[Checkpoint]) -> None:
         # Not waited for on disk (decision 0017): a checkpoint lost in a power failure is rebuilt from the
         # events, and the log keeps its order, so a checkpoint that survives has its events and chunks.
-        self._write(lambda conn: conn.execute(
+        self._write(lambda conn: conn.executemany(
             "INSERT INTO jixu_checkpoints VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (stream, name) DO UPDATE "
             "SET seq = excluded.seq, reducer_version = excluded.reducer_version, head_hash = excluded.head_hash, "
             "state = excluded.state, digest = excluded.digest, created_at = excluded.created_at",
-            (checkpoint.stream, checkpoint.name, checkpoint.seq, checkpoint.reducer_version,
-             checkpoint.head_hash, checkpoint.state_json, checkpoint.digest, checkpoint.created_at or utc_now_text())),
+            [(checkpoint.stream, checkpoint.name, checkpoint.seq, checkpoint.reducer_version, checkpoint.head_hash,
+              checkpoint.state_json, checkpoint.digest, checkpoint.created_at or utc_now_text())
+             for checkpoint in checkpoints]),
             sync=False)
 
     def _read_checkpoints(self, stream: str, names: list[str]) -> dict[str, Checkpoint]:

@@ -363,7 +363,7 @@ WORK_STATES = ("pending", "claimed", "expired", "done")
 _MAX_GROUP = 100
 _MAX_GROUPS = 1000
 _MAX_CHECKPOINT_NAMES = 100
-"""The most checkpoint names :meth:`Store.read_checkpoints` reads at once."""
+"""The most checkpoints :meth:`Store.read_checkpoints` reads and :meth:`Store.write_checkpoints` writes at once."""
 SESSION_RETENTION = 86_400.0
 """Seconds a session is kept after it ended (then :meth:`Store.create_session` deletes it)."""
 
@@ -1069,8 +1069,22 @@ class Store(abc.ABC):
 
     def write_checkpoint(self, checkpoint: Checkpoint) -> None:
         """Store ``checkpoint``, replacing the earlier one of the same stream and name."""
-        check_stream(checkpoint.stream)
-        self._write_checkpoint(checkpoint)
+        self.write_checkpoints([checkpoint])
+
+    def write_checkpoints(self, checkpoints: Sequence[Checkpoint]) -> None:
+        """Store ``checkpoints`` in one transaction (all or none), each replacing the earlier one of its stream
+        and name: a chunked checkpoint's new chunks and its main row together (one commit instead of one each)."""
+        if isinstance(checkpoints, Checkpoint) or not isinstance(checkpoints, Sequence) \
+                or len(checkpoints) > _MAX_CHECKPOINT_NAMES \
+                or not all(isinstance(checkpoint, Checkpoint) for checkpoint in checkpoints):
+            raise InvalidInput(f"checkpoints must be a list of at most {_MAX_CHECKPOINT_NAMES} Checkpoint",
+                               field="checkpoints")
+        for checkpoint in checkpoints:
+            check_stream(checkpoint.stream)
+        if len({(checkpoint.stream, checkpoint.name) for checkpoint in checkpoints}) != len(checkpoints):
+            raise InvalidInput("the same checkpoint (stream and name) is given twice", field="checkpoints")
+        if checkpoints:
+            self._write_checkpoints(list(checkpoints))
 
     def read_checkpoint(self, stream: str, name: str) -> Checkpoint | None:
         """The latest checkpoint of ``name`` for ``stream``, unchecked (see projection)."""
@@ -1220,7 +1234,8 @@ class Store(abc.ABC):
     def _get_lease(self, key: str) -> Lease | None: ...
 
     @abc.abstractmethod
-    def _write_checkpoint(self, checkpoint: Checkpoint) -> None: ...
+    def _write_checkpoints(self, checkpoints: list[Checkpoint]) -> None:
+        """Store ``checkpoints`` (at least one; distinct streams and names) in one transaction."""
 
     @abc.abstractmethod
     def _read_checkpoints(self, stream: str, names: list[str]) -> dict[str, Checkpoint]:
