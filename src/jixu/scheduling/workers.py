@@ -357,6 +357,10 @@ class Worker:
         self._stopping = False
         self._stop_event: asyncio.Event | None = None
         self._nudged: asyncio.Event | None = None
+        self._wake: asyncio.Event | None = None
+        """Set when an item in flight ends, on a stop and on a nudge: what the claim loop waits for."""
+        self._ended: list[asyncio.Task[None]] = []
+        """Items that ended since the claim loop last looked (their errors are raised there)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_reason = ""
         self._lag = 0.0
@@ -381,7 +385,12 @@ class Worker:
         if loop is None or nudged is None:
             return
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the worker is gone
-            loop.call_soon_threadsafe(nudged.set)
+            loop.call_soon_threadsafe(self._nudge_now)
+
+    def _nudge_now(self) -> None:
+        if self._nudged is not None and self._wake is not None:
+            self._nudged.set()
+            self._wake.set()
 
     def stop(self, reason: str = "asked to stop") -> None:
         """Stop admitting work; the item in hand is drained within the drain timeout (idempotent)."""
@@ -391,6 +400,8 @@ class Worker:
         self._stop_reason = reason
         if self._stop_event is not None:
             self._stop_event.set()
+        if self._wake is not None:
+            self._wake.set()
 
     async def run(self) -> WorkerStats:
         """Claim and run items until :meth:`stop` (or, with ``exit_when_idle``, until the queue is empty)."""
@@ -399,6 +410,8 @@ class Worker:
         if self._stopping:
             self._stop_event.set()
         self._nudged = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._ended = []
         self._loop = asyncio.get_running_loop()
         limits = config.limits
         default = limits["default_project_limit"]
@@ -415,16 +428,23 @@ class Worker:
         monitor = asyncio.create_task(self._watch_loop(look_every), name="jixu-loop-lag")
         repair = asyncio.create_task(self._repair_queue(), name="jixu-repair-queue")
         in_flight: set[asyncio.Task[None]] = set()
+
+        def one_ended(task: asyncio.Task[None]) -> None:
+            in_flight.discard(task)
+            self._ended.append(task)
+            assert self._wake is not None
+            self._wake.set()
+
         try:
             while not self._stopping:
                 if len(in_flight) >= config.concurrency:
-                    await self._until_one_ends(in_flight, None)
+                    await self._until_one_ends(None)
                     continue
                 if self._lag > lag_limit:
                     # Back-pressure: the loop runs late, so the heartbeats of the items in hand would too. Claim
                     # nothing new until it has caught up (the lag is measured again every few tens of ms).
                     self.stats.held_back += 1
-                    await self._until_one_ends(in_flight, look_every)
+                    await self._until_one_ends(look_every)
                     continue
                 try:
                     # In a thread: a claim is a durable write (an fsync on SQLite), which would hold the loop
@@ -445,18 +465,21 @@ class Worker:
                     if idle:
                         self.report("stop", "the queue is empty; exiting")
                         break
-                    await self._until_one_ends(in_flight, config.poll_interval, nudgeable=True)
+                    await self._until_one_ends(config.poll_interval, nudgeable=True)
                     continue
                 for claimed in batch:
                     self.stats.claimed += 1
                     self.report("claim", f"claimed {claimed.key} (project {claimed.group}, epoch {claimed.epoch}, "
                                          f"claim #{claimed.number})")
-                    in_flight.add(asyncio.create_task(self._process(claimed), name=f"jixu-work-{claimed.key}"))
+                    task = asyncio.create_task(self._process(claimed), name=f"jixu-work-{claimed.key}")
+                    in_flight.add(task)
+                    task.add_done_callback(one_ended)
                 self.stats.max_in_flight = max(self.stats.max_in_flight, len(in_flight))
             if self._stopping:
                 await self._drain(busy=len(in_flight))
             if in_flight:
                 await asyncio.gather(*in_flight)
+            self._raise_ended()
         finally:
             monitor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -501,27 +524,29 @@ class Worker:
             self.report("repair", f"enqueued {len(repaired)} queued item(s) that had no work item: "
                                   f"{', '.join(repaired[:5])}{' …' if len(repaired) > 5 else ''}")
 
-    async def _until_one_ends(self, in_flight: set[asyncio.Task[None]], timeout: float | None, *,
-                              nudgeable: bool = False) -> None:
-        """Wait until an item in flight ends (removing the ended ones), ``timeout`` passes, a stop, or (when
-        ``nudgeable``) a :meth:`nudge`, which is then cleared: one that comes later wakes the next wait."""
-        assert self._stop_event is not None
-        stopped = asyncio.ensure_future(self._stop_event.wait())
-        waiters = {stopped}
-        nudged = self._nudged if nudgeable else None
-        if nudged is not None:
-            waiters.add(asyncio.ensure_future(nudged.wait()))
-        try:
-            done, _pending = await asyncio.wait({*in_flight, *waiters}, timeout=timeout,
-                                                return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
-        if nudged is not None:
+    async def _until_one_ends(self, timeout: float | None, *, nudgeable: bool = False) -> None:
+        """Wait until an item in flight ends, ``timeout`` passes, a stop, or (when ``nudgeable``) a :meth:`nudge`,
+        which is then cleared: one that comes later wakes the next wait.
+
+        Each item's end sets one event (see :meth:`run`), so a wait costs the same with hundreds of items in
+        flight as with one (waiting on every item's task would cost O(items) at each wake).
+        """
+        wake, nudged = self._wake, self._nudged
+        assert wake is not None and nudged is not None
+        wake.clear()  # then look: whatever sets it from here on wakes the wait below
+        if not (self._ended or self._stopping or (nudgeable and nudged.is_set())):
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await wake.wait()
+        if nudgeable:
             nudged.clear()  # before the next claim: a nudge for work queued after it sets it again
-        for task in done - waiters:
-            in_flight.discard(task)
-            task.result()  # _process handles its own errors; anything else is a bug worth seeing
+        self._raise_ended()
+
+    def _raise_ended(self) -> None:
+        """Look at the items that ended: ``_process`` handles its own errors, anything else is a bug worth seeing."""
+        ended, self._ended = self._ended, []
+        for task in ended:
+            task.result()
 
     async def _pause(self, seconds: float) -> None:
         """Sleep up to ``seconds``, waking at once when the worker is asked to stop."""
