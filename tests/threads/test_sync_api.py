@@ -612,3 +612,40 @@ def test_a_harness_finds_a_threads_handles_by_id_and_forgets_those_nobody_holds(
 
     asyncio.run(scenario())
     harness.close()
+
+
+def test_handles_made_and_dropped_in_many_threads_at_once_are_always_found_and_leave_nothing() -> None:
+    """A handle's end may free it in any thread (a synchronous caller's, the harness's loop): the index never
+    loses a live handle to another handle's end, and ends in every thread leave no entry behind."""
+    import gc
+    import threading
+
+    from jixu.threads.harness import _Handles
+
+    class Handle:  # what the index needs of a Thread
+        def __init__(self, thread_id: str) -> None:
+            self.thread_id = thread_id
+
+    handles = _Handles()
+    kept = Handle("t-kept")
+    handles.add(kept)  # type: ignore[arg-type]
+    misses: list[str] = []
+
+    def churn(n: int) -> None:
+        for i in range(3000):
+            thread_id = f"t-{i % 7}"
+            handle = Handle(thread_id)
+            handles.add(handle)  # type: ignore[arg-type]
+            if handle not in handles.of(thread_id) or kept not in handles.of("t-kept"):
+                misses.append(f"{n}:{i}")
+            del handle
+
+    workers = [threading.Thread(target=churn, args=(n,)) for n in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    gc.collect()
+    assert misses == []
+    assert handles.all() == [kept]
+    assert set(handles._by_id) == {"t-kept"}

@@ -6,6 +6,7 @@ import asyncio
 import os
 import secrets
 import socket
+import threading
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -30,37 +31,45 @@ class _Handles:
     """The :class:`Thread` handles a harness made, by thread id, held weakly (a handle nobody holds goes away).
 
     A worker holds hundreds of handles at once and looks up the ones of one thread at each turn's start:
-    by id that costs O(handles of that thread), not O(every handle).
+    by id that costs O(handles of that thread), not O(every handle). A handle's end (in whatever thread
+    frees it) only notes its key; the entries are changed under a lock, where the ended ones are dropped.
     """
 
     def __init__(self) -> None:
         self._by_id: dict[str, dict[int, weakref.ref[Thread]]] = {}
+        self._ended: list[tuple[str, int]] = []
+        self._lock = threading.Lock()
 
     def add(self, thread: Thread) -> None:
-        thread_id, key = thread.thread_id, id(thread)
-        by_id = self._by_id
-
-        def gone(_ref: weakref.ref[Thread]) -> None:
-            # Runs while the handle is freed, so no other handle has its id yet.
-            refs = by_id.get(thread_id)
-            if refs is not None and refs.get(key) is _ref:
-                del refs[key]
-                if not refs:
-                    del by_id[thread_id]
-
-        by_id.setdefault(thread_id, {})[key] = weakref.ref(thread, gone)
+        thread_id, key, ended = thread.thread_id, id(thread), self._ended
+        ref = weakref.ref(thread, lambda _ref: ended.append((thread_id, key)))
+        with self._lock:
+            self._drop_ended()
+            self._by_id.setdefault(thread_id, {})[key] = ref
 
     def of(self, thread_id: str) -> list[Thread]:
         """The live handles of ``thread_id``."""
-        refs = self._by_id.get(thread_id)
-        if refs is None:
-            return []
-        return [thread for ref in list(refs.values()) if (thread := ref()) is not None]
+        with self._lock:
+            self._drop_ended()
+            refs = list(self._by_id.get(thread_id, {}).values())
+        return [thread for ref in refs if (thread := ref()) is not None]
 
     def all(self) -> list[Thread]:
         """Every live handle."""
-        return [thread for refs in list(self._by_id.values()) for ref in list(refs.values())
-                if (thread := ref()) is not None]
+        with self._lock:
+            self._drop_ended()
+            refs = [ref for by_key in self._by_id.values() for ref in by_key.values()]
+        return [thread for ref in refs if (thread := ref()) is not None]
+
+    def _drop_ended(self) -> None:
+        while self._ended:
+            thread_id, key = self._ended.pop()
+            refs = self._by_id.get(thread_id)
+            ref = refs.get(key) if refs is not None else None
+            if refs is not None and ref is not None and ref() is None:  # not a later handle with the same id
+                del refs[key]
+                if not refs:
+                    del self._by_id[thread_id]
 
 
 @dataclass(frozen=True, slots=True)
