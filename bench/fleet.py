@@ -4,6 +4,7 @@ Exact command (from the repository root; the peers and ``openai`` live only in t
 
     bench/.venv-peers/bin/pip install openai dbos langgraph langgraph-checkpoint-sqlite aiosqlite \\
         langgraph-checkpoint-postgres "psycopg[binary]" pgserver
+    bench/.venv-peers/bin/pip install -e ".[server,postgres]"   # jixu itself, with what `jixu serve` needs
     bench/.venv-peers/bin/python bench/fleet.py                 # --k 100,500,1000 --latency 1.0 ...
 
 The model is ``bench/fake_openai.py``, a fake OpenAI-compatible Chat Completions server in its own process on
