@@ -301,3 +301,36 @@ def test_a_checkpoints_turns_load_equal_to_their_constructor_with_or_without_eve
     assert turn.recoveries == [{"request_id": "r1"}]
     older = turn_of({"turn_id": "t0", "input": "look up 1"})  # a checkpoint from before some fields existed
     assert older == turn_class(turn_id="t0", input="look up 1") and older.recoveries == [] and older.queued is False
+
+
+def test_a_checkpoint_with_more_new_chunks_than_one_write_takes_stores_its_main_row_last(store: Store) -> None:
+    """One write takes at most 100 rows: 250 new chunks go in three writes, the main row with the last, so it is
+    never stored before every chunk it names; chunks already stored are not written again."""
+    from jixu.ledger.projection import write_chunked_checkpoint
+
+    def row(name: str, text: str) -> Checkpoint:
+        return Checkpoint("thread/1", name, 7, 1, "a" * 64, text, content_hash(text), "2026-01-01T00:00:00.000000Z")
+
+    chunks = {f"{n:064x}": row(f"thread/chunk/{n:064x}", f'"chunk {n}"') for n in range(250)}
+    main = row("thread", json.dumps(sorted(chunks)))
+    writes: list[list[str]] = []
+    original = store.write_checkpoints
+
+    def counting(rows: list[Checkpoint]) -> None:
+        if rows[-1].name == "thread":  # the main row: every chunk it names is stored by now
+            assert all(store.read_checkpoint("thread/1", c.name) is not None for c in chunks.values()
+                       if c not in rows)
+        writes.append([r.name for r in rows])
+        original(rows)
+
+    store.write_checkpoints = counting  # type: ignore[method-assign]
+    stored = {f"{n:064x}" for n in range(40)}  # the first 40 are stored already
+    for digest in sorted(stored):
+        original([chunks[digest]])
+    write_chunked_checkpoint(store, main, chunks, stored)
+    assert [len(w) for w in writes] == [100, 100, 11] and writes[-1][-1] == "thread"
+    written = [name for w in writes for name in w]
+    assert not set(written) & {f"thread/chunk/{n:064x}" for n in range(40)}, "a stored chunk was written again"
+    assert len(written) == len(set(written)) == 211
+    assert stored == set(chunks)
+    assert store.read_checkpoint("thread/1", "thread") == main
