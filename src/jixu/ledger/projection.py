@@ -44,7 +44,7 @@ from jixu.ledger.chain import VerifyReport, row_hash, verify_rows
 from jixu.ledger.encoding import MAX_NESTING, JSONObject, canonical_text
 from jixu.ledger.event import Event, check_stream, utc_now_text
 from jixu.ledger.keys import Keyring, keyring, sealing_keyring
-from jixu.ledger.store import Checkpoint, Store
+from jixu.ledger.store import CHECKPOINTS_AT_ONCE, Checkpoint, Store
 from jixu.ledger.trust import VERDICT_NAME, anchor_holds, break_of, rewritten, seal_checkpoint, seal_status
 
 S = TypeVar("S")
@@ -275,14 +275,10 @@ def write_chunked_checkpoint(store: Store, main: Checkpoint, chunks: dict[str, C
     """
     new = {digest: chunk for digest, chunk in chunks.items() if stored is None or digest not in stored}
     rows = [*new.values(), main]
-    for start in range(0, len(rows), _CHECKPOINTS_PER_WRITE):
-        store.write_checkpoints(rows[start:start + _CHECKPOINTS_PER_WRITE])
+    for start in range(0, len(rows), CHECKPOINTS_AT_ONCE):
+        store.write_checkpoints(rows[start:start + CHECKPOINTS_AT_ONCE])
     if stored is not None:
         stored.update(new)
-
-
-_CHECKPOINTS_PER_WRITE = 100
-"""Checkpoint rows written by one call (the most :meth:`Store.write_checkpoints` takes)."""
 
 
 def save_checkpoint(store: Store, stream: str, projection: Projection[S], projected: Projected[S], *,

@@ -362,7 +362,7 @@ WORK_STATES = ("pending", "claimed", "expired", "done")
 """States of a work item as :meth:`Store.list_work` reports them (``claimed``/``expired`` by the store's clock)."""
 _MAX_GROUP = 100
 _MAX_GROUPS = 1000
-_MAX_CHECKPOINT_NAMES = 100
+CHECKPOINTS_AT_ONCE = 100
 """The most checkpoints :meth:`Store.read_checkpoints` reads and :meth:`Store.write_checkpoints` writes at once."""
 SESSION_RETENTION = 86_400.0
 """Seconds a session is kept after it ended (then :meth:`Store.create_session` deletes it)."""
@@ -1075,9 +1075,9 @@ class Store(abc.ABC):
         """Store ``checkpoints`` in one transaction (all or none), each replacing the earlier one of its stream
         and name: a chunked checkpoint's new chunks and its main row together (one commit instead of one each)."""
         if isinstance(checkpoints, Checkpoint) or not isinstance(checkpoints, Sequence) \
-                or len(checkpoints) > _MAX_CHECKPOINT_NAMES \
+                or len(checkpoints) > CHECKPOINTS_AT_ONCE \
                 or not all(isinstance(checkpoint, Checkpoint) for checkpoint in checkpoints):
-            raise InvalidInput(f"checkpoints must be a list of at most {_MAX_CHECKPOINT_NAMES} Checkpoint",
+            raise InvalidInput(f"checkpoints must be a list of at most {CHECKPOINTS_AT_ONCE} Checkpoint",
                                field="checkpoints")
         for checkpoint in checkpoints:
             check_stream(checkpoint.stream)
@@ -1094,9 +1094,9 @@ class Store(abc.ABC):
         """The latest checkpoints of ``names`` for ``stream`` (those that exist, by name; unchecked), in one
         read: what opening a stream needs (its projection's checkpoint and its recorded break) at once."""
         check_stream(stream)
-        if isinstance(names, str) or not isinstance(names, Sequence) or len(names) > _MAX_CHECKPOINT_NAMES \
+        if isinstance(names, str) or not isinstance(names, Sequence) or len(names) > CHECKPOINTS_AT_ONCE \
                 or not all(isinstance(name, str) for name in names):
-            raise InvalidInput(f"names must be a list of at most {_MAX_CHECKPOINT_NAMES} checkpoint names",
+            raise InvalidInput(f"names must be a list of at most {CHECKPOINTS_AT_ONCE} checkpoint names",
                                field="names")
         wanted = sorted(set(names))
         return self._read_checkpoints(stream, wanted) if wanted else {}
@@ -1269,6 +1269,7 @@ def _check_seq_range(from_seq: object, to_seq: object) -> None:
 
 
 __all__ = [
+    "CHECKPOINTS_AT_ONCE",
     "AppendRequest",
     "AlreadyStored",
     "WORK_STATES",
