@@ -11,7 +11,7 @@ import pytest
 
 from jixu.errors import InvalidInput
 from jixu.ledger import SQLiteStore, Store
-from jixu.runs import ProviderError, Runs, ScriptedProvider, run_work_key
+from jixu.runs import ImplementContext, ImplementResult, ProviderError, Runs, ScriptedProvider, run_work_key
 from jixu.runs.model import run_stream
 from jixu.runs.providers import Provider
 from jixu.scheduling import Worker, WorkerConfig, create_thread_for, submit_run, submit_turn
@@ -191,3 +191,50 @@ def test_a_worker_carries_out_an_admitted_publication_request(tmp_path: Path) ->
     said = run_worker(store, published, providers=providers, workspace_root=tmp_path / "ws")
     assert any(kind == "finish" and "publication request succeeded" in text for kind, text in said), said
     assert len(pushes(log)) == 1
+
+
+def test_a_run_whose_lease_lapsed_while_the_loop_was_held_is_left_to_an_operator_not_to_nobody(
+        tmp_path: Path) -> None:
+    """The worker's loop is held past the run's lease while its implement task is in flight: the run learns it
+    lost its lease. Its work item goes back in the queue, and the next claim finds the run interrupted with that
+    task in doubt and finishes the item with the operator's command. Finished at once instead ("lost"), the item
+    would leave nobody to say what the run needs."""
+    import threading
+    import time
+
+    store = SQLiteStore(tmp_path / "ledger.db")
+    in_flight = threading.Event()
+
+    def slow_fix(workspace: Path, context: ImplementContext) -> ImplementResult:
+        in_flight.set()
+        time.sleep(0.3)
+        return fix(workspace, context)
+
+    provider = ScriptedProvider("scripted", [slow_fix])
+    run_id = queued_run(store, tmp_path, provider)
+    said: Said = []
+    config = WorkerConfig(store_url=str(store.url), providers=SPEC, workspace_root=str(tmp_path / "ws"), owner="w-1",
+                          poll_interval=0.01, lease_ttl=0.6)
+    worker = Worker(None, store, config, providers={"scripted": provider},
+                    report=lambda kind, text: said.append((kind, text)))
+
+    async def main() -> None:
+        task = asyncio.create_task(worker.run())
+        while not in_flight.is_set():
+            await asyncio.sleep(0.01)
+        time.sleep(1.5)  # the loop held 2.5 lease lengths: the run's lease lapses under its task
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT
+        while not store.list_work(state="done"):
+            assert loop.time() < deadline and not task.done(), said
+            await asyncio.sleep(0.01)
+        worker.stop("test over")
+        await asyncio.wait_for(task, WAIT)
+
+    asyncio.run(main())
+    assert any(kind == "lost" and "(requeued)" in text for kind, text in said), said
+    assert status_of(store, run_id) == "interrupted"
+    [operator] = [text for kind, text in said if kind == "operator"]
+    assert operator.startswith(f"run/{run_id}: interrupted") and "jixu runs resume" in operator, operator
+    assert [item.state for item in store.list_work()] == ["done"]
+    assert len(provider.calls) == 1, "the task in doubt was not run again"

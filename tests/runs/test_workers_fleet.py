@@ -244,6 +244,54 @@ def test_claims_stop_while_the_event_loop_runs_late_and_resume_once_it_caught_up
     assert all(thread_state(store, t)["status"] == "idle" for t in threads)
 
 
+def test_a_turn_whose_lease_lapsed_while_the_loop_was_held_is_continued_not_left_running(
+        sqlite: StoreFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Something holds the worker's loop (a CPU-bound stretch, a blocking call in an async tool, a stopped
+    process) past the turn leases of the calls in flight: each turn learns it no longer owns its turn. Its work
+    item must go back in the queue, not be finished: the turn is then claimed again and the resolver decides
+    about the call that was in flight (``book`` is idempotent: retried under its own key; ``charge`` is
+    unsafe: unknown, left to an operator). Finished instead, the thread would stay ``running`` with no worker
+    and no queue item to ever continue it."""
+    outside = tmp_path / "outside.txt"
+    monkeypatch.setenv("JIXU_TEST_OUTSIDE", str(outside))
+    monkeypatch.setenv("JIXU_TEST_TOOL_SLEEP", "0.3")
+    store = sqlite()
+    kind: dict[str, str] = {}
+    for n in range(6):
+        word = "charge" if n % 2 else "book"
+        thread_id = create_thread_for(store, mixed_agent())
+        submit_turn(store, thread_id, f"{word} order {n}")
+        kind[thread_id] = word
+    config = WorkerConfig(store_url=str(sqlite.url), agent="tests.runs.agents:mixed_agent", owner="held",
+                          poll_interval=0.02, lease_ttl=0.6, concurrency=10, exit_when_idle=True)
+    reports: list[tuple[str, str]] = []
+    worker = Worker(mixed_agent(), store, config, report=lambda kind, text: reports.append((kind, text)))
+
+    async def main() -> None:
+        async def hold_the_loop() -> None:
+            while len(outside_lines(outside)) < len(kind):
+                await asyncio.sleep(0.01)
+            time.sleep(1.5)  # every call in flight; the loop held 2.5 lease lengths: the leases lapse
+
+        holding = asyncio.create_task(hold_the_loop())
+        await asyncio.wait_for(worker.run(), WAIT)
+        await holding
+
+    asyncio.run(main())
+    assert any(kind == "lost" for kind, _text in reports), reports  # the leases did lapse
+    assert not store.list_work(state="claimed") and not store.list_work(state="pending")
+    calls = Counter(line[0] for line in outside_lines(outside))
+    for thread_id, word in kind.items():
+        state = thread_state(store, thread_id)
+        assert store.verify(f"thread/{thread_id}").valid
+        if word == "book":  # retry-safe: claimed again, retried, finished
+            assert (state["status"], state["last_reply"]) == ("idle", "done"), (state["status"], reports)
+            assert calls[thread_id] == 2
+        else:  # unsafe and in doubt: an operator decides; never run again
+            assert state["status"] == "waiting", (state["status"], reports)
+            assert calls[thread_id] == 1
+
+
 def test_a_burst_of_queued_turns_is_claimed_sixteen_at_a_time_once_the_loop_keeps_up(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from jixu.scheduling.workers import CLAIMS_AT_ONCE

@@ -659,7 +659,10 @@ class Worker:
         except TurnOwned as error:  # someone claimed the turn between our look and our claim
             return _Outcome(True, f"turn taken meanwhile: {error.message}", self.config.poll_interval, "requeue")
         except OwnershipLost as error:
-            return _Outcome(False, f"OwnershipLost: {error.message}", kind="lost")
+            # The turn's lease lapsed (this loop was held past it) or was taken over. Back in the queue, the item
+            # is claimed again: the turn continues under a new claim, the resolver deciding about the call that
+            # was in flight, or waits for its new owner. Finished, it would leave the turn running for nobody.
+            return _Outcome(True, f"OwnershipLost: {error.message}", self.config.poll_interval, "lost")
         except ThreadCorrupt as error:
             return _Outcome(False, f"corrupt: {error.message}", kind="operator")
         except asyncio.CancelledError:
@@ -696,8 +699,8 @@ class Worker:
             state = await executing
         except RunOwned as error:
             return _Outcome(True, f"{error.message}", min(ttl, max(poll, ttl / 3)), "requeue")
-        except OwnershipLost as error:
-            return _Outcome(False, f"OwnershipLost: {error.message}", kind="lost")
+        except OwnershipLost as error:  # as for a turn: the next claim finds what the run needs
+            return _Outcome(True, f"OwnershipLost: {error.message}", poll, "lost")
         except AgentStillRunning as error:  # an earlier attempt's agent outlived its worker: an operator decides
             return _Outcome(False, error.message, kind="operator")
         except (UnknownProvider, ProviderMismatch) as error:
