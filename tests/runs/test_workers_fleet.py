@@ -13,13 +13,17 @@ import re
 import signal
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from jixu import Agent, ScriptedModel
 from jixu.ledger import MemoryStore
+from jixu.ledger.encoding import JSONObject
 from jixu.scheduling import Worker, WorkerConfig, create_thread_for, submit_turn
 from jixu.threads.log import ThreadLog
+from jixu.threads.model import Step
 from tests.conftest import StoreFactory
 from tests.runs.agents import blocking_agent, counter_agent, mixed_agent
 from tests.runs.conftest import WAIT, Spawn, outside_lines, thread_state, wait_until
@@ -290,6 +294,124 @@ def test_a_turn_whose_lease_lapsed_while_the_loop_was_held_is_continued_not_left
         else:  # unsafe and in doubt: an operator decides; never run again
             assert state["status"] == "waiting", (state["status"], reports)
             assert calls[thread_id] == 1
+
+
+def test_a_turn_whose_lease_lapsed_during_its_model_call_is_continued_not_left_running(
+        sqlite: StoreFactory, tmp_path: Path) -> None:
+    """As above, with the model's answer in flight when the lease is found lost: the turn is cancelled with
+    nothing staged to commit. Its item goes back in the queue all the same, and the next claim retries the
+    model call (read-only: the resolver finds it unknown and safe to retry) and finishes the turn."""
+    store = sqlite()
+    asked: set[str] = set()
+
+    async def slow_first_answer(messages: list[JSONObject]) -> Step:
+        text = str(messages[-1].get("content"))
+        if text not in asked:  # the first call of each turn answers after the loop was held
+            asked.add(text)
+            await asyncio.sleep(3)
+        return f"answered {text}"
+
+    agent = Agent("slow-model", ScriptedModel(slow_first_answer))
+    threads = []
+    for n in range(5):
+        threads.append(create_thread_for(store, agent))
+        submit_turn(store, threads[-1], f"question {n}")
+    config = WorkerConfig(store_url=str(sqlite.url), agent="tests.runs.agents:counter_agent", owner="held",
+                          poll_interval=0.02, lease_ttl=0.6, concurrency=10, exit_when_idle=True)
+    reports: list[tuple[str, str]] = []
+    worker = Worker(agent, store, config, report=lambda kind, text: reports.append((kind, text)))
+
+    async def main() -> None:
+        async def hold_the_loop() -> None:
+            while len(asked) < len(threads):
+                await asyncio.sleep(0.01)
+            time.sleep(1.5)  # every model call in flight; the loop held 2.5 lease lengths
+
+        holding = asyncio.create_task(hold_the_loop())
+        await asyncio.wait_for(worker.run(), WAIT)
+        await holding
+
+    asyncio.run(main())
+    assert not any(kind == "finish" and ": running" in text for kind, text in reports), reports
+    assert not store.list_work(state="claimed") and not store.list_work(state="pending")
+    for n, thread_id in enumerate(threads):
+        state = thread_state(store, thread_id)
+        assert (state["status"], state["last_reply"]) == ("idle", f"answered question {n}"), (state, reports)
+        assert store.verify(f"thread/{thread_id}").valid
+        dispatched = [e for e in store.read(f"thread/{thread_id}") if e.type == "model.dispatched"]
+        assert len(dispatched) == 2, "the call in flight, then its retry"
+
+
+def test_a_turn_cancelled_by_its_lost_lease_while_awaiting_a_commit_is_requeued_not_finished_running(
+        tmp_path: Path) -> None:
+    """The heartbeat finds the turn's lease taken (here by another connection, as an operator's recovery does)
+    while the turn awaits the commit of its model call's dispatch marker: the turn is cancelled with nothing
+    staged, so no fenced append reports the loss. The turn must still stop as ``OwnershipLost`` and its item go
+    back in the queue; the lease given back, the next claim runs the turn to its end. A plain cancellation
+    instead made the worker finish the item of a turn still ``running``, for nobody to continue."""
+    import threading
+
+    from jixu.errors import JixuError
+    from jixu.kernel.commits import Commits
+    from jixu.ledger import Event, SQLiteStore
+    from jixu.ledger.store import AppendRequest
+
+    class MarkerCommitHeld(SQLiteStore):
+        """Holds the first commit carrying a ``model.dispatched`` (in the commit thread) until released."""
+
+        def __init__(self, path: Path) -> None:
+            super().__init__(path)
+            self.entered, self.release = threading.Event(), threading.Event()
+
+        def append_many(self, requests: Sequence[AppendRequest]) -> list[list[Event] | JixuError]:
+            if not self.entered.is_set() and any(getattr(e, "type", "") == "model.dispatched"
+                                                 for request in requests for e in request.events):
+                self.entered.set()
+                self.release.wait(WAIT)
+            return super().append_many(requests)
+
+    store = MarkerCommitHeld(tmp_path / "ledger.db")
+    agent = Agent("answers", ScriptedModel(["the answer"]))
+    thread_id = create_thread_for(store, agent)
+    submit_turn(store, thread_id, "a question")
+    config = WorkerConfig(store_url=str(store.url), agent="tests.runs.agents:counter_agent", owner="worker",
+                          poll_interval=0.02, lease_ttl=0.6, concurrency=4, exit_when_idle=True)
+    reports: list[tuple[str, str]] = []
+    worker = Worker(agent, store, config, report=lambda kind, text: reports.append((kind, text)))
+
+    def reports_of(kind: str) -> list[str]:
+        return [text for reported, text in reports if reported == kind]
+
+    async def main() -> None:
+        # Another user of the loop's commits, busy elsewhere (as a second turn awaiting its model is): the turn's
+        # appends are then committed in the commit thread while the turn awaits them, not at once in the loop.
+        with Commits.of(store).user():
+            await drive()
+
+    async def drive() -> None:
+        running = asyncio.create_task(worker.run())
+        while not store.entered.is_set():
+            await asyncio.sleep(0.01)
+        with SQLiteStore(tmp_path / "ledger.db") as other:
+            key = f"thread/{thread_id}/turn"
+            lease = other.get_lease(key)
+            assert lease is not None and lease.owner == "worker"
+            taken = other.take_over_lease(key, "operator", 5, expected_epoch=lease.epoch, require_expired=False)
+            # The heartbeat (every lease_ttl / 3) finds it out and cancels the turn, which stays at its await
+            # until the commit's verdict is in (a started commit is never taken back).
+            await asyncio.sleep(5 * config.lease_ttl)
+            assert not running.done() and not reports_of("lost")
+            other.release_lease(taken)
+        store.release.set()
+        await asyncio.wait_for(running, WAIT)
+
+    asyncio.run(main())
+    assert not any(": running" in text for text in reports_of("finish")), reports
+    assert any("OwnershipLost" in text and "(requeued)" in text for text in reports_of("lost")), reports
+    state = thread_state(store, thread_id)
+    assert (state["status"], state["last_reply"]) == ("idle", "the answer"), (state, reports)
+    assert store.verify(f"thread/{thread_id}").valid
+    assert not store.list_work(state="claimed") and not store.list_work(state="pending")
 
 
 def test_a_burst_of_queued_turns_is_claimed_sixteen_at_a_time_once_the_loop_keeps_up(

@@ -675,6 +675,9 @@ class Worker:
             return _Outcome(True, f"drained at seq {thread.log.state.seq}; the turn continues elsewhere",
                             kind="requeue")
         state = thread.state()
+        if state.status == "running":  # its loop stopped short of the turn's end: finished, nobody would go on
+            return _Outcome(True, f"stopped at seq {state.seq} with the turn unfinished; it continues at the next "
+                                  "claim", max(self.config.poll_interval, self.config.lease_ttl / 3), "requeue")
         detail = state.reason or (f"reply {state.last_reply!r}"[:120] if state.last_reply is not None else "")
         kind = "operator" if state.status in ("waiting", "corrupt", "paused") else "finish"
         return _Outcome(False, f"{state.status}" + (f": {detail}" if detail else ""), kind=kind)

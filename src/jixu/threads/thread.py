@@ -325,12 +325,14 @@ class Thread:
         log.sync()
         log.establish()  # opening to act: nothing runs on a history that does not verify (decide() stops it)
         fence = await self._claim()
+        session: Session | None = None
+        me = asyncio.current_task()
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if fence is not None:
                     # The heartbeat renews the claim, and counts this loop as a running user of the commits.
-                    await stack.enter_async_context(Session(log.store, fence, self._harness.lease_ttl,
-                                                            release_at_end=False))
+                    session = await stack.enter_async_context(Session(log.store, fence, self._harness.lease_ttl,
+                                                                      release_at_end=False))
                 else:
                     stack.enter_context(Commits.of(log.store).user())
                 if fence is not None:
@@ -355,6 +357,15 @@ class Thread:
                 lost.unrecorded_receipts = receipts  # type: ignore[attr-defined]
                 lost.details["unrecorded_receipts"] = [event.id for event in receipts]
             raise lost from error
+        except asyncio.CancelledError:
+            # Cancelled by the heartbeat that found the claim lost (and by nothing else), with nothing staged to
+            # commit (a call in flight, a commit awaited): the turn stopped for the same reason as above, and says
+            # so. Left a plain cancellation, a caller could not tell it from a drain or its own cancel.
+            if session is not None and session.lost is not None and me is not None and me.uncancel() == 0:
+                raise OwnershipLost(f"thread {self.thread_id}: this process no longer owns the turn "
+                                    f"({session.lost.message}); it stopped without writing anything more",
+                                    thread_id=self.thread_id) from session.lost
+            raise
         finally:
             self._release()
 
