@@ -7,6 +7,7 @@ The crash cases (a real SIGKILL inside an unsafe step, SQLite and PostgreSQL) ar
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +24,8 @@ from jixu import (
     ToolContext,
     ToolError,
 )
-from jixu.ledger import Store
+from jixu.errors import OwnershipLost
+from jixu.ledger import SQLiteStore, Store
 from jixu.threads.log import ThreadLog
 from jixu.threads.steps import steps_agent
 
@@ -252,3 +254,45 @@ def test_bad_step_declarations_are_refused_before_anything_is_recorded() -> None
             assert len(ThreadLog.load(store, run.thread_id).events()) == head
 
     run(go())
+
+
+def test_a_durable_run_whose_lease_another_owner_took_stops_with_ownership_lost_not_a_bare_cancellation(
+        tmp_path: Path) -> None:
+    """The heartbeat finds the run's lease taken (an operator's recovery, from another connection) while the
+    user's code awaits its own work between steps: the block stops with ``OwnershipLost`` naming the new holder,
+    and nothing more is written. Left a bare ``CancelledError``, the code around it (a framework's runner, an
+    ``asyncio.run``) could not tell a lost run from its own cancel. A cancel of the user's own still is one."""
+    store = SQLiteStore(tmp_path / "ledger.db")
+
+    async def take_the_lease_then(work: Any) -> str:
+        async with jixu.durable(store, lease_ttl=0.6) as run:
+            await run.effect("fetch", {"id": 1}, semantics="read_only", call=lambda ctx: "one")
+            with SQLiteStore(tmp_path / "ledger.db") as operator:
+                key = f"thread/{run.thread_id}/turn"
+                lease = operator.get_lease(key)
+                assert lease is not None
+                operator.take_over_lease(key, "operator", 30, expected_epoch=lease.epoch, require_expired=False)
+            await work()  # the heartbeat (every 0.2 s) finds the lease taken meanwhile
+            return run.thread_id
+
+    with pytest.raises(OwnershipLost) as raised:
+        run(take_the_lease_then(lambda: asyncio.sleep(5)))
+    assert "held by 'operator'" in raised.value.message and raised.value.details["thread_id"]
+    thread_id = raised.value.details["thread_id"]
+    assert types(store, thread_id)[-1] == "tool.completed", "nothing written after the loss"
+    assert store.verify(f"thread/{thread_id}").valid
+
+    async def cancelled_by_its_user() -> None:
+        task = asyncio.create_task(jixu_run_that_sleeps())
+        await asyncio.sleep(0.3)
+        task.cancel()
+        await task
+
+    async def jixu_run_that_sleeps() -> None:
+        async with jixu.durable(store, lease_ttl=0.6) as run:
+            await run.effect("fetch", {"id": 2}, semantics="read_only", call=lambda ctx: "two")
+            await asyncio.sleep(5)
+
+    with pytest.raises(asyncio.CancelledError):
+        run(cancelled_by_its_user())
+    store.close()

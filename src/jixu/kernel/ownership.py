@@ -388,6 +388,17 @@ class Session:
         if self._release_at_end:
             release(self.store, self.fence)
 
+    def cancelled_by_loss(self, task: asyncio.Task[Any] | None) -> FencingError | None:
+        """The loss (:attr:`lost`) when this session's heartbeat, and nothing else, cancelled ``task`` (the
+        owner's task, now seeing ``CancelledError``): that cancellation is taken back (``uncancel``) so the
+        owner can stop with ``OwnershipLost`` instead. None for any other cancellation: let it go on.
+
+        Left a plain cancellation, the owner's caller could not tell a lost claim from a drain or its own cancel.
+        """
+        if self.lost is None or task is None or task is not self._owner_task:
+            return None
+        return self.lost if task.uncancel() == 0 else None
+
     async def _beat(self) -> None:
         period = self.ttl / 3
         while True:

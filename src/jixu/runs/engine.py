@@ -368,9 +368,10 @@ class Runs:
                 if await self._workspace_matches(log, fence):
                     await self._loop(log, fence, provider)
         except asyncio.CancelledError:
-            if session.lost is not None and me is not None and me.uncancel() == 0:
-                raise OwnershipLost(f"run {run_id}: this process lost the run's lease ({session.lost.message}); "
-                                    "it stopped without writing anything more", run_id=run_id) from session.lost
+            lost = session.cancelled_by_loss(me)
+            if lost is not None:
+                raise OwnershipLost(f"run {run_id}: this process lost the run's lease ({lost.message}); "
+                                    "it stopped without writing anything more", run_id=run_id) from lost
             raise
         except FencingError as error:
             raise OwnershipLost(f"run {run_id}: this process no longer owns the run ({error.message}); it stopped "

@@ -46,6 +46,7 @@ from jixu.errors import (
     InvalidInput,
     JixuError,
     ModelError,
+    OwnershipLost,
     StepFailed,
     StepMismatch,
     StepOutcomeUnknown,
@@ -366,8 +367,15 @@ class DurableRun:
                         tb: TracebackType | None) -> None:
         """A block that ends normally ends the run (``turn.ended`` completed, or failed when :attr:`error` is
         set); an exception leaves it unfinished (the lease given back): run the code again with the thread id to
-        continue it."""
+        continue it. A block cancelled because another owner took the run's lease (the heartbeat found it lost)
+        raises :class:`~jixu.errors.OwnershipLost`, not a bare cancellation."""
+        thread, session, me = self._thread, self._session, asyncio.current_task()
         await self._stop(exc_type, exc, tb)
+        lost = session.cancelled_by_loss(me) if session is not None and exc_type is asyncio.CancelledError else None
+        if lost is not None and thread is not None:
+            raise OwnershipLost(f"thread {thread.thread_id}: this process no longer owns the durable run "
+                                f"({lost.message}); it stopped without writing anything more",
+                                thread_id=thread.thread_id, turn_id=self._turn_id) from lost
 
     async def _stop(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                     tb: TracebackType | None) -> None:

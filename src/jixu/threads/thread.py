@@ -358,13 +358,13 @@ class Thread:
                 lost.details["unrecorded_receipts"] = [event.id for event in receipts]
             raise lost from error
         except asyncio.CancelledError:
-            # Cancelled by the heartbeat that found the claim lost (and by nothing else), with nothing staged to
-            # commit (a call in flight, a commit awaited): the turn stopped for the same reason as above, and says
-            # so. Left a plain cancellation, a caller could not tell it from a drain or its own cancel.
-            if session is not None and session.lost is not None and me is not None and me.uncancel() == 0:
+            # Cancelled by the heartbeat that found the claim lost, with nothing staged to commit (a call in
+            # flight, a commit awaited): the turn stopped for the same reason as above, and says so.
+            found = session.cancelled_by_loss(me) if session is not None else None
+            if found is not None:
                 raise OwnershipLost(f"thread {self.thread_id}: this process no longer owns the turn "
-                                    f"({session.lost.message}); it stopped without writing anything more",
-                                    thread_id=self.thread_id) from session.lost
+                                    f"({found.message}); it stopped without writing anything more",
+                                    thread_id=self.thread_id) from found
             raise
         finally:
             self._release()
