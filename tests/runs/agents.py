@@ -10,7 +10,9 @@ Configured through the environment, since a factory takes no arguments:
   releases the call once it has looked, instead of waiting out a sleep long enough for a loaded machine);
 - ``JIXU_TEST_BLOCK_SLEEP``: seconds the blocking ``def`` tool of ``blocking_agent`` sleeps (``time.sleep``);
 - ``JIXU_TEST_CLOCK_SKEW``: seconds added to this process's ``time.time``
-  (a worker whose local clock is wrong; the store's clock must not care).
+  (a worker whose local clock is wrong; the store's clock must not care);
+- ``JIXU_TEST_MODEL_SLEEP``: seconds the first model call of each process and input of ``slow_model_agent``
+  takes (it appends ``<input> <pid>`` to ``JIXU_TEST_OUTSIDE`` as it starts).
 """
 
 from __future__ import annotations
@@ -147,6 +149,25 @@ def block(ctx: ToolContext) -> str:
 def blocking_agent() -> Agent:
     """Per turn one call of ``block`` (a blocking ``def``; input with the word "block") or ``charge`` (async)."""
     return Agent("blocking", _by_input({"block": "block", "charge": "charge"}), tools=[block, charge])
+
+
+def slow_model_agent() -> Agent:
+    """No tools: the reply ``answered <input>``, the model's first call for each input in this process slow."""
+    asked: set[str] = set()
+
+    async def answer(messages: list[JSONObject]) -> Step:
+        said = str(messages[-1].get("content"))
+        if said not in asked:
+            asked.add(said)
+            fd = os.open(os.environ["JIXU_TEST_OUTSIDE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, f"{said.replace(' ', '_')} {os.getpid()}\n".encode())
+            finally:
+                os.close(fd)
+            await asyncio.sleep(float(os.environ.get("JIXU_TEST_MODEL_SLEEP") or 0))
+        return f"answered {said}"
+
+    return Agent("slow-model", ScriptedModel(answer, keep_calls=False))
 
 
 def not_an_agent() -> str:

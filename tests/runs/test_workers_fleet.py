@@ -296,11 +296,46 @@ def test_a_turn_whose_lease_lapsed_while_the_loop_was_held_is_continued_not_left
             assert calls[thread_id] == 1
 
 
+def test_a_worker_process_stopped_past_its_leases_continues_every_turn_it_held(
+        sqlite: StoreFactory, workers: Spawn, tmp_path: Path) -> None:
+    """A real ``jixu worker`` holding 12 turns, each with its model call in flight, is stopped (SIGSTOP: a frozen
+    VM, a pause of the whole process) for three lease lengths. On SIGCONT every lease is found lost (an expired
+    lease is never renewed); each turn stops as ``OwnershipLost``, its item goes back in the queue, and the
+    worker's next claims continue every turn (the read-only model call retried) to its reply. None is finished
+    while still ``running``."""
+    store = sqlite()
+    assert sqlite.url is not None
+    outside = tmp_path / "outside.txt"
+    agent_threads = {}
+    for n in range(12):
+        thread_id = create_thread_for(store, Agent("slow-model", ScriptedModel(["unused"])))
+        submit_turn(store, thread_id, f"question {n}")
+        agent_threads[thread_id] = f"question {n}"
+    worker = workers(sqlite.url, "stopped", "--concurrency", "20", "--lease-ttl", "1", "--exit-when-idle",
+                     agent="slow_model_agent", env={"JIXU_TEST_OUTSIDE": str(outside), "JIXU_TEST_MODEL_SLEEP": "8"})
+    wait_until(lambda: len(outside_lines(outside)) == 12, "every turn's model call to be in flight")
+    worker.signal(signal.SIGSTOP)
+    time.sleep(3)  # three lease lengths: every turn lease and work claim expires by the store's clock
+    worker.signal(signal.SIGCONT)
+    assert worker.wait() == 0, worker.output()
+    output = worker.output()
+    assert not re.search(r"finish .*: running", output), output
+    assert output.count("OwnershipLost") >= 12, output
+    assert not store.list_work(state="claimed") and not store.list_work(state="pending")
+    for thread_id, question in agent_threads.items():
+        state = thread_state(store, thread_id)
+        assert (state["status"], state["last_reply"]) == ("idle", f"answered {question}"), (state, output)
+        assert store.verify(f"thread/{thread_id}").valid
+        dispatched = [e for e in store.read(f"thread/{thread_id}") if e.type == "model.dispatched"]
+        assert len(dispatched) == 2, "the call in flight when the worker stopped, then its retry"
+
+
 def test_a_turn_whose_lease_lapsed_during_its_model_call_is_continued_not_left_running(
         sqlite: StoreFactory, tmp_path: Path) -> None:
-    """As above, with the model's answer in flight when the lease is found lost: the turn is cancelled with
-    nothing staged to commit. Its item goes back in the queue all the same, and the next claim retries the
-    model call (read-only: the resolver finds it unknown and safe to retry) and finishes the turn."""
+    """As above, with the model's answer in flight when the lease is found lost: the heartbeat cancels the turn
+    in its model call, and the record of the interrupted call is refused by the fence. Its item goes back in the
+    queue all the same, and the next claim retries the model call (read-only: the resolver finds it unknown and
+    safe to retry) and finishes the turn."""
     store = sqlite()
     asked: set[str] = set()
 
