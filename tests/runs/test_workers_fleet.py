@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from jixu import Agent, ScriptedModel
-from jixu.ledger import MemoryStore
+from jixu.ledger import MemoryStore, Store
 from jixu.ledger.encoding import JSONObject
 from jixu.scheduling import Worker, WorkerConfig, create_thread_for, submit_turn
 from jixu.threads.log import ThreadLog
@@ -296,6 +296,16 @@ def test_a_turn_whose_lease_lapsed_while_the_loop_was_held_is_continued_not_left
             assert calls[thread_id] == 1
 
 
+def answered_after_one_retry(store: Store, replies: dict[str, str], seen: object) -> None:
+    """Each thread idle with its reply and a valid chain, its model called twice: the call in flight when the
+    lease was lost, then its retry under the next claim."""
+    for thread_id, reply in replies.items():
+        state = thread_state(store, thread_id)
+        assert (state["status"], state["last_reply"]) == ("idle", reply), (state, seen)
+        assert store.verify(f"thread/{thread_id}").valid
+        assert len([e for e in store.read(f"thread/{thread_id}") if e.type == "model.dispatched"]) == 2
+
+
 def test_a_worker_process_stopped_past_its_leases_continues_every_turn_it_held(
         sqlite: StoreFactory, workers: Spawn, tmp_path: Path) -> None:
     """A real ``jixu worker`` holding 12 turns, each with its model call in flight, is stopped (SIGSTOP: a frozen
@@ -322,12 +332,7 @@ def test_a_worker_process_stopped_past_its_leases_continues_every_turn_it_held(
     assert not re.search(r"finish .*: running", output), output
     assert output.count("OwnershipLost") >= 12, output
     assert not store.list_work(state="claimed") and not store.list_work(state="pending")
-    for thread_id, question in agent_threads.items():
-        state = thread_state(store, thread_id)
-        assert (state["status"], state["last_reply"]) == ("idle", f"answered {question}"), (state, output)
-        assert store.verify(f"thread/{thread_id}").valid
-        dispatched = [e for e in store.read(f"thread/{thread_id}") if e.type == "model.dispatched"]
-        assert len(dispatched) == 2, "the call in flight when the worker stopped, then its retry"
+    answered_after_one_retry(store, {t: f"answered {q}" for t, q in agent_threads.items()}, output)
 
 
 def test_a_turn_whose_lease_lapsed_during_its_model_call_is_continued_not_left_running(
@@ -369,12 +374,7 @@ def test_a_turn_whose_lease_lapsed_during_its_model_call_is_continued_not_left_r
     asyncio.run(main())
     assert not any(kind == "finish" and ": running" in text for kind, text in reports), reports
     assert not store.list_work(state="claimed") and not store.list_work(state="pending")
-    for n, thread_id in enumerate(threads):
-        state = thread_state(store, thread_id)
-        assert (state["status"], state["last_reply"]) == ("idle", f"answered question {n}"), (state, reports)
-        assert store.verify(f"thread/{thread_id}").valid
-        dispatched = [e for e in store.read(f"thread/{thread_id}") if e.type == "model.dispatched"]
-        assert len(dispatched) == 2, "the call in flight, then its retry"
+    answered_after_one_retry(store, {t: f"answered question {n}" for n, t in enumerate(threads)}, reports)
 
 
 def test_a_turn_cancelled_by_its_lost_lease_while_awaiting_a_commit_is_requeued_not_finished_running(
