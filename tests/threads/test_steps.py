@@ -24,7 +24,7 @@ from jixu import (
     ToolContext,
     ToolError,
 )
-from jixu.errors import OwnershipLost
+from jixu.errors import OwnershipLost, StoreError
 from jixu.ledger import SQLiteStore, Store
 from jixu.threads.log import ThreadLog
 from jixu.threads.steps import steps_agent
@@ -295,4 +295,78 @@ def test_a_durable_run_whose_lease_another_owner_took_stops_with_ownership_lost_
 
     with pytest.raises(asyncio.CancelledError):
         run(cancelled_by_its_user())
+    store.close()
+
+
+def test_a_durable_run_whose_start_failed_stays_unfinished_and_its_done_steps_are_not_done_again(
+        tmp_path: Path) -> None:
+    """The code runs again with the thread id of its unfinished run, under a revised agent definition; its
+    start fails (the revision's write refused: a full disk) after the turn was claimed. The run must stay
+    unfinished: ended there, the next run of the code would start a new run and charge a second time."""
+
+    class RefusesTheRevision(SQLiteStore):
+        armed = False
+
+        def append(self, stream: str, events: Any, expected_seq: int, fence: Any = None, **kw: Any) -> Any:
+            if self.armed and any(getattr(event, "type", "") == "agent.revised" for event in events):
+                self.armed = False
+                raise StoreError("disk I/O error (simulated): nothing was written")
+            return super().append(stream, events, expected_seq, fence, **kw)
+
+    store = RefusesTheRevision(tmp_path / "ledger.db")
+    charged: list[str] = []
+
+    async def charge_order(harness: Harness, thread_id: str | None) -> str:
+        async with harness.durable(thread_id) as run:
+            await run.effect("charge", {"order": 7}, call=lambda ctx: charged.append(ctx.effect_id) or "charged")
+            if thread_id is None:
+                raise Boom  # the first run of the code stops after its charge
+            return run.thread_id
+
+    async def go() -> None:
+        first = steps_agent()
+        revised = jixu.Agent(first.name, first.model, instructions="charge politely")
+        with pytest.raises(Boom):
+            await charge_order(Harness(first, store), None)
+        [thread_id] = [s.stream.split("/", 1)[1] for s in store.list_streams("thread/")]
+        store.armed = True
+        with pytest.raises(StoreError):
+            await charge_order(Harness(revised, store), thread_id)
+        assert "turn.ended" not in types(store, thread_id), "a run that never started was not ended"
+        assert await charge_order(Harness(revised, store), thread_id) == thread_id
+        assert len(charged) == 1, "the charge done by the first run was not done again"
+        ended = [e for e in ThreadLog.load(store, thread_id).events() if e.type == "turn.ended"]
+        assert [e.data["outcome"] for e in ended] == ["completed"]
+
+    run(go())
+    store.close()
+
+
+def test_a_durable_run_whose_lease_was_taken_during_a_step_stops_with_ownership_lost(tmp_path: Path) -> None:
+    """The lease is taken while a step's call is in flight: the record of the interrupted call is refused by the
+    fence. The block ends with ``OwnershipLost`` (not the ``FencingError`` of that refusal), and the task is not
+    left marked as being cancelled (a ``TaskGroup`` or ``asyncio.timeout`` around it would misread that)."""
+    store = SQLiteStore(tmp_path / "ledger.db")
+
+    async def go() -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        with pytest.raises(OwnershipLost) as raised:
+            async with jixu.durable(store, lease_ttl=0.6) as run:
+                async def slow(ctx: ToolContext) -> str:
+                    with SQLiteStore(tmp_path / "ledger.db") as operator:
+                        key = f"thread/{run.thread_id}/turn"
+                        lease = operator.get_lease(key)
+                        assert lease is not None
+                        operator.take_over_lease(key, "operator", 30, expected_epoch=lease.epoch,
+                                                 require_expired=False)
+                    await asyncio.sleep(5)
+                    return "late"
+
+                await run.effect("fetch", {"id": 1}, semantics="read_only", call=slow)
+        assert "held by 'operator'" in raised.value.message
+        assert me.cancelling() == 0
+        assert types(store, raised.value.details["thread_id"])[-1] == "tool.dispatched", "nothing after the loss"
+
+    run(go())
     store.close()

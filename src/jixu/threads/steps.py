@@ -43,6 +43,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, TypeAlias
 
 from jixu.errors import (
+    FencingError,
     InvalidInput,
     JixuError,
     ModelError,
@@ -358,8 +359,10 @@ class DurableRun:
                 if event.type == "tool.requested" and data.get("turn_id") == self._turn_id \
                         and isinstance(data.get("step"), str):
                     self._steps.setdefault(data["step"], []).append(dict(data))
-        except BaseException:
-            await self._stop(None, None, None)
+        except BaseException as error:
+            # Not started, so not ended: the run stays unfinished for the next run of the code (ended here, its
+            # next run would start afresh and carry its steps out again).
+            await self._stop(type(error), error, error.__traceback__)
             raise
         return self
 
@@ -370,12 +373,32 @@ class DurableRun:
         continue it. A block cancelled because another owner took the run's lease (the heartbeat found it lost)
         raises :class:`~jixu.errors.OwnershipLost`, not a bare cancellation."""
         thread, session, me = self._thread, self._session, asyncio.current_task()
-        await self._stop(exc_type, exc, tb)
-        lost = session.cancelled_by_loss(me) if session is not None and exc_type is asyncio.CancelledError else None
-        if lost is not None and thread is not None:
+        try:
+            await self._stop(exc_type, exc, tb)
+        except (asyncio.CancelledError, FencingError) as error:  # the run's end refused or cut off by the loss
+            self._raise_if_lost(thread, session, me, error)
+            raise
+        if exc is not None:
+            self._raise_if_lost(thread, session, me, exc)
+
+    def _raise_if_lost(self, thread: Thread | None, session: Session | None, me: asyncio.Task[Any] | None,
+                       error: BaseException) -> None:
+        """Raise :class:`~jixu.errors.OwnershipLost` when ``error`` says the run's lease was lost: a fenced write
+        refused, or the heartbeat's cancellation (taken back, so the task is not left cancelling)."""
+        if thread is None or session is None:
+            return
+        cause: FencingError | None
+        if isinstance(error, FencingError):
+            session.cancelled_by_loss(me)  # the heartbeat may have cancelled the task too
+            cause = error
+        elif isinstance(error, asyncio.CancelledError):
+            cause = session.cancelled_by_loss(me)
+        else:
+            cause = None
+        if cause is not None:
             raise OwnershipLost(f"thread {thread.thread_id}: this process no longer owns the durable run "
-                                f"({lost.message}); it stopped without writing anything more",
-                                thread_id=thread.thread_id, turn_id=self._turn_id) from lost
+                                f"({cause.message}); it stopped without writing anything more",
+                                thread_id=thread.thread_id, turn_id=self._turn_id) from cause
 
     async def _stop(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                     tb: TracebackType | None) -> None:
