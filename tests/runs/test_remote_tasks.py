@@ -214,3 +214,57 @@ def test_sigkill_between_dispatch_and_receipt_leaves_the_deploy_unknown(scene: S
     assert run(scene.service().execute_request(request_id)).status == "needs_reconciliation"  # never redone
     assert len(scene.deployments()) == 1
     assert scene.store.verify(f"request/{request_id}").valid and scene.store.verify(f"run/{scene.run_id}").valid
+
+
+def test_a_stopping_worker_cuts_off_a_remote_call_at_its_drain_timeout_and_requeues_the_request(
+        scene: Scene, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker asked to stop while a deploy runs waits for it within its drain timeout only, then cancels it:
+    the provider's process group is killed, the call's outcome is recorded unknown (it was dispatched), the
+    request's item goes back in the queue, and the worker exits in time. Before, the drain did not reach
+    execution requests: the worker waited for the deploy's own timeout, past any supervisor's patience."""
+    import asyncio
+
+    from jixu.scheduling import Worker, WorkerConfig
+
+    hold = tmp_path / "deployer.pid"
+    monkeypatch.setenv("DEPLOY_HOLD", str(hold))
+    (tmp_path / "held_remotes.py").write_text(
+        "import sys\nfrom jixu.runs import CommandRemote\n\n\ndef remotes():\n"
+        f"    return {{'deployer': CommandRemote('deployer', [sys.executable, {str(scene.script)!r}], timeout_s=600)}}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    request_id = run(scene.runs.request_remote(scene.run_id, "deploy", provider="deployer",
+                                               parameters={"environment": "staging"}, actor="alice"))
+    # The providers are given in-process; their spec is only named in the operator commands it prints.
+    config = WorkerConfig(store_url=str(scene.store.url), providers="given:in-process", owner="drained",
+                          poll_interval=0.02, lease_ttl=2.0,
+                          drain_timeout=2.0, workspace_root=str(tmp_path / "ws"), remotes="held_remotes:remotes")
+    reports: list[tuple[str, str]] = []
+    worker = Worker(None, scene.store, config, providers={"scripted": ScriptedProvider("scripted", [fix])},
+                    report=lambda kind, text: reports.append((kind, text)))
+
+    async def main() -> float:
+        running = asyncio.create_task(worker.run())
+        while not hold.exists():
+            assert not running.done(), reports
+            await asyncio.sleep(0.02)
+        asked = time.monotonic()
+        worker.stop("SIGTERM received")
+        await asyncio.wait_for(running, 15)
+        return time.monotonic() - asked
+
+    try:
+        took = asyncio.run(main())
+    finally:
+        if hold.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(hold.read_text()), signal.SIGKILL)
+    assert took < config.drain_timeout + 1.0, (took, reports)
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(hold.read_text()), 0)  # the deploy's process is gone, not left running
+    assert ("requeue", f"request/{request_id}: cut off by the drain; the request continues elsewhere (requeued)") \
+        in reports, reports
+    assert [item.key for item in scene.store.list_work(state="pending")] == [f"request/{request_id}"]
+    assert not scene.store.list_work(state="claimed")
+    view = run(scene.runs.execution_request(scene.run_id, request_id))
+    assert view.status in ("unknown", "needs_reconciliation"), view.status
+    assert len(scene.deployments()) == 1, "performed once, never again by the drain"

@@ -47,7 +47,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -300,6 +300,10 @@ class _Outcome:
     kind: str = "finish"
 
 
+class _CutOff(Exception):
+    """A run or execution request that the drain cancelled at its deadline (see ``Worker._executed``)."""
+
+
 def _automatic_pause(state: RunState) -> JSONObject | None:
     """The run's open pause when it resumes by itself (automatic, with a ``resume_at``), else None."""
     if state.status != "paused" or not state.pauses:
@@ -350,8 +354,8 @@ class Worker:
                              owner=config.owner, lease_ttl=config.lease_ttl, wait_automatic_pauses=False,
                              publishers=load_publishers(config.publishers),
                              remotes=load_remotes(config.remotes) if config.remotes else None)
-        self._executing: set[asyncio.Task[RunState]] = set()
-        """Runs being executed by this worker now (drained on shutdown)."""
+        self._executing: set[asyncio.Task[Any]] = set()
+        """Runs and execution requests being carried out by this worker now (drained on shutdown)."""
         self.stats = WorkerStats()
         self._report = report or print_report(config.owner)
         self._stopping = False
@@ -566,12 +570,12 @@ class Worker:
         async def runs() -> None:
             if not executing:
                 return
-            self.report("stop", f"draining {len(executing)} run(s) in flight ({self._stop_reason}) for up to "
-                                f"{budget:.1f}s")
+            self.report("stop", f"draining {len(executing)} run(s) and execution request(s) in flight "
+                                f"({self._stop_reason}) for up to {budget:.1f}s")
             await asyncio.wait(executing, timeout=budget)
             for task in executing:
                 if not task.done():
-                    task.cancel()  # the item's task sees the cancellation and requeues the run
+                    task.cancel()  # the item's task sees the cancellation and requeues the item
 
         async def turns() -> None:
             if self.harness is not None and not self.harness.closing:
@@ -696,10 +700,8 @@ class Worker:
             return self._owned(state)
         if self._stopping:
             return _Outcome(True, "not started: the worker is stopping", kind="requeue")
-        executing = asyncio.create_task(runs.execute(run_id), name=f"jixu-run-{run_id}")
-        self._executing.add(executing)
         try:
-            state = await executing
+            state = await self._executed(runs.execute(run_id), f"jixu-run-{run_id}")
         except RunOwned as error:
             return _Outcome(True, f"{error.message}", min(ttl, max(poll, ttl / 3)), "requeue")
         except OwnershipLost as error:  # as for a turn: the next claim finds what the run needs
@@ -709,13 +711,8 @@ class Worker:
         except (UnknownProvider, ProviderMismatch) as error:
             # Meant for workers configured with another provider: leave it for them, without spinning on it.
             return _Outcome(True, error.message, max(ttl, 5.0), "error")
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # this worker itself is being cancelled
+        except _CutOff:
             return _Outcome(True, "cut off by the drain; the run continues elsewhere", kind="requeue")
-        finally:
-            self._executing.discard(executing)
         pause = _automatic_pause(state)
         if pause is not None:
             return self._until_resume(pause)
@@ -731,7 +728,10 @@ class Worker:
         if self._stopping:
             return _Outcome(True, "not started: the worker is stopping", kind="requeue")
         try:
-            view = await runs.execute_request(request_id)
+            view = await self._executed(runs.execute_request(request_id), f"jixu-request-{request_id}")
+        except _CutOff:
+            # What it had dispatched without a receipt is unknown: the next claim finds it needing reconciliation.
+            return _Outcome(True, "cut off by the drain; the request continues elsewhere", kind="requeue")
         except RequestNotFound as error:
             return _Outcome(False, error.message, kind="error")
         except UnknownProvider as error:
@@ -739,6 +739,21 @@ class Worker:
             return _Outcome(True, error.message, max(self.config.lease_ttl, 5.0), "error")
         kind = "operator" if view.status in ("needs_reconciliation", "corrupt") else "finish"
         return _Outcome(False, f"{view.kind} request {view.status}: {view.reason}", kind=kind)
+
+    async def _executed(self, work: Coroutine[Any, Any, _T], name: str) -> _T:
+        """``await work``, as a task the drain reaches (it waits for the task within its budget, then cancels it);
+        :class:`_CutOff` when the drain cancelled it."""
+        executing = asyncio.create_task(work, name=name)
+        self._executing.add(executing)
+        try:
+            return await executing
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this worker itself is being cancelled
+            raise _CutOff from None
+        finally:
+            self._executing.discard(executing)
 
     def _until_resume(self, pause: JSONObject) -> _Outcome:
         delay = max(0.0, float(pause["resume_at"]) - self.store.now())
