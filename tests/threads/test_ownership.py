@@ -381,3 +381,45 @@ def test_shutdown_drains_running_work_and_leaves_the_turn_for_another_process(le
         assert state.status == "idle" and state.last_reply == "Charged." and ran == ["42"]
 
     run(scenario())
+
+
+def test_a_turn_starting_when_shutdown_begins_is_left_for_another_process_not_run_on_a_closed_store(
+        ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``send`` is committing its turn's start (a slow disk) when the harness begins to shut down. The shutdown
+    waits for that commit, then the turn is left as a drained one is: recorded, no loop started, its lease
+    released, so another process continues it at once. Before, the shutdown closed the store under the start,
+    and a loop started afterwards on the closed store, leaving the lease held for nobody."""
+    original = ThreadLog.start_turn_async
+    gates: dict[str, asyncio.Event] = {}
+
+    async def slow_start(self: ThreadLog, *args: Any, **kwargs: Any) -> Any:
+        gates["entered"].set()
+        await gates["go_on"].wait()
+        return await original(self, *args, **kwargs)
+
+    first = ledger.harness(Agent("shop", ScriptedModel(["Hello."])), owner="worker-a")
+    second = ledger.harness(Agent("shop", ScriptedModel(["Hello."])), owner="worker-b")
+
+    async def scenario() -> None:
+        gates.update(entered=asyncio.Event(), go_on=asyncio.Event())
+        thread = await first.create_thread()
+        monkeypatch.setattr(ThreadLog, "start_turn_async", slow_start)
+        sending = asyncio.create_task(thread.send("hi"))
+        await gates["entered"].wait()
+        shutting = asyncio.create_task(first.shutdown(drain_timeout=5))
+        await asyncio.sleep(0.05)
+        assert not shutting.done(), "the shutdown waits for the turn's start"
+        gates["go_on"].set()
+        turn_id = await sending
+        await shutting
+        monkeypatch.setattr(ThreadLog, "start_turn_async", original)
+        store = ledger.store()
+        lease = store.get_lease(f"thread/{thread.thread_id}/turn")
+        assert lease is not None and lease.released and lease.owner == "worker-a"
+        events = store.read(thread.stream)
+        assert [e.type for e in events][-1] == "turn.started" and events[-1].data["turn_id"] == turn_id
+        continued = await second.open_thread(thread.thread_id)
+        state = await continued.wait()
+        assert (state.status, state.last_reply) == ("idle", "Hello.")
+
+    run(scenario())

@@ -98,6 +98,7 @@ class Thread:
         self._fence: Fence | None = None
         """This process's claim on the active turn, while it runs it."""
         self._starting = False  # send() is waiting for its turn.started to be committed
+        self._start_settled: asyncio.Event | None = None  # set when that wait is over (what a drain waits for)
         self._draining = False
         self.following = False
         """True while this handle's loop waits for another handle's (see :meth:`_follow`)."""
@@ -222,13 +223,21 @@ class Thread:
                              thread_id=self.thread_id)
         if self._harness.closing:
             raise ThreadBusy("the harness is shutting down and admits no new turns", thread_id=self.thread_id)
-        self._starting = True
+        self._starting, settled = True, asyncio.Event()
+        self._start_settled = settled
         try:
             await self._revise(fenced=False)  # a new definition applies from this turn on
             turn_id, self._fence = await self.log.start_turn_async(text, owner=self._harness.owner,
                                                                    ttl=self._harness.lease_ttl)
         finally:
             self._starting = False
+            settled.set()
+        if self._draining:
+            # The harness began shutting down while the turn was starting: it is recorded, and left as a drained
+            # turn is (active, its lease released) for the next process to continue; no loop starts on a store
+            # about to close.
+            self._release()
+            return turn_id
         self._start()
         return turn_id
 
@@ -601,6 +610,10 @@ class Thread:
         having an unknown outcome.
         """
         self._draining = True
+        settled = self._start_settled
+        if self._starting and settled is not None:  # a send() committing its turn's start: it stops after that
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(settled.wait(), timeout)
         if self._task is None or self._task.done():
             return
         try:
