@@ -423,3 +423,58 @@ def test_a_turn_starting_when_shutdown_begins_is_left_for_another_process_not_ru
         assert (state.status, state.last_reply) == ("idle", "Hello.")
 
     run(scenario())
+
+
+def test_a_loop_cut_off_while_recording_its_claim_gives_the_lease_back(tmp_path: Any) -> None:
+    """The shutdown's deadline cancels a turn's loop while its ``turn.claimed`` is being committed (a slow disk):
+    the claim is recorded, and its lease must be given back, so another process continues the turn at once.
+    Left held, it would expire and look like a crashed owner's, for an operator to recover."""
+    import threading
+    from collections.abc import Sequence
+
+    from jixu import Harness
+    from jixu.errors import JixuError
+    from jixu.kernel.commits import Commits
+    from jixu.ledger import Event, SQLiteStore
+    from jixu.ledger.store import AppendRequest
+    from jixu.scheduling import create_thread_for, submit_turn
+
+    class ClaimCommitHeld(SQLiteStore):
+        """Holds the first commit carrying a ``turn.claimed`` (in the commit thread) until released."""
+
+        def __init__(self, path: Any) -> None:
+            super().__init__(path)
+            self.entered, self.release = threading.Event(), threading.Event()
+
+        def append_many(self, requests: Sequence[AppendRequest]) -> list[list[Event] | JixuError]:
+            if not self.entered.is_set() and any(getattr(e, "type", "") == "turn.claimed"
+                                                 for request in requests for e in request.events):
+                self.entered.set()
+                self.release.wait(30)
+            return super().append_many(requests)
+
+    store = ClaimCommitHeld(tmp_path / "ledger.db")
+    agent = Agent("shop", ScriptedModel(["Hello."]))
+    thread_id = create_thread_for(store, agent)
+    submit_turn(store, thread_id, "hi")  # a queued turn: unowned, for whoever opens the thread
+    key = f"thread/{thread_id}/turn"
+
+    async def scenario() -> None:
+        first = Harness(agent, store, owner="worker-a")
+        # Another user of the loop's commits, busy elsewhere (a second turn awaiting its model): the claim is
+        # committed in the commit thread while the loop awaits it, not at once in the loop.
+        with Commits.of(store).user():
+            await first.open_thread(thread_id)
+            while not store.entered.is_set():
+                await asyncio.sleep(0.01)
+            asyncio.get_running_loop().call_later(0.5, store.release.set)
+            await first.shutdown(drain_timeout=0.2)  # its deadline cuts the loop off in the claim's commit
+        lease = store.get_lease(key)
+        assert lease is not None and lease.owner == "worker-a" and lease.released, lease
+        assert [e.type for e in store.read(f"thread/{thread_id}")][-1] == "turn.claimed"
+        second = Harness(agent, store, owner="worker-b")
+        state = await (await second.open_thread(thread_id)).wait()
+        assert (state.status, state.last_reply) == ("idle", "Hello."), state
+
+    run(scenario())
+    store.close()

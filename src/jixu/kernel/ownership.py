@@ -329,15 +329,21 @@ async def claim_stream(writer: StreamWriter[Any], key: str, owner: str, ttl: flo
     ``None`` returned.
     """
     claim = await take_claim(writer.store, key, owner, ttl, holder_process=holder_process)
-    for _ in range(tries):
-        try:
-            await writer.append_async([claimed(claim)], claim.fence)
-            return claim
-        except ConcurrencyError:
-            await writer.idle()
-            writer.sync()
-            if not still_wanted():
-                break
+    try:
+        for _ in range(tries):
+            try:
+                await writer.append_async([claimed(claim)], claim.fence)
+                return claim
+            except ConcurrencyError:
+                await writer.idle()
+                writer.sync()
+                if not still_wanted():
+                    break
+    except BaseException:
+        # Cancelled (a drain's deadline) or failed while recording the claim: nobody will use it. Given back, the
+        # next claimer goes on at once; left to expire, it would look like a crashed owner's (an operator's case).
+        release(writer.store, claim.fence)
+        raise
     release(writer.store, claim.fence)
     return None
 
