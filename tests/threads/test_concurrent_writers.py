@@ -241,3 +241,47 @@ def test_wait_never_raises_a_raw_concurrency_error_when_an_operator_writes_mid_t
         await assert_same_answer(harness, thread)
 
     run(scenario())
+
+
+@pytest.mark.parametrize("calls", ["one_invalid", "valid_and_invalid"])
+def test_a_rejected_call_is_recorded_with_its_intent_when_another_writer_moved_the_head(
+        ledger: Ledger, calls: str) -> None:
+    """Another connection appends while the model call runs; the model then asks for a call whose arguments are
+    invalid (rejected before dispatch: its intent and its rejection are one commit, after the model's receipt).
+    That commit meets the other writer's event. The model's receipt is recorded after it, and the rejection goes
+    with its intent when the loop decides again: recorded alone, it was a receipt without an intent and the
+    thread was corrupt for good."""
+    seen: dict[str, Any] = {"asked": 0}
+
+    @tool(semantics="read_only")
+    async def look(n: int) -> str:
+        """Look something up."""
+        return f"seen {n}"
+
+    def answer_after_another_write(messages: list[dict[str, Any]]) -> Any:
+        seen["asked"] += 1
+        if seen["asked"] > 1:
+            return "done"
+        other = ThreadLog.load(seen["store"], seen["thread_id"], actor="other")
+        other.append([NewEvent("thread.noted", {"note": "written while the model thought"}, other.meta("other"))])
+        invalid = ToolCall("look", {"n": "not a number"})
+        return [invalid] if calls == "one_invalid" else [ToolCall("look", {"n": 1}), invalid]
+
+    agent = Agent("looker", ScriptedModel(answer_after_another_write), tools=[look], max_steps=6)
+
+    async def scenario() -> None:
+        harness = ledger.harness(agent)
+        thread = await harness.create_thread()
+        seen.update(store=ledger.store(), thread_id=thread.thread_id)
+        await thread.send("go")
+        state = await thread.wait()
+        assert (state.status, state.last_reply) == ("idle", "done"), state.reason
+        events = await thread.events()
+        assert_lifecycle_order(events)
+        analysis = RecoveryResolver.analyze(events)
+        assert not analysis.has_corruption and not analysis.unattributed_events
+        [rejected] = [e for e in events if e.type == "tool.failed"]
+        assert rejected.data["effect_id"] not in {e.data["effect_id"] for e in events if e.type == "tool.dispatched"}
+        await assert_same_answer(harness, thread)
+
+    run(scenario())

@@ -412,7 +412,11 @@ class StreamWriter(Generic[F]):
         once the receipts are recorded, so the caller decides again.
         """
         self._follow()
-        receipts = [event for event in batch if is_receipt(event.type)]
+        # A receipt whose effect has another event in this batch (its intent, its dispatch marker) answers what was
+        # not recorded: alone it would be a receipt without an intent (corrupt for good). It goes with them when
+        # the caller decides again, or not at all; only receipts of effects already recorded are facts to keep.
+        unrecorded = {_effect_of(event) for event in batch if not is_receipt(event.type)} - {None}
+        receipts = [event for event in batch if is_receipt(event.type) and _effect_of(event) not in unrecorded]
         if not receipts:
             raise conflict
         self._refuse_if_broken(receipts)
