@@ -131,6 +131,17 @@ class Case:
     def corrupt(self) -> bool:
         return self.expected_seq is not None
 
+    @property
+    def sound_before(self) -> int | None:
+        """The first seq no surface may vouch for (a fork starts only before it): the first bad one, or 1 when a
+        sealed checkpoint lies at or after it (the break may hide a rewrite that checkpoint would have caught)."""
+        if self.expected_seq is None:
+            return None
+        if self.expected_reason == "rewritten" or (self.checkpoint_seq is not None
+                                                   and self.checkpoint_seq >= self.expected_seq):
+            return 1
+        return self.expected_seq
+
 
 def _checkpoint_rows(raw: Raw, stream: str) -> list[tuple[Any, ...]]:
     with raw.transaction() as sql:

@@ -159,7 +159,7 @@ def test_a_tampered_thread_page_shows_corrupt_offers_nothing_and_marks_the_first
     assert bad.count() == 1 and bad.get_attribute("id") == f"event-{marked}"
     assert f"first bad event: {case.expected_reason}" in bad.inner_text()
     forks = page.locator("a.fork-link").count()  # forking is offered on the state at each sound event
-    assert forks == len([s for s in seqs if s < (case.expected_seq or 0)]), (forks, seqs)
+    assert forks == len([s for s in seqs if s < (case.sound_before or 0)]), (forks, seqs)
     link.click()
     page.wait_for_url(re.compile(rf".*#event-{marked}$"))
     shots(page, "corrupt")

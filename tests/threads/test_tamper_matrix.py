@@ -282,3 +282,49 @@ def test_postgres_tamper_matrix_through_the_harness_and_jixu_verify(postgres_dsn
                 assert entry["checkpoints"][0]["status"] == "forged", case
     finally:
         schema.drop()
+
+
+@pytest.mark.parametrize("placement", ["head", "middle"])
+def test_a_rewrite_under_a_sealed_checkpoint_hidden_behind_one_more_break_is_never_forked(
+        tmp_path: Path, placement: str) -> None:
+    """The attacker rewrites a tool result before the sealed checkpoint and recomputes every hash up to the head
+    (caught alone: ``rewritten``), then breaks one event at or after the checkpoint too, so the first bad seq moves
+    there. Before, the events before that break were vouched for and a fork carried the forged text into a new,
+    valid thread. A break at or after a sealed checkpoint vouches for no event before it: nothing is forked."""
+    from jixu.ledger.chain import row_hash
+    from jixu.ledger.event import StoredRow
+    from jixu.threads.log import ThreadLog
+    from tests.attacker import change_last_event
+    from tests.tamper_cases import _two_turns
+
+    path = tmp_path / "rewrite.db"
+    with SQLiteStore(path) as store:
+        raw = Raw(path)
+        thread_id, checkpoint_seq = run(lambda: _two_turns(store, raw, placement))
+    stream = f"thread/{thread_id}"
+    head = raw.head(stream)
+    assert checkpoint_seq is not None
+    rows = [raw.row(stream, seq) for seq in range(1, head + 1)]
+    first = next(row.seq for row in rows if "order 41: 10 EUR, paid" in row.data_json)
+    assert first < checkpoint_seq
+    prev = rows[first - 2].hash
+    with raw.transaction() as sql:
+        for row in rows[first - 1:]:
+            data = row.data_json.replace("order 41: 10 EUR, paid", FORGED_TEXT)
+            new_hash = row_hash(StoredRow(row.id, row.stream, row.seq, row.type, data, row.meta_json, row.recorded_at,
+                                          prev, ""))
+            sql("UPDATE jixu_events SET data = ?, prev_hash = ?, hash = ? WHERE stream = ? AND seq = ?", data, prev,
+                new_hash, stream, row.seq)
+            prev = new_hash
+        sql("UPDATE jixu_streams SET head_hash = ? WHERE stream = ?", prev, stream)
+    change_last_event(raw, stream, head)  # at or after the checkpoint: the first bad seq becomes the head
+    with SQLiteStore(path) as store:
+        log = ThreadLog.load(store, thread_id, verify=True)
+        found = log.corruption()
+        assert found is not None and found.sound_before == 1, found
+        harness = Harness(agent(), store, owner="operator")
+        thread = run(lambda: harness.open_thread(thread_id, resume=False))
+        for event in store.read(stream)[:-1]:
+            with pytest.raises(ThreadCorrupt):
+                run(lambda at=event.id: thread.fork(at))  # type: ignore[misc]
+        assert [s.stream for s in store.list_streams("thread/")] == [stream], "no child was made"

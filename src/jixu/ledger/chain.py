@@ -40,9 +40,13 @@ class VerifyReport:
     first_bad_seq: int | None = None
     reason: Reason | None = None
     detail: str | None = None
+    vouched_before: int | None = None
+    """Set when the report vouches for fewer events than the ones before ``first_bad_seq``: the first seq it
+    does not vouch for. A sealed checkpoint at or after a break can no longer prove the events before it (the
+    break may hide a rewrite that checkpoint would have caught)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of every field."""
+        """A JSON-ready dict of the chain's fields (``vouched_before`` travels in the stream's corruption)."""
         return {
             "stream": self.stream,
             "valid": self.valid,

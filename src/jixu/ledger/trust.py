@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from jixu.errors import StoreError
 from jixu.ledger.chain import Reason, VerifyReport, row_hash
@@ -98,6 +99,30 @@ def contradicted(store: Store, stream: str, names: Iterable[str], keys: Keyring,
     return found
 
 
+def behind_break(store: Store, report: VerifyReport, names: Iterable[str], keys: Keyring,
+                 read: Mapping[str, Checkpoint]) -> VerifyReport:
+    """What the sealed checkpoints ``names`` (as ``read``) say about the events before the break ``report``
+    names: a checkpoint before the break that they contradict is a rewrite there (the earlier finding); a sealed
+    checkpoint at or after the break can no longer vouch for them (``vouched_before`` 1). Breaking one event
+    more must not turn a rewrite the seal would catch into a history trusted up to that event."""
+    bad = report.first_bad_seq
+    if bad is None:
+        return report
+    checkpoints = [(name, read[name]) for name in names if name in read]
+    before = [name for name, checkpoint in checkpoints if checkpoint.seq < bad]
+    rewrite = contradicted(store, report.stream, before, keys, bad - 1, report.count, report.head_hash, read=read)
+    if rewrite is not None:
+        return rewrite
+    beyond = [(name, checkpoint) for name, checkpoint in checkpoints
+              if checkpoint.seq >= bad and seal_status(keys, checkpoint) == "sealed"]
+    if not beyond:
+        return report
+    name, checkpoint = beyond[0]
+    return replace(report, vouched_before=1, detail=f"{report.detail or report.reason}; checkpoint {name!r}, sealed at "
+                                                    f"seq {checkpoint.seq}, can no longer vouch for the events before "
+                                                    "the break: none of them is trusted")
+
+
 def _verdict_parts(stream: str, text: str) -> list[bytes]:
     return [canonical_text({"stream": stream}).encode("utf-8"), b"\x00", text.encode("utf-8")]
 
@@ -120,10 +145,11 @@ def break_of(stream: str, row: Checkpoint | None, keys: Keyring | None = None) -
         seq = int(data["first_bad_seq"])
         if reason not in _REASONS:
             return None
+        vouched = data.get("vouched_before")
         return VerifyReport(stream=stream, valid=False, count=int(data["count"]), head_hash=str(data["head_hash"]),
                             first_bad_seq=seq, reason=reason,
                             detail=f"{data['detail']} (found {data['found_at']}; a stream once found broken stays "
-                                   "corrupt)")
+                                   "corrupt)", vouched_before=int(vouched) if vouched is not None else None)
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -141,7 +167,8 @@ def record_break(store: Store, report: VerifyReport, keys: Keyring | None = None
     if earlier is not None and (earlier.first_bad_seq or 0) <= report.first_bad_seq:
         return False
     text = canonical_text({"first_bad_seq": report.first_bad_seq, "reason": report.reason, "detail": report.detail,
-                           "count": report.count, "head_hash": report.head_hash, "found_at": utc_now_text()})
+                           "count": report.count, "head_hash": report.head_hash, "found_at": utc_now_text(),
+                           **({"vouched_before": report.vouched_before} if report.vouched_before is not None else {})})
     try:
         seal_keys = keys if keys is not None and keys.keys else sealing_keyring(keys.path if keys else None)
         seal = seal_keys.seal(VERDICT_TAG, _verdict_parts(report.stream, text))
@@ -172,6 +199,8 @@ def verdict(store: Store, stream: str, *, checkpoints: Iterable[str] = (), keys:
         # beyond it or a head without them), so its count is that head's seq: no second read of the head.
         report = contradicted(store, stream, names, keys, report.count, report.count, report.head_hash,
                               read=read) or report
+    else:
+        report = behind_break(store, report, names, keys, read)
     earlier = break_of(stream, read.get(VERDICT_NAME), keys)
     if earlier is not None and (report.valid or (earlier.first_bad_seq or 0) < (report.first_bad_seq or 0)):
         return earlier
@@ -180,5 +209,5 @@ def verdict(store: Store, stream: str, *, checkpoints: Iterable[str] = (), keys:
     return report
 
 
-__all__ = ["CHECKPOINT_TAG", "VERDICT_NAME", "anchor_holds", "break_of", "checkpoint_parts", "contradicted", "record_break",
+__all__ = ["CHECKPOINT_TAG", "VERDICT_NAME", "anchor_holds", "behind_break", "break_of", "checkpoint_parts", "contradicted", "record_break",
            "recorded_break", "rewritten", "seal_checkpoint", "seal_status", "verdict"]

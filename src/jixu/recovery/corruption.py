@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from jixu.ledger.chain import REASONS, VerifyReport
@@ -40,14 +40,19 @@ class Corruption:
     detail: str
     effects: tuple[str, ...] = ()
     """The corrupt effects, when the resolver found some."""
+    vouched_before: int | None = None
+    """When set: the first seq vouched for by nothing, even before ``first_bad_seq`` (see
+    :attr:`VerifyReport.vouched_before <jixu.ledger.chain.VerifyReport.vouched_before>`)."""
 
     @property
     def sound_before(self) -> int:
         """The first seq this verdict does not vouch for: events before it verify and agree (a fork may start
         there). A rewrite found by a sealed checkpoint vouches for nothing before it, nor does an unplaced
-        contradiction."""
+        contradiction, nor a break at or before a sealed checkpoint."""
         if self.reason == "rewritten" or self.first_bad_seq is None:
             return 1
+        if self.vouched_before is not None:
+            return min(self.vouched_before, self.first_bad_seq)
         return self.first_bad_seq
 
     @property
@@ -58,7 +63,8 @@ class Corruption:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``explanation`` included)."""
         return {"stream": self.stream_name, "first_bad_seq": self.first_bad_seq, "reason": self.reason,
-                "explanation": self.explanation, "detail": self.detail, "effects": list(self.effects)}
+                "explanation": self.explanation, "detail": self.detail, "effects": list(self.effects),
+                "sound_before": self.sound_before}
 
     def summary(self) -> str:
         """One line: ``first bad event #7 (payload_changed): …``."""
@@ -78,7 +84,8 @@ def corruption(stream: str, *, chain: VerifyReport | None, analysis: Analysis | 
     """
     found: list[Corruption] = []
     if chain is not None and not chain.valid:
-        found.append(Corruption(stream, chain.first_bad_seq, chain.reason or "bad_link", chain.detail or ""))
+        found.append(Corruption(stream, chain.first_bad_seq, chain.reason or "bad_link", chain.detail or "",
+                                vouched_before=chain.vouched_before))
     if chain_break_seq is not None and not any(c.first_bad_seq == chain_break_seq for c in found):
         found.append(Corruption(stream, chain_break_seq, "bad_link",
                                 f"seq {chain_break_seq} does not link to the event before it, or does not hash to "
@@ -98,7 +105,9 @@ def corruption(stream: str, *, chain: VerifyReport | None, analysis: Analysis | 
                                 "; ".join(problems[:3]) or "the projection found contradictory events"))
     if not found:
         return None
-    return min(found, key=lambda c: (c.first_bad_seq is None, c.first_bad_seq or 0))
+    first = min(found, key=lambda c: (c.first_bad_seq is None, c.first_bad_seq or 0))
+    vouched = min(c.sound_before for c in found)  # a later finding may vouch for less than the first one's seq
+    return first if vouched >= first.sound_before else replace(first, vouched_before=vouched)
 
 
 __all__ = ["CONTRADICTION_REASONS", "Corruption", "corruption"]
