@@ -366,3 +366,34 @@ def test_a_read_only_store_still_reports_the_break_it_cannot_record(tmp_path: Pa
         report = verdict(store, STREAM, checkpoints=["tally"])
         assert (report.valid, report.first_bad_seq, report.reason) == (False, 7, "payload_changed")
         assert recorded_break(store, STREAM) is None
+
+
+@pytest.mark.parametrize("reader", ["project", "verdict"])
+def test_a_checkpoint_written_between_a_readers_two_reads_is_no_rewrite(tmp_path: Path, reader: str) -> None:
+    """Another connection appends and writes its sealed checkpoint between the reader's read of the head (or of
+    the chain) and its read of the checkpoints, as a worker finishing a run does while the API shows the run. The
+    checkpoint then lay past the head the reader had seen and read as a rewrite, which a run's journal recorded
+    as its break: a valid run was corrupt for good. Whichever of the two reads comes first, the writer's turn
+    comes right after it here."""
+    path = _ledger(tmp_path, 20)
+    with SQLiteStore(path) as writer, SQLiteStore(path) as store:
+        first_read_done = False
+
+        def then_the_writer(result: Any) -> Any:
+            nonlocal first_read_done
+            if not first_read_done:
+                first_read_done = True
+                fill(writer, STREAM, 20, 1)
+                save_checkpoint(writer, STREAM, TallyProjection(), project(writer, STREAM, TallyProjection()))
+            return result
+
+        for name in ("stream_info", "verify", "read_checkpoints"):
+            real = getattr(store, name)
+            setattr(store, name, lambda *a, _real=real, **kw: then_the_writer(_real(*a, **kw)))
+        if reader == "project":
+            report = project(store, STREAM, TallyProjection()).chain
+        else:
+            report = verdict(store, STREAM, checkpoints=["tally"])
+        assert report.valid, report
+        assert recorded_break(store, STREAM) is None
+        assert writer.read_checkpoint(STREAM, "tally").seq == 21  # type: ignore[union-attr]

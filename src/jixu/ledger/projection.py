@@ -395,6 +395,10 @@ def project(store: Store, stream: str, projection: Projection[S], *, use_checkpo
     Raises :class:`~jixu.errors.NotFound` for a stream with no events.
     """
     check_stream(stream)
+    # The projection's checkpoint and the recorded break, in one read, *before* the head: a checkpoint is written
+    # after its events, so the head read next reaches it. Read the other way round, a checkpoint written in between
+    # (another process appending and checkpointing) lies past the head read and looks like a rewrite.
+    read = store.read_checkpoints(stream, [VERDICT_NAME, projection.name] if use_checkpoint else [VERDICT_NAME])
     info = store.stream_info(stream)
     if info is None:
         raise NotFound(f"stream {stream!r} has no events", stream=stream)
@@ -403,8 +407,6 @@ def project(store: Store, stream: str, projection: Projection[S], *, use_checkpo
     state = projection.initial()
     start_seq, anchor_hash, checkpoint_seq = 1, info.genesis_hash, None
     source: ChunkSource[S] | None = None
-    # The projection's checkpoint and the recorded break, in one read.
-    read = store.read_checkpoints(stream, [VERDICT_NAME, projection.name] if use_checkpoint else [VERDICT_NAME])
     known = break_of(stream, read.get(VERDICT_NAME), keys)
     contradiction: Checkpoint | None = None
     if use_checkpoint:

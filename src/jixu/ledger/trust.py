@@ -191,9 +191,11 @@ def verdict(store: Store, stream: str, *, checkpoints: Iterable[str] = (), keys:
     found is recorded (:func:`record_break`), so every later opening sees it.
     """
     keys = keys if keys is not None else keyring()
-    report = store.verify(stream)
     names = list(checkpoints)
-    read = store.read_checkpoints(stream, [*names, VERDICT_NAME])  # the checkpoints and the break, in one read
+    # The checkpoints and the break in one read, before the chain: a checkpoint is written after its events, so the
+    # snapshot verified next reaches it (one written after a verify would lie past its head: no rewrite, a race).
+    read = store.read_checkpoints(stream, [*names, VERDICT_NAME])
+    report = store.verify(stream)
     if report.valid:
         # A valid chain ends at the head the store recorded in the snapshot verified (Store.verify reports events
         # beyond it or a head without them), so its count is that head's seq: no second read of the head.
