@@ -1158,6 +1158,46 @@ def test_after_an_interrupt_every_tool_call_the_model_sees_has_an_answer(ledger:
     run(scenario())
 
 
+def test_a_call_id_reused_in_a_later_turn_gets_its_own_answer(ledger: Ledger) -> None:
+    """Turn 1's call ``call_0`` is cut off by an interrupt (its outcome unknown, never settled); turn 2's model
+    gives its call the same id, as some OpenAI-compatible servers do. Turn 2's result must reach the
+    conversation: the closed call was known by its id, so that result was dropped and the thread waited for a
+    call in flight with nothing to approve or resolve. Settling turn 1's call later changes nothing in turn 2."""
+    started: list[int] = []
+
+    @tool(semantics="read_only")
+    async def look(n: int) -> str:
+        started.append(n)
+        if len(started) == 1:
+            await asyncio.sleep(30)  # turn 1's call: cut off by the interrupt
+        return f"seen {n}"
+
+    def script(messages: list[dict[str, Any]]) -> Step:
+        if messages[-1]["role"] == "user":
+            return ToolCall("look", {"n": len(messages)}, id="call_0")
+        return "done"
+
+    harness = ledger.harness(Agent("reuser", ScriptedModel(script), tools=[look]))
+
+    async def scenario() -> None:
+        thread = await harness.create_thread()
+        await thread.send("one")
+        await wait_for(lambda: bool(started))
+        assert (await thread.interrupt()).status == "idle"
+        await thread.send("two")
+        state = await thread.wait()
+        assert (state.status, state.last_reply) == ("idle", "done"), state.reason
+        turn = state.messages[state.turns[-1]["message_index"]:]
+        assert [m["content"] for m in turn if m["role"] == "tool"] == [f"seen {started[1]}"]
+        [unknown] = [e for e, d in state.effects.items() if d.kind == "tool" and d.state == "unknown"]
+        await thread.resolve_tool_outcome(unknown, "not_occurred", note="turn 1's call never happened")
+        after = await thread.wait()
+        assert after.messages == state.messages
+        await assert_same_answer(harness, thread)
+
+    run(scenario())
+
+
 def test_interrupt_with_parallel_calls_in_flight_records_each_one(ledger: Ledger) -> None:
     started: list[str] = []
 

@@ -25,9 +25,10 @@ from jixu.recovery import Analysis, EffectDecision, RecoveryResolver, decide_eff
 from jixu.recovery.decision_text import decode_decision, encode_decision, ordinary_decision_text
 from jixu.threads.compaction import summary_message
 
-REDUCER_VERSION = 6
+REDUCER_VERSION = 7
 """5: probes (``state.probes``, the ``probe.*`` effects and the answers they recorded). 6: agent revisions
-(``state.revisions``, ``agent.revised``, each turn's ``revisions``) and durable runs (``Turn.steps``)."""
+(``state.revisions``, ``agent.revised``, each turn's ``revisions``) and durable runs (``Turn.steps``). 7:
+``closed_calls`` holds effect ids, not tool call ids (a model may reuse a call id in a later turn)."""
 
 LIFECYCLE_PHASES = frozenset(
     {"requested", "parked", "approved", "denied", "dispatched", "completed", "failed", "outcome_resolved"}
@@ -380,7 +381,8 @@ class ThreadState:
     stray_events: list[Event] = field(default_factory=list)
     """Lifecycle events without a usable effect id (they make the thread corrupt)."""
     closed_calls: list[str] = field(default_factory=list)
-    """Tool call ids answered with a placeholder when their turn ended before they settled."""
+    """Effect ids of the tool calls answered with a placeholder when their turn ended before they settled (by
+    effect, not call id: a model may give a call of a later turn the same id, and that call's answer counts)."""
     inherit_parts: list[str] = field(default_factory=list)
     """Chunks of a fork's inherited state, until the last one arrives."""
     probes: dict[str, list[JSONObject]] = field(default_factory=dict)
@@ -692,10 +694,11 @@ class ThreadProjection:
         call_id = str(intent.get("call_id") or "")
         name = str(intent.get("name") or "")
         data = event.data
-        if call_id in state.closed_calls:
+        effect_id = data.get("effect_id")
+        if effect_id in state.closed_calls:
             # Its turn already ended and the conversation holds a placeholder answer for it;
             # the decision is kept (see ``settled``), the conversation stays valid.
-            state.closed_calls.remove(call_id)
+            state.closed_calls.remove(effect_id)
             return
         if phase == "completed":
             artifact = data.get("result_artifact")
@@ -1060,7 +1063,7 @@ def _close_unanswered_calls(state: ThreadState, since: int, content: str, status
         if call_id not in answered:
             _add_message(state, _tool_message(call_id, str(call.get("name")), content, status), cause)
             closed.append(call_id)
-    state.closed_calls.extend(c for c in closed if c in state.step_calls)
+    state.closed_calls.extend(state.step_calls[c] for c in closed if c in state.step_calls)
     return closed
 
 
