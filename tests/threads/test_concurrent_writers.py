@@ -285,3 +285,66 @@ def test_a_rejected_call_is_recorded_with_its_intent_when_another_writer_moved_t
         await assert_same_answer(harness, thread)
 
     run(scenario())
+
+
+@pytest.mark.parametrize("writer", ["once", "every_time"])
+def test_a_send_that_meets_another_writers_event_starts_its_turn_after_it_and_keeps_no_stray_lease(
+        tmp_path: Any, writer: str) -> None:
+    """Another connection appends to the thread (an operator's note) between ``send``'s look at the head and
+    the commit of its ``turn.started``. The send decides again on that event and starts its turn after it;
+    when the other writer wins every time, the send fails with ``ConcurrencyError`` and gives its turn lease
+    back. Before, it raised at once and left the lease held, so every other process got ``TurnOwned`` for a
+    turn that did not exist until the lease expired."""
+    from jixu import Harness
+    from jixu.errors import ConcurrencyError
+    from jixu.ledger import SQLiteStore
+    from jixu.threads.log import START_TRIES
+
+    path = tmp_path / "ledger.db"
+
+    class NoteFirst(SQLiteStore):
+        """Lets another connection append a note right before a ``turn.started`` is committed."""
+
+        notes = 0
+
+        def _before(self, events: Any) -> None:
+            if (writer == "every_time" or not self.notes) and any(getattr(e, "type", "") == "turn.started"
+                                                                  for e in events):
+                self.notes += 1
+                with SQLiteStore(path) as other:
+                    [info] = other.list_streams("thread/")
+                    log = ThreadLog.load(other, info.stream.split("/", 1)[1], actor="operator")
+                    log.append([NewEvent("thread.noted", {"note": "customer called"}, log.meta("operator"))])
+
+        def append(self, stream: str, events: Any, expected_seq: int, fence: Any = None, **kw: Any) -> Any:
+            self._before(events)
+            return super().append(stream, events, expected_seq, fence, **kw)
+
+        def append_many(self, requests: Any) -> Any:
+            for request in requests:
+                self._before(request.events)
+            return super().append_many(requests)
+
+    store = NoteFirst(path)
+    harness = Harness(Agent("noted", ScriptedModel(["Hello."])), store, owner="app")
+
+    async def scenario() -> None:
+        thread = await harness.create_thread()
+        if writer == "every_time":
+            with pytest.raises(ConcurrencyError):
+                await thread.send("hi")
+            assert store.notes == START_TRIES
+            assert "turn.started" not in [e.type for e in await thread.events()]
+        else:
+            turn_id = await thread.send("hi")
+            state = await thread.wait()
+            assert (state.status, state.last_reply) == ("idle", "Hello."), state.reason
+            types = [e.type for e in await thread.events()]
+            assert types.index("thread.noted") < types.index("turn.started"), types
+            started = [e for e in await thread.events() if e.type == "turn.started"]
+            assert [e.data["turn_id"] for e in started] == [turn_id]
+        lease = store.get_lease(f"thread/{thread.thread_id}/turn")
+        assert lease is not None and lease.released, lease
+
+    run(scenario())
+    store.close()

@@ -9,14 +9,16 @@ use it directly; :class:`~jixu.threads.thread.Thread` runs the agent loop on top
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from jixu.errors import (
+    ConcurrencyError,
     EffectNotParked,
     InvalidInput,
     KeyUnavailable,
@@ -78,6 +80,8 @@ REQUEST_ID = re.compile(r"^[0-9a-f]{32}$")
 RECOVERY_TTL = 30.0
 ARTIFACT_CACHE = 8
 """Artifact texts a thread's record keeps at hand (for its next model calls and its last reply)."""
+START_TRIES = 5
+"""How often a turn's start is decided again after another writer appended first (see ``start_turn_async``)."""
 INHERIT_CHUNK_CHARS = 128 * 1024
 """Characters of inherited state per ``thread.inherited`` event: even if every character needed a
 six-byte escape, a chunk stays under the ledger's 1 MiB payload limit."""
@@ -688,17 +692,37 @@ class ThreadLog:
         queue in the same transaction (the scheduling layer says which).
         """
         turn_id, fence, events = self._turn_start(text, owner, ttl)
-        self.append(events, fence, enqueue=enqueue)
+        with self._given_back_on_failure(fence):
+            self.append(events, fence, enqueue=enqueue)
         return turn_id, fence
 
     async def start_turn_async(self, text: str, *, owner: str | None = None, ttl: float = DEFAULT_LEASE_TTL,
                                steps: bool = False) -> tuple[str, Fence | None]:
         """:meth:`start_turn`, with ``turn.started`` committed through the loop's shared commits (see
         :meth:`append_async`): turns started together on one event loop share a commit, and none holds the
-        loop while it commits."""
-        turn_id, fence, events = self._turn_start(text, owner, ttl, steps=steps)
-        await self.append_async(events, fence)
-        return turn_id, fence
+        loop while it commits. Another writer that appended first (an operator's note, say) is folded in and the
+        start decided again on its events (:class:`~jixu.errors.ThreadBusy` if they started a turn)."""
+        for tries_left in reversed(range(START_TRIES)):
+            turn_id, fence, events = self._turn_start(text, owner, ttl, steps=steps)
+            try:
+                with self._given_back_on_failure(fence):
+                    await self.append_async(events, fence)
+            except ConcurrencyError:
+                if not tries_left:
+                    raise
+                continue  # the writer folded the other events: decide again on them
+            return turn_id, fence
+        raise AssertionError("unreachable")  # pragma: no cover - the last try returns or raises
+
+    @contextlib.contextmanager
+    def _given_back_on_failure(self, fence: Fence | None) -> Iterator[None]:
+        """Release the lease a turn's start took when its ``turn.started`` was not recorded (or not known to be):
+        kept, it would stand for a turn that nobody runs until it expires."""
+        try:
+            yield
+        except BaseException:
+            release(self.store, fence)
+            raise
 
     def _turn_start(self, text: str, owner: str | None, ttl: float, *,
                     steps: bool = False) -> tuple[str, Fence | None, list[NewEvent]]:
