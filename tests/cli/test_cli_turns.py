@@ -176,3 +176,25 @@ def test_a_legacy_turn_is_recovered_with_the_explicit_assertion(ledger: Ledger) 
     assert code == 0, out
     assert out["receipt"]["reason"] == "legacy_confirmed_stopped" and out["receipt"]["legacy_confirmed_stopped"]
     assert out["work"] is None, "a thread outside the work queue is not put into it"
+
+
+def test_list_offers_no_recovery_on_a_thread_whose_history_was_changed_before_its_checkpoint(
+        ledger: Ledger) -> None:
+    """The expired turn's thread is checkpointed, then an event before the checkpoint is changed in the file
+    (triggers dropped). Opening from the checkpoint does not read that event, so the list showed the turn as
+    expired and printed its ``jixu turns recover`` command. A turn an operator might recover has its whole
+    history verified first: the row says ``corrupt`` and offers nothing."""
+    from tests.attacker import Raw, flip_data_byte
+
+    with SQLiteStore(ledger.db) as store:
+        assert ThreadLog.load(store, ledger.expired).checkpoint()
+    flip_data_byte(Raw(ledger.db), stream_of(ledger.expired), 1)
+    code, rows = as_json("list", str(ledger.db))
+    assert code == 0
+    [row] = [r for r in rows if r["thread_id"] == ledger.expired]
+    assert row["status"] == "corrupt" and row["corruption"]["first_bad_seq"] == 1, row
+    assert not row.get("expired")
+    shown = jixu("list", str(ledger.db))
+    assert shown.returncode == 0 and f"recover {ledger.expired}" not in shown.stdout, shown.stdout
+    assert "corrupt" in shown.stdout
+    assert f"recover {ledger.legacy}" in shown.stdout  # the others are offered as before

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -270,3 +271,28 @@ def test_input_sent_over_http_is_claimed_at_once_not_at_the_workers_next_poll(tm
         made.close()
         server.stop()
         store.close()
+
+
+def test_a_thread_whose_first_event_was_deleted_is_corrupt_to_an_admin_not_missing(api: Api) -> None:
+    """Deleting a thread's first event (triggers dropped) hid the thread from everyone, admin included: its
+    project is read from that event, so every route answered 404 while the list still named it. It is the
+    stream's thread all the same: an admin sees it ``corrupt`` (gap at seq 1) and every mutation is refused with
+    409 naming that; a project token, whose membership nothing can establish now, still gets 404."""
+    from jixu.scheduling import create_thread_for
+    from tests.attacker import Raw, delete_event
+    from tests.server.agents import agent
+
+    admin = api.client("admin")
+    thread_id = create_thread_for(api.store, agent(), project="alpha")  # the server has not seen it yet
+    path = api.store.url.removeprefix("sqlite:///")  # type: ignore[union-attr]
+    delete_event(Raw(Path(path)), f"thread/{thread_id}", 1)
+    state = admin.get(f"/threads/{thread_id}")
+    assert state.status_code == 200, state.text
+    assert (state.json()["thread_id"], state.json()["status"]) == (thread_id, "corrupt")
+    assert state.json()["corruption"]["stream"] == f"thread/{thread_id}"
+    assert (state.json()["corruption"]["first_bad_seq"], state.json()["corruption"]["reason"]) == (1, "gap")
+    for path_tail, body in (("/inputs", {"input": "again"}), ("/resume", {})):
+        refused = admin.post(f"/threads/{thread_id}{path_tail}", json=body)
+        assert refused.status_code == 409 and refused.json()["code"] == "thread_corrupt", refused.text
+        assert refused.json()["first_bad_seq"] == 1
+    assert api.client("alpha-operator").get(f"/threads/{thread_id}").status_code == 404

@@ -35,7 +35,8 @@ def clock_text(seconds: float | None) -> str:
 
 
 def turn_rows(store: Store) -> list[dict[str, Any]]:
-    """One row per thread with an active turn: ownership by the store's clock, and its work item."""
+    """One row per thread with an active turn: ownership by the store's clock, and its work item; a corrupt
+    thread's row says so and offers nothing (status ``corrupt``, its ``corruption``)."""
     rows: list[dict[str, Any]] = []
     after = ""
     while True:
@@ -48,6 +49,13 @@ def turn_rows(store: Store) -> list[dict[str, Any]]:
                 rows.append({"thread_id": thread_id, "turn_id": None, "status": "unreadable", "error": error.message})
                 continue
             turn = log.state.active_turn()
+            if turn is not None:
+                log.establish()  # a turn an operator might recover: its whole history must hold first
+            found = log.corruption()
+            if found is not None:  # nothing is offered on it (its state stops before the first bad event)
+                rows.append({"thread_id": thread_id, "turn_id": turn.turn_id if turn is not None else None,
+                             "status": "corrupt", "error": found.summary(), "corruption": found.to_dict()})
+                continue
             ownership = log.ownership()
             if turn is None or ownership is None:
                 continue
@@ -131,9 +139,9 @@ def list_command(store: str, only_expired: bool, as_json: bool) -> None:
     for column in ("status", "owner", "epoch", "lease", "heartbeat", "flags", "queue"):
         table.add_column(column)
     for row in rows:
-        if row["status"] == "unreadable":
-            table.add_row(row["thread_id"], "", "[bold red]unreadable[/]", trim(row.get("error"), 60), "", "", "", "",
-                          "")
+        if row["status"] in ("unreadable", "corrupt"):
+            table.add_row(row["thread_id"], row.get("turn_id") or "", f"[bold red]{row['status']}[/]",
+                          trim(row.get("error"), 60), "", "", "", "", "")
             continue
         flags = [name for name in ("expired", "legacy", "queued", "released") if row.get(name)]
         work = row.get("work") or {}

@@ -74,6 +74,13 @@ def _hidden(thread_id: str) -> ThreadNotFound:
     return ThreadNotFound(f"no thread {thread_id}", thread_id=thread_id)
 
 
+FIRST_EVENTS = frozenset(("thread.created", "thread.forked"))
+"""What a thread's first event is: it names the thread's project (in its metadata)."""
+UNKNOWN_PROJECT = ""
+"""The project of a thread whose first event does not hold: no project token's (no project is named so), so
+only an admin sees the thread, as ``corrupt``, rather than nobody."""
+
+
 def _project_of_stream(services: Services, stream: str) -> str | None:
     """The project of the thread stored as ``stream`` (None: no such thread), read from its first event once per
     server: the first event never changes, so neither does the answer (remembered for up to
@@ -82,8 +89,9 @@ def _project_of_stream(services: Services, stream: str) -> str | None:
     if known is not None:
         return known
     first = services.store.read(stream, 1, 1)
-    if not first:
-        return None
+    if not first or first[0].type not in FIRST_EVENTS:
+        # Its first event is gone or is another one (tampered): the thread exists, its project is not known.
+        return UNKNOWN_PROJECT if services.store.stream_info(stream) is not None else None
     metadata = first[0].data.get("metadata")
     found = project_of(metadata if isinstance(metadata, dict) else {})
     _remember_project(services, stream, found)

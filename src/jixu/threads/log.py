@@ -284,6 +284,9 @@ class ThreadLog:
                 raise
             raise ThreadNotFound(f"no thread {thread_id} in {store.url}", thread_id=thread_id) from None
         chain_break = None if projected.chain.valid else projected.chain.first_bad_seq
+        if projected.state.thread_id != thread_id:
+            # Its first event does not hold (the state stops before it): the thread is the stream's, not nobody's.
+            projected.state.thread_id = thread_id
         log = cls(store, projected.state, chain_break_seq=chain_break, checkpoint_status=projected.checkpoint,
                   actor=actor, chain=projected.chain)
         log._checkpoint_seq = projected.checkpoint_seq or 0
