@@ -74,6 +74,15 @@ def test_the_kernel_keeps_its_rules_in_random_interleavings(opener: Callable[[],
     asyncio.run(run_scenario(draw(seed), opener))
 
 
+@pytest.mark.parametrize("seed", [435, 583])
+def test_scenarios_that_once_broke_a_rule_keep_it(opener: Callable[[], Store], seed: int) -> None:
+    """Seeds the random check found breaking a rule: a receipt of a recorded call committed together with another
+    effect's or a later attempt's events met another writer's append, and was dropped with them (the call's
+    outcome lost, or the loop stopping with "recorded nothing"). Only a receipt whose own intent or own
+    attempt's dispatch marker is in the refused batch waits for the loop's next decision."""
+    asyncio.run(run_scenario(draw(seed), opener))
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 def test_scenarios_with_a_crash_after_a_random_append_recover_by_the_rules(
         opener: Callable[[], Store], threads: int) -> None:

@@ -87,6 +87,27 @@ def _effect_of(event: PreparedEvent | Event) -> str | None:
     return effect_id if isinstance(effect_id, str) else None
 
 
+def _attempt_of(event: PreparedEvent | Event) -> object:
+    data = parse_json(event.data_json) if isinstance(event, PreparedEvent) else event.data
+    return data.get("attempt") if isinstance(data, dict) else None
+
+
+def _answered_by(event: PreparedEvent | Event) -> tuple[str | None, object]:
+    """What a lifecycle event that is not a receipt stands for: ``(effect, "intent")`` for an intent,
+    ``(effect, attempt)`` for a dispatch marker (other events: their effect and their type)."""
+    if event.type.endswith(".requested"):
+        return _effect_of(event), "intent"
+    if event.type.endswith(".dispatched"):
+        return _effect_of(event), _attempt_of(event)
+    return _effect_of(event), event.type
+
+
+def _needs(receipt: PreparedEvent | Event) -> set[tuple[str | None, object]]:
+    """What a receipt answers: its effect's intent and its attempt's dispatch marker."""
+    effect = _effect_of(receipt)
+    return {(effect, "intent"), (effect, _attempt_of(receipt))}
+
+
 def record(store: Store, stream: str, events: Sequence[NewEvent], expected_seq: int, *,
            genesis_hash: str | None = None) -> list[Event]:
     """Append events that belong to no effect (a new stream's first events, a project's policy) at
@@ -412,11 +433,12 @@ class StreamWriter(Generic[F]):
         once the receipts are recorded, so the caller decides again.
         """
         self._follow()
-        # A receipt whose effect has another event in this batch (its intent, its dispatch marker) answers what was
-        # not recorded: alone it would be a receipt without an intent (corrupt for good). It goes with them when
-        # the caller decides again, or not at all; only receipts of effects already recorded are facts to keep.
-        unrecorded = {_effect_of(event) for event in batch if not is_receipt(event.type)} - {None}
-        receipts = [event for event in batch if is_receipt(event.type) and _effect_of(event) not in unrecorded]
+        # A receipt whose own intent or own attempt's dispatch marker is in this batch answers what was not
+        # recorded: alone it would be a receipt without an intent or a dispatch (corrupt for good). It goes with
+        # them when the caller decides again; the other receipts (a staged one, an earlier attempt's before the
+        # next attempt's marker) are facts of recorded calls, kept.
+        unrecorded = {_answered_by(event) for event in batch if not is_receipt(event.type)}
+        receipts = [event for event in batch if is_receipt(event.type) and not unrecorded & _needs(event)]
         if not receipts:
             raise conflict
         self._refuse_if_broken(receipts)
