@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterable, Mapping, Sequence
@@ -108,4 +109,21 @@ class SlowCommits(SQLiteStore):
 
     def append_many(self, requests: Sequence[AppendRequest]) -> list[Any]:
         time.sleep(0.2)
+        return super().append_many(requests)
+
+
+class CommitHeld(SQLiteStore):
+    """A SQLite store that holds the first shared commit (``append_many``, in the commit thread) carrying an event
+    of type ``held``: ``entered`` is set when it is held, and it goes on once ``release`` is set (or after 30 s)."""
+
+    def __init__(self, path: Path, held: str) -> None:
+        super().__init__(path)
+        self.held = held
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def append_many(self, requests: Sequence[AppendRequest]) -> list[Any]:
+        if not self.entered.is_set() and any(getattr(e, "type", "") == self.held
+                                             for request in requests for e in request.events):
+            self.entered.set()
+            self.release.wait(30)
         return super().append_many(requests)

@@ -13,7 +13,6 @@ import re
 import signal
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -384,28 +383,11 @@ def test_a_turn_cancelled_by_its_lost_lease_while_awaiting_a_commit_is_requeued_
     staged, so no fenced append reports the loss. The turn must still stop as ``OwnershipLost`` and its item go
     back in the queue; the lease given back, the next claim runs the turn to its end. A plain cancellation
     instead made the worker finish the item of a turn still ``running``, for nobody to continue."""
-    import threading
-
-    from jixu.errors import JixuError
     from jixu.kernel.commits import Commits
-    from jixu.ledger import Event, SQLiteStore
-    from jixu.ledger.store import AppendRequest
+    from jixu.ledger import SQLiteStore
+    from tests.helpers import CommitHeld
 
-    class MarkerCommitHeld(SQLiteStore):
-        """Holds the first commit carrying a ``model.dispatched`` (in the commit thread) until released."""
-
-        def __init__(self, path: Path) -> None:
-            super().__init__(path)
-            self.entered, self.release = threading.Event(), threading.Event()
-
-        def append_many(self, requests: Sequence[AppendRequest]) -> list[list[Event] | JixuError]:
-            if not self.entered.is_set() and any(getattr(e, "type", "") == "model.dispatched"
-                                                 for request in requests for e in request.events):
-                self.entered.set()
-                self.release.wait(WAIT)
-            return super().append_many(requests)
-
-    store = MarkerCommitHeld(tmp_path / "ledger.db")
+    store = CommitHeld(tmp_path / "ledger.db", "model.dispatched")
     agent = Agent("answers", ScriptedModel(["the answer"]))
     thread_id = create_thread_for(store, agent)
     submit_turn(store, thread_id, "a question")

@@ -429,31 +429,12 @@ def test_a_loop_cut_off_while_recording_its_claim_gives_the_lease_back(tmp_path:
     """The shutdown's deadline cancels a turn's loop while its ``turn.claimed`` is being committed (a slow disk):
     the claim is recorded, and its lease must be given back, so another process continues the turn at once.
     Left held, it would expire and look like a crashed owner's, for an operator to recover."""
-    import threading
-    from collections.abc import Sequence
-
     from jixu import Harness
-    from jixu.errors import JixuError
     from jixu.kernel.commits import Commits
-    from jixu.ledger import Event, SQLiteStore
-    from jixu.ledger.store import AppendRequest
     from jixu.scheduling import create_thread_for, submit_turn
+    from tests.helpers import CommitHeld
 
-    class ClaimCommitHeld(SQLiteStore):
-        """Holds the first commit carrying a ``turn.claimed`` (in the commit thread) until released."""
-
-        def __init__(self, path: Any) -> None:
-            super().__init__(path)
-            self.entered, self.release = threading.Event(), threading.Event()
-
-        def append_many(self, requests: Sequence[AppendRequest]) -> list[list[Event] | JixuError]:
-            if not self.entered.is_set() and any(getattr(e, "type", "") == "turn.claimed"
-                                                 for request in requests for e in request.events):
-                self.entered.set()
-                self.release.wait(30)
-            return super().append_many(requests)
-
-    store = ClaimCommitHeld(tmp_path / "ledger.db")
+    store = CommitHeld(tmp_path / "ledger.db", "turn.claimed")
     agent = Agent("shop", ScriptedModel(["Hello."]))
     thread_id = create_thread_for(store, agent)
     submit_turn(store, thread_id, "hi")  # a queued turn: unowned, for whoever opens the thread
