@@ -97,6 +97,13 @@ def test_the_runs_service_shows_corrupt_and_refuses_every_operation(cases: dict[
                     case.expected_seq, case.expected_reason)
             assert (await runs.execute(case.run_id)).status == "corrupt"
             assert [s.status for s in await runs.list_runs() if s.run_id == case.run_id] == ["corrupt"]
+            # Its request, whether or not the record before the bad event still names it: the run is corrupt.
+            for attempt in (runs.execution_request(case.run_id, case.request_id),
+                            runs.reconcile_execution_request(case.run_id, case.request_id, "ab" * 16),
+                            runs.inspect_remote(case.run_id, case.request_id),
+                            runs.resolve_request_outcome(case.run_id, case.request_id, "not_occurred", note="x")):
+                with pytest.raises(RunCorrupt):
+                    await attempt
 
         run(scenario)
     assert _events(case) == before, "nothing may be appended to a broken stream"

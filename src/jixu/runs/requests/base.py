@@ -56,6 +56,9 @@ class RequestService:
         if not isinstance(request_id, str) or request_id not in run.record.requests:
             if isinstance(request_id, str) and not is_valid_id(request_id):
                 raise InvalidInput(f"request id {request_id!r} is not a valid id", field="request_id")
+            # A corrupt journal's record stops before its first bad event, and may not name the request for that
+            # reason alone: say the run is corrupt (RunCorrupt), not that the request does not exist.
+            run.open_to_act()
             raise RequestNotFound(f"run {run_id} has no execution request {request_id!r}", run_id=run_id,
                                   request_id=request_id)
         return run, RequestLog(self.store, request_id)
