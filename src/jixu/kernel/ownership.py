@@ -38,7 +38,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -329,7 +329,8 @@ async def claim_stream(writer: StreamWriter[Any], key: str, owner: str, ttl: flo
     ``None`` returned.
     """
     claim = await take_claim(writer.store, key, owner, ttl, holder_process=holder_process)
-    try:
+    # Cut off (a drain's deadline) or failed while recording the claim, nobody will use it.
+    with given_back_on_failure(writer.store, claim.fence):
         for _ in range(tries):
             try:
                 await writer.append_async([claimed(claim)], claim.fence)
@@ -339,11 +340,6 @@ async def claim_stream(writer: StreamWriter[Any], key: str, owner: str, ttl: flo
                 writer.sync()
                 if not still_wanted():
                     break
-    except BaseException:
-        # Cancelled (a drain's deadline) or failed while recording the claim: nobody will use it. Given back, the
-        # next claimer goes on at once; left to expire, it would look like a crashed owner's (an operator's case).
-        release(writer.store, claim.fence)
-        raise
     release(writer.store, claim.fence)
     return None
 
@@ -353,6 +349,18 @@ def release(store: Store, fence: Fence | None) -> None:
     if fence is not None:
         with contextlib.suppress(JixuError):
             store.release_lease(fence)
+
+
+@contextlib.contextmanager
+def given_back_on_failure(store: Store, fence: Fence | None) -> Iterator[None]:
+    """Release ``fence``'s lease when the block raises (a cancellation included): a claim whose record was not
+    made (or is not known to be) stands for work nobody does. Given back, the next claimer goes on at once; left
+    to expire, it would look like a crashed owner's, an operator's case."""
+    try:
+        yield
+    except BaseException:
+        release(store, fence)
+        raise
 
 
 class Session:
@@ -431,6 +439,6 @@ class Session:
             period = self.ttl / 3
 
 
-__all__ = ["DEFAULT_LEASE_TTL", "Claim", "Session", "acquire_claim", "claim_stream", "dead_holder", "group_gone",
-           "group_identity", "group_members", "holds", "owner_gone", "process_identity", "recovery_claim", "release",
+__all__ = ["DEFAULT_LEASE_TTL", "Claim", "Session", "acquire_claim", "claim_stream", "dead_holder",
+           "given_back_on_failure", "group_gone", "group_identity", "group_members", "holds", "owner_gone", "process_identity", "recovery_claim", "release",
            "take_claim"]

@@ -82,30 +82,33 @@ def _keep_receipts(error: BaseException, events: Sequence[PreparedEvent]) -> Non
 
 
 def _effect_of(event: PreparedEvent | Event) -> str | None:
-    data = parse_json(event.data_json) if isinstance(event, PreparedEvent) else event.data
-    effect_id = data.get("effect_id") if isinstance(data, dict) else None
-    return effect_id if isinstance(effect_id, str) else None
+    return _effect_and_attempt(event)[0]
 
 
-def _attempt_of(event: PreparedEvent | Event) -> object:
+def _effect_and_attempt(event: PreparedEvent | Event) -> tuple[str | None, object]:
+    """The event's effect id (None when it names none) and its ``attempt`` as recorded, from one parse."""
     data = parse_json(event.data_json) if isinstance(event, PreparedEvent) else event.data
-    return data.get("attempt") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None, None
+    effect_id = data.get("effect_id")
+    return (effect_id if isinstance(effect_id, str) else None), data.get("attempt")
 
 
 def _answered_by(event: PreparedEvent | Event) -> tuple[str | None, object]:
     """What a lifecycle event that is not a receipt stands for: ``(effect, "intent")`` for an intent,
     ``(effect, attempt)`` for a dispatch marker (other events: their effect and their type)."""
+    effect, attempt = _effect_and_attempt(event)
     if event.type.endswith(".requested"):
-        return _effect_of(event), "intent"
+        return effect, "intent"
     if event.type.endswith(".dispatched"):
-        return _effect_of(event), _attempt_of(event)
-    return _effect_of(event), event.type
+        return effect, attempt
+    return effect, event.type
 
 
 def _needs(receipt: PreparedEvent | Event) -> set[tuple[str | None, object]]:
     """What a receipt answers: its effect's intent and its attempt's dispatch marker."""
-    effect = _effect_of(receipt)
-    return {(effect, "intent"), (effect, _attempt_of(receipt))}
+    effect, attempt = _effect_and_attempt(receipt)
+    return {(effect, "intent"), (effect, attempt)}
 
 
 def record(store: Store, stream: str, events: Sequence[NewEvent], expected_seq: int, *,

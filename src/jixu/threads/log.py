@@ -9,11 +9,10 @@ use it directly; :class:`~jixu.threads.thread.Thread` runs the agent loop on top
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +34,7 @@ from jixu.kernel import (
     StreamWriter,
     acquire_claim,
     dead_holder,
+    given_back_on_failure,
     process_identity,
     record,
     recovery_claim,
@@ -695,7 +695,7 @@ class ThreadLog:
         queue in the same transaction (the scheduling layer says which).
         """
         turn_id, fence, events = self._turn_start(text, owner, ttl)
-        with self._given_back_on_failure(fence):
+        with given_back_on_failure(self.store, fence):  # not recorded: a turn nobody runs
             self.append(events, fence, enqueue=enqueue)
         return turn_id, fence
 
@@ -708,7 +708,7 @@ class ThreadLog:
         for tries_left in reversed(range(START_TRIES)):
             turn_id, fence, events = self._turn_start(text, owner, ttl, steps=steps)
             try:
-                with self._given_back_on_failure(fence):
+                with given_back_on_failure(self.store, fence):
                     await self.append_async(events, fence)
             except ConcurrencyError:
                 if not tries_left:
@@ -716,16 +716,6 @@ class ThreadLog:
                 continue  # the writer folded the other events: decide again on them
             return turn_id, fence
         raise AssertionError("unreachable")  # pragma: no cover - the last try returns or raises
-
-    @contextlib.contextmanager
-    def _given_back_on_failure(self, fence: Fence | None) -> Iterator[None]:
-        """Release the lease a turn's start took when its ``turn.started`` was not recorded (or not known to be):
-        kept, it would stand for a turn that nobody runs until it expires."""
-        try:
-            yield
-        except BaseException:
-            release(self.store, fence)
-            raise
 
     def _turn_start(self, text: str, owner: str | None, ttl: float, *,
                     steps: bool = False) -> tuple[str, Fence | None, list[NewEvent]]:

@@ -97,8 +97,8 @@ class Thread:
         self._task: asyncio.Task[None] | None = None
         self._fence: Fence | None = None
         """This process's claim on the active turn, while it runs it."""
-        self._starting = False  # send() is waiting for its turn.started to be committed
-        self._start_settled: asyncio.Event | None = None  # set when that wait is over (what a drain waits for)
+        self._start_settled: asyncio.Event | None = None
+        """Set when send()'s wait for its ``turn.started`` commit is over (what a drain waits for)."""
         self._draining = False
         self.following = False
         """True while this handle's loop waits for another handle's (see :meth:`_follow`)."""
@@ -223,14 +223,12 @@ class Thread:
                              thread_id=self.thread_id)
         if self._harness.closing:
             raise ThreadBusy("the harness is shutting down and admits no new turns", thread_id=self.thread_id)
-        self._starting, settled = True, asyncio.Event()
-        self._start_settled = settled
+        settled = self._start_settled = asyncio.Event()
         try:
             await self._revise(fenced=False)  # a new definition applies from this turn on
             turn_id, self._fence = await self.log.start_turn_async(text, owner=self._harness.owner,
                                                                    ttl=self._harness.lease_ttl)
         finally:
-            self._starting = False
             settled.set()
         if self._draining:
             # The harness began shutting down while the turn was starting: it is recorded, and left as a drained
@@ -290,6 +288,11 @@ class Thread:
             finally:
                 self._release()
         return self.state()
+
+    @property
+    def _starting(self) -> bool:
+        """True while send() waits for its ``turn.started`` to be committed."""
+        return self._start_settled is not None and not self._start_settled.is_set()
 
     def _start(self) -> None:
         sibling = self._harness.working_on(self)
@@ -359,24 +362,27 @@ class Thread:
                     log.flush()
                     raise
         except FencingError as error:
-            lost = OwnershipLost(f"thread {self.thread_id}: this process no longer owns the turn ({error.message});"
-                                 " it stopped without writing anything more", thread_id=self.thread_id)
-            receipts = unrecorded_receipts(error)
-            if receipts:
-                lost.unrecorded_receipts = receipts  # type: ignore[attr-defined]
-                lost.details["unrecorded_receipts"] = [event.id for event in receipts]
-            raise lost from error
+            raise self._lost(error) from error
         except asyncio.CancelledError:
             # Cancelled by the heartbeat that found the claim lost, with nothing staged to commit (a call in
             # flight, a commit awaited): the turn stopped for the same reason as above, and says so.
             found = session.cancelled_by_loss(me) if session is not None else None
             if found is not None:
-                raise OwnershipLost(f"thread {self.thread_id}: this process no longer owns the turn "
-                                    f"({found.message}); it stopped without writing anything more",
-                                    thread_id=self.thread_id) from found
+                raise self._lost(found) from found
             raise
         finally:
             self._release()
+
+    def _lost(self, cause: FencingError) -> OwnershipLost:
+        """What the loop raises when ``cause`` shows the turn's claim lost; it keeps the receipts ``cause`` could not
+        record."""
+        lost = OwnershipLost(f"thread {self.thread_id}: this process no longer owns the turn ({cause.message}); "
+                             "it stopped without writing anything more", thread_id=self.thread_id)
+        receipts = unrecorded_receipts(cause)
+        if receipts:
+            lost.unrecorded_receipts = receipts  # type: ignore[attr-defined]
+            lost.details["unrecorded_receipts"] = [event.id for event in receipts]
+        return lost
 
     async def _next_action(self) -> Action | None:
         """The next thing to do (see :func:`~jixu.threads.decide.decide`), or ``None`` when the loop must stop.
