@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,10 +26,11 @@ from jixu.ledger import SQLiteStore
 from jixu.runs import Runs
 from jixu.runs.operations import next_operations
 from jixu.server import create_app
+from jixu.server.auth import create_token
 from tests.attacker import KINDS, Raw
 from tests.helpers import run_jixu
 from tests.server.conftest import LiveServer
-from tests.tamper_cases import RunCase, run, run_cases, run_fixture
+from tests.tamper_cases import RunCase, copy_store, run, run_cases, run_fixture
 
 PLACES = ("none", "head", "middle", "request")
 NAMES = [f"{kind}-{place}" for place in PLACES for kind in KINDS]
@@ -181,4 +183,42 @@ def test_the_http_api_shows_corrupt_and_refuses_every_mutation(cases: dict[str, 
         for path, body in (("/resume", {}), ("/cancel", {}), ("/retry", {}), ("/handoff", {"agent": "fixture-agent"}),
                            ("/tasks/01ARZ3NDEKTSV4RRFFQ69G5FAV/resolve", {"resolution": "not_occurred", "note": "x"})):
             _refused(client.post(f"/runs/{case.run_id}{path}", json=body), case, "run_corrupt")
+    assert _events(case) == before
+
+
+@pytest.mark.parametrize("kind", ["data_byte", "delete", "actor"])
+def test_a_run_whose_first_event_was_changed_is_corrupt_under_its_own_id(tmp_path: Path, kind: str) -> None:
+    """``run.created`` names the run and its project: changed, the record stops before it. The run is still the
+    stream's (never a run with no id), an admin sees and lists it as corrupt, every mutation is refused; its
+    project is not known, so a project token gets the 404 of a run it cannot see."""
+    path, fixture = run_fixture(tmp_path)
+    copy = copy_store(path, tmp_path / "first-event.db")
+    run_id = str(fixture["failed_check_run"])
+    change, reason = KINDS[kind]
+    change(Raw(copy), f"run/{run_id}", 1)
+    case = RunCase(f"{kind}-first", kind, "none", copy, fixture, f"run/{run_id}", 1, reason)
+    before = _events(case)
+    with SQLiteStore(copy) as store:
+        _info, admin_token = create_token(store, "root", admin=True, actor="test")
+        server = LiveServer(create_app(store, agent=fixture_agent(), providers=fixture_providers(),
+                                       workspace_root=fixture["workspace_root"]))
+        server.start()
+        admin = httpx.Client(base_url=f"{server.url}/api/v1", timeout=30,
+                             headers={"Authorization": f"Bearer {admin_token}"})
+        member = httpx.Client(base_url=f"{server.url}/api/v1", timeout=30,
+                              headers={"Authorization": f"Bearer {fixture['operator_token']}"})
+        try:
+            state = admin.get(f"/runs/{run_id}").json()
+            assert (state["run_id"], state["status"]) == (run_id, "corrupt"), state
+            _names_it(state["corruption"], case)
+            assert [(r["run_id"], r["status"]) for r in admin.get("/runs").json()["runs"]
+                    if r["status"] == "corrupt"] == [(run_id, "corrupt")]
+            for path_, body in (("/resume", {}), ("/cancel", {}), ("/retry", {})):
+                _refused(admin.post(f"/runs/{run_id}{path_}", json=body), case, "run_corrupt")
+            assert member.get(f"/runs/{run_id}").status_code == 404
+            assert run_id not in [r["run_id"] for r in member.get("/runs").json()["runs"]]
+        finally:
+            admin.close()
+            member.close()
+            server.stop()
     assert _events(case) == before

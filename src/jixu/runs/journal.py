@@ -50,6 +50,9 @@ class RunLog:
                 projected = project(store, self.stream, RunProjection(), use_checkpoint=False)
         elif not report.valid:
             record_break(store, report)  # the whole chain was read: keep the break for every later opening
+        if projected.state.run_id != run_id:
+            # Its first event does not hold (the record stops before it): the run is the stream's, not nobody's.
+            projected.state.run_id = run_id
         self.chain = report
         """The ledger's verdict on the journal's chain when it was loaded."""
         self._projection = RunProjection()
