@@ -42,6 +42,12 @@ def test_verify_json_names_the_first_bad_seq_and_exits_1(tmp_path: Path) -> None
     assert report["streams"][0]["reason"] == "payload_changed"
     human = jixu("verify", str(db))
     assert human.returncode == 1 and "INVALID" in human.stdout
+    refused = jixu("ledger", "append", str(db), "orders/1", "order.noted", '{"n": 5}', "--json")
+    assert refused.returncode == 1, refused.stdout
+    error = json.loads(refused.stdout)["error"]
+    assert (error["code"], error["first_bad_seq"], error["reason"]) == ("stream_corrupt", 3, "payload_changed")
+    with SQLiteStore(db) as store:
+        assert store.stream_info("orders/1").head_seq == 5, "nothing is appended to a broken chain"
 
 
 def test_append_json_output_is_the_stored_event(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import click
 from rich.table import Table
 
 from jixu.cli.output import EXIT_CHECK_FAILED, console, emit_json, handled, json_option
-from jixu.errors import InvalidInput, NotFound
+from jixu.errors import InvalidInput, NotFound, StreamCorrupt
 from jixu.ledger import NewEvent, Store, VerifyReport, open_store
 from jixu.ledger.chain import REASONS
 from jixu.ledger.keys import Keyring, keyring, retire_keys, rotate_keys
@@ -112,7 +112,7 @@ def ledger_group() -> None:
 @json_option
 def append_command(store: str, stream: str, event_type: str, data: str, expected_seq: int | None,
                    event_id: str | None, actor: str | None, as_json: bool) -> None:
-    """Append one event of EVENT_TYPE with DATA (a JSON object) to STREAM."""
+    """Append one event of EVENT_TYPE with DATA (a JSON object) to STREAM (refused if STREAM does not verify)."""
     with handled(as_json):
         try:
             payload = json.loads(data)
@@ -121,9 +121,16 @@ def append_command(store: str, stream: str, event_type: str, data: str, expected
         meta = {"actor": actor} if actor else {}
         event = NewEvent(event_type, payload, meta) if event_id is None else NewEvent(event_type, payload, meta, event_id)
         with open_store(store) as opened:
+            info = opened.stream_info(stream)
             if expected_seq is None:
-                info = opened.stream_info(stream)
                 expected_seq = info.head_seq if info else 0
+            if info is not None:
+                # A raw append is still an act on the stream: never onto a history that does not verify.
+                report = verdict(opened, stream, checkpoints=[p.name for p in checkpointed(stream)])
+                if not report.valid:
+                    raise StreamCorrupt(f"stream {stream!r} is corrupt from event #{report.first_bad_seq} "
+                                        f"({report.reason}): nothing was appended; `jixu verify` tells more",
+                                        stream=stream, first_bad_seq=report.first_bad_seq, reason=report.reason)
             [stored] = opened.append(stream, [event], expected_seq)
     if as_json:
         emit_json(stored.to_dict())
