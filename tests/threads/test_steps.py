@@ -370,3 +370,91 @@ def test_a_durable_run_whose_lease_was_taken_during_a_step_stops_with_ownership_
 
     run(go())
     store.close()
+
+
+def test_harness_shutdown_drains_a_durable_run_before_it_closes_the_store(tmp_path: Path) -> None:
+    """``Harness.shutdown`` reaches durable runs as it reaches agent turns: the step in flight finishes and is
+    recorded, the next step is refused (the run stays unfinished, its lease given back at once), and only then
+    is the store closed. Running the code again continues the run without redoing the finished step."""
+    path, calls = tmp_path / "ledger.db", []
+
+    async def go() -> str:
+        harness = Harness(steps_agent(), path)
+        stopping: list[asyncio.Task[None]] = []
+        holder: list[str] = []
+
+        async def slow(ctx: ToolContext) -> str:
+            stopping.append(asyncio.create_task(harness.shutdown(drain_timeout=10)))
+            await asyncio.sleep(0.3)
+            calls.append("one")
+            return "one"
+
+        with pytest.raises(jixu.ThreadBusy, match="shutting down"):
+            async with harness.durable() as run:
+                holder.append(run.thread_id)
+                await run.effect("first", {}, call=slow)
+                assert not stopping[0].done(), "the store stays open while the run's block goes on"
+                await run.effect("second", {}, call=lambda ctx: calls.append("two") or "two")
+        await stopping[0]
+        return holder[0]
+
+    thread_id = run(go())
+    assert calls == ["one"]
+    with SQLiteStore(path) as store:
+        assert types(store, thread_id)[-1] == "tool.completed" and "turn.ended" not in types(store, thread_id)
+        lease = store.get_lease(f"thread/{thread_id}/turn")
+        assert lease is None or lease.released, "the drained run gave its lease back"
+
+    async def again() -> None:
+        async with jixu.durable(path, thread_id) as run:
+            assert await run.effect("first", {}, call=lambda ctx: calls.append("again") or "x") == "one"
+            assert await run.effect("second", {}, call=lambda ctx: calls.append("two") or "two") == "two"
+
+    run(again())
+    assert calls == ["one", "two"]
+
+
+def test_harness_shutdown_cancels_a_durable_run_still_in_a_step_at_the_drain_timeout(tmp_path: Path) -> None:
+    """A step still running at the drain timeout is cancelled: its outcome is recorded unknown, the block stops,
+    the lease is given back, and shutdown returns without waiting for the step's own minutes."""
+    path = tmp_path / "ledger.db"
+
+    async def go() -> tuple[str, float]:
+        harness = Harness(steps_agent(), path)
+        started = asyncio.Event()
+
+        async def stuck(ctx: ToolContext) -> str:
+            started.set()
+            await asyncio.sleep(60)
+            return "late"
+
+        async def block() -> str:
+            async with harness.durable() as run:
+                holder.append(run.thread_id)
+                await run.effect("charge", {"order": 7}, call=stuck)
+            return "finished"
+
+        holder: list[str] = []
+        task = asyncio.create_task(block())
+        await started.wait()
+        began = asyncio.get_running_loop().time()
+        await harness.shutdown(drain_timeout=0.3)
+        took = asyncio.get_running_loop().time() - began
+        assert task.done()
+        with pytest.raises(asyncio.CancelledError):
+            task.result()
+        return holder[0], took
+
+    thread_id, took = run(go())
+    assert took < 10
+    with SQLiteStore(path) as store:
+        assert "tool.completed" not in types(store, thread_id) and "turn.ended" not in types(store, thread_id)
+        lease = store.get_lease(f"thread/{thread_id}/turn")
+        assert lease is None or lease.released
+    with pytest.raises(StepOutcomeUnknown):
+        run(_charge_again(path, thread_id))
+
+
+async def _charge_again(path: Path, thread_id: str) -> None:
+    async with jixu.durable(path, thread_id) as run:
+        await run.effect("charge", {"order": 7}, call=lambda ctx: "twice")

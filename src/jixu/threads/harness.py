@@ -271,11 +271,14 @@ class Harness:
 
     @on_home_loop
     async def shutdown(self, drain_timeout: float = 10.0) -> None:
-        """Stop admitting work, drain this process's running turns (up to ``drain_timeout``), close the store.
+        """Stop admitting work, drain this process's running turns and durable runs (up to ``drain_timeout``),
+        close the store.
 
         Each drained turn stays active with its lease released, so another
         process continues it; calls cut off at the timeout are recorded as
-        having an unknown outcome. Abrupt loss (SIGKILL) instead leaves the
+        having an unknown outcome. A durable run's next step is refused
+        (:class:`~jixu.errors.ThreadBusy`), so its block stops with the run
+        unfinished; a block still in a step at the timeout is cancelled. Abrupt loss (SIGKILL) instead leaves the
         claims to expire for inspection and explicit recovery.
         """
         self.closing = True

@@ -345,7 +345,7 @@ class DurableRun:
                                 thread_id=thread.thread_id, turn_id=turn.turn_id)
             claimed = True
         assert fence is not None
-        thread.steps_active = True
+        thread.steps_began()
         self._thread = thread
         session = Session(log.store, fence, harness.lease_ttl, release_at_end=False)
         await session.__aenter__()
@@ -420,7 +420,7 @@ class DurableRun:
             finally:
                 if thread is not None:
                     thread._release()
-                    thread.steps_active = False
+                    thread.steps_stopped()
                 if self._owns_harness:
                     self._harness.close()
 
@@ -461,6 +461,7 @@ class DurableRun:
             raise InvalidInput(f"a step key must be 1-{STEP_KEY_CHARS} characters", field="key")
         step = Step(key, name, args, semantics, requires_approval, probe is not None)
         async with self._lock:
+            thread.refuse_if_draining()
             return await self._carry_out(thread, step, tool)
 
     async def _carry_out(self, thread: Thread, step: Step, tool: Tool) -> Any:

@@ -118,6 +118,9 @@ class Thread:
         """(conversation, messages scanned, the last of them, whether one refers to an artifact)."""
         self.steps_active = False
         """True while a durable run (``Harness.durable``) carries this thread's turn out in this process."""
+        self._steps_task: asyncio.Task[Any] | None = None
+        self._steps_ended: asyncio.Event | None = None
+        """The task running a durable run's block, and set when the run stops (see :meth:`drain`)."""
         self.thread_id = log.thread_id
         self.stream = log.stream
 
@@ -616,6 +619,9 @@ class Thread:
         having an unknown outcome.
         """
         self._draining = True
+        ended, steps = self._steps_ended, self._steps_task
+        if ended is not None:  # a durable run: its next step is refused (it stops), a step in flight is waited for
+            await self._cut_off(ended, steps, timeout)
         settled = self._start_settled
         if self._starting and settled is not None:  # a send() committing its turn's start: it stops after that
             with contextlib.suppress(TimeoutError):
@@ -630,6 +636,40 @@ class Thread:
                 await self._task
         except (asyncio.CancelledError, JixuError):
             pass
+
+    @staticmethod
+    async def _cut_off(ended: asyncio.Event, task: asyncio.Task[Any] | None, timeout: float) -> None:
+        """Wait up to ``timeout`` for a durable run to stop, then cancel its block and wait as long again (its
+        step then records an unknown outcome and the run gives its lease back)."""
+        if task is asyncio.current_task():
+            return  # shut down from the run's own block: the run stops when the block ends
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ended.wait(), timeout)
+            return
+        if task is not None:
+            task.cancel()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ended.wait(), max(timeout, 1.0))
+
+    def steps_began(self) -> None:
+        """A durable run's block (the current task) carries this thread's turn out from now on."""
+        self.steps_active = True
+        self._steps_task = asyncio.current_task()
+        self._steps_ended = asyncio.Event()
+
+    def steps_stopped(self) -> None:
+        """The durable run stopped (ended, or left unfinished)."""
+        ended = self._steps_ended
+        self.steps_active = False
+        self._steps_task = self._steps_ended = None
+        if ended is not None:
+            ended.set()
+
+    def refuse_if_draining(self) -> None:
+        """:class:`~jixu.errors.ThreadBusy` once the harness shuts down: a durable run starts no new step."""
+        if self._draining:
+            raise ThreadBusy("the harness is shutting down: the durable run starts no new step; run the code again "
+                             f"with thread id {self.thread_id} to continue it", thread_id=self.thread_id)
 
     # --- effects ------------------------------------------------------------------------
 
