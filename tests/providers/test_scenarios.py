@@ -23,7 +23,7 @@ from jixu.threads.streaming import Signal
 from tests.conftest import PostgresSchema
 from tests.helpers import ROOT, python_env
 from tests.providers.conftest import ANTHROPIC_KEY, OPENAI_KEY, run
-from tests.providers.fake_servers import Call, Completion, Failure, FakeAnthropic, FakeOpenAI
+from tests.providers.fake_servers import Call, Completion, Failure, FakeAnthropic, FakeOpenAI, FakeResponses
 from tests.providers.stream_crash_child import QUESTION, stream_agent
 from tests.providers.stream_crash_child import driver as child_driver
 from tests.providers.test_mapping import assert_valid_openai
@@ -377,3 +377,53 @@ def test_a_compaction_request_is_valid_for_the_provider_and_the_next_call_sees_t
     assert first_user.startswith("Summary of the earlier conversation (events " + ", ".join(covers))
     assert first_user.endswith("The user asked for 2 + 3; add returned 5.")
     assert "call_add_1" not in json.dumps(next_body["messages"]), "the old tool call is summarized away"
+
+
+# --- an answer cut off at its limit -----------------------------------------------------------------------
+
+PURGED: list[str] = []
+
+
+@tool(semantics="unsafe")
+def purge(scope: str = "everything") -> str:
+    """Delete the records in ``scope`` (unsafe; its default is the widest scope)."""
+    PURGED.append(scope)
+    return f"purged {scope}"
+
+
+@pytest.mark.parametrize("provider", ["openai", "responses", "anthropic"])
+def test_tool_calls_of_an_answer_cut_off_at_its_token_limit_are_never_run(
+        provider: str, openai_server: FakeOpenAI, responses_server: FakeResponses,
+        anthropic_server: FakeAnthropic) -> None:
+    """A provider stops writing at the output token limit (``length``, ``max_output_tokens``, ``max_tokens``):
+    a tool call in that answer may have lost its arguments (the tool's defaults would then be used) or stand
+    beside calls the model never finished. None of them is run; the turn fails saying why, the answer and its
+    usage are recorded, and the conversation stays valid for the next input."""
+    server: FakeOpenAI | FakeResponses | FakeAnthropic
+    if provider == "openai":
+        server, stop = openai_server, "length"
+        model: Any = OpenAIModel("gpt-4o-mini", base_url=openai_server.url, api_key=OPENAI_KEY)
+    elif provider == "responses":
+        server, stop = responses_server, "max_output_tokens"
+        model = OpenAIModel("gpt-4o-mini", base_url=responses_server.url, api_key=OPENAI_KEY, api="responses")
+    else:
+        server, stop = anthropic_server, "max_tokens"
+        model = AnthropicModel("claude-sonnet-4-20250514", base_url=anthropic_server.url, api_key=ANTHROPIC_KEY)
+    cut = Completion(calls=[Call("call_1", "purge", '{"scope": "old"}'), Call("call_2", "purge", "")], stop=stop)
+    server.script(cut, Completion(text="Nothing was purged."))
+    PURGED.clear()
+    harness = Harness(Agent("cut", model, tools=[purge]), MemoryStore(), retry_backoff=0.01)
+
+    async def scenario() -> None:
+        thread, state, events = await ask(harness, "tidy up")
+        assert PURGED == [] and of_type(events, "tool.requested") == []
+        assert state.status == "failed" and "cut off" in state.reason, state.reason
+        [completed] = of_type(events, "model.completed")
+        assert completed.data["result"]["stop_reason"] == stop and completed.data["result"]["usage"]["output_tokens"]
+        [ended] = of_type(events, "turn.ended")
+        assert ended.data["outcome"] == "failed" and ended.data["error"]["type"] == "output_truncated"
+        await thread.send("what happened?")
+        state = await asyncio.wait_for(thread.wait(), 20)
+        assert state.status == "idle" and state.last_reply == "Nothing was purged." and PURGED == []
+
+    run(scenario())
