@@ -282,6 +282,18 @@ def test_invalid_arguments_are_rejected_by_the_tool_before_dispatch() -> None:
     (404, "not_found_error", None, "model: claude-9", ("invalid_request", False)),
     (413, "request_too_large", None, "Request exceeds the maximum size", ("invalid_request", False)),
     (200, "overloaded_error", None, "Overloaded (inside a stream)", ("transient", True)),
+    (200, "api_error", None, "Internal server error (inside a stream)", ("transient", True)),
+    (200, "server_error", None, "The server had an error (inside a stream)", ("transient", True)),
+    (200, None, None, "an event with no type", ("transient", True)),
+    (200, "insufficient_quota", "insufficient_quota", "You exceeded your current quota", ("quota", False)),
+    (200, None, "rate_limit_exceeded", "Rate limit reached", ("rate_limit", False)),
+    (200, "rate_limit_error", None, "rate limited", ("rate_limit", False)),
+    (200, "rate_limit_error", "enforced_spend_limit_reached", "You have reached your API usage limits",
+     ("quota", False)),
+    (200, None, "invalid_prompt", "Invalid prompt", ("invalid_request", False)),
+    (200, "invalid_request_error", None, "prompt is too long: 210000 tokens > 200000 maximum",
+     ("invalid_request", False)),
+    (200, "authentication_error", None, "invalid x-api-key", ("authentication", False)),
 ])
 def test_http_statuses_map_to_kinds(status: int, error_type: str | None, code: str | None, message: str,
                                    expected: tuple[str, bool]) -> None:

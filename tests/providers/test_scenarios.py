@@ -427,3 +427,42 @@ def test_tool_calls_of_an_answer_cut_off_at_its_token_limit_are_never_run(
         assert state.status == "idle" and state.last_reply == "Nothing was purged." and PURGED == []
 
     run(scenario())
+
+
+# --- an error event inside a 200 stream -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("provider", "body", "outcome"), [
+    ("openai", {"message": "You exceeded your current quota", "type": "insufficient_quota",
+                "code": "insufficient_quota"}, ("paused", "quota", 1)),
+    ("responses", {"event": "response.failed", "code": "invalid_prompt", "message": "Invalid prompt"},
+     ("failed", "invalid_request", 1)),
+    ("anthropic", {"type": "error", "error": {"type": "invalid_request_error",
+                                               "message": "prompt is too long: 210000 tokens > 200000 maximum"}},
+     ("failed", "invalid_request", 1)),
+    ("anthropic", {"type": "error", "error": {"type": "rate_limit_error", "message": "rate limited"}},
+     ("paused", "rate_limit", 4)),
+    ("openai", {"message": "The server had an error", "type": "server_error", "code": None}, ("paused", "transient", 4)),
+])
+def test_an_error_event_inside_a_stream_is_classified_by_its_type_as_its_http_status_would_be(
+        provider: str, body: Any, outcome: tuple[str, str, int], openai_server: FakeOpenAI,
+        responses_server: FakeResponses, anthropic_server: FakeAnthropic) -> None:
+    """A provider may answer 200 and send its error as an event (Anthropic's ``error``, OpenAI's ``error`` and
+    ``response.failed``): a quota error pauses for an operator, an invalid request fails the turn and a rate
+    limit waits, as the same error sent as an HTTP status does; only a server error is retried as transient."""
+    status, kind, requests = outcome
+    server: FakeOpenAI | FakeResponses | FakeAnthropic
+    if provider == "openai":
+        server, model = openai_server, OpenAIModel("gpt-4o-mini", base_url=openai_server.url, api_key=OPENAI_KEY)
+    elif provider == "responses":
+        server, model = responses_server, OpenAIModel("gpt-4o-mini", base_url=responses_server.url,
+                                                      api_key=OPENAI_KEY, api="responses")
+    else:
+        server, model = anthropic_server, AnthropicModel("claude-sonnet-4-20250514", base_url=anthropic_server.url,
+                                                         api_key=ANTHROPIC_KEY)
+    server.script(*[Completion(text="An error arrives mid-way", error_after=2, error_body=body)] * 4)
+    harness = Harness(Agent("stream-error", model, tools=[add]), MemoryStore(), retry_backoff=0.01)
+    _thread, state, events = run(ask(harness))
+    assert state.status == status and kind in state.reason, state.reason
+    assert [f.data["error"]["kind"] for f in of_type(events, "model.failed")] == [kind] * requests
+    assert len(server.requests) == requests

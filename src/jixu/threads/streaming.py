@@ -511,7 +511,34 @@ def classify_status(status: int, error_type: str | None, code: str | None, messa
         return "transient", True
     if 400 <= status < 500:
         return "invalid_request", False
-    return "transient", True  # not an error status, e.g. an error event inside a 200 stream
+    if status < 400:  # an error event inside a 200 stream: its type and code say what its status would have
+        return _classify_stream_error(error_type, code, words)
+    return "transient", True
+
+
+_STREAM_ERRORS: dict[str, tuple[str, bool]] = {
+    "rate_limit_error": ("rate_limit", False), "rate_limit_exceeded": ("rate_limit", False),
+    "authentication_error": ("authentication", False), "permission_error": ("authentication", False),
+    "invalid_api_key": ("authentication", False),
+    "invalid_request_error": ("invalid_request", False), "invalid_prompt": ("invalid_request", False),
+    "context_length_exceeded": ("invalid_request", False), "not_found_error": ("invalid_request", False),
+    "request_too_large": ("invalid_request", False),
+}
+"""An in-stream error's type or code (Anthropic's ``error`` event, OpenAI's ``error`` / ``response.failed``
+events and a Chat Completions ``{"error": ...}`` chunk) -> the kind its HTTP status would have given."""
+
+
+def _classify_stream_error(error_type: str | None, code: str | None, words: str) -> tuple[str, bool]:
+    """``(kind, indeterminate)`` of an error event inside a 200 stream: a quota, rate limit, credential or
+    invalid request is what it says (not retried as transient); anything else (``api_error``,
+    ``server_error``, ``overloaded_error``, an unknown type) may have been processed: transient."""
+    if any(w in words for w in _QUOTA_429_WORDS) or error_type == "billing_error":
+        return "quota", False
+    for name in (code, error_type):
+        found = _STREAM_ERRORS.get(name) if isinstance(name, str) else None
+        if found is not None:
+            return found
+    return "transient", True
 
 
 class ProviderDriver(SignalSource, abc.ABC):
