@@ -277,7 +277,8 @@ def test_a_thread_whose_first_event_was_deleted_is_corrupt_to_an_admin_not_missi
     """Deleting a thread's first event (triggers dropped) hid the thread from everyone, admin included: its
     project is read from that event, so every route answered 404 while the list still named it. It is the
     stream's thread all the same: an admin sees it ``corrupt`` (gap at seq 1) and every mutation is refused with
-    409 naming that; a project token, whose membership nothing can establish now, still gets 404."""
+    409 naming that. Its project is the one the store indexed it under when it was created (whose listing names
+    it): that project's tokens see it corrupt too, another project's get 404."""
     from jixu.scheduling import create_thread_for
     from tests.attacker import Raw, delete_event
     from tests.server.agents import agent
@@ -295,4 +296,33 @@ def test_a_thread_whose_first_event_was_deleted_is_corrupt_to_an_admin_not_missi
         refused = admin.post(f"/threads/{thread_id}{path_tail}", json=body)
         assert refused.status_code == 409 and refused.json()["code"] == "thread_corrupt", refused.text
         assert refused.json()["first_bad_seq"] == 1
-    assert api.client("alpha-operator").get(f"/threads/{thread_id}").status_code == 404
+    member = api.client("alpha-operator").get(f"/threads/{thread_id}")
+    assert (member.status_code, member.json()["status"]) == (200, "corrupt"), member.text
+    assert thread_id in [t["thread_id"] for t in api.client("alpha-operator").get("/threads").json()["threads"]]
+    assert api.client("beta-operator").get(f"/threads/{thread_id}").status_code == 404
+
+
+def test_a_changed_project_in_a_threads_first_event_never_moves_it_to_another_project(api: Api) -> None:
+    """``thread.created``'s ``metadata.project`` edited from alpha to beta (hash left stale): the first event no
+    longer holds, so it says nothing. The thread stays alpha's (listed and shown to alpha, as ``corrupt``);
+    beta's tokens get the 404 of a thread they cannot see and do not list it."""
+    from jixu.scheduling import create_thread_for
+    from tests.attacker import Raw
+    from tests.server.agents import agent
+
+    thread_id = create_thread_for(api.store, agent(), project="alpha")
+    stream = f"thread/{thread_id}"
+    with Raw(Path(api.store.url.removeprefix("sqlite:///"))).transaction() as sql:  # type: ignore[union-attr]
+        [(data,)] = sql("SELECT data FROM jixu_events WHERE stream = ? AND seq = 1", stream)
+        assert '"project":"alpha"' in data
+        sql("UPDATE jixu_events SET data = ? WHERE stream = ? AND seq = 1",
+            data.replace('"project":"alpha"', '"project":"beta"'), stream)
+    alpha, beta = api.client("alpha-operator"), api.client("beta-operator")
+    state = alpha.get(f"/threads/{thread_id}")
+    assert (state.status_code, state.json()["status"]) == (200, "corrupt"), state.text
+    assert state.json()["corruption"]["first_bad_seq"] == 1
+    assert thread_id in [t["thread_id"] for t in alpha.get("/threads").json()["threads"]]
+    assert beta.get(f"/threads/{thread_id}").status_code == 404
+    assert thread_id not in [t["thread_id"] for t in beta.get("/threads").json()["threads"]]
+    refused = alpha.post(f"/threads/{thread_id}/inputs", json={"input": "again"})
+    assert refused.status_code == 409 and refused.json()["code"] == "thread_corrupt", refused.text

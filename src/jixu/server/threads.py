@@ -19,7 +19,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from jixu.errors import InvalidInput, JixuError, ProjectNotFound, ThreadNotFound
 from jixu.ledger import Event, is_valid_id
-from jixu.scheduling import create_thread_for, enqueue_thread, project_of, submit_turn, thread_work_key
+from jixu.ledger.chain import verify_rows
+from jixu.scheduling import (
+    create_thread_for,
+    enqueue_thread,
+    project_of,
+    submit_turn,
+    thread_work_key,
+)
+from jixu.scheduling.queue import check_project
 from jixu.server.auth import authenticate
 from jixu.server.context import Authenticated, Context, Services, context, mutation, principal, services
 from jixu.server.idempotency import Outcome
@@ -77,22 +85,34 @@ def _hidden(thread_id: str) -> ThreadNotFound:
 FIRST_EVENTS = frozenset(("thread.created", "thread.forked"))
 """What a thread's first event is: it names the thread's project (in its metadata)."""
 UNKNOWN_PROJECT = ""
-"""The project of a thread whose first event does not hold: no project token's (no project is named so), so
-only an admin sees the thread, as ``corrupt``, rather than nobody."""
+"""The project of a thread whose first event does not hold and that the store's project index names no project
+for: no project token's (no project is named so), so only an admin sees the thread, as ``corrupt``."""
 
 
 def _project_of_stream(services: Services, stream: str) -> str | None:
     """The project of the thread stored as ``stream`` (None: no such thread), read from its first event once per
     server: the first event never changes, so neither does the answer (remembered for up to
-    :data:`PROJECTS_REMEMBERED` threads)."""
+    :data:`PROJECTS_REMEMBERED` threads).
+
+    The first event is trusted only when it holds (its own hash, its link from the genesis and to the second
+    event). One that was deleted, replaced or changed says nothing: the thread is then the project's the store
+    indexed it under when it was created (the one whose listing names it), else :data:`UNKNOWN_PROJECT`. A
+    changed ``metadata.project`` never moves a thread to another project."""
     known = services.thread_projects.get(stream)
     if known is not None:
         return known
-    first = services.store.read(stream, 1, 1)
-    if not first or first[0].type not in FIRST_EVENTS:
-        # Its first event is gone or is another one (tampered): the thread exists, its project is not known.
-        return UNKNOWN_PROJECT if services.store.stream_info(stream) is not None else None
-    metadata = first[0].data.get("metadata")
+    store = services.store
+    info = store.stream_info(stream)
+    if info is None:
+        return None
+    rows = list(store.read_rows(stream, 1, 2))
+    if not rows or rows[0].type not in FIRST_EVENTS or not verify_rows(stream, rows,
+                                                                         genesis_hash=info.genesis_hash).valid:
+        try:
+            return check_project(info.group) if info.group is not None else UNKNOWN_PROJECT
+        except InvalidInput:
+            return UNKNOWN_PROJECT
+    metadata = rows[0].to_event().data.get("metadata")
     found = project_of(metadata if isinstance(metadata, dict) else {})
     _remember_project(services, stream, found)
     return found
