@@ -318,4 +318,41 @@ def test_the_published_document_constrains_ids_and_documents_request_ids(api: Ap
                 key = parameters.get("Idempotency-Key")
                 assert key is not None and key["in"] == "header", (method, path)
                 assert key["schema"]["anyOf"][0]["pattern"], (method, path)
+            if path.startswith("/api/v1/") and not path.endswith("/health"):
+                # Any authenticated route answers 429 after too many failed logins from the caller's address.
+                assert "429" in operation["responses"], (method, path)
     assert mutations >= 20
+    request = document["paths"]["/api/v1/runs/{run_id}/execution-requests/{request_id}"]["get"]
+    assert "409" in request["responses"], "a corrupt run's request is answered run_corrupt"
+
+
+def test_an_edited_request_id_record_is_neither_replayed_nor_run_again(api: Api) -> None:
+    """The stored answer of a request id changed in the database (201 made 299, triggers dropped): replaying it
+    would serve the edit as the original answer, running the request again could repeat it. Refused with 409
+    naming the first bad event; nothing is created."""
+    from tests.attacker import Raw
+
+    editor = api.client("alpha-editor")
+    key = {"Idempotency-Key": "edited"}
+    first = editor.post("/threads", json={"project": "alpha"}, headers=key)
+    assert first.status_code == 201
+    stream = request_stream(api.token_ids["alpha-editor"], "edited")
+    with Raw(Path(api.store.url.removeprefix("sqlite:///"))).transaction() as sql:  # type: ignore[union-attr]
+        [(data,)] = sql("SELECT data FROM jixu_events WHERE stream = ? AND seq = 2", stream)
+        sql("UPDATE jixu_events SET data = ? WHERE stream = ? AND seq = 2", data.replace('"status":201',
+                                                                                          '"status":299'), stream)
+    again = assert_problem(editor.post("/threads", json={"project": "alpha"}, headers=key), 409, "stream_corrupt")
+    assert (again["first_bad_seq"], again["reason"]) == (2, "payload_changed")
+    assert [t["thread_id"] for t in editor.get("/threads").json()["threads"]] == [first.json()["thread_id"]]
+
+
+def test_two_request_id_headers_are_refused(api: Api) -> None:
+    """Which of two ``Idempotency-Key`` headers a proxy or a server reads differs: refused, as two
+    ``Authorization`` headers are, and nothing is created."""
+    editor = api.client("alpha-editor")
+    for headers in ([("Idempotency-Key", "k1"), ("Idempotency-Key", "k2")],
+                    [("Idempotency-Key", "k1"), ("Idempotency-Key", "bad key!")]):
+        refused = assert_problem(editor.post("/threads", json={"project": "alpha"}, headers=httpx.Headers(headers)),
+                                 422, "invalid_input")
+        assert refused["field"] == "Idempotency-Key"
+    assert editor.get("/threads").json()["threads"] == []

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
+from jixu.errors import InvalidInput
 from jixu.ledger import Store
 from jixu.runs import Provider, Runs
 from jixu.runs.publication import Publisher
@@ -183,7 +184,11 @@ async def mutation(ctx: Annotated[Context, Depends(context)],
                  description="A request id: a repeat with the same id and body gets the original answer and "
                              "changes nothing; the same id with another body is 422.")] = None) -> Context:
     """FastAPI dependency of a mutation: its :class:`Context`, with the ``Idempotency-Key`` header documented
-    and checked (:meth:`Context.mutate` reads it)."""
+    and checked (:meth:`Context.mutate` reads it). Two of them are refused (422), as two ``Authorization``
+    headers are: which one a proxy or a server reads differs, so the request's id would be a guess."""
+    sent = ctx.request.headers.getlist(HEADER)
+    if len(sent) > 1:
+        raise InvalidInput(f"send one {HEADER} header; this request has {len(sent)}", field=HEADER)
     return ctx
 
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jixu.errors import ConcurrencyError, InvalidInput, JixuError
+from jixu.errors import ConcurrencyError, InvalidInput, JixuError, StreamCorrupt
 from jixu.kernel import record
 from jixu.ledger import NewEvent, Store, content_hash
 from jixu.server.problems import REQUEST_ID_REUSED, REQUEST_IN_PROGRESS, HTTPProblem, status_of
@@ -75,6 +75,7 @@ def run_once(store: Store, token_id: str, request_id: str | None, *, method: str
     digest = fingerprint(method, path, body)
     events = store.read(stream)
     if events:
+        _refuse_if_broken(store, stream, request_id)
         replay = _answer_from(events, request_id, digest, method, path)
         if replay is not None:
             return replay
@@ -102,6 +103,17 @@ def run_once(store: Store, token_id: str, request_id: str | None, *, method: str
     record(store, stream, [NewEvent("idempotency.answered", {"request_id": request_id, "status": outcome.status,
                                                          "body": outcome.body}, meta)], seq)
     return outcome
+
+
+def _refuse_if_broken(store: Store, stream: str, request_id: str) -> None:
+    """:class:`~jixu.errors.StreamCorrupt` (409) when the request id's record does not verify: its stored answer
+    is not replayed (it may not be the one given), and the request is not run again (it may have been)."""
+    report = store.verify(stream)
+    if not report.valid:
+        raise StreamCorrupt(f"the record of request id {request_id} does not verify (first bad event "
+                            f"#{report.first_bad_seq}, {report.reason}): its answer is not replayed and the request "
+                            "is not run again. Inspect the resource, then use a new request id",
+                            request_id=request_id, first_bad_seq=report.first_bad_seq, reason=report.reason)
 
 
 def _answer_from(events: list[Any], request_id: str, digest: str, method: str, path: str) -> Outcome | None:

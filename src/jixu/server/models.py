@@ -530,8 +530,10 @@ def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
                      "description": "A problem (RFC 9457)."} for status in statuses}
 
 
-READ = problems(401, 404, 422, 503)
-WRITE = problems(401, 403, 404, 409, 413, 422, 503)
+READ = problems(401, 404, 409, 422, 429, 503)
+"""409: a read that needs a record a corrupt stream no longer holds (a corrupt run's execution request); 429: too
+many failed logins from the caller's address (every authenticated route)."""
+WRITE = problems(401, 403, 404, 409, 413, 422, 429, 503)
 
 __all__ = [
     "JSON",
