@@ -321,7 +321,12 @@ def test_a_changed_project_in_a_threads_first_event_never_moves_it_to_another_pr
     state = alpha.get(f"/threads/{thread_id}")
     assert (state.status_code, state.json()["status"]) == (200, "corrupt"), state.text
     assert state.json()["corruption"]["first_bad_seq"] == 1
+    # The break found is recorded: the raw events page says so too, as every later reader.
+    page = alpha.get(f"/threads/{thread_id}/events").json()
+    assert (page["corruption"]["first_bad_seq"], page["corruption"]["reason"]) == (1, "payload_changed")
     assert thread_id in [t["thread_id"] for t in alpha.get("/threads").json()["threads"]]
+    sound = create_thread_for(api.store, agent(), project="alpha")
+    assert alpha.get(f"/threads/{sound}/events").json()["corruption"] is None
     assert beta.get(f"/threads/{thread_id}").status_code == 404
     assert thread_id not in [t["thread_id"] for t in beta.get("/threads").json()["threads"]]
     refused = alpha.post(f"/threads/{thread_id}/inputs", json={"input": "again"})

@@ -274,6 +274,10 @@ class EventPage(Out):
     events: list[EventOut]
     next_after_seq: int = Field(ge=0)
     head_seq: int = Field(ge=0)
+    corruption: JSON | None = Field(default=None, description=(
+        "The break recorded for the thread's stream once a verification found it (any surface that establishes "
+        "the thread records it): the events from its first_bad_seq on are not to be trusted. A page does not "
+        "verify the chain itself: GET /threads/{thread_id} or /verify does."))
 
 
 class ThreadSummary(Out):

@@ -20,6 +20,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from jixu.errors import InvalidInput, JixuError, ProjectNotFound, ThreadNotFound
 from jixu.ledger import Event, is_valid_id
 from jixu.ledger.chain import verify_rows
+from jixu.ledger.trust import recorded_break
+from jixu.recovery.corruption import corruption
 from jixu.scheduling import (
     create_thread_for,
     enqueue_thread,
@@ -259,9 +261,11 @@ def list_events(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)],
     stream = stream_of(thread_id)
     events = ctx.store.read(stream, after_seq + 1, after_seq + limit)
     info = ctx.store.stream_info(stream)
+    known = corruption(stream, chain=recorded_break(ctx.store, stream), analysis=None)
     return JSONResponse({"thread_id": thread_id, "events": [e.to_dict() for e in events],
                          "next_after_seq": events[-1].seq if events else after_seq,
-                         "head_seq": info.head_seq if info else 0})
+                         "head_seq": info.head_seq if info else 0,
+                         "corruption": known.to_dict() if known is not None else None})
 
 
 def sse(event: Event) -> str:
