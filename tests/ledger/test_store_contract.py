@@ -362,6 +362,48 @@ def path(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mon
         factory.close()
 
 
+def test_append_after_appends_at_the_head_after_what_others_appended_and_hands_them_over(store: Store) -> None:
+    """``append_after`` reads the rows appended after ``expected_seq`` and appends what ``build`` makes of them at
+    the head, in one write transaction: however far the head moved, it never meets a ConcurrencyError."""
+    first = store.append("a/1", events(2), 0)
+    store.append("a/1", events(3, "other.noted"), 2)  # another writer's events, after what the caller saw
+    seen: list[list[int]] = []
+
+    def build(rows: list[Any]) -> list[NewEvent]:
+        seen.append([row.seq for row in rows])
+        return [NewEvent("receipt.completed", {"after": [row.type for row in rows]})]
+
+    rows, appended = store.append_after("a/1", first[-1].seq, None, build)
+    assert seen == [[3, 4, 5]] and [row.seq for row in rows] == [3, 4, 5]
+    assert [(e.seq, e.type) for e in appended] == [(6, "receipt.completed")]
+    assert appended[0].data == {"after": ["other.noted"] * 3} and appended[0].prev_hash == rows[-1].hash
+    assert store.read("a/1")[-1] == appended[0] and store.verify("a/1").valid
+    nothing_new, none = store.append_after("a/1", 6, None, lambda rows: [])  # nothing to append: nothing written
+    assert (nothing_new, none) == ([], []) and store.stream_info("a/1").head_seq == 6  # type: ignore[union-attr]
+
+
+def test_append_after_writes_nothing_when_build_raises_or_the_fence_is_stale(store: Store) -> None:
+    store.append("a/1", events(1), 0)
+
+    def refuse(rows: list[Any]) -> list[NewEvent]:
+        raise RuntimeError("not these")
+
+    with pytest.raises(RuntimeError, match="not these"):
+        store.append_after("a/1", 1, None, refuse)
+    old = store.acquire_lease("k/1", "w1", 0.2)
+    expire(store, 0.3)
+    store.acquire_lease("k/1", "w2", 30)
+    with pytest.raises(FencingError, match="is stale"):
+        store.append_after("a/1", 1, old, lambda rows: events(1))
+    with pytest.raises(InvalidInput):
+        store.append_after("a/1", 0, None, lambda rows: events(1))
+    with pytest.raises(InvalidInput):
+        store.append_after("a/1", 1, None, lambda rows: [NewEvent("Bad Type", {})])
+    with pytest.raises(JixuError):  # NotFound: no such stream
+        store.append_after("a/2", 1, None, lambda rows: events(1))
+    assert [e.seq for e in store.read("a/1")] == [1] and store.read("a/2") == []
+
+
 def test_a_new_stream_starts_at_the_genesis_and_each_append_moves_the_head(path: AppendPath) -> None:
     store = path.store
     first = path.append("orders/1", events(3), 0)

@@ -348,3 +348,144 @@ def test_a_send_that_meets_another_writers_event_starts_its_turn_after_it_and_ke
 
     run(scenario())
     store.close()
+
+
+def _note(store: Store, thread_id: str) -> None:
+    """Another connection's event on the thread's stream (an operator's note)."""
+    log = ThreadLog.load(store, thread_id, actor="op")
+    log.append([NewEvent("thread.noted", {"note": "busy"}, log.meta("op"))])
+
+
+def test_no_receipt_is_dropped_however_often_another_writer_wins_the_race(ledger: Ledger) -> None:
+    """Another connection appends right before every write that carries a receipt, 60 times over (a tight
+    foreign loop that always wins): every receipt is still recorded, in order after the others' events. The
+    kernel once gave up after 20 re-appends and the loop dropped the receipts: an unsafe call that ran became
+    ``unknown`` for an operator, an idempotent one ran again."""
+    ran: Counter[str] = Counter()
+    interfered = [0]
+
+    @tool(semantics="unsafe")
+    async def pay(n: int, ctx: ToolContext) -> str:
+        """Pay (unsafe: a repeat would pay twice)."""
+        ran[ctx.effect_id] += 1
+        await asyncio.sleep(0.01)
+        return f"paid {n}"
+
+    @tool(semantics="idempotent")
+    async def reserve(n: int, ctx: ToolContext) -> str:
+        """Reserve stock (idempotent)."""
+        ran[ctx.effect_id] += 1
+        return f"reserved {n}"
+
+    def script(messages: list[dict[str, Any]]) -> Any:
+        answered = sum(1 for m in messages if m["role"] == "tool")
+        if answered == 0:
+            return ToolCall("pay", {"n": 0})
+        if answered == 1:
+            return [ToolCall("pay", {"n": 1}), ToolCall("reserve", {"n": 2}), ToolCall("pay", {"n": 3})]
+        return "done"
+
+    async def scenario() -> None:
+        harness = ledger.harness(Agent("busy", ScriptedModel(script), tools=[pay, reserve], max_steps=6))
+        thread = await harness.create_thread()
+        other = ledger.store()
+        store = harness.store
+
+        def carries_receipt(events: Any) -> bool:
+            return any(str(getattr(e, "type", "")).endswith((".completed", ".failed")) for e in events)
+
+        def first_another_writer(method: Any, events_of: Any) -> Any:
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                if interfered[0] < 60 and events_of(*args):
+                    interfered[0] += 1
+                    _note(other, thread.thread_id)
+                return method(*args, **kwargs)
+            return wrapped
+
+        store.append = first_another_writer(store.append, lambda stream, events, *rest: carries_receipt(events))
+        store.append_many = first_another_writer(
+            store.append_many, lambda requests: any(carries_receipt(r.events) for r in requests))
+        if hasattr(store, "append_after"):  # the kernel's re-append: interfered with just the same
+            store.append_after = first_another_writer(store.append_after, lambda *args: True)
+        await thread.send("pay")
+        state = await asyncio.wait_for(thread.wait(), 60)
+        assert state.status == "idle" and state.last_reply == "done", state.reason
+        events = await thread.events()
+        assert interfered[0] >= 4 and any(e.type == "thread.noted" for e in events)
+        assert sorted(ran.values()) == [1, 1, 1, 1], "each call ran once"
+        assert {effect_id: state.effects[effect_id].state for effect_id in ran} == dict.fromkeys(ran, "completed")
+        assert_lifecycle_order(events)
+        assert ledger.store().verify(f"thread/{thread.thread_id}").valid
+
+    run(scenario())
+
+
+FOREIGN_WRITER = """
+import sys, time
+from jixu.errors import ConcurrencyError
+from jixu.ledger import NewEvent, SQLiteStore
+from jixu.threads.log import ThreadLog
+
+store = SQLiteStore(sys.argv[1])
+log = ThreadLog.load(store, sys.argv[2], actor="op")
+end, notes = time.monotonic() + float(sys.argv[3]), 0
+print("ready", flush=True)
+while time.monotonic() < end:
+    try:
+        log.sync()
+        log.append([NewEvent("thread.noted", {"note": "busy"}, log.meta("op"))])
+        notes += 1
+    except ConcurrencyError:
+        pass
+print(notes)
+"""
+
+
+def test_every_receipt_is_recorded_while_other_processes_append_in_tight_loops(sqlite_ledger: Ledger) -> None:
+    """Two other processes append notes to the thread's stream as fast as they can while it makes twelve unsafe
+    calls one after another and four at once: every call runs once and every receipt is recorded. (They start
+    once the turn has: a turn's start meeting them gives up after a few tries, a documented refusal.)"""
+    from tests.helpers import spawn_python
+
+    ran: Counter[str] = Counter()
+    writing = asyncio.Event()
+
+    @tool(semantics="unsafe")
+    async def pay(n: int, ctx: ToolContext) -> str:
+        """Pay (unsafe)."""
+        ran[ctx.effect_id] += 1
+        await writing.wait()
+        await asyncio.sleep(0.01)
+        return f"paid {n}"
+
+    def script(messages: list[dict[str, Any]]) -> Any:
+        answered = sum(1 for m in messages if m["role"] == "tool")
+        if answered < 12:
+            return ToolCall("pay", {"n": answered})
+        if answered < 16:
+            return [ToolCall("pay", {"n": answered + i}) for i in range(4)]
+        return "done"
+
+    async def scenario() -> None:
+        harness = sqlite_ledger.harness(Agent("busy", ScriptedModel(script), tools=[pay], max_steps=20))
+        thread = await harness.create_thread()
+        await thread.send("pay")
+        writers = [spawn_python(FOREIGN_WRITER, str(sqlite_ledger.path), thread.thread_id, "30") for _ in range(2)]
+        try:
+            for writer in writers:
+                assert writer.stdout is not None
+                assert (await asyncio.to_thread(writer.stdout.readline)).strip() == "ready"
+            writing.set()
+            state = await asyncio.wait_for(thread.wait(), 60)
+        finally:
+            for writer in writers:
+                writer.kill()
+                writer.communicate()
+        assert state.status == "idle" and state.last_reply == "done", state.reason
+        events = await thread.events()
+        assert sum(e.type == "thread.noted" for e in events) > 20, "the other processes did write meanwhile"
+        assert len(ran) == 16 and set(ran.values()) == {1}
+        assert {state.effects[effect_id].state for effect_id in ran} == {"completed"}
+        assert_lifecycle_order(events)
+
+    run(scenario())

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from jixu.errors import ConcurrencyError, JixuError
-from jixu.kernel.writer import StreamWriter
+from jixu.kernel.writer import StreamWriter, unrecorded_receipts
 from jixu.ledger.store import Store
 
 MAX_AUTOMATIC_RETRIES = 3
@@ -37,7 +37,9 @@ async def drive(writer: StreamWriter[Any], next_action: Callable[[], Awaitable[A
         head = writer.state.seq
         try:
             await act(action)
-        except ConcurrencyError:
+        except ConcurrencyError as conflict:
+            if unrecorded_receipts(conflict):
+                raise  # receipts it could not record are facts: they reach the caller, never dropped here
             # Another writer appended (an operator's decision, say): read it and decide again. Receipts the
             # refused append carried are already recorded after it (see StreamWriter).
             await writer.idle()

@@ -49,7 +49,7 @@ from jixu.errors import (
 from jixu.kernel.commits import Commitment, Commits, settle
 from jixu.kernel.shutdown import ServingTask
 from jixu.ledger.chain import row_hash
-from jixu.ledger.event import Event, NewEvent, PreparedEvent, parse_json, prepare
+from jixu.ledger.event import Event, NewEvent, PreparedEvent, StoredRow, parse_json, prepare
 from jixu.ledger.projection import Followed, Projection
 from jixu.ledger.store import Fence, Store
 
@@ -57,9 +57,6 @@ F = TypeVar("F", bound=Followed)
 
 RECEIPT_SUFFIXES = (".completed", ".failed")
 """Event types that are receipts: what a call was observed to do (a fact, kept across conflicts)."""
-
-_REAPPEND_TRIES = 20
-"""How often a receipt is appended again while other writers keep moving the head."""
 
 
 def is_receipt(event_type: str) -> bool:
@@ -445,65 +442,68 @@ class StreamWriter(Generic[F]):
         if not receipts:
             raise conflict
         self._refuse_if_broken(receipts)
-        stored: dict[str, Event] = {}
-        for _ in range(_REAPPEND_TRIES):
-            # Everything other writers appended since the refused append's head (a reload may have folded it).
-            foreign = self.store.read(self.stream, expected + 1, self.state.seq) if self.state.seq > expected else []
-            ids = {receipt.id for receipt in receipts}
-            stored.update((event.id, event) for event in foreign if event.id in ids)
-            pending = [receipt for receipt in receipts if receipt.id not in stored]
-            if not pending:
-                break
-            touched = {_effect_of(event) for event in foreign} - {None}
-            refused = [receipt for receipt in pending if _effect_of(receipt) in touched]
-            if refused:
-                # The others are recorded all the same; these are kept in the error.
-                self._record_all([r for r in pending if r not in refused], fence)
-                error = ReceiptConflict(
-                    f"{self.stream}: another writer recorded an event of effect {_effect_of(refused[0])} while its "
-                    "call ran; its receipt is not appended after it (it would contradict the record) and is "
-                    "kept in this error", stream=self.stream, effect_id=_effect_of(refused[0]))
-                _keep_receipts(error, refused)
-                raise error
-            try:
-                appended = self.store.append(self.stream, pending, self.state.seq, fence)
-            except ConcurrencyError:
-                self._follow()
-                self._refuse_if_broken(pending)
-                continue
-            except BaseException as error:
-                _keep_receipts(error, pending)
-                raise
-            self._apply(appended)
-            stored.update((event.id, event) for event in appended)
-            break
-        else:
-            exhausted = ConcurrencyError(f"{self.stream}: other writers kept moving the head; the receipts are kept "
-                                         "in this error", stream=self.stream)
-            _keep_receipts(exhausted, [r for r in receipts if r.id not in stored])
-            raise exhausted
+        # Everything other writers appended since the refused append's head (a reload may have folded it).
+        foreign = self.store.read(self.stream, expected + 1, self.state.seq) if self.state.seq > expected else []
+        ids = {receipt.id for receipt in receipts}
+        stored = {event.id: event for event in foreign if event.id in ids}
+        touched = {_effect_of(event) for event in foreign} - {None}
+        pending = [receipt for receipt in receipts if receipt.id not in stored]
+        refused = [receipt for receipt in pending if _effect_of(receipt) in touched]
+        recorded = self._record_all([receipt for receipt in pending if receipt not in refused], fence)
+        stored.update(recorded)
+        refused.extend(receipt for receipt in pending if receipt.id not in stored and receipt not in refused)
+        if refused:
+            # The others are recorded all the same; these are kept in the error.
+            error = ReceiptConflict(
+                f"{self.stream}: another writer recorded an event of effect {_effect_of(refused[0])} while its "
+                "call ran; its receipt is not appended after it (it would contradict the record) and is "
+                "kept in this error", stream=self.stream, effect_id=_effect_of(refused[0]))
+            _keep_receipts(error, refused)
+            raise error
         if all(is_receipt(event.type) for event in batch[offset:]):
             return [stored[event.id] for event in batch[offset:]]
         raise conflict
 
-    def _record_all(self, receipts: list[PreparedEvent], fence: Fence | None) -> None:
-        """Append ``receipts`` after whatever other writers append meanwhile (kept in the error if they cannot)."""
-        for _ in range(_REAPPEND_TRIES):
-            if not receipts:
-                return
-            try:
-                self._apply(self.store.append(self.stream, receipts, self.state.seq, fence))
-                return
-            except ConcurrencyError:
-                self._follow()
-                self._refuse_if_broken(receipts)
-            except BaseException as error:
-                _keep_receipts(error, receipts)
-                raise
-        exhausted = ConcurrencyError(f"{self.stream}: other writers kept moving the head; the receipts are kept in "
-                                     "this error", stream=self.stream)
-        _keep_receipts(exhausted, receipts)
-        raise exhausted
+    def _record_all(self, receipts: list[PreparedEvent], fence: Fence | None) -> dict[str, Event]:
+        """Append ``receipts`` after whatever other writers appended, in one transaction that holds the stream's
+        head (:meth:`~jixu.ledger.Store.append_after`), so a busy stream never starves them. Returns the
+        receipts now stored, by id: the appended ones and any another writer had already stored. One whose
+        effect another writer's new event touched is not appended (absent from the answer: the caller's
+        conflict); a link that does not hold appends nothing (:class:`~jixu.errors.StreamCorrupt`)."""
+        if not receipts:
+            return {}
+        start_seq, start_hash = self.state.seq, self.state.head_hash
+        ids = {receipt.id for receipt in receipts}
+        broken: list[int] = []
+
+        def build(rows: list[StoredRow]) -> list[PreparedEvent]:
+            # Under the store's lock: the new events must link to the record, as those sync() reads.
+            prev = start_hash
+            for row in rows:
+                if row.prev_hash != prev or row_hash(row) != row.hash:
+                    broken.append(row.seq)
+                    return []
+                prev = row.hash
+            later = [row.to_event() for row in rows]
+            touched = {_effect_of(event) for event in later} - {None}
+            present = {event.id for event in later}
+            return [r for r in receipts if r.id not in present and _effect_of(r) not in touched]
+
+        try:
+            rows, appended = self.store.append_after(self.stream, start_seq, fence, build)
+        except BaseException as error:
+            _keep_receipts(error, receipts)
+            raise
+        if broken:
+            self.chain_break = self.chain_break or broken[0]
+            self._follow()  # what links is applied, as sync() would
+            self._refuse_if_broken(receipts)
+        later = [row.to_event() for row in rows]
+        self._apply(later)
+        self._apply(appended)
+        stored = {event.id: event for event in later if event.id in ids}
+        stored.update((event.id, event) for event in appended)
+        return stored
 
     def _refuse_if_broken(self, receipts: list[PreparedEvent]) -> None:
         """Raise :class:`~jixu.errors.StreamCorrupt` (the receipts kept in it) when another writer's event does

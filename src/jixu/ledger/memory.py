@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from jixu.errors import InvalidInput, JixuError
+from jixu.errors import InvalidInput, JixuError, NotFound
 from jixu.ledger.chain import VerifyReport
 from jixu.ledger.event import GENESIS_HASH, PreparedEvent, StoredRow, utc_now_text
 from jixu.ledger.store import (
@@ -102,6 +102,19 @@ class MemoryStore(Store):
             for row in new_rows:
                 self._by_id[row.id] = row
             return new_rows
+
+    def _append_after(self, stream: str, expected_seq: int, fence: Fence | None,
+                      build: Callable[[list[StoredRow], int], list[PreparedEvent]]
+                      ) -> tuple[list[StoredRow], list[StoredRow]]:
+        with self._lock:  # re-entrant: the read, build and append under one hold
+            rows = self._streams.get(stream)
+            if not rows:
+                raise NotFound(f"stream {stream!r} has no events", stream=stream)
+            later = rows[expected_seq:]
+            batch = build(list(later), len(rows))
+            if not batch:
+                return list(later), []
+            return list(later), self._append(stream, batch, len(rows), fence, GENESIS_HASH)
 
     def _append_and_enqueue(self, stream: str, batch: list[PreparedEvent], expected_seq: int, fence: Fence | None,
                             change: Callable[[WorkRow | None, float], WorkRow], key: str) -> list[StoredRow]:

@@ -65,6 +65,7 @@ from jixu.errors import (
     InvalidInput,
     JixuError,
     MissingExtra,
+    NotFound,
     OutcomeUnknown,
     SchemaTooNew,
     StoreError,
@@ -1137,6 +1138,27 @@ class PostgresStore(Store):
             except (ConcurrencyError, FencingError) as refused:  # the function wrote nothing for it
                 answers.append(refused)
         return answers
+
+    def _append_after(self, stream: str, expected_seq: int, fence: Fence | None,
+                      build: Callable[[list[StoredRow], int], list[PreparedEvent]]
+                      ) -> tuple[list[StoredRow], list[StoredRow]]:
+        def transaction(conn: _PooledConnection) -> tuple[list[StoredRow], list[StoredRow]]:
+            # The head row locked first (as every append locks it): nothing is appended to the stream by
+            # another transaction between this read and the insert.
+            head = conn.execute("SELECT head_seq FROM jixu_streams WHERE stream = %s FOR UPDATE",
+                                (stream,)).fetchone()
+            if head is None:
+                raise NotFound(f"stream {stream!r} has no events", stream=stream)
+            rows = [StoredRow(*row) for row in conn.execute(
+                f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE stream = %s AND seq > %s ORDER BY seq",
+                (stream, expected_seq))]
+            batch = build(rows, int(head[0]))
+            if not batch:
+                return rows, []
+            return rows, self._append_in(conn, stream, batch, int(head[0]), fence, GENESIS_HASH)
+
+        # Given ids: a transaction run again after a broken connection finds a committed batch stored.
+        return self._run(transaction, write=True, transaction=True, idempotent=True)
 
     def _append_slowly(
         self,

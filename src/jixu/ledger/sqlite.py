@@ -51,6 +51,7 @@ from jixu.errors import (
     FencingError,
     InvalidInput,
     JixuError,
+    NotFound,
     OutcomeUnknown,
     SchemaTooNew,
     StoreError,
@@ -769,6 +770,27 @@ class SQLiteStore(Store):
         for request, stored, error in zip(group, rows, errors, strict=True):
             request.rows, request.error = stored, error
             request.done = True
+
+    def _append_after(self, stream: str, expected_seq: int, fence: Fence | None,
+                      build: Callable[[list[StoredRow], int], list[PreparedEvent]]
+                      ) -> tuple[list[StoredRow], list[StoredRow]]:
+        if self._closed:
+            raise StoreError(f"{self.path}: the store is closed")
+
+        def transaction(conn: sqlite3.Connection) -> tuple[list[StoredRow], list[StoredRow]]:
+            # BEGIN IMMEDIATE holds the write lock: no other writer appends between this read and the insert.
+            head = conn.execute("SELECT head_seq FROM jixu_streams WHERE stream = ?", (stream,)).fetchone()
+            if head is None:
+                raise NotFound(f"stream {stream!r} has no events", stream=stream)
+            rows = [StoredRow(*row) for row in conn.execute(
+                f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE stream = ? AND seq > ? ORDER BY seq",
+                (stream, expected_seq))]
+            batch = build(rows, int(head[0]))
+            if not batch:
+                return rows, []
+            return rows, self._append_in(conn, _QueuedAppend(stream, batch, int(head[0]), fence, GENESIS_HASH))
+
+        return self._write(transaction)
 
     def _append_in(self, conn: sqlite3.Connection, request: _QueuedAppend) -> list[StoredRow]:
         """One append's checks and inserts inside the open transaction (raises on any refusal)."""

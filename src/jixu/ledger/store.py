@@ -785,6 +785,31 @@ class Store(abc.ABC):
         rows = self._append(stream, batch, expected_seq, fence, genesis_hash or GENESIS_HASH)
         return [row.to_event() for row in rows]
 
+    def append_after(self, stream: str, expected_seq: int, fence: Fence | None,
+                     build: Callable[[list[StoredRow]], Sequence[NewEvent | PreparedEvent]]
+                     ) -> tuple[list[StoredRow], list[Event]]:
+        """Append what ``build`` makes of the rows other writers appended after ``expected_seq``, at the head,
+        in one write transaction: the head cannot move between reading those rows and appending, so this
+        never meets a :class:`~jixu.errors.ConcurrencyError` however busy the stream is.
+
+        ``build`` runs while the stream's head is locked: keep it short and free of I/O. It may return
+        nothing (nothing is appended) or raise (nothing is appended; the error propagates). The fence is
+        checked as :meth:`append` checks it. Returns the rows read (stored texts, unchecked: the caller
+        verifies their links) and the events appended. The stream must exist.
+        """
+        check_stream(stream)
+        if isinstance(expected_seq, bool) or not isinstance(expected_seq, int) or expected_seq < 1:
+            raise InvalidInput(f"expected_seq {expected_seq!r} must be an integer >= 1", field="expected_seq")
+        if fence is not None:
+            check_fence(fence)
+
+        def checked(rows: list[StoredRow], head: int) -> list[PreparedEvent]:
+            events = build(rows)
+            return self._prepare_append(stream, events, head, fence, None) if events else []
+
+        read, appended = self._append_after(stream, expected_seq, fence, checked)
+        return read, [row.to_event() for row in appended]
+
     def append_and_enqueue(self, stream: str, events: Sequence[NewEvent | PreparedEvent], expected_seq: int, *,
                            key: str, group: str, fence: Fence | None = None, delay: float = 0.0) -> list[Event]:
         """:meth:`append`, and :meth:`enqueue` of the work item ``key`` in ``group`` (ready ``delay`` seconds of
@@ -1169,6 +1194,14 @@ class Store(abc.ABC):
         fence: Fence | None,
         genesis_hash: str,
     ) -> list[StoredRow]: ...
+
+    @abc.abstractmethod
+    def _append_after(self, stream: str, expected_seq: int, fence: Fence | None,
+                      build: Callable[[list[StoredRow], int], list[PreparedEvent]]
+                      ) -> tuple[list[StoredRow], list[StoredRow]]:
+        """In one write transaction with the head locked: the rows after ``expected_seq``, then the append of
+        ``build(rows, head_seq)`` (nothing if empty) at the head. Raises :class:`NotFound` for a stream with no
+        events."""
 
     @abc.abstractmethod
     def _append_and_enqueue(self, stream: str, batch: list[PreparedEvent], expected_seq: int, fence: Fence | None,
