@@ -281,3 +281,35 @@ def test_the_gate_records_the_group_before_the_program_and_a_missing_program_is_
                         started=refuse))
     time.sleep(0.2)
     assert not marker.exists()  # a group that could not be recorded never runs its program
+
+
+def test_a_cancel_that_comes_while_a_refused_start_is_undone_is_not_swallowed(tmp_path: Path) -> None:
+    """The hook recording a new process fails (the store refuses) and, while the gate is killed and reaped, the
+    task is cancelled (a drain): the cancellation goes on. It was swallowed, so a draining worker's run carried
+    on and recorded a failure instead of stopping to be requeued."""
+    from jixu.runs.processes import start_gated
+
+    marker = tmp_path / "ran"
+
+    async def scenario() -> None:
+        me = asyncio.current_task()
+        assert me is not None
+
+        async def refuse(identity: Any) -> None:
+            asyncio.get_running_loop().call_soon(me.cancel)  # the drain's cancel lands during the reaping
+            raise RuntimeError("could not record the process")
+
+        with pytest.raises(asyncio.CancelledError) as raised:
+            await start_gated(["touch", str(marker)], started=refuse)
+        assert isinstance(raised.value.__cause__, RuntimeError)
+        assert me.cancelling() == 1, "the task is still being cancelled"
+        me.uncancel()
+
+        async def refuse_only(identity: Any) -> None:
+            raise RuntimeError("could not record the process")
+
+        with pytest.raises(RuntimeError):  # no cancel: the hook's error, as before
+            await start_gated(["touch", str(marker)], started=refuse_only)
+
+    asyncio.run(scenario())
+    assert not marker.exists(), "nothing ran behind a refused start"

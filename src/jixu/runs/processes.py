@@ -83,13 +83,21 @@ async def start_gated(argv: list[str], *, started: ProcessHook, **options: Any) 
     try:
         try:
             await started(group_identity(process.pid))
-        except BaseException:
+        except BaseException as refused:
             os.close(go_write)  # the gate reads end of file and exits: nothing runs
             go_write = -1
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
-            with contextlib.suppress(BaseException):
+            try:
                 await asyncio.shield(process.wait())
+            except asyncio.CancelledError:
+                if isinstance(refused, asyncio.CancelledError):
+                    raise refused from None
+                # A cancel (a drain) that came while the killed gate was reaped goes on: the hook's error is its
+                # context, and the caller stops as cancelled instead of carrying on with a failure.
+                raise asyncio.CancelledError() from refused
+            except Exception:  # the gate is killed; how its reaping went changes nothing
+                pass
             raise
         os.write(go_write, b"1")
         os.close(go_write)
