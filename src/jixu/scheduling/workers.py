@@ -712,7 +712,8 @@ class Worker:
             # Meant for workers configured with another provider: leave it for them, without spinning on it.
             return _Outcome(True, error.message, max(ttl, 5.0), "error")
         except _CutOff:
-            return _Outcome(True, "cut off by the drain; the run continues elsewhere", kind="requeue")
+            return _Outcome(True, "cut off by the drain; requeued: the next worker continues it, or shows it "
+                                  "interrupted for an operator if a task it cut off may have run", kind="requeue")
         pause = _automatic_pause(state)
         if pause is not None:
             return self._until_resume(pause)
