@@ -174,6 +174,34 @@ def test_an_expired_turn_stays_until_it_is_recovered_with_the_observed_epoch(led
     run(scenario())
 
 
+def test_a_claim_taken_but_never_recorded_is_taken_over_once_it_expires_without_an_operator(ledger: Ledger) -> None:
+    """A process took the turn's lease and was killed before its ``turn.claimed`` was committed: no event names
+    it, so nothing could prove it gone, and the turn waited for an explicit recovery. Its claim is its first
+    write under that epoch, so it did nothing under it (and a late write of its would be fenced out): once
+    the lease expires, the next process takes the turn over by itself. Before, it is still the holder's."""
+    calls: list[Any] = []
+    first = ledger.harness(quick_agent(calls), owner="worker-a", lease_ttl=0.2)
+    second = ledger.harness(quick_agent(calls), owner="worker-b")
+
+    async def scenario() -> None:
+        thread = await first.create_thread()
+        _turn_id, fence = thread.log.start_turn("charge 42", owner="worker-a", ttl=0.2)
+        ledger.store().take_over_lease(thread.log.turn_key, "ghost", 0.3, expected_epoch=fence.epoch,
+                                       require_expired=False)  # ... and killed before recording its claim
+        early = await second.open_thread(thread.thread_id, resume=False)
+        assert "owned by ghost" in (early.claim_problem() or ""), "a holder may still record its claim"
+        await asyncio.sleep(0.4)
+        seen = await second.open_thread(thread.thread_id)
+        assert seen.claim_problem() is None
+        state = await asyncio.wait_for(seen.wait(), 20)
+        assert state.status == "idle" and state.last_reply == "Charged." and calls == ["42"]
+        [claimed] = of_type(await seen.events(), "turn.claimed")
+        assert (claimed.data["reason"], claimed.data["previous_owner"], claimed.data["epoch"]) == (
+            "took_over_expired", "ghost", 3)
+
+    run(scenario())
+
+
 def test_recovering_a_live_turn_is_refused_by_the_store_clock(ledger: Ledger) -> None:
     harness = ledger.harness(quick_agent(), owner="worker-a")
 

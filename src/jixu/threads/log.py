@@ -500,14 +500,28 @@ class ThreadLog:
         """The process identity the claim of ``lease``'s holder recorded (``turn.started`` or ``turn.claimed`` of
         the active turn with that owner and epoch), or None. Reads the active turn's events: only asked while
         another owner holds the turn."""
+        found = self._claim_of(lease)
+        return found.data.get("process") if found is not None else None
+
+    def claim_recorded(self, lease: Lease) -> bool:
+        """Whether ``lease``'s holder recorded its claim at its epoch in the active turn (``turn.started``,
+        ``turn.claimed``, or an explicit recovery's ``turn.recovered``). A holder that did not, recorded nothing
+        else under that epoch either: its claim is its first write, and its later ones are fenced out once
+        another owner takes the lease."""
+        return self._claim_of(lease) is not None
+
+    def _claim_of(self, lease: Lease) -> Event | None:
         turn = self.state.active_turn()
         if turn is None:
             return None
         found = None
         for event in self.store.read(self.stream, max(1, turn.started_seq)):
-            if event.type in ("turn.started", "turn.claimed") and event.data.get("owner") == lease.owner \
-                    and event.data.get("epoch") == lease.epoch:
-                found = event.data.get("process")
+            data = event.data
+            if data.get("epoch") != lease.epoch:
+                continue
+            if (event.type in ("turn.started", "turn.claimed") and data.get("owner") == lease.owner) \
+                    or event.type == "turn.recovered":
+                found = event
         return found
 
     @property

@@ -546,6 +546,8 @@ class Thread:
         if lease.expires_at > now:
             return (f"turn {turn.turn_id} is owned by {lease.owner} (epoch {lease.epoch}) for another "
                     f"{lease.expires_at - now:.1f}s")
+        if not self.log.claim_recorded(lease):
+            return None  # killed between taking the lease and recording its claim: it did nothing under it
         if self._harness.takeover == "safe" and self._safe_to_take_over():
             return None
         return (f"turn {turn.turn_id}'s owner {lease.owner} (epoch {lease.epoch}) stopped renewing its lease "
