@@ -180,6 +180,7 @@ def test_the_http_api_shows_corrupt_and_refuses_every_mutation(cases: dict[str, 
         journal = client.get(f"/runs/{case.run_id}/journal").json()
         assert journal["valid"] is False
         _names_it(journal["corruption"], case)
+        _names_it(client.get(f"/runs/{case.run_id}/execution-requests").json()["corruption"], case)
         for path, body in (("/resume", {}), ("/cancel", {}), ("/retry", {}), ("/handoff", {"agent": "fixture-agent"}),
                            ("/tasks/01ARZ3NDEKTSV4RRFFQ69G5FAV/resolve", {"resolution": "not_occurred", "note": "x"})):
             _refused(client.post(f"/runs/{case.run_id}{path}", json=body), case, "run_corrupt")

@@ -63,6 +63,7 @@ def test_a_run_created_over_http_is_executed_and_its_journal_verifies(runs_api: 
     assert [t["kind"] for t in plan["tasks"]] == ["prepare", "implement", "verify"]
     journal = viewer.get(f"/runs/{run_id}/journal").json()
     assert journal["valid"] is True and journal["entries"][0]["type"] == "run.created"
+    assert viewer.get(f"/runs/{run_id}/execution-requests").json()["corruption"] is None
     assert journal["entries"][0]["meta"]["actor"] == f"token:{api.token_ids['alpha-editor']}"
     assert [r["run_id"] for r in viewer.get("/runs").json()["runs"]] == [run_id]
     assert viewer.get("/runs", params={"status": "failed"}).json()["runs"] == []

@@ -480,6 +480,10 @@ class ExecutionRequest(Out):
 class ExecutionRequestPage(Out):
     run_id: str = Field(pattern=ID)
     requests: list[ExecutionRequest]
+    corruption: JSON | None = Field(default=None, description=(
+        "The run's corruption verdict when its journal does not verify: the list then holds only the requests "
+        "its record names before the first bad event (a request admitted later is not listed), each as corrupt "
+        "as the run."))
 
 
 class Reconciled(Out):

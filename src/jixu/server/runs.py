@@ -188,7 +188,9 @@ def list_execution_requests(run_id: RunId, ctx: Annotated[Context, Depends(conte
     """The run's execution requests (publication, cancellation, remote tasks), oldest first, with their status."""
     authorize(ctx, run_id, "viewer")
     views = run_async(ctx.services.runs.execution_requests(run_id))
-    return JSONResponse({"run_id": run_id, "requests": [view.to_dict() for view in views]})
+    corrupt = run_async(ctx.services.runs.state(run_id)).corruption
+    return JSONResponse({"run_id": run_id, "requests": [view.to_dict() for view in views],
+                         "corruption": corrupt.to_dict() if corrupt is not None else None})
 
 
 @router.post("/{run_id}/execution-requests/{request_id}/reconcile", responses=WRITE, response_model=Reconciled,
