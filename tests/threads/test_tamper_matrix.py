@@ -113,6 +113,24 @@ def test_open_thread_never_acts_on_a_history_that_does_not_verify(matrix: tuple[
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_the_first_reader_after_a_tamper_gets_the_answer_of_every_later_reader(
+        matrix: tuple[Path, dict[str, Case]], tmp_path: Path, name: str) -> None:
+    """The first opening that verifies the whole history finds the break (and records it); a later one starts
+    from that record. Both answer the same state: the events before the first bad one. The first once kept the
+    state its sealed checkpoint gave, which holds effects of events at or after the break (the Studio showed an
+    effect on the first load that every later load left out)."""
+    from jixu.threads.log import ThreadLog
+
+    path, cases = matrix
+    case = cases[name]
+    with SQLiteStore(copy_store(path, tmp_path / "copy.db")) as store:
+        first = ThreadLog.load(store, case.thread_id, verify=True).snapshot().to_dict()
+        again = ThreadLog.load(store, case.thread_id, verify=True).snapshot().to_dict()
+    for key in ("status", "seq", "head_hash", "effects", "messages", "turns", "corruption"):
+        assert first[key] == again[key], (name, key)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_replay_names_the_same_first_bad_event(matrix: tuple[Path, dict[str, Case]], tmp_path: Path,
                                                name: str) -> None:
     path, cases = matrix

@@ -318,6 +318,14 @@ class ThreadLog:
                 current = self.chain_break_seq
                 self.chain_break_seq = report.first_bad_seq if current is None else min(current,
                                                                                          report.first_bad_seq)
+                if self.state.seq >= report.first_bad_seq and not self.writer.has_staged:
+                    # The state came from a checkpoint sealed after the break: rebuild it as every later opening
+                    # does (the break is recorded now), from the events before the break only, so this answer and
+                    # the next reader's are the same.
+                    state, _break = self._reloaded()
+                    self.writer.state = state
+                    self._checkpoint_seq = 0
+                    self.chain = report
         return self.chain
 
     def verification(self) -> dict[str, Any]:
