@@ -81,3 +81,32 @@ def test_the_page_and_its_head_carry_the_seq_of_the_status_they_show(parked: tup
         assert read(client, thread_id) == (waiting_seq, "waiting")
         assert approvals == [waiting_seq + 1]
         assert read(client, thread_id) == (waiting_seq + 1, "running")  # no worker here: it stays to be run
+
+
+def test_an_open_page_shows_corrupt_and_drops_its_controls_when_its_history_is_changed_under_it(
+        tmp_path: Path, browser: Any) -> None:
+    """An event in the middle of a parked thread is changed in the store while its page is open: the head does
+    not move, so nothing the page followed changed. Its live updates verify the history every few seconds:
+    the page shows ``corrupt`` without Approve or Deny, as a new load of it does."""
+    from playwright.sync_api import expect
+
+    from tests.attacker import flip_data_byte
+    from tests.studio.test_tamper_studio import log_in, serve
+
+    path = tmp_path / "parked.db"
+    with SQLiteStore(path) as store:
+        thread_id, _seq = run(lambda: _two_turns(store, Raw(path), "head", last="charge 42"))
+    served = serve(path, agent=agent(), stream_recheck_interval=0.3)
+    page = browser.new_page()
+    try:
+        log_in(page, served)
+        page.goto(f"{served.studio}/threads/{thread_id}")
+        expect(page.locator("#thread-status")).to_contain_text("waiting")
+        expect(page.get_by_role("button", name="Approve")).to_have_count(1)
+        flip_data_byte(Raw(path), f"thread/{thread_id}", 3)
+        expect(page.locator("#thread-status")).to_contain_text("corrupt", timeout=15_000)
+        expect(page.get_by_role("button", name="Approve")).to_have_count(0)
+        expect(page.get_by_role("button", name="Deny")).to_have_count(0)
+    finally:
+        page.close()
+        served.stop()

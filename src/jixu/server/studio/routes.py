@@ -36,6 +36,8 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from pydantic import ValidationError
 
 from jixu.errors import InvalidInput, JixuError, NotFound
+from jixu.ledger import Store
+from jixu.ledger.trust import verdict
 from jixu.server import runs as runs_api
 from jixu.server import threads as threads_api
 from jixu.server.auth import Principal
@@ -70,6 +72,7 @@ from jixu.server.studio.session import (
     set_session,
 )
 from jixu.threads.log import stream_of
+from jixu.threads.projection import ThreadProjection
 
 PREFIX = "/studio"
 STATIC = {"studio.css": "text/css; charset=utf-8", "studio.js": "text/javascript; charset=utf-8"}
@@ -378,6 +381,12 @@ def run_head(request: Request, run_id: str) -> Response:
     return _head(request, lambda ctx: views.run_head(ctx, run_id))
 
 
+def _holds(store: Store, stream: str) -> bool:
+    """Whether the thread's whole history verifies (the ledger's verdict; a break found is recorded, so every
+    later reader sees it at once)."""
+    return verdict(store, stream, checkpoints=(ThreadProjection.name,)).valid
+
+
 def _may_read(request: Request, thread_id: str) -> bool:
     """True while the session may still read the thread (its token not revoked, its role kept)."""
     principal = session_principal(request)
@@ -414,12 +423,18 @@ async def thread_stream(request: Request, thread_id: str) -> Response:
         seq = start
         now = time.monotonic()
         deadline, quiet_since, checked_at = now + STREAM_SECONDS, now, now
+        broken = False
         yield "retry: 2000\n\n"
         while time.monotonic() < deadline and not found.closing.is_set() and not await request.is_disconnected():
             if time.monotonic() - checked_at >= found.stream_recheck_interval:
                 if not await asyncio.to_thread(_may_read, request, thread_id):
                     yield "event: ended\ndata: {}\n\n"
                     return
+                if not broken and not await asyncio.to_thread(_holds, found.store, stream):
+                    # Changed in the store without the head moving (an edit in the middle): the open page shows
+                    # corrupt and drops its controls, as a new load of it would.
+                    broken = True
+                    yield f"id: {seq}\ndata: {json.dumps({'seq': seq, 'status': 'corrupt'})}\n\n"
                 checked_at = time.monotonic()
             info = await asyncio.to_thread(found.store.stream_info, stream)
             if info is not None and info.head_seq != seq:

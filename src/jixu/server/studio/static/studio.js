@@ -91,7 +91,7 @@
     var source = new EventSource(main.dataset.stream + "?after_seq=" + encodeURIComponent(main.dataset.seq || "0"));
     source.onmessage = function (event) {
       var head = JSON.parse(event.data);
-      if (String(head.seq) !== main.dataset.seq) { soon(); }
+      if (String(head.seq) !== main.dataset.seq || (head.status && head.status !== main.dataset.status)) { soon(); }
     };
     source.addEventListener("ended", function () {
       source.close();
