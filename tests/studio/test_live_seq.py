@@ -110,3 +110,20 @@ def test_an_open_page_shows_corrupt_and_drops_its_controls_when_its_history_is_c
     finally:
         page.close()
         served.stop()
+
+
+def test_the_previous_and_next_links_of_a_state_skip_a_deleted_event(parked: tuple[Served, str, str]) -> None:
+    """Event #5 deleted from the store (triggers dropped): the state after #4 links on to #6 and the state after
+    #6 back to #4, never to the missing #5 (a 404)."""
+    from tests.attacker import delete_event
+
+    served, thread_id, _effect_id = parked
+    delete_event(Raw(Path(served.store.url.removeprefix("sqlite:///"))), f"thread/{thread_id}", 5)  # type: ignore[union-attr]
+    with httpx.Client(base_url=served.server.url, timeout=30) as client:
+        http_login(client, served.token)
+        after_4 = client.get(f"/studio/threads/{thread_id}/at/4")
+        after_6 = client.get(f"/studio/threads/{thread_id}/at/6")
+        assert after_4.status_code == after_6.status_code == 200
+        assert re.search(r'href="[^"]*/at/6" rel="next"', after_4.text), after_4.text[:2000]
+        assert re.search(r'href="[^"]*/at/4" rel="prev"', after_6.text), after_6.text[:2000]
+        assert client.get(f"/studio/threads/{thread_id}/at/5").status_code == 404

@@ -548,7 +548,25 @@ def state_at(ctx: Context, thread_id: str, seq: int) -> Obj:
             "timeline_href": f"?before={min(head + 1, seq + TIMELINE_PAGE // 2)}#event-{seq}",
             "can_fork": allows(role, "editor") and (corrupt is None or seq < corrupt.sound_before),
             "corruption": None if corrupt is None else corrupt.to_dict(),
-            "previous": seq - 1 if seq > 1 else None, "next": seq + 1 if seq < head else None}
+            "previous": _stored_before(ctx, log.stream, seq), "next": _stored_after(ctx, log.stream, seq, head)}
+
+
+def _stored_before(ctx: Context, stream: str, seq: int) -> int | None:
+    """The seq of the stored event before ``seq`` (a deleted event leaves a gap: links skip it, never 404)."""
+    if seq <= 1:
+        return None
+    if ctx.store.read(stream, seq - 1, seq - 1):
+        return seq - 1
+    earlier = ctx.store.read(stream, 1, seq - 1)
+    return earlier[-1].seq if earlier else None
+
+
+def _stored_after(ctx: Context, stream: str, seq: int, head: int) -> int | None:
+    """The seq of the stored event after ``seq`` (see :func:`_stored_before`)."""
+    if seq >= head:
+        return None
+    later = next(ctx.store.iter_events(stream, seq + 1, head), None)
+    return later.seq if later is not None else None
 
 
 def thread_head(ctx: Context, thread_id: str) -> Obj:
