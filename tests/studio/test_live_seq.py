@@ -127,3 +127,31 @@ def test_the_previous_and_next_links_of_a_state_skip_a_deleted_event(parked: tup
         assert re.search(r'href="[^"]*/at/6" rel="next"', after_4.text), after_4.text[:2000]
         assert re.search(r'href="[^"]*/at/4" rel="prev"', after_6.text), after_6.text[:2000]
         assert client.get(f"/studio/threads/{thread_id}/at/5").status_code == 404
+
+
+def test_an_open_run_page_drops_the_controls_of_a_request_changed_under_it(tmp_path: Path, browser: Any) -> None:
+    """The publication request of an open run page is changed in the store: the run's own journal does not
+    move, so its status and seq stay. The page's live updates compare its requests' statuses too: it reloads,
+    and the request shows corrupt with no Reconcile or Inspect."""
+    from playwright.sync_api import expect
+
+    from jixu.cli.studio import fixture_agent, fixture_providers
+    from tests.attacker import flip_data_byte
+    from tests.studio.test_tamper_studio import log_in, serve
+    from tests.tamper_cases import REQUEST_TAMPER_SEQ, run_fixture
+
+    path, fixture = run_fixture(tmp_path)
+    served = serve(path, str(fixture["operator_token"]), agent=fixture_agent(), providers=fixture_providers(),
+                   workspace_root=fixture["workspace_root"])
+    page = browser.new_page()
+    try:
+        log_in(page, served)
+        page.goto(f"{served.studio}/runs/{fixture['publication_run']}")
+        request = page.locator(f"#request-{fixture['publication_request']}")
+        expect(request.locator("form")).not_to_have_count(0)
+        flip_data_byte(Raw(path), f"request/{fixture['publication_request']}", REQUEST_TAMPER_SEQ)
+        expect(request.locator(".badge").first).to_have_text("corrupt", timeout=15_000)
+        expect(request.locator("form")).to_have_count(0)
+    finally:
+        page.close()
+        served.stop()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -656,6 +656,7 @@ def run_page(ctx: Context, run_id: str) -> Obj:
         "actor_name": actors,
         "reason": state.reason, "seq": state.seq, "plan": plan, "tasks": tasks, "revisions": plan["revisions"],
         "journal": journal, "journal_valid": valid, "requests": requests,
+        "live": requests_digest((r["request_id"], r["status"]) for r in requests),
         "checks": [c for c in checks if c["latest"]], "earlier_checks": [c for c in checks if not c["latest"]],
         "failed_checks": [c for c in checks if c["latest"] and not c.get("passed")],
         "providers": sorted(ctx.services.providers),
@@ -672,7 +673,15 @@ def run_head(ctx: Context, run_id: str) -> Obj:
     """What the live updates compare: the run's journal head and status."""
     runs_api.authorize(ctx, run_id, "viewer")
     state = run_async(ctx.services.runs.state(run_id))
-    return {"seq": state.seq, "status": state.status}
+    requests = run_async(ctx.services.runs.execution_requests(run_id))
+    return {"seq": state.seq, "status": state.status,
+            "live": requests_digest((view.request_id, view.status) for view in requests)}
+
+
+def requests_digest(statuses: Iterable[tuple[str, str]]) -> str:
+    """The run page's requests as its live updates compare them: each request's id and status. A request whose
+    stream was changed becomes ``corrupt`` without the run's journal moving: the open page reloads then."""
+    return ",".join(f"{request_id}:{status}" for request_id, status in sorted(statuses))
 
 
 __all__ = ["Actors", "ListFilter", "allows", "effect_lanes", "list_label", "new_hex_id", "run_head", "run_page", "run_rows", "settled",

@@ -82,7 +82,8 @@
     fetch(url, { credentials: "same-origin", cache: "no-store" })
       .then(function (response) { return response.ok ? response.json() : null; })
       .then(function (head) {
-        if (head && (String(head.seq) !== main.dataset.seq || head.status !== main.dataset.status)) { soon(); }
+        if (head && (String(head.seq) !== main.dataset.seq || head.status !== main.dataset.status
+                     || (head.live !== undefined && String(head.live) !== (main.dataset.live || "")))) { soon(); }
         window.setTimeout(function () { poll(url, every); }, every);
       })
       .catch(function () { window.setTimeout(function () { poll(url, every); }, every * 3); });
