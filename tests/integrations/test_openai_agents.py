@@ -521,3 +521,42 @@ def test_the_example_kills_its_agent_and_the_rerun_sends_one_invoice(tmp_path: P
         "invoices.log has 1 line(s)",
     ]
     assert len((tmp_path / "invoices.log").read_text().splitlines()) == 1
+
+
+def test_a_model_call_an_operator_settled_without_its_response_is_asked_again(tmp_path: Path,
+                                                                             openai_server: FakeOpenAI) -> None:
+    """A model call cut off with no attempts left is ``unknown``; an operator resolves it ``occurred``. There is
+    no response to rebuild, so the rerun asks the model again (a new step) instead of failing on a missing
+    record."""
+    from tests.providers.fake_servers import Slow
+
+    url = _url(tmp_path)
+    openai_server.script(Slow(30, DONE), DONE)
+    found: list[str] = []
+
+    def durable() -> DurableRunner:
+        return DurableRunner(url, tools={"append_line": ToolPolicy("unsafe")}, max_attempts=1)
+
+    async def cut_off() -> None:
+        task = asyncio.create_task(durable().run(writer(openai_server.url, tmp_path), INPUT, started=found.append))
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if openai_server.requests:
+                break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cut_off())
+    [thread_id] = found
+    with pytest.raises(StepOutcomeUnknown) as unknown:
+        durable().run_sync(writer(openai_server.url, tmp_path), INPUT, thread_id=thread_id)
+    store = open_store(url)
+    try:
+        ThreadLog.load(store, thread_id).resolve(unknown.value.details["effect_id"], "occurred", actor="ops",
+                                                 note="the provider's log shows it answered")
+    finally:
+        store.close()
+    result = durable().run_sync(writer(openai_server.url, tmp_path), INPUT, thread_id=thread_id)
+    assert result.final_output == "wrote it" and len(openai_server.requests) == 2
+    assert _steps(_log(url, thread_id)) == ["model#1", "model#1.2"]

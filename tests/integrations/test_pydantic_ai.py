@@ -47,7 +47,7 @@ from jixu.ledger import open_store
 from jixu.threads.log import ThreadLog
 from tests.helpers import ROOT, python_env
 from tests.integrations.pydantic_ai_child import PROMPT, durable_orders
-from tests.providers.fake_servers import Call, Completion, Failure, FakeOpenAI
+from tests.providers.fake_servers import Call, Completion, Failure, FakeOpenAI, Slow
 from tests.threads.steps_child import lines
 
 CHILD_TIMEOUT = 60.0
@@ -254,20 +254,77 @@ def test_a_response_survives_its_record_exactly() -> None:
     assert load_response(payload) == response
 
 
-def test_a_finished_run_is_not_run_again_and_a_run_recorded_failed_lets_the_next_one_start(
+def test_a_provider_error_leaves_the_run_unfinished_and_its_rerun_asks_again_without_redoing_a_step(
         tmp_path: Path, server: FakeOpenAI) -> None:
-    server.script(Failure(400, {"error": {"message": "bad request", "type": "invalid_request_error"}}), DONE, DONE)
-    with JixuAgent(Agent(_openai(server), name="chat"), tmp_path / "jixu.db") as durable:
+    """The provider answers 503 to the request after an unsafe charge ran. The caller gets pydantic-ai's own
+    error, and the run stays unfinished: running it again returns the charge from its record and asks the
+    model again (under a new step), once. Before, the request was retried three times at once and then left
+    for an operator for good; a run ended failed instead would start afresh and charge a second time."""
+    from openai import AsyncOpenAI
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    unavailable = Failure(503, {"error": {"message": "The server is overloaded", "type": "server_error"}})
+    server.script(CHARGE, unavailable, DONE, DONE)
+    client = AsyncOpenAI(base_url=server.url, api_key="sk-test", max_retries=0)
+    agent = Agent(OpenAIChatModel("gpt-4o-mini", provider=OpenAIProvider(openai_client=client)), name="orders")
+    charged: list[int] = []
+
+    @agent.tool_plain
+    @effect(semantics="unsafe")
+    def charge(order: int) -> str:
+        charged.append(order)
+        return f"charged {order}"
+
+    async def scenario() -> Any:
+        # One event loop for all three runs: the OpenAI client keeps its connections on it.
+        async with JixuAgent(agent, tmp_path / "jixu.db") as durable:
+            thread_id = await durable.new_thread()
+            with pytest.raises(ModelHTTPError) as raised:
+                await durable.run("Charge order 7.", thread_id=thread_id)
+            assert raised.value.status_code == 503 and len(server.requests) == 2, "asked once, not three times"
+            assert (await durable.run("Charge order 7.", thread_id=thread_id)).output == "Order 7 is charged."
+            assert charged == [7], "the charge came from its record"
+            assert len(server.requests) == 3, "the failed request was asked once more, the answered one not"
+            assert (await durable.run("Hello?", thread_id=thread_id)).output == "Order 7 is charged."  # next run
+            return (await durable.harness.open_thread(thread_id, resume=False)).state()
+
+    state = asyncio.run(scenario())
+    assert [t["status"] for t in state.turns] == ["completed", "completed"]
+    requests = [d for d in state.effects.values() if d.name == MODEL_STEP]
+    assert [d.reason for d in requests] == ["succeeded", "failed", "succeeded", "succeeded"]
+
+
+def test_a_request_an_operator_settled_without_its_response_is_asked_again(tmp_path: Path,
+                                                                         server: FakeOpenAI) -> None:
+    """A request cut off with no attempts left is ``unknown``; an operator resolves it ``occurred`` (one of the
+    answers offered). There is no response to replay, so the rerun asks again: it used to fail with a
+    ``TypeError`` and end the run failed for good."""
+    server.script(Slow(30, DONE), DONE)
+    with JixuAgent(Agent(_openai(server), name="chat"), tmp_path / "jixu.db", max_attempts=1) as durable:
         thread_id = durable.new_thread_sync()
-        with pytest.raises(ModelHTTPError) as raised:
+
+        async def cut_off() -> None:
+            task = asyncio.create_task(durable.run("Hello?", thread_id=thread_id))
+            for _ in range(500):
+                await asyncio.sleep(0.01)
+                if server.requests:
+                    break
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(cut_off())
+        with pytest.raises(StepOutcomeUnknown) as unknown:
             durable.run_sync("Hello?", thread_id=thread_id)
-        assert raised.value.status_code == 400
+        effect_id = unknown.value.details["effect_id"]
+        log, store = _events(f"sqlite:///{tmp_path / 'jixu.db'}", thread_id)
+        try:
+            log.resolve(effect_id, "occurred", actor="ops", note="the provider's log shows it answered")
+        finally:
+            store.close()
         assert durable.run_sync("Hello?", thread_id=thread_id).output == "Order 7 is charged."
-        assert durable.run_sync("Hello?", thread_id=thread_id).output == "Order 7 is charged."
-        state = asyncio.run(durable.harness.open_thread(thread_id, resume=False)).state()
-    assert [t["status"] for t in state.turns] == ["failed", "completed", "completed"]
-    assert state.turns[0]["error"]["type"] == type(raised.value).__name__  # a ModelHTTPError (its 4xx category)
-    assert len(server.requests) == 3, "each run asked the model once; the failed request was not asked again"
+    assert len(server.requests) == 2
 
 
 async def _parked(url: str, thread_id: str, task: asyncio.Task[Any]) -> str:

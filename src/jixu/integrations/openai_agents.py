@@ -344,6 +344,10 @@ class _DurableModel(Model):
                 if raised:  # the SDK sees the model's own error, as without jixu
                     raise raised[0] from raised[0].__cause__
                 continue  # a call that failed in an earlier process: ask the model again
+            if not isinstance(recorded, dict):
+                # Settled by an operator (``occurred``) without the response: there is nothing to replay.
+                steps.model_generation[number] = generation + 1
+                continue
             steps.model_calls = number
             # The SDK gets the response rebuilt from its record, now as on every rerun: both see the same.
             return load_model_response(recorded)

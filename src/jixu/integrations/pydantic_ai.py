@@ -192,22 +192,30 @@ def request_args(model: Model, messages: Sequence[ModelMessage]) -> JSONObject:
             "digest": content_hash({"messages": _without_volatile(dumped)})}
 
 
-def _determinate(error: Exception) -> ToolError | None:
-    """A model error that asking again would meet again (a 4xx other than timeout, conflict and rate limit) as a
-    determinate failure; anything else stays in doubt, and the retry-safe request is retried."""
-    if isinstance(error, ModelHTTPError) and 400 <= error.status_code < 500 \
-            and error.status_code not in (408, 409, 429):
-        return ToolError(str(error)[:2000], code="model_http_error",
-                         data={"status_code": error.status_code, "model_name": error.model_name})
-    return None
+def _model_failure(error: Exception) -> ToolError:
+    """A model request that raised, as the determinate failure of its step: no answer to replay and nothing
+    happened outside, so the run's next execution asks again (a new step generation) instead of leaving a
+    transient provider error (a 503, a rate limit) to an operator."""
+    data: JSONObject = {"exception": type(error).__name__}
+    if isinstance(error, ModelHTTPError):
+        data.update(status_code=error.status_code, model_name=error.model_name)
+    return ToolError(f"{type(error).__name__}: {error}"[:2000], code="model_error", data=data)
 
 
 class JixuModel(WrapperModel):
-    """A model whose every request is a durable jixu step of ``run`` (its record returned on a rerun)."""
+    """A model whose every request is a durable jixu step of ``run`` (its record returned on a rerun).
+
+    Requests are numbered by the answers the run got: the ``n``-th request is step ``model_request#n``. One that
+    failed (the provider's error, recorded) or whose outcome an operator settled without its response is asked
+    again on the run's next execution under ``model_request#n.2``, ``.3``, … (as ``DurableRunner`` does)."""
 
     def __init__(self, wrapped: Model, run: DurableRun) -> None:
         super().__init__(wrapped)
         self._run = run
+        self._answered = 0
+        self._generation: dict[int, int] = {}
+        self.model_error: Exception | None = None
+        """The provider's error this run's last request raised (recorded as that request's failure)."""
 
     async def _step(self, messages: list[ModelMessage],
                     ask: Callable[[], Any]) -> ModelResponse:
@@ -218,20 +226,30 @@ class JixuModel(WrapperModel):
                 response = await ask()
             except Exception as error:
                 raised.append(error)
-                failure = _determinate(error)
-                if failure is not None:
-                    raise failure from error
-                raise
+                raise _model_failure(error) from error
             return {"response": dump_response(response)}
 
-        try:
-            recorded = await self._run.effect(MODEL_STEP, request_args(self.wrapped, messages), call=call,
-                                              semantics="idempotent")
-        except StepFailed:
-            if raised:  # this process asked: the caller gets pydantic-ai's own error (the record keeps it too)
-                raise raised[-1] from None
-            raise
-        return load_response(recorded["response"])
+        number = self._answered + 1
+        while True:
+            generation = self._generation.get(number, 1)
+            key = f"{MODEL_STEP}#{number}" + (f".{generation}" if generation > 1 else "")
+            try:
+                recorded = await self._run.effect(MODEL_STEP, request_args(self.wrapped, messages), call=call,
+                                                  semantics="idempotent", key=key)
+            except StepFailed as failed:
+                if failed.details.get("reason") != "failed":
+                    raise
+                self._generation[number] = generation + 1
+                if raised:  # this process asked: the caller gets pydantic-ai's own error (the record keeps it too)
+                    self.model_error = raised[-1]
+                    raise raised[-1] from None
+                continue  # it failed in an earlier execution: ask again
+            if not isinstance(recorded, dict) or not isinstance(recorded.get("response"), dict):
+                # Settled by an operator (``occurred``) without the response: there is nothing to replay.
+                self._generation[number] = generation + 1
+                continue
+            self._answered = number
+            return load_response(recorded["response"])
 
     async def request(self, messages: list[ModelMessage], model_settings: ModelSettings | None,
                       model_request_parameters: ModelRequestParameters) -> ModelResponse:
@@ -471,9 +489,11 @@ class JixuAgent:
                 with self.agent.override(model=durable_model, toolsets=wrapped, tools=[]):
                     result = await self.agent.run(user_prompt, **options)
             except BaseException as error:
-                failure = _failure(error)
+                failure = None if error is durable_model.model_error else _failure(error)
                 if failure is None:
-                    raise  # unfinished: running again with the thread id continues it
+                    # Unfinished: running again with the thread id continues it (a provider's error: the request
+                    # is asked again then; the steps before it return their records, nothing is done twice).
+                    raise
                 run.error = failure  # the block ends normally: the run is recorded failed
                 final: BaseException | None = error
             else:
