@@ -489,3 +489,72 @@ def test_every_receipt_is_recorded_while_other_processes_append_in_tight_loops(s
         assert_lifecycle_order(events)
 
     run(scenario())
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["stored", "not-stored"])
+def test_a_receipt_whose_commit_outcome_was_unknown_is_committed_again_once_the_store_answers(
+        tmp_path: Any, committed: bool) -> None:
+    """The database restarts under a receipt's commit: the connection breaks before the answer
+    (``OutcomeUnknown``: stored or not, nobody knows) and the next try finds it unreachable. The kernel commits
+    the same batch again once the store answers: one that was stored is answered as stored (same ids), one
+    that was not is stored now. The call ran once and is ``completed``; before, the receipt was given up and
+    the call left ``unknown`` for an operator."""
+    from jixu.errors import OutcomeUnknown, StoreError
+    from jixu.ledger import SQLiteStore
+    from jixu.threads import Harness
+
+    outages = [0]
+
+    class Restarting(SQLiteStore):
+        def _outage(self, carries: bool, commit: Any) -> Any:
+            if carries and outages[0] < 6:  # the receipts' commits: in doubt, then unreachable, then fine
+                outages[0] += 1
+                if outages[0] % 2 == 1:
+                    if committed:
+                        commit()
+                    raise OutcomeUnknown("the connection broke before this write was answered")
+                raise StoreError("cannot connect: the server is restarting")
+            return commit()
+
+        def append(self, stream: str, events: Any, expected_seq: int, fence: Any = None, **kw: Any) -> Any:
+            return self._outage(_carries(events),
+                                lambda: super(Restarting, self).append(stream, events, expected_seq, fence, **kw))
+
+        def append_many(self, requests: Any) -> Any:
+            return self._outage(any(_carries(r.events) for r in requests),
+                                lambda: super(Restarting, self).append_many(requests))
+
+    ran: Counter[str] = Counter()
+
+    @tool(semantics="unsafe")
+    async def pay(n: int, ctx: ToolContext) -> str:
+        """Pay (unsafe)."""
+        ran[ctx.effect_id] += 1
+        return f"paid {n}"
+
+    def script(messages: list[dict[str, Any]]) -> Any:
+        answered = sum(1 for m in messages if m["role"] == "tool")
+        if answered == 0:
+            return ToolCall("pay", {"n": 0})
+        if answered == 1:
+            return [ToolCall("pay", {"n": 1}), ToolCall("pay", {"n": 2})]
+        return "done"
+
+    async def scenario() -> None:
+        store = Restarting(tmp_path / "t.db")
+        harness = Harness(Agent("restart", ScriptedModel(script), tools=[pay], max_steps=6), store)
+        thread = await harness.create_thread()
+        await thread.send("pay")
+        state = await asyncio.wait_for(thread.wait(), 60)
+        assert state.status == "idle" and state.last_reply == "done", state.reason
+        assert outages[0] == 6 and sorted(ran.values()) == [1, 1, 1]
+        assert {state.effects[effect_id].state for effect_id in ran} == {"completed"}
+        assert_lifecycle_order(await thread.events())
+        assert store.verify(f"thread/{thread.thread_id}").valid
+        store.close()
+
+    run(scenario())
+
+
+def _carries(events: Any) -> bool:
+    return any(str(getattr(e, "type", "")).endswith((".completed", ".failed")) for e in events)

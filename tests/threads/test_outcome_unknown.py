@@ -1,10 +1,10 @@
-"""After an append whose outcome is unknown (a failed COMMIT or fsync: OutcomeUnknown), threads and runs read
-the store again instead of assuming either way.
+"""After an append whose outcome is unknown (a failed COMMIT or fsync, a connection broken before the answer:
+OutcomeUnknown), nothing assumes either way.
 
 A real SQLite store reports one append's outcome as unknown: after committing it (it is stored) or without
-committing it (it is not). The thread (or run) stops with OutcomeUnknown; the next wait (or execution)
-re-reads the store and goes on from what is stored: an unsafe call whose receipt was stored is never called
-again, and one whose receipt was lost is never repeated either (it waits for an operator).
+committing it (it is not). A thread's kernel commits the same events again (the same ids: a stored batch is
+answered as stored) and goes on; a run stops with OutcomeUnknown and its next execution re-reads its journal.
+Either way an unsafe call is never called twice.
 """
 
 from __future__ import annotations
@@ -63,26 +63,22 @@ class UnknownCommit(SQLiteStore):
 
 
 @pytest.mark.parametrize("stored", [True, False], ids=["commit_was_durable", "commit_was_lost"])
-def test_a_thread_rereads_the_store_after_an_unknown_receipt_append(tmp_path: Path, stored: bool) -> None:
+def test_a_thread_commits_a_receipt_in_doubt_again_and_goes_on(tmp_path: Path, stored: bool) -> None:
+    """The receipt's commit had an unknown outcome: the kernel commits the same events again (the same ids: one
+    that was stored is answered as stored, one that was not is stored now) and the turn goes on. The unsafe call
+    ran once and is ``completed`` either way; a reopening reads the same."""
     CALLS.clear()
     with UnknownCommit(tmp_path / "t.db", when="tool.completed", stored=stored) as store:
         async def scenario() -> None:
             harness = Harness(_agent(), store, owner="worker")
             thread = await harness.create_thread()
             await thread.send("pay order 42")
-            with pytest.raises(OutcomeUnknown):
-                await thread.wait()
-            assert CALLS == ["42"]
-            state = await thread.wait()  # the same thread object: it reads the store before deciding
+            state = await thread.wait()
             assert CALLS == ["42"], "an unsafe call is never repeated after an unknown outcome"
             receipts = [e for e in store.read(f"thread/{thread.thread_id}") if e.type == "tool.completed"]
             [decision] = [d for d in state.effects.values() if d.kind == "tool"]
-            if stored:
-                assert len(receipts) == 1 and decision.state == "completed"
-                assert state.status == "idle" and state.last_reply == "Paid."
-            else:
-                assert receipts == [] and decision.state == "unknown"
-                assert state.status == "waiting" and state.waiting_on[0]["effect_id"] == decision.effect_id
+            assert len(receipts) == 1 and decision.state == "completed"
+            assert state.status == "idle" and state.last_reply == "Paid."
             reopened = await Harness(_agent(), store, owner="other").open_thread(thread.thread_id, resume=False)
             assert reopened.state().status == state.status and reopened.state().seq == state.seq
 
@@ -90,23 +86,18 @@ def test_a_thread_rereads_the_store_after_an_unknown_receipt_append(tmp_path: Pa
 
 
 @pytest.mark.parametrize("stored", [True, False], ids=["commit_was_durable", "commit_was_lost"])
-def test_a_thread_rereads_the_store_after_an_unknown_dispatch_marker(tmp_path: Path, stored: bool) -> None:
-    """The marker's outcome is unknown: the call did not leave the process; afterwards it runs once, or (its
-    marker stored) is in doubt and waits: it is never called on the assumption that the marker was lost."""
+def test_a_thread_commits_a_dispatch_marker_in_doubt_again_before_the_call_leaves(tmp_path: Path,
+                                                                                   stored: bool) -> None:
+    """The marker's outcome is unknown, and the call has not left the process: the marker is committed again
+    (stored once either way) and only then is the call made, once."""
     CALLS.clear()
     with UnknownCommit(tmp_path / "t.db", when="tool.dispatched", stored=stored) as store:
         async def scenario() -> None:
             thread = await Harness(_agent(), store, owner="worker").create_thread()
             await thread.send("pay order 42")
-            with pytest.raises(OutcomeUnknown):
-                await thread.wait()
-            assert CALLS == []
             state = await thread.wait()
             markers = [e for e in store.read(f"thread/{thread.thread_id}") if e.type == "tool.dispatched"]
-            if stored:
-                assert len(markers) == 1 and CALLS == [] and state.status == "waiting"
-            else:
-                assert len(markers) == 1 and CALLS == ["42"] and state.status == "idle"
+            assert len(markers) == 1 and CALLS == ["42"] and state.status == "idle"
 
         asyncio.run(scenario())
 

@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TypeAlias, TypeVar
 
-from jixu.errors import JixuError, StoreError
+from jixu.errors import JixuError, OutcomeUnknown, StoreError
 from jixu.kernel.shutdown import ServingTask
 from jixu.ledger.event import Event, NewEvent, PreparedEvent
 from jixu.ledger.store import AppendRequest, Fence, Store
@@ -59,9 +59,24 @@ class Commitment(asyncio.Future[list[Event]]):
         """Refuse: the append may already be durable (returns False, changes nothing)."""
         return False
 
+    in_doubt_since: float | None = None
+    """Loop time of the first commit of this append whose outcome was unknown (see :data:`IN_DOUBT_SECONDS`)."""
+    in_doubt_tries = 0
+    """Commits of this append made again since."""
+
     def abandon(self) -> None:
         """Cancel it for real: only for an append that was never started (nothing of it was written)."""
         super().cancel()
+
+
+IN_DOUBT_SECONDS = 30.0
+"""How long an append whose commit had an unknown outcome (:class:`~jixu.errors.OutcomeUnknown`: the connection
+broke before the answer, the commit failed) is committed again: the same ids, so one that was stored is
+answered as it was stored, one that was not is stored now. A receipt then survives a database that restarts
+under it; only when the store stays unreachable longer does its error (the receipts kept in it) reach the
+caller."""
+IN_DOUBT_BACKOFF = (0.05, 1.0)
+"""First and longest wait between those commits (doubling)."""
 
 
 _T = TypeVar("_T")
@@ -148,14 +163,22 @@ class Commits:
                      fence: Fence | None = None, *, user: bool = False) -> list[Event]:
         """:meth:`Store.append` on the shared path; ``user``: the caller is a running user waiting for it."""
         if user and self.alone():
-            return self.append_now(stream, events, expected_seq, fence)
+            try:
+                return self.append_now(stream, events, expected_seq, fence)
+            except OutcomeUnknown:  # committed again on the shared path, which waits without holding the loop
+                return await self.submit(stream, events, expected_seq, fence, user=user, in_doubt=True)
         return await self.submit(stream, events, expected_seq, fence, user=user)
 
     def submit(self, stream: str, events: Sequence[NewEvent | PreparedEvent], expected_seq: int,
-               fence: Fence | None = None, *, user: bool = False) -> Commitment:
-        """Queue an append for the next shared commit; the future gets what :meth:`Store.append` would give."""
+               fence: Fence | None = None, *, user: bool = False, in_doubt: bool = False) -> Commitment:
+        """Queue an append for the next shared commit; the future gets what :meth:`Store.append` would give.
+
+        ``in_doubt``: an earlier commit of these events had an unknown outcome (committed again while the store
+        does not answer, as one that met it here)."""
         loop = asyncio.get_running_loop()
         future = Commitment(loop=loop)
+        if in_doubt:
+            future.in_doubt_since = loop.time()
         self._waiting.append((AppendRequest(stream, events, expected_seq, fence), future, user))
         if not self._committing:
             self._committing = True
@@ -204,8 +227,17 @@ class Commits:
                 self.commits += 1
                 self.commits_in_loop += in_loop
                 self.appends += len(batch)
-                for (_request, future, _user), result in zip(batch, results, strict=True):
-                    settle(future, result)
+                again = []
+                for (request, future, user), result in zip(batch, results, strict=True):
+                    if self._in_doubt(future, result) and not cancelled and self._again(future):
+                        again.append((request, future, user))
+                    else:
+                        settle(future, result)
+                if again:
+                    # In doubt: committed again (before what queued meanwhile, in order) once the store may be back.
+                    tries = max(future.in_doubt_tries for _request, future, _user in again)
+                    await asyncio.sleep(min(IN_DOUBT_BACKOFF[0] * 2 ** tries, IN_DOUBT_BACKOFF[1]))
+                    self._waiting[:0] = again
                 if cancelled:
                     # The loop is shutting down (its tasks are cancelled): appends still queued were never
                     # started, so nothing of them was written; their waiters are told so by cancellation.
@@ -215,6 +247,26 @@ class Commits:
                     raise asyncio.CancelledError
         finally:
             self._committing = False
+
+    def _in_doubt(self, future: Commitment, result: object) -> bool:
+        """Whether ``result`` leaves the append's outcome unknown: :class:`~jixu.errors.OutcomeUnknown`, or,
+        once it was, any store error but a closed store's (the store unreachable while it restarts)."""
+        if isinstance(result, OutcomeUnknown):
+            return True
+        return (future.in_doubt_since is not None and isinstance(result, StoreError) and type(result) is StoreError
+                and not self.store.closed)
+
+    @staticmethod
+    def _again(future: Commitment) -> bool:
+        """Whether an append whose commit had an unknown outcome is committed again (within
+        :data:`IN_DOUBT_SECONDS` of the first such commit); counts the try."""
+        now = asyncio.get_running_loop().time()
+        if future.in_doubt_since is None:
+            future.in_doubt_since = now
+        elif now - future.in_doubt_since > IN_DOUBT_SECONDS:
+            return False
+        future.in_doubt_tries += 1
+        return True
 
     async def _commit(self, requests: list[AppendRequest], in_loop: bool,
                       ) -> tuple[list[list[Event] | JixuError] | Exception, bool]:

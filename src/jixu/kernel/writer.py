@@ -41,6 +41,7 @@ from jixu.errors import (
     ConcurrencyError,
     InvalidInput,
     JixuError,
+    OutcomeUnknown,
     ReceiptConflict,
     StoreError,
     StreamBusy,
@@ -126,6 +127,8 @@ class _Queued:
     fence: Fence | None
     user: bool
     future: Commitment = field(repr=False)
+    in_doubt: bool = False
+    """Committed before with an unknown outcome (see :data:`~jixu.kernel.commits.IN_DOUBT_SECONDS`)."""
 
 
 class StreamWriter(Generic[F]):
@@ -279,12 +282,29 @@ class StreamWriter(Generic[F]):
         commits = self._commits_here()
         if self._staged:
             # Staged events may not be seen across a yield: commit at once (can_stage made sure it would be).
-            return self._commit_now(events, self._fence_for(fence), commits.append_now)
+            held = self._fence_for(fence)
+            staged = list(self._staged)
+            try:
+                return self._commit_now(events, held, commits.append_now)
+            except OutcomeUnknown:
+                # Unstaged (the record is what the store holds): the same events again, on the shared path, which
+                # commits an append in doubt again without holding the loop (see Commits).
+                return (await self._queued([*staged, *self._prepared(events)], held, user, commits,
+                                           in_doubt=True))[len(staged):]
         if not self._busy and user and commits.alone():
-            return self._commit_now(events, fence, commits.append_now)  # the store checks them, as alone
+            try:
+                return self._commit_now(events, fence, commits.append_now)  # the store checks them, as alone
+            except OutcomeUnknown:
+                # In doubt (nothing was applied): the same events again, on the shared path.
+                return await self._queued(self._prepared(events), fence, user, commits, in_doubt=True)
         prepared = [prepare(e, self.store.max_payload_bytes) for e in events]  # a bad event joins nothing shared
+        return await self._queued(prepared, fence, user, commits)
+
+    async def _queued(self, prepared: list[PreparedEvent], fence: Fence | None, user: bool, commits: Commits, *,
+                      in_doubt: bool = False) -> list[Event]:
+        """Queue ``prepared`` behind this writer's appends in flight; its stored events once durable."""
         future = Commitment(loop=asyncio.get_running_loop())
-        self._queue.append(_Queued(prepared, fence, user, future))
+        self._queue.append(_Queued(prepared, fence, user, future, in_doubt))
         if not self._busy:
             self._busy = True
             # A ServingTask: a loop's shutdown leaves it committing while a call is in flight (decision 0036).
@@ -368,7 +388,8 @@ class StreamWriter(Generic[F]):
         """
         batch = [event for item in items for event in item.events]
         expected = self.state.seq
-        pending = commits.submit(self.stream, batch, expected, fence, user=all(item.user for item in items))
+        pending = commits.submit(self.stream, batch, expected, fence, user=all(item.user for item in items),
+                                 in_doubt=any(item.in_doubt for item in items))
         try:
             stored = await pending
         except asyncio.CancelledError:
@@ -412,7 +433,9 @@ class StreamWriter(Generic[F]):
         self._fail(items, failure)
 
     def _deliver(self, items: list[_Queued], stored: list[Event]) -> None:
-        self._apply(stored)
+        # Only what the state does not hold yet: an append in doubt committed again finds its events stored, and a
+        # record reloaded meanwhile (an unstaging) holds them already.
+        self._apply([event for event in stored if event.seq > self.state.seq])
         start = 0
         for item in items:
             item.future.set_result(stored[start:start + len(item.events)])

@@ -1168,6 +1168,11 @@ class Store(abc.ABC):
     def schema_version(self) -> int:
         """The schema version this store's database is at."""
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (a closed store answers nothing more)."""
+        return bool(getattr(self, "_closed", False))
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release connections; the store cannot be used afterwards."""
