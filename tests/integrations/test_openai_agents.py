@@ -560,3 +560,34 @@ def test_a_model_call_an_operator_settled_without_its_response_is_asked_again(tm
     result = durable().run_sync(writer(openai_server.url, tmp_path), INPUT, thread_id=thread_id)
     assert result.final_output == "wrote it" and len(openai_server.requests) == 2
     assert _steps(_log(url, thread_id)) == ["model#1", "model#1.2"]
+
+
+def test_an_unsafe_tool_that_raises_after_its_side_effect_is_unknown_not_a_success_the_model_retries(
+        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    """The tool wrote its line, then raised (a timeout reading the reply). The SDK turns a tool's exception into
+    text for the model, and the model asks for the same call again: recorded as that text, the call looked
+    succeeded and the retry wrote the line twice. The call's outcome is unknown instead: the run stops for its
+    probe or an operator, and nothing is written twice."""
+    from agents import function_tool
+
+    from jixu.integrations.openai_agents import durable_tool
+    from tests.integrations.openai_agents_child import write_line
+
+    retry = Completion(calls=[Call("call_again", "flaky_append", '{"text": "hello"}')])
+    openai_server.script(Completion(calls=[Call("call_hello", "flaky_append", '{"text": "hello"}')]), retry, DONE)
+
+    @durable_tool(semantics="unsafe")
+    @function_tool
+    async def flaky_append(text: str) -> str:
+        """Append one line, then fail to read the reply."""
+        write_line(tmp_path / "lines.log", text)
+        raise TimeoutError("no answer from the remote side")
+
+    client = AsyncOpenAI(base_url=openai_server.url, api_key="sk-test", max_retries=0)
+    agent = Agent(name="flaky", tools=[flaky_append],
+                  model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client))
+    with pytest.raises(StepOutcomeUnknown) as unknown:
+        DurableRunner(_url(tmp_path)).run_sync(agent, INPUT)
+    assert len(lines(tmp_path / "lines.log")) == 1, "the side effect happened once"
+    assert unknown.value.details["step"].startswith("flaky_append")
+    assert len(openai_server.requests) == 1, "the model was not told to try again"

@@ -421,6 +421,12 @@ class _RunSteps:
     def _tool(self, tool: FunctionTool) -> FunctionTool:
         policy = self.policy(tool)
         original = tool.on_invoke_tool
+        if policy.semantics == "unsafe":
+            # The SDK's invoker turns an exception into text for the model ("An error occurred ..."): recorded so,
+            # an unsafe call that raised after its side effect would look succeeded, and the model's retry would
+            # repeat it. Inside the step the tool runs without that handling, so its exception leaves the call's
+            # outcome unknown (its probe, or an operator, settles it), as for every jixu tool.
+            original = getattr(original, "_invoke_tool_impl", original)
         needs_approval = tool.needs_approval
         name = tool.name
 
