@@ -377,22 +377,14 @@ def test_no_receipt_is_dropped_however_often_another_writer_wins_the_race(ledger
         ran[ctx.effect_id] += 1
         return f"reserved {n}"
 
-    def script(messages: list[dict[str, Any]]) -> Any:
-        answered = sum(1 for m in messages if m["role"] == "tool")
-        if answered == 0:
-            return ToolCall("pay", {"n": 0})
-        if answered == 1:
-            return [ToolCall("pay", {"n": 1}), ToolCall("reserve", {"n": 2}), ToolCall("pay", {"n": 3})]
-        return "done"
+    script = _one_then_together(ToolCall("pay", {"n": 0}),
+                                [ToolCall("pay", {"n": 1}), ToolCall("reserve", {"n": 2}), ToolCall("pay", {"n": 3})])
 
     async def scenario() -> None:
         harness = ledger.harness(Agent("busy", ScriptedModel(script), tools=[pay, reserve], max_steps=6))
         thread = await harness.create_thread()
         other = ledger.store()
         store = harness.store
-
-        def carries_receipt(events: Any) -> bool:
-            return any(str(getattr(e, "type", "")).endswith((".completed", ".failed")) for e in events)
 
         def first_another_writer(method: Any, events_of: Any) -> Any:
             def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -402,9 +394,9 @@ def test_no_receipt_is_dropped_however_often_another_writer_wins_the_race(ledger
                 return method(*args, **kwargs)
             return wrapped
 
-        store.append = first_another_writer(store.append, lambda stream, events, *rest: carries_receipt(events))
+        store.append = first_another_writer(store.append, lambda stream, events, *rest: _carries(events))
         store.append_many = first_another_writer(
-            store.append_many, lambda requests: any(carries_receipt(r.events) for r in requests))
+            store.append_many, lambda requests: any(_carries(r.events) for r in requests))
         if hasattr(store, "append_after"):  # the kernel's re-append: interfered with just the same
             store.append_after = first_another_writer(store.append_after, lambda *args: True)
         await thread.send("pay")
@@ -532,13 +524,7 @@ def test_a_receipt_whose_commit_outcome_was_unknown_is_committed_again_once_the_
         ran[ctx.effect_id] += 1
         return f"paid {n}"
 
-    def script(messages: list[dict[str, Any]]) -> Any:
-        answered = sum(1 for m in messages if m["role"] == "tool")
-        if answered == 0:
-            return ToolCall("pay", {"n": 0})
-        if answered == 1:
-            return [ToolCall("pay", {"n": 1}), ToolCall("pay", {"n": 2})]
-        return "done"
+    script = _one_then_together(ToolCall("pay", {"n": 0}), [ToolCall("pay", {"n": 1}), ToolCall("pay", {"n": 2})])
 
     async def scenario() -> None:
         store = Restarting(tmp_path / "t.db")
@@ -557,4 +543,17 @@ def test_a_receipt_whose_commit_outcome_was_unknown_is_committed_again_once_the_
 
 
 def _carries(events: Any) -> bool:
+    """Whether an append carries a receipt."""
     return any(str(getattr(e, "type", "")).endswith((".completed", ".failed")) for e in events)
+
+
+def _one_then_together(first: ToolCall, together: list[ToolCall]) -> Any:
+    """A model's script: ``first`` alone, then ``together`` in one response, then ``done``."""
+
+    def script(messages: list[dict[str, Any]]) -> Any:
+        answered = sum(1 for m in messages if m["role"] == "tool")
+        if answered == 0:
+            return first
+        return list(together) if answered == 1 else "done"
+
+    return script
