@@ -253,8 +253,7 @@ class Commits:
         once it was, any store error but a closed store's (the store unreachable while it restarts)."""
         if isinstance(result, OutcomeUnknown):
             return True
-        return (future.in_doubt_since is not None and isinstance(result, StoreError) and type(result) is StoreError
-                and not self.store.closed)
+        return future.in_doubt_since is not None and type(result) is StoreError and not self.store.closed
 
     @staticmethod
     def _again(future: Commitment) -> bool:

@@ -92,6 +92,12 @@ def _effect_and_attempt(event: PreparedEvent | Event) -> tuple[str | None, objec
     return (effect_id if isinstance(effect_id, str) else None), data.get("attempt")
 
 
+def _links(row: StoredRow, prev_hash: str) -> bool:
+    """Whether a stored row links to ``prev_hash`` and hashes to what it says (the hash column alone can be
+    edited): what every event read after the record must hold."""
+    return row.prev_hash == prev_hash and row_hash(row) == row.hash
+
+
 def _answered_by(event: PreparedEvent | Event) -> tuple[str | None, object]:
     """What a lifecycle event that is not a receipt stands for: ``(effect, "intent")`` for an intent,
     ``(effect, attempt)`` for a dispatch marker (other events: their effect and their type)."""
@@ -199,8 +205,7 @@ class StreamWriter(Generic[F]):
         state, chain_break = self.state, self.chain_break
         read: list[Event] = []
         for row in self.store.read_rows(self.stream, state.seq + 1, None):
-            # Each event must link to the record and hash to what it says (the hash column alone can be edited).
-            if row.prev_hash != state.head_hash or row_hash(row) != row.hash:
+            if not _links(row, state.head_hash):
                 chain_break = chain_break or row.seq
                 break
             event = row.to_event()
@@ -498,22 +503,23 @@ class StreamWriter(Generic[F]):
         start_seq, start_hash = self.state.seq, self.state.head_hash
         ids = {receipt.id for receipt in receipts}
         broken: list[int] = []
+        later: list[Event] = []
 
         def build(rows: list[StoredRow]) -> list[PreparedEvent]:
             # Under the store's lock: the new events must link to the record, as those sync() reads.
             prev = start_hash
             for row in rows:
-                if row.prev_hash != prev or row_hash(row) != row.hash:
+                if not _links(row, prev):
                     broken.append(row.seq)
                     return []
                 prev = row.hash
-            later = [row.to_event() for row in rows]
+            later[:] = [row.to_event() for row in rows]  # the last build's (a store may run its transaction again)
             touched = {_effect_of(event) for event in later} - {None}
             present = {event.id for event in later}
             return [r for r in receipts if r.id not in present and _effect_of(r) not in touched]
 
         try:
-            rows, appended = self.store.append_after(self.stream, start_seq, fence, build)
+            _rows, appended = self.store.append_after(self.stream, start_seq, fence, build)
         except BaseException as error:
             _keep_receipts(error, receipts)
             raise
@@ -521,7 +527,6 @@ class StreamWriter(Generic[F]):
             self.chain_break = self.chain_break or broken[0]
             self._follow()  # what links is applied, as sync() would
             self._refuse_if_broken(receipts)
-        later = [row.to_event() for row in rows]
         self._apply(later)
         self._apply(appended)
         stored = {event.id: event for event in later if event.id in ids}
