@@ -851,6 +851,12 @@ class Runs:
         """The run's execution requests, oldest first."""
         return self.requests.of_run(run_id)
 
+    async def state_and_requests(self, run_id: str) -> tuple[RunState, list[ExecutionRequestView]]:
+        """:meth:`state` and :meth:`execution_requests` from one loading of the journal (what a page shows
+        together, and what the Studio's live updates poll)."""
+        log = self._load(run_id)
+        return self._state(log), self.requests.of_log(log)
+
     async def execution_request(self, run_id: str, request_id: str) -> ExecutionRequestView:
         """One execution request of the run."""
         return self.requests.get(run_id, request_id)

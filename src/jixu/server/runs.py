@@ -187,8 +187,8 @@ def cancel_run(run_id: RunId, body: CancelRun, ctx: Annotated[Context, Depends(m
 def list_execution_requests(run_id: RunId, ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
     """The run's execution requests (publication, cancellation, remote tasks), oldest first, with their status."""
     authorize(ctx, run_id, "viewer")
-    views = run_async(ctx.services.runs.execution_requests(run_id))
-    corrupt = run_async(ctx.services.runs.state(run_id)).corruption
+    state, views = run_async(ctx.services.runs.state_and_requests(run_id))
+    corrupt = state.corruption
     return JSONResponse({"run_id": run_id, "requests": [view.to_dict() for view in views],
                          "corruption": corrupt.to_dict() if corrupt is not None else None})
 

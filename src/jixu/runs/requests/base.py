@@ -65,7 +65,10 @@ class RequestService:
 
     def of_run(self, run_id: str) -> list[ExecutionRequestView]:
         """The run's execution requests, oldest first."""
-        run = RunLog(self.store, run_id)
+        return self.of_log(RunLog(self.store, run_id))
+
+    def of_log(self, run: RunLog) -> list[ExecutionRequestView]:
+        """The execution requests of a run already loaded, oldest first."""
         return [self.view(RequestLog(self.store, request_id)) for request_id in run.record.requests]
 
     def get(self, run_id: str, request_id: str) -> ExecutionRequestView:

@@ -620,10 +620,10 @@ def run_page(ctx: Context, run_id: str) -> Obj:
     """A run: status, plan revisions, task states, journal and its validity, failed checks, execution requests."""
     project = runs_api.authorize(ctx, run_id, "viewer")
     runs = ctx.services.runs
-    state = run_async(runs.state(run_id))
+    state, views = run_async(runs.state_and_requests(run_id))
     plan = run_async(runs.plan(run_id)).to_dict()
     entries, valid = run_async(runs.journal(run_id))
-    requests = [view.to_dict() for view in run_async(runs.execution_requests(run_id))]
+    requests = [view.to_dict() for view in views]
     role = ctx.principal.role_in(project)
     actors = Actors(ctx)
     status = state.status
@@ -672,8 +672,7 @@ def run_page(ctx: Context, run_id: str) -> Obj:
 def run_head(ctx: Context, run_id: str) -> Obj:
     """What the live updates compare: the run's journal head and status."""
     runs_api.authorize(ctx, run_id, "viewer")
-    state = run_async(ctx.services.runs.state(run_id))
-    requests = run_async(ctx.services.runs.execution_requests(run_id))
+    state, requests = run_async(ctx.services.runs.state_and_requests(run_id))
     return {"seq": state.seq, "status": state.status,
             "live": requests_digest((view.request_id, view.status) for view in requests)}
 
