@@ -116,11 +116,9 @@ class Thread:
         """What every model request offers (the agent's tools never change under a thread)."""
         self._artifact_scan: tuple[list[JSONObject], int, Any, bool] | None = None
         """(conversation, messages scanned, the last of them, whether one refers to an artifact)."""
-        self.steps_active = False
-        """True while a durable run (``Harness.durable``) carries this thread's turn out in this process."""
         self._steps_task: asyncio.Task[Any] | None = None
         self._steps_ended: asyncio.Event | None = None
-        """The task running a durable run's block, and set when the run stops (see :meth:`drain`)."""
+        """While a durable run is on: the task running its block, and set when the run stops (see :meth:`drain`)."""
         self.thread_id = log.thread_id
         self.stream = log.stream
 
@@ -128,6 +126,11 @@ class Thread:
     def home_loop(self) -> asyncio.AbstractEventLoop | None:
         """The event loop this thread's coroutines run on (its harness's, see :attr:`Harness.home_loop`)."""
         return self._harness.home_loop
+
+    @property
+    def steps_active(self) -> bool:
+        """True while a durable run (``Harness.durable``) carries this thread's turn out in this process."""
+        return self._steps_ended is not None
 
     @property
     def busy(self) -> bool:
@@ -655,14 +658,12 @@ class Thread:
 
     def steps_began(self) -> None:
         """A durable run's block (the current task) carries this thread's turn out from now on."""
-        self.steps_active = True
         self._steps_task = asyncio.current_task()
         self._steps_ended = asyncio.Event()
 
     def steps_stopped(self) -> None:
         """The durable run stopped (ended, or left unfinished)."""
         ended = self._steps_ended
-        self.steps_active = False
         self._steps_task = self._steps_ended = None
         if ended is not None:
             ended.set()
