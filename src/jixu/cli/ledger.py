@@ -34,11 +34,15 @@ def checkpointed(stream: str) -> list[Projection[Any]]:
     return []
 
 
+def stream_verdict(opened: Store, stream: str) -> VerifyReport:
+    """The ledger's verdict on ``stream`` with the checkpoints its kind keeps (a break found is recorded)."""
+    return verdict(opened, stream, checkpoints=[p.name for p in checkpointed(stream)])
+
+
 def check_stream(opened: Store, stream: str) -> tuple[VerifyReport, list[CheckpointAudit]]:
     """The ledger's verdict on ``stream`` (recorded when broken) and each of its checkpoints re-projected."""
-    projections = checkpointed(stream)
-    report = verdict(opened, stream, checkpoints=[p.name for p in projections])
-    audits = [audit for p in projections if (audit := audit_checkpoint(opened, stream, p)) is not None]
+    report = stream_verdict(opened, stream)
+    audits = [audit for p in checkpointed(stream) if (audit := audit_checkpoint(opened, stream, p)) is not None]
     return report, audits
 
 
@@ -126,7 +130,7 @@ def append_command(store: str, stream: str, event_type: str, data: str, expected
                 expected_seq = info.head_seq if info else 0
             if info is not None:
                 # A raw append is still an act on the stream: never onto a history that does not verify.
-                report = verdict(opened, stream, checkpoints=[p.name for p in checkpointed(stream)])
+                report = stream_verdict(opened, stream)
                 if not report.valid:
                     raise StreamCorrupt(f"stream {stream!r} is corrupt from event #{report.first_bad_seq} "
                                         f"({report.reason}): nothing was appended; `jixu verify` tells more",
@@ -198,7 +202,7 @@ def effects_command(store: str, stream: str, as_json: bool) -> None:
         events = opened.read(stream)
         if not events:
             raise NotFound(f"stream {stream!r} has no events in {store}", stream=stream)
-        report = verdict(opened, stream, checkpoints=[p.name for p in checkpointed(stream)])
+        report = stream_verdict(opened, stream)
     analysis = RecoveryResolver.analyze(events, chain_break_seq=None if report.valid else report.first_bad_seq)
     if as_json:
         emit_json(analysis.to_dict())
