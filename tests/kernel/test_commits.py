@@ -301,3 +301,41 @@ def test_a_commit_task_cancelled_before_it_starts_abandons_its_appends(tmp_path:
     asyncio.run(scenario())
     assert [e.data["i"] for e in store.read("s/0")] == [2], "the abandoned append wrote nothing"
     store.close()
+
+
+@pytest.mark.parametrize("stored", [True, False], ids=["stored", "not-stored"])
+def test_an_append_whose_commit_outcome_is_unknown_is_committed_again_until_the_store_answers(
+        tmp_path: Path, stored: bool) -> None:
+    """A running user alone commits at once; that commit's outcome is unknown (stored or not), then the store
+    is unreachable once. The same append is committed again on the shared path: its events come back once,
+    as stored, whichever way the first commit went."""
+    from jixu.errors import OutcomeUnknown, StoreError
+
+    failures = ["unknown", "unreachable"]
+
+    class Restarting(SQLiteStore):
+        def append(self, stream: str, events: Any, expected_seq: int, fence: Any = None, **kw: Any) -> Any:
+            if failures and failures[0] == "unknown":
+                failures.pop(0)
+                if stored:
+                    super().append(stream, events, expected_seq, fence, **kw)
+                raise OutcomeUnknown("the connection broke before this write was answered")
+            return super().append(stream, events, expected_seq, fence, **kw)
+
+        def append_many(self, requests: Sequence[AppendRequest]) -> Any:
+            if failures:
+                failures.pop(0)
+                raise StoreError("cannot connect: the server is restarting")
+            return super().append_many(requests)
+
+    store = Restarting(tmp_path / "b.db")
+
+    async def scenario() -> None:
+        commits = Commits(store)
+        with commits.user():
+            stored_events = await commits.append("s/0", [_event(1)], 0, user=True)
+        assert [(e.seq, e.data) for e in stored_events] == [(1, {"i": 1})]
+
+    asyncio.run(scenario())
+    assert failures == [] and [e.data for e in store.read("s/0")] == [{"i": 1}]
+    store.close()
