@@ -591,3 +591,20 @@ def test_an_unsafe_tool_that_raises_after_its_side_effect_is_unknown_not_a_succe
     assert len(lines(tmp_path / "lines.log")) == 1, "the side effect happened once"
     assert unknown.value.details["step"].startswith("flaky_append")
     assert len(openai_server.requests) == 1, "the model was not told to try again"
+
+
+def test_a_keyed_run_that_ended_is_replayed_by_the_same_call_and_the_tool_does_not_run_twice(
+        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    """The code crashed after its run ended, before it learnt so (decision 0051): the same call with the run key
+    returns the recorded output, with no model request and no tool call."""
+    url = _url(tmp_path)
+    openai_server.script(HELLO, DONE)
+    found: list[str] = []
+    first = runner(url, tmp_path).run_sync(writer(openai_server.url, tmp_path), INPUT, started=found.append,
+                                           run_key="write-hello")
+    recorded = [(e.type, e.seq) for e in _log(url, found[0]).events()]
+    again = runner(url, tmp_path).run_sync(writer(openai_server.url, tmp_path), INPUT, thread_id=found[0],
+                                           run_key="write-hello")
+    assert again.final_output == first.final_output == "wrote it"
+    assert len(lines(tmp_path / "lines.log")) == 1 and len(openai_server.requests) == 2
+    assert [(e.type, e.seq) for e in _log(url, found[0]).events()] == recorded, "the replay appended nothing"

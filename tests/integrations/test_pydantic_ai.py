@@ -515,3 +515,33 @@ def _call_then_echo(tool: str, args: dict[str, Any]) -> Any:
 
     return respond
 
+
+
+def test_a_keyed_run_that_ended_is_replayed_by_the_same_call_without_asking_or_charging_again(
+        tmp_path: Path, server: FakeOpenAI) -> None:
+    """The code crashed after its run ended, before it learnt so (decision 0051): the same call with the run key
+    returns the recorded result; without the key it would have been the thread's next run, charging again."""
+    server.script(CHARGE, DONE)
+    charges: list[int] = []
+    agent = Agent(_openai(server), name="orders")
+
+    @agent.tool_plain
+    @effect(semantics="unsafe")
+    def charge(order: int) -> str:
+        charges.append(order)
+        return f"charged {order}"
+
+    with JixuAgent(agent, tmp_path / "jixu.db") as durable:
+        thread_id = durable.new_thread_sync()
+        first = durable.run_sync("Charge order 7.", thread_id=thread_id, run_key="order-7")
+        log, store = _events(f"sqlite:///{tmp_path / 'jixu.db'}", thread_id)
+        recorded = [(e.type, e.seq) for e in log.events()]
+        store.close()
+        again = durable.run_sync("Charge order 7.", thread_id=thread_id, run_key="order-7")
+    assert again.output == first.output == "Order 7 is charged."
+    assert charges == [7] and len(server.requests) == 2, "no model request and no charge on the replay"
+    log, store = _events(f"sqlite:///{tmp_path / 'jixu.db'}", thread_id)
+    try:
+        assert [(e.type, e.seq) for e in log.events()] == recorded, "the replay appended nothing"
+    finally:
+        store.close()

@@ -9,6 +9,9 @@ Run as ``python -m tests.threads.steps_child MODE STORE DIR``:
     records a receipt.
 ``before``
     The same, but the process dies inside ``charge`` *before* the line is written.
+``ended``
+    The whole loop under the run key :data:`RUN_KEY`; the process dies right after the run's ``turn.ended`` is
+    committed, before the loop returns (the code never learns that its run ended).
 
 Every side effect is one fsynced line in a file of DIR (``reserve.log``, ``bank.log``, ``ship.log``), so the
 parent counts how often each really ran. The parent runs the same loop (:func:`order_loop`) again.
@@ -28,6 +31,7 @@ import jixu
 from jixu import NotOccurred, Occurred, ProbeQuery, ToolContext
 
 RUN = "order-7"
+RUN_KEY = "order-7/attempt-1"
 
 
 def say(*fields: object) -> None:
@@ -62,7 +66,8 @@ def find_charge(directory: Path) -> Callable[[ProbeQuery], Any]:
 
 
 async def order_loop(url: str, directory: Path, thread_id: str | None, *, crash: str | None = None,
-                     probe: bool = True, started: Callable[[str], None] | None = None) -> Any:
+                     probe: bool = True, started: Callable[[str], None] | None = None,
+                     run_key: str | None = None) -> Any:
     """The user's loop: reserve, charge, ship. Returns what the run recorded as its reply."""
 
     def reserve(ctx: ToolContext) -> str:
@@ -81,7 +86,7 @@ async def order_loop(url: str, directory: Path, thread_id: str | None, *, crash:
         write_line(directory / "ship.log", f"ship key={ctx.idempotency_key}")
         return "shipped"
 
-    async with jixu.durable(url, thread_id, name=RUN, agent="orders") as run:
+    async with jixu.durable(url, thread_id, name=RUN, agent="orders", run_key=run_key) as run:
         if started is not None:
             started(run.thread_id)
         reserved = await run.effect("reserve", {"order": 7}, semantics="idempotent", call=reserve)
@@ -89,12 +94,15 @@ async def order_loop(url: str, directory: Path, thread_id: str | None, *, crash:
                                    probe=find_charge(directory) if probe else None)
         shipped = await run.effect("ship", {"order": 7}, semantics="idempotent", call=ship)
         run.reply = f"{reserved}, {charged}, {shipped}"
+    if crash == "ended":
+        os.kill(os.getpid(), signal.SIGKILL)
     return run.reply
 
 
 def main(argv: Sequence[str]) -> None:
     mode, url, directory = argv
-    asyncio.run(order_loop(url, Path(directory), None, crash=mode, started=lambda tid: say("T", tid)))
+    asyncio.run(order_loop(url, Path(directory), None, crash=mode, started=lambda tid: say("T", tid),
+                           run_key=RUN_KEY if mode == "ended" else None))
     raise SystemExit("the charge never killed this process")
 
 

@@ -24,7 +24,7 @@ from jixu.ledger import Store, open_store
 from jixu.threads.log import ThreadLog
 from tests.conftest import PostgresSchema
 from tests.helpers import ROOT, python_env
-from tests.threads.steps_child import RUN, lines, order_loop
+from tests.threads.steps_child import RUN, RUN_KEY, lines, order_loop
 
 pytestmark = pytest.mark.crash
 
@@ -168,5 +168,31 @@ def test_a_step_killed_before_its_side_effect_is_found_not_to_have_happened_and_
         assert len(intents) == 2 and intents[0].data["effect_id"] == charge
         assert intents[1].data["idempotency_key"] in lines(tmp_path / "bank.log")[0]
         assert log.snapshot().effects[charge].resolution["resolution"] == "not_occurred"  # type: ignore[index]
+    finally:
+        store.close()
+
+
+def test_a_keyed_run_killed_after_it_ended_is_replayed_by_its_rerun_and_nothing_runs_twice(
+        url: str, tmp_path: Path) -> None:
+    """The SIGKILL lands after ``turn.ended`` is durable, before the code learns of it: the code runs again with
+    its thread id and run key, and gets what the run recorded (decision 0051)."""
+    thread_id = _crash("ended", url, tmp_path)
+    assert [len(lines(tmp_path / f"{name}.log")) for name in ("reserve", "bank", "ship")] == [1, 1, 1]
+    log, store = _log(url, thread_id)
+    try:
+        recorded = [(e.type, e.seq) for e in log.events()]
+        [ended] = [e for e in log.events() if e.type == "turn.ended"]
+        assert ended.data["outcome"] == "completed"
+    finally:
+        store.close()
+
+    reply = asyncio.run(order_loop(url, tmp_path, thread_id, run_key=RUN_KEY))
+
+    assert reply == ended.data["reply"] == "reserved, {'charged': 7, 'line': 1}, shipped"
+    assert [len(lines(tmp_path / f"{name}.log")) for name in ("reserve", "bank", "ship")] == [1, 1, 1]
+    log, store = _log(url, thread_id)
+    try:
+        assert [(e.type, e.seq) for e in log.events()] == recorded, "the replay appended nothing"
+        assert log.snapshot().status == "idle"
     finally:
         store.close()

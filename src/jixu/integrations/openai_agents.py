@@ -600,11 +600,11 @@ class DurableRunner:
             policies[name] = given if isinstance(given, ToolPolicy) else ToolPolicy(given)
         self._policies = policies
 
-    def _durable(self, agent: Agent[Any], thread_id: str | None, name: str) -> DurableRun:
+    def _durable(self, agent: Agent[Any], thread_id: str | None, name: str, run_key: str | None) -> DurableRun:
         if isinstance(self._target, Harness):
-            return self._target.durable(thread_id, name=name, approval_poll=self._approval_poll)
+            return self._target.durable(thread_id, name=name, approval_poll=self._approval_poll, run_key=run_key)
         return durable(self._target, thread_id, name=name, agent=agent.name, approval_poll=self._approval_poll,
-                       **self._harness_options)
+                       run_key=run_key, **self._harness_options)
 
     def _check(self, agent: Agent[Any], input: Any, kwargs: Mapping[str, Any]) -> None:
         if not isinstance(agent, Agent):
@@ -627,17 +627,19 @@ class DurableRunner:
 
     async def run(self, starting_agent: Agent[Any], input: str | list[Any], *, thread_id: str | None = None,
                   name: str | None = None, started: Callable[[str], Any] | None = None,
-                  run_config: RunConfig | None = None, **kwargs: Any) -> RunResult:
+                  run_config: RunConfig | None = None, run_key: str | None = None, **kwargs: Any) -> RunResult:
         """Run ``starting_agent`` as ``Runner.run`` does, durably; ``kwargs`` go to ``Runner.run``.
 
         ``thread_id`` None starts a new thread (``started(thread_id)`` is called once the run is recorded, before
         anything runs: keep it to run again after a crash). Run the same call again with the thread id to
         continue an unfinished run: completed steps return what they recorded, an unsafe tool cut off is never
         repeated (its probe or an operator settles it: :class:`~jixu.errors.StepOutcomeUnknown` until then).
-        ``name`` names the run (default: the input's first line); a rerun must give the same.
+        ``name`` names the run (default: the input's first line); a rerun must give the same. ``run_key`` names
+        the run for good: once it has ended, the same call replays its record (the same result, no model or tool
+        call) instead of starting the thread's next run (decision 0051).
         """
         self._check(starting_agent, input, kwargs)
-        async with self._durable(starting_agent, thread_id, name or _run_name(input)) as run:
+        async with self._durable(starting_agent, thread_id, name or _run_name(input), run_key) as run:
             if started is not None:
                 started(run.thread_id)
             steps = _RunSteps(run, self._policies)

@@ -461,7 +461,8 @@ class JixuAgent:
         return _run_sync(self.new_thread(metadata=metadata))
 
     async def run(self, user_prompt: Any = None, *, thread_id: str, model: Model | str | None = None,
-                  toolsets: Sequence[AbstractToolset[Any]] | None = None, **run_options: Any) -> AgentRunResult[Any]:
+                  toolsets: Sequence[AbstractToolset[Any]] | None = None, run_key: str | None = None,
+                  **run_options: Any) -> AgentRunResult[Any]:
         """``agent.run(user_prompt, ...)`` as one durable run of thread ``thread_id``.
 
         ``run_options`` go to pydantic-ai's ``Agent.run`` (``deps``, ``message_history``, ``output_type``,
@@ -470,13 +471,15 @@ class JixuAgent:
         thread id continues the thread's unfinished run: recorded steps return their records, an unknown unsafe
         call is asked about by its probe or raises :class:`~jixu.errors.StepOutcomeUnknown`. A run that ended
         (with a result, or failed with an error a rerun would meet again) is not run again: the next call starts
-        the thread's next run.
+        the thread's next run, unless it gives the ended run's ``run_key``: then it replays that run's record (the
+        same result, no model or tool call; decision 0051).
         """
         chosen = model if model is not None else self.agent.model
         if chosen is None:
             raise InvalidInput("the agent has no model: give one to the Agent or to run(model=...)", field="model")
         policy = _declared(self.agent, self._tool_semantics, self._probes)  # tools added since are declared too
-        async with DurableRun(self.harness, thread_id, name=self.name, approval_poll=self._approval_poll) as run:
+        async with DurableRun(self.harness, thread_id, name=self.name, approval_poll=self._approval_poll,
+                              run_key=run_key) as run:
             durable_model = JixuModel(_infer_model(chosen), run)
             needs_approval: set[str] = set()
             wrapped = [JixuToolset(toolset, run=run, policy=policy, needs_approval=needs_approval)

@@ -243,17 +243,20 @@ class Harness:
         return thread
 
     def durable(self, thread_id: str | None = None, *, name: str = "run", metadata: dict[str, Any] | None = None,
-                approval_poll: float = 0.5) -> DurableRun:
+                approval_poll: float = 0.5, run_key: str | None = None) -> DurableRun:
         """A durable run of your own code on a thread (decision 0032)::
 
-            async with harness.durable(thread_id) as run:   # None: a new thread
+            async with harness.durable(thread_id, run_key="order-7") as run:   # thread_id None: a new thread
                 receipt = await run.effect("charge", {"order": 7}, call=charge, probe=find_charge)
 
         Entering continues the thread's unfinished run named ``name`` (after a crash: its completed steps
         return their recorded results without running again) or starts a new one; see
-        :class:`~jixu.threads.steps.DurableRun`.
+        :class:`~jixu.threads.steps.DurableRun`. ``run_key`` (1-200 characters) names the run for good: once
+        the run with that key has ended, entering with it again replays its record (:attr:`DurableRun.finished
+        <jixu.threads.steps.DurableRun.finished>`) instead of starting a new run, so code that crashed after the
+        run ended, before it learnt so, repeats nothing (decision 0051).
         """
-        return DurableRun(self, thread_id, name=name, metadata=metadata, approval_poll=approval_poll)
+        return DurableRun(self, thread_id, name=name, metadata=metadata, approval_poll=approval_poll, run_key=run_key)
 
     def working_on(self, thread: Thread) -> Thread | None:
         """Another handle of ``thread``'s thread that this harness is working with now (see :attr:`Thread.busy`).

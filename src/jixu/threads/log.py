@@ -722,13 +722,14 @@ class ThreadLog:
         return turn_id, fence
 
     async def start_turn_async(self, text: str, *, owner: str | None = None, ttl: float = DEFAULT_LEASE_TTL,
-                               steps: bool = False) -> tuple[str, Fence | None]:
+                               steps: bool = False, run_key: str | None = None) -> tuple[str, Fence | None]:
         """:meth:`start_turn`, with ``turn.started`` committed through the loop's shared commits (see
         :meth:`append_async`): turns started together on one event loop share a commit, and none holds the
         loop while it commits. Another writer that appended first (an operator's note, say) is folded in and the
-        start decided again on its events (:class:`~jixu.errors.ThreadBusy` if they started a turn)."""
+        start decided again on its events (:class:`~jixu.errors.ThreadBusy` if they started a turn, or a durable run
+        with ``run_key``)."""
         for tries_left in reversed(range(START_TRIES)):
-            turn_id, fence, events = self._turn_start(text, owner, ttl, steps=steps)
+            turn_id, fence, events = self._turn_start(text, owner, ttl, steps=steps, run_key=run_key)
             try:
                 with given_back_on_failure(self.store, fence):
                     await self.append_async(events, fence)
@@ -739,13 +740,17 @@ class ThreadLog:
             return turn_id, fence
         raise AssertionError("unreachable")  # pragma: no cover - the last try returns or raises
 
-    def _turn_start(self, text: str, owner: str | None, ttl: float, *,
-                    steps: bool = False) -> tuple[str, Fence | None, list[NewEvent]]:
+    def _turn_start(self, text: str, owner: str | None, ttl: float, *, steps: bool = False,
+                    run_key: str | None = None) -> tuple[str, Fence | None, list[NewEvent]]:
         """Check a new turn, claim its lease (with ``owner``); its id, fence and ``turn.started`` event.
 
-        ``steps``: a durable run of the caller's own code (``Harness.durable``), which needs an owner."""
+        ``steps``: a durable run of the caller's own code (``Harness.durable``), which needs an owner; ``run_key``
+        names it for good (decided on the events the start is appended after: two starts never share a key)."""
         check_text(text, "input", MAX_INPUT_CHARS, required=True)
         self.open_to_act()
+        if run_key is not None and self.state.keyed_run(run_key) is not None:
+            raise ThreadBusy(f"thread {self.thread_id} already has a durable run with key {run_key!r}",
+                             thread_id=self.thread_id, run_key=run_key)
         if self.state.active_turn() is not None:
             raise ThreadBusy(f"thread {self.thread_id} already has an active turn", thread_id=self.thread_id)
         if owner is None:
@@ -762,6 +767,8 @@ class ThreadLog:
                                    "process": process_identity()}
         if steps:
             started["steps"] = True
+        if run_key is not None:
+            started["run_key"] = run_key
         return turn_id, fence, [NewEvent("turn.started", started, self.meta())]
 
     def end_running_turn(self, reason: str, fence: Fence | None = None) -> bool:

@@ -25,11 +25,12 @@ from jixu.recovery import Analysis, EffectDecision, RecoveryResolver, decide_eff
 from jixu.recovery.decision_text import decode_decision, encode_decision, ordinary_decision_text
 from jixu.threads.compaction import summary_message
 
-REDUCER_VERSION = 8
+REDUCER_VERSION = 9
 """5: probes (``state.probes``, the ``probe.*`` effects and the answers they recorded). 6: agent revisions
 (``state.revisions``, ``agent.revised``, each turn's ``revisions``) and durable runs (``Turn.steps``). 7:
 ``closed_calls`` holds effect ids, not tool call ids (a model may reuse a call id in a later turn). 8: an answer
-with tool calls cut off at a limit is the turn's failure (:data:`CUT_OFF_STOPS`), not calls to run."""
+with tool calls cut off at a limit is the turn's failure (:data:`CUT_OFF_STOPS`), not calls to run. 9: a durable
+run's key (``Turn.run_key``)."""
 
 CUT_OFF_STOPS = frozenset({"length", "max_tokens", "max_output_tokens", "content_filter",
                            "model_context_window_exceeded"})
@@ -338,6 +339,8 @@ class Turn:
     ``agent.revised`` recorded while it was active (empty for turns projected before revisions existed)."""
     steps: bool = False
     """A durable run of code the user owns (``Harness.durable``): no model call, its steps are the tool calls."""
+    run_key: str | None = None
+    """The key the durable run was started with (``Harness.durable(run_key=...)``): it names the run for good."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
@@ -346,7 +349,8 @@ class Turn:
                 "ended_seq": self.ended_seq, "message_index": self.message_index, "owner": self.owner,
                 "epoch": self.epoch, "recoveries": self.recoveries, "queued": self.queued,
                 "failure": self.failure, "pause": self.pause, "auto_retries": self.auto_retries,
-                "compaction_failed": self.compaction_failed, "revisions": self.revisions, "steps": self.steps}
+                "compaction_failed": self.compaction_failed, "revisions": self.revisions, "steps": self.steps,
+                "run_key": self.run_key}
 
 
 _TURN_FIELDS = frozenset(f.name for f in fields(Turn))
@@ -434,6 +438,13 @@ class ThreadState:
         """The turn not yet ended (``running`` or ``needs_reconciliation``), if any."""
         if self.turns and self.turns[-1].status in ("running", "needs_reconciliation"):
             return self.turns[-1]
+        return None
+
+    def keyed_run(self, run_key: str) -> Turn | None:
+        """The durable run started with ``run_key`` (the latest, should a fork's history hold two), if any."""
+        for turn in reversed(self.turns):
+            if turn.steps and turn.run_key == run_key:
+                return turn
         return None
 
     @property
@@ -951,10 +962,12 @@ def _agent_revised(state: ThreadState, event: Event) -> None:
 def _turn_started(state: ThreadState, event: Event) -> None:
     text = str(event.data.get("input", ""))
     owner = event.data.get("owner")
+    run_key = event.data.get("run_key")
     state.turns.append(Turn(turn_id=str(event.data.get("turn_id")), input=text, started_seq=event.seq,
                             message_index=len(state.messages), owner=owner if isinstance(owner, str) else None,
                             epoch=int(event.data.get("epoch") or 0), queued=event.data.get("queued") is True,
-                            revisions=[state.revision], steps=event.data.get("steps") is True))
+                            revisions=[state.revision], steps=event.data.get("steps") is True,
+                            run_key=run_key if isinstance(run_key, str) else None))
     _add_message(state, {"role": "user", "content": text}, event.id)
 
 

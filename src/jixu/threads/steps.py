@@ -27,6 +27,12 @@ effect and the operator's command; a parked step waits for its approval. A
 recorded step whose name, arguments, semantics or approval differ from the
 code's raises :class:`~jixu.errors.StepMismatch`: never a silent rerun.
 
+A run started with a ``run_key`` is named by it for good (decision 0051): once
+that run has ended, entering with the key again replays its record
+(:attr:`DurableRun.finished`): each step returns what it recorded and nothing
+is carried out or appended, so code killed after its run ended, before it
+learnt so, repeats nothing when it runs again.
+
 What to do with a step is decided by the pure :func:`decide_step`; the run
 only carries it out.
 """
@@ -40,7 +46,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, Self, TypeAlias
 
 from jixu.errors import (
     FencingError,
@@ -55,13 +61,13 @@ from jixu.errors import (
     TurnOwned,
 )
 from jixu.kernel import Outcome, Session
-from jixu.ledger import Fence, NewEvent, Store, content_hash, new_id
+from jixu.ledger import Event, Fence, NewEvent, Store, content_hash, new_id
 from jixu.ledger.encoding import JSONObject, canonical_text
 from jixu.recovery import EffectDecision
 from jixu.threads.agent import Agent
 from jixu.threads.decide import ResolveByProbe
 from jixu.threads.model import ModelRequest, ModelResponse
-from jixu.threads.projection import ThreadState
+from jixu.threads.projection import ThreadState, Turn
 from jixu.threads.tools import DEFINITE_ANSWERS, ProbeQuery, Tool, ToolContext, call_user_function
 
 if TYPE_CHECKING:
@@ -262,9 +268,12 @@ class DurableRun:
 
     def __init__(self, harness: Harness, thread_id: str | None, *, name: str = "run",
                  metadata: dict[str, Any] | None = None, approval_poll: float = DEFAULT_APPROVAL_POLL,
-                 owns_harness: bool = False) -> None:
+                 owns_harness: bool = False, run_key: str | None = None) -> None:
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise InvalidInput("a durable run's name must be 1-200 characters", field="name")
+        if run_key is not None and (not isinstance(run_key, str) or not run_key.strip()
+                                    or len(run_key) > STEP_KEY_CHARS):
+            raise InvalidInput(f"a durable run's key must be 1-{STEP_KEY_CHARS} characters", field="run_key")
         if isinstance(approval_poll, bool) or not isinstance(approval_poll, int | float) or not 0 < approval_poll <= 60:
             raise InvalidInput("approval_poll must be between 0 and 60 seconds", field="approval_poll")
         self._harness = harness
@@ -273,6 +282,9 @@ class DurableRun:
         self._metadata = metadata
         self._poll = float(approval_poll)
         self._owns_harness = owns_harness
+        self.run_key = run_key
+        """The key naming the run for good (None: entering continues the thread's unfinished run or starts one)."""
+        self._ended: Turn | None = None
         self._thread: Thread | None = None
         self._session: Session | None = None
         self._turn_id = ""
@@ -298,6 +310,18 @@ class DurableRun:
         """The run's turn."""
         return self._turn_id
 
+    @property
+    def finished(self) -> bool:
+        """True when the run with :attr:`run_key` had ended before this entry: the block replays its record
+        (each step returns what it recorded, a step it did not record raises :class:`~jixu.errors.StepMismatch`)
+        and nothing is carried out or recorded."""
+        return self._ended is not None
+
+    @property
+    def outcome(self) -> str | None:
+        """How a :attr:`finished` run ended (``completed``, ``failed``, ``interrupted``); None while it runs."""
+        return None if self._ended is None else self._ended.status
+
     def state(self) -> State:
         """The thread's state as every surface shows it (``running`` while the run is in progress here)."""
         thread = self._live()
@@ -320,6 +344,8 @@ class DurableRun:
         await log.writer.idle()
         log.sync()
         log.open_to_act()
+        if self._replays_ended_run(thread):
+            return self
         if thread.running or thread.steps_active:
             raise ThreadBusy(f"thread {thread.thread_id} is running in this process already",
                              thread_id=thread.thread_id)
@@ -327,8 +353,15 @@ class DurableRun:
         fence: Fence | None
         if turn is None:
             await thread._revise(fenced=False)  # a new definition of the agent applies from this run on
-            self._turn_id, fence = await log.start_turn_async(self.name, owner=harness.owner, ttl=harness.lease_ttl,
-                                                              steps=True)
+            try:
+                self._turn_id, fence = await log.start_turn_async(
+                    self.name, owner=harness.owner, ttl=harness.lease_ttl, steps=True, run_key=self.run_key)
+            except ThreadBusy:  # another process started a run meanwhile: the keyed one, ended, is replayed
+                await log.writer.idle()
+                log.sync()
+                if self._replays_ended_run(thread):
+                    return self
+                raise
             thread._fence = fence
             claimed = False
         else:
@@ -338,6 +371,10 @@ class DurableRun:
             if turn.input != self.name:
                 raise StepMismatch(f"thread {thread.thread_id}'s unfinished durable run is named {turn.input!r}, not "
                                    f"{self.name!r}", thread_id=thread.thread_id, turn_id=turn.turn_id)
+            if self.run_key is not None and turn.run_key != self.run_key:
+                raise ThreadBusy(f"thread {thread.thread_id}'s unfinished durable run {turn.turn_id} has key "
+                                 f"{turn.run_key!r}, not {self.run_key!r}: run the code that started it to finish it "
+                                 "first", thread_id=thread.thread_id, turn_id=turn.turn_id, run_key=self.run_key)
             self._turn_id = turn.turn_id
             fence = await thread._claim_turn()  # TurnOwned while another live process runs it
             if fence is None:
@@ -354,11 +391,7 @@ class DurableRun:
             if claimed:
                 await thread._revise()
             started = log.state.active_turn()
-            for event in log.events(started.started_seq if started is not None else 1):
-                data = event.data
-                if event.type == "tool.requested" and data.get("turn_id") == self._turn_id \
-                        and isinstance(data.get("step"), str):
-                    self._steps.setdefault(data["step"], []).append(dict(data))
+            self._read_steps(log.events(started.started_seq if started is not None else 1))
         except BaseException as error:
             # Not started, so not ended: the run stays unfinished for the next run of the code (ended here, its
             # next run would start afresh and carry its steps out again).
@@ -366,12 +399,37 @@ class DurableRun:
             raise
         return self
 
+    def _replays_ended_run(self, thread: Thread) -> bool:
+        """Become the replay of the ended run with :attr:`run_key`, if the thread has one (nothing is claimed)."""
+        ended = None if self.run_key is None else thread.log.state.keyed_run(self.run_key)
+        if ended is None or ended.ended_seq is None:
+            return False
+        if ended.input != self.name:
+            raise StepMismatch(f"thread {thread.thread_id}'s durable run with key {self.run_key!r} is named "
+                               f"{ended.input!r}, not {self.name!r}", thread_id=thread.thread_id,
+                               turn_id=ended.turn_id)
+        self._thread, self._turn_id, self._ended = thread, ended.turn_id, ended
+        self._read_steps(thread.log.store.read(thread.log.stream, ended.started_seq, ended.ended_seq))
+        return True
+
+    def _read_steps(self, events: Sequence[Event]) -> None:
+        """Gather the intents this run's ``tool.requested`` events recorded under each step key."""
+        for event in events:
+            data = event.data
+            if event.type == "tool.requested" and data.get("turn_id") == self._turn_id \
+                    and isinstance(data.get("step"), str):
+                self._steps.setdefault(data["step"], []).append(dict(data))
+
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         """A block that ends normally ends the run (``turn.ended`` completed, or failed when :attr:`error` is
         set); an exception leaves it unfinished (the lease given back): run the code again with the thread id to
         continue it. A block cancelled because another owner took the run's lease (the heartbeat found it lost)
         raises :class:`~jixu.errors.OwnershipLost`, not a bare cancellation."""
+        if self._ended is not None:  # a replay: nothing was claimed, nothing is recorded
+            if self._owns_harness:
+                self._harness.close()
+            return
         thread, session, me = self._thread, self._session, asyncio.current_task()
         try:
             await self._stop(exc_type, exc, tb)
@@ -444,7 +502,7 @@ class DurableRun:
         abandoned), :class:`~jixu.errors.ToolDefinitionError` for a bad declaration.
         """
         thread = self._live()
-        if self._session is None:
+        if self._session is None and self._ended is None:
             raise ThreadBusy(f"durable run {self._turn_id} has ended", thread_id=thread.thread_id)
         args = {} if args is None else args
         if not isinstance(args, dict):
@@ -460,9 +518,28 @@ class DurableRun:
         elif not isinstance(key, str) or not key.strip() or len(key) > STEP_KEY_CHARS:
             raise InvalidInput(f"a step key must be 1-{STEP_KEY_CHARS} characters", field="key")
         step = Step(key, name, args, semantics, requires_approval, probe is not None)
+        if self._ended is not None:
+            return self._replayed(thread, step)
         async with self._lock:
             thread.refuse_if_draining()
             return await self._carry_out(thread, step, tool)
+
+    def _replayed(self, thread: Thread, step: Step) -> Any:
+        """What ``step`` recorded in the ended run: its result, or the error it ends with; never a new call."""
+        log = thread.log
+        log.sync()
+        log.refuse_if_corrupt()
+        action = decide_step(step, self._steps.get(step.key, ()), self._decision, log.state,
+                             max_attempts=self._harness.max_attempts)
+        if isinstance(action, Done):
+            return self._result(thread, step, action)
+        if isinstance(action, Fail | Mismatch | Unknown):
+            self._raise(thread, step, action, None)
+        recorded = "did not settle" if self._steps.get(step.key) else "was not recorded"
+        raise StepMismatch(f"thread {thread.thread_id}: durable run {self._turn_id} with key {self.run_key!r} ended "
+                           f"({self.outcome}) and step {step.key!r} {recorded} in it; an ended run carries nothing "
+                           "out: start a new run with another key", thread_id=thread.thread_id, step=step.key,
+                           turn_id=self._turn_id, run_key=self.run_key)
 
     async def _carry_out(self, thread: Thread, step: Step, tool: Tool) -> Any:
         log, harness = thread.log, self._harness
@@ -490,28 +567,31 @@ class DurableRun:
                 await self._run_probe(thread, tool, action.probe_effect_id, intent, action.attempt)
             elif isinstance(action, ResolveByProbe):
                 await thread._resolve_by_probe(action)
-            elif isinstance(action, Fail):
-                raise StepFailed(f"step {step.key!r} of durable run {self._turn_id} in thread {thread.thread_id}: "
-                                 f"{action.message}", thread_id=thread.thread_id, effect_id=action.effect_id,
-                                 step=step.key, reason=action.reason)
-            elif isinstance(action, Mismatch):
-                raise StepMismatch(f"thread {thread.thread_id}, durable run {self._turn_id}: {action.message}. The "
-                                   "code changed under an unfinished run; run the code that recorded it, or start "
-                                   "a new run", thread_id=thread.thread_id, effect_id=action.effect_id, step=step.key)
             else:
-                assert isinstance(action, Unknown)
-                answer = ""
-                if action.probe is not None:
-                    found = action.probe.get("answer")
-                    answer = f" (probe {action.probe.get('effect_id')}: " + (
-                        f"{found.get('answer')}: {found.get('reason')})" if isinstance(found, dict) else "no answer)")
-                raise StepOutcomeUnknown(
-                    f"step {step.key!r} of durable run {self._turn_id} in thread {thread.thread_id}: effect "
-                    f"{action.effect_id} was dispatched and its outcome is unknown; {action.why}{answer}. Find out "
-                    f"what happened, record it with `jixu threads resolve STORE {thread.thread_id} {action.effect_id} "
-                    "--resolution occurred|not_occurred|abandoned_unknown --note ...`, then run the code again",
-                    thread_id=thread.thread_id, effect_id=action.effect_id, step=step.key,
-                    probe=action.probe) from cause
+                self._raise(thread, step, action, cause)
+
+    def _raise(self, thread: Thread, step: Step, action: Fail | Mismatch | Unknown, cause: BaseException | None) -> NoReturn:
+        """Raise the error a step ends with: it failed, the code differs from the record, or its outcome is unknown."""
+        if isinstance(action, Fail):
+            raise StepFailed(f"step {step.key!r} of durable run {self._turn_id} in thread {thread.thread_id}: "
+                             f"{action.message}", thread_id=thread.thread_id, effect_id=action.effect_id,
+                             step=step.key, reason=action.reason)
+        if isinstance(action, Mismatch):
+            raise StepMismatch(f"thread {thread.thread_id}, durable run {self._turn_id}: {action.message}. The "
+                               "code changed under a recorded run; run the code that recorded it, or start "
+                               "a new run", thread_id=thread.thread_id, effect_id=action.effect_id, step=step.key)
+        answer = ""
+        if action.probe is not None:
+            found = action.probe.get("answer")
+            answer = f" (probe {action.probe.get('effect_id')}: " + (
+                f"{found.get('answer')}: {found.get('reason')})" if isinstance(found, dict) else "no answer)")
+        raise StepOutcomeUnknown(
+            f"step {step.key!r} of durable run {self._turn_id} in thread {thread.thread_id}: effect "
+            f"{action.effect_id} was dispatched and its outcome is unknown; {action.why}{answer}. Find out "
+            f"what happened, record it with `jixu threads resolve STORE {thread.thread_id} {action.effect_id} "
+            "--resolution occurred|not_occurred|abandoned_unknown --note ...`, then run the code again",
+            thread_id=thread.thread_id, effect_id=action.effect_id, step=step.key,
+            probe=action.probe) from cause
 
     def _decision(self, effect_id: str) -> EffectDecision | None:
         """The resolver's decision of one effect: the open analysis, or the settled decision kept."""
@@ -625,16 +705,17 @@ def _step_tool(name: str, call: Callable[[ToolContext], Any], **declared: Any) -
 
 def durable(store: Store | str | os.PathLike[str] | None, thread_id: str | None = None, *, name: str = "run",
             agent: str = "steps", metadata: dict[str, Any] | None = None,
-            approval_poll: float = DEFAULT_APPROVAL_POLL, **harness: Any) -> DurableRun:
+            approval_poll: float = DEFAULT_APPROVAL_POLL, run_key: str | None = None, **harness: Any) -> DurableRun:
     """A durable run on ``store`` without an agent of yours: ``async with jixu.durable(url, thread_id) as run``.
 
-    ``agent`` names the (model-less) agent the thread is recorded under; ``harness`` goes to
-    :class:`~jixu.Harness` (``owner``, ``lease_ttl``, ``max_attempts``, ...).
+    ``agent`` names the (model-less) agent the thread is recorded under; ``run_key`` as for
+    :meth:`Harness.durable <jixu.threads.harness.Harness.durable>`; ``harness`` goes to :class:`~jixu.Harness`
+    (``owner``, ``lease_ttl``, ``max_attempts``, ...).
     """
     from jixu.threads.harness import Harness
 
     return DurableRun(Harness(steps_agent(agent), store, **harness), thread_id, name=name, metadata=metadata,
-                      approval_poll=approval_poll, owns_harness=True)
+                      approval_poll=approval_poll, owns_harness=True, run_key=run_key)
 
 
 def run_failure(error: Exception) -> JSONObject:
