@@ -183,8 +183,9 @@ def test_a_restarted_script_with_the_default_owner_continues_at_once_after_a_cra
 
 def test_an_owner_on_another_machine_keeps_its_lease_until_it_expires(
         ledger: tuple[str, Callable[[], Store]], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Seen from another machine (another boot id) nothing proves the owner gone: the resolution and the claim
-    are refused while its lease lives."""
+    """Seen from another machine (another boot id) nothing proves the owner gone: the thread shows its turn in
+    progress there, not an effect waiting for an operator, and the resolution and the claim are refused while
+    its lease lives."""
     url, opener = ledger
     thread_id = _crash_mid_call(url)
     monkeypatch.setattr(ownership, "_IDENTITY", (os.getpid(), {**process_identity(), "boot_id": "elsewhere"}))
@@ -194,9 +195,12 @@ def test_an_owner_on_another_machine_keeps_its_lease_until_it_expires(
         try:
             harness = Harness(_agent(), store)
             thread = await harness.open_thread(thread_id)
-            [waiting] = thread.state().waiting_on
+            state = thread.state()
+            assert state.status == "running" and "in progress in" in state.reason, state.reason
+            assert state.waiting_on == () and thread.log.status() == "running"
+            [unknown] = [d for d in state.effects.values() if d.state == "unknown"]
             with pytest.raises(TurnOwned, match="may still be in flight"):
-                await thread.resolve_tool_outcome(waiting["effect_id"], "occurred")
+                await thread.resolve_tool_outcome(unknown.effect_id, "occurred")
             problem = thread.claim_problem()
             assert problem is not None and "is owned by" in problem
         finally:

@@ -3,14 +3,20 @@
 - input containing ``charge``: calls the unsafe tool ``charge``, which fails
   indeterminately (the outcome is unknown: an operator must resolve it);
 - input containing ``approve``: calls ``refund``, which needs approval (parked);
+- input containing ``transfer``: calls the unsafe tool ``transfer``, which stays in flight until the test sets
+  :data:`TRANSFER_GATE` (the worker runs in the test's process);
 - anything else: replies ``echo: <input>``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 from jixu import Agent, ScriptedModel, ToolCall, tool
+
+TRANSFER_GATE = threading.Event()
 
 
 @tool(semantics="unsafe")
@@ -25,6 +31,14 @@ async def refund(amount: int) -> str:
     return f"refunded {amount}"
 
 
+@tool(semantics="unsafe", timeout=60)
+async def transfer(amount: int) -> str:
+    """Move money (in flight until the test opens the gate)."""
+    while not TRANSFER_GATE.is_set():
+        await asyncio.sleep(0.01)
+    return f"transferred {amount}"
+
+
 def _script(messages: list[dict[str, Any]]) -> str | ToolCall:
     last = messages[-1]
     if last.get("role") != "user":
@@ -32,6 +46,8 @@ def _script(messages: list[dict[str, Any]]) -> str | ToolCall:
     text = str(last.get("content") or "")
     if "charge" in text:
         return ToolCall("charge", {"amount": 42})
+    if "transfer" in text:
+        return ToolCall("transfer", {"amount": 9})
     if "approve" in text:
         return ToolCall("refund", {"amount": 7})
     return f"echo: {text}"
@@ -39,4 +55,4 @@ def _script(messages: list[dict[str, Any]]) -> str | ToolCall:
 
 def agent() -> Agent:
     """The test agent."""
-    return Agent("api-test", ScriptedModel(_script), tools=[charge, refund])
+    return Agent("api-test", ScriptedModel(_script), tools=[charge, refund, transfer])

@@ -10,8 +10,12 @@ from typing import Any
 
 import httpx
 
+from jixu.ledger import SQLiteStore
+from jixu.server.studio import studio_router
 from jixu.threads.log import ThreadLog
-from tests.server.conftest import Api, wait_for
+from tests.server.agents import TRANSFER_GATE
+from tests.server.conftest import Api, start_api, wait_for
+from tests.studio.conftest import http_login
 
 
 def new_thread(client: httpx.Client, project: str = "alpha") -> str:
@@ -331,3 +335,47 @@ def test_a_changed_project_in_a_threads_first_event_never_moves_it_to_another_pr
     assert thread_id not in [t["thread_id"] for t in beta.get("/threads").json()["threads"]]
     refused = alpha.post(f"/threads/{thread_id}/inputs", json={"input": "again"})
     assert refused.status_code == 409 and refused.json()["code"] == "thread_corrupt", refused.text
+
+
+def test_a_call_in_flight_in_the_worker_is_running_everywhere_and_no_surface_offers_to_resolve_it(
+        tmp_path: Path) -> None:
+    """The call has no receipt yet, so the resolver says ``unknown``; but the worker holds the turn's live claim
+    and the server refuses a resolution until it ends. So the thread is ``running`` on every surface, nothing is
+    listed as waiting for an operator, and the Studio offers no Resolve form (it offered one, then refused it)."""
+    store = SQLiteStore(tmp_path / "api.db")
+    api, server = start_api(store, tmp_path, routers=[studio_router()])
+    try:
+        _in_flight_everywhere(api)
+    finally:
+        api.close()
+        server.stop()
+        store.close()
+
+
+def _in_flight_everywhere(api: Api) -> None:
+    operator = api.client("alpha-operator")
+    thread_id = new_thread(operator)
+    TRANSFER_GATE.clear()
+    try:
+        operator.post(f"/threads/{thread_id}/inputs", json={"input": "transfer the money"})
+
+        def in_flight() -> dict[str, Any] | None:
+            state: dict[str, Any] = operator.get(f"/threads/{thread_id}").json()
+            found = [e for e in state["effects"].values() if e["name"] == "transfer" and e["state"] == "unknown"]
+            return state if found else None
+
+        state = wait_for(in_flight, "the transfer to be dispatched")
+        [effect] = [e for e in state["effects"].values() if e["name"] == "transfer"]
+        assert state["status"] == "running" and "in progress in api-worker" in state["reason"], state["reason"]
+        assert state["waiting_on"] == [] and state["ownership"]["owner"] == "api-worker"
+        with httpx.Client(base_url=api.url, timeout=20) as browser:
+            http_login(browser, api.tokens["alpha-operator"])
+            page = browser.get(f"/studio/threads/{thread_id}").text
+        assert f"/effects/{effect['effect_id']}/resolve" not in page and 'id="unresolved"' not in page
+        refused = operator.post(f"/threads/{thread_id}/effects/{effect['effect_id']}/resolve",
+                                json={"resolution": "not_occurred", "note": "looked in the ledger"})
+        assert refused.status_code == 409 and refused.json()["code"] == "turn_owned", refused.text
+    finally:
+        TRANSFER_GATE.set()
+    done = settled(operator, thread_id, "idle")
+    assert [t["status"] for t in done["turns"]] == ["completed"]

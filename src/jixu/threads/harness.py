@@ -229,7 +229,7 @@ class Harness:
         revision(log.state, log.open_analysis(), self.agent, thread_id=thread_id)
         thread = self._track(Thread(self, log))
         status = log.status(max_steps=self.agent.max_steps, max_attempts=self.max_attempts,
-                            context_budget=self.agent.context_budget)  # O(open effects), unlike state()
+                            context_budget=self.agent.context_budget, owner=self.owner)  # O(open effects)
         if tracing.tracer().enabled:
             open_effects = {effect_id: decision.state for effect_id, decision in log.open_analysis().decisions.items()
                             if decision.state in ("unknown", "not_dispatched", "parked")}

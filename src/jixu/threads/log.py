@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from jixu.errors import (
@@ -59,7 +60,7 @@ from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 from jixu.recovery.corruption import Corruption, corruption
 from jixu.recovery.decision_text import decode_decisions
 from jixu.recovery.resolutions import admit_resolution, resolution_body
-from jixu.threads.decide import Stop, decide, probe_record
+from jixu.threads.decide import Action, Stop, decide, probe_record
 from jixu.threads.projection import ThreadProjection, ThreadState, Turn, fork_state
 
 THREAD_PREFIX = "thread/"
@@ -170,22 +171,51 @@ def _one_line(value: object, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+InProgress = Callable[[], "str | None"]
+"""Why another live process holds the active turn's claim, or None (:meth:`ThreadLog.in_progress_elsewhere`);
+asked only of a thread that would otherwise wait."""
+
+
+def shown_status(action: Action, analysis: Analysis, *, running: bool,
+                 in_progress: InProgress | None) -> tuple[str, str, bool]:
+    """The status and reason every surface shows of a sound thread whose loop decided ``action``, and whether the
+    turn is in progress in another process.
+
+    ``running``: this process runs the turn. When another live process holds the active turn's claim
+    (``in_progress``), the calls without a receipt are in flight there, not waiting for an operator (a resolution
+    is refused until the claim ends): the thread shows ``running``. A parked call still waits for its approval."""
+    if isinstance(action, Stop) and not running:
+        if in_progress is not None and action.status == "waiting" and not analysis.waiting_on_parked:
+            elsewhere = in_progress()
+            if elsewhere is not None:
+                return "running", elsewhere, True
+        return action.status, action.reason, False
+    return "running", "", False
+
+
 def build_state(thread_state: ThreadState, analysis: Analysis, *, max_steps: int = DEFAULT_MAX_STEPS,
                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, running: bool = False,
-                context_budget: int | None = None, corrupt: Corruption | None = None) -> State:
-    """The public :class:`State` of a projected thread (pure); ``corrupt``: the thread's corruption verdict."""
+                context_budget: int | None = None, corrupt: Corruption | None = None,
+                in_progress: InProgress | None = None) -> State:
+    """The public :class:`State` of a projected thread (pure but for ``in_progress``, see :func:`shown_status`);
+    ``corrupt``: the thread's corruption verdict."""
     action = decide(thread_state, analysis, max_steps=max_steps, max_attempts=max_attempts,
                     context_budget=context_budget)
+    elsewhere = False
     if corrupt is not None:
         status, reason = "corrupt", f"{corrupt.summary()}; it will not run"
-    elif isinstance(action, Stop) and not running:
-        status, reason = action.status, action.reason
     else:
-        status, reason = "running", ""
+        status, reason, elsewhere = shown_status(action, analysis, running=running, in_progress=in_progress)
     waiting = []
     blocking = action.effect_ids if isinstance(action, Stop) else ()
-    # A corrupt thread waits for nothing an operator could give it: no decision is offered on it.
-    open_items = () if corrupt is not None else (*analysis.requires_resolution, *analysis.waiting_on_parked, *blocking)
+    # A corrupt thread waits for nothing an operator could give it: no decision is offered on it. Nor does one
+    # whose turn another live process holds: its calls without a receipt are in flight there.
+    if corrupt is not None:
+        open_items: tuple[str, ...] = ()
+    elif elsewhere:
+        open_items = analysis.waiting_on_parked
+    else:
+        open_items = (*analysis.requires_resolution, *analysis.waiting_on_parked, *blocking)
     for effect_id in dict.fromkeys(open_items):
         decision = analysis.decisions[effect_id]
         entry: dict[str, Any] = {"effect_id": effect_id, "kind": decision.kind, "name": decision.name,
@@ -439,12 +469,16 @@ class ThreadLog:
         return analysis
 
     def snapshot(self, *, max_steps: int = DEFAULT_MAX_STEPS, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-                 running: bool = False, context_budget: int | None = None) -> State:
-        """The public state (``last_reply`` whole, read from its artifact when it was stored as one)."""
+                 running: bool = False, context_budget: int | None = None, owner: str | None = None) -> State:
+        """The public state (``last_reply`` whole, read from its artifact when it was stored as one).
+
+        ``owner``: the viewer's own owner name (its own claim is not another process's; see :func:`shown_status`).
+        """
         corrupt = self.corruption()
         return self._whole_reply(build_state(self.state, self.analysis(), max_steps=max_steps,
                                              max_attempts=max_attempts, running=running and corrupt is None,
-                                             context_budget=context_budget, corrupt=corrupt))
+                                             context_budget=context_budget, corrupt=corrupt,
+                                             in_progress=partial(self.in_progress_elsewhere, owner)))
 
     def _whole_reply(self, state: State) -> State:
         """``state`` with ``last_reply`` read from its artifact when the reply was stored as one.
@@ -477,7 +511,7 @@ class ThreadLog:
         self._artifact_texts[sha256] = text
 
     def status(self, *, max_steps: int = DEFAULT_MAX_STEPS, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-               running: bool = False, context_budget: int | None = None) -> str:
+               running: bool = False, context_budget: int | None = None, owner: str | None = None) -> str:
         """:meth:`snapshot`'s ``status`` by the same rule, at O(open effects) cost.
 
         It copies no message and decodes no settled decision: the open analysis
@@ -486,9 +520,11 @@ class ThreadLog:
         """
         if self.corruption() is not None:
             return "corrupt"
-        action = decide(self.state, self.open_analysis(), max_steps=max_steps, max_attempts=max_attempts,
+        analysis = self.open_analysis()
+        action = decide(self.state, analysis, max_steps=max_steps, max_attempts=max_attempts,
                         context_budget=context_budget)
-        return action.status if isinstance(action, Stop) and not running else "running"
+        return shown_status(action, analysis, running=running,
+                            in_progress=partial(self.in_progress_elsewhere, owner))[0]
 
     def events(self, from_seq: int = 1) -> list[Event]:
         """The thread's events, in order."""
@@ -672,18 +708,37 @@ class ThreadLog:
             return None
         return NewEvent(f"{decision.kind}.outcome_resolved", body, self.meta(str(body["actor"])))
 
-    def _refuse_while_owned_elsewhere(self, effect_id: str, owner: str | None) -> None:
-        """:class:`~jixu.errors.TurnOwned` while a process other than ``owner`` holds a live claim on the turn."""
+    def live_claim(self, owner: str | None = None) -> tuple[Lease, float] | None:
+        """The live claim of a process other than ``owner`` on the thread's turn, with the seconds it has left by
+        the store's clock, or None: none held, released, expired (a late write of its holder is fenced out), or
+        its holder's process proven gone (nothing of it is in flight)."""
         lease = self.store.get_lease(self.turn_key)
         if lease is None or lease.released or lease.owner == owner:
+            return None
+        left = lease.expires_at - self.store.now()
+        if left <= 0 or dead_holder(lease, self.holder_process) is not None:
+            return None
+        return lease, left
+
+    def in_progress_elsewhere(self, owner: str | None = None) -> str | None:
+        """Why the active turn is running in a process other than ``owner`` (its live claim), or None (see
+        :func:`shown_status`)."""
+        turn = self.state.active_turn()
+        claim = self.live_claim(owner) if turn is not None else None
+        if turn is None or claim is None:
+            return None
+        lease, left = claim
+        return (f"turn {turn.turn_id} is in progress in {lease.owner} (epoch {lease.epoch}, its claim renewed for "
+                f"another {left:.1f}s): what it has in flight settles there")
+
+    def _refuse_while_owned_elsewhere(self, effect_id: str, owner: str | None) -> None:
+        """:class:`~jixu.errors.TurnOwned` while a process other than ``owner`` holds a live claim on the turn."""
+        claim = self.live_claim(owner)
+        if claim is None:
             return
-        now = self.store.now()
-        if lease.expires_at <= now:
-            return  # its owner stopped renewing: a late receipt of its would be refused by the fence
-        if dead_holder(lease, self.holder_process) is not None:
-            return  # its process is proven gone: nothing of it is in flight
+        lease, left = claim
         raise TurnOwned(f"effect {effect_id} may still be in flight: thread {self.thread_id}'s turn is owned by "
-                        f"{lease.owner} (epoch {lease.epoch}) for another {lease.expires_at - now:.1f}s. Resolve it "
+                        f"{lease.owner} (epoch {lease.epoch}) for another {left:.1f}s. Resolve it "
                         "once that process has stopped (its claim released or expired), or recover the turn "
                         "first (jixu turns recover)", thread_id=self.thread_id, effect_id=effect_id)
 

@@ -325,7 +325,8 @@ class DurableRun:
     def state(self) -> State:
         """The thread's state as every surface shows it (``running`` while the run is in progress here)."""
         thread = self._live()
-        return thread.log.snapshot(max_attempts=self._harness.max_attempts, running=self._session is not None)
+        return thread.log.snapshot(max_attempts=self._harness.max_attempts, running=self._session is not None,
+                                   owner=self._harness.owner)
 
     def _live(self) -> Thread:
         if self._thread is None:

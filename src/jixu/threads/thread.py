@@ -149,13 +149,16 @@ class Thread:
         return self.log.analysis()
 
     def state(self) -> State:
-        """The current state (no I/O unless the history contradicts itself, or the last reply is a new artifact).
+        """The current state (no I/O unless the history contradicts itself, the last reply is a new artifact, or
+        the thread would wait on an operator: then the turn's claim is read, since another process holding it has
+        its calls in flight).
 
         ``last_reply`` is the whole text even when the reply was stored as an
         artifact (the turns keep the short placeholder and ``reply_artifact``).
         """
         return self.log.snapshot(max_steps=self._agent.max_steps, max_attempts=self._harness.max_attempts,
-                                 running=self.running, context_budget=self._agent.context_budget)
+                                 running=self.running, context_budget=self._agent.context_budget,
+                                 owner=self._harness.owner)
 
     @property
     def running(self) -> bool:

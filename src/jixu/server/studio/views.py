@@ -484,15 +484,15 @@ def thread_page(ctx: Context, thread_id: str, *, before: int | None = None, view
                         "requested_href": event_href(decision.requested_seq) if decision.requested_seq else None,
                         "resolved_by": actors(resolution.get("actor")) if isinstance(resolution, dict) else None})
     analysis = state.analysis
-    # A corrupt thread takes no decision: no resolution, approval, denial or input is offered on it.
-    unresolved = [] if corrupt is not None else [
+    # Decisions are offered on what the thread waits on, nothing else: none on a corrupt thread, and no resolution
+    # of a call in flight in the process that holds the turn (the server would refuse it).
+    unresolved = [
         {**decisions[e].to_dict(), **_effect_context(ctx, log.stream, decisions[e]), "resolution_id": new_hex_id(),
-         "probe": probe_text(waiting.get(e, {}).get("probe")),
-         "probe_record": pretty(waiting[e]["probe"]) if waiting.get(e, {}).get("probe") else ""}
-        for e in analysis.requires_resolution if e in decisions]
-    parked = [] if corrupt is not None else [
-        {**decisions[e].to_dict(), **_effect_context(ctx, log.stream, decisions[e])}
-        for e in analysis.waiting_on_parked if e in decisions]
+         "probe": probe_text(waiting[e].get("probe")),
+         "probe_record": pretty(waiting[e]["probe"]) if waiting[e].get("probe") else ""}
+        for e in analysis.requires_resolution if e in decisions and e in waiting]
+    parked = [{**decisions[e].to_dict(), **_effect_context(ctx, log.stream, decisions[e])}
+              for e in analysis.waiting_on_parked if e in decisions and e in waiting]
     messages = list(state.messages)
     hidden_messages = 0 if all_messages else max(0, len(messages) - MESSAGES_SHOWN)
     can_edit = allows(role, "editor")
