@@ -304,7 +304,9 @@ class Harness:
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        self.close()
+        """Leaving the block is :meth:`shutdown`: a turn still running is drained (left for the next process with
+        its lease released), never cut off by the store closing under it."""
+        await self.shutdown()
 
 
 __all__ = ["Harness", "ThreadSummary"]
