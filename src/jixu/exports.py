@@ -8,6 +8,7 @@ where they live, and imports them for type checkers only.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Mapping
 from importlib import import_module
@@ -36,4 +37,29 @@ def lazy_exports(package: str, where: Mapping[str, str]) -> tuple[Callable[[str]
     return load, names
 
 
-__all__ = ["lazy_exports"]
+def load_object(spec: str, option: str, example: str) -> Any:
+    """The object ``MODULE:ATTRIBUTE`` names (``ATTRIBUTE`` may be dotted), for a ``--option`` naming user code.
+
+    The current directory is importable, as with ``python -m``. Every failure is an
+    :class:`~jixu.errors.InvalidInput` on ``option``: a malformed name, a module that cannot be imported or raises
+    while it is imported, a missing attribute (``example`` shows the expected form)."""
+    from jixu.errors import InvalidInput
+
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(part.strip() for part in spec.split(":")):
+        raise InvalidInput(f"--{option} {spec!r} must be MODULE:FACTORY, e.g. {example}", field=option)
+    module_name, attribute = (part.strip() for part in spec.split(":"))
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        target: Any = import_module(module_name)
+    except Exception as error:  # a syntax error or an exception raised at import is the user's code failing
+        raise InvalidInput(f"--{option} {spec!r}: cannot import {module_name!r} ({type(error).__name__}: {error})",
+                           field=option) from error
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise InvalidInput(f"--{option} {spec!r}: {module_name!r} has no attribute {attribute!r}", field=option)
+        target = getattr(target, part)
+    return target
+
+
+__all__ = ["lazy_exports", "load_object"]

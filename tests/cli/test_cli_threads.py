@@ -467,3 +467,20 @@ def test_show_marks_an_assistants_reasoning_and_never_prints_its_opaque_parts(tm
     assert "It shipped [twice]." in text, "a message's text is shown as written, brackets included"
     for opaque in ("SIG-SECRET-123", "REDACTED-OPAQUE-456", "ENCRYPTED-789"):
         assert opaque not in shown.stdout
+
+
+def test_agent_factories_in_the_current_directory_are_found_and_a_broken_one_is_one_line_exit_6(
+        tmp_path: Path) -> None:
+    """`--agent MODULE:FACTORY` imports from the current directory, as its help says (a real child process, so
+    its sys.path is a fresh command's); a module that raises while it is imported is exit 6, no traceback."""
+    (tmp_path / "myagents.py").write_text(
+        "from jixu import Agent, ScriptedModel\n\n\ndef make_agent() -> Agent:\n"
+        "    return Agent('mine', ScriptedModel(['hi']))\n")
+    (tmp_path / "badagents.py").write_text("raise RuntimeError('the config file is missing')\n")
+    made = run_jixu("threads", "create", "q.db", "--agent", "myagents:make_agent", cwd=tmp_path, own_process=True)
+    assert made.returncode == 0, made.stderr
+    before = (tmp_path / "q.db").read_bytes()
+    broken = run_jixu("threads", "create", "q.db", "--agent", "badagents:x", cwd=tmp_path, own_process=True)
+    assert broken.returncode == 6, broken.stderr
+    assert "RuntimeError: the config file is missing" in broken.stderr and "Traceback" not in broken.stderr
+    assert (tmp_path / "q.db").read_bytes() == before

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import os
 import signal
@@ -70,6 +69,7 @@ from jixu.errors import (
     TurnOwned,
     UnknownProvider,
 )
+from jixu.exports import load_object
 from jixu.kernel import DEFAULT_LEASE_TTL
 from jixu.kernel.batched import work_renewals
 from jixu.ledger import Store, open_store
@@ -106,18 +106,9 @@ Report = Callable[[str, str], None]
 
 
 def load_agent_factory(spec: str) -> Callable[[], Agent]:
-    """The factory ``MODULE:FACTORY`` names (e.g. ``myapp.agents:support_agent``); typed error if unusable."""
-    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
-        raise InvalidInput(f"agent {spec!r} must be MODULE:FACTORY, e.g. myapp.agents:make_agent", field="agent")
-    module_name, attribute = spec.split(":")
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as error:
-        raise InvalidInput(f"agent {spec!r}: cannot import {module_name!r} ({error})", field="agent") from error
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise InvalidInput(f"agent {spec!r}: {module_name!r} has no attribute {attribute!r}", field="agent")
-        target = getattr(target, part)
+    """The factory ``MODULE:FACTORY`` names (e.g. ``myapp.agents:support_agent``; the current directory is
+    importable); typed error if unusable."""
+    target = load_object(spec, "agent", "myapp.agents:make_agent")
     if not callable(target):
         raise InvalidInput(f"agent {spec!r} is not callable; give a zero-argument factory", field="agent")
     factory: Callable[[], Agent] = target
