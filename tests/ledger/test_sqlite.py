@@ -121,6 +121,27 @@ def test_a_missing_database_is_reported_when_creation_is_not_allowed(tmp_path: P
     assert not (tmp_path / "absent.db").exists()
 
 
+def test_an_empty_file_is_not_made_a_jixu_database_when_creation_is_not_allowed(tmp_path: Path) -> None:
+    """A reader (every CLI command that only reads) opens with create=False: an empty file, or one an editor
+    truncated, must not come out of it holding a fresh jixu schema."""
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    with pytest.raises(StoreNotFound, match="holds no jixu schema"):
+        SQLiteStore(empty, create=False)
+    assert empty.read_bytes() == b"" and not (tmp_path / "empty.db-wal").exists()
+    with SQLiteStore(empty) as store:  # creation allowed: the schema is installed
+        assert store.list_streams() == []
+    with SQLiteStore(empty, create=False) as store:
+        assert store.list_streams() == []
+
+
+def test_a_memory_url_opened_without_creation_is_not_found_and_takes_no_options() -> None:
+    with pytest.raises(StoreNotFound, match="one process's memory"):
+        open_store("memory://", create=False)
+    with pytest.raises(InvalidInput, match="takes no path or options"):
+        open_store("memory://?create=false")
+
+
 def test_a_read_only_store_reads_but_refuses_every_write(sqlite_path: Path) -> None:
     with SQLiteStore(sqlite_path) as store:
         store.append("orders/1", [NewEvent("order.placed")], 0)

@@ -350,6 +350,10 @@ class SQLiteStore(Store):
             raise _translate(exc, self.path) from exc
         try:
             self._conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            if not read_only and not create and self._installed_version(self._conn) == 0:
+                # An empty file (or another program's database) is not a jixu store: not made one by a reader.
+                raise StoreNotFound(f"{self.path} holds no jixu schema and create=False (nothing was created)",
+                                    path=self.path)
             if not read_only:
                 self._ensure_wal(busy_timeout)
             self._conn.execute(f"PRAGMA synchronous = {synchronous}")

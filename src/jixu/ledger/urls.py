@@ -12,7 +12,7 @@ import os
 from typing import Any
 from urllib.parse import parse_qsl, unquote_plus, urlsplit
 
-from jixu.errors import InvalidInput, UnsupportedStoreUrl
+from jixu.errors import InvalidInput, StoreNotFound, UnsupportedStoreUrl
 from jixu.ledger.store import Store
 
 DEFAULT_STORE_URL = "sqlite:///jixu.db"
@@ -109,8 +109,13 @@ def open_store(target: str | os.PathLike[str] | Store | None = None, **options: 
     if is_memory_url(text):
         from jixu.ledger.memory import MemoryStore
 
+        if options.pop("create", True) is False:  # opening an existing store: a memory one exists in its process only
+            raise StoreNotFound(f"{text} is a store in one process's memory: there is none to open here (give a "
+                                "SQLite path or a PostgreSQL URL)", url=text)
         return MemoryStore(**options)
     scheme = urlsplit(text).scheme if "://" in text else ""
+    if scheme == "memory":
+        raise InvalidInput(f"store URL {text!r}: memory:// takes no path or options", field="store")
     if scheme in ("", "sqlite", "file") or text.startswith("sqlite:"):
         from jixu.ledger.sqlite import SQLiteStore
 
