@@ -256,6 +256,14 @@ def test_a_bad_dsn_is_a_store_error_that_never_shows_the_password(dsn: str) -> N
         assert "127.0.0.1" in str(error) and "ledgerdb" in str(error), str(error)
 
 
+def test_a_short_password_is_hidden_without_eating_the_words_of_the_message() -> None:
+    with pytest.raises(StoreError) as info:
+        PostgresStore("postgresql://u:p@127.0.0.1:1/ledgerdb", connect_timeout=2)
+    message = str(info.value)
+    assert "port 1 failed" in message and "accepting TCP/IP" in message, message
+    assert "***" not in message, message  # the password appears nowhere, so nothing was masked
+
+
 def test_the_url_attribute_masks_the_password(url: str) -> None:
     userinfo = re.match(r"^postgres(?:ql)?://([^@/?]*)@", url)
     assert userinfo, f"the test server URL names no user: {url}"

@@ -145,6 +145,17 @@ def test_tokens_create_needs_a_role_and_a_project(tmp_path: Path) -> None:
     assert result.returncode == 6 and "--role" in result.stderr
 
 
+def test_tokens_create_refuses_an_admin_token_with_scoping_flags_and_an_empty_project(tmp_path: Path) -> None:
+    """--admin --project demo --role editor used to make an admin token silently: the caller meant a narrow one."""
+    store = f"sqlite:///{tmp_path / 't.db'}"
+    for args in (("--admin", "--project", "demo", "--role", "editor"), ("--admin", "--role", "operator"),
+                 ("--project", "", "--role", "viewer")):
+        result = jixu("tokens", "create", "--store", store, *args)
+        assert result.returncode == 6, (args, result.stderr)
+    listed = jixu("tokens", "list", "--store", store, "--json")
+    assert listed.returncode != 0 or json.loads(listed.stdout) == [], listed.stdout
+
+
 def test_the_remote_cli_recovers_an_expired_turn_once_with_the_operators_note(served: Served) -> None:
     from jixu.ledger import open_store
     from jixu.scheduling import create_thread_for

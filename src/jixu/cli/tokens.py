@@ -64,8 +64,13 @@ def create_command(name: str | None, projects: tuple[str, ...], role: str | None
     Exit codes: 0 made, 2 usage, 5 store or server unreachable, 6 invalid input, 7 not authorized.
     """
     with handled(as_json):
+        if admin and (projects or role is not None):
+            raise InvalidInput("--admin is every project with every right: give it without --project and --role",
+                               field="admin")
         if not admin and (not projects or role is None):
             raise InvalidInput("give --project P --role R (or --admin)", field="role")
+        if any(not project.strip() for project in projects):
+            raise InvalidInput("--project must name a project", field="project")
         roles = {} if admin else dict.fromkeys(projects, role or "")
         label = name or ("admin" if admin else f"{projects[0]}-{role}")
         lifetime = parse_duration(expires_in, "expires_in") if expires_in is not None else None

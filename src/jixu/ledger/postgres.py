@@ -812,8 +812,9 @@ class PostgresStore(Store):
             ConnectionPool.check_connection(conn)
 
     def _scrub(self, text: str) -> str:
+        # Only where the password stands as a token of its own: a short one ("p") must not eat the "p" of "port".
         for secret in self._secrets:
-            text = text.replace(secret, "***")
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", "***", text)
         return text
 
     def _translate(self, exc: BaseException) -> JixuError:
