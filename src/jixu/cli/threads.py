@@ -199,8 +199,8 @@ def list_rows(opened: Store, limit: int) -> list[dict[str, Any]]:
 def threads_group() -> None:
     """Inspect threads and record operator decisions (resolve, approve, deny, fork).
 
-    Every command takes STORE first: a SQLite file path or a sqlite:/// URL
-    (never created by these commands). The CLI records decisions and never calls
+    Every command takes STORE first: a SQLite file path, a sqlite:/// URL or a
+    postgresql:// URL (only `create` makes a store that does not exist). The CLI records decisions and never calls
     a model or a tool: the application that owns a thread's agent continues the
     thread when it opens it again (Harness.open_thread).
     """
