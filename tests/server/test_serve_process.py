@@ -100,6 +100,24 @@ def test_worker_processes_over_a_store_in_memory_are_refused_instead_of_never_se
     assert "a store they can share" in result.stderr, result.stderr
 
 
+def test_an_address_that_cannot_be_listened_on_is_one_line_exit_6_before_serve_announces_itself(
+        tmp_path: Path) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        for args in (("--port", str(taken.getsockname()[1])), ("--host", "256.1.1.1")):
+            result = jixu("serve", "--store", f"sqlite:///{tmp_path / 'x.db'}", *args)
+            assert result.returncode == 6, (args, result.stdout, result.stderr)
+            assert "cannot listen on" in result.stderr and "Traceback" not in result.stderr, result.stderr
+            assert "jixu serve:" not in result.stdout, result.stdout
+    finally:
+        taken.close()
+    both = jixu("serve", "--store", f"sqlite:///{tmp_path / 'x.db'}", "--no-worker", "--worker-processes", "2",
+                "--port", str(free_port()))
+    assert both.returncode == 6 and "--no-worker" in both.stderr, both.stderr
+
+
 def test_an_idle_keep_alive_connection_outlives_the_clients_reuse_of_it(tmp_path: Path) -> None:
     """httpx reuses an idle connection for up to 5 s (its default ``keepalive_expiry``): the server must keep it
     longer, or it closes connections just as clients send on them (a POST then fails unanswered). A request,

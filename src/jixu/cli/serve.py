@@ -14,7 +14,7 @@ from rich.markup import escape
 from jixu.cli.output import EXIT_OK, console, handled
 from jixu.cli.runs import DEFAULT_WORKSPACE_ROOT, PROVIDERS_ENV, WORKSPACE_ENV, load_providers
 from jixu.cli.worker import open_store_label
-from jixu.errors import require_extra
+from jixu.errors import InvalidInput, require_extra
 from jixu.ledger import DEFAULT_STORE_URL, open_store
 from jixu.runs.operations import PUBLISHERS_ENV, REMOTES_ENV, load_publishers, load_remotes
 from jixu.scheduling.workers import (
@@ -73,17 +73,21 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
 
     SIGTERM or SIGINT: stop accepting requests, drain the worker, exit 0.
 
-    Exit codes: 0 stopped cleanly, 2 usage, 5 store problem, 6 invalid input.
+    Exit codes: 0 stopped cleanly, 2 usage, 5 store problem, 6 invalid input (also: the address cannot be
+    listened on).
     """
     with handled(False):
         for module in ("fastapi", "uvicorn", "jinja2"):
             require_extra(module, "server", "jixu serve")
     from jixu.server import create_app
     from jixu.server.background import BackgroundPool, BackgroundWorker
-    from jixu.server.serving import serve
+    from jixu.server.serving import listen, serve
     from jixu.server.studio import studio_router
 
     with handled(False):
+        if no_worker and worker_processes:
+            raise InvalidInput("--worker-processes starts workers and --no-worker starts none: give one",
+                               field="worker_processes")
         agent = make_agent(agent_spec) if agent_spec else None
         if agent is not None:
             agent.prepare()  # this server runs its turns (in-process worker, sends)
@@ -94,6 +98,7 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
         publishers = load_publishers(publishers_spec)
         remotes = load_remotes(remotes_spec) if remotes_spec else None
         store = open_store(store_url)
+        listener = listen(host, port)
     lifespan: list[Any] = []
     if not no_worker and (agent is not None or providers is not None):
         config = WorkerConfig(store_url=store_url, agent=agent_spec, owner=owner or default_owner(),
@@ -121,8 +126,9 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda received, frame: None)
     try:
-        serve(app, host=host, port=port)
+        serve(app, host=host, port=port, sock=listener)
     finally:
+        listener.close()
         store.close()
     sys.exit(EXIT_OK)
 

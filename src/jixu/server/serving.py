@@ -10,11 +10,13 @@ Whatever still runs after ``drain_timeout`` seconds is cancelled.
 
 from __future__ import annotations
 
+import socket
 from types import FrameType
 from typing import Any
 
 import uvicorn
 
+from jixu.errors import InvalidInput
 from jixu.server.app import begin_shutdown
 
 KEEP_ALIVE_SECONDS = 75
@@ -35,12 +37,33 @@ class GracefulServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def serve(app: Any, *, host: str, port: int, drain_timeout: int = 10, log_level: str = "info") -> None:
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port``, or :class:`~jixu.errors.InvalidInput` saying why not (the address is
+    in use, not this machine's, or not an address): bound before the server says it serves, so a failure is one
+    line and a usage exit, not a started server that then stops."""
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, protocol, _, address = found[0]
+        sock = socket.socket(family, kind, protocol)
+    except (OSError, OverflowError, UnicodeError) as error:
+        raise InvalidInput(f"cannot listen on {host}:{port}: {getattr(error, 'strerror', None) or error}",
+                           field="host") from error
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as error:
+        sock.close()
+        raise InvalidInput(f"cannot listen on {host}:{port}: {error.strerror or error}", field="port") from error
+    return sock
+
+
+def serve(app: Any, *, host: str, port: int, drain_timeout: int = 10, log_level: str = "info",
+          sock: socket.socket | None = None) -> None:
     """Serve ``app`` until SIGTERM/SIGINT; then stop within about ``drain_timeout`` seconds (plus the lifespan's
-    own drain)."""
+    own drain). ``sock``: the socket :func:`listen` bound (else uvicorn binds ``host:port`` itself)."""
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=drain_timeout,
                             timeout_keep_alive=KEEP_ALIVE_SECONDS)
-    GracefulServer(config).run()
+    GracefulServer(config).run(sockets=[sock] if sock is not None else None)
 
 
-__all__ = ["KEEP_ALIVE_SECONDS", "GracefulServer", "serve"]
+__all__ = ["KEEP_ALIVE_SECONDS", "GracefulServer", "listen", "serve"]
