@@ -404,6 +404,27 @@ def test_cancel_then_retry_into_the_work_queue(project: Env) -> None:
     assert code == 0 and queued["queued"]["key"] == f"run/{queued['run_id']}"
 
 
+def test_a_run_created_without_queue_is_queued_later_and_a_worker_runs_it(project: Env) -> None:
+    """`runs create` without --queue said the run was waiting for a worker, yet no command could put it in the work
+    queue: `jixu runs queue` does, and a worker then runs it. A finished run is refused."""
+    env = project
+    code, created = env.create("fixer")
+    run_id = created["run_id"]
+    assert code == 0 and created["queued"] is None
+    code, queued = env.json("runs", "queue", str(env.db), run_id)
+    assert code == 0 and queued["queued"]["key"] == f"run/{run_id}" and queued["queued"]["project"] == "calc"
+    worked = env.jixu("worker", "--store", str(env.db), "--providers", SPEC, "--exit-when-idle", "--quiet",
+                      "--workspace-root", str(env.workspaces))
+    assert worked.returncode == 0, worked.stderr
+    code, shown = env.json("runs", "show", str(env.db), run_id)
+    assert shown["status"] == "succeeded", shown["status"]
+    length = env.length(run_id)
+    code, refused = env.json("runs", "queue", str(env.db), run_id)
+    assert code == 4 and refused["error"]["code"] == "run_state_error", refused
+    assert env.json("runs", "queue", str(env.db), "01JD0000000000000000000009")[0] == 3
+    assert env.length(run_id) == length
+
+
 def test_bad_input_gets_a_typed_error_and_writes_nothing(project: Env) -> None:
     env = project
     code, created = env.create("fixer", "--execute")

@@ -46,7 +46,7 @@ from rich.table import Table
 
 from jixu.cli.output import EXIT_CHECK_FAILED, EXIT_OK, emit_json, handled, json_option
 from jixu.cli.threads import default_actor, out, styled, trim
-from jixu.errors import InvalidInput, NotFound
+from jixu.errors import InvalidInput, NotFound, RunCorrupt, RunStateError
 from jixu.ledger import Store, VerifyReport, open_store
 from jixu.ledger.encoding import JSONObject
 from jixu.runs.engine import RunLog, Runs, default_run_owner
@@ -502,6 +502,30 @@ def create_command(store: str, project: str, brief: str, provider_name: str, pro
         emit_json({**created, "executed": False, "run": state_json(state, store, providers_spec)})
     elif work is None:
         print_next(out(), next_operations(state, store, providers_spec))
+
+
+@runs_group.command("queue", short_help="Put an existing run in the work queue for workers.")
+@click.argument("store")
+@click.argument("run_id")
+@json_option
+def queue_command(store: str, run_id: str, as_json: bool) -> None:
+    """Put RUN_ID in the work queue (key run/<id>, in its project) for `jixu worker`: for a run created without
+    --queue, or one an operator resumed or handed off without --execute. Idempotent. A finished run is refused
+    (exit 4), a corrupt one too (exit 4)."""
+    with opened(store, as_json) as store_:
+        state = asyncio.run(observer_runs(store_).state(run_id))
+        if state.status == "corrupt":
+            raise RunCorrupt(f"run {run_id} is corrupt: {state.reason}; it is not queued", run_id=run_id)
+        if state.status in ("succeeded", "failed", "cancelled"):
+            raise RunStateError(f"run {run_id} is {state.status}: there is nothing to run"
+                                + ("; retry it with `jixu runs retry`" if state.status != "succeeded" else ""),
+                                run_id=run_id, status=state.status)
+        work = submit_run(store_, run_id).to_dict()
+    if as_json:
+        emit_json({"run_id": run_id, "queued": work})
+    else:
+        out().print(f"queued run {run_id} for workers: key {work['key']} in project {escape(work['project'])}",
+                    highlight=False)
 
 
 @runs_group.command("execute", short_help="Run a run to its next stop in this process, showing progress.")
