@@ -74,6 +74,9 @@ def test_errors_have_distinct_exit_codes_and_change_nothing(tmp_path: Path) -> N
     assert bad_type.returncode == 6
     stale = jixu("ledger", "append", str(db), "orders/1", "order.paid", "--expected-seq", "0", "--json")
     assert stale.returncode == 4 and json.loads(stale.stdout)["error"]["code"] == "concurrency_conflict"
+    nobody = jixu("ledger", "append", str(db), "orders/1", "order.paid", "--actor", " ")
+    assert nobody.returncode == 6 and "--actor" in nobody.stderr
+    assert jixu("ledger", "events", str(db), "orders/999").returncode == 3, "as verify --stream and effects answer"
     with SQLiteStore(db) as store:
         assert len(store.read("orders/1")) == 1
 

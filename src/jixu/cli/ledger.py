@@ -122,6 +122,8 @@ def append_command(store: str, stream: str, event_type: str, data: str, expected
             payload = json.loads(data)
         except ValueError as exc:
             raise InvalidInput(f"DATA is not valid JSON: {exc}", field="data") from exc
+        if actor is not None and not actor.strip():
+            raise InvalidInput("--actor must name who appends (or leave it out)", field="actor")
         meta = {"actor": actor} if actor else {}
         event = NewEvent(event_type, payload, meta) if event_id is None else NewEvent(event_type, payload, meta, event_id)
         with open_store(store) as opened:
@@ -170,6 +172,8 @@ def streams_command(store: str, prefix: str, as_json: bool) -> None:
 def events_command(store: str, stream: str, from_seq: int, as_json: bool) -> None:
     """Show the events of STREAM in order."""
     with handled(as_json), open_store(store, create=False) as opened:
+        if opened.stream_info(stream) is None:  # as `ledger effects` and `verify --stream` answer
+            raise NotFound(f"stream {stream!r} has no events in {store}", stream=stream)
         events = opened.read(stream, from_seq)
     if as_json:
         emit_json([e.to_dict() for e in events])
