@@ -133,6 +133,10 @@ def test_the_first_reader_after_a_tamper_gets_the_answer_of_every_later_reader(
 @pytest.mark.parametrize("name", NAMES)
 def test_replay_names_the_same_first_bad_event(matrix: tuple[Path, dict[str, Case]], tmp_path: Path,
                                                name: str) -> None:
+    """Replay answers what opening answers (SPEC 3): the same corruption and the same state, built from the events
+    before the first bad one (it once folded the events after the break too, and showed their effects)."""
+    from jixu.threads.log import ThreadLog
+
     path, cases = matrix
     case = cases[name]
     with SQLiteStore(copy_store(path, tmp_path / "copy.db")) as store:
@@ -141,6 +145,9 @@ def test_replay_names_the_same_first_bad_event(matrix: tuple[Path, dict[str, Cas
             return (await thread.replay()).to_dict()
 
         replayed = run(scenario)
+        loaded = ThreadLog.load(store, case.thread_id, verify=True).snapshot().to_dict()
+    for key in ("status", "seq", "effects", "messages", "turns", "corruption", "waiting_on"):
+        assert replayed[key] == loaded[key], (name, key)
     if case.corrupt:
         assert replayed["status"] == "corrupt"
         _assert_names(replayed["corruption"], case)

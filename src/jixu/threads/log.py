@@ -944,12 +944,17 @@ class ThreadLog:
     # --- replay and fork ----------------------------------------------------------------
 
     def replay(self, upto: int | str | None = None) -> State:
-        """Rebuild the state from events alone, calling no driver; decisions come from the resolver afresh."""
+        """Rebuild the state from events alone, calling no driver; decisions come from the resolver afresh.
+
+        Of a broken history only the events before the first bad one are folded, as opening does: the replay's
+        state is the opening's (SPEC 3)."""
         last = self.resolve_upto(upto)
-        events = self.store.read(self.stream, 1, last)
-        state = fold(self._projection, events)
         report = verdict(self.store, self.stream, checkpoints=(self._projection.name,))
         break_seq = None if report.valid else report.first_bad_seq
+        if break_seq is not None:
+            last = min(last, break_seq - 1) if last is not None else break_seq - 1
+        events = self.store.read(self.stream, 1, last) if last is None or last >= 1 else []
+        state = fold(self._projection, events)
         analysis = RecoveryResolver.analyze(events, chain_break_seq=break_seq)
         seqs = {event.id: event.seq for event in events}
         found = corruption(self.stream, chain=report, analysis=analysis, contradiction=state.contradiction,
