@@ -322,6 +322,12 @@ class ProjectNotFound(NotFound):
     code = "project_not_found"
 
 
+class ProjectCorrupt(StreamCorrupt):
+    """The project's stream does not verify; nothing (a run, an admission, a policy change) acts on it."""
+
+    code = "project_corrupt"
+
+
 class ProjectExists(JixuError):
     """A project with this name is already registered with a different origin or policy."""
 
@@ -498,6 +504,7 @@ __all__ = [
     "OutcomeUnknown",
     "OwnershipLost",
     "PayloadTooLarge",
+    "ProjectCorrupt",
     "ProjectExists",
     "ProjectNotFound",
     "ProviderMismatch",

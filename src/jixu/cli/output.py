@@ -43,6 +43,7 @@ _EXIT_BY_CODE: dict[str, int] = {
     "stream_corrupt": EXIT_CHECK_FAILED,
     "run_corrupt": EXIT_CHECK_FAILED,
     "request_corrupt": EXIT_CHECK_FAILED,
+    "project_corrupt": EXIT_CHECK_FAILED,
     "key_unavailable": EXIT_STORE,
     "thread_busy": EXIT_CONFLICT,
     "harness_closed": EXIT_CONFLICT,

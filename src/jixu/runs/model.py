@@ -15,16 +15,17 @@ Policy (normalised by :func:`validate_policy`)::
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from jixu.errors import InvalidInput, InvalidPolicy, ProjectExists, ProjectNotFound
+from jixu.errors import InvalidInput, InvalidPolicy, ProjectCorrupt, ProjectExists, ProjectNotFound
 from jixu.kernel import record
-from jixu.ledger import NewEvent, Store
+from jixu.ledger import NewEvent, Store, project
 from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
 from jixu.ledger.event import Event
+from jixu.ledger.trust import record_break
 from jixu.recovery import Analysis
-from jixu.recovery.corruption import Corruption
+from jixu.recovery.corruption import Corruption, corruption
 from jixu.runs.workspace import check_origin
 from jixu.runs.workspace import default_branch as origin_branch
 
@@ -202,39 +203,85 @@ def check_project_name(name: object) -> str:
     return name
 
 
-def _project_of(events: list[Event]) -> Project:
-    first = events[0].data
-    project = Project(first["name"], first["origin"], first["default_branch"], first["policy"],
-                      first["policy_digest"], 1, events[0].seq)
-    for event in events[1:]:
+class ProjectProjection:
+    """The reducer from a project's events to the :class:`Project` they say (``None`` until it is registered)."""
+
+    name = "project"
+    version = 1
+
+    def initial(self) -> Project | None:
+        """Nothing before the registration."""
+        return None
+
+    def apply(self, state: Project | None, event: Event) -> Project | None:
+        """Fold ``event`` into the project (only a registration at seq 1 starts one, as it always did)."""
+        data = event.data
+        if state is None:
+            if event.type != "project.registered" or event.seq != 1:
+                return None
+            return Project(data["name"], data["origin"], data["default_branch"], data["policy"], data["policy_digest"],
+                           1, event.seq)
         if event.type == "project.policy_updated":
-            project = Project(project.name, project.origin, project.default_branch, event.data["policy"],
-                              event.data["policy_digest"], project.policy_revision + 1, event.seq)
-        elif event.type == "project.origin_changed":
-            project = Project(project.name, event.data["origin"], project.default_branch, project.policy,
-                              project.policy_digest, project.policy_revision, event.seq)
-    return project
+            return replace(state, policy=data["policy"], policy_digest=data["policy_digest"],
+                           policy_revision=state.policy_revision + 1, seq=event.seq)
+        if event.type == "project.origin_changed":
+            return replace(state, origin=data["origin"], seq=event.seq)
+        return state
+
+    def dump(self, state: Project | None) -> JSONObject:
+        """The project as JSON (project streams are short: never checkpointed, but the protocol asks for it)."""
+        return {"project": None if state is None else state.to_dict()}
+
+    def load(self, data: JSONObject) -> Project | None:
+        """The project back from :meth:`dump`."""
+        found = data.get("project")
+        return None if found is None else Project(**found)
+
+
+def _established(store: Store, name: str) -> Project | None:
+    """The project ``name`` as its *verified* events say (``None``: never registered).
+
+    Read like an execution request's stream: the whole chain is verified in the
+    read that is folded (decision 0025), a break found is kept for every later
+    opening, and a project whose stream does not verify is refused with
+    :class:`~jixu.errors.ProjectCorrupt` (first bad seq, reason): a run freezes
+    its policy and an admission trusts its origin, so nothing acts on it.
+    """
+    stream = project_stream(check_project_name(name))
+    if store.stream_info(stream) is None:
+        return None
+    projected = project(store, stream, ProjectProjection(), use_checkpoint=False)
+    found = corruption(stream, chain=projected.chain, analysis=None)
+    if found is not None:
+        record_break(store, projected.chain)
+        raise ProjectCorrupt(f"project {name}'s stream is corrupt: {found.summary()}. Nothing acts on it (no run "
+                             f"is created from it, no request admitted under it); inspect it with `jixu verify "
+                             f"STORE --stream {stream}`", project=name, stream=stream,
+                             first_bad_seq=found.first_bad_seq, reason=found.reason, detail=found.detail)
+    return projected.state
 
 
 def get_project(store: Store, name: str) -> Project:
-    """The project ``name``; :class:`~jixu.errors.ProjectNotFound` if it was never registered."""
-    check_project_name(name)
-    events = store.read(project_stream(name))
-    if not events or events[0].type != "project.registered":
+    """The project ``name`` from its verified events; :class:`~jixu.errors.ProjectNotFound` if it was never
+    registered, :class:`~jixu.errors.ProjectCorrupt` if its stream does not verify."""
+    found = _established(store, name)
+    if found is None:
         raise ProjectNotFound(f"no project {name!r} is registered; register it first", project=name)
-    return _project_of(events)
+    return found
 
 
 def list_projects(store: Store) -> list[Project]:
-    """Every registered project, by name."""
+    """Every registered project, by name (:class:`~jixu.errors.ProjectCorrupt` if one's stream does not verify:
+    a listing never shows a changed origin or policy as the project's)."""
     projects: list[Project] = []
     after = ""
     while True:
         page = store.list_streams(PROJECT_PREFIX, after=after, limit=1000)
         for info in page:
-            events = store.read(info.stream)
-            if events and events[0].type == "project.registered":
-                projects.append(_project_of(events))
+            name = info.stream[len(PROJECT_PREFIX):]
+            found = _established(store, name) if PROJECT_NAME.match(name) else None
+            if found is not None:
+                projects.append(found)
         if len(page) < 1000:
             return projects
         after = page[-1].stream
@@ -261,17 +308,16 @@ def register_project(store: Store, name: str, origin: str, policy: JSONObject, *
     branch = default_branch if default_branch is not None else origin_branch(origin)
     digest = policy_digest(normalised)
     stream = project_stream(name)
-    existing = store.read(stream)
-    if existing:
-        current = _project_of(existing)
+    current = _established(store, name)
+    if current is not None:
         if (current.origin, current.default_branch, current.policy_digest) == (origin, branch, digest):
             return current
         raise ProjectExists(f"project {name!r} is already registered with origin {current.origin!r} and policy "
                             f"{current.policy_digest[:12]}; update its policy with update_policy", project=name)
     data = {"name": name, "origin": origin, "default_branch": branch, "policy": normalised, "policy_digest": digest}
     canonical_text(data)
-    [event] = record(store, stream, [NewEvent("project.registered", data, {"actor": actor})], 0)
-    return _project_of([event])
+    record(store, stream, [NewEvent("project.registered", data, {"actor": actor})], 0)
+    return get_project(store, name)
 
 
 def update_policy(store: Store, name: str, policy: JSONObject, *, actor: str = "jixu") -> Project:
@@ -419,6 +465,7 @@ __all__ = [
     "TASK_SEMANTICS",
     "PlanView",
     "Project",
+    "ProjectProjection",
     "RunState",
     "TaskView",
     "check_project_name",

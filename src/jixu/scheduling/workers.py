@@ -61,6 +61,7 @@ from jixu.errors import (
     OwnershipLost,
     ProviderMismatch,
     RequestNotFound,
+    RunCorrupt,
     RunNotFound,
     RunOwned,
     StoreError,
@@ -726,6 +727,8 @@ class Worker:
             return _Outcome(True, "cut off by the drain; the request continues elsewhere", kind="requeue")
         except RequestNotFound as error:
             return _Outcome(False, error.message, kind="error")
+        except RunCorrupt as error:  # nothing acts on its run's journal: an operator's, not the queue's, to retry
+            return _Outcome(False, error.message, kind="operator")
         except UnknownProvider as error:
             # Meant for workers configured with another publisher: leave it for them, without spinning on it.
             return _Outcome(True, error.message, max(self.config.lease_ttl, 5.0), "error")

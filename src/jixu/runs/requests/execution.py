@@ -53,11 +53,13 @@ class Execution(RequestService):
         A cancellation whose effect is recorded (the run finished by it) but
         whose drain receipt is missing is *observed* again, never redone: it
         waits up to ``drain_timeout`` (default: the service's) for the run's
-        executor to stop and then records the receipt.
+        executor to stop and then records the receipt. A corrupt request answers its ``corrupt`` view; a
+        request of a corrupt run is refused (:class:`~jixu.errors.RunCorrupt`). Neither writes anything.
         """
         log = RequestLog(self.store, request_id)
         run = RunLog(self.store, log.record.run_id)
-        if log.corruption() is not None or run.corruption() is not None:
+        run.open_to_act()  # the request's own view cannot show its run's corruption: it would say "pending"
+        if log.corruption() is not None:
             return self.view(log)  # nothing acts on a history that does not hold
         if request_id not in run.record.requests:
             raise RequestNotFound(f"request {request_id} is not named by run {log.record.run_id}'s journal; it was "
