@@ -372,7 +372,12 @@ def test_a_failed_run_shows_its_check_evidence_and_a_retry_is_a_fresh_run_with_l
     assert (child["brief"], child["source"], child["policy_digest"]) == (
         failed["brief"], failed["source"], failed["policy_digest"])
     assert child["workspace"] != failed["workspace"]
-    assert env.entries(failed_id) == before  # the failed run's history is untouched
+    after = env.entries(failed_id)  # the failed run's history is unchanged; it gains the record of its one retry
+    assert after[:len(before)] == before and [e["type"] for e in after[len(before):]] == ["run.retried"]
+    assert child_id in json.dumps(after[-1]["data"]), after[-1]["data"]
+    again = env.jixu("runs", "retry", str(env.db), failed_id, "--providers", SPEC)
+    assert again.returncode == 4 and child_id in again.stderr, again.stderr  # retried once only
+    assert env.entries(failed_id) == after
 
     assert env.json("runs", "show", str(env.db), failed_id)[1]["lineage"]["children"] == [child_id]
     assert env.json("runs", "show", str(env.db), child_id)[1]["lineage"]["ancestors"] == [failed_id]

@@ -6,6 +6,7 @@ from typing import Any
 
 from jixu.ledger.encoding import content_hash
 from jixu.recovery import RecoveryResolver
+from jixu.runs.model import policy_digest
 from jixu.runs.projection import (
     AutoResume,
     Dispatch,
@@ -16,6 +17,7 @@ from jixu.runs.projection import (
     RunProjection,
     RunRecord,
     Stop,
+    build_state,
     compare,
     decide,
     derive_status,
@@ -33,7 +35,8 @@ SEMANTICS = {"prepare": "idempotent", "implement": "idempotent", "verify": "read
 
 def created() -> list[tuple[str, dict[str, Any]]]:
     return [("run.created", {"run_id": "R", "project": "calc", "brief": "fix", "source": SOURCE,
-                             "provider": {"name": "p", "revision": 1}, "policy": POLICY, "policy_digest": "d",
+                             "provider": {"name": "p", "revision": 1}, "policy": POLICY,
+                             "policy_digest": policy_digest(POLICY),
                              "workspace": "/ws/R", "parent_run_id": None, "knowledge": None}),
             ("plan.revised", {"revision": 1, "provider_revision": 1, "reason": "initial", "tasks": TASKS})]
 
@@ -159,6 +162,28 @@ def test_the_journal_stops_everything_when_finished_mismatched_or_contradictory(
     assert after_finish[0].problems
 
 
+def test_a_frozen_policy_must_match_its_digest() -> None:
+    changed = [(kind, {**data, "policy": {**POLICY, "checks": []}} if kind == "run.created" else data)
+               for kind, data in created()]
+    record, analysis = fold(changed)
+    assert record.problems[0] == "seq 1 (run.created): the frozen policy does not match its policy_digest"
+    assert isinstance(decide(record, analysis), Stop)  # RunLog.corruption() makes it corrupt: nothing runs
+
+
+def test_a_finished_failed_or_cancelled_run_is_retried_once() -> None:
+    failed_run = [*created(), ("run.finished", {"outcome": "failed", "reason": "no"})]
+    once = fold([*failed_run, ("run.retried", {"child_run_id": "C1", "provider": "p", "actor": "a"})])
+    assert not once[0].problems and derive_status(*once, "none") == ("failed", "no")
+    assert build_state(once[0], once[1], "failed", "no", None).lineage == {"parent_run_id": None, "retried_as": "C1"}
+    twice = fold([*failed_run, ("run.retried", {"child_run_id": "C1"}), ("run.retried", {"child_run_id": "C2"})])
+    assert twice[0].problems == ["seq 5 (run.retried): a second retry (retried as C1)"]
+    unfinished = fold([*created(), ("run.retried", {"child_run_id": "C1"})])
+    assert unfinished[0].problems == ["seq 3 (run.retried): a retry of a run that is not failed or cancelled "
+                                      "(unfinished)"]
+    succeeded = fold([*created(), ("run.finished", {"outcome": "succeeded"}), ("run.retried", {"child_run_id": "C"})])
+    assert succeeded[0].problems and succeeded[0].retried is None
+
+
 def test_compare_names_every_difference() -> None:
     expected = {"workspace": "/ws/R", "origin": "/srv/calc.git", "head": "h1", "tree": "t1", "may_be_absent": False,
                 "clean": False}
@@ -176,7 +201,9 @@ def test_the_record_survives_a_checkpoint_round_trip() -> None:
 
     from jixu.ledger.encoding import canonical_text
 
-    record, analysis = fold([*created(), ("run.claimed", {"owner": "w", "epoch": 1}), *PREPARED, *IMPLEMENTED])
+    record, analysis = fold([*created(), ("run.claimed", {"owner": "w", "epoch": 1}), *PREPARED, *IMPLEMENTED,
+                             ("run.finished", {"outcome": "failed"}), ("run.retried", {"child_run_id": "C"})])
+    assert record.retried is not None
     projection = RunProjection()
     loaded = projection.load(json.loads(canonical_text(projection.dump(record))))
     assert projection.dump(loaded) == projection.dump(record)

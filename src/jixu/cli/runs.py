@@ -511,7 +511,7 @@ def create_command(store: str, project: str, brief: str, provider_name: str, pro
 def queue_command(store: str, run_id: str, as_json: bool) -> None:
     """Put RUN_ID in the work queue (key run/<id>, in its project) for `jixu worker`: for a run created without
     --queue, or one an operator resumed or handed off without --execute. Idempotent. A finished run is refused
-    (exit 4), a corrupt one too (exit 4)."""
+    (exit 4), a corrupt one too (exit 1)."""
     with opened(store, as_json) as store_:
         state = asyncio.run(observer_runs(store_).state(run_id))
         if state.status == "corrupt":
@@ -858,8 +858,9 @@ def retry_command(store: str, run_id: str, providers_spec: str | None, provider_
                   actor: str | None, execute: bool, queue: bool, workspace_root: str, owner: str | None,
                   as_json: bool) -> None:
     """Retry a failed or cancelled RUN_ID: a new run (new id, fresh clone) of the same project, brief, source
-    commit and frozen policy, recording RUN_ID as its parent. RUN_ID's journal is not touched and nothing it
-    did is rolled back. Prints the new run's id and its lineage."""
+    commit and frozen policy, recording RUN_ID as its parent. RUN_ID's journal gains only `run.retried` naming the
+    new run (a run is retried once: a second retry is refused, exit 4), and nothing it did is rolled back. Prints
+    the new run's id and its lineage."""
     who = actor if actor is not None else default_actor()
     with opened(store, as_json) as store_:
         refuse_both(execute, queue)

@@ -294,15 +294,18 @@ class Runs:
             canonical_text(knowledge, path="knowledge")
         found = get_project(self.store, project)
         if parent_run_id is not None:
-            self._load(parent_run_id)
+            self._load(parent_run_id).open_to_act()  # lineage to a journal that does not hold vouches for nothing
         source = await asyncio.to_thread(resolve_source, found.origin, commit, found.default_branch)
         return self._create(found.name, brief, source, found.policy, found.policy_digest, chosen, parent_run_id,
                             None if knowledge is None else {"content": knowledge, "digest": content_hash(knowledge)},
                             actor)
 
     def _create(self, project_name: str, brief: str, source: JSONObject, policy: JSONObject, digest: str,
-                provider: Provider, parent_run_id: str | None, knowledge: JSONObject | None, actor: str) -> str:
-        run_id = new_id()
+                provider: Provider, parent_run_id: str | None, knowledge: JSONObject | None, actor: str,
+                run_id: str | None = None) -> str:
+        """Record a new run's journal (``run.created``, the initial plan) under ``run_id`` (default: a new id);
+        :class:`~jixu.errors.ConcurrencyError` if that journal exists already."""
+        run_id = new_id() if run_id is None else run_id
         workspace = self.workspace_root / run_id
         snapshot = provider_snapshot(provider, 1)
         tasks = [{"task_id": new_id(), "kind": "prepare", "params": {}},
@@ -878,23 +881,65 @@ class Runs:
                                              note=note, actor=actor)
 
     async def retry(self, run_id: str, actor: str = "operator", *, provider: str | None = None) -> str:
-        """A fresh run (new id, fresh clone) of a failed or cancelled run: same project, brief, source commit and
-        frozen policy, with ``parent_run_id`` lineage. The failed run's journal is not touched; nothing it did
-        is rolled back."""
+        """A fresh run (new id, fresh clone) of a failed or cancelled run, once: same project, brief, source commit
+        and frozen policy, with ``parent_run_id`` lineage. Nothing the failed run did is rolled back.
+
+        The retry is recorded in the failed run's journal first (``run.retried``, naming the new run's id),
+        at the journal's head, so of two racing retries one conflicts; the new run's journal is created after
+        it. Any later retry, and the loser of a race, gets :class:`~jixu.errors.RunStateError` naming the run it
+        was retried as (``retried_as``); only when that run's journal was never created (the process stopped in
+        between) does a later retry create exactly that run (with the provider recorded) and return its id.
+        """
         check_text(actor, "actor", 200, required=True)
         log = self._load(run_id)
-        log.open_to_act()  # a retry takes its brief, source and policy from this journal: it must hold
-        status, reason, _analysis, _info = self._status(log)
-        if status not in ("failed", "cancelled"):
-            raise RunStateError(f"run {run_id} is {status} ({reason}); only a failed or cancelled run is retried "
-                                "(resume continues a paused or interrupted one)", run_id=run_id, status=status)
-        record = log.record
-        chosen = self._provider_named(provider if provider is not None else record.provider.get("name"))
+        raced = False
+        for _ in range(_CONFLICT_RETRIES):
+            log.open_to_act()  # a retry takes its brief, source and policy from this journal: it must hold
+            if log.record.retried is not None:
+                # Having lost a race to it, the winner is creating its run now: this call is the second retry.
+                return self._complete_retry(log, create=not raced)
+            status, reason, _analysis, _info = self._status(log)
+            if status not in ("failed", "cancelled"):
+                raise RunStateError(f"run {run_id} is {status} ({reason}); only a failed or cancelled run is retried "
+                                    "(resume continues a paused or interrupted one)", run_id=run_id, status=status)
+            chosen = self._provider_named(provider if provider is not None else log.record.provider.get("name"))
+            child_id = new_id()
+            try:
+                log.append([NewEvent("run.retried", {"child_run_id": child_id, "provider": chosen.name,
+                                                     "actor": actor, "previous_status": status}, log.meta(actor))])
+            except ConcurrencyError:
+                log.sync()  # another writer moved the journal: a racing retry is then found above
+                raced = True
+                continue
+            with contextlib.suppress(ConcurrencyError):  # a later retry completed it meanwhile: it is this one
+                self._retry_child(log)
+            return child_id
+        raise RunStateError(f"run {run_id}'s journal kept moving while retrying it; try again", run_id=run_id)
+
+    def _complete_retry(self, log: RunLog, *, create: bool) -> str:
+        """For a run already retried: with ``create``, create the run its ``run.retried`` names if its journal was
+        never created (and return its id); else :class:`~jixu.errors.RunStateError` naming it."""
+        child_id = str((log.record.retried or {}).get("child_run_id"))
+        if create and self.store.stream_info(run_stream(child_id)) is None:
+            try:
+                return self._retry_child(log)
+            except ConcurrencyError:
+                pass  # another caller created it first: this call is the second retry
+        status = (log.record.finished or {}).get("outcome")
+        raise RunStateError(f"run {log.run_id} was already retried as run {child_id}; a {status} run is retried "
+                            f"once (retry {child_id} if it fails too)", run_id=log.run_id, status=status,
+                            retried_as=child_id)
+
+    def _retry_child(self, log: RunLog) -> str:
+        """Create the run the journal's ``run.retried`` names, from the failed run's frozen brief, source and
+        policy (:class:`~jixu.errors.ConcurrencyError` if its journal exists already)."""
+        record, retried = log.record, log.record.retried or {}
         created = record.created or {}
         knowledge = created.get("knowledge")
         return self._create(record.project, record.brief, record.source, record.policy,
-                            str(created.get("policy_digest")), chosen, run_id,
-                            knowledge if isinstance(knowledge, dict) else None, actor)
+                            str(created.get("policy_digest")), self._provider_named(retried.get("provider")),
+                            log.run_id, knowledge if isinstance(knowledge, dict) else None,
+                            str(retried.get("actor") or self.actor), run_id=str(retried.get("child_run_id")))
 
 
 __all__ = ["DEFAULT_LEASE_TTL", "RunLog", "Runs", "default_run_owner"]

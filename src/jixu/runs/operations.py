@@ -5,14 +5,12 @@ Both the CLI and workers use them, so they live here rather than in an interface
 
 from __future__ import annotations
 
-import importlib
-import os
 import shlex
-import sys
 from collections.abc import Mapping
 from typing import Any
 
 from jixu.errors import InvalidInput, JixuError
+from jixu.exports import load_object
 from jixu.ledger.encoding import JSONObject
 from jixu.runs.model import RunState
 from jixu.runs.providers import Provider
@@ -34,21 +32,7 @@ def _factory_entries(spec: str | None, option: str, env: str, what: str,
     if spec is None or not spec.strip():
         raise InvalidInput(f"no {what}s: give --{option} MODULE:FACTORY or set ${env} (a zero-argument callable "
                            f"returning a dict of {what} name -> {what})", field=option)
-    if spec.count(":") != 1 or not all(part.strip() for part in spec.split(":")):
-        raise InvalidInput(f"--{option} {spec!r} must be MODULE:FACTORY, e.g. myapp.{option}:{option}",
-                           field=option)
-    module_name, attribute = (part.strip() for part in spec.split(":"))
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())  # the current directory is importable, as with `python -m jixu`
-    try:
-        target: Any = importlib.import_module(module_name)
-    except Exception as error:
-        raise InvalidInput(f"--{option} {spec!r}: cannot import {module_name!r} ({type(error).__name__}: {error})",
-                           field=option) from error
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise InvalidInput(f"--{option} {spec!r}: {module_name!r} has no attribute {attribute!r}", field=option)
-        target = getattr(target, part)
+    target = load_object(spec, option, f"myapp.{option}:{option}")
     if not callable(target):
         raise InvalidInput(f"--{option} {spec!r} is not callable; give a zero-argument factory", field=option)
     try:
@@ -109,6 +93,8 @@ def next_operations(state: RunState, store: str, providers_spec: str | None = No
             " --execute")
         return ops
     if status in ("failed", "cancelled"):
+        if state.lineage.get("retried_as"):
+            return ops  # retried once already: its retry is the run to look at
         add("retry", "a fresh run (new id, fresh clone) of the same brief, source and policy, with lineage; this "
                      "run's history stays as it is", f" --providers {spec} --execute")
         return ops

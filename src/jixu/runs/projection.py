@@ -33,16 +33,17 @@ from jixu.runs.model import (
     PlanView,
     RunState,
     TaskView,
+    policy_digest,
 )
 from jixu.runs.providers import PAUSE_KINDS
 
-REDUCER_VERSION = 3
+REDUCER_VERSION = 4
 _RECEIPT_TYPES = frozenset({"task.completed", "task.failed", "task.outcome_resolved"})
-_AFTER_FINISH = frozenset({"run.request_admitted", "run.drained", "run.process_stopped"})
+_AFTER_FINISH = frozenset({"run.request_admitted", "run.drained", "run.process_stopped", "run.retried"})
 """Besides receipts, what a finished run's journal still records: execution requests (publication of a
-succeeded run, say), their remote tasks' lifecycle, the proof that a cancelled run drained, and the stopping
-of processes it had started. A process is never started for a finished run (``run.process_started`` after
-``run.finished`` contradicts the record)."""
+succeeded run, say), their remote tasks' lifecycle, the proof that a cancelled run drained, the stopping
+of processes it had started, and the one retry of a failed or cancelled run. A process is never started for a
+finished run (``run.process_started`` after ``run.finished`` contradicts the record)."""
 ENDED: frozenset[str] = frozenset({"gone", "terminated", "killed"})
 """``run.process_stopped`` outcomes after which no process of the group remains."""
 _PHASES = frozenset(PHASES)
@@ -90,6 +91,9 @@ class RunRecord:
     """Automatic resumes since the last completed implementation, explicit resume or handoff."""
     acknowledged_seq: int = 0
     """Seq of the latest explicit resume or handoff: an operator looked at the run after that point."""
+    retried: JSONObject | None = None
+    """``run.retried`` data plus ``seq``: the one fresh run (``child_run_id``) retrying this failed or cancelled
+    run, named before that run's journal is created."""
     problems: list[str] = field(default_factory=list)
     """Contradictions in the journal (the run then needs reconciliation and never runs)."""
     seq: int = 0
@@ -222,6 +226,9 @@ class RunProjection:
         elif kind == "run.created":
             if record.created is not None:
                 record.problems.append(f"{where}: a second run.created")
+            elif not isinstance(data.get("policy"), dict) or policy_digest(data["policy"]) != data.get("policy_digest"):
+                # The frozen policy is what every check runs: it must be the one its recorded digest names.
+                record.problems.append(f"{where}: the frozen policy does not match its policy_digest")
             else:
                 record.created = dict(data)
                 record.run_id = str(data.get("run_id", ""))
@@ -270,6 +277,17 @@ class RunProjection:
                 record.processes.append({**data, "seq": event.seq})
         elif kind == "run.process_stopped":
             record.stopped.append({**data, "seq": event.seq})
+        elif kind == "run.retried":
+            outcome = (record.finished or {}).get("outcome")
+            if record.retried is not None:
+                record.problems.append(f"{where}: a second retry (retried as {record.retried.get('child_run_id')})")
+            elif outcome not in ("failed", "cancelled"):
+                record.problems.append(f"{where}: a retry of a run that is not failed or cancelled "
+                                       f"({outcome or 'unfinished'})")
+            elif not isinstance(data.get("child_run_id"), str):
+                record.problems.append(f"{where}: a retry naming no run")
+            else:
+                record.retried = {**data, "seq": event.seq}
         return record
 
     @staticmethod
@@ -356,8 +374,8 @@ class RunProjection:
                 "handoffs": state.handoffs, "finished": state.finished, "requests": state.requests,
                 "drained": state.drained, "processes": state.processes, "stopped": state.stopped,
                 "auto_retries": state.auto_retries,
-                "acknowledged_seq": state.acknowledged_seq, "problems": state.problems, "seq": state.seq,
-                "head_hash": state.head_hash}
+                "acknowledged_seq": state.acknowledged_seq, "retried": state.retried, "problems": state.problems,
+                "seq": state.seq, "head_hash": state.head_hash}
 
     def load(self, data: JSONObject) -> RunRecord:
         """The record back from :meth:`dump`."""
@@ -743,6 +761,15 @@ def plan_view(record: RunRecord, analysis: Analysis) -> PlanView:
                     task_views(record, analysis, ids), tuple(dict(r) for r in record.revisions))
 
 
+def lineage(record: RunRecord) -> JSONObject:
+    """``parent_run_id`` (what this run retries) and, once it was retried, ``retried_as`` (the run retrying it)."""
+    created = record.created or {}
+    found: JSONObject = {"parent_run_id": created.get("parent_run_id")}
+    if record.retried is not None:
+        found["retried_as"] = record.retried.get("child_run_id")
+    return found
+
+
 def build_state(record: RunRecord, analysis: Analysis, status: str, reason: str,
                 owner: JSONObject | None, corrupt: Corruption | None = None) -> RunState:
     """The public :class:`~jixu.runs.model.RunState` (pure); ``corrupt``: the journal's corruption verdict."""
@@ -754,7 +781,7 @@ def build_state(record: RunRecord, analysis: Analysis, status: str, reason: str,
         plan=plan_view(record, analysis), pauses=tuple(dict(p) for p in record.pauses),
         automatic_retries_used=record.auto_retries, repairs_used=record.repairs_used,
         reconciliations=tuple(dict(r) for r in record.reconciliations), finished=record.finished,
-        lineage={"parent_run_id": created.get("parent_run_id")}, owner=owner, seq=record.seq,
+        lineage=lineage(record), owner=owner, seq=record.seq,
         head_hash=record.head_hash, problems=tuple(record.problems), analysis=analysis, corruption=corrupt)
 
 
@@ -776,6 +803,7 @@ __all__ = [
     "decide",
     "derive_status",
     "expected_workspace",
+    "lineage",
     "open_processes",
     "plan_view",
     "task_views",
