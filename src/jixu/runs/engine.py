@@ -344,8 +344,12 @@ class Runs:
 
         Runs nothing (and writes nothing) when the run is finished, paused for
         an operator, interrupted (resume it first) or needs reconciliation;
-        :class:`~jixu.errors.RunOwned` while another process executes it.
-        Automatic pauses are waited out here (their recorded delay).
+        :class:`~jixu.errors.RunOwned` while another process executes it;
+        :class:`~jixu.errors.RunStateError` (nothing written) while a
+        cancellation request of the run is admitted and not settled.
+        Automatic pauses are waited out here (their recorded delay); with
+        ``wait_automatic_pauses=False`` one not due yet returns at once
+        without claiming the run (nothing written).
         """
         log = self._load(run_id)
         status = self._status(log)[0]
@@ -356,6 +360,9 @@ class Runs:
         pause = log.record.open_pause
         if not (status == "queued" or (status == "paused" and pause is not None and pause.get("automatic"))):
             return self._state(log)
+        self._refuse_while_cancelling(log, "executed", status)
+        if self._waits_for_pause(decide(log.record, log.analysis())):
+            return self._state(log)  # nothing to do before the pause ends: no claim, nothing written
         provider = self._provider_of(log.record)
         running = await asyncio.to_thread(survey, log.record)
         if running:
@@ -388,12 +395,45 @@ class Runs:
         try:
             claim = await claim_stream(log.writer, run_lease_key(log.run_id), self.owner, self.lease_ttl,
                                        lambda c: NewEvent("run.claimed", c.record(), log.meta(self.owner)),
-                                       still_wanted=lambda: not isinstance(decide(log.record, log.analysis()), Stop),
+                                       still_wanted=lambda: self._wanted(decide(log.record, log.analysis())),
                                        tries=_CONFLICT_RETRIES, holder_process=log.holder_process)
         except (FencingError, LeaseHeld) as error:
             raise RunOwned(f"run {log.run_id} changed hands while claiming it: {error.message}",
                            run_id=log.run_id) from error
         return None if claim is None else claim.fence
+
+    def _waits_for_pause(self, action: Any) -> bool:
+        """Whether ``action`` is an automatic resume not due yet that this service does not wait for
+        (``wait_automatic_pauses=False``): whoever requeued the run comes back at ``resume_at``."""
+        return isinstance(action, AutoResume) and not self.wait_automatic_pauses and action.resume_at is not None \
+            and action.resume_at > self.store.now()
+
+    def _wanted(self, action: Any) -> bool:
+        """Whether claiming the run for ``action`` does anything (a claim for nothing is never written)."""
+        return not isinstance(action, Stop) and not self._waits_for_pause(action)
+
+    def _refuse_while_cancelling(self, log: RunLog, what: str, status: str) -> None:
+        """:class:`~jixu.errors.RunStateError` (nothing written) while a cancellation of the unfinished run is
+        admitted and not settled: nothing acts on the run as if it were not cancelled. The error names the
+        request and the command that settles it."""
+        found = self.requests.open_cancellation(log)
+        if found is None:
+            return
+        run_id, request_id = log.run_id, found.request_id
+        if found.status == "pending":
+            command = f"jixu runs execute-request STORE {run_id} {request_id}"
+            why = "was admitted and is not carried out yet; a worker carries it out, or"
+        elif found.status == "needs_reconciliation":
+            command = f"jixu runs reconcile-execution-request STORE {run_id} {request_id} --reconciliation-id HEX"
+            why = ("was dispatched without a receipt (the process cancelling the run stopped) and may have taken "
+                   "effect; settle it from the run's journal (it completes the cancellation if the run never "
+                   "finished):")
+        else:
+            command = f"jixu runs cancel STORE {run_id}"
+            why = "is corrupt (nothing acts on it) and may have taken effect; cancel the run again:"
+        raise RunStateError(f"run {run_id} cannot be {what}: its cancellation request {request_id} {why} "
+                            f"`{command}`", run_id=run_id, status=status, request_id=request_id,
+                            request_status=found.status, command=command)
 
     async def _loop(self, log: RunLog, fence: Fence, provider: Provider) -> None:
         async def next_action() -> Any:
@@ -401,8 +441,7 @@ class Runs:
             if isinstance(action, Stop):
                 self._record_drained(log, fence)
                 return None
-            if isinstance(action, AutoResume) and not self.wait_automatic_pauses and action.resume_at is not None \
-                    and action.resume_at > self.store.now():
+            if self._waits_for_pause(action):
                 return None  # the pause stays open; whoever requeued the run comes back at resume_at
             return action
 
@@ -672,6 +711,7 @@ class Runs:
         if status == "running":
             raise RunOwned(f"run {log.run_id} is being executed by another process; it cannot be {what} now",
                            run_id=log.run_id, status=status)
+        self._refuse_while_cancelling(log, what, status)
         if log.record.problems or analysis.has_corruption:
             raise RunStateError(f"run {log.run_id}'s journal is broken or contradicts itself ({reason}); it cannot be "
                                 f"{what}", run_id=log.run_id, status=status)

@@ -64,6 +64,7 @@ from jixu.errors import (
     RunCorrupt,
     RunNotFound,
     RunOwned,
+    RunStateError,
     StoreError,
     ThreadCorrupt,
     ThreadNotFound,
@@ -696,6 +697,8 @@ class Worker:
             state = await self._executed(runs.execute(run_id), f"jixu-run-{run_id}")
         except RunOwned as error:
             return _Outcome(True, f"{error.message}", min(ttl, max(poll, ttl / 3)), "requeue")
+        except RunStateError as error:  # a cancellation of the run is in doubt: its own request settles it first
+            return _Outcome(True, error.message, max(ttl, 5.0), "requeue")
         except OwnershipLost as error:  # as for a turn: the next claim finds what the run needs
             return _Outcome(True, f"OwnershipLost: {error.message}", poll, "lost")
         except AgentStillRunning as error:  # an earlier attempt's agent outlived its worker: an operator decides

@@ -19,7 +19,13 @@ attempt — and its own hash-chained lifecycle, classified by the
 * A cancellation finishes the run (``run.finished`` naming the request) and is
   complete only with a ``run.drained`` receipt: written by the process that
   was executing the run when it stopped, or by the request's worker after it
-  saw that no process holds the run's lease any more.
+  saw that no process holds the run's lease any more. Its effect is a write to
+  the run's own journal, so a cancellation dispatched whose dispatcher stopped
+  before ``run.finished`` is never in doubt for long: the journal shows the run
+  never finished, and the request's worker or a reconciliation completes it (a
+  run finishes once, so it never happens twice); a run that finished without it
+  settles it as ``failed``. Until then ``execute``, ``resume`` and ``handoff``
+  of the run refuse, and no operator resolution of it is accepted.
 
 Rules (SPEC section 5):
 

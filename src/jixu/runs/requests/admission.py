@@ -173,10 +173,14 @@ class Admission(RequestService):
                 raise RunStateError(f"run {run_id} is already {finished.get('outcome')} "
                                     f"({finished.get('reason')})", run_id=run_id, status=finished.get("outcome"))
             for request_id, data in run.record.requests.items():
-                if data.get("kind") == "cancellation" and RequestLog(self.store, request_id).status()[0] in (
-                        "pending", "needs_reconciliation"):
-                    raise RequestStateError(f"cancellation request {request_id} of run {run_id} is still open",
-                                            run_id=run_id, request_id=request_id)
+                status = RequestLog(self.store, request_id).status()[0] if data.get("kind") == "cancellation" else ""
+                if status in ("pending", "needs_reconciliation"):
+                    settle = (f"jixu runs execute-request STORE {run_id} {request_id}" if status == "pending" else
+                              f"jixu runs reconcile-execution-request STORE {run_id} {request_id} "
+                              "--reconciliation-id HEX")
+                    raise RequestStateError(f"cancellation request {request_id} of run {run_id} is still open "
+                                            f"({status}); carry it out instead of admitting another: `{settle}`",
+                                            run_id=run_id, request_id=request_id, command=settle)
             try:
                 return self._admit(run, "cancellation", actor, {"origin": run.record.source.get("origin"),
                                                                 "commit": run.record.source.get("commit")},

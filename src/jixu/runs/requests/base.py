@@ -8,20 +8,22 @@ from dataclasses import replace
 from pathlib import Path
 
 from jixu.errors import (
+    ConcurrencyError,
     InvalidInput,
     ProjectNotFound,
     RequestNotFound,
     UnknownProvider,
 )
-from jixu.ledger import Store
+from jixu.ledger import NewEvent, Store
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.ids import is_valid_id
 from jixu.runs.journal import RunLog
 from jixu.runs.model import get_project
 from jixu.runs.processes import DEFAULT_GRACE_S
+from jixu.runs.projection import derive_status
 from jixu.runs.publication import PublicationContext, Publisher
 from jixu.runs.remote import RemoteContext, RemoteProvider
-from jixu.runs.requests.drain import executor
+from jixu.runs.requests.drain import executor, finished_by
 from jixu.runs.requests.log import RequestLog
 from jixu.runs.requests.status import DEFAULT_DRAIN_TIMEOUT, ExecutionRequestView
 
@@ -96,14 +98,55 @@ class RequestService:
 
 
     def view(self, log: RequestLog) -> ExecutionRequestView:
-        """The request's view; a cancellation waiting for a live executor to drain is ``in_progress``."""
+        """The request's view; a cancellation that finished the run and waits for a live executor to drain is
+        ``in_progress`` (one whose run never finished stays ``needs_reconciliation``)."""
         view = log.view()
         if view.kind == "cancellation" and view.status == "needs_reconciliation" and view.decision \
-                and view.decision.get("reason") == "dispatched_without_receipt" \
-                and executor(self.store, RunLog(self.store, view.run_id))[0]:
-            return replace(view, status="in_progress",
-                           reason="the run is finished; waiting for the process executing it to stop")
+                and view.decision.get("reason") == "dispatched_without_receipt":
+            run = RunLog(self.store, view.run_id)
+            if finished_by(run, view.request_id) and executor(self.store, run)[0]:
+                return replace(view, status="in_progress",
+                               reason="the run is finished; waiting for the process executing it to stop")
         return view
+
+    def open_cancellation(self, run: RunLog) -> ExecutionRequestView | None:
+        """The run's cancellation request that is admitted and not settled while the run is unfinished
+        (``pending``, ``needs_reconciliation`` or ``corrupt``), or ``None``: while there is one, nothing may act
+        on the run as if it were not cancelled (:meth:`~jixu.runs.Runs.execute`, ``resume`` and ``handoff``
+        refuse)."""
+        if run.record.finished is not None:
+            return None
+        for request_id, data in run.record.requests.items():
+            if data.get("kind") == "cancellation":
+                view = self.view(RequestLog(self.store, request_id))
+                if view.status in ("pending", "needs_reconciliation", "corrupt"):
+                    return view
+        return None
+
+    def _finish_run(self, run: RunLog, log: RequestLog, *, completed_by: JSONObject | None = None) -> None:
+        """The cancellation's effect: ``run.finished`` (``cancelled``, naming the request) at the journal's head,
+        unless the run finished already (a run finishes once, so this never happens twice). ``completed_by``
+        names who completed a cancellation whose dispatcher stopped before this write (recorded in the evidence)."""
+        admitted = log.record.admitted or {}
+        reason = str((admitted.get("target") or {}).get("reason") or "cancelled")
+        actor = str(admitted.get("actor") or self.actor)
+        for _ in range(20):
+            if run.record.finished is not None:
+                return
+            before, why = derive_status(run.record, run.analysis(), self._ownership(run))
+            evidence: JSONObject = {"request_id": log.request_id, "status_before": before, "reason_before": why}
+            if completed_by is not None:
+                evidence["completed_by"] = completed_by
+            try:
+                run.append([NewEvent("run.finished", {
+                    "outcome": "cancelled", "reason": reason, "actor": actor, "request_id": log.request_id,
+                    "evidence": evidence}, RequestLog.meta(actor, run.run_id, log.request_id))])
+            except ConcurrencyError:
+                run.sync()
+        if run.record.finished is None:  # never silently: the cancellation stays in doubt for the next attempt
+            raise ConcurrencyError(f"run {run.run_id}'s journal kept moving while finishing it as cancelled by "
+                                   f"request {log.request_id}; try again", run_id=run.run_id,
+                                   request_id=log.request_id)
 
     def _ownership(self, run: RunLog) -> str:
         """Who holds the run's lease, in :data:`~jixu.runs.projection.OWNERSHIP` terms (as seen from outside)."""

@@ -20,7 +20,6 @@ from jixu.ledger import NewEvent, new_id
 from jixu.ledger.encoding import JSONObject, content_hash
 from jixu.runs.journal import RunLog
 from jixu.runs.model import REQUEST_TASK_KINDS
-from jixu.runs.projection import derive_status
 from jixu.runs.publication import PublicationContext, Publisher, RemoteRejected
 from jixu.runs.remote import RemoteContext, RemoteProvider
 from jixu.runs.requests.base import RequestService
@@ -53,7 +52,11 @@ class Execution(RequestService):
         A cancellation whose effect is recorded (the run finished by it) but
         whose drain receipt is missing is *observed* again, never redone: it
         waits up to ``drain_timeout`` (default: the service's) for the run's
-        executor to stop and then records the receipt. A corrupt request answers its ``corrupt`` view; a
+        executor to stop and then records the receipt. A cancellation
+        dispatched whose run's journal shows no ``run.finished`` at all (its
+        dispatcher stopped before that one write) is completed: the journal
+        proves the effect did not happen, and a run finishes only once, so
+        it cannot happen twice. A corrupt request answers its ``corrupt`` view; a
         request of a corrupt run is refused (:class:`~jixu.errors.RunCorrupt`). Neither writes anything.
         """
         log = RequestLog(self.store, request_id)
@@ -74,6 +77,13 @@ class Execution(RequestService):
             elif log.record.kind == "cancellation" and status == "needs_reconciliation" \
                     and finished_by(run, request_id):
                 await self._finish_drain(run, log, timeout)
+            elif log.record.kind == "cancellation" and status == "needs_reconciliation" \
+                    and run.record.finished is None:
+                # Dispatched, and the run's journal shows it never finished: the dispatcher stopped before the
+                # cancellation's one write. Completed now, never doubled (a run finishes once).
+                self._finish_run(run, log, completed_by={"by": self.owner, "trigger": "execute"})
+                if finished_by(run, request_id):
+                    await self._finish_drain(run, log, timeout)
         except ConcurrencyError:
             pass  # another worker moved the request first: it owns the dispatch, we stop
         log.sync()
@@ -175,7 +185,6 @@ class Execution(RequestService):
 
     async def _cancel(self, run: RunLog, log: RequestLog, timeout: float) -> None:
         meta = RequestLog.meta(self.owner, run.run_id, log.request_id)
-        admitted = log.record.admitted or {}
         if log.record.intent is None:
             log.append([NewEvent("cancellation.requested", _intent(
                 "cancel_run", {"run_id": run.run_id, "request_id": log.request_id}, new_id()), meta)])
@@ -186,19 +195,7 @@ class Execution(RequestService):
                 "cancellation", intent["effect_id"], None, meta)])
             return
         log.append([marker("cancellation", intent["effect_id"], 1, intent, meta)])
-        reason = str((admitted.get("target") or {}).get("reason") or "cancelled")
-        actor = str(admitted.get("actor") or self.actor)
-        for _ in range(20):
-            if run.record.finished is not None:
-                break
-            before, why = derive_status(run.record, run.analysis(), self._ownership(run))
-            try:
-                run.append([NewEvent("run.finished", {
-                    "outcome": "cancelled", "reason": reason, "actor": actor, "request_id": log.request_id,
-                    "evidence": {"request_id": log.request_id, "status_before": before, "reason_before": why}},
-                    RequestLog.meta(actor, run.run_id, log.request_id))])
-            except ConcurrencyError:
-                run.sync()
+        self._finish_run(run, log)
         await self._finish_drain(run, log, timeout)
 
     async def _finish_drain(self, run: RunLog, log: RequestLog, timeout: float) -> None:

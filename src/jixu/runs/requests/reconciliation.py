@@ -98,10 +98,43 @@ class Reconciliation(RequestService):
         if remote and inspection is not None:
             self._against_evidence(log, inspection, resolution)
         decision = admit_resolution(log.analysis(), body, where=f"request {request_id}")
+        if decision is not None and log.record.kind == "cancellation":
+            self._against_journal(run, log, resolution)
         if decision is not None:
             log.append([NewEvent(f"{decision.kind}.outcome_resolved", body,
                                  RequestLog.meta(actor, run.run_id, request_id))])
         return self.view(log)
+
+    @staticmethod
+    def _against_journal(run: RunLog, log: RequestLog, resolution: str) -> None:
+        """Refuse a cancellation's resolution that the run's journal does not back: a cancellation's effect is
+        a write to that journal (``run.finished`` naming the request), observed there, never asserted. While the
+        run never finished, nothing is resolved: reconciling the request completes the cancellation instead."""
+        request_id, finished = log.request_id, run.record.finished
+        mine = finished_by(run, request_id)
+        settle = (f"jixu runs reconcile-execution-request STORE {run.run_id} {request_id} --reconciliation-id HEX")
+        if finished is None:
+            raise RequestStateError(
+                f"cancellation request {request_id}: run {run.run_id}'s journal shows the run never finished, so the "
+                f"cancellation has not taken effect yet and its outcome is not for an operator to assert. Nothing was "
+                f"recorded; `{settle}` completes it (the run finishes as cancelled)", request_id=request_id,
+                run_id=run.run_id, command=settle)
+        seen = {"run_finished_seq": finished.get("seq"), "outcome": finished.get("outcome"),
+                "finished_by_request": finished.get("request_id")}
+        if resolution == "occurred" and not (mine and drained_receipt(run, request_id) is not None):
+            raise ResolutionNeedsEvidence(
+                f"cancellation request {request_id}: 'occurred' needs the run's journal to hold the request's "
+                f"run.finished and a run.drained receipt, and it "
+                + ("does not prove the run's work drained" if mine else
+                   f"shows the run finished as {finished.get('outcome')} without this request")
+                + f". Nothing was recorded; `{settle}` settles it from the journal", request_id=request_id,
+                resolution=resolution, missing=["run.drained" if mine else "run.finished naming the request"],
+                journal=seen)
+        if resolution == "not_occurred" and mine:
+            raise ResolutionNeedsEvidence(
+                f"cancellation request {request_id}: the run's journal holds its run.finished (seq "
+                f"{finished.get('seq')}); 'not_occurred' contradicts it. Nothing was recorded", request_id=request_id,
+                resolution=resolution, missing=[], journal=seen)
 
     @staticmethod
     def _against_evidence(log: RequestLog, inspection: JSONObject, resolution: str) -> None:
@@ -127,6 +160,12 @@ class Reconciliation(RequestService):
     def reconcile(self, run_id: str, request_id: str, reconciliation_id: str, *,
                   actor: str | None = None) -> JSONObject:
         """Establish a request's outcome from retained evidence only; the retained result.
+
+        A cancellation is observed in the run's journal: if the run never
+        finished, the request's dispatcher stopped before the cancellation's one
+        write, which is completed now (see :meth:`_drain`); if the run finished
+        without it, the cancellation never took effect (``failed``, proved by
+        that ``run.finished``).
 
         Raises :class:`~jixu.errors.ReconciliationNeedsProof` (the finding is
         retained first) when there is no proof, and
@@ -154,7 +193,7 @@ class Reconciliation(RequestService):
             if status == "pending":
                 raise RequestStateError(f"request {request_id} was not dispatched yet: there is nothing to reconcile",
                                         request_id=request_id)
-            drain_why = self._drain(run, log, status, actor)
+            drain_why = self._drain(run, log, status, actor, reconciliation_id)
             finding, resolution = self._establish(run, log, status, drain_why)
             result: JSONObject = {"reconciliation_id": reconciliation_id, "request_id": request_id,
                                   "run_id": run_id, "actor": actor, "status_before": status, **finding}
@@ -185,13 +224,20 @@ class Reconciliation(RequestService):
                 "unknown and nothing was called or repeated", result=result)
         return result
 
-    def _drain(self, run: RunLog, log: RequestLog, status: str, actor: str) -> str:
-        """A cancellation that finished the run and lacks its drain receipt: once the executor is provably gone,
-        stop what the run's recorded processes still run and record ``run.drained`` (the receipt the evidence
-        needs); why it was not recorded, or ``""``."""
+    def _drain(self, run: RunLog, log: RequestLog, status: str, actor: str, reconciliation_id: str) -> str:
+        """A cancellation dispatched without its receipt. If the run's journal shows the run never finished, the
+        dispatcher stopped before the cancellation's one write: the journal proves it did not happen, and a run
+        finishes once, so it is completed now (``run.finished`` naming the request and this reconciliation).
+        Then, for a cancellation that finished the run and lacks its drain receipt: once the executor is provably
+        gone, stop what the run's recorded processes still run and record ``run.drained`` (the receipt the
+        evidence needs); why it was not recorded, or ``""``."""
         request_id = log.request_id
-        if log.record.kind != "cancellation" or status != "needs_reconciliation" or not finished_by(run, request_id) \
-                or drained_receipt(run, request_id) is not None:
+        if log.record.kind != "cancellation" or status != "needs_reconciliation":
+            return ""
+        if run.record.finished is None:
+            self._finish_run(run, log, completed_by={"by": actor, "trigger": "reconciliation",
+                                                     "reconciliation_id": reconciliation_id})
+        if not finished_by(run, request_id) or drained_receipt(run, request_id) is not None:
             return ""
         live, _seen = executor(self.store, run)
         stopped = ([], []) if live else stop_leftovers(run, by=actor, trigger="reconciliation",
@@ -227,6 +273,14 @@ class Reconciliation(RequestService):
                 proof.append({"stream": run.stream, "seq": drained["seq"], "type": "run.drained"})
                 return {"settled": True, "outcome": "succeeded", "reason": "the run's journal holds the request's "
                         "run.finished and a run.drained receipt", "proof": proof, "checked": checked}, "occurred"
+            other = run.record.finished
+            if other is not None and not finished:
+                # The run finished without it, and a run finishes once: the cancellation never took effect and
+                # never can.
+                proof.append({"stream": run.stream, "seq": other.get("seq"), "type": "run.finished"})
+                return {"settled": True, "outcome": "failed", "reason": f"the run's journal shows the run finished "
+                        f"as {other.get('outcome')} without this request: the cancellation never took effect",
+                        "proof": proof, "checked": checked}, "not_occurred"
             return {"settled": False, "outcome": "unknown", "reason": "no terminal receipt proves the run's work "
                     "drained" + (f": {drain_why}" if drain_why else ""), "proof": [], "checked": checked}, None
         if record.kind == "publication":
