@@ -215,6 +215,32 @@ def test_malformed_project_input_is_refused_and_writes_nothing(env: Env) -> None
         assert [e.to_dict() for e in store.read("project/calc")] == before
 
 
+def test_a_default_branch_the_origin_does_not_have_is_refused_and_writes_nothing(env: Env) -> None:
+    fresh = env.root / "fresh.db"
+    code, body = env.json("projects", "register", str(fresh), "calc", "--origin", str(env.origin), "--check",
+                          "unit=true", "--default-branch", "nosuch")
+    assert code == 6, body
+    assert (body["error"]["code"], body["error"]["field"]) == ("invalid_input", "default_branch")
+    assert "'nosuch' is not a branch of the origin" in body["error"]["message"]
+    assert body["error"]["branches"] == ["main"]
+    assert not fresh.exists()  # not even the store file
+
+    env.register("other")  # the store exists now: still nothing is written for the refused registration
+    code, body = env.json("projects", "register", str(env.db), "calc", "--origin", str(env.origin), "--check",
+                          "unit=true", "--default-branch", "nosuch")
+    assert code == 6 and body["error"]["field"] == "default_branch"
+    with SQLiteStore(env.db, create=False) as store:
+        assert store.stream_info("project/calc") is None
+    assert env.jixu("projects", "show", str(env.db), "calc").returncode == 3
+
+    # So the mistake never needs undoing: the right branch registers, and runs start from it.
+    git("--git-dir", str(env.origin), "branch", "dev", "main")
+    body = env.register("calc", "--default-branch", "dev")
+    assert body["registered"] is True and body["project"]["default_branch"] == "dev"
+    code, created = env.create("fixer")
+    assert code == 0, created
+
+
 # --- runs ----------------------------------------------------------------------------------------
 
 

@@ -28,12 +28,12 @@ from jixu.runs.model import (
     check_project_name,
     get_project,
     list_projects,
+    project_branch,
     register_project,
     update_policy,
     validate_policy,
 )
 from jixu.runs.workspace import check_origin
-from jixu.runs.workspace import default_branch as origin_branch
 
 
 def parse_check(value: str) -> JSONObject:
@@ -149,8 +149,8 @@ def register_command(store: str, name: str, origin: str, checks: tuple[str, ...]
     Registering again with the same origin, branch and policy changes nothing;
     with a different one it is refused (exit 4; use `update-policy`). The
     origin is read (git ls-remote) before anything is written; bad input
-    (a malformed --check, an unreadable origin) writes nothing, not even the
-    store file.
+    (a malformed --check, an unreadable origin, a --default-branch the
+    origin does not have) writes nothing, not even the store file.
 
     \b
     Example:
@@ -162,7 +162,7 @@ def register_command(store: str, name: str, origin: str, checks: tuple[str, ...]
         check_project_name(name)
         policy = build_policy(checks, allowed_paths, max_repair_attempts, check_timeout)
         authorized = check_origin(origin)
-        branch = default_branch if default_branch is not None else origin_branch(authorized)
+        branch = project_branch(authorized, default_branch)  # on the origin now, before the store is opened
         with open_store(store) as opened:
             try:
                 before: Project | None = get_project(opened, name)

@@ -26,7 +26,7 @@ from jixu.ledger.event import Event
 from jixu.ledger.trust import record_break
 from jixu.recovery import Analysis
 from jixu.recovery.corruption import Corruption, corruption
-from jixu.runs.workspace import check_origin
+from jixu.runs.workspace import check_origin, origin_refs
 from jixu.runs.workspace import default_branch as origin_branch
 
 RUN_PREFIX: Final = "run/"
@@ -287,13 +287,37 @@ def list_projects(store: Store) -> list[Project]:
         after = page[-1].stream
 
 
+def project_branch(origin: str, default_branch: str | None) -> str:
+    """The branch a project's runs start from: ``default_branch``, or the origin's HEAD branch when ``None``.
+
+    It must be a branch the origin has now (read with ``git ls-remote``): a
+    name it does not have is :class:`~jixu.errors.InvalidInput` (every run
+    created from it would fail), an origin that cannot be read
+    :class:`~jixu.errors.SourceUnavailable`. Reads only.
+    """
+    if default_branch is not None and (not isinstance(default_branch, str) or not re.match(
+            r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$", default_branch)):
+        raise InvalidInput(f"default_branch {default_branch!r} is not a branch name", field="default_branch")
+    branch = default_branch if default_branch is not None else origin_branch(origin)
+    refs = origin_refs(origin)
+    if f"refs/heads/{branch}" not in refs:
+        branches = sorted(name[len("refs/heads/"):] for name in refs if name.startswith("refs/heads/"))
+        shown = ", ".join(branches[:20]) + (f" and {len(branches) - 20} more" if len(branches) > 20 else "")
+        raise InvalidInput(f"default_branch {branch!r} is not a branch of the origin {origin!r} (its branches: "
+                           f"{shown or 'none'}); nothing was registered", field="default_branch", branch=branch,
+                           branches=branches[:100])
+    return branch
+
+
 def register_project(store: Store, name: str, origin: str, policy: JSONObject, *,
                      default_branch: str | None = None, actor: str = "jixu") -> Project:
     """Register a project: its authorized git origin and policy (``project.registered``).
 
     The origin is read with ``git ls-remote`` (an unreachable origin raises
     :class:`~jixu.errors.SourceUnavailable`); an existing local path is
-    recorded absolute. Registering the same name again with the same origin,
+    recorded absolute. The default branch (given, or the origin's HEAD
+    branch) must exist on the origin (:func:`project_branch`; else
+    :class:`~jixu.errors.InvalidInput`). Registering the same name again with the same origin,
     branch and policy returns the project unchanged; with anything different,
     :class:`~jixu.errors.ProjectExists` (use :func:`update_policy`). Bad input
     writes nothing.
@@ -302,10 +326,7 @@ def register_project(store: Store, name: str, origin: str, policy: JSONObject, *
     check_text(actor, "actor", 200, required=True)
     normalised = validate_policy(policy)
     origin = check_origin(origin)
-    if default_branch is not None and (not isinstance(default_branch, str) or not re.match(
-            r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$", default_branch)):
-        raise InvalidInput(f"default_branch {default_branch!r} is not a branch name", field="default_branch")
-    branch = default_branch if default_branch is not None else origin_branch(origin)
+    branch = project_branch(origin, default_branch)
     digest = policy_digest(normalised)
     stream = project_stream(name)
     current = _established(store, name)
@@ -472,6 +493,7 @@ __all__ = [
     "get_project",
     "list_projects",
     "policy_digest",
+    "project_branch",
     "project_stream",
     "register_project",
     "run_id_of",

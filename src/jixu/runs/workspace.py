@@ -116,6 +116,21 @@ def default_branch(origin: str) -> str:
                             origin=origin)
 
 
+def origin_refs(origin: str) -> dict[str, str]:
+    """Every ref the origin shows now (``git ls-remote``: name -> commit id);
+    :class:`~jixu.errors.SourceUnavailable` when the origin cannot be read."""
+    try:
+        listing = git(["ls-remote", origin], timeout=60).stdout
+    except GitError as error:
+        raise SourceUnavailable(f"cannot read the origin {origin!r}: {error.message}", origin=origin) from error
+    refs: dict[str, str] = {}
+    for line in listing.splitlines():
+        sha, _tab, name = line.partition("\t")
+        if _SHA.match(sha) and name:
+            refs[name] = sha
+    return refs
+
+
 def resolve_source(origin: str, commit: str | None, branch: str) -> JSONObject:
     """``{origin, commit, ref}``: the exact commit a run starts from, resolved on the origin.
 
@@ -129,15 +144,7 @@ def resolve_source(origin: str, commit: str | None, branch: str) -> JSONObject:
                                or len(commit) > 250 or not commit.isprintable() or " " in commit):
         raise InvalidInput(f"commit {commit!r} must be a commit id or a ref name", field="commit")
     wanted = commit if commit is not None else f"refs/heads/{branch}"
-    try:
-        listing = git(["ls-remote", origin], timeout=60).stdout
-    except GitError as error:
-        raise SourceUnavailable(f"cannot read the origin {origin!r}: {error.message}", origin=origin) from error
-    refs: dict[str, str] = {}
-    for line in listing.splitlines():
-        sha, _tab, name = line.partition("\t")
-        if _SHA.match(sha) and name:
-            refs[name] = sha
+    refs = origin_refs(origin)
     for candidate in (wanted, f"refs/heads/{wanted}", f"refs/tags/{wanted}"):
         peeled = refs.get(f"{candidate}^{{}}")
         if peeled is not None:
@@ -290,4 +297,4 @@ def push(workspace: Path, origin: str, commit: str, branch: str) -> None:
 
 
 __all__ = ["GIT_TIMEOUT_S", "changes", "check_branch", "check_origin", "clone", "commit_tree", "default_branch", "git",
-           "inspect", "push", "remote_branch", "resolve_source", "tree_of"]
+           "inspect", "origin_refs", "push", "remote_branch", "resolve_source", "tree_of"]
