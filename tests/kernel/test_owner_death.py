@@ -207,3 +207,25 @@ def test_an_owner_on_another_machine_keeps_its_lease_until_it_expires(
             store.close()
 
     asyncio.run(try_to_recover())
+
+
+def test_after_an_operator_ends_a_dead_owners_turn_its_call_is_resolved_at_once_and_shown_so(
+        ledger: tuple[str, Callable[[], Store]]) -> None:
+    """The holder is proven gone by the claim recorded in its turn; once an operator ended that turn the proof was
+    looked for in the active turn only, found nowhere, and the resolution every surface offered was refused
+    (turn_owned) until the dead process's lease expired."""
+    from jixu.threads.log import ThreadLog
+
+    url, opener = ledger
+    thread_id = _crash_mid_call(url)
+    store = opener()
+    try:
+        log = ThreadLog.load(store, thread_id, verify=True)
+        assert log.end_running_turn("its process is gone")
+        state = log.snapshot()
+        assert state.status == "waiting", state.reason
+        [waiting] = state.waiting_on
+        assert log.resolve(waiting["effect_id"], "occurred", note="the refund is in the ledger")
+        assert log.snapshot().status == "idle"
+    finally:
+        store.close()

@@ -4,7 +4,7 @@
   indeterminately (the outcome is unknown: an operator must resolve it);
 - input containing ``approve``: calls ``refund``, which needs approval (parked);
 - input containing ``transfer``: calls the unsafe tool ``transfer``, which stays in flight until the test sets
-  :data:`TRANSFER_GATE` (the worker runs in the test's process);
+  :data:`TRANSFER_GATE` (the worker runs in the test's process); ``transfer and refund``: both calls at once;
 - anything else: replies ``echo: <input>``.
 """
 
@@ -39,13 +39,15 @@ async def transfer(amount: int) -> str:
     return f"transferred {amount}"
 
 
-def _script(messages: list[dict[str, Any]]) -> str | ToolCall:
+def _script(messages: list[dict[str, Any]]) -> str | ToolCall | list[ToolCall]:
     last = messages[-1]
     if last.get("role") != "user":
         return "done"
     text = str(last.get("content") or "")
     if "charge" in text:
         return ToolCall("charge", {"amount": 42})
+    if "transfer and refund" in text:  # two calls at once: one in flight, one parked
+        return [ToolCall("transfer", {"amount": 9}), ToolCall("refund", {"amount": 7})]
     if "transfer" in text:
         return ToolCall("transfer", {"amount": 9})
     if "approve" in text:

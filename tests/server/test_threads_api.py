@@ -346,10 +346,36 @@ def test_a_call_in_flight_in_the_worker_is_running_everywhere_and_no_surface_off
     api, server = start_api(store, tmp_path, routers=[studio_router()])
     try:
         _in_flight_everywhere(api)
+        _in_flight_beside_a_parked_call(api)
     finally:
         api.close()
         server.stop()
         store.close()
+
+
+def _in_flight_beside_a_parked_call(api: Api) -> None:
+    """One call in flight in the worker and one parked: the thread waits for the approval only; the Studio offers
+    Approve, never Resolve (it offered Resolve, which the server refused)."""
+    operator = api.client("alpha-operator")
+    thread_id = new_thread(operator)
+    TRANSFER_GATE.clear()
+    try:
+        operator.post(f"/threads/{thread_id}/inputs", json={"input": "transfer and refund"})
+
+        def both() -> dict[str, Any] | None:
+            state: dict[str, Any] = operator.get(f"/threads/{thread_id}").json()
+            found = {e["name"]: e["state"] for e in state["effects"].values() if e["kind"] == "tool"}
+            return state if found == {"transfer": "unknown", "refund": "parked"} else None
+
+        state = wait_for(both, "the transfer in flight beside the parked refund")
+        assert state["status"] == "waiting" and "in progress in api-worker" in state["reason"], state["reason"]
+        assert [(w["name"], w["state"]) for w in state["waiting_on"]] == [("refund", "parked")]
+        with httpx.Client(base_url=api.url, timeout=20) as browser:
+            http_login(browser, api.tokens["alpha-operator"])
+            page = browser.get(f"/studio/threads/{thread_id}").text
+        assert "/resolve" not in page and "/approve" in page
+    finally:
+        TRANSFER_GATE.set()
 
 
 def _in_flight_everywhere(api: Api) -> None:

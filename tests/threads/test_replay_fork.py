@@ -192,7 +192,7 @@ def test_a_fork_records_lineage_leaves_the_parent_untouched_and_uses_new_identit
             assert harness.store.verify(stream).valid
             assert verify(harness.store, stream).valid
         assert list(state.messages) == list(after_one.messages)
-        assert state.turns == after_one.turns
+        assert state.turns == tuple({**turn, "inherited": True} for turn in after_one.turns)  # the parent's turns
         assert state.usage == after_one.usage
         assert state.effects == {}  # effects are never inherited, settled or not
         assert state.status == "idle" and state.last_reply == "first"

@@ -14,9 +14,18 @@ from typing import Any
 import pytest
 
 import jixu
-from jixu import InvalidInput, StepFailed, StepMismatch, ThreadBusy, ToolContext, ToolError
+from jixu import (
+    InvalidInput,
+    StepFailed,
+    StepMismatch,
+    StepOutcomeUnknown,
+    ThreadBusy,
+    ToolContext,
+    ToolError,
+)
 from jixu.ledger import SQLiteStore, Store
 from jixu.threads.log import ThreadLog
+from jixu.threads.steps import steps_agent
 
 
 def run(coro: Any) -> Any:
@@ -174,3 +183,120 @@ def test_a_keyed_start_decided_on_stale_events_is_refused_once_the_keyed_run_is_
 
     run(go())
     assert calls == ["charge", "read", "charge", "read"]
+
+
+def test_two_entries_of_one_process_at_once_refuse_the_second_and_leave_the_first_its_claim(tmp_path: Path) -> None:
+    """Both entries have the harness's owner, so the lease gives both the same epoch: the second used to start,
+    fail, and give that shared claim back, and the first run's receipts were refused (its step left unknown)."""
+    calls: list[str] = []
+
+    async def entry(harness: jixu.Harness, thread_id: str) -> str:
+        try:
+            async with harness.durable(thread_id, name="job", run_key="K") as durable_run:
+                await durable_run.effect("s0", {}, call=lambda ctx: calls.append("s0") or "r0")
+                await asyncio.sleep(0.2)
+                await durable_run.effect("s1", {}, call=lambda ctx: calls.append("s1") or "r1")
+            return "ok"
+        except ThreadBusy as error:
+            return f"busy: {error.message}"
+
+    async def go() -> list[str]:
+        async with jixu.Harness(steps_agent(), f"sqlite:///{tmp_path / 'j.db'}") as harness:
+            thread = await harness.create_thread()
+            outcomes = await asyncio.gather(entry(harness, thread.thread_id), entry(harness, thread.thread_id))
+            state = (await harness.open_thread(thread.thread_id, resume=False)).state()
+            assert [(t["status"], t["run_key"]) for t in state.turns] == [("completed", "K")]
+            return sorted(outcomes)
+
+    busy, ok = run(go())
+    assert ok == "ok" and busy.startswith("busy: ") and "in this process" in busy
+    assert calls == ["s0", "s1"]
+
+
+def test_a_step_an_interrupted_keyed_run_left_unknown_is_unknown_on_replay_even_with_a_probe(tmp_path: Path) -> None:
+    """The replay of an ended run asks no probe; such a step used to be a StepMismatch advising a new run (which
+    would repeat it). It is StepOutcomeUnknown, which an operator's resolution then settles for the next replay."""
+    store, calls = SQLiteStore(tmp_path / "j.db"), []
+
+    def never_found(query: jixu.ProbeQuery) -> jixu.NotOccurred:
+        raise AssertionError("a replay asks no probe")
+
+    async def cut_off() -> str:
+        async with jixu.durable(store, None, name="job", run_key="K") as durable_run:
+            thread_id = durable_run.thread_id
+            await durable_run.effect("s0", {}, call=lambda ctx: calls.append("s0") or "r0")
+            step = asyncio.ensure_future(durable_run.effect("s1", {}, call=_blocked(calls), probe=never_found))
+            while "s1" not in calls:
+                await asyncio.sleep(0.01)
+            step.cancel()  # the process stops while s1 is in flight: its outcome is unknown
+            with pytest.raises(asyncio.CancelledError):
+                await step
+            raise RuntimeError("stopped")
+        return thread_id  # pragma: no cover - the block raised
+
+    with pytest.raises(RuntimeError):
+        run(cut_off())
+    [stream] = store.list_streams("thread/")
+    thread_id = stream.stream.split("/", 1)[1]
+    log = ThreadLog.load(store, thread_id)
+    assert log.end_running_turn("an operator stopped it")
+    before = events(store, thread_id)
+
+    async def replay() -> None:
+        async with jixu.durable(store, thread_id, name="job", run_key="K") as durable_run:
+            assert durable_run.finished and durable_run.outcome == "interrupted"
+            assert await durable_run.effect("s0", {}, call=lambda ctx: calls.append("again")) == "r0"
+            await durable_run.effect("s1", {}, call=lambda ctx: calls.append("again"), probe=never_found)
+
+    with pytest.raises(StepOutcomeUnknown):
+        run(replay())
+    assert calls == ["s0", "s1"] and events(store, thread_id) == before
+
+
+def _blocked(calls: list[str]) -> Any:
+    async def call(ctx: ToolContext) -> str:
+        calls.append("s1")
+        await asyncio.sleep(60)
+        return "r1"
+
+    return call
+
+
+def test_a_replay_stops_at_shutdown_and_a_key_json_cannot_hold_is_refused_before_anything(tmp_path: Path) -> None:
+    store, calls = SQLiteStore(tmp_path / "j.db"), []
+    first, _ = run(order(store, None, calls, run_key="order-7"))
+
+    async def across_shutdown() -> None:
+        harness = jixu.Harness(steps_agent(), store)
+        async with harness.durable(first.thread_id, name="order", run_key="order-7") as durable_run:
+            await harness.shutdown(1)
+            await durable_run.effect("charge", {"order": 7}, call=lambda ctx: calls.append("charge"))
+
+    with pytest.raises(ThreadBusy, match="shutting down"):
+        run(across_shutdown())
+    streams = len(SQLiteStore(tmp_path / "j.db").list_streams("thread/"))
+    with pytest.raises(InvalidInput):
+        jixu.durable(tmp_path / "j.db", None, run_key="order-\ud800")
+    assert len(SQLiteStore(tmp_path / "j.db").list_streams("thread/")) == streams and calls == ["charge", "read"]
+
+
+def test_a_keyed_run_a_fork_inherited_is_refused_there_naming_the_parent_and_nothing_runs(tmp_path: Path) -> None:
+    """The inherited run's events are in the parent's stream: the child once read its own stream at the parent's
+    event numbers (a StepMismatch on a step that had run), or refused the key for good (forked mid-run)."""
+    store, calls = SQLiteStore(tmp_path / "j.db"), []
+    first, _ = run(order(store, None, calls, run_key="order-7"))
+
+    async def fork_and_enter() -> tuple[str, list[tuple[str, int]]]:
+        harness = jixu.Harness(steps_agent(), store)
+        parent = await harness.open_thread(first.thread_id, resume=False)
+        last = (await parent.events())[-1]
+        child = await parent.fork(at=last.id)
+        before = events(store, child.thread_id)
+        with pytest.raises(StepMismatch) as raised:
+            await order(store, child.thread_id, calls, run_key="order-7")
+        assert raised.value.details["parent_thread_id"] == first.thread_id
+        return child.thread_id, before
+
+    child_id, before = run(fork_and_enter())
+    assert events(store, child_id) == before and calls == ["charge", "read"]
+    assert [t["inherited"] for t in ThreadLog.load(store, child_id).snapshot().turns] == [True]

@@ -181,12 +181,15 @@ def shown_status(action: Action, analysis: Analysis, *, running: bool,
     """The status and reason every surface shows of a sound thread whose loop decided ``action``, and whether the
     turn is in progress in another process.
 
-    ``running``: this process runs the turn. When another live process holds the active turn's claim
-    (``in_progress``), the calls without a receipt are in flight there, not waiting for an operator (a resolution
-    is refused until the claim ends): the thread shows ``running``. A parked call still waits for its approval."""
+    ``running``: this process runs the turn. When another live process holds the turn's claim (``in_progress``),
+    the calls without a receipt are in flight there, not waiting for an operator (a resolution is refused until
+    the claim ends): the thread shows ``running``, or ``waiting`` for the approval of its parked calls only."""
     if isinstance(action, Stop) and not running:
-        if in_progress is not None and action.status == "waiting" and not analysis.waiting_on_parked:
+        if in_progress is not None and action.status == "waiting":
             elsewhere = in_progress()
+            if elsewhere is not None and analysis.waiting_on_parked:
+                return "waiting", (f"calls wait for an operator's approval: {', '.join(analysis.waiting_on_parked)}; "
+                                   f"{elsewhere}"), True
             if elsewhere is not None:
                 return "running", elsewhere, True
         return action.status, action.reason, False
@@ -542,8 +545,8 @@ class ThreadLog:
 
     def holder_process(self, lease: Lease) -> object:
         """The process identity the claim of ``lease``'s holder recorded (``turn.started`` or ``turn.claimed`` of
-        the active turn with that owner and epoch), or None. Reads the active turn's events: only asked while
-        another owner holds the turn."""
+        the latest turn with that owner and epoch), or None. Reads that turn's events: only asked while another
+        owner holds the turn's lease."""
         found = self._claim_of(lease)
         return found.data.get("process") if found is not None else None
 
@@ -555,7 +558,9 @@ class ThreadLog:
         return self._claim_of(lease) is not None
 
     def _claim_of(self, lease: Lease) -> Event | None:
-        turn = self.state.active_turn()
+        # The latest turn: the lease's claims are recorded there, also after an operator ended it (its holder may
+        # still be proven gone, so a resolution need not wait for the lease to expire).
+        turn = self.state.active_turn() or (self.state.turns[-1] if self.state.turns else None)
         if turn is None:
             return None
         found = None
@@ -721,9 +726,9 @@ class ThreadLog:
         return lease, left
 
     def in_progress_elsewhere(self, owner: str | None = None) -> str | None:
-        """Why the active turn is running in a process other than ``owner`` (its live claim), or None (see
-        :func:`shown_status`)."""
-        turn = self.state.active_turn()
+        """Why the thread's turn is in progress in a process other than ``owner`` (its live claim, even on a turn
+        an operator ended: its calls may still be in flight), or None (see :func:`shown_status`)."""
+        turn = self.state.turns[-1] if self.state.turns else None
         claim = self.live_claim(owner) if turn is not None else None
         if turn is None or claim is None:
             return None

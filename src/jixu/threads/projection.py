@@ -30,7 +30,7 @@ REDUCER_VERSION = 9
 (``state.revisions``, ``agent.revised``, each turn's ``revisions``) and durable runs (``Turn.steps``). 7:
 ``closed_calls`` holds effect ids, not tool call ids (a model may reuse a call id in a later turn). 8: an answer
 with tool calls cut off at a limit is the turn's failure (:data:`CUT_OFF_STOPS`), not calls to run. 9: a durable
-run's key (``Turn.run_key``)."""
+run's key (``Turn.run_key``) and the turns a fork inherited (``Turn.inherited``)."""
 
 CUT_OFF_STOPS = frozenset({"length", "max_tokens", "max_output_tokens", "content_filter",
                            "model_context_window_exceeded"})
@@ -341,6 +341,8 @@ class Turn:
     """A durable run of code the user owns (``Harness.durable``): no model call, its steps are the tool calls."""
     run_key: str | None = None
     """The key the durable run was started with (``Harness.durable(run_key=...)``): it names the run for good."""
+    inherited: bool = False
+    """Recorded in the thread this one was forked from (its events are in the parent's stream, not this one's)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
@@ -350,7 +352,7 @@ class Turn:
                 "epoch": self.epoch, "recoveries": self.recoveries, "queued": self.queued,
                 "failure": self.failure, "pause": self.pause, "auto_retries": self.auto_retries,
                 "compaction_failed": self.compaction_failed, "revisions": self.revisions, "steps": self.steps,
-                "run_key": self.run_key}
+                "run_key": self.run_key, "inherited": self.inherited}
 
 
 _TURN_FIELDS = frozenset(f.name for f in fields(Turn))
@@ -1047,6 +1049,8 @@ def _inherited(state: ThreadState, event: Event) -> None:
     # Messages whose source the fork record does not name (an old record) cite the record itself.
     state.message_events = [source or event.id for source in inherited.message_events]
     state.turns = inherited.turns
+    for turn in state.turns:
+        turn.inherited = True
     state.usage = inherited.usage
     if inherited.revisions:
         # The child keeps its parent's revisions (its inherited turns name them); the fork's own agent record is

@@ -274,6 +274,7 @@ class DurableRun:
         if run_key is not None and (not isinstance(run_key, str) or not run_key.strip()
                                     or len(run_key) > STEP_KEY_CHARS):
             raise InvalidInput(f"a durable run's key must be 1-{STEP_KEY_CHARS} characters", field="run_key")
+        canonical_text({"name": name, "run_key": run_key}, path="run")  # text JSON can hold (no lone surrogate)
         if isinstance(approval_poll, bool) or not isinstance(approval_poll, int | float) or not 0 < approval_poll <= 60:
             raise InvalidInput("approval_poll must be between 0 and 60 seconds", field="approval_poll")
         self._harness = harness
@@ -347,9 +348,41 @@ class DurableRun:
         log.open_to_act()
         if self._replays_ended_run(thread):
             return self
-        if thread.running or thread.steps_active:
+        if thread.running or thread.steps_active or harness.working_on(thread) is not None:
             raise ThreadBusy(f"thread {thread.thread_id} is running in this process already",
                              thread_id=thread.thread_id)
+        # Reserved before anything awaits: a second entry of this process (same owner, so the same lease epoch) is
+        # refused above instead of sharing, then giving back, this run's claim.
+        thread.steps_began()
+        try:
+            started = await self._start_or_continue(thread)
+        except BaseException:
+            thread.steps_stopped()
+            raise
+        if started is None:  # another process ended the keyed run meanwhile: this entry replays it
+            thread.steps_stopped()
+            return self
+        fence, claimed = started
+        self._thread = thread
+        try:
+            session = Session(log.store, fence, harness.lease_ttl, release_at_end=False)
+            await session.__aenter__()
+            self._session = session
+            if claimed:
+                await thread._revise()
+            active = log.state.active_turn()
+            self._read_steps(log.events(active.started_seq if active is not None else 1))
+        except BaseException as error:
+            # Not started, so not ended: the run stays unfinished for the next run of the code (ended here, its
+            # next run would start afresh and carry its steps out again).
+            await self._stop(type(error), error, error.__traceback__)
+            raise
+        return self
+
+    async def _start_or_continue(self, thread: Thread) -> tuple[Fence, bool] | None:
+        """Start the run (a new turn) or claim the thread's unfinished one: its fence and whether it was claimed
+        (continued); None when the keyed run was ended by another process meanwhile (it is replayed)."""
+        harness, log = self._harness, thread.log
         turn = log.state.active_turn()
         fence: Fence | None
         if turn is None:
@@ -361,48 +394,38 @@ class DurableRun:
                 await log.writer.idle()
                 log.sync()
                 if self._replays_ended_run(thread):
-                    return self
+                    return None
                 raise
             thread._fence = fence
-            claimed = False
-        else:
-            if not turn.steps:
-                raise ThreadBusy(f"thread {thread.thread_id} has an agent turn in progress ({turn.turn_id}); a durable "
-                                 "run needs an idle thread or its own unfinished run", thread_id=thread.thread_id)
-            if turn.input != self.name:
-                raise StepMismatch(f"thread {thread.thread_id}'s unfinished durable run is named {turn.input!r}, not "
-                                   f"{self.name!r}", thread_id=thread.thread_id, turn_id=turn.turn_id)
-            if self.run_key is not None and turn.run_key != self.run_key:
-                raise ThreadBusy(f"thread {thread.thread_id}'s unfinished durable run {turn.turn_id} has key "
-                                 f"{turn.run_key!r}, not {self.run_key!r}: run the code that started it to finish it "
-                                 "first", thread_id=thread.thread_id, turn_id=turn.turn_id, run_key=self.run_key)
-            self._turn_id = turn.turn_id
-            fence = await thread._claim_turn()  # TurnOwned while another live process runs it
-            if fence is None:
-                raise TurnOwned(f"thread {thread.thread_id}'s run {turn.turn_id} changed while claiming it; try again",
-                                thread_id=thread.thread_id, turn_id=turn.turn_id)
-            claimed = True
-        assert fence is not None
-        thread.steps_began()
-        self._thread = thread
-        session = Session(log.store, fence, harness.lease_ttl, release_at_end=False)
-        await session.__aenter__()
-        self._session = session
-        try:
-            if claimed:
-                await thread._revise()
-            started = log.state.active_turn()
-            self._read_steps(log.events(started.started_seq if started is not None else 1))
-        except BaseException as error:
-            # Not started, so not ended: the run stays unfinished for the next run of the code (ended here, its
-            # next run would start afresh and carry its steps out again).
-            await self._stop(type(error), error, error.__traceback__)
-            raise
-        return self
+            assert fence is not None
+            return fence, False
+        if not turn.steps:
+            raise ThreadBusy(f"thread {thread.thread_id} has an agent turn in progress ({turn.turn_id}); a durable "
+                             "run needs an idle thread or its own unfinished run", thread_id=thread.thread_id)
+        if turn.input != self.name:
+            raise StepMismatch(f"thread {thread.thread_id}'s unfinished durable run is named {turn.input!r}, not "
+                               f"{self.name!r}", thread_id=thread.thread_id, turn_id=turn.turn_id)
+        if self.run_key is not None and turn.run_key != self.run_key:
+            raise ThreadBusy(f"thread {thread.thread_id}'s unfinished durable run {turn.turn_id} has key "
+                             f"{turn.run_key!r}, not {self.run_key!r}: run the code that started it to finish it "
+                             "first", thread_id=thread.thread_id, turn_id=turn.turn_id, run_key=self.run_key)
+        self._turn_id = turn.turn_id
+        fence = await thread._claim_turn()  # TurnOwned while another live process runs it
+        if fence is None:
+            raise TurnOwned(f"thread {thread.thread_id}'s run {turn.turn_id} changed while claiming it; try again",
+                            thread_id=thread.thread_id, turn_id=turn.turn_id)
+        return fence, True
 
     def _replays_ended_run(self, thread: Thread) -> bool:
         """Become the replay of the ended run with :attr:`run_key`, if the thread has one (nothing is claimed)."""
         ended = None if self.run_key is None else thread.log.state.keyed_run(self.run_key)
+        if ended is not None and ended.inherited:
+            parent = (thread.log.state.parent or {}).get("thread_id")
+            raise StepMismatch(f"thread {thread.thread_id}'s durable run with key {self.run_key!r} was recorded in "
+                               f"thread {parent}, which this one was forked from: its steps are in that thread's "
+                               "history, so enter it there (a fork's own runs take other keys)",
+                               thread_id=thread.thread_id, turn_id=ended.turn_id, run_key=self.run_key,
+                               parent_thread_id=parent)
         if ended is None or ended.ended_seq is None:
             return False
         if ended.input != self.name:
@@ -527,6 +550,7 @@ class DurableRun:
 
     def _replayed(self, thread: Thread, step: Step) -> Any:
         """What ``step`` recorded in the ended run: its result, or the error it ends with; never a new call."""
+        thread.refuse_if_draining()
         log = thread.log
         log.sync()
         log.refuse_if_corrupt()
@@ -536,7 +560,14 @@ class DurableRun:
             return self._result(thread, step, action)
         if isinstance(action, Fail | Mismatch | Unknown):
             self._raise(thread, step, action, None)
-        recorded = "did not settle" if self._steps.get(step.key) else "was not recorded"
+        intents = self._steps.get(step.key, ())
+        called = self._decision(action.effect_id) if isinstance(action, Call) else None
+        if intents and (isinstance(action, AskProbe | ProbeAgain | ResolveByProbe)
+                        or (called is not None and called.state == "unknown")):
+            # It may have happened: an ended run asks no probe and records nothing, so an operator settles it.
+            self._raise(thread, step, Unknown(str(intents[-1].get("effect_id")),
+                                              f"the run ended ({self.outcome}) before it settled"), None)
+        recorded = "did not settle" if intents else "was not recorded"
         raise StepMismatch(f"thread {thread.thread_id}: durable run {self._turn_id} with key {self.run_key!r} ended "
                            f"({self.outcome}) and step {step.key!r} {recorded} in it; an ended run carries nothing "
                            "out: start a new run with another key", thread_id=thread.thread_id, step=step.key,
