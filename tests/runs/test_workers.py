@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -256,6 +258,46 @@ def test_a_pool_runs_the_queue_empty_and_exits(sqlite: StoreFactory, tmp_path: P
         log.close()
     assert all(thread_state(store, t)["status"] == "idle" for t in threads)
     assert len(outside_lines(tmp_path / "outside.txt")) == 3
+
+
+def test_a_pool_worker_that_dies_is_started_again_under_its_name_and_one_that_exits_0_is_not(
+        sqlite: StoreFactory, tmp_path: Path) -> None:
+    store = sqlite()
+    assert sqlite.url is not None
+    log = (tmp_path / "pool.log").open("w")
+    pool = WorkerPool(counter_agent, sqlite.url, processes=2, owner_prefix="pool", poll_interval=0.02,
+                      env={"JIXU_TEST_OUTSIDE": str(tmp_path / "outside.txt")}, stdout=log, stderr=subprocess.STDOUT)
+    pool.start()
+    try:
+        first, second = pool.processes
+        first.kill()
+        first.wait(WAIT)
+        started: list[tuple[str, int]] = []
+        deadline = time.monotonic() + WAIT
+        while not started and time.monotonic() < deadline:
+            started += pool.restart_dead()
+            time.sleep(0.05)
+        assert started == [("pool-1", -signal.SIGKILL)] and pool.restarts == 1
+        assert pool.processes[0] is not first and pool.processes[0].poll() is None
+        assert pool.processes[1] is second
+        thread_id = create_thread_for(store, counter_agent())
+        submit_turn(store, thread_id, "charge")
+        deadline = time.monotonic() + WAIT
+        while thread_state(store, thread_id)["status"] != "idle" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert thread_state(store, thread_id)["status"] == "idle", (tmp_path / "pool.log").read_text()
+    finally:
+        pool.stop()
+        log.close()
+    idle = WorkerPool(counter_agent, sqlite.url, processes=1, owner_prefix="idle", poll_interval=0.02,
+                      exit_when_idle=True)
+    idle.start()
+    try:
+        assert idle.wait(WAIT) == [0]
+        time.sleep(1.5)  # past the first restart delay: a worker that exited 0 stays stopped
+        assert idle.restart_dead() == [] and idle.restarts == 0
+    finally:
+        idle.stop()
 
 
 @pytest.mark.skipif(not PROC_CHILDREN, reason="reads a process's children from Linux's /proc")

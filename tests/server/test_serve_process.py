@@ -4,6 +4,7 @@ SIGKILLed; and its idle keep-alive connections outlive the clients' own reuse of
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import time
@@ -70,6 +71,27 @@ def test_the_worker_processes_run_the_inputs_sent_over_http_and_drain_with_the_s
         assert store.list_work(state="claimed") == []
     finally:
         store.close()
+
+
+@linux_proc
+def test_a_worker_process_killed_under_the_server_is_started_again_and_inputs_still_run(tmp_path: Path) -> None:
+    """With one worker process, a SIGKILL of it left the server answering 202 to inputs nobody would ever run."""
+    with served(tmp_path, "--worker-processes", "1", "--owner", "srv") as server:
+        [child] = server.children()
+        os.kill(child, signal.SIGKILL)
+        wait_until(lambda: process_exited(child), "the killed worker to be gone")
+        wait_until(lambda: [pid for pid in server.children() if pid != child], "a new worker process", timeout=30)
+        made = server.client.post("/threads", json={"project": "demo"})
+        thread_id = made.json()["thread_id"]
+        sent = server.client.post(f"/threads/{thread_id}/inputs", json={"input": "after the kill"})
+        assert sent.status_code == 202, sent.text
+        wait_until(lambda: idle_state(server.client, thread_id) is not None, "the input to be run", timeout=30)
+        state = idle_state(server.client, thread_id)
+        assert state is not None and state["last_reply"] == "echo: after the kill"
+        assert claimed_by(server.client, thread_id) == {"srv-1"}
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(30) == 0, server.output()
+        assert "srv-1 died (exit -9); started it again" in server.output(), server.output()
 
 
 @linux_proc

@@ -879,6 +879,11 @@ def _lifeline() -> int | None:
     return fd
 
 
+RESTART_BACKOFF = (1.0, 60.0)
+"""A dead pool worker is started again after 1 s, doubling while it keeps dying, at most 60 s; a worker that ran
+for 60 s starts from 1 s again."""
+
+
 class WorkerPool:
     """N worker processes over one store (see the module docstring).
 
@@ -922,6 +927,13 @@ class WorkerPool:
         self._stopping = False
         self._lifeline: int | None = None
         """The write end of the children's lifeline (open while this pool may have children)."""
+        self._lifeline_read: int | None = None
+        """Its read end, kept to hand to a worker started again (its EOF comes only when the write end closes)."""
+        self._started_at: list[float] = []
+        self._backoff: list[float] = []
+        self._due: list[float | None] = []
+        self.restarts = 0
+        """How many workers this pool started again after they died."""
 
     @classmethod
     def of(cls, config: WorkerConfig, processes: int, *, env: dict[str, str] | None = None,
@@ -949,15 +961,48 @@ class WorkerPool:
         it ends (SIGKILL too), the children stop claiming, drain within the drain timeout and exit."""
         if self.processes:
             raise InvalidInput("this pool was started already", field="pool")
-        read_end, self._lifeline = os.pipe()  # neither end is inherited but where passed explicitly
-        try:
-            for config in self.configs:
-                env = {**os.environ, **self._env, CONFIG_ENV: config.to_json(), PARENT_FD_ENV: str(read_end)}
-                self.processes.append(subprocess.Popen([sys.executable, "-c", _CHILD_CODE], env=env, text=True,
-                                                       stdout=self._stdout, stderr=self._stderr,
-                                                       pass_fds=(read_end,)))
-        finally:
-            os.close(read_end)
+        self._lifeline_read, self._lifeline = os.pipe()  # neither end is inherited but where passed explicitly
+        for config in self.configs:
+            self.processes.append(self._spawn(config))
+            self._started_at.append(time.monotonic())
+            self._backoff.append(RESTART_BACKOFF[0])
+            self._due.append(None)
+
+    def _spawn(self, config: WorkerConfig) -> subprocess.Popen[str]:
+        read_end = self._lifeline_read
+        assert read_end is not None
+        env = {**os.environ, **self._env, CONFIG_ENV: config.to_json(), PARENT_FD_ENV: str(read_end)}
+        return subprocess.Popen([sys.executable, "-c", _CHILD_CODE], env=env, text=True, stdout=self._stdout,
+                                stderr=self._stderr, pass_fds=(read_end,))
+
+    def restart_dead(self) -> list[tuple[str, int]]:
+        """Start again, under the same name, each worker that died (a signal or a non-zero exit) while the pool
+        is not stopping: ``(owner, exit code)`` of each started now. A worker exits 0 only when it was asked to
+        (or found the queue empty with ``exit_when_idle``), so that one is left alone. One that keeps dying is
+        started again after a delay doubling from 1 s to 60 s, reset once it ran for a minute. Its turns are
+        reclaimed at once by the new process (the same owner name)."""
+        started: list[tuple[str, int]] = []
+        if self._stopping or self._lifeline is None:
+            return started
+        now = time.monotonic()
+        for index, process in enumerate(self.processes):
+            code = process.poll()
+            if code is None or code == 0:
+                continue
+            due = self._due[index]
+            if due is None:  # just found dead: start it again after its backoff
+                if now - self._started_at[index] >= RESTART_BACKOFF[1]:
+                    self._backoff[index] = RESTART_BACKOFF[0]
+                self._due[index] = now + self._backoff[index]
+                continue
+            if now < due:
+                continue
+            self.processes[index] = self._spawn(self.configs[index])
+            self._started_at[index], self._due[index] = now, None
+            self._backoff[index] = min(self._backoff[index] * 2, RESTART_BACKOFF[1])
+            self.restarts += 1
+            started.append((self.configs[index].owner, code))
+        return started
 
     def signal(self, signum: int = signal.SIGTERM) -> None:
         """Send ``signum`` to every worker still running."""
@@ -974,8 +1019,8 @@ class WorkerPool:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(left)
         codes = [p.poll() for p in self.processes]
-        if all(code is not None for code in codes):
-            self._close_lifeline()
+        if all(code is not None for code in codes) and (self._stopping or all(code == 0 for code in codes)):
+            self._close_lifeline()  # none is started again (restart_dead needs the lifeline for a new one)
         return codes
 
     def stop(self, grace: float = 5.0) -> list[int | None]:
@@ -993,6 +1038,9 @@ class WorkerPool:
         if self._lifeline is not None:
             os.close(self._lifeline)
             self._lifeline = None
+        if self._lifeline_read is not None:
+            os.close(self._lifeline_read)
+            self._lifeline_read = None
 
     def run(self) -> int:
         """Start the workers and wait for them; SIGTERM/SIGINT here stops them gracefully.
@@ -1011,7 +1059,10 @@ class WorkerPool:
             self.start()
             while True:
                 codes = self.wait(0.2)
-                if all(code is not None for code in codes):
+                for owner, code in self.restart_dead():
+                    print(f"jixu worker: {owner} died (exit {code}); started it again", file=sys.stderr, flush=True)
+                codes = [p.poll() for p in self.processes]
+                if all(code is not None for code in codes) and not any(due is not None for due in self._due):
                     break
                 if self._stopping:
                     codes = self.wait(self.drain_timeout + 5.0)

@@ -86,22 +86,24 @@ class BackgroundPool:
     ``<config.owner>-<i>``) beside the server; use :meth:`lifespan` with create_app.
 
     The children are drained on shutdown (SIGTERM, the drain timeout, SIGKILL for stragglers); if the server's
-    process dies instead, they notice and drain by themselves. One that exits early is named in the log."""
+    process dies instead, they notice and drain by themselves. One that dies while the server runs is started
+    again under its name (:meth:`WorkerPool.restart_dead`), which reclaims its turns at once; the log says so."""
 
     def __init__(self, config: WorkerConfig, processes: int) -> None:
         self.pool = WorkerPool.of(config, processes)
 
     async def _watch(self) -> None:
-        """Log each child that exits while the server runs (its work stays queued for the others)."""
+        """Start again each child that dies while the server runs, and log it (and one that exits by itself)."""
         reported: set[int] = set()
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(0.5)
+            for owner, code in self.pool.restart_dead():
+                log.warning("worker process %s died (exit %d); started it again", owner, code)
             for owner, process in zip(self.pool.owners, self.pool.processes, strict=True):
-                code = process.poll()
-                if code is not None and process.pid not in reported:
+                if process.poll() == 0 and process.pid not in reported:
                     reported.add(process.pid)
-                    log.warning("worker process %s (pid %d) exited with code %d; its work stays queued for the "
-                                "other workers", owner, process.pid, code)
+                    log.warning("worker process %s (pid %d) exited; its work stays queued for the other workers",
+                                owner, process.pid)
 
     @asynccontextmanager
     async def lifespan(self, app: Any) -> AsyncIterator[None]:
