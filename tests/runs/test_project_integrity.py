@@ -216,3 +216,43 @@ def test_a_worker_hands_a_request_of_a_corrupt_run_to_an_operator_instead_of_req
         assert [(item.key, item.state) for item in store.list_work()] == [(f"request/{request_id}", "done")]
     assert [kind for kind, _ in said if kind in ("operator", "error")] == ["operator"], said
     assert not (tmp_path / "deployed").exists() and _events(db) == before
+
+
+def test_a_listing_shows_a_corrupt_project_as_corrupt_and_still_lists_the_others(tmp_path: Path) -> None:
+    """One tampered project stream made every listing fail (409 for every caller, naming a project the caller may
+    not see). The HTTP listing and `jixu projects list` now show it corrupt (no origin, no policy), to those who may
+    see it, beside the sound ones."""
+    import httpx
+
+    from jixu.runs import survey_projects
+    from jixu.server import create_app, create_token
+    from tests.helpers import run_jixu
+    from tests.server.conftest import LiveServer
+
+    db = tmp_path / "ledger.db"
+    with SQLiteStore(db) as store:
+        register(store, make_origin(tmp_path), "calc")
+        register(store, make_origin(tmp_path, "other"), "docs")
+        _, admin = create_token(store, "root", admin=True, actor="test")
+        _, docs_only = create_token(store, "docs-viewer", roles={"docs": "viewer"}, actor="test")
+    _edit_data(db, project_stream("calc"), 1, _always_passes)
+    with SQLiteStore(db) as store:
+        sound, broken = survey_projects(store)
+        assert [p.name for p in sound] == ["docs"] and [e.details["project"] for e in broken] == ["calc"]
+        server = LiveServer(create_app(store))
+        server.start()
+        try:
+            def listed(token: str) -> list[dict[str, Any]]:
+                answer = httpx.get(f"{server.url}/api/v1/projects", headers={"Authorization": f"Bearer {token}"})
+                assert answer.status_code == 200, answer.text
+                rows: list[dict[str, Any]] = answer.json()["projects"]
+                return rows
+
+            rows = {row["name"]: row for row in listed(admin)}
+            assert rows["calc"]["corrupt"]["first_bad_seq"] == 1 and "origin" not in rows["calc"]
+            assert rows["docs"]["origin"] and rows["docs"].get("corrupt") is None
+            assert [row["name"] for row in listed(docs_only)] == ["docs"], "a hidden project stays hidden"
+        finally:
+            server.stop()
+    shown = run_jixu("projects", "list", str(db), "--json")
+    assert shown.returncode == 1 and [row["name"] for row in json.loads(shown.stdout)] == ["docs", "calc"]

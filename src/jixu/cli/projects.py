@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+import sys
 from collections import Counter
 from typing import Any
 
 import click
 from rich.table import Table
 
-from jixu.cli.output import emit_json, handled, json_option
+from jixu.cli.output import EXIT_CHECK_FAILED, emit_json, handled, json_option
 from jixu.cli.runs import observer_runs
 from jixu.cli.threads import default_actor, out, trim
 from jixu.errors import InvalidInput, ProjectNotFound
@@ -27,9 +28,9 @@ from jixu.runs.model import (
     Project,
     check_project_name,
     get_project,
-    list_projects,
     project_branch,
     register_project,
+    survey_projects,
     update_policy,
     validate_policy,
 )
@@ -213,9 +214,12 @@ def update_policy_command(store: str, name: str, checks: tuple[str, ...], allowe
 def list_command(store: str, as_json: bool) -> None:
     """List the projects registered in STORE: origin, branch, checks, policy revision."""
     with handled(as_json), open_store(store, create=False) as opened:
-        projects = list_projects(opened)
+        projects, corrupt = survey_projects(opened)
     if as_json:
-        emit_json([p.to_dict() for p in projects])
+        emit_json([p.to_dict() for p in projects] + [{"name": e.details["project"], "corrupt": e.to_dict()}
+                                                      for e in corrupt])
+        if corrupt:
+            sys.exit(EXIT_CHECK_FAILED)
         return
     table = Table(title=f"projects in {store}")
     for column in ("project", "origin", "branch", "checks", "policy"):
@@ -226,6 +230,10 @@ def list_command(store: str, as_json: bool) -> None:
                       f"r{project.policy_revision} {project.policy_digest[:12]}")
     out().print(table)
     out().print(f"{len(projects)} project(s)", highlight=False)
+    for error in corrupt:
+        out().print(f"CORRUPT project {error.details['project']}: {error.message}", highlight=False, markup=False)
+    if corrupt:
+        sys.exit(EXIT_CHECK_FAILED)
 
 
 @projects_group.command("show", short_help="Show a project: origin, policy, checks, its runs.")

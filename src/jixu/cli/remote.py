@@ -621,7 +621,9 @@ def project_list(as_json: bool) -> None:
     for column in ("project", "role", "registered", "origin"):
         table.add_column(column)
     for row in rows:
-        table.add_row(row["name"], str(row["role"]), "yes" if row["registered"] else "no", str(row.get("origin", "")))
+        origin = f"CORRUPT (first bad event #{row['corrupt'].get('first_bad_seq')})" if row.get("corrupt") \
+            else str(row.get("origin", ""))
+        table.add_row(row["name"], str(row["role"]), "yes" if row["registered"] else "no", origin)
     out().print(table)
 
 

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         register_project,
         run_id_of,
         run_work_key,
+        survey_projects,
         update_policy,
         validate_policy,
     )
@@ -95,6 +96,7 @@ _EXPORTS = {
     "change_origin": "jixu.runs.model",
     "get_project": "jixu.runs.model",
     "list_projects": "jixu.runs.model",
+    "survey_projects": "jixu.runs.model",
     "provider_snapshot": "jixu.runs.providers",
     "register_project": "jixu.runs.model",
     "request_id_of": "jixu.runs.requests",
@@ -140,6 +142,7 @@ __all__ = [
     "TaskView",
     "get_project",
     "list_projects",
+    "survey_projects",
     "provider_snapshot",
     "register_project",
     "run_id_of",

@@ -272,18 +272,34 @@ def get_project(store: Store, name: str) -> Project:
 
 def list_projects(store: Store) -> list[Project]:
     """Every registered project, by name (:class:`~jixu.errors.ProjectCorrupt` if one's stream does not verify:
-    a listing never shows a changed origin or policy as the project's)."""
+    a listing never shows a changed origin or policy as the project's; :func:`survey_projects` lists the others)."""
+    projects, corrupt = survey_projects(store)
+    if corrupt:
+        raise corrupt[0]
+    return projects
+
+
+def survey_projects(store: Store) -> tuple[list[Project], list[ProjectCorrupt]]:
+    """The registered projects whose streams verify, and the refusal of each that does not, both by name: a
+    listing shows a corrupt project as corrupt (not its origin or policy) and still lists the others."""
     projects: list[Project] = []
+    corrupt: list[ProjectCorrupt] = []
     after = ""
     while True:
         page = store.list_streams(PROJECT_PREFIX, after=after, limit=1000)
         for info in page:
             name = info.stream[len(PROJECT_PREFIX):]
-            found = _established(store, name) if PROJECT_NAME.match(name) else None
+            if not PROJECT_NAME.match(name):
+                continue
+            try:
+                found = _established(store, name)
+            except ProjectCorrupt as error:
+                corrupt.append(error)
+                continue
             if found is not None:
                 projects.append(found)
         if len(page) < 1000:
-            return projects
+            return projects, corrupt
         after = page[-1].stream
 
 
@@ -490,6 +506,7 @@ __all__ = [
     "RunState",
     "TaskView",
     "check_project_name",
+    "survey_projects",
     "get_project",
     "list_projects",
     "policy_digest",

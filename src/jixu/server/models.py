@@ -526,6 +526,8 @@ class ProjectRow(Out):
     name: str
     registered: bool = Field(description="False: the caller has a role in a project nobody registered yet.")
     role: Role
+    corrupt: JSON | None = Field(default=None, description="Set (first_bad_seq, reason) when the project's stream "
+                                                           "does not verify: nothing acts on it.")
 
 
 class ProjectPage(Out):

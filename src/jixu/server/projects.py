@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
 from jixu.errors import ProjectNotFound
-from jixu.runs import get_project, list_projects, register_project, update_policy
+from jixu.runs import get_project, register_project, survey_projects, update_policy
 from jixu.server.context import Authenticated, Context, context, mutation
 from jixu.server.idempotency import Outcome
 from jixu.server.models import (
@@ -33,10 +33,15 @@ def _hidden(name: str) -> ProjectNotFound:
 
 @router.get("", responses=READ, response_model=ProjectPage, summary="List the projects the caller has a role in")
 def list_all(ctx: Annotated[Context, Depends(context)]) -> JSONResponse:
-    """Registered projects the caller may see, with the caller's role, and the roles for unregistered names."""
-    registered = {p.name: p for p in list_projects(ctx.store)}
-    rows = [{**p.to_dict(), "registered": True, "role": ctx.principal.role_in(name)}
-            for name, p in registered.items() if ctx.principal.visible(name)]
+    """Registered projects the caller may see, with the caller's role, and the roles for unregistered names. A
+    project whose stream does not verify is listed as ``corrupt`` (first bad seq, reason), without its origin or
+    policy; the others are listed as usual."""
+    sound, broken = survey_projects(ctx.store)
+    registered: dict[str, Obj] = {p.name: p.to_dict() for p in sound}
+    registered.update({str(e.details["project"]): {"name": e.details["project"], "corrupt": {
+        "first_bad_seq": e.details.get("first_bad_seq"), "reason": e.details.get("reason")}} for e in broken})
+    rows = [{**row, "registered": True, "role": ctx.principal.role_in(name)}
+            for name, row in sorted(registered.items()) if ctx.principal.visible(name)]
     rows.extend({"name": name, "registered": False, "role": role}
                 for name, role in sorted(ctx.principal.roles.items()) if name not in registered)
     return JSONResponse({"projects": rows})
