@@ -273,7 +273,7 @@ def show_command(store: str, thread_id: str, as_json: bool) -> None:
                     out().print(f"    {probe_text(item['probe'])}", highlight=False, markup=False)
                 for command in resolve_command_hint(store, state.thread_id, item):
                     out().print(f"    {command}", highlight=False, markup=False)
-        if state.status == "running":
+        if state.status == "running" and not state.reason:  # with a reason, another process is running it
             out().print(f"This thread has work pending. {CONTINUES}", highlight=False)
     if state.status == "corrupt":
         sys.exit(EXIT_CHECK_FAILED)
