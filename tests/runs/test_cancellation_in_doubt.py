@@ -21,6 +21,7 @@ import pytest
 from jixu.errors import RequestStateError, ResolutionNeedsEvidence, RunStateError
 from jixu.ledger import SQLiteStore, Store
 from jixu.runs import ImplementContext, ImplementResult, ProviderError, Runs, ScriptedProvider
+from jixu.runs.operations import next_operations
 from tests.helpers import python_env
 from tests.runs.run_helpers import fix, make_origin, register, run
 
@@ -111,6 +112,12 @@ def test_an_in_doubt_cancellation_blocks_the_run_until_reconciliation_completes_
     request_id = scene.kill_canceller()
     before = (len(scene.journal()), len(scene.request_events(request_id)))
     worker = scene.service("worker")
+    # Every surface says so and offers only what settles it (the Studio and `runs show` offered execute, resume,
+    # hand off and cancel, all refused).
+    blocked = run(worker.state(scene.run_id))
+    assert blocked.blocked is not None and blocked.blocked["by"] == "cancellation"
+    assert blocked.blocked["request_id"] == request_id and blocked.to_dict()["blocked"] == blocked.blocked
+    assert [op["operation"] for op in next_operations(blocked, "ops.db")] == ["reconcile-execution-request"]
     # Nothing acts on the run as if it were not cancelled: each refusal names the request and what settles it.
     for operation, what in ((worker.execute(scene.run_id), "executed"),
                             (worker.resume(scene.run_id, "ops"), "resumed"),
@@ -142,7 +149,7 @@ def test_an_in_doubt_cancellation_blocks_the_run_until_reconciliation_completes_
     assert run(scene.runs.reconcile_execution_request(scene.run_id, request_id, RECONCILE_A)) == settled
     length = len(scene.journal())
     state = run(worker.execute(scene.run_id))
-    assert state.status == "cancelled" and len(scene.journal()) == length
+    assert state.status == "cancelled" and len(scene.journal()) == length and state.blocked is None
     assert not [e for e in scene.journal() if e.type.startswith("task.")], "the cancelled run never ran"
     assert scene.store.verify(f"run/{scene.run_id}").valid and scene.store.verify(f"request/{request_id}").valid
 

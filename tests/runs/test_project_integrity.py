@@ -256,3 +256,53 @@ def test_a_listing_shows_a_corrupt_project_as_corrupt_and_still_lists_the_others
             server.stop()
     shown = run_jixu("projects", "list", str(db), "--json")
     assert shown.returncode == 1 and [row["name"] for row in json.loads(shown.stdout)] == ["docs", "calc"]
+
+
+def test_a_corrupt_projects_runs_are_not_retried_queued_or_executed_and_no_surface_offers_it(tmp_path: Path) -> None:
+    """The project's own reads were refused, but its runs were still retried (the Studio offered Retry and the
+    server's worker ran the new run), queued and executed."""
+    import httpx
+
+    from jixu.runs import ImplementResult, ScriptedProvider
+    from jixu.runs.operations import next_operations
+    from jixu.server import create_app, create_token
+    from jixu.server.studio import studio_router
+    from tests.helpers import run_jixu
+
+    def give_up(workspace: Path, context: Any) -> ImplementResult:
+        return ImplementResult("changed nothing", {})  # the check still fails: the run fails
+    from tests.server.conftest import LiveServer
+    from tests.studio.conftest import http_login
+
+    db = tmp_path / "ledger.db"
+    with SQLiteStore(db) as store:
+        register(store, make_origin(tmp_path), repairs=0)
+        runs = Runs(store, tmp_path / "ws", {"scripted": ScriptedProvider("scripted", [give_up])})
+        failed = run(runs.create_run("calc", "fix add()", provider="scripted"))
+        assert run(runs.execute(failed)).status == "failed"
+        queued = run(runs.create_run("calc", "again", provider="scripted"))
+        _, admin = create_token(store, "root", admin=True, actor="test")
+    _edit_data(db, PROJECT, 1, _always_passes)
+    before = _events(db)
+    with SQLiteStore(db) as store:
+        runs = Runs(store, tmp_path / "ws", {"scripted": ScriptedProvider("scripted", [fix])})
+        for operation in (runs.retry(failed, "ops"), runs.execute(queued), runs.resume(queued, "ops")):
+            with pytest.raises(ProjectCorrupt):
+                run(operation)
+        for run_id in (failed, queued):
+            state = run(runs.state(run_id))
+            assert state.blocked is not None and state.blocked["by"] == "project_corrupt"
+            assert next_operations(state, str(db)) == []
+        server = LiveServer(create_app(store, providers={"scripted": ScriptedProvider("scripted", [fix])},
+                                       workspace_root=tmp_path / "ws", routers=[studio_router()]))
+        server.start()
+        try:
+            with httpx.Client(base_url=server.url, timeout=20) as browser:
+                http_login(browser, admin)
+                page = browser.get(f"/studio/runs/{failed}").text
+            assert 'id="blocked"' in page and "/retry" not in page and "/resume" not in page
+        finally:
+            server.stop()
+    queue = run_jixu("runs", "queue", str(db), queued)
+    assert queue.returncode == 1 and "project_corrupt" in queue.stderr, queue.stderr
+    assert _events(db) == before, "nothing was written for a corrupt project's runs"

@@ -38,6 +38,8 @@ def _assert_every_control_is_named(page: Any) -> int:
 
 
 def test_every_control_has_an_accessible_name(studio: Studio, page: Any, shots: Shots) -> None:
+    errors: list[str] = []  # the page's own Content-Security-Policy refused its icon on every load
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
     page.goto(f"{studio.studio}/login")
     assert _assert_every_control_is_named(page) >= 3
     expect(page.get_by_label("Bearer token")).to_be_editable()
@@ -49,6 +51,7 @@ def test_every_control_has_an_accessible_name(studio: Studio, page: Any, shots: 
         expect(page.locator("h1")).to_have_count(1)
         seen += _assert_every_control_is_named(page)
     assert seen > 40  # the operator's pages are full of controls: all of them were checked
+    assert errors == [], errors
     # The resolution controls are reachable by their labels, as a screen reader announces them.
     page.goto(_pages(studio)[1])
     panel = page.locator("#unresolved")

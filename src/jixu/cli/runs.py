@@ -520,6 +520,11 @@ def queue_command(store: str, run_id: str, as_json: bool) -> None:
             raise RunStateError(f"run {run_id} is {state.status}: there is nothing to run"
                                 + ("; retry it with `jixu runs retry`" if state.status != "succeeded" else ""),
                                 run_id=run_id, status=state.status)
+        if state.blocked is not None:
+            if state.blocked.get("by") == "project_corrupt":
+                get_project(store_, state.project)  # the project's own refusal
+            raise RunStateError(f"run {run_id} is not queued: {state.blocked.get('reason')}", run_id=run_id,
+                                status=state.status)
         work = submit_run(store_, run_id).to_dict()
     if as_json:
         emit_json({"run_id": run_id, "queued": work})

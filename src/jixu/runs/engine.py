@@ -31,6 +31,7 @@ import contextlib
 import fnmatch
 import socket
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ from jixu.errors import (
     LeaseHeld,
     MalformedEvent,
     OwnershipLost,
+    ProjectCorrupt,
+    ProjectNotFound,
     ProviderMismatch,
     ProviderTestFailed,
     RunOwned,
@@ -230,7 +233,39 @@ class Runs:
 
     def _state(self, log: RunLog) -> RunState:
         status, reason, analysis, info = self._status(log)
-        return build_state(log.record, analysis, status, reason, info, log.corruption())
+        corrupt = log.corruption()
+        state = build_state(log.record, analysis, status, reason, info, corrupt)
+        return state if corrupt is not None else replace(state, blocked=self.blocker(log))
+
+    def blocker(self, log: RunLog) -> JSONObject | None:
+        """What stops every operation that would move the run on (execute, resume, hand off, retry, queue), or
+        None: its project's stream does not verify (nothing acts under it), or a cancellation of the unfinished
+        run is admitted and not settled (nothing acts as if it did not happen). The one rule the operations
+        refuse by (:meth:`_refuse_if_blocked`) and every surface offers its controls by."""
+        try:
+            get_project(self.store, log.record.project)
+        except ProjectCorrupt as error:
+            return {"by": "project_corrupt", "reason": error.message, "project": log.record.project,
+                    "first_bad_seq": error.details.get("first_bad_seq")}
+        except ProjectNotFound:
+            pass  # a run's project is registered before it: nothing to say about one that is not
+        found = self.requests.open_cancellation(log)
+        if found is None:
+            return None
+        run_id, request_id = log.run_id, found.request_id
+        if found.status == "pending":
+            command = f"jixu runs execute-request STORE {run_id} {request_id}"
+            why = "was admitted and is not carried out yet; a worker carries it out, or"
+        elif found.status == "needs_reconciliation":
+            command = f"jixu runs reconcile-execution-request STORE {run_id} {request_id} --reconciliation-id HEX"
+            why = ("was dispatched without a receipt (the process cancelling the run stopped) and may have taken "
+                   "effect; settle it from the run's journal (it completes the cancellation if the run never "
+                   "finished):")
+        else:
+            command = f"jixu runs cancel STORE {run_id}"
+            why = "is corrupt (nothing acts on it) and may have taken effect; cancel the run again:"
+        return {"by": "cancellation", "reason": f"its cancellation request {request_id} {why} `{command}`",
+                "request_id": request_id, "request_status": found.status, "command": command}
 
     async def state(self, run_id: str) -> RunState:
         """The run as it stands: status (derived), plan, tasks with the resolver's decisions, pauses, outcome."""
@@ -360,7 +395,7 @@ class Runs:
         pause = log.record.open_pause
         if not (status == "queued" or (status == "paused" and pause is not None and pause.get("automatic"))):
             return self._state(log)
-        self._refuse_while_cancelling(log, "executed", status)
+        self._refuse_if_blocked(log, "executed", status)
         if self._waits_for_pause(decide(log.record, log.analysis())):
             return self._state(log)  # nothing to do before the pause ends: no claim, nothing written
         provider = self._provider_of(log.record)
@@ -412,28 +447,18 @@ class Runs:
         """Whether claiming the run for ``action`` does anything (a claim for nothing is never written)."""
         return not isinstance(action, Stop) and not self._waits_for_pause(action)
 
-    def _refuse_while_cancelling(self, log: RunLog, what: str, status: str) -> None:
-        """:class:`~jixu.errors.RunStateError` (nothing written) while a cancellation of the unfinished run is
-        admitted and not settled: nothing acts on the run as if it were not cancelled. The error names the
-        request and the command that settles it."""
-        found = self.requests.open_cancellation(log)
+    def _refuse_if_blocked(self, log: RunLog, what: str, status: str) -> None:
+        """Refuse, writing nothing, an operation that would move the run on while :meth:`blocker` names what
+        stops it: :class:`~jixu.errors.ProjectCorrupt` for its project, :class:`~jixu.errors.RunStateError` naming
+        the cancellation request in doubt and the command that settles it."""
+        found = self.blocker(log)
         if found is None:
             return
-        run_id, request_id = log.run_id, found.request_id
-        if found.status == "pending":
-            command = f"jixu runs execute-request STORE {run_id} {request_id}"
-            why = "was admitted and is not carried out yet; a worker carries it out, or"
-        elif found.status == "needs_reconciliation":
-            command = f"jixu runs reconcile-execution-request STORE {run_id} {request_id} --reconciliation-id HEX"
-            why = ("was dispatched without a receipt (the process cancelling the run stopped) and may have taken "
-                   "effect; settle it from the run's journal (it completes the cancellation if the run never "
-                   "finished):")
-        else:
-            command = f"jixu runs cancel STORE {run_id}"
-            why = "is corrupt (nothing acts on it) and may have taken effect; cancel the run again:"
-        raise RunStateError(f"run {run_id} cannot be {what}: its cancellation request {request_id} {why} "
-                            f"`{command}`", run_id=run_id, status=status, request_id=request_id,
-                            request_status=found.status, command=command)
+        if found["by"] == "project_corrupt":
+            get_project(self.store, log.record.project)  # raises the project's own refusal
+        raise RunStateError(f"run {log.run_id} cannot be {what}: {found['reason']}", run_id=log.run_id,
+                            status=status, request_id=found.get("request_id"),
+                            request_status=found.get("request_status"), command=found.get("command"))
 
     async def _loop(self, log: RunLog, fence: Fence, provider: Provider) -> None:
         async def next_action() -> Any:
@@ -711,7 +736,7 @@ class Runs:
         if status == "running":
             raise RunOwned(f"run {log.run_id} is being executed by another process; it cannot be {what} now",
                            run_id=log.run_id, status=status)
-        self._refuse_while_cancelling(log, what, status)
+        self._refuse_if_blocked(log, what, status)
         if log.record.problems or analysis.has_corruption:
             raise RunStateError(f"run {log.run_id}'s journal is broken or contradicts itself ({reason}); it cannot be "
                                 f"{what}", run_id=log.run_id, status=status)
@@ -935,6 +960,7 @@ class Runs:
         raced = False
         for _ in range(_CONFLICT_RETRIES):
             log.open_to_act()  # a retry takes its brief, source and policy from this journal: it must hold
+            self._refuse_if_blocked(log, "retried", str((log.record.finished or {}).get("outcome")))
             if log.record.retried is not None:
                 # Having lost a race to it, the winner is creating its run now: this call is the second retry.
                 return self._complete_retry(log, create=not raced)

@@ -465,6 +465,9 @@ class RunState:
     analysis: Analysis = field(repr=False)
     corruption: Corruption | None = None
     """Why the journal is corrupt (first bad seq, reason), when it is (``status`` is then ``corrupt``)."""
+    blocked: JSONObject | None = None
+    """What stops every operation that would move the run on (execute, resume, hand off, retry, queue), when
+    something does: ``{"by": "project_corrupt" | "cancellation", "reason", ...}`` (see ``Runs.blocker``)."""
 
     @property
     def pause_reason(self) -> str | None:
@@ -486,7 +489,8 @@ class RunState:
                 "head_hash": self.head_hash, "problems": list(self.problems),
                 "safe_to_continue": self.analysis.safe_to_continue,
                 "has_corruption": self.analysis.has_corruption,
-                "corruption": None if self.corruption is None else self.corruption.to_dict()}
+                "corruption": None if self.corruption is None else self.corruption.to_dict(),
+                "blocked": self.blocked}
 
 
 __all__ = [

@@ -87,6 +87,17 @@ def next_operations(state: RunState, store: str, providers_spec: str | None = No
     status = state.status
     if status == "corrupt":
         return ops  # no operation acts on a journal that does not hold: there is nothing to offer
+    blocked = state.blocked
+    if blocked is not None:  # only what settles the blocker (nothing for a corrupt project: its operator's job)
+        if blocked.get("by") == "cancellation":
+            request = str(blocked.get("request_id"))
+            if blocked.get("request_status") == "pending":
+                add("execute-request", "carry out the admitted cancellation (or let a worker do it)", f" {request}")
+            elif blocked.get("request_status") == "needs_reconciliation":
+                add("reconcile-execution-request", "settle the cancellation in doubt from the run's journal (it "
+                                                   "completes the cancellation if the run never finished)",
+                    f" {request} --reconciliation-id HEX")
+        return ops
     if status == "succeeded":
         add("publish", "push the verified source to a branch on the authorized origin (or open a pull request "
                        "with --publisher): an execution request, executed here with --execute or by a worker",

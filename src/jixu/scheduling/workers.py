@@ -59,6 +59,7 @@ from jixu.errors import (
     InvalidInput,
     JixuError,
     OwnershipLost,
+    ProjectCorrupt,
     ProviderMismatch,
     RequestNotFound,
     RunCorrupt,
@@ -697,6 +698,8 @@ class Worker:
             state = await self._executed(runs.execute(run_id), f"jixu-run-{run_id}")
         except RunOwned as error:
             return _Outcome(True, f"{error.message}", min(ttl, max(poll, ttl / 3)), "requeue")
+        except ProjectCorrupt as error:  # nothing acts under a project that does not verify: an operator's
+            return _Outcome(False, error.message, kind="operator")
         except RunStateError as error:  # a cancellation of the run is in doubt: its own request settles it first
             return _Outcome(True, error.message, max(ttl, 5.0), "requeue")
         except OwnershipLost as error:  # as for a turn: the next claim finds what the run needs

@@ -443,6 +443,9 @@ class Run(Out):
     safe_to_continue: bool
     has_corruption: bool
     corruption: JSON | None
+    blocked: JSON | None = Field(default=None, description="What stops every operation that would move the run "
+                                                           "on: its project is corrupt, or a cancellation of it is "
+                                                           "in doubt (by, reason, and the request and command).")
 
 
 class RunPage(Out):

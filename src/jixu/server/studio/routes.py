@@ -75,7 +75,8 @@ from jixu.threads.log import stream_of
 from jixu.threads.projection import ThreadProjection
 
 PREFIX = "/studio"
-STATIC = {"studio.css": "text/css; charset=utf-8", "studio.js": "text/javascript; charset=utf-8"}
+STATIC = {"studio.css": "text/css; charset=utf-8", "studio.js": "text/javascript; charset=utf-8",
+          "icon.svg": "image/svg+xml"}
 # Scripts and styles come only from /studio/static: no inline script can run, forms post only here.
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "

@@ -662,10 +662,16 @@ def run_page(ctx: Context, run_id: str) -> Obj:
         "providers": sorted(ctx.services.providers),
         "corruption": None if corrupt is None else corrupt.to_dict(),
         "bad_event_shown": bad_seq is not None, "bad_event_seq": bad_seq,
-        "can_resume": allows(role, "editor") and status in RESUMABLE and corrupt is None,
-        "can_handoff": can_operate and status in HANDOFFABLE and bool(ctx.services.providers),
-        "can_retry": allows(role, "editor") and status in RETRYABLE and corrupt is None,
-        "can_cancel": can_operate and status not in FINISHED,
+        # What blocks the run (its project corrupt, a cancellation in doubt) takes every control that would move it
+        # on; a run retried once is not retried again (its retry is linked instead).
+        "blocked": state.blocked, "retried_as": state.lineage.get("retried_as"),
+        "can_resume": allows(role, "editor") and status in RESUMABLE and corrupt is None and state.blocked is None,
+        "can_handoff": can_operate and status in HANDOFFABLE and bool(ctx.services.providers)
+        and state.blocked is None,
+        "can_retry": allows(role, "editor") and status in RETRYABLE and corrupt is None and state.blocked is None
+        and not state.lineage.get("retried_as"),
+        "can_cancel": can_operate and status not in FINISHED
+        and (state.blocked is None or state.blocked.get("by") != "cancellation"),
     }
 
 
