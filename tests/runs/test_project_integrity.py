@@ -306,3 +306,23 @@ def test_a_corrupt_projects_runs_are_not_retried_queued_or_executed_and_no_surfa
     queue = run_jixu("runs", "queue", str(db), queued)
     assert queue.returncode == 1 and "project_corrupt" in queue.stderr, queue.stderr
     assert _events(db) == before, "nothing was written for a corrupt project's runs"
+
+
+def test_another_attempt_beside_a_corrupt_request_is_refused_saying_it_is_corrupt(tmp_path: Path) -> None:
+    """The refusal said "reconcile it", which every reconciliation of a corrupt request refuses."""
+    from jixu.errors import RequestStateError
+
+    db = tmp_path / "ledger.db"
+    store, runs = _services(db, tmp_path)
+    with store:
+        register(store, make_origin(tmp_path))
+        run_id = run(runs.create_run("calc", "fix add()", provider="scripted"))
+        assert run(runs.execute(run_id)).status == "succeeded"
+        request_id = run(runs.request_remote(run_id, "deploy", provider="cmd"))
+    flip_data_byte(Raw(db), f"request/{request_id}", 1)
+    before = _events(db)
+    store, runs = _services(db, tmp_path)
+    with store, pytest.raises(RequestStateError) as refused:
+        run(runs.request_remote(run_id, "deploy", provider="cmd"))
+    assert "is corrupt" in refused.value.message and "reconcile it" not in refused.value.message
+    assert refused.value.details["request_status"] == "corrupt" and _events(db) == before

@@ -64,10 +64,14 @@ class Admission(RequestService):
             raise RequestStateError(f"run {run_id} cannot be used for a {kind}: {authority['reason']}",
                                     run_id=run_id)
         history = self._history(run, kind)
-        open_ = [rid for rid, status in history if status in ("pending", "needs_reconciliation", "corrupt")]
+        open_ = [(rid, status) for rid, status in history if status in ("pending", "needs_reconciliation", "corrupt")]
         if open_:
-            raise RequestStateError(f"{kind} request {open_[0]} of run {run_id} is still unresolved; reconcile it "
-                                    "before admitting another attempt", run_id=run_id, request_id=open_[0])
+            request_id, status = open_[0]
+            what = ("is corrupt: it may have taken effect and nothing acts on it, so no other attempt is admitted; "
+                    "an operator checks the outside system (a corrupt stream is evidence for no one)"
+                    if status == "corrupt" else "is still unresolved; reconcile it before admitting another attempt")
+            raise RequestStateError(f"{kind} request {request_id} of run {run_id} {what}", run_id=run_id,
+                                    request_id=request_id, request_status=status)
         done = [rid for rid, status in history if status == "succeeded"]
         if done:
             raise RequestStateError(f"run {run_id} already had a successful {kind} (request {done[0]}); it was "
