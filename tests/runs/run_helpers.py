@@ -16,7 +16,8 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +206,26 @@ class CrashChild:
         self.process.wait(30)
         self._out.close()
         assert self.process.returncode == -signal.SIGKILL
+
+
+@contextmanager
+def studio_browser(store: Store, workspace_root: Path, token: str) -> Iterator[Any]:
+    """A live server over ``store`` with the Studio (a provider ``scripted`` that fixes), and an httpx client
+    logged in to it with ``token``."""
+    import httpx
+
+    from jixu.runs import ScriptedProvider
+    from jixu.server import create_app
+    from jixu.server.studio import studio_router
+    from tests.server.conftest import LiveServer
+    from tests.studio.conftest import http_login
+
+    server = LiveServer(create_app(store, providers={"scripted": ScriptedProvider("scripted", [fix])},
+                                   workspace_root=workspace_root, routers=[studio_router()]))
+    server.start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=20) as browser:
+            http_login(browser, token)
+            yield browser
+    finally:
+        server.stop()

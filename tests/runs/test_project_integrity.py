@@ -159,8 +159,8 @@ def test_a_frozen_policy_that_no_longer_matches_its_digest_makes_the_run_corrupt
     assert not (tmp_path / "ws" / run_id).exists(), "nothing ran with the rewritten policy"
 
 
-def _corrupt_succeeded_run(tmp_path: Path) -> tuple[Path, str, str]:
-    """A succeeded run with a deploy admitted, then one byte of its journal's seq 4 changed: (db, run, request)."""
+def _deploy_admitted(tmp_path: Path) -> tuple[Path, str, str]:
+    """A succeeded run of project calc with a deploy admitted: (db, run, request)."""
     db = tmp_path / "ledger.db"
     store, runs = _services(db, tmp_path)
     with store:
@@ -168,6 +168,12 @@ def _corrupt_succeeded_run(tmp_path: Path) -> tuple[Path, str, str]:
         run_id = run(runs.create_run("calc", "fix add()", provider="scripted"))
         assert run(runs.execute(run_id)).status == "succeeded"
         request_id = run(runs.request_remote(run_id, "deploy", provider="cmd"))
+    return db, run_id, request_id
+
+
+def _corrupt_succeeded_run(tmp_path: Path) -> tuple[Path, str, str]:
+    """:func:`_deploy_admitted`, then one byte of the run's journal's seq 4 changed: (db, run, request)."""
+    db, run_id, request_id = _deploy_admitted(tmp_path)
     flip_data_byte(Raw(db), run_stream(run_id), 4)
     return db, run_id, request_id
 
@@ -261,18 +267,14 @@ def test_a_listing_shows_a_corrupt_project_as_corrupt_and_still_lists_the_others
 def test_a_corrupt_projects_runs_are_not_retried_queued_or_executed_and_no_surface_offers_it(tmp_path: Path) -> None:
     """The project's own reads were refused, but its runs were still retried (the Studio offered Retry and the
     server's worker ran the new run), queued and executed."""
-    import httpx
-
     from jixu.runs import ImplementResult, ScriptedProvider
     from jixu.runs.operations import next_operations
-    from jixu.server import create_app, create_token
-    from jixu.server.studio import studio_router
+    from jixu.server import create_token
     from tests.helpers import run_jixu
+    from tests.runs.run_helpers import studio_browser
 
     def give_up(workspace: Path, context: Any) -> ImplementResult:
         return ImplementResult("changed nothing", {})  # the check still fails: the run fails
-    from tests.server.conftest import LiveServer
-    from tests.studio.conftest import http_login
 
     db = tmp_path / "ledger.db"
     with SQLiteStore(db) as store:
@@ -293,16 +295,9 @@ def test_a_corrupt_projects_runs_are_not_retried_queued_or_executed_and_no_surfa
             state = run(runs.state(run_id))
             assert state.blocked is not None and state.blocked["by"] == "project_corrupt"
             assert next_operations(state, str(db)) == []
-        server = LiveServer(create_app(store, providers={"scripted": ScriptedProvider("scripted", [fix])},
-                                       workspace_root=tmp_path / "ws", routers=[studio_router()]))
-        server.start()
-        try:
-            with httpx.Client(base_url=server.url, timeout=20) as browser:
-                http_login(browser, admin)
-                page = browser.get(f"/studio/runs/{failed}").text
-            assert 'id="blocked"' in page and "/retry" not in page and "/resume" not in page
-        finally:
-            server.stop()
+        with studio_browser(store, tmp_path / "ws", admin) as browser:
+            page = browser.get(f"/studio/runs/{failed}").text
+        assert 'id="blocked"' in page and "/retry" not in page and "/resume" not in page
     queue = run_jixu("runs", "queue", str(db), queued)
     assert queue.returncode == 1 and "project_corrupt" in queue.stderr, queue.stderr
     assert _events(db) == before, "nothing was written for a corrupt project's runs"
@@ -312,13 +307,7 @@ def test_another_attempt_beside_a_corrupt_request_is_refused_saying_it_is_corrup
     """The refusal said "reconcile it", which every reconciliation of a corrupt request refuses."""
     from jixu.errors import RequestStateError
 
-    db = tmp_path / "ledger.db"
-    store, runs = _services(db, tmp_path)
-    with store:
-        register(store, make_origin(tmp_path))
-        run_id = run(runs.create_run("calc", "fix add()", provider="scripted"))
-        assert run(runs.execute(run_id)).status == "succeeded"
-        request_id = run(runs.request_remote(run_id, "deploy", provider="cmd"))
+    db, run_id, request_id = _deploy_admitted(tmp_path)
     flip_data_byte(Raw(db), f"request/{request_id}", 1)
     before = _events(db)
     store, runs = _services(db, tmp_path)

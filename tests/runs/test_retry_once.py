@@ -118,27 +118,18 @@ def test_two_processes_retrying_at_once_make_one_run_and_the_other_is_refused(tm
 
 def test_the_studio_links_a_retried_run_to_its_retry_and_offers_no_second_retry(tmp_path: Path) -> None:
     """It offered "Retry as a new run" on a run already retried; the server then refused it (409)."""
-    import httpx
-
-    from jixu.server import create_app, create_token
-    from jixu.server.studio import studio_router
-    from tests.server.conftest import LiveServer
-    from tests.studio.conftest import http_login
+    from jixu.server import create_token
+    from tests.runs.run_helpers import studio_browser
 
     store = SQLiteStore(tmp_path / "ledger.db")
     failed = _failed_run(store, tmp_path)
     runs = Runs(store, tmp_path / "ws", {"scripted": ScriptedProvider("scripted", [fix])})
     _, admin = create_token(store, "root", admin=True, actor="test")
-    server = LiveServer(create_app(store, providers={"scripted": ScriptedProvider("scripted", [fix])},
-                                   workspace_root=tmp_path / "ws", routers=[studio_router()]))
-    server.start()
     try:
-        with httpx.Client(base_url=server.url, timeout=20) as browser:
-            http_login(browser, admin)
+        with studio_browser(store, tmp_path / "ws", admin) as browser:
             assert f"/runs/{failed}/retry" in browser.get(f"/studio/runs/{failed}").text
             child = run(runs.retry(failed, "ops"))
             page = browser.get(f"/studio/runs/{failed}").text
         assert f"/runs/{failed}/retry" not in page and f'href="/studio/runs/{child}" id="retried-as"' in page
     finally:
-        server.stop()
         store.close()
