@@ -113,3 +113,11 @@ def test_the_demo_refuses_a_directory_as_the_outside_file(tmp_path: Path) -> Non
     (tmp_path / "outside-system.log").mkdir()
     result = demo(tmp_path)
     assert result.returncode == 2 and "is a directory" in result.stderr
+
+
+@pytest.mark.parametrize("store", ["memory://", "sqlite:///x.db", "postgresql://u@h/db"])
+def test_the_demo_refuses_a_store_url_and_creates_nothing(tmp_path: Path, store: str) -> None:
+    """`--store memory://` made a SQLite file named `memory:` (the option is a file path)."""
+    result = demo(tmp_path, "--store", store)
+    assert result.returncode == 2 and "give the path of a SQLite file" in result.stderr, result.stderr
+    assert list(tmp_path.iterdir()) == []

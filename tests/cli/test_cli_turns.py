@@ -159,6 +159,8 @@ def test_bad_input_exits_6_and_writes_nothing(ledger: Ledger) -> None:
     assert code == 6 and "legacy_confirmed_stopped" in out["error"]["message"]
     code, out = recover(ledger, thread="not-an-id")
     assert code == 6
+    code, out = recover(ledger, turn="badturn")  # a malformed turn id is bad input, not an unknown turn
+    assert code == 6 and out["error"]["code"] == "invalid_id"
     assert ledger.count(ledger.expired) == before
 
 

@@ -140,6 +140,13 @@ def test_tokens_are_managed_through_the_server_with_an_admin_token(served: Serve
     assert len(json.loads(local.stdout)) == 5
 
 
+@pytest.mark.parametrize("server", ["notaurl", "ftp://host", "http://"])
+def test_a_server_that_is_not_an_http_url_is_invalid_input_not_unreachable(server: str) -> None:
+    """It was exit 5 ("cannot reach the jixu server"), as if the network were down."""
+    result = jixu("remote", "--server", server, "--token", "t", "threads", "list")
+    assert result.returncode == 6 and "is not an http:// or https:// URL" in result.stderr, result.stderr
+
+
 def test_tokens_create_needs_a_role_and_a_project(tmp_path: Path) -> None:
     result = jixu("tokens", "create", "--store", f"sqlite:///{tmp_path / 't.db'}", "--project", "demo")
     assert result.returncode == 6 and "--role" in result.stderr

@@ -473,6 +473,9 @@ def demo_command(store: str, outside: str | None, worker: str | None) -> None:
     waits for an operator's resolution. Exit 0 when every step turned out as
     promised, 1 otherwise.
     """
+    if "://" in store or store.startswith("sqlite:"):  # the demo's worker is another process: it needs a file
+        raise click.UsageError(f"--store {store!r}: give the path of a SQLite file (the demo's crashing worker is a "
+                               "second process, which must open the same file)")
     store_path = Path(store)
     outside_path = Path(outside) if outside is not None else store_path.parent / "outside-system.log"
     if outside_path.is_dir():

@@ -15,10 +15,11 @@ import secrets
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, NoReturn, Self
+from urllib.parse import urlsplit
 
 import httpx
 
-from jixu.errors import JixuError, StoreError
+from jixu.errors import InvalidInput, JixuError, StoreError
 from jixu.server.problems import code_of_type
 from jixu.threads.http import EventStream
 
@@ -41,6 +42,10 @@ class Client:
 
     def __init__(self, server: str, token: str | None, *, timeout: float = 60.0, retries: int = 2,
                  transport: httpx.BaseTransport | None = None) -> None:
+        found = urlsplit(server) if isinstance(server, str) else None
+        if found is None or found.scheme not in ("http", "https") or not found.hostname:
+            raise InvalidInput(f"server {server!r} is not an http:// or https:// URL (e.g. http://127.0.0.1:8420)",
+                               field="server")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.server = server.rstrip("/")
         self.retries = retries

@@ -20,6 +20,7 @@ from typing import Any
 from jixu.errors import (
     ConcurrencyError,
     EffectNotParked,
+    InvalidId,
     InvalidInput,
     KeyUnavailable,
     LeaseHeld,
@@ -897,6 +898,9 @@ class ThreadLog:
         with another body raises :class:`~jixu.errors.ResolutionConflict`.
         """
         check_text(turn_id, "turn_id", 100, required=True)
+        if not is_valid_id(turn_id):
+            raise InvalidId(f"turn id {turn_id!r} is not a jixu id (26 characters of Crockford base32)",
+                            field="turn_id")
         if not isinstance(request_id, str) or not REQUEST_ID.match(request_id):
             raise InvalidInput("request_id must be 32 lower-case hex characters", field="request_id")
         if isinstance(expected_epoch, bool) or not isinstance(expected_epoch, int) or expected_epoch < 0:
