@@ -65,3 +65,10 @@ def test_the_fixture_prints_tokens_and_the_serve_command_and_records_every_case(
 
     again = _fixture(tmp_path)  # the same store again: a second project beside the first
     assert "project studio-demo-2" in again
+
+
+def test_an_unreachable_store_is_exit_5_and_leaves_no_directory_behind(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "jixu", "studio-fixture", "--store", "postgresql://u@127.0.0.1:1/x"],
+                          cwd=tmp_path, capture_output=True, text=True, env=_env(), timeout=120, check=False)
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert list(tmp_path.iterdir()) == [], "it made ./jixu-studio-fixture before finding the store unreachable"

@@ -253,9 +253,9 @@ def build_fixture(store_url: str, base: Path | None = None) -> Fixture:
         raise InvalidInput("the fixture must outlive this command: give a SQLite file or a PostgreSQL URL",
                            field="store")
     root = (base or default_fixture_dir(store_url)).expanduser().resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    store = open_store(store_url)
+    store = open_store(store_url)  # first: an unreachable store leaves no directory behind
     try:
+        root.mkdir(parents=True, exist_ok=True)
         project = _free_project(store)
         return asyncio.run(_build(store, store.url or store_url, root / project, project))
     finally:
