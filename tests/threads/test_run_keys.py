@@ -63,7 +63,7 @@ async def order(store: Store, thread_id: str | None, calls: list[str], *, run_ke
 def test_an_ended_keyed_run_entered_again_replays_its_record_and_runs_nothing(tmp_path: Path) -> None:
     store, calls = SQLiteStore(tmp_path / "j.db"), []
     first, results = run(order(store, None, calls, run_key="order-7"))
-    assert calls == ["charge", "read"] and not first.finished and first.outcome is None
+    assert calls == ["charge", "read"] and not first.finished and first.outcome == "completed"
     before = events(store, first.thread_id)
 
     again, replayed = run(order(store, first.thread_id, calls, run_key="order-7"))
@@ -97,7 +97,7 @@ def test_a_new_key_starts_a_new_run_and_each_key_replays_its_own(tmp_path: Path)
 def test_a_failed_keyed_run_replays_its_failure_without_calling_again(tmp_path: Path) -> None:
     store, calls = SQLiteStore(tmp_path / "j.db"), []
     first, results = run(order(store, None, calls, run_key="order-7", fail=True))
-    assert results == ({"charged": 7, "call": 1}, None)
+    assert results == ({"charged": 7, "call": 1}, None) and first.outcome == "failed"
     again, replayed = run(order(store, first.thread_id, calls, run_key="order-7", fail=True))
     assert again.finished and again.outcome == "failed" and replayed == results
     assert calls == ["charge", "read"]

@@ -286,6 +286,8 @@ class DurableRun:
         self.run_key = run_key
         """The key naming the run for good (None: entering continues the thread's unfinished run or starts one)."""
         self._ended: Turn | None = None
+        self._ended_here: str | None = None
+        """The outcome this block's ``turn.ended`` recorded, once committed."""
         self._thread: Thread | None = None
         self._session: Session | None = None
         self._turn_id = ""
@@ -320,8 +322,9 @@ class DurableRun:
 
     @property
     def outcome(self) -> str | None:
-        """How a :attr:`finished` run ended (``completed``, ``failed``, ``interrupted``); None while it runs."""
-        return None if self._ended is None else self._ended.status
+        """How the run ended (``completed``, ``failed``, ``interrupted``): a :attr:`finished` run's recorded end,
+        or this block's once its ``turn.ended`` is committed; None while it runs or when it stopped unfinished."""
+        return self._ended.status if self._ended is not None else self._ended_here
 
     def state(self) -> State:
         """The thread's state as every surface shows it (``running`` while the run is in progress here)."""
@@ -493,6 +496,7 @@ class DurableRun:
                 if self.error is not None:
                     ended = {"turn_id": self._turn_id, "outcome": "failed", "error": self.error}
                 await thread._commit([NewEvent("turn.ended", ended, thread.log.meta())])
+                self._ended_here = str(ended["outcome"])
                 thread.log.checkpoint()
         finally:
             self._session = None
