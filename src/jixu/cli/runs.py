@@ -46,7 +46,7 @@ from rich.table import Table
 
 from jixu.cli.output import EXIT_CHECK_FAILED, EXIT_OK, emit_json, handled, json_option
 from jixu.cli.threads import default_actor, out, styled, trim
-from jixu.errors import InvalidInput, NotFound, RunCorrupt, RunStateError
+from jixu.errors import InvalidInput, NotFound, RunStateError
 from jixu.ledger import Store, VerifyReport, open_store
 from jixu.ledger.encoding import JSONObject
 from jixu.runs.engine import RunLog, Runs, default_run_owner
@@ -513,18 +513,14 @@ def queue_command(store: str, run_id: str, as_json: bool) -> None:
     --queue, or one an operator resumed or handed off without --execute. Idempotent. A finished run is refused
     (exit 4), a corrupt one too (exit 1)."""
     with opened(store, as_json) as store_:
-        state = asyncio.run(observer_runs(store_).state(run_id))
-        if state.status == "corrupt":
-            raise RunCorrupt(f"run {run_id} is corrupt: {state.reason}; it is not queued", run_id=run_id)
-        if state.status in ("succeeded", "failed", "cancelled"):
-            raise RunStateError(f"run {run_id} is {state.status}: there is nothing to run"
-                                + ("; retry it with `jixu runs retry`" if state.status != "succeeded" else ""),
-                                run_id=run_id, status=state.status)
-        if state.blocked is not None:
-            if state.blocked.get("by") == "project_corrupt":
-                get_project(store_, state.project)  # the project's own refusal
-            raise RunStateError(f"run {run_id} is not queued: {state.blocked.get('reason')}", run_id=run_id,
-                                status=state.status)
+        log = RunLog(store_, run_id)  # unknown run: exit 3
+        log.open_to_act()  # a corrupt journal is queued for nobody
+        outcome = (log.record.finished or {}).get("outcome")
+        if outcome is not None:
+            raise RunStateError(f"run {run_id} is {outcome}: there is nothing to run"
+                                + ("; retry it with `jixu runs retry`" if outcome != "succeeded" else ""),
+                                run_id=run_id, status=outcome)
+        observer_runs(store_).refuse_if_blocked(log, "queued", "unfinished")  # the rule execute refuses by
         work = submit_run(store_, run_id).to_dict()
     if as_json:
         emit_json({"run_id": run_id, "queued": work})

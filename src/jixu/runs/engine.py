@@ -241,17 +241,21 @@ class Runs:
         """What stops every operation that would move the run on (execute, resume, hand off, retry, queue), or
         None: its project's stream does not verify (nothing acts under it), or a cancellation of the unfinished
         run is admitted and not settled (nothing acts as if it did not happen). The one rule the operations
-        refuse by (:meth:`_refuse_if_blocked`) and every surface offers its controls by."""
+        refuse by (:meth:`refuse_if_blocked`) and every surface offers its controls by."""
+        return self._blocked(log)[0]
+
+    def _blocked(self, log: RunLog) -> tuple[JSONObject | None, ProjectCorrupt | None]:
+        """:meth:`blocker`'s answer, and the project's own refusal when that is what blocks (read once)."""
         try:
             get_project(self.store, log.record.project)
         except ProjectCorrupt as error:
             return {"by": "project_corrupt", "reason": error.message, "project": log.record.project,
-                    "first_bad_seq": error.details.get("first_bad_seq")}
+                    "first_bad_seq": error.details.get("first_bad_seq")}, error
         except ProjectNotFound:
             pass  # a run's project is registered before it: nothing to say about one that is not
         found = self.requests.open_cancellation(log)
         if found is None:
-            return None
+            return None, None
         run_id, request_id = log.run_id, found.request_id
         if found.status == "pending":
             command = f"jixu runs execute-request STORE {run_id} {request_id}"
@@ -265,7 +269,7 @@ class Runs:
             command = f"jixu runs cancel STORE {run_id}"
             why = "is corrupt (nothing acts on it) and may have taken effect; cancel the run again:"
         return {"by": "cancellation", "reason": f"its cancellation request {request_id} {why} `{command}`",
-                "request_id": request_id, "request_status": found.status, "command": command}
+                "request_id": request_id, "request_status": found.status, "command": command}, None
 
     async def state(self, run_id: str) -> RunState:
         """The run as it stands: status (derived), plan, tasks with the resolver's decisions, pauses, outcome."""
@@ -395,7 +399,7 @@ class Runs:
         pause = log.record.open_pause
         if not (status == "queued" or (status == "paused" and pause is not None and pause.get("automatic"))):
             return self._state(log)
-        self._refuse_if_blocked(log, "executed", status)
+        self.refuse_if_blocked(log, "executed", status)
         if self._waits_for_pause(decide(log.record, log.analysis())):
             return self._state(log)  # nothing to do before the pause ends: no claim, nothing written
         provider = self._provider_of(log.record)
@@ -447,18 +451,17 @@ class Runs:
         """Whether claiming the run for ``action`` does anything (a claim for nothing is never written)."""
         return not isinstance(action, Stop) and not self._waits_for_pause(action)
 
-    def _refuse_if_blocked(self, log: RunLog, what: str, status: str) -> None:
+    def refuse_if_blocked(self, log: RunLog, what: str, status: str) -> None:
         """Refuse, writing nothing, an operation that would move the run on while :meth:`blocker` names what
         stops it: :class:`~jixu.errors.ProjectCorrupt` for its project, :class:`~jixu.errors.RunStateError` naming
         the cancellation request in doubt and the command that settles it."""
-        found = self.blocker(log)
-        if found is None:
-            return
-        if found["by"] == "project_corrupt":
-            get_project(self.store, log.record.project)  # raises the project's own refusal
-        raise RunStateError(f"run {log.run_id} cannot be {what}: {found['reason']}", run_id=log.run_id,
-                            status=status, request_id=found.get("request_id"),
-                            request_status=found.get("request_status"), command=found.get("command"))
+        found, refusal = self._blocked(log)
+        if refusal is not None:
+            raise refusal
+        if found is not None:
+            raise RunStateError(f"run {log.run_id} cannot be {what}: {found['reason']}", run_id=log.run_id,
+                                status=status, request_id=found.get("request_id"),
+                                request_status=found.get("request_status"), command=found.get("command"))
 
     async def _loop(self, log: RunLog, fence: Fence, provider: Provider) -> None:
         async def next_action() -> Any:
@@ -736,7 +739,7 @@ class Runs:
         if status == "running":
             raise RunOwned(f"run {log.run_id} is being executed by another process; it cannot be {what} now",
                            run_id=log.run_id, status=status)
-        self._refuse_if_blocked(log, what, status)
+        self.refuse_if_blocked(log, what, status)
         if log.record.problems or analysis.has_corruption:
             raise RunStateError(f"run {log.run_id}'s journal is broken or contradicts itself ({reason}); it cannot be "
                                 f"{what}", run_id=log.run_id, status=status)
@@ -960,7 +963,7 @@ class Runs:
         raced = False
         for _ in range(_CONFLICT_RETRIES):
             log.open_to_act()  # a retry takes its brief, source and policy from this journal: it must hold
-            self._refuse_if_blocked(log, "retried", str((log.record.finished or {}).get("outcome")))
+            self.refuse_if_blocked(log, "retried", str((log.record.finished or {}).get("outcome")))
             if log.record.retried is not None:
                 # Having lost a race to it, the winner is creating its run now: this call is the second retry.
                 return self._complete_retry(log, create=not raced)
