@@ -559,9 +559,9 @@ class ThreadLog:
         return self._claim_of(lease) is not None
 
     def _claim_of(self, lease: Lease) -> Event | None:
-        # The latest turn: the lease's claims are recorded there, also after an operator ended it (its holder may
-        # still be proven gone, so a resolution need not wait for the lease to expire).
-        turn = self.state.active_turn() or (self.state.turns[-1] if self.state.turns else None)
+        # The latest turn (the active one, when there is one): the lease's claims are recorded there, also after an
+        # operator ended it (its holder may still be proven gone, so a resolution need not wait for the lease).
+        turn = self.state.turns[-1] if self.state.turns else None
         if turn is None:
             return None
         found = None
