@@ -24,6 +24,7 @@ from jixu.scheduling.workers import (
     WorkerConfig,
     default_owner,
     make_agent,
+    tune_collector,
 )
 
 
@@ -125,6 +126,7 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
     # handler a no-op, so a clean stop exits 0 (as `jixu worker` does) instead of dying by the signal.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda received, frame: None)
+    tune_collector()  # this process serves from now on (its worker's turns, the API's requests)
     try:
         serve(app, host=host, port=port, sock=listener)
     finally:
