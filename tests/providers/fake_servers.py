@@ -105,6 +105,7 @@ class Failure:
     status: int
     body: Any
     headers: dict[str, str] = field(default_factory=dict)
+    content_type: str = "application/json"
 
 
 @dataclass(frozen=True)
@@ -251,7 +252,7 @@ class FakeServer:
         elif isinstance(reply, Failure):
             text = json.dumps(reply.body) if not isinstance(reply.body, str) else reply.body
             text = text.replace("{api_key}", self.received_key(headers))
-            self._send(handler, reply.status, text.encode(), "application/json", reply.headers)
+            self._send(handler, reply.status, text.encode(), reply.content_type, reply.headers)
         elif body.get("stream"):
             self._send_events(handler, reply, body)
         else:
@@ -548,9 +549,10 @@ class FakeResponses(FakeServer):
             "store": bool(request.get("store", True)), "temperature": 1.0, "text": {"format": {"type": "text"}},
             "tool_choice": "auto", "tools": request.get("tools") or [], "top_p": 1.0, "truncation": "disabled",
             "usage": None, "metadata": {}}
-        if status == "completed" and reply.stop == "max_output_tokens":
+        if status == "completed" and reply.stop in ("max_output_tokens", "incomplete"):
+            # ``incomplete``: an incomplete response whose ``incomplete_details`` is null (the field is nullable)
             body["status"] = "incomplete"
-            body["incomplete_details"] = {"reason": "max_output_tokens"}
+            body["incomplete_details"] = {"reason": reply.stop} if reply.stop == "max_output_tokens" else None
         if status == "completed" and reply.usage:
             body["usage"] = {"input_tokens": reply.input_tokens,
                              "input_tokens_details": {"cached_tokens": reply.cached_tokens},

@@ -487,3 +487,13 @@ def test_reasoning_of_another_provider_is_not_sent_to_anthropic(anthropic_server
     assert complete(driver(anthropic_server), messages=conversation, tools=[ADD_SPEC]).text == "2"
     assert anthropic_server.bodies[0]["messages"][1]["content"] == [
         {"type": "tool_use", "id": "t1", "name": "add", "input": {"a": 1, "b": 1}}]
+
+
+@pytest.mark.parametrize("content_type", ["text/html", "application/json"])
+def test_an_unstreamed_200_answer_that_is_not_json_is_an_invalid_response_in_doubt(anthropic_server: FakeAnthropic,
+                                                                                  content_type: str) -> None:
+    """A success status with a body that is not the API's object (a proxy's HTML page): never an answer (it was
+    taken for an empty one, or raised an untyped error), and in doubt, since the provider may have processed it."""
+    anthropic_server.script(Failure(200, "<html>proxy error page</html>", content_type=content_type))
+    error = fail(driver(anthropic_server, stream=False))
+    assert (error.kind, error.indeterminate) == ("invalid_response", True), error

@@ -564,10 +564,15 @@ def test_a_streamed_answer_keeps_unicode_line_separators(openai_server: FakeOpen
     assert complete(driver(openai_server, stream=True)).text == text
 
 
-def test_a_200_answer_that_is_not_json_is_an_invalid_response(openai_server: FakeOpenAI) -> None:
-    openai_server.script(Failure(200, "<html>a captive portal</html>"))
+@pytest.mark.parametrize("content_type", ["text/html", "application/json"])
+def test_a_200_answer_that_is_not_json_is_an_invalid_response_in_doubt(openai_server: FakeOpenAI,
+                                                                       content_type: str) -> None:
+    """A success status says the provider may have processed the call, whatever its body: in doubt, as a
+    streamed chunk that is not JSON is (it was determinate here, so the same fault failed the turn unstreamed
+    and was retried streamed)."""
+    openai_server.script(Failure(200, "<html>a captive portal</html>", content_type=content_type))
     error = fail(driver(openai_server, stream=False))
-    assert (error.kind, error.indeterminate) == ("invalid_response", False)
+    assert (error.kind, error.indeterminate) == ("invalid_response", True)
 
 
 # --- end to end through the harness ------------------------------------------------------------------------
@@ -723,3 +728,15 @@ def test_jixus_own_chat_client_does_not_import_the_sdk_but_requires_it(monkeypat
     with pytest.raises(InvalidInput) as refused:
         OpenAIModel("m", api_key="k")
     assert "openai package" in str(refused.value)
+
+
+def test_a_streamed_call_answered_with_a_whole_json_body_says_the_server_does_not_stream(
+        openai_server: FakeOpenAI) -> None:
+    """A server that ignores ``"stream": true`` answers with a whole ``chat.completion``: the error says so
+    (it said the stream ended early, which hid the cause), and the call is in doubt (a success status)."""
+    whole = {"id": "chatcmpl-1", "object": "chat.completion", "model": "gpt-4o-mini", "choices": [
+        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}]}
+    openai_server.script(Failure(200, whole))
+    error = fail(driver(openai_server, stream=True))
+    assert (error.kind, error.indeterminate) == ("invalid_response", True), error
+    assert "does not stream" in error.message and "stream=False" in error.message, error.message

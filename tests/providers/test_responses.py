@@ -253,3 +253,13 @@ def test_the_api_option_is_validated(responses_server: FakeResponses) -> None:
         OpenAIModel("gpt-5", api_key=OPENAI_KEY, api="assistants")
     with pytest.raises(InvalidInput):
         OpenAIModel("gpt-5", api_key=OPENAI_KEY, api="responses", store="no")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("content_type", ["text/html", "application/json"])
+def test_an_unstreamed_200_answer_that_is_not_json_is_an_invalid_response_in_doubt(responses_server: FakeResponses,
+                                                                                  content_type: str) -> None:
+    """A success status with a body that is not the API's object (a proxy's HTML page): never an answer (it was
+    taken for an empty one, or raised an untyped error), and in doubt, since the provider may have processed it."""
+    responses_server.script(Failure(200, "<html>proxy error page</html>", content_type=content_type))
+    error = fail(driver(responses_server, stream=False))
+    assert (error.kind, error.indeterminate) == ("invalid_response", True), error

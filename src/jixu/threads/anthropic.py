@@ -264,6 +264,9 @@ class AnthropicModel(ProviderDriver):
 
     async def _whole(self, request: ModelRequest) -> ModelResponse:
         message: Any = await self._client.messages.create(**self.request_body(request))
+        if isinstance(message, (str, bytes)) or not hasattr(message, "content"):
+            # The SDK hands over a body it could not read as a message (an HTML page, say) as it is.
+            raise self._unreadable("the response is not a Messages API message")
         text: list[str] = []
         calls: list[ToolCall] = []
         thinking: list[JSONObject] = []
@@ -393,8 +396,7 @@ class AnthropicModel(ProviderDriver):
         if isinstance(error, anthropic.APIConnectionError):
             return self._connection_error(error, timeout=False)
         if isinstance(error, anthropic.APIResponseValidationError):
-            return self._error(f"the response did not match the API's schema: {error.message}",
-                               kind="invalid_response", indeterminate=False)
+            return self._unreadable(f"the response did not match the API's schema: {error.message}")
         if isinstance(error, anthropic.APIError):
             return self._status_error(200, None, error.body, error.message, None)
         return self._unexpected(error)

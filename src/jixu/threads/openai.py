@@ -365,7 +365,11 @@ class OpenAIModel(ProviderDriver):
 
     async def _whole(self, request: ModelRequest) -> ModelResponse:
         if self.api == "responses":
-            return self._from_response(await self._sdk.responses.create(**self.request_body(request)))
+            answer: object = await self._sdk.responses.create(**self.request_body(request))
+            if isinstance(answer, (str, bytes)) or not isinstance(getattr(answer, "output", None), list):
+                # The SDK hands over a body it could not read as a response (an HTML page, say) as it is.
+                raise self._unreadable("the response is not a Responses API object")
+            return self._from_response(answer)
         params = self.request_body(request)
         if self._http is None:  # the caller's own client
             completion: object = _wire(await self._sdk.chat.completions.create(**params))
@@ -378,10 +382,10 @@ class OpenAIModel(ProviderDriver):
             except ValueError:
                 completion = None
         if not isinstance(completion, dict):
-            raise self._error("the response is not a JSON object", kind="invalid_response", indeterminate=False)
+            raise self._unreadable("the response is not a JSON object")
         choices = completion.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise self._error("the response has no choices", kind="invalid_response", indeterminate=False)
+            raise self._unreadable("the response has no choices")
         choice = choices[0]
         message = _object(choice.get("message"))
         calls: list[ToolCall] = []
@@ -556,6 +560,11 @@ class OpenAIModel(ProviderDriver):
             if response.status_code >= 400:
                 await response.aread()
                 raise self._http_error(response) from None
+            if response.headers.get("content-type", "").lower().startswith("application/json"):
+                await response.aread()  # a server that ignores "stream": its whole answer, not an event stream
+                raise self._unreadable("a streamed call was answered with a JSON body, not an event stream "
+                                       "(Content-Type application/json): this server does not stream; use "
+                                       "stream=False") from None
             done = False
             try:
                 async with asyncio.timeout(None) as drain, \
@@ -570,8 +579,7 @@ class OpenAIModel(ProviderDriver):
                         try:
                             chunk = json.loads(data)
                         except ValueError:
-                            raise self._error("a streamed chunk is not JSON", kind="invalid_response",
-                                              indeterminate=True) from None
+                            raise self._unreadable("a streamed chunk is not JSON") from None
                         if not isinstance(chunk, dict):
                             continue
                         if chunk.get("error"):  # an error object inside a 200 stream, as the SDK reads it
@@ -628,8 +636,7 @@ class OpenAIModel(ProviderDriver):
         if isinstance(error, openai.APIConnectionError):
             return self._connection_error(error, timeout=False)
         if isinstance(error, openai.APIResponseValidationError):
-            return self._error(f"the response did not match the API's schema: {error.message}",
-                               kind="invalid_response", indeterminate=False)
+            return self._unreadable(f"the response did not match the API's schema: {error.message}")
         if isinstance(error, openai.APIError):  # an error object inside a 200 stream
             return self._status_error(200, None, {"error": error.body} if error.body is not None else None,
                                       error.message, None)

@@ -608,6 +608,11 @@ class ProviderDriver(SignalSource, abc.ABC):
                           indeterminate=indeterminate, retry_after=retry_after, provider=self.provider,
                           model=self.model, **clean)
 
+    def _unreadable(self, message: str) -> ModelError:
+        """An answer with a success status that cannot be read as one (not JSON, not the API's object, a chunk
+        cut short): the provider may well have processed the call, so its outcome is in doubt (indeterminate)."""
+        return self._error(message, kind="invalid_response", indeterminate=True)
+
     def _status_error(self, status: int, headers: Mapping[str, str] | None, body: object, fallback: str,
                       request_id: str | None) -> ModelError:
         error_type, code, message = error_fields(body)
@@ -643,6 +648,8 @@ class ProviderDriver(SignalSource, abc.ABC):
         module = type(error).__module__.split(".")[0]
         if module in _TRANSPORT_MODULES or isinstance(error, OSError | EOFError):
             return self._connection_error(error, timeout="timeout" in type(error).__name__.lower())
+        if isinstance(error, json.JSONDecodeError):  # the SDK read a success answer's body, announced as JSON
+            return self._unreadable(f"the response is not JSON ({error})")
         return self._error(f"unexpected {type(error).__name__}: {error}", kind="transient", indeterminate=True,
                            exception=type(error).__name__)
 
