@@ -545,3 +545,31 @@ def test_a_keyed_run_that_ended_is_replayed_by_the_same_call_without_asking_or_c
         assert [(e.type, e.seq) for e in log.events()] == recorded, "the replay appended nothing"
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("finish", ["length", "content_filter"])
+def test_tool_calls_of_an_answer_the_model_did_not_finish_are_never_run(tmp_path: Path, server: FakeOpenAI,
+                                                                        finish: str) -> None:
+    """An answer cut off at the token limit (or stopped by a filter) asks for an unsafe charge whose arguments
+    look whole: none is run, as in a jixu agent (pydantic-ai itself would run it), and the run fails with a
+    typed error naming the stop reason; running it again meets the same recorded answer and still charges
+    nothing."""
+    from jixu.errors import ModelError
+
+    server.script(Completion(calls=[Call("call_charge_7", "charge", '{"order": 7}')], stop=finish))
+    agent = Agent(_openai(server), name="orders")
+    charged: list[int] = []
+
+    @agent.tool_plain
+    @effect(semantics="unsafe")
+    def charge(order: int) -> str:
+        charged.append(order)
+        return f"charged {order}"
+
+    with JixuAgent(agent, tmp_path / "jixu.db") as durable:
+        thread_id = durable.new_thread_sync()
+        for _ in range(2):
+            with pytest.raises(ModelError) as raised:
+                durable.run_sync("Charge order 7.", thread_id=thread_id)
+            assert raised.value.kind == "output_truncated" and "none was run" in raised.value.message
+    assert charged == [] and len(server.requests) == 1, "asked once, replayed once, charged never"

@@ -392,22 +392,26 @@ def purge(scope: str = "everything") -> str:
 
 
 @pytest.mark.parametrize("provider", ["openai", "responses", "anthropic"])
+@pytest.mark.parametrize("why", ["limit", "other"])
 def test_tool_calls_of_an_answer_cut_off_at_its_token_limit_are_never_run(
-        provider: str, openai_server: FakeOpenAI, responses_server: FakeResponses,
+        provider: str, why: str, openai_server: FakeOpenAI, responses_server: FakeResponses,
         anthropic_server: FakeAnthropic) -> None:
-    """A provider stops writing at the output token limit (``length``, ``max_output_tokens``, ``max_tokens``):
-    a tool call in that answer may have lost its arguments (the tool's defaults would then be used) or stand
-    beside calls the model never finished. None of them is run; the turn fails saying why, the answer and its
-    usage are recorded, and the conversation stays valid for the next input."""
+    """A provider stops writing at the output token limit (``length``, ``max_output_tokens``, ``max_tokens``),
+    or for another reason than a finished answer (``other``: DeepSeek's ``insufficient_system_resource``, an
+    incomplete Responses answer whose ``incomplete_details`` is null, Anthropic's streaming ``refusal``): a tool
+    call in that answer may have lost its arguments (the tool's defaults would then be used) or stand beside
+    calls the model never finished. None of them is run; the turn fails saying why, the answer and its usage
+    are recorded, and the conversation stays valid for the next input. (``other`` once ran the calls: only the
+    limits were known as cut-offs.)"""
     server: FakeOpenAI | FakeResponses | FakeAnthropic
     if provider == "openai":
-        server, stop = openai_server, "length"
+        server, stop = openai_server, {"limit": "length", "other": "insufficient_system_resource"}[why]
         model: Any = OpenAIModel("gpt-4o-mini", base_url=openai_server.url, api_key=OPENAI_KEY)
     elif provider == "responses":
-        server, stop = responses_server, "max_output_tokens"
+        server, stop = responses_server, {"limit": "max_output_tokens", "other": "incomplete"}[why]
         model = OpenAIModel("gpt-4o-mini", base_url=responses_server.url, api_key=OPENAI_KEY, api="responses")
     else:
-        server, stop = anthropic_server, "max_tokens"
+        server, stop = anthropic_server, {"limit": "max_tokens", "other": "refusal"}[why]
         model = AnthropicModel("claude-sonnet-4-20250514", base_url=anthropic_server.url, api_key=ANTHROPIC_KEY)
     cut = Completion(calls=[Call("call_1", "purge", '{"scope": "old"}'), Call("call_2", "purge", "")], stop=stop)
     server.script(cut, Completion(text="Nothing was purged."))
@@ -417,7 +421,8 @@ def test_tool_calls_of_an_answer_cut_off_at_its_token_limit_are_never_run(
     async def scenario() -> None:
         thread, state, events = await ask(harness, "tidy up")
         assert PURGED == [] and of_type(events, "tool.requested") == []
-        assert state.status == "failed" and "cut off" in state.reason, state.reason
+        assert state.status == "failed" and "none was run" in state.reason, state.reason
+        assert ("output token limit" in state.reason) == (why == "limit"), state.reason
         [completed] = of_type(events, "model.completed")
         assert completed.data["result"]["stop_reason"] == stop and completed.data["result"]["usage"]["output_tokens"]
         [ended] = of_type(events, "turn.ended")

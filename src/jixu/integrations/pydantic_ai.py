@@ -46,10 +46,11 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias, TypeVar, cast, get_args
 
-from jixu.errors import InvalidInput, JixuError, MissingExtra, StepFailed
+from jixu.errors import InvalidInput, JixuError, MissingExtra, ModelError, StepFailed
 from jixu.ledger import Store, content_hash
 from jixu.ledger.encoding import JSONObject
 from jixu.threads.harness import Harness
+from jixu.threads.model import unfinished_answer
 from jixu.threads.steps import DurableRun, run_failure, steps_agent
 from jixu.threads.tools import Occurred, ProbeQuery, Tool, ToolContext, ToolError, call_user_function
 
@@ -202,6 +203,22 @@ def _model_failure(error: Exception) -> ToolError:
     return ToolError(f"{type(error).__name__}: {error}"[:2000], code="model_error", data=data)
 
 
+_FINISH_REASONS: dict[str | None, str] = {None: "", "tool_call": "tool_calls"}
+"""pydantic-ai's normalized finish reasons as the stop reasons jixu's drivers record (the others keep their name)."""
+
+
+def refuse_unfinished(response: ModelResponse) -> None:
+    """Raise :class:`~jixu.errors.ModelError` (``output_truncated``, determinate) when ``response`` asks for tool
+    calls but the model did not finish it (:func:`~jixu.threads.model.unfinished_answer`: a token limit, a content
+    filter, an error): a call in it may lack arguments, so none is run, as in a jixu agent. The response stays
+    recorded; a rerun meets the same refusal."""
+    calls = len(response.tool_calls)
+    reason = response.finish_reason
+    why = unfinished_answer(_FINISH_REASONS.get(reason, reason), calls) if calls else None
+    if why is not None:
+        raise ModelError(why, kind="output_truncated", indeterminate=False, stop_reason=reason)
+
+
 class JixuModel(WrapperModel):
     """A model whose every request is a durable jixu step of ``run`` (its record returned on a rerun).
 
@@ -249,7 +266,9 @@ class JixuModel(WrapperModel):
                 self._generation[number] = generation + 1
                 continue
             self._answered = number
-            return load_response(recorded["response"])
+            response = load_response(recorded["response"])
+            refuse_unfinished(response)
+            return response
 
     async def request(self, messages: list[ModelMessage], model_settings: ModelSettings | None,
                       model_request_parameters: ModelRequestParameters) -> ModelResponse:

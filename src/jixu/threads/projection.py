@@ -24,19 +24,17 @@ from jixu.ledger.projection import ChunkSource, chunk_digest
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver, decide_effect
 from jixu.recovery.decision_text import decode_decision, encode_decision, ordinary_decision_text
 from jixu.threads.compaction import summary_message
+from jixu.threads.model import unfinished_answer
 
-REDUCER_VERSION = 9
+REDUCER_VERSION = 10
 """5: probes (``state.probes``, the ``probe.*`` effects and the answers they recorded). 6: agent revisions
 (``state.revisions``, ``agent.revised``, each turn's ``revisions``) and durable runs (``Turn.steps``). 7:
 ``closed_calls`` holds effect ids, not tool call ids (a model may reuse a call id in a later turn). 8: an answer
-with tool calls cut off at a limit is the turn's failure (:data:`CUT_OFF_STOPS`), not calls to run. 9: a durable
-run's key (``Turn.run_key``) and the turns a fork inherited (``Turn.inherited``)."""
+with tool calls cut off at a limit is the turn's failure, not calls to run. 9: a durable run's key
+(``Turn.run_key``) and the turns a fork inherited (``Turn.inherited``). 10: only an answer the model finished runs its
+calls (:func:`~jixu.threads.model.unfinished_answer`: a stop reason not known to end a finished answer, such as
+Anthropic's ``refusal`` or an incomplete Responses answer, is the turn's failure too)."""
 
-CUT_OFF_STOPS = frozenset({"length", "max_tokens", "max_output_tokens", "content_filter",
-                           "model_context_window_exceeded"})
-"""Stop reasons (OpenAI Chat Completions, Anthropic Messages, OpenAI Responses) saying the answer was cut off
-before its end: a tool call in it may lack arguments (a default would then be used) or stand beside calls the
-model never finished writing, so none of its calls is run."""
 
 LIFECYCLE_PHASES = frozenset(
     {"requested", "parked", "approved", "denied", "dispatched", "completed", "failed", "outcome_resolved"}
@@ -674,12 +672,11 @@ class ThreadProjection:
             _add_message(state, message, event.id)
             state.step_calls = {}
             stop = result.get("stop_reason")
-            if calls and type(stop) is str and stop in CUT_OFF_STOPS:
+            unfinished = unfinished_answer(stop, len(calls)) if calls else None
+            if unfinished is not None:
                 turn.failure = {"effect_id": event.data.get("effect_id"), "indeterminate": False, "error": {
                     "kind": "output_truncated", "type": "output_truncated", "stop_reason": stop,
-                    "message": f"the model's answer was cut off (stop reason {stop!r}) with {len(calls)} tool "
-                               "call(s) in it; none was run, as its arguments may be incomplete. Raise the model's "
-                               "output token limit, or shorten what it is asked to write"}}
+                    "message": unfinished}}
             usage = result.get("usage") or {}
             totals = state.usage
             for key in _TOKEN_KEYS:
