@@ -608,3 +608,39 @@ def test_a_keyed_run_that_ended_is_replayed_by_the_same_call_and_the_tool_does_n
     assert again.final_output == first.final_output == "wrote it"
     assert len(lines(tmp_path / "lines.log")) == 1 and len(openai_server.requests) == 2
     assert [(e.type, e.seq) for e in _log(url, found[0]).events()] == recorded, "the replay appended nothing"
+
+
+@pytest.mark.parametrize("arguments", ['{"text": "hel', '["hello"]'], ids=["not-json", "not-an-object"])
+def test_arguments_an_unsafe_tool_refuses_are_no_step_and_the_model_is_told_as_the_sdk_tells_it(
+        tmp_path: Path, openai_server: FakeOpenAI, arguments: str) -> None:
+    """The model sends arguments the tool refuses before it runs (JSON cut short, or not an object). Nothing
+    can have happened outside: no step is opened, the model gets the SDK's own error text and asks again.
+    Before, the refusal was recorded as the unsafe call's failure in doubt, and the run and every rerun stopped
+    with StepOutcomeUnknown until an operator resolved a call that never ran."""
+    from agents import function_tool
+
+    from jixu.integrations.openai_agents import durable_tool
+    from tests.integrations.openai_agents_child import write_line
+
+    openai_server.script(Completion(calls=[Call("call_bad", "append", arguments)]),
+                         Completion(calls=[Call("call_good", "append", '{"text": "hello"}')]), DONE)
+
+    @durable_tool(semantics="unsafe")
+    @function_tool
+    async def append(text: str) -> str:
+        """Append one line."""
+        write_line(tmp_path / "lines.log", text)
+        return "appended"
+
+    client = AsyncOpenAI(base_url=openai_server.url, api_key="sk-test", max_retries=0)
+    agent = Agent(name="appender", tools=[append],
+                  model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client))
+    result = DurableRunner(_url(tmp_path)).run_sync(agent, INPUT)
+    assert result.final_output == DONE.text
+    assert lines(tmp_path / "lines.log") == ["hello"]
+    told = _tool_messages(openai_server.bodies[1])
+    assert len(told) == 1 and told[0].startswith("An error occurred while running the tool"), told
+    [thread] = open_store(_url(tmp_path)).list_streams("thread/")
+    log = _log(_url(tmp_path), thread.stream.split("/", 1)[1])
+    assert [s for s in _steps(log) if not s.startswith("model")] == ["append:call_good#1"], _steps(log)
+    assert {d.state for d in RecoveryResolver.analyze(log.events()).decisions.values()} == {"completed"}

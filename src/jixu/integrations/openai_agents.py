@@ -420,7 +420,10 @@ class _RunSteps:
 
     def _tool(self, tool: FunctionTool) -> FunctionTool:
         policy = self.policy(tool)
-        original = tool.on_invoke_tool
+        original = handled = tool.on_invoke_tool
+        # A tool made by the SDK's function_tool reads its arguments as a JSON object before any code of its own
+        # runs: arguments that are not one cannot have done anything outside, so they are no step (see ``invoke``).
+        parses_first = getattr(handled, "_invoke_tool_impl", None) is not None
         if policy.semantics == "unsafe":
             # The SDK's invoker turns an exception into text for the model ("An error occurred ..."): recorded so,
             # an unsafe call that raised after its side effect would look succeeded, and the model's retry would
@@ -435,6 +438,10 @@ class _RunSteps:
                 parsed = json.loads(input_json) if input_json else {}
             except ValueError:
                 parsed = None
+            if parses_first and not isinstance(parsed, dict):
+                # Refused before it would run: the SDK tells the model (or raises) as without jixu. As a step, an
+                # unsafe call's refusal was an outcome in doubt, stopping the run until an operator came.
+                return await handled(ctx, input_json)
             args: JSONObject = parsed if isinstance(parsed, dict) else {"arguments": input_json}
             call_id = str(getattr(ctx, "tool_call_id", "") or "")
             if callable(needs_approval):
