@@ -229,3 +229,65 @@ def test_after_an_operator_ends_a_dead_owners_turn_its_call_is_resolved_at_once_
         assert log.snapshot().status == "idle"
     finally:
         store.close()
+
+
+def test_another_live_process_is_one_of_this_machine_that_runs_and_is_not_this_one() -> None:
+    child, identity = _child_identity(IDENTIFY)
+    try:
+        assert ownership.another_live_process(identity)
+        assert not ownership.another_live_process({**identity, "boot_id": "another-boot"}), "nothing known there"
+        assert not ownership.another_live_process(process_identity()), "this very process"
+    finally:
+        child.kill()
+        child.wait()
+    assert not ownership.another_live_process(identity), "a killed process runs no more"
+    for malformed in (None, "x", {}, {**identity, "start_time": None}):
+        assert not ownership.another_live_process(malformed)
+
+
+RUNNING_AS_APP = CRASHING.replace("sys.argv[1])  # the default owner and lease", "sys.argv[1], owner='app')")
+
+
+def test_a_process_under_the_same_owner_name_as_a_live_one_does_not_take_its_turn(
+        ledger: tuple[str, Callable[[], Store]]) -> None:
+    """Two processes run with one owner name (two `jixu worker`s with the default --owner on one host): the second
+    took the first's claim for its own, as its own restart would. It showed the unsafe call the first still ran
+    as waiting for an operator and accepted a resolution of it. A same-named claim is one's own only when no other
+    live process holds it: the turn shows in progress there, and resolving or claiming it is refused
+    (TurnOwned) until that process stops."""
+    url, opener = ledger
+    child = subprocess.Popen([sys.executable, "-c", RUNNING_AS_APP, url], env=python_env(), text=True,
+                             stdout=subprocess.PIPE, cwd=ROOT)
+    assert child.stdout is not None
+    try:
+        thread_id = ""
+        for line in child.stdout:
+            if line.startswith("THREAD "):
+                thread_id = line.split()[1]
+            if line.startswith("RUNNING"):
+                break
+
+        async def try_to_continue() -> list[Any]:
+            store = opener()
+            try:
+                harness = Harness(_agent(), store, owner="app")
+                thread = await harness.open_thread(thread_id, resume=False)
+                state = thread.state()
+                assert state.status == "running" and "in progress in app" in state.reason, state.reason
+                [unknown] = [d for d in state.effects.values() if d.state == "unknown"]
+                with pytest.raises(TurnOwned, match="may still be in flight"):
+                    await thread.resolve_tool_outcome(unknown.effect_id, "occurred")
+                problem = thread.claim_problem()
+                assert problem is not None and "is owned by app" in problem, problem
+                with pytest.raises(TurnOwned):
+                    await thread._claim_turn()
+                return await thread.events()
+            finally:
+                store.close()
+
+        events = asyncio.run(try_to_continue())
+        assert [e.data.get("reason") for e in events if e.type == "turn.claimed"] == []
+        assert [e.type for e in events].count("tool.dispatched") == 1
+    finally:
+        child.kill()
+        child.wait()

@@ -241,3 +241,31 @@ def test_another_owner_takes_over_a_worker_proven_dead_without_waiting_for_its_l
                                                                ("worker-b", "took_over_dead_owner")]
 
     run(scenario())
+
+
+def test_a_second_process_under_the_same_owner_name_neither_takes_the_run_nor_calls_it_interrupted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two `jixu runs execute` at once on one host with the default --owner (`runs@<hostname>`): the second took
+    the live lease as its own restart would (``reclaimed_by_same_owner``) and prepared the workspace again under
+    the first, or said the run was interrupted while the first was implementing it. A same-named lease held by a
+    live process is that process's: the run is running, execute is refused (RunOwned), nothing is written."""
+    from jixu.errors import RunOwned
+
+    scene = Scene(tmp_path, monkeypatch)
+    child = CrashChild(scene.url, scene.root, scene.run_id, "implement", scene.marker, owner="runs@host")
+    try:
+        child.wait_for(scene.marker)
+        runs, provider = scene.runs([fix], owner="runs@host")
+        before, _ = scene.journal()
+
+        async def scenario() -> None:
+            state = await runs.state(scene.run_id)
+            assert state.status == "running", state.reason
+            with pytest.raises(RunOwned):
+                await runs.execute(scene.run_id)
+
+        run(scenario())
+        after, _ = scene.journal()
+        assert after == before and provider.calls == []
+    finally:
+        child.kill()

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from jixu.errors import ConcurrencyError, FencingError, JixuError
+from jixu.errors import ConcurrencyError, FencingError, JixuError, LeaseHeld
 from jixu.kernel.batched import lease_renewals, lease_takes
 from jixu.kernel.commits import Commits
 from jixu.kernel.shutdown import ServingTask
@@ -122,6 +122,26 @@ def owner_gone(identity: object) -> dict[str, Any] | None:
             "found": "no such process" if found is None else f"pid {pid} now belongs to a process started at "
                                                                f"{found} (clock ticks after boot)",
             "checked_by": here}
+
+
+def another_live_process(identity: object) -> bool:
+    """Whether ``identity`` (a claim's ``process``) is a process of this machine other than this one that still
+    runs (its pid started at the recorded time): one that shares this process's owner name, against the rule
+    that an owner name is unique among running processes (two CLI commands with the default ``--owner``)."""
+    checked = _checkable(identity)
+    if checked is None:
+        return False
+    pid, started, here = checked
+    return pid != here["pid"] and _start_time(pid) == started
+
+
+def own_lease(lease: Lease, owner: str | None, holder_process: Callable[[Lease], object] | None) -> bool:
+    """Whether ``lease`` is ``owner``'s own: held under its name, and not by :func:`another_live_process` (what
+    ``holder_process(lease)``, the identity its holder's claim recorded, says). Its own lease a process takes
+    back at once (a restart); one a live process of the same name holds is another process's."""
+    if owner is None or lease.owner != owner:
+        return False
+    return holder_process is None or not another_live_process(holder_process(lease))
 
 
 _IDENTITY_KEYS = ("host", "boot_id", "pid_namespace", "pid", "start_time")
@@ -232,7 +252,10 @@ async def take_claim(store: Store, key: str, owner: str, ttl: float, *,
     Another owner's lease is taken only once it expired by the store's clock
     (:class:`~jixu.errors.LeaseHeld` otherwise), or at once when
     ``holder_process(lease)`` (the process identity its holder's claim
-    recorded) is proven gone (:func:`owner_gone`); a lease that changed hands
+    recorded) is proven gone (:func:`owner_gone`). ``owner``'s own live lease is
+    taken back at once (a restarted process), unless ``holder_process(lease)``
+    is another process of this machine that still runs under the same name
+    (:func:`another_live_process`: :class:`~jixu.errors.LeaseHeld`); a lease that changed hands
     since it was read is read again and judged anew (a killed process's last commit can land after the read),
     :data:`TAKE_LOOKS` times at most, then raises :class:`~jixu.errors.FencingError`.
     """
@@ -247,8 +270,11 @@ async def take_claim(store: Store, key: str, owner: str, ttl: float, *,
             previous_owner, previous_epoch = lease.owner, lease.epoch
             if lease.released:
                 reason, require_expired = "continued", False
-            elif lease.owner == owner:
+            elif own_lease(lease, owner, holder_process):
                 reason, require_expired = "reclaimed_by_same_owner", False
+            elif lease.owner == owner:
+                raise LeaseHeld(f"{key} is held under the owner name {owner!r} by another process that still runs; "
+                                "give every process running at once its own owner name", key=key, owner=owner)
             else:
                 proof = dead_holder(lease, holder_process)
                 reason, require_expired = ("took_over_dead_owner", False) if proof else ("took_over_expired", True)
@@ -280,6 +306,20 @@ def dead_holder(lease: Lease | None, holder_process: Callable[[Lease], object] |
     if lease is None or lease.released or holder_process is None:
         return None
     return owner_gone(holder_process(lease))
+
+
+def live_claim(store: Store, key: str, holder_process: Callable[[Lease], object],
+               owner: str | None = None) -> tuple[Lease, float] | None:
+    """The live claim on ``key`` of a process other than ``owner`` (see :func:`own_lease`), with the seconds it
+    has left by the store's clock, or None: none held, released, expired (a late write of its holder is fenced
+    out), or its holder's process (``holder_process(lease)``) proven gone: nothing of it is in flight."""
+    lease = store.get_lease(key)
+    if lease is None or lease.released or own_lease(lease, owner, holder_process):
+        return None
+    left = lease.expires_at - store.now()
+    if left <= 0 or dead_holder(lease, holder_process) is not None:
+        return None
+    return lease, left
 
 
 def acquire_claim(store: Store, key: str, owner: str, ttl: float) -> Fence:
@@ -439,6 +479,6 @@ class Session:
             period = self.ttl / 3
 
 
-__all__ = ["DEFAULT_LEASE_TTL", "Claim", "Session", "acquire_claim", "claim_stream", "dead_holder",
-           "given_back_on_failure", "group_gone", "group_identity", "group_members", "holds", "owner_gone", "process_identity", "recovery_claim", "release",
-           "take_claim"]
+__all__ = ["DEFAULT_LEASE_TTL", "Claim", "Session", "acquire_claim", "another_live_process", "claim_stream",
+           "dead_holder", "given_back_on_failure", "group_gone", "group_identity", "group_members", "holds", "live_claim", "own_lease",
+           "owner_gone", "process_identity", "recovery_claim", "release", "take_claim"]

@@ -61,6 +61,7 @@ from jixu.kernel import (
     dead_holder,
     drive,
     marker,
+    own_lease,
     pause_delay,
     perform,
     record,
@@ -214,7 +215,7 @@ class Runs:
         if not expired:
             # This very owner name is not executing it here: a restarted process whose claim is stale. Another
             # owner's claim is stale too once its process is proven gone (the proof goes into the info).
-            if lease.owner == self.owner:
+            if own_lease(lease, self.owner, log.holder_process):
                 return "stale", info
             proof = dead_holder(lease, log.holder_process)
             if proof is None:

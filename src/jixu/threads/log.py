@@ -35,8 +35,8 @@ from jixu.kernel import (
     DEFAULT_LEASE_TTL,
     StreamWriter,
     acquire_claim,
-    dead_holder,
     given_back_on_failure,
+    live_claim,
     process_identity,
     record,
     recovery_claim,
@@ -718,13 +718,7 @@ class ThreadLog:
         """The live claim of a process other than ``owner`` on the thread's turn, with the seconds it has left by
         the store's clock, or None: none held, released, expired (a late write of its holder is fenced out), or
         its holder's process proven gone (nothing of it is in flight)."""
-        lease = self.store.get_lease(self.turn_key)
-        if lease is None or lease.released or lease.owner == owner:
-            return None
-        left = lease.expires_at - self.store.now()
-        if left <= 0 or dead_holder(lease, self.holder_process) is not None:
-            return None
-        return lease, left
+        return live_claim(self.store, self.turn_key, self.holder_process, owner)
 
     def in_progress_elsewhere(self, owner: str | None = None) -> str | None:
         """Why the thread's turn is in progress in a process other than ``owner`` (its live claim, even on a turn

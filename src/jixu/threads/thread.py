@@ -38,6 +38,7 @@ from jixu.kernel import (
     drive,
     holds,
     marker,
+    own_lease,
     pause_delay,
     perform,
     release,
@@ -544,7 +545,7 @@ class Thread:
                 return (f"turn {turn.turn_id} was recorded before turn ownership existed; recover it with "
                         "legacy_confirmed_stopped once you know its process stopped")
             return None
-        if lease.released or lease.owner == self._harness.owner:
+        if lease.released or own_lease(lease, self._harness.owner, self.log.holder_process):
             return None
         if dead_holder(lease, self.log.holder_process) is not None:
             return None  # its process is proven gone: taken over at once, the proof recorded
