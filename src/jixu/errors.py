@@ -426,6 +426,13 @@ class RequestStateError(JixuError):
     code = "request_state_error"
 
 
+class RequestOwned(RequestStateError):
+    """Another process is carrying the execution request out (its claim on the request is live): its outcome
+    settles there, so it is neither executed again nor inspected, resolved or reconciled meanwhile."""
+
+    code = "request_owned"
+
+
 class RequestCorrupt(StreamCorrupt):
     """The execution request's stream does not verify or contradicts itself; nothing acts on it."""
 
@@ -514,6 +521,7 @@ __all__ = [
     "ReconciliationNeedsProof",
     "ResolutionNeedsEvidence",
     "RequestNotFound",
+    "RequestOwned",
     "RequestStateError",
     "ResolutionConflict",
     "RunCorrupt",

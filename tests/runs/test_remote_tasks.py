@@ -51,7 +51,7 @@ hold = os.environ.get("DEPLOY_HOLD")
 if hold:
     Path(hold + ".tmp").write_text(str(os.getpid()))  # the test kills this process (a session of its own)
     os.replace(hold + ".tmp", hold)  # appears whole
-    while True:
+    while Path(hold).exists():  # or lets it finish, by removing the file
         time.sleep(0.05)
 if behaviour == "fail_after":
     print("gateway timeout", file=sys.stderr)
@@ -268,3 +268,44 @@ def test_a_stopping_worker_cuts_off_a_remote_call_at_its_drain_timeout_and_reque
     view = run(scene.runs.execution_request(scene.run_id, request_id))
     assert view.status in ("unknown", "needs_reconciliation"), view.status
     assert len(scene.deployments()) == 1, "performed once, never again by the drain"
+
+
+@pytest.mark.crash
+def test_a_deploy_in_progress_in_another_process_is_shown_so_and_nobody_settles_it_meanwhile(
+        scene: Scene) -> None:
+    """While another process still performs the deploy, the request showed ``needs_reconciliation``: an inspection
+    found nothing yet, ``not_occurred`` was accepted, a second deploy was admitted and run, and the first one's
+    receipt was then refused. The executor's claim on the request (taken before its dispatch marker, renewed until
+    its receipt) keeps it ``in_progress``; inspect, resolve and reconcile are refused (RequestOwned) and the
+    deploy's own receipt settles it."""
+    from jixu.errors import RequestOwned
+
+    request_id = run(scene.runs.request_remote(scene.run_id, "deploy", provider="deployer"))
+    hold = scene.tmp / "deployed"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, f"sqlite:///{scene.db}", str(scene.tmp / "ws"),
+                              request_id, str(scene.script)],
+                             env={**python_env(), "DEPLOY_LOG": str(scene.log), "DEPLOY_HOLD": str(hold)},
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not hold.exists():
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        view = run(scene.runs.execution_request(scene.run_id, request_id))
+        assert view.status == "in_progress" and "being carried out by crash-worker" in view.reason, view.reason
+        for operation in (lambda: scene.runs.inspect_remote(scene.run_id, request_id),
+                          lambda: scene.runs.resolve_request_outcome(scene.run_id, request_id, "not_occurred"),
+                          lambda: scene.runs.reconcile_execution_request(scene.run_id, request_id, RECONCILE)):
+            with pytest.raises(RequestOwned):
+                run(operation())
+        assert run(scene.service().execute_request(request_id)).status == "in_progress"
+        hold.unlink()  # the deploy goes on to its answer
+        assert child.wait(60) == 0
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    view = run(scene.runs.execution_request(scene.run_id, request_id))
+    assert view.status == "succeeded" and (view.receipt or {})["result"]["job_id"] == "job-1", view.reason
+    assert len(scene.deployments()) == 1
+    assert scene.store.get_lease(f"request/{request_id}/execution").released

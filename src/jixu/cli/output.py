@@ -69,6 +69,8 @@ _EXIT_BY_CODE: dict[str, int] = {
     "git_error": EXIT_CHECK_FAILED,
     "request_not_found": EXIT_NOT_FOUND,
     "request_state_error": EXIT_CONFLICT,
+    "request_owned": EXIT_CONFLICT,
+    "receipt_conflict": EXIT_CONFLICT,
     "reconciliation_needs_proof": EXIT_CONFLICT,
     "already_reconciled": EXIT_CONFLICT,
     "resolution_needs_evidence": EXIT_CONFLICT,

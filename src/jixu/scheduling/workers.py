@@ -63,6 +63,7 @@ from jixu.errors import (
     ProjectCorrupt,
     ProviderMismatch,
     RequestNotFound,
+    RequestOwned,
     RunCorrupt,
     RunNotFound,
     RunOwned,
@@ -736,6 +737,9 @@ class Worker:
             return _Outcome(False, error.message, kind="error")
         except RunCorrupt as error:  # nothing acts on its run's journal: an operator's, not the queue's, to retry
             return _Outcome(False, error.message, kind="operator")
+        except RequestOwned as error:  # another process carries it out: look again once its claim may be gone
+            return _Outcome(True, error.message, max(self.config.poll_interval, self.config.lease_ttl / 3),
+                            "requeue")
         except UnknownProvider as error:
             # Meant for workers configured with another publisher: leave it for them, without spinning on it.
             return _Outcome(True, error.message, max(self.config.lease_ttl, 5.0), "error")

@@ -12,6 +12,7 @@ from jixu.errors import (
     InvalidInput,
     ProjectNotFound,
     RequestNotFound,
+    RequestOwned,
     UnknownProvider,
 )
 from jixu.ledger import NewEvent, Store
@@ -25,7 +26,7 @@ from jixu.runs.publication import PublicationContext, Publisher
 from jixu.runs.remote import RemoteContext, RemoteProvider
 from jixu.runs.requests.drain import executor, finished_by
 from jixu.runs.requests.log import RequestLog
-from jixu.runs.requests.status import DEFAULT_DRAIN_TIMEOUT, ExecutionRequestView
+from jixu.runs.requests.status import DEFAULT_DRAIN_TIMEOUT, REMOTE_REQUEST_KINDS, ExecutionRequestView
 
 
 class RequestService:
@@ -51,6 +52,10 @@ class RequestService:
         run, log = self._request(run_id, request_id)
         run.open_to_act()
         log.open_to_act()
+        elsewhere = log.carried_out_elsewhere()
+        if elsewhere is not None:  # an inspection now could miss what is still being done; a resolution repeat it
+            raise RequestOwned(f"request {request_id} is {elsewhere}; inspect, resolve or reconcile it once that "
+                               "process stopped (its claim released or expired)", request_id=request_id)
         return run, log
 
     def _request(self, run_id: str, request_id: str) -> tuple[RunLog, RequestLog]:
@@ -98,9 +103,14 @@ class RequestService:
 
 
     def view(self, log: RequestLog) -> ExecutionRequestView:
-        """The request's view; a cancellation that finished the run and waits for a live executor to drain is
-        ``in_progress`` (one whose run never finished stays ``needs_reconciliation``)."""
+        """The request's view; ``in_progress`` while a live process carries a remote request out (its claim), and
+        for a cancellation that finished the run and waits for a live executor to drain (one whose run never
+        finished stays ``needs_reconciliation``)."""
         view = log.view()
+        if view.kind in REMOTE_REQUEST_KINDS and view.status in ("pending", "needs_reconciliation"):
+            elsewhere = log.carried_out_elsewhere()
+            if elsewhere is not None:
+                return replace(view, status="in_progress", reason=elsewhere)
         if view.kind == "cancellation" and view.status == "needs_reconciliation" and view.decision \
                 and view.decision.get("reason") == "dispatched_without_receipt":
             run = RunLog(self.store, view.run_id)

@@ -12,12 +12,15 @@ from jixu.errors import (
     ConcurrencyError,
     GitError,
     JixuError,
+    LeaseHeld,
     ReceiptConflict,
     RequestNotFound,
+    RequestOwned,
 )
-from jixu.kernel import Outcome, marker, perform
+from jixu.kernel import DEFAULT_LEASE_TTL, Outcome, Session, acquire_claim, marker, perform, process_identity
 from jixu.ledger import NewEvent, new_id
 from jixu.ledger.encoding import JSONObject, content_hash
+from jixu.ledger.store import Fence
 from jixu.runs.journal import RunLog
 from jixu.runs.model import REQUEST_TASK_KINDS
 from jixu.runs.publication import PublicationContext, Publisher, RemoteRejected
@@ -25,7 +28,7 @@ from jixu.runs.remote import RemoteContext, RemoteProvider
 from jixu.runs.requests.base import RequestService
 from jixu.runs.requests.drain import drained_receipt, finished_by, record_drain, stop_leftovers
 from jixu.runs.requests.log import RequestLog
-from jixu.runs.requests.status import REMOTE_REQUEST_KINDS, ExecutionRequestView
+from jixu.runs.requests.status import REMOTE_REQUEST_KINDS, ExecutionRequestView, request_lease_key
 from jixu.runs.workspace import commit_tree
 
 
@@ -159,11 +162,14 @@ class Execution(RequestService):
             run.append([rejected.receipt("task", journal_effect_id, None, meta)])
             return
         journal = run.record.effects[journal_effect_id]
+        fence = self._claim(log)
 
         async def dispatch() -> None:
             # The dispatch marker of the request decides who performs it: appended after the head we read, it
-            # fails with ConcurrencyError for every other worker. Then the run's own marker.
-            log.append([marker(kind, intent["effect_id"], 1, intent, meta)])
+            # fails with ConcurrencyError for every other worker. It names the claim (and the process holding it)
+            # that keeps the request in progress until its receipt. Then the run's own marker.
+            log.append([marker(kind, intent["effect_id"], 1, intent, meta, owner=fence.owner, epoch=fence.epoch,
+                               process=process_identity())])
             run.append([marker("task", journal_effect_id, 1, {**journal, "name": task_kind}, meta,
                                task_id=journal["task_id"])])
 
@@ -181,7 +187,17 @@ class Execution(RequestService):
             run.append([outcome.receipt("task", journal_effect_id, 1, meta)])  # the journal first, then the request
             log.append([outcome.receipt(kind, intent["effect_id"], 1, meta)])
 
-        await perform(dispatch=dispatch, call=call, classify=classify, record=receipts)
+        async with Session(self.store, fence, DEFAULT_LEASE_TTL):  # renewed while it runs, given back at its end
+            await perform(dispatch=dispatch, call=call, classify=classify, record=receipts)
+
+    def _claim(self, log: RequestLog) -> Fence:
+        """This process's claim on carrying the request out (:class:`~jixu.errors.RequestOwned` while another's is
+        live): while it lives, the request shows in progress and nothing inspects, resolves or reconciles it."""
+        try:
+            return acquire_claim(self.store, request_lease_key(log.request_id), self.owner, DEFAULT_LEASE_TTL)
+        except LeaseHeld as error:
+            raise RequestOwned(f"request {log.request_id} is being carried out by another process: "
+                               f"{error.message}", request_id=log.request_id) from error
 
     async def _cancel(self, run: RunLog, log: RequestLog, timeout: float) -> None:
         meta = RequestLog.meta(self.owner, run.run_id, log.request_id)

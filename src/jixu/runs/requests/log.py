@@ -7,10 +7,11 @@ from jixu.errors import (
     RequestCorrupt,
     RequestNotFound,
 )
-from jixu.kernel import StreamWriter
+from jixu.kernel import StreamWriter, live_claim
 from jixu.ledger import Event, NewEvent, Store, project
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.ids import is_valid_id
+from jixu.ledger.store import Lease
 from jixu.ledger.trust import record_break
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 from jixu.recovery.corruption import Corruption, corruption
@@ -18,6 +19,7 @@ from jixu.runs.requests.status import (
     ExecutionRequestView,
     RequestProjection,
     RequestRecord,
+    request_lease_key,
     request_status,
     request_stream,
 )
@@ -61,6 +63,26 @@ class RequestLog:
         :class:`~jixu.errors.ConcurrencyError`). Nothing is appended to a corrupt request."""
         self.open_to_act()
         return self.writer.append(events)
+
+    def holder_process(self, lease: Lease) -> object:
+        """The process identity the dispatch marker of ``lease``'s holder recorded (its ``owner`` and ``epoch``), or
+        None: what proves that holder gone (:func:`~jixu.kernel.ownership.dead_holder`)."""
+        for event in reversed(self.record.lifecycle):
+            data = event.data
+            if event.type.endswith(".dispatched") and data.get("owner") == lease.owner \
+                    and data.get("epoch") == lease.epoch:
+                return data.get("process")
+        return None
+
+    def carried_out_elsewhere(self) -> str | None:
+        """Why the request is being carried out by a live process now (its claim on the request, taken before the
+        dispatch marker and renewed until the receipt), or None: what it has in flight settles there."""
+        claim = live_claim(self.store, request_lease_key(self.request_id), self.holder_process)
+        if claim is None:
+            return None
+        lease, left = claim
+        return (f"being carried out by {lease.owner} (epoch {lease.epoch}, its claim renewed for another "
+                f"{left:.1f}s): its outcome settles there")
 
     def corruption(self) -> Corruption | None:
         """The request's corruption verdict (:func:`jixu.recovery.corruption.corruption`), or ``None``."""

@@ -35,6 +35,11 @@ def request_stream(request_id: str) -> str:
     return f"{REQUEST_PREFIX}{request_id}"
 
 
+def request_lease_key(request_id: str) -> str:
+    """The lease held by the process carrying an execution request out (from its dispatch to its receipt)."""
+    return f"{REQUEST_PREFIX}{request_id}/execution"
+
+
 def request_work_key(request_id: str) -> str:
     """The work-queue key of an execution request (the same text as its stream's name)."""
     return f"{REQUEST_PREFIX}{request_id}"
