@@ -292,7 +292,7 @@ def test_a_deploy_in_progress_in_another_process_is_shown_so_and_nobody_settles_
             assert child.poll() is None and time.monotonic() < deadline
             time.sleep(0.01)
         view = run(scene.runs.execution_request(scene.run_id, request_id))
-        assert view.status == "in_progress" and "being carried out by crash-worker" in view.reason, view.reason
+        assert view.status == "in_progress" and f"being carried out by crash-worker:{child.pid}" in view.reason, view.reason
         for operation in (lambda: scene.runs.inspect_remote(scene.run_id, request_id),
                           lambda: scene.runs.resolve_request_outcome(scene.run_id, request_id, "not_occurred"),
                           lambda: scene.runs.reconcile_execution_request(scene.run_id, request_id, RECONCILE)):

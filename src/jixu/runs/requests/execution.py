@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -193,8 +194,11 @@ class Execution(RequestService):
     def _claim(self, log: RequestLog) -> Fence:
         """This process's claim on carrying the request out (:class:`~jixu.errors.RequestOwned` while another's is
         live): while it lives, the request shows in progress and nothing inspects, resolves or reconciles it."""
+        # Named for this process alone: two processes under one owner name (the default --owner) would share one
+        # claim, and the one whose dispatch lost the race would give back the other's.
+        holder = f"{self.owner}:{os.getpid()}"
         try:
-            return acquire_claim(self.store, request_lease_key(log.request_id), self.owner, DEFAULT_LEASE_TTL)
+            return acquire_claim(self.store, request_lease_key(log.request_id), holder, DEFAULT_LEASE_TTL)
         except LeaseHeld as error:
             raise RequestOwned(f"request {log.request_id} is being carried out by another process: "
                                f"{error.message}", request_id=log.request_id) from error
