@@ -143,6 +143,10 @@ def block(ctx: ToolContext) -> str:
     finally:
         os.close(fd)
     time.sleep(float(os.environ.get("JIXU_TEST_BLOCK_SLEEP") or 0))
+    late = os.environ.get("JIXU_TEST_BLOCK_LATE")
+    if late:  # what the call does after its sleep: whether it still acted once its worker stopped
+        with open(late, "a") as after:
+            after.write(f"{ctx.effect_id}\n")
     return f"blocked for {ctx.thread_id}"
 
 

@@ -465,6 +465,35 @@ def test_a_burst_of_queued_turns_is_claimed_sixteen_at_a_time_once_the_loop_keep
     assert max(sizes) == CLAIMS_AT_ONCE and len(sizes) < 50, f"then up to {CLAIMS_AT_ONCE} per commit: {sizes}"
 
 
+def test_sigterm_ends_a_worker_within_its_drain_though_a_def_tool_still_blocks_and_that_call_acts_no_more(
+        sqlite: StoreFactory, workers: Spawn, tmp_path: Path) -> None:
+    """A plain ``def`` tool blocks its thread past the drain timeout. The drain recorded the call as unknown and
+    gave its claim back, but the process waited for the thread (a thread cannot be stopped) well past the drain,
+    and the call went on to act after that record (an operator could have settled it ``not_occurred`` meanwhile).
+    The worker now ends within its drain, and the call with it, as a crash would: it stays unknown."""
+    store = sqlite()
+    assert sqlite.url is not None
+    outside, late = tmp_path / "outside.txt", tmp_path / "late.txt"
+    thread_id = create_thread_for(store, blocking_agent())
+    submit_turn(store, thread_id, "block 1")
+    worker = workers(sqlite.url, "cut", "--drain-timeout", "1", "--lease-ttl", "9", agent="blocking_agent",
+                     env={"JIXU_TEST_OUTSIDE": str(outside), "JIXU_TEST_BLOCK_SLEEP": "4",
+                          "JIXU_TEST_BLOCK_LATE": str(late)})
+    wait_until(lambda: len(outside_lines(outside)) == 1, "the blocking call")
+    called_at = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output()
+    took = time.monotonic() - called_at
+    assert took < 3.5, f"exited {took:.2f}s after SIGTERM; the drain timeout is 1s and the tool blocks 4s"
+    assert "cut off by ending the process" in worker.output()
+    time.sleep(max(0.0, called_at + 5.0 - time.monotonic()))  # past the moment the tool would have gone on
+    assert not late.exists(), "the cut-off call acted after its worker stopped"
+    state = thread_state(store, thread_id)
+    assert state["status"] == "waiting", state
+    lease = store.get_lease(f"thread/{thread_id}/turn")
+    assert lease is not None and lease.released
+
+
 COLLECTOR_AFTER_SERVE = """
 import asyncio, gc, json, sys
 from jixu.scheduling.workers import SERVING_GC_THRESHOLD, WorkerConfig, serve

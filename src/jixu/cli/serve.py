@@ -23,6 +23,7 @@ from jixu.scheduling.workers import (
     MAX_CONCURRENCY,
     WorkerConfig,
     default_owner,
+    exit_cutting_off_tool_calls,
     make_agent,
     tune_collector,
 )
@@ -132,6 +133,7 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
     finally:
         listener.close()
         store.close()
+    exit_cutting_off_tool_calls(EXIT_OK)
     sys.exit(EXIT_OK)
 
 

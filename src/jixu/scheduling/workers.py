@@ -46,9 +46,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import weakref
 from collections.abc import Callable, Coroutine, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import IO, Any, Literal, TypeVar
@@ -672,8 +674,10 @@ class Worker:
             state = thread.state()  # the turn was cut off by the drain timeout
         thread.log.sync()
         if self._stopping and thread.log.state.active_turn() is not None:
-            return _Outcome(True, f"drained at seq {thread.log.state.seq}; the turn continues elsewhere",
-                            kind="requeue")
+            shown = thread.state()  # it said "continues elsewhere" of a turn that now waits for an operator
+            what = "the turn continues at the next claim" if shown.status == "running" else (
+                f"the turn is {shown.status}: {shown.reason}")
+            return _Outcome(True, f"drained at seq {thread.log.state.seq}; {what}", kind="requeue")
         state = thread.state()
         if state.status == "running":  # its loop stopped short of the turn's end: finished, nobody would go on
             return _Outcome(True, f"stopped at seq {state.seq} with the turn unfinished; it continues at the next "
@@ -803,7 +807,7 @@ async def serve(config: WorkerConfig, *, report: Report | None = None,
     try:
         worker = Worker(agent, store, config, report=report, providers=providers)
         loop = asyncio.get_running_loop()
-        use_tool_pool(loop, config)
+        tools = use_tool_pool(loop, config)
         tune_collector()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, worker.stop, f"{signal.Signals(signum).name} received")
@@ -818,6 +822,11 @@ async def serve(config: WorkerConfig, *, report: Report | None = None,
                 loop.remove_signal_handler(signum)
             if lifeline is not None:
                 loop.remove_reader(lifeline)
+            if tools.running:
+                # A call the drain cut off still runs in its thread (a thread cannot be stopped): asyncio.run would
+                # wait for it at its end. The process is to end by exit_cutting_off_tool_calls instead.
+                loop.set_default_executor(ThreadPoolExecutor(max_workers=1, thread_name_prefix="jixu-idle"))
+                tools.shutdown(wait=False, cancel_futures=True)
     finally:
         store.close()
 
@@ -833,13 +842,56 @@ def _watch_lifeline(loop: asyncio.AbstractEventLoop, fd: int, worker: Worker) ->
         worker.stop("the pool's parent process is gone")
 
 
-def use_tool_pool(loop: asyncio.AbstractEventLoop, config: WorkerConfig) -> ThreadPoolExecutor:
+class ToolPool(ThreadPoolExecutor):
+    """The bounded pool a worker's plain ``def`` tools run in (:func:`use_tool_pool`); it counts the calls running."""
+
+    def __init__(self, max_workers: int) -> None:
+        super().__init__(max_workers=max_workers, thread_name_prefix="jixu-tool")
+        self._counting = threading.Lock()
+        self.running = 0
+        """Calls running in its threads now."""
+
+    def submit(self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> Future[_T]:
+        def counted() -> _T:
+            with self._counting:
+                self.running += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with self._counting:
+                    self.running -= 1
+
+        return super().submit(counted)
+
+
+_TOOL_POOLS: weakref.WeakSet[ToolPool] = weakref.WeakSet()
+
+
+def use_tool_pool(loop: asyncio.AbstractEventLoop, config: WorkerConfig) -> ToolPool:
     """Make a bounded pool of ``config.tool_threads`` the default executor of ``loop`` (the one a worker owns):
     plain ``def`` tools and other blocking calls run there, never on the loop (the commits have their own thread,
     so even a full pool of blocking tools never holds a commit)."""
-    pool = ThreadPoolExecutor(max_workers=config.tool_threads, thread_name_prefix="jixu-tool")
+    pool = ToolPool(config.tool_threads)
     loop.set_default_executor(pool)
+    _TOOL_POOLS.add(pool)
     return pool
+
+
+def exit_cutting_off_tool_calls(code: int) -> None:
+    """End this serving process now with ``code`` when a tool call still runs in one of its tool threads.
+
+    A drain records a call it cut off as of unknown outcome and gives its claim back, but a thread cannot be
+    stopped: left running, the call could still act after that record (an operator may have settled it
+    ``not_occurred`` meanwhile), and the process would wait for it well past its drain timeout. Ending the
+    process ends the call, as a crash would (its outcome is the record's: unknown). Call it once the worker,
+    its store and the server have stopped; it returns when no call runs."""
+    running = sum(pool.running for pool in list(_TOOL_POOLS))
+    if not running:
+        return
+    print(f"jixu: {running} tool call(s) still running in threads are cut off by ending the process (each is "
+          "recorded with an unknown outcome)", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)
 
 
 SERVING_GC_THRESHOLD = 10_000
@@ -891,6 +943,7 @@ def child_main() -> None:
     except JixuError as error:
         print(f"worker error ({error.code}): {error.message}", file=sys.stderr, flush=True)
         sys.exit(exit_code_of(error))
+    exit_cutting_off_tool_calls(EXIT_OK)
     sys.exit(EXIT_OK)
 
 
@@ -1114,7 +1167,7 @@ class WorkerPool:
         self.stop()
 
 
-__all__ = ["CONFIG_ENV", "DEFAULT_CONCURRENCY", "PARENT_FD_ENV", "DEFAULT_TOOL_THREADS", "DEFAULT_WORKSPACE_ROOT", "UNBOUNDED", "Report", "Worker", "WorkerConfig", "WorkerPool",
-           "WorkerStats", "child_main", "default_owner", "exit_code_of", "factory_spec", "load_agent_factory",
-           "load_run_providers", "make_agent", "print_report", "serve", "tune_collector",
-           "use_tool_pool"]
+__all__ = ["CONFIG_ENV", "DEFAULT_CONCURRENCY", "DEFAULT_TOOL_THREADS", "DEFAULT_WORKSPACE_ROOT", "PARENT_FD_ENV",
+           "UNBOUNDED", "Report", "ToolPool", "Worker", "WorkerConfig", "WorkerPool", "WorkerStats", "child_main",
+           "default_owner", "exit_code_of", "exit_cutting_off_tool_calls", "factory_spec", "load_agent_factory",
+           "load_run_providers", "make_agent", "print_report", "serve", "tune_collector", "use_tool_pool"]
