@@ -189,3 +189,83 @@ def test_a_bad_head_start_is_refused_before_anything_is_written(store: Store, tm
         with pytest.raises(InvalidInput, match="delay"):
             runs.requests.admit_cancellation(run_id, reason="stop", delay=bad)  # type: ignore[arg-type]
     assert store.list_streams("request/") == before and RunLog(store, run_id).record.requests == {}
+
+
+KILLED_CREATING = r"""
+import os, signal, sys
+from jixu.ledger.sqlite import SQLiteStore
+from jixu.ledger.postgres import PostgresStore
+from jixu.cli.main import main
+
+def die(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)  # the run's events are written, its transaction (or the next) not
+
+for kind in (SQLiteStore, PostgresStore):
+    kind._work_in = die
+sys.argv = ["jixu", "runs", *sys.argv[1:]]
+main()
+"""
+
+
+def scripted_providers() -> dict[str, ScriptedProvider]:
+    """The providers ``jixu runs create --providers tests.runs.test_atomic_enqueue:scripted_providers`` loads."""
+    return {"scripted": ScriptedProvider("scripted", [])}
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("command", ["create", "retry"])
+def test_a_kill_while_creating_a_queued_run_leaves_neither_the_run_nor_its_queue_row(
+        durable_factory: StoreFactory, tmp_path: Path, command: str) -> None:
+    """`jixu runs create --queue` (and `POST /runs`, and a retry with --queue) recorded the run and then, in a second
+    transaction, its queue row: killed in between, the run stayed `queued` and no worker would ever claim it. Both
+    are written in one transaction now: a kill leaves neither."""
+    assert durable_factory.url is not None
+    store = durable_factory()
+    runs, failed = _queued_run(store, tmp_path)
+    args = ["create", durable_factory.url, "calc", "--brief", "fix add()", "--provider", "scripted"]
+    if command == "retry":
+        asyncio.run(runs.cancel(failed, "ops", reason="stop"))  # a cancelled run is retried
+        args = ["retry", durable_factory.url, failed]
+    child = subprocess.run([sys.executable, "-c", KILLED_CREATING, *args, "--queue", "--providers",
+                            "tests.runs.test_atomic_enqueue:scripted_providers", "--workspace-root",
+                            str(tmp_path / "ws")], env=python_env(), capture_output=True, text=True, timeout=WAIT,
+                           check=False)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    existing = [info.stream for info in store.list_streams("run/")]
+    queued = [item.key for item in store.list_work() if item.key.startswith("run/")]
+    assert existing == [f"run/{failed}"] or command == "retry", (existing, queued)
+    created = [stream for stream in existing if stream != f"run/{failed}"]
+    assert created == [] and queued == [], f"a run was created without its queue row: {created}, {queued}"
+
+
+KILLED_FORKING = r"""
+import os, signal, sys
+from jixu.ledger import open_store
+from jixu.scheduling import thread_work_key
+from jixu.threads.log import ThreadLog
+store = open_store(sys.argv[1])
+
+def die(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)  # the child's events are written, their transaction not committed
+
+type(store)._work_in = die
+log = ThreadLog.load(store, sys.argv[2])
+log.fork(sys.argv[3], input="and then?", enqueue=lambda child: (thread_work_key(child), "default"))
+"""
+
+
+@pytest.mark.crash
+def test_a_kill_while_forking_with_an_input_leaves_neither_the_child_nor_its_queue_row(
+        durable_factory: StoreFactory) -> None:
+    """A fork with an input (``POST /threads/{id}/fork`` with ``input``) recorded the child with its queued turn,
+    then its queue row in a second transaction: killed in between, no worker claimed the turn and every input to
+    the child was refused as busy. One transaction now: a kill leaves neither."""
+    assert durable_factory.url is not None
+    store = durable_factory()
+    thread_id = create_thread_for(store, counter_agent())
+    [created] = store.read(f"thread/{thread_id}")
+    child = subprocess.run([sys.executable, "-c", KILLED_FORKING, durable_factory.url, thread_id, created.id],
+                           env=python_env(), capture_output=True, text=True, timeout=WAIT, check=False)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert [info.stream for info in store.list_streams("thread/")] == [f"thread/{thread_id}"]
+    assert [item.key for item in store.list_work()] == []

@@ -483,8 +483,9 @@ def create_command(store: str, project: str, brief: str, provider_name: str, pro
         check_project_name(project)
         providers = load_providers(providers_spec)
         runs = executor_runs(store_, providers, workspace_root, owner)
-        run_id = asyncio.run(runs.create_run(project, brief, provider=provider_name, commit=commit, actor=who))
-        work = submit_run(store_, run_id).to_dict() if queue else None
+        run_id = asyncio.run(runs.create_run(project, brief, provider=provider_name, commit=commit, actor=who,
+                                             queue=queue))
+        work = submit_run(store_, run_id).to_dict() if queue else None  # enqueued with it: its queue row as is
         created = {"run_id": run_id, "queued": work}
         if not as_json:
             out().print(run_id, highlight=False)
@@ -866,8 +867,8 @@ def retry_command(store: str, run_id: str, providers_spec: str | None, provider_
     with opened(store, as_json) as store_:
         refuse_both(execute, queue)
         runs = executor_runs(store_, load_providers(providers_spec), workspace_root, owner)
-        new_id = asyncio.run(runs.retry(run_id, who, provider=provider_name))
-        work = submit_run(store_, new_id).to_dict() if queue else None
+        new_id = asyncio.run(runs.retry(run_id, who, provider=provider_name, queue=queue))
+        work = submit_run(store_, new_id).to_dict() if queue else None  # enqueued with it: its queue row as is
         state = asyncio.run(runs.state(new_id))
         family = lineage(store_, state)
         chain = [*family["ancestors"], new_id]

@@ -117,12 +117,13 @@ class MemoryStore(Store):
             return list(later), self._append(stream, batch, len(rows), fence, GENESIS_HASH)
 
     def _append_and_enqueue(self, stream: str, batch: list[PreparedEvent], expected_seq: int, fence: Fence | None,
-                            change: Callable[[WorkRow | None, float], WorkRow], key: str) -> list[StoredRow]:
+                            change: Callable[[WorkRow | None, float], WorkRow], key: str,
+                            genesis_hash: str = GENESIS_HASH) -> list[StoredRow]:
         with self._lock:  # re-entrant: both under one hold, nothing between them
             now = self.now()
             current = self._work.get(key)
             row = change(current, now)  # refused (a key of another group): before anything is written
-            rows = self._append(stream, batch, expected_seq, fence, GENESIS_HASH)
+            rows = self._append(stream, batch, expected_seq, fence, genesis_hash)
             self._put_work(current, row)
             return rows
 

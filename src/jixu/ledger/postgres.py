@@ -1459,9 +1459,10 @@ class PostgresStore(Store):
         return self._run(apply, write=True, transaction=True) if changes else []
 
     def _append_and_enqueue(self, stream: str, batch: list[PreparedEvent], expected_seq: int, fence: Fence | None,
-                            change: Callable[[WorkRow | None, float], WorkRow], key: str) -> list[StoredRow]:
+                            change: Callable[[WorkRow | None, float], WorkRow], key: str,
+                            genesis_hash: str = GENESIS_HASH) -> list[StoredRow]:
         def both(conn: _Conn) -> list[StoredRow]:
-            rows = self._append_in(conn, stream, batch, expected_seq, fence, GENESIS_HASH)
+            rows = self._append_in(conn, stream, batch, expected_seq, fence, genesis_hash)
             self._work_in(conn, key, change)
             return rows
 

@@ -1069,14 +1069,15 @@ class SQLiteStore(Store):
         return row.item(now), row
 
     def _append_and_enqueue(self, stream: str, batch: list[PreparedEvent], expected_seq: int, fence: Fence | None,
-                            change: Callable[[WorkRow | None, float], WorkRow], key: str) -> list[StoredRow]:
+                            change: Callable[[WorkRow | None, float], WorkRow], key: str,
+                            genesis_hash: str = GENESIS_HASH) -> list[StoredRow]:
         # Through the group commit, as appends are: the API's sync endpoints (one thread each) that queue work
         # at once share one transaction and one fsync instead of one each.
         if self.read_only:
             raise StoreReadOnly(f"{self.path}: opened read-only; open it writable to change it", path=self.path)
         if self._closed:
             raise StoreError(f"{self.path}: the store is closed")
-        request = _QueuedAppend(stream, batch, expected_seq, fence, GENESIS_HASH, work=(key, change))
+        request = _QueuedAppend(stream, batch, expected_seq, fence, genesis_hash, work=(key, change))
         self._commit_queued([request])
         if request.error is not None:
             raise request.error

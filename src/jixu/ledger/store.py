@@ -811,14 +811,15 @@ class Store(abc.ABC):
         return read, [row.to_event() for row in appended]
 
     def append_and_enqueue(self, stream: str, events: Sequence[NewEvent | PreparedEvent], expected_seq: int, *,
-                           key: str, group: str, fence: Fence | None = None, delay: float = 0.0) -> list[Event]:
-        """:meth:`append`, and :meth:`enqueue` of the work item ``key`` in ``group`` (ready ``delay`` seconds of
-        store time from now), in one transaction: both are durable, or neither (a queued turn is never left
-        without its queue row)."""
-        batch = self._prepare_append(stream, events, expected_seq, fence, None)
+                           key: str, group: str, fence: Fence | None = None, delay: float = 0.0,
+                           genesis_hash: str | None = None) -> list[Event]:
+        """:meth:`append` (``genesis_hash`` as there), and :meth:`enqueue` of the work item ``key`` in ``group``
+        (ready ``delay`` seconds of store time from now), in one transaction: both are durable, or neither (a
+        queued turn is never left without its queue row)."""
+        batch = self._prepare_append(stream, events, expected_seq, fence, genesis_hash)
         key, group, wait = check_lease_key(key), check_group(group), check_delay(delay)
         rows = self._append_and_enqueue(stream, batch, expected_seq, fence, lambda current, now: enqueued_row(
-            current, key, group, now + wait if wait else None, now), key)
+            current, key, group, now + wait if wait else None, now), key, genesis_hash or GENESIS_HASH)
         return [row.to_event() for row in rows]
 
     def append_many(self, requests: Sequence[AppendRequest]) -> list[list[Event] | JixuError]:
@@ -1210,8 +1211,9 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def _append_and_enqueue(self, stream: str, batch: list[PreparedEvent], expected_seq: int, fence: Fence | None,
-                            change: Callable[[WorkRow | None, float], WorkRow], key: str) -> list[StoredRow]:
-        """In one transaction: :meth:`_append` (genesis: the default) and :meth:`_change_work` of ``key``."""
+                            change: Callable[[WorkRow | None, float], WorkRow], key: str,
+                            genesis_hash: str = GENESIS_HASH) -> list[StoredRow]:
+        """In one transaction: :meth:`_append` (from ``genesis_hash``) and :meth:`_change_work` of ``key``."""
 
     @abc.abstractmethod
     def _read_rows(self, stream: str, from_seq: int, to_seq: int | None) -> Iterator[StoredRow]: ...

@@ -315,14 +315,17 @@ class Runs:
 
     async def create_run(self, project: str, brief: str, *, provider: str, commit: str | None = None,
                          parent_run_id: str | None = None, knowledge: JSONObject | None = None,
-                         actor: str | None = None) -> str:
+                         actor: str | None = None, queue: bool = False) -> str:
         """Record a new run of ``brief`` on ``project``'s source with ``provider``; its id (nothing runs yet).
 
         Freezes the source (origin, the commit resolved on the origin: the
         default branch's tip, or ``commit`` — a ref or commit id), the provider
         snapshot, the project's current policy and its digest, and the
         workspace path ``<workspace_root>/<run_id>``; the initial plan is
-        prepare -> implement -> verify.
+        prepare -> implement -> verify. With ``queue`` the run's work item
+        (``run/<id>`` in the project's group) is enqueued in the same
+        transaction: a worker given providers carries it out, and a crash never
+        leaves the run created but not queued.
         """
         check_text(brief, "brief", MAX_BRIEF_CHARS, required=True)
         chosen = self._provider_named(provider)
@@ -338,13 +341,13 @@ class Runs:
         source = await asyncio.to_thread(resolve_source, found.origin, commit, found.default_branch)
         return self._create(found.name, brief, source, found.policy, found.policy_digest, chosen, parent_run_id,
                             None if knowledge is None else {"content": knowledge, "digest": content_hash(knowledge)},
-                            actor)
+                            actor, queue=queue)
 
     def _create(self, project_name: str, brief: str, source: JSONObject, policy: JSONObject, digest: str,
                 provider: Provider, parent_run_id: str | None, knowledge: JSONObject | None, actor: str,
-                run_id: str | None = None) -> str:
-        """Record a new run's journal (``run.created``, the initial plan) under ``run_id`` (default: a new id);
-        :class:`~jixu.errors.ConcurrencyError` if that journal exists already."""
+                run_id: str | None = None, *, queue: bool = False) -> str:
+        """Record a new run's journal (``run.created``, the initial plan) under ``run_id`` (default: a new id),
+        with its work item when ``queue``; :class:`~jixu.errors.ConcurrencyError` if that journal exists already."""
         run_id = new_id() if run_id is None else run_id
         workspace = self.workspace_root / run_id
         snapshot = provider_snapshot(provider, 1)
@@ -358,7 +361,8 @@ class Runs:
             "knowledge": knowledge}, meta)
         plan = NewEvent("plan.revised", {"revision": 1, "provider_revision": 1, "reason": "initial",
                                          "tasks": tasks}, meta)
-        record(self.store, run_stream(run_id), [created, plan], 0)
+        record(self.store, run_stream(run_id), [created, plan], 0,
+               enqueue=(run_work_key(run_id), project_name) if queue else None)
         return run_id
 
     # --- executing -------------------------------------------------------------------------------
@@ -949,9 +953,11 @@ class Runs:
         return self.requests.resolve_outcome(run_id, request_id, resolution, resolution_id=resolution_id,
                                              note=note, actor=actor)
 
-    async def retry(self, run_id: str, actor: str = "operator", *, provider: str | None = None) -> str:
+    async def retry(self, run_id: str, actor: str = "operator", *, provider: str | None = None,
+                    queue: bool = False) -> str:
         """A fresh run (new id, fresh clone) of a failed or cancelled run, once: same project, brief, source commit
-        and frozen policy, with ``parent_run_id`` lineage. Nothing the failed run did is rolled back.
+        and frozen policy, with ``parent_run_id`` lineage. Nothing the failed run did is rolled back. ``queue``:
+        the new run is enqueued with its creation (see :meth:`create_run`).
 
         The retry is recorded in the failed run's journal first (``run.retried``, naming the new run's id),
         at the journal's head, so of two racing retries one conflicts; the new run's journal is created after
@@ -967,7 +973,7 @@ class Runs:
             self.refuse_if_blocked(log, "retried", str((log.record.finished or {}).get("outcome")))
             if log.record.retried is not None:
                 # Having lost a race to it, the winner is creating its run now: this call is the second retry.
-                return self._complete_retry(log, create=not raced)
+                return self._complete_retry(log, create=not raced, queue=queue)
             status, reason, _analysis, _info = self._status(log)
             if status not in ("failed", "cancelled"):
                 raise RunStateError(f"run {run_id} is {status} ({reason}); only a failed or cancelled run is retried "
@@ -982,17 +988,17 @@ class Runs:
                 raced = True
                 continue
             with contextlib.suppress(ConcurrencyError):  # a later retry completed it meanwhile: it is this one
-                self._retry_child(log)
+                self._retry_child(log, queue=queue)
             return child_id
         raise RunStateError(f"run {run_id}'s journal kept moving while retrying it; try again", run_id=run_id)
 
-    def _complete_retry(self, log: RunLog, *, create: bool) -> str:
+    def _complete_retry(self, log: RunLog, *, create: bool, queue: bool) -> str:
         """For a run already retried: with ``create``, create the run its ``run.retried`` names if its journal was
         never created (and return its id); else :class:`~jixu.errors.RunStateError` naming it."""
         child_id = str((log.record.retried or {}).get("child_run_id"))
         if create and self.store.stream_info(run_stream(child_id)) is None:
             try:
-                return self._retry_child(log)
+                return self._retry_child(log, queue=queue)
             except ConcurrencyError:
                 pass  # another caller created it first: this call is the second retry
         status = (log.record.finished or {}).get("outcome")
@@ -1000,7 +1006,7 @@ class Runs:
                             f"once (retry {child_id} if it fails too)", run_id=log.run_id, status=status,
                             retried_as=child_id)
 
-    def _retry_child(self, log: RunLog) -> str:
+    def _retry_child(self, log: RunLog, *, queue: bool) -> str:
         """Create the run the journal's ``run.retried`` names, from the failed run's frozen brief, source and
         policy (:class:`~jixu.errors.ConcurrencyError` if its journal exists already)."""
         record, retried = log.record, log.record.retried or {}
@@ -1009,7 +1015,8 @@ class Runs:
         return self._create(record.project, record.brief, record.source, record.policy,
                             str(created.get("policy_digest")), self._provider_named(retried.get("provider")),
                             log.run_id, knowledge if isinstance(knowledge, dict) else None,
-                            str(retried.get("actor") or self.actor), run_id=str(retried.get("child_run_id")))
+                            str(retried.get("actor") or self.actor), run_id=str(retried.get("child_run_id")),
+                            queue=queue)
 
 
 __all__ = ["DEFAULT_LEASE_TTL", "RunLog", "Runs", "default_run_owner"]

@@ -80,8 +80,7 @@ def create_run(body: CreateRun, ctx: Annotated[Context, Depends(mutation)]) -> J
     def operation() -> Outcome:
         runs = ctx.services.runs
         run_id = run_async(runs.create_run(body.project, body.brief, provider=body.provider, commit=body.commit,
-                                           knowledge=body.knowledge, actor=ctx.actor))
-        submit_run(ctx.store, run_id)
+                                           knowledge=body.knowledge, actor=ctx.actor, queue=True))
         return Outcome(201, state_of(ctx, run_id))
 
     return ctx.mutate(body, operation)
@@ -165,8 +164,7 @@ def retry_run(run_id: RunId, body: RetryRun, ctx: Annotated[Context, Depends(mut
     authorize(ctx, run_id, "editor")
 
     def operation() -> Outcome:
-        new_id = run_async(ctx.services.runs.retry(run_id, ctx.actor, provider=body.provider))
-        submit_run(ctx.store, new_id)
+        new_id = run_async(ctx.services.runs.retry(run_id, ctx.actor, provider=body.provider, queue=True))
         return Outcome(201, state_of(ctx, new_id))
 
     return ctx.mutate(body, operation)

@@ -371,10 +371,9 @@ def fork_thread(thread_id: ThreadId, body: ForkThread, ctx: Annotated[Context, D
 
     def operation() -> Outcome:
         log = ThreadLog.load(ctx.store, thread_id, actor=ctx.actor)
-        child = log.fork(body.at, input=body.input)
+        # The child's queued turn and its queue row in one transaction: a crash never leaves one without the other.
+        child = log.fork(body.at, input=body.input, enqueue=lambda child_id: (thread_work_key(child_id), project))
         turn = child.state.active_turn()
-        if body.input is not None:
-            ctx.store.enqueue(thread_work_key(child.thread_id), project)
         return Outcome(201, {**summary(child), "project": project, "parent": child.state.parent,
                              "turn_id": turn.turn_id if turn else None})
 

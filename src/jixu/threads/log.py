@@ -964,12 +964,15 @@ class ThreadLog:
                            seq_of=seqs.get)
         return self._whole_reply(build_state(state, analysis, corrupt=found))
 
-    def fork(self, at: str, *, agent_record: dict[str, Any] | None = None, input: str | None = None) -> ThreadLog:
+    def fork(self, at: str, *, agent_record: dict[str, Any] | None = None, input: str | None = None,
+             enqueue: Callable[[str], tuple[str, str]] | None = None) -> ThreadLog:
         """Record a child thread with this thread's state at event ``at`` (open effects not inherited).
 
         The inherited state travels in ``thread.inherited`` chunks appended with
         the ``thread.forked`` event in one atomic batch, so any size fits the
-        per-event limit. With ``input``, the child's first turn is recorded too.
+        per-event limit. With ``input``, the child's first turn is recorded too,
+        queued, and ``enqueue(child_id)`` = ``(key, group)`` puts it in the work
+        queue in the same transaction (the scheduling layer says which).
         """
         if input is not None:
             check_text(input, "input", MAX_INPUT_CHARS, required=True)
@@ -1012,7 +1015,8 @@ class ThreadLog:
         if input is not None:
             batch.append(NewEvent("turn.started", {"turn_id": new_id(), "input": input, "owner": None, "epoch": 0,
                                                    "queued": True}, meta))
-        stored = record(self.store, stream_of(child_id), batch, 0, genesis_hash=event.hash)
+        stored = record(self.store, stream_of(child_id), batch, 0, genesis_hash=event.hash,
+                        enqueue=enqueue(child_id) if enqueue is not None and input is not None else None)
         state = ThreadProjection().initial()
         for item in stored:
             state = self._projection.apply(state, item)
