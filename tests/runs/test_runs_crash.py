@@ -269,3 +269,40 @@ def test_a_second_process_under_the_same_owner_name_neither_takes_the_run_nor_ca
         assert after == before and provider.calls == []
     finally:
         child.kill()
+
+
+KILLED_RESUMING = r"""
+import asyncio, os, signal, sys
+from pathlib import Path
+from jixu.ledger import open_store
+from jixu.runs import Runs, ScriptedProvider
+store = open_store(sys.argv[1])
+
+def die(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)  # run.resumed is written, its transaction not committed
+
+type(store)._work_in = die
+runs = Runs(store, Path(sys.argv[3]), {"scripted": ScriptedProvider("scripted", [])}, owner="operator-process")
+asyncio.run(runs.resume(sys.argv[2], "ops", queue=True))
+"""
+
+
+def test_a_kill_while_resuming_a_run_to_be_queued_leaves_neither_the_resume_nor_its_queue_row(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`POST /runs/{id}/resume` (and hand off, and a task's resolution) recorded the operator's decision, then queued
+    the run in a second transaction: killed in between, the run was resumed but no worker would continue it, and the
+    same request again was refused (nothing to resume). One transaction now: a kill leaves neither."""
+    import subprocess
+    import sys
+
+    from tests.helpers import python_env
+
+    scene = Scene(tmp_path, monkeypatch)
+    scene.crash("implement")
+    before, _ = scene.journal()
+    child = subprocess.run([sys.executable, "-c", KILLED_RESUMING, scene.url, scene.run_id, str(scene.root)],
+                           env=python_env(), capture_output=True, text=True, timeout=60, check=False)
+    assert child.returncode == -9, child.stderr
+    after, _ = scene.journal()
+    assert "run.resumed" not in types(after) and len(after) == len(before), types(after)[len(before):]
+    assert scene.store.get_work(f"run/{scene.run_id}") is None

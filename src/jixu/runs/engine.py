@@ -728,6 +728,11 @@ class Runs:
 
     # --- operator operations ------------------------------------------------------------------
 
+    @staticmethod
+    def _work_item(log: RunLog, queue: bool) -> tuple[str, str] | None:
+        """The run's work item ``(key, group)`` to enqueue with an operator's record when ``queue``, else None."""
+        return (run_work_key(log.run_id), log.record.project) if queue else None
+
     def _wake(self, log: RunLog) -> None:
         """Re-enqueue the run if it is in the work queue, so a worker picks the decision up."""
         key = run_work_key(log.run_id)
@@ -753,7 +758,7 @@ class Runs:
                                 run_id=log.run_id, status=status)
 
     async def resume(self, run_id: str, actor: str = "operator", *, note: str | None = None,
-                     stop_agents: bool = False) -> RunState:
+                     stop_agents: bool = False, queue: bool = False) -> RunState:
         """Continue a paused, interrupted or unreconciled run in place (then :meth:`execute` or
         :func:`jixu.scheduling.submit_run`).
 
@@ -770,7 +775,8 @@ class Runs:
         refuses with :class:`~jixu.errors.AgentStillRunning` and writes
         nothing. With ``stop_agents`` it stops them first (SIGTERM, ``stop_grace``
         seconds, SIGKILL; ``run.process_stopped`` records each) and waits
-        until none remains.
+        until none remains. ``queue``: the run's work item is (re)enqueued with ``run.resumed``, in one
+        transaction (a worker then continues it).
         """
         check_text(actor, "actor", 200, required=True)
         check_text(note, "note", 10_000)
@@ -790,7 +796,8 @@ class Runs:
                                     "workspace and resume again, or cancel and retry", run_id=run_id,
                                     details=reconciled.data["details"])
         log.append([reconciled, NewEvent("run.resumed", {"reason": "explicit", "actor": actor, "note": note,
-                                                         "previous_status": status}, log.meta(actor))])
+                                                         "previous_status": status}, log.meta(actor))],
+                   enqueue=self._work_item(log, queue))
         self._wake(log)
         return self._state(log)
 
@@ -810,13 +817,13 @@ class Runs:
             raise still_running(log.run_id, remaining, what)
 
     async def handoff(self, run_id: str, provider: str, actor: str = "operator", *,
-                      note: str | None = None) -> RunState:
+                      note: str | None = None, queue: bool = False) -> RunState:
         """Hand the run to ``provider`` (tested first): a new provider snapshot and plan revision.
 
         Earlier revisions, partial files, checks and policy stay as they are;
         the workspace is reconciled first (as in :meth:`resume`). An unknown
         provider (:class:`~jixu.errors.UnknownProvider`) or one whose test fails
-        (:class:`~jixu.errors.ProviderTestFailed`) writes nothing.
+        (:class:`~jixu.errors.ProviderTestFailed`) writes nothing. ``queue``: as in :meth:`resume`.
         """
         check_text(actor, "actor", 200, required=True)
         check_text(note, "note", 10_000)
@@ -855,7 +862,7 @@ class Runs:
                                         "note": note, "previous_status": status}, meta),
             NewEvent("plan.revised", {"revision": int(plan["revision"]) + 1, "provider_revision": snapshot["revision"],
                                       "reason": "handoff", "tasks": list(plan["tasks"])}, meta),
-        ])
+        ], enqueue=self._work_item(log, queue))
         self._wake(log)
         return self._state(log)
 
@@ -873,7 +880,7 @@ class Runs:
 
     async def resolve_task_outcome(self, run_id: str, effect_id: str, resolution: str, *,
                                    resolution_id: str | None = None, note: str | None = None,
-                                   actor: str = "operator") -> RunState:
+                                   actor: str = "operator", queue: bool = False) -> RunState:
         """Record an operator's decision about a task whose outcome is unknown (SPEC 4.4 rules).
 
         For a local task (prepare, implement, verify) ``not_occurred`` lets the
@@ -881,7 +888,7 @@ class Runs:
         finishes the run as failed; ``occurred`` is refused: a local task's
         result is observed by running it, never asserted. Idempotent by
         ``resolution_id``; a changed body for the same id is a
-        :class:`~jixu.errors.ResolutionConflict`.
+        :class:`~jixu.errors.ResolutionConflict`. ``queue``: as in :meth:`resume`.
         """
         log = self._load(run_id)
         body = resolution_body(effect_id, resolution, new_id() if resolution_id is None else resolution_id, actor=actor, note=note)
@@ -901,7 +908,8 @@ class Runs:
                             ).get("params", {}):
             raise InvalidInput(f"effect {effect_id} belongs to an execution request: reconcile the request, or "
                                "inspect the provider and resolve the request's outcome", field="effect_id")
-        log.append([NewEvent(f"{decision.kind}.outcome_resolved", body, log.meta(actor))])
+        log.append([NewEvent(f"{decision.kind}.outcome_resolved", body, log.meta(actor))],
+                   enqueue=self._work_item(log, queue))
         self._wake(log)
         return self._state(log)
 

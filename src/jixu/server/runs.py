@@ -1,6 +1,6 @@
 """``/api/v1/runs``: create, list and inspect runs; resume, hand off, retry and cancel them.
 
-Runs made here are put in the work queue (:func:`jixu.scheduling.submit_run`):
+Runs made, resumed, handed off or settled here are put in the work queue with their record (one transaction):
 the server's own worker (``jixu serve --providers``) or ``jixu worker``
 executes them. A run belongs to its project: other projects' callers get 404.
 """
@@ -14,9 +14,8 @@ from fastapi.responses import JSONResponse
 
 from jixu.errors import InvalidInput, ProjectNotFound, RunNotFound
 from jixu.ledger import is_valid_id
-from jixu.runs import RUN_STATUSES, run_work_key
+from jixu.runs import RUN_STATUSES
 from jixu.runs.engine import RunLog
-from jixu.scheduling import submit_run
 from jixu.server.context import Authenticated, Context, context, mutation, run_async
 from jixu.server.idempotency import Outcome
 from jixu.server.models import (
@@ -124,21 +123,15 @@ def get_journal(run_id: RunId, ctx: Annotated[Context, Depends(context)]) -> JSO
             "corruption": None if state.corruption is None else state.corruption.to_dict()})
 
 
-def _requeue(ctx: Context, run_id: str) -> None:
-    """Queue a run that can go on, so a worker continues it."""
-    state = run_async(ctx.services.runs.state(run_id))
-    if state.status in ("queued", "paused", "interrupted") and ctx.store.get_work(run_work_key(run_id)) is None:
-        submit_run(ctx.store, run_id)
-
-
 @router.post("/{run_id}/resume", responses=WRITE, response_model=Run, summary="Resume a run in place")
 def resume_run(run_id: RunId, body: ResumeRun, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Continue a paused, interrupted or unreconciled run (editor): the workspace is reconciled first."""
     authorize(ctx, run_id, "editor")
 
     def operation() -> Outcome:
-        run_async(ctx.services.runs.resume(run_id, ctx.actor, note=body.note, stop_agents=body.stop_agents))
-        _requeue(ctx, run_id)
+        # Queued with its record, in one transaction: a worker continues it (a crash never leaves one without the other).
+        run_async(ctx.services.runs.resume(run_id, ctx.actor, note=body.note, stop_agents=body.stop_agents,
+                                           queue=True))
         return Outcome(200, state_of(ctx, run_id))
 
     return ctx.mutate(body, operation)
@@ -150,8 +143,7 @@ def handoff_run(run_id: RunId, body: Handoff, ctx: Annotated[Context, Depends(mu
     authorize(ctx, run_id, "operator")
 
     def operation() -> Outcome:
-        run_async(ctx.services.runs.handoff(run_id, body.agent, ctx.actor, note=body.note))
-        _requeue(ctx, run_id)
+        run_async(ctx.services.runs.handoff(run_id, body.agent, ctx.actor, note=body.note, queue=True))
         return Outcome(200, state_of(ctx, run_id))
 
     return ctx.mutate(body, operation)
@@ -295,8 +287,8 @@ def resolve_task(run_id: RunId, effect_id: EffectId, body: ResolveTask,
 
     def operation() -> Outcome:
         run_async(ctx.services.runs.resolve_task_outcome(
-            run_id, effect_id, body.resolution, resolution_id=body.resolution_id, note=body.note, actor=ctx.actor))
-        _requeue(ctx, run_id)
+            run_id, effect_id, body.resolution, resolution_id=body.resolution_id, note=body.note, actor=ctx.actor,
+            queue=True))
         return Outcome(200, state_of(ctx, run_id))
 
     return ctx.mutate(body, operation)
