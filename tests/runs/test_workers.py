@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -362,3 +363,24 @@ def test_jixu_worker_refuses_bad_options_with_meaningful_exit_codes(tmp_path: Pa
     assert not (tmp_path / "w.db").exists(), "nothing was created"
     help_text = jixu("worker", "--help")
     assert help_text.returncode == 0 and "MODULE:FACTORY" in help_text.stdout and "Exit codes" in help_text.stdout
+
+
+def test_a_pool_stopped_while_a_killed_worker_waits_for_its_restart_exits_0(
+        sqlite: StoreFactory, workers: Spawn) -> None:
+    """`jixu worker --processes 2`: one worker is SIGKILLed, and the pool is stopped with SIGTERM before it started
+    it again (1 s later). The death was reported when it happened; the stop itself stopped every running worker
+    cleanly, so the pool exits 0 ("a worker process failed", exit 1, described the earlier death, not the stop)."""
+    sqlite()
+    assert sqlite.url is not None
+    pool = workers(sqlite.url, "pool", "--processes", "2")
+    deadline = time.monotonic() + WAIT
+    children: list[int] = []
+    while len(children) < 2 and time.monotonic() < deadline:
+        children = children_of(pool.pid)
+        time.sleep(0.05)
+    assert len(children) == 2, pool.output()
+    time.sleep(1.0)  # both started (their imports done)
+    os.kill(children[0], signal.SIGKILL)
+    time.sleep(0.4)  # the pool sees the death; its restart is due 1 s after it
+    pool.signal(signal.SIGTERM)
+    assert pool.wait() == 0, pool.output()

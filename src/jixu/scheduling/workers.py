@@ -1152,6 +1152,9 @@ class WorkerPool:
                     if any(code is None for code in codes):
                         self.signal(signal.SIGKILL)
                         codes = self.wait(5.0)
+                    # A worker that died earlier and waited for its restart was reported then (and handled): the
+                    # stop itself is judged by the workers it stopped.
+                    codes = [0 if due is not None else code for code, due in zip(codes, self._due, strict=True)]
                     break
             return EXIT_OK if all(code == 0 for code in codes) else EXIT_FAILED
         finally:
