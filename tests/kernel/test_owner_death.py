@@ -291,3 +291,26 @@ def test_a_process_under_the_same_owner_name_as_a_live_one_does_not_take_its_tur
     finally:
         child.kill()
         child.wait()
+
+
+def test_an_expired_claim_whose_process_still_runs_here_is_live_until_that_process_ends(tmp_path: Path) -> None:
+    """A holder stopped past its lease (SIGSTOP, a debugger, a long GC pause) goes on when resumed: its calls in
+    flight can still happen, though its writes to the store are fenced out. Its claim expired, yet it is live while
+    that process runs on this machine: an operator settling its call ``not_occurred`` meanwhile saw the deploy
+    performed twice. Once the process ends, the expired claim is gone."""
+    child, identity = _child_identity(IDENTIFY)
+    try:
+        store = SQLiteStore(tmp_path / "t.db")
+        store.acquire_lease("request/x/execution", "worker:1", 0.05)
+        time.sleep(0.1)
+        claim = ownership.live_claim(store, "request/x/execution", lambda lease: identity)
+        assert claim is not None and claim[1] < 0, claim
+        assert "expired" in ownership.claim_held_for(claim[1]) and "still runs" in ownership.claim_held_for(claim[1])
+        elsewhere = {**identity, "boot_id": "another-machine"}
+        assert ownership.live_claim(store, "request/x/execution", lambda lease: elsewhere) is None, \
+            "nothing is known of another machine's process: expiry decides"
+    finally:
+        child.kill()
+        child.wait()
+    assert ownership.live_claim(store, "request/x/execution", lambda lease: identity) is None
+    store.close()

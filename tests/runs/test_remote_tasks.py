@@ -309,3 +309,52 @@ def test_a_deploy_in_progress_in_another_process_is_shown_so_and_nobody_settles_
     assert view.status == "succeeded" and (view.receipt or {})["result"]["job_id"] == "job-1", view.reason
     assert len(scene.deployments()) == 1
     assert scene.store.get_lease(f"request/{request_id}/execution").released
+
+
+CHILD_SHORT_CLAIM = """
+import asyncio, sys
+import jixu.runs.requests.execution as execution
+from jixu.ledger import open_store
+from jixu.runs import CommandRemote, Runs
+
+execution.DEFAULT_LEASE_TTL = 0.6  # a claim that lapses while this process is stopped for a second
+url, root, request_id, script = sys.argv[1:5]
+runs = Runs(open_store(url), root, {}, owner="stopped-worker",
+            remotes={"deployer": CommandRemote("deployer", [sys.executable, script], timeout_s=120)})
+try:
+    asyncio.run(runs.execute_request(request_id))
+except BaseException as error:
+    print("RAISED", type(error).__name__, getattr(error, "code", ""), flush=True)
+    raise SystemExit(3)
+"""
+
+
+@pytest.mark.crash
+def test_a_claim_lost_while_the_provider_works_ends_the_call_unknown_with_a_typed_error(scene: Scene) -> None:
+    """The executor is stopped past its claim on the request, then goes on: its heartbeat finds the claim lost and
+    cuts the call off (recorded unknown). It raised a bare CancelledError (a traceback from the CLI, "cut off by
+    the drain" in a worker's log); it raises OwnershipLost, typed."""
+    request_id = run(scene.runs.request_remote(scene.run_id, "deploy", provider="deployer"))
+    hold = scene.tmp / "deployed"
+    child = subprocess.Popen([sys.executable, "-c", CHILD_SHORT_CLAIM, f"sqlite:///{scene.db}", str(scene.tmp / "ws"),
+                              request_id, str(scene.script)],
+                             env={**python_env(), "DEPLOY_LOG": str(scene.log), "DEPLOY_HOLD": str(hold)},
+                             start_new_session=True, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not hold.exists():
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(child.pid, signal.SIGSTOP)
+        time.sleep(1.5)  # past the claim
+        os.kill(child.pid, signal.SIGCONT)
+        out, _ = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
+            os.kill(int(hold.read_text()), signal.SIGKILL)  # the deploy command, in a session of its own
+    assert "RAISED OwnershipLost ownership_lost" in out, out
+    view = run(scene.runs.execution_request(scene.run_id, request_id))
+    assert view.status == "needs_reconciliation", view.reason

@@ -384,3 +384,16 @@ def test_a_pool_stopped_while_a_killed_worker_waits_for_its_restart_exits_0(
     time.sleep(0.4)  # the pool sees the death; its restart is due 1 s after it
     pool.signal(signal.SIGTERM)
     assert pool.wait() == 0, pool.output()
+
+
+def test_a_pool_stopped_while_its_workers_are_still_starting_exits_0(sqlite: StoreFactory, workers: Spawn) -> None:
+    """SIGTERM reaches `jixu worker --processes 2` while its workers are still importing: a worker the forwarded
+    SIGTERM ends before it installed its own handler stopped as asked; the pool exited 1 ("some failed")."""
+    sqlite()
+    assert sqlite.url is not None
+    pool = workers(sqlite.url, "early", "--processes", "2")
+    deadline = time.monotonic() + WAIT
+    while len(children_of(pool.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pool.signal(signal.SIGTERM)
+    assert pool.wait() == 0, pool.output()

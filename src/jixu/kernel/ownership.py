@@ -311,15 +311,27 @@ def dead_holder(lease: Lease | None, holder_process: Callable[[Lease], object] |
 def live_claim(store: Store, key: str, holder_process: Callable[[Lease], object],
                owner: str | None = None) -> tuple[Lease, float] | None:
     """The live claim on ``key`` of a process other than ``owner`` (see :func:`own_lease`), with the seconds it
-    has left by the store's clock, or None: none held, released, expired (a late write of its holder is fenced
-    out), or its holder's process (``holder_process(lease)``) proven gone: nothing of it is in flight."""
+    has left by the store's clock (negative: expired that long ago), or None: none held, released, its holder's
+    process (``holder_process(lease)``) proven gone, or expired with a holder not known to run. An expired claim
+    whose holder is a process of this machine that still runs (stopped, say, past its lease) is live: what it
+    has in flight can still happen when it goes on (its writes to the store are fenced out; its calls are not)."""
     lease = store.get_lease(key)
     if lease is None or lease.released or own_lease(lease, owner, holder_process):
         return None
     left = lease.expires_at - store.now()
-    if left <= 0 or dead_holder(lease, holder_process) is not None:
+    if left <= 0:
+        return (lease, left) if another_live_process(holder_process(lease)) else None
+    if dead_holder(lease, holder_process) is not None:
         return None
     return lease, left
+
+
+def claim_held_for(left: float) -> str:
+    """How :func:`live_claim`'s claim stands, for a message: renewed for ``left`` more seconds, or expired ``-left``
+    seconds ago while its process still runs on this machine."""
+    if left > 0:
+        return f"its claim renewed for another {left:.1f}s"
+    return f"its claim expired {-left:.1f}s ago, but its process still runs on this machine: stop it first"
 
 
 def acquire_claim(store: Store, key: str, owner: str, ttl: float) -> Fence:
@@ -480,5 +492,5 @@ class Session:
 
 
 __all__ = ["DEFAULT_LEASE_TTL", "Claim", "Session", "acquire_claim", "another_live_process", "claim_stream",
-           "dead_holder", "given_back_on_failure", "group_gone", "group_identity", "group_members", "holds", "live_claim", "own_lease",
+           "dead_holder", "given_back_on_failure", "group_gone", "group_identity", "group_members", "claim_held_for", "holds", "live_claim", "own_lease",
            "owner_gone", "process_identity", "recovery_claim", "release", "take_claim"]

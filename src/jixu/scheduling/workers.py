@@ -744,6 +744,8 @@ class Worker:
         except RequestOwned as error:  # another process carries it out: look again once its claim may be gone
             return _Outcome(True, error.message, max(self.config.poll_interval, self.config.lease_ttl / 3),
                             "requeue")
+        except OwnershipLost as error:  # its claim lapsed mid-call: the next claim finds it needing reconciliation
+            return _Outcome(True, error.message, self.config.poll_interval, "lost")
         except UnknownProvider as error:
             # Meant for workers configured with another publisher: leave it for them, without spinning on it.
             return _Outcome(True, error.message, max(self.config.lease_ttl, 5.0), "error")
@@ -1148,14 +1150,23 @@ class WorkerPool:
                 if all(code is not None for code in codes) and not any(due is not None for due in self._due):
                     break
                 if self._stopping:
-                    codes = self.wait(self.drain_timeout + 5.0)
+                    deadline = time.monotonic() + self.drain_timeout + 5.0
+                    codes = self.wait(1.0)
+                    while any(code is None for code in codes) and time.monotonic() < deadline:
+                        # Again (a worker stops once): one sent while a worker was still starting, between its
+                        # fork and its exec, was lost, and that worker ran on until it was killed.
+                        self.signal(signal.SIGTERM)
+                        codes = self.wait(min(1.0, max(0.0, deadline - time.monotonic())))
                     if any(code is None for code in codes):
                         self.signal(signal.SIGKILL)
                         codes = self.wait(5.0)
-                    # A worker that died earlier and waited for its restart was reported then (and handled): the
-                    # stop itself is judged by the workers it stopped.
-                    codes = [0 if due is not None else code for code, due in zip(codes, self._due, strict=True)]
                     break
+            if self._stopping:
+                # A worker that died earlier and waited for its restart was reported then (and handled): the stop
+                # is judged by the workers it stopped. One the SIGTERM ended while still starting (before its
+                # handler was installed) stopped as asked.
+                codes = [0 if due is not None or code == -signal.SIGTERM else code
+                         for code, due in zip(codes, self._due, strict=True)]
             return EXIT_OK if all(code == 0 for code in codes) else EXIT_FAILED
         finally:
             self._close_lifeline()

@@ -35,6 +35,7 @@ from jixu.kernel import (
     DEFAULT_LEASE_TTL,
     StreamWriter,
     acquire_claim,
+    claim_held_for,
     given_back_on_failure,
     live_claim,
     process_identity,
@@ -728,8 +729,8 @@ class ThreadLog:
         if turn is None or claim is None:
             return None
         lease, left = claim
-        return (f"turn {turn.turn_id} is in progress in {lease.owner} (epoch {lease.epoch}, its claim renewed for "
-                f"another {left:.1f}s): what it has in flight settles there")
+        return (f"turn {turn.turn_id} is in progress in {lease.owner} (epoch {lease.epoch}, {claim_held_for(left)}):"
+                " what it has in flight settles there")
 
     def _refuse_while_owned_elsewhere(self, effect_id: str, owner: str | None) -> None:
         """:class:`~jixu.errors.TurnOwned` while a process other than ``owner`` holds a live claim on the turn."""
@@ -738,9 +739,9 @@ class ThreadLog:
             return
         lease, left = claim
         raise TurnOwned(f"effect {effect_id} may still be in flight: thread {self.thread_id}'s turn is owned by "
-                        f"{lease.owner} (epoch {lease.epoch}) for another {left:.1f}s. Resolve it "
-                        "once that process has stopped (its claim released or expired), or recover the turn "
-                        "first (jixu turns recover)", thread_id=self.thread_id, effect_id=effect_id)
+                        f"{lease.owner} (epoch {lease.epoch}; {claim_held_for(left)}). Resolve it once that process "
+                        "has stopped (its claim released or expired), or recover the turn first (jixu turns "
+                        "recover)", thread_id=self.thread_id, effect_id=effect_id)
 
     def decide_parked(self, effect_id: str, decision_phase: str, *, actor: str = "operator",
                       note: str | None = None) -> None:

@@ -112,24 +112,26 @@ FILTER_STOPS = frozenset({"content_filter", "refusal"})
 
 def unfinished_answer(stop_reason: object, calls: int) -> str | None:
     """Why the ``calls`` tool calls of an answer that stopped for ``stop_reason`` must not be run, or None when
-    the model finished it (:data:`FINISHED_STOPS`; a record without a stop reason counts as ``""``).
+    the model finished it (:data:`FINISHED_STOPS`, in any case and without surrounding blanks; a record without a
+    stop reason counts as ``""``).
 
     Any other reason, known or not (a limit, a filter, an interruption such as ``insufficient_system_resource``
     or ``error``, an incomplete Responses answer), may have cut the answer off: a call in it may lack arguments
     or stand beside calls the model never finished writing. Deny by default: a reason jixu does not know is not
     taken for a finished answer.
     """
-    if stop_reason is None or (type(stop_reason) is str and stop_reason in FINISHED_STOPS):
+    reason = stop_reason.strip().lower() if type(stop_reason) is str else None  # "STOP" as Gemini spells it
+    if stop_reason is None or reason in FINISHED_STOPS:
         return None
-    stop = stop_reason if type(stop_reason) is str else repr(stop_reason)
-    if stop in LIMIT_STOPS:
-        return (f"the model's answer was cut off at its limit (stop reason {stop!r}) with {calls} tool call(s) in "
+    shown = repr(stop_reason)
+    if reason in LIMIT_STOPS:
+        return (f"the model's answer was cut off at its limit (stop reason {shown}) with {calls} tool call(s) in "
                 "it; none was run, as its arguments may be incomplete. Raise the model's output token limit, or "
                 "shorten what it is asked to write")
-    if stop in FILTER_STOPS:
-        return (f"the provider stopped the model's answer (stop reason {stop!r}) with {calls} tool call(s) in it; "
+    if reason in FILTER_STOPS:
+        return (f"the provider stopped the model's answer (stop reason {shown}) with {calls} tool call(s) in it; "
                 "none was run, as the answer was cut off before its end")
-    return (f"the model's answer stopped for {stop!r}, not a reason that ends a finished answer, with {calls} tool "
+    return (f"the model's answer stopped for {shown}, not a reason that ends a finished answer, with {calls} tool "
             "call(s) in it; none was run, as the answer may have been cut off")
 
 

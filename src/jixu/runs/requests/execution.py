@@ -14,6 +14,7 @@ from jixu.errors import (
     GitError,
     JixuError,
     LeaseHeld,
+    OwnershipLost,
     ReceiptConflict,
     RequestNotFound,
     RequestOwned,
@@ -188,8 +189,19 @@ class Execution(RequestService):
             run.append([outcome.receipt("task", journal_effect_id, 1, meta)])  # the journal first, then the request
             log.append([outcome.receipt(kind, intent["effect_id"], 1, meta)])
 
-        async with Session(self.store, fence, DEFAULT_LEASE_TTL):  # renewed while it runs, given back at its end
-            await perform(dispatch=dispatch, call=call, classify=classify, record=receipts)
+        session, me = Session(self.store, fence, DEFAULT_LEASE_TTL), asyncio.current_task()
+        try:
+            async with session:  # renewed while it runs, given back at its end
+                await perform(dispatch=dispatch, call=call, classify=classify, record=receipts)
+        except asyncio.CancelledError:
+            lost = session.cancelled_by_loss(me)
+            if lost is None:
+                raise
+            # The claim lapsed (this process was held past it) and the heartbeat cut the call off: it is recorded
+            # with an unknown outcome, and this process says so instead of a bare cancellation.
+            raise OwnershipLost(f"request {log.request_id}: this process lost its claim on the request while the "
+                                f"provider worked ({lost.message}); the call was cut off and its outcome is unknown: "
+                                "inspect the provider, then resolve or reconcile it", request_id=log.request_id) from lost
 
     def _claim(self, log: RequestLog) -> Fence:
         """This process's claim on carrying the request out (:class:`~jixu.errors.RequestOwned` while another's is

@@ -7,7 +7,7 @@ from jixu.errors import (
     RequestCorrupt,
     RequestNotFound,
 )
-from jixu.kernel import StreamWriter, live_claim
+from jixu.kernel import StreamWriter, claim_held_for, live_claim
 from jixu.ledger import Event, NewEvent, Store, project
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.ids import is_valid_id
@@ -81,8 +81,7 @@ class RequestLog:
         if claim is None:
             return None
         lease, left = claim
-        return (f"being carried out by {lease.owner} (epoch {lease.epoch}, its claim renewed for another "
-                f"{left:.1f}s): its outcome settles there")
+        return f"being carried out by {lease.owner} (epoch {lease.epoch}, {claim_held_for(left)}): its outcome settles there"
 
     def corruption(self) -> Corruption | None:
         """The request's corruption verdict (:func:`jixu.recovery.corruption.corruption`), or ``None``."""
