@@ -83,6 +83,7 @@ try:
     from agents.exceptions import (
         InputGuardrailTripwireTriggered,
         MaxTurnsExceeded,
+        ModelBehaviorError,
         OutputGuardrailTripwireTriggered,
     )
     from agents.tool import (
@@ -96,6 +97,10 @@ except ImportError as error:  # without the extra: say what to install
     raise MissingExtra.needed("openai-agents", "jixu.integrations.openai_agents (the OpenAI Agents SDK, tested with "
                               "0.24)", error) from error
 
+
+_REFUSED_INPUT = "Invalid JSON input for tool"
+"""How the SDK's function tools begin the error for arguments they refuse before running (not JSON, not an object,
+not their parameters' schema)."""
 
 MODEL_STEP = "model"
 HANDOFF_STEP = "handoff"
@@ -456,6 +461,12 @@ class _RunSteps:
                 token = _CURRENT.set(effect)
                 try:
                     return _tool_output(await original(ctx, input_json))
+                except ModelBehaviorError as error:
+                    if not (parses_first and str(error).startswith(f"{_REFUSED_INPUT} {name}")):
+                        raise
+                    # Arguments that break the tool's parameters, refused before any code of it ran: the call
+                    # is over with what the SDK tells the model (an unsafe call's refusal was an unknown outcome).
+                    return _tool_output(await handled(ctx, input_json))
                 finally:
                     _CURRENT.reset(token)
 
