@@ -158,3 +158,27 @@ def test_an_idle_keep_alive_connection_outlives_the_clients_reuse_of_it(tmp_path
                     answer += piece
                 assert answer.startswith(b"HTTP/1.1 200"), answer
                 time.sleep(pause)
+
+
+def test_a_stopped_server_ends_within_its_drain_timeout_though_a_def_tool_still_blocks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`jixu serve --drain-timeout 1` with its worker in the process: a plain `def` tool blocks its thread for 30 s.
+    SIGTERM ends the server within its drain, the call with it (recorded unknown); it waited for the thread
+    (a thread cannot be stopped), and the call could still act after its record said unknown."""
+    outside, late = tmp_path / "outside.txt", tmp_path / "late.txt"
+    monkeypatch.setenv("JIXU_TEST_OUTSIDE", str(outside))
+    monkeypatch.setenv("JIXU_TEST_BLOCK_SLEEP", "30")
+    monkeypatch.setenv("JIXU_TEST_BLOCK_LATE", str(late))
+    with served(tmp_path, "--agent", "tests.runs.agents:blocking_agent", "--drain-timeout", "1") as server:
+        made = server.client.post("/threads", json={"project": "demo"})
+        assert made.status_code == 201, made.text
+        thread_id = made.json()["thread_id"]
+        assert server.client.post(f"/threads/{thread_id}/inputs", json={"input": "block 1"}).status_code == 202
+        wait_until(lambda: outside.exists() and outside.read_text().strip() != "", "the blocking call")
+        stopped_at = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(30) == 0, server.output()
+        took = time.monotonic() - stopped_at
+        assert took < 8, f"exited {took:.1f}s after SIGTERM with --drain-timeout 1\n{server.output()}"
+        assert "cut off by ending the process" in server.output(), server.output()
+    assert not late.exists(), "the cut-off call acted after its server stopped"

@@ -59,9 +59,12 @@ from jixu.scheduling.workers import (
               help="Threads for plain `def` tools in the worker (per process with --worker-processes).")
 @click.option("--max-body-bytes", type=click.IntRange(1024, 64 * 1024 * 1024), default=1024 * 1024,
               show_default=True, help="Larger request bodies are refused with 413.")
+@click.option("--drain-timeout", type=click.IntRange(0, 3600), default=10, show_default=True,
+              help="Seconds a stop gives requests and the worker's turns in flight before cutting them off (a call "
+                   "cut off is recorded with an unknown outcome) and exiting.")
 def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, providers_spec: str | None,
                   workspace_root: str, publishers_spec: str | None, remotes_spec: str | None, no_worker: bool, owner: str | None, max_body_bytes: int,
-                  concurrency: int, worker_processes: int, tool_threads: int) -> None:
+                  concurrency: int, worker_processes: int, tool_threads: int, drain_timeout: int) -> None:
     """Serve the HTTP API over STORE: threads, runs, projects and tokens under /api/v1.
 
     Callers authenticate with bearer tokens: make the first one with
@@ -106,7 +109,7 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
         config = WorkerConfig(store_url=store_url, agent=agent_spec, owner=owner or default_owner(),
                               providers=providers_spec if providers is not None else None, workspace_root=str(root),
                               publishers=publishers_spec, remotes=remotes_spec, concurrency=concurrency,
-                              tool_threads=tool_threads)
+                              tool_threads=tool_threads, drain_timeout=float(drain_timeout))
         if worker_processes:
             with handled(False):
                 lifespan.append(BackgroundPool(config, worker_processes).lifespan)
@@ -129,7 +132,7 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
         signal.signal(signum, lambda received, frame: None)
     tune_collector()  # this process serves from now on (its worker's turns, the API's requests)
     try:
-        serve(app, host=host, port=port, sock=listener)
+        serve(app, host=host, port=port, sock=listener, drain_timeout=drain_timeout)
     finally:
         listener.close()
         store.close()
