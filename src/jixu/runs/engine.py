@@ -728,17 +728,15 @@ class Runs:
 
     # --- operator operations ------------------------------------------------------------------
 
-    @staticmethod
-    def _work_item(log: RunLog, queue: bool) -> tuple[str, str] | None:
-        """The run's work item ``(key, group)`` to enqueue with an operator's record when ``queue``, else None."""
-        return (run_work_key(log.run_id), log.record.project) if queue else None
-
-    def _wake(self, log: RunLog) -> None:
-        """Re-enqueue the run if it is in the work queue, so a worker picks the decision up."""
+    def _work_item(self, log: RunLog, queue: bool) -> tuple[str, str] | None:
+        """The run's work item ``(key, group)`` to enqueue in the transaction of an operator's record, so a worker
+        picks the decision up: with ``queue`` always (in the run's project), else only when the run is in the work
+        queue already; None otherwise."""
         key = run_work_key(log.run_id)
+        if queue:
+            return key, log.record.project
         queued = self.store.get_work(key)
-        if queued is not None:
-            self.store.enqueue(key, queued.group)
+        return None if queued is None else (key, queued.group)
 
     def _refuse_unless_operable(self, log: RunLog, status: str, reason: str, analysis: Analysis, what: str) -> None:
         log.open_to_act()
@@ -789,8 +787,7 @@ class Runs:
         await self._no_earlier_agent(log, actor, stop_agents, "resumed")
         reconciled, outcome = await self._reconciliation(log, actor, "resume")
         if outcome == "mismatch":
-            log.append([reconciled])
-            self._wake(log)
+            log.append([reconciled], enqueue=self._work_item(log, False))
             raise WorkspaceMismatch(f"run {run_id}'s workspace does not match its journal: "
                                     f"{'; '.join(reconciled.data['details'])}. Nothing was run; restore the "
                                     "workspace and resume again, or cancel and retry", run_id=run_id,
@@ -798,7 +795,6 @@ class Runs:
         log.append([reconciled, NewEvent("run.resumed", {"reason": "explicit", "actor": actor, "note": note,
                                                          "previous_status": status}, log.meta(actor))],
                    enqueue=self._work_item(log, queue))
-        self._wake(log)
         return self._state(log)
 
     async def _no_earlier_agent(self, log: RunLog, actor: str, stop: bool, what: str) -> None:
@@ -863,7 +859,6 @@ class Runs:
             NewEvent("plan.revised", {"revision": int(plan["revision"]) + 1, "provider_revision": snapshot["revision"],
                                       "reason": "handoff", "tasks": list(plan["tasks"])}, meta),
         ], enqueue=self._work_item(log, queue))
-        self._wake(log)
         return self._state(log)
 
     async def cancel(self, run_id: str, actor: str = "operator", *, reason: str | None = None) -> RunState:
@@ -910,7 +905,6 @@ class Runs:
                                "inspect the provider and resolve the request's outcome", field="effect_id")
         log.append([NewEvent(f"{decision.kind}.outcome_resolved", body, log.meta(actor))],
                    enqueue=self._work_item(log, queue))
-        self._wake(log)
         return self._state(log)
 
     # --- execution requests (see jixu.runs.requests) -----------------------------------------

@@ -717,8 +717,8 @@ class ThreadLog:
 
     def live_claim(self, owner: str | None = None) -> tuple[Lease, float] | None:
         """The live claim of a process other than ``owner`` on the thread's turn, with the seconds it has left by
-        the store's clock, or None: none held, released, expired (a late write of its holder is fenced out), or
-        its holder's process proven gone (nothing of it is in flight)."""
+        the store's clock (negative once expired), or None (:func:`~jixu.kernel.ownership.live_claim`: released,
+        its holder proven gone, or expired with a holder not known to still run on this machine)."""
         return live_claim(self.store, self.turn_key, self.holder_process, owner)
 
     def in_progress_elsewhere(self, owner: str | None = None) -> str | None:
