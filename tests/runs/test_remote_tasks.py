@@ -86,6 +86,20 @@ class Scene:
         return Runs(self.store, self.tmp / "ws", {"scripted": ScriptedProvider("scripted", [fix])},
                     remotes=self.remotes(kinds))
 
+    def executing(self, request_id: str, code: str, **options: Any) -> tuple[subprocess.Popen[str], Path]:
+        """A child process executing ``request_id`` with ``code`` (its own session), returned once its deploy
+        command holds (the hold file appeared), with that file."""
+        hold = self.tmp / "deployed"
+        child = subprocess.Popen([sys.executable, "-c", code, f"sqlite:///{self.db}", str(self.tmp / "ws"),
+                                  request_id, str(self.script)],
+                                 env={**python_env(), "DEPLOY_LOG": str(self.log), "DEPLOY_HOLD": str(hold)},
+                                 start_new_session=True, text=True, **options)
+        deadline = time.monotonic() + 60
+        while not hold.exists():
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        return child, hold
+
     def deployments(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
 
@@ -193,15 +207,7 @@ asyncio.run(runs.execute_request(request_id))
 def test_sigkill_between_dispatch_and_receipt_leaves_the_deploy_unknown(scene: Scene,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     request_id = run(scene.runs.request_remote(scene.run_id, "deploy", provider="deployer"))
-    hold = scene.tmp / "deployed"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, f"sqlite:///{scene.db}", str(scene.tmp / "ws"),
-                              request_id, str(scene.script)],
-                             env={**python_env(), "DEPLOY_LOG": str(scene.log), "DEPLOY_HOLD": str(hold)},
-                             start_new_session=True)
-    deadline = time.monotonic() + 60
-    while not hold.exists():
-        assert child.poll() is None and time.monotonic() < deadline
-        time.sleep(0.01)
+    child, hold = scene.executing(request_id, CHILD)
     os.killpg(child.pid, signal.SIGKILL)  # the worker and the deploy command it started
     child.wait()
     with contextlib.suppress(ProcessLookupError):  # the deploy command's own session outlives the worker's group
@@ -281,16 +287,8 @@ def test_a_deploy_in_progress_in_another_process_is_shown_so_and_nobody_settles_
     from jixu.errors import RequestOwned
 
     request_id = run(scene.runs.request_remote(scene.run_id, "deploy", provider="deployer"))
-    hold = scene.tmp / "deployed"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, f"sqlite:///{scene.db}", str(scene.tmp / "ws"),
-                              request_id, str(scene.script)],
-                             env={**python_env(), "DEPLOY_LOG": str(scene.log), "DEPLOY_HOLD": str(hold)},
-                             start_new_session=True)
+    child, hold = scene.executing(request_id, CHILD)
     try:
-        deadline = time.monotonic() + 60
-        while not hold.exists():
-            assert child.poll() is None and time.monotonic() < deadline
-            time.sleep(0.01)
         view = run(scene.runs.execution_request(scene.run_id, request_id))
         assert view.status == "in_progress" and f"being carried out by crash-worker:{child.pid}" in view.reason, view.reason
         for operation in (lambda: scene.runs.inspect_remote(scene.run_id, request_id),
@@ -335,16 +333,8 @@ def test_a_claim_lost_while_the_provider_works_ends_the_call_unknown_with_a_type
     cuts the call off (recorded unknown). It raised a bare CancelledError (a traceback from the CLI, "cut off by
     the drain" in a worker's log); it raises OwnershipLost, typed."""
     request_id = run(scene.runs.request_remote(scene.run_id, "deploy", provider="deployer"))
-    hold = scene.tmp / "deployed"
-    child = subprocess.Popen([sys.executable, "-c", CHILD_SHORT_CLAIM, f"sqlite:///{scene.db}", str(scene.tmp / "ws"),
-                              request_id, str(scene.script)],
-                             env={**python_env(), "DEPLOY_LOG": str(scene.log), "DEPLOY_HOLD": str(hold)},
-                             start_new_session=True, stdout=subprocess.PIPE, text=True)
+    child, hold = scene.executing(request_id, CHILD_SHORT_CLAIM, stdout=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
-        while not hold.exists():
-            assert child.poll() is None and time.monotonic() < deadline
-            time.sleep(0.01)
         os.kill(child.pid, signal.SIGSTOP)
         time.sleep(1.5)  # past the claim
         os.kill(child.pid, signal.SIGCONT)
