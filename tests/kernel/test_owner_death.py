@@ -8,6 +8,7 @@ this process, which has another (the default) owner name, as the README's recove
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -304,8 +305,8 @@ def test_an_expired_claim_whose_process_still_runs_here_is_live_until_that_proce
         store.acquire_lease("request/x/execution", "worker:1", 0.05)
         time.sleep(0.1)
         claim = ownership.live_claim(store, "request/x/execution", lambda lease: identity)
-        assert claim is not None and claim[1] < 0, claim
-        assert "expired" in ownership.claim_held_for(claim[1]) and "still runs" in ownership.claim_held_for(claim[1])
+        assert claim is not None and claim.left < 0 and claim.left_running == [], claim
+        assert "expired" in claim.held_for() and "still runs" in claim.held_for()
         elsewhere = {**identity, "boot_id": "another-machine"}
         assert ownership.live_claim(store, "request/x/execution", lambda lease: elsewhere) is None, \
             "nothing is known of another machine's process: expiry decides"
@@ -314,3 +315,74 @@ def test_an_expired_claim_whose_process_still_runs_here_is_live_until_that_proce
         child.wait()
     assert ownership.live_claim(store, "request/x/execution", lambda lease: identity) is None
     store.close()
+
+
+# --- what a dead holder left running -----------------------------------------------------------------------
+
+HOLDER = ("import json, subprocess, sys, time\nfrom jixu.kernel.ownership import process_identity\n"
+          "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+          "print(json.dumps({'identity': process_identity(), 'child': child.pid}), flush=True)\ntime.sleep(60)\n")
+
+
+def _holder_with_a_child(*, leads_its_group: bool) -> tuple[subprocess.Popen[str], dict[str, Any], int]:
+    import json
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], env=python_env(), text=True, stdout=subprocess.PIPE,
+                              start_new_session=leads_its_group)
+    assert holder.stdout is not None
+    found = json.loads(holder.stdout.readline())
+    return holder, found["identity"], found["child"]
+
+
+def _running(pid: int) -> bool:
+    return ownership._start_time(pid) is not None
+
+
+def test_a_dead_holders_subprocess_keeps_its_claim_live_until_the_claimant_stops_it(tmp_path: Path) -> None:
+    """A holder that led its process group died; the subprocess it started runs on and can still act for it. Its
+    claim stays live past its expiry (an operator would have settled the call meanwhile), and the process that
+    takes the claim over stops the group first and records how."""
+    holder, identity, child = _holder_with_a_child(leads_its_group=True)
+    try:
+        assert identity["pgid"] == identity["pid"] == holder.pid
+        store = SQLiteStore(tmp_path / "t.db")
+        store.acquire_lease("thread/x/turn", "worker-1", 0.05)
+        assert ownership.left_running(identity) == [], "its holder runs: nothing is left over"
+        holder.kill()
+        holder.wait()
+        assert ownership.left_running(identity) == [child]
+        time.sleep(0.1)
+        claim = ownership.live_claim(store, "thread/x/turn", lambda lease: identity)
+        assert claim is not None and claim.left < 0 and claim.left_running == [child], claim
+        assert f"kill -TERM -- -{holder.pid}" in claim.held_for()
+        taken = asyncio.run(ownership.take_claim(store, "thread/x/turn", "worker-2", 5.0,
+                                                 holder_process=lambda lease: identity))
+        assert not _running(child), "the claimant stopped it"
+        assert taken.stopped is not None and taken.stopped["outcome"] == "terminated", taken
+        assert taken.stopped["members"] == [child] and taken.record()["stopped"]["process"]["pgid"] == holder.pid
+        assert ownership.left_running(identity) == []
+        store.close()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+        holder.kill()
+        holder.wait()
+
+
+def test_the_children_of_a_holder_that_did_not_lead_its_group_are_never_taken_for_its_own(tmp_path: Path) -> None:
+    """A holder in another's process group (this test's): what runs in that group is not its to stop."""
+    holder, identity, child = _holder_with_a_child(leads_its_group=False)
+    try:
+        assert "pgid" not in identity
+        holder.kill()
+        holder.wait()
+        assert ownership.left_running(identity) == []
+        store = SQLiteStore(tmp_path / "t.db")
+        store.acquire_lease("thread/x/turn", "worker-1", 60)
+        taken = asyncio.run(ownership.take_claim(store, "thread/x/turn", "worker-2", 5.0,
+                                                 holder_process=lambda lease: identity))
+        assert taken.reason == "took_over_dead_owner" and taken.stopped is None
+        assert _running(child), "nothing was signalled"
+        store.close()
+    finally:
+        os.kill(child, signal.SIGKILL)

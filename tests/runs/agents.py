@@ -11,14 +11,20 @@ Configured through the environment, since a factory takes no arguments:
 - ``JIXU_TEST_BLOCK_SLEEP``: seconds the blocking ``def`` tool of ``blocking_agent`` sleeps (``time.sleep``);
 - ``JIXU_TEST_CLOCK_SKEW``: seconds added to this process's ``time.time``
   (a worker whose local clock is wrong; the store's clock must not care);
+- ``JIXU_TEST_BOOT_ID``: the boot id this process records in its claims (a worker on another machine, whose
+  process nothing here can look at);
 - ``JIXU_TEST_MODEL_SLEEP``: seconds the first model call of each process and input of ``slow_model_agent``
-  takes (it appends ``<input> <pid>`` to ``JIXU_TEST_OUTSIDE`` as it starts).
+  takes (it appends ``<input> <pid>`` to ``JIXU_TEST_OUTSIDE`` as it starts);
+- ``JIXU_TEST_LATE``: a path the subprocess of ``spawning_agent``'s tools appends ``acted`` to once it slept
+  ``JIXU_TEST_CHILD_SLEEP`` seconds (default 3): whether it acted after its worker was gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 
 from jixu import Agent, ScriptedModel, ToolCall, ToolContext, tool
@@ -72,9 +78,18 @@ def _one_call(name: str) -> ScriptedModel:
     return ScriptedModel(script)
 
 
+def _elsewhere() -> None:
+    boot_id = os.environ.get("JIXU_TEST_BOOT_ID")
+    if boot_id:
+        from jixu.kernel import ownership
+
+        ownership._IDENTITY = (os.getpid(), {**ownership.process_identity(), "boot_id": boot_id})
+
+
 def counter_agent() -> Agent:
     """One unsafe tool call per turn, then the reply ``done``."""
     _skew_clock()
+    _elsewhere()
     return Agent("counter", _one_call("charge"), tools=[charge])
 
 
@@ -153,6 +168,56 @@ def block(ctx: ToolContext) -> str:
 def blocking_agent() -> Agent:
     """Per turn one call of ``block`` (a blocking ``def``; input with the word "block") or ``charge`` (async)."""
     return Agent("blocking", _by_input({"block": "block", "charge": "charge"}), tools=[block, charge])
+
+
+_LATE_ACT = "import sys, time; time.sleep(float(sys.argv[2])); open(sys.argv[1], 'a').write('acted\\n')"
+
+
+def _child_argv() -> list[str]:
+    return [sys.executable, "-c", _LATE_ACT, os.environ["JIXU_TEST_LATE"],
+            os.environ.get("JIXU_TEST_CHILD_SLEEP") or "3"]
+
+
+def _record_spawn(ctx: ToolContext, child: int) -> None:
+    fd = os.open(os.environ["JIXU_TEST_OUTSIDE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{ctx.thread_id} {ctx.effect_id} {os.getpid()} {child}\n".encode())
+    finally:
+        os.close(fd)
+
+
+@tool(semantics="unsafe")
+def spawn(ctx: ToolContext) -> str:
+    """A plain ``def`` tool whose work is a subprocess it waits for (it acts after ``JIXU_TEST_CHILD_SLEEP``)."""
+    child = subprocess.Popen(_child_argv())
+    _record_spawn(ctx, child.pid)
+    child.wait()
+    return "spawned"
+
+
+@tool(semantics="unsafe")
+async def aspawn(ctx: ToolContext) -> str:
+    """The same as ``spawn`` from an ``async`` tool (an asyncio subprocess)."""
+    child = await asyncio.create_subprocess_exec(*_child_argv())
+    _record_spawn(ctx, child.pid)
+    await child.wait()
+    return "spawned"
+
+
+@tool(semantics="idempotent")
+def respawn(ctx: ToolContext) -> str:
+    """The same as ``spawn``, idempotent: a worker taking over a dead one's call runs it again."""
+    child = subprocess.Popen(_child_argv())
+    _record_spawn(ctx, child.pid)
+    child.wait()
+    return "spawned"
+
+
+def spawning_agent() -> Agent:
+    """Per turn one call of ``spawn`` (unsafe ``def``; input with the word "spawn"), ``aspawn`` (unsafe
+    ``async``) or ``respawn`` (idempotent ``def``)."""
+    return Agent("spawning", _by_input({"spawn": "spawn", "aspawn": "aspawn", "respawn": "respawn"}),
+                 tools=[spawn, aspawn, respawn])
 
 
 def slow_model_agent() -> Agent:

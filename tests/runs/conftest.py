@@ -37,14 +37,14 @@ class WorkerProcess:
     """One ``jixu worker`` process; its output goes to a file (read with :meth:`output`)."""
 
     def __init__(self, url: str, agent: str, tmp_path: Path, name: str, *options: str,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, session: bool = False) -> None:
         self.name = name
         self.log_path = tmp_path / f"worker-{name}-{time.monotonic_ns()}.log"
         self._log = self.log_path.open("w")
         args = [sys.executable, "-m", "jixu", "worker", "--store", url, "--agent", f"tests.runs.agents:{agent}",
                 "--owner", name, "--poll-interval", "0.02", *options]
         self.process = subprocess.Popen(args, env={**python_env(), **(env or {})}, cwd=ROOT, text=True,
-                                        stdout=self._log, stderr=subprocess.STDOUT)
+                                        stdout=self._log, stderr=subprocess.STDOUT, start_new_session=session)
         self.pid = self.process.pid
 
     def output(self) -> str:
@@ -80,12 +80,14 @@ Spawn = Callable[..., WorkerProcess]
 
 @pytest.fixture
 def workers(tmp_path: Path) -> Iterator[Spawn]:
-    """``workers(url, name, *options, agent=..., env=...)`` starts a worker process; all are killed at teardown."""
+    """``workers(url, name, *options, agent=..., env=..., session=...)`` starts a worker process (with
+    ``session``, in a session of its own: it leads its process group, as a shell's job or a service does); all
+    are killed at teardown."""
     started: list[WorkerProcess] = []
 
     def start(url: str, name: str, *options: str, agent: str = "counter_agent",
-              env: dict[str, str] | None = None) -> WorkerProcess:
-        worker = WorkerProcess(url, agent, tmp_path, name, *options, env=env)
+              env: dict[str, str] | None = None, session: bool = False) -> WorkerProcess:
+        worker = WorkerProcess(url, agent, tmp_path, name, *options, env=env, session=session)
         started.append(worker)
         return worker
 

@@ -44,8 +44,10 @@ def test_a_paused_owner_is_fenced_out_after_recovery_and_its_late_reply_is_rejec
     assert postgres.url is not None
     outside = tmp_path / "outside.txt"
     thread_id, turn_id = queued_thread(store)
+    # worker-a runs on another machine: nothing here can tell that it is only paused (see the next test).
     first = workers(postgres.url, "worker-a", "--lease-ttl", "1",
-                    env={"JIXU_TEST_OUTSIDE": str(outside), "JIXU_TEST_TOOL_SLEEP": "3"})
+                    env={"JIXU_TEST_OUTSIDE": str(outside), "JIXU_TEST_TOOL_SLEEP": "3",
+                         "JIXU_TEST_BOOT_ID": "another-machine"})
     pause_when_the_effect_runs(first, outside)
     second = workers(postgres.url, "worker-b", "--lease-ttl", "1", env={"JIXU_TEST_OUTSIDE": str(outside)})
     # worker-a's claims expire by the store's clock; worker-b claims the item but does not take the turn over.
@@ -94,6 +96,29 @@ def test_a_paused_owner_is_fenced_out_after_recovery_and_its_late_reply_is_rejec
     assert first.stop() == 0 and second.stop() == 0
 
 
+def test_a_paused_owner_on_this_machine_keeps_its_turn_from_recovery_until_it_is_stopped(
+        sqlite: StoreFactory, workers: Spawn, tmp_path: Path) -> None:
+    """Its lease expired, but the process still runs here: resumed, its call in flight goes on. Recovering the turn
+    took the expired claim anyway, and the resolution it leads to was then accepted while that call could still
+    act. Recovery is refused until the process stops; then it succeeds."""
+    store = sqlite()
+    assert sqlite.url is not None
+    outside = tmp_path / "outside.txt"
+    thread_id, turn_id = queued_thread(store)
+    first = workers(sqlite.url, "worker-a", "--lease-ttl", "1",
+                    env={"JIXU_TEST_OUTSIDE": str(outside), "JIXU_TEST_TOOL_SLEEP": "3"})
+    pause_when_the_effect_runs(first, outside)
+    wait_until(lambda: ownership(store, thread_id)["expired"], "worker-a's turn lease to expire")
+    code, refused = jixu_json("turns", "recover", sqlite.url, thread_id, turn_id, "--request-id", REQUEST,
+                              "--expected-epoch", "1")
+    assert code == 4 and refused["error"]["code"] == "turn_owned", refused
+    assert "still runs on this machine" in refused["error"]["message"]
+    first.kill()
+    code, recovered = jixu_json("turns", "recover", sqlite.url, thread_id, turn_id, "--request-id", REQUEST,
+                                "--expected-epoch", "1")
+    assert code == 0 and recovered["receipt"]["previous_owner"] == "worker-a", recovered
+
+
 def test_a_worker_with_a_skewed_clock_is_judged_by_the_store_clock(sqlite: StoreFactory, workers: Spawn,
                                                                   tmp_path: Path) -> None:
     """The worker's ``time.time`` runs an hour fast; its lease still lives and dies by the store's clock."""
@@ -105,7 +130,8 @@ def test_a_worker_with_a_skewed_clock_is_judged_by_the_store_clock(sqlite: Store
     release = tmp_path / "release"
     skewed = workers(sqlite.url, "skewed", "--lease-ttl", "3",
                      env={"JIXU_TEST_OUTSIDE": str(outside), "JIXU_TEST_TOOL_SLEEP": "120",
-                          "JIXU_TEST_TOOL_RELEASE": str(release), "JIXU_TEST_CLOCK_SKEW": "3600"})
+                          "JIXU_TEST_TOOL_RELEASE": str(release), "JIXU_TEST_CLOCK_SKEW": "3600",
+                          "JIXU_TEST_BOOT_ID": "another-machine"})  # its stop is then not seen from here
     wait_until(lambda: len(outside_lines(outside)) == 1, "the skewed worker's tool call")
     # While it heartbeats, its lease is live by the store's clock (and only 3 s long, not an hour). The tool
     # call lasts until these three looks (six CLI processes) are done, however loaded the machine is.

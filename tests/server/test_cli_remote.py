@@ -8,6 +8,7 @@ curl talk to it over HTTP.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -163,13 +164,18 @@ def test_tokens_create_refuses_an_admin_token_with_scoping_flags_and_an_empty_pr
     assert listed.returncode != 0 or json.loads(listed.stdout) == [], listed.stdout
 
 
-def test_the_remote_cli_recovers_an_expired_turn_once_with_the_operators_note(served: Served) -> None:
+def test_the_remote_cli_recovers_an_expired_turn_once_with_the_operators_note(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jixu.kernel import ownership
     from jixu.ledger import open_store
     from jixu.scheduling import create_thread_for
     from jixu.threads.log import ThreadLog
     from tests.server.agents import agent
 
-    store = open_store(served.store)  # another process's view of the served file: its owner "died"
+    # The turn's owner ran on a host that was lost: nothing on this machine can look at its process.
+    monkeypatch.setattr(ownership, "_IDENTITY",
+                        (os.getpid(), {**ownership.process_identity(), "boot_id": "the-lost-host"}))
+    store = open_store(served.store)
     try:
         thread_id = create_thread_for(store, agent(), project="demo")
         turn_id, _fence = ThreadLog.load(store, thread_id).start_turn("charge 42", owner="gone-worker", ttl=0.2)

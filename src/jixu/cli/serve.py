@@ -23,7 +23,7 @@ from jixu.scheduling.workers import (
     MAX_CONCURRENCY,
     WorkerConfig,
     default_owner,
-    exit_cutting_off_tool_calls,
+    end_serving_process,
     make_agent,
     tune_collector,
 )
@@ -136,7 +136,7 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
     finally:
         listener.close()
         store.close()
-    exit_cutting_off_tool_calls(EXIT_OK)
+    end_serving_process(EXIT_OK)
     sys.exit(EXIT_OK)
 
 

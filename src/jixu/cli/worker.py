@@ -25,7 +25,7 @@ from jixu.scheduling.workers import (
     WorkerConfig,
     WorkerPool,
     default_owner,
-    exit_cutting_off_tool_calls,
+    end_serving_process,
     make_agent,
     serve,
 )
@@ -173,7 +173,7 @@ def worker_command(store_url: str, agent_spec: str | None, providers_spec: str |
             if not quiet:
                 console.print(f"done: {stats.claimed} claimed, {stats.finished} finished, {stats.requeued} requeued, "
                               f"{stats.lost} lost, {stats.errors} errors", highlight=False)
-            exit_cutting_off_tool_calls(EXIT_OK)
+            end_serving_process(EXIT_OK)
             sys.exit(EXIT_OK)
         pool = WorkerPool(agent_spec, store_url, processes=processes, owner_prefix=name, lease_ttl=lease_ttl,
                           global_limit=global_limit, project_limits=limits,

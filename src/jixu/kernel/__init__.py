@@ -17,11 +17,12 @@ from jixu.kernel.effects import INTERRUPTED, Outcome, marker, perform
 from jixu.kernel.loop import drive, pause_delay, sleep_until
 from jixu.kernel.ownership import (
     DEFAULT_LEASE_TTL,
+    STOP_GRACE_S,
     Claim,
+    LiveClaim,
     Session,
     acquire_claim,
     another_live_process,
-    claim_held_for,
     claim_stream,
     dead_holder,
     given_back_on_failure,
@@ -29,13 +30,16 @@ from jixu.kernel.ownership import (
     group_identity,
     group_members,
     holds,
+    left_running,
     live_claim,
     own_lease,
     owner_gone,
     process_identity,
     recovery_claim,
     release,
+    stop_group,
     take_claim,
+    wait_group_gone,
 )
 from jixu.kernel.shutdown import CallerTask, ServingTask, calls_in_flight
 from jixu.kernel.writer import StreamWriter, is_receipt, record, unrecorded_receipts
@@ -43,8 +47,10 @@ from jixu.kernel.writer import StreamWriter, is_receipt, record, unrecorded_rece
 __all__ = [
     "DEFAULT_LEASE_TTL",
     "INTERRUPTED",
+    "STOP_GRACE_S",
     "CallerTask",
     "Claim",
+    "LiveClaim",
     "Commitment",
     "Commits",
     "Outcome",
@@ -54,7 +60,6 @@ __all__ = [
     "acquire_claim",
     "another_live_process",
     "calls_in_flight",
-    "claim_held_for",
     "claim_stream",
     "dead_holder",
     "given_back_on_failure",
@@ -63,6 +68,7 @@ __all__ = [
     "group_identity",
     "group_members",
     "holds",
+    "left_running",
     "live_claim",
     "own_lease",
     "is_receipt",
@@ -75,6 +81,8 @@ __all__ = [
     "recovery_claim",
     "release",
     "sleep_until",
+    "stop_group",
     "take_claim",
     "unrecorded_receipts",
+    "wait_group_gone",
 ]

@@ -61,6 +61,15 @@ INTERRUPTED = Outcome.failed({"type": "interrupted"}, indeterminate=True)
 """The receipt of a call cut off by a cancellation: it may or may not have happened."""
 
 
+class _CutOff:
+    calls = 0
+
+
+CUT_OFF = _CutOff()
+"""``CUT_OFF.calls``: calls of this process a cancellation cut off (recorded ``interrupted``). What they started
+(a subprocess) may still run: a serving process stops its descendants before it ends when there were any."""
+
+
 def marker(kind: str, effect_id: str, attempt: int, intent: JSONObject, meta: JSONObject,
            **extra: Any) -> NewEvent:
     """The ``<kind>.dispatched`` event of attempt ``attempt``, naming the intent's identity."""
@@ -94,6 +103,7 @@ async def perform(*, dispatch: Callable[[], Awaitable[object]], call: Callable[[
         try:
             outcome = await call()
         except asyncio.CancelledError:
+            CUT_OFF.calls += 1
             await record(interrupted)
             raise
         except Exception as error:
@@ -107,4 +117,4 @@ async def perform(*, dispatch: Callable[[], Awaitable[object]], call: Callable[[
     return outcome
 
 
-__all__ = ["INTERRUPTED", "Outcome", "marker", "perform"]
+__all__ = ["CUT_OFF", "INTERRUPTED", "Outcome", "marker", "perform"]

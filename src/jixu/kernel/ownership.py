@@ -37,7 +37,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
@@ -76,6 +78,31 @@ def _stat(pid: int) -> tuple[int, int] | None:
         return None
 
 
+def descendants(pid: int) -> list[int]:
+    """The running processes whose chain of parents leads to ``pid`` (Linux; ``[]`` elsewhere): a process's
+    children, theirs, and so on, whatever group or session they moved to."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if entry.isdigit():
+            stat = _read(f"/proc/{entry}/stat")
+            try:
+                fields = stat[stat.rindex(")") + 2:].split() if stat else []
+                if fields and fields[0] not in ("Z", "X"):
+                    children.setdefault(int(fields[1]), []).append(int(entry))
+            except (ValueError, IndexError):
+                continue
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo.extend(children.get(child, []))
+    return sorted(found)
+
+
 def _start_time(pid: int) -> int | None:
     """The start time of process ``pid`` (clock ticks after boot, Linux), or None when there is none."""
     found = _stat(pid)
@@ -94,14 +121,19 @@ _IDENTITY: tuple[int, dict[str, Any]] | None = None
 
 def process_identity() -> dict[str, Any]:
     """What identifies this process on this machine, for a later claimant to prove it gone: ``host``,
-    ``boot_id``, ``pid_namespace``, ``pid`` and ``start_time`` (the last three None where unknown)."""
+    ``boot_id``, ``pid_namespace``, ``pid`` and ``start_time`` (the last three None where unknown), plus
+    ``pgid`` (= ``pid``) while it leads its process group: the processes its tools start are then found after it
+    died (:func:`left_running`)."""
     global _IDENTITY
     pid = os.getpid()
     if _IDENTITY is None or _IDENTITY[0] != pid:  # a forked child is another process
         boot = _read("/proc/sys/kernel/random/boot_id")
         _IDENTITY = (pid, {"host": socket.gethostname(), "boot_id": boot.strip() if boot else None,
                            "pid_namespace": _pid_namespace(), "pid": pid, "start_time": _start_time(pid)})
-    return dict(_IDENTITY[1])
+    identity = dict(_IDENTITY[1])
+    if os.getpgrp() == pid:
+        identity["pgid"] = pid
+    return identity
 
 
 def owner_gone(identity: object) -> dict[str, Any] | None:
@@ -210,6 +242,83 @@ def group_gone(identity: object) -> dict[str, Any] | None:
             "checked_by": process_identity()}
 
 
+def left_running(identity: object) -> list[int]:
+    """The processes that the gone process ``identity`` (a claim's ``process``) left running: what still runs in
+    the process group it led (a tool's subprocess, its children). ``[]`` when it did not lead its group (its
+    children cannot be told from others), still runs, cannot be checked from here, or left nothing."""
+    if not isinstance(identity, dict) or "pgid" not in identity or identity.get("pgid") != identity.get("pid") \
+            or owner_gone(identity) is None:
+        return []
+    return group_members(identity) or []
+
+
+STOP_GRACE_S = 5.0
+"""Seconds between SIGTERM and SIGKILL when a group of processes is stopped."""
+_KILL_WAIT_S = 10.0
+
+
+def wait_group_gone(identity: dict[str, Any], timeout: float) -> list[int] | None:
+    """Wait up to ``timeout`` seconds until no process of the group remains; the members still there
+    (``[]``: none), or None when the group cannot be checked from here."""
+    deadline = time.monotonic() + timeout
+    while True:
+        members = group_members(identity)
+        if not members or time.monotonic() >= deadline:
+            return members
+        time.sleep(0.02)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def stop_group(identity: dict[str, Any], grace: float = STOP_GRACE_S) -> dict[str, Any]:
+    """Stop the recorded group and wait for it (blocking): SIGTERM, up to ``grace`` seconds, SIGKILL.
+
+    What happened: ``outcome`` (``gone``: nothing was running; ``terminated``:
+    SIGTERM sufficed; ``killed``: SIGKILL was needed; ``still_running``:
+    processes remain even after SIGKILL; ``unverifiable``: the group cannot be
+    checked from here, nothing was signalled), ``members`` found,
+    ``remaining``, ``signals`` sent.
+    """
+    members = group_members(identity)
+    if members is None:
+        return {"outcome": "unverifiable", "members": None, "remaining": None, "signals": []}
+    if not members:
+        return {"outcome": "gone", "members": [], "remaining": [], "signals": []}
+    pgid = int(identity["pid"])
+    _signal_group(pgid, signal.SIGTERM)
+    remaining = wait_group_gone(identity, grace)
+    if not remaining:
+        return {"outcome": "terminated", "members": members, "remaining": [], "signals": ["SIGTERM"]}
+    _signal_group(pgid, signal.SIGKILL)
+    remaining = wait_group_gone(identity, _KILL_WAIT_S)
+    return {"outcome": "killed" if not remaining else "still_running", "members": members,
+            "remaining": remaining, "signals": ["SIGTERM", "SIGKILL"]}
+
+
+def stop_descendants(grace: float = STOP_GRACE_S) -> list[int]:
+    """Stop this process's :func:`descendants` (blocking): SIGTERM, up to ``grace`` seconds, SIGKILL, and a wait;
+    the pids that were running. Each is followed by its start time, so one that a dying parent left to another
+    one is still stopped and a pid used again is never signalled."""
+    running = {pid: started for pid in descendants(os.getpid()) if (started := _start_time(pid)) is not None}
+    left = list(running)
+    for signum, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, _KILL_WAIT_S)):
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+        deadline = time.monotonic() + wait
+        while True:
+            left = [pid for pid in left if _start_time(pid) == running[pid]]
+            if not left or time.monotonic() >= deadline:
+                break
+            time.sleep(0.02)
+        if not left:
+            break
+    return sorted(running)
+
+
 DEFAULT_LEASE_TTL = 9.0
 """Seconds a claim lives without a renewal (renewed every third of it against the store's clock): another
 machine can take a stopped owner's work over at most this long after its last renewal, so within 10 s of a
@@ -229,6 +338,9 @@ class Claim:
     previous_epoch: int
     proof: dict[str, Any] | None = None
     """For ``took_over_dead_owner``: :func:`owner_gone`'s proof."""
+    stopped: dict[str, Any] | None = None
+    """What the dead holder left running and how it was stopped first (:func:`stop_group`'s report, with the
+    group's ``process``), or None."""
 
     def record(self) -> dict[str, Any]:
         """The fields every ``*.claimed`` event carries (the claiming process's identity too)."""
@@ -237,6 +349,8 @@ class Claim:
                 "process": process_identity()}
         if self.proof is not None:
             data["proof"] = self.proof
+        if self.stopped is not None:
+            data["stopped"] = self.stopped
         return data
 
 
@@ -258,26 +372,35 @@ async def take_claim(store: Store, key: str, owner: str, ttl: float, *,
     (:func:`another_live_process`: :class:`~jixu.errors.LeaseHeld`); a lease that changed hands
     since it was read is read again and judged anew (a killed process's last commit can land after the read),
     :data:`TAKE_LOOKS` times at most, then raises :class:`~jixu.errors.FencingError`.
+
+    A holder that died leaving processes running in the group it led (:func:`left_running`: a tool's subprocess)
+    has them stopped first (:func:`stop_group`, in a thread), and the claim records how (``stopped``): nothing it
+    started acts on after its work was taken over. :class:`~jixu.errors.LeaseHeld` when they cannot be stopped.
     """
     looks = 0
     while True:
         looks += 1
         lease = store.get_lease(key)
-        proof = None
+        proof: dict[str, Any] | None = None
+        stopped: dict[str, Any] | None = None
         if lease is None:
             reason, previous_owner, previous_epoch, require_expired = "claimed", None, 0, False
         else:
             previous_owner, previous_epoch = lease.owner, lease.epoch
+            identity = holder_process(lease) if holder_process is not None and not lease.released else None
+            recorded = None if holder_process is None else _recorded(identity)
             if lease.released:
                 reason, require_expired = "continued", False
-            elif own_lease(lease, owner, holder_process):
+            elif own_lease(lease, owner, recorded):
                 reason, require_expired = "reclaimed_by_same_owner", False
             elif lease.owner == owner:
                 raise LeaseHeld(f"{key} is held under the owner name {owner!r} by another process that still runs; "
                                 "give every process running at once its own owner name", key=key, owner=owner)
             else:
-                proof = dead_holder(lease, holder_process)
+                proof = dead_holder(lease, recorded)
                 reason, require_expired = ("took_over_dead_owner", False) if proof else ("took_over_expired", True)
+            if left_running(identity):
+                stopped = await _stop_left_running(key, identity)
         asked = asyncio.ensure_future(lease_takes(store).ask(LeaseTake(key, owner, ttl, previous_epoch,
                                                                        require_expired)))
         try:
@@ -290,7 +413,23 @@ async def take_claim(store: Store, key: str, owner: str, ttl: float, *,
             if looks >= TAKE_LOOKS:
                 raise
             continue  # the lease moved on since it was read: nothing was taken; look at it again
-        return Claim(fence, reason, previous_owner, previous_epoch, proof)
+        return Claim(fence, reason, previous_owner, previous_epoch, proof, stopped)
+
+
+def _recorded(identity: object) -> Callable[[Lease], object]:
+    """A ``holder_process`` answering ``identity``, already read."""
+    return lambda _lease: identity
+
+
+async def _stop_left_running(key: str, identity: object) -> dict[str, Any]:
+    """Stop what ``key``'s dead holder ``identity`` left running (:func:`stop_group`); its report, or
+    :class:`~jixu.errors.LeaseHeld` when something of it still runs or can no longer be checked."""
+    assert isinstance(identity, dict)
+    report = await asyncio.to_thread(stop_group, identity)
+    if report["outcome"] not in ("gone", "terminated", "killed"):
+        raise LeaseHeld(f"{key}'s holder (pid {identity.get('pid')}) is gone, but processes it started in its "
+                        f"process group still run after SIGKILL: {report['remaining']}", key=key)
+    return {"process": _named(identity), **report}
 
 
 def _give_back(store: Store) -> Callable[[asyncio.Future[Fence]], None]:
@@ -308,30 +447,56 @@ def dead_holder(lease: Lease | None, holder_process: Callable[[Lease], object] |
     return owner_gone(holder_process(lease))
 
 
+@dataclass(frozen=True, slots=True)
+class LiveClaim:
+    """A claim that another process may still act under (:func:`live_claim`)."""
+
+    lease: Lease
+    left: float
+    """Seconds it has left by the store's clock (negative: expired that long ago)."""
+    left_running: list[int]
+    """The processes its gone holder left running in the group it led (:func:`left_running`); ``[]`` while the
+    holder itself runs."""
+    pgid: int | None = None
+    """That group (with ``left_running``)."""
+
+    def held_for(self) -> str:
+        """How the claim stands, for a message."""
+        if self.left_running:
+            return (f"its process is gone, but processes it started still run in its process group {self.pgid} "
+                    f"(pids {', '.join(map(str, self.left_running))}) and may still act: wait for them to end or "
+                    f"stop them (kill -TERM -- -{self.pgid}); a worker that takes the work over stops them first")
+        if self.left > 0:
+            return f"its claim renewed for another {self.left:.1f}s"
+        return f"its claim expired {-self.left:.1f}s ago, but its process still runs on this machine: stop it first"
+
+
 def live_claim(store: Store, key: str, holder_process: Callable[[Lease], object],
-               owner: str | None = None) -> tuple[Lease, float] | None:
-    """The live claim on ``key`` of a process other than ``owner`` (see :func:`own_lease`), with the seconds it
-    has left by the store's clock (negative: expired that long ago), or None: none held, released, its holder's
-    process (``holder_process(lease)``) proven gone, or expired with a holder not known to run. An expired claim
-    whose holder is a process of this machine that still runs (stopped, say, past its lease) is live: what it
-    has in flight can still happen when it goes on (its writes to the store are fenced out; its calls are not)."""
+               owner: str | None = None) -> LiveClaim | None:
+    """The live claim on ``key`` of a process other than ``owner`` (see :func:`own_lease`), or None: none held,
+    released, its holder's process (``holder_process(lease)``) proven gone with nothing left running, or expired
+    with a holder not known to run.
+
+    An expired claim whose holder is a process of this machine that still runs (stopped, say, past its lease) is
+    live: what it has in flight can still happen when it goes on (its writes to the store are fenced out; its calls
+    are not). So is the claim of a holder that died leaving processes running in the group it led
+    (:func:`left_running`): a tool's subprocess can still act."""
     lease = store.get_lease(key)
-    if lease is None or lease.released or own_lease(lease, owner, holder_process):
+    if lease is None or lease.released:
+        return None
+    identity = holder_process(lease)
+    if own_lease(lease, owner, _recorded(identity)):
         return None
     left = lease.expires_at - store.now()
+    orphans = left_running(identity)
+    if orphans:
+        assert isinstance(identity, dict)
+        return LiveClaim(lease, left, orphans, identity["pgid"])
     if left <= 0:
-        return (lease, left) if another_live_process(holder_process(lease)) else None
-    if dead_holder(lease, holder_process) is not None:
+        return LiveClaim(lease, left, []) if another_live_process(identity) else None
+    if owner_gone(identity) is not None:
         return None
-    return lease, left
-
-
-def claim_held_for(left: float) -> str:
-    """How :func:`live_claim`'s claim stands, for a message: renewed for ``left`` more seconds, or expired ``-left``
-    seconds ago while its process still runs on this machine."""
-    if left > 0:
-        return f"its claim renewed for another {left:.1f}s"
-    return f"its claim expired {-left:.1f}s ago, but its process still runs on this machine: stop it first"
+    return LiveClaim(lease, left, [])
 
 
 def acquire_claim(store: Store, key: str, owner: str, ttl: float) -> Fence:
@@ -491,6 +656,7 @@ class Session:
             period = self.ttl / 3
 
 
-__all__ = ["DEFAULT_LEASE_TTL", "Claim", "Session", "acquire_claim", "another_live_process", "claim_stream",
-           "dead_holder", "given_back_on_failure", "group_gone", "group_identity", "group_members", "claim_held_for", "holds", "live_claim", "own_lease",
+__all__ = ["DEFAULT_LEASE_TTL", "STOP_GRACE_S", "Claim", "LiveClaim", "descendants", "stop_descendants", "left_running", "stop_group",
+           "wait_group_gone", "Session", "acquire_claim", "another_live_process", "claim_stream",
+           "dead_holder", "given_back_on_failure", "group_gone", "group_identity", "group_members", "holds", "live_claim", "own_lease",
            "owner_gone", "process_identity", "recovery_claim", "release", "take_claim"]

@@ -29,19 +29,17 @@ import contextlib
 import os
 import signal
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
-from jixu.kernel.ownership import group_identity, group_members
+from jixu.kernel.ownership import STOP_GRACE_S, group_identity, stop_group, wait_group_gone
 from jixu.ledger.encoding import JSONObject
 
 ProcessHook = Callable[[JSONObject], Awaitable[None]]
 """Called with a started group's identity before its program runs; records it (or raises: nothing runs)."""
 
-DEFAULT_GRACE_S: Final = 5.0
+DEFAULT_GRACE_S: Final = STOP_GRACE_S
 """Seconds between SIGTERM and SIGKILL when a run's processes are stopped."""
-_KILL_WAIT_S: Final = 10.0
 
 GATE: Final = """
 import os, sys
@@ -118,47 +116,6 @@ def _read_all(fd: int) -> str:
     while chunk := os.read(fd, 4096):
         chunks.append(chunk)
     return b"".join(chunks).decode("utf-8", "replace")
-
-
-def wait_group_gone(identity: JSONObject, timeout: float) -> list[int] | None:
-    """Wait up to ``timeout`` seconds until no process of the group remains; the members still there
-    (``[]``: none), or None when the group cannot be checked from here."""
-    deadline = time.monotonic() + timeout
-    while True:
-        members = group_members(identity)
-        if not members or time.monotonic() >= deadline:
-            return members
-        time.sleep(0.02)
-
-
-def _signal_group(pgid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
-
-
-def stop_group(identity: JSONObject, grace: float = DEFAULT_GRACE_S) -> JSONObject:
-    """Stop the recorded group and wait for it (blocking): SIGTERM, up to ``grace`` seconds, SIGKILL.
-
-    What happened, as recorded in ``run.process_stopped``: ``outcome``
-    (``gone``: nothing was running; ``terminated``: SIGTERM sufficed;
-    ``killed``: SIGKILL was needed; ``still_running``: processes remain even
-    after SIGKILL; ``unverifiable``: the group cannot be checked from here,
-    nothing was signalled), ``members`` found, ``remaining``, ``signals`` sent.
-    """
-    members = group_members(identity)
-    if members is None:
-        return {"outcome": "unverifiable", "members": None, "remaining": None, "signals": []}
-    if not members:
-        return {"outcome": "gone", "members": [], "remaining": [], "signals": []}
-    pgid = int(identity["pid"])
-    _signal_group(pgid, signal.SIGTERM)
-    remaining = wait_group_gone(identity, grace)
-    if not remaining:
-        return {"outcome": "terminated", "members": members, "remaining": [], "signals": ["SIGTERM"]}
-    _signal_group(pgid, signal.SIGKILL)
-    remaining = wait_group_gone(identity, _KILL_WAIT_S)
-    return {"outcome": "killed" if not remaining else "still_running", "members": members,
-            "remaining": remaining, "signals": ["SIGTERM", "SIGKILL"]}
 
 
 __all__ = ["DEFAULT_GRACE_S", "GATE", "ProcessHook", "start_gated", "stop_group", "wait_group_gone"]

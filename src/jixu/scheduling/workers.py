@@ -79,6 +79,8 @@ from jixu.errors import (
 from jixu.exports import load_object
 from jixu.kernel import DEFAULT_LEASE_TTL
 from jixu.kernel.batched import work_renewals
+from jixu.kernel.effects import CUT_OFF
+from jixu.kernel.ownership import stop_descendants
 from jixu.ledger import Store, open_store
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.store import WorkClaim, check_owner
@@ -826,7 +828,7 @@ async def serve(config: WorkerConfig, *, report: Report | None = None,
                 loop.remove_reader(lifeline)
             if tools.running:
                 # A call the drain cut off still runs in its thread (a thread cannot be stopped): asyncio.run would
-                # wait for it at its end. The process is to end by exit_cutting_off_tool_calls instead.
+                # wait for it at its end. The process is to end by end_serving_process instead.
                 loop.set_default_executor(ThreadPoolExecutor(max_workers=1, thread_name_prefix="jixu-idle"))
                 tools.shutdown(wait=False, cancel_futures=True)
     finally:
@@ -879,14 +881,23 @@ def use_tool_pool(loop: asyncio.AbstractEventLoop, config: WorkerConfig) -> Tool
     return pool
 
 
-def exit_cutting_off_tool_calls(code: int) -> None:
-    """End this serving process now with ``code`` when a tool call still runs in one of its tool threads.
+def end_serving_process(code: int) -> None:
+    """Before a serving process ends: when the drain cut calls off, stop what they started; then, when a tool
+    call still runs in one of its tool threads, end the process now with ``code``.
 
     A drain records a call it cut off as of unknown outcome and gives its claim back, but a thread cannot be
     stopped: left running, the call could still act after that record (an operator may have settled it
     ``not_occurred`` meanwhile), and the process would wait for it well past its drain timeout. Ending the
-    process ends the call, as a crash would (its outcome is the record's: unknown). Call it once the worker,
-    its store and the server have stopped; it returns when no call runs."""
+    process ends the call, as a crash would (its outcome is the record's: unknown). A process a cut-off call
+    started (a ``def`` tool's or an ``async`` one's subprocess) would outlive it and act all the same: when a
+    call was cut off, this process's descendants are stopped first (SIGTERM, then SIGKILL; they cannot be told
+    apart from the processes of calls that ended). Call it once the worker, its store and the server have
+    stopped; it returns when no call runs."""
+    if CUT_OFF.calls:
+        stopped = stop_descendants(DESCENDANTS_GRACE_S)
+        if stopped:
+            print(f"jixu: {CUT_OFF.calls} call(s) were cut off; stopped the processes this one still ran "
+                  f"(pids {', '.join(map(str, stopped))})", file=sys.stderr, flush=True)
     running = sum(pool.running for pool in list(_TOOL_POOLS))
     if not running:
         return
@@ -894,6 +905,10 @@ def exit_cutting_off_tool_calls(code: int) -> None:
           "recorded with an unknown outcome)", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(code)
+
+
+DESCENDANTS_GRACE_S = 2.0
+"""Seconds a serving process that cut calls off gives its remaining child processes between SIGTERM and SIGKILL."""
 
 
 SERVING_GC_THRESHOLD = 10_000
@@ -945,7 +960,7 @@ def child_main() -> None:
     except JixuError as error:
         print(f"worker error ({error.code}): {error.message}", file=sys.stderr, flush=True)
         sys.exit(exit_code_of(error))
-    exit_cutting_off_tool_calls(EXIT_OK)
+    end_serving_process(EXIT_OK)
     sys.exit(EXIT_OK)
 
 
@@ -1057,8 +1072,10 @@ class WorkerPool:
         read_end = self._lifeline_read
         assert read_end is not None
         env = {**os.environ, **self._env, CONFIG_ENV: config.to_json(), PARENT_FD_ENV: str(read_end)}
+        # Each worker leads a process group of its own: what its tools start is found (and stopped) by the claimant
+        # that takes its work over once it died (kernel.ownership.left_running). Signals come from this pool.
         return subprocess.Popen([sys.executable, "-c", _CHILD_CODE], env=env, text=True, stdout=self._stdout,
-                                stderr=self._stderr, pass_fds=(read_end,))
+                                stderr=self._stderr, pass_fds=(read_end,), start_new_session=True)
 
     def restart_dead(self) -> list[tuple[str, int]]:
         """Start again, under the same name, each worker that died (a signal or a non-zero exit) while the pool
@@ -1183,5 +1200,5 @@ class WorkerPool:
 
 __all__ = ["CONFIG_ENV", "DEFAULT_CONCURRENCY", "DEFAULT_TOOL_THREADS", "DEFAULT_WORKSPACE_ROOT", "PARENT_FD_ENV",
            "UNBOUNDED", "Report", "ToolPool", "Worker", "WorkerConfig", "WorkerPool", "WorkerStats", "child_main",
-           "default_owner", "exit_code_of", "exit_cutting_off_tool_calls", "factory_spec", "load_agent_factory",
+           "default_owner", "exit_code_of", "end_serving_process", "factory_spec", "load_agent_factory",
            "load_run_providers", "make_agent", "print_report", "serve", "tune_collector", "use_tool_pool"]

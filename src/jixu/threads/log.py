@@ -33,9 +33,9 @@ from jixu.errors import (
 )
 from jixu.kernel import (
     DEFAULT_LEASE_TTL,
+    LiveClaim,
     StreamWriter,
     acquire_claim,
-    claim_held_for,
     given_back_on_failure,
     live_claim,
     process_identity,
@@ -715,10 +715,10 @@ class ThreadLog:
             return None
         return NewEvent(f"{decision.kind}.outcome_resolved", body, self.meta(str(body["actor"])))
 
-    def live_claim(self, owner: str | None = None) -> tuple[Lease, float] | None:
-        """The live claim of a process other than ``owner`` on the thread's turn, with the seconds it has left by
-        the store's clock (negative once expired), or None (:func:`~jixu.kernel.ownership.live_claim`: released,
-        its holder proven gone, or expired with a holder not known to still run on this machine)."""
+    def live_claim(self, owner: str | None = None) -> LiveClaim | None:
+        """The live claim of a process other than ``owner`` on the thread's turn, or None
+        (:func:`~jixu.kernel.ownership.live_claim`: released, its holder proven gone with nothing left running, or
+        expired with a holder not known to still run on this machine)."""
         return live_claim(self.store, self.turn_key, self.holder_process, owner)
 
     def in_progress_elsewhere(self, owner: str | None = None) -> str | None:
@@ -728,19 +728,17 @@ class ThreadLog:
         claim = self.live_claim(owner) if turn is not None else None
         if turn is None or claim is None:
             return None
-        lease, left = claim
-        return (f"turn {turn.turn_id} is in progress in {lease.owner} (epoch {lease.epoch}, {claim_held_for(left)}):"
-                " what it has in flight settles there")
+        return (f"turn {turn.turn_id} is in progress in {claim.lease.owner} (epoch {claim.lease.epoch}, "
+                f"{claim.held_for()}): what it has in flight settles there")
 
     def _refuse_while_owned_elsewhere(self, effect_id: str, owner: str | None) -> None:
         """:class:`~jixu.errors.TurnOwned` while a process other than ``owner`` holds a live claim on the turn."""
         claim = self.live_claim(owner)
         if claim is None:
             return
-        lease, left = claim
         raise TurnOwned(f"effect {effect_id} may still be in flight: thread {self.thread_id}'s turn is owned by "
-                        f"{lease.owner} (epoch {lease.epoch}; {claim_held_for(left)}). Resolve it once that process "
-                        "has stopped (its claim released or expired), or recover the turn first (jixu turns "
+                        f"{claim.lease.owner} (epoch {claim.lease.epoch}; {claim.held_for()}). Resolve it once that "
+                        "process has stopped (its claim released or expired), or recover the turn first (jixu turns "
                         "recover)", thread_id=self.thread_id, effect_id=effect_id)
 
     def decide_parked(self, effect_id: str, decision_phase: str, *, actor: str = "operator",
@@ -930,6 +928,11 @@ class ThreadLog:
         if not legacy and legacy_confirmed_stopped:
             raise InvalidInput(f"turn {turn_id} has an owner; it is recovered by lease expiry, not by assertion",
                                field="legacy_confirmed_stopped")
+        claim = None if legacy else self.live_claim()
+        if claim is not None:  # its holder (or what it left running) can still act: a recovery would not stop it
+            raise TurnOwned(f"turn {turn_id} is still owned by {claim.lease.owner} (epoch {claim.lease.epoch}; "
+                            f"{claim.held_for()}). Recover it only after its lease expired and its process stopped",
+                            thread_id=self.thread_id, turn_id=turn_id)
         try:
             fence, previous = recovery_claim(self.store, self.turn_key, f"recovery:{request_id}", RECOVERY_TTL,
                                              expected_epoch=expected_epoch, require_expired=not legacy)

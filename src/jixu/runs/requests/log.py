@@ -7,7 +7,7 @@ from jixu.errors import (
     RequestCorrupt,
     RequestNotFound,
 )
-from jixu.kernel import StreamWriter, claim_held_for, live_claim
+from jixu.kernel import StreamWriter, live_claim
 from jixu.ledger import Event, NewEvent, Store, project
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.ids import is_valid_id
@@ -80,8 +80,8 @@ class RequestLog:
         claim = live_claim(self.store, request_lease_key(self.request_id), self.holder_process)
         if claim is None:
             return None
-        lease, left = claim
-        return f"being carried out by {lease.owner} (epoch {lease.epoch}, {claim_held_for(left)}): its outcome settles there"
+        return (f"being carried out by {claim.lease.owner} (epoch {claim.lease.epoch}, {claim.held_for()}): its "
+                "outcome settles there")
 
     def corruption(self) -> Corruption | None:
         """The request's corruption verdict (:func:`jixu.recovery.corruption.corruption`), or ``None``."""

@@ -1,0 +1,150 @@
+"""What a dead worker's tools left running (a subprocess still at work) acts for it: nothing settles or repeats
+the call while it runs, a worker taking the call over stops it first, and a worker that cut calls off at its
+drain stops what they started before it exits.
+
+Real ``jixu worker`` processes leading their own process groups (as a shell's job, a service or a pool's worker
+does), killed with SIGKILL; the tools' subprocesses append ``acted`` to a file once they slept.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from jixu.errors import TurnOwned
+from jixu.scheduling import WorkerPool, create_thread_for, submit_turn
+from jixu.threads.log import ThreadLog, stream_of
+from tests.conftest import StoreFactory
+from tests.helpers import python_env
+from tests.runs.agents import spawning_agent
+from tests.runs.conftest import Spawn, jixu, outside_lines, thread_state, wait_until
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def late_acts(path: Path) -> int:
+    return path.read_text().count("acted") if path.exists() else 0
+
+
+def _env(tmp_path: Path, child_sleep: float) -> dict[str, str]:
+    return {"JIXU_TEST_OUTSIDE": str(tmp_path / "outside.txt"), "JIXU_TEST_LATE": str(tmp_path / "late.txt"),
+            "JIXU_TEST_CHILD_SLEEP": str(child_sleep)}
+
+
+def test_a_killed_workers_subprocess_still_at_work_keeps_its_unsafe_call_from_the_operator_until_it_ends(
+        sqlite: StoreFactory, workers: Spawn, tmp_path: Path) -> None:
+    """The worker died mid-call; the call's subprocess runs on and acts 4 s later. Its owner was proven gone,
+    so the call showed as waiting for an operator and ``not_occurred`` was accepted while the subprocess could
+    still act. Now the turn shows in progress in the dead worker's process group, resolving and recovering it
+    are refused until the subprocess ended, and nothing dispatches the call again meanwhile."""
+    store = sqlite()
+    assert sqlite.url is not None
+    env = _env(tmp_path, 4.0)
+    outside, late = tmp_path / "outside.txt", tmp_path / "late.txt"
+    thread_id = create_thread_for(store, spawning_agent())
+    submit_turn(store, thread_id, "spawn 1")
+    first = workers(sqlite.url, "first", "--lease-ttl", "3", agent="spawning_agent", env=env, session=True)
+    wait_until(lambda: len(outside_lines(outside)) == 1, "the tool's subprocess")
+    [[_thread, effect_id, worker_pid, child_pid]] = outside_lines(outside)
+    assert int(worker_pid) == first.pid
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait()
+    child = int(child_pid)
+    assert running(child), "the subprocess outlives its worker"
+    other = workers(sqlite.url, "other", "--lease-ttl", "3", agent="spawning_agent", env=env)
+    time.sleep(3.5)  # past the dead worker's lease
+    assert running(child)
+    state = thread_state(store, thread_id)
+    assert state["status"] == "running" and f"process group {first.pid}" in state["reason"], state
+    log = ThreadLog.load(store, thread_id)
+    with pytest.raises(TurnOwned, match=rf"kill -TERM -- -{first.pid}"):
+        log.resolve(effect_id, "not_occurred", note="nothing seen yet")
+    turn_id = log.state.active_turn().turn_id  # type: ignore[union-attr]
+    lease = store.get_lease(f"thread/{thread_id}/turn")
+    assert lease is not None
+    refused = jixu("turns", "recover", sqlite.url, thread_id, turn_id, "--request-id", "ab" * 16,
+                   "--expected-epoch", str(lease.epoch))
+    assert refused.returncode == 4 and "still run in its process group" in refused.stderr, refused
+    wait_until(lambda: not running(child), "the subprocess's end")
+    assert late_acts(late) == 1
+    wait_until(lambda: thread_state(store, thread_id)["status"] == "waiting", "the call waiting for an operator")
+    log = ThreadLog.load(store, thread_id)
+    assert log.resolve(effect_id, "occurred", note="it acted")
+    assert len(outside_lines(outside)) == 1, "nothing dispatched the call again"
+    assert other.stop() == 0, other.output()
+
+
+def test_a_worker_taking_over_a_dead_workers_idempotent_call_stops_its_subprocess_before_running_it_again(
+        sqlite: StoreFactory, workers: Spawn, tmp_path: Path) -> None:
+    """An idempotent call is run again by the worker that takes the dead one's turn over: its first attempt's
+    subprocess was left running alongside the second (both acted). The claim now stops the dead worker's process
+    group first, and records how."""
+    store = sqlite()
+    assert sqlite.url is not None
+    env = _env(tmp_path, 8.0)
+    outside, late = tmp_path / "outside.txt", tmp_path / "late.txt"
+    thread_id = create_thread_for(store, spawning_agent())
+    submit_turn(store, thread_id, "respawn 1")
+    first = workers(sqlite.url, "first", "--lease-ttl", "3", agent="spawning_agent", env=env, session=True)
+    wait_until(lambda: len(outside_lines(outside)) == 1, "the first attempt's subprocess")
+    first_child = int(outside_lines(outside)[0][3])
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait()
+    assert running(first_child)
+    second = workers(sqlite.url, "second", agent="spawning_agent", env=env)
+    wait_until(lambda: thread_state(store, thread_id)["status"] == "idle", "the turn's end in the second worker")
+    assert not running(first_child)
+    assert late_acts(late) == 1, "only the second attempt's subprocess acted"
+    [claimed] = [e for e in store.read(stream_of(thread_id)) if e.type == "turn.claimed"
+                 and e.data["owner"] == "second"]
+    stopped = claimed.data["stopped"]
+    assert stopped["outcome"] == "terminated" and first_child in stopped["members"], stopped
+    assert stopped["process"]["pgid"] == first.pid
+    assert claimed.data["reason"] == "took_over_dead_owner"
+    assert second.stop() == 0, second.output()
+
+
+@pytest.mark.parametrize("word", ["aspawn", "spawn"])
+def test_a_worker_that_cut_calls_off_at_its_drain_stops_their_subprocesses_before_it_exits(
+        sqlite: StoreFactory, workers: Spawn, tmp_path: Path, word: str) -> None:
+    """The drain records a call it cut off as unknown and the worker exits; the call's subprocess (an ``async``
+    tool's or a ``def`` tool's) ran on and acted after that record. The worker now stops it first."""
+    store = sqlite()
+    assert sqlite.url is not None
+    env = _env(tmp_path, 4.0)
+    outside, late = tmp_path / "outside.txt", tmp_path / "late.txt"
+    thread_id = create_thread_for(store, spawning_agent())
+    submit_turn(store, thread_id, f"{word} 1")
+    worker = workers(sqlite.url, "cut", "--drain-timeout", "1", agent="spawning_agent", env=env)
+    wait_until(lambda: len(outside_lines(outside)) == 1, "the tool's subprocess")
+    child = int(outside_lines(outside)[0][3])
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output()
+    assert not running(child), worker.output()
+    assert f"stopped the processes this one still ran (pids {child})" in worker.output()
+    time.sleep(4.5)
+    assert late_acts(late) == 0, "the cut-off call's subprocess acted after its worker stopped"
+    assert thread_state(store, thread_id)["status"] == "waiting"
+
+
+def test_every_worker_of_a_pool_leads_a_process_group_of_its_own(sqlite: StoreFactory) -> None:
+    """What a pool's worker starts is then told from its siblings' once it died (and stopped by its successor)."""
+    sqlite()
+    assert sqlite.url is not None
+    pool = WorkerPool("tests.runs.agents:counter_agent", sqlite.url, processes=2, quiet=True, env=python_env(),
+                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with pool:
+        assert [os.getpgid(pid) for pid in pool.pids] == pool.pids
+        assert os.getpgid(pool.pids[0]) != os.getpgrp()
