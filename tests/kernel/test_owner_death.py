@@ -354,7 +354,7 @@ def test_a_dead_holders_subprocess_keeps_its_claim_live_until_the_claimant_stops
         time.sleep(0.1)
         claim = ownership.live_claim(store, "thread/x/turn", lambda lease: identity)
         assert claim is not None and claim.left < 0 and claim.left_running == [child], claim
-        assert f"kill -TERM -- -{holder.pid}" in claim.held_for()
+        assert f"kill -TERM {child}" in claim.held_for() and f"process group {holder.pid}" in claim.held_for()
         taken = asyncio.run(ownership.take_claim(store, "thread/x/turn", "worker-2", 5.0,
                                                  holder_process=lambda lease: identity))
         assert not _running(child), "the claimant stopped it"
@@ -386,3 +386,83 @@ def test_the_children_of_a_holder_that_did_not_lead_its_group_are_never_taken_fo
         store.close()
     finally:
         os.kill(child, signal.SIGKILL)
+
+
+def test_a_process_started_after_the_holders_lease_expired_is_not_what_it_left_running() -> None:
+    """A later program that got the holder's recycled pid and made a group of it (a daemon's ``setsid``) runs in a
+    group with the holder's number: counted as the holder's, it was shown as in progress there for as long as it
+    ran, and a claimant killed it. What started after the holder's lease expired is not the holder's."""
+    holder, identity, child = _holder_with_a_child(leads_its_group=True)
+    try:
+        holder.kill()
+        holder.wait()
+        time.sleep(1.1)  # a scan of /proc is answered again for a second at most
+        assert ownership.left_running(identity, alive_until=time.time()) == [child]
+        assert ownership.left_running(identity, alive_until=time.time() - 60) == [], \
+            "started a minute after the lease expired: not the holder's"
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+CLAIMANT_IN_THE_GROUP = r"""
+import asyncio, json, os, subprocess, sys, time
+from pathlib import Path
+from jixu.kernel import ownership
+from jixu.ledger import SQLiteStore
+identity, path, out, go = json.loads(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
+mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+while not go.exists():
+    time.sleep(0.02)
+left = ownership.left_running(identity)
+store = SQLiteStore(path)
+claim = asyncio.run(ownership.take_claim(store, "thread/x/turn", "claimant", 5.0, holder_process=lambda lease: identity))
+out.write_text(json.dumps({"left": left, "mine": mine.pid, "stopped": claim.stopped, "mine_runs": mine.poll() is None}))
+mine.kill()
+"""
+
+HOLDER_OF_A_CLAIMANT = r"""
+import json, subprocess, sys, time
+from jixu.kernel.ownership import process_identity
+identity = process_identity()
+orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+claimant = subprocess.Popen([sys.executable, sys.argv[1], json.dumps(identity), *sys.argv[2:]])
+print(json.dumps({"identity": identity, "orphan": orphan.pid, "claimant": claimant.pid}), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_claimant_in_the_dead_holders_group_neither_counts_nor_stops_itself_or_its_children(
+        tmp_path: Path) -> None:
+    """A process the holder started (a helper, a script calling the CLI) that takes the claim over once the holder
+    died is in the holder's group: it listed itself as left running, SIGTERMed itself and never returned."""
+    import json
+
+    store = SQLiteStore(tmp_path / "t.db")
+    store.acquire_lease("thread/x/turn", "worker-1", 60)
+    store.close()
+    (tmp_path / "claimant.py").write_text(CLAIMANT_IN_THE_GROUP)
+    out, go = tmp_path / "out.json", tmp_path / "go"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER_OF_A_CLAIMANT, str(tmp_path / "claimant.py"),
+                               str(tmp_path / "t.db"), str(out), str(go)], env=python_env(), text=True,
+                              stdout=subprocess.PIPE, start_new_session=True)
+    assert holder.stdout is not None
+    started = json.loads(holder.stdout.readline())
+    identity, orphan, claimant = started["identity"], started["orphan"], started["claimant"]
+    try:
+        holder.kill()
+        holder.wait()
+        time.sleep(1.1)
+        seen_from_outside = ownership.left_running(identity)
+        assert orphan in seen_from_outside and claimant in seen_from_outside, seen_from_outside
+        go.touch()
+        wait_for = time.monotonic() + 30
+        while not out.exists() and time.monotonic() < wait_for:
+            time.sleep(0.05)
+        found = json.loads(out.read_text())
+        assert found["left"] == [orphan], found
+        assert found["stopped"]["members"] == [orphan] and found["mine_runs"], found
+        assert not _running(orphan), "the orphan was stopped, and the claimant returned"
+    finally:
+        for pid in (orphan, claimant):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

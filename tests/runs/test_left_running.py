@@ -69,7 +69,7 @@ def test_a_killed_workers_subprocess_still_at_work_keeps_its_unsafe_call_from_th
     state = thread_state(store, thread_id)
     assert state["status"] == "running" and f"process group {first.pid}" in state["reason"], state
     log = ThreadLog.load(store, thread_id)
-    with pytest.raises(TurnOwned, match=rf"kill -TERM -- -{first.pid}"):
+    with pytest.raises(TurnOwned, match=rf"kill -TERM {child}"):
         log.resolve(effect_id, "not_occurred", note="nothing seen yet")
     turn_id = log.state.active_turn().turn_id  # type: ignore[union-attr]
     lease = store.get_lease(f"thread/{thread_id}/turn")

@@ -78,29 +78,64 @@ def _stat(pid: int) -> tuple[int, int] | None:
         return None
 
 
-def descendants(pid: int) -> list[int]:
-    """The running processes whose chain of parents leads to ``pid`` (Linux; ``[]`` elsewhere): a process's
-    children, theirs, and so on, whatever group or session they moved to."""
-    children: dict[int, list[int]] = {}
+_Scan = dict[int, tuple[int, int, int]]
+"""Running processes: pid -> (parent pid, process group, start time in clock ticks after boot)."""
+
+_SCANNED: tuple[float, _Scan] | None = None
+
+
+def _processes(max_age: float = 0.0) -> _Scan:
+    """Every running process of this pid namespace (Linux; ``{}`` elsewhere); a scan at most ``max_age`` seconds
+    old may be answered again (a list of many threads whose holders died scans ``/proc`` once)."""
+    global _SCANNED
+    now = time.monotonic()
+    if max_age > 0 and _SCANNED is not None and now - _SCANNED[0] <= max_age:
+        return _SCANNED[1]
+    found: _Scan = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return []
+        entries = []
     for entry in entries:
         if entry.isdigit():
             stat = _read(f"/proc/{entry}/stat")
             try:
                 fields = stat[stat.rindex(")") + 2:].split() if stat else []
                 if fields and fields[0] not in ("Z", "X"):
-                    children.setdefault(int(fields[1]), []).append(int(entry))
+                    found[int(entry)] = (int(fields[1]), int(fields[2]), int(fields[19]))
             except (ValueError, IndexError):
                 continue
-    found, todo = [], list(children.get(pid, []))
+    _SCANNED = (now, found)
+    return found
+
+
+def _descendants_in(scan: _Scan, pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for child, (parent, _group, _started) in scan.items():
+        children.setdefault(parent, []).append(child)
+    found: set[int] = set()
+    todo = list(children.get(pid, []))
     while todo:
         child = todo.pop()
-        found.append(child)
-        todo.extend(children.get(child, []))
-    return sorted(found)
+        if child not in found:
+            found.add(child)
+            todo.extend(children.get(child, []))
+    return found
+
+
+def _ancestors_in(scan: _Scan, pid: int) -> set[int]:
+    found: set[int] = set()
+    parent = scan.get(pid, (0, 0, 0))[0]
+    while parent > 0 and parent not in found:
+        found.add(parent)
+        parent = scan.get(parent, (0, 0, 0))[0]
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """The running processes whose chain of parents leads to ``pid`` (Linux; ``[]`` elsewhere): a process's
+    children, theirs, and so on, whatever group or session they moved to."""
+    return sorted(_descendants_in(_processes(), pid))
 
 
 def _start_time(pid: int) -> int | None:
@@ -242,14 +277,55 @@ def group_gone(identity: object) -> dict[str, Any] | None:
             "checked_by": process_identity()}
 
 
-def left_running(identity: object) -> list[int]:
+LEFT_RUNNING_MARGIN_S = 5.0
+"""Seconds past a dead holder's lease expiry that a process it started may have started (the clocks of the store and
+of this machine may differ that much): one started later is not its."""
+
+
+def left_running(identity: object, alive_until: float | None = None) -> list[int]:
     """The processes that the gone process ``identity`` (a claim's ``process``) left running: what still runs in
-    the process group it led (a tool's subprocess, its children). ``[]`` when it did not lead its group (its
-    children cannot be told from others), still runs, cannot be checked from here, or left nothing."""
+    the process group it led (a tool's subprocess, its children), started between it and ``alive_until`` (when
+    its lease expired, by the store's clock: the holder renewed it while it lived; plus
+    :data:`LEFT_RUNNING_MARGIN_S`), other than this process, its ancestors and its descendants. ``[]`` when it did
+    not lead its group (its children cannot be told from others), still runs, cannot be checked from here, or
+    left nothing.
+
+    The bound keeps a group that a later process made with the holder's recycled pid (a daemon's ``setsid``) from
+    being taken for the holder's, however long its claim stays. A ``/proc`` scan up to a second old is used: a group
+    found empty cannot have gained a member since (only a member can start one)."""
     if not isinstance(identity, dict) or "pgid" not in identity or identity.get("pgid") != identity.get("pid") \
             or owner_gone(identity) is None:
         return []
-    return group_members(identity) or []
+    leader, started = int(identity["pid"]), int(identity["start_time"])
+    scan = _processes(max_age=1.0)
+    reused = scan.get(leader)
+    if reused is not None and reused[2] != started:
+        return []  # the pid is used again: the kernel gives a pid out only once no group has it
+    latest = _ticks_at(alive_until + LEFT_RUNNING_MARGIN_S) if alive_until is not None else None
+    here = os.getpid()
+    mine = {here} | _ancestors_in(scan, here) | _descendants_in(scan, here)
+    return sorted(pid for pid, (_parent, group, start) in scan.items()
+                  if group == leader and start >= started and (latest is None or start <= latest) and pid not in mine)
+
+
+def _ticks_at(wall: float) -> int | None:
+    """``wall`` (seconds since the epoch) as a process start time (clock ticks after boot), or None unknown."""
+    booted = _boot_time()
+    if booted is None:
+        return None
+    return int((wall - booted) * os.sysconf("SC_CLK_TCK"))
+
+
+_BOOTED: list[float | None] = []
+
+
+def _boot_time() -> float | None:
+    """When this machine booted (``btime`` of ``/proc/stat``, seconds since the epoch), or None."""
+    if not _BOOTED:
+        text = _read("/proc/stat") or ""
+        line = next((row for row in text.splitlines() if row.startswith("btime ")), None)
+        _BOOTED.append(float(line.split()[1]) if line else None)
+    return _BOOTED[0]
 
 
 STOP_GRACE_S = 5.0
@@ -298,13 +374,18 @@ def stop_group(identity: dict[str, Any], grace: float = STOP_GRACE_S) -> dict[st
             "remaining": remaining, "signals": ["SIGTERM", "SIGKILL"]}
 
 
-def stop_descendants(grace: float = STOP_GRACE_S) -> list[int]:
-    """Stop this process's :func:`descendants` (blocking): SIGTERM, up to ``grace`` seconds, SIGKILL, and a wait;
-    the pids that were running. Each is followed by its start time, so one that a dying parent left to another
-    one is still stopped and a pid used again is never signalled."""
-    running = {pid: started for pid in descendants(os.getpid()) if (started := _start_time(pid)) is not None}
-    left = list(running)
+def stop_processes(pids: list[int], grace: float = STOP_GRACE_S) -> dict[str, Any]:
+    """Stop ``pids`` (blocking): SIGTERM, up to ``grace`` seconds, SIGKILL, and a wait. Each is followed by its start
+    time, so one that a dying parent left to another is still stopped and a pid used again is never signalled.
+
+    What happened, as :func:`stop_group` reports it: ``outcome`` (``gone``, ``terminated``, ``killed`` or
+    ``still_running``), ``members`` (those running), ``remaining``, ``signals`` sent."""
+    running = {pid: started for pid in pids if (started := _start_time(pid)) is not None}
+    left, signals = sorted(running), []
     for signum, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, _KILL_WAIT_S)):
+        if not left:
+            break
+        signals.append(signal.Signals(signum).name)
         for pid in left:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
@@ -314,9 +395,16 @@ def stop_descendants(grace: float = STOP_GRACE_S) -> list[int]:
             if not left or time.monotonic() >= deadline:
                 break
             time.sleep(0.02)
-        if not left:
-            break
-    return sorted(running)
+    global _SCANNED
+    _SCANNED = None  # what a scan found is no longer so
+    outcome = ("gone" if not signals else "still_running" if left
+               else "terminated" if signals == ["SIGTERM"] else "killed")
+    return {"outcome": outcome, "members": sorted(running), "remaining": left, "signals": signals}
+
+
+def stop_descendants(grace: float = STOP_GRACE_S) -> list[int]:
+    """Stop this process's :func:`descendants` (:func:`stop_processes`); the pids that were running."""
+    return list(stop_processes(descendants(os.getpid()), grace)["members"])
 
 
 DEFAULT_LEASE_TTL = 9.0
@@ -399,8 +487,9 @@ async def take_claim(store: Store, key: str, owner: str, ttl: float, *,
             else:
                 proof = dead_holder(lease, recorded)
                 reason, require_expired = ("took_over_dead_owner", False) if proof else ("took_over_expired", True)
-            if left_running(identity):
-                stopped = await _stop_left_running(key, identity)
+            orphans = left_running(identity, lease.expires_at)
+            if orphans:
+                stopped = await _stop_left_running(key, identity, orphans)
         asked = asyncio.ensure_future(lease_takes(store).ask(LeaseTake(key, owner, ttl, previous_epoch,
                                                                        require_expired)))
         try:
@@ -421,14 +510,14 @@ def _recorded(identity: object) -> Callable[[Lease], object]:
     return lambda _lease: identity
 
 
-async def _stop_left_running(key: str, identity: object) -> dict[str, Any]:
-    """Stop what ``key``'s dead holder ``identity`` left running (:func:`stop_group`); its report, or
-    :class:`~jixu.errors.LeaseHeld` when something of it still runs or can no longer be checked."""
+async def _stop_left_running(key: str, identity: object, orphans: list[int]) -> dict[str, Any]:
+    """Stop what ``key``'s dead holder ``identity`` left running (:func:`stop_processes`); the report, or
+    :class:`~jixu.errors.LeaseHeld` when something of it still runs after SIGKILL."""
     assert isinstance(identity, dict)
-    report = await asyncio.to_thread(stop_group, identity)
-    if report["outcome"] not in ("gone", "terminated", "killed"):
-        raise LeaseHeld(f"{key}'s holder (pid {identity.get('pid')}) is gone, but processes it started in its "
-                        f"process group still run after SIGKILL: {report['remaining']}", key=key)
+    report = await asyncio.to_thread(stop_processes, orphans)
+    if report["outcome"] == "still_running":
+        raise LeaseHeld(f"{key}'s holder (pid {identity.get('pid')}) is gone, but processes it started still run "
+                        f"after SIGKILL: {report['remaining']}", key=key)
     return {"process": _named(identity), **report}
 
 
@@ -465,7 +554,8 @@ class LiveClaim:
         if self.left_running:
             return (f"its process is gone, but processes it started still run in its process group {self.pgid} "
                     f"(pids {', '.join(map(str, self.left_running))}) and may still act: wait for them to end or "
-                    f"stop them (kill -TERM -- -{self.pgid}); a worker that takes the work over stops them first")
+                    f"stop them (kill -TERM {' '.join(map(str, self.left_running))}); a worker that takes the work "
+                    "over stops them first")
         if self.left > 0:
             return f"its claim renewed for another {self.left:.1f}s"
         return f"its claim expired {-self.left:.1f}s ago, but its process still runs on this machine: stop it first"
@@ -488,7 +578,7 @@ def live_claim(store: Store, key: str, holder_process: Callable[[Lease], object]
     if own_lease(lease, owner, _recorded(identity)):
         return None
     left = lease.expires_at - store.now()
-    orphans = left_running(identity)
+    orphans = left_running(identity, lease.expires_at)
     if orphans:
         assert isinstance(identity, dict)
         return LiveClaim(lease, left, orphans, identity["pgid"])
@@ -656,7 +746,7 @@ class Session:
             period = self.ttl / 3
 
 
-__all__ = ["DEFAULT_LEASE_TTL", "STOP_GRACE_S", "Claim", "LiveClaim", "descendants", "stop_descendants", "left_running", "stop_group",
+__all__ = ["DEFAULT_LEASE_TTL", "STOP_GRACE_S", "Claim", "LiveClaim", "LEFT_RUNNING_MARGIN_S", "descendants", "stop_descendants", "stop_processes", "left_running", "stop_group",
            "wait_group_gone", "Session", "acquire_claim", "another_live_process", "claim_stream",
            "dead_holder", "given_back_on_failure", "group_gone", "group_identity", "group_members", "holds", "live_claim", "own_lease",
            "owner_gone", "process_identity", "recovery_claim", "release", "take_claim"]
