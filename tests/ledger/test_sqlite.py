@@ -378,3 +378,35 @@ def test_a_commit_that_fails_reports_the_appends_outcome_as_unknown(sqlite_path:
     assert out["checkpoint"][0] == "OutcomeUnknown" and "the commit of this write failed" in out["checkpoint"][1]
     # Here the commit never wrote its commit frame, so reading back finds nothing, and the same batch goes in.
     assert out["heads"] == [1, None] and out["again"] == [2] and out["valid"] is True
+
+
+def test_reads_do_not_wait_for_the_writer_and_see_every_commit_that_returned(sqlite_path: Path) -> None:
+    """The writing connection holds its lock through a commit's fsync: reads that took that lock waited behind every
+    commit (HTTP requests of `jixu serve` queued behind the worker's commits). Reads have a connection of their own,
+    which sees each commit as soon as it returned and cannot write."""
+    import threading
+
+    with SQLiteStore(sqlite_path) as store:
+        store.append("orders/1", [NewEvent("order.placed")], 0)
+        fence = store.acquire_lease("orders/1/turn", "me", 30)
+        read: list[Any] = []
+        with store._lock:  # the writer is busy (a commit waiting for the disk)
+            reader = threading.Thread(target=lambda: read.extend([
+                store.read("orders/1"), store.get_lease("orders/1/turn"), store.stream_info("orders/1"),
+                store.now(), store.verify("orders/1")]))
+            reader.start()
+            reader.join(10)
+            assert not reader.is_alive(), "a read waited for the writer's lock"
+        events, lease, info, _now, report = read
+        assert [e.type for e in events] == ["order.placed"] and lease.epoch == fence.epoch
+        assert info.head_seq == 1 and report.valid
+        for seq in range(2, 6):  # each commit is seen by the next read
+            store.append("orders/1", [NewEvent("order.changed", {"n": seq})], seq - 1)
+            assert store.stream_info("orders/1").head_seq == seq and len(store.read("orders/1")) == seq
+        assert store._reader is not None
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            store._reader.execute("DELETE FROM jixu_leases")
+    with pytest.raises(StoreError, match="closed"):
+        store.read("orders/1")
+    with SQLiteStore(sqlite_path, read_only=True) as reader_store:
+        assert reader_store._reader is None and len(reader_store.read("orders/1")) == 5

@@ -364,6 +364,24 @@ class SQLiteStore(Store):
         except StoreError:
             self._conn.close()
             raise
+        self._read_lock = threading.Lock()
+        self._reader: sqlite3.Connection | None = None if read_only else self._open_reader(busy_timeout)
+
+    def _open_reader(self, busy_timeout: float) -> sqlite3.Connection:
+        """The connection reads go through (:meth:`_read`), never written with (``query_only``)."""
+        try:
+            reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout)
+        except sqlite3.Error as exc:
+            self._conn.close()
+            raise _translate(exc, self.path) from exc
+        try:
+            reader.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            reader.execute("PRAGMA query_only = ON")
+        except sqlite3.Error as exc:
+            reader.close()
+            self._conn.close()
+            raise _translate(exc, self.path) from exc
+        return reader
 
     # --- plumbing -------------------------------------------------------------------
 
@@ -395,6 +413,24 @@ class SQLiteStore(Store):
         with self._lock:
             try:
                 return fn(self._conn)
+            except sqlite3.Error as exc:
+                raise _translate(exc, self.path) from exc
+
+    def _read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``fn`` (reads only) on the read connection, translating sqlite errors.
+
+        A read never waits behind a commit: the writing connection holds its lock through a commit's fsync, while
+        a WAL reader sees the last committed state concurrently with the writer (every statement of ``fn`` starts
+        from a state at least as new as any commit that returned before it). A read-only store has one connection.
+        """
+        reader = self._reader
+        if reader is None:
+            return self._run(fn)
+        with self._read_lock:
+            if self._closed:
+                raise StoreError(f"{self.path}: the store is closed")
+            try:
+                return fn(reader)
             except sqlite3.Error as exc:
                 raise _translate(exc, self.path) from exc
 
@@ -486,13 +522,15 @@ class SQLiteStore(Store):
         return self._run(self._installed_version)
 
     def now(self) -> float:
-        return self._run(lambda conn: float(conn.execute(_NOW_SQL).fetchone()[0]))
+        return self._read(lambda conn: float(conn.execute(_NOW_SQL).fetchone()[0]))
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, self._read_lock:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
+                if self._reader is not None:
+                    self._reader.close()
 
     # --- events ---------------------------------------------------------------------
 
@@ -839,7 +877,7 @@ class SQLiteStore(Store):
         last = to_seq if to_seq is not None else 2**62
         start = from_seq
         while start <= last:
-            chunk = self._run(lambda conn, start=start: conn.execute(  # type: ignore[misc]
+            chunk = self._read(lambda conn, start=start: conn.execute(  # type: ignore[misc]
                 f"SELECT {columns} FROM jixu_events WHERE stream = ? AND seq >= ? AND seq <= ? "
                 "ORDER BY seq LIMIT ?",
                 (stream, start, last, size),
@@ -878,21 +916,21 @@ class SQLiteStore(Store):
             finally:
                 conn.execute("COMMIT")
 
-        return self._run(snapshot)
+        return self._read(snapshot)
 
     def _get_row(self, event_id: str) -> StoredRow | None:
-        row = self._run(lambda conn: conn.execute(
+        row = self._read(lambda conn: conn.execute(
             f"SELECT {_ROW_COLUMNS} FROM jixu_events WHERE id = ?", (event_id,)).fetchone())
         return StoredRow(*row) if row else None
 
     def _stream_info(self, stream: str) -> StreamInfo | None:
-        row = self._run(lambda conn: conn.execute(
+        row = self._read(lambda conn: conn.execute(
             f"SELECT {_STREAM_COLUMNS} FROM jixu_streams WHERE stream = ?", (stream,)).fetchone())
         return StreamInfo(*row) if row else None
 
     def _list_streams(self, prefix: str, after: str, limit: int) -> list[StreamInfo]:
         escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        rows = self._run(lambda conn: conn.execute(
+        rows = self._read(lambda conn: conn.execute(
             f"SELECT {_STREAM_COLUMNS} FROM jixu_streams "
             "WHERE stream LIKE ? ESCAPE '\\' AND stream > ? ORDER BY stream LIMIT ?",
             (escaped + "%", after, limit)).fetchall())
@@ -908,7 +946,7 @@ class SQLiteStore(Store):
                 "WHERE project = ? AND stream > ? AND stream GLOB ? ORDER BY stream LIMIT ?)")
         sql = " UNION ALL ".join([part] * len(groups)) + " ORDER BY stream LIMIT ?"
         values: list[Any] = [v for group in groups for v in (group, low, glob, limit)] + [limit]
-        rows = self._run(lambda conn: conn.execute(sql, values).fetchall())
+        rows = self._read(lambda conn: conn.execute(sql, values).fetchall())
         return [StreamInfo(*row) for row in rows]
 
     # --- sessions and credential use -------------------------------------------------
@@ -927,7 +965,7 @@ class SQLiteStore(Store):
         return self._write(create)
 
     def _get_session(self, key: str) -> Session | None:
-        row = self._run(lambda conn: conn.execute(
+        row = self._read(lambda conn: conn.execute(
             f"SELECT {_SESSION_COLUMNS}, {_NOW_EXPR} FROM jixu_sessions WHERE key = ?", (key,)).fetchone())
         return Session.of_row(*row) if row else None
 
@@ -948,7 +986,7 @@ class SQLiteStore(Store):
             "SET used_at = excluded.used_at", (key,)), sync=False)
 
     def _last_used(self, keys: list[str]) -> dict[str, float]:
-        return self._run(lambda conn: {str(key): float(at) for key, at in _select_in(
+        return self._read(lambda conn: {str(key): float(at) for key, at in _select_in(
             conn, "SELECT key, used_at FROM jixu_last_used WHERE key IN", keys)})
 
     # --- leases ---------------------------------------------------------------------
@@ -1002,7 +1040,7 @@ class SQLiteStore(Store):
             (fence.key, fence.owner, fence.epoch)), sync=False)
 
     def _get_lease(self, key: str) -> Lease | None:
-        return self._run(lambda conn: self._lease_row(conn, key))
+        return self._read(lambda conn: self._lease_row(conn, key))
 
     # --- checkpoints ----------------------------------------------------------------
 
@@ -1019,7 +1057,7 @@ class SQLiteStore(Store):
             sync=False)
 
     def _read_checkpoints(self, stream: str, names: list[str]) -> dict[str, Checkpoint]:
-        rows = self._run(lambda conn: conn.execute(
+        rows = self._read(lambda conn: conn.execute(
             "SELECT stream, name, seq, reducer_version, head_hash, state, digest, created_at "
             f"FROM jixu_checkpoints WHERE stream = ? AND name IN ({', '.join('?' * len(names))})",
             (stream, *names)).fetchall())
@@ -1131,7 +1169,7 @@ class SQLiteStore(Store):
                 conn.execute("COMMIT")
             return [self._work_row(r) for r in rows], now
 
-        return self._run(read)
+        return self._read(read)
 
     def _get_work(self, key: str) -> tuple[WorkRow | None, float]:
         def read(conn: sqlite3.Connection) -> tuple[WorkRow | None, float]:
@@ -1139,7 +1177,7 @@ class SQLiteStore(Store):
             found = conn.execute(f"SELECT {_WORK_COLUMNS} FROM jixu_work WHERE key = ?", (key,)).fetchone()
             return (self._work_row(found) if found else None), now
 
-        return self._run(read)
+        return self._read(read)
 
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SQLiteStore"]
