@@ -27,7 +27,7 @@ from jixu.ledger import SQLiteStore, Store
 from jixu.ledger.postgres import PostgresStore
 from jixu.threads import Agent, Harness, ScriptedModel, ToolCall, tool
 from tests.conftest import PostgresSchema
-from tests.helpers import python_env
+from tests.helpers import process_exited, python_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -334,10 +334,6 @@ def _holder_with_a_child(*, leads_its_group: bool) -> tuple[subprocess.Popen[str
     return holder, found["identity"], found["child"]
 
 
-def _running(pid: int) -> bool:
-    return ownership._start_time(pid) is not None
-
-
 def test_a_dead_holders_subprocess_keeps_its_claim_live_until_the_claimant_stops_it(tmp_path: Path) -> None:
     """A holder that led its process group died; the subprocess it started runs on and can still act for it. Its
     claim stays live past its expiry (an operator would have settled the call meanwhile), and the process that
@@ -357,7 +353,7 @@ def test_a_dead_holders_subprocess_keeps_its_claim_live_until_the_claimant_stops
         assert f"kill -TERM {child}" in claim.held_for() and f"process group {holder.pid}" in claim.held_for()
         taken = asyncio.run(ownership.take_claim(store, "thread/x/turn", "worker-2", 5.0,
                                                  holder_process=lambda lease: identity))
-        assert not _running(child), "the claimant stopped it"
+        assert process_exited(child), "the claimant stopped it"
         assert taken.stopped is not None and taken.stopped["outcome"] == "terminated", taken
         assert taken.stopped["members"] == [child] and taken.record()["stopped"]["process"]["pgid"] == holder.pid
         assert ownership.left_running(identity) == []
@@ -382,7 +378,7 @@ def test_the_children_of_a_holder_that_did_not_lead_its_group_are_never_taken_fo
         taken = asyncio.run(ownership.take_claim(store, "thread/x/turn", "worker-2", 5.0,
                                                  holder_process=lambda lease: identity))
         assert taken.reason == "took_over_dead_owner" and taken.stopped is None
-        assert _running(child), "nothing was signalled"
+        assert not process_exited(child), "nothing was signalled"
         store.close()
     finally:
         os.kill(child, signal.SIGKILL)
@@ -461,7 +457,7 @@ def test_a_claimant_in_the_dead_holders_group_neither_counts_nor_stops_itself_or
         found = json.loads(out.read_text())
         assert found["left"] == [orphan], found
         assert found["stopped"]["members"] == [orphan] and found["mine_runs"], found
-        assert not _running(orphan), "the orphan was stopped, and the claimant returned"
+        assert process_exited(orphan), "the orphan was stopped, and the claimant returned"
     finally:
         for pid in (orphan, claimant):
             with contextlib.suppress(ProcessLookupError):

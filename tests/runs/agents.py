@@ -186,13 +186,17 @@ def _record_spawn(ctx: ToolContext, child: int) -> None:
         os.close(fd)
 
 
-@tool(semantics="unsafe")
-def spawn(ctx: ToolContext) -> str:
-    """A plain ``def`` tool whose work is a subprocess it waits for (it acts after ``JIXU_TEST_CHILD_SLEEP``)."""
+def _spawn_and_wait(ctx: ToolContext) -> str:
     child = subprocess.Popen(_child_argv())
     _record_spawn(ctx, child.pid)
     child.wait()
     return "spawned"
+
+
+@tool(semantics="unsafe")
+def spawn(ctx: ToolContext) -> str:
+    """A plain ``def`` tool whose work is a subprocess it waits for (it acts after ``JIXU_TEST_CHILD_SLEEP``)."""
+    return _spawn_and_wait(ctx)
 
 
 @tool(semantics="unsafe")
@@ -207,10 +211,7 @@ async def aspawn(ctx: ToolContext) -> str:
 @tool(semantics="idempotent")
 def respawn(ctx: ToolContext) -> str:
     """The same as ``spawn``, idempotent: a worker taking over a dead one's call runs it again."""
-    child = subprocess.Popen(_child_argv())
-    _record_spawn(ctx, child.pid)
-    child.wait()
-    return "spawned"
+    return _spawn_and_wait(ctx)
 
 
 def spawning_agent() -> Agent:

@@ -17,21 +17,13 @@ from pathlib import Path
 import pytest
 
 from jixu.errors import TurnOwned
+from jixu.ledger import Store
 from jixu.scheduling import WorkerPool, create_thread_for, submit_turn
 from jixu.threads.log import ThreadLog, stream_of
 from tests.conftest import StoreFactory
-from tests.helpers import python_env
+from tests.helpers import process_exited, python_env
 from tests.runs.agents import spawning_agent
-from tests.runs.conftest import Spawn, jixu, outside_lines, thread_state, wait_until
-
-
-def running(pid: int) -> bool:
-    """Whether ``pid`` is a process that has not exited (a zombie has)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
+from tests.runs.conftest import Spawn, WorkerProcess, jixu, outside_lines, thread_state, wait_until
 
 
 def late_acts(path: Path) -> int:
@@ -43,29 +35,38 @@ def _env(tmp_path: Path, child_sleep: float) -> dict[str, str]:
             "JIXU_TEST_CHILD_SLEEP": str(child_sleep)}
 
 
-def test_a_killed_workers_subprocess_still_at_work_keeps_its_unsafe_call_from_the_operator_until_it_ends(
-        sqlite: StoreFactory, workers: Spawn, tmp_path: Path) -> None:
-    """The worker died mid-call; the call's subprocess runs on and acts 4 s later. Its owner was proven gone,
-    so the call showed as waiting for an operator and ``not_occurred`` was accepted while the subprocess could
-    still act. Now the turn shows in progress in the dead worker's process group, resolving and recovering it
-    are refused until the subprocess ended, and nothing dispatches the call again meanwhile."""
+def _killed_mid_call(sqlite: StoreFactory, workers: Spawn, tmp_path: Path, word: str, child_sleep: float
+                     ) -> tuple[Store, dict[str, str], str, WorkerProcess, str, int]:
+    """A worker leading its group ran ``word``'s tool, whose subprocess acts after ``child_sleep`` s, and was
+    SIGKILLed in the middle: ``(store, env, thread id, the dead worker, the call's effect id, its subprocess)``."""
     store = sqlite()
     assert sqlite.url is not None
-    env = _env(tmp_path, 4.0)
-    outside, late = tmp_path / "outside.txt", tmp_path / "late.txt"
+    env = _env(tmp_path, child_sleep)
+    outside = tmp_path / "outside.txt"
     thread_id = create_thread_for(store, spawning_agent())
-    submit_turn(store, thread_id, "spawn 1")
+    submit_turn(store, thread_id, f"{word} 1")
     first = workers(sqlite.url, "first", "--lease-ttl", "3", agent="spawning_agent", env=env, session=True)
     wait_until(lambda: len(outside_lines(outside)) == 1, "the tool's subprocess")
     [[_thread, effect_id, worker_pid, child_pid]] = outside_lines(outside)
     assert int(worker_pid) == first.pid
     first.process.send_signal(signal.SIGKILL)
     first.process.wait()
-    child = int(child_pid)
-    assert running(child), "the subprocess outlives its worker"
+    assert not process_exited(int(child_pid)), "the subprocess outlives its worker"
+    return store, env, thread_id, first, effect_id, int(child_pid)
+
+
+def test_a_killed_workers_subprocess_still_at_work_keeps_its_unsafe_call_from_the_operator_until_it_ends(
+        sqlite: StoreFactory, workers: Spawn, tmp_path: Path) -> None:
+    """The worker died mid-call; the call's subprocess runs on and acts 4 s later. Its owner was proven gone,
+    so the call showed as waiting for an operator and ``not_occurred`` was accepted while the subprocess could
+    still act. Now the turn shows in progress in the dead worker's process group, resolving and recovering it
+    are refused until the subprocess ended, and nothing dispatches the call again meanwhile."""
+    store, env, thread_id, first, effect_id, child = _killed_mid_call(sqlite, workers, tmp_path, "spawn", 4.0)
+    outside, late = tmp_path / "outside.txt", tmp_path / "late.txt"
+    assert sqlite.url is not None
     other = workers(sqlite.url, "other", "--lease-ttl", "3", agent="spawning_agent", env=env)
     time.sleep(3.5)  # past the dead worker's lease
-    assert running(child)
+    assert not process_exited(child)
     state = thread_state(store, thread_id)
     assert state["status"] == "running" and f"process group {first.pid}" in state["reason"], state
     log = ThreadLog.load(store, thread_id)
@@ -77,7 +78,7 @@ def test_a_killed_workers_subprocess_still_at_work_keeps_its_unsafe_call_from_th
     refused = jixu("turns", "recover", sqlite.url, thread_id, turn_id, "--request-id", "ab" * 16,
                    "--expected-epoch", str(lease.epoch))
     assert refused.returncode == 4 and "still run in its process group" in refused.stderr, refused
-    wait_until(lambda: not running(child), "the subprocess's end")
+    wait_until(lambda: process_exited(child), "the subprocess's end")
     assert late_acts(late) == 1
     wait_until(lambda: thread_state(store, thread_id)["status"] == "waiting", "the call waiting for an operator")
     log = ThreadLog.load(store, thread_id)
@@ -91,21 +92,13 @@ def test_a_worker_taking_over_a_dead_workers_idempotent_call_stops_its_subproces
     """An idempotent call is run again by the worker that takes the dead one's turn over: its first attempt's
     subprocess was left running alongside the second (both acted). The claim now stops the dead worker's process
     group first, and records how."""
-    store = sqlite()
+    store, env, thread_id, first, _effect_id, first_child = _killed_mid_call(sqlite, workers, tmp_path, "respawn",
+                                                                             8.0)
+    late = tmp_path / "late.txt"
     assert sqlite.url is not None
-    env = _env(tmp_path, 8.0)
-    outside, late = tmp_path / "outside.txt", tmp_path / "late.txt"
-    thread_id = create_thread_for(store, spawning_agent())
-    submit_turn(store, thread_id, "respawn 1")
-    first = workers(sqlite.url, "first", "--lease-ttl", "3", agent="spawning_agent", env=env, session=True)
-    wait_until(lambda: len(outside_lines(outside)) == 1, "the first attempt's subprocess")
-    first_child = int(outside_lines(outside)[0][3])
-    first.process.send_signal(signal.SIGKILL)
-    first.process.wait()
-    assert running(first_child)
     second = workers(sqlite.url, "second", agent="spawning_agent", env=env)
     wait_until(lambda: thread_state(store, thread_id)["status"] == "idle", "the turn's end in the second worker")
-    assert not running(first_child)
+    assert process_exited(first_child)
     assert late_acts(late) == 1, "only the second attempt's subprocess acted"
     [claimed] = [e for e in store.read(stream_of(thread_id)) if e.type == "turn.claimed"
                  and e.data["owner"] == "second"]
@@ -132,7 +125,7 @@ def test_a_worker_that_cut_calls_off_at_its_drain_stops_their_subprocesses_befor
     child = int(outside_lines(outside)[0][3])
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.output()
-    assert not running(child), worker.output()
+    assert process_exited(child), worker.output()
     assert f"stopped the processes this one still ran (pids {child})" in worker.output()
     time.sleep(4.5)
     assert late_acts(late) == 0, "the cut-off call's subprocess acted after its worker stopped"
