@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -410,3 +411,59 @@ def test_reads_do_not_wait_for_the_writer_and_see_every_commit_that_returned(sql
         store.read("orders/1")
     with SQLiteStore(sqlite_path, read_only=True) as reader_store:
         assert reader_store._reader is None and len(reader_store.read("orders/1")) == 5
+
+
+def test_a_read_that_fails_leaves_no_snapshot_behind(sqlite_path: Path) -> None:
+    """A damaged row made a lazily read result raise mid-read (an untyped ``ValueError``): its unfinished
+    statement kept the reader in its snapshot for as long as the exception lived, and every later read of the
+    process, its own appends included, saw the old state while the WAL grew. The failure is typed and later reads
+    see every commit."""
+    with SQLiteStore(sqlite_path) as store:
+        store.append("orders/1", [NewEvent("order.placed")], 0)
+        for key in ("k1", "k2", "k3"):
+            store.record_use(key)
+        other = sqlite3.connect(sqlite_path, isolation_level=None)
+        other.execute("UPDATE jixu_last_used SET used_at = 'not a time' WHERE key = 'k2'")
+        with pytest.raises(StoreError, match="damaged") as failed:
+            store.last_used(["k1", "k2", "k3"])
+        kept = failed.value  # an error report keeps the exception (and its traceback) alive
+        store.append("orders/1", [NewEvent("order.changed")], 1)
+        assert store.stream_info("orders/1").head_seq == 2 and len(store.read("orders/1")) == 2
+        other.execute("INSERT INTO jixu_last_used VALUES ('k4', 1.0)")
+        assert store.last_used(["k4"]) == {"k4": 1.0}
+        assert kept is not None
+        other.close()
+
+
+def test_a_store_that_opens_can_read_whatever_file_descriptors_are_left(sqlite_path: Path) -> None:
+    """The reader connection opened its files at its first read: with the open files near their limit, the store
+    opened and then every read failed while appends succeeded. At any number of descriptors left, a store either
+    fails to open (typed) or reads."""
+    with SQLiteStore(sqlite_path) as store:
+        store.append("orders/1", [NewEvent("order.placed")], 0)
+    outcomes = []
+    for left in range(2, 10):
+        opened: list[int] = []
+        try:
+            while True:
+                try:
+                    opened.append(os.open(os.devnull, os.O_RDONLY))
+                except OSError:
+                    break
+            for fd in opened[len(opened) - left:]:
+                os.close(fd)
+            del opened[len(opened) - left:]
+            try:
+                store = SQLiteStore(sqlite_path)
+            except StoreError:
+                outcomes.append((left, "refused"))
+                continue
+            try:
+                assert len(store.read("orders/1")) == 1, "a store that opened reads"
+                outcomes.append((left, "reads"))
+            finally:
+                store.close()
+        finally:
+            for fd in opened:
+                os.close(fd)
+    assert outcomes[0][1] == "refused" and outcomes[-1][1] == "reads", outcomes

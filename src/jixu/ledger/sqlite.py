@@ -272,11 +272,15 @@ def _insert_rows(conn: sqlite3.Connection, rows: list[StoredRow]) -> None:
     )
 
 
-def _select_in(conn: sqlite3.Connection, sql: str, values: list[str]) -> Iterator[Any]:
-    """The rows of ``sql`` (ending in ``IN``) over ``values``, at most ``_IN_CHUNK`` bound values per statement."""
+def _select_in(conn: sqlite3.Connection, sql: str, values: list[str]) -> list[Any]:
+    """The rows of ``sql`` (ending in ``IN``) over ``values``, at most ``_IN_CHUNK`` bound values per statement.
+
+    Fetched whole: a statement left unfinished would keep its connection in its snapshot."""
+    rows: list[Any] = []
     for start in range(0, len(values), _IN_CHUNK):
         chunk = values[start:start + _IN_CHUNK]
-        yield from conn.execute(f"{sql} ({','.join('?' * len(chunk))})", chunk)
+        rows.extend(conn.execute(f"{sql} ({','.join('?' * len(chunk))})", chunk).fetchall())
+    return rows
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -377,6 +381,7 @@ class SQLiteStore(Store):
         try:
             reader.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
             reader.execute("PRAGMA query_only = ON")
+            reader.execute("SELECT count(*) FROM jixu_streams WHERE stream = ''").fetchone()  # opens the WAL now
         except sqlite3.Error as exc:
             reader.close()
             self._conn.close()
@@ -433,6 +438,9 @@ class SQLiteStore(Store):
                 return fn(reader)
             except sqlite3.Error as exc:
                 raise _translate(exc, self.path) from exc
+            finally:
+                if reader.in_transaction:  # a snapshot ``fn`` began and did not end: later reads must see new commits
+                    reader.execute("ROLLBACK")
 
     def _write(self, fn: Callable[[sqlite3.Connection], _T], *, sync: bool = True) -> _T:
         """Run ``fn`` inside one ``BEGIN IMMEDIATE`` transaction (rolled back on any error).
@@ -986,8 +994,11 @@ class SQLiteStore(Store):
             "SET used_at = excluded.used_at", (key,)), sync=False)
 
     def _last_used(self, keys: list[str]) -> dict[str, float]:
-        return self._read(lambda conn: {str(key): float(at) for key, at in _select_in(
-            conn, "SELECT key, used_at FROM jixu_last_used WHERE key IN", keys)})
+        rows = self._read(lambda conn: _select_in(conn, "SELECT key, used_at FROM jixu_last_used WHERE key IN", keys))
+        try:
+            return {str(key): float(at) for key, at in rows}
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"{self.path}: a last use in jixu_last_used is damaged ({exc})", path=self.path) from exc
 
     # --- leases ---------------------------------------------------------------------
 
