@@ -208,6 +208,16 @@ async def aspawn(ctx: ToolContext) -> str:
     return "spawned"
 
 
+@tool(semantics="unsafe")
+async def apoll(ctx: ToolContext) -> str:
+    """The same as ``spawn`` from an ``async`` tool that polls a plain ``Popen`` (nothing kills it on a cancel)."""
+    child = subprocess.Popen(_child_argv())
+    _record_spawn(ctx, child.pid)
+    while child.poll() is None:
+        await asyncio.sleep(0.05)
+    return "spawned"
+
+
 @tool(semantics="idempotent")
 def respawn(ctx: ToolContext) -> str:
     """The same as ``spawn``, idempotent: a worker taking over a dead one's call runs it again."""
@@ -216,9 +226,9 @@ def respawn(ctx: ToolContext) -> str:
 
 def spawning_agent() -> Agent:
     """Per turn one call of ``spawn`` (unsafe ``def``; input with the word "spawn"), ``aspawn`` (unsafe
-    ``async``) or ``respawn`` (idempotent ``def``)."""
-    return Agent("spawning", _by_input({"spawn": "spawn", "aspawn": "aspawn", "respawn": "respawn"}),
-                 tools=[spawn, aspawn, respawn])
+    ``async``), ``apoll`` (unsafe ``async`` polling a ``Popen``) or ``respawn`` (idempotent ``def``)."""
+    return Agent("spawning", _by_input({"spawn": "spawn", "aspawn": "aspawn", "apoll": "apoll", "respawn": "respawn"}),
+                 tools=[spawn, aspawn, apoll, respawn])
 
 
 def slow_model_agent() -> Agent:

@@ -11,17 +11,18 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from jixu.errors import TurnOwned
-from jixu.ledger import Store
+from jixu.ledger import SQLiteStore, Store
 from jixu.scheduling import WorkerPool, create_thread_for, submit_turn
 from jixu.threads.log import ThreadLog, stream_of
 from tests.conftest import StoreFactory
-from tests.helpers import process_exited, python_env
+from tests.helpers import ROOT, process_exited, python_env
 from tests.runs.agents import spawning_agent
 from tests.runs.conftest import Spawn, WorkerProcess, jixu, outside_lines, thread_state, wait_until
 
@@ -141,3 +142,52 @@ def test_every_worker_of_a_pool_leads_a_process_group_of_its_own(sqlite: StoreFa
     with pool:
         assert [os.getpgid(pid) for pid in pool.pids] == pool.pids
         assert os.getpgid(pool.pids[0]) != os.getpgrp()
+
+
+DRAINING_APP = r"""
+import asyncio, os, sys, time
+from jixu import Harness
+from jixu.ledger import SQLiteStore
+from tests.runs.agents import spawning_agent
+
+async def main() -> None:
+    harness = Harness(spawning_agent(), SQLiteStore(sys.argv[1]), owner="app")
+    thread = await harness.create_thread()
+    print("THREAD", thread.thread_id, flush=True)
+    await thread.send("apoll 1")
+    while not os.path.exists(os.environ["JIXU_TEST_OUTSIDE"]):
+        await asyncio.sleep(0.02)
+    await harness.shutdown(0.2)  # cuts the call off: recorded unknown, the turn's claim given back
+
+asyncio.run(main())
+"""
+
+
+def test_a_call_an_application_drained_is_not_settled_while_its_subprocess_still_runs(tmp_path: Path) -> None:
+    """An application (not a jixu serving process) drained its harness, cutting off an ``async`` tool's call that
+    polls a plain ``Popen``, and ended: the claim was given back, and ``not_occurred`` was accepted while the call's subprocess still ran and
+    then acted. The resolution now waits for what the gone holder left running."""
+    env = {**python_env(), **_env(tmp_path, 4.0)}
+    outside, late, path = tmp_path / "outside.txt", tmp_path / "late.txt", tmp_path / "app.db"
+    output = tmp_path / "app.out"
+    with output.open("w") as out:  # a file, not a pipe: the subprocess holds it open after the application ended
+        app = subprocess.Popen([sys.executable, "-c", DRAINING_APP, str(path)], env=env, cwd=ROOT, text=True,
+                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        assert app.wait(60) == 0, output.read_text()
+    thread_id = output.read_text().split()[1]
+    [[_thread, effect_id, _pid, child_pid]] = outside_lines(outside)
+    child = int(child_pid)
+    assert not process_exited(child), "the cut-off call's subprocess outlives the application"
+    store = SQLiteStore(path)
+    try:
+        lease = store.get_lease(f"thread/{thread_id}/turn")
+        assert lease is not None and lease.released
+        log = ThreadLog.load(store, thread_id)
+        assert log.snapshot().effects[effect_id].state == "unknown"
+        with pytest.raises(TurnOwned, match=rf"kill -TERM {child}"):
+            log.resolve(effect_id, "not_occurred", note="nothing seen yet")
+        wait_until(lambda: process_exited(child), "the subprocess's end")
+        assert late_acts(late) == 1
+        assert ThreadLog.load(store, thread_id).resolve(effect_id, "occurred", note="it acted")
+    finally:
+        store.close()

@@ -561,8 +561,14 @@ class LiveClaim:
         return f"its claim expired {-self.left:.1f}s ago, but its process still runs on this machine: stop it first"
 
 
+def lease_pgid(identity: object) -> int | None:
+    """The process group a claim's recorded ``identity`` led, or None."""
+    found = identity.get("pgid") if isinstance(identity, dict) else None
+    return found if isinstance(found, int) and not isinstance(found, bool) else None
+
+
 def live_claim(store: Store, key: str, holder_process: Callable[[Lease], object],
-               owner: str | None = None) -> LiveClaim | None:
+               owner: str | None = None, *, released_too: bool = False) -> LiveClaim | None:
     """The live claim on ``key`` of a process other than ``owner`` (see :func:`own_lease`), or None: none held,
     released, its holder's process (``holder_process(lease)``) proven gone with nothing left running, or expired
     with a holder not known to run.
@@ -570,18 +576,25 @@ def live_claim(store: Store, key: str, holder_process: Callable[[Lease], object]
     An expired claim whose holder is a process of this machine that still runs (stopped, say, past its lease) is
     live: what it has in flight can still happen when it goes on (its writes to the store are fenced out; its calls
     are not). So is the claim of a holder that died leaving processes running in the group it led
-    (:func:`left_running`): a tool's subprocess can still act."""
+    (:func:`left_running`): a tool's subprocess can still act. With ``released_too`` (settling a call in doubt),
+    so is a released claim whose holder died leaving processes running: a process that drained, cutting a call
+    off, and ended (no serving process, which stops its own) left the call's subprocess at work."""
     lease = store.get_lease(key)
-    if lease is None or lease.released:
+    if lease is None:
         return None
+    if lease.released:
+        if not released_too:
+            return None
+        identity = holder_process(lease)
+        orphans = left_running(identity, lease.expires_at)
+        return LiveClaim(lease, 0.0, orphans, lease_pgid(identity)) if orphans else None
     identity = holder_process(lease)
     if own_lease(lease, owner, _recorded(identity)):
         return None
     left = lease.expires_at - store.now()
     orphans = left_running(identity, lease.expires_at)
     if orphans:
-        assert isinstance(identity, dict)
-        return LiveClaim(lease, left, orphans, identity["pgid"])
+        return LiveClaim(lease, left, orphans, lease_pgid(identity))
     if left <= 0:
         return LiveClaim(lease, left, []) if another_live_process(identity) else None
     if owner_gone(identity) is not None:
@@ -746,7 +759,7 @@ class Session:
             period = self.ttl / 3
 
 
-__all__ = ["DEFAULT_LEASE_TTL", "STOP_GRACE_S", "Claim", "LiveClaim", "LEFT_RUNNING_MARGIN_S", "descendants", "stop_descendants", "stop_processes", "left_running", "stop_group",
+__all__ = ["DEFAULT_LEASE_TTL", "STOP_GRACE_S", "Claim", "LiveClaim", "LEFT_RUNNING_MARGIN_S", "descendants", "lease_pgid", "stop_descendants", "stop_processes", "left_running", "stop_group",
            "wait_group_gone", "Session", "acquire_claim", "another_live_process", "claim_stream",
            "dead_holder", "given_back_on_failure", "group_gone", "group_identity", "group_members", "holds", "live_claim", "own_lease",
            "owner_gone", "process_identity", "recovery_claim", "release", "take_claim"]

@@ -715,11 +715,11 @@ class ThreadLog:
             return None
         return NewEvent(f"{decision.kind}.outcome_resolved", body, self.meta(str(body["actor"])))
 
-    def live_claim(self, owner: str | None = None) -> LiveClaim | None:
+    def live_claim(self, owner: str | None = None, *, released_too: bool = False) -> LiveClaim | None:
         """The live claim of a process other than ``owner`` on the thread's turn, or None
         (:func:`~jixu.kernel.ownership.live_claim`: released, its holder proven gone with nothing left running, or
         expired with a holder not known to still run on this machine)."""
-        return live_claim(self.store, self.turn_key, self.holder_process, owner)
+        return live_claim(self.store, self.turn_key, self.holder_process, owner, released_too=released_too)
 
     def in_progress_elsewhere(self, owner: str | None = None) -> str | None:
         """Why the thread's turn is in progress in a process other than ``owner`` (its live claim, even on a turn
@@ -732,8 +732,9 @@ class ThreadLog:
                 f"{claim.held_for()}): what it has in flight settles there")
 
     def _refuse_while_owned_elsewhere(self, effect_id: str, owner: str | None) -> None:
-        """:class:`~jixu.errors.TurnOwned` while a process other than ``owner`` holds a live claim on the turn."""
-        claim = self.live_claim(owner)
+        """:class:`~jixu.errors.TurnOwned` while a process other than ``owner`` holds a live claim on the turn, or
+        its last holder, gone, left processes running (a drained process's cut-off call)."""
+        claim = self.live_claim(owner, released_too=True)
         if claim is None:
             return
         raise TurnOwned(f"effect {effect_id} may still be in flight: thread {self.thread_id}'s turn is owned by "
