@@ -734,7 +734,7 @@ def _step_tool(name: str, call: Callable[[ToolContext], Any], **declared: Any) -
     its declaration is checked, its result and its probe's answers are validated, as a tool's are."""
 
     async def step(ctx: ToolContext) -> Any:
-        return await call_user_function(call, ctx)
+        return await call_user_function(call, ctx, effect_id=ctx.effect_id)
 
     return Tool(step, name=name, description=f"durable step {name}", **declared)
 

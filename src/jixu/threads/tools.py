@@ -42,10 +42,11 @@ import json
 import math
 import re
 import sys
+import threading
 import types
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, TypeAlias, overload
+from typing import Any, Literal, TypeAlias, TypeVar, overload
 
 from jixu.errors import InvalidInput, MalformedEvent, ToolDefinitionError, ToolInputError, ToolOutputError
 from jixu.ledger.encoding import VALUE_NESTING, canonical_text
@@ -164,16 +165,91 @@ def _json_problem(value: object, what: str) -> str | None:
     return None
 
 
-async def call_user_function(fn: Callable[[Any], Any], arg: Any) -> Any:
+async def call_user_function(fn: Callable[[Any], Any], arg: Any, *, effect_id: str | None = None) -> Any:
     """``fn(arg)`` as user code is called: a coroutine function on the loop, a plain function in a worker
-    thread (the loop's executor, so a blocking call stalls nothing else); an awaitable it returns is awaited."""
+    thread (the loop's executor, so a blocking call stalls nothing else); an awaitable it returns is awaited.
+    With ``effect_id``, a thread running ``fn`` counts as that call in flight (:func:`run_call_in_thread`)."""
     if inspect.iscoroutinefunction(fn):
         value = await fn(arg)
     else:
-        value = await asyncio.to_thread(fn, arg)
+        value = await run_call_in_thread(effect_id, fn, arg)
     while inspect.isawaitable(value):
         value = await value
     return value
+
+
+_R = TypeVar("_R")
+
+
+class _ThreadedCall:
+    """One call of an effect in a worker thread: it either starts, and ``ended`` is set when it returns, or is
+    abandoned before it started (its waiter was cancelled first), and never runs."""
+
+    __slots__ = ("abandoned", "ended", "lock", "started")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.started = self.abandoned = False
+        self.ended = threading.Event()
+
+
+_CALLS_IN_THREADS: dict[str, _ThreadedCall] = {}
+_CALLS_LOCK = threading.Lock()
+
+
+async def run_call_in_thread(effect_id: str | None, fn: Callable[..., _R], /, *args: Any, **kwargs: Any) -> _R:
+    """``fn(*args, **kwargs)`` in a worker thread (``asyncio.to_thread``), as the call of ``effect_id``.
+
+    A thread cannot be stopped: a timeout or a cancellation ends the waiting, while the call goes on and may still
+    act. Until it returns, :func:`call_ended` waits: no probe of this process asks about the call, and no attempt
+    of it starts again, while it can still act (a probe asked then answers ``not_occurred`` of a charge that lands
+    a moment later)."""
+    if effect_id is None:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    call = _ThreadedCall()
+    with _CALLS_LOCK:
+        _CALLS_IN_THREADS[effect_id] = call
+
+    def run() -> _R:
+        with call.lock:
+            if call.abandoned:
+                raise asyncio.CancelledError  # its waiter is gone and said it never ran
+            call.started = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _end(effect_id, call)
+
+    try:
+        return await asyncio.to_thread(run)
+    except BaseException:
+        with call.lock:
+            if not call.started:
+                call.abandoned = True
+        if call.abandoned:
+            _end(effect_id, call)
+        raise
+
+
+def _end(effect_id: str, call: _ThreadedCall) -> None:
+    with _CALLS_LOCK:
+        if _CALLS_IN_THREADS.get(effect_id) is call:
+            del _CALLS_IN_THREADS[effect_id]
+    call.ended.set()
+
+
+CALL_ENDED_POLL_S = 0.02
+"""How often :func:`call_ended` looks whether a call's thread returned."""
+
+
+async def call_ended(effect_id: str) -> None:
+    """Return once no worker thread of this process runs a call of ``effect_id`` (see :func:`run_call_in_thread`)."""
+    while True:
+        with _CALLS_LOCK:
+            call = _CALLS_IN_THREADS.get(effect_id)
+        if call is None or call.ended.is_set():
+            return
+        await asyncio.sleep(CALL_ENDED_POLL_S)
 
 
 def _dont_know(reason: str, evidence: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -1245,10 +1321,11 @@ class Tool:
         kwargs: dict[str, Any] = self._params.to_python(checked)
         if self._ctx_name is not None:
             kwargs[self._ctx_name] = ctx
+        await call_ended(ctx.effect_id)  # an earlier attempt still running in a thread here: never two at once
         if self.is_async:
             result = await self.fn(**kwargs)
         else:
-            result = await asyncio.to_thread(self.fn, **kwargs)
+            result = await run_call_in_thread(ctx.effect_id, self.fn, **kwargs)
         return self._checked_result(result)
 
     def _checked_result(self, result: object) -> Any:
@@ -1275,7 +1352,7 @@ class Tool:
         probe = self._probe
         if probe is None:
             return _dont_know(f"tool {self.name!r} declares no probe")
-
+        await call_ended(query.effect_id)  # the call can still act while its thread runs here: ask once it cannot
         return self.probe_answer(await asyncio.wait_for(call_user_function(probe, query), self._probe_timeout))
 
     def probe_answer(self, value: object) -> dict[str, Any]:
