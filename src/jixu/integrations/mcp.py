@@ -29,9 +29,10 @@ the model (it is not in the schema the model is shown, nor in the recorded argum
 A result maps to the tool's result: ``structuredContent`` when the server sends it, else the text of its text
 blocks (joined by newlines), else ``{"content": [blocks]}``. ``isError`` is a determinate failure
 (:class:`~jixu.ToolError` code ``mcp_tool_error``), and so is a JSON-RPC error saying the tool was not run
-(unknown tool or invalid arguments: codes -32601, -32602). Anything else that stops a call after its request
-may have been sent (the server died, the connection broke, a timeout, an error the server's code raised) has
-an unknown outcome: an ``unsafe`` call stays ``unknown`` for a probe or an operator, a retry-safe one is
+(unknown tool or invalid arguments: codes -32601, -32602). Note that the official server SDK answers an exception
+its tool code raised with ``isError`` too, even one raised after the tool acted: a server with unsafe tools should
+deduplicate by the idempotency key (below). Anything else that stops a call after its request may have been sent
+(the server died, the connection broke, a timeout, any other JSON-RPC error) has an unknown outcome: an ``unsafe`` call stays ``unknown`` for a probe or an operator, a retry-safe one is
 called again by the resolver's decision. Nothing here re-sends a call: a dead session is replaced (the stdio
 server started again) before the next call, and if that fails the call is a determinate failure
 (``mcp_unavailable``: nothing was sent).
