@@ -573,3 +573,92 @@ def test_tool_calls_of_an_answer_the_model_did_not_finish_are_never_run(tmp_path
                 durable.run_sync("Charge order 7.", thread_id=thread_id)
             assert raised.value.kind == "output_truncated" and "none was run" in raised.value.message
     assert charged == [] and len(server.requests) == 1, "asked once, replayed once, charged never"
+
+
+RENAMING_APP = r"""
+import os, signal, sys
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelResponse, RetryPromptPart, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.function import FunctionModel
+from jixu.integrations.pydantic_ai import JixuAgent, current_effect
+
+version, url, bank, thread_file = sys.argv[1:5]
+
+
+def model(messages, info):  # does what the tools offered and the errors say
+    parts = [part for message in messages for part in message.parts]
+    names = [tool.name for tool in info.function_tools]
+    if any(isinstance(p, ToolReturnPart) for p in parts):
+        return ModelResponse(parts=[TextPart("charged")])
+    call_id = "c7b" if any(isinstance(p, RetryPromptPart) for p in parts) else "c7"
+    return ModelResponse(parts=[ToolCallPart(names[0], {"order": 7}, tool_call_id=call_id)])
+
+
+agent = Agent(FunctionModel(model), name="shop")
+
+
+def pay(order: int) -> str:
+    with open(bank, "a") as out:
+        out.write(f"charge {order} {current_effect().idempotency_key}\n")
+    if version == "v1":
+        os.kill(os.getpid(), signal.SIGKILL)  # between the side effect and its receipt
+    return "ok"
+
+
+agent.tool_plain(name="charge" if version == "v1" else "charge_order")(pay)  # v2 of the app renamed the tool
+durable = JixuAgent(agent, url)
+if version == "v1":
+    thread_id = durable.new_thread_sync()
+    open(thread_file, "w").write(thread_id)
+else:
+    thread_id = open(thread_file).read()
+print("output:", durable.run_sync("Charge order 7", thread_id=thread_id).output, flush=True)
+"""
+
+
+def test_a_tool_renamed_after_a_crash_is_a_step_mismatch_not_a_second_charge(tmp_path: Path) -> None:
+    """The rerun offered the model a renamed tool: pydantic-ai told it the recorded call's tool was unknown, the
+    model called the renamed one and the order was charged twice, the run ending ``completed`` with its first call
+    still unknown. The tools offered are part of a request's record now: the rerun stops with a mismatch."""
+    url, bank, thread_file = f"sqlite:///{tmp_path / 'shop.db'}", tmp_path / "bank.log", tmp_path / "thread"
+    args = [url, str(bank), str(thread_file)]
+    crashed = subprocess.run([sys.executable, "-c", RENAMING_APP, "v1", *args], check=False, env=python_env(),
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    rerun = subprocess.run([sys.executable, "-c", RENAMING_APP, "v2", *args], check=False, env=python_env(),
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert rerun.returncode != 0 and "StepMismatch" in rerun.stderr, (rerun.stdout, rerun.stderr)
+    assert len(lines(bank)) == 1, "the order was charged once"
+
+
+def test_a_request_recorded_before_the_tools_were_part_of_its_record_still_replays(
+        tmp_path: Path, server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run recorded by a version whose request record had no ``tools`` replays without a mismatch."""
+    from jixu.integrations import pydantic_ai as integration
+
+    server.script(CHARGE, DONE)
+    charges: list[int] = []
+    agent = Agent(_openai(server), name="orders")
+
+    @agent.tool_plain
+    @effect(semantics="unsafe")
+    def charge(order: int) -> str:
+        charges.append(order)
+        return f"charged {order}"
+
+    current = integration.request_args
+    with JixuAgent(agent, tmp_path / "jixu.db") as durable:
+        thread_id = durable.new_thread_sync()
+        monkeypatch.setattr(integration, "request_args",
+                            lambda model, messages, parameters=None: current(model, messages))
+        first = durable.run_sync("Charge order 7.", thread_id=thread_id, run_key="order-7")
+        monkeypatch.setattr(integration, "request_args", current)
+        again = durable.run_sync("Charge order 7.", thread_id=thread_id, run_key="order-7")
+    assert again.output == first.output == "Order 7 is charged."
+    assert charges == [7] and len(server.requests) == 2
+    log, store = _events(f"sqlite:///{tmp_path / 'jixu.db'}", thread_id)
+    try:
+        assert all("tools" not in e.data["args"] for e in log.events() if e.type == "tool.requested"
+                   and e.data.get("name") == MODEL_STEP)
+    finally:
+        store.close()

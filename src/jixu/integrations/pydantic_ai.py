@@ -185,12 +185,20 @@ def _without_volatile(value: Any) -> Any:
     return value
 
 
-def request_args(model: Model, messages: Sequence[ModelMessage]) -> JSONObject:
-    """What a model request step records as its arguments: the model, how many messages, and a digest of the
-    messages without their timestamps and run ids (a rerun that would ask something else is a mismatch)."""
+def request_args(model: Model, messages: Sequence[ModelMessage],
+                 parameters: ModelRequestParameters | None = None) -> JSONObject:
+    """What a model request step records as its arguments: the model, how many messages, a digest of the
+    messages without their timestamps and run ids, and one of the tools offered (their names and parameters):
+    a rerun that would ask something else, or offer other tools, is a mismatch. A tool renamed or removed between
+    a crash and the rerun otherwise went unnoticed: pydantic-ai told the model the recorded call's tool was unknown,
+    and the model called the renamed one, running an unsafe call a second time."""
     dumped = ModelMessagesTypeAdapter.dump_python(list(messages), mode="json")
-    return {"model": model.model_name, "messages": len(messages),
-            "digest": content_hash({"messages": _without_volatile(dumped)})}
+    args: JSONObject = {"model": model.model_name, "messages": len(messages),
+                        "digest": content_hash({"messages": _without_volatile(dumped)})}
+    if parameters is not None:
+        args["tools"] = content_hash([{"name": tool.name, "parameters": to_jsonable_python(
+            tool.parameters_json_schema)} for tool in parameters.function_tools])
+    return args
 
 
 def _model_failure(error: Exception) -> ToolError:
@@ -234,7 +242,7 @@ class JixuModel(WrapperModel):
         self.model_error: Exception | None = None
         """The provider's error this run's last request raised (recorded as that request's failure)."""
 
-    async def _step(self, messages: list[ModelMessage],
+    async def _step(self, messages: list[ModelMessage], parameters: ModelRequestParameters,
                     ask: Callable[[], Any]) -> ModelResponse:
         raised: list[Exception] = []
 
@@ -251,8 +259,11 @@ class JixuModel(WrapperModel):
             generation = self._generation.get(number, 1)
             key = f"{MODEL_STEP}#{number}" + (f".{generation}" if generation > 1 else "")
             try:
-                recorded = await self._run.effect(MODEL_STEP, request_args(self.wrapped, messages), call=call,
-                                                  semantics="idempotent", key=key)
+                args = request_args(self.wrapped, messages, parameters)
+                earlier = self._run.recorded_args(key)
+                if earlier is not None and "tools" not in earlier:
+                    args.pop("tools", None)  # recorded before the tools were part of a request's record
+                recorded = await self._run.effect(MODEL_STEP, args, call=call, semantics="idempotent", key=key)
             except StepFailed as failed:
                 if failed.details.get("reason") != "failed":
                     raise
@@ -273,8 +284,8 @@ class JixuModel(WrapperModel):
     async def request(self, messages: list[ModelMessage], model_settings: ModelSettings | None,
                       model_request_parameters: ModelRequestParameters) -> ModelResponse:
         """The wrapped model's response, asked once and recorded; a rerun returns the record."""
-        return await self._step(messages, lambda: self.wrapped.request(messages, model_settings,
-                                                                       model_request_parameters))
+        return await self._step(messages, model_request_parameters,
+                                lambda: self.wrapped.request(messages, model_settings, model_request_parameters))
 
     @asynccontextmanager
     async def request_stream(self, messages: list[ModelMessage], model_settings: ModelSettings | None,
@@ -289,7 +300,7 @@ class JixuModel(WrapperModel):
                     pass
             return streamed.get()
 
-        response = await self._step(messages, drained)
+        response = await self._step(messages, model_request_parameters, drained)
         yield CompletedStreamedResponse(response, model_request_parameters=model_request_parameters,
                                         replay_events=True)
 

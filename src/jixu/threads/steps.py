@@ -439,6 +439,12 @@ class DurableRun:
         self._read_steps(thread.log.store.read(thread.log.stream, ended.started_seq, ended.ended_seq))
         return True
 
+    def recorded_args(self, key: str) -> JSONObject | None:
+        """The args the latest intent this run recorded under step ``key`` carries, or None (none recorded)."""
+        found = self._steps.get(key)
+        args = found[-1].get("args") if found else None
+        return args if isinstance(args, dict) else None
+
     def _read_steps(self, events: Sequence[Event]) -> None:
         """Gather the intents this run's ``tool.requested`` events recorded under each step key."""
         for event in events:
