@@ -517,12 +517,9 @@ def _call_then_echo(tool: str, args: dict[str, Any]) -> Any:
 
 
 
-def test_a_keyed_run_that_ended_is_replayed_by_the_same_call_without_asking_or_charging_again(
-        tmp_path: Path, server: FakeOpenAI) -> None:
-    """The code crashed after its run ended, before it learnt so (decision 0051): the same call with the run key
-    returns the recorded result; without the key it would have been the thread's next run, charging again."""
+def _charging_agent(server: FakeOpenAI, charges: list[int]) -> Agent[None, str]:
+    """An agent whose model asks to charge order 7 once, then says it is charged; the charges land in ``charges``."""
     server.script(CHARGE, DONE)
-    charges: list[int] = []
     agent = Agent(_openai(server), name="orders")
 
     @agent.tool_plain
@@ -530,6 +527,16 @@ def test_a_keyed_run_that_ended_is_replayed_by_the_same_call_without_asking_or_c
     def charge(order: int) -> str:
         charges.append(order)
         return f"charged {order}"
+
+    return agent
+
+
+def test_a_keyed_run_that_ended_is_replayed_by_the_same_call_without_asking_or_charging_again(
+        tmp_path: Path, server: FakeOpenAI) -> None:
+    """The code crashed after its run ended, before it learnt so (decision 0051): the same call with the run key
+    returns the recorded result; without the key it would have been the thread's next run, charging again."""
+    charges: list[int] = []
+    agent = _charging_agent(server, charges)
 
     with JixuAgent(agent, tmp_path / "jixu.db") as durable:
         thread_id = durable.new_thread_sync()
@@ -636,15 +643,8 @@ def test_a_request_recorded_before_the_tools_were_part_of_its_record_still_repla
     """A run recorded by a version whose request record had no ``tools`` replays without a mismatch."""
     from jixu.integrations import pydantic_ai as integration
 
-    server.script(CHARGE, DONE)
     charges: list[int] = []
-    agent = Agent(_openai(server), name="orders")
-
-    @agent.tool_plain
-    @effect(semantics="unsafe")
-    def charge(order: int) -> str:
-        charges.append(order)
-        return f"charged {order}"
+    agent = _charging_agent(server, charges)
 
     current = integration.request_args
     with JixuAgent(agent, tmp_path / "jixu.db") as durable:
