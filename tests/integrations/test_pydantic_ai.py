@@ -14,6 +14,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import RequestUsage
 
-from jixu import RecoveryResolver, StepMismatch, StepOutcomeUnknown
+from jixu import NotOccurred, Occurred, ProbeQuery, RecoveryResolver, StepMismatch, StepOutcomeUnknown
 from jixu.errors import InvalidInput, ToolDefinitionError
 from jixu.integrations.pydantic_ai import (
     MODEL_STEP,
@@ -662,3 +663,45 @@ def test_a_request_recorded_before_the_tools_were_part_of_its_record_still_repla
                    and e.data.get("name") == MODEL_STEP)
     finally:
         store.close()
+
+
+def test_a_sync_tool_past_its_timeout_is_probed_once_it_returned_and_charged_once(tmp_path: Path) -> None:
+    """pydantic-ai runs a sync tool in a worker thread of its own: past its ``timeout=`` the call went on there, its
+    probe was asked at once, answered ``not_occurred``, and the tool was called again each time: three charges in
+    one run. The tool's thread now counts as its call in flight until it returns."""
+    bank = tmp_path / "bank.log"
+    bank.write_text("")
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        returns = [part for message in messages for part in message.parts if isinstance(part, ToolReturnPart)]
+        if returns:
+            return ModelResponse(parts=[TextPart(f"Done: {returns[-1].content}")])
+        return ModelResponse(parts=[ToolCallPart("charge", {"order": 7}, tool_call_id="c7")])
+
+    def find_charge(query: ProbeQuery) -> Occurred | NotOccurred:
+        if query.idempotency_key in bank.read_text():
+            return Occurred(result="found", evidence={})
+        return NotOccurred(evidence={})
+
+    agent = Agent(FunctionModel(model), name="shop")
+
+    @agent.tool_plain
+    @effect(semantics="unsafe", probe=find_charge, timeout=0.2)
+    def charge(order: int) -> str:
+        """Charge an order (a slow payment API)."""
+        key = current_effect().idempotency_key
+        time.sleep(0.8)
+        with bank.open("a") as out:
+            out.write(f"{order} {key}\n")
+        return f"charged {order}"
+
+    async def main() -> str:
+        durable = JixuAgent(agent, tmp_path / "shop.db")
+        try:
+            thread_id = await durable.new_thread()
+            return str((await durable.run("Charge order 7.", thread_id=thread_id)).output)
+        finally:
+            durable.close()
+
+    assert asyncio.run(main()) == "Done: found"
+    assert len(lines(bank)) == 1

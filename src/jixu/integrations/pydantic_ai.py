@@ -39,7 +39,9 @@ dispatch is ``unknown`` and is never run again (its probe or an operator settles
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import inspect
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -52,7 +54,15 @@ from jixu.ledger.encoding import JSONObject
 from jixu.threads.harness import Harness
 from jixu.threads.model import unfinished_answer
 from jixu.threads.steps import DurableRun, run_failure, steps_agent
-from jixu.threads.tools import Occurred, ProbeQuery, Tool, ToolContext, ToolError, call_user_function
+from jixu.threads.tools import (
+    Occurred,
+    ProbeQuery,
+    Tool,
+    ToolContext,
+    ToolError,
+    call_user_function,
+    running_in_this_thread,
+)
 
 try:
     from pydantic_ai import Agent, ModelMessagesTypeAdapter
@@ -131,10 +141,27 @@ def effect(*, semantics: Semantics = "unsafe", probe: Callable[[ProbeQuery], Any
 
     def mark(function: F) -> F:
         spec.checked(getattr(function, "__name__", "tool"))
-        setattr(function, _EFFECT_ATTRIBUTE, spec)
-        return function
+        marked = function if inspect.iscoroutinefunction(function) else _tracked(function)
+        setattr(marked, _EFFECT_ATTRIBUTE, spec)
+        return marked
 
     return mark
+
+
+def _tracked(function: F) -> F:
+    """``function`` (sync: pydantic-ai runs it in a worker thread of its own) counted as its jixu call in flight
+    while it runs (:func:`~jixu.threads.tools.running_in_this_thread`): past its timeout, or after a cancellation,
+    it goes on, and its probe is asked, or the call started again, only once it returned."""
+
+    @functools.wraps(function)
+    def tracked(*args: Any, **kwargs: Any) -> Any:
+        current = _current.get()
+        if current is None:
+            return function(*args, **kwargs)
+        with running_in_this_thread(current.effect_id):
+            return function(*args, **kwargs)
+
+    return cast(F, tracked)
 
 
 def current_effect() -> ToolContext:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import enum
@@ -45,7 +46,7 @@ import sys
 import threading
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, TypeAlias, TypeVar, overload
 
 from jixu.errors import InvalidInput, MalformedEvent, ToolDefinitionError, ToolInputError, ToolOutputError
@@ -229,6 +230,20 @@ async def run_call_in_thread(effect_id: str | None, fn: Callable[..., _R], /, *a
         if call.abandoned:
             _end(effect_id, call)
         raise
+
+
+@contextlib.contextmanager
+def running_in_this_thread(effect_id: str) -> Iterator[None]:
+    """Count the code in this block, run in a thread jixu did not start (a framework's own worker thread), as the
+    call of ``effect_id`` in flight, as :func:`run_call_in_thread` counts its own threads."""
+    call = _ThreadedCall()
+    call.started = True
+    with _CALLS_LOCK:
+        _CALLS_IN_THREADS[effect_id] = call
+    try:
+        yield
+    finally:
+        _end(effect_id, call)
 
 
 def _end(effect_id: str, call: _ThreadedCall) -> None:
