@@ -14,6 +14,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -649,3 +650,47 @@ def test_arguments_an_unsafe_tool_refuses_are_no_step_and_the_model_is_told_as_t
     # public preparation does not say it refuses), never an unknown one.
     assert steps == ["append:call_good#1"] or (arguments.startswith('{"words"') and len(steps) == 2), steps
     assert {d.state for d in RecoveryResolver.analyze(log.events()).decisions.values()} == {"completed"}
+
+
+def test_a_sync_tool_cut_off_by_a_cancelled_run_is_probed_once_its_thread_returned(tmp_path: Path) -> None:
+    """The SDK runs a sync function tool in a worker thread of its own: ``asyncio.wait_for`` around a run cut the
+    call off while it slept there, the documented rerun asked its probe at once, which answered ``not_occurred``,
+    and the invoice went out twice. What a call hands the loop's executor now counts as that call in flight."""
+    from agents import Agent, function_tool
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    from jixu import NotOccurred, Occurred, ProbeQuery
+    from jixu.integrations.openai_agents import DurableRunner, current_effect, durable_tool
+
+    bank = tmp_path / "bank.log"
+    bank.write_text("")
+
+    def find(query: ProbeQuery) -> Occurred | NotOccurred:
+        return Occurred(result="sent", evidence={}) if query.idempotency_key in bank.read_text() \
+            else NotOccurred(evidence={})
+
+    @durable_tool(semantics="unsafe", probe=find)
+    @function_tool
+    def send_invoice(customer: str) -> str:
+        """Send an invoice (a slow mail API)."""
+        key = current_effect().idempotency_key
+        time.sleep(0.8)
+        with bank.open("a") as out:
+            out.write(f"{customer} {key}\n")
+        return "sent"
+
+    def agent(*answers: Any) -> Agent[Any]:
+        return Agent(name="billing", tools=[send_invoice], model=ScriptedModel(list(answers)))
+
+    async def main() -> str:
+        runner = DurableRunner(f"sqlite:///{tmp_path / 'billing.db'}")
+        started: list[str] = []
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(runner.run(agent([function_call("send_invoice", {"customer": "ada"},
+                                                                   call_id="c1")], [assistant_message("ok")]),
+                                              "Invoice ada", started=started.append), 0.2)
+        rerun = await runner.run(agent([assistant_message("ok")]), "Invoice ada", thread_id=started[0])
+        return str(rerun.final_output)
+
+    assert asyncio.run(main()) == "ok"
+    assert len(lines(bank)) == 1, "the invoice went out once"

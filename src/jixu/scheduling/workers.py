@@ -94,6 +94,7 @@ from jixu.scheduling.queue import check_limits, claim_some
 from jixu.scheduling.work import repair_queue, thread_id_of
 from jixu.threads.agent import Agent
 from jixu.threads.harness import Harness
+from jixu.threads.tools import CallTrackingExecutor
 
 _T = TypeVar("_T")
 UNBOUNDED = 1_000_000
@@ -846,8 +847,9 @@ def _watch_lifeline(loop: asyncio.AbstractEventLoop, fd: int, worker: Worker) ->
         worker.stop("the pool's parent process is gone")
 
 
-class ToolPool(ThreadPoolExecutor):
-    """The bounded pool a worker's plain ``def`` tools run in (:func:`use_tool_pool`); it counts the calls running."""
+class ToolPool(CallTrackingExecutor):
+    """The bounded pool a worker's plain ``def`` tools run in (:func:`use_tool_pool`); it counts the calls running,
+    and what a call hands it counts as that call in flight (:class:`~jixu.threads.tools.CallTrackingExecutor`)."""
 
     def __init__(self, max_workers: int) -> None:
         super().__init__(max_workers=max_workers, thread_name_prefix="jixu-tool")

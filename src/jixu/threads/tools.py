@@ -47,6 +47,8 @@ import threading
 import types
 import typing
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import ContextVar
 from typing import Any, Literal, TypeAlias, TypeVar, overload
 
 from jixu.errors import InvalidInput, MalformedEvent, ToolDefinitionError, ToolInputError, ToolOutputError
@@ -194,8 +196,21 @@ class _ThreadedCall:
         self.ended = threading.Event()
 
 
-_CALLS_IN_THREADS: dict[str, _ThreadedCall] = {}
+_CALLS_IN_THREADS: dict[str, list[_ThreadedCall]] = {}
+"""Effect id -> its calls running (or queued) in worker threads of this process."""
 _CALLS_LOCK = threading.Lock()
+
+CALL_IN_FLIGHT: ContextVar[str | None] = ContextVar("jixu_call_in_flight", default=None)
+"""The effect id of the call whose code runs in this context (:meth:`Tool.invoke` sets it): work a
+:class:`CallTrackingExecutor` is handed meanwhile counts as that call in flight."""
+
+
+def _register(effect_id: str, started: bool = False) -> _ThreadedCall:
+    call = _ThreadedCall()
+    call.started = started
+    with _CALLS_LOCK:
+        _CALLS_IN_THREADS.setdefault(effect_id, []).append(call)
+    return call
 
 
 async def run_call_in_thread(effect_id: str | None, fn: Callable[..., _R], /, *args: Any, **kwargs: Any) -> _R:
@@ -207,9 +222,7 @@ async def run_call_in_thread(effect_id: str | None, fn: Callable[..., _R], /, *a
     a moment later)."""
     if effect_id is None:
         return await asyncio.to_thread(fn, *args, **kwargs)
-    call = _ThreadedCall()
-    with _CALLS_LOCK:
-        _CALLS_IN_THREADS[effect_id] = call
+    call = _register(effect_id)
 
     def run() -> _R:
         with call.lock:
@@ -236,20 +249,50 @@ async def run_call_in_thread(effect_id: str | None, fn: Callable[..., _R], /, *a
 def running_in_this_thread(effect_id: str) -> Iterator[None]:
     """Count the code in this block, run in a thread jixu did not start (a framework's own worker thread), as the
     call of ``effect_id`` in flight, as :func:`run_call_in_thread` counts its own threads."""
-    call = _ThreadedCall()
-    call.started = True
-    with _CALLS_LOCK:
-        _CALLS_IN_THREADS[effect_id] = call
+    call = _register(effect_id, started=True)
     try:
         yield
     finally:
         _end(effect_id, call)
 
 
+class CallTrackingExecutor(ThreadPoolExecutor):
+    """A thread pool whose work, handed to it while a call's code runs (:data:`CALL_IN_FLIGHT`), counts as that
+    call in flight until it returns (or is cancelled before it started): a framework's own ``asyncio.to_thread``
+    of a sync tool (openai-agents, pydantic-ai) is seen as the tool's call. :meth:`Tool.invoke` makes one the
+    default executor of a loop that has none yet."""
+
+    def submit(self, fn: Callable[..., _R], /, *args: Any, **kwargs: Any) -> Future[_R]:
+        effect_id = CALL_IN_FLIGHT.get()
+        if effect_id is None:
+            return super().submit(fn, *args, **kwargs)
+        call = _register(effect_id, started=True)
+
+        def tracked() -> _R:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _end(effect_id, call)
+
+        future = super().submit(tracked)
+        future.add_done_callback(lambda done: _end(effect_id, call) if done.cancelled() else None)
+        return future
+
+
+def track_calls_on(loop: asyncio.AbstractEventLoop) -> None:
+    """Make a :class:`CallTrackingExecutor` the default executor of ``loop`` when it has none yet (an executor
+    already set, such as a worker's, is kept)."""
+    if getattr(loop, "_default_executor", False) is None:  # CPython's loops keep it there until first used
+        loop.set_default_executor(CallTrackingExecutor(thread_name_prefix="jixu-call"))
+
+
 def _end(effect_id: str, call: _ThreadedCall) -> None:
     with _CALLS_LOCK:
-        if _CALLS_IN_THREADS.get(effect_id) is call:
-            del _CALLS_IN_THREADS[effect_id]
+        calls = _CALLS_IN_THREADS.get(effect_id)
+        if calls is not None and call in calls:
+            calls.remove(call)
+            if not calls:
+                del _CALLS_IN_THREADS[effect_id]
     call.ended.set()
 
 
@@ -261,8 +304,8 @@ async def call_ended(effect_id: str) -> None:
     """Return once no worker thread of this process runs a call of ``effect_id`` (see :func:`run_call_in_thread`)."""
     while True:
         with _CALLS_LOCK:
-            call = _CALLS_IN_THREADS.get(effect_id)
-        if call is None or call.ended.is_set():
+            calls = list(_CALLS_IN_THREADS.get(effect_id, ()))
+        if all(call.ended.is_set() for call in calls):
             return
         await asyncio.sleep(CALL_ENDED_POLL_S)
 
@@ -1337,10 +1380,15 @@ class Tool:
         if self._ctx_name is not None:
             kwargs[self._ctx_name] = ctx
         await call_ended(ctx.effect_id)  # an earlier attempt still running in a thread here: never two at once
-        if self.is_async:
-            result = await self.fn(**kwargs)
-        else:
-            result = await run_call_in_thread(ctx.effect_id, self.fn, **kwargs)
+        track_calls_on(asyncio.get_running_loop())
+        token = CALL_IN_FLIGHT.set(ctx.effect_id)
+        try:
+            if self.is_async:
+                result = await self.fn(**kwargs)
+            else:
+                result = await run_call_in_thread(ctx.effect_id, self.fn, **kwargs)
+        finally:
+            CALL_IN_FLIGHT.reset(token)
         return self._checked_result(result)
 
     def _checked_result(self, result: object) -> Any:
