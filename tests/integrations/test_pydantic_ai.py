@@ -465,6 +465,16 @@ def test_declarations_are_checked_when_made(tmp_path: Path) -> None:
         current_effect()
 
 
+def test_a_run_without_a_thread_id_is_refused_and_records_nothing(tmp_path: Path) -> None:
+    """``thread_id=None`` ran on a new thread whose id the caller never learnt: after a crash it could not be
+    continued."""
+    agent = Agent(FunctionModel(_call_then_echo("noop", {})), name="unkept")
+    with JixuAgent(agent, tmp_path / "a.db") as durable, pytest.raises(InvalidInput, match="new_thread"):
+        durable.run_sync("hello", thread_id=None)  # type: ignore[arg-type]
+    with open_store(f"sqlite:///{tmp_path / 'a.db'}") as store:
+        assert store.list_streams("thread/", after="", limit=10) == []
+
+
 def test_importing_without_pydantic_ai_names_the_extra_to_install() -> None:
     code = ("import sys; sys.modules['pydantic_ai'] = None\n"
             "try:\n    import jixu.integrations.pydantic_ai\nexcept ImportError as e:\n    print(e)")

@@ -531,6 +531,10 @@ class JixuAgent:
         the thread's next run, unless it gives the ended run's ``run_key``: then it replays that run's record (the
         same result, no model or tool call; decision 0051).
         """
+        if not isinstance(thread_id, str):
+            # None ran on a new thread whose id the caller never learnt: after a crash it could not be continued.
+            raise InvalidInput("thread_id must be a thread id: make a thread with new_thread() first and keep its id "
+                               "to run again after a crash", field="thread_id")
         chosen = model if model is not None else self.agent.model
         if chosen is None:
             raise InvalidInput("the agent has no model: give one to the Agent or to run(model=...)", field="model")
