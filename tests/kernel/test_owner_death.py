@@ -129,18 +129,24 @@ def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str
         schema.drop()
 
 
+def _thread_once_running(child: subprocess.Popen[str]) -> str:
+    """The thread id ``child`` printed (``THREAD <id>``), read up to its ``RUNNING`` line (its unsafe call runs)."""
+    assert child.stdout is not None
+    thread_id = ""
+    for line in child.stdout:
+        if line.startswith("THREAD "):
+            thread_id = line.split()[1]
+        if line.startswith("RUNNING"):
+            break
+    return thread_id
+
+
 def _crash_mid_call(url: str) -> str:
     """Run a thread in a child until its unsafe call runs, SIGKILL it there; the thread id."""
     child = subprocess.Popen([sys.executable, "-c", CRASHING, url], env=python_env(), text=True,
                              stdout=subprocess.PIPE, cwd=ROOT)
-    assert child.stdout is not None
-    thread_id = ""
     try:
-        for line in child.stdout:
-            if line.startswith("THREAD "):
-                thread_id = line.split()[1]
-            if line.startswith("RUNNING"):
-                break
+        thread_id = _thread_once_running(child)
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
@@ -259,14 +265,8 @@ def test_a_process_under_the_same_owner_name_as_a_live_one_does_not_take_its_tur
     url, opener = ledger
     child = subprocess.Popen([sys.executable, "-c", RUNNING_AS_APP, url], env=python_env(), text=True,
                              stdout=subprocess.PIPE, cwd=ROOT)
-    assert child.stdout is not None
     try:
-        thread_id = ""
-        for line in child.stdout:
-            if line.startswith("THREAD "):
-                thread_id = line.split()[1]
-            if line.startswith("RUNNING"):
-                break
+        thread_id = _thread_once_running(child)
 
         async def try_to_continue() -> list[Any]:
             store = opener()

@@ -64,18 +64,24 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _stat(pid: int) -> tuple[int, int] | None:
-    """``(process group, start time in clock ticks after boot)`` of a running process ``pid`` (Linux), or None
-    when there is none (a zombie has exited already)."""
-    stat = _read(f"/proc/{pid}/stat")
+def _parse_stat(stat: str | None) -> tuple[int, int, int] | None:
+    """``(parent pid, process group, start time in clock ticks after boot)`` from a ``/proc/<pid>/stat`` text, or
+    None when there is none or the process is a zombie (it has exited already)."""
     if stat is None:
         return None
     try:
         # Fields after the command name (which may hold spaces and parentheses): state is the 3rd field.
         fields = stat[stat.rindex(")") + 2:].split()
-        return None if fields[0] in ("Z", "X") else (int(fields[2]), int(fields[19]))
+        return None if fields[0] in ("Z", "X") else (int(fields[1]), int(fields[2]), int(fields[19]))
     except (ValueError, IndexError):
         return None
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """``(process group, start time in clock ticks after boot)`` of a running process ``pid`` (Linux), or None
+    when there is none (a zombie has exited already)."""
+    found = _parse_stat(_read(f"/proc/{pid}/stat"))
+    return None if found is None else (found[1], found[2])
 
 
 _Scan = dict[int, tuple[int, int, int]]
@@ -97,14 +103,8 @@ def _processes(max_age: float = 0.0) -> _Scan:
     except OSError:
         entries = []
     for entry in entries:
-        if entry.isdigit():
-            stat = _read(f"/proc/{entry}/stat")
-            try:
-                fields = stat[stat.rindex(")") + 2:].split() if stat else []
-                if fields and fields[0] not in ("Z", "X"):
-                    found[int(entry)] = (int(fields[1]), int(fields[2]), int(fields[19]))
-            except (ValueError, IndexError):
-                continue
+        if entry.isdigit() and (parsed := _parse_stat(_read(f"/proc/{entry}/stat"))) is not None:
+            found[int(entry)] = parsed
     _SCANNED = (now, found)
     return found
 
@@ -254,16 +254,16 @@ def group_members(identity: object) -> list[int] | None:
     if checked is None:
         return None
     leader, started, _here = checked
-    found = _stat(leader)
-    if found is not None and found[1] != started:
-        return []
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            seen = _stat(int(entry))
-            if seen is not None and seen[0] == leader and seen[1] >= started:
-                members.append(int(entry))
-    return sorted(members)
+    return _members_in(_processes(), leader, started)
+
+
+def _members_in(scan: _Scan, leader: int, started: int) -> list[int]:
+    """The processes of ``scan`` in the group ``leader`` (started at ``started``) leads, started no earlier than
+    it; ``[]`` when the leader's pid belongs to a process with another start time."""
+    reused = scan.get(leader)
+    if reused is not None and reused[2] != started:
+        return []  # the pid is used again: the kernel gives a pid out only once no group has it
+    return sorted(pid for pid, (_parent, group, start) in scan.items() if group == leader and start >= started)
 
 
 def group_gone(identity: object) -> dict[str, Any] | None:
@@ -296,16 +296,12 @@ def left_running(identity: object, alive_until: float | None = None) -> list[int
     if not isinstance(identity, dict) or "pgid" not in identity or identity.get("pgid") != identity.get("pid") \
             or owner_gone(identity) is None:
         return []
-    leader, started = int(identity["pid"]), int(identity["start_time"])
     scan = _processes(max_age=1.0)
-    reused = scan.get(leader)
-    if reused is not None and reused[2] != started:
-        return []  # the pid is used again: the kernel gives a pid out only once no group has it
     latest = _ticks_at(alive_until + LEFT_RUNNING_MARGIN_S) if alive_until is not None else None
     here = os.getpid()
     mine = {here} | _ancestors_in(scan, here) | _descendants_in(scan, here)
-    return sorted(pid for pid, (_parent, group, start) in scan.items()
-                  if group == leader and start >= started and (latest is None or start <= latest) and pid not in mine)
+    return [pid for pid in _members_in(scan, int(identity["pid"]), int(identity["start_time"]))
+            if pid not in mine and (latest is None or scan[pid][2] <= latest)]
 
 
 def _ticks_at(wall: float) -> int | None:
@@ -427,8 +423,8 @@ class Claim:
     proof: dict[str, Any] | None = None
     """For ``took_over_dead_owner``: :func:`owner_gone`'s proof."""
     stopped: dict[str, Any] | None = None
-    """What the dead holder left running and how it was stopped first (:func:`stop_group`'s report, with the
-    group's ``process``), or None."""
+    """What the dead holder left running and how it was stopped first (:func:`stop_processes`'s report, with the
+    holder's ``process``), or None."""
 
     def record(self) -> dict[str, Any]:
         """The fields every ``*.claimed`` event carries (the claiming process's identity too)."""
@@ -462,7 +458,7 @@ async def take_claim(store: Store, key: str, owner: str, ttl: float, *,
     :data:`TAKE_LOOKS` times at most, then raises :class:`~jixu.errors.FencingError`.
 
     A holder that died leaving processes running in the group it led (:func:`left_running`: a tool's subprocess)
-    has them stopped first (:func:`stop_group`, in a thread), and the claim records how (``stopped``): nothing it
+    has them stopped first (:func:`stop_processes`, in a thread), and the claim records how (``stopped``): nothing it
     started acts on after its work was taken over. :class:`~jixu.errors.LeaseHeld` when they cannot be stopped.
     """
     looks = 0
@@ -759,7 +755,8 @@ class Session:
             period = self.ttl / 3
 
 
-__all__ = ["DEFAULT_LEASE_TTL", "STOP_GRACE_S", "Claim", "LiveClaim", "LEFT_RUNNING_MARGIN_S", "descendants", "lease_pgid", "stop_descendants", "stop_processes", "left_running", "stop_group",
-           "wait_group_gone", "Session", "acquire_claim", "another_live_process", "claim_stream",
-           "dead_holder", "given_back_on_failure", "group_gone", "group_identity", "group_members", "holds", "live_claim", "own_lease",
-           "owner_gone", "process_identity", "recovery_claim", "release", "take_claim"]
+__all__ = ["DEFAULT_LEASE_TTL", "LEFT_RUNNING_MARGIN_S", "STOP_GRACE_S", "Claim", "LiveClaim", "Session",
+           "acquire_claim", "another_live_process", "claim_stream", "dead_holder", "descendants",
+           "given_back_on_failure", "group_gone", "group_identity", "group_members", "holds", "lease_pgid",
+           "left_running", "live_claim", "own_lease", "owner_gone", "process_identity", "recovery_claim", "release",
+           "stop_descendants", "stop_group", "stop_processes", "take_claim", "wait_group_gone"]
