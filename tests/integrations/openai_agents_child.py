@@ -6,7 +6,8 @@ unsafe: its side effect is one fsynced line in ``DIR/lines.log`` carrying the ca
 
 Run as ``python -m tests.integrations.openai_agents_child MODE STORE DIR``: starts a fake server scripted to ask
 for ``append_line("hello")``, runs the agent with :class:`DurableRunner` on STORE, prints ``T <thread_id>``, and
-SIGKILLs itself inside the tool, *after* the line is durable (``after``) or *before* it is written (``before``).
+SIGKILLs itself inside the tool, *after* the line is durable (``after``) or *before* it is written (``before``);
+``nested-after`` runs the same agent as a tool of :func:`boss`.
 """
 
 from __future__ import annotations
@@ -65,6 +66,18 @@ def writer(base_url: str, directory: Path, *, crash: str | None = None, instruct
                  model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client), tools=[append_line])
 
 
+BOSS = Completion(calls=[Call("call_boss", "writer", '{"input": "Write hello"}')])
+"""The boss agent's first answer: ask the writer agent, used as a tool, to write hello."""
+
+
+def boss(base_url: str, directory: Path, *, crash: str | None = None) -> Agent[Any]:
+    """An SDK agent that uses :func:`writer`'s agent as a tool (``Agent.as_tool``), unchanged by jixu."""
+    client = AsyncOpenAI(base_url=base_url, api_key="sk-test", max_retries=0)
+    return Agent(name="boss", instructions="Delegate the writing.",
+                 model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client),
+                 tools=[writer(base_url, directory, crash=crash).as_tool("writer", "Writes lines to the log.")])
+
+
 def runner(url: str, directory: Path, *, probe: bool = True) -> DurableRunner:
     return DurableRunner(url, tools={"append_line": ToolPolicy("unsafe", probe=find_line(directory) if probe
                                                                 else None)})
@@ -73,8 +86,12 @@ def runner(url: str, directory: Path, *, probe: bool = True) -> DurableRunner:
 def main(argv: Sequence[str]) -> None:
     mode, url, directory = argv
     server = FakeOpenAI().start()
-    server.script(HELLO)
-    agent = writer(server.url, Path(directory), crash=mode)
+    if mode.startswith("nested-"):  # the writer agent used as a tool by the boss agent
+        server.script(BOSS, HELLO)
+        agent = boss(server.url, Path(directory), crash=mode.removeprefix("nested-"))
+    else:
+        server.script(HELLO)
+        agent = writer(server.url, Path(directory), crash=mode)
     asyncio.run(runner(url, Path(directory)).run(agent, INPUT, started=lambda thread_id: say("T", thread_id)))
     raise SystemExit("the tool never killed this process")
 

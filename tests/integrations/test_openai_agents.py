@@ -23,7 +23,9 @@ from agents import (
     Agent,
     ModelSettings,
     OpenAIChatCompletionsModel,
+    OpenAIProvider,
     OpenAIResponsesModel,
+    RunConfig,
     RunContextWrapper,
     SQLiteSession,
     function_tool,
@@ -45,7 +47,7 @@ from jixu.integrations.openai_agents import (
 from jixu.ledger import open_store
 from jixu.threads.log import ThreadLog
 from tests.helpers import ROOT, python_env
-from tests.integrations.openai_agents_child import DONE, HELLO, INPUT, lines, runner, writer
+from tests.integrations.openai_agents_child import DONE, HELLO, INPUT, boss, lines, runner, writer
 from tests.providers.fake_servers import Call, Completion, Failure, FakeOpenAI, FakeResponses, Thinking
 
 CHILD_TIMEOUT = 60.0
@@ -694,3 +696,158 @@ def test_a_sync_tool_cut_off_by_a_cancelled_run_is_probed_once_its_thread_return
 
     assert asyncio.run(main()) == "ok"
     assert len(lines(bank)) == 1, "the invoice went out once"
+
+
+# --- agents used as tools (Agent.as_tool) ----------------------------------------------------------------------
+
+
+def _billing(client: AsyncOpenAI, model_kind: str, keys: list[str]) -> tuple[Agent[Any], RunConfig | None]:
+    """A boss agent with a billing agent as its tool; the billing agent's unsafe tool notes its idempotency key.
+    ``model_kind``: the agents hold model objects, or name their model for the run config's provider."""
+
+    @function_tool
+    def charge(amount: int) -> str:
+        """Charge an amount."""
+        keys.append(current_effect().idempotency_key)
+        return f"charged {amount}"
+
+    model: Any = OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client)
+    config = None
+    if model_kind == "provider":
+        model, config = "gpt-4o-mini", RunConfig(model_provider=OpenAIProvider(openai_client=client,
+                                                                                use_responses=False))
+    billing = Agent(name="billing", instructions="Charge what is asked.", model=model, tools=[charge])
+    return Agent(name="boss", instructions="Delegate billing.", model=model,
+                 tools=[billing.as_tool("billing", "Charges amounts.")]), config
+
+
+@pytest.mark.parametrize("model_kind", ["object", "provider"])
+def test_an_agent_used_as_a_tool_runs_durably_each_of_its_calls_a_step_with_its_own_key(
+        tmp_path: Path, openai_server: FakeOpenAI, model_kind: str) -> None:
+    """Before, its calls were not recorded and its tools saw the outer call's identity (two charges went out
+    with one idempotency key); with a model named for the run's provider the run hung for good (the outer
+    call held the run's step lock that the agent's first model call waited for)."""
+    url = _url(tmp_path)
+    keys: list[str] = []
+    openai_server.script(Completion(calls=[Call("o1", "billing", '{"input": "charge 5 and 7"}')]),
+                         Completion(calls=[Call("s1", "charge", '{"amount": 5}'), Call("s2", "charge",
+                                                                                     '{"amount": 7}')]),
+                         Completion(text="charged both"), Completion(text="billing done"))
+    found: list[str] = []
+
+    async def run(thread_id: str | None = None) -> Any:
+        client = AsyncOpenAI(base_url=openai_server.url, api_key="sk-test", max_retries=0)
+        agent, config = _billing(client, model_kind, keys)
+        return await asyncio.wait_for(DurableRunner(url).run(agent, "Bill order 7", thread_id=thread_id,
+                                                             started=found.append, run_config=config,
+                                                             run_key="bill-7"), 30)
+
+    result = asyncio.run(run())
+
+    assert result.final_output == "billing done"
+    log = _log(url, found[0])
+    assert _steps(log) == ["model#1", "billing:o1#1/model#1", "billing:o1#1/charge:s1#1",
+                           "billing:o1#1/charge:s2#1", "billing:o1#1/model#2", "model#2"]
+    intents = {e.data["step"]: e.data for e in log.events() if e.type == "tool.requested"}
+    assert keys == [intents["billing:o1#1/charge:s1#1"]["idempotency_key"],
+                    intents["billing:o1#1/charge:s2#1"]["idempotency_key"]]
+    assert len(set(keys)) == 2, "each charge went out with its own idempotency key"
+    assert _tool_messages(openai_server.bodies[3]) == ["charged both"], "the boss got the agent's answer"
+    analysis = RecoveryResolver.analyze(log.events())
+    assert {d.state for d in analysis.decisions.values()} == {"completed"}
+
+    recorded = len(log.events())
+    again = asyncio.run(run(found[0]))  # the keyed run replays from its record: no request, no charge
+    assert again.final_output == "billing done" and len(openai_server.requests) == 4 and len(keys) == 2
+    assert len(_log(url, found[0]).events()) == recorded
+
+
+def test_agents_used_as_tools_at_once_keep_their_step_keys_whatever_order_their_calls_take(
+        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    """Two calls of an agent tool in one response run at once; each agent loop counts its own steps, so a replay
+    (whose recorded steps return at once, in another order than the live calls took) finds each step's record."""
+    url = _url(tmp_path)
+    client = AsyncOpenAI(base_url=openai_server.url, api_key="sk-test", max_retries=0)
+    keys: list[str] = []
+    agent, _config = _billing(client, "object", keys)
+    one_charge = Completion(calls=[Call("s1", "charge", '{"amount": 5}')])
+    openai_server.script(Completion(calls=[Call("o1", "billing", '{"input": "charge 5 for order 1"}'),
+                                           Call("o2", "billing", '{"input": "charge 5 for order 2"}')]),
+                         one_charge, one_charge, Completion(text="charged"), Completion(text="charged"),
+                         Completion(text="both billed"))
+    found: list[str] = []
+    first = DurableRunner(url).run_sync(agent, "Bill orders 1 and 2", started=found.append, run_key="bill-1-2")
+    steps = _steps(_log(url, found[0]))
+    assert sorted(steps) == sorted(["model#1", "billing:o1#1/model#1", "billing:o2#1/model#1",
+                                    "billing:o1#1/charge:s1#1", "billing:o2#1/charge:s1#1",
+                                    "billing:o1#1/model#2", "billing:o2#1/model#2", "model#2"])
+    assert len(set(keys)) == 2
+
+    again = DurableRunner(url).run_sync(agent, "Bill orders 1 and 2", thread_id=found[0], run_key="bill-1-2")
+    assert again.final_output == first.final_output == "both billed"
+    assert len(openai_server.requests) == 6 and len(keys) == 2
+
+
+@pytest.mark.crash
+def test_killed_inside_an_agent_used_as_a_tool_the_rerun_replays_to_the_cut_call_and_never_runs_it_twice(
+        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    url = _url(tmp_path)
+    thread_id = _crash("nested-after", url, tmp_path)
+    assert len(lines(tmp_path / "lines.log")) == 1
+    log = _log(url, thread_id)
+    assert _steps(log) == ["model#1", "writer:call_boss#1/model#1", "writer:call_boss#1/append_line:call_hello#1"]
+    cut = _effect(log, "writer:call_boss#1/append_line:call_hello#1")
+    assert RecoveryResolver.analyze(log.events()).decisions[cut].state == "unknown"
+
+    openai_server.script(DONE, Completion(text="the writer wrote it"))
+    result = runner(url, tmp_path).run_sync(boss(openai_server.url, tmp_path), INPUT, thread_id=thread_id)
+
+    assert result.final_output == "the writer wrote it"
+    assert len(lines(tmp_path / "lines.log")) == 1, "the unsafe tool ran exactly once"
+    writer_request, boss_request = openai_server.bodies  # both first model calls were replayed from their records
+    assert _tool_messages(writer_request) == ["line 1 written"], "the probe's result is the tool's output"
+    assert _tool_messages(boss_request) == ["wrote it"], "the boss got the writer agent's answer"
+    events = _log(url, thread_id).events()
+    [resolved] = [e for e in events if e.type == "tool.outcome_resolved"]
+    assert (resolved.data["effect_id"], resolved.data["resolution"]) == (cut, "occurred")
+
+
+def test_what_an_agent_tool_cannot_record_is_refused_before_anything_runs(
+        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    client = AsyncOpenAI(base_url=openai_server.url, api_key="sk-test", max_retries=0)
+    sub = Agent(name="sub", model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client))
+
+    async def stream(event: Any) -> None:
+        return None
+
+    refused = {
+        "session": sub.as_tool("sub", "d", session=SQLiteSession("s", str(tmp_path / "session.db"))),
+        "on_stream": sub.as_tool("sub", "d", on_stream=stream),
+        "needs_approval": sub.as_tool("sub", "d", needs_approval=True),
+        "a policy": durable_tool(semantics="idempotent")(sub.as_tool("sub", "d")),
+    }
+    for what, tool in refused.items():
+        agent = Agent(name="boss", model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client),
+                      tools=[tool])
+        with pytest.raises(InvalidInput) as raised:
+            DurableRunner(_url(tmp_path)).run_sync(agent, "Go", started=lambda _t: pytest.fail("it started"))
+        assert raised.value.details.get("field") == "tools", what
+    plain = Agent(name="boss", model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client),
+                  tools=[sub.as_tool("sub", "d")])
+    with pytest.raises(InvalidInput, match="agent used as a tool"):
+        DurableRunner(_url(tmp_path), tools={"sub": "idempotent"}).run_sync(plain, "Go")
+    assert openai_server.requests == [] and not (tmp_path / "jixu.db").exists()
+
+
+def test_agents_that_are_each_others_tools_run(tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    client = AsyncOpenAI(base_url=openai_server.url, api_key="sk-test", max_retries=0)
+    model = OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client)
+    first, second = Agent(name="first", model=model), Agent(name="second", model=model)
+    first.tools.append(second.as_tool("second", "Asks the second agent."))
+    second.tools.append(first.as_tool("first", "Asks the first agent."))
+    openai_server.script(Completion(calls=[Call("a", "second", '{"input": "hi"}')]), Completion(text="second here"),
+                         Completion(text="done"))
+    found: list[str] = []
+    result = DurableRunner(_url(tmp_path)).run_sync(first, "Go", started=found.append)
+    assert result.final_output == "done"
+    assert _steps(_log(_url(tmp_path), found[0])) == ["model#1", "second:a#1/model#1", "model#2"]

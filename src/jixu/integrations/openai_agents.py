@@ -29,7 +29,11 @@ SDK, unchanged, with the agent's model and function tools wrapped so that
   ``needs_approval`` becomes a parked call (``jixu threads approve`` /
   ``deny``), a denial the SDK's own rejection message;
 - every handoff is an ``idempotent`` step ``handoff`` recording the agents
-  from and to.
+  from and to;
+- an agent used as a tool (``Agent.as_tool``) is no step of its own: the SDK's
+  invoker runs the agent's durable clone, so its model calls, tool calls and
+  handoffs are steps of this run, keyed under the tool call's key
+  (``billing:call_7#1/model#1``; decision 0059).
 
 All of them go through the thread's own path through the effect kernel
 (intent, dispatch marker, receipt) and are judged by the resolver alone: an
@@ -46,6 +50,7 @@ import importlib
 import json
 import math
 import os
+import types
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, get_args
@@ -319,7 +324,8 @@ class _DurableModel(Model):
                            previous_response_id: str | None, conversation_id: str | None,
                            prompt: Any) -> ModelResponse:
         steps = self._steps
-        number = steps.model_calls + 1  # counted when answered: the SDK's own retry asks for the same call again
+        scope = steps.scope()
+        number = scope.model_calls + 1  # counted when answered: the SDK's own retry asks for the same call again
         args = {"model": self.model_name,
                 "request": _request_hash(system_instructions, input, model_settings, tools, output_schema,
                                          handoffs, previous_response_id, conversation_id, prompt)}
@@ -338,22 +344,22 @@ class _DurableModel(Model):
             return dump_model_response(response)
 
         while True:
-            generation = steps.model_generation.get(number, 1)
-            key = f"{MODEL_STEP}#{number}" + (f".{generation}" if generation > 1 else "")
+            generation = scope.model_generation.get(number, 1)
+            key = scope.key(f"{MODEL_STEP}#{number}" + (f".{generation}" if generation > 1 else ""))
             try:
                 recorded = await steps.run.effect(MODEL_STEP, args, call=call, semantics="read_only", key=key)
             except StepFailed as failed:
                 if failed.details.get("reason") != "failed":
                     raise
-                steps.model_generation[number] = generation + 1
+                scope.model_generation[number] = generation + 1
                 if raised:  # the SDK sees the model's own error, as without jixu
                     raise raised[0] from raised[0].__cause__
                 continue  # a call that failed in an earlier process: ask the model again
             if not isinstance(recorded, dict):
                 # Settled by an operator (``occurred``) without the response: there is nothing to replay.
-                steps.model_generation[number] = generation + 1
+                scope.model_generation[number] = generation + 1
                 continue
-            steps.model_calls = number
+            scope.model_calls = number
             # The SDK gets the response rebuilt from its record, now as on every rerun: both see the same.
             return load_model_response(recorded)
 
@@ -382,18 +388,45 @@ class _DurableProvider(ModelProvider):
         await self._provider.aclose()
 
 
+@dataclasses.dataclass(eq=False)
+class _Scope:
+    """The step counters of one agent loop of a :class:`DurableRunner` run: the run's own (``prefix`` empty) or
+    the loop of an agent used as a tool (``prefix``: that tool call's step key). Each loop counts its own model
+    calls, tool calls and handoffs, so the steps of agent tools running at once keep their keys on every rerun,
+    whatever order the calls of the loops interleave in."""
+
+    steps: _RunSteps
+    prefix: str = ""
+    model_calls: int = 0
+    model_generation: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Per model call, the next step key's generation (``model#3.2`` after ``model#3`` failed)."""
+    handoffs: int = 0
+    tool_calls: Counter[tuple[str, str]] = dataclasses.field(default_factory=Counter)
+
+    def key(self, local: str) -> str:
+        """The run's step key for this loop's ``local`` key (``<prefix>/<local>``; a digest when too long)."""
+        if not self.prefix:
+            return local
+        key = f"{self.prefix}/{local}"
+        return key if len(key) <= STEP_KEY_CHARS else f"~{hashlib.sha256(key.encode()).hexdigest()[:40]}"
+
+
+_SCOPE: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("jixu_openai_agents_scope", default=None)
+
+
 class _RunSteps:
     """What one :meth:`DurableRunner.run` wraps: its durable run, its step counters, its wrapped agents."""
 
     def __init__(self, run: DurableRun, policies: Mapping[str, ToolPolicy]) -> None:
         self.run = run
         self._policies = policies
-        self.model_calls = 0
-        self.model_generation: dict[int, int] = {}
-        """Per model call, the next step key's generation (``model#3.2`` after ``model#3`` failed)."""
-        self._handoffs = 0
-        self._tool_calls: Counter[tuple[str, str]] = Counter()
+        self.root = _Scope(self)
         self._agents: dict[int, Agent[Any]] = {}
+
+    def scope(self) -> _Scope:
+        """The agent loop running now: an agent tool's (set while it runs), else the run's own."""
+        found = _SCOPE.get()
+        return found if found is not None and found.steps is self else self.root
 
     def model(self, model: Model) -> Model:
         return model if isinstance(model, _DurableModel) else _DurableModel(model, self)
@@ -424,6 +457,8 @@ class _RunSteps:
         return clone
 
     def _tool(self, tool: FunctionTool) -> FunctionTool:
+        if getattr(tool, "_is_agent_tool", False):
+            return self._agent_tool(tool)
         policy = self.policy(tool)
         original = handled = tool.on_invoke_tool
         # A tool made by the SDK's function_tool reads its arguments as a JSON object before any code of its own
@@ -454,8 +489,9 @@ class _RunSteps:
                 approval = parsed is None or bool(await needs_approval(ctx, args, call_id))
             else:
                 approval = bool(needs_approval)
-            self._tool_calls[(name, call_id)] += 1  # a model may reuse a call id in a later response
-            key = _short_key(name, f"{call_id}#{self._tool_calls[(name, call_id)]}")
+            scope = self.scope()
+            scope.tool_calls[(name, call_id)] += 1  # a model may reuse a call id in a later response
+            key = scope.key(_short_key(name, f"{call_id}#{scope.tool_calls[(name, call_id)]}"))
 
             async def call(effect: ToolContext) -> Any:
                 token = _CURRENT.set(effect)
@@ -485,12 +521,60 @@ class _RunSteps:
         # The SDK never interrupts for approval here: a call needing one is parked by jixu and waits for it.
         return dataclasses.replace(tool, on_invoke_tool=invoke, needs_approval=False)
 
+    def _agent_tool(self, tool: FunctionTool) -> FunctionTool:
+        """An agent used as a tool (``Agent.as_tool``): the SDK's own invoker, running the durable clone of the
+        agent (its model calls, tool calls and handoffs are steps of this run, keyed under this call's key) with
+        this run's model provider. The call is no step of its own: what it returns is rebuilt from its steps."""
+        sdk_invoker, run_agent, sub_agent = _agent_tool_parts(tool)
+        name = tool.name
+        config = _cell(run_agent, "run_config")
+
+        async def run_durably(ctx: Any, input_json: str) -> Any:
+            # The agent is wrapped when called (as handoffs are), so agents that are each other's tools are fine.
+            cells: dict[str, Any] = {"self": self.agent(sub_agent)}
+            if config is not None:  # the tool's own run config replaces the run's for the agent's loop
+                cells["run_config"] = self.config(RunConfig(**config) if isinstance(config, dict) else config)
+            try:
+                return await _with_cells(run_agent, cells)(ctx, input_json)
+            except Exception as error:
+                found = _jixu_error(error)
+                if found is None:
+                    raise  # the SDK's failure handling tells the model, as without jixu
+                raise _StepStop(found) from error  # past that handling: the run stops, as for any step's error
+
+        invoker: list[Any] = []
+
+        async def invoke(ctx: Any, input_json: str) -> Any:
+            call_id = str(getattr(ctx, "tool_call_id", "") or "")
+            scope = self.scope()
+            scope.tool_calls[(name, call_id)] += 1
+            token = _SCOPE.set(_Scope(self, scope.key(_short_key(name, f"{call_id}#{scope.tool_calls[(name, call_id)]}"))))
+            try:
+                return await invoker[0](ctx, input_json)
+            except _StepStop as stop:
+                raise stop.error from stop.__cause__
+            finally:
+                _SCOPE.reset(token)
+
+        durable_tool = dataclasses.replace(tool, on_invoke_tool=invoke)
+        invoker.append(type(sdk_invoker)(run_durably, sdk_invoker._on_handled_error).__agents_bind_function_tool__(
+            durable_tool))
+        return durable_tool
+
+    def config(self, config: RunConfig) -> RunConfig:
+        """``config`` with its model provider (and model) durable in this run."""
+        changes: dict[str, Any] = {"model_provider": _DurableProvider(config.model_provider, self)}
+        if isinstance(config.model, Model):
+            changes["model"] = self.model(config.model)
+        return dataclasses.replace(config, **changes)
+
     def _handoff(self, given: Handoff[Any, Any], source: Agent[Any]) -> Handoff[Any, Any]:
         original = given.on_invoke_handoff
 
         async def invoke(ctx: Any, input_json: str) -> Agent[Any]:
-            self._handoffs += 1
-            key = f"{HANDOFF_STEP}#{self._handoffs}"
+            scope = self.scope()
+            scope.handoffs += 1
+            key = scope.key(f"{HANDOFF_STEP}#{scope.handoffs}")
             taken: list[Any] = []
 
             async def call(effect: ToolContext) -> JSONObject:
@@ -520,6 +604,62 @@ class _RunSteps:
         return dataclasses.replace(given, on_invoke_handoff=invoke)
 
 
+class _StepStop(BaseException):
+    """A step's jixu error carried past the SDK's handling of an agent tool's exceptions (which would tell the
+    model): the run stops as for any step's error."""
+
+    def __init__(self, error: JixuError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def _agent_tool_parts(tool: FunctionTool) -> tuple[Any, Callable[..., Any], Agent[Any]]:
+    """An agent tool's SDK invoker, the function it calls (which runs the agent) and the agent; InvalidInput
+    when the tool is not what ``Agent.as_tool`` of the SDK versions jixu knows makes, or uses what a run cannot
+    record (a session, streaming, the SDK's approval)."""
+    invoker = tool.on_invoke_tool
+    run_agent: Any = getattr(invoker, "_invoke_tool_impl", None)
+    agent = getattr(tool, "_agent_instance", None)
+    code = getattr(run_agent, "__code__", None)
+    if (not isinstance(agent, Agent) or code is None or not hasattr(invoker, "_on_handled_error")
+            or not hasattr(invoker, "__agents_bind_function_tool__")
+            or not {"self", "run_config", "session", "on_stream"} <= set(code.co_freevars)
+            or _cell(run_agent, "self") is not agent):
+        raise InvalidInput(f"tool {tool.name!r} is an agent used as a tool, made in a way DurableRunner does not "
+                           "know (it knows Agent.as_tool of openai-agents 0.24): it cannot be made durable",
+                           field="tools")
+    refusal = None
+    if _cell(run_agent, "session") is not None:
+        refusal = "a session (it changes the input a rerun sees)"
+    elif _cell(run_agent, "on_stream") is not None:
+        refusal = "on_stream (a streamed run is not durable)"
+    elif tool.needs_approval is not False:
+        refusal = "needs_approval (the calls of its agent are the steps: require approval on its tools)"
+    if refusal is not None:
+        raise InvalidInput(f"agent tool {tool.name!r} (agent {agent.name!r}) has {refusal}: DurableRunner cannot "
+                           "record it", field="tools")
+    return invoker, run_agent, agent
+
+
+def _cell(function: Any, name: str) -> Any:
+    """The value ``function``'s closure holds for the free variable ``name`` (None if it has none)."""
+    names = getattr(getattr(function, "__code__", None), "co_freevars", ())
+    if name not in names:
+        return None
+    return function.__closure__[names.index(name)].cell_contents
+
+
+def _with_cells(function: Any, values: Mapping[str, Any]) -> Callable[..., Any]:
+    """A copy of ``function`` whose closure holds ``values`` for those free variables (``function`` unchanged)."""
+    names = function.__code__.co_freevars
+    closure = tuple(types.CellType(values[n]) if n in values else cell
+                    for n, cell in zip(names, function.__closure__, strict=True))
+    copy = types.FunctionType(function.__code__, function.__globals__, function.__name__, function.__defaults__,
+                              closure)
+    copy.__kwdefaults__ = function.__kwdefaults__
+    return copy
+
+
 def _step_name(tool_name: str) -> str:
     """A jixu tool name for an SDK tool name (jixu names are ``[a-zA-Z_][a-zA-Z0-9_-]{0,63}``)."""
     cleaned = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in tool_name)[:64]
@@ -540,7 +680,7 @@ def refuse_local_tools(agent: Agent[Any]) -> None:
 
 
 def _reachable(agent: Agent[Any]) -> list[Agent[Any]]:
-    """The agent and every agent its handoffs (known in advance) lead to."""
+    """The agent and every agent its handoffs (known in advance) lead to or it uses as a tool."""
     seen: dict[int, Agent[Any]] = {}
     todo = [agent]
     while todo:
@@ -548,6 +688,8 @@ def _reachable(agent: Agent[Any]) -> list[Agent[Any]]:
         if id(current) in seen:
             continue
         seen[id(current)] = current
+        todo.extend(_agent_tool_parts(t)[2] for t in current.tools
+                    if isinstance(t, FunctionTool) and getattr(t, "_is_agent_tool", False))
         for item in current.handoffs:
             if isinstance(item, Agent):
                 todo.append(item)
@@ -637,7 +779,15 @@ class DurableRunner:
         tool_names: set[str] = set()
         for each in agents:
             refuse_local_tools(each)
-            tool_names.update(t.name for t in each.tools if isinstance(t, FunctionTool))
+            for tool in each.tools:
+                if not isinstance(tool, FunctionTool):
+                    continue
+                if not getattr(tool, "_is_agent_tool", False):
+                    tool_names.add(tool.name)
+                elif tool.name in self._policies or getattr(tool, _POLICY_ATTRIBUTE, None) is not None:
+                    raise InvalidInput(f"tool {tool.name!r} is an agent used as a tool: it is no step of its own "
+                                       "(its model and tool calls are); declare the semantics of its tools",
+                                       field="tools")
         unknown = sorted(set(self._policies) - tool_names)
         if unknown:
             raise InvalidInput(f"tools= names no function tool of agent {agent.name!r} or the agents it hands off "
@@ -661,13 +811,9 @@ class DurableRunner:
             if started is not None:
                 started(run.thread_id)
             steps = _RunSteps(run, self._policies)
-            config = run_config if run_config is not None else RunConfig()
-            changes: dict[str, Any] = {"model_provider": _DurableProvider(config.model_provider, steps)}
-            if isinstance(config.model, Model):
-                changes["model"] = steps.model(config.model)
+            config = steps.config(run_config if run_config is not None else RunConfig())
             try:
-                result = await Runner.run(steps.agent(starting_agent), input,
-                                          run_config=dataclasses.replace(config, **changes), **kwargs)
+                result = await Runner.run(steps.agent(starting_agent), input, run_config=config, **kwargs)
             except Exception as error:
                 found = _jixu_error(error)
                 shown: Exception = found if isinstance(found, Exception) else error
