@@ -715,3 +715,48 @@ def test_a_sync_tool_past_its_timeout_is_probed_once_it_returned_and_charged_onc
 
     assert asyncio.run(main()) == "Done: found"
     assert len(lines(bank)) == 1
+
+
+def test_a_sync_tool_declared_by_name_cut_off_by_a_cancelled_run_is_probed_once_it_returned(tmp_path: Path) -> None:
+    """A tool declared only by ``tool_semantics=`` / ``probes=`` (no ``@effect``) ran in pydantic-ai's own thread,
+    unseen: after ``asyncio.wait_for`` cut the run off, the documented rerun asked the probe while the charge still
+    slept in its thread, was told ``not_occurred`` and charged a second time. pydantic-ai's sync tools now run on
+    jixu's call-tracking executor."""
+    bank = tmp_path / "bank.log"
+    bank.write_text("")
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        returns = [part for message in messages for part in message.parts if isinstance(part, ToolReturnPart)]
+        if returns:
+            return ModelResponse(parts=[TextPart(f"Done: {returns[-1].content}")])
+        return ModelResponse(parts=[ToolCallPart("charge", {"order": 7}, tool_call_id="c7")])
+
+    def find_charge(query: ProbeQuery) -> Occurred | NotOccurred:
+        if query.idempotency_key in bank.read_text():
+            return Occurred(result="found", evidence={})
+        return NotOccurred(evidence={})
+
+    agent = Agent(FunctionModel(model), name="shop")
+
+    @agent.tool_plain
+    def charge(order: int) -> str:
+        """Charge an order (a slow payment API)."""
+        key = current_effect().idempotency_key
+        time.sleep(0.8)
+        with bank.open("a") as out:
+            out.write(f"{order} {key}\n")
+        return f"charged {order}"
+
+    async def main() -> str:
+        durable = JixuAgent(agent, tmp_path / "shop.db", tool_semantics={"charge": "unsafe"},
+                            probes={"charge": find_charge})
+        try:
+            thread_id = await durable.new_thread()
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(durable.run("Charge order 7.", thread_id=thread_id), 0.3)
+            return str((await durable.run("Charge order 7.", thread_id=thread_id)).output)
+        finally:
+            durable.close()
+
+    assert asyncio.run(main()) == "Done: found"
+    assert len(lines(bank)) == 1, "charged once"

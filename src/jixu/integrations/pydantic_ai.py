@@ -39,10 +39,12 @@ dispatch is ``unknown`` and is never run again (its probe or an operator settles
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import inspect
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
@@ -55,6 +57,7 @@ from jixu.threads.harness import Harness
 from jixu.threads.model import unfinished_answer
 from jixu.threads.steps import DurableRun, run_failure, steps_agent
 from jixu.threads.tools import (
+    CallTrackingExecutor,
     Occurred,
     ProbeQuery,
     Tool,
@@ -66,6 +69,7 @@ from jixu.threads.tools import (
 
 try:
     from pydantic_ai import Agent, ModelMessagesTypeAdapter
+    from pydantic_ai import _utils as _pydantic_utils
     from pydantic_ai.durable_exec import JSON_CODEC, CallToolResult
     from pydantic_ai.durable_exec._toolset import unwrap_tool_call_result, wrap_tool_call_result
     from pydantic_ai.exceptions import ApprovalRequired, ModelHTTPError
@@ -162,6 +166,27 @@ def _tracked(function: F) -> F:
             return function(*args, **kwargs)
 
     return cast(F, tracked)
+
+
+_EXECUTOR_LOCK = threading.Lock()
+_EXECUTOR: list[CallTrackingExecutor] = []
+
+
+@contextlib.contextmanager
+def _calls_seen() -> Iterator[None]:
+    """pydantic-ai's sync tools run on a :class:`~jixu.threads.tools.CallTrackingExecutor` (its
+    ``Agent.using_thread_executor``), so each counts as its jixu call in flight until it returns, however the tool
+    was declared (decision 0058). An executor the application chose is kept (and then only ``@effect`` functions
+    are seen)."""
+    chosen = getattr(_pydantic_utils, "_thread_executor", None)
+    if chosen is not None and chosen.get() is not None:
+        yield
+        return
+    with _EXECUTOR_LOCK:
+        if not _EXECUTOR:
+            _EXECUTOR.append(CallTrackingExecutor(thread_name_prefix="jixu-pydantic-ai"))
+    with Agent.using_thread_executor(_EXECUTOR[0]):
+        yield
 
 
 def current_effect() -> ToolContext:
@@ -550,7 +575,7 @@ class JixuAgent:
             if "conversation_id" not in options and not options.get("message_history"):
                 options["conversation_id"] = run.thread_id
             try:
-                with self.agent.override(model=durable_model, toolsets=wrapped, tools=[]):
+                with self.agent.override(model=durable_model, toolsets=wrapped, tools=[]), _calls_seen():
                     result = await self.agent.run(user_prompt, **options)
             except BaseException as error:
                 failure = None if error is durable_model.model_error else _failure(error)
