@@ -471,6 +471,14 @@ class MCPConnectionError(JixuError):
     code = "mcp_connection"
 
 
+class MCPToolOutcomeUnknown(JixuError):
+    """An ``unsafe`` MCP tool answered ``isError``: the server SDK answers an exception its tool code raised after
+    acting the same way, so whether the tool acted is unknown (unless the tool is declared in
+    ``errors_before_acting``)."""
+
+    code = "mcp_tool_outcome_unknown"
+
+
 class ModelError(JixuError):
     """A model driver failed. ``indeterminate`` says whether the call may have been processed."""
 
@@ -504,6 +512,7 @@ __all__ = [
     "JixuError",
     "LeaseHeld",
     "MCPConnectionError",
+    "MCPToolOutcomeUnknown",
     "MissingExtra",
     "MalformedEvent",
     "ModelError",

@@ -73,6 +73,15 @@ async def send_note(text: str, ctx: Context) -> str:
     return "sent"
 
 
+@server.tool()
+async def ship(order: str, ctx: Context) -> str:
+    """Ship an order (unsafe). Order ``lost`` fails *after* the parcel left: the SDK answers isError all the same."""
+    await _arrived("ship", {"order": order}, ctx)
+    if order == "lost":
+        raise ToolError("the carrier did not confirm the pickup")
+    return f"shipped {order}"
+
+
 @server.tool(name="stock.count", annotations=ToolAnnotations(read_only_hint=True))
 async def stock_count(ctx: Context) -> int:
     """A tool name jixu cannot use as it is (it has a dot)."""

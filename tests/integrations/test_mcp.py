@@ -3,7 +3,8 @@ the SDK's MCPServer, run as a subprocess over stdio and as a real uvicorn proces
 
 What they prove: the semantics the annotations give and their overrides; an agent calling MCP tools through
 the thread's path, the idempotency key reaching the server (argument and ``_meta``) and nothing called again on
-reopen; ``isError`` and bad arguments as determinate failures; a server SIGKILLed during an unsafe call leaves it
+reopen; ``isError`` of a read-only tool and bad arguments as determinate failures, ``isError`` of an unsafe tool
+as an unknown outcome; a server SIGKILLed during an unsafe call leaves it
 ``unknown`` and it is not sent again, while a read-only call is sent again to a server started anew; a server
 that cannot be started again is a determinate failure (nothing sent); MCP tools as durable steps; and the
 clear error without the extra. Every server call is counted in a journal file the server writes.
@@ -121,7 +122,7 @@ def test_tools_take_name_description_schema_and_semantics_from_the_server_and_ov
             tools = {tool.name: tool for tool in server.tools()}
             assert {name: tool.semantics for name, tool in tools.items()} == {
                 "price": "read_only", "reserve": "idempotent", "charge": "unsafe", "send_note": "unsafe",
-                "stock_count": "read_only"}  # "stock.count" on the server: a dot is no jixu name
+                "ship": "unsafe", "stock_count": "read_only"}  # "stock.count" on the server: a dot is no jixu name
             assert tools["price"].description == "The price of a product, in cents."
             assert tools["price"].parameters["required"] == ["sku"]
             # charge declares idempotency_key: jixu fills it in, so the model is not shown it
@@ -146,7 +147,7 @@ def test_tools_take_name_description_schema_and_semantics_from_the_server_and_ov
         async with jixu_mcp.connect_http(url, trust_annotations=False, semantics={"reserve": "idempotent"}) as server:
             assert {tool.name: tool.semantics for tool in server.tools()} == {
                 "price": "unsafe", "reserve": "idempotent", "charge": "unsafe", "send_note": "unsafe",
-                "stock_count": "unsafe"}
+                "ship": "unsafe", "stock_count": "unsafe"}
 
         with pytest.raises(InvalidInput, match="lists no tool refund"):
             async with jixu_mcp.connect_http(url, semantics={"refund": "unsafe"}):
@@ -238,6 +239,50 @@ def test_is_error_and_bad_arguments_are_determinate_failures(tmp_path: Path, sho
                 for intent in _requested(store, thread.stream):
                     assert state.effects[intent["effect_id"]].state == "completed"
                 assert [c["args"] for c in _calls(journal, "price")[before:]] == [{"sku": "plum"}]
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["unsafe", "errors-before-acting"])
+def test_is_error_of_an_unsafe_tool_leaves_its_outcome_unknown_unless_its_errors_come_before_it_acts(
+        tmp_path: Path, shop: tuple[str, Path], declared: bool) -> None:
+    """The server SDK answers an exception raised after the tool acted with isError. Taken as a determinate
+    failure, the model was told the shipment failed and shipped again (two parcels); now the call is unknown and the
+    thread waits for its probe or an operator, unless the tool is declared to report its errors before acting."""
+    url, journal = shop
+    script = [ToolCall("ship", {"order": "lost"}), ToolCall("ship", {"order": "lost"}), "Shipped it."]
+    options = {"errors_before_acting": ["ship"]} if declared else {}
+
+    async def scenario() -> None:
+        async with jixu_mcp.connect_http(url, **options) as server:
+            with SQLiteStore(tmp_path / "t.db") as store:
+                thread = await Harness(Agent("clerk", ScriptedModel(script), tools=server.tools()), store
+                                       ).create_thread()
+                before = len(_calls(journal, "ship"))
+                await thread.send("ship the lost order")
+                state = await thread.wait()
+                [first, *_] = _requested(store, thread.stream)
+                decision = state.effects[first["effect_id"]]
+                if declared:  # the model is told, and calls again (as it would without jixu)
+                    assert state.status == "idle" and decision.state == "completed"
+                    assert len(_calls(journal, "ship")[before:]) == 2
+                else:
+                    assert state.status == "waiting" and decision.state == "unknown", (state.status, decision)
+                    assert len(_calls(journal, "ship")[before:]) == 1, "shipped once, never again"
+                    [failed] = [e for e in store.read(thread.stream) if e.type == "tool.failed"]
+                    assert failed.data["indeterminate"] is True
+                    assert failed.data["error"]["code"] == "mcp_tool_outcome_unknown"
+
+    asyncio.run(scenario())
+
+
+def test_errors_before_acting_must_name_listed_tools(tmp_path: Path, shop: tuple[str, Path]) -> None:
+    url, _journal = shop
+
+    async def scenario() -> None:
+        with pytest.raises(InvalidInput, match="errors_before_acting"):
+            async with jixu_mcp.connect_http(url, errors_before_acting=["shipp"]):
+                pass
 
     asyncio.run(scenario())
 

@@ -27,11 +27,14 @@ server two ways: always in the request's ``_meta`` as ``jixu/idempotency_key`` (
 the model (it is not in the schema the model is shown, nor in the recorded arguments).
 
 A result maps to the tool's result: ``structuredContent`` when the server sends it, else the text of its text
-blocks (joined by newlines), else ``{"content": [blocks]}``. ``isError`` is a determinate failure
-(:class:`~jixu.ToolError` code ``mcp_tool_error``), and so is a JSON-RPC error saying the tool was not run
-(unknown tool or invalid arguments: codes -32601, -32602). Note that the official server SDK answers an exception
-its tool code raised with ``isError`` too, even one raised after the tool acted: a server with unsafe tools should
-deduplicate by the idempotency key (below). Anything else that stops a call after its request may have been sent
+blocks (joined by newlines), else ``{"content": [blocks]}``. ``isError`` of a ``read_only`` or ``idempotent``
+tool is a determinate failure (:class:`~jixu.ToolError` code ``mcp_tool_error``), and so is a JSON-RPC error saying
+the tool was not run (unknown tool or invalid arguments: codes -32601, -32602). ``isError`` of an ``unsafe`` tool
+leaves its outcome unknown (:class:`~jixu.errors.MCPToolOutcomeUnknown`; its probe or an operator settles it): the
+official server SDK answers an exception its tool code raised with ``isError`` too, even one raised after the tool
+acted, and a model told of a failure calls again, under a new key. Name the unsafe tools whose code reports every
+error before acting in ``errors_before_acting=``: their ``isError`` is a determinate failure. Anything else that
+stops a call after its request may have been sent
 (the server died, the connection broke, a timeout, any other JSON-RPC error) has an unknown outcome: an ``unsafe`` call stays ``unknown`` for a probe or an operator, a retry-safe one is
 called again by the resolver's decision. Nothing here re-sends a call: a dead session is replaced (the stdio
 server started again) before the next call, and if that fails the call is a determinate failure
@@ -52,7 +55,13 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequen
 from types import TracebackType
 from typing import Any, Self, TextIO, TypedDict, Unpack
 
-from jixu.errors import InvalidInput, MCPConnectionError, MissingExtra, ToolDefinitionError
+from jixu.errors import (
+    InvalidInput,
+    MCPConnectionError,
+    MCPToolOutcomeUnknown,
+    MissingExtra,
+    ToolDefinitionError,
+)
 from jixu.threads.steps import DurableRun
 from jixu.threads.tools import ArgumentsSchema, ProbeQuery, Semantics, Tool, ToolContext, ToolError
 
@@ -111,6 +120,9 @@ class ConnectOptions(TypedDict, total=False):
     key_argument: str | None
     """The input property that receives the idempotency key when a tool declares it (default
     ``idempotency_key``; None: only ``_meta``)."""
+    errors_before_acting: Collection[str]
+    """``unsafe`` tools whose ``isError`` means they did not act (their code reports every error before it acts):
+    a determinate failure. For any other ``unsafe`` tool ``isError`` leaves the outcome unknown."""
 
 
 # --- pure mappings ------------------------------------------------------------------------------
@@ -416,7 +428,7 @@ class Connection:
         keyed: dict[str, Collection[str]] = {
             "semantics": options.get("semantics") or {}, "probes": options.get("probes") or {},
             "requires_approval": options.get("requires_approval") or (), "names": options.get("names") or {},
-            "include": options.get("include") or ()}
+            "include": options.get("include") or (), "errors_before_acting": options.get("errors_before_acting") or ()}
         for option, given in keyed.items():
             unknown = sorted(set(given) - set(by_name))
             if unknown:
@@ -448,8 +460,12 @@ class Connection:
         description = listed.wire.get("description") or (listed.wire.get("annotations") or {}).get("title") or ""
         connection = self
 
+        # The server SDK answers an exception its tool code raised after acting with isError too: for an unsafe
+        # tool that is no proof that nothing happened, unless the user says its errors come before it acts.
+        error_unknown = semantics == "unsafe" and listed.name not in (options.get("errors_before_acting") or ())
+
         async def call_mcp_tool(jixu_context: ToolContext, **arguments: Any) -> Any:
-            return await connection._call(listed, arguments, jixu_context)
+            return await connection._call(listed, arguments, jixu_context, error_unknown=error_unknown)
 
         if _CONTEXT in (listed.arguments.schema.get("properties") or {}):
             raise ToolDefinitionError(f"MCP tool {listed.name!r} has an argument named {_CONTEXT!r}, the name jixu "
@@ -494,12 +510,23 @@ class Connection:
         wire = await self._send(listed.name, dict(arguments or {}), {})
         return tool_result(wire, tool=listed.name)
 
-    async def _call(self, listed: _Listed, arguments: dict[str, Any], ctx: ToolContext) -> Any:
-        """One attempt of a jixu tool call (its marker is durable): the key added, sent once, the result mapped."""
+    async def _call(self, listed: _Listed, arguments: dict[str, Any], ctx: ToolContext, *,
+                    error_unknown: bool) -> Any:
+        """One attempt of a jixu tool call (its marker is durable): the key added, sent once, the result mapped;
+        ``error_unknown``: an ``isError`` answer leaves the outcome unknown (:class:`MCPToolOutcomeUnknown`)."""
         if listed.key_argument is not None:
             arguments = {**arguments, listed.key_argument: ctx.idempotency_key}
         meta = {META_IDEMPOTENCY_KEY: ctx.idempotency_key, META_EFFECT_ID: ctx.effect_id, META_ATTEMPT: ctx.attempt}
-        return tool_result(await self._send(listed.name, arguments, meta), tool=listed.name)
+        try:
+            return tool_result(await self._send(listed.name, arguments, meta), tool=listed.name)
+        except ToolError as error:
+            if not error_unknown or error.code != "mcp_tool_error":
+                raise
+            raise MCPToolOutcomeUnknown(
+                f"the unsafe MCP tool {listed.name!r} answered isError ({error.message[:500]}); the server SDK "
+                "answers an exception raised after the tool acted the same way, so whether it acted is unknown "
+                "(declare it in errors_before_acting= if its errors always come before it acts)",
+                server=self._label, tool=listed.name, content=error.data) from error
 
     async def _live(self) -> _Session:
         """The live session, a new one when it ended; :class:`~jixu.ToolError` ``mcp_unavailable`` (nothing was
