@@ -147,6 +147,7 @@ def test_show_gives_the_resolver_table_and_the_exact_command_to_resolve(ledger: 
     assert human.returncode == 0, human.stderr
     out = human.stdout
     assert "waiting" in out and "unknown" in out and "indeterminate_failure" in out and "pay" in out
+    assert "open (waiting)" in out and "running" not in out, "its unended turn is shown as its thread is"
     assert (f"jixu threads resolve {ledger.db} {ledger.unknown} {ledger.pay_effect} --resolution not_occurred "
             '--note "what you checked"') in out
     parked = jixu("show", str(ledger.db), ledger.parked)
@@ -484,3 +485,33 @@ def test_agent_factories_in_the_current_directory_are_found_and_a_broken_one_is_
     assert broken.returncode == 6, broken.stderr
     assert "RuntimeError: the config file is missing" in broken.stderr and "Traceback" not in broken.stderr
     assert (tmp_path / "q.db").read_bytes() == before
+
+
+def test_show_says_a_durable_steps_probe_is_asked_when_its_code_runs_again(tmp_path: Path) -> None:
+    """A durable run killed inside an unsafe step that has a probe: the probe lives in the run's code, so only
+    running the code again asks it. `show` said an operator must decide, and showed the turn `running`."""
+    import signal
+    import sys
+
+    db = tmp_path / "steps.db"
+    child = f"""
+import asyncio, os, signal
+import jixu
+
+async def main():
+    async with jixu.durable({f"sqlite:///{db}"!r}, name="charge run") as run:
+        print(run.thread_id, flush=True)
+        def charge(ctx):
+            os.kill(os.getpid(), signal.SIGKILL)
+        await run.effect("charge", {{"order": 7}}, call=charge, probe=lambda query: jixu.NotOccurred())
+
+asyncio.run(main())
+"""
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    thread_id = proc.stdout.split()[0]
+    human = jixu("show", str(db), thread_id)
+    assert human.returncode == 0, human.stderr
+    out = " ".join(human.stdout.split())
+    assert "its probe is asked when the run's code runs again; or settle it now with one of:" in out
+    assert "open (waiting)" in out and "running" not in out

@@ -242,6 +242,9 @@ def show_command(store: str, thread_id: str, as_json: bool) -> None:
     """
     with opened_thread(store, thread_id, as_json) as log:
         state = log.snapshot()
+        # Declared with a probe but never asked (a durable run's code holds the probe): the next run asks it.
+        probe_next = {item["effect_id"] for item in state.waiting_on if not item.get("probe")
+                      and (log.state.intent(item["effect_id"]) or {}).get("probe") is True}
     if as_json:
         emit_json(state.to_dict())
     else:
@@ -259,7 +262,11 @@ def show_command(store: str, thread_id: str, as_json: bool) -> None:
         for turn in state.turns:
             outcome = turn.get("reply") if turn.get("reply") is not None else (turn.get("error") or "")
             ran_under = ", ".join(str(r) for r in turn.get("revisions") or ()) or "-"
-            turns.add_row(turn["turn_id"], str(turn["status"]), ran_under,
+            shown = str(turn["status"])
+            if shown == "running" and state.status != "running":
+                # An unended turn is as its thread is: a turn waiting on an operator is not running.
+                shown = f"open ({state.status})"
+            turns.add_row(turn["turn_id"], shown, ran_under,
                           ("steps: " if turn.get("steps") else "") + trim(turn["input"], 50), trim(outcome, 60))
         out().print(turns)
         out().print(messages_table(state.messages, "messages"))
@@ -267,8 +274,10 @@ def show_command(store: str, thread_id: str, as_json: bool) -> None:
         if state.waiting_on:
             out().print("[bold yellow]waiting on[/] (an operator must decide; jixu will not guess):")
             for item in state.waiting_on:
-                out().print(f"  {item['effect_id']} {item['name']} is {item['state']} ({item['reason']}); "
-                              "settle it with one of:", highlight=False)
+                settle = ("its probe is asked when the run's code runs again; or settle it now with one of:"
+                          if item["effect_id"] in probe_next else "settle it with one of:")
+                out().print(f"  {item['effect_id']} {item['name']} is {item['state']} ({item['reason']}); {settle}",
+                            highlight=False)
                 if item.get("probe"):
                     out().print(f"    {probe_text(item['probe'])}", highlight=False, markup=False)
                 for command in resolve_command_hint(store, state.thread_id, item):
