@@ -726,7 +726,8 @@ def test_an_agent_used_as_a_tool_runs_durably_each_of_its_calls_a_step_with_its_
         tmp_path: Path, openai_server: FakeOpenAI, model_kind: str) -> None:
     """Before, its calls were not recorded and its tools saw the outer call's identity (two charges went out
     with one idempotency key); with a model named for the run's provider the run hung for good (the outer
-    call held the run's step lock that the agent's first model call waited for)."""
+    call held the run's step lock that the agent's first model call waited for). The agent tool is an
+    idempotent step of its own, its agent's calls steps keyed under it."""
     url = _url(tmp_path)
     keys: list[str] = []
     openai_server.script(Completion(calls=[Call("o1", "billing", '{"input": "charge 5 and 7"}')]),
@@ -746,7 +747,7 @@ def test_an_agent_used_as_a_tool_runs_durably_each_of_its_calls_a_step_with_its_
 
     assert result.final_output == "billing done"
     log = _log(url, found[0])
-    assert _steps(log) == ["model#1", "billing:o1#1/model#1", "billing:o1#1/charge:s1#1",
+    assert _steps(log) == ["model#1", "billing:o1#1", "billing:o1#1/model#1", "billing:o1#1/charge:s1#1",
                            "billing:o1#1/charge:s2#1", "billing:o1#1/model#2", "model#2"]
     intents = {e.data["step"]: e.data for e in log.events() if e.type == "tool.requested"}
     assert keys == [intents["billing:o1#1/charge:s1#1"]["idempotency_key"],
@@ -778,7 +779,8 @@ def test_agents_used_as_tools_at_once_keep_their_step_keys_whatever_order_their_
     found: list[str] = []
     first = DurableRunner(url).run_sync(agent, "Bill orders 1 and 2", started=found.append, run_key="bill-1-2")
     steps = _steps(_log(url, found[0]))
-    assert sorted(steps) == sorted(["model#1", "billing:o1#1/model#1", "billing:o2#1/model#1",
+    assert sorted(steps) == sorted(["model#1", "billing:o1#1", "billing:o2#1", "billing:o1#1/model#1",
+                                    "billing:o2#1/model#1",
                                     "billing:o1#1/charge:s1#1", "billing:o2#1/charge:s1#1",
                                     "billing:o1#1/model#2", "billing:o2#1/model#2", "model#2"])
     assert len(set(keys)) == 2
@@ -795,7 +797,8 @@ def test_killed_inside_an_agent_used_as_a_tool_the_rerun_replays_to_the_cut_call
     thread_id = _crash("nested-after", url, tmp_path)
     assert len(lines(tmp_path / "lines.log")) == 1
     log = _log(url, thread_id)
-    assert _steps(log) == ["model#1", "writer:call_boss#1/model#1", "writer:call_boss#1/append_line:call_hello#1"]
+    assert _steps(log) == ["model#1", "writer:call_boss#1", "writer:call_boss#1/model#1",
+                           "writer:call_boss#1/append_line:call_hello#1"]
     cut = _effect(log, "writer:call_boss#1/append_line:call_hello#1")
     assert RecoveryResolver.analyze(log.events()).decisions[cut].state == "unknown"
 
@@ -838,6 +841,18 @@ def test_what_an_agent_tool_cannot_record_is_refused_before_anything_runs(
         DurableRunner(_url(tmp_path), tools={"sub": "idempotent"}).run_sync(plain, "Go")
     assert openai_server.requests == [] and not (tmp_path / "jixu.db").exists()
 
+    @function_tool
+    def sub(text: str) -> str:  # an ordinary tool of another agent with the agent tool's name: its policy is fine
+        """Note a text."""
+        return text
+
+    other = Agent(name="other", model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client),
+                  tools=[sub])
+    both = Agent(name="boss", model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client),
+                 tools=[plain.tools[0]], handoffs=[other])
+    openai_server.script(DONE)
+    assert DurableRunner(_url(tmp_path), tools={"sub": "idempotent"}).run_sync(both, "Go").final_output == "wrote it"
+
 
 def test_agents_that_are_each_others_tools_run(tmp_path: Path, openai_server: FakeOpenAI) -> None:
     client = AsyncOpenAI(base_url=openai_server.url, api_key="sk-test", max_retries=0)
@@ -850,4 +865,31 @@ def test_agents_that_are_each_others_tools_run(tmp_path: Path, openai_server: Fa
     found: list[str] = []
     result = DurableRunner(_url(tmp_path)).run_sync(first, "Go", started=found.append)
     assert result.final_output == "done"
-    assert _steps(_log(_url(tmp_path), found[0])) == ["model#1", "second:a#1/model#1", "model#2"]
+    assert _steps(_log(_url(tmp_path), found[0])) == ["model#1", "second:a#1", "second:a#1/model#1", "model#2"]
+
+
+def test_an_agent_tools_failure_the_sdk_told_the_model_is_replayed_not_asked_again(
+        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    """The agent's model answers HTTP 500: the SDK tells the outer model (as without jixu). Its record must give
+    the same answer on every rerun: asking the agent's model again (it would answer now) changed what the outer
+    model was told, and the keyed run's replay raised StepMismatch."""
+    url = _url(tmp_path)
+    keys: list[str] = []
+    openai_server.script(Completion(calls=[Call("o1", "billing", '{"input": "charge 5"}')]), SERVER_ERROR,
+                         Completion(text="billing is down"))
+
+    def run(thread_id: str | None = None) -> Any:
+        client = AsyncOpenAI(base_url=openai_server.url, api_key="sk-test", max_retries=0)
+        agent, _config = _billing(client, "object", keys)
+        return DurableRunner(url).run_sync(agent, "Bill order 7", thread_id=thread_id, started=found.append,
+                                           run_key="bill-7")
+
+    found: list[str] = []
+    first = run()
+    told = _tool_messages(openai_server.bodies[2])
+    assert first.final_output == "billing is down"
+    assert len(told) == 1 and "An error occurred while running the tool" in told[0]
+    assert _steps(_log(url, found[0])) == ["model#1", "billing:o1#1", "billing:o1#1/model#1", "model#2"]
+
+    again = run(found[0])  # the keyed run replays: the failure as recorded, no request
+    assert again.final_output == "billing is down" and len(openai_server.requests) == 3 and keys == []

@@ -9,6 +9,8 @@ Run as ``python -m tests.threads.steps_child MODE STORE DIR``:
     records a receipt.
 ``before``
     The same, but the process dies inside ``charge`` *before* the line is written.
+``parallel``
+    Charges orders 7 and 8 at once and dies inside charge 8, charge 7 still in flight (both lines durable).
 ``ended``
     The whole loop under the run key :data:`RUN_KEY`; the process dies right after the run's ``turn.ended`` is
     committed, before the loop returns (the code never learns that its run ended).
@@ -65,10 +67,36 @@ def find_charge(directory: Path) -> Callable[[ProbeQuery], Any]:
     return probe
 
 
+async def _two_charges_at_once(run: jixu.DurableRun, directory: Path, *, kill: bool) -> str:
+    """Orders 7 and 8 charged at once (``asyncio.gather``); with ``kill`` the process dies inside charge 8 after
+    its line is durable, while charge 7, whose line is durable too, is still in flight."""
+    written = asyncio.Event()
+
+    async def charge(ctx: ToolContext, order: int) -> dict[str, Any]:
+        if order == 8:
+            await written.wait()  # charge 7 is in flight: it wrote its line and has not returned
+        write_line(directory / "bank.log", f"charge order={order} key={ctx.idempotency_key}")
+        if order == 7:
+            written.set()
+            await asyncio.sleep(5 if kill else 0)
+        elif kill:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {"charged": order, "line": len(lines(directory / "bank.log"))}
+
+    def step(order: int) -> Any:
+        return run.effect("charge", {"order": order}, semantics="unsafe", key=f"charge-{order}",
+                          call=lambda ctx: charge(ctx, order), probe=find_charge(directory))
+
+    charged = await asyncio.gather(step(7), step(8))
+    run.reply = f"charged {[c['charged'] for c in charged]}"
+    return run.reply
+
+
 async def order_loop(url: str, directory: Path, thread_id: str | None, *, crash: str | None = None,
                      probe: bool = True, started: Callable[[str], None] | None = None,
-                     run_key: str | None = None) -> Any:
-    """The user's loop: reserve, charge, ship. Returns what the run recorded as its reply."""
+                     run_key: str | None = None, parallel: bool = False) -> Any:
+    """The user's loop: reserve, charge, ship (``parallel``: two charges at once). Returns what the run recorded
+    as its reply."""
 
     def reserve(ctx: ToolContext) -> str:
         write_line(directory / "reserve.log", f"reserve key={ctx.idempotency_key}")
@@ -89,6 +117,8 @@ async def order_loop(url: str, directory: Path, thread_id: str | None, *, crash:
     async with jixu.durable(url, thread_id, name=RUN, agent="orders", run_key=run_key) as run:
         if started is not None:
             started(run.thread_id)
+        if crash == "parallel" or parallel:
+            return await _two_charges_at_once(run, directory, kill=crash == "parallel")
         reserved = await run.effect("reserve", {"order": 7}, semantics="idempotent", call=reserve)
         charged = await run.effect("charge", {"order": 7}, semantics="unsafe", call=charge,
                                    probe=find_charge(directory) if probe else None)

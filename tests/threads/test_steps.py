@@ -458,3 +458,63 @@ def test_harness_shutdown_cancels_a_durable_run_still_in_a_step_at_the_drain_tim
 async def _charge_again(path: Path, thread_id: str) -> None:
     async with jixu.durable(path, thread_id) as run:
         await run.effect("charge", {"order": 7}, call=lambda ctx: "twice")
+
+
+def test_steps_of_one_run_run_at_once_and_a_retry_safe_ones_intent_is_committed_with_its_marker(
+        tmp_path: Path) -> None:
+    """An SDK runs a response's tool calls at once. Before, the run carried its steps out one at a time, so two
+    steps that wait for each other never finished (and four 1 s tools took 4 s)."""
+    store = SQLiteStore(tmp_path / "steps.db")
+    calls: list[str] = []
+
+    async def go() -> tuple[str, list[Any]]:
+        async with jixu.durable(store, name="at once") as run:
+            ready = {name: asyncio.Event() for name in ("a", "b", "c")}
+
+            async def meet(name: str, ctx: ToolContext) -> str:
+                calls.append(name)
+                ready[name].set()
+                for event in ready.values():  # each step waits until every other one started
+                    await event.wait()
+                return name
+
+            def step(name: str, semantics: Any) -> Any:
+                return run.effect("meet", {"who": name}, semantics=semantics, key=f"meet-{name}",
+                                  call=lambda ctx: meet(name, ctx))
+
+            results = await asyncio.wait_for(asyncio.gather(step("a", "unsafe"), step("b", "read_only"),
+                                                            step("c", "idempotent")), 30)
+            return run.thread_id, results
+
+    try:
+        thread_id, results = run(go())
+        assert results == ["a", "b", "c"] and sorted(calls) == ["a", "b", "c"]
+        log = ThreadLog.load(store, thread_id, verify=True)
+        events = log.events()
+        analysis = jixu.RecoveryResolver.analyze(events)
+        steps = {e.data["step"]: e for e in events if e.type == "tool.requested"}
+        assert {analysis.decisions[e.data["effect_id"]].state for e in steps.values()} == {"completed"}
+        for key in ("meet-b", "meet-c"):  # retry-safe: the intent and its marker in one append, adjacent
+            intent = steps[key]
+            [marker] = [e for e in events if e.type == "tool.dispatched" and e.data["effect_id"] ==
+                        intent.data["effect_id"]]
+            assert marker.seq == intent.seq + 1
+    finally:
+        store.close()
+
+
+def test_the_same_step_asked_twice_at_once_runs_once_and_both_get_its_result() -> None:
+    store, calls = MemoryStore(), []
+
+    async def fetch(ctx: ToolContext) -> dict[str, Any]:
+        calls.append(ctx.effect_id)
+        await asyncio.sleep(0.05)
+        return {"v": 1}
+
+    async def go() -> list[Any]:
+        async with jixu.durable(store, name="twice") as run:
+            return list(await asyncio.gather(*(run.effect("fetch", {"id": 1}, semantics="unsafe", key="fetch",
+                                                          call=fetch) for _ in range(2))))
+
+    assert run(go()) == [{"v": 1}, {"v": 1}]
+    assert len(calls) == 1

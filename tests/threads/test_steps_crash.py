@@ -196,3 +196,32 @@ def test_a_keyed_run_killed_after_it_ended_is_replayed_by_its_rerun_and_nothing_
         assert log.snapshot().status == "idle"
     finally:
         store.close()
+
+
+def test_two_unsafe_steps_in_flight_at_once_when_killed_are_both_unknown_and_settled_by_probe_never_run_twice(
+        url: str, tmp_path: Path) -> None:
+    """Steps of one run run at once (an SDK's parallel tool calls): before, a second step waited for the first to
+    end, so a step that waited on another never finished. Killed with both in flight, both are unknown; the
+    rerun's probes find both charges and nothing is charged again."""
+    thread_id = _crash("parallel", url, tmp_path)
+    assert len(lines(tmp_path / "bank.log")) == 2
+    log, store = _log(url, thread_id)
+    try:
+        analysis = RecoveryResolver.analyze(log.events())
+        charges = {e.data["step"]: e.data["effect_id"] for e in log.events() if e.type == "tool.requested"}
+        assert set(charges) == {"charge-7", "charge-8"}
+        assert {analysis.decisions[e].state for e in charges.values()} == {"unknown"}
+    finally:
+        store.close()
+
+    reply = asyncio.run(order_loop(url, tmp_path, thread_id, parallel=True))
+
+    assert reply == "charged [7, 8]"
+    assert len(lines(tmp_path / "bank.log")) == 2, "each order charged once"
+    log, store = _log(url, thread_id)
+    try:
+        resolved = {e.data["effect_id"]: e.data["resolution"] for e in log.events()
+                    if e.type == "tool.outcome_resolved"}
+        assert resolved == dict.fromkeys(charges.values(), "occurred")
+    finally:
+        store.close()

@@ -30,10 +30,11 @@ SDK, unchanged, with the agent's model and function tools wrapped so that
   ``deny``), a denial the SDK's own rejection message;
 - every handoff is an ``idempotent`` step ``handoff`` recording the agents
   from and to;
-- an agent used as a tool (``Agent.as_tool``) is no step of its own: the SDK's
-  invoker runs the agent's durable clone, so its model calls, tool calls and
-  handoffs are steps of this run, keyed under the tool call's key
-  (``billing:call_7#1/model#1``; decision 0059).
+- an agent used as a tool (``Agent.as_tool``) is an ``idempotent`` step whose
+  call is the SDK's invoker running the agent's durable clone: its model
+  calls, tool calls and handoffs are steps of their own, keyed under the tool
+  call's key (``billing:call_7#1/model#1``), so running it again replays them;
+  its output is the step's result (decision 0059).
 
 All of them go through the thread's own path through the effect kernel
 (intent, dispatch marker, receipt) and are judged by the resolver alone: an
@@ -522,9 +523,11 @@ class _RunSteps:
         return dataclasses.replace(tool, on_invoke_tool=invoke, needs_approval=False)
 
     def _agent_tool(self, tool: FunctionTool) -> FunctionTool:
-        """An agent used as a tool (``Agent.as_tool``): the SDK's own invoker, running the durable clone of the
-        agent (its model calls, tool calls and handoffs are steps of this run, keyed under this call's key) with
-        this run's model provider. The call is no step of its own: what it returns is rebuilt from its steps."""
+        """An agent used as a tool (``Agent.as_tool``): an ``idempotent`` step whose call is the SDK's own invoker
+        (its input parsing, output extraction, failure handling) running the durable clone of the agent, with
+        this run's model provider. The agent's model calls, tool calls and handoffs are steps of their own, keyed
+        under this call's key, so calling it again (after a crash) replays them; its output, a failure the SDK
+        told the model included, is the step's result."""
         sdk_invoker, run_agent, sub_agent = _agent_tool_parts(tool)
         name = tool.name
         config = _cell(run_agent, "run_config")
@@ -548,15 +551,27 @@ class _RunSteps:
             call_id = str(getattr(ctx, "tool_call_id", "") or "")
             scope = self.scope()
             scope.tool_calls[(name, call_id)] += 1
-            token = _SCOPE.set(_Scope(self, scope.key(_short_key(name, f"{call_id}#{scope.tool_calls[(name, call_id)]}"))))
+            key = scope.key(_short_key(name, f"{call_id}#{scope.tool_calls[(name, call_id)]}"))
             try:
-                return await invoker[0](ctx, input_json)
+                parsed = json.loads(input_json) if input_json else {}
+            except ValueError:
+                parsed = None
+            args: JSONObject = parsed if isinstance(parsed, dict) else {"arguments": input_json}
+
+            async def call(effect: ToolContext) -> Any:
+                token = _SCOPE.set(_Scope(self, key))
+                try:
+                    return _tool_output(await invoker[0](ctx, input_json))
+                finally:
+                    _SCOPE.reset(token)
+
+            try:
+                return await self.run.effect(_step_name(name), _plain(args, "arguments", strict=False), call=call,
+                                             semantics="idempotent", key=key)
             except _StepStop as stop:
                 raise stop.error from stop.__cause__
-            finally:
-                _SCOPE.reset(token)
 
-        durable_tool = dataclasses.replace(tool, on_invoke_tool=invoke)
+        durable_tool = dataclasses.replace(tool, on_invoke_tool=invoke, needs_approval=False)
         invoker.append(type(sdk_invoker)(run_durably, sdk_invoker._on_handled_error).__agents_bind_function_tool__(
             durable_tool))
         return durable_tool
@@ -777,6 +792,7 @@ class DurableRunner:
                                field="session")
         agents = _reachable(agent)
         tool_names: set[str] = set()
+        agent_tools: set[str] = set()
         for each in agents:
             refuse_local_tools(each)
             for tool in each.tools:
@@ -784,10 +800,15 @@ class DurableRunner:
                     continue
                 if not getattr(tool, "_is_agent_tool", False):
                     tool_names.add(tool.name)
-                elif tool.name in self._policies or getattr(tool, _POLICY_ATTRIBUTE, None) is not None:
-                    raise InvalidInput(f"tool {tool.name!r} is an agent used as a tool: it is no step of its own "
-                                       "(its model and tool calls are); declare the semantics of its tools",
-                                       field="tools")
+                    continue
+                agent_tools.add(tool.name)
+                if getattr(tool, _POLICY_ATTRIBUTE, None) is not None:
+                    raise InvalidInput(f"tool {tool.name!r} is an agent used as a tool: its semantics are its "
+                                       "agent's steps'; declare the semantics of its tools", field="tools")
+        only_agents = sorted((set(self._policies) & agent_tools) - tool_names)
+        if only_agents:  # a name an ordinary tool also has is that tool's policy
+            raise InvalidInput(f"tools= names {', '.join(only_agents)}, an agent used as a tool: its semantics are "
+                               "its agent's steps'; declare the semantics of its tools", field="tools")
         unknown = sorted(set(self._policies) - tool_names)
         if unknown:
             raise InvalidInput(f"tools= names no function tool of agent {agent.name!r} or the agents it hands off "

@@ -294,7 +294,8 @@ class DurableRun:
         self._steps: dict[str, list[JSONObject]] = {}
         """The intents recorded under each step key in this run, oldest first."""
         self._counts: Counter[str] = Counter()
-        self._lock = asyncio.Lock()
+        self._carrying_out: dict[str, asyncio.Lock] = {}
+        """A lock per step key: steps of one run run at once, each key's one at a time."""
         self.reply: str | None = None
         """What the run's ``turn.ended`` records as its reply when the block ends normally (default: a count)."""
         self.error: JSONObject | None = None
@@ -529,7 +530,7 @@ class DurableRun:
         recorded, hashed and compared with the record when the code runs again. ``semantics`` as for tools;
         ``probe(query)`` as a tool's probe (:class:`~jixu.ProbeQuery` -> ``Occurred`` / ``NotOccurred`` /
         ``DontKnow``) settles an unknown unsafe step. ``key`` names the step (default ``<name>#<n>``: the
-        ``n``-th step of that name in the run). Steps of one run are carried out one at a time.
+        ``n``-th step of that name in the run). Steps of one run run at once (each key's one at a time).
 
         Raises :class:`~jixu.errors.StepOutcomeUnknown`, :class:`~jixu.errors.StepMismatch`,
         :class:`~jixu.errors.StepFailed` (the call raised ``ToolError``, was denied, or its unknown outcome was
@@ -554,7 +555,8 @@ class DurableRun:
         step = Step(key, name, args, semantics, requires_approval, probe is not None)
         if self._ended is not None:
             return self._replayed(thread, step)
-        async with self._lock:
+        lock = self._carrying_out.setdefault(key, asyncio.Lock())
+        async with lock:
             thread.refuse_if_draining()
             return await self._carry_out(thread, step, tool)
 
@@ -659,25 +661,23 @@ class DurableRun:
         if step.requires_approval:
             events.append(NewEvent("tool.parked", {"effect_id": effect_id, "reason": "requires_approval"}, log.meta()))
         if step.semantics in ("read_only", "idempotent") and not step.requires_approval:
-            thread._pending = events  # committed with the marker (decision 0010)
             self._steps.setdefault(step.key, []).append(intent)
-            try:
-                await self._call(thread, tool, effect_id, 1, intent)
-            finally:
-                thread._pending = []
+            await self._call(thread, tool, effect_id, 1, intent, with_marker=events)  # decision 0010
             return
         await thread._commit(events)  # an unsafe intent is durable before its marker
         self._steps.setdefault(step.key, []).append(intent)
 
     async def _call(self, thread: Thread, tool: Tool, effect_id: str, attempt: int,
-                    intent: JSONObject | None = None) -> BaseException | None:
+                    intent: JSONObject | None = None, *, with_marker: Sequence[NewEvent] = ()) -> BaseException | None:
         """One attempt through the thread's path through the kernel (marker, call, one receipt); the exception
-        the call raised, if any (kept as the cause of an unknown outcome)."""
+        the call raised, if any (kept as the cause of an unknown outcome). ``with_marker``: the intent's events,
+        committed with the marker (a retry-safe step's: a crash before that commit leaves no trace)."""
         intent = intent if intent is not None else thread.log.state.intent(effect_id)
         if intent is None:  # pragma: no cover - the resolver reports only recorded effects as dispatchable
             raise StepOutcomeUnknown(f"effect {effect_id} has no intent", effect_id=effect_id)
         raised: list[BaseException] = []
-        await thread._call_tool(effect_id, intent, attempt, checked=(tool, {}), dispatched=False, raised=raised)
+        await thread._call_tool(effect_id, intent, attempt, checked=(tool, {}), dispatched=False, raised=raised,
+                                with_marker=with_marker)
         return raised[-1] if raised else None
 
     async def _ask_probe(self, thread: Thread, tool: Tool, action: AskProbe) -> None:
@@ -687,14 +687,13 @@ class DurableRun:
         intent: JSONObject = {"effect_id": effect_id, "name": tool.name, "args": args, "args_hash": content_hash(args),
                               "semantics": "read_only", "idempotency_key": f"jixu:{effect_id}",
                               "requires_approval": False, "turn_id": self._turn_id}
-        thread._pending = [NewEvent("probe.requested", intent, log.meta())]
-        try:
-            await self._run_probe(thread, tool, effect_id, intent, 1)
-        finally:
-            thread._pending = []
+        await self._run_probe(thread, tool, effect_id, intent, 1,
+                              with_marker=[NewEvent("probe.requested", intent, log.meta())])
 
-    async def _run_probe(self, thread: Thread, tool: Tool, effect_id: str, intent: JSONObject, attempt: int) -> None:
-        """Ask the step's probe (a ``probe`` effect: marker, the probe, one receipt holding its answer)."""
+    async def _run_probe(self, thread: Thread, tool: Tool, effect_id: str, intent: JSONObject, attempt: int, *,
+                         with_marker: Sequence[NewEvent] = ()) -> None:
+        """Ask the step's probe (a ``probe`` effect: marker, the probe, one receipt holding its answer;
+        ``with_marker``: its intent, when it is the first attempt)."""
         log = thread.log
         args = intent.get("args") or {}
         target = str(args.get("effect_id"))
@@ -715,7 +714,7 @@ class DurableRun:
             return Outcome.failed({"type": "exception", "exception": type(error).__name__,
                                    "message": str(error)[:2000]}, indeterminate=False)  # read-only: nothing happened
 
-        await thread._perform("probe", effect_id, intent, attempt, call, classify)
+        await thread._perform("probe", effect_id, intent, attempt, call, classify, with_marker=with_marker)
 
     def _result(self, thread: Thread, step: Step, done: Done) -> Any:
         """The recorded result of a settled step (read from its receipt), or :class:`StepFailed`."""

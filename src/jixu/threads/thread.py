@@ -797,8 +797,11 @@ class Thread:
 
     async def _perform(self, kind: str, effect_id: str, intent: dict[str, Any], attempt: int,
                        call: Callable[[], Awaitable[Outcome]], classify: Callable[[Exception], Outcome], *,
-                       dispatched: bool = False) -> None:
-        """One call through the kernel: its marker durable first (unless ``dispatched``), then one receipt."""
+                       dispatched: bool = False, with_marker: Sequence[NewEvent] = ()) -> None:
+        """One call through the kernel: its marker durable first (unless ``dispatched``), then one receipt.
+
+        ``with_marker``: events committed in the marker's append, before it (a durable step's retry-safe intent:
+        steps of one run run at once, so they cannot share the loop's ``_pending``)."""
         log = self.log
         open_spans: list[tracing.EffectSpan] = []  # the call's span while it is in flight
 
@@ -810,7 +813,7 @@ class Thread:
 
         async def dispatch() -> None:
             if not dispatched:
-                await self._commit([marker(kind, effect_id, attempt, intent, log.meta())])
+                await self._commit([*with_marker, marker(kind, effect_id, attempt, intent, log.meta())])
             if tracing.tracer().enabled:  # nothing is built for the no-op tracer: this is every call's path
                 open_spans.append(tracing.start_effect(kind, effect_id=effect_id, attempt=attempt, intent=intent,
                                                        attributes={"jixu.thread.id": self.thread_id,
@@ -1000,9 +1003,10 @@ class Thread:
 
     async def _call_tool(self, effect_id: str, intent: dict[str, Any], attempt: int, *,
                          checked: tuple[Tool, dict[str, Any]] | None = None, dispatched: bool | None = None,
-                         raised: list[BaseException] | None = None) -> None:
+                         raised: list[BaseException] | None = None, with_marker: Sequence[NewEvent] = ()) -> None:
         """Call a tool (``checked``: its arguments were validated and, unless ``dispatched`` is False, its marker
-        committed already; ``raised`` collects what the call raised)."""
+        committed already; ``raised`` collects what the call raised; ``with_marker`` as for :meth:`_perform`,
+        with ``checked``)."""
         found = checked if checked is not None else self._checked_call(intent)
         if isinstance(found, Outcome):
             await self._record("tool", effect_id, None, found)
@@ -1035,7 +1039,8 @@ class Thread:
             return Outcome.failed(_exception_dict(error), indeterminate=True)
 
         await self._perform("tool", effect_id, intent, attempt, call, classify,
-                            dispatched=checked is not None if dispatched is None else dispatched)
+                            dispatched=checked is not None if dispatched is None else dispatched,
+                            with_marker=with_marker)
 
     def _tool_result(self, result: Any) -> dict[str, Any]:
         """A ``tool.completed`` body: the result inline, or a reference to it stored as an artifact.
