@@ -893,3 +893,34 @@ def test_an_agent_tools_failure_the_sdk_told_the_model_is_replayed_not_asked_aga
 
     again = run(found[0])  # the keyed run replays: the failure as recorded, no request
     assert again.final_output == "billing is down" and len(openai_server.requests) == 3 and keys == []
+
+
+def test_an_unsafe_tools_sdk_timeout_leaves_its_call_unknown_and_the_model_never_retries_it(
+        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    """The SDK's ``timeout_seconds`` told the model "timed out" about a call that had acted; the model called
+    again under a new key and the run ended completed with the first call unknown: two charges. The timeout is
+    now the step's: the run stops with the call unknown, for its probe or an operator."""
+    bank = tmp_path / "bank.log"
+
+    @function_tool(timeout=0.2)
+    async def charge(order: int) -> str:
+        """Charge an order (the payment API answers late)."""
+        with bank.open("a") as out:
+            out.write(f"{order} {current_effect().idempotency_key}\n")
+        await asyncio.sleep(1)
+        return "charged"
+
+    client = AsyncOpenAI(base_url=openai_server.url, api_key="sk-test", max_retries=0)
+    agent = Agent(name="shop", model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client),
+                  tools=[charge])
+    assert charge.timeout_seconds == 0.2
+    openai_server.script(Completion(calls=[Call("c1", "charge", '{"order": 7}')]),
+                         Completion(calls=[Call("c2", "charge", '{"order": 7}')]), Completion(text="charged twice"))
+    found: list[str] = []
+    with pytest.raises(StepOutcomeUnknown):
+        DurableRunner(_url(tmp_path)).run_sync(agent, "Charge order 7", started=found.append)
+    assert len(bank.read_text().splitlines()) == 1, "charged once"
+    assert len(openai_server.requests) == 1, "the model was not told of a timeout"
+    log = _log(_url(tmp_path), found[0])
+    decision = RecoveryResolver.analyze(log.events()).decisions[_effect(log, "charge:c1#1")]
+    assert decision.state == "unknown"

@@ -27,7 +27,10 @@ SDK, unchanged, with the agent's model and function tools wrapped so that
   runner's ``tools`` mapping; default ``unsafe``), its probe (decision 0027),
   and the effect's identity for the tool (:func:`current_effect`); the SDK's
   ``needs_approval`` becomes a parked call (``jixu threads approve`` /
-  ``deny``), a denial the SDK's own rejection message;
+  ``deny``), a denial the SDK's own rejection message; its ``timeout_seconds``
+  is the step's timeout: past it the call's outcome is unknown (an unsafe call
+  stops the run for its probe or an operator, a retry-safe one is called again),
+  never told to the model as a timeout it would retry;
 - every handoff is an ``idempotent`` step ``handoff`` recording the agents
   from and to;
 - an agent used as a tool (``Agent.as_tool``) is an ``idempotent`` step whose
@@ -473,6 +476,7 @@ class _RunSteps:
             original = getattr(original, "_invoke_tool_impl", original)
         needs_approval = tool.needs_approval
         name = tool.name
+        timeout = tool.timeout_seconds
 
         async def invoke(ctx: Any, input_json: str) -> Any:
             try:
@@ -510,7 +514,8 @@ class _RunSteps:
             try:
                 return await self.run.effect(_step_name(name), _plain(args, "arguments"), call=call,
                                              semantics=policy.semantics, probe=policy.probe,
-                                             probe_timeout=policy.probe_timeout, requires_approval=approval, key=key)
+                                             probe_timeout=policy.probe_timeout, requires_approval=approval,
+                                             timeout=timeout, key=key)
             except StepFailed as failed:
                 reason = failed.details.get("reason")
                 if reason == "denied":
@@ -519,8 +524,10 @@ class _RunSteps:
                     return RESOLUTION_MESSAGES["abandoned_unknown"]  # what a jixu agent's model is told
                 raise
 
-        # The SDK never interrupts for approval here: a call needing one is parked by jixu and waits for it.
-        return dataclasses.replace(tool, on_invoke_tool=invoke, needs_approval=False)
+        # The SDK never interrupts for approval here: a call needing one is parked by jixu and waits for it. Its
+        # timeout is the step's: the SDK's would tell the model "timed out" about a call whose outcome is unknown
+        # (the model would call again, under a new key) and a rerun could not replay what the model was told.
+        return dataclasses.replace(tool, on_invoke_tool=invoke, needs_approval=False, timeout_seconds=None)
 
     def _agent_tool(self, tool: FunctionTool) -> FunctionTool:
         """An agent used as a tool (``Agent.as_tool``): an ``idempotent`` step whose call is the SDK's own invoker
@@ -531,6 +538,7 @@ class _RunSteps:
         sdk_invoker, run_agent, sub_agent = _agent_tool_parts(tool)
         name = tool.name
         config = _cell(run_agent, "run_config")
+        timeout = tool.timeout_seconds  # the step's, as for any function tool (see _tool)
 
         async def run_durably(ctx: Any, input_json: str) -> Any:
             # The agent is wrapped when called (as handoffs are), so agents that are each other's tools are fine.
@@ -567,11 +575,11 @@ class _RunSteps:
 
             try:
                 return await self.run.effect(_step_name(name), _plain(args, "arguments", strict=False), call=call,
-                                             semantics="idempotent", key=key)
+                                             semantics="idempotent", timeout=timeout, key=key)
             except _StepStop as stop:
                 raise stop.error from stop.__cause__
 
-        durable_tool = dataclasses.replace(tool, on_invoke_tool=invoke, needs_approval=False)
+        durable_tool = dataclasses.replace(tool, on_invoke_tool=invoke, needs_approval=False, timeout_seconds=None)
         invoker.append(type(sdk_invoker)(run_durably, sdk_invoker._on_handled_error).__agents_bind_function_tool__(
             durable_tool))
         return durable_tool
