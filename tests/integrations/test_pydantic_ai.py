@@ -760,3 +760,43 @@ def test_a_sync_tool_declared_by_name_cut_off_by_a_cancelled_run_is_probed_once_
 
     assert asyncio.run(main()) == "Done: found"
     assert len(lines(bank)) == 1, "charged once"
+
+
+def test_an_unsafe_tools_pydantic_ai_timeout_leaves_its_call_unknown_and_the_model_never_retries_it(
+        tmp_path: Path) -> None:
+    """pydantic-ai's tool ``timeout=`` answered the model "Timed out, retry" about a call that had acted (recorded
+    as a completed step); the model called again under a new key: two charges. The timeout is now the step's:
+    the run stops with the call unknown, for its probe or an operator."""
+    bank = tmp_path / "bank.log"
+    bank.write_text("")
+    requests: list[int] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        requests.append(len(messages))
+        calls = sum(isinstance(part, ToolCallPart) for message in messages for part in message.parts)
+        if calls < 2:
+            return ModelResponse(parts=[ToolCallPart("charge", {"order": 7}, tool_call_id=f"c{calls}")])
+        return ModelResponse(parts=[TextPart("charged twice")])
+
+    agent = Agent(FunctionModel(model), name="shop")
+
+    @agent.tool_plain(timeout=0.2)
+    async def charge(order: int) -> str:
+        """Charge an order (the payment API answers late)."""
+        with bank.open("a") as out:
+            out.write(f"{order} {current_effect().idempotency_key}\n")
+        await asyncio.sleep(1)
+        return f"charged {order}"
+
+    async def main() -> None:
+        durable = JixuAgent(agent, tmp_path / "shop.db", tool_semantics={"charge": "unsafe"})
+        try:
+            thread_id = await durable.new_thread()
+            with pytest.raises(StepOutcomeUnknown):
+                await durable.run("Charge order 7.", thread_id=thread_id)
+        finally:
+            durable.close()
+
+    asyncio.run(main())
+    assert len(lines(bank)) == 1, "charged once"
+    assert len(requests) == 1, "the model was not told of a timeout"

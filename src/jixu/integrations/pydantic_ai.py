@@ -43,6 +43,7 @@ import contextlib
 import functools
 import hashlib
 import inspect
+import math
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -441,6 +442,15 @@ class JixuToolset(WrapperToolset[Any]):
                     key: str, approval: bool) -> Any:
         spec = self.policy.of(name)
         called = replace(ctx, tool_call_approved=True) if approval else ctx
+        timeout = spec.timeout
+        # pydantic-ai's own tool timeout (the tool's, else its function toolset's) would tell the model "timed out,
+        # retry" about a call that may have acted, and the model would call again under a new key: it is the
+        # step's timeout instead (past it the outcome is unknown), and pydantic-ai is given none.
+        declared = tool.tool_def.timeout if tool.tool_def.timeout is not None else getattr(tool.toolset, "timeout",
+                                                                                            None)
+        if isinstance(declared, int | float) and not isinstance(declared, bool):
+            timeout = float(declared) if timeout is None else min(timeout, float(declared))
+            tool = replace(tool, tool_def=replace(tool.tool_def, timeout=math.inf))
 
         async def call(jctx: ToolContext) -> JSONObject:
             token = _current.set(jctx)
@@ -453,7 +463,7 @@ class JixuToolset(WrapperToolset[Any]):
             return await self._durable().effect(
                 _step_name(name), cast(JSONObject, to_jsonable_python(tool_args)), call=call,
                 semantics=spec.semantics, probe=_probe_of(spec), probe_timeout=spec.probe_timeout,
-                requires_approval=approval, timeout=spec.timeout, key=key)
+                requires_approval=approval, timeout=timeout, key=key)
         except StepFailed as failed:
             if failed.details.get("reason") != "denied":
                 raise
