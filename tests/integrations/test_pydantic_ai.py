@@ -675,10 +675,10 @@ def test_a_request_recorded_before_the_tools_were_part_of_its_record_still_repla
         store.close()
 
 
-def test_a_sync_tool_past_its_timeout_is_probed_once_it_returned_and_charged_once(tmp_path: Path) -> None:
-    """pydantic-ai runs a sync tool in a worker thread of its own: past its ``timeout=`` the call went on there, its
-    probe was asked at once, answered ``not_occurred``, and the tool was called again each time: three charges in
-    one run. The tool's thread now counts as its call in flight until it returns."""
+def _shop(tmp_path: Path) -> tuple[Path, Agent[Any, Any], Any, Any]:
+    """An empty bank file, an agent whose model asks to charge order 7 once and then reports the tool's answer, the
+    bank's probe (occurred when a line carries the call's idempotency key) and the slow sync ``charge`` (0.8 s, its
+    line written at the end), not yet registered as a tool."""
     bank = tmp_path / "bank.log"
     bank.write_text("")
 
@@ -693,10 +693,7 @@ def test_a_sync_tool_past_its_timeout_is_probed_once_it_returned_and_charged_onc
             return Occurred(result="found", evidence={})
         return NotOccurred(evidence={})
 
-    agent = Agent(FunctionModel(model), name="shop")
 
-    @agent.tool_plain
-    @effect(semantics="unsafe", probe=find_charge, timeout=0.2)
     def charge(order: int) -> str:
         """Charge an order (a slow payment API)."""
         key = current_effect().idempotency_key
@@ -704,6 +701,16 @@ def test_a_sync_tool_past_its_timeout_is_probed_once_it_returned_and_charged_onc
         with bank.open("a") as out:
             out.write(f"{order} {key}\n")
         return f"charged {order}"
+
+    return bank, Agent(FunctionModel(model), name="shop"), find_charge, charge
+
+
+def test_a_sync_tool_past_its_timeout_is_probed_once_it_returned_and_charged_once(tmp_path: Path) -> None:
+    """pydantic-ai runs a sync tool in a worker thread of its own: past its ``timeout=`` the call went on there, its
+    probe was asked at once, answered ``not_occurred``, and the tool was called again each time: three charges in
+    one run. The tool's thread now counts as its call in flight until it returns."""
+    bank, agent, find_charge, charge = _shop(tmp_path)
+    agent.tool_plain(effect(semantics="unsafe", probe=find_charge, timeout=0.2)(charge))
 
     async def main() -> str:
         durable = JixuAgent(agent, tmp_path / "shop.db")
@@ -722,30 +729,8 @@ def test_a_sync_tool_declared_by_name_cut_off_by_a_cancelled_run_is_probed_once_
     unseen: after ``asyncio.wait_for`` cut the run off, the documented rerun asked the probe while the charge still
     slept in its thread, was told ``not_occurred`` and charged a second time. pydantic-ai's sync tools now run on
     jixu's call-tracking executor."""
-    bank = tmp_path / "bank.log"
-    bank.write_text("")
-
-    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        returns = [part for message in messages for part in message.parts if isinstance(part, ToolReturnPart)]
-        if returns:
-            return ModelResponse(parts=[TextPart(f"Done: {returns[-1].content}")])
-        return ModelResponse(parts=[ToolCallPart("charge", {"order": 7}, tool_call_id="c7")])
-
-    def find_charge(query: ProbeQuery) -> Occurred | NotOccurred:
-        if query.idempotency_key in bank.read_text():
-            return Occurred(result="found", evidence={})
-        return NotOccurred(evidence={})
-
-    agent = Agent(FunctionModel(model), name="shop")
-
-    @agent.tool_plain
-    def charge(order: int) -> str:
-        """Charge an order (a slow payment API)."""
-        key = current_effect().idempotency_key
-        time.sleep(0.8)
-        with bank.open("a") as out:
-            out.write(f"{order} {key}\n")
-        return f"charged {order}"
+    bank, agent, find_charge, charge = _shop(tmp_path)
+    agent.tool_plain(charge)
 
     async def main() -> str:
         durable = JixuAgent(agent, tmp_path / "shop.db", tool_semantics={"charge": "unsafe"},
