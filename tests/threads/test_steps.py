@@ -518,3 +518,166 @@ def test_the_same_step_asked_twice_at_once_runs_once_and_both_get_its_result() -
 
     assert run(go()) == [{"v": 1}, {"v": 1}]
     assert len(calls) == 1
+
+
+def test_a_block_that_ends_while_a_sibling_step_runs_gives_the_run_back_only_once_that_step_ended(
+        tmp_path: Path) -> None:
+    """``asyncio.gather`` raises at the first failing step and leaves the others running: the block gave the run
+    back while an unsafe charge was still in its call, the retry continued the run at once, the charge's probe said
+    ``not_occurred`` (truly, so far) and the charge was made again. The block now waits for its steps."""
+    url, bank, checks = f"sqlite:///{tmp_path / 'retry.db'}", [], []
+
+    async def charge(ctx: ToolContext) -> str:
+        await asyncio.sleep(0.3)
+        bank.append(ctx.idempotency_key)
+        return "charged"
+
+    def check(ctx: ToolContext) -> str:
+        checks.append(1)
+        if len(checks) == 1:
+            raise ToolError("the check failed once")
+        return "ok"
+
+    def probe(query: ProbeQuery) -> Any:
+        return jixu.Occurred(result="charged") if query.idempotency_key in bank else NotOccurred()
+
+    async def go() -> list[Any]:
+        thread_id = None
+        for attempt in range(3):
+            try:
+                async with jixu.durable(url, thread_id, name="retry") as run:
+                    thread_id = run.thread_id
+                    return list(await asyncio.gather(
+                        run.effect("charge", {"order": 7}, key="charge", call=charge, probe=probe),
+                        run.effect("check", {"n": attempt}, key=f"check-{attempt}", call=check)))
+            except StepFailed:
+                continue
+        raise AssertionError("never finished")
+
+    assert run(go()) == ["charged", "ok"]
+    assert len(bank) == 1, "charged once"
+
+
+def test_a_drain_lets_the_steps_in_flight_finish_and_records_them(tmp_path: Path) -> None:
+    """A step asked during a drain is refused, which ends the gather and the block: the steps still in flight ran
+    on and acted, but the store closed before their receipts. Their receipts are recorded before the run is given
+    back."""
+    ran: list[int] = []
+
+    async def step(ctx: ToolContext, number: int) -> int:
+        await asyncio.sleep(0.2 * number)
+        ran.append(number)
+        return number
+
+    async def go() -> str:
+        harness = Harness(steps_agent("steps"), tmp_path / "drain.db")
+        thread_id: list[str] = []
+
+        async def block() -> None:
+            async with harness.durable(None, name="drained") as run:
+                thread_id.append(run.thread_id)
+
+                async def late() -> Any:
+                    await asyncio.sleep(0.1)
+                    return await run.effect("late", {}, key="late", call=lambda ctx: "late")
+
+                await asyncio.gather(*(run.effect("s", {"n": n}, key=f"s{n}", call=lambda ctx, n=n: step(ctx, n))
+                                       for n in (1, 2, 3)), late())
+
+        task = asyncio.create_task(block())
+        await asyncio.sleep(0.05)
+        await harness.shutdown(drain_timeout=5)
+        with pytest.raises(jixu.ThreadBusy):
+            await task
+        return thread_id[0]
+
+    thread_id = run(go())
+    with SQLiteStore(tmp_path / "drain.db") as store:
+        log = ThreadLog.load(store, thread_id, verify=True)
+        analysis = jixu.RecoveryResolver.analyze(log.events())
+        states = {e.data["step"]: analysis.decisions[e.data["effect_id"]].state for e in log.events()
+                  if e.type == "tool.requested"}
+    assert sorted(ran) == [1, 2, 3]
+    assert states == {"s1": "completed", "s2": "completed", "s3": "completed"}
+
+
+def test_another_writers_append_while_a_step_records_is_read_and_the_step_decided_again(tmp_path: Path) -> None:
+    """An operator approves a parked step (another connection) just before a sibling's intent and marker are
+    appended: the append was refused, the step raised ConcurrencyError, and its key kept an intent that was never
+    stored (asked again: "the thread is corrupt"). The step now reads the new events and records again."""
+    from jixu.ledger import open_store
+
+    url, calls = f"sqlite:///{tmp_path / 'conflict.db'}", []
+
+    async def go() -> tuple[Any, Any]:
+        async with jixu.durable(url, name="conflict", approval_poll=0.05) as run:
+            store, approved = run._live().log.store, []
+
+            def approve_now() -> None:
+                other = open_store(url)
+                try:
+                    log = ThreadLog.load(other, run.thread_id)
+                    [parked] = [e for e, d in log.open_analysis().decisions.items() if d.state == "parked"]
+                    log.decide_parked(parked, "approved", actor="ops")
+                    approved.append(parked)
+                finally:
+                    other.close()
+
+            _before_first_append(store, approve_now, when="sibling")  # the operator commits just before it
+            gated = asyncio.create_task(run.effect("gated", {}, requires_approval=True, key="gated",
+                                                   call=lambda ctx: "gated ran"))
+            await asyncio.sleep(0.2)
+            sibling = await run.effect("sibling", {"x": 1}, semantics="idempotent", key="sibling",
+                                       call=lambda ctx: calls.append(ctx.effect_id) or "sibling ran")
+            assert approved, "the operator's approval raced the sibling's append"
+            return sibling, await gated
+
+    assert run(go()) == ("sibling ran", "gated ran")
+    assert len(calls) == 1
+
+
+def test_an_operators_approval_refused_by_another_writers_append_is_decided_again(tmp_path: Path) -> None:
+    """Steps of a run append while one of them is parked, so an operator's approval often met another writer's
+    append first: `jixu threads approve` exited 4 (concurrency_conflict) and an approver that did not retry left
+    the step waiting for good. The decision is now taken again on the new events."""
+    from jixu.ledger import open_store
+
+    url = f"sqlite:///{tmp_path / 'approve.db'}"
+
+    async def go() -> list[Any]:
+        async with jixu.durable(url, name="approvals", approval_poll=0.05) as run:
+            gated = [asyncio.create_task(run.effect("gated", {"n": n}, requires_approval=True, key=f"gated-{n}",
+                                                    call=lambda ctx, n=n: f"gated {n} ran")) for n in (1, 2)]
+            await asyncio.sleep(0.2)
+            first, second = open_store(url), open_store(url)
+            try:
+                logs = [ThreadLog.load(store, run.thread_id) for store in (first, second)]
+                parked = sorted(e for e, d in logs[0].open_analysis().decisions.items() if d.state == "parked")
+                raced = _before_first_append(second, lambda: logs[0].decide_parked(parked[0], "approved",
+                                                                                   actor="ops-1"))
+                logs[1].decide_parked(parked[1], "approved", actor="ops-2")
+                assert raced, "the other operator's approval was committed first"
+            finally:
+                first.close()
+                second.close()
+            return list(await asyncio.wait_for(asyncio.gather(*gated), 30))
+
+    assert run(go()) == ["gated 1 ran", "gated 2 ran"]
+
+
+def _before_first_append(store: Store, first: Any, *, when: str = "") -> list[bool]:
+    """Make ``store`` call ``first()`` once, just before its first append whose arguments mention ``when`` (another
+    writer committing first); the list returned holds True once it did."""
+    done: list[bool] = []
+
+    def racing(append: Any) -> Any:
+        def append_now(*args: Any, **kwargs: Any) -> Any:
+            if not done and when in repr(args):
+                done.append(True)
+                first()
+            return append(*args, **kwargs)
+        return append_now
+
+    for name in ("append", "append_many"):
+        setattr(store, name, racing(getattr(store, name)))
+    return done

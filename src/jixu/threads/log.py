@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from jixu.errors import (
     ConcurrencyError,
@@ -84,7 +84,8 @@ RECOVERY_TTL = 30.0
 ARTIFACT_CACHE = 8
 """Artifact texts a thread's record keeps at hand (for its next model calls and its last reply)."""
 START_TRIES = 5
-"""How often a turn's start is decided again after another writer appended first (see ``start_turn_async``)."""
+"""How often a turn's start, or an operator's decision, is decided again after another writer appended first."""
+_T = TypeVar("_T")
 INHERIT_CHUNK_CHARS = 128 * 1024
 """Characters of inherited state per ``thread.inherited`` event: even if every character needed a
 six-byte escape, a chunk stays under the ledger's 1 MiB payload limit."""
@@ -691,15 +692,22 @@ class ThreadLog:
         """
         body = resolution_body(effect_id, resolution, new_id() if resolution_id is None else resolution_id, actor=actor, note=note,
                                evidence=evidence, result=result)
-        self.sync()
-        self.open_to_act()
-        event = self.resolution_event(body)
-        if event is None:
+
+        def decide() -> bool:
+            self.sync()
+            self.open_to_act()
+            event = self.resolution_event(body)
+            if event is None:
+                return False
+            self._refuse_while_owned_elsewhere(effect_id, owner)
+            self.append([event])
+            return True
+
+        if not self._decided_again(decide):
             return False
-        self._refuse_while_owned_elsewhere(effect_id, owner)
-        self.append([event])
         tracing.note("jixu.resolution", {"jixu.thread.id": self.thread_id, "jixu.effect.id": effect_id,
-                                         "jixu.effect.kind": event.type.split(".")[0], "jixu.resolution": resolution,
+                                         "jixu.effect.kind": self.analysis().decisions[effect_id].kind,
+                                         "jixu.resolution": resolution,
                                          "jixu.actor": actor})
         return True
 
@@ -750,15 +758,31 @@ class ThreadLog:
             raise InvalidInput("the decision must be 'approved' or 'denied'", field="decision")
         check_text(actor, "actor", 200, required=True)
         check_text(note, "note", MAX_NOTE_CHARS)
-        self.sync()
-        self.open_to_act()
-        decision = self.analysis().decisions.get(effect_id)
-        if decision is None:
-            raise NotFound(f"thread {self.thread_id} has no effect {effect_id!r}", effect_id=effect_id)
-        if decision.state != "parked":
-            raise EffectNotParked(f"effect {effect_id} is {decision.state}, not parked", effect_id=effect_id)
-        self.append([NewEvent(f"{decision.kind}.{decision_phase}",
-                              {"effect_id": effect_id, "actor": actor, "note": note}, self.meta(actor))])
+
+        def decide() -> None:
+            self.sync()
+            self.open_to_act()
+            decision = self.analysis().decisions.get(effect_id)
+            if decision is None:
+                raise NotFound(f"thread {self.thread_id} has no effect {effect_id!r}", effect_id=effect_id)
+            if decision.state != "parked":
+                raise EffectNotParked(f"effect {effect_id} is {decision.state}, not parked", effect_id=effect_id)
+            self.append([NewEvent(f"{decision.kind}.{decision_phase}",
+                                  {"effect_id": effect_id, "actor": actor, "note": note}, self.meta(actor))])
+
+        self._decided_again(decide)
+
+    def _decided_again(self, decide: Callable[[], _T]) -> _T:
+        """``decide()``: an operator's decision taken on the events read and appended after them. When another
+        writer appended first (a durable run's steps, which run while one of them is parked), the refused append
+        was decided on an old head: decide again on the new events, a few times."""
+        for tries_left in reversed(range(START_TRIES)):
+            try:
+                return decide()
+            except ConcurrencyError:
+                if not tries_left:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover - the last try returns or raises
 
     def start_turn(self, text: str, *, owner: str | None = None, ttl: float = DEFAULT_LEASE_TTL,
                    enqueue: tuple[str, str] | None = None) -> tuple[str, Fence | None]:
@@ -840,13 +864,17 @@ class ThreadLog:
         """Record an explicit resume of a paused turn (the application's loop then continues it)."""
         check_text(actor, "actor", 200, required=True)
         check_text(note, "note", MAX_NOTE_CHARS)
-        self.sync()
-        self.open_to_act()
-        turn = self.state.active_turn()
-        if turn is None or turn.pause is None:
-            raise ThreadBusy(f"thread {self.thread_id} has no paused turn to resume", thread_id=self.thread_id)
-        self.append([NewEvent("turn.resumed", {"turn_id": turn.turn_id, "reason": "explicit", "actor": actor,
-                                               "note": note}, self.meta(actor))])
+
+        def decide() -> None:
+            self.sync()
+            self.open_to_act()
+            turn = self.state.active_turn()
+            if turn is None or turn.pause is None:
+                raise ThreadBusy(f"thread {self.thread_id} has no paused turn to resume", thread_id=self.thread_id)
+            self.append([NewEvent("turn.resumed", {"turn_id": turn.turn_id, "reason": "explicit", "actor": actor,
+                                                   "note": note}, self.meta(actor))])
+
+        self._decided_again(decide)
 
     def ownership(self) -> dict[str, Any] | None:
         """Who owns the active turn, by the store's clock: owner, epoch, expiry, heartbeat, expired."""

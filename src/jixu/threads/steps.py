@@ -49,6 +49,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, Self, TypeAlias
 
 from jixu.errors import (
+    ConcurrencyError,
     FencingError,
     InvalidInput,
     JixuError,
@@ -60,7 +61,7 @@ from jixu.errors import (
     ThreadBusy,
     TurnOwned,
 )
-from jixu.kernel import Outcome, Session
+from jixu.kernel import Outcome, Session, unrecorded_receipts
 from jixu.ledger import Event, Fence, NewEvent, Store, content_hash, new_id
 from jixu.ledger.encoding import JSONObject, canonical_text
 from jixu.recovery import EffectDecision
@@ -68,7 +69,7 @@ from jixu.threads.agent import Agent
 from jixu.threads.decide import ResolveByProbe
 from jixu.threads.model import ModelRequest, ModelResponse
 from jixu.threads.projection import ThreadState, Turn
-from jixu.threads.tools import DEFINITE_ANSWERS, ProbeQuery, Tool, ToolContext, call_user_function
+from jixu.threads.tools import DEFINITE_ANSWERS, ProbeQuery, Tool, ToolContext, call_ended, call_user_function
 
 if TYPE_CHECKING:
     from jixu.threads.harness import Harness
@@ -296,6 +297,13 @@ class DurableRun:
         self._counts: Counter[str] = Counter()
         self._carrying_out: dict[str, asyncio.Lock] = {}
         """A lock per step key: steps of one run run at once, each key's one at a time."""
+        self._in_steps: Counter[asyncio.Task[Any]] = Counter()
+        """The tasks carrying out a step of this run now (how many each)."""
+        self._steps_changed = asyncio.Event()
+        self._awaiting_approval: set[asyncio.Task[Any]] = set()
+        """Tasks whose step waits for an operator's approval (nothing of it runs meanwhile)."""
+        self._called: set[str] = set()
+        """The effects this block called (a call in a worker thread may outlive its step; see _settle_steps)."""
         self.reply: str | None = None
         """What the run's ``turn.ended`` records as its reply when the block ends normally (default: a count)."""
         self.error: JSONObject | None = None
@@ -465,6 +473,7 @@ class DurableRun:
                 self._harness.close()
             return
         thread, session, me = self._thread, self._session, asyncio.current_task()
+        cut_off = await self._settle_steps()
         try:
             await self._stop(exc_type, exc, tb)
         except (asyncio.CancelledError, FencingError) as error:  # the run's end refused or cut off by the loss
@@ -472,6 +481,35 @@ class DurableRun:
             raise
         if exc is not None:
             self._raise_if_lost(thread, session, me, exc)
+        if cut_off:
+            raise asyncio.CancelledError  # the wait for its steps was cancelled: the block is, once they ended
+
+    async def _settle_steps(self) -> bool:
+        """Wait until no step of this run is in flight in another task (a sibling of an ``asyncio.gather`` that
+        raised): given back while one still ran, the run's next owner would find it unknown and ask its probe while
+        it acts. A step waiting for an approval is cancelled (nothing of it runs). If this wait is cancelled (a
+        drain's timeout), the steps are cancelled too, each recording its call cut off, and waited for. Then the
+        calls this block made that still run in a worker thread are waited for. True when the wait was cancelled.
+        """
+        me = asyncio.current_task()
+        cut_off = False
+        while others := [task for task in self._in_steps if task is not me]:
+            for task in others:
+                if cut_off or task in self._awaiting_approval:
+                    task.cancel()
+            self._steps_changed.clear()
+            try:
+                await self._steps_changed.wait()
+            except asyncio.CancelledError:
+                cut_off = True
+        for effect_id in self._called:
+            while True:
+                try:
+                    await call_ended(effect_id)
+                    break
+                except asyncio.CancelledError:
+                    cut_off = True
+        return cut_off
 
     def _raise_if_lost(self, thread: Thread | None, session: Session | None, me: asyncio.Task[Any] | None,
                        error: BaseException) -> None:
@@ -556,9 +594,18 @@ class DurableRun:
         if self._ended is not None:
             return self._replayed(thread, step)
         lock = self._carrying_out.setdefault(key, asyncio.Lock())
-        async with lock:
-            thread.refuse_if_draining()
-            return await self._carry_out(thread, step, tool)
+        task = asyncio.current_task()
+        assert task is not None  # a coroutine of an event loop runs in a task
+        self._in_steps[task] += 1
+        try:
+            async with lock:
+                thread.refuse_if_draining()
+                return await self._carry_out(thread, step, tool)
+        finally:
+            self._in_steps[task] -= 1
+            if not self._in_steps[task]:
+                del self._in_steps[task]
+            self._steps_changed.set()
 
     def _replayed(self, thread: Thread, step: Step) -> Any:
         """What ``step`` recorded in the ended run: its result, or the error it ends with; never a new call."""
@@ -594,25 +641,54 @@ class DurableRun:
             log.refuse_if_corrupt()
             action = decide_step(step, self._steps.get(step.key, ()), self._decision, log.state,
                                  max_attempts=harness.max_attempts)
-            if isinstance(action, Record):
-                await self._record(thread, step, tool)
-            elif isinstance(action, Call):
-                cause = await self._call(thread, tool, action.effect_id, action.attempt) or cause
-            elif isinstance(action, AwaitApproval):
-                await asyncio.sleep(self._poll)
-            elif isinstance(action, Done):
+            if isinstance(action, Done):
                 return self._result(thread, step, action)
-            elif isinstance(action, AskProbe):
-                await self._ask_probe(thread, tool, action)
-            elif isinstance(action, ProbeAgain):
-                intent = log.state.intent(action.probe_effect_id)
-                if intent is None:  # pragma: no cover - the resolver reports only recorded effects
-                    raise StepOutcomeUnknown(f"probe {action.probe_effect_id} has no intent")
-                await self._run_probe(thread, tool, action.probe_effect_id, intent, action.attempt)
-            elif isinstance(action, ResolveByProbe):
-                await thread._resolve_by_probe(action)
-            else:
+            if isinstance(action, Fail | Mismatch | Unknown):
                 self._raise(thread, step, action, cause)
+            try:
+                cause = await self._act(thread, step, tool, action) or cause
+            except ConcurrencyError as conflict:
+                if unrecorded_receipts(conflict):
+                    raise  # receipts it could not record are facts: they reach the caller, never dropped here
+                # Another writer appended meanwhile (an operator approving a sibling step, say): what was refused
+                # was decided on an old head and nothing of it ran. Read the new events and decide again.
+                await log.writer.idle()
+                log.sync()
+                self._forget_unrecorded(step.key)
+
+    async def _act(self, thread: Thread, step: Step, tool: Tool, action: StepAction) -> BaseException | None:
+        """Carry out one action of ``step`` (not Done, Fail, Mismatch or Unknown); what a call raised, if any."""
+        log = thread.log
+        if isinstance(action, Record):
+            await self._record(thread, step, tool)
+        elif isinstance(action, Call):
+            return await self._call(thread, tool, action.effect_id, action.attempt)
+        elif isinstance(action, AwaitApproval):
+            me = asyncio.current_task()
+            assert me is not None
+            self._awaiting_approval.add(me)
+            try:
+                await asyncio.sleep(self._poll)
+            finally:
+                self._awaiting_approval.discard(me)
+        elif isinstance(action, AskProbe):
+            await self._ask_probe(thread, tool, action)
+        elif isinstance(action, ProbeAgain):
+            intent = log.state.intent(action.probe_effect_id)
+            if intent is None:  # pragma: no cover - the resolver reports only recorded effects
+                raise StepOutcomeUnknown(f"probe {action.probe_effect_id} has no intent")
+            await self._run_probe(thread, tool, action.probe_effect_id, intent, action.attempt)
+        elif isinstance(action, ResolveByProbe):
+            await thread._resolve_by_probe(action)
+        return None
+
+    def _forget_unrecorded(self, key: str) -> None:
+        """Drop the latest intent kept under ``key`` when its append was refused (the store has no event of it)."""
+        intents = self._steps.get(key)
+        if intents and self._decision(str(intents[-1].get("effect_id"))) is None:
+            intents.pop()
+            if not intents:
+                del self._steps[key]
 
     def _raise(self, thread: Thread, step: Step, action: Fail | Mismatch | Unknown, cause: BaseException | None) -> NoReturn:
         """Raise the error a step ends with: it failed, the code differs from the record, or its outcome is unknown."""
@@ -676,6 +752,7 @@ class DurableRun:
         if intent is None:  # pragma: no cover - the resolver reports only recorded effects as dispatchable
             raise StepOutcomeUnknown(f"effect {effect_id} has no intent", effect_id=effect_id)
         raised: list[BaseException] = []
+        self._called.add(effect_id)
         await thread._call_tool(effect_id, intent, attempt, checked=(tool, {}), dispatched=False, raised=raised,
                                 with_marker=with_marker)
         return raised[-1] if raised else None
