@@ -138,3 +138,29 @@ def test_an_automatic_pause_survives_a_reopen(ledger: Ledger) -> None:
         assert [r.data["reason"] for r in of_type(await reopened.events(), "turn.resumed")] == ["automatic"]
 
     run(scenario())
+
+
+def test_an_automatic_pause_waited_out_here_shows_paused_and_an_explicit_resume_ends_it_at_once(
+        ledger: Ledger) -> None:
+    """While this process waited out a rate limit's delay, every surface said the thread was ``running``; and an
+    operator's resume was recorded but the loop slept on to the provider's time and then recorded a second resume."""
+    model = FlakyModel([rate_limited(30), "after the resume"])
+    harness = ledger.harness(Agent("a", model))
+
+    async def scenario() -> None:
+        thread = await harness.create_thread()
+        await thread.send("hi")
+        for _ in range(200):
+            if of_type(await thread.events(), "turn.paused"):
+                break
+            await asyncio.sleep(0.01)
+        state = thread.state()
+        assert thread.running and state.status == "paused", state.status
+        assert "retrying automatically" in state.reason
+        await thread.resume(actor="ops", note="the limit was raised")
+        state = await asyncio.wait_for(thread.wait(), 10)
+        assert state.status == "idle" and state.last_reply == "after the resume"
+        resumed = of_type(await thread.events(), "turn.resumed")
+        assert [(r.data["reason"], r.data.get("actor")) for r in resumed] == [("explicit", "ops")]
+
+    run(scenario())

@@ -187,6 +187,8 @@ def shown_status(action: Action, analysis: Analysis, *, running: bool,
     ``running``: this process runs the turn. When another live process holds the turn's claim (``in_progress``),
     the calls without a receipt are in flight there, not waiting for an operator (a resolution is refused until
     the claim ends): the thread shows ``running``, or ``waiting`` for the approval of its parked calls only."""
+    if isinstance(action, Stop) and action.status == "paused":
+        return action.status, action.reason, False  # also while this process waits out an automatic pause
     if isinstance(action, Stop) and not running:
         if in_progress is not None and action.status == "waiting":
             elsewhere = in_progress()

@@ -104,6 +104,8 @@ class Thread:
         self.following = False
         """True while this handle's loop waits for another handle's (see :meth:`_follow`)."""
         self._pending: list[NewEvent] = []
+        self._resumed = asyncio.Event()
+        """Set by an explicit resume: the loop waiting out an automatic pause stops waiting."""
         """Intents of retry-safe effects waiting to be committed with their dispatch marker (see _commit)."""
         self._stage_receipts = False
         """True while one call runs alone: its receipt may be staged and committed with the next step (0011)."""
@@ -491,18 +493,33 @@ class Thread:
         return turn is not None and turn.pause is not None and bool(turn.pause.get("automatic"))
 
     async def _resume_automatically(self) -> None:
-        """Wait out the automatic pause (its ``resume_at`` on the store's clock) and record the resume."""
-        turn = self.log.state.active_turn()
+        """Wait out the automatic pause (its ``resume_at`` on the store's clock) and record the resume; an explicit
+        resume meanwhile (:meth:`resume`) ends the wait, and then it is the only resume recorded."""
+        log = self.log
+        turn = log.state.active_turn()
         assert turn is not None and turn.pause is not None
-        await sleep_until(self.log.store, turn.pause.get("resume_at"))
+        self._resumed.clear()
+        waits = [asyncio.ensure_future(sleep_until(log.store, turn.pause.get("resume_at"))),
+                 asyncio.ensure_future(self._resumed.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        await log.writer.idle()
+        log.sync()
+        current = log.state.active_turn()
+        if current is None or current.turn_id != turn.turn_id or current.pause is None:
+            return  # resumed (or ended) by someone meanwhile: nothing to record
         await self._commit([NewEvent("turn.resumed", {"turn_id": turn.turn_id, "reason": "automatic"},
-                                     self.log.meta())])
+                                     log.meta())])
 
     @on_home_loop
     async def resume(self, *, actor: str = "operator", note: str | None = None) -> State:
         """Resume a turn paused for quota, authentication or exhausted automatic retries; it continues."""
         await self.log.writer.idle()
         self.log.resume_turn(actor=actor, note=note)
+        self._resumed.set()  # a loop waiting out an automatic pause goes on now
         self._continue()
         return self.state()
 
