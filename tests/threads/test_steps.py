@@ -681,3 +681,88 @@ def _before_first_append(store: Store, first: Any, *, when: str = "") -> list[bo
     for name in ("append", "append_many"):
         setattr(store, name, racing(getattr(store, name)))
     return done
+
+
+def test_a_block_settling_its_steps_refuses_new_ones_and_still_gives_its_run_back(tmp_path: Path) -> None:
+    """While the ending block waited for a call's worker thread, a gather sibling started its next step: the set of
+    calls changed under the wait (RuntimeError), the block's own error was lost, and its session kept renewing the
+    lease (every retry TurnOwned until the process ended). A step asked while the block ends is now refused."""
+    import time
+
+    url, started = f"sqlite:///{tmp_path / 'settle.db'}", []
+
+    def slow(ctx: ToolContext) -> str:
+        time.sleep(0.6)  # outlives its 0.1 s timeout in its thread
+        return "slow"
+
+    async def lookup_then_charge(run: Any) -> Any:
+        await run.effect("lookup", {}, key="lookup", semantics="read_only", call=lambda ctx: asyncio.sleep(0.2))
+        return await run.effect("charge", {}, key="charge", call=lambda ctx: started.append(1) or "charged")
+
+    async def go() -> None:
+        thread_id = None
+        with pytest.raises(StepOutcomeUnknown):
+            async with jixu.durable(url, None, name="settle") as run:
+                thread_id = run.thread_id
+                await asyncio.gather(lookup_then_charge(run), run.effect("slow", {}, key="slow", call=slow,
+                                                                          timeout=0.1))
+        assert started == [], "no step started once the block was ending"
+        with pytest.raises(StepOutcomeUnknown):  # the run was given back: the next entry claims it at once
+            async with jixu.durable(url, thread_id, name="settle") as again:
+                await again.effect("slow", {}, key="slow", call=slow, timeout=0.1)
+
+    run(go())
+
+
+def test_a_retry_safe_step_past_its_timeout_is_called_again_once_its_first_call_returned(tmp_path: Path) -> None:
+    """The next attempt waited for the first attempt's worker thread inside its own timeout: every attempt timed
+    out without calling, and the step ended unknown, for an operator. The wait now comes before the attempt."""
+    import time
+
+    calls: list[int] = []
+
+    def fetch(ctx: ToolContext) -> str:
+        calls.append(ctx.attempt)
+        time.sleep(0.5 if len(calls) == 1 else 0.0)
+        return "fetched"
+
+    async def go() -> Any:
+        async with jixu.durable(f"sqlite:///{tmp_path / 'retry.db'}", name="retry") as run:
+            return await run.effect("fetch", {}, key="fetch", semantics="idempotent", call=fetch, timeout=0.2)
+
+    assert run(go()) == "fetched"
+    assert calls == [1, 2]
+
+
+def test_shutdown_past_its_drain_timeout_gives_a_run_back_once_its_call_in_a_thread_returned(tmp_path: Path) -> None:
+    """A sync call still running in its thread at the drain timeout: the block waited for it, but the store was
+    closed under it, so its lease was never given back (TurnOwned here until the process ended). Shutdown now waits
+    for the call, then the run gives its lease back and the store closes."""
+    import time
+
+    url, returned = f"sqlite:///{tmp_path / 'shutdown.db'}", []
+
+    def charge(ctx: ToolContext) -> str:
+        time.sleep(1.3)  # longer than the drain waited for a cancelled block before (max(timeout, 1 s))
+        returned.append(ctx.attempt)
+        return "charged"
+
+    async def go() -> str:
+        harness = Harness(steps_agent("steps"), url)
+        thread_id: list[str] = []
+
+        async def block() -> None:
+            async with harness.durable(None, name="shut") as run:
+                thread_id.append(run.thread_id)
+                await run.effect("charge", {}, key="charge", semantics="idempotent", call=charge)
+
+        task = asyncio.create_task(block())
+        await asyncio.sleep(0.1)
+        await harness.shutdown(drain_timeout=0.1)
+        assert returned == [1], "shutdown returned once the call in its thread had returned"
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with jixu.durable(url, thread_id[0], name="shut") as again:  # given back: claimed at once
+            return str(await again.effect("charge", {}, key="charge", semantics="idempotent", call=charge))
+
+    assert run(go()) == "charged"

@@ -281,8 +281,10 @@ class Harness:
         process continues it; calls cut off at the timeout are recorded as
         having an unknown outcome. A durable run's next step is refused
         (:class:`~jixu.errors.ThreadBusy`), so its block stops with the run
-        unfinished; a block still in a step at the timeout is cancelled. Abrupt loss (SIGKILL) instead leaves the
-        claims to expire for inspection and explicit recovery.
+        unfinished; a block still in a step at the timeout is cancelled, and its steps record their calls cut
+        off. A call still running in a worker thread cannot be stopped: its run keeps its lease, and this waits,
+        until the call returns (given back earlier, another process could act on the call beside it). Abrupt loss
+        (SIGKILL) instead leaves the claims to expire for inspection and explicit recovery.
         """
         self.closing = True
         await asyncio.gather(*(thread.drain(drain_timeout) for thread in self._threads.all()))

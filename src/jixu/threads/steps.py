@@ -304,6 +304,8 @@ class DurableRun:
         """Tasks whose step waits for an operator's approval (nothing of it runs meanwhile)."""
         self._called: set[str] = set()
         """The effects this block called (a call in a worker thread may outlive its step; see _settle_steps)."""
+        self._leaving = False
+        """Set when the block ends: no step starts any more."""
         self.reply: str | None = None
         """What the run's ``turn.ended`` records as its reply when the block ends normally (default: a count)."""
         self.error: JSONObject | None = None
@@ -473,7 +475,12 @@ class DurableRun:
                 self._harness.close()
             return
         thread, session, me = self._thread, self._session, asyncio.current_task()
-        cut_off = await self._settle_steps()
+        self._leaving = True  # a step asked from now on is refused: the run is given back once its steps ended
+        try:
+            cut_off = await self._settle_steps()
+        except BaseException:
+            await self._stop(exc_type, exc, tb)
+            raise
         try:
             await self._stop(exc_type, exc, tb)
         except (asyncio.CancelledError, FencingError) as error:  # the run's end refused or cut off by the loss
@@ -502,7 +509,7 @@ class DurableRun:
                 await self._steps_changed.wait()
             except asyncio.CancelledError:
                 cut_off = True
-        for effect_id in self._called:
+        for effect_id in list(self._called):
             while True:
                 try:
                     await call_ended(effect_id)
@@ -575,7 +582,7 @@ class DurableRun:
         abandoned), :class:`~jixu.errors.ToolDefinitionError` for a bad declaration.
         """
         thread = self._live()
-        if self._session is None and self._ended is None:
+        if (self._session is None or self._leaving) and self._ended is None:
             raise ThreadBusy(f"durable run {self._turn_id} has ended", thread_id=thread.thread_id)
         args = {} if args is None else args
         if not isinstance(args, dict):

@@ -71,7 +71,7 @@ from jixu.threads.log import MAX_INPUT_CHARS, State, ThreadLog, stream_of
 from jixu.threads.model import ModelRequest
 from jixu.threads.projection import PROBE_ACTOR_PREFIX, tool_content
 from jixu.threads.revisions import revision
-from jixu.threads.tools import ProbeQuery, Tool, ToolContext, ToolError
+from jixu.threads.tools import ProbeQuery, Tool, ToolContext, ToolError, call_ended
 
 if TYPE_CHECKING:
     from jixu.threads.harness import Harness
@@ -665,8 +665,9 @@ class Thread:
 
     @staticmethod
     async def _cut_off(ended: asyncio.Event, task: asyncio.Task[Any] | None, timeout: float) -> None:
-        """Wait up to ``timeout`` for a durable run to stop, then cancel its block and wait as long again (its
-        step then records an unknown outcome and the run gives its lease back)."""
+        """Wait up to ``timeout`` for a durable run to stop, then cancel its block and wait for it to end: its
+        steps record their calls cut off and the run gives its lease back, but only once no call of it still
+        runs in a worker thread here (a thread cannot be stopped; decision 0061)."""
         if task is asyncio.current_task():
             return  # shut down from the run's own block: the run stops when the block ends
         with contextlib.suppress(TimeoutError):
@@ -674,8 +675,7 @@ class Thread:
             return
         if task is not None:
             task.cancel()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ended.wait(), max(timeout, 1.0))
+        await ended.wait()
 
     def steps_began(self) -> None:
         """A durable run's block (the current task) carries this thread's turn out from now on."""
@@ -1029,6 +1029,9 @@ class Thread:
             await self._record("tool", effect_id, None, found)
             return
         declared, args = found
+        # An earlier attempt still running in a worker thread here: this one starts (its marker, its timeout) only
+        # once that one returned, never beside it (Tool.invoke waits too, for callers of its own).
+        await call_ended(effect_id)
         context = ToolContext(effect_id=effect_id, idempotency_key=str(intent["idempotency_key"]), attempt=attempt,
                               thread_id=self.thread_id, turn_id=str(intent.get("turn_id")))
 
