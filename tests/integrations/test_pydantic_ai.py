@@ -785,3 +785,45 @@ def test_an_unsafe_tools_pydantic_ai_timeout_leaves_its_call_unknown_and_the_mod
     asyncio.run(main())
     assert len(lines(bank)) == 1, "charged once"
     assert len(requests) == 1, "the model was not told of a timeout"
+
+
+def test_a_wrapped_toolsets_timeout_is_the_steps_timeout_too(tmp_path: Path) -> None:
+    """A ``FunctionToolset(timeout=...)`` under ``.prefixed()`` (or any wrapper): its timeout was missed (the wrapper
+    has none of its own), pydantic-ai told the model "Timed out", and the unsafe tool was charged again."""
+    from pydantic_ai.toolsets import FunctionToolset
+
+    bank = tmp_path / "bank.log"
+    bank.write_text("")
+    requests: list[int] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        requests.append(len(messages))
+        calls = sum(isinstance(part, ToolCallPart) for message in messages for part in message.parts)
+        if calls < 2:
+            return ModelResponse(parts=[ToolCallPart("pay_charge", {"order": 7}, tool_call_id=f"c{calls}")])
+        return ModelResponse(parts=[TextPart("charged twice")])
+
+    toolset: FunctionToolset[Any] = FunctionToolset(timeout=0.2)
+
+    @toolset.tool_plain
+    async def charge(order: int) -> str:
+        """Charge an order (the payment API answers late)."""
+        with bank.open("a") as out:
+            out.write(f"{order} {current_effect().idempotency_key}\n")
+        await asyncio.sleep(1)
+        return f"charged {order}"
+
+    agent = Agent(FunctionModel(model), name="shop", toolsets=[toolset.prefixed("pay")])
+
+    async def main() -> None:
+        durable = JixuAgent(agent, tmp_path / "shop.db", tool_semantics={"pay_charge": "unsafe"})
+        try:
+            thread_id = await durable.new_thread()
+            with pytest.raises(StepOutcomeUnknown):
+                await durable.run("Charge order 7.", thread_id=thread_id)
+        finally:
+            durable.close()
+
+    asyncio.run(main())
+    assert len(lines(bank)) == 1, "charged once"
+    assert len(requests) == 1, "the model was not told of a timeout"

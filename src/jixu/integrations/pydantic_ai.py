@@ -446,8 +446,7 @@ class JixuToolset(WrapperToolset[Any]):
         # pydantic-ai's own tool timeout (the tool's, else its function toolset's) would tell the model "timed out,
         # retry" about a call that may have acted, and the model would call again under a new key: it is the
         # step's timeout instead (past it the outcome is unknown), and pydantic-ai is given none.
-        declared = tool.tool_def.timeout if tool.tool_def.timeout is not None else getattr(tool.toolset, "timeout",
-                                                                                            None)
+        declared = tool.tool_def.timeout if tool.tool_def.timeout is not None else _toolset_timeout(tool.toolset)
         if isinstance(declared, int | float) and not isinstance(declared, bool):
             timeout = float(declared) if timeout is None else min(timeout, float(declared))
             tool = replace(tool, tool_def=replace(tool.tool_def, timeout=math.inf))
@@ -469,6 +468,19 @@ class JixuToolset(WrapperToolset[Any]):
                 raise
             note = failed.details.get("error")  # the operator's note: the model is told, as pydantic-ai tells it
             return ToolDenied(f"The tool call was denied: {note}" if note else "The tool call was denied.")
+
+
+def _toolset_timeout(toolset: Any) -> Any:
+    """The ``timeout`` of the function toolset under ``toolset``'s wrappers (prefixed, renamed, filtered, ...:
+    each keeps the one it wraps as ``wrapped``), or None."""
+    for _depth in range(32):
+        timeout = getattr(toolset, "timeout", None)
+        if timeout is not None:
+            return timeout
+        toolset = getattr(toolset, "wrapped", None)
+        if toolset is None:
+            break
+    return None
 
 
 def _declared(agent: Agent[Any, Any], tool_semantics: Mapping[str, Semantics] | None,

@@ -42,7 +42,6 @@ from jixu.kernel import (
     pause_delay,
     perform,
     release,
-    sleep_until,
     tracing,
     unrecorded_receipts,
 )
@@ -86,6 +85,10 @@ Action: TypeAlias = (Dispatch | RequestModel | RequestCompaction | RequestTools 
                      | PauseTurn | FailTurn | Stop)
 """What the loop carries out: a decision of :func:`~jixu.threads.decide.decide` (a ``Stop`` only for an
 automatic pause, whose resume it records)."""
+
+PAUSE_LOOK_EVERY = 1.0
+"""Seconds between two looks of a loop waiting out an automatic pause for a resume recorded elsewhere."""
+
 
 class Thread:
     """One durable conversation with an agent. Get one from :class:`~jixu.Harness`."""
@@ -498,19 +501,23 @@ class Thread:
         log = self.log
         turn = log.state.active_turn()
         assert turn is not None and turn.pause is not None
+        resume_at = turn.pause.get("resume_at")
+        deadline = float(resume_at) if isinstance(resume_at, int | float) else float("-inf")
         self._resumed.clear()
-        waits = [asyncio.ensure_future(sleep_until(log.store, turn.pause.get("resume_at"))),
-                 asyncio.ensure_future(self._resumed.wait())]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
-        await log.writer.idle()
-        log.sync()
-        current = log.state.active_turn()
-        if current is None or current.turn_id != turn.turn_id or current.pause is None:
-            return  # resumed (or ended) by someone meanwhile: nothing to record
+        while True:
+            # Woken by resume() here, or looking every PAUSE_LOOK_EVERY seconds for a resume recorded elsewhere
+            # (the HTTP API, the CLI, another process).
+            remaining = deadline - log.store.now()
+            if remaining > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._resumed.wait(), min(remaining, PAUSE_LOOK_EVERY))
+            await log.writer.idle()
+            log.sync()
+            current = log.state.active_turn()
+            if current is None or current.turn_id != turn.turn_id or current.pause is None:
+                return  # resumed (or ended) by someone meanwhile: nothing to record
+            if log.store.now() >= deadline:
+                break
         await self._commit([NewEvent("turn.resumed", {"turn_id": turn.turn_id, "reason": "automatic"},
                                      log.meta())])
 
