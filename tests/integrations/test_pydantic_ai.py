@@ -747,65 +747,27 @@ def test_a_sync_tool_declared_by_name_cut_off_by_a_cancelled_run_is_probed_once_
     assert len(lines(bank)) == 1, "charged once"
 
 
+@pytest.mark.parametrize("declared", ["tool", "prefixed-toolset"])
 def test_an_unsafe_tools_pydantic_ai_timeout_leaves_its_call_unknown_and_the_model_never_retries_it(
-        tmp_path: Path) -> None:
+        tmp_path: Path, declared: str) -> None:
     """pydantic-ai's tool ``timeout=`` answered the model "Timed out, retry" about a call that had acted (recorded
     as a completed step); the model called again under a new key: two charges. The timeout is now the step's:
-    the run stops with the call unknown, for its probe or an operator."""
-    bank = tmp_path / "bank.log"
-    bank.write_text("")
-    requests: list[int] = []
-
-    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        requests.append(len(messages))
-        calls = sum(isinstance(part, ToolCallPart) for message in messages for part in message.parts)
-        if calls < 2:
-            return ModelResponse(parts=[ToolCallPart("charge", {"order": 7}, tool_call_id=f"c{calls}")])
-        return ModelResponse(parts=[TextPart("charged twice")])
-
-    agent = Agent(FunctionModel(model), name="shop")
-
-    @agent.tool_plain(timeout=0.2)
-    async def charge(order: int) -> str:
-        """Charge an order (the payment API answers late)."""
-        with bank.open("a") as out:
-            out.write(f"{order} {current_effect().idempotency_key}\n")
-        await asyncio.sleep(1)
-        return f"charged {order}"
-
-    async def main() -> None:
-        durable = JixuAgent(agent, tmp_path / "shop.db", tool_semantics={"charge": "unsafe"})
-        try:
-            thread_id = await durable.new_thread()
-            with pytest.raises(StepOutcomeUnknown):
-                await durable.run("Charge order 7.", thread_id=thread_id)
-        finally:
-            durable.close()
-
-    asyncio.run(main())
-    assert len(lines(bank)) == 1, "charged once"
-    assert len(requests) == 1, "the model was not told of a timeout"
-
-
-def test_a_wrapped_toolsets_timeout_is_the_steps_timeout_too(tmp_path: Path) -> None:
-    """A ``FunctionToolset(timeout=...)`` under ``.prefixed()`` (or any wrapper): its timeout was missed (the wrapper
-    has none of its own), pydantic-ai told the model "Timed out", and the unsafe tool was charged again."""
+    the run stops with the call unknown, for its probe or an operator. A ``FunctionToolset(timeout=...)`` under
+    ``.prefixed()`` (or any wrapper) was missed at first: the wrapper has no timeout of its own."""
     from pydantic_ai.toolsets import FunctionToolset
 
     bank = tmp_path / "bank.log"
     bank.write_text("")
     requests: list[int] = []
+    name = "charge" if declared == "tool" else "pay_charge"
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         requests.append(len(messages))
         calls = sum(isinstance(part, ToolCallPart) for message in messages for part in message.parts)
         if calls < 2:
-            return ModelResponse(parts=[ToolCallPart("pay_charge", {"order": 7}, tool_call_id=f"c{calls}")])
+            return ModelResponse(parts=[ToolCallPart(name, {"order": 7}, tool_call_id=f"c{calls}")])
         return ModelResponse(parts=[TextPart("charged twice")])
 
-    toolset: FunctionToolset[Any] = FunctionToolset(timeout=0.2)
-
-    @toolset.tool_plain
     async def charge(order: int) -> str:
         """Charge an order (the payment API answers late)."""
         with bank.open("a") as out:
@@ -813,10 +775,16 @@ def test_a_wrapped_toolsets_timeout_is_the_steps_timeout_too(tmp_path: Path) -> 
         await asyncio.sleep(1)
         return f"charged {order}"
 
-    agent = Agent(FunctionModel(model), name="shop", toolsets=[toolset.prefixed("pay")])
+    if declared == "tool":
+        agent = Agent(FunctionModel(model), name="shop")
+        agent.tool_plain(timeout=0.2)(charge)
+    else:
+        toolset: FunctionToolset[Any] = FunctionToolset(timeout=0.2)
+        toolset.tool_plain(charge)
+        agent = Agent(FunctionModel(model), name="shop", toolsets=[toolset.prefixed("pay")])
 
     async def main() -> None:
-        durable = JixuAgent(agent, tmp_path / "shop.db", tool_semantics={"pay_charge": "unsafe"})
+        durable = JixuAgent(agent, tmp_path / "shop.db", tool_semantics={name: "unsafe"})
         try:
             thread_id = await durable.new_thread()
             with pytest.raises(StepOutcomeUnknown):

@@ -140,10 +140,14 @@ def test_an_automatic_pause_survives_a_reopen(ledger: Ledger) -> None:
     run(scenario())
 
 
-def test_an_automatic_pause_waited_out_here_shows_paused_and_an_explicit_resume_ends_it_at_once(
-        ledger: Ledger) -> None:
+@pytest.mark.parametrize("where", ["here", "elsewhere"])
+def test_an_automatic_pause_waited_out_here_shows_paused_and_a_resume_ends_it_at_once(ledger: Ledger,
+                                                                                     where: str) -> None:
     """While this process waited out a rate limit's delay, every surface said the thread was ``running``; and an
-    operator's resume was recorded but the loop slept on to the provider's time and then recorded a second resume."""
+    operator's resume, by this process's ``Thread.resume`` or recorded elsewhere (the HTTP API, the CLI, another
+    process), left the loop asleep until the provider's time (here it then recorded a second resume)."""
+    from jixu.threads.log import ThreadLog
+
     model = FlakyModel([rate_limited(30), "after the resume"])
     harness = ledger.harness(Agent("a", model))
 
@@ -157,32 +161,10 @@ def test_an_automatic_pause_waited_out_here_shows_paused_and_an_explicit_resume_
         state = thread.state()
         assert thread.running and state.status == "paused", state.status
         assert "retrying automatically" in state.reason
-        await thread.resume(actor="ops", note="the limit was raised")
-        state = await asyncio.wait_for(thread.wait(), 10)
-        assert state.status == "idle" and state.last_reply == "after the resume"
-        resumed = of_type(await thread.events(), "turn.resumed")
-        assert [(r.data["reason"], r.data.get("actor")) for r in resumed] == [("explicit", "ops")]
-
-    run(scenario())
-
-
-def test_a_resume_recorded_elsewhere_ends_an_automatic_pause_waited_out_here(ledger: Ledger) -> None:
-    """The HTTP API, the CLI or another process records the resume on the log: the loop waiting out the rate
-    limit here slept on to the provider's time. It now looks for such a resume while it waits."""
-    from jixu.threads.log import ThreadLog
-
-    model = FlakyModel([rate_limited(30), "after the resume"])
-    harness = ledger.harness(Agent("a", model))
-
-    async def scenario() -> None:
-        thread = await harness.create_thread()
-        await thread.send("hi")
-        for _ in range(200):
-            if of_type(await thread.events(), "turn.paused"):
-                break
-            await asyncio.sleep(0.01)
-        elsewhere = ThreadLog.load(ledger.store(), thread.thread_id)  # another connection, as the API's
-        elsewhere.resume_turn(actor="ops", note="the limit was raised")
+        if where == "here":
+            await thread.resume(actor="ops", note="the limit was raised")
+        else:  # another connection, as the API's
+            ThreadLog.load(ledger.store(), thread.thread_id).resume_turn(actor="ops", note="the limit was raised")
         state = await asyncio.wait_for(thread.wait(), 10)
         assert state.status == "idle" and state.last_reply == "after the resume"
         resumed = of_type(await thread.events(), "turn.resumed")
