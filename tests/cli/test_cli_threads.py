@@ -515,3 +515,37 @@ asyncio.run(main())
     out = " ".join(human.stdout.split())
     assert "its probe is asked when the run's code runs again; or settle it now with one of:" in out
     assert "open (waiting)" in out and "running" not in out
+
+
+
+def test_resume_records_an_explicit_resume_of_a_paused_turn_and_refuses_one_that_is_not(tmp_path: Path) -> None:
+    """A quota or authentication pause waits for an explicit resume; the CLI had no command for it (the pause's
+    reason named the Python API only)."""
+    from jixu.errors import ModelError
+    from jixu.threads.model import ModelRequest, ModelResponse
+
+    class OutOfCredits:
+        name = "credits"
+
+        async def complete(self, request: ModelRequest) -> ModelResponse:
+            raise ModelError("out of credits", kind="quota", indeterminate=False)
+
+    db = tmp_path / "paused.db"
+
+    async def build() -> str:
+        async with Harness(Agent("ops", OutOfCredits()), db) as harness:
+            thread = await harness.create_thread()
+            await thread.send("hello")
+            state = await thread.wait()
+            assert state.status == "paused" and "jixu threads resume" in state.reason, state.reason
+            return thread.thread_id
+
+    thread_id = asyncio.run(build())
+    code, answer = as_json("resume", str(db), thread_id, "--note", "credits added", "--actor", "ops")
+    assert code == 0 and answer["recorded"] is True, answer
+    with SQLiteStore(db) as store:
+        [resumed] = [e for e in ThreadLog.load(store, thread_id).events() if e.type == "turn.resumed"]
+    assert (resumed.data["reason"], resumed.data["actor"], resumed.data["note"]) == ("explicit", "ops",
+                                                                                      "credits added")
+    again = jixu("resume", str(db), thread_id)
+    assert again.returncode == 4 and "no paused turn" in again.stderr

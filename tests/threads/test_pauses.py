@@ -171,3 +171,30 @@ def test_an_automatic_pause_waited_out_here_shows_paused_and_a_resume_ends_it_at
         assert [(r.data["reason"], r.data.get("actor")) for r in resumed] == [("explicit", "ops")]
 
     run(scenario())
+
+
+def test_a_drain_stops_a_loop_waiting_out_an_automatic_pause_at_once(ledger: Ledger) -> None:
+    """Nothing is in flight while a pause is waited out, yet a drain waited its whole timeout (9 s for `jixu serve`
+    after SIGTERM). The loop now stops at once; the pause stays recorded and another process continues the turn."""
+    model = FlakyModel([rate_limited(30), "after the pause"])
+    harness = ledger.harness(Agent("a", model))
+
+    async def scenario() -> str:
+        thread = await harness.create_thread()
+        await thread.send("hi")
+        for _ in range(200):
+            if of_type(await thread.events(), "turn.paused"):
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(harness.shutdown(drain_timeout=20), 5)  # not the 20 s of the drain timeout
+        return thread.thread_id
+
+    thread_id = run(scenario())
+    reopened = ledger.harness(Agent("a", model))
+
+    async def after() -> None:
+        thread = await reopened.open_thread(thread_id, resume=False)
+        state = thread.state()
+        assert state.status == "paused" and not of_type(await thread.events(), "turn.resumed")
+
+    run(after())

@@ -314,6 +314,20 @@ for _decision in ("approve", "deny"):
     _make(_decision)
 
 
+@threads.command("resume", short_help="Resume a paused turn (editor).")
+@click.argument("thread_id")
+@click.option("--note", default=None, help="What was fixed (recorded).")
+@json_option
+def thread_resume(thread_id: str, note: str | None, as_json: bool) -> None:
+    """Record an explicit resume of THREAD_ID's paused turn (quota, authentication, retries used up)."""
+    answer = call(as_json, lambda c: c.resume_thread(thread_id, note))
+    if as_json:
+        emit_json(answer)
+        return
+    out().print(f"resumed: thread {answer['thread_id']} is {styled(answer['status'], STATUS_STYLE)}",
+                highlight=False)
+
+
 @threads.command("recover-turn", short_help="Recover an expired turn (editor).")
 @click.argument("thread_id")
 @click.argument("turn_id")

@@ -504,6 +504,29 @@ def deny_command(store: str, thread_id: str, effect_id: str, note: str | None, a
     parked_decision(store, thread_id, effect_id, "denied", note, actor, as_json)
 
 
+@threads_group.command("resume", short_help="Resume a paused turn (quota, authentication, retries used up).")
+@click.argument("store")
+@click.argument("thread_id")
+@click.option("--note", default=None, help="What was fixed (recorded).")
+@click.option("--actor", default=None, help="Who resumes (recorded; default cli:<login name>).")
+@json_option
+def resume_command(store: str, thread_id: str, note: str | None, actor: str | None, as_json: bool) -> None:
+    """Record an explicit resume of THREAD_ID's paused turn (exit 4 if it has none); its application, or a
+    worker, continues it (one waiting out an automatic pause sees the resume within a second)."""
+    who = actor if actor is not None else default_actor()
+    with opened_thread(store, thread_id, as_json, actor=who) as log:
+        log.resume_turn(actor=who, note=note)
+        wake_worker(log)
+        state = log.snapshot()
+    if as_json:
+        emit_json({"recorded": True, "thread": {"thread_id": state.thread_id, "status": state.status,
+                                                "reason": state.reason, "seq": state.seq,
+                                                "head_hash": state.head_hash}})
+        return
+    out().print(f"recorded: turn resumed by {who}; thread {state.thread_id}: {status_line(state)}", highlight=False)
+    out().print(CONTINUES, highlight=False)
+
+
 @threads_group.command("fork", short_help="Make a child thread from an event; the parent is unchanged.")
 @click.argument("store")
 @click.argument("thread_id")

@@ -152,7 +152,8 @@ def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attemp
         automatic = bool(turn.pause.get("automatic"))
         return Stop("paused", f"paused ({turn.pause.get('reason')}): "
                     + ("retrying automatically after the recorded delay" if automatic
-                       else "resume it explicitly (thread.resume()) once the cause is fixed"))
+                       else "resume it explicitly (`jixu threads resume`, the API's resume, thread.resume()) once "
+                            "the cause is fixed"))
     if turn is not None and turn.steps:
         return _steps_stop(analysis, turn.turn_id)
     if turn is not None:

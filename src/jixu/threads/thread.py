@@ -511,6 +511,10 @@ class Thread:
             if remaining > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._resumed.wait(), min(remaining, PAUSE_LOOK_EVERY))
+            if self._draining:
+                # Nothing is in flight while a pause is waited out: a drain stops the loop at once (the pause is
+                # recorded; whoever continues the turn waits out the rest), as its timeout would have.
+                raise asyncio.CancelledError
             await log.writer.idle()
             log.sync()
             current = log.state.active_turn()
@@ -652,6 +656,7 @@ class Thread:
         having an unknown outcome.
         """
         self._draining = True
+        self._resumed.set()  # a loop waiting out an automatic pause looks now (and stops: see _resume_automatically)
         ended, steps = self._steps_ended, self._steps_task
         if ended is not None:  # a durable run: its next step is refused (it stops), a step in flight is waited for
             await self._cut_off(ended, steps, timeout)
