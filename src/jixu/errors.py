@@ -255,6 +255,12 @@ class HarnessClosed(ThreadBusy):
     code = "harness_closed"
 
 
+class TurnNotPaused(ThreadBusy):
+    """An explicit resume of a thread whose turn is not paused (nothing to resume)."""
+
+    code = "turn_not_paused"
+
+
 class TurnOwned(ThreadBusy):
     """Another process owns the thread's active turn (its lease is live, or expired but not recovered)."""
 
@@ -555,6 +561,7 @@ __all__ = [
     "ToolDefinitionError",
     "ToolInputError",
     "ToolOutputError",
+    "TurnNotPaused",
     "TurnOwned",
     "UnknownProvider",
     "UnsupportedStoreUrl",

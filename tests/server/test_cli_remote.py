@@ -125,7 +125,7 @@ def test_the_remote_cli_runs_a_thread_and_maps_problems_to_exit_codes(served: Se
     whoami = remote(served, "editor", "whoami", "--json")
     assert json.loads(whoami.stdout)["roles"] == {"demo": "editor"}
     idle = remote(served, "editor", "threads", "resume", thread_id, "--note", "nothing paused", "--json")
-    assert idle.returncode == 4 and json.loads(idle.stdout)["error"]["code"] == "thread_busy", idle.stdout
+    assert idle.returncode == 4 and json.loads(idle.stdout)["error"]["code"] == "turn_not_paused", idle.stdout
 
 
 def test_tokens_are_managed_through_the_server_with_an_admin_token(served: Served) -> None:

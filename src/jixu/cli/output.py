@@ -46,6 +46,7 @@ _EXIT_BY_CODE: dict[str, int] = {
     "project_corrupt": EXIT_CHECK_FAILED,
     "key_unavailable": EXIT_STORE,
     "thread_busy": EXIT_CONFLICT,
+    "turn_not_paused": EXIT_CONFLICT,
     "harness_closed": EXIT_CONFLICT,
     "incompatible_agent": EXIT_CONFLICT,
     "step_outcome_unknown": EXIT_CONFLICT,

@@ -29,6 +29,7 @@ from jixu.errors import (
     ThreadBusy,
     ThreadCorrupt,
     ThreadNotFound,
+    TurnNotPaused,
     TurnOwned,
 )
 from jixu.kernel import (
@@ -768,7 +769,10 @@ class ThreadLog:
             if decision is None:
                 raise NotFound(f"thread {self.thread_id} has no effect {effect_id!r}", effect_id=effect_id)
             if decision.state != "parked":
-                raise EffectNotParked(f"effect {effect_id} is {decision.state}, not parked", effect_id=effect_id)
+                # Another operator may have decided it a moment ago: the reason says how (denied, approved, ...).
+                raise EffectNotParked(f"effect {effect_id} is {decision.state} ({decision.reason}), not parked: "
+                                      "it was decided already", effect_id=effect_id, state=decision.state,
+                                      reason=decision.reason)
             self.append([NewEvent(f"{decision.kind}.{decision_phase}",
                                   {"effect_id": effect_id, "actor": actor, "note": note}, self.meta(actor))])
 
@@ -872,7 +876,8 @@ class ThreadLog:
             self.open_to_act()
             turn = self.state.active_turn()
             if turn is None or turn.pause is None:
-                raise ThreadBusy(f"thread {self.thread_id} has no paused turn to resume", thread_id=self.thread_id)
+                raise TurnNotPaused(f"thread {self.thread_id} has no paused turn to resume",
+                                    thread_id=self.thread_id)
             self.append([NewEvent("turn.resumed", {"turn_id": turn.turn_id, "reason": "explicit", "actor": actor,
                                                    "note": note}, self.meta(actor))])
 
