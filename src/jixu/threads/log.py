@@ -85,7 +85,10 @@ RECOVERY_TTL = 30.0
 ARTIFACT_CACHE = 8
 """Artifact texts a thread's record keeps at hand (for its next model calls and its last reply)."""
 START_TRIES = 5
-"""How often a turn's start, or an operator's decision, is decided again after another writer appended first."""
+"""How often a turn's start is decided again after another writer appended first."""
+DECISION_TRIES = 20
+"""How often an operator's decision is: a durable run's steps may append all the time (one approval of an audit
+needed all 5 tries of the first version under 8 appending tasks)."""
 _T = TypeVar("_T")
 INHERIT_CHUNK_CHARS = 128 * 1024
 """Characters of inherited state per ``thread.inherited`` event: even if every character needed a
@@ -782,7 +785,7 @@ class ThreadLog:
         """``decide()``: an operator's decision taken on the events read and appended after them. When another
         writer appended first (a durable run's steps, which run while one of them is parked), the refused append
         was decided on an old head: decide again on the new events, a few times."""
-        for tries_left in reversed(range(START_TRIES)):
+        for tries_left in reversed(range(DECISION_TRIES)):
             try:
                 return decide()
             except ConcurrencyError:
