@@ -175,8 +175,10 @@ def test_an_automatic_pause_waited_out_here_shows_paused_and_a_resume_ends_it_at
 
 def test_a_drain_stops_a_loop_waiting_out_an_automatic_pause_at_once(ledger: Ledger) -> None:
     """Nothing is in flight while a pause is waited out, yet a drain waited its whole timeout (9 s for `jixu serve`
-    after SIGTERM). The loop now stops at once; the pause stays recorded and another process continues the turn."""
-    model = FlakyModel([rate_limited(30), "after the pause"])
+    after SIGTERM). The loop now stops at once, a caller's ``wait()`` gets the paused state (not a
+    CancelledError), and the next process that opens the thread waits out the rest of the pause and continues
+    (``open_thread`` continued only running threads)."""
+    model = FlakyModel([rate_limited(1.5), "after the pause"])
     harness = ledger.harness(Agent("a", model))
 
     async def scenario() -> str:
@@ -186,15 +188,20 @@ def test_a_drain_stops_a_loop_waiting_out_an_automatic_pause_at_once(ledger: Led
             if of_type(await thread.events(), "turn.paused"):
                 break
             await asyncio.sleep(0.01)
+        waiting = asyncio.create_task(thread.wait())
+        await asyncio.sleep(0.05)
         await asyncio.wait_for(harness.shutdown(drain_timeout=20), 5)  # not the 20 s of the drain timeout
+        state = await waiting
+        assert state.status == "paused", state.status
         return thread.thread_id
 
     thread_id = run(scenario())
     reopened = ledger.harness(Agent("a", model))
 
     async def after() -> None:
-        thread = await reopened.open_thread(thread_id, resume=False)
-        state = thread.state()
-        assert state.status == "paused" and not of_type(await thread.events(), "turn.resumed")
+        thread = await reopened.open_thread(thread_id)
+        state = await asyncio.wait_for(thread.wait(), 10)
+        assert state.status == "idle" and state.last_reply == "after the pause"
+        assert [r.data["reason"] for r in of_type(await thread.events(), "turn.resumed")] == ["automatic"]
 
     run(after())

@@ -14,7 +14,7 @@ their pure decide step, their projection and their drivers.
 
 from jixu.kernel.commits import Commitment, Commits
 from jixu.kernel.effects import INTERRUPTED, Outcome, marker, perform
-from jixu.kernel.loop import drive, pause_delay, sleep_until
+from jixu.kernel.loop import LOOP_STOPPED, drive, pause_delay, sleep_until
 from jixu.kernel.ownership import (
     DEFAULT_LEASE_TTL,
     STOP_GRACE_S,
@@ -45,15 +45,16 @@ from jixu.kernel.shutdown import CallerTask, ServingTask, calls_in_flight
 from jixu.kernel.writer import StreamWriter, is_receipt, record, unrecorded_receipts
 
 __all__ = [
-    "DEFAULT_LEASE_TTL",
-    "INTERRUPTED",
-    "STOP_GRACE_S",
     "CallerTask",
     "Claim",
-    "LiveClaim",
     "Commitment",
     "Commits",
+    "DEFAULT_LEASE_TTL",
+    "INTERRUPTED",
+    "LOOP_STOPPED",
+    "LiveClaim",
     "Outcome",
+    "STOP_GRACE_S",
     "ServingTask",
     "Session",
     "StreamWriter",
@@ -62,17 +63,17 @@ __all__ = [
     "calls_in_flight",
     "claim_stream",
     "dead_holder",
-    "given_back_on_failure",
     "drive",
+    "given_back_on_failure",
     "group_gone",
     "group_identity",
     "group_members",
     "holds",
+    "is_receipt",
     "left_running",
     "live_claim",
-    "own_lease",
-    "is_receipt",
     "marker",
+    "own_lease",
     "owner_gone",
     "pause_delay",
     "perform",

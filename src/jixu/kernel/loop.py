@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 from jixu.errors import ConcurrencyError, JixuError
 from jixu.kernel.writer import StreamWriter, unrecorded_receipts
@@ -23,9 +23,18 @@ MAX_AUTOMATIC_RETRIES = 3
 """Automatic resumes of a pause (rate limit, transient failure) before it waits for an operator."""
 
 
+class _LoopStopped:
+    """What an action returns when it ended the loop without recording anything (see :data:`LOOP_STOPPED`)."""
+
+
+LOOP_STOPPED: Final = _LoopStopped()
+"""Returned by ``act`` to end :func:`drive` at once: the action had nothing to record (a loop waiting out an
+automatic pause when a drain comes: the pause is recorded, whoever continues the turn waits out the rest)."""
+
+
 async def drive(writer: StreamWriter[Any], next_action: Callable[[], Awaitable[Any]],
                 act: Callable[[Any], Awaitable[object]], *, what: str, **details: Any) -> None:
-    """Run ``act(next_action())`` until ``next_action`` returns ``None``.
+    """Run ``act(next_action())`` until ``next_action`` returns ``None`` (or ``act`` returns :data:`LOOP_STOPPED`).
 
     ``what`` names the stream's owner in the error raised when an action
     recorded nothing (``details`` go into it).
@@ -36,7 +45,8 @@ async def drive(writer: StreamWriter[Any], next_action: Callable[[], Awaitable[A
             return
         head = writer.state.seq
         try:
-            await act(action)
+            if await act(action) is LOOP_STOPPED:
+                return
         except ConcurrencyError as conflict:
             if unrecorded_receipts(conflict):
                 raise  # receipts it could not record are facts: they reach the caller, never dropped here
@@ -67,4 +77,4 @@ async def sleep_until(store: Store, resume_at: object) -> None:
             await asyncio.sleep(remaining)
 
 
-__all__ = ["MAX_AUTOMATIC_RETRIES", "drive", "pause_delay", "sleep_until"]
+__all__ = ["LOOP_STOPPED", "MAX_AUTOMATIC_RETRIES", "drive", "pause_delay", "sleep_until"]

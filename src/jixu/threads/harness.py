@@ -236,7 +236,9 @@ class Harness:
             if open_effects:  # what recovery found on reopening, before anything runs
                 tracing.note("jixu.recovery", {"jixu.thread.id": thread_id, "jixu.thread.status": status,
                                                "jixu.effects": [f"{e}:{s}" for e, s in open_effects.items()]})
-        if resume and not self.closing and status == "running" and thread.claim_problem() is None:
+        # An automatic pause is continued too: whoever continues the turn waits out the rest of its delay.
+        if resume and not self.closing and (status == "running" or thread._automatic()) \
+                and thread.claim_problem() is None:
             log.establish()  # opening to act: the whole history first (a corrupt thread then stops here)
             if log.corruption() is None:
                 thread.wait_in_background()

@@ -773,9 +773,10 @@ class ThreadLog:
                 raise NotFound(f"thread {self.thread_id} has no effect {effect_id!r}", effect_id=effect_id)
             if decision.state != "parked":
                 # Another operator may have decided it a moment ago: the reason says how (denied, approved, ...).
-                raise EffectNotParked(f"effect {effect_id} is {decision.state} ({decision.reason}), not parked: "
-                                      "it was decided already", effect_id=effect_id, state=decision.state,
-                                      reason=decision.reason)
+                raise EffectNotParked(f"effect {effect_id} is {decision.state} ({decision.reason}), not parked"
+                                      + (": another decision was recorded first" if decision.reason in (
+                                          "denied", "approved_not_dispatched") else ""),
+                                      effect_id=effect_id, state=decision.state, reason=decision.reason)
             self.append([NewEvent(f"{decision.kind}.{decision_phase}",
                                   {"effect_id": effect_id, "actor": actor, "note": note}, self.meta(actor))])
 

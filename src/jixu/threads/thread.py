@@ -29,6 +29,7 @@ from jixu.errors import (
 )
 from jixu.kernel import (
     INTERRUPTED,
+    LOOP_STOPPED,
     CallerTask,
     Commits,
     Outcome,
@@ -424,11 +425,12 @@ class Thread:
             self._analysis = analysis
             return action
 
-    async def _act(self, action: Action) -> None:
-        """Carry out one decision (each records at least one event)."""
+    async def _act(self, action: Action) -> object:
+        """Carry out one decision (each records at least one event, or ends the loop: ``LOOP_STOPPED``)."""
         log = self.log
         if isinstance(action, Stop):  # an automatic pause (see _next_action)
-            await self._resume_automatically()
+            if not await self._resume_automatically():
+                return LOOP_STOPPED
         elif isinstance(action, Dispatch):
             analysis = self._analysis
             assert analysis is not None
@@ -457,6 +459,7 @@ class Thread:
         elif isinstance(action, FailTurn):
             await self._commit([NewEvent("turn.ended", {
                 "turn_id": action.turn_id, "outcome": "failed", "error": action.error}, log.meta())])
+        return None
 
     # --- agent revisions ------------------------------------------------------------------
 
@@ -495,9 +498,10 @@ class Thread:
         turn = self.log.state.active_turn()
         return turn is not None and turn.pause is not None and bool(turn.pause.get("automatic"))
 
-    async def _resume_automatically(self) -> None:
+    async def _resume_automatically(self) -> bool:
         """Wait out the automatic pause (its ``resume_at`` on the store's clock) and record the resume; an explicit
-        resume meanwhile (:meth:`resume`) ends the wait, and then it is the only resume recorded."""
+        resume meanwhile (:meth:`resume`) ends the wait, and then it is the only resume recorded. False when a
+        drain stopped the wait (nothing recorded: the loop ends)."""
         log = self.log
         turn = log.state.active_turn()
         assert turn is not None and turn.pause is not None
@@ -514,16 +518,17 @@ class Thread:
             if self._draining:
                 # Nothing is in flight while a pause is waited out: a drain stops the loop at once (the pause is
                 # recorded; whoever continues the turn waits out the rest), as its timeout would have.
-                raise asyncio.CancelledError
+                return False
             await log.writer.idle()
             log.sync()
             current = log.state.active_turn()
             if current is None or current.turn_id != turn.turn_id or current.pause is None:
-                return  # resumed (or ended) by someone meanwhile: nothing to record
+                return True  # resumed (or ended) by someone meanwhile: nothing to record
             if log.store.now() >= deadline:
                 break
         await self._commit([NewEvent("turn.resumed", {"turn_id": turn.turn_id, "reason": "automatic"},
                                      log.meta())])
+        return True
 
     @on_home_loop
     async def resume(self, *, actor: str = "operator", note: str | None = None) -> State:
