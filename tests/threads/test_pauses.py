@@ -4,6 +4,7 @@ quota and authentication failures wait for an explicit resume."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -152,12 +153,7 @@ def test_an_automatic_pause_waited_out_here_shows_paused_and_a_resume_ends_it_at
     harness = ledger.harness(Agent("a", model))
 
     async def scenario() -> None:
-        thread = await harness.create_thread()
-        await thread.send("hi")
-        for _ in range(200):
-            if of_type(await thread.events(), "turn.paused"):
-                break
-            await asyncio.sleep(0.01)
+        thread = await _paused_thread(harness)
         state = thread.state()
         assert thread.running and state.status == "paused", state.status
         assert "retrying automatically" in state.reason
@@ -182,12 +178,7 @@ def test_a_drain_stops_a_loop_waiting_out_an_automatic_pause_at_once(ledger: Led
     harness = ledger.harness(Agent("a", model))
 
     async def scenario() -> str:
-        thread = await harness.create_thread()
-        await thread.send("hi")
-        for _ in range(200):
-            if of_type(await thread.events(), "turn.paused"):
-                break
-            await asyncio.sleep(0.01)
+        thread = await _paused_thread(harness)
         waiting = asyncio.create_task(thread.wait())
         await asyncio.sleep(0.05)
         await asyncio.wait_for(harness.shutdown(drain_timeout=20), 5)  # not the 20 s of the drain timeout
@@ -205,3 +196,14 @@ def test_a_drain_stops_a_loop_waiting_out_an_automatic_pause_at_once(ledger: Led
         assert [r.data["reason"] for r in of_type(await thread.events(), "turn.resumed")] == ["automatic"]
 
     run(after())
+
+
+async def _paused_thread(harness: Any) -> Any:
+    """A new thread whose first turn was sent and has recorded its pause (its loop now waits it out)."""
+    thread = await harness.create_thread()
+    await thread.send("hi")
+    for _ in range(200):
+        if of_type(await thread.events(), "turn.paused"):
+            break
+        await asyncio.sleep(0.01)
+    return thread
