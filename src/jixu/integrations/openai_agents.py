@@ -407,6 +407,12 @@ class _Scope:
     handoffs: int = 0
     tool_calls: Counter[tuple[str, str]] = dataclasses.field(default_factory=Counter)
 
+    def tool_key(self, name: str, call_id: str) -> str:
+        """The step key of this loop's next call of tool ``name`` with ``call_id`` (counted: a model may reuse a
+        call id in a later response)."""
+        self.tool_calls[(name, call_id)] += 1
+        return self.key(_short_key(name, f"{call_id}#{self.tool_calls[(name, call_id)]}"))
+
     def key(self, local: str) -> str:
         """The run's step key for this loop's ``local`` key (``<prefix>/<local>``; a digest when too long)."""
         if not self.prefix:
@@ -494,9 +500,7 @@ class _RunSteps:
                 approval = parsed is None or bool(await needs_approval(ctx, args, call_id))
             else:
                 approval = bool(needs_approval)
-            scope = self.scope()
-            scope.tool_calls[(name, call_id)] += 1  # a model may reuse a call id in a later response
-            key = scope.key(_short_key(name, f"{call_id}#{scope.tool_calls[(name, call_id)]}"))
+            key = self.scope().tool_key(name, call_id)
 
             async def call(effect: ToolContext) -> Any:
                 token = _CURRENT.set(effect)
@@ -557,9 +561,7 @@ class _RunSteps:
 
         async def invoke(ctx: Any, input_json: str) -> Any:
             call_id = str(getattr(ctx, "tool_call_id", "") or "")
-            scope = self.scope()
-            scope.tool_calls[(name, call_id)] += 1
-            key = scope.key(_short_key(name, f"{call_id}#{scope.tool_calls[(name, call_id)]}"))
+            key = self.scope().tool_key(name, call_id)
             try:
                 parsed = json.loads(input_json) if input_json else {}
             except ValueError:

@@ -699,21 +699,21 @@ class ThreadLog:
         body = resolution_body(effect_id, resolution, new_id() if resolution_id is None else resolution_id, actor=actor, note=note,
                                evidence=evidence, result=result)
 
-        def decide() -> bool:
+        def decide() -> NewEvent | None:
             self.sync()
             self.open_to_act()
             event = self.resolution_event(body)
             if event is None:
-                return False
+                return None
             self._refuse_while_owned_elsewhere(effect_id, owner)
             self.append([event])
-            return True
+            return event
 
-        if not self._decided_again(decide):
+        event = self._decided_again(decide)
+        if event is None:
             return False
         tracing.note("jixu.resolution", {"jixu.thread.id": self.thread_id, "jixu.effect.id": effect_id,
-                                         "jixu.effect.kind": self.analysis().decisions[effect_id].kind,
-                                         "jixu.resolution": resolution,
+                                         "jixu.effect.kind": event.type.split(".")[0], "jixu.resolution": resolution,
                                          "jixu.actor": actor})
         return True
 
