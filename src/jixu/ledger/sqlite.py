@@ -29,6 +29,11 @@ savepoints. Should a write fail anyway, the transaction is rolled back and the
 group runs again one savepoint per append, as above. A ``COMMIT`` that fails
 answers each append it carried with :class:`~jixu.errors.OutcomeUnknown`.
 
+Writers of several processes take turns through a lock file beside the database (``<file>-jixu-writers``,
+:class:`WriterGate`) before they ask SQLite for its write lock: SQLite's own wait for a busy lock sleeps
+for up to 100 ms at a time, so a process whose writes follow each other closely kept the lock for hundreds
+of milliseconds while another process's writes slept (decision 0062).
+
 Before its first append a store grows a short WAL file to the length the log
 reaches between SQLite's automatic checkpoints (decision 0018): a durable
 commit that extends the file costs the file system a metadata write as well.
@@ -94,6 +99,11 @@ from jixu.ledger.store import (
     served_groups,
     work_claim_of,
 )
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: writers wait on SQLite's lock alone
+    fcntl = None  # type: ignore[assignment]
 
 Synchronous = Literal["FULL", "NORMAL", "EXTRA"]
 
@@ -283,6 +293,86 @@ def _select_in(conn: sqlite3.Connection, sql: str, values: list[str]) -> list[An
     return rows
 
 
+class WriterGate:
+    """The turn of this store's writers among every process writing the same file (decision 0062).
+
+    A lock file beside the database (``<file>-jixu-writers``, mode 0600), locked with ``flock`` around each
+    write transaction, before SQLite's own write lock is asked for. SQLite's wait for a busy lock sleeps 1, 2,
+    5, 10, ... and then 100 ms between tries, so a writer that commits again as soon as it committed keeps
+    the lock while the others sleep: with two worker processes on one file, one ran its turns for hundreds
+    of milliseconds while the other's waited on their commits. Here a waiting writer asks again after at
+    most :data:`GATE_POLL_MAX` seconds, so it gets the lock within about that of the holder's next pause.
+
+    The gate only orders writers; SQLite's lock still guards the file. A writer that is not jixu, a file the
+    gate cannot be made beside (a read-only directory) or a system without ``flock`` go by SQLite's lock
+    alone; a writer still waiting after ``timeout`` goes on to SQLite's lock, which then waits up to its own
+    ``busy_timeout`` as before (so a holder that hangs costs a wait, never a hang). A process killed while
+    holding the gate releases it with its file descriptors.
+    """
+
+    __slots__ = ("_fd", "_pid", "path")
+
+    def __init__(self, database: str, *, writes: bool = True) -> None:
+        self.path = f"{database}-jixu-writers"
+        self._fd: int | None = None
+        self._pid = os.getpid()
+        if not writes or fcntl is None or database == ":memory:":
+            return
+        with contextlib.suppress(OSError):
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    @property
+    def active(self) -> bool:
+        """Whether writers here take turns through the lock file (False: by SQLite's lock alone)."""
+        return self._fd is not None
+
+    @contextlib.contextmanager
+    def turn(self, timeout: float) -> Iterator[None]:
+        """Hold the gate while the body runs (waiting at most ``timeout`` seconds for it, then going on)."""
+        fd = self._fd
+        # A forked child shares the parent's open lock file, and with it the parent's turn: not a gate there.
+        held = fd is not None and self._pid == os.getpid() and _take_turn(fd, timeout)
+        try:
+            yield
+        finally:
+            if held:
+                assert fd is not None and fcntl is not None
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        """Close the lock file (a turn held is given up)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+GATE_POLL_MIN = 0.00005
+GATE_POLL_MAX = 0.001
+"""How long a writer waiting for its turn sleeps between tries: from 50 us, doubling, up to 1 ms."""
+
+
+def _take_turn(fd: int, timeout: float) -> bool:
+    """``flock(fd, LOCK_EX)`` tried until it holds (True) or ``timeout`` passed (False)."""
+    assert fcntl is not None
+    pause, deadline = GATE_POLL_MIN, None
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        except OSError:
+            return False  # a lock file that cannot be locked (some network file systems): SQLite's lock alone
+        now = time.monotonic()
+        if deadline is None:
+            deadline = now + timeout
+        elif now >= deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, GATE_POLL_MAX)
+
+
 @dataclasses.dataclass(slots=True, eq=False)
 class _QueuedAppend:
     """One caller's append waiting for a group commit (filled in by the leader that commits it)."""
@@ -370,6 +460,8 @@ class SQLiteStore(Store):
             raise
         self._read_lock = threading.Lock()
         self._reader: sqlite3.Connection | None = None if read_only else self._open_reader(busy_timeout)
+        self.writer_gate = WriterGate(self.path, writes=not read_only)
+        """How this store's writers take turns with other processes' (inactive for a read-only store)."""
 
     def _open_reader(self, busy_timeout: float) -> sqlite3.Connection:
         """The connection reads go through (:meth:`_read`), never written with (``query_only``)."""
@@ -459,15 +551,16 @@ class SQLiteStore(Store):
             if lazy:
                 conn.execute("PRAGMA synchronous = NORMAL")
             try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    result = fn(conn)
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-                _commit(conn, self.path, "this write")
-                return result
+                with self.writer_gate.turn(self._busy_timeout_ms / 1000):
+                    conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        result = fn(conn)
+                    except BaseException:
+                        if conn.in_transaction:
+                            conn.execute("ROLLBACK")
+                        raise
+                    _commit(conn, self.path, "this write")
+                    return result
             finally:
                 if lazy:
                     conn.execute(f"PRAGMA synchronous = {self.synchronous}")
@@ -539,6 +632,7 @@ class SQLiteStore(Store):
                 self._conn.close()
                 if self._reader is not None:
                     self._reader.close()
+                self.writer_gate.close()
 
     # --- events ---------------------------------------------------------------------
 
@@ -665,6 +759,10 @@ class SQLiteStore(Store):
 
     def _commit_group(self, group: list[_QueuedAppend]) -> None:
         """Run ``group``'s appends in one transaction; tell each its rows or error after COMMIT (lock held)."""
+        with self.writer_gate.turn(self._busy_timeout_ms / 1000):
+            self._commit_group_in_turn(group)
+
+    def _commit_group_in_turn(self, group: list[_QueuedAppend]) -> None:
         conn = self._conn
         rows: list[list[StoredRow] | None] = [None] * len(group)
         errors: list[BaseException | None] = [None] * len(group)
