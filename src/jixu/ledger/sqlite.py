@@ -43,10 +43,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import sqlite3
+import stat
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -296,30 +299,43 @@ def _select_in(conn: sqlite3.Connection, sql: str, values: list[str]) -> list[An
 class WriterGate:
     """The turn of this store's writers among every process writing the same file (decision 0062).
 
-    A lock file beside the database (``<file>-jixu-writers``, mode 0600), locked with ``flock`` around each
-    write transaction, before SQLite's own write lock is asked for. SQLite's wait for a busy lock sleeps 1, 2,
-    5, 10, ... and then 100 ms between tries, so a writer that commits again as soon as it committed keeps
-    the lock while the others sleep: with two worker processes on one file, one ran its turns for hundreds
-    of milliseconds while the other's waited on their commits. Here a waiting writer asks again after at
-    most :data:`GATE_POLL_MAX` seconds, so it gets the lock within about that of the holder's next pause.
+    A lock file beside the database (``<file>-jixu-writers``, by the file's real path; made with the database
+    file's permissions, as SQLite makes ``-wal`` and ``-shm``), locked with ``flock`` around each write
+    transaction, before SQLite's own write lock is asked for. SQLite's wait for a busy lock sleeps 1, 2, 5,
+    10, ... and then 100 ms between tries, so a writer that commits again as soon as it committed keeps the
+    lock while the others sleep: with two worker processes on one file, one ran its turns for hundreds of
+    milliseconds while the other's waited on their commits. Here a waiting writer asks again after at most
+    :data:`GATE_POLL_MAX` seconds, so it gets the lock within about that of the holder's next pause.
 
-    The gate only orders writers; SQLite's lock still guards the file. A writer that is not jixu, a file the
-    gate cannot be made beside (a read-only directory) or a system without ``flock`` go by SQLite's lock
-    alone; a writer still waiting after ``timeout`` goes on to SQLite's lock, which then waits up to its own
-    ``busy_timeout`` as before (so a holder that hangs costs a wait, never a hang). A process killed while
-    holding the gate releases it with its file descriptors.
+    The gate only orders writers; SQLite's lock still guards the file. A writer that is not jixu, a lock file
+    that cannot be opened (a read-only directory, a symlink or anything but a regular file in its place:
+    :attr:`problem` says why) or a system without ``flock`` go by SQLite's lock alone. A writer still waiting
+    after ``timeout`` goes on to SQLite's lock, which waits up to its own ``busy_timeout`` as before, and this
+    store then writes without the gate for :data:`GATE_SKIP` seconds: a holder that hangs costs one wait,
+    never a hang. The lock is released when its holder's process ends (SIGKILL included); a child forked
+    from a process (without exec) closes its copy of the lock file at once, so it can neither hold nor keep
+    the parent's turn.
     """
 
-    __slots__ = ("_fd", "_pid", "path")
+    __slots__ = ("__weakref__", "_fd", "_skip_until", "path", "problem")
 
     def __init__(self, database: str, *, writes: bool = True) -> None:
-        self.path = f"{database}-jixu-writers"
+        self.path = f"{os.path.realpath(database)}-jixu-writers"
         self._fd: int | None = None
-        self._pid = os.getpid()
-        if not writes or fcntl is None or database == ":memory:":
-            return
-        with contextlib.suppress(OSError):
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._skip_until = 0.0
+        self.problem: str | None = None
+        """Why writers here go by SQLite's lock alone (None while the gate is in use)."""
+        if not writes:
+            self.problem = "a read-only store does not write"
+        elif fcntl is None:
+            self.problem = "this system has no flock"
+        else:
+            try:
+                self._fd = _open_gate(self.path, database)
+            except OSError as error:
+                self.problem = f"the lock file {self.path} cannot be used: {error.strerror or error}"
+            else:
+                _GATES.add(self)
 
     @property
     def active(self) -> bool:
@@ -330,8 +346,11 @@ class WriterGate:
     def turn(self, timeout: float) -> Iterator[None]:
         """Hold the gate while the body runs (waiting at most ``timeout`` seconds for it, then going on)."""
         fd = self._fd
-        # A forked child shares the parent's open lock file, and with it the parent's turn: not a gate there.
-        held = fd is not None and self._pid == os.getpid() and _take_turn(fd, timeout)
+        held = False
+        if fd is not None and time.monotonic() >= self._skip_until:
+            held = _take_turn(fd, timeout)
+            if not held:
+                self._skip_until = time.monotonic() + GATE_SKIP
         try:
             yield
         finally:
@@ -342,6 +361,7 @@ class WriterGate:
     def close(self) -> None:
         """Close the lock file (a turn held is given up)."""
         fd, self._fd = self._fd, None
+        _GATES.discard(self)
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -350,6 +370,41 @@ class WriterGate:
 GATE_POLL_MIN = 0.00005
 GATE_POLL_MAX = 0.001
 """How long a writer waiting for its turn sleeps between tries: from 50 us, doubling, up to 1 ms."""
+GATE_SKIP = 60.0
+"""Seconds a store writes without the gate after it could not take it within its ``busy_timeout``."""
+_GATES: weakref.WeakSet[WriterGate] = weakref.WeakSet()
+
+
+def _open_gate(path: str, database: str) -> int:
+    """The lock file's descriptor: made with the database file's permissions if missing, never through a
+    symlink; writable if it can be, else read-only (``flock`` needs no more). Raises OSError."""
+    flags = os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | flags, 0o600)
+    except FileExistsError:
+        try:
+            fd = os.open(path, os.O_RDWR | flags)
+        except PermissionError:  # another user's file: a lock needs no write access
+            fd = os.open(path, os.O_RDONLY | flags)
+    else:
+        # SQLite makes -wal and -shm with the database file's permissions: whoever may write it may take turns.
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, stat.S_IMODE(os.stat(database).st_mode) & 0o666)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    return fd
+
+
+def _close_gates_in_child() -> None:
+    """After ``fork()`` (no exec): close the child's copies of every gate's lock file. The lock belongs to the open
+    file description the parent shares: a child keeping it would keep the parent's turn after the parent died."""
+    for gate in list(_GATES):
+        gate.close()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_gates_in_child)
 
 
 def _take_turn(fd: int, timeout: float) -> bool:
