@@ -157,6 +157,47 @@ def test_a_probe_that_finds_nothing_lets_the_step_run_again_under_a_new_effect_i
     run(go())
 
 
+def test_a_step_recorded_again_after_not_occurred_keeps_its_first_idempotency_key(tmp_path: Path) -> None:
+    """An async unsafe step past its timeout: the payment system goes on with the request the step gave up on,
+    so the probe, asked at once, finds nothing yet (not_occurred) and the step runs again. With a new key per
+    attempt (before) a system that honours keys charged once per attempt (3 charges in an audit); with the
+    step's first key it charges once, and the probe of the second attempt finds that charge."""
+    charges: dict[str, int] = {}
+    sent: list[str] = []
+
+    async def charge(ctx: ToolContext) -> str:
+        sent.append(ctx.idempotency_key)
+        loop = asyncio.get_running_loop()
+        # The server takes 0.3 s, and goes on when its client stops waiting; it honours idempotency keys.
+        loop.call_later(0.3, lambda key=ctx.idempotency_key: charges.setdefault(key, len(charges) + 1))
+        await asyncio.sleep(0.3)
+        return "charged"
+
+    def find_charge(query: ProbeQuery) -> Any:
+        if query.idempotency_key in charges:
+            return jixu.Occurred(result="charged (found)", evidence={"charge": charges[query.idempotency_key]})
+        return NotOccurred(evidence={"searched": query.idempotency_key})
+
+    async def go() -> None:
+        store = SQLiteStore(tmp_path / "keys.db")
+        async with jixu.durable(store) as run:
+            try:
+                result = await run.effect("charge", {"order": 7}, call=charge, probe=find_charge, timeout=0.1)
+            except StepFailed:
+                result = None
+            thread_id = run.thread_id
+            await asyncio.sleep(0.5)  # every request sent has landed
+        intents = [e.data for e in ThreadLog.load(store, thread_id).events() if e.type == "tool.requested"]
+        assert len(intents) >= 2, "the probe was asked before the first request landed: the step ran again"
+        assert {intent["idempotency_key"] for intent in intents} == {f"jixu:{intents[0]['effect_id']}"}
+        assert set(sent) == {intents[0]["idempotency_key"]}
+        assert len(charges) == 1, f"one step charged {len(charges)} times"
+        assert result in (None, "charged (found)", "charged")
+        store.close()
+
+    run(go())
+
+
 def test_a_determinate_failure_is_a_step_failed_again_on_every_rerun_without_calling_again() -> None:
     store, calls = MemoryStore(), []
 
