@@ -112,3 +112,71 @@ def test_a_call_cancelled_before_its_thread_started_never_runs_and_is_not_waited
     asyncio.run(main())
     time.sleep(0.1)
     assert ran == [], "a call abandoned before it started never runs"
+
+
+def test_an_agents_unsafe_async_call_past_its_timeout_goes_on_and_is_probed_once_it_ended(tmp_path: Path) -> None:
+    """An audit: an async unsafe call past its timeout was cancelled and its probe asked at once, while the payment
+    system still worked on its request: ``not_occurred``, the model called again, three charges. Past the timeout
+    the coroutine now goes on, as a call in a thread does, and the probe is asked once it ended."""
+    bank = _bank(tmp_path)
+
+    def find(query: ProbeQuery) -> Occurred | NotOccurred:
+        found = query.idempotency_key in bank.read_text()
+        return Occurred(result="charged", evidence={"seen": True}) if found else NotOccurred(evidence={"seen": False})
+
+    @tool(semantics="unsafe", probe=find, timeout=0.2)
+    async def pay(order: int, ctx: ToolContext) -> str:
+        """Charge an order (a slow payment API, which goes on when its caller stops waiting)."""
+        def land() -> None:
+            with bank.open("a") as out:
+                out.write(f"{order} {ctx.idempotency_key}\n")
+
+        asyncio.get_running_loop().call_later(SLOW, land)
+        await asyncio.sleep(SLOW + 0.05)
+        return "charged"
+
+    def model(messages: list[dict[str, object]]) -> object:
+        told = [str(m.get("content")) for m in messages if m.get("role") == "tool"]
+        if not told or ("did NOT happen" in told[-1] and len(told) < 3):
+            return ToolCall("pay", {"order": 1})
+        return "done"
+
+    async def main() -> object:
+        agent = Agent("payer", ScriptedModel(model), tools=[pay])
+        async with Harness(agent, f"sqlite:///{tmp_path / 'agent.db'}") as harness:
+            thread = await harness.create_thread()
+            await thread.send("pay order 1")
+            state = await thread.wait()
+            return state, await thread.events()
+
+    state, events = asyncio.run(main())
+    time.sleep(SLOW)  # anything still on its way has landed
+    assert len(_charges(bank)) == 1
+    [probed] = [e for e in events if e.type == "probe.completed"]  # type: ignore[attr-defined]
+    assert probed.data["result"]["answer"] == "occurred"
+    assert state.status == "idle"  # type: ignore[attr-defined]
+
+
+def test_an_async_retry_safe_call_past_its_timeout_is_cancelled_and_retried(tmp_path: Path) -> None:
+    """Only an unsafe coroutine goes on past its timeout: a retry-safe one is cancelled (retrying it is safe)."""
+    started: list[int] = []
+    finished: list[int] = []
+
+    @tool(semantics="idempotent", timeout=0.2)
+    async def look(order: int, ctx: ToolContext) -> str:
+        """Look an order up (slow the first time)."""
+        started.append(ctx.attempt)
+        await asyncio.sleep(SLOW if ctx.attempt == 1 else 0)
+        finished.append(ctx.attempt)
+        return "found"
+
+    async def main() -> object:
+        agent = Agent("reader", ScriptedModel([ToolCall("look", {"order": 1}), "done"]), tools=[look])
+        async with Harness(agent, f"sqlite:///{tmp_path / 'agent.db'}") as harness:
+            thread = await harness.create_thread()
+            await thread.send("look order 1")
+            return await thread.wait()
+
+    state = asyncio.run(main())
+    assert state.status == "idle"  # type: ignore[attr-defined]
+    assert started == [1, 2] and finished == [2], (started, finished)

@@ -158,18 +158,19 @@ def test_a_probe_that_finds_nothing_lets_the_step_run_again_under_a_new_effect_i
 
 
 def test_a_step_recorded_again_after_not_occurred_keeps_its_first_idempotency_key(tmp_path: Path) -> None:
-    """An async unsafe step past its timeout: the payment system goes on with the request the step gave up on,
-    so the probe, asked at once, finds nothing yet (not_occurred) and the step runs again. With a new key per
-    attempt (before) a system that honours keys charged once per attempt (3 charges in an audit); with the
-    step's first key it charges once, and the probe of the second attempt finds that charge."""
+    """The connection drops after the request went out: the payment system charges 0.2 s later, the probe, asked
+    at once, finds nothing yet (not_occurred) and the step runs again. With a new key per attempt (before) a
+    system that honours keys charged twice; with the step's first key it charges once (decision 0063)."""
     charges: dict[str, int] = {}
     sent: list[str] = []
 
     async def charge(ctx: ToolContext) -> str:
         sent.append(ctx.idempotency_key)
-        loop = asyncio.get_running_loop()
-        # The server takes 0.3 s, and goes on when its client stops waiting; it honours idempotency keys.
-        loop.call_later(0.3, lambda key=ctx.idempotency_key: charges.setdefault(key, len(charges) + 1))
+        # The server charges 0.2 s later, once per key, and goes on though its client is gone.
+        asyncio.get_running_loop().call_later(
+            0.2, lambda key=ctx.idempotency_key: charges.setdefault(key, len(charges) + 1))
+        if len(sent) == 1:
+            raise ConnectionResetError("the connection dropped after the request went out")
         await asyncio.sleep(0.3)
         return "charged"
 
@@ -181,18 +182,53 @@ def test_a_step_recorded_again_after_not_occurred_keeps_its_first_idempotency_ke
     async def go() -> None:
         store = SQLiteStore(tmp_path / "keys.db")
         async with jixu.durable(store) as run:
-            try:
-                result = await run.effect("charge", {"order": 7}, call=charge, probe=find_charge, timeout=0.1)
-            except StepFailed:
-                result = None
+            result = await run.effect("charge", {"order": 7}, call=charge, probe=find_charge)
             thread_id = run.thread_id
-            await asyncio.sleep(0.5)  # every request sent has landed
+        await asyncio.sleep(0.3)  # every request sent has landed
         intents = [e.data for e in ThreadLog.load(store, thread_id).events() if e.type == "tool.requested"]
-        assert len(intents) >= 2, "the probe was asked before the first request landed: the step ran again"
+        assert len(intents) == 2 and result == "charged"
         assert {intent["idempotency_key"] for intent in intents} == {f"jixu:{intents[0]['effect_id']}"}
-        assert set(sent) == {intents[0]["idempotency_key"]}
+        assert sent == [intents[0]["idempotency_key"]] * 2
         assert len(charges) == 1, f"one step charged {len(charges)} times"
-        assert result in (None, "charged (found)", "charged")
+        store.close()
+
+    run(go())
+
+
+def test_an_unsafe_async_step_past_its_timeout_goes_on_and_its_probe_waits_for_it(tmp_path: Path) -> None:
+    """An audit: an async unsafe step past its timeout was cancelled and its probe asked at once, while its request
+    was still on its way: not_occurred, run again, three charges. Past the timeout the call now goes on (as a call
+    in a thread does) and its probe is asked once it ended: it finds the one charge."""
+    charges: list[str] = []
+    ended: list[float] = []
+    asked: list[float] = []
+
+    async def charge(ctx: ToolContext) -> str:
+        await asyncio.sleep(0.4)  # the payment system answers after 0.4 s
+        charges.append(ctx.idempotency_key)
+        ended.append(asyncio.get_running_loop().time())
+        return "charged"
+
+    def find_charge(query: ProbeQuery) -> Any:
+        asked.append(0.0)
+        if query.idempotency_key in charges:
+            return jixu.Occurred(result="charged (found)", evidence={})
+        return NotOccurred(evidence={"searched": query.idempotency_key})
+
+    async def go() -> None:
+        store = SQLiteStore(tmp_path / "timeout.db")
+        async with jixu.durable(store) as run:
+            started = asyncio.get_running_loop().time()
+            result = await run.effect("charge", {"order": 7}, call=charge, probe=find_charge, timeout=0.1)
+            waited = asyncio.get_running_loop().time() - started
+            thread_id = run.thread_id
+        events = ThreadLog.load(store, thread_id).events()
+        [failed] = [e for e in events if e.type == "tool.failed"]
+        assert failed.data["error"]["type"] == "timeout" and failed.data["indeterminate"] is True
+        [resolved] = [e for e in events if e.type == "tool.outcome_resolved"]
+        assert resolved.data["resolution"] == "occurred" and resolved.data["actor"] == "probe:charge"
+        assert result == "charged (found)" and len(charges) == 1 and len(asked) == 1
+        assert waited >= 0.35, "the probe was asked before the call ended"
         store.close()
 
     run(go())

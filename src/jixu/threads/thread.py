@@ -1053,13 +1053,8 @@ class Thread:
                               thread_id=self.thread_id, turn_id=str(intent.get("turn_id")))
 
         async def call() -> Outcome:
-            if not declared.timeout:
-                return Outcome.completed(self._tool_result(await declared.invoke(args, context)))
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the tool as a task of its own, which a
-            # loop's shutdown would cancel mid-call (decision 0036).
-            async with asyncio.timeout(declared.timeout):
-                result = await declared.invoke(args, context)
-            return Outcome.completed(self._tool_result(result))
+            # Tool.invoke applies the timeout: past it an unsafe call goes on and counts as in flight (its probe waits).
+            return Outcome.completed(self._tool_result(await declared.invoke(args, context, timeout=declared.timeout)))
 
         def classify(error: Exception) -> Outcome:
             if raised is not None:

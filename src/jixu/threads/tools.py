@@ -46,12 +46,13 @@ import sys
 import threading
 import types
 import typing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
 from typing import Any, Literal, TypeAlias, TypeVar, overload
 
 from jixu.errors import InvalidInput, MalformedEvent, ToolDefinitionError, ToolInputError, ToolOutputError
+from jixu.kernel.shutdown import ServingTask
 from jixu.ledger.encoding import VALUE_NESTING, canonical_text
 from jixu.ledger.event import utf8_size
 
@@ -243,6 +244,35 @@ async def run_call_in_thread(effect_id: str | None, fn: Callable[..., _R], /, *a
         if call.abandoned:
             _end(effect_id, call)
         raise
+
+
+async def run_call_past_its_timeout(effect_id: str, call: Coroutine[Any, Any, _R], timeout: float) -> _R:
+    """Await the coroutine ``call`` of ``effect_id`` for at most ``timeout`` seconds, run as a task of its own.
+
+    Past the timeout, :class:`TimeoutError`, and the call goes on, as a call in a thread does
+    (:func:`run_call_in_thread`): cancelling it would not stop what it already sent (a payment system goes on with
+    a request its caller gave up on), only what jixu could learn, and a probe asked at once would answer
+    ``not_occurred`` of a charge that lands a moment later. Until it ends, :func:`call_ended` waits: no probe of
+    this process asks about the call and no attempt of it starts again. A cancellation of the waiter (an interrupt,
+    a drain, a sibling's failure) still cancels the call, as before. The task refuses the cancellation of a loop's
+    shutdown while its caller has a call in flight (a :class:`~jixu.kernel.ServingTask`, decision 0036)."""
+    record = _register(effect_id, started=True)
+    task: asyncio.Task[_R] = ServingTask(call, name=f"jixu-call {effect_id}")
+
+    def ended(done: asyncio.Task[_R]) -> None:
+        _end(effect_id, record)
+        if not done.cancelled():
+            done.exception()  # retrieved: a call that failed after its waiter gave up is the probe's to find
+
+    task.add_done_callback(ended)
+    try:
+        finished, _pending = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not finished:
+        raise TimeoutError(f"no answer within {timeout}s; the call goes on")
+    return task.result()
 
 
 @contextlib.contextmanager
@@ -1364,13 +1394,15 @@ class Tool:
         except _Mismatch as exc:
             raise ToolInputError(f"tool {self.name!r}: {exc.message}", tool=self.name, path=exc.path) from None
 
-    async def invoke(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+    async def invoke(self, args: dict[str, Any], ctx: ToolContext, *, timeout: float | None = None) -> Any:
         """Validate ``args``, call the function (sync ones in a worker thread) and return its result as JSON.
 
         The function receives Python values (models, dataclasses, Enum members); a model or dataclass it
         returns is dumped to JSON. Exceptions raised by the function, :class:`ToolError` included, propagate
         unchanged; a result that has no plain-JSON form or does not match :attr:`returns` raises
-        :class:`ToolOutputError`.
+        :class:`ToolOutputError`. Past ``timeout`` seconds, :class:`TimeoutError`: a call in a thread goes on
+        (it cannot be stopped), and so does an ``unsafe`` coroutine (:func:`run_call_past_its_timeout`); a
+        retry-safe coroutine is cancelled.
         """
         if not isinstance(ctx, ToolContext):
             raise InvalidInput(f"tool {self.name!r}: ctx must be a ToolContext, got {type(ctx).__name__}",
@@ -1383,7 +1415,13 @@ class Tool:
         track_calls_on(asyncio.get_running_loop())
         token = CALL_IN_FLIGHT.set(ctx.effect_id)
         try:
-            if self.is_async:
+            if self.is_async and timeout is not None and self._semantics == "unsafe":
+                result = await run_call_past_its_timeout(ctx.effect_id, self.fn(**kwargs), timeout)
+            elif timeout is not None:
+                async with asyncio.timeout(timeout):
+                    result = await (self.fn(**kwargs) if self.is_async
+                                    else run_call_in_thread(ctx.effect_id, self.fn, **kwargs))
+            elif self.is_async:
                 result = await self.fn(**kwargs)
             else:
                 result = await run_call_in_thread(ctx.effect_id, self.fn, **kwargs)
