@@ -32,7 +32,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 import jixu
-from jixu.cli.output import console, err_console, handled
+from jixu.cli.output import console, err_console, handled, literal
 from jixu.cli.threads import STATUS_STYLE, effects_table, messages_table, styled
 from jixu.ledger import Event
 from jixu.ledger.encoding import JSONObject
@@ -196,7 +196,7 @@ def events_table(events: list[Event], title: str) -> Table:
     table.add_column("effect", no_wrap=True, min_width=26)
     for e in events:
         effect = e.data.get("effect_id")
-        table.add_row(str(e.seq), e.type, effect if isinstance(effect, str) else "")
+        table.add_row(str(e.seq), literal(e.type), literal(effect) if isinstance(effect, str) else "")
     return table
 
 
@@ -208,7 +208,8 @@ class Demo:
         self.outside = outside
         self.outbox = outbox_of(outside)
         self.shown_store = shown_store
-        self.out = Console() if console.is_terminal else Console(width=120)  # panels wrap; pipes get 120 columns
+        # panels wrap; pipes get 120 columns
+        self.out = Console(emoji=False) if console.is_terminal else Console(width=120, emoji=False)
 
     def step(self, number: int, title: str, text: str) -> None:
         """Print a step's heading and what it is about to show."""
@@ -232,12 +233,12 @@ class Demo:
                   f"Agent [bold]refunds[/]: a scripted, offline model and two tools, both declared [bold]unsafe[/] "
                   "(calling one twice would do it twice):\n"
                   f"  [bold]{TOOL_NAME}[/](order, amount) appends a line (order, amount, effect id, idempotency "
-                  f"key) to [bold]{self.outside}[/] and fsyncs it: that file stands in for the payment system. "
+                  f"key) to [bold]{literal(self.outside)}[/] and fsyncs it: that file stands in for the payment system. "
                   "It declares a [bold]probe[/]: a read-only function that looks a refund up there by its "
                   "idempotency key.\n"
-                  f"  [bold]{NOTIFY_NAME}[/](order, text) appends the e-mail to [bold]{self.outbox}[/], the mail "
+                  f"  [bold]{NOTIFY_NAME}[/](order, text) appends the e-mail to [bold]{literal(self.outbox)}[/], the mail "
                   "server's log. It has no probe.\n"
-                  f"Store:  {self.store}\nThread: {thread_id}")
+                  f"Store:  {literal(self.store)}\nThread: {thread_id}")
 
         self.step(2, "A worker process sends the request and dies mid-call",
                   f"A child process opens the thread, sends [italic]{REQUEST!r}[/] and runs the agent. Right "
@@ -266,7 +267,7 @@ class Demo:
                    str(self.outside), "--worker", thread_id]
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
         for line in done.stdout.splitlines():
-            self.say(f"  [dim]│[/] {line}")
+            self.say(f"  [dim]│[/] {literal(line)}")
         if done.returncode != -signal.SIGKILL and done.stderr.strip():
             err_console.print(done.stderr, markup=False, highlight=False)
         return done.returncode
@@ -313,12 +314,12 @@ class Demo:
         records = state.probes.get(effect_id, ())
         expect(len(records) == 1, f"the probe should have been asked once; it was asked {len(records)} times")
         self.say(f"The probe (effect {records[0].get('effect_id')}) answered [bold]occurred[/]: "
-                 f"{self.outside.name} line {found.get('line')}: {found.get('text')}")
+                 + literal(f"{self.outside.name} line {found.get('line')}: {found.get('text')}"))
         self.say(f"Recorded: {effect_id} → occurred (actor probe:{TOOL_NAME}, the probe's evidence attached). "
                  "No operator was asked.")
         expect(len(lines_for(self.outside, effect_id)) == 1 and not demo.issued,
                "the refund must not be issued again")
-        self.say(f"jixu did [bold]not[/] retry the refund: {self.outside.name} still has exactly 1 line for "
+        self.say(f"jixu did [bold]not[/] retry the refund: {literal(self.outside.name)} still has exactly 1 line for "
                  "this effect.")
         mails = [d for d in state.effects.values() if d.kind == "tool" and d.name == NOTIFY_NAME]
         expect(len(mails) == 1, f"the thread should have gone on to e-mail the customer; {len(mails)} e-mails")
@@ -332,17 +333,17 @@ class Demo:
                   f"The thread went on and called {NOTIFY_NAME}. The mail server accepted the e-mail, then "
                   "dropped the connection before confirming it: the outcome is unknown. That tool has no probe, so "
                   "jixu does not guess and does not retry: the thread waits for an operator. The demo plays the "
-                  f"operator: it reads {self.outbox.name}, finds the e-mail by its effect id and records "
+                  f"operator: it reads {literal(self.outbox.name)}, finds the e-mail by its effect id and records "
                   "[bold]occurred[/] with the evidence. The original events stay untouched.")
         expect(mail.state == "unknown" and mail.reason == "indeterminate_failure",
                f"the e-mail should be unknown (its connection dropped); it is {mail.state} ({mail.reason})")
         self.say(f"Effect {mail.effect_id} ({NOTIFY_NAME}) is [bold yellow]unknown[/] and the thread is "
-                 f"{styled(state.status, STATUS_STYLE)}: {state.reason}.")
+                 f"{styled(state.status, STATUS_STYLE)}: {literal(state.reason)}.")
         lines = lines_for(self.outbox, mail.effect_id)
         expect(len(lines) == 1, f"the outbox should hold exactly 1 e-mail for {mail.effect_id}; it holds "
                                 f"{len(lines)}")
         number, text = lines[0]
-        self.say(f"Evidence, {self.outbox.name} line {number}: {text}")
+        self.say(literal(f"Evidence, {self.outbox.name} line {number}: {text}"))
         note = f"{self.outbox.name} line {number} shows this e-mail with effect id {mail.effect_id}"
         await thread.resolve_tool_outcome(mail.effect_id, "occurred", note=note, actor="demo-operator",
                                           evidence={"source": str(self.outbox), "line": number, "text": text})
@@ -352,12 +353,13 @@ class Demo:
                f"the thread should finish with {FINAL_REPLY!r}; it is {state.status} with {state.last_reply!r}")
         self.out.print(effects_table(state.effects, "the resolver's decisions now", compact=True))
         self.out.print(messages_table(state.messages, "the conversation"))
-        self.say(f"Final reply: [bold green]{state.last_reply}[/]")
+        self.say(f"Final reply: [bold green]{literal(state.last_reply)}[/]")
         expect(len(lines_for(self.outside, refund_id)) == 1 and not demo.issued,
                "the refund must not have been issued again")
         expect(len(lines_for(self.outbox, mail.effect_id)) == 1 and demo.mailed == [mail.effect_id],
                "the e-mail must have been sent once")
-        self.say(f"{self.outside.name} has exactly 1 line for the refund and {self.outbox.name} 1 for the e-mail: "
+        self.say(f"{literal(self.outside.name)} has exactly 1 line for the refund and {literal(self.outbox.name)} 1 "
+                 "for the e-mail: "
                  "each happened once.")
 
         await self.replay_and_verify(thread, demo, state.effects)
@@ -408,12 +410,12 @@ class Demo:
         expect(child_report.valid, "the child's hash chain should verify")
         child_state = child.state()
         expect(effect_id not in child_state.effects, "the child must not inherit the parent's effect")
-        lineage = Table(title=f"child thread {child.thread_id}")
+        lineage = Table(title=f"child thread {literal(child.thread_id)}")
         lineage.add_column("lineage")
         lineage.add_column("value")
-        lineage.add_row("parent thread", str(parent.get("thread_id")))
-        lineage.add_row("fork event", f"{parent.get('event_id')} (seq {parent.get('seq')})")
-        lineage.add_row("parent hash there", str(parent.get("hash")))
+        lineage.add_row("parent thread", literal(parent.get("thread_id")))
+        lineage.add_row("fork event", literal(f"{parent.get('event_id')} (seq {parent.get('seq')})"))
+        lineage.add_row("parent hash there", literal(parent.get("hash")))
         lineage.add_row("child events", f"{child_report.count} (chain valid, linked to the parent hash)")
         self.out.print(lineage)
         self.out.print(messages_table(child_state.messages, "the child's conversation"))
@@ -437,7 +439,7 @@ class Demo:
         self.out.print(Panel(f"A crash between the side effect and its receipt left the refund [bold]unknown[/]; "
                              f"jixu did not guess or retry: the tool's probe found the refund and settled it, "
                              f"and for the e-mail, whose tool has no probe, an operator's recorded decision let the "
-                             f"thread finish. Each happened exactly once.\n\nLook further:\n{commands}",
+                             f"thread finish. Each happened exactly once.\n\nLook further:\n{literal(commands)}",
                              title="[bold green]demo complete[/]", title_align="left", border_style="green"))
 
 
@@ -487,7 +489,7 @@ def demo_command(store: str, outside: str | None, worker: str | None) -> None:
         try:
             asyncio.run(demo.run())
         except DemoFailed as failure:
-            err_console.print(Panel(str(failure), title="[bold red]the demo's expectation was violated[/]",
+            err_console.print(Panel(literal(failure), title="[bold red]the demo's expectation was violated[/]",
                                     title_align="left", border_style="red"))
             sys.exit(1)
 

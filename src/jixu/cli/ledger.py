@@ -9,7 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from jixu.cli.output import EXIT_CHECK_FAILED, console, emit_json, handled, json_option
+from jixu.cli.output import EXIT_CHECK_FAILED, console, emit_json, handled, json_option, literal
 from jixu.errors import InvalidInput, NotFound, StreamCorrupt
 from jixu.ledger import NewEvent, Store, VerifyReport, open_store
 from jixu.ledger.chain import REASONS
@@ -76,19 +76,19 @@ def verify_command(store: str, stream: str | None, as_json: bool) -> None:
                                                for r, audits in checked],
                    "forged_checkpoints": [a.to_dict() for a in forged]})
     else:
-        table = Table(title=f"jixu verify {store}")
+        table = Table(title=f"jixu verify {literal(store)}")
         for column in ("stream", "valid", "events", "head hash", "first bad seq", "why", "checkpoint"):
             table.add_column(column)
         for r, audits in checked:
             table.add_row(
-                r.stream,
+                literal(r.stream),
                 "[green]valid[/]" if r.valid else "[bold red]INVALID[/]",
                 str(r.count),
-                r.head_hash[:16] + "…",
+                literal(r.head_hash[:16]) + "…",
                 "" if r.first_bad_seq is None else str(r.first_bad_seq),
-                "" if r.reason is None else f"{r.reason}: {REASONS[r.reason]} ({r.detail})",
-                "; ".join((f"[bold red]{a.status.upper()}[/]" if a.failed else a.status)
-                          + f" at seq {a.seq}: {a.detail}" for a in audits),
+                "" if r.reason is None else literal(f"{r.reason}: {REASONS[r.reason]} ({r.detail})"),
+                "; ".join((f"[bold red]{literal(a.status.upper())}[/]" if a.failed else literal(a.status))
+                          + literal(f" at seq {a.seq}: {a.detail}") for a in audits),
             )
         console.print(table)
         total = sum(r.count for r in reports)
@@ -141,8 +141,8 @@ def append_command(store: str, stream: str, event_type: str, data: str, expected
     if as_json:
         emit_json(stored.to_dict())
     else:
-        console.print(f"appended [bold]{stored.type}[/] to {stored.stream} at seq {stored.seq} "
-                      f"(id {stored.id}, hash {stored.hash[:16]}…)", highlight=False)
+        console.print(f"appended [bold]{literal(stored.type)}[/] to {literal(stored.stream)} at seq {stored.seq} "
+                      f"(id {literal(stored.id)}, hash {literal(stored.hash[:16])}…)", highlight=False)
 
 
 @ledger_group.command("streams")
@@ -156,11 +156,11 @@ def streams_command(store: str, prefix: str, as_json: bool) -> None:
     if as_json:
         emit_json([i.to_dict() for i in infos])
         return
-    table = Table(title=f"streams in {store}")
+    table = Table(title=f"streams in {literal(store)}")
     for column in ("stream", "events", "head hash", "created"):
         table.add_column(column)
     for i in infos:
-        table.add_row(i.stream, str(i.head_seq), i.head_hash[:16] + "…", i.created_at)
+        table.add_row(literal(i.stream), str(i.head_seq), literal(i.head_hash[:16]) + "…", literal(i.created_at))
     console.print(table)
 
 
@@ -178,12 +178,13 @@ def events_command(store: str, stream: str, from_seq: int, as_json: bool) -> Non
     if as_json:
         emit_json([e.to_dict() for e in events])
         return
-    table = Table(title=f"{stream} in {store}")
+    table = Table(title=f"{literal(stream)} in {literal(store)}")
     for column in ("seq", "type", "id", "recorded at", "data"):
         table.add_column(column)
     for e in events:
         text = json.dumps(e.data, ensure_ascii=False)
-        table.add_row(str(e.seq), e.type, e.id, e.recorded_at, text if len(text) < 80 else text[:77] + "…")
+        table.add_row(str(e.seq), literal(e.type), literal(e.id), literal(e.recorded_at),
+                      literal(text if len(text) < 80 else text[:77] + "…"))
     console.print(table)
 
 
@@ -211,14 +212,15 @@ def effects_command(store: str, stream: str, as_json: bool) -> None:
     if as_json:
         emit_json(analysis.to_dict())
     else:
-        table = Table(title=f"effects in {stream}")
+        table = Table(title=f"effects in {literal(stream)}")
         for column in ("effect", "kind", "name", "state", "reason", "retry safe", "resolution"):
             table.add_column(column)
         for d in analysis.decisions.values():
             style = _STATE_STYLE.get(d.state, "")
-            table.add_row(d.effect_id, d.kind, d.name or "", f"[{style}]{d.state}[/]", d.reason,
+            table.add_row(literal(d.effect_id), literal(d.kind), literal(d.name or ""),
+                          f"[{style}]{literal(d.state)}[/]" if style else literal(d.state), literal(d.reason),
                           "yes" if d.retry_safe else "no",
-                          (d.resolution or {}).get("resolution", "") if d.resolution else "")
+                          literal((d.resolution or {}).get("resolution", "") if d.resolution else ""))
         console.print(table)
         console.print(
             f"safe to continue: {'yes' if analysis.safe_to_continue else 'no'}; "
@@ -250,12 +252,12 @@ def _print_keys(found: Keyring, as_json: bool) -> None:
     if as_json:
         emit_json(report)
         return
-    console.print(f"key file {report['path']}", highlight=False)
+    console.print(f"key file {report['path']}", highlight=False, markup=False)
     if found.problem:
-        console.print(f"[bold red]no usable key[/]: {found.problem}", highlight=False)
+        console.print(f"[bold red]no usable key[/]: {literal(found.problem)}", highlight=False)
     for kid in report["keys"]:
         console.print(f"  {kid}" + ("  (seals; verifies)" if kid == found.current else "  (verifies)"),
-                      highlight=False)
+                      highlight=False, markup=False)
 
 
 @keys_group.command("show")

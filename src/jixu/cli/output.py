@@ -92,8 +92,21 @@ def exit_code_for(error: JixuError) -> int:
     return _EXIT_BY_CODE.get(error.code, EXIT_INVALID_INPUT)
 
 
-console = Console(soft_wrap=True)
-err_console = Console(stderr=True, soft_wrap=True)
+console = Console(soft_wrap=True, emoji=False)
+err_console = Console(stderr=True, soft_wrap=True, emoji=False)
+"""The consoles. Emoji codes stay off: ``:warning:`` in a model's reply is printed as written, not as a glyph."""
+
+
+def literal(value: object) -> str:
+    """``value`` as text that Rich prints exactly as written inside the CLI's own markup.
+
+    The one rule for every value the CLI did not write itself (what the store holds, a server answered, a model,
+    a tool, an operator or a file said, an exception's message, a command-line argument): it is data, never
+    console markup, so ``[/bold]`` in a reply neither breaks the output nor styles it, and
+    ``[link=…]`` never becomes a link. Escape at the point of interpolation (after trimming), once; a line printed
+    with ``markup=False`` takes the raw value instead.
+    """
+    return escape(value if isinstance(value, str) else str(value))
 
 
 def emit_json(value: Any) -> None:
@@ -111,7 +124,7 @@ def handled(as_json: bool) -> Iterator[None]:
             click.echo(json.dumps({"error": error.to_dict()}, ensure_ascii=False))
         else:
             # The message is plain text: brackets in it (e.g. "dict[str, Provider]") must not be read as markup.
-            err_console.print(f"[bold red]error[/] ({error.code}): {escape(error.message)}", highlight=False)
+            err_console.print(f"[bold red]error[/] ({literal(error.code)}): {literal(error.message)}", highlight=False)
         sys.exit(exit_code_for(error))
 
 

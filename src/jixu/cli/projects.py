@@ -18,7 +18,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from jixu.cli.output import EXIT_CHECK_FAILED, emit_json, handled, json_option
+from jixu.cli.output import EXIT_CHECK_FAILED, emit_json, handled, json_option, literal
 from jixu.cli.runs import observer_runs
 from jixu.cli.threads import default_actor, out, trim
 from jixu.errors import InvalidInput, ProjectNotFound
@@ -93,11 +93,12 @@ def runs_by_status(store: Store, project: str) -> dict[str, int]:
 
 def checks_table(project: Project) -> Table:
     """The project's checks: name, command, timeout."""
-    table = Table(title=f"checks of {project.name} (policy revision {project.policy_revision})")
+    table = Table(title=f"checks of {literal(project.name)} (policy revision {project.policy_revision})")
     for column in ("check", "command (argv, no shell)", "timeout"):
         table.add_column(column, overflow="fold")
     for check in project.policy.get("checks") or []:
-        table.add_row(str(check["name"]), shlex.join(str(a) for a in check["argv"]), f"{check['timeout_s']:g}s")
+        table.add_row(literal(check["name"]), literal(shlex.join(str(a) for a in check["argv"])),
+                      f"{check['timeout_s']:g}s")
     return table
 
 
@@ -105,7 +106,7 @@ def print_project(project: Project, runs: dict[str, int] | None = None) -> None:
     """A project in a few lines and its checks table."""
     limits = project.policy.get("limits") or {}
     view = out()
-    view.print(f"[bold]project {project.name}[/]", highlight=False)
+    view.print(f"[bold]project {literal(project.name)}[/]", highlight=False)
     view.print(f"  origin          {project.origin}\n  default branch  {project.default_branch}\n"
                f"  policy          revision {project.policy_revision}, digest {project.policy_digest}\n"
                f"  allowed paths   {', '.join(project.policy.get('allowed_paths') or ['*'])}\n"
@@ -174,7 +175,7 @@ def register_command(store: str, name: str, origin: str, checks: tuple[str, ...]
     if as_json:
         emit_json({"registered": registered, "project": project.to_dict()})
         return
-    out().print(f"{'registered' if registered else 'already registered, unchanged:'} project [bold]{name}[/]",
+    out().print(f"{'registered' if registered else 'already registered, unchanged:'} project [bold]{literal(name)}[/]",
                 highlight=False)
     print_project(project)
 
@@ -203,7 +204,7 @@ def update_policy_command(store: str, name: str, checks: tuple[str, ...], allowe
     if as_json:
         emit_json({"updated": changed, "project": project.to_dict()})
         return
-    out().print(f"{'updated' if changed else 'the same policy; nothing written for'} project [bold]{name}[/]",
+    out().print(f"{'updated' if changed else 'the same policy; nothing written for'} project [bold]{literal(name)}[/]",
                 highlight=False)
     print_project(project)
 
@@ -221,12 +222,13 @@ def list_command(store: str, as_json: bool) -> None:
         if corrupt:
             sys.exit(EXIT_CHECK_FAILED)
         return
-    table = Table(title=f"projects in {store}")
+    table = Table(title=f"projects in {literal(store)}")
     for column in ("project", "origin", "branch", "checks", "policy"):
         table.add_column(column, overflow="fold")
     for project in projects:
         checks = ", ".join(str(c["name"]) for c in project.policy.get("checks") or [])
-        table.add_row(project.name, project.origin, project.default_branch, trim(checks, 50),
+        table.add_row(literal(project.name), literal(project.origin), literal(project.default_branch),
+                      literal(trim(checks, 50)),
                       f"r{project.policy_revision} {project.policy_digest[:12]}")
     out().print(table)
     out().print(f"{len(projects)} project(s)", highlight=False)

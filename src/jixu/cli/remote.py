@@ -17,10 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-from rich.markup import escape
 from rich.table import Table
 
-from jixu.cli.output import EXIT_CHECK_FAILED, emit_json, err_console, handled, json_option
+from jixu.cli.output import EXIT_CHECK_FAILED, emit_json, err_console, handled, json_option, literal
 from jixu.cli.threads import EFFECT_STYLE, STATUS_STYLE, out, styled, trim
 from jixu.errors import InvalidInput
 from jixu.recovery import RESOLUTIONS
@@ -88,7 +87,7 @@ def whoami_command(as_json: bool) -> None:
         return
     roles = ", ".join(f"{p}: {r}" for p, r in me["roles"].items()) or "every project"
     out().print(f"token {me['token_id']} ({me['name']}, {me['kind']}): {roles}; recorded as {me['actor']}",
-                highlight=False)
+                highlight=False, markup=False)
 
 
 # --- threads -----------------------------------------------------------------------------------
@@ -101,21 +100,21 @@ def threads() -> None:
 
 def print_thread(state: dict[str, Any]) -> None:
     """A thread's state as tables."""
-    out().print(f"[bold]thread {state['thread_id']}[/] (project {escape(str(state.get('project')))}) status "
-                f"{styled(state['status'], STATUS_STYLE)}{': ' + escape(state['reason']) if state['reason'] else ''}",
+    out().print(f"[bold]thread {literal(state['thread_id'])}[/] (project {literal(state.get('project'))}) status "
+                f"{styled(state['status'], STATUS_STYLE)}{': ' + literal(state['reason']) if state['reason'] else ''}",
                 highlight=False)
     messages = Table(title="messages")
     for column in ("#", "role", "content"):
         messages.add_column(column)
     for index, message in enumerate(state["messages"], start=1):
-        messages.add_row(str(index), str(message.get("role")), escape(trim(message.get("content") or "")))
+        messages.add_row(str(index), literal(message.get("role")), literal(trim(message.get("content") or "")))
     out().print(messages)
     effects = Table(title="effects (RecoveryResolver)")
     for column in ("effect", "kind", "name", "state", "reason"):
         effects.add_column(column)
     for effect_id, decision in state["effects"].items():
-        effects.add_row(effect_id, decision["kind"], str(decision.get("name") or ""),
-                        styled(decision["state"], EFFECT_STYLE), decision["reason"])
+        effects.add_row(literal(effect_id), literal(decision["kind"]), literal(decision.get("name") or ""),
+                        styled(decision["state"], EFFECT_STYLE), literal(decision["reason"]))
     out().print(effects)
     for item in state["waiting_on"]:
         out().print(f"waiting on {item['effect_id']} {item['name']} ({item['state']}): settle it with "
@@ -135,7 +134,8 @@ def thread_create(project: str, metadata: str | None, request_id: str | None, as
         return client.create_thread(project, meta, request_id=request_id)
 
     made = call(as_json, run)
-    emit_json(made) if as_json else out().print(f"thread {made['thread_id']} created in {project}", highlight=False)
+    emit_json(made) if as_json else out().print(f"thread {made['thread_id']} created in {project}", highlight=False,
+                                                markup=False)
 
 
 @threads.command("list", short_help="List the threads you may see.")
@@ -152,7 +152,8 @@ def thread_list(project: str | None, limit: int, as_json: bool) -> None:
     for column in ("thread", "project", "events", "created"):
         table.add_column(column)
     for row in rows:
-        table.add_row(row["thread_id"], row["project"], str(row["events"]), row["created_at"])
+        table.add_row(literal(row["thread_id"]), literal(row["project"]), literal(row["events"]),
+                      literal(row["created_at"]))
     out().print(table)
 
 
@@ -170,7 +171,7 @@ def thread_send(thread_id: str, text: str, wait_seconds: float | None, request_i
         sent = client.send(thread_id, text, request_id=request_id)
         if wait_seconds is None:
             return sent
-        state = wait_with_progress(f"waiting for thread {thread_id}", lambda: client.thread(thread_id),
+        state = wait_with_progress(f"waiting for thread {literal(thread_id)}", lambda: client.thread(thread_id),
                                    lambda s: s["status"] in SETTLED and any(t["turn_id"] == sent["turn_id"]
                                                                             for t in s["turns"]),
                                    wait_seconds, as_json)
@@ -180,10 +181,10 @@ def thread_send(thread_id: str, text: str, wait_seconds: float | None, request_i
     if as_json:
         emit_json(answer)
         return
-    out().print(f"turn {answer['turn_id']} queued on thread {thread_id}", highlight=False)
+    out().print(f"turn {answer['turn_id']} queued on thread {thread_id}", highlight=False, markup=False)
     if "state" in answer:
         state = answer["state"]
-        out().print(f"status {styled(state['status'], STATUS_STYLE)}; reply: {escape(str(state['last_reply']))}",
+        out().print(f"status {styled(state['status'], STATUS_STYLE)}; reply: {literal(state['last_reply'])}",
                     highlight=False)
 
 
@@ -209,8 +210,8 @@ def thread_events(thread_id: str, after_seq: int, follow: bool, as_json: bool) -
         if as_json:
             click.echo(json.dumps(event, ensure_ascii=False))
         else:
-            out().print(f"{event['seq']:>5} {event['type']:<24} {event['id']} {escape(trim(event['data'], 80))}",
-                        highlight=False)
+            out().print(f"{event['seq']:>5} {event['type']:<24} {event['id']} {trim(event['data'], 80)}",
+                        highlight=False, markup=False)
 
     def run(client: Client) -> None:
         if follow:
@@ -239,8 +240,8 @@ def thread_verify(thread_id: str, as_json: bool) -> None:
         emit_json(report)
     else:
         chain = report["chain"]
-        out().print(f"thread {thread_id}: {'[green]valid[/]' if report['valid'] else '[bold red]INVALID[/]'}, "
-                    f"{chain['count']} events, head {chain['head_hash']}", highlight=False)
+        out().print(f"thread {literal(thread_id)}: {'[green]valid[/]' if report['valid'] else '[bold red]INVALID[/]'}, "
+                    f"{literal(chain['count'])} events, head {literal(chain['head_hash'])}", highlight=False)
     if not report["valid"]:
         raise SystemExit(EXIT_CHECK_FAILED)
 
@@ -265,7 +266,7 @@ def thread_fork(thread_id: str, at: str, text: str | None, request_id: str | Non
     """Make a child of THREAD_ID at event --at (editor); the parent does not change."""
     child = call(as_json, lambda c: c.fork(thread_id, at, text, request_id=request_id))
     emit_json(child) if as_json else out().print(f"forked thread {child['thread_id']} from {thread_id} at {at}",
-                                                 highlight=False)
+                                                 highlight=False, markup=False)
 
 
 def decision_output(answer: dict[str, Any], as_json: bool, what: str) -> None:
@@ -274,8 +275,8 @@ def decision_output(answer: dict[str, Any], as_json: bool, what: str) -> None:
         emit_json(answer)
         return
     effect, thread = answer["effect"], answer["thread"]
-    out().print(f"{what}: effect {effect['effect_id']} is {styled(effect['state'], EFFECT_STYLE)}; thread "
-                f"{thread['thread_id']} is {styled(thread['status'], STATUS_STYLE)}", highlight=False)
+    out().print(f"{literal(what)}: effect {literal(effect['effect_id'])} is {styled(effect['state'], EFFECT_STYLE)}; "
+                f"thread {literal(thread['thread_id'])} is {styled(thread['status'], STATUS_STYLE)}", highlight=False)
 
 
 @threads.command("resolve", short_help="Resolve an effect whose outcome is unknown (operator).")
@@ -324,7 +325,7 @@ def thread_resume(thread_id: str, note: str | None, as_json: bool) -> None:
     if as_json:
         emit_json(answer)
         return
-    out().print(f"resumed: thread {answer['thread_id']} is {styled(answer['status'], STATUS_STYLE)}",
+    out().print(f"resumed: thread {literal(answer['thread_id'])} is {styled(answer['status'], STATUS_STYLE)}",
                 highlight=False)
 
 
@@ -347,7 +348,8 @@ def thread_recover(thread_id: str, turn_id: str, request_id: str, expected_epoch
         return
     receipt = answer["receipt"]
     out().print(f"turn {turn_id} recovered (epoch {receipt['epoch']}, previous owner {receipt['previous_owner']})"
-                if answer["recorded"] else f"already recovered by request {request_id}", highlight=False)
+                if answer["recorded"] else f"already recovered by request {request_id}", highlight=False,
+                markup=False)
 
 
 # --- runs --------------------------------------------------------------------------------------
@@ -360,8 +362,9 @@ def runs() -> None:
 
 def print_run(state: dict[str, Any]) -> None:
     """A run's state in a few lines."""
-    out().print(f"[bold]run {state['run_id']}[/] (project {escape(state['project'])}): [bold]{state['status']}[/]"
-                f"{' - ' + escape(str(state.get('reason'))) if state.get('reason') else ''}", highlight=False)
+    out().print(f"[bold]run {literal(state['run_id'])}[/] (project {literal(state['project'])}): "
+                f"[bold]{literal(state['status'])}[/]"
+                f"{' - ' + literal(state.get('reason')) if state.get('reason') else ''}", highlight=False)
 
 
 @runs.command("create", short_help="Create a run (queued for workers); --wait to follow it.")
@@ -380,7 +383,7 @@ def run_create(project: str, brief: str, provider: str, commit: str | None, wait
         state = client.create_run(project, brief, provider, commit=commit, request_id=request_id)
         if wait_seconds is None:
             return state
-        return wait_with_progress(f"run {state['run_id']}", lambda: client.run(state["run_id"]),
+        return wait_with_progress(f"run {literal(state['run_id'])}", lambda: client.run(state["run_id"]),
                                   lambda s: s["status"] in RUN_STOPS, wait_seconds, as_json)
 
     state = call(as_json, run)
@@ -401,7 +404,8 @@ def run_list(project: str | None, status: str | None, as_json: bool) -> None:
     for column in ("run", "project", "status", "brief"):
         table.add_column(column)
     for row in rows:
-        table.add_row(row["run_id"], row["project"], row["status"], escape(trim(row["brief"], 60)))
+        table.add_row(literal(row["run_id"]), literal(row["project"]), literal(row["status"]),
+                      literal(trim(row["brief"], 60)))
     out().print(table)
 
 
@@ -423,11 +427,11 @@ def run_plan(run_id: str, as_json: bool) -> None:
     if as_json:
         emit_json(plan)
         return
-    table = Table(title=f"plan revision {plan['revision']} of run {run_id}")
+    table = Table(title=f"plan revision {literal(plan['revision'])} of run {literal(run_id)}")
     for column in ("task", "kind", "state"):
         table.add_column(column)
     for task in plan["tasks"]:
-        table.add_row(task["task_id"], task["kind"], str(task.get("state") or ""))
+        table.add_row(literal(task["task_id"]), literal(task["kind"]), literal(task.get("state") or ""))
     out().print(table)
 
 
@@ -441,7 +445,8 @@ def run_journal(run_id: str, as_json: bool) -> None:
         emit_json(journal)
     else:
         for entry in journal["entries"]:
-            out().print(f"{entry['seq']:>4} {entry['type']:<24} {escape(trim(entry['data'], 80))}", highlight=False)
+            out().print(f"{entry['seq']:>4} {entry['type']:<24} {trim(entry['data'], 80)}", highlight=False,
+                        markup=False)
         out().print(f"journal {'[green]valid[/]' if journal['valid'] else '[bold red]INVALID[/]'}", highlight=False)
     if not journal["valid"]:
         raise SystemExit(EXIT_CHECK_FAILED)
@@ -503,11 +508,12 @@ def run_execution_requests(run_id: str, as_json: bool) -> None:
     if as_json:
         emit_json(rows)
         return
-    table = Table(title=f"execution requests of run {run_id}")
+    table = Table(title=f"execution requests of run {literal(run_id)}")
     for column in ("request", "kind", "attempt", "status", "reason"):
         table.add_column(column)
     for row in rows:
-        table.add_row(row["request_id"], row["kind"], str(row["attempt"]), row["status"], escape(trim(row["reason"])))
+        table.add_row(literal(row["request_id"]), literal(row["kind"]), literal(row["attempt"]), literal(row["status"]),
+                      literal(trim(row["reason"])))
     out().print(table)
 
 
@@ -523,7 +529,7 @@ def run_reconcile(run_id: str, request_id: str, reconciliation_id: str, as_json:
         emit_json(result)
         return
     out().print(f"request {request_id}: {'settled' if result.get('settled') else 'not settled'} "
-                f"({escape(str(result.get('outcome')))})", highlight=False)
+                f"({result.get('outcome')})", highlight=False, markup=False)
 
 
 def parse_json_object(text: str, field: str, as_json: bool) -> dict[str, Any]:
@@ -612,7 +618,7 @@ def run_resolve_task(run_id: str, effect_id: str, resolution: str, note: str, re
                      as_json: bool) -> None:
     """not_occurred: the run tries the task again; abandoned_unknown: it fails."""
     state = call(as_json, lambda c: c.resolve_task(run_id, effect_id, resolution, note, resolution_id))
-    emit_json(state) if as_json else out().print(f"run {run_id}: {state['status']}", highlight=False)
+    emit_json(state) if as_json else out().print(f"run {run_id}: {state['status']}", highlight=False, markup=False)
 
 
 # --- projects ----------------------------------------------------------------------------------
@@ -637,7 +643,8 @@ def project_list(as_json: bool) -> None:
     for row in rows:
         origin = f"CORRUPT (first bad event #{row['corrupt'].get('first_bad_seq')})" if row.get("corrupt") \
             else str(row.get("origin", ""))
-        table.add_row(row["name"], str(row["role"]), "yes" if row["registered"] else "no", origin)
+        table.add_row(literal(row["name"]), literal(row["role"]), "yes" if row["registered"] else "no",
+                      literal(origin))
     out().print(table)
 
 

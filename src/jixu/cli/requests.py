@@ -27,7 +27,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from jixu.cli.output import EXIT_CHECK_FAILED, EXIT_OK, emit_json, json_option
+from jixu.cli.output import EXIT_CHECK_FAILED, EXIT_OK, emit_json, json_option, literal
 from jixu.cli.runs import actor_option, observer_owner, opened, runs_group
 from jixu.cli.threads import default_actor, out, styled
 from jixu.errors import InvalidInput, ReconciliationNeedsProof
@@ -88,9 +88,9 @@ def print_requests(views: list[ExecutionRequestView]) -> None:
     for column in ("request", "kind", "attempt", "status", "actor", "evidence", "why"):
         table.add_column(column, overflow="fold")
     for view in views:
-        table.add_row(view.request_id, view.kind, str(view.attempt),
-                      styled(view.status, REQUEST_STYLE), view.actor, evidence_text(view),
-                      view.reason)
+        table.add_row(literal(view.request_id), literal(view.kind), str(view.attempt),
+                      styled(view.status, REQUEST_STYLE), literal(view.actor), literal(evidence_text(view)),
+                      literal(view.reason))
     out().print(table)
 
 
@@ -186,7 +186,7 @@ def execution_requests_command(store: str, run_id: str, as_json: bool) -> None:
     elif views:
         print_requests(views)
     else:
-        out().print(f"run {run_id} has no execution requests", highlight=False)
+        out().print(f"run {run_id} has no execution requests", highlight=False, markup=False)
 
 
 @runs_group.command("reconcile-execution-request",
@@ -221,8 +221,9 @@ def print_finding(result: JSONObject) -> None:
     """A reconciliation's retained result."""
     settled = bool(result.get("settled"))
     view = out()
-    verdict = f"[green]settled: {result.get('outcome')}[/]" if settled else "[bold red]no proof: outcome unknown[/]"
-    view.print(f"reconciliation {result.get('reconciliation_id')}: {verdict}", highlight=False)
+    verdict = (f"[green]settled: {literal(result.get('outcome'))}[/]" if settled
+               else "[bold red]no proof: outcome unknown[/]")
+    view.print(f"reconciliation {literal(result.get('reconciliation_id'))}: {verdict}", highlight=False)
     view.print(f"  {result.get('reason')}", highlight=False, markup=False)
     for proof in result.get("proof") or []:
         view.print(f"  proof: {proof.get('type')} at {proof.get('stream')} seq {proof.get('seq')}", highlight=False,

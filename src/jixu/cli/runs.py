@@ -41,10 +41,9 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.markup import escape as rich_escape
 from rich.table import Table
 
-from jixu.cli.output import EXIT_CHECK_FAILED, EXIT_OK, emit_json, handled, json_option
+from jixu.cli.output import EXIT_CHECK_FAILED, EXIT_OK, emit_json, handled, json_option, literal
 from jixu.cli.threads import default_actor, out, styled, trim
 from jixu.errors import InvalidInput, NotFound, RunStateError
 from jixu.ledger import Store, VerifyReport, open_store
@@ -321,12 +320,7 @@ def failed_checks(views: Sequence[TaskView]) -> list[JSONObject]:
 def status_text(state: RunState) -> str:
     """``status: reason`` with the status coloured (Rich markup)."""
     text = f"status {styled(state.status, STATUS_STYLE)}"
-    return text + (f": {escape(state.reason)}" if state.reason else "")
-
-
-def escape(text: object) -> str:
-    """``text`` with Rich markup characters escaped."""
-    return rich_escape(str(text))
+    return text + (f": {literal(state.reason)}" if state.reason else "")
 
 
 def tasks_table(views: Sequence[TaskView], title: str) -> Table:
@@ -339,9 +333,9 @@ def tasks_table(views: Sequence[TaskView], title: str) -> Table:
         latest = task.attempts[-1] if task.attempts else {}
         decision = latest.get("decision") or {}
         resolver = f"{decision.get('state')}: {decision.get('reason')}" if decision else ""
-        table.add_row(task.task_id, task.kind, str(task.revision), styled(task.status, TASK_STYLE),
-                      str(len(task.attempts)), escape(resolver),
-                      escape(trim(receipt_summary(task.kind, latest.get("receipt")), 90)))
+        table.add_row(literal(task.task_id), literal(task.kind), str(task.revision), styled(task.status, TASK_STYLE),
+                      str(len(task.attempts)), literal(resolver),
+                      literal(trim(receipt_summary(task.kind, latest.get("receipt")), 90)))
     return table
 
 
@@ -359,8 +353,9 @@ def print_next(view: Console, ops: list[JSONObject]) -> None:
 def print_outcome(state: RunState, store: str, providers_spec: str | None) -> None:
     """A run's status after an operation, its tasks, and what is allowed next."""
     view = out()
-    view.print(f"run [bold]{state.run_id}[/]  {status_text(state)}", highlight=False)
-    view.print(tasks_table(list(state.plan.tasks), f"plan revision {state.plan.revision} ({state.plan.reason})"))
+    view.print(f"run [bold]{literal(state.run_id)}[/]  {status_text(state)}", highlight=False)
+    view.print(tasks_table(list(state.plan.tasks),
+                           f"plan revision {state.plan.revision} ({literal(state.plan.reason)})"))
     print_next(view, next_operations(state, store, providers_spec))
 
 
@@ -385,7 +380,7 @@ async def execute_with_progress(runs: Runs, run_id: str, show: bool) -> RunState
         seen = event.seq
     work = asyncio.ensure_future(runs.execute(run_id))
     try:
-        with view.status(f"run {run_id}: starting", spinner="dots") as status:
+        with view.status(f"run {literal(run_id)}: starting", spinner="dots") as status:
             while True:
                 done, _pending = await asyncio.wait({work}, timeout=PROGRESS_POLL_S)
                 for event in runs.store.read(stream, seen + 1):
@@ -393,12 +388,12 @@ async def execute_with_progress(runs: Runs, run_id: str, show: bool) -> RunState
                     entry = event.to_dict()
                     task = entry_task(entry, effects)
                     kind = task[1] if task else ""
-                    view.print(f"[dim]{event.seq:>4}[/] {escape(event.type):<16} {escape(kind):<9} "
-                               f"{escape(trim(entry_summary(entry, task), 110))}", highlight=False)
+                    view.print(f"[dim]{event.seq:>4}[/] {literal(event.type):<16} {literal(kind):<9} "
+                               f"{literal(trim(entry_summary(entry, task), 110))}", highlight=False)
                     if event.type == "task.dispatched":
-                        status.update(f"run {run_id}: {kind} (attempt {task[2] if task else '?'}) …")
+                        status.update(f"run {literal(run_id)}: {literal(kind)} (attempt {task[2] if task else '?'}) …")
                     elif event.type == "run.paused":
-                        status.update(f"run {run_id}: paused ({event.data.get('reason')}) …")
+                        status.update(f"run {literal(run_id)}: paused ({literal(event.data.get('reason'))}) …")
                 if done:
                     break
     finally:
@@ -488,14 +483,14 @@ def create_command(store: str, project: str, brief: str, provider_name: str, pro
         work = submit_run(store_, run_id).to_dict() if queue else None  # enqueued with it: its queue row as is
         created = {"run_id": run_id, "queued": work}
         if not as_json:
-            out().print(run_id, highlight=False)
+            out().print(run_id, highlight=False, markup=False)
             state = asyncio.run(runs.state(run_id))
-            out().print(f"created run [bold]{run_id}[/] of project {escape(project)} with provider "
-                        f"{escape(provider_name)}: source {state.source.get('commit')} ({escape(state.source.get('ref'))}),"
-                        f" workspace {escape(state.workspace)}", highlight=False)
+            out().print(f"created run [bold]{literal(run_id)}[/] of project {literal(project)} with provider "
+                        f"{literal(provider_name)}: source {literal(state.source.get('commit'))} "
+                        f"({literal(state.source.get('ref'))}), workspace {literal(state.workspace)}", highlight=False)
             if work is not None:
-                out().print(f"queued for workers: key {work['key']} in project {escape(work['project'])}",
-                            highlight=False)
+                out().print(f"queued for workers: key {work['key']} in project {work['project']}",
+                            highlight=False, markup=False)
         if execute:
             run_and_report(runs, run_id, store, providers_spec, as_json, created)
         state = asyncio.run(runs.state(run_id))
@@ -526,8 +521,8 @@ def queue_command(store: str, run_id: str, as_json: bool) -> None:
     if as_json:
         emit_json({"run_id": run_id, "queued": work})
     else:
-        out().print(f"queued run {run_id} for workers: key {work['key']} in project {escape(work['project'])}",
-                    highlight=False)
+        out().print(f"queued run {run_id} for workers: key {work['key']} in project {work['project']}",
+                    highlight=False, markup=False)
 
 
 @runs_group.command("execute", short_help="Run a run to its next stop in this process, showing progress.")
@@ -575,15 +570,15 @@ def list_command(store: str, project: str | None, status: str | None, as_json: b
     if as_json:
         emit_json(rows)
         return
-    table = Table(title=f"runs in {store}" + (f" of project {project}" if project else "")
+    table = Table(title=f"runs in {literal(store)}" + (f" of project {literal(project)}" if project else "")
                   + (f" that are {status}" if status else ""))
     table.add_column("run", no_wrap=True, min_width=26)
     for column in ("project", "status", "why", "provider", "plan", "retry of", "brief"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(row["run_id"], escape(row["project"]), styled(row["status"], STATUS_STYLE),
-                      escape(trim(row["reason"], 60)), f"{escape(row['provider'])} r{row['provider_revision']}",
-                      f"r{row['plan_revision']}", row["parent_run_id"] or "", escape(trim(row["brief"], 40)))
+        table.add_row(literal(row["run_id"]), literal(row["project"]), styled(row["status"], STATUS_STYLE),
+                      literal(trim(row["reason"], 60)), literal(f"{row['provider']} r{row['provider_revision']}"),
+                      f"r{row['plan_revision']}", literal(row["parent_run_id"] or ""), literal(trim(row["brief"], 40)))
     out().print(table)
     out().print(f"{len(rows)} run(s)", highlight=False)
 
@@ -623,7 +618,7 @@ def print_show(state: RunState, family: JSONObject, views: Sequence[TaskView], c
                chain: VerifyReport, entries: int, store: str, providers_spec: str | None) -> None:
     view = out()
     source, provider, policy = state.source, state.provider, state.policy
-    view.print(f"[bold]run {state.run_id}[/]  {status_text(state)}", highlight=False)
+    view.print(f"[bold]run {literal(state.run_id)}[/]  {status_text(state)}", highlight=False)
     lines = [
         f"project     {state.project}",
         f"brief       {trim(state.brief, 140)}",
@@ -656,15 +651,15 @@ def print_show(state: RunState, family: JSONObject, views: Sequence[TaskView], c
     for line in lines:
         view.print(line, highlight=False, markup=False)
     for problem in state.problems:
-        view.print(f"[bold red]journal problem[/]: {escape(problem)}", highlight=False)
+        view.print(f"[bold red]journal problem[/]: {literal(problem)}", highlight=False)
 
     revisions = Table(title="plan revisions (immutable; the last is current)")
     for column in ("rev", "reason", "provider", "seq", "tasks"):
         revisions.add_column(column, overflow="fold")
     for revision in state.plan.revisions:
-        revisions.add_row(str(revision.get("revision")), str(revision.get("reason")),
-                          f"r{revision.get('provider_revision')}", str(revision.get("seq")),
-                          ", ".join(str(t.get("kind")) for t in revision.get("tasks") or []))
+        revisions.add_row(literal(revision.get("revision")), literal(revision.get("reason")),
+                          literal(f"r{revision.get('provider_revision')}"), literal(revision.get("seq")),
+                          literal(", ".join(str(t.get("kind")) for t in revision.get("tasks") or [])))
     view.print(revisions)
     view.print(tasks_table(views, "tasks (every revision) and the RecoveryResolver's decisions"))
 
@@ -676,9 +671,9 @@ def print_show(state: RunState, family: JSONObject, views: Sequence[TaskView], c
             exit_text = "timed out" if check.get("timed_out") else (
                 f"not started: {check.get('error')}" if check.get("error") else str(check.get("exit_status")))
             excerpt = "\n".join(str(check.get("output_excerpt") or "").rstrip().splitlines()[-8:])
-            failed.add_row(f"{check.get('name')}\n{shlex.join(str(a) for a in check.get('argv') or [])}",
-                           f"{check.get('task_id')}\nattempt {check.get('attempt')}, rev {check.get('revision')}",
-                           escape(exit_text), f"{check.get('duration_s')}s", escape(excerpt))
+            failed.add_row(literal(f"{check.get('name')}\n{shlex.join(str(a) for a in check.get('argv') or [])}"),
+                           literal(f"{check.get('task_id')}\nattempt {check.get('attempt')}, rev {check.get('revision')}"),
+                           literal(exit_text), literal(f"{check.get('duration_s')}s"), literal(excerpt))
         view.print(failed)
 
     if state.pauses:
@@ -688,17 +683,18 @@ def print_show(state: RunState, family: JSONObject, views: Sequence[TaskView], c
         for pause in state.pauses:
             closed = pause.get("closed")
             ended = f"{closed.get('by')} by {closed.get('actor')} (seq {closed.get('seq')})" if closed else "OPEN"
-            pauses.add_row(str(pause.get("seq")), str(pause.get("reason")), "yes" if pause.get("automatic") else "no",
-                           "" if pause.get("delay") is None else f"{pause['delay']:.3g}s", str(pause.get("task_id")),
-                           escape(ended))
+            pauses.add_row(literal(pause.get("seq")), literal(pause.get("reason")),
+                           "yes" if pause.get("automatic") else "no",
+                           "" if pause.get("delay") is None else f"{pause['delay']:.3g}s", literal(pause.get("task_id")),
+                           literal(ended))
         view.print(pauses)
     for reconciliation in state.reconciliations:
         if reconciliation.get("outcome") == "mismatch":
-            view.print(f"[bold red]workspace mismatch[/] (seq {reconciliation.get('seq')}): "
-                       + escape("; ".join(str(d) for d in reconciliation.get("details") or [])), highlight=False)
+            view.print(f"[bold red]workspace mismatch[/] (seq {literal(reconciliation.get('seq'))}): "
+                       + literal("; ".join(str(d) for d in reconciliation.get("details") or [])), highlight=False)
     if state.finished:
-        view.print(f"finished    {state.finished.get('outcome')}: {escape(state.finished.get('reason'))}",
-                   highlight=False)
+        view.print(f"finished    {state.finished.get('outcome')}: {state.finished.get('reason')}",
+                   highlight=False, markup=False)
     print_next(view, next_operations(state, store, providers_spec))
 
 
@@ -760,18 +756,19 @@ def journal_command(store: str, run_id: str, as_json: bool) -> None:
     if as_json:
         emit_json({"run_id": run_id, "valid": valid, "count": len(rows), "chain": chain.to_dict(), "entries": rows})
     else:
-        table = Table(title=f"journal of run {run_id}")
+        table = Table(title=f"journal of run {literal(run_id)}")
         for column in ("seq", "type", "task", "attempt", "summary"):
             table.add_column(column, overflow="fold")
         for row in rows:
             task = f"{row['task']} {row['task_id']}" if row["task"] else ""
-            table.add_row(str(row["seq"]), row["type"], task, "" if row["attempt"] is None else str(row["attempt"]),
-                          escape(trim(row["summary"], 120)))
+            table.add_row(str(row["seq"]), literal(row["type"]), literal(task),
+                          "" if row["attempt"] is None else str(row["attempt"]),
+                          literal(trim(row["summary"], 120)))
         view = out()
         view.print(table)
         verdict = "[green]valid[/]" if valid else (
-            f"[bold red]INVALID[/] at seq {chain.first_bad_seq}: {escape(chain.reason)} ({escape(chain.detail)})")
-        view.print(f"{len(rows)} entries, hash chain {verdict}, head {chain.head_hash}", highlight=False)
+            f"[bold red]INVALID[/] at seq {chain.first_bad_seq}: {literal(chain.reason)} ({literal(chain.detail)})")
+        view.print(f"{len(rows)} entries, hash chain {verdict}, head {literal(chain.head_hash)}", highlight=False)
     if not valid:
         sys.exit(EXIT_CHECK_FAILED)
 
@@ -875,12 +872,12 @@ def retry_command(store: str, run_id: str, providers_spec: str | None, provider_
         body: JSONObject = {"run_id": new_id, "parent_run_id": run_id, "lineage": chain, "queued": work}
         if not as_json:
             view = out()
-            view.print(new_id, highlight=False)
-            view.print(f"created run [bold]{new_id}[/] retrying {run_id} (lineage: {' -> '.join(chain)}); "
-                       f"{run_id}'s history is unchanged", highlight=False)
+            view.print(new_id, highlight=False, markup=False)
+            view.print(f"created run [bold]{literal(new_id)}[/] retrying {literal(run_id)} (lineage: "
+                       f"{literal(' -> '.join(chain))}); {literal(run_id)}'s history is unchanged", highlight=False)
             if work is not None:
-                view.print(f"queued for workers: key {work['key']} in project {escape(work['project'])}",
-                           highlight=False)
+                view.print(f"queued for workers: key {work['key']} in project {work['project']}",
+                           highlight=False, markup=False)
         if execute:
             run_and_report(runs, new_id, store, providers_spec, as_json, body)
     if as_json:

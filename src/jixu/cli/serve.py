@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.markup import escape
 
-from jixu.cli.output import EXIT_OK, console, handled
+from jixu.cli.output import EXIT_OK, console, handled, literal
 from jixu.cli.runs import DEFAULT_WORKSPACE_ROOT, PROVIDERS_ENV, WORKSPACE_ENV, load_providers
 from jixu.cli.worker import open_store_label
 from jixu.errors import InvalidInput, require_extra
@@ -123,9 +122,9 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
         worker = "no worker (inputs are queued for `jixu worker`)"
     else:
         worker = f"{worker_processes} worker processes" if worker_processes else "a worker in this process"
-    console.print(f"[bold]jixu serve[/]: {escape(open_store_label(store_url))} on http://{host}:{port}/api/v1 "
+    console.print(f"[bold]jixu serve[/]: {literal(open_store_label(store_url))} on http://{literal(host)}:{port}/api/v1 "
                   f"with {worker}", highlight=False)
-    console.print(f"Studio: http://{host}:{port}/studio (log in with a token)", highlight=False)
+    console.print(f"Studio: http://{host}:{port}/studio (log in with a token)", highlight=False, markup=False)
     # uvicorn stops gracefully on SIGTERM/SIGINT, then re-raises the signal to the handler it replaced: make that
     # handler a no-op, so a clean stop exits 0 (as `jixu worker` does) instead of dying by the signal.
     for signum in (signal.SIGTERM, signal.SIGINT):

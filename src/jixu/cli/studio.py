@@ -28,7 +28,7 @@ from typing import Any
 
 import click
 
-from jixu.cli.output import console, emit_json, handled, json_option
+from jixu.cli.output import console, emit_json, handled, json_option, literal
 from jixu.errors import InvalidInput, ProjectNotFound
 from jixu.ledger import Store, open_store
 from jixu.ledger.encoding import JSONObject
@@ -291,7 +291,7 @@ def studio_fixture_command(store_url: str, base: Path | None, port: int, as_json
         emit_json({**fixture.to_dict(), "url": url, "serve": serve_command_line(fixture, port)})
         return
     lines = [
-        f"[bold]Studio fixture[/] recorded in {fixture.store} (project [bold]{fixture.project}[/])",
+        f"[bold]Studio fixture[/] recorded in {literal(fixture.store)} (project [bold]{literal(fixture.project)}[/])",
         f"  thread {fixture.unknown_thread}  waiting: charge_card's outcome is unknown -> resolve it",
         f"  thread {fixture.parked_thread}  waiting: refund needs approval -> approve or deny it",
         f"  run    {fixture.failed_check_run}  check failed, repair paused on quota -> resume it",

@@ -18,10 +18,9 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from jixu.cli.output import EXIT_CHECK_FAILED, console, emit_json, handled, json_option
+from jixu.cli.output import EXIT_CHECK_FAILED, console, emit_json, handled, json_option, literal
 from jixu.errors import InvalidInput, JixuError, NotFound
 from jixu.ledger import Event, Store, is_valid_id, open_store
 from jixu.recovery import RESOLUTIONS, EffectDecision
@@ -56,7 +55,7 @@ def out() -> Console:
 
     Piped output is read later or searched; ids must not be cut to fit 80 columns.
     """
-    return console if console.is_terminal else Console(width=160, soft_wrap=True)
+    return console if console.is_terminal else Console(width=160, soft_wrap=True, emoji=False)
 
 
 def default_actor() -> str:
@@ -68,9 +67,9 @@ def default_actor() -> str:
 
 
 def styled(text: str, styles: dict[str, str]) -> str:
-    """``text`` in Rich markup with its colour from ``styles``."""
+    """``text`` (data: escaped) in Rich markup with its colour from ``styles``."""
     style = styles.get(text)
-    return f"[{style}]{text}[/]" if style else text
+    return f"[{style}]{literal(text)}[/]" if style else literal(text)
 
 
 def trim(text: object, limit: int = 90) -> str:
@@ -100,11 +99,12 @@ def effects_table(effects: dict[str, EffectDecision], title: str, *, compact: bo
     for column in columns:
         table.add_column(column, overflow="fold")
     for d in effects.values():
-        cells = {"kind": d.kind, "name": d.name or "", "state": styled(d.state, EFFECT_STYLE), "reason": d.reason,
-                 "semantics": d.semantics or "", "retry safe": "yes" if d.retry_safe else "no",
-                 "attempts": str(d.attempts), "resolution": resolution_text(d, with_note=not compact),
-                 "retry safe?": f"{'yes' if d.retry_safe else 'no'} ({d.semantics})"}
-        table.add_row(d.effect_id, *(cells[c] for c in columns))
+        cells = {"kind": literal(d.kind), "name": literal(d.name or ""), "state": styled(d.state, EFFECT_STYLE),
+                 "reason": literal(d.reason), "semantics": literal(d.semantics or ""),
+                 "retry safe": "yes" if d.retry_safe else "no", "attempts": str(d.attempts),
+                 "resolution": literal(resolution_text(d, with_note=not compact)),
+                 "retry safe?": f"{'yes' if d.retry_safe else 'no'} ({literal(d.semantics)})"}
+        table.add_row(literal(d.effect_id), *(cells[c] for c in columns))
     return table
 
 
@@ -127,8 +127,8 @@ def messages_table(messages: tuple[dict[str, Any], ...] | list[dict[str, Any]], 
     for column in ("#", "role", "status", "content"):
         table.add_column(column)
     for index, message in enumerate(messages, start=1):
-        table.add_row(str(index), str(message.get("role")), str(message.get("status") or ""),
-                      escape(message_text(message)))  # a message's text is data, never console markup
+        table.add_row(str(index), literal(message.get("role")), literal(message.get("status") or ""),
+                      literal(message_text(message)))  # a message's text is data, never console markup
     return table
 
 
@@ -142,10 +142,10 @@ def resolve_command_hint(store: str, thread_id: str, item: dict[str, Any]) -> li
 
 
 def status_line(state: State) -> str:
-    """``status: reason`` with the status coloured."""
+    """``status: reason`` with the status coloured (Rich markup; the reason is data, escaped)."""
     text = f"status {styled(state.status, STATUS_STYLE)}"
     if state.reason:
-        text += f": {state.reason}"
+        text += f": {literal(state.reason)}"
     elif state.status == "running":
         text += " (ready to continue: it has work pending)"
     return text
@@ -218,14 +218,15 @@ def list_command(store: str, limit: int, as_json: bool) -> None:
     if as_json:
         emit_json(rows)
         return
-    table = Table(title=f"threads in {store}")
+    table = Table(title=f"threads in {literal(store)}")
     table.add_column("thread", no_wrap=True, min_width=26)
     for column in ("status", "events", "last reply / waiting on"):
         table.add_column(column)
     for row in rows:
         detail = row["reason"] if row["status"] in ("waiting", "failed", "corrupt", "unreadable") else (
             row["last_reply"] or "")
-        table.add_row(row["thread_id"], styled(row["status"], STATUS_STYLE), str(row["events"]), trim(detail, 70))
+        table.add_row(literal(row["thread_id"]), styled(row["status"], STATUS_STYLE), str(row["events"]),
+                      literal(trim(detail, 70)))
     out().print(table)
     out().print(f"{len(rows)} thread(s)", highlight=False)
 
@@ -248,14 +249,14 @@ def show_command(store: str, thread_id: str, as_json: bool) -> None:
     if as_json:
         emit_json(state.to_dict())
     else:
-        out().print(f"[bold]thread {state.thread_id}[/]  {status_line(state)}", highlight=False)
+        out().print(f"[bold]thread {literal(state.thread_id)}[/]  {status_line(state)}", highlight=False)
         out().print(f"agent {state.agent.get('name')!r} revision {state.revision} (contract "
-                      f"{str(state.agent.get('contract'))[:12]}…, model {state.agent.get('model')}), "
-                      f"{state.seq} events, head {state.head_hash[:16]}…", highlight=False)
+                    f"{str(state.agent.get('contract'))[:12]}…, model {state.agent.get('model')}), "
+                    f"{state.seq} events, head {state.head_hash[:16]}…", highlight=False, markup=False)
         if state.parent:
             out().print(f"forked from thread {state.parent.get('thread_id')} at event "
-                          f"{state.parent.get('event_id')} (seq {state.parent.get('seq')}, hash "
-                          f"{str(state.parent.get('hash'))[:16]}…)", highlight=False)
+                        f"{state.parent.get('event_id')} (seq {state.parent.get('seq')}, hash "
+                        f"{str(state.parent.get('hash'))[:16]}…)", highlight=False, markup=False)
         turns = Table(title="turns")
         for column in ("turn", "status", "revision", "input", "reply / error"):
             turns.add_column(column)
@@ -266,8 +267,9 @@ def show_command(store: str, thread_id: str, as_json: bool) -> None:
             if shown == "running" and state.status != "running":
                 # An unended turn is as its thread is: a turn waiting on an operator is not running.
                 shown = f"open ({state.status})"
-            turns.add_row(turn["turn_id"], shown, ran_under,
-                          ("steps: " if turn.get("steps") else "") + trim(turn["input"], 50), trim(outcome, 60))
+            turns.add_row(literal(turn["turn_id"]), literal(shown), literal(ran_under),
+                          literal(("steps: " if turn.get("steps") else "") + trim(turn["input"], 50)),
+                          literal(trim(outcome, 60)))
         out().print(turns)
         out().print(messages_table(state.messages, "messages"))
         out().print(effects_table(state.effects, "effects (RecoveryResolver)"))
@@ -277,7 +279,7 @@ def show_command(store: str, thread_id: str, as_json: bool) -> None:
                 settle = ("its probe is asked when the run's code runs again; or settle it now with one of:"
                           if item["effect_id"] in probe_next else "settle it with one of:")
                 out().print(f"  {item['effect_id']} {item['name']} is {item['state']} ({item['reason']}); {settle}",
-                            highlight=False)
+                            highlight=False, markup=False)
                 if item.get("probe"):
                     out().print(f"    {probe_text(item['probe'])}", highlight=False, markup=False)
                 for command in resolve_command_hint(store, state.thread_id, item):
@@ -306,14 +308,15 @@ def events_command(store: str, thread_id: str, from_seq: int, as_json: bool) -> 
     if as_json:
         emit_json([e.to_dict() for e in events])
         return
-    table = Table(title=f"events of thread {thread_id}")
+    table = Table(title=f"events of thread {literal(thread_id)}")
     table.add_column("seq")
     table.add_column("type")
     table.add_column("id", no_wrap=True, min_width=26)
     table.add_column("effect", no_wrap=True, min_width=26)
     table.add_column("data")
     for e in events:
-        table.add_row(str(e.seq), e.type, e.id, lifecycle_effect(e), trim(e.data, 70))
+        table.add_row(str(e.seq), literal(e.type), literal(e.id), literal(lifecycle_effect(e)),
+                      literal(trim(e.data, 70)))
     out().print(table)
 
 
@@ -332,18 +335,20 @@ def verify_command(store: str, thread_id: str, as_json: bool) -> None:
     else:
         report, corrupt, checkpoint = found["chain"], found["corruption"], found["checkpoint"]
         chain = "[green]valid[/]" if report["valid"] else (
-            f"[bold red]INVALID[/] at seq {report['first_bad_seq']}: {report['reason']} ({report['detail']})")
-        out().print(f"thread {thread_id}: hash chain {chain}, {report['count']} events, head "
-                    f"{report['head_hash']}", highlight=False)
+            f"[bold red]INVALID[/] at seq {report['first_bad_seq']}: {literal(report['reason'])} "
+            f"({literal(report['detail'])})")
+        out().print(f"thread {literal(thread_id)}: hash chain {chain}, {report['count']} events, head "
+                    f"{literal(report['head_hash'])}", highlight=False)
         if corrupt is not None:
-            out().print(f"[bold red]corrupt[/]: first bad event #{corrupt['first_bad_seq']} ({corrupt['reason']}: "
-                        f"{corrupt['explanation']}) {corrupt['detail']}", highlight=False)
+            out().print(f"[bold red]corrupt[/]: first bad event #{corrupt['first_bad_seq']} "
+                        f"({literal(corrupt['reason'])}: {literal(corrupt['explanation'])}) "
+                        f"{literal(corrupt['detail'])}", highlight=False)
         else:
             out().print("effects: [green]consistent[/] (no contradictions)")
         if checkpoint is not None:
             style = "bold red" if checkpoint["failed"] else "green"
-            out().print(f"checkpoint at seq {checkpoint['seq']}: [{style}]{checkpoint['status']}[/] "
-                        f"({checkpoint['detail']})", highlight=False)
+            out().print(f"checkpoint at seq {checkpoint['seq']}: [{style}]{literal(checkpoint['status'])}[/] "
+                        f"({literal(checkpoint['detail'])})", highlight=False)
     if not valid:
         sys.exit(EXIT_CHECK_FAILED)
 
@@ -369,11 +374,11 @@ def replay_command(store: str, thread_id: str, upto: str | None, as_json: bool) 
     if as_json:
         emit_json(state.to_dict())
         return
-    out().print(f"[bold]replayed thread {thread_id}[/] up to seq {state.seq} (head {state.head_hash[:16]}…): "
-                  f"{status_line(state)}", highlight=False)
+    out().print(f"[bold]replayed thread {literal(thread_id)}[/] up to seq {state.seq} (head "
+                f"{literal(state.head_hash[:16])}…): {status_line(state)}", highlight=False)
     out().print(effects_table(state.effects, "effects at that point (RecoveryResolver)"))
     if state.last_reply is not None:
-        out().print(f"last reply: {trim(state.last_reply)}", highlight=False)
+        out().print(f"last reply: {trim(state.last_reply)}", highlight=False, markup=False)
     out().print("No model, tool or other driver was called.")
 
 
@@ -387,12 +392,12 @@ def effect_summary(log: ThreadLog, effect_id: str, recorded: bool, what: str, as
                               "seq": state.seq, "head_hash": state.head_hash}})
         return
     if recorded:
-        out().print(f"recorded: {what}", highlight=False)
+        out().print(f"recorded: {what}", highlight=False, markup=False)
     else:
         out().print(f"already recorded with the same resolution id and body: {what}; nothing written",
-                      highlight=False)
+                    highlight=False, markup=False)
     out().print(effects_table({effect_id: decision}, "the effect now"))
-    out().print(f"thread {state.thread_id}: {status_line(state)}", highlight=False)
+    out().print(f"thread {literal(state.thread_id)}: {status_line(state)}", highlight=False)
     out().print(CONTINUES, highlight=False)
 
 
@@ -523,7 +528,8 @@ def resume_command(store: str, thread_id: str, note: str | None, actor: str | No
                                                 "reason": state.reason, "seq": state.seq,
                                                 "head_hash": state.head_hash}})
         return
-    out().print(f"recorded: turn resumed by {who}; thread {state.thread_id}: {status_line(state)}", highlight=False)
+    out().print(f"recorded: turn resumed by {literal(who)}; thread {literal(state.thread_id)}: {status_line(state)}",
+                highlight=False)
     out().print(CONTINUES, highlight=False)
 
 
@@ -554,12 +560,13 @@ def fork_command(store: str, thread_id: str, at: str, text: str | None, actor: s
                    "status": state.status, "seq": state.seq, "head_hash": state.head_hash})
         return
     parent = state.parent or {}
-    out().print(f"forked thread [bold]{state.thread_id}[/]", highlight=False)
+    out().print(f"forked thread [bold]{literal(state.thread_id)}[/]", highlight=False)
     out().print(f"  parent thread {parent.get('thread_id')}\n  at event      {parent.get('event_id')} "
-                  f"(seq {parent.get('seq')})\n  parent hash   {parent.get('hash')}", highlight=False)
-    out().print(f"  stream        {stream_of(state.thread_id)}, {state.seq} event(s)", highlight=False)
+                f"(seq {parent.get('seq')})\n  parent hash   {parent.get('hash')}", highlight=False, markup=False)
+    out().print(f"  stream        {stream_of(state.thread_id)}, {state.seq} event(s)", highlight=False,
+                markup=False)
     if turn_id is not None:
-        out().print(f"  pending turn  {turn_id}: {trim(text)}", highlight=False)
+        out().print(f"  pending turn  {turn_id}: {trim(text)}", highlight=False, markup=False)
         out().print(CONTINUES, highlight=False)
 
 

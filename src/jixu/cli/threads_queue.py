@@ -44,7 +44,8 @@ def create_command(store: str, agent_spec: str, project: str, metadata: str | No
     if as_json:
         emit_json({"thread_id": thread_id, "project": project, "agent": agent.name})
         return
-    out().print(f"thread {thread_id} created in project {project} (agent {agent.name!r})", highlight=False)
+    out().print(f"thread {thread_id} created in project {project} (agent {agent.name!r})", highlight=False,
+                markup=False)
 
 
 @click.command("send", short_help="Queue a turn with user input for workers.")
@@ -60,7 +61,7 @@ def send_command(store: str, thread_id: str, text: str, actor: str | None, as_js
     if as_json:
         emit_json({"thread_id": thread_id, "turn_id": turn_id, "queued": True})
         return
-    out().print(f"turn {turn_id} queued on thread {thread_id}; a worker runs it", highlight=False)
+    out().print(f"turn {turn_id} queued on thread {thread_id}; a worker runs it", highlight=False, markup=False)
 
 
 threads_group.add_command(create_command)

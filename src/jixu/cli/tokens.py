@@ -13,7 +13,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from jixu.cli.output import emit_json, handled, json_option
+from jixu.cli.output import emit_json, handled, json_option, literal
 from jixu.cli.threads import default_actor, out
 from jixu.errors import InvalidInput
 from jixu.ledger import open_store
@@ -91,13 +91,13 @@ def create_command(name: str | None, projects: tuple[str, ...], role: str | None
 
 def _print_secret(made: dict[str, Any]) -> None:
     record = made["token"]
-    out().print(f"token [bold]{record['token_id']}[/] ({record['name']}, "
-                f"{'admin' if record['kind'] == 'admin' else ', '.join(f'{p}: {r}' for p, r in record['roles'].items())})",
+    roles = "admin" if record["kind"] == "admin" else ", ".join(f"{p}: {r}" for p, r in record["roles"].items())
+    out().print(f"token [bold]{literal(record['token_id'])}[/] ({literal(record['name'])}, {literal(roles)})",
                 highlight=False)
     out().print("secret (shown once; keep it, it is not stored):", highlight=False)
     out().print(str(made["secret"]), highlight=False, markup=False, soft_wrap=True)
     if record.get("expires_at"):
-        out().print(f"expires at {record['expires_at']}", highlight=False)
+        out().print(f"expires at {record['expires_at']}", highlight=False, markup=False)
 
 
 @tokens_group.command("list", short_help="List tokens (never their secrets).")
@@ -122,10 +122,11 @@ def list_command(store_url: str | None, server: str | None, token: str | None, a
         table.add_column(column)
     for row in rows:
         state = ("[red]revoked[/]" if row["revoked"] else "[yellow]expired[/]" if row.get("expired") else
-                 f"rotated {_short(row.get('rotated_at'))}" if row.get("rotated_at") else "")
-        table.add_row(row["token_id"], row["name"], row["kind"],
-                      ", ".join(f"{p}: {r}" for p, r in row["roles"].items()), row["created_by"],
-                      _short(row.get("expires_at")) or "never", _short(row.get("last_used_at")) or "never", state)
+                 f"rotated {literal(_short(row.get('rotated_at')))}" if row.get("rotated_at") else "")
+        table.add_row(literal(row["token_id"]), literal(row["name"]), literal(row["kind"]),
+                      literal(", ".join(f"{p}: {r}" for p, r in row["roles"].items())), literal(row["created_by"]),
+                      literal(_short(row.get("expires_at")) or "never"),
+                      literal(_short(row.get("last_used_at")) or "never"), state)
     out().print(table)
 
 
@@ -181,7 +182,7 @@ def revoke_command(token_id: str, reason: str | None, store_url: str | None, ser
     if as_json:
         emit_json(row)
         return
-    out().print(f"token {row['token_id']} ({row['name']}) is revoked", highlight=False)
+    out().print(f"token {row['token_id']} ({row['name']}) is revoked", highlight=False, markup=False)
 
 
 __all__ = ["tokens_group"]

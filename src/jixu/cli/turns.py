@@ -17,7 +17,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from jixu.cli.output import EXIT_OK, emit_json, handled, json_option
+from jixu.cli.output import EXIT_OK, emit_json, handled, json_option, literal
 from jixu.cli.threads import default_actor, load_verified, out, trim
 from jixu.errors import InvalidInput, JixuError
 from jixu.ledger import Store, open_store
@@ -133,23 +133,24 @@ def list_command(store: str, only_expired: bool, as_json: bool) -> None:
     if as_json:
         emit_json(rows)
         return
-    table = Table(title=f"active turns in {store} (store clock {clock_text(now)})")
+    table = Table(title=f"active turns in {literal(store)} (store clock {clock_text(now)})")
     table.add_column("thread", no_wrap=True, min_width=26)
     table.add_column("turn", no_wrap=True, min_width=26)
     for column in ("status", "owner", "epoch", "lease", "heartbeat", "flags", "queue"):
         table.add_column(column)
     for row in rows:
         if row["status"] in ("unreadable", "corrupt"):
-            table.add_row(row["thread_id"], row.get("turn_id") or "", f"[bold red]{row['status']}[/]",
-                          trim(row.get("error"), 60), "", "", "", "", "")
+            table.add_row(literal(row["thread_id"]), literal(row.get("turn_id") or ""),
+                          f"[bold red]{literal(row['status'])}[/]", literal(trim(row.get("error"), 60)),
+                          "", "", "", "", "")
             continue
         flags = [name for name in ("expired", "legacy", "queued", "released") if row.get(name)]
         work = row.get("work") or {}
         heartbeat = "" if row.get("heartbeat_age") is None else f"{row['heartbeat_age']:.1f}s ago"
-        table.add_row(row["thread_id"], row["turn_id"], str(row["status"]), str(row.get("owner") or "-"),
-                      str(row.get("epoch")), lease_text(row), heartbeat,
+        table.add_row(literal(row["thread_id"]), literal(row["turn_id"]), literal(row["status"]),
+                      literal(row.get("owner") or "-"), literal(row.get("epoch")), lease_text(row), heartbeat,
                       ", ".join(f"[bold red]{f}[/]" if f in ("expired", "legacy") else f for f in flags),
-                      str(work.get("state") or "-"))
+                      literal(work.get("state") or "-"))
     out().print(table)
     out().print(f"{len(rows)} active turn(s)", highlight=False)
     for row in rows:
@@ -210,19 +211,20 @@ def recover_command(store: str, thread_id: str, turn_id: str, request_id: str, e
                    "work": work.to_dict() if work is not None else None})
         sys.exit(EXIT_OK)
     if replay:
-        out().print(f"already recovered by request {request_id}: nothing written; the receipt:", highlight=False)
+        out().print(f"already recovered by request {request_id}: nothing written; the receipt:", highlight=False,
+                    markup=False)
     else:
         out().print(f"recovered turn {turn_id} of thread {thread_id}: the former owner is fenced out",
-                    highlight=False)
+                    highlight=False, markup=False)
     table = Table(title="recovery receipt")
     table.add_column("field")
     table.add_column("value", overflow="fold")
     for key in ("turn_id", "request_id", "reason", "previous_owner", "expected_epoch", "epoch", "actor"):
-        table.add_row(key, str(receipt.get(key)))
+        table.add_row(key, literal(receipt.get(key)))
     table.add_row("previous lease expired at", clock_text(receipt.get("previous_expires_at")) or "-")
     table.add_row("store time", clock_text(receipt.get("store_time")))
     out().print(table)
-    out().print(f"thread {state.thread_id}: {state.status}: {state.reason}", highlight=False)
+    out().print(f"thread {state.thread_id}: {state.status}: {state.reason}", highlight=False, markup=False)
     if work is not None:
         out().print(f"queued for a worker ({work.state}); it continues once the open effects are settled",
                     highlight=False)

@@ -8,9 +8,8 @@ import time
 from pathlib import Path
 
 import click
-from rich.markup import escape
 
-from jixu.cli.output import EXIT_OK, console, handled
+from jixu.cli.output import EXIT_OK, console, handled, literal
 from jixu.cli.runs import DEFAULT_WORKSPACE_ROOT, PROVIDERS_ENV, WORKSPACE_ENV, load_providers
 from jixu.errors import InvalidInput
 from jixu.kernel import DEFAULT_LEASE_TTL
@@ -54,8 +53,8 @@ def rich_report(owner: str) -> Report:
 
     def report(kind: str, message: str) -> None:
         style = KIND_STYLE.get(kind, "")
-        text = escape(message)
-        console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] [bold]{escape(owner)}[/] "
+        text = literal(message)
+        console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] [bold]{literal(owner)}[/] "
                       + (f"[{style}]{text}[/]" if style else text), highlight=False)
 
     return report
@@ -182,8 +181,8 @@ def worker_command(store_url: str, agent_spec: str | None, providers_spec: str |
                           quiet=quiet, providers=providers, workspace_root=root, publishers=publishers,
                           remotes=remotes, concurrency=concurrency, max_loop_lag=max_loop_lag,
                           tool_threads=tool_threads)
-    console.print(f"[bold]jixu worker[/]: starting {processes} processes ({', '.join(pool.owners)}) on "
-                  f"{escape(open_store_label(store_url))}", highlight=False)
+    console.print(f"[bold]jixu worker[/]: starting {processes} processes ({literal(', '.join(pool.owners))}) on "
+                  f"{literal(open_store_label(store_url))}", highlight=False)
     code = pool.run()
     console.print(f"[bold]jixu worker[/]: all {processes} processes stopped"
                   + ("" if code == EXIT_OK else " [bold red](some failed)[/]"), highlight=False)
