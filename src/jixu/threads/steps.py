@@ -732,14 +732,9 @@ class DurableRun:
         """Record the step's intent; a retry-safe one without approval is committed with its dispatch marker."""
         log = thread.log
         effect_id = new_id()
-        earlier = self._steps.get(step.key)
-        # The key names the step, not the attempt: a step recorded again after a not_occurred keeps its first
-        # key, so a system that honours keys refuses a second charge should the first land after all (a probe
-        # can say not_occurred of a request still on its way).
-        key = str(earlier[0]["idempotency_key"]) if earlier else f"jixu:{effect_id}"
         intent: JSONObject = {
             "effect_id": effect_id, "name": step.name, "args": step.args, "args_hash": step.args_hash,
-            "semantics": step.semantics, "idempotency_key": key,
+            "semantics": step.semantics, "idempotency_key": f"jixu:{effect_id}",
             "requires_approval": step.requires_approval, "turn_id": self._turn_id, "call_id": step.key,
             "step": step.key,
         }
