@@ -11,6 +11,9 @@ import asyncio
 import threading
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 import jixu
 from jixu import Agent, Harness, NotOccurred, Occurred, ScriptedModel, ToolCall, ToolContext, tool
@@ -180,3 +183,99 @@ def test_an_async_retry_safe_call_past_its_timeout_is_cancelled_and_retried(tmp_
     state = asyncio.run(main())
     assert state.status == "idle"  # type: ignore[attr-defined]
     assert started == [1, 2] and finished == [2], (started, finished)
+
+
+FOREVER = 3600.0
+"""An outside system that never answers."""
+
+
+def _never_answering(log: list[str]) -> Any:
+    @tool(semantics="unsafe", timeout=0.3)
+    async def pay(order: int, ctx: ToolContext) -> str:
+        """Charge an order (the payment system never answers)."""
+        log.append("started")
+        try:
+            await asyncio.sleep(FOREVER)
+        except asyncio.CancelledError:
+            log.append("cancelled")
+            raise
+        return "charged"
+
+    return pay
+
+
+def test_a_durable_block_whose_unsafe_call_never_returns_past_its_timeout_still_ends(tmp_path: Path) -> None:
+    """An audit of decision 0064: the block's exit waited for the call gone on past its timeout, for ever, and a
+    cancellation of the block did nothing. The run stops, and the call with it."""
+    log: list[str] = []
+    pay = _never_answering(log)
+
+    async def main() -> float:
+        started = time.monotonic()
+        with pytest.raises(jixu.StepOutcomeUnknown):
+            async with jixu.durable(f"sqlite:///{tmp_path / 'run.db'}") as run:
+                async def call(ctx: ToolContext) -> str:
+                    result: str = await pay.fn(1, ctx)
+                    return result
+
+                await run.effect("pay", {"order": 1}, call=call, semantics="unsafe", timeout=0.3)
+        return time.monotonic() - started
+
+    took: list[float] = []
+    runner = threading.Thread(target=lambda: took.append(asyncio.run(main())), daemon=True)
+    runner.start()
+    runner.join(10)
+    assert took, "the block never ended: it waited for the call gone on past its timeout"
+    assert took[0] < 3 and log == ["started", "cancelled"], (took, log)
+
+
+def test_an_interrupt_stops_an_unsafe_call_gone_on_past_its_timeout(tmp_path: Path) -> None:
+    log: list[str] = []
+    pay = _never_answering(log)
+
+    async def main() -> tuple[str, list[str]]:
+        agent = Agent("payer", ScriptedModel([ToolCall("pay", {"order": 1}), "done"]), tools=[pay])
+        async with Harness(agent, f"sqlite:///{tmp_path / 'agent.db'}") as harness:
+            thread = await harness.create_thread()
+            await thread.send("pay order 1")
+            await asyncio.sleep(0.8)  # past the timeout: the call goes on
+            assert log == ["started"]
+            state = await asyncio.wait_for(thread.interrupt(), 5)
+            alive = [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("jixu-call")]
+            return state.status, alive
+
+    status, alive = asyncio.run(main())
+    assert alive == [] and log == ["started", "cancelled"], (alive, log)
+    assert status in ("waiting", "idle", "failed"), status
+
+
+def test_a_loop_ending_while_an_unsafe_call_runs_ends_at_its_timeout(tmp_path: Path) -> None:
+    """Decision 0036: a loop's end lets a call in flight reach its receipt. An audit of decision 0064: a call that
+    never returned past its timeout then held ``asyncio.run`` for ever; it is cancelled once its receipt is recorded."""
+    log: list[str] = []
+    pay = _never_answering(log)
+    agent = Agent("payer", ScriptedModel([ToolCall("pay", {"order": 1}), "done"]), tools=[pay])
+    harness = Harness(agent, f"sqlite:///{tmp_path / 'agent.db'}")
+
+    async def first() -> str:
+        thread = await harness.create_thread()
+        await thread.send("pay order 1")
+        await asyncio.sleep(0.1)  # the call is in flight when the loop ends
+        return thread.thread_id
+
+    started = time.monotonic()
+    done = threading.Event()
+    returned: list[str] = []
+
+    def run_it() -> None:
+        returned.append(asyncio.run(first()))
+        done.set()
+
+    runner = threading.Thread(target=run_it, daemon=True)
+    runner.start()
+    assert done.wait(10), "asyncio.run did not return: the call gone on past its timeout held the loop's end"
+    assert time.monotonic() - started < 5 and log == ["started", "cancelled"], log
+    harness.close()
+    with jixu.SQLiteStore(tmp_path / "agent.db") as store:
+        types = [e.type for e in store.read(f"thread/{returned[0]}")]
+    assert "tool.failed" in types  # its receipt: the outcome unknown (timeout)

@@ -69,7 +69,15 @@ from jixu.threads.agent import Agent
 from jixu.threads.decide import ResolveByProbe
 from jixu.threads.model import ModelRequest, ModelResponse
 from jixu.threads.projection import ThreadState, Turn
-from jixu.threads.tools import DEFINITE_ANSWERS, ProbeQuery, Tool, ToolContext, call_ended, call_user_function
+from jixu.threads.tools import (
+    DEFINITE_ANSWERS,
+    ProbeQuery,
+    Tool,
+    ToolContext,
+    call_ended,
+    call_user_function,
+    stop_calls,
+)
 
 if TYPE_CHECKING:
     from jixu.threads.harness import Harness
@@ -509,6 +517,10 @@ class DurableRun:
                 await self._steps_changed.wait()
             except asyncio.CancelledError:
                 cut_off = True
+        try:
+            await stop_calls(effect_ids=self._called)  # a coroutine call gone on past its timeout stops with the run
+        except asyncio.CancelledError:
+            cut_off = True
         for effect_id in list(self._called):
             while True:
                 try:

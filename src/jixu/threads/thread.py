@@ -71,7 +71,7 @@ from jixu.threads.log import MAX_INPUT_CHARS, State, ThreadLog, stream_of
 from jixu.threads.model import ModelRequest
 from jixu.threads.projection import PROBE_ACTOR_PREFIX, tool_content
 from jixu.threads.revisions import revision
-from jixu.threads.tools import ProbeQuery, Tool, ToolContext, ToolError, call_ended
+from jixu.threads.tools import ProbeQuery, Tool, ToolContext, ToolError, call_ended, stop_calls
 
 if TYPE_CHECKING:
     from jixu.threads.harness import Harness
@@ -294,6 +294,7 @@ class Thread:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        await stop_calls(thread_id=self.thread_id)  # a coroutine call gone on past its timeout stops with the turn
         await self.log.writer.idle()
         self.log.sync()
         if self.log.state.active_turn() is not None:
@@ -669,16 +670,16 @@ class Thread:
         if self._starting and settled is not None:  # a send() committing its turn's start: it stops after that
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(settled.wait(), timeout)
-        if self._task is None or self._task.done():
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), timeout)
-        except TimeoutError:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, JixuError):
-                await self._task
-        except (asyncio.CancelledError, JixuError):
-            pass
+        if self._task is not None and not self._task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout)
+            except TimeoutError:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, JixuError):
+                    await self._task
+            except (asyncio.CancelledError, JixuError):
+                pass
+        await stop_calls(thread_id=self.thread_id)  # coroutine calls gone on past their timeout stop with the process
 
     @staticmethod
     async def _cut_off(ended: asyncio.Event, task: asyncio.Task[Any] | None, timeout: float) -> None:

@@ -46,13 +46,12 @@ import sys
 import threading
 import types
 import typing
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
 from typing import Any, Literal, TypeAlias, TypeVar, overload
 
 from jixu.errors import InvalidInput, MalformedEvent, ToolDefinitionError, ToolInputError, ToolOutputError
-from jixu.kernel.shutdown import ServingTask
 from jixu.ledger.encoding import VALUE_NESTING, canonical_text
 from jixu.ledger.event import utf8_size
 
@@ -246,20 +245,51 @@ async def run_call_in_thread(effect_id: str | None, fn: Callable[..., _R], /, *a
         raise
 
 
-async def run_call_past_its_timeout(effect_id: str, call: Coroutine[Any, Any, _R], timeout: float) -> _R:
-    """Await the coroutine ``call`` of ``effect_id`` for at most ``timeout`` seconds, run as a task of its own.
+class CallTask(asyncio.Task[Any]):
+    """An ``unsafe`` coroutine call run as a task of its own (:func:`run_call_past_its_timeout`), counted as the
+    call of :attr:`effect_id` in flight until it ends.
+
+    While its caller waits for it, a loop's shutdown leaves it running (the receipt is recorded first, decision
+    0036) and cancels it once the caller stopped waiting; after that, nothing keeps it from a cancellation."""
+
+    def __init__(self, coroutine: Coroutine[Any, Any, Any], *, effect_id: str, thread_id: str) -> None:
+        super().__init__(coroutine, name=f"jixu-call {effect_id}")
+        self.effect_id = effect_id
+        self.thread_id = thread_id
+        self.awaited = True
+        """Its caller still waits for it (within the timeout)."""
+        self.shutdown_refused = False
+
+    def cancel(self, msg: Any = None) -> bool:
+        """Cancel, unless a loop's shutdown asks while its caller still waits: then once the caller stops."""
+        if self.awaited and not self.get_loop().is_running():
+            self.shutdown_refused = True
+            return False
+        return super().cancel(msg)
+
+
+_CALL_TASKS: set[CallTask] = set()
+"""The coroutine calls of this process that went on past their timeout, or still run within it."""
+
+
+async def run_call_past_its_timeout(effect_id: str, call: Coroutine[Any, Any, _R], timeout: float, *,
+                                    thread_id: str = "") -> _R:
+    """Await the coroutine ``call`` of ``effect_id`` for at most ``timeout`` seconds, run as a :class:`CallTask`.
 
     Past the timeout, :class:`TimeoutError`, and the call goes on, as a call in a thread does
     (:func:`run_call_in_thread`): cancelling it would not stop what it already sent (a payment system goes on with
     a request its caller gave up on), only what jixu could learn, and a probe asked at once would answer
     ``not_occurred`` of a charge that lands a moment later. Until it ends, :func:`call_ended` waits: no probe of
-    this process asks about the call and no attempt of it starts again. A cancellation of the waiter (an interrupt,
-    a drain, a sibling's failure) still cancels the call, as before. The task refuses the cancellation of a loop's
-    shutdown while its caller has a call in flight (a :class:`~jixu.kernel.ServingTask`, decision 0036)."""
+    this process asks about the call and no attempt of it starts again. Whatever stops the turn or run it belongs
+    to stops it too: a cancelled waiter (here or in :func:`call_ended`: an interrupt, a drain, a cancelled block, a
+    sibling's failure), :func:`stop_calls` (an interrupt, a drain, a durable run giving itself back), a loop's
+    shutdown."""
     record = _register(effect_id, started=True)
-    task: asyncio.Task[_R] = ServingTask(call, name=f"jixu-call {effect_id}")
+    task = CallTask(call, effect_id=effect_id, thread_id=thread_id)
+    _CALL_TASKS.add(task)
 
-    def ended(done: asyncio.Task[_R]) -> None:
+    def ended(done: asyncio.Task[Any]) -> None:
+        _CALL_TASKS.discard(task)
         _end(effect_id, record)
         if not done.cancelled():
             done.exception()  # retrieved: a call that failed after its waiter gave up is the probe's to find
@@ -268,11 +298,31 @@ async def run_call_past_its_timeout(effect_id: str, call: Coroutine[Any, Any, _R
     try:
         finished, _pending = await asyncio.wait({task}, timeout=timeout)
     except asyncio.CancelledError:
+        task.awaited = False
         task.cancel()
         raise
+    task.awaited = False
     if not finished:
+        if task.shutdown_refused:  # the loop is shutting down: the receipt (unknown) is the caller's to record now
+            task.cancel()
         raise TimeoutError(f"no answer within {timeout}s; the call goes on")
-    return task.result()
+    result: _R = task.result()
+    return result
+
+
+async def stop_calls(*, thread_id: str | None = None, effect_ids: Iterable[str] | None = None) -> None:
+    """Cancel this loop's coroutine calls gone on past their timeout (:class:`CallTask`) of ``thread_id`` or of
+    ``effect_ids``, and wait until they ended: the turn or run they belong to stops."""
+    wanted = None if effect_ids is None else set(effect_ids)
+    loop = asyncio.get_running_loop()
+    tasks = [task for task in list(_CALL_TASKS) if task.get_loop() is loop
+             and (thread_id is None or task.thread_id == thread_id)
+             and (wanted is None or task.effect_id in wanted)]
+    for task in tasks:
+        task.awaited = False
+        task.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @contextlib.contextmanager
@@ -331,13 +381,22 @@ CALL_ENDED_POLL_S = 0.02
 
 
 async def call_ended(effect_id: str) -> None:
-    """Return once no worker thread of this process runs a call of ``effect_id`` (see :func:`run_call_in_thread`)."""
-    while True:
-        with _CALLS_LOCK:
-            calls = list(_CALLS_IN_THREADS.get(effect_id, ()))
-        if all(call.ended.is_set() for call in calls):
-            return
-        await asyncio.sleep(CALL_ENDED_POLL_S)
+    """Return once no call of ``effect_id`` runs in this process: in a worker thread (:func:`run_call_in_thread`)
+    or as a coroutine gone on past its timeout (:func:`run_call_past_its_timeout`). Cancelled (the turn or run
+    stops), it cancels such a coroutine of ``effect_id`` (a thread cannot be stopped)."""
+    try:
+        while True:
+            with _CALLS_LOCK:
+                calls = list(_CALLS_IN_THREADS.get(effect_id, ()))
+            if all(call.ended.is_set() for call in calls):
+                return
+            await asyncio.sleep(CALL_ENDED_POLL_S)
+    except asyncio.CancelledError:
+        for task in list(_CALL_TASKS):
+            if task.effect_id == effect_id:
+                task.awaited = False
+                task.cancel()
+        raise
 
 
 def _dont_know(reason: str, evidence: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -1416,7 +1475,8 @@ class Tool:
         token = CALL_IN_FLIGHT.set(ctx.effect_id)
         try:
             if self.is_async and timeout is not None and self._semantics == "unsafe":
-                result = await run_call_past_its_timeout(ctx.effect_id, self.fn(**kwargs), timeout)
+                result = await run_call_past_its_timeout(ctx.effect_id, self.fn(**kwargs), timeout,
+                                                         thread_id=ctx.thread_id)
             elif timeout is not None:
                 async with asyncio.timeout(timeout):
                     result = await (self.fn(**kwargs) if self.is_async
