@@ -301,3 +301,34 @@ def test_remote_threads_print_what_the_server_answered_literally(served: Served)
     assert BAD_TOOL in next(line for line in replayed.splitlines() if "rejected_before_dispatch" in line), replayed
     answered = remote(served, "threads", "show", hostile.replied, "--json")
     assert answered.returncode == 0 and json.loads(answered.stdout)["last_reply"] == HOSTILE
+
+
+ESCAPES = ("\x1b]8;;https://evil.example\x1b\\CLICK-ME\x1b]8;;\x1b\\ \x1b[31mred\x1b[0m \x1b]0;owned\x07"
+           "\x1b[2K\r done")
+"""Terminal escape sequences a reply may carry: a hyperlink, a colour, a window title, a line erased."""
+BACKSLASH = "path C:\\temp\\"
+
+
+def test_terminal_escapes_in_stored_text_are_shown_not_sent_to_the_terminal(tmp_path: Path) -> None:
+    """An audit: a reply's escape sequences reached the operator's terminal through `threads show` (an OSC 8 link,
+    colours, a window title, an erased line); and a reply ending in a backslash was shown with two."""
+    async def build() -> str:
+        answers = iter([ESCAPES, BACKSLASH])
+        agent = Agent("ops", ScriptedModel(lambda messages: next(answers)), tools=[])
+        async with Harness(agent, tmp_path / "escapes.db") as harness:
+            thread = await harness.create_thread()
+            for text in (f"say {ESCAPES}", "and a path"):
+                await thread.send(text)
+                await thread.wait()
+            return thread.thread_id
+
+    thread_id = asyncio.run(build())
+    for command in (("threads", "show"), ("threads", "list"), ("threads", "events"), ("threads", "replay")):
+        args = (*command, str(tmp_path / "escapes.db")) + ((thread_id,) if command[1] != "list" else ())
+        result = run_jixu(*args)
+        assert result.returncode == 0, result.stderr
+        assert "\x1b" not in result.stdout and "\x07" not in result.stdout and "\r" not in result.stdout, command
+        if command[1] in ("show", "list", "replay"):
+            assert "C:\\temp\\" in result.stdout and "C:\\temp\\\\" not in result.stdout, (command, result.stdout)
+    shown = run_jixu("threads", "show", str(tmp_path / "escapes.db"), thread_id).stdout
+    assert "\\x1b]8;;https://evil.example" in shown  # the sequence is shown as text

@@ -27,12 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
 import jixu
-from jixu.cli.output import console, err_console, handled, literal
+from jixu.cli.output import CLIConsole, console, err_console, handled, literal
 from jixu.cli.threads import STATUS_STYLE, effects_table, messages_table, styled
 from jixu.ledger import Event
 from jixu.ledger.encoding import JSONObject
@@ -209,7 +208,7 @@ class Demo:
         self.outbox = outbox_of(outside)
         self.shown_store = shown_store
         # panels wrap; pipes get 120 columns
-        self.out = Console(emoji=False) if console.is_terminal else Console(width=120, emoji=False)
+        self.out = CLIConsole(emoji=False) if console.is_terminal else CLIConsole(width=120, emoji=False)
 
     def step(self, number: int, title: str, text: str) -> None:
         """Print a step's heading and what it is about to show."""

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import click
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, ConsoleRenderable, RichCast
 from rich.markup import escape
+from rich.segment import Segment
 
 from jixu.errors import JixuError
 
@@ -92,8 +94,37 @@ def exit_code_for(error: JixuError) -> int:
     return _EXIT_BY_CODE.get(error.code, EXIT_INVALID_INPUT)
 
 
-console = Console(soft_wrap=True, emoji=False)
-err_console = Console(stderr=True, soft_wrap=True, emoji=False)
+_CONTROL_CHARACTERS = {code: f"\\x{code:02x}" for code in (*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F,
+                                                              *range(0x80, 0xA0))}
+"""Every control character but the tab and the newline, as the escape that names it."""
+_HAS_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """``text`` with every control character but tab and newline written as its escape (``\\x1b``)."""
+    return text.translate(_CONTROL_CHARACTERS) if _HAS_CONTROL.search(text) else text
+
+
+class CLIConsole(Console):
+    """The console every command prints through: the text it prints shows control characters as escapes.
+
+    A model's reply, a tool's result or a file may hold terminal escape sequences (a hyperlink, a colour, a window
+    title, a line erased); printed as they are, they would act on the operator's terminal. Only the text of what
+    is rendered is changed (Rich's own styles and control codes are not text).
+    """
+
+    def render(self, renderable: ConsoleRenderable | RichCast | str,
+               options: ConsoleOptions | None = None) -> Iterable[Segment]:
+        for segment in super().render(renderable, options):
+            text = segment.text
+            if segment.control is None and text and _HAS_CONTROL.search(text):
+                yield Segment(visible(text), segment.style)
+            else:
+                yield segment
+
+
+console = CLIConsole(soft_wrap=True, emoji=False)
+err_console = CLIConsole(stderr=True, soft_wrap=True, emoji=False)
 """The consoles. Emoji codes stay off: ``:warning:`` in a model's reply is printed as written, not as a glyph."""
 
 
@@ -104,9 +135,15 @@ def literal(value: object) -> str:
     a tool, an operator or a file said, an exception's message, a command-line argument): it is data, never
     console markup, so ``[/bold]`` in a reply neither breaks the output nor styles it, and
     ``[link=…]`` never becomes a link. Escape at the point of interpolation (after trimming), once; a line printed
-    with ``markup=False`` takes the raw value instead.
+    with ``markup=False`` takes the raw value instead. Trailing backslashes are written doubled and closed by an
+    empty tag, so they print as written whether markup follows or not (Rich's ``escape`` doubles a single one,
+    which then shows twice at the end of a cell).
     """
-    return escape(value if isinstance(value, str) else str(value))
+    text = value if isinstance(value, str) else str(value)
+    trailing = len(text) - len(text.rstrip("\\"))
+    if not trailing:
+        return escape(text)
+    return escape(text[:-trailing]).rstrip("\\") + "\\" * (2 * trailing) + "[bold][/bold]"
 
 
 def emit_json(value: Any) -> None:

@@ -20,7 +20,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from jixu.cli.output import EXIT_CHECK_FAILED, console, emit_json, handled, json_option, literal
+from jixu.cli.output import EXIT_CHECK_FAILED, CLIConsole, console, emit_json, handled, json_option, literal
 from jixu.errors import InvalidInput, JixuError, NotFound
 from jixu.ledger import Event, Store, is_valid_id, open_store
 from jixu.recovery import RESOLUTIONS, EffectDecision
@@ -55,7 +55,7 @@ def out() -> Console:
 
     Piped output is read later or searched; ids must not be cut to fit 80 columns.
     """
-    return console if console.is_terminal else Console(width=160, soft_wrap=True, emoji=False)
+    return console if console.is_terminal else CLIConsole(width=160, soft_wrap=True, emoji=False)
 
 
 def default_actor() -> str:
