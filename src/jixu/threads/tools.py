@@ -52,6 +52,7 @@ from contextvars import ContextVar
 from typing import Any, Literal, TypeAlias, TypeVar, overload
 
 from jixu.errors import InvalidInput, MalformedEvent, ToolDefinitionError, ToolInputError, ToolOutputError
+from jixu.kernel.shutdown import CallerTask
 from jixu.ledger.encoding import VALUE_NESTING, canonical_text
 from jixu.ledger.event import utf8_size
 
@@ -245,27 +246,23 @@ async def run_call_in_thread(effect_id: str | None, fn: Callable[..., _R], /, *a
         raise
 
 
-class CallTask(asyncio.Task[Any]):
+class CallTask(CallerTask):
     """An ``unsafe`` coroutine call run as a task of its own (:func:`run_call_past_its_timeout`), counted as the
     call of :attr:`effect_id` in flight until it ends.
 
-    While its caller waits for it, a loop's shutdown leaves it running (the receipt is recorded first, decision
-    0036) and cancels it once the caller stopped waiting; after that, nothing keeps it from a cancellation."""
+    While its caller waits for it (``in_flight``), a loop's shutdown leaves it running, as it leaves its caller
+    (the receipt is recorded first, decision 0036), and it is cancelled once the caller stopped waiting
+    (``stop_requested``); after that, nothing keeps it from a cancellation."""
 
     def __init__(self, coroutine: Coroutine[Any, Any, Any], *, effect_id: str, thread_id: str) -> None:
         super().__init__(coroutine, name=f"jixu-call {effect_id}")
         self.effect_id = effect_id
         self.thread_id = thread_id
-        self.awaited = True
-        """Its caller still waits for it (within the timeout)."""
-        self.shutdown_refused = False
+        self.in_flight = 1
 
-    def cancel(self, msg: Any = None) -> bool:
-        """Cancel, unless a loop's shutdown asks while its caller still waits: then once the caller stops."""
-        if self.awaited and not self.get_loop().is_running():
-            self.shutdown_refused = True
-            return False
-        return super().cancel(msg)
+    def detach(self) -> None:
+        """Its caller stopped waiting for it: a loop's shutdown may cancel it from now on."""
+        self.in_flight = 0
 
 
 _CALL_TASKS: set[CallTask] = set()
@@ -298,12 +295,12 @@ async def run_call_past_its_timeout(effect_id: str, call: Coroutine[Any, Any, _R
     try:
         finished, _pending = await asyncio.wait({task}, timeout=timeout)
     except asyncio.CancelledError:
-        task.awaited = False
+        task.detach()
         task.cancel()
         raise
-    task.awaited = False
+    task.detach()
     if not finished:
-        if task.shutdown_refused:  # the loop is shutting down: the receipt (unknown) is the caller's to record now
+        if task.stop_requested:  # the loop is shutting down: the receipt (unknown) is the caller's to record now
             task.cancel()
         raise TimeoutError(f"no answer within {timeout}s; the call goes on")
     result: _R = task.result()
@@ -319,7 +316,7 @@ async def stop_calls(*, thread_id: str | None = None, effect_ids: Iterable[str] 
              and (thread_id is None or task.thread_id == thread_id)
              and (wanted is None or task.effect_id in wanted)]
     for task in tasks:
-        task.awaited = False
+        task.detach()
         task.cancel()
     if tasks:
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -394,7 +391,7 @@ async def call_ended(effect_id: str) -> None:
     except asyncio.CancelledError:
         for task in list(_CALL_TASKS):
             if task.effect_id == effect_id:
-                task.awaited = False
+                task.detach()
                 task.cancel()
         raise
 
