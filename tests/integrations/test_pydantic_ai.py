@@ -33,7 +33,16 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import RequestUsage
 
-from jixu import NotOccurred, Occurred, ProbeQuery, RecoveryResolver, StepMismatch, StepOutcomeUnknown
+from jixu import (
+    NotOccurred,
+    Occurred,
+    ProbeQuery,
+    RecoveryResolver,
+    StepFailed,
+    StepMismatch,
+    StepOutcomeUnknown,
+    ToolError,
+)
 from jixu.errors import InvalidInput, ToolDefinitionError
 from jixu.integrations.pydantic_ai import (
     MODEL_STEP,
@@ -795,3 +804,72 @@ def test_an_unsafe_tools_pydantic_ai_timeout_leaves_its_call_unknown_and_the_mod
     asyncio.run(main())
     assert len(lines(bank)) == 1, "charged once"
     assert len(requests) == 1, "the model was not told of a timeout"
+
+
+def test_a_sibling_failing_leaves_the_run_unfinished_while_a_call_of_it_is_unknown(tmp_path: Path) -> None:
+    """An audit: `charge` (async, unsafe, timeout 0.2, probe) went on past its timeout; `lookup`, asked in the same
+    response, failed, pydantic-ai cancelled `charge`, and the run was ended `failed` with `charge` unknown: the
+    next run on the thread asked the model again and charged again (two charges). A run does not end while a step
+    of it is unknown: the next run continues it (its probe, if it gets to ask, finds the charge; else the thread
+    waits for an operator), and never asks the model for the charge again."""
+    bank = tmp_path / "bank.log"
+    bank.write_text("")
+    broken = {"lookup": True}
+
+    def find(query: ProbeQuery) -> Occurred | NotOccurred:
+        found = query.idempotency_key in bank.read_text()
+        return Occurred(result="charged 7", evidence={}) if found else NotOccurred(evidence={})
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        returns = [p for m in messages for p in m.parts if isinstance(p, ToolReturnPart)]
+        if returns:
+            return ModelResponse(parts=[TextPart("Done: " + ", ".join(str(r.content) for r in returns))])
+        return ModelResponse(parts=[ToolCallPart("charge", {"order": 7}, tool_call_id="c1"),
+                                    ToolCallPart("lookup", {"order": 7}, tool_call_id="c2")])
+
+    agent = Agent(FunctionModel(model), name="shop")
+
+    @agent.tool_plain
+    @effect(semantics="unsafe", probe=find, timeout=0.2)
+    async def charge(order: int) -> str:
+        """Charge an order (the payment system charges 0.6 s after the request, whatever its client does)."""
+        key = current_effect().idempotency_key
+
+        def land() -> None:
+            with bank.open("a") as out:
+                out.write(f"{order} {key}\n")
+
+        asyncio.get_running_loop().call_later(0.6, land)
+        await asyncio.sleep(0.65)
+        return f"charged {order}"
+
+    @agent.tool_plain
+    @effect(semantics="read_only")
+    async def lookup(order: int) -> str:
+        """Look an order up."""
+        await asyncio.sleep(0.3)
+        if broken["lookup"]:
+            raise ToolError("lookup service down")
+        return "found"
+
+    async def main() -> tuple[str, str]:
+        durable = JixuAgent(agent, tmp_path / "shop.db")
+        try:
+            thread_id = await durable.new_thread()
+            with pytest.raises(StepFailed):
+                await durable.run("Charge order 7.", thread_id=thread_id)
+            first = [e.type for e in ThreadLog.load(durable.harness.store, thread_id).events()]
+            await asyncio.sleep(0.8)  # the payment system's charge has landed
+            broken["lookup"] = False
+            with pytest.raises((StepFailed, StepOutcomeUnknown)):  # the lookup's recorded failure replays
+                await durable.run("Charge order 7.", thread_id=thread_id)
+            events = ThreadLog.load(durable.harness.store, thread_id).events()
+            return ",".join(first), [(e.type, e.data.get("name")) for e in events]
+        finally:
+            durable.close()
+
+    first, events = asyncio.run(main())
+    assert "turn.ended" not in first, "the run ended while its charge was unknown"
+    assert len(bank.read_text().splitlines()) == 1, bank.read_text()
+    assert [t for t, _name in events].count("turn.started") == 1, "a new run started beside the unfinished one"
+    assert events.count(("tool.requested", "charge")) == 1, "the charge was asked for again"

@@ -189,8 +189,12 @@ FOREVER = 3600.0
 """An outside system that never answers."""
 
 
-def _never_answering(log: list[str]) -> Any:
-    @tool(semantics="unsafe", timeout=0.3)
+def _never_found(query: ProbeQuery) -> NotOccurred:
+    return NotOccurred(evidence={"searched": query.idempotency_key})
+
+
+def _never_answering(log: list[str], *, probe: bool = True) -> Any:
+    @tool(semantics="unsafe", timeout=0.3, probe=_never_found if probe else None)
     async def pay(order: int, ctx: ToolContext) -> str:
         """Charge an order (the payment system never answers)."""
         log.append("started")
@@ -206,9 +210,10 @@ def _never_answering(log: list[str]) -> Any:
 
 def test_a_durable_block_whose_unsafe_call_never_returns_past_its_timeout_still_ends(tmp_path: Path) -> None:
     """An audit of decision 0064: the block's exit waited for the call gone on past its timeout, for ever, and a
-    cancellation of the block did nothing. The run stops, and the call with it."""
+    cancellation of the block did nothing. Without a probe the call is cancelled at its timeout (nothing would ask
+    about it), and the run stops."""
     log: list[str] = []
-    pay = _never_answering(log)
+    pay = _never_answering(log, probe=False)
 
     async def main() -> float:
         started = time.monotonic()
@@ -279,3 +284,92 @@ def test_a_loop_ending_while_an_unsafe_call_runs_ends_at_its_timeout(tmp_path: P
     with jixu.SQLiteStore(tmp_path / "agent.db") as store:
         types = [e.type for e in store.read(f"thread/{returned[0]}")]
     assert "tool.failed" in types  # its receipt: the outcome unknown (timeout)
+
+
+def test_a_call_gone_on_past_its_timeout_is_not_resolved_by_an_operator_meanwhile(tmp_path: Path) -> None:
+    """An audit of decision 0064: an operator's not_occurred was accepted while the call still ran, the model
+    called again, two charges. While a call of the effect runs in this process, a resolution is refused."""
+    bank = _bank(tmp_path)
+
+    def find(query: ProbeQuery) -> Occurred | NotOccurred:
+        found = query.idempotency_key in bank.read_text()
+        return Occurred(result="charged", evidence={}) if found else NotOccurred(evidence={})
+
+    @tool(semantics="unsafe", probe=find, timeout=0.2)
+    async def pay(order: int, ctx: ToolContext) -> str:
+        """Charge an order (the payment system answers after 0.8 s)."""
+        await asyncio.sleep(SLOW)
+        with bank.open("a") as out:
+            out.write(f"{order} {ctx.idempotency_key}\n")
+        return "charged"
+
+    def model(messages: list[dict[str, object]]) -> object:
+        told = [str(m.get("content")) for m in messages if m.get("role") == "tool"]
+        if not told or ("did NOT happen" in told[-1] and len(told) < 3):
+            return ToolCall("pay", {"order": 1})  # the model calls again when told the call did not happen
+        return "done"
+
+    async def main() -> object:
+        agent = Agent("payer", ScriptedModel(model), tools=[pay])
+        async with Harness(agent, f"sqlite:///{tmp_path / 'agent.db'}") as harness:
+            thread = await harness.create_thread()
+            await thread.send("pay order 1")
+            await asyncio.sleep(0.4)  # past the timeout: the call goes on, its probe waits for it
+            [effect_id] = [e.data["effect_id"] for e in await thread.events() if e.type == "tool.requested"]
+            try:
+                await thread.resolve_tool_outcome(effect_id, "not_occurred", note="I looked: nothing there")
+            except jixu.ThreadBusy as refused:
+                told = str(refused)
+            else:
+                told = ""
+            return told, await thread.wait()
+
+    told, state = asyncio.run(main())
+    assert "still runs" in told, told
+    assert len(_charges(bank)) == 1 and state.status == "idle"  # type: ignore[attr-defined]
+
+
+def test_another_harness_shutting_down_does_not_stop_this_ones_call(tmp_path: Path) -> None:
+    """An audit of decision 0064: a second harness that opened the thread to look at it and shut down cancelled
+    the first one's call gone on past its timeout; its probe found nothing yet, the model called again: two
+    charges. A harness stops only the calls it made."""
+    bank = _bank(tmp_path)
+
+    def find(query: ProbeQuery) -> Occurred | NotOccurred:
+        found = query.idempotency_key in bank.read_text()
+        return Occurred(result="charged", evidence={}) if found else NotOccurred(evidence={})
+
+    @tool(semantics="unsafe", probe=find, timeout=0.2)
+    async def pay(order: int, ctx: ToolContext) -> str:
+        """Charge an order (the payment system charges 0.8 s after the request, whatever its client does)."""
+        def land() -> None:
+            with bank.open("a") as out:
+                out.write(f"{order} {ctx.idempotency_key}\n")
+
+        asyncio.get_running_loop().call_later(SLOW, land)
+        await asyncio.sleep(SLOW + 0.05)
+        return "charged"
+
+    def model(messages: list[dict[str, object]]) -> object:
+        told = [str(m.get("content")) for m in messages if m.get("role") == "tool"]
+        if not told or ("did NOT happen" in told[-1] and len(told) < 3):
+            return ToolCall("pay", {"order": 1})
+        return "done"
+
+    async def main() -> object:
+        url = f"sqlite:///{tmp_path / 'agent.db'}"
+        agent = Agent("payer", ScriptedModel(model), tools=[pay])
+        async with Harness(agent, url) as first:
+            thread = await first.create_thread()
+            await thread.send("pay order 1")
+            await asyncio.sleep(0.4)  # past the timeout: the call goes on
+            looker = Harness(agent, url)
+            looked = await looker.open_thread(thread.thread_id, resume=False)  # held: its shutdown drains it
+            await looker.shutdown(1.0)
+            assert looked.thread_id == thread.thread_id
+            return await thread.wait()
+
+    state = asyncio.run(main())
+    time.sleep(SLOW)
+    assert len(_charges(bank)) == 1, _charges(bank)
+    assert state.status == "idle"  # type: ignore[attr-defined]

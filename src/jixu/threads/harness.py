@@ -22,6 +22,7 @@ from jixu.threads.log import THREAD_PREFIX, ThreadLog
 from jixu.threads.revisions import revision
 from jixu.threads.steps import DurableRun
 from jixu.threads.thread import Thread
+from jixu.threads.tools import stop_calls
 
 if TYPE_CHECKING:
     from jixu.threads.sync import SyncHarness
@@ -290,6 +291,7 @@ class Harness:
         """
         self.closing = True
         await asyncio.gather(*(thread.drain(drain_timeout) for thread in self._threads.all()))
+        await stop_calls(self)  # calls gone on past their timeout, of threads no handle holds any more too
         self.close()
 
     @on_home_loop

@@ -475,8 +475,8 @@ class DurableRun:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         """A block that ends normally ends the run (``turn.ended`` completed, or failed when :attr:`error` is
-        set); an exception leaves it unfinished (the lease given back): run the code again with the thread id to
-        continue it. A block cancelled because another owner took the run's lease (the heartbeat found it lost)
+        set), unless a step of it has an unknown outcome; an exception, or such a step, leaves it unfinished (the
+        lease given back): run the code again with the thread id to continue it. A block cancelled because another owner took the run's lease (the heartbeat found it lost)
         raises :class:`~jixu.errors.OwnershipLost`, not a bare cancellation."""
         if self._ended is not None:  # a replay: nothing was claimed, nothing is recorded
             if self._owns_harness:
@@ -518,7 +518,7 @@ class DurableRun:
             except asyncio.CancelledError:
                 cut_off = True
         try:
-            await stop_calls(effect_ids=self._called)  # a coroutine call gone on past its timeout stops with the run
+            await stop_calls(self._harness, effect_ids=self._called)  # a call gone on past its timeout stops too
         except asyncio.CancelledError:
             cut_off = True
         for effect_id in list(self._called):
@@ -553,7 +553,7 @@ class DurableRun:
                     tb: TracebackType | None) -> None:
         thread, session = self._thread, self._session
         try:
-            if thread is not None and exc is None and session is not None:
+            if thread is not None and exc is None and session is not None and not self._unknown_steps():
                 steps = sum(len(v) for v in self._steps.values())
                 reply = self.reply if self.reply is not None else f"{steps} steps"
                 ended: JSONObject = {"turn_id": self._turn_id, "outcome": "completed", "reply": str(reply)}
@@ -573,6 +573,17 @@ class DurableRun:
                     thread.steps_stopped()
                 if self._owns_harness:
                     self._harness.close()
+
+    def _unknown_steps(self) -> list[str]:
+        """The effects of this run's steps whose outcome is unknown: while one is, the run does not end (it stays
+        unfinished, so running the code again settles it by its probe or an operator's decision before anything
+        else; ended, a new run on the thread would make the call again, and the record would hold both)."""
+        unknown = []
+        for intents in self._steps.values():
+            decision = self._decision(str(intents[-1].get("effect_id"))) if intents else None
+            if decision is not None and decision.state == "unknown" and decision.resolution is None:
+                unknown.append(decision.effect_id)
+        return unknown
 
     # --- steps -----------------------------------------------------------------------------
 

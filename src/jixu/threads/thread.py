@@ -71,7 +71,16 @@ from jixu.threads.log import MAX_INPUT_CHARS, State, ThreadLog, stream_of
 from jixu.threads.model import ModelRequest
 from jixu.threads.projection import PROBE_ACTOR_PREFIX, tool_content
 from jixu.threads.revisions import revision
-from jixu.threads.tools import ProbeQuery, Tool, ToolContext, ToolError, call_ended, stop_calls
+from jixu.threads.tools import (
+    CALL_OWNER,
+    ProbeQuery,
+    Tool,
+    ToolContext,
+    ToolError,
+    call_ended,
+    call_running,
+    stop_calls,
+)
 
 if TYPE_CHECKING:
     from jixu.threads.harness import Harness
@@ -294,7 +303,7 @@ class Thread:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await stop_calls(thread_id=self.thread_id)  # a coroutine call gone on past its timeout stops with the turn
+        await stop_calls(self._harness, thread_id=self.thread_id)  # a call gone on past its timeout stops too
         await self.log.writer.idle()
         self.log.sync()
         if self.log.state.active_turn() is not None:
@@ -679,7 +688,7 @@ class Thread:
                     await self._task
             except (asyncio.CancelledError, JixuError):
                 pass
-        await stop_calls(thread_id=self.thread_id)  # coroutine calls gone on past their timeout stop with the process
+        await stop_calls(self._harness, thread_id=self.thread_id)  # calls gone on past their timeout stop too
 
     @staticmethod
     async def _cut_off(ended: asyncio.Event, task: asyncio.Task[Any] | None, timeout: float) -> None:
@@ -1054,8 +1063,14 @@ class Thread:
                               thread_id=self.thread_id, turn_id=str(intent.get("turn_id")))
 
         async def call() -> Outcome:
-            # Tool.invoke applies the timeout: past it an unsafe call goes on and counts as in flight (its probe waits).
-            return Outcome.completed(self._tool_result(await declared.invoke(args, context, timeout=declared.timeout)))
+            # Tool.invoke applies the timeout: past it an unsafe call with a probe goes on, in flight (the probe waits),
+            # made by this harness (its stop_calls stops it, another harness's does not).
+            owner = CALL_OWNER.set(self._harness)
+            try:
+                result = await declared.invoke(args, context, timeout=declared.timeout)
+            finally:
+                CALL_OWNER.reset(owner)
+            return Outcome.completed(self._tool_result(result))
 
         def classify(error: Exception) -> Outcome:
             if raised is not None:
@@ -1180,6 +1195,9 @@ class Thread:
         if effect_id in self._in_flight:
             raise ThreadBusy(f"effect {effect_id} is in flight in this process; its receipt settles it",
                              thread_id=self.thread_id, effect_id=effect_id)
+        if call_running(effect_id):  # past its timeout, in a worker thread or a coroutine: it can still act
+            raise ThreadBusy(f"a call of effect {effect_id} still runs in this process past its timeout; its probe "
+                             "settles it once it ended", thread_id=self.thread_id, effect_id=effect_id)
         self.log.resolve(effect_id, resolution, resolution_id=resolution_id, note=note, actor=actor,
                          evidence=evidence, result=result, owner=self._harness.owner)
         self._continue()

@@ -254,10 +254,12 @@ class CallTask(CallerTask):
     (the receipt is recorded first, decision 0036), and it is cancelled once the caller stopped waiting
     (``stop_requested``); after that, nothing keeps it from a cancellation."""
 
-    def __init__(self, coroutine: Coroutine[Any, Any, Any], *, effect_id: str, thread_id: str) -> None:
+    def __init__(self, coroutine: Coroutine[Any, Any, Any], *, effect_id: str, thread_id: str, owner: object) -> None:
         super().__init__(coroutine, name=f"jixu-call {effect_id}")
         self.effect_id = effect_id
         self.thread_id = thread_id
+        self.owner = owner
+        """Who made the call (:data:`CALL_OWNER`): only its own stop stops it (:func:`stop_calls`)."""
         self.in_flight = 1
 
     def detach(self) -> None:
@@ -267,6 +269,8 @@ class CallTask(CallerTask):
 
 _CALL_TASKS: set[CallTask] = set()
 """The coroutine calls of this process that went on past their timeout, or still run within it."""
+CALL_OWNER: ContextVar[object] = ContextVar("jixu_call_owner", default=None)
+"""Who makes the calls of this context (a harness sets itself): what :func:`stop_calls` is asked to stop."""
 
 
 async def run_call_past_its_timeout(effect_id: str, call: Coroutine[Any, Any, _R], timeout: float, *,
@@ -276,13 +280,15 @@ async def run_call_past_its_timeout(effect_id: str, call: Coroutine[Any, Any, _R
     Past the timeout, :class:`TimeoutError`, and the call goes on, as a call in a thread does
     (:func:`run_call_in_thread`): cancelling it would not stop what it already sent (a payment system goes on with
     a request its caller gave up on), only what jixu could learn, and a probe asked at once would answer
-    ``not_occurred`` of a charge that lands a moment later. Until it ends, :func:`call_ended` waits: no probe of
-    this process asks about the call and no attempt of it starts again. Whatever stops the turn or run it belongs
-    to stops it too: a cancelled waiter (here or in :func:`call_ended`: an interrupt, a drain, a cancelled block, a
-    sibling's failure), :func:`stop_calls` (an interrupt, a drain, a durable run giving itself back), a loop's
+    ``not_occurred`` of a charge that lands a moment later (only a tool with a probe runs so: without one, nothing
+    would ask, and :meth:`Tool.invoke` cancels it at its timeout). Until it ends, :func:`call_ended` waits: no probe
+    of this process asks about the call, no attempt of it starts again, no operator resolves it here
+    (:func:`call_running`). Whatever stops the turn or run it belongs to stops it too: a cancelled waiter (here or
+    in :func:`call_ended`: an interrupt, a drain, a cancelled block, a sibling's failure), :func:`stop_calls` of
+    its owner (an interrupt, a drain, a durable run giving itself back, a harness's shutdown), a loop's
     shutdown."""
     record = _register(effect_id, started=True)
-    task = CallTask(call, effect_id=effect_id, thread_id=thread_id)
+    task = CallTask(call, effect_id=effect_id, thread_id=thread_id, owner=CALL_OWNER.get())
     _CALL_TASKS.add(task)
 
     def ended(done: asyncio.Task[Any]) -> None:
@@ -307,12 +313,13 @@ async def run_call_past_its_timeout(effect_id: str, call: Coroutine[Any, Any, _R
     return result
 
 
-async def stop_calls(*, thread_id: str | None = None, effect_ids: Iterable[str] | None = None) -> None:
-    """Cancel this loop's coroutine calls gone on past their timeout (:class:`CallTask`) of ``thread_id`` or of
-    ``effect_ids``, and wait until they ended: the turn or run they belong to stops."""
+async def stop_calls(owner: object, *, thread_id: str | None = None, effect_ids: Iterable[str] | None = None) -> None:
+    """Cancel this loop's coroutine calls gone on past their timeout that ``owner`` made (of ``thread_id`` or of
+    ``effect_ids`` only, when given), and wait until they ended: what made them stops (a turn, a run, a harness).
+    Another harness's calls, of the same thread too, are not touched."""
     wanted = None if effect_ids is None else set(effect_ids)
     loop = asyncio.get_running_loop()
-    tasks = [task for task in list(_CALL_TASKS) if task.get_loop() is loop
+    tasks = [task for task in list(_CALL_TASKS) if task.get_loop() is loop and task.owner is owner
              and (thread_id is None or task.thread_id == thread_id)
              and (wanted is None or task.effect_id in wanted)]
     for task in tasks:
@@ -320,6 +327,13 @@ async def stop_calls(*, thread_id: str | None = None, effect_ids: Iterable[str] 
         task.cancel()
     if tasks:
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def call_running(effect_id: str) -> bool:
+    """Whether a call of ``effect_id`` still runs in this process (in a worker thread, or a coroutine gone on past
+    its timeout): an operator's resolution of it now could be contradicted by what it still does."""
+    with _CALLS_LOCK:
+        return any(not call.ended.is_set() for call in _CALLS_IN_THREADS.get(effect_id, ()))
 
 
 @contextlib.contextmanager
@@ -1471,7 +1485,7 @@ class Tool:
         track_calls_on(asyncio.get_running_loop())
         token = CALL_IN_FLIGHT.set(ctx.effect_id)
         try:
-            if self.is_async and timeout is not None and self._semantics == "unsafe":
+            if self.is_async and timeout is not None and self._semantics == "unsafe" and self._probe is not None:
                 result = await run_call_past_its_timeout(ctx.effect_id, self.fn(**kwargs), timeout,
                                                          thread_id=ctx.thread_id)
             elif timeout is not None:
