@@ -117,12 +117,10 @@ def test_a_call_cancelled_before_its_thread_started_never_runs_and_is_not_waited
     assert ran == [], "a call abandoned before it started never runs"
 
 
-def test_an_agents_unsafe_async_call_past_its_timeout_goes_on_and_is_probed_once_it_ended(tmp_path: Path) -> None:
-    """An audit: an async unsafe call past its timeout was cancelled and its probe asked at once, while the payment
-    system still worked on its request: ``not_occurred``, the model called again, three charges. Past the timeout
-    the coroutine now goes on, as a call in a thread does, and the probe is asked once it ended."""
-    bank = _bank(tmp_path)
-
+def _late_payer(bank: Path) -> Agent:
+    """An agent whose ``pay`` (async, unsafe, timeout 0.2 s, a probe reading ``bank``) reaches a payment system that
+    charges ``SLOW`` seconds after the request whatever its client does; the model calls again only when told the
+    call did not happen (at most three times)."""
     def find(query: ProbeQuery) -> Occurred | NotOccurred:
         found = query.idempotency_key in bank.read_text()
         return Occurred(result="charged", evidence={"seen": True}) if found else NotOccurred(evidence={"seen": False})
@@ -144,8 +142,17 @@ def test_an_agents_unsafe_async_call_past_its_timeout_goes_on_and_is_probed_once
             return ToolCall("pay", {"order": 1})
         return "done"
 
+    return Agent("payer", ScriptedModel(model), tools=[pay])
+
+
+def test_an_agents_unsafe_async_call_past_its_timeout_goes_on_and_is_probed_once_it_ended(tmp_path: Path) -> None:
+    """An audit: an async unsafe call past its timeout was cancelled and its probe asked at once, while the payment
+    system still worked on its request: ``not_occurred``, the model called again, three charges. Past the timeout
+    the coroutine now goes on, as a call in a thread does, and the probe is asked once it ended."""
+    bank = _bank(tmp_path)
+
     async def main() -> object:
-        agent = Agent("payer", ScriptedModel(model), tools=[pay])
+        agent = _late_payer(bank)
         async with Harness(agent, f"sqlite:///{tmp_path / 'agent.db'}") as harness:
             thread = await harness.create_thread()
             await thread.send("pay order 1")
@@ -335,30 +342,9 @@ def test_another_harness_shutting_down_does_not_stop_this_ones_call(tmp_path: Pa
     charges. A harness stops only the calls it made."""
     bank = _bank(tmp_path)
 
-    def find(query: ProbeQuery) -> Occurred | NotOccurred:
-        found = query.idempotency_key in bank.read_text()
-        return Occurred(result="charged", evidence={}) if found else NotOccurred(evidence={})
-
-    @tool(semantics="unsafe", probe=find, timeout=0.2)
-    async def pay(order: int, ctx: ToolContext) -> str:
-        """Charge an order (the payment system charges 0.8 s after the request, whatever its client does)."""
-        def land() -> None:
-            with bank.open("a") as out:
-                out.write(f"{order} {ctx.idempotency_key}\n")
-
-        asyncio.get_running_loop().call_later(SLOW, land)
-        await asyncio.sleep(SLOW + 0.05)
-        return "charged"
-
-    def model(messages: list[dict[str, object]]) -> object:
-        told = [str(m.get("content")) for m in messages if m.get("role") == "tool"]
-        if not told or ("did NOT happen" in told[-1] and len(told) < 3):
-            return ToolCall("pay", {"order": 1})
-        return "done"
-
     async def main() -> object:
         url = f"sqlite:///{tmp_path / 'agent.db'}"
-        agent = Agent("payer", ScriptedModel(model), tools=[pay])
+        agent = _late_payer(bank)
         async with Harness(agent, url) as first:
             thread = await first.create_thread()
             await thread.send("pay order 1")
