@@ -439,12 +439,14 @@ def test_an_unsafe_step_whose_server_is_killed_is_unknown(tmp_path: Path) -> Non
     journal = tmp_path / "journal.jsonl"
 
     async def scenario() -> None:
-        async with _stdio(tmp_path, journal, {"MCP_HANG": "charge"}) as server, \
-                jixu.durable(tmp_path / "t.db", name="checkout") as run:
-            killer = asyncio.create_task(_kill_when_called(journal, "charge"))
-            with pytest.raises(StepOutcomeUnknown, match="jixu threads resolve"):
-                await server.step(run, "charge", {"order": "o-3", "cents": 1})
-            await killer
+        async with _stdio(tmp_path, journal, {"MCP_HANG": "charge"}) as server:
+            # The block catches the unknown step and ends; its run stays unfinished, and the exit says so.
+            with pytest.raises(StepOutcomeUnknown, match="stays unfinished"):
+                async with jixu.durable(tmp_path / "t.db", name="checkout") as run:
+                    killer = asyncio.create_task(_kill_when_called(journal, "charge"))
+                    with pytest.raises(StepOutcomeUnknown, match="jixu threads resolve"):
+                        await server.step(run, "charge", {"order": "o-3", "cents": 1})
+                    await killer
         assert len(_calls(journal, "charge")) == 1
 
     asyncio.run(scenario())

@@ -840,3 +840,64 @@ def test_shutdown_past_its_drain_timeout_gives_a_run_back_once_its_call_in_a_thr
             return str(await again.effect("charge", {}, key="charge", semantics="idempotent", call=charge))
 
     assert run(go()) == "charged"
+
+
+def test_a_block_that_returns_with_an_unsafe_step_unknown_says_its_run_stays_unfinished(tmp_path: Path) -> None:
+    """A run does not end while an unsafe step of it is unknown (decision 0064): a block that caught the
+    StepOutcomeUnknown and returned is told, not left to believe the run ended. A read-only step whose attempts ran
+    out does not hold the run (an audit: such a run could never end, and a rerun never called the lookup again)."""
+    store = SQLiteStore(tmp_path / "unfinished.db")
+    lookups: list[int] = []
+
+    def lookup(ctx: ToolContext) -> str:
+        lookups.append(ctx.attempt)
+        raise ConnectionError("the lookup service is down")
+
+    def charge(ctx: ToolContext) -> str:
+        raise ConnectionError("the connection dropped after the request went out")
+
+    async def go() -> None:
+        async with jixu.durable(store) as run:  # only a read-only step left unknown: the run ends
+            with pytest.raises(StepOutcomeUnknown):
+                await run.effect("lookup", {"order": 7}, call=lookup, semantics="read_only")
+            first = run.thread_id
+        assert ThreadLog.load(store, first).events()[-1].type == "turn.ended" and len(lookups) == 3
+        with pytest.raises(StepOutcomeUnknown, match="stays unfinished") as unfinished:
+            async with jixu.durable(store) as run:
+                with pytest.raises(StepOutcomeUnknown):
+                    await run.effect("charge", {"order": 7}, call=charge)
+                second = run.thread_id
+        assert unfinished.value.details["thread_id"] == second
+        assert "turn.ended" not in types(store, second)
+
+    run(go())
+    store.close()
+
+
+def test_a_new_run_is_refused_while_an_ended_runs_unsafe_step_is_unknown(tmp_path: Path) -> None:
+    """An audit: `interrupt()` ended a run whose unsafe step was unknown, and the next run started and made the
+    call again (two charges). As `send` refuses a thread waiting on an unknown call, a new durable run does."""
+    store = SQLiteStore(tmp_path / "interrupted.db")
+    charges: list[str] = []
+
+    def charge(ctx: ToolContext) -> str:
+        charges.append(ctx.idempotency_key)
+        raise ConnectionError("the connection dropped after the request went out")
+
+    async def go() -> None:
+        with pytest.raises(StepOutcomeUnknown):
+            async with jixu.durable(store) as run:
+                thread_id = run.thread_id
+                await run.effect("charge", {"order": 7}, call=charge)
+        harness = Harness(steps_agent(), store)
+        thread = await harness.open_thread(thread_id, resume=False)
+        await thread.interrupt("the operator stopped it")
+        assert types(store, thread_id)[-1] == "turn.ended"
+        with pytest.raises(jixu.ThreadBusy, match="unknown outcome"):
+            async with jixu.durable(store, thread_id) as run:
+                await run.effect("charge", {"order": 7}, call=charge)
+        assert len(charges) == 1
+        await harness.shutdown()
+
+    run(go())
+    store.close()

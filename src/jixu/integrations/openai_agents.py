@@ -740,7 +740,9 @@ def _jixu_error(error: BaseException) -> JixuError | None:
 
 FINAL_ERRORS = (MaxTurnsExceeded, InputGuardrailTripwireTriggered, OutputGuardrailTripwireTriggered, StepFailed)
 """Errors a rerun would meet again (it replays every recorded step): the run ends ``failed`` instead of staying
-unfinished and locking its thread; the next call starts the thread's next run."""
+unfinished and locking its thread; the next call starts the thread's next run. Unless an unsafe step of the run has
+an unknown outcome: the run then stays unfinished (:class:`~jixu.errors.StepOutcomeUnknown`), so that a next run
+cannot make that call again; the next call continues it."""
 
 
 def _final_failure(error: Exception) -> JSONObject | None:

@@ -576,7 +576,9 @@ class JixuAgent:
         call is asked about by its probe or raises :class:`~jixu.errors.StepOutcomeUnknown`. A run that ended
         (with a result, or failed with an error a rerun would meet again) is not run again: the next call starts
         the thread's next run, unless it gives the ended run's ``run_key``: then it replays that run's record (the
-        same result, no model or tool call; decision 0051).
+        same result, no model or tool call; decision 0051). A run that would fail while an unsafe call of it has an
+        unknown outcome stays unfinished instead (:class:`~jixu.errors.StepOutcomeUnknown`, the failure as its
+        context): the next call continues it, so that call is settled, never made again.
         """
         if not isinstance(thread_id, str):
             # None ran on a new thread whose id the caller never learnt: after a crash it could not be continued.

@@ -304,6 +304,8 @@ class DurableRun:
         """The intents recorded under each step key in this run, oldest first."""
         self._counts: Counter[str] = Counter()
         self._carrying_out: dict[str, asyncio.Lock] = {}
+        self._left_unknown: list[str] = []
+        """The unsafe steps whose unknown outcome kept the run from ending when the block ended."""
         """A lock per step key: steps of one run run at once, each key's one at a time."""
         self._in_steps: Counter[asyncio.Task[Any]] = Counter()
         """The tasks carrying out a step of this run now (how many each)."""
@@ -408,6 +410,11 @@ class DurableRun:
         turn = log.state.active_turn()
         fence: Fence | None
         if turn is None:
+            unsettled = log.open_analysis().requires_resolution
+            if unsettled:  # as send() refuses: a new run could make an unknown call of an ended one again
+                raise ThreadBusy(f"thread {thread.thread_id} is waiting: effect(s) {', '.join(unsettled)} of an "
+                                 "ended run have an unknown outcome. Record what happened first (jixu threads "
+                                 "resolve …)", thread_id=thread.thread_id, effect_id=unsettled[0])
             await thread._revise(fenced=False)  # a new definition of the agent applies from this run on
             try:
                 self._turn_id, fence = await log.start_turn_async(
@@ -498,6 +505,18 @@ class DurableRun:
             self._raise_if_lost(thread, session, me, exc)
         if cut_off:
             raise asyncio.CancelledError  # the wait for its steps was cancelled: the block is, once they ended
+        if self._left_unknown and thread is not None:
+            # The block ended, the run did not: say so, rather than return as if it had (a framework's failure the
+            # block was ending with is this error's context).
+            effects = ", ".join(self._left_unknown)
+            failed = "" if self.error is None else (
+                f" (it was ending failed: {str(self.error.get('message') or self.error)[:300]})")
+            raise StepOutcomeUnknown(
+                f"durable run {self._turn_id} in thread {thread.thread_id} stays unfinished{failed}: its unsafe "
+                f"step(s) {effects} have an unknown outcome. Run the code again to continue it (a probe that has not "
+                f"answered is asked), or record what happened with `jixu threads resolve STORE {thread.thread_id} "
+                "EFFECT_ID --resolution occurred|not_occurred|abandoned_unknown --note ...` first",
+                thread_id=thread.thread_id, effect_id=self._left_unknown[0], turn_id=self._turn_id)
 
     async def _settle_steps(self) -> bool:
         """Wait until no step of this run is in flight in another task (a sibling of an ``asyncio.gather`` that
@@ -552,8 +571,9 @@ class DurableRun:
     async def _stop(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                     tb: TracebackType | None) -> None:
         thread, session = self._thread, self._session
+        self._left_unknown = self._unknown_steps() if thread is not None and exc is None and session is not None else []
         try:
-            if thread is not None and exc is None and session is not None and not self._unknown_steps():
+            if thread is not None and exc is None and session is not None and not self._left_unknown:
                 steps = sum(len(v) for v in self._steps.values())
                 reply = self.reply if self.reply is not None else f"{steps} steps"
                 ended: JSONObject = {"turn_id": self._turn_id, "outcome": "completed", "reply": str(reply)}
@@ -575,13 +595,15 @@ class DurableRun:
                     self._harness.close()
 
     def _unknown_steps(self) -> list[str]:
-        """The effects of this run's steps whose outcome is unknown: while one is, the run does not end (it stays
-        unfinished, so running the code again settles it by its probe or an operator's decision before anything
-        else; ended, a new run on the thread would make the call again, and the record would hold both)."""
+        """The effects of this run's unsafe steps whose outcome is unknown: while one is, the run does not end (it
+        stays unfinished, so running the code again continues it, and its probe, if it has not answered, or an
+        operator's decision settles the step; ended, a new run on the thread would make the call again, and the
+        record would hold both). A retry-safe step does not hold a run: running it again is safe."""
         unknown = []
         for intents in self._steps.values():
             decision = self._decision(str(intents[-1].get("effect_id"))) if intents else None
-            if decision is not None and decision.state == "unknown" and decision.resolution is None:
+            if (decision is not None and decision.state == "unknown" and decision.resolution is None
+                    and not decision.retry_safe):
                 unknown.append(decision.effect_id)
         return unknown
 
