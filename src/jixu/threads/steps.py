@@ -304,9 +304,9 @@ class DurableRun:
         """The intents recorded under each step key in this run, oldest first."""
         self._counts: Counter[str] = Counter()
         self._carrying_out: dict[str, asyncio.Lock] = {}
+        """A lock per step key: steps of one run run at once, each key's one at a time."""
         self._left_unknown: list[str] = []
         """The unsafe steps whose unknown outcome kept the run from ending when the block ended."""
-        """A lock per step key: steps of one run run at once, each key's one at a time."""
         self._in_steps: Counter[asyncio.Task[Any]] = Counter()
         """The tasks carrying out a step of this run now (how many each)."""
         self._steps_changed = asyncio.Event()
@@ -482,9 +482,11 @@ class DurableRun:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         """A block that ends normally ends the run (``turn.ended`` completed, or failed when :attr:`error` is
-        set), unless a step of it has an unknown outcome; an exception, or such a step, leaves it unfinished (the
-        lease given back): run the code again with the thread id to continue it. A block cancelled because another owner took the run's lease (the heartbeat found it lost)
-        raises :class:`~jixu.errors.OwnershipLost`, not a bare cancellation."""
+        set); an exception leaves it unfinished (the lease given back): run the code again with the thread id to
+        continue it. An unsafe step with an unknown outcome leaves it unfinished too, and a block that ended
+        normally then raises :class:`~jixu.errors.StepOutcomeUnknown` ("stays unfinished"). A block cancelled
+        because another owner took the run's lease (the heartbeat found it lost) raises
+        :class:`~jixu.errors.OwnershipLost`, not a bare cancellation."""
         if self._ended is not None:  # a replay: nothing was claimed, nothing is recorded
             if self._owns_harness:
                 self._harness.close()
@@ -506,8 +508,8 @@ class DurableRun:
         if cut_off:
             raise asyncio.CancelledError  # the wait for its steps was cancelled: the block is, once they ended
         if self._left_unknown and thread is not None:
-            # The block ended, the run did not: say so, rather than return as if it had (a framework's failure the
-            # block was ending with is this error's context).
+            # The block ended, the run did not: say so, rather than return as if it had (with the failure the run
+            # was ending with, as a framework sets it).
             effects = ", ".join(self._left_unknown)
             failed = "" if self.error is None else (
                 f" (it was ending failed: {str(self.error.get('message') or self.error)[:300]})")
