@@ -901,3 +901,43 @@ def test_a_new_run_is_refused_while_an_ended_runs_unsafe_step_is_unknown(tmp_pat
 
     run(go())
     store.close()
+
+
+def test_an_idempotent_step_left_unknown_holds_its_run_and_a_refused_entry_leaves_nothing_open(tmp_path: Path) -> None:
+    """An audit: an idempotent step left unknown no longer held its run; the run ended, the next run made the call
+    again under a new key (a key-deduplicating bank charged twice). It holds the run, as an unsafe one does; and a
+    `jixu.durable(path)` refused because its thread waits for an operator closed nothing (one open file each)."""
+    db = tmp_path / "idempotent.db"
+    keys: list[str] = []
+
+    def charge(ctx: ToolContext) -> str:
+        keys.append(ctx.idempotency_key)
+        raise ConnectionError("no answer")
+
+    def open_files() -> int:
+        return len(list(Path("/proc/self/fd").iterdir()))
+
+    async def go() -> None:
+        with pytest.raises(StepOutcomeUnknown, match="stays unfinished"):
+            async with jixu.durable(db) as run:
+                with pytest.raises(StepOutcomeUnknown):
+                    await run.effect("charge", {"order": 7}, call=charge, semantics="idempotent")
+                thread_id = run.thread_id
+        with SQLiteStore(db) as store:
+            assert "turn.ended" not in types(store, thread_id)
+        assert len(set(keys)) == 1  # every attempt under the step's one key
+        # An operator abandons it, then interrupts: a new run is refused while another call is unknown (none is
+        # now: the first run is continued instead), and refusals leave nothing open.
+        harness = Harness(steps_agent(), db)
+        thread = await harness.open_thread(thread_id, resume=False)
+        await thread.interrupt("stopped by the operator")
+        await harness.shutdown()
+        before = open_files()
+        for _ in range(5):
+            with pytest.raises(jixu.ThreadBusy, match="waiting for an operator"):
+                async with jixu.durable(db, thread_id) as run:
+                    await run.effect("charge", {"order": 7}, call=charge, semantics="idempotent")
+        assert open_files() <= before, "a refused entry left its store open"
+        assert len(set(keys)) == 1
+
+    run(go())

@@ -271,6 +271,13 @@ def steps_agent(name: str = "steps") -> Agent:
     return Agent(name, _NoModel())
 
 
+def _holds_a_run(decision: EffectDecision) -> bool:
+    """A call with an outside effect (``unsafe``, ``idempotent``) whose outcome is unknown and unresolved: its run
+    does not end, and no new run starts on its thread (a new run would make it again, under a new key)."""
+    return (decision.kind == "tool" and decision.state == "unknown" and decision.resolution is None
+            and decision.semantics != "read_only")
+
+
 class DurableRun:
     """One run of your own code on a thread (see the module docstring). Get one from
     :meth:`Harness.durable <jixu.threads.harness.Harness.durable>` or :func:`durable`; use it as ``async with``."""
@@ -306,7 +313,7 @@ class DurableRun:
         self._carrying_out: dict[str, asyncio.Lock] = {}
         """A lock per step key: steps of one run run at once, each key's one at a time."""
         self._left_unknown: list[str] = []
-        """The unsafe steps whose unknown outcome kept the run from ending when the block ended."""
+        """The steps whose unknown outcome kept the run from ending when the block ended (:meth:`_unknown_steps`)."""
         self._in_steps: Counter[asyncio.Task[Any]] = Counter()
         """The tasks carrying out a step of this run now (how many each)."""
         self._steps_changed = asyncio.Event()
@@ -382,6 +389,8 @@ class DurableRun:
             started = await self._start_or_continue(thread)
         except BaseException:
             thread.steps_stopped()
+            if self._owns_harness:  # refused (a thread waiting on an operator, say): nothing stays open
+                harness.close()
             raise
         if started is None:  # another process ended the keyed run meanwhile: this entry replays it
             thread.steps_stopped()
@@ -410,11 +419,14 @@ class DurableRun:
         turn = log.state.active_turn()
         fence: Fence | None
         if turn is None:
-            unsettled = log.open_analysis().requires_resolution
+            unsettled = [d.effect_id for d in log.open_analysis().decisions.values() if _holds_a_run(d)]
             if unsettled:  # as send() refuses: a new run could make an unknown call of an ended one again
-                raise ThreadBusy(f"thread {thread.thread_id} is waiting: effect(s) {', '.join(unsettled)} of an "
-                                 "ended run have an unknown outcome. Record what happened first (jixu threads "
-                                 "resolve …)", thread_id=thread.thread_id, effect_id=unsettled[0])
+                raise ThreadBusy(
+                    f"thread {thread.thread_id} is waiting for an operator: call(s) {', '.join(unsettled)} of an "
+                    "ended run have an unknown outcome, and a new run would carry its steps out afresh. Record "
+                    f"what happened first: `jixu threads resolve {log.store.url} {thread.thread_id} EFFECT_ID "
+                    "--resolution occurred|not_occurred|abandoned_unknown --note ...`",
+                    thread_id=thread.thread_id, effect_id=unsettled[0])
             await thread._revise(fenced=False)  # a new definition of the agent applies from this run on
             try:
                 self._turn_id, fence = await log.start_turn_async(
@@ -483,8 +495,8 @@ class DurableRun:
                         tb: TracebackType | None) -> None:
         """A block that ends normally ends the run (``turn.ended`` completed, or failed when :attr:`error` is
         set); an exception leaves it unfinished (the lease given back): run the code again with the thread id to
-        continue it. An unsafe step with an unknown outcome leaves it unfinished too, and a block that ended
-        normally then raises :class:`~jixu.errors.StepOutcomeUnknown` ("stays unfinished"). A block cancelled
+        continue it. A step with an outside effect whose outcome is unknown leaves it unfinished too, and a block
+        that ended normally then raises :class:`~jixu.errors.StepOutcomeUnknown` ("stays unfinished"). A block cancelled
         because another owner took the run's lease (the heartbeat found it lost) raises
         :class:`~jixu.errors.OwnershipLost`, not a bare cancellation."""
         if self._ended is not None:  # a replay: nothing was claimed, nothing is recorded
@@ -510,14 +522,16 @@ class DurableRun:
         if self._left_unknown and thread is not None:
             # The block ended, the run did not: say so, rather than return as if it had (with the failure the run
             # was ending with, as a framework sets it).
-            effects = ", ".join(self._left_unknown)
+            keys = {str(intents[-1].get("effect_id")): key for key, intents in self._steps.items() if intents}
+            effects = ", ".join(f"{keys.get(effect_id, '?')!r} (effect {effect_id})" for effect_id in self._left_unknown)
             failed = "" if self.error is None else (
                 f" (it was ending failed: {str(self.error.get('message') or self.error)[:300]})")
             raise StepOutcomeUnknown(
-                f"durable run {self._turn_id} in thread {thread.thread_id} stays unfinished{failed}: its unsafe "
-                f"step(s) {effects} have an unknown outcome. Run the code again to continue it (a probe that has not "
-                f"answered is asked), or record what happened with `jixu threads resolve STORE {thread.thread_id} "
-                "EFFECT_ID --resolution occurred|not_occurred|abandoned_unknown --note ...` first",
+                f"durable run {self._turn_id} in thread {thread.thread_id} stays unfinished{failed}: step(s) "
+                f"{effects} have an unknown outcome. Running the code again continues the run: a probe that has not "
+                f"answered yet is asked then; else record what happened with `jixu threads resolve "
+                f"{thread.log.store.url} {thread.thread_id} EFFECT_ID --resolution occurred|not_occurred|"
+                "abandoned_unknown --note ...` (abandoned_unknown fails that step on every run of the code)",
                 thread_id=thread.thread_id, effect_id=self._left_unknown[0], turn_id=self._turn_id)
 
     async def _settle_steps(self) -> bool:
@@ -597,15 +611,15 @@ class DurableRun:
                     self._harness.close()
 
     def _unknown_steps(self) -> list[str]:
-        """The effects of this run's unsafe steps whose outcome is unknown: while one is, the run does not end (it
-        stays unfinished, so running the code again continues it, and its probe, if it has not answered, or an
-        operator's decision settles the step; ended, a new run on the thread would make the call again, and the
-        record would hold both). A retry-safe step does not hold a run: running it again is safe."""
+        """The effects of this run's steps with an outside effect (``unsafe``, ``idempotent``) whose outcome is
+        unknown: while one is, the run does not end (it stays unfinished, so running the code again continues it:
+        an idempotent step is tried again under its own key, an unsafe one settled by its probe or an operator;
+        ended, a new run would make the call again under a new key, and the record would hold both). A read-only
+        step does not hold a run: making it again changes nothing."""
         unknown = []
         for intents in self._steps.values():
             decision = self._decision(str(intents[-1].get("effect_id"))) if intents else None
-            if (decision is not None and decision.state == "unknown" and decision.resolution is None
-                    and not decision.retry_safe):
+            if decision is not None and _holds_a_run(decision):
                 unknown.append(decision.effect_id)
         return unknown
 
