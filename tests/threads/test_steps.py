@@ -941,3 +941,37 @@ def test_an_idempotent_step_left_unknown_holds_its_run_and_a_refused_entry_leave
         assert len(set(keys)) == 1
 
     run(go())
+
+
+def test_the_refusals_resolve_command_works_when_pasted_with_a_space_in_the_stores_path(tmp_path: Path) -> None:
+    """An audit: the printed `jixu threads resolve` command did not quote the store's URL, so a path with a space
+    failed when pasted (exit 2)."""
+    import shlex
+
+    from tests.helpers import run_jixu
+
+    db = tmp_path / "my dir" / "s.db"
+    db.parent.mkdir()
+
+    def charge(ctx: ToolContext) -> str:
+        raise ConnectionError("the connection dropped after the request went out")
+
+    async def go() -> str:
+        with pytest.raises(StepOutcomeUnknown):
+            async with jixu.durable(db) as run:
+                thread_id = run.thread_id
+                await run.effect("charge", {"order": 7}, call=charge)
+        harness = Harness(steps_agent(), db)
+        await (await harness.open_thread(thread_id, resume=False)).interrupt("stopped by the operator")
+        await harness.shutdown()
+        with pytest.raises(jixu.ThreadBusy) as refused:
+            async with jixu.durable(db, thread_id) as run:
+                await run.effect("charge", {"order": 7}, call=charge)
+        return str(refused.value)
+
+    message = run(go())
+    command = message.split("`")[1].replace("RESOLUTION", "occurred").replace("...", "checked")
+    words = shlex.split(command)
+    assert words[:3] == ["jixu", "threads", "resolve"]
+    done = run_jixu(*words[1:])
+    assert done.returncode == 0, (command, done.stdout, done.stderr)

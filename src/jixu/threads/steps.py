@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -424,8 +425,9 @@ class DurableRun:
                 raise ThreadBusy(
                     f"thread {thread.thread_id} is waiting for an operator: call(s) {', '.join(unsettled)} of an "
                     "ended run have an unknown outcome, and a new run would carry its steps out afresh. Record "
-                    f"what happened first: `jixu threads resolve {log.store.url} {thread.thread_id} EFFECT_ID "
-                    "--resolution occurred|not_occurred|abandoned_unknown --note ...`",
+                    f"what happened first: `jixu threads resolve {shlex.quote(log.store.url)} {thread.thread_id} "
+                    f"{unsettled[0]} --resolution RESOLUTION --note ...` (RESOLUTION: occurred, not_occurred or "
+                    "abandoned_unknown)",
                     thread_id=thread.thread_id, effect_id=unsettled[0])
             await thread._revise(fenced=False)  # a new definition of the agent applies from this run on
             try:
@@ -529,9 +531,10 @@ class DurableRun:
             raise StepOutcomeUnknown(
                 f"durable run {self._turn_id} in thread {thread.thread_id} stays unfinished{failed}: step(s) "
                 f"{effects} have an unknown outcome. Running the code again continues the run: a probe that has not "
-                f"answered yet is asked then; else record what happened with `jixu threads resolve "
-                f"{thread.log.store.url} {thread.thread_id} EFFECT_ID --resolution occurred|not_occurred|"
-                "abandoned_unknown --note ...` (abandoned_unknown fails that step on every run of the code)",
+                "answered yet is asked then, but a step without one, or whose attempts are used up, waits for an "
+                f"operator: record what happened with `jixu threads resolve {shlex.quote(thread.log.store.url)} "
+                f"{thread.thread_id} EFFECT_ID --resolution RESOLUTION --note ...` (RESOLUTION: occurred, "
+                "not_occurred, or abandoned_unknown, which fails that step on every run of the code)",
                 thread_id=thread.thread_id, effect_id=self._left_unknown[0], turn_id=self._turn_id)
 
     async def _settle_steps(self) -> bool:
