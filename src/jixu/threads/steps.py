@@ -498,8 +498,8 @@ class DurableRun:
         """A block that ends normally ends the run (``turn.ended`` completed, or failed when :attr:`error` is
         set); an exception leaves it unfinished (the lease given back): run the code again with the thread id to
         continue it. A step with an outside effect whose outcome is unknown leaves it unfinished too, and a block
-        that ended normally then raises :class:`~jixu.errors.StepOutcomeUnknown` ("stays unfinished"). A block cancelled
-        because another owner took the run's lease (the heartbeat found it lost) raises
+        that ended normally then raises :class:`~jixu.errors.StepOutcomeUnknown` ("stays unfinished"). A block
+        cancelled because another owner took the run's lease (the heartbeat found it lost) raises
         :class:`~jixu.errors.OwnershipLost`, not a bare cancellation."""
         if self._ended is not None:  # a replay: nothing was claimed, nothing is recorded
             if self._owns_harness:

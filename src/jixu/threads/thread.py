@@ -117,9 +117,9 @@ class Thread:
         self.following = False
         """True while this handle's loop waits for another handle's (see :meth:`_follow`)."""
         self._pending: list[NewEvent] = []
+        """Intents of retry-safe effects waiting to be committed with their dispatch marker (see _commit)."""
         self._resumed = asyncio.Event()
         """Set by an explicit resume: the loop waiting out an automatic pause stops waiting."""
-        """Intents of retry-safe effects waiting to be committed with their dispatch marker (see _commit)."""
         self._stage_receipts = False
         """True while one call runs alone: its receipt may be staged and committed with the next step (0011)."""
         self._appends = 0

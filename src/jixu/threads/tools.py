@@ -266,6 +266,11 @@ class CallTask(CallerTask):
         """Its caller stopped waiting for it: a loop's shutdown may cancel it from now on."""
         self.in_flight = 0
 
+    def stop(self) -> None:
+        """Cancel it: what made the call stops (its caller no longer waits for it either)."""
+        self.detach()
+        self.cancel()
+
 
 _CALL_TASKS: set[CallTask] = set()
 """The coroutine calls of this process that went on past their timeout, or still run within it."""
@@ -301,8 +306,7 @@ async def run_call_past_its_timeout(effect_id: str, call: Coroutine[Any, Any, _R
     try:
         finished, _pending = await asyncio.wait({task}, timeout=timeout)
     except asyncio.CancelledError:
-        task.detach()
-        task.cancel()
+        task.stop()
         raise
     task.detach()
     if not finished:
@@ -323,8 +327,7 @@ async def stop_calls(owner: object, *, thread_id: str | None = None, effect_ids:
              and (thread_id is None or task.thread_id == thread_id)
              and (wanted is None or task.effect_id in wanted)]
     for task in tasks:
-        task.detach()
-        task.cancel()
+        task.stop()
     if tasks:
         await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -405,8 +408,7 @@ async def call_ended(effect_id: str) -> None:
     except asyncio.CancelledError:
         for task in list(_CALL_TASKS):
             if task.effect_id == effect_id:
-                task.detach()
-                task.cancel()
+                task.stop()
         raise
 
 
