@@ -145,12 +145,20 @@ def test_anything_but_a_regular_file_in_the_gates_place_is_not_used(tmp_path: Pa
         assert target.read_text() == "someone else's file\n"
 
 
-def test_a_holder_that_never_lets_go_costs_one_wait_not_a_hang(tmp_path: Path) -> None:
-    path = tmp_path / "held.db"
+def _held_gate(path: Path) -> subprocess.Popen[str]:
+    """A database at ``path`` whose writer gate another process holds (and never lets go): that process."""
     SQLiteStore(path).close()
     holder = spawn_python(HOLDER, f"{path}-jixu-writers")
+    if _line(holder) != "holding":
+        _finish([holder])
+        pytest.fail("the holder did not take the gate")
+    return holder
+
+
+def test_a_holder_that_never_lets_go_costs_one_wait_not_a_hang(tmp_path: Path) -> None:
+    path = tmp_path / "held.db"
+    holder = _held_gate(path)
     try:
-        assert _line(holder) == "holding"
         with SQLiteStore(path, busy_timeout=0.5) as store:
             started = time.monotonic()
             store.append("s/1", [NewEvent("a.b", {})], 0)  # the group commit path
@@ -210,10 +218,8 @@ def test_a_forked_child_does_not_keep_its_parents_turn_after_the_parent_is_kille
 
 def test_a_holder_killed_with_sigkill_lets_the_others_go_at_once(tmp_path: Path) -> None:
     path = tmp_path / "killed.db"
-    SQLiteStore(path).close()
-    holder = spawn_python(HOLDER, f"{path}-jixu-writers")
+    holder = _held_gate(path)
     try:
-        assert _line(holder) == "holding"
         with SQLiteStore(path, busy_timeout=60) as store:
             done = threading.Event()
             waited: list[float] = []

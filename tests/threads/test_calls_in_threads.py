@@ -33,6 +33,15 @@ def _charges(bank: Path) -> list[str]:
     return bank.read_text().splitlines()
 
 
+async def _pay_one_order(agent: Agent, tmp_path: Path) -> tuple[Any, list[Any]]:
+    """One turn of ``agent`` asked to pay order 1, on a fresh SQLite store: its final state and its events."""
+    async with Harness(agent, f"sqlite:///{tmp_path / 'agent.db'}") as harness:
+        thread = await harness.create_thread()
+        await thread.send("pay order 1")
+        state = await thread.wait()
+        return state, await thread.events()
+
+
 def test_an_agents_timed_out_call_is_probed_once_its_thread_returned_and_is_found(tmp_path: Path) -> None:
     """The probe was asked 2 ms after the timeout, answered ``not_occurred`` while the call slept in its thread, and
     the model was told the charge did not happen; it landed 1 s later."""
@@ -50,15 +59,8 @@ def test_an_agents_timed_out_call_is_probed_once_its_thread_returned_and_is_foun
             out.write(f"{order} {ctx.idempotency_key}\n")
         return "charged"
 
-    async def main() -> object:
-        agent = Agent("payer", ScriptedModel([ToolCall("pay", {"order": 1}), "done"]), tools=[pay])
-        async with Harness(agent, f"sqlite:///{tmp_path / 'agent.db'}") as harness:
-            thread = await harness.create_thread()
-            await thread.send("pay order 1")
-            state = await thread.wait()
-            return state, await thread.events()
-
-    state, events = asyncio.run(main())
+    agent = Agent("payer", ScriptedModel([ToolCall("pay", {"order": 1}), "done"]), tools=[pay])
+    state, events = asyncio.run(_pay_one_order(agent, tmp_path))
     assert len(_charges(bank)) == 1
     [probed] = [e for e in events if e.type == "probe.completed"]  # type: ignore[attr-defined]
     assert probed.data["result"]["answer"] == "occurred", probed.data
@@ -151,15 +153,7 @@ def test_an_agents_unsafe_async_call_past_its_timeout_goes_on_and_is_probed_once
     the coroutine now goes on, as a call in a thread does, and the probe is asked once it ended."""
     bank = _bank(tmp_path)
 
-    async def main() -> object:
-        agent = _late_payer(bank)
-        async with Harness(agent, f"sqlite:///{tmp_path / 'agent.db'}") as harness:
-            thread = await harness.create_thread()
-            await thread.send("pay order 1")
-            state = await thread.wait()
-            return state, await thread.events()
-
-    state, events = asyncio.run(main())
+    state, events = asyncio.run(_pay_one_order(_late_payer(bank), tmp_path))
     time.sleep(SLOW)  # anything still on its way has landed
     assert len(_charges(bank)) == 1
     [probed] = [e for e in events if e.type == "probe.completed"]  # type: ignore[attr-defined]

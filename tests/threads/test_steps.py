@@ -7,6 +7,7 @@ The crash cases (a real SIGKILL inside an unsafe step, SQLite and PostgreSQL) ar
 from __future__ import annotations
 
 import asyncio
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from jixu.errors import OwnershipLost, StoreError
 from jixu.ledger import SQLiteStore, Store
 from jixu.threads.log import ThreadLog
 from jixu.threads.steps import steps_agent
+from tests.helpers import run_jixu
 
 
 class Boom(Exception):
@@ -874,6 +876,19 @@ def test_a_block_that_returns_with_an_unsafe_step_unknown_says_its_run_stays_unf
     store.close()
 
 
+async def _interrupted_with_an_unknown_charge(target: Any, charge: Any) -> str:
+    """A durable run whose unsafe ``charge`` step is left unknown, then ended by an operator's interrupt: its
+    thread's id."""
+    with pytest.raises(StepOutcomeUnknown):
+        async with jixu.durable(target) as run:
+            thread_id = run.thread_id
+            await run.effect("charge", {"order": 7}, call=charge)
+    harness = Harness(steps_agent(), target)
+    await (await harness.open_thread(thread_id, resume=False)).interrupt("stopped by the operator")
+    await harness.shutdown()
+    return thread_id
+
+
 def test_a_new_run_is_refused_while_an_ended_runs_unsafe_step_is_unknown(tmp_path: Path) -> None:
     """An audit: `interrupt()` ended a run whose unsafe step was unknown, and the next run started and made the
     call again (two charges). As `send` refuses a thread waiting on an unknown call, a new durable run does."""
@@ -885,19 +900,12 @@ def test_a_new_run_is_refused_while_an_ended_runs_unsafe_step_is_unknown(tmp_pat
         raise ConnectionError("the connection dropped after the request went out")
 
     async def go() -> None:
-        with pytest.raises(StepOutcomeUnknown):
-            async with jixu.durable(store) as run:
-                thread_id = run.thread_id
-                await run.effect("charge", {"order": 7}, call=charge)
-        harness = Harness(steps_agent(), store)
-        thread = await harness.open_thread(thread_id, resume=False)
-        await thread.interrupt("the operator stopped it")
+        thread_id = await _interrupted_with_an_unknown_charge(store, charge)
         assert types(store, thread_id)[-1] == "turn.ended"
         with pytest.raises(jixu.ThreadBusy, match="unknown outcome"):
             async with jixu.durable(store, thread_id) as run:
                 await run.effect("charge", {"order": 7}, call=charge)
         assert len(charges) == 1
-        await harness.shutdown()
 
     run(go())
     store.close()
@@ -946,10 +954,6 @@ def test_an_idempotent_step_left_unknown_holds_its_run_and_a_refused_entry_leave
 def test_the_refusals_resolve_command_works_when_pasted_with_a_space_in_the_stores_path(tmp_path: Path) -> None:
     """An audit: the printed `jixu threads resolve` command did not quote the store's URL, so a path with a space
     failed when pasted (exit 2)."""
-    import shlex
-
-    from tests.helpers import run_jixu
-
     db = tmp_path / "my dir" / "s.db"
     db.parent.mkdir()
 
@@ -957,13 +961,7 @@ def test_the_refusals_resolve_command_works_when_pasted_with_a_space_in_the_stor
         raise ConnectionError("the connection dropped after the request went out")
 
     async def go() -> str:
-        with pytest.raises(StepOutcomeUnknown):
-            async with jixu.durable(db) as run:
-                thread_id = run.thread_id
-                await run.effect("charge", {"order": 7}, call=charge)
-        harness = Harness(steps_agent(), db)
-        await (await harness.open_thread(thread_id, resume=False)).interrupt("stopped by the operator")
-        await harness.shutdown()
+        thread_id = await _interrupted_with_an_unknown_charge(db, charge)
         with pytest.raises(jixu.ThreadBusy) as refused:
             async with jixu.durable(db, thread_id) as run:
                 await run.effect("charge", {"order": 7}, call=charge)
