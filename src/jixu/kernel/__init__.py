@@ -42,7 +42,13 @@ from jixu.kernel.ownership import (
     wait_group_gone,
 )
 from jixu.kernel.shutdown import CallerTask, ServingTask, calls_in_flight
-from jixu.kernel.writer import StreamWriter, is_receipt, record, unrecorded_receipts
+from jixu.kernel.writer import (
+    StreamWriter,
+    chain_with_recorded_break,
+    is_receipt,
+    record,
+    unrecorded_receipts,
+)
 
 __all__ = [
     "CallerTask",
@@ -58,6 +64,7 @@ __all__ = [
     "ServingTask",
     "Session",
     "StreamWriter",
+    "chain_with_recorded_break",
     "acquire_claim",
     "another_live_process",
     "calls_in_flight",

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from jixu.errors import (
     ConcurrencyError,
@@ -49,10 +49,11 @@ from jixu.errors import (
 )
 from jixu.kernel.commits import Commitment, Commits, settle
 from jixu.kernel.shutdown import ServingTask
-from jixu.ledger.chain import row_hash
+from jixu.ledger.chain import VerifyReport, row_hash
 from jixu.ledger.event import Event, NewEvent, PreparedEvent, StoredRow, parse_json, prepare
 from jixu.ledger.projection import Followed, Projection
 from jixu.ledger.store import Fence, Store
+from jixu.ledger.trust import recorded_break
 
 F = TypeVar("F", bound=Followed)
 
@@ -204,6 +205,19 @@ class StreamWriter(Generic[F]):
                              stream=self.stream)
         self.flush()
         return self._follow()
+
+    def heed_recorded_break(self) -> VerifyReport | None:
+        """Take in a break of this stream that a process holding the key found and recorded since this record
+        was read (:func:`~jixu.ledger.trust.recorded_break`: one row read, its seal checked only when there
+        is one): once a stream is known to be broken, it is broken for every record of it, however long held.
+        Returns the recorded report when it moved :attr:`chain_break` (to an earlier seq), else None.
+        """
+        found = recorded_break(self.store, self.stream)
+        if found is None or found.first_bad_seq is None or (
+                self.chain_break is not None and self.chain_break <= found.first_bad_seq):
+            return None
+        self.chain_break = found.first_bad_seq
+        return found
 
     def _follow(self) -> list[Event]:
         state, chain_break = self.state, self.chain_break
@@ -567,4 +581,14 @@ class StreamWriter(Generic[F]):
             self._on_applied(stored)
 
 
-__all__ = ["RECEIPT_SUFFIXES", "StreamWriter", "is_receipt", "record", "unrecorded_receipts"]
+def chain_with_recorded_break(writer: StreamWriter[Any], chain: VerifyReport) -> VerifyReport:
+    """``chain`` (a record's verdict as it was read), or the break another process recorded since when that one
+    lies earlier (:meth:`StreamWriter.heed_recorded_break`, which moves the writer's ``chain_break`` too)."""
+    recorded = writer.heed_recorded_break()
+    if recorded is not None and (chain.valid or (chain.first_bad_seq or 0) > (recorded.first_bad_seq or 0)):
+        return recorded
+    return chain
+
+
+__all__ = ["RECEIPT_SUFFIXES", "StreamWriter", "chain_with_recorded_break", "is_receipt", "record",
+           "unrecorded_receipts"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from jixu.errors import InvalidInput, KeyUnavailable, RunCorrupt, RunNotFound
-from jixu.kernel import StreamWriter
+from jixu.kernel import StreamWriter, chain_with_recorded_break
 from jixu.ledger import Event, Fence, NewEvent, Store, VerifyReport, project
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.ids import is_valid_id
@@ -120,7 +120,9 @@ class RunLog:
     def open_to_act(self) -> None:
         """The line every operation on the run crosses first (execute, resume, handoff, cancel, retry, resolve,
         admitting or settling an execution request): :class:`~jixu.errors.RunCorrupt` (first bad seq, reason)
-        when the journal is corrupt; nothing is appended."""
+        when the journal is corrupt (a break another process recorded since it was loaded included); nothing is
+        appended."""
+        self.chain = chain_with_recorded_break(self.writer, self.chain)
         found = self.corruption()
         if found is not None:
             raise run_corrupt(self.run_id, found)

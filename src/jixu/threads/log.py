@@ -386,10 +386,18 @@ class ThreadLog:
         """The line every operation that writes to this thread crosses first: send, the agent loop (a wait,
         a resume, a worker's claim), approve, deny, resolve, recover, interrupt, fork.
 
-        Establishes the record (:meth:`establish`), then refuses a corrupt
-        thread (:class:`~jixu.errors.ThreadCorrupt`, naming the first bad seq
-        and the reason): nothing is appended and nothing is dispatched.
+        Establishes the record (:meth:`establish`), takes in a break another
+        process recorded since (one row read), then refuses a corrupt thread
+        (:class:`~jixu.errors.ThreadCorrupt`, naming the first bad seq and the
+        reason): nothing is appended and nothing is dispatched.
         """
+        self.establish()
+        self.writer.heed_recorded_break()
+        self.refuse_if_corrupt()
+
+    def _open_to_append(self) -> None:
+        """What every append checks first: :meth:`open_to_act` without its read of the recorded break (the
+        operation that appends crossed that line, and the agent loop reads it at every step)."""
         self.establish()
         self.refuse_if_corrupt()
 
@@ -596,7 +604,7 @@ class ThreadLog:
         another writer's events; anything else meets :class:`~jixu.errors.ConcurrencyError`. Nothing is
         appended to a record that was not established (:meth:`open_to_act`) or is corrupt.
         """
-        self.open_to_act()
+        self._open_to_append()
         return self.writer.append(events, fence, enqueue=enqueue)
 
     async def append_async(self, events: Sequence[NewEvent], fence: Fence | None, *,
@@ -606,7 +614,7 @@ class ThreadLog:
         The state moves only when the events are durable. ``user``: the caller is the thread's agent loop
         (a running user of the loop's commits, see :class:`~jixu.kernel.Commits`).
         """
-        self.open_to_act()  # checked on the state the caller decided from
+        self._open_to_append()  # checked on the state the caller decided from
         return await self.writer.append_async(events, fence, user=user)
 
     def can_stage(self) -> bool:

@@ -683,6 +683,7 @@ class DurableRun:
         thread.refuse_if_draining()
         log = thread.log
         log.sync()
+        log.writer.heed_recorded_break()
         log.refuse_if_corrupt()
         action = decide_step(step, self._steps.get(step.key, ()), self._decision, log.state,
                              max_attempts=self._harness.max_attempts)
@@ -709,6 +710,7 @@ class DurableRun:
         while True:
             await log.writer.idle()
             log.sync()
+            log.writer.heed_recorded_break()  # a break another process recorded meanwhile stops the next step
             log.refuse_if_corrupt()
             action = decide_step(step, self._steps.get(step.key, ()), self._decision, log.state,
                                  max_attempts=harness.max_attempts)

@@ -419,6 +419,7 @@ class Thread:
         agent, harness, log = self._agent, self._harness, self.log
         while True:
             self._pending = []  # an intent never committed (its call never started) is simply not there
+            log.writer.heed_recorded_break()  # every step: a break another process recorded meanwhile stops it
             analysis = log.open_analysis()
             action = decide(log.state, analysis, max_steps=agent.max_steps, max_attempts=harness.max_attempts,
                             context_budget=agent.context_budget)

@@ -7,7 +7,7 @@ from jixu.errors import (
     RequestCorrupt,
     RequestNotFound,
 )
-from jixu.kernel import StreamWriter, live_claim
+from jixu.kernel import StreamWriter, chain_with_recorded_break, live_claim
 from jixu.ledger import Event, NewEvent, Store, project
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.ids import is_valid_id
@@ -94,7 +94,9 @@ class RequestLog:
 
     def open_to_act(self) -> None:
         """The line every operation on the request crosses first (execute, inspect, resolve, reconcile):
-        :class:`~jixu.errors.RequestCorrupt` (first bad seq, reason) when it is corrupt; nothing is appended."""
+        :class:`~jixu.errors.RequestCorrupt` (first bad seq, reason) when it is corrupt (a break another process
+        recorded since it was loaded included); nothing is appended."""
+        self.chain = chain_with_recorded_break(self.writer, self.chain)
         found = self.corruption()
         if found is not None:
             raise RequestCorrupt(f"execution request {self.request_id} is corrupt: {found.summary()}. Nothing acts "

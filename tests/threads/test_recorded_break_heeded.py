@@ -1,0 +1,141 @@
+"""A break another process found and recorded stops every record of the stream held open here (issue 22).
+
+A thread handle, a durable run or a run journal read before the tampering acts
+on the state it established; once another process (``jixu verify``, another
+server) has found the break and recorded it in the store, the stream is known
+to be broken, and nothing held open here may act on it any more: the next
+operation, agent step or durable step reads the recorded break (one row) and
+refuses, with nothing appended and no tool called.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import jixu
+from jixu import Agent, Harness, ScriptedModel, ToolCall, tool
+from jixu.errors import RunCorrupt, ThreadCorrupt
+from jixu.ledger import SQLiteStore
+from jixu.ledger.trust import verdict
+from jixu.runs.journal import RunLog
+from tests.attacker import Raw, flip_data_byte
+from tests.tamper_cases import TOOL_CALLS, agent, run, run_fixture
+
+
+def _found_elsewhere(path: Path, stream: str) -> None:
+    """What ``jixu verify`` in another process does: verify on a connection of its own and record the break."""
+    with SQLiteStore(path) as other:
+        report = verdict(other, stream)
+    assert not report.valid and report.first_bad_seq == 5
+
+
+def test_a_handle_held_open_refuses_to_send_once_a_break_is_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "held.db"
+
+    async def scenario() -> None:
+        with SQLiteStore(path) as store:
+            thread = await Harness(agent(), store, owner="long-lived").create_thread()
+            for text in ("look up 41", "look up 42"):
+                await thread.send(text)
+                await thread.wait()
+            stream = f"thread/{thread.thread_id}"
+            flip_data_byte(Raw(path), stream, 5)
+            _found_elsewhere(path, stream)
+            head = Raw(path).head(stream)
+            TOOL_CALLS.clear()
+            with pytest.raises(ThreadCorrupt) as refused:
+                await thread.send("refund 7")
+            assert refused.value.details["first_bad_seq"] == 5
+            assert TOOL_CALLS == []
+            assert Raw(path).head(stream) == head
+            assert thread.state().status == "corrupt"
+
+    run(scenario)
+
+
+def test_a_running_turn_takes_no_further_step_once_a_break_is_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "running.db"
+    started, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    @tool(semantics="read_only")
+    def slow_lookup(order: str) -> str:
+        """Look an order up (waits until the test lets it go)."""
+        calls.append(f"slow_lookup {order}")
+        started.set()
+        assert release.wait(10)
+        return f"order {order}: paid"
+
+    @tool(semantics="unsafe")
+    def refund(order: str) -> str:
+        """Refund an order."""
+        calls.append(f"refund {order}")
+        return "refunded"
+
+    def script(messages: list[dict[str, Any]]) -> str | ToolCall:
+        tool_results = [m for m in messages if m.get("role") == "tool"]
+        if not tool_results:
+            return ToolCall("slow_lookup", {"order": "7"})
+        if len(tool_results) == 1:
+            return ToolCall("refund", {"order": "7"})
+        return "done"
+
+    async def scenario() -> None:
+        with SQLiteStore(path) as store:
+            harness = Harness(Agent("heed", ScriptedModel(script), tools=[slow_lookup, refund]), store)
+            thread = await harness.create_thread()
+            await thread.send("refund order 7 if it is paid")
+            assert await asyncio.to_thread(started.wait, 10)
+            stream = f"thread/{thread.thread_id}"
+            flip_data_byte(Raw(path), stream, 5)  # an event of this turn, before the call running now
+            await asyncio.to_thread(_found_elsewhere, path, stream)
+            release.set()
+            state = await thread.wait()
+            assert calls == ["slow_lookup 7"]  # the next step (the unsafe refund) never ran
+            assert state.status == "corrupt"
+
+    run(scenario)
+
+
+def test_a_durable_run_takes_no_further_step_once_a_break_is_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "steps.db"
+    charged: list[int] = []
+
+    async def scenario() -> None:
+        with pytest.raises(ThreadCorrupt):
+            async with jixu.durable(f"sqlite:///{path}", None, name="order-7") as durable_run:
+                await durable_run.effect("reserve", {"order": 7}, semantics="idempotent",
+                                         call=lambda ctx: "reserved")
+                stream = f"thread/{durable_run.thread_id}"
+                flip_data_byte(Raw(path), stream, 3)
+                with SQLiteStore(path) as other:
+                    assert not verdict(other, stream).valid
+                head = Raw(path).head(stream)
+                try:
+                    await durable_run.effect("charge", {"order": 7}, semantics="unsafe",
+                                             call=lambda ctx: charged.append(1) or "charged")
+                finally:
+                    assert charged == []
+                    assert Raw(path).head(stream) == head
+
+    run(scenario)
+
+
+def test_a_run_journal_held_open_refuses_once_a_break_is_recorded(tmp_path: Path) -> None:
+    path, fixture = run_fixture(tmp_path)
+    with SQLiteStore(path) as store:
+        journal = RunLog(store, fixture["failed_check_run"])
+        journal.open_to_act()  # sound when read
+        stream = journal.stream
+        flip_data_byte(Raw(path), stream, 3)
+        with SQLiteStore(path) as other:
+            report = verdict(other, stream)
+        assert not report.valid
+        with pytest.raises(RunCorrupt) as refused:
+            journal.open_to_act()
+        assert refused.value.details["first_bad_seq"] == report.first_bad_seq
