@@ -275,9 +275,9 @@ class EventPage(Out):
     next_after_seq: int = Field(ge=0)
     head_seq: int = Field(ge=0)
     corruption: JSON | None = Field(default=None, description=(
-        "The break recorded for the thread's stream once a verification found it (any surface that establishes "
-        "the thread records it): the events from its first_bad_seq on are not to be trusted. A page does not "
-        "verify the chain itself: GET /threads/{thread_id} or /verify does."))
+        "The thread's corruption verdict, as GET /threads/{thread_id} gives it (null: the history holds): the "
+        "events from its first_bad_seq on are not to be trusted. Every page verifies the whole history "
+        "(O(history)), so one answer holds on every surface: page a long thread with a large limit."))
 
 
 class ThreadSummary(Out):

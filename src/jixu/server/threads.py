@@ -20,8 +20,6 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from jixu.errors import InvalidInput, JixuError, ProjectNotFound, ThreadNotFound
 from jixu.ledger import Event, is_valid_id
 from jixu.ledger.chain import verify_rows
-from jixu.ledger.trust import recorded_break
-from jixu.recovery.corruption import corruption
 from jixu.scheduling import (
     create_thread_for,
     enqueue_thread,
@@ -256,12 +254,13 @@ def resume_thread(thread_id: ThreadId, body: Decision, ctx: Annotated[Context, D
 def list_events(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)],
                 after_seq: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
                 limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100) -> JSONResponse:
-    """Events with ``seq > after_seq``, at most ``limit``; ``next_after_seq`` continues the listing."""
+    """Events with ``seq > after_seq``, at most ``limit``; ``next_after_seq`` continues the listing;
+    ``corruption`` is the thread's verdict, as ``GET /threads/{id}`` gives it (the whole history verified)."""
     authorize(ctx, thread_id, "viewer")
     stream = stream_of(thread_id)
+    known = ThreadLog.load(ctx.store, thread_id, verify=True).corruption()
     events = ctx.store.read(stream, after_seq + 1, after_seq + limit)
     info = ctx.store.stream_info(stream)
-    known = corruption(stream, chain=recorded_break(ctx.store, stream), analysis=None)
     return JSONResponse({"thread_id": thread_id, "events": [e.to_dict() for e in events],
                          "next_after_seq": events[-1].seq if events else after_seq,
                          "head_seq": info.head_seq if info else 0,

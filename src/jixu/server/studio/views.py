@@ -570,9 +570,9 @@ def _stored_after(ctx: Context, stream: str, seq: int, head: int) -> int | None:
 
 
 def thread_head(ctx: Context, thread_id: str) -> Obj:
-    """What the live updates compare: the thread's last seq and status."""
+    """What the live updates compare: the thread's last seq and status (the whole history verified, as the page)."""
     threads_api.authorize(ctx, thread_id, "viewer")
-    log = ThreadLog.load(ctx.store, thread_id)
+    log = ThreadLog.load(ctx.store, thread_id, verify=True)
     status = log.status()
     info = ctx.store.stream_info(log.stream) if status == "corrupt" else None  # as thread_page: the seq of the status
     return {"seq": info.head_seq if info is not None else log.state.seq, "status": status}
