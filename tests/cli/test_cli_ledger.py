@@ -108,3 +108,28 @@ def test_error_messages_are_printed_verbatim_not_as_markup(tmp_path: Path) -> No
     assert "data must be a JSON object" in result.stderr
     bad = jixu("ledger", "append", str(tmp_path / "t.db"), "bad[stream]", "order.placed")
     assert bad.returncode == 6 and "'bad[stream]'" in bad.stderr
+
+
+def test_verify_names_a_rewrite_under_a_genuine_checkpoint_contradicted_and_an_edited_one_forged(
+        tmp_path: Path) -> None:
+    """The summary line counts each failed checkpoint by what was found: a checkpoint sealed here whose events
+    were rewritten (every hash recomputed) is ``contradicted``, not ``forged`` (seen: "1 forged")."""
+    from tests.attacker import Raw, forge_checkpoint, rewrite_from
+    from tests.tamper_cases import _two_turns, run
+
+    rewritten, edited = tmp_path / "rewritten.db", tmp_path / "edited.db"
+    for path in (rewritten, edited):
+        with SQLiteStore(path) as store:
+            thread_id, checkpoint_seq = run(lambda store=store, path=path: _two_turns(store, Raw(path), "head"))
+        assert checkpoint_seq is not None
+        stream = f"thread/{thread_id}"
+        if path == rewritten:
+            rewrite_from(Raw(path), stream, 5)
+        else:
+            forge_checkpoint(Raw(path), stream, "thread", lambda state: state.replace("paid", "PAID"), recompute=True)
+    found = run_jixu("verify", str(rewritten))
+    assert found.returncode == 1
+    assert "(1 contradicted)" in found.stdout and "forged" not in found.stdout.split("\n")[-2], found.stdout
+    found = run_jixu("verify", str(edited))
+    assert found.returncode == 1
+    assert "(1 forged)" in found.stdout, found.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from typing import Any
 
 import click
@@ -93,8 +94,11 @@ def verify_command(store: str, stream: str | None, as_json: bool) -> None:
         console.print(table)
         total = sum(r.count for r in reports)
         outcome = "[green]all valid[/]" if valid else "[bold red]tampering or damage detected[/]"
+        # Each failed checkpoint by what was found: a forged one, or a genuine one whose events were rewritten.
+        failed = Counter(audit.status for audit in forged)
+        failures = ", ".join(f"{count} {status}" for status, count in sorted(failed.items())) or "none failed"
         console.print(f"{len(reports)} stream(s), {total} event(s), {sum(len(a) for _r, a in checked)} "
-                      f"checkpoint(s), {len(forged)} forged: {outcome}")
+                      f"checkpoint(s) ({failures}): {outcome}")
     if not valid:
         sys.exit(EXIT_CHECK_FAILED)
 
