@@ -139,3 +139,44 @@ def test_a_run_journal_held_open_refuses_once_a_break_is_recorded(tmp_path: Path
         with pytest.raises(RunCorrupt) as refused:
             journal.open_to_act()
         assert refused.value.details["first_bad_seq"] == report.first_bad_seq
+
+
+def test_a_run_being_executed_dispatches_no_further_task_once_a_break_is_recorded(tmp_path: Path) -> None:
+    """The run's first implement step changes an event of the journal and records the break, as another
+    process would while this one executes the run: the verification (the next task) is never dispatched."""
+    from jixu.runs import ImplementContext, ImplementResult, Runs, ScriptedProvider
+    from jixu.runs.model import run_stream
+    from tests.runs.run_helpers import fix, make_origin, register
+    from tests.runs.run_helpers import run as run_coroutine
+
+    path = tmp_path / "runs.db"
+    store = SQLiteStore(path)
+    found: list[int | None] = []
+
+    def fix_then_break_found_elsewhere(workspace: Path, context: ImplementContext) -> ImplementResult:
+        stream = run_stream(context.run_id)
+        flip_data_byte(Raw(path), stream, 3)
+        with SQLiteStore(path) as other:
+            found.append(verdict(other, stream).first_bad_seq)
+        return fix(workspace, context)
+
+    try:
+        register(store, make_origin(tmp_path))
+        runs = Runs(store, tmp_path / "ws", {"scripted": ScriptedProvider("scripted", [fix_then_break_found_elsewhere])},
+                    owner="worker-1")
+
+        async def scenario() -> None:
+            run_id = await runs.create_run("calc", "fix add()", provider="scripted")
+            try:
+                state = await runs.execute(run_id)
+            except RunCorrupt as refused:
+                assert refused.details["first_bad_seq"] == found[0] == 3
+            else:
+                assert state.status == "corrupt", state.reason
+            events = store.read(run_stream(run_id))
+            assert [e.data.get("name") for e in events if e.type == "task.requested"] == ["prepare", "implement"]
+            assert [e.type for e in events[-1:]] == ["task.completed"]  # the implement's receipt, then nothing
+
+        run_coroutine(scenario())
+    finally:
+        store.close()

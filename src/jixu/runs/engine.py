@@ -57,6 +57,7 @@ from jixu.kernel import (
     DEFAULT_LEASE_TTL,
     Outcome,
     Session,
+    chain_with_recorded_break,
     claim_stream,
     dead_holder,
     drive,
@@ -470,6 +471,9 @@ class Runs:
 
     async def _loop(self, log: RunLog, fence: Fence, provider: Provider) -> None:
         async def next_action() -> Any:
+            log.chain = chain_with_recorded_break(log.writer, log.chain)  # found by another process meanwhile
+            if not log.chain.valid or log.chain_break is not None:
+                return None  # nothing more is carried out on a journal known to be broken
             action = decide(log.record, log.analysis())
             if isinstance(action, Stop):
                 self._record_drained(log, fence)
