@@ -100,6 +100,12 @@ PAUSE_LOOK_EVERY = 1.0
 """Seconds between two looks of a loop waiting out an automatic pause for a resume recorded elsewhere."""
 
 
+_RELEASES: dict[str, asyncio.Task[None]] = {}
+"""Lease key -> the task giving that turn's claim back once the calls of the turn running in this process ended
+(see :meth:`Thread._release`). A loop of this process claiming the turn again cancels it: its own end gives the
+claim back, when those calls ended too."""
+
+
 class Thread:
     """One durable conversation with an agent. Get one from :class:`~jixu.Harness`."""
 
@@ -658,11 +664,41 @@ class Thread:
         if claim is None:
             return None
         self._fence = claim.fence
+        pending = _RELEASES.pop(claim.fence.key, None)
+        if pending is not None:
+            pending.cancel()  # held again here: a release waiting for earlier calls would take it from this loop
         return claim.fence
 
     def _release(self) -> None:
-        release(self.log.store, self._fence)
-        self._fence = None
+        """Give the turn's claim back, once no call of this thread runs in this process any more.
+
+        A call in a worker thread cannot be stopped (decision 0058): while one still runs, the claim stays held,
+        lapsed if the loop lost it but live (its holder runs, see :func:`~jixu.kernel.ownership.live_claim`), so
+        no operator settles the call and no other process repeats it meanwhile; it is given back when the calls
+        ended. Given back at once, the claim was nobody's: an operator's ``not_occurred`` was accepted while
+        the call went on, and it acted after (an audit: a worker stalled past its lease).
+        """
+        fence, self._fence = self._fence, None
+        if fence is None:
+            return
+        running = [effect_id for effect_id in self.log.state.open_events if call_running(effect_id)]
+        if not running:
+            release(self.log.store, fence)
+            return
+        with contextlib.suppress(RuntimeError):  # no loop runs: the claim lapses, live while this process runs
+            task = asyncio.get_running_loop().create_task(self._release_once_ended(fence, running),
+                                                          name=f"jixu-release-{self.thread_id}")
+            earlier = _RELEASES.get(fence.key)
+            if earlier is not None:
+                earlier.cancel()  # this one waits for its calls too (they are still open)
+            _RELEASES[fence.key] = task
+            task.add_done_callback(lambda done: _RELEASES.pop(fence.key, None) if _RELEASES.get(fence.key) is done
+                                   else None)
+
+    async def _release_once_ended(self, fence: Fence, effect_ids: list[str]) -> None:
+        for effect_id in effect_ids:
+            await call_ended(effect_id)
+        release(self.log.store, fence)  # nothing when the claim was taken meanwhile (another epoch)
 
     async def drain(self, timeout: float) -> None:
         """Stop starting new work, let calls in flight finish for up to ``timeout`` seconds, then cancel.
