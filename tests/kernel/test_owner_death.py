@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -398,6 +399,54 @@ def test_a_process_started_after_the_holders_lease_expired_is_not_what_it_left_r
             "started a minute after the lease expired: not the holder's"
     finally:
         os.kill(child, signal.SIGKILL)
+
+
+HOLDER_OF_A_LATE_STEP = ("import json, subprocess, sys, time\nfrom jixu.kernel.ownership import process_identity\n"
+                         "shell = subprocess.Popen(['sh', '-c', 'sleep 3; sleep 60; true'])\n"
+                         "print(json.dumps({'identity': process_identity(), 'shell': shell.pid}), flush=True)\n"
+                         "time.sleep(60)\n")
+
+
+def test_a_later_step_of_what_the_holder_left_running_is_left_running_too(tmp_path: Path) -> None:
+    """Seen by an audit: a dead worker's tool ran a shell script whose second step started after the lease's
+    expiry (plus the margin). That step was not counted (started too late), the claimant stopped only the shell,
+    and the step, left behind in the dead worker's group, acted after the takeover, beside the call run again.
+    A process started late is the holder's when it descends from one that is (here: the shell's child)."""
+    import json
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER_OF_A_LATE_STEP], env=python_env(), text=True,
+                              stdout=subprocess.PIPE, start_new_session=True)
+    assert holder.stdout is not None
+    found = json.loads(holder.stdout.readline())
+    identity, shell = found["identity"], found["shell"]
+    step: int | None = None
+    try:
+        holder.kill()
+        holder.wait()
+        deadline = time.monotonic() + 10
+        while not (steps := [pid for pid in ownership.descendants(shell)
+                             if Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x0060\x00"]):
+            assert time.monotonic() < deadline, "the script's second step did not start"
+            time.sleep(0.05)
+        [step] = steps
+        # The lease expired (plus the margin) after the shell started (3 s before its step) and before its step
+        # (1.5 s from both: a start time is read against the boot time, which /proc gives in whole seconds).
+        expired = time.time() - 1.5 - ownership.LEFT_RUNNING_MARGIN_S
+        time.sleep(1.1)  # a scan of /proc is answered again for a second at most
+        assert ownership.left_running(identity, alive_until=expired) == sorted([shell, step])
+        path = tmp_path / "t.db"
+        store = SQLiteStore(path)
+        store.acquire_lease("thread/x/turn", "worker-1", 0.05)
+        with sqlite3.connect(path) as sql:
+            sql.execute("UPDATE jixu_leases SET expires_at = ? WHERE key = 'thread/x/turn'", (expired,))
+        claim = ownership.live_claim(store, "thread/x/turn", lambda lease: identity)
+        assert claim is not None and step in claim.left_running and f"{step}" in claim.held_for(), claim
+        store.close()
+    finally:
+        for pid in (shell, step):
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 CLAIMANT_IN_THE_GROUP = r"""

@@ -291,7 +291,8 @@ def left_running(identity: object, alive_until: float | None = None) -> list[int
     left nothing.
 
     The bound keeps a group that a later process made with the holder's recycled pid (a daemon's ``setsid``) from
-    being taken for the holder's, however long its claim stays. A ``/proc`` scan up to a second old is used: a group
+    being taken for the holder's, however long its claim stays; a later process that descends from one within
+    it (a tool's shell script starting its next step) is the holder's all the same. A ``/proc`` scan up to a second old is used: a group
     found empty cannot have gained a member since (only a member can start one)."""
     if not isinstance(identity, dict) or "pgid" not in identity or identity.get("pgid") != identity.get("pid") \
             or owner_gone(identity) is None:
@@ -300,8 +301,12 @@ def left_running(identity: object, alive_until: float | None = None) -> list[int
     latest = _ticks_at(alive_until + LEFT_RUNNING_MARGIN_S) if alive_until is not None else None
     here = os.getpid()
     mine = {here} | _ancestors_in(scan, here) | _descendants_in(scan, here)
-    return [pid for pid in _members_in(scan, int(identity["pid"]), int(identity["start_time"]))
-            if pid not in mine and (latest is None or scan[pid][2] <= latest)]
+    members = [pid for pid in _members_in(scan, int(identity["pid"]), int(identity["start_time"]))
+               if pid not in mine]
+    early = {pid for pid in members if latest is None or scan[pid][2] <= latest}
+    # A later one started by one of those (a script's next step) is the holder's too: a recycled pid's group
+    # descends from none of them.
+    return [pid for pid in members if pid in early or not early.isdisjoint(_ancestors_in(scan, pid))]
 
 
 def _ticks_at(wall: float) -> int | None:
