@@ -9,7 +9,8 @@ another's), written in three steps:
   appended *before* the operation, with an expected seq, so two concurrent
   requests with one id cannot both run it;
 - ``idempotency.answered`` (status and response body) after a success, which
-  every later request with the same id and body gets back unchanged;
+  every later request with the same id and body gets back unchanged (a body too
+  large for one event is kept as an artifact, ``body_artifact`` its reference);
 - ``idempotency.released`` after a typed error (nothing was changed), so the
   caller may try the same id again.
 
@@ -23,14 +24,17 @@ because they are events.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jixu.errors import ConcurrencyError, InvalidInput, JixuError, StreamCorrupt
+from jixu.errors import ConcurrencyError, InvalidInput, JixuError, PayloadTooLarge, StreamCorrupt
 from jixu.kernel import record
 from jixu.ledger import NewEvent, Store, content_hash
+from jixu.ledger.artifacts import ArtifactRef, get_text, put_text
+from jixu.ledger.encoding import canonical_text
 from jixu.server.problems import REQUEST_ID_REUSED, REQUEST_IN_PROGRESS, HTTPProblem, status_of
 
 HEADER = "Idempotency-Key"
@@ -76,7 +80,7 @@ def run_once(store: Store, token_id: str, request_id: str | None, *, method: str
     events = store.read(stream)
     if events:
         _refuse_if_broken(store, stream, request_id)
-        replay = _answer_from(events, request_id, digest, method, path)
+        replay = _answer_from(store, events, request_id, digest, method, path)
         if replay is not None:
             return replay
     meta = {"actor": actor}
@@ -86,7 +90,7 @@ def run_once(store: Store, token_id: str, request_id: str | None, *, method: str
                                        meta)], len(events))
     except ConcurrencyError:
         # Another request with this id got there first: answer as it did, or as "in progress".
-        replay = _answer_from(store.read(stream), request_id, digest, method, path)
+        replay = _answer_from(store, store.read(stream), request_id, digest, method, path)
         if replay is not None:
             return replay
         raise HTTPProblem(REQUEST_IN_PROGRESS, f"request {request_id} is being handled by another call",
@@ -100,8 +104,15 @@ def run_once(store: Store, token_id: str, request_id: str | None, *, method: str
         record(store, stream, [NewEvent("idempotency.released", {"request_id": request_id, "status": status,
                                                             "code": error.code}, meta)], seq)
         raise
-    record(store, stream, [NewEvent("idempotency.answered", {"request_id": request_id, "status": outcome.status,
-                                                         "body": outcome.body}, meta)], seq)
+    answered = {"request_id": request_id, "status": outcome.status}
+    try:
+        record(store, stream, [NewEvent("idempotency.answered", {**answered, "body": outcome.body}, meta)], seq)
+    except PayloadTooLarge:
+        # The operation is done: its answer (which may repeat what it stored, plus summaries) is kept as an
+        # artifact, never refused (a 4xx after a mutation that was made, and the id in progress for good).
+        ref = put_text(store, canonical_text(outcome.body, path="body"))
+        record(store, stream, [NewEvent("idempotency.answered", {**answered, "body_artifact": ref.to_dict()},
+                                        meta)], seq)
     return outcome
 
 
@@ -116,7 +127,7 @@ def _refuse_if_broken(store: Store, stream: str, request_id: str) -> None:
                             request_id=request_id, first_bad_seq=report.first_bad_seq, reason=report.reason)
 
 
-def _answer_from(events: list[Any], request_id: str, digest: str, method: str, path: str) -> Outcome | None:
+def _answer_from(store: Store, events: list[Any], request_id: str, digest: str, method: str, path: str) -> Outcome | None:
     """The stored answer for a repeat, ``None`` when the id is free, or a problem (reused id, in progress)."""
     last = events[-1]
     if last.type == "idempotency.released":
@@ -129,7 +140,10 @@ def _answer_from(events: list[Any], request_id: str, digest: str, method: str, p
                           first_method=started.data.get("method"), first_path=started.data.get("path"),
                           method=method, path=path)
     if last.type == "idempotency.answered":
-        return Outcome(int(last.data["status"]), last.data.get("body"), replayed=True)
+        kept = last.data.get("body_artifact")
+        body = json.loads(get_text(store, ArtifactRef.from_dict(kept))) if isinstance(kept, dict) \
+            else last.data.get("body")
+        return Outcome(int(last.data["status"]), body, replayed=True)
     raise HTTPProblem(REQUEST_IN_PROGRESS, f"request {request_id} started at {started.recorded_at} and has no "
                                            "recorded outcome (it is still running, or its server stopped): its "
                                            "effect is unknown, so it is not repeated. Inspect the resource, then "
