@@ -13,6 +13,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 
 from jixu.errors import MalformedEvent
 from jixu.ledger.encoding import VALUE_NESTING, canonical_text
+from jixu.runs.model import MAX_BRIEF_CHARS
 from jixu.server.problems import PROBLEM_MEDIA_TYPE
 
 PROJECT = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
@@ -110,7 +111,7 @@ class RecoverTurn(Body):
 
 class CreateRun(Body):
     project: str = Field(pattern=PROJECT)
-    brief: str = Field(min_length=1, max_length=MAX_INPUT)
+    brief: str = Field(min_length=1, max_length=MAX_BRIEF_CHARS)  # the engine's own limit, stated in the schema
     provider: str = Field(min_length=1, max_length=200)
     commit: str | None = Field(default=None, min_length=1, max_length=200)
     knowledge: FreeObject | None = None

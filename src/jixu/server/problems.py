@@ -52,6 +52,7 @@ _TITLES: dict[int, str] = {
     401: "Not authenticated",
     403: "Forbidden",
     404: "Not found",
+    405: "Method not allowed",
     409: "Conflict",
     413: "Request too large",
     422: "Invalid input",

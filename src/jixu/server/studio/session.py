@@ -29,7 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 from fastapi import Request
 from fastapi.responses import Response
 
-from jixu.errors import JixuError
+from jixu.errors import InvalidInput, JixuError
 from jixu.server.auth import Principal, token_id_of, token_principal
 from jixu.server.context import client_address, services
 from jixu.server.problems import FORBIDDEN, UNAUTHORIZED, HTTPProblem
@@ -122,10 +122,17 @@ def same_origin(request: Request) -> bool:
     return True
 
 
+MAX_FORM_FIELDS = 100
+"""Fields a form posted to the Studio may have (its own have a handful)."""
+
+
 async def read_form(request: Request) -> dict[str, str]:
     """A url-encoded form body as ``{field: value}`` (the first value of each field); no dependency needed."""
     body = (await request.body()).decode("utf-8", "replace")
-    parsed = parse_qs(body, keep_blank_values=True, max_num_fields=100)
+    try:
+        parsed = parse_qs(body, keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS)
+    except ValueError:  # more fields than any form of the Studio has
+        raise InvalidInput(f"a form of more than {MAX_FORM_FIELDS} fields is refused", field="form") from None
     return {key: values[0][:MAX_FORM_FIELD] for key, values in parsed.items() if values}
 
 
@@ -133,7 +140,9 @@ def require_csrf(request: Request, form: dict[str, str]) -> None:
     """Refuse (403) a post without this session's CSRF token or from another site."""
     session_id = session_token(request)
     sent = form.get(CSRF_FIELD, "")
-    if session_id is None or not sent or not hmac.compare_digest(sent, csrf_token(session_id)):
+    # As bytes: compare_digest refuses a str with a character beyond ASCII (a TypeError, a 500, not a refusal).
+    if session_id is None or not sent or not hmac.compare_digest(sent.encode("utf-8"),
+                                                                 csrf_token(session_id).encode("utf-8")):
         raise HTTPProblem(FORBIDDEN, "this form has no valid CSRF token: reload the page and submit it again")
     if not same_origin(request):
         raise HTTPProblem(FORBIDDEN, "this form was posted from another site")
