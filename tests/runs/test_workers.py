@@ -29,7 +29,7 @@ from jixu.scheduling import (
 from jixu.scheduling.workers import factory_spec, load_agent_factory
 from jixu.threads.log import ThreadLog
 from tests.conftest import StoreFactory
-from tests.helpers import PROC_CHILDREN, children_of, process_exited
+from tests.helpers import PROC_CHILDREN, ROOT, children_of, process_exited, python_env
 from tests.runs.agents import counter_agent, prepared_agent
 from tests.runs.conftest import WAIT, Spawn, jixu, outside_lines, thread_state, wait_until
 
@@ -397,3 +397,19 @@ def test_a_pool_stopped_while_its_workers_are_still_starting_exits_0(sqlite: Sto
         time.sleep(0.01)
     pool.signal(signal.SIGTERM)
     assert pool.wait() == 0, pool.output()
+
+
+@pytest.mark.parametrize("leads_its_group", [True, False])
+def test_a_worker_that_does_not_lead_its_process_group_says_so_at_start(sqlite: StoreFactory,
+                                                                       leads_its_group: bool) -> None:
+    """Started by a program (not a shell, not --processes), a worker stays in its starter's process group: what
+    its tools start cannot be told from the starter's after it died, so it is not followed (decision 0056). An
+    audit found that silent; the start line says it now."""
+    sqlite()
+    assert sqlite.url is not None
+    started = subprocess.run([sys.executable, "-m", "jixu", "worker", "--store", sqlite.url, "--agent",
+                              "tests.runs.agents:prepared_agent", "--exit-when-idle"], capture_output=True, text=True,
+                             cwd=ROOT, env=python_env(), timeout=WAIT, start_new_session=leads_its_group, check=False)
+    assert started.returncode == 0, started.stdout + started.stderr
+    line = next(line for line in (started.stdout + started.stderr).splitlines() if "started on" in line)
+    assert ("does not lead its process group" in line) is not leads_its_group, line

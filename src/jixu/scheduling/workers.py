@@ -426,7 +426,10 @@ class Worker:
         self.report("start", f"started on {self.store.url}: {what}, lease {config.lease_ttl:g}s, "
                              f"global limit {'none' if config.global_limit is None else config.global_limit}, "
                              f"project limits {per_project or '-'} (others: "
-                             f"{'global' if default is None else default}), takeover {config.takeover}")
+                             f"{'global' if default is None else default}), takeover {config.takeover}"
+                             + ("" if os.getpgrp() == os.getpid() else
+                                "; it does not lead its process group, so what its tools start is not followed "
+                                "once it died (decision 0056): start it with setsid, or with --processes N"))
         self._queue_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="jixu-queue")
         lag_limit = config.loop_lag_limit
         look_every = max(0.005, min(0.05, lag_limit / 2))
