@@ -33,3 +33,33 @@ def test_an_answer_too_large_for_one_event_is_recorded_and_replayed(tmp_path: Pa
         assert done == [1]
         assert [e.type for e in store.read(request_stream("token1", "key-1"))] == [
             "idempotency.started", "idempotency.answered"]
+
+
+def test_an_answer_whose_artifact_is_lost_is_refused_as_such_and_not_run_again(tmp_path: Path) -> None:
+    """Its stored answer deleted (raw SQL) or altered: a replay is a 409 saying the request was made and its
+    answer cannot be read, never a 404 about an artifact, and the operation does not run again."""
+    import sqlite3
+
+    import pytest
+
+    from jixu.errors import StreamCorrupt
+
+    path = tmp_path / "ids.db"
+    with SQLiteStore(path) as store:
+        done: list[int] = []
+
+        def operation() -> Outcome:
+            done.append(1)
+            return Outcome(200, {"result": "x" * 1_048_560})
+
+        run_once(store, "token1", "key-1", method="POST", path="/resolve", body={"r": 1}, actor="op",
+                 operation=operation)
+        with sqlite3.connect(path) as sql:
+            for trigger, in sql.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
+                sql.execute(f'DROP TRIGGER "{trigger}"')
+            sql.execute("DELETE FROM jixu_events WHERE stream LIKE 'artifact/%'")
+            sql.execute("DELETE FROM jixu_streams WHERE stream LIKE 'artifact/%'")
+        with pytest.raises(StreamCorrupt, match="was answered, but its stored answer cannot be read"):
+            run_once(store, "token1", "key-1", method="POST", path="/resolve", body={"r": 1}, actor="op",
+                     operation=operation)
+        assert done == [1]

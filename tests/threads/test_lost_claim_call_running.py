@@ -73,3 +73,82 @@ def test_a_lapsed_claim_is_kept_until_the_call_in_its_thread_ended(tmp_path: Pat
 
     run(scenario)
 
+
+
+def test_a_claim_taken_again_here_is_not_given_back_when_the_earlier_call_ends(tmp_path: Path) -> None:
+    """Seen by an audit: a turn interrupted while its read-only ``def`` call ran left its claim held for that
+    call; the next turn, sent at once, got the same epoch back, and when the earlier call ended its give-back
+    released the new turn's claim mid-turn (its next append was fenced out: OwnershipLost)."""
+    path = tmp_path / "again.db"
+    started = threading.Event()
+
+    @tool(semantics="read_only")
+    def lookup(order: str) -> str:
+        """Look an order up: the first takes 1 s, the second 2 s."""
+        started.set()
+        time.sleep(1.0 if order == "1" else 2.0)
+        return f"order {order}: paid"
+
+    def script(messages: list[dict[str, Any]]) -> str | ToolCall:
+        last = messages[-1]
+        if last.get("role") == "user":
+            return ToolCall("lookup", {"order": "1" if "first" in str(last.get("content")) else "2"})
+        return "done"
+
+    async def scenario() -> None:
+        with SQLiteStore(path) as store:
+            harness = Harness(Agent("again", ScriptedModel(script), tools=[lookup]), store, owner="svc", lease_ttl=20)
+            thread = await harness.create_thread()
+            await thread.send("first")
+            assert await asyncio.to_thread(started.wait, 5)
+            await thread.interrupt("stop the first turn")
+            lease = store.get_lease(thread.log.turn_key)
+            assert lease is not None and not lease.released  # held: the first call still runs here
+            await thread.send("second")
+            state = await thread.wait()  # the first call ends meanwhile
+            assert state.status == "idle", state.reason
+            assert [e.data.get("outcome") for e in store.read(thread.log.stream) if e.type == "turn.ended"] == [
+                "interrupted", "completed"]
+
+    run(scenario)
+
+
+def test_a_claim_held_for_a_call_is_given_back_when_it_ends_after_the_loop_and_the_store_closed(
+        tmp_path: Path) -> None:
+    """Seen by an audit: a harness shut down (its drain cut a ``def`` call off) and closed, in a process that goes
+    on (a service, a notebook): the claim held for the call was never given back, and another process could
+    neither settle the call nor start a turn on the thread for as long as this one ran."""
+    path = tmp_path / "loop-ended.db"
+    started = threading.Event()
+    ids: dict[str, str] = {}
+
+    @tool(semantics="unsafe")
+    def charge(order: str) -> str:
+        """Charge an order (a plain def taking 1.5 s)."""
+        started.set()
+        time.sleep(1.5)
+        return "charged"
+
+    def script(messages: list[dict[str, Any]]) -> str | ToolCall:
+        return ToolCall("charge", {"order": "7"}) if messages[-1].get("role") == "user" else "done"
+
+    async def job() -> None:
+        store = SQLiteStore(path)
+        harness = Harness(Agent("ended", ScriptedModel(script), tools=[charge]), store, owner="svc", lease_ttl=30)
+        thread = await harness.create_thread()
+        ids["thread"] = thread.thread_id
+        await thread.send("charge 7")
+        assert await asyncio.to_thread(started.wait, 5)
+        await harness.shutdown(drain_timeout=0.2)  # the call is cut off: it goes on in its thread
+        with SQLiteStore(path) as look:
+            lease = look.get_lease(f"thread/{thread.thread_id}/turn")
+            assert lease is not None and not lease.released  # held while the call runs
+        harness.close()
+        store.close()
+
+    run(job)
+    deadline = time.monotonic() + 10
+    with SQLiteStore(path) as store:
+        while not (lease := store.get_lease(f"thread/{ids['thread']}/turn")) or not lease.released:
+            assert time.monotonic() < deadline, "the claim was never given back"
+            time.sleep(0.05)

@@ -11,6 +11,7 @@ refuses, with nothing appended and no tool called.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from jixu.errors import RunCorrupt, ThreadCorrupt
 from jixu.ledger import SQLiteStore
 from jixu.ledger.trust import verdict
 from jixu.runs.journal import RunLog
+from jixu.threads.log import ThreadLog
 from tests.attacker import Raw, flip_data_byte
 from tests.tamper_cases import TOOL_CALLS, agent, run, run_fixture
 
@@ -180,3 +182,55 @@ def test_a_run_being_executed_dispatches_no_further_task_once_a_break_is_recorde
         run_coroutine(scenario())
     finally:
         store.close()
+
+
+def test_a_handle_held_open_forks_nothing_at_or_after_a_recorded_break(tmp_path: Path) -> None:
+    """Seen by an audit: ``fork`` on a handle held open forked at an event after the break another process had
+    recorded (a fresh handle refuses), and the child's turn ran the unsafe refund."""
+    path = tmp_path / "fork.db"
+
+    async def scenario() -> None:
+        with SQLiteStore(path) as store:
+            thread = await Harness(agent(), store, owner="held").create_thread()
+            for text in ("look up 41", "look up 42"):
+                await thread.send(text)
+                await thread.wait()
+            stream = f"thread/{thread.thread_id}"
+            last = store.read(stream)[-1].id
+            flip_data_byte(Raw(path), stream, 5)
+            _found_elsewhere(path, stream)
+            TOOL_CALLS.clear()
+            with pytest.raises(ThreadCorrupt):
+                await thread.fork(last, input="refund 7")
+            assert TOOL_CALLS == []
+
+    run(scenario)
+
+
+def test_a_held_handle_whose_loop_starts_after_a_break_was_recorded_claims_nothing(tmp_path: Path) -> None:
+    """Seen by an audit: a parked call approved by another process, the break recorded, then ``wait()`` on the
+    handle held open: its loop appended ``turn.claimed`` after the recorded break before it stopped."""
+    path = tmp_path / "claim.db"
+
+    async def scenario() -> None:
+        with SQLiteStore(path) as store:
+            thread = await Harness(agent(), store, owner="held").create_thread()
+            await thread.send("look up 41")
+            await thread.wait()
+            await thread.send("charge 9")
+            assert (await thread.wait()).status == "waiting"
+            stream = f"thread/{thread.thread_id}"
+            [effect_id] = [e.data["effect_id"] for e in store.read(stream) if e.type == "tool.parked"]
+            with SQLiteStore(path) as other:  # the CLI's approval: recorded, no loop run there
+                ThreadLog.load(other, thread.thread_id, verify=True).decide_parked(effect_id, "approved")
+            flip_data_byte(Raw(path), stream, 5)
+            _found_elsewhere(path, stream)
+            head = Raw(path).head(stream)
+            TOOL_CALLS.clear()
+            with contextlib.suppress(ThreadCorrupt):
+                await thread.wait()
+            assert Raw(path).head(stream) == head, [e.type for e in store.read(stream, head + 1)]
+            assert TOOL_CALLS == []
+            assert thread.state().status == "corrupt"
+
+    run(scenario)

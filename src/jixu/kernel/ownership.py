@@ -672,6 +672,20 @@ def release(store: Store, fence: Fence | None) -> None:
             store.release_lease(fence)
 
 
+def release_later(store: Store, fence: Fence) -> None:
+    """:func:`release`, for a claim given back after its holder may have closed ``store`` (a call that outlived
+    its loop ended): then through a connection of its own to the same store (none for an in-memory one)."""
+    if not store.closed:
+        release(store, fence)
+        return
+    url = store.url
+    if url and not url.startswith("memory:"):
+        from jixu.ledger import open_store  # lazily: only a claim given back this late needs it
+
+        with contextlib.suppress(JixuError, OSError), open_store(url, create=False) as again:
+            release(again, fence)
+
+
 @contextlib.contextmanager
 def given_back_on_failure(store: Store, fence: Fence | None) -> Iterator[None]:
     """Release ``fence``'s lease when the block raises (a cancellation included): a claim whose record was not

@@ -94,7 +94,7 @@ from jixu.scheduling.queue import check_limits, claim_some
 from jixu.scheduling.work import repair_queue, thread_id_of
 from jixu.threads.agent import Agent
 from jixu.threads.harness import Harness
-from jixu.threads.tools import CallTrackingExecutor
+from jixu.threads.tools import CallTrackingExecutor, give_back_held_claims
 
 _T = TypeVar("_T")
 UNBOUNDED = 1_000_000
@@ -908,6 +908,7 @@ def end_serving_process(code: int) -> None:
         return
     print(f"jixu: {running} tool call(s) still running in threads are cut off by ending the process (each is "
           "recorded with an unknown outcome)", file=sys.stderr, flush=True)
+    give_back_held_claims()  # held while those calls ran (decision 0065): they end with the process now
     sys.stdout.flush()
     os._exit(code)
 

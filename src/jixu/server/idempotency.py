@@ -30,7 +30,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jixu.errors import ConcurrencyError, InvalidInput, JixuError, PayloadTooLarge, StreamCorrupt
+from jixu.errors import (
+    ArtifactCorrupt,
+    ArtifactNotFound,
+    ConcurrencyError,
+    InvalidInput,
+    JixuError,
+    PayloadTooLarge,
+    StreamCorrupt,
+)
 from jixu.kernel import record
 from jixu.ledger import NewEvent, Store, content_hash
 from jixu.ledger.artifacts import ArtifactRef, get_text, put_text
@@ -141,8 +149,13 @@ def _answer_from(store: Store, events: list[Any], request_id: str, digest: str, 
                           method=method, path=path)
     if last.type == "idempotency.answered":
         kept = last.data.get("body_artifact")
-        body = json.loads(get_text(store, ArtifactRef.from_dict(kept))) if isinstance(kept, dict) \
-            else last.data.get("body")
+        try:
+            body = json.loads(get_text(store, ArtifactRef.from_dict(kept))) if isinstance(kept, dict) \
+                else last.data.get("body")
+        except (ArtifactNotFound, ArtifactCorrupt) as lost:
+            raise StreamCorrupt(f"request id {request_id} was answered, but its stored answer cannot be read "
+                                f"({lost.message}): the request is not run again (it was made). Inspect the "
+                                "resource, then use a new request id", request_id=request_id) from None
         return Outcome(int(last.data["status"]), body, replayed=True)
     raise HTTPProblem(REQUEST_IN_PROGRESS, f"request {request_id} started at {started.recorded_at} and has no "
                                            "recorded outcome (it is still running, or its server stopped): its "

@@ -65,6 +65,7 @@ from jixu.recovery.decision_text import decode_decisions
 from jixu.recovery.resolutions import admit_resolution, resolution_body
 from jixu.threads.decide import Action, Stop, decide, probe_record
 from jixu.threads.projection import ThreadProjection, ThreadState, Turn, fork_state
+from jixu.threads.tools import claim_taken_again
 
 THREAD_PREFIX = "thread/"
 DEFAULT_PROJECT = "default"
@@ -856,6 +857,7 @@ class ThreadLog:
                                                              "epoch": 0, "queued": True}, self.meta())]
         try:
             fence = acquire_claim(self.store, self.turn_key, owner, ttl)
+            claim_taken_again(self.turn_key)  # a give-back waiting for an earlier turn's calls must not take it
         except LeaseHeld as error:
             raise TurnOwned(f"thread {self.thread_id}'s turn lease is held by {error.details.get('owner')!r}; "
                             "wait for it to finish", thread_id=self.thread_id) from error
@@ -1035,6 +1037,7 @@ class ThreadLog:
             raise NotFound(f"event {at} is not in thread {self.thread_id}; fork at one of its events",
                            event_id=at)
         self.establish()
+        self.writer.heed_recorded_break()  # a break another process recorded since bounds the fork too
         found = self.corruption()
         if found is not None and event.seq >= found.sound_before:
             error = thread_corrupt(self.thread_id, found)

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
+from functools import partial
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
@@ -43,6 +44,7 @@ from jixu.kernel import (
     pause_delay,
     perform,
     release,
+    release_later,
     tracing,
     unrecorded_receipts,
 )
@@ -79,6 +81,8 @@ from jixu.threads.tools import (
     ToolError,
     call_ended,
     call_running,
+    claim_taken_again,
+    hold_claim_while_calls_run,
     stop_calls,
 )
 
@@ -100,10 +104,7 @@ PAUSE_LOOK_EVERY = 1.0
 """Seconds between two looks of a loop waiting out an automatic pause for a resume recorded elsewhere."""
 
 
-_RELEASES: dict[str, asyncio.Task[None]] = {}
-"""Lease key -> the task giving that turn's claim back once the calls of the turn running in this process ended
-(see :meth:`Thread._release`). A loop of this process claiming the turn again cancels it: its own end gives the
-claim back, when those calls ended too."""
+
 
 
 class Thread:
@@ -626,6 +627,7 @@ class Thread:
         if turn is None:
             return None
         log.establish()
+        log.writer.heed_recorded_break()  # nothing is claimed on a history another process found broken since
         if log.corruption() is not None:
             return None  # nothing is claimed on a history that does not hold (decide() stops the loop)
         analysis = log.open_analysis()
@@ -664,9 +666,7 @@ class Thread:
         if claim is None:
             return None
         self._fence = claim.fence
-        pending = _RELEASES.pop(claim.fence.key, None)
-        if pending is not None:
-            pending.cancel()  # held again here: a release waiting for earlier calls would take it from this loop
+        claim_taken_again(claim.fence.key)  # a give-back waiting for earlier calls would take it from this loop
         return claim.fence
 
     def _release(self) -> None:
@@ -674,31 +674,17 @@ class Thread:
 
         A call in a worker thread cannot be stopped (decision 0058): while one still runs, the claim stays held,
         lapsed if the loop lost it but live (its holder runs, see :func:`~jixu.kernel.ownership.live_claim`), so
-        no operator settles the call and no other process repeats it meanwhile; it is given back when the calls
-        ended. Given back at once, the claim was nobody's: an operator's ``not_occurred`` was accepted while
-        the call went on, and it acted after (an audit: a worker stalled past its lease).
+        no operator settles the call and no other process repeats it meanwhile; it is given back where the last
+        of those calls ends (decision 0065). Given back at once, the claim was nobody's: an operator's
+        ``not_occurred`` was accepted while the call went on, and it acted after (an audit: a worker stalled
+        past its lease).
         """
         fence, self._fence = self._fence, None
         if fence is None:
             return
-        running = [effect_id for effect_id in self.log.state.open_events if call_running(effect_id)]
-        if not running:
-            release(self.log.store, fence)
-            return
-        with contextlib.suppress(RuntimeError):  # no loop runs: the claim lapses, live while this process runs
-            task = asyncio.get_running_loop().create_task(self._release_once_ended(fence, running),
-                                                          name=f"jixu-release-{self.thread_id}")
-            earlier = _RELEASES.get(fence.key)
-            if earlier is not None:
-                earlier.cancel()  # this one waits for its calls too (they are still open)
-            _RELEASES[fence.key] = task
-            task.add_done_callback(lambda done: _RELEASES.pop(fence.key, None) if _RELEASES.get(fence.key) is done
-                                   else None)
-
-    async def _release_once_ended(self, fence: Fence, effect_ids: list[str]) -> None:
-        for effect_id in effect_ids:
-            await call_ended(effect_id)
-        release(self.log.store, fence)  # nothing when the claim was taken meanwhile (another epoch)
+        store = self.log.store
+        if not hold_claim_while_calls_run(fence.key, self.log.state.open_events, partial(release_later, store, fence)):
+            release(store, fence)
 
     async def drain(self, timeout: float) -> None:
         """Stop starting new work, let calls in flight finish for up to ``timeout`` seconds, then cancel.

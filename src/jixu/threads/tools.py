@@ -387,7 +387,47 @@ def _end(effect_id: str, call: _ThreadedCall) -> None:
             calls.remove(call)
             if not calls:
                 del _CALLS_IN_THREADS[effect_id]
+        due = [key for key, (effects, _give_back) in _CLAIMS_HELD.items() if _CALLS_IN_THREADS.keys().isdisjoint(effects)]
+        releases = [_CLAIMS_HELD.pop(key)[1] for key in due]
     call.ended.set()
+    for give_back in releases:  # here, in the thread (or task) whose call ended: whatever the event loop does
+        give_back()
+
+
+_CLAIMS_HELD: dict[str, tuple[frozenset[str], Callable[[], None]]] = {}
+"""Lease key -> (the effect ids of calls still running here, what gives the claim back once they ended)."""
+
+
+def hold_claim_while_calls_run(key: str, effect_ids: Iterable[str], give_back: Callable[[], None]) -> bool:
+    """Keep the claim ``key`` held while a call of ``effect_ids`` runs in this process, then run ``give_back``
+    (where the last of them ends: no event loop is needed then); False, nothing kept, when none runs now.
+
+    A call in a thread cannot be stopped (decision 0058): a claim given back meanwhile is nobody's, and an
+    operator's ``not_occurred`` accepted then is contradicted when the call acts (decision 0065)."""
+    with _CALLS_LOCK:
+        running = frozenset(effect_id for effect_id in effect_ids if effect_id in _CALLS_IN_THREADS)
+        if not running:
+            return False
+        _CLAIMS_HELD[key] = (running, give_back)
+    return True
+
+
+def claim_taken_again(key: str) -> None:
+    """The claim ``key`` was taken again in this process: a give-back waiting for earlier calls must not take it
+    from the loop that holds it now (its own end gives it back, under the same rule)."""
+    with _CALLS_LOCK:
+        _CLAIMS_HELD.pop(key, None)
+
+
+def give_back_held_claims() -> int:
+    """Give back every claim held for calls still running: the process ends now, and its calls with it. How
+    many."""
+    with _CALLS_LOCK:
+        releases = [give_back for _effects, give_back in _CLAIMS_HELD.values()]
+        _CLAIMS_HELD.clear()
+    for give_back in releases:
+        give_back()
+    return len(releases)
 
 
 CALL_ENDED_POLL_S = 0.02
