@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -25,6 +27,7 @@ from jixu.errors import InvalidInput, StoreNotDurable
 from jixu.ledger import NewEvent, PostgresStore, open_store
 from jixu.ledger.urls import postgres_dsn_and_options
 from tests.conftest import start_reaper
+from tests.helpers import python_env
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +138,53 @@ def test_the_stores_connections_commit_synchronously_whatever_the_database_says(
         assert store.verify("d/1").valid
 
 
+def test_the_stores_connections_read_committed_whatever_the_database_says(database: str) -> None:
+    """Seen by an audit: with the database's default at REPEATABLE READ, a work claim counted the live claims in a
+    snapshot taken before it waited for the claimers' lock, so two workers both claimed under a global limit of 1.
+    The store's connections run READ COMMITTED, what its statements are written for."""
+    import threading
+
+    from jixu.ledger.postgres import _WORK_LOCK
+    from jixu.scheduling.queue import claim
+
+    with raw(database) as conn:
+        conn.execute(f"ALTER DATABASE {urlsplit(database).path[1:]} SET default_transaction_isolation = "
+                     "'repeatable read'")
+    with raw(database) as plain:
+        assert show(plain, "transaction_isolation") == "repeatable read"
+    with PostgresStore(database, min_size=2, max_size=3) as a, PostgresStore(database) as b, \
+            PostgresStore(database) as setup, raw(database) as holder:
+        assert pooled_settings(a, "transaction_isolation") == ["read committed"] * 3
+        setup.enqueue("work/Y", "Q", ready_at=setup.now() + 1.5)  # ready while the claimers wait
+        holder.execute(f"SELECT pg_advisory_lock({_WORK_LOCK})")  # a third claimer holds the claim lock
+        got: dict[str, object] = {}
+
+        def claimer(tag: str, store: PostgresStore) -> None:
+            got[tag] = claim(store, owner=f"worker-{tag}", ttl=60, global_limit=1)
+
+        def waiting() -> int:
+            row = holder.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+            return int(row.fetchone()[0])  # type: ignore[index]
+
+        second = threading.Thread(target=claimer, args=("B", b))
+        second.start()
+        deadline = time.monotonic() + 10
+        while waiting() < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        setup.enqueue("work/X", "P")
+        first = threading.Thread(target=claimer, args=("A", a))
+        first.start()
+        while waiting() < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(2.0)  # work/Y is ready now
+        holder.execute(f"SELECT pg_advisory_unlock({_WORK_LOCK})")
+        first.join(30)
+        second.join(30)
+        assert len(setup.list_work(state="claimed")) == 1, got
+
+
 def test_the_stores_connections_commit_synchronously_whatever_the_role_or_server_says(
     server: str, database: str,
 ) -> None:
@@ -195,6 +245,15 @@ def test_a_server_with_fsync_off_is_refused_unless_the_store_accepts_the_risk(se
             PostgresStore(with_query(database, "allow_unsafe_durability=true"), allow_unsafe_durability=False)
         with PostgresStore(database, read_only=True) as reader:  # commits nothing: nothing to lose
             assert "read-only" in reader.durability and len(reader.read("u/1")) == 1
+        # The opt-down is on the start line of a worker (and of `jixu serve`, tests/cli): seen by an audit, only the
+        # URL's parameter said it, and nothing at all when given by keyword.
+        started = subprocess.run(
+            [sys.executable, "-m", "jixu", "worker", "--store", with_query(database, "allow_unsafe_durability=true"),
+             "--providers", "jixu.cli.studio:fixture_providers", "--exit-when-idle"],
+            capture_output=True, text=True, env=python_env(), timeout=120, check=False)
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert "(durability synchronous_commit=on, fsync=off (unsafe: allowed by allow_unsafe_durability))" in \
+            started.stdout + started.stderr
     with PostgresStore(database) as store:
         assert store.durability == "synchronous_commit=on, fsync=on"
 

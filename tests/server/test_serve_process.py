@@ -39,6 +39,8 @@ def test_the_worker_processes_run_the_inputs_sent_over_http_and_drain_with_the_s
     with served(tmp_path, "--worker-processes", "2", "--owner", "srv") as server:
         children = server.children()
         assert len(children) == 2, server.output()
+        assert "durability synchronous=FULL" in server.output()  # on the server's start line, and each worker's:
+        wait_until(lambda: server.output().count("(durability synchronous=FULL)") == 2, "the workers' start lines")
         threads = []
         for _ in range(8):
             made = server.client.post("/threads", json={"project": "demo"})
@@ -99,6 +101,8 @@ def test_a_sigkilled_server_takes_its_worker_processes_with_it(tmp_path: Path) -
     with served(tmp_path, "--worker-processes", "2", "--owner", "srv") as server:
         children = server.children()
         assert len(children) == 2, server.output()
+        assert "durability synchronous=FULL" in server.output()  # on the server's start line, and each worker's:
+        wait_until(lambda: server.output().count("(durability synchronous=FULL)") == 2, "the workers' start lines")
         server.process.kill()
         server.process.wait(10)
         wait_until(lambda: all(process_exited(child) for child in children), "the orphaned worker processes to exit")

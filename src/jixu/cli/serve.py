@@ -123,7 +123,7 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
     else:
         worker = f"{worker_processes} worker processes" if worker_processes else "a worker in this process"
     console.print(f"[bold]jixu serve[/]: {literal(open_store_label(store_url))} on http://{literal(host)}:{port}/api/v1 "
-                  f"with {worker}", highlight=False)
+                  f"with {worker}; durability {literal(store.durability or 'unknown')}", highlight=False)
     console.print(f"Studio: http://{host}:{port}/studio (log in with a token)", highlight=False, markup=False)
     # uvicorn stops gracefully on SIGTERM/SIGINT, then re-raises the signal to the handler it replaced: make that
     # handler a no-op, so a clean stop exits 0 (as `jixu worker` does) instead of dying by the signal.

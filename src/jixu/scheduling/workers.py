@@ -423,7 +423,8 @@ class Worker:
         per_project = ", ".join(f"{p}={n}" for p, n in sorted(limits["project_limits"].items()))
         what = ", ".join(([f"agent {config.agent}"] if self.harness is not None else [])
                          + ([f"providers {config.providers}"] if self.runs is not None else []))
-        self.report("start", f"started on {self.store.url}: {what}, lease {config.lease_ttl:g}s, "
+        self.report("start", f"started on {self.store.url} (durability {self.store.durability or 'unknown'}): "
+                             f"{what}, lease {config.lease_ttl:g}s, "
                              f"global limit {'none' if config.global_limit is None else config.global_limit}, "
                              f"project limits {per_project or '-'} (others: "
                              f"{'global' if default is None else default}), takeover {config.takeover}"
