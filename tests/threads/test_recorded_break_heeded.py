@@ -5,7 +5,8 @@ on the state it established; once another process (``jixu verify``, another
 server) has found the break and recorded it in the store, the stream is known
 to be broken, and nothing held open here may act on it any more: the next
 operation, agent step or durable step reads the recorded break (one row) and
-refuses, with nothing appended and no tool called.
+refuses, with nothing appended and no tool called. An operation reads it at once; a loop's step asks this
+process's watch, which reads every stream's at once, at most every ``BREAK_WATCH_INTERVAL_S`` (decision 0066).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import pytest
 import jixu
 from jixu import Agent, Harness, ScriptedModel, ToolCall, tool
 from jixu.errors import RunCorrupt, ThreadCorrupt
+from jixu.kernel.writer import BREAK_WATCH_INTERVAL_S
 from jixu.ledger import SQLiteStore
 from jixu.ledger.trust import verdict
 from jixu.runs.journal import RunLog
@@ -96,6 +99,7 @@ def test_a_running_turn_takes_no_further_step_once_a_break_is_recorded(tmp_path:
             stream = f"thread/{thread.thread_id}"
             flip_data_byte(Raw(path), stream, 5)  # an event of this turn, before the call running now
             await asyncio.to_thread(_found_elsewhere, path, stream)
+            await asyncio.sleep(BREAK_WATCH_INTERVAL_S + 0.1)  # a loop's step knows of it at most this late
             release.set()
             state = await thread.wait()
             assert calls == ["slow_lookup 7"]  # the next step (the unsafe refund) never ran
@@ -117,6 +121,7 @@ def test_a_durable_run_takes_no_further_step_once_a_break_is_recorded(tmp_path: 
                 flip_data_byte(Raw(path), stream, 3)
                 with SQLiteStore(path) as other:
                     assert not verdict(other, stream).valid
+                await asyncio.sleep(BREAK_WATCH_INTERVAL_S + 0.1)  # a step knows of it at most this late
                 head = Raw(path).head(stream)
                 try:
                     await durable_run.effect("charge", {"order": 7}, semantics="unsafe",
@@ -160,6 +165,7 @@ def test_a_run_being_executed_dispatches_no_further_task_once_a_break_is_recorde
         flip_data_byte(Raw(path), stream, 3)
         with SQLiteStore(path) as other:
             found.append(verdict(other, stream).first_bad_seq)
+        time.sleep(BREAK_WATCH_INTERVAL_S + 0.1)  # the run's next task knows of it at most this late
         return fix(workspace, context)
 
     try:
@@ -225,6 +231,7 @@ def test_a_held_handle_whose_loop_starts_after_a_break_was_recorded_claims_nothi
                 ThreadLog.load(other, thread.thread_id, verify=True).decide_parked(effect_id, "approved")
             flip_data_byte(Raw(path), stream, 5)
             _found_elsewhere(path, stream)
+            await asyncio.sleep(BREAK_WATCH_INTERVAL_S + 0.1)  # a loop starting knows of it at most this late
             head = Raw(path).head(stream)
             TOOL_CALLS.clear()
             with contextlib.suppress(ThreadCorrupt):

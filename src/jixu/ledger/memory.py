@@ -241,6 +241,10 @@ class MemoryStore(Store):
         found = (self._checkpoints.get((stream, name)) for name in names)
         return {checkpoint.name: checkpoint for checkpoint in found if checkpoint is not None}
 
+    def _checkpoints_named(self, name: str, streams: list[str]) -> dict[str, Checkpoint]:
+        found = (self._checkpoints.get((stream, name)) for stream in streams)
+        return {checkpoint.stream: checkpoint for checkpoint in found if checkpoint is not None}
+
     # --- work queue -----------------------------------------------------------------
 
     def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow]) -> tuple[WorkItem, WorkRow]:

@@ -1414,6 +1414,13 @@ class PostgresStore(Store):
         return {str(row[1]): Checkpoint(row[0], row[1], int(row[2]), int(row[3]), row[4], row[5], row[6], row[7])
                 for row in rows}
 
+    def _checkpoints_named(self, name: str, streams: list[str]) -> dict[str, Checkpoint]:
+        rows = self._run(lambda conn: conn.execute(
+            "SELECT stream, name, seq, reducer_version, head_hash, state, digest, created_at "
+            "FROM jixu_checkpoints WHERE name = %s AND stream = ANY(%s)", (name, streams)).fetchall())
+        return {str(row[0]): Checkpoint(row[0], row[1], int(row[2]), int(row[3]), row[4], row[5], row[6], row[7])
+                for row in rows}
+
     # --- work queue -----------------------------------------------------------------
 
     @staticmethod

@@ -1227,6 +1227,13 @@ class SQLiteStore(Store):
             (stream, *names)).fetchall())
         return {row[1]: Checkpoint(*row) for row in rows}
 
+    def _checkpoints_named(self, name: str, streams: list[str]) -> dict[str, Checkpoint]:
+        rows = self._read(lambda conn: [row for start in range(0, len(streams), _IN_CHUNK) for row in conn.execute(
+            "SELECT stream, name, seq, reducer_version, head_hash, state, digest, created_at FROM jixu_checkpoints "
+            f"WHERE name = ? AND stream IN ({','.join('?' * len(streams[start:start + _IN_CHUNK]))})",
+            (name, *streams[start:start + _IN_CHUNK])).fetchall()])
+        return {row[0]: Checkpoint(*row) for row in rows}
+
     # --- work queue -----------------------------------------------------------------
 
     @staticmethod

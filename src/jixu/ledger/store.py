@@ -363,6 +363,8 @@ WORK_STATES = ("pending", "claimed", "expired", "done")
 _MAX_GROUP = 100
 _MAX_GROUPS = 1000
 CHECKPOINTS_AT_ONCE = 100
+STREAMS_AT_ONCE = 10_000
+"""The most streams :meth:`Store.checkpoints_named` reads at once."""
 """The most checkpoints :meth:`Store.read_checkpoints` reads and :meth:`Store.write_checkpoints` writes at once."""
 SESSION_RETENTION = 86_400.0
 """Seconds a session is kept after it ended (then :meth:`Store.create_session` deletes it)."""
@@ -1127,6 +1129,16 @@ class Store(abc.ABC):
         wanted = sorted(set(names))
         return self._read_checkpoints(stream, wanted) if wanted else {}
 
+    def checkpoints_named(self, name: str, streams: Sequence[str]) -> dict[str, Checkpoint]:
+        """The latest checkpoint of ``name`` of each of ``streams`` that has one (by stream; unchecked), in one
+        read: what a process watching many streams for one kind of checkpoint (a recorded break) asks at once."""
+        if not isinstance(name, str) or not name:
+            raise InvalidInput("name must be a non-empty string", field="name")
+        if isinstance(streams, str) or not isinstance(streams, Sequence) or len(streams) > STREAMS_AT_ONCE:
+            raise InvalidInput(f"streams must be a list of at most {STREAMS_AT_ONCE} stream names", field="streams")
+        wanted = sorted({check_stream(stream) for stream in streams})
+        return self._checkpoints_named(name, wanted) if wanted else {}
+
     # --- sessions and credential use -------------------------------------------------
 
     def create_session(self, key: str, subject: str, ttl: float) -> Session:
@@ -1280,6 +1292,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def _read_checkpoints(self, stream: str, names: list[str]) -> dict[str, Checkpoint]:
         """The checkpoints of ``names`` (distinct, at least one) for ``stream`` that exist, by name."""
+
+    @abc.abstractmethod
+    def _checkpoints_named(self, name: str, streams: list[str]) -> dict[str, Checkpoint]:
+        """The checkpoints of ``name`` of ``streams`` (distinct, at least one) that exist, by stream."""
 
     @abc.abstractmethod
     def _change_work(self, key: str, change: Callable[[WorkRow | None, float], WorkRow]) -> tuple[WorkItem, WorkRow]:

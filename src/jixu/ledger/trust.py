@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from jixu.errors import StoreError
@@ -28,7 +28,7 @@ from jixu.ledger.chain import Reason, VerifyReport, row_hash
 from jixu.ledger.encoding import canonical_text
 from jixu.ledger.event import utc_now_text
 from jixu.ledger.keys import Keyring, SealStatus, keyring, sealing_keyring
-from jixu.ledger.store import Checkpoint, Store
+from jixu.ledger.store import STREAMS_AT_ONCE, Checkpoint, Store
 
 CHECKPOINT_TAG = b"jixu.checkpoint.v3\x00"
 """What a checkpoint seal covers first (v2 was an unkeyed SHA-256: no longer trusted)."""
@@ -132,6 +132,19 @@ def recorded_break(store: Store, stream: str, keys: Keyring | None = None) -> Ve
     return break_of(stream, store.read_checkpoint(stream, VERDICT_NAME), keys)
 
 
+def recorded_breaks(store: Store, streams: Sequence[str], keys: Keyring | None = None) -> dict[str, VerifyReport]:
+    """:func:`recorded_break` of each of ``streams`` that has one, by stream, in one read per
+    :data:`~jixu.ledger.store.STREAMS_AT_ONCE` streams."""
+    found: dict[str, VerifyReport] = {}
+    wanted = list(streams)
+    for start in range(0, len(wanted), STREAMS_AT_ONCE):
+        for stream, row in store.checkpoints_named(VERDICT_NAME, wanted[start:start + STREAMS_AT_ONCE]).items():
+            report = break_of(stream, row, keys)
+            if report is not None:
+                found[stream] = report
+    return found
+
+
 def break_of(stream: str, row: Checkpoint | None, keys: Keyring | None = None) -> VerifyReport | None:
     """The break ``row`` (``stream``'s :data:`VERDICT_NAME` row as read, or None) records, if it is sealed."""
     if row is None:
@@ -212,4 +225,4 @@ def verdict(store: Store, stream: str, *, checkpoints: Iterable[str] = (), keys:
 
 
 __all__ = ["CHECKPOINT_TAG", "VERDICT_NAME", "anchor_holds", "behind_break", "break_of", "checkpoint_parts", "contradicted", "record_break",
-           "recorded_break", "rewritten", "seal_checkpoint", "seal_status", "verdict"]
+           "recorded_break", "recorded_breaks", "rewritten", "seal_checkpoint", "seal_status", "verdict"]

@@ -471,7 +471,7 @@ class Runs:
 
     async def _loop(self, log: RunLog, fence: Fence, provider: Provider) -> None:
         async def next_action() -> Any:
-            log.chain = chain_with_recorded_break(log.writer, log.chain)  # found by another process meanwhile
+            log.chain = chain_with_recorded_break(log.writer, log.chain, fresh=False)  # found elsewhere meanwhile
             if not log.chain.valid or log.chain_break is not None:
                 return None  # nothing more is carried out on a journal known to be broken
             action = decide(log.record, log.analysis())

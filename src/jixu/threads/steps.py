@@ -683,7 +683,7 @@ class DurableRun:
         thread.refuse_if_draining()
         log = thread.log
         log.sync()
-        log.writer.heed_recorded_break()
+        log.writer.heed_recorded_break(fresh=False)
         log.refuse_if_corrupt()
         action = decide_step(step, self._steps.get(step.key, ()), self._decision, log.state,
                              max_attempts=self._harness.max_attempts)
@@ -710,7 +710,7 @@ class DurableRun:
         while True:
             await log.writer.idle()
             log.sync()
-            log.writer.heed_recorded_break()  # a break another process recorded meanwhile stops the next step
+            log.writer.heed_recorded_break(fresh=False)  # a break another process recorded stops the next step
             log.refuse_if_corrupt()
             action = decide_step(step, self._steps.get(step.key, ()), self._decision, log.state,
                                  max_attempts=harness.max_attempts)

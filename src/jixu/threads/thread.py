@@ -426,7 +426,7 @@ class Thread:
         agent, harness, log = self._agent, self._harness, self.log
         while True:
             self._pending = []  # an intent never committed (its call never started) is simply not there
-            log.writer.heed_recorded_break()  # every step: a break another process recorded meanwhile stops it
+            log.writer.heed_recorded_break(fresh=False)  # every step: a break another process recorded stops it
             analysis = log.open_analysis()
             action = decide(log.state, analysis, max_steps=agent.max_steps, max_attempts=harness.max_attempts,
                             context_budget=agent.context_budget)
@@ -627,7 +627,7 @@ class Thread:
         if turn is None:
             return None
         log.establish()
-        log.writer.heed_recorded_break()  # nothing is claimed on a history another process found broken since
+        log.writer.heed_recorded_break(fresh=False)  # nothing is claimed on a history found broken elsewhere
         if log.corruption() is not None:
             return None  # nothing is claimed on a history that does not hold (decide() stops the loop)
         analysis = log.open_analysis()
