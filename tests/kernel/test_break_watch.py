@@ -42,3 +42,39 @@ def test_the_watch_reads_every_streams_break_at_once_at_most_every_interval(tmp_
     assert found is None and store.reads[-1] == streams  # every stream asked about, in one read
     seen = watch.recorded(store, streams[3])
     assert seen is not None and seen.first_bad_seq == 1 and len(store.reads) == 6
+
+
+def test_a_slower_older_read_does_not_undo_what_a_newer_one_found(tmp_path: Any, monkeypatch: Any) -> None:
+    """Seen by an audit: a read that started first and answered last overwrote a newer read's break with its
+    older 'none', and steps were told there was no break until the next read."""
+    import threading
+
+    monkeypatch.setenv("JIXU_KEY_FILE", str(tmp_path / "keys"))
+    answered, let_go = threading.Event(), threading.Event()
+
+    class SlowFirstRead(MemoryStore):
+        calls = 0
+
+        def _checkpoints_named(self, name: str, streams: list[str]) -> Any:
+            found = super()._checkpoints_named(name, streams)
+            SlowFirstRead.calls += 1
+            if SlowFirstRead.calls == 1:  # the first read has its answer, then is slow to hand it over
+                answered.set()
+                assert let_go.wait(10)
+            return found
+
+    store = SlowFirstRead()
+    store.append("thread/t", [NewEvent("a.b")], 0)
+    watch = _BreakWatch()
+    older: list[Any] = []
+    first = threading.Thread(target=lambda: older.append(watch.recorded(store, "thread/t")))
+    first.start()
+    assert answered.wait(10)
+    record_break(store, VerifyReport(stream="thread/t", valid=False, count=1, head_hash="0" * 64, first_bad_seq=1,
+                                     reason="payload_changed", detail="changed"))
+    time.sleep(BREAK_WATCH_INTERVAL_S + 0.05)
+    newer = watch.recorded(store, "thread/t")
+    assert newer is not None and newer.first_bad_seq == 1
+    let_go.set()
+    first.join(10)
+    assert watch.recorded(store, "thread/t") is not None  # still known: the older read's 'none' was not kept

@@ -241,3 +241,30 @@ def test_a_held_handle_whose_loop_starts_after_a_break_was_recorded_claims_nothi
             assert thread.state().status == "corrupt"
 
     run(scenario)
+
+
+@pytest.mark.parametrize("digest", [b"\x00\xff", "hmac-sha256:k1:00", "sha256:00"], ids=["blob", "forged", "unsealed"])
+def test_a_verdict_row_nobody_sealed_stops_no_thread(tmp_path: Path, digest: object) -> None:
+    """A verdict row written by raw SQL without the key is no recorded break. Seen by an audit: one whose digest
+    was stored as a BLOB made the watch's read raise TypeError into the step of another, untouched thread (its
+    turn failed and it showed running for good)."""
+    path = tmp_path / "forged-verdict.db"
+
+    async def scenario() -> None:
+        with SQLiteStore(path) as store:
+            harness = Harness(agent(), store, owner="held")
+            one, two = await harness.create_thread(), await harness.create_thread()
+            for thread in (one, two):
+                await thread.send("look up 41")
+                await thread.wait()
+            with Raw(path).transaction() as sql:
+                sql("INSERT INTO jixu_checkpoints VALUES (?, 'jixu/verdict', 1, 1, ?, ?, ?, '2026-12-07T00:00:00Z')",
+                    f"thread/{one.thread_id}", "0" * 64,
+                    '{"count":1,"detail":"x","first_bad_seq":1,"head_hash":"' + "0" * 64 + '","reason":"payload_changed"}',
+                    digest)
+            await asyncio.sleep(BREAK_WATCH_INTERVAL_S + 0.1)
+            for thread in (two, one):
+                await thread.send("look up 42")
+                assert (await thread.wait()).status == "idle"
+
+    run(scenario)

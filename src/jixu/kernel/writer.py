@@ -606,6 +606,10 @@ class _BreakWatch:
         """Stream -> when a step last asked about it (monotonic)."""
         self._found: dict[str, VerifyReport] = {}
         self._read_at = -math.inf
+        self._reads = 0
+        """Reads started: a read's answer for a stream is kept unless a later read's was kept already."""
+        self._answered: dict[str, int] = {}
+        """Stream -> the number of the read whose answer is kept."""
 
     def recorded(self, store: Store, stream: str) -> VerifyReport | None:
         """The break recorded for ``stream`` as of at most :data:`BREAK_WATCH_INTERVAL_S` ago (a stream asked
@@ -620,16 +624,23 @@ class _BreakWatch:
                     if now - asked_at > _FORGET_AFTER_S:
                         del self._asked[known]
                         self._found.pop(known, None)
+                        self._answered.pop(known, None)
                 streams = list(self._asked)
             elif first:
                 streams = [stream]
             else:
                 return self._found.get(stream)
+            self._reads += 1
+            number = self._reads
         found = recorded_breaks(store, streams)
         with self._lock:
             for read in streams:
-                self._found.pop(read, None)
-            self._found.update(found)
+                if self._answered.get(read, 0) < number:  # a slower, older read does not undo a newer one
+                    self._answered[read] = number
+                    if read in found:
+                        self._found[read] = found[read]
+                    else:
+                        self._found.pop(read, None)
             return self._found.get(stream)
 
 

@@ -113,7 +113,7 @@ class Keyring:
 
     def check(self, seal: str, tag: bytes, parts: Iterable[bytes]) -> SealStatus:
         """Whether ``seal`` is this message's seal by a key held here (see :data:`SealStatus`)."""
-        if not seal.startswith(SEAL_PREFIX):
+        if not isinstance(seal, str) or not seal.startswith(SEAL_PREFIX):  # a row edited to hold bytes, say
             return "unsealed"
         kid, _, mac = seal[len(SEAL_PREFIX):].partition(":")
         secret = next((s for k, s in self.keys if k == kid), None)

@@ -147,8 +147,8 @@ def recorded_breaks(store: Store, streams: Sequence[str], keys: Keyring | None =
 
 def break_of(stream: str, row: Checkpoint | None, keys: Keyring | None = None) -> VerifyReport | None:
     """The break ``row`` (``stream``'s :data:`VERDICT_NAME` row as read, or None) records, if it is sealed."""
-    if row is None:
-        return None
+    if row is None or not isinstance(row.state_json, str) or not isinstance(row.digest, str):
+        return None  # an edited row (a BLOB, say) seals nothing
     keys = keys if keys is not None else keyring()
     if keys.check(row.digest, VERDICT_TAG, _verdict_parts(stream, row.state_json)) != "sealed":
         return None
