@@ -113,12 +113,19 @@ def test_a_claim_taken_again_here_is_not_given_back_when_the_earlier_call_ends(t
     run(scenario)
 
 
+@pytest.mark.parametrize("relative", [False, True], ids=["absolute", "relative-then-chdir"])
 def test_a_claim_held_for_a_call_is_given_back_when_it_ends_after_the_loop_and_the_store_closed(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, relative: bool) -> None:
     """Seen by an audit: a harness shut down (its drain cut a ``def`` call off) and closed, in a process that goes
     on (a service, a notebook): the claim held for the call was never given back, and another process could
-    neither settle the call nor start a turn on the thread for as long as this one ran."""
+    neither settle the call nor start a turn on the thread for as long as this one ran. Then, seen by the next
+    audit: a store opened by a relative path, and the process changed directory meanwhile: the give-back opened
+    the wrong file (the same with a PostgreSQL URL whose password its ``url`` shows masked)."""
     path = tmp_path / "loop-ended.db"
+    if relative:
+        monkeypatch.chdir(tmp_path)
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
     started = threading.Event()
     ids: dict[str, str] = {}
 
@@ -133,7 +140,7 @@ def test_a_claim_held_for_a_call_is_given_back_when_it_ends_after_the_loop_and_t
         return ToolCall("charge", {"order": "7"}) if messages[-1].get("role") == "user" else "done"
 
     async def job() -> None:
-        store = SQLiteStore(path)
+        store = SQLiteStore(path.name if relative else path)
         harness = Harness(Agent("ended", ScriptedModel(script), tools=[charge]), store, owner="svc", lease_ttl=30)
         thread = await harness.create_thread()
         ids["thread"] = thread.thread_id
@@ -145,6 +152,8 @@ def test_a_claim_held_for_a_call_is_given_back_when_it_ends_after_the_loop_and_t
             assert lease is not None and not lease.released  # held while the call runs
         harness.close()
         store.close()
+        if relative:
+            monkeypatch.chdir(elsewhere)
 
     run(job)
     deadline = time.monotonic() + 10

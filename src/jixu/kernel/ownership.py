@@ -674,16 +674,12 @@ def release(store: Store, fence: Fence | None) -> None:
 
 def release_later(store: Store, fence: Fence) -> None:
     """:func:`release`, for a claim given back after its holder may have closed ``store`` (a call that outlived
-    its loop ended): then through a connection of its own to the same store (none for an in-memory one)."""
+    its loop ended): then through the same store opened again (:meth:`Store.opened_again`)."""
     if not store.closed:
         release(store, fence)
         return
-    url = store.url
-    if url and not url.startswith("memory:"):
-        from jixu.ledger import open_store  # lazily: only a claim given back this late needs it
-
-        with contextlib.suppress(JixuError, OSError), open_store(url, create=False) as again:
-            release(again, fence)
+    with contextlib.suppress(JixuError, OSError), store.opened_again() as again:
+        release(again, fence)
 
 
 @contextlib.contextmanager

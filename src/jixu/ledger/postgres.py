@@ -51,6 +51,7 @@ Tables live in the connection's current schema (the first existing schema on
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import threading
@@ -568,7 +569,6 @@ _WORK_LOCK_SHARED_SQL = f"SELECT pg_advisory_xact_lock_shared({_WORK_LOCK})"
 
 _URL_USERINFO = re.compile(r"^(postgres(?:ql)?://)([^@/?#]*)@", re.IGNORECASE)
 _KV_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s]*)", re.IGNORECASE)
-_QUERY_PASSWORD = re.compile(r"([?&]password=)([^&#]*)", re.IGNORECASE)
 
 
 def mask_dsn(dsn: str) -> str:
@@ -579,8 +579,31 @@ def mask_dsn(dsn: str) -> str:
             user, _, password = match.group(2).partition(":")
             if password:
                 dsn = f"{match.group(1)}{user}:***@{dsn[match.end():]}"
-        return _QUERY_PASSWORD.sub(r"\1***", dsn)
+        return _masked_query(dsn)
     return _KV_PASSWORD.sub(r"\1***", dsn)
+
+
+def _query_passwords(url: str) -> list[tuple[int, int]]:
+    """The spans of the values of a URL's ``password`` parameters, however the name is spelt (libpq decodes
+    ``passwor%64`` to ``password``)."""
+    start = url.find("?")
+    if start < 0:
+        return []
+    end = url.find("#", start)
+    end = len(url) if end < 0 else end
+    spans, at = [], start + 1
+    for piece in url[start + 1:end].split("&"):
+        name, eq, _value = piece.partition("=")
+        if eq and unquote(name).strip().lower() == "password":
+            spans.append((at + len(name) + 1, at + len(piece)))
+        at += len(piece) + 1
+    return spans
+
+
+def _masked_query(url: str) -> str:
+    for begin, end in reversed(_query_passwords(url)):
+        url = f"{url[:begin]}***{url[end:]}"
+    return url
 
 
 def _secrets(dsn: str) -> list[str]:
@@ -589,7 +612,7 @@ def _secrets(dsn: str) -> list[str]:
     match = _URL_USERINFO.match(dsn)
     if match and ":" in match.group(2):
         found.add(match.group(2).partition(":")[2])
-    found.update(m.group(2) for m in _QUERY_PASSWORD.finditer(dsn))
+    found.update(dsn[begin:end] for begin, end in _query_passwords(dsn))
     found.update(m.group(2) for m in _KV_PASSWORD.finditer(dsn))
     try:
         parsed = conninfo_to_dict(dsn).get("password")
@@ -706,6 +729,10 @@ class PostgresStore(Store):
         if not isinstance(dsn, str) or not dsn.strip():
             raise InvalidInput("the PostgreSQL DSN must be a non-empty string", field="dsn")
         self.url = mask_dsn(dsn)  # as given, jixu's options included
+        self._opened_again = functools.partial(
+            PostgresStore, dsn, min_size=0, max_size=1, max_payload_bytes=max_payload_bytes,
+            connect_timeout=connect_timeout, read_only=read_only, create=False,
+            allow_unsafe_durability=allow_unsafe_durability)
         dsn, url_options = postgres_dsn_and_options(dsn)
         if allow_unsafe_durability is None:  # a keyword wins over the URL, as for SQLite's options
             allow_unsafe_durability = bool(url_options.get("allow_unsafe_durability", False))
@@ -768,6 +795,10 @@ class PostgresStore(Store):
         except (psycopg.Error, PoolTimeout) as exc:
             self._pool.close()
             raise self._translate(exc) from exc
+
+    def opened_again(self) -> PostgresStore:
+        """The same database through a pool of one connection, with the DSN and options this store was given."""
+        return self._opened_again()
 
     # --- plumbing -------------------------------------------------------------------
 

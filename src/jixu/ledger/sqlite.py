@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import os
 import sqlite3
 import stat
@@ -469,6 +470,9 @@ class SQLiteStore(Store):
                                field="busy_timeout")
         self.path = str(Path(path))
         self.url = f"sqlite:///{self.path}"
+        self._opened_again = functools.partial(
+            SQLiteStore, os.path.abspath(path), synchronous=synchronous, busy_timeout=busy_timeout,
+            read_only=read_only, create=False, max_payload_bytes=max_payload_bytes)
         self.synchronous = synchronous
         self.durability = f"synchronous={synchronous}"
         self.read_only = read_only
@@ -567,6 +571,10 @@ class SQLiteStore(Store):
                 return fn(self._conn)
             except sqlite3.Error as exc:
                 raise _translate(exc, self.path) from exc
+
+    def opened_again(self) -> SQLiteStore:
+        """The same file, by the absolute path it had when this store was opened, with the same options."""
+        return self._opened_again()
 
     def _read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run ``fn`` (reads only) on the read connection, translating sqlite errors.

@@ -29,6 +29,7 @@ from jixu.errors import (
     InvalidInput,
     JixuError,
     LeaseHeld,
+    StoreError,
 )
 from jixu.ledger.chain import VerifyReport, verify_rows
 from jixu.ledger.event import (
@@ -1189,6 +1190,12 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release connections; the store cannot be used afterwards."""
+
+    def opened_again(self) -> Store:
+        """A new store over the same database, opened as this one was (whatever the process did since: a change
+        of directory, a password the URL shows masked), for work that outlives this store's close: giving back
+        a claim held while a call ran on (decision 0065). :class:`StoreError` when it cannot be."""
+        raise StoreError(f"{type(self).__name__} cannot be opened again")
 
     def __enter__(self) -> Self:
         return self
