@@ -39,15 +39,21 @@ def _found_elsewhere(path: Path, stream: str) -> None:
     assert not report.valid and report.first_bad_seq == 5
 
 
+async def _two_lookups(store: SQLiteStore, owner: str) -> Any:
+    """A thread of the tamper agent held open here, after two finished turns."""
+    thread = await Harness(agent(), store, owner=owner).create_thread()
+    for text in ("look up 41", "look up 42"):
+        await thread.send(text)
+        await thread.wait()
+    return thread
+
+
 def test_a_handle_held_open_refuses_to_send_once_a_break_is_recorded(tmp_path: Path) -> None:
     path = tmp_path / "held.db"
 
     async def scenario() -> None:
         with SQLiteStore(path) as store:
-            thread = await Harness(agent(), store, owner="long-lived").create_thread()
-            for text in ("look up 41", "look up 42"):
-                await thread.send(text)
-                await thread.wait()
+            thread = await _two_lookups(store, "long-lived")
             stream = f"thread/{thread.thread_id}"
             flip_data_byte(Raw(path), stream, 5)
             _found_elsewhere(path, stream)
@@ -197,10 +203,7 @@ def test_a_handle_held_open_forks_nothing_at_or_after_a_recorded_break(tmp_path:
 
     async def scenario() -> None:
         with SQLiteStore(path) as store:
-            thread = await Harness(agent(), store, owner="held").create_thread()
-            for text in ("look up 41", "look up 42"):
-                await thread.send(text)
-                await thread.wait()
+            thread = await _two_lookups(store, "held")
             stream = f"thread/{thread.thread_id}"
             last = store.read(stream)[-1].id
             flip_data_byte(Raw(path), stream, 5)

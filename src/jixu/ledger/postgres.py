@@ -565,6 +565,11 @@ _WORK_LOCK_SHARED_SQL = f"SELECT pg_advisory_xact_lock_shared({_WORK_LOCK})"
 """Taken by renewals, so a claim cannot be renewed while a claimer counts it as expired."""
 
 
+def _checkpoint_of(row: Any) -> Checkpoint:
+    """A checkpoint from a ``jixu_checkpoints`` row in column order."""
+    return Checkpoint(row[0], row[1], int(row[2]), int(row[3]), row[4], row[5], row[6], row[7])
+
+
 # --- DSN handling: never show a password -------------------------------------------------------------
 
 _URL_USERINFO = re.compile(r"^(postgres(?:ql)?://)([^@/?#]*)@", re.IGNORECASE)
@@ -1442,15 +1447,13 @@ class PostgresStore(Store):
         rows = self._run(lambda conn: conn.execute(
             "SELECT stream, name, seq, reducer_version, head_hash, state, digest, created_at "
             "FROM jixu_checkpoints WHERE stream = %s AND name = ANY(%s)", (stream, names)).fetchall())
-        return {str(row[1]): Checkpoint(row[0], row[1], int(row[2]), int(row[3]), row[4], row[5], row[6], row[7])
-                for row in rows}
+        return {str(row[1]): _checkpoint_of(row) for row in rows}
 
     def _checkpoints_named(self, name: str, streams: list[str]) -> dict[str, Checkpoint]:
         rows = self._run(lambda conn: conn.execute(
             "SELECT stream, name, seq, reducer_version, head_hash, state, digest, created_at "
             "FROM jixu_checkpoints WHERE name = %s AND stream = ANY(%s)", (name, streams)).fetchall())
-        return {str(row[0]): Checkpoint(row[0], row[1], int(row[2]), int(row[3]), row[4], row[5], row[6], row[7])
-                for row in rows}
+        return {str(row[0]): _checkpoint_of(row) for row in rows}
 
     # --- work queue -----------------------------------------------------------------
 
