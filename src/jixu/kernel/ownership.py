@@ -292,8 +292,8 @@ def left_running(identity: object, alive_until: float | None = None) -> list[int
 
     The bound keeps a group that a later process made with the holder's recycled pid (a daemon's ``setsid``) from
     being taken for the holder's, however long its claim stays; a later process that descends from one within
-    it (a tool's shell script starting its next step) is the holder's all the same. A ``/proc`` scan up to a second old is used: a group
-    found empty cannot have gained a member since (only a member can start one)."""
+    it (a tool's shell script starting its next step) is the holder's all the same. A ``/proc`` scan up to a
+    second old is used: a group found empty cannot have gained a member since (only a member can start one)."""
     if not isinstance(identity, dict) or "pgid" not in identity or identity.get("pgid") != identity.get("pid") \
             or owner_gone(identity) is None:
         return []

@@ -590,7 +590,7 @@ class StreamWriter(Generic[F]):
 
 
 BREAK_WATCH_INTERVAL_S = 0.5
-"""At most this old is what a loop's step knows of breaks other processes recorded (see :class:`_BreakWatch`)."""
+"""At most this old is what a loop's step knows of breaks recorded elsewhere (see :class:`_BreakWatch`)."""
 _FORGET_AFTER_S = 30.0
 """A stream no step asked about for this long is no longer read by the watch."""
 
@@ -656,7 +656,8 @@ def _watch_of(store: Store) -> _BreakWatch:
         return watch
 
 
-def chain_with_recorded_break(writer: StreamWriter[Any], chain: VerifyReport, *, fresh: bool = True) -> VerifyReport:
+def chain_with_recorded_break(writer: StreamWriter[Any], chain: VerifyReport, *,
+                              fresh: bool = True) -> VerifyReport:
     """``chain`` (a record's verdict as it was read), or the break another process recorded since when that one
     lies earlier (:meth:`StreamWriter.heed_recorded_break`, which moves the writer's ``chain_break`` too)."""
     recorded = writer.heed_recorded_break(fresh=fresh)

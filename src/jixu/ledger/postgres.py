@@ -812,8 +812,8 @@ class PostgresStore(Store):
             conn.execute("SET default_transaction_read_only = on")
         # Durable commits whatever the server, database or role set: a commit returns once it is flushed.
         conn.execute(_DURABLE_COMMITS_SQL)
-        # The statements are written for READ COMMITTED (a claim counts the live claims after it waited for the
-        # claimers' lock; under a REPEATABLE READ default its snapshot predates the wait, and limits were exceeded).
+        # The statements are written for READ COMMITTED: a claim counts the live claims after it waited for the
+        # claimers' lock (under a REPEATABLE READ default its snapshot predates the wait: limits were exceeded).
         conn.execute("SET default_transaction_isolation = 'read committed'")
         # A frozen holder of row locks must not outlast the leases: the server ends its transaction.
         conn.execute(f"SET idle_in_transaction_session_timeout = {_IDLE_IN_TRANSACTION_MS}")

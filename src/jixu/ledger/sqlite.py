@@ -1236,11 +1236,17 @@ class SQLiteStore(Store):
         return {row[1]: Checkpoint(*row) for row in rows}
 
     def _checkpoints_named(self, name: str, streams: list[str]) -> dict[str, Checkpoint]:
-        rows = self._read(lambda conn: [row for start in range(0, len(streams), _IN_CHUNK) for row in conn.execute(
-            "SELECT stream, name, seq, reducer_version, head_hash, state, digest, created_at FROM jixu_checkpoints "
-            f"WHERE name = ? AND stream IN ({','.join('?' * len(streams[start:start + _IN_CHUNK]))})",
-            (name, *streams[start:start + _IN_CHUNK])).fetchall()])
-        return {row[0]: Checkpoint(*row) for row in rows}
+        def read(conn: sqlite3.Connection) -> list[Any]:
+            rows: list[Any] = []
+            for start in range(0, len(streams), _IN_CHUNK):
+                chunk = streams[start:start + _IN_CHUNK]
+                rows.extend(conn.execute(
+                    "SELECT stream, name, seq, reducer_version, head_hash, state, digest, created_at "
+                    f"FROM jixu_checkpoints WHERE name = ? AND stream IN ({','.join('?' * len(chunk))})",
+                    (name, *chunk)).fetchall())
+            return rows
+
+        return {row[0]: Checkpoint(*row) for row in self._read(read)}
 
     # --- work queue -----------------------------------------------------------------
 

@@ -683,7 +683,8 @@ class Thread:
         if fence is None:
             return
         store = self.log.store
-        if not hold_claim_while_calls_run(fence.key, self.log.state.open_events, partial(release_later, store, fence)):
+        give_back = partial(release_later, store, fence)
+        if not hold_claim_while_calls_run(fence.key, self.log.state.open_events, give_back):
             release(store, fence)
 
     async def drain(self, timeout: float) -> None:

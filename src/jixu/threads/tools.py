@@ -387,7 +387,8 @@ def _end(effect_id: str, call: _ThreadedCall) -> None:
             calls.remove(call)
             if not calls:
                 del _CALLS_IN_THREADS[effect_id]
-        due = [key for key, (effects, _give_back) in _CLAIMS_HELD.items() if _CALLS_IN_THREADS.keys().isdisjoint(effects)]
+        due = [key for key, (effects, _give_back) in _CLAIMS_HELD.items()
+               if _CALLS_IN_THREADS.keys().isdisjoint(effects)]
         releases = [_CLAIMS_HELD.pop(key)[1] for key in due]
     call.ended.set()
     for give_back in releases:  # here, in the thread (or task) whose call ended: whatever the event loop does
