@@ -246,7 +246,8 @@ def test_a_held_handle_whose_loop_starts_after_a_break_was_recorded_claims_nothi
     run(scenario)
 
 
-@pytest.mark.parametrize("digest", [b"\x00\xff", "hmac-sha256:k1:00", "sha256:00"], ids=["blob", "forged", "unsealed"])
+@pytest.mark.parametrize("digest", [b"\x00\xff", "hmac-sha256:k1:00", "sha256:00", None],
+                         ids=["blob", "forged", "unsealed", "not-utf8"])
 def test_a_verdict_row_nobody_sealed_stops_no_thread(tmp_path: Path, digest: object) -> None:
     """A verdict row written by raw SQL without the key is no recorded break. Seen by an audit: one whose digest
     was stored as a BLOB made the watch's read raise TypeError into the step of another, untouched thread (its
@@ -260,14 +261,19 @@ def test_a_verdict_row_nobody_sealed_stops_no_thread(tmp_path: Path, digest: obj
             for thread in (one, two):
                 await thread.send("look up 41")
                 await thread.wait()
+            state = '{"count":1,"detail":"x","first_bad_seq":1,"head_hash":"' + "0" * 64 + '","reason":"payload_changed"}'
             with Raw(path).transaction() as sql:
-                sql("INSERT INTO jixu_checkpoints VALUES (?, 'jixu/verdict', 1, 1, ?, ?, ?, '2026-12-07T00:00:00Z')",
-                    f"thread/{one.thread_id}", "0" * 64,
-                    '{"count":1,"detail":"x","first_bad_seq":1,"head_hash":"' + "0" * 64 + '","reason":"payload_changed"}',
-                    digest)
+                if digest is None:  # what no UTF-8 decoder reads (seen by an audit: it failed every stream's read)
+                    sql("INSERT INTO jixu_checkpoints VALUES (?, 'jixu/verdict', 1, 1, ?, CAST(x'ff' AS TEXT), "
+                        "CAST(x'ff' AS TEXT), '2026-12-07T00:00:00Z')", f"thread/{one.thread_id}", "0" * 64)
+                else:
+                    sql("INSERT INTO jixu_checkpoints VALUES (?, 'jixu/verdict', 1, 1, ?, ?, ?, '2026-12-07T00:00:00Z')",
+                        f"thread/{one.thread_id}", "0" * 64, state, digest)
             await asyncio.sleep(BREAK_WATCH_INTERVAL_S + 0.1)
-            for thread in (two, one):
-                await thread.send("look up 42")
-                assert (await thread.wait()).status == "idle"
+            await two.send("look up 42")  # an untouched thread: its steps read every watched stream's break at once
+            assert (await two.wait()).status == "idle"
+            if digest is not None:  # the thread whose row it is: nothing sealed, nothing stops it
+                await one.send("look up 42")
+                assert (await one.wait()).status == "idle"
 
     run(scenario)

@@ -572,8 +572,10 @@ def _checkpoint_of(row: Any) -> Checkpoint:
 
 # --- DSN handling: never show a password -------------------------------------------------------------
 
-_URL_USERINFO = re.compile(r"^(postgres(?:ql)?://)([^@/?#]*)@", re.IGNORECASE)
-_KV_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s]*)", re.IGNORECASE)
+# libpq's own rules: the user part runs to the first "@" unless a "/" comes first ("#" and "?" are no delimiters
+# there, nor is "#" after the "?": a libpq URL has no fragment), and an unquoted key=value value escapes with "\".
+_URL_USERINFO = re.compile(r"^(postgres(?:ql)?://)([^@/]*)@", re.IGNORECASE)
+_KV_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|(?:\\.|[^\s\\])*)", re.IGNORECASE)
 
 
 def mask_dsn(dsn: str) -> str:
@@ -591,13 +593,12 @@ def mask_dsn(dsn: str) -> str:
 def _query_passwords(url: str) -> list[tuple[int, int]]:
     """The spans of the values of a URL's ``password`` parameters, however the name is spelt (libpq decodes
     ``passwor%64`` to ``password``)."""
-    start = url.find("?")
+    userinfo = _URL_USERINFO.match(url)
+    start = url.find("?", userinfo.end() if userinfo else 0)
     if start < 0:
         return []
-    end = url.find("#", start)
-    end = len(url) if end < 0 else end
     spans, at = [], start + 1
-    for piece in url[start + 1:end].split("&"):
+    for piece in url[start + 1:].split("&"):
         name, eq, _value = piece.partition("=")
         if eq and unquote(name).strip().lower() == "password":
             spans.append((at + len(name) + 1, at + len(piece)))

@@ -1241,12 +1241,22 @@ class SQLiteStore(Store):
             for start in range(0, len(streams), _IN_CHUNK):
                 chunk = streams[start:start + _IN_CHUNK]
                 rows.extend(conn.execute(
-                    "SELECT stream, name, seq, reducer_version, head_hash, state, digest, created_at "
+                    "SELECT stream, name, seq, reducer_version, CAST(head_hash AS BLOB), CAST(state AS BLOB), "
+                    "CAST(digest AS BLOB), CAST(created_at AS BLOB) "
                     f"FROM jixu_checkpoints WHERE name = ? AND stream IN ({','.join('?' * len(chunk))})",
                     (name, *chunk)).fetchall())
             return rows
 
-        return {row[0]: Checkpoint(*row) for row in self._read(read)}
+        found: dict[str, Checkpoint] = {}
+        for stream, row_name, seq, version, *texts in self._read(read):
+            # Read as bytes: a row edited to hold what is no UTF-8 is skipped (it seals nothing), instead of
+            # failing the read of every other stream's row with it (the watch of a process reads them together).
+            try:
+                head_hash, state, digest, created_at = (bytes(text).decode("utf-8") for text in texts)
+            except (UnicodeDecodeError, TypeError):
+                continue
+            found[stream] = Checkpoint(stream, row_name, seq, version, head_hash, state, digest, created_at)
+        return found
 
     # --- work queue -----------------------------------------------------------------
 
