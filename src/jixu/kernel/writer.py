@@ -168,6 +168,8 @@ class StreamWriter(Generic[F]):
         self._reload = reload
         self._seal = seal
         self._on_applied = on_applied
+        self._watch: _BreakWatch | None = None
+        """This process's watch of recorded breaks for ``store``, once a step asked it."""
         self._staged: list[PreparedEvent] = []
         self._staged_fence: Fence | None = None
         self._queue: list[_Queued] = []
@@ -219,8 +221,12 @@ class StreamWriter(Generic[F]):
         ``fresh=False`` (every step of a loop) asks this process's watch instead, which reads the breaks of
         every stream it is asked about at once, at most every :data:`BREAK_WATCH_INTERVAL_S` (decision 0066).
         """
-        found = (recorded_break(self.store, self.stream) if fresh
-                 else _watch_of(self.store).recorded(self.store, self.stream))
+        if fresh:
+            found = recorded_break(self.store, self.stream)
+        else:
+            if self._watch is None:  # looked up once per record, not at every step
+                self._watch = _watch_of(self.store)
+            found = self._watch.recorded(self.store, self.stream)
         if found is None or found.first_bad_seq is None or (
                 self.chain_break is not None and self.chain_break <= found.first_bad_seq):
             return None

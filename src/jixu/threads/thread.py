@@ -43,7 +43,6 @@ from jixu.kernel import (
     own_lease,
     pause_delay,
     perform,
-    release,
     release_later,
     tracing,
     unrecorded_receipts,
@@ -682,10 +681,9 @@ class Thread:
         fence, self._fence = self._fence, None
         if fence is None:
             return
-        store = self.log.store
-        give_back = partial(release_later, store, fence)
+        give_back = partial(release_later, self.log.store, fence)
         if not hold_claim_while_calls_run(fence.key, self.log.state.open_events, give_back):
-            release(store, fence)
+            give_back()
 
     async def drain(self, timeout: float) -> None:
         """Stop starting new work, let calls in flight finish for up to ``timeout`` seconds, then cancel.
