@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from jixu import Agent, Harness, MemoryStore, RecoveryResolver, State, tool
+from jixu.kernel.loop import MAX_RETRY_AFTER
 from jixu.ledger import Event, open_store
 from jixu.threads.anthropic import AnthropicModel
 from jixu.threads.openai import OpenAIModel
@@ -105,6 +106,25 @@ def test_openai_a_fourth_rate_limit_pauses_instead_of_retrying(openai_server: Fa
         await thread.resume(actor="ops", note="limit raised")
         state = await asyncio.wait_for(thread.wait(), 20)
         assert state.status == "idle" and state.last_reply == "Resumed." and len(openai_server.requests) == 5
+
+    run(scenario())
+
+
+def test_a_retry_after_beyond_an_hour_pauses_for_an_operator(openai_server: FakeOpenAI) -> None:
+    openai_server.script(Failure(429, RATE_LIMITED, {"retry-after": str(int(MAX_RETRY_AFTER) + 1)}))
+    harness = openai_harness(openai_server)
+
+    async def scenario() -> None:
+        thread, state, events = await ask(harness)  # within ask's 20 s: the hour and a second is not waited out
+        assert state.status == "paused" and "rate_limit" in state.reason
+        assert pauses(events) == [("rate_limit", False, None)]
+        paused = of_type(events, "turn.paused")[0].data
+        assert paused["retry_after"] == MAX_RETRY_AFTER + 1 and paused["resume_at"] is None
+        assert not of_type(events, "turn.resumed") and len(openai_server.requests) == 1
+        openai_server.script(Completion(text="Resumed."))
+        await thread.resume(actor="ops")
+        state = await asyncio.wait_for(thread.wait(), 20)
+        assert state.status == "idle" and state.last_reply == "Resumed." and len(openai_server.requests) == 2
 
     run(scenario())
 

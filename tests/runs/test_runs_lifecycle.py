@@ -3,6 +3,7 @@ handed off, a retry with lineage, cancellation."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from jixu.errors import ProviderTestFailed, RunStateError, UnknownProvider
+from jixu.kernel.loop import MAX_RETRY_AFTER
 from jixu.ledger import Store
 from jixu.ledger.encoding import canonical_text
 from jixu.runs import ImplementContext, ImplementResult, ProviderError, ProviderTest, Runs, ScriptedProvider
@@ -213,6 +215,24 @@ def test_a_fourth_429_waits_for_an_operator_and_an_explicit_resume_continues(sto
         assert len((await runs.journal(run_id))[0]) == length
         resumed = await runs.resume(run_id, "ops")
         assert resumed.status == "queued" and resumed.reconciliations[-1]["outcome"] == "consistent"
+        assert (await runs.execute(run_id)).status == "succeeded"
+
+    run(scenario())
+
+
+def test_a_retry_after_beyond_an_hour_waits_for_an_operator_not_for_the_provider(store: Store, tmp_path: Path) -> None:
+    register(store, make_origin(tmp_path))
+    limited = ProviderError("429", kind="rate_limit", retry_after=MAX_RETRY_AFTER + 1)
+    runs = Runs(store, tmp_path / "ws", {"scripted": ScriptedProvider("scripted", [limited, fix])})
+
+    async def scenario() -> None:
+        run_id = await runs.create_run("calc", "fix add()", provider="scripted")
+        state = await asyncio.wait_for(runs.execute(run_id), 30)  # not held for the hour and a second asked
+        assert (state.status, state.pause_reason) == ("paused", "rate_limit")
+        assert [(p["automatic"], p["delay"], p["resume_at"], p["retry_after"]) for p in state.pauses] == [
+            (False, None, None, MAX_RETRY_AFTER + 1)]
+        resumed = await runs.resume(run_id, "ops")
+        assert resumed.status == "queued"
         assert (await runs.execute(run_id)).status == "succeeded"
 
     run(scenario())

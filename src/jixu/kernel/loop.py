@@ -22,6 +22,10 @@ from jixu.ledger.store import Store
 MAX_AUTOMATIC_RETRIES = 3
 """Automatic resumes of a pause (rate limit, transient failure) before it waits for an operator."""
 
+MAX_RETRY_AFTER = 3600.0
+"""The longest wait a provider's retry-after is honoured for by itself (seconds); a longer one (a day's quota, a
+value no provider means) pauses for an operator instead of holding the turn or run that long."""
+
 
 class _LoopStopped:
     """What an action returns when it ended the loop without recording anything (see :data:`LOOP_STOPPED`)."""
@@ -61,11 +65,12 @@ async def drive(writer: StreamWriter[Any], next_action: Callable[[], Awaitable[A
                             **details)
 
 
-def pause_delay(retry_after: float | None, retries_used: int, *, backoff: float, cap: float) -> float:
+def pause_delay(retry_after: float | None, retries_used: int, *, backoff: float, cap: float) -> float | None:
     """The delay of an automatic pause: the provider's ``retry_after``, else ``backoff * 2**n`` with +-20 %
-    jitter, capped at ``cap``."""
+    jitter, capped at ``cap``. None when the provider asks for more than :data:`MAX_RETRY_AFTER`: the pause is
+    then an operator's (recorded ``automatic: false``, the provider's ``retry_after`` kept)."""
     if retry_after is not None:
-        return float(retry_after)
+        return float(retry_after) if retry_after <= MAX_RETRY_AFTER else None
     return min(backoff * (2.0 ** retries_used) * random.uniform(0.8, 1.2), cap)
 
 
@@ -77,4 +82,4 @@ async def sleep_until(store: Store, resume_at: object) -> None:
             await asyncio.sleep(remaining)
 
 
-__all__ = ["LOOP_STOPPED", "MAX_AUTOMATIC_RETRIES", "drive", "pause_delay", "sleep_until"]
+__all__ = ["LOOP_STOPPED", "MAX_AUTOMATIC_RETRIES", "MAX_RETRY_AFTER", "drive", "pause_delay", "sleep_until"]

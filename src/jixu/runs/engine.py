@@ -547,7 +547,7 @@ class Runs:
                             cap=self.retry_backoff_cap) if action.automatic else None
         now = self.store.now()
         log.append([NewEvent("run.paused", {
-            "reason": action.reason, "automatic": action.automatic, "retry_after": action.retry_after,
+            "reason": action.reason, "automatic": delay is not None, "retry_after": action.retry_after,
             "delay": delay, "resume_at": None if delay is None else now + delay, "task_id": action.task_id,
             "effect_id": action.effect_id, "automatic_retries_used": action.retries_used,
         }, log.meta(self.owner))], fence)

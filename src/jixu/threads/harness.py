@@ -98,7 +98,8 @@ class Harness:
     retried automatically after the recorded delay (the provider's
     retry-after, else ``retry_backoff * 2**n`` with jitter, capped at
     ``retry_backoff_cap``), at most 3 times, then stays paused; quota and
-    authentication failures wait for ``thread.resume()``.
+    authentication failures, and a retry-after longer than an hour
+    (:data:`~jixu.kernel.loop.MAX_RETRY_AFTER`), wait for ``thread.resume()``.
 
     Turn ownership: the process running a turn holds a lease on it, renewed
     every ``lease_ttl / 3`` seconds against the store's clock, and every event

@@ -505,7 +505,7 @@ class Thread:
                             cap=harness.retry_backoff_cap) if action.automatic else None
         now = self.log.store.now()
         await self._commit([NewEvent("turn.paused", {
-            "turn_id": action.turn_id, "reason": action.reason, "automatic": action.automatic,
+            "turn_id": action.turn_id, "reason": action.reason, "automatic": delay is not None,
             "retry_after": action.retry_after, "delay": delay,
             "resume_at": None if delay is None else now + delay, "model_effect_id": action.effect_id,
             "automatic_retries_used": retries}, self.log.meta())])
