@@ -352,6 +352,8 @@ async def run_scenario(scenario: Scenario, open_store: Callable[[], Store], *, o
     ``on_threads`` is told the thread ids once they exist.
     """
     world = world if world is not None else World()
+    # From the start: a task the crash ended may be dropped (and reported) before the crash is noticed here.
+    _ignore_the_dead(asyncio.get_running_loop())
     opened: list[Store] = []
 
     def fresh() -> Store:
@@ -387,7 +389,6 @@ async def run_scenario(scenario: Scenario, open_store: Callable[[], Store], *, o
                 raise
         if world.crashed:
             # The process died: every task of it goes with it. A new process (same owner name) takes over.
-            _ignore_the_dead(asyncio.get_running_loop())
             for thread in threads:
                 if thread._task is not None:
                     thread._task.cancel()
