@@ -240,3 +240,15 @@ def test_project_registration_validates_everything_before_writing(ledger: Store,
     updated = update_policy(ledger, "calc", policy(repairs=2))
     assert updated.policy_revision == 2 and updated.policy_digest != project.policy_digest
     assert snapshot(ledger) == [("project/calc", 2)]
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("retry_backoff", -1), ("retry_backoff", "1"), ("retry_backoff", float("nan")), ("retry_backoff_cap", 3601),
+    ("retry_backoff_cap", True), ("retry_backoff_cap", None)])
+def test_a_bad_retry_backoff_is_refused_as_the_harness_refuses_it(ledger: Store, tmp_path: Path, field: str,
+                                                                 value: object) -> None:
+    providers = {"scripted": ScriptedProvider("scripted", [fix])}
+    with pytest.raises(InvalidInput) as caught:
+        Runs(ledger, tmp_path / "ws", providers, **{field: value})  # type: ignore[arg-type]
+    assert caught.value.details.get("field") == field
+    assert Runs(ledger, tmp_path / "ws", providers, **{field: 0}).__getattribute__(field) == 0.0  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
-from jixu.errors import ConcurrencyError, JixuError
+from jixu.errors import ConcurrencyError, InvalidInput, JixuError
 from jixu.kernel.writer import StreamWriter, unrecorded_receipts
 from jixu.ledger.store import Store
 
@@ -65,6 +65,13 @@ async def drive(writer: StreamWriter[Any], next_action: Callable[[], Awaitable[A
                             **details)
 
 
+def check_backoff(name: str, value: object) -> float:
+    """Return ``value`` (seconds) if it is a number from 0 to 3600: a ``retry_backoff`` or its cap."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 3600:
+        raise InvalidInput(f"{name} must be between 0 and 3600 seconds", field=name)
+    return float(value)
+
+
 def pause_delay(retry_after: float | None, retries_used: int, *, backoff: float, cap: float) -> float | None:
     """The delay of an automatic pause: the provider's ``retry_after``, else ``backoff * 2**n`` with +-20 %
     jitter, capped at ``cap``. None when the provider asks for more than :data:`MAX_RETRY_AFTER`: the pause is
@@ -82,4 +89,4 @@ async def sleep_until(store: Store, resume_at: object) -> None:
             await asyncio.sleep(remaining)
 
 
-__all__ = ["LOOP_STOPPED", "MAX_AUTOMATIC_RETRIES", "MAX_RETRY_AFTER", "drive", "pause_delay", "sleep_until"]
+__all__ = ["LOOP_STOPPED", "MAX_AUTOMATIC_RETRIES", "MAX_RETRY_AFTER", "check_backoff", "drive", "pause_delay", "sleep_until"]

@@ -165,6 +165,16 @@ def check_lease_key(key: object) -> str:
     return key
 
 
+def check_text(value: object, name: str, limit: int, *, required: bool = False) -> None:
+    """Raise :class:`InvalidInput` unless ``value`` is ``None`` (when allowed) or a string of at most ``limit``
+    characters (with ``required``: not blank)."""
+    if value is None and not required:
+        return
+    if not isinstance(value, str) or (required and not value.strip()) or len(value) > limit:
+        raise InvalidInput(f"{name} must be a {'non-empty ' if required else ''}string of at most {limit} "
+                           "characters", field=name)
+
+
 def check_owner(owner: object) -> str:
     """Return ``owner`` if it is a non-empty printable name of at most 200 characters."""
     if not isinstance(owner, str) or not owner or len(owner) > 200 or not owner.isprintable():
@@ -1362,6 +1372,7 @@ __all__ = [
     "work_fence_problem",
     "check_lease_key",
     "check_owner",
+    "check_text",
     "check_ttl",
     "decide_append",
     "existing_batch",

@@ -58,6 +58,7 @@ from jixu.kernel import (
     Outcome,
     Session,
     chain_with_recorded_break,
+    check_backoff,
     claim_stream,
     dead_holder,
     drive,
@@ -71,7 +72,7 @@ from jixu.kernel import (
 from jixu.ledger import Fence, NewEvent, Store, new_id
 from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
 from jixu.ledger.ids import is_valid_id
-from jixu.ledger.store import check_owner, check_ttl
+from jixu.ledger.store import check_owner, check_text, check_ttl
 from jixu.recovery import Analysis
 from jixu.recovery.resolutions import admit_resolution, resolution_body
 from jixu.runs.checks import run_checks
@@ -84,7 +85,6 @@ from jixu.runs.model import (
     TASK_SEMANTICS,
     PlanView,
     RunState,
-    check_text,
     get_project,
     run_lease_key,
     run_stream,
@@ -176,8 +176,8 @@ class Runs:
         self.lease_ttl = check_ttl(lease_ttl)
         check_text(actor, "actor", 200, required=True)
         self.actor = actor
-        self.retry_backoff = float(retry_backoff)
-        self.retry_backoff_cap = float(retry_backoff_cap)
+        self.retry_backoff = check_backoff("retry_backoff", retry_backoff)
+        self.retry_backoff_cap = check_backoff("retry_backoff_cap", retry_backoff_cap)
         self.check_env = dict(check_env) if check_env is not None else None
         self.wait_automatic_pauses = bool(wait_automatic_pauses)
         chosen = dict(publishers) if publishers is not None else {"git": GitPublisher()}

@@ -23,6 +23,7 @@ from jixu.kernel import record
 from jixu.ledger import NewEvent, Store, project
 from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
 from jixu.ledger.event import Event
+from jixu.ledger.store import check_text
 from jixu.ledger.trust import record_break
 from jixu.recovery import Analysis
 from jixu.recovery.corruption import Corruption, corruption
@@ -91,15 +92,6 @@ def run_id_of(key: str) -> str | None:
 def project_stream(name: str) -> str:
     """The stream holding a project's registration and policy updates."""
     return f"{PROJECT_PREFIX}{name}"
-
-
-def check_text(value: object, name: str, limit: int, *, required: bool = False) -> None:
-    """Raise :class:`InvalidInput` unless ``value`` is ``None`` (when allowed) or a string of at most ``limit``."""
-    if value is None and not required:
-        return
-    if not isinstance(value, str) or (required and not value.strip()) or len(value) > limit:
-        raise InvalidInput(f"{name} must be a {'non-empty ' if required else ''}string of at most {limit} "
-                           "characters", field=name)
 
 
 # --- policies ----------------------------------------------------------------------------------

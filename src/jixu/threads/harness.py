@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 from jixu.errors import InvalidInput, ThreadBusy
-from jixu.kernel import DEFAULT_LEASE_TTL, tracing
+from jixu.kernel import DEFAULT_LEASE_TTL, check_backoff, tracing
 from jixu.ledger import Store, open_store
 from jixu.threads.agent import Agent
 from jixu.threads.home import OwnLoop, on_home_loop
@@ -147,12 +147,9 @@ class Harness:
         self.owner = owner
         self.lease_ttl = float(lease_ttl)
         self.takeover = takeover
-        for name, value in (("retry_backoff", retry_backoff), ("retry_backoff_cap", retry_backoff_cap)):
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 3600:
-                raise InvalidInput(f"{name} must be between 0 and 3600 seconds", field=name)
-        self.retry_backoff = float(retry_backoff)
+        self.retry_backoff = check_backoff("retry_backoff", retry_backoff)
         """Base delay of automatic retries after transient failures without a provider retry-after."""
-        self.retry_backoff_cap = float(retry_backoff_cap)
+        self.retry_backoff_cap = check_backoff("retry_backoff_cap", retry_backoff_cap)
         self.closing = False
         self._threads = _Handles()
         self._own_loop: OwnLoop | None = None

@@ -57,7 +57,7 @@ from jixu.ledger.projection import (
     make_chunked_checkpoint,
     write_chunked_checkpoint,
 )
-from jixu.ledger.store import Lease
+from jixu.ledger.store import Lease, check_text
 from jixu.ledger.trust import verdict
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 from jixu.recovery.corruption import Corruption, corruption
@@ -1122,15 +1122,6 @@ def _seal_staged(state: ThreadState, stored: list[Event]) -> ThreadState:
     if state.seq == stored[-1].seq:
         state.head_hash = stored[-1].hash
     return state
-
-
-def check_text(value: object, name: str, limit: int, *, required: bool = False) -> None:
-    """Raise :class:`~jixu.errors.InvalidInput` unless ``value`` is a string within ``limit``."""
-    if value is None and not required:
-        return
-    if not isinstance(value, str) or (required and not value.strip()) or len(value) > limit:
-        raise InvalidInput(f"{name} must be a string of at most {limit} characters"
-                           + (" (not empty)" if required else ""), field=name)
 
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "DEFAULT_MAX_STEPS", "DEFAULT_PROJECT", "THREAD_PREFIX", "State", "ThreadLog",

@@ -12,9 +12,8 @@ from jixu.errors import (
 from jixu.kernel import record
 from jixu.ledger import NewEvent, new_id
 from jixu.ledger.encoding import JSONObject, canonical_text
-from jixu.ledger.store import check_delay
+from jixu.ledger.store import check_delay, check_text
 from jixu.runs.journal import RunLog
-from jixu.runs.model import check_text
 from jixu.runs.remote import REMOTE_TASK_KINDS
 from jixu.runs.requests.base import RequestService
 from jixu.runs.requests.log import RequestLog

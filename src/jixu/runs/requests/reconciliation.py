@@ -12,9 +12,9 @@ from jixu.errors import (
 )
 from jixu.ledger import NewEvent, new_id
 from jixu.ledger.encoding import JSONObject
+from jixu.ledger.store import check_text
 from jixu.recovery.resolutions import admit_resolution, resolution_body
 from jixu.runs.journal import RunLog
-from jixu.runs.model import check_text
 from jixu.runs.requests.base import RequestService
 from jixu.runs.requests.drain import drained_receipt, executor, finished_by, record_drain, stop_leftovers
 from jixu.runs.requests.evidence import matches
