@@ -87,6 +87,44 @@ def test_a_second_process_reads_but_does_not_run_a_live_owners_turn(ledger: Ledg
     run(scenario())
 
 
+def test_another_process_cannot_interrupt_a_turn_a_live_owner_runs(ledger: Ledger) -> None:
+    """Interrupting from a process that does not own the turn would end it under its owner (unfenced), whose call
+    goes on and whose wait() then finds its turn gone: refused, as a resolution is, and nothing is written."""
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    @tool(semantics="unsafe")
+    async def charge(order: str) -> str:
+        started.set()
+        await release.wait()
+        return f"charged {order}"
+
+    def agent() -> Agent:
+        return Agent("shop", ScriptedModel([ToolCall("charge", {"order": "42"}), "Charged."]), tools=[charge])
+
+    owner = ledger.harness(agent(), owner="worker-a", lease_ttl=30)
+    other = ledger.harness(agent(), owner="worker-b", lease_ttl=30)
+
+    async def scenario() -> None:
+        thread = await owner.create_thread()
+        await thread.send("charge 42")
+        await asyncio.wait_for(started.wait(), 10)
+        try:
+            seen = await other.open_thread(thread.thread_id)
+            head = len(await seen.events())
+            with pytest.raises(TurnOwned, match="worker-a"):
+                await seen.interrupt("from elsewhere")
+            assert len(await seen.events()) == head, "nothing is written under a live owner"
+        finally:
+            release.set()  # the call ends whatever happened (a loop's end waits for a call in flight)
+        state = await asyncio.wait_for(thread.wait(), 10)
+        assert (state.status, state.last_reply) == ("idle", "Charged.")
+        ended = of_type(await thread.events(), "turn.ended")
+        assert [e.data["outcome"] for e in ended] == ["completed"]
+
+    run(scenario())
+
+
 @pytest.mark.parametrize("late_owner", ["worker-a", "worker-b"])
 def test_a_lease_that_moves_on_between_the_look_and_the_take_is_looked_at_again(ledger: Ledger,
                                                                                  monkeypatch: pytest.MonkeyPatch,

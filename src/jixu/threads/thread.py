@@ -301,7 +301,11 @@ class Thread:
 
     @on_home_loop
     async def interrupt(self, reason: str = "interrupted by the caller") -> State:
-        """Stop the running turn; calls in flight are recorded as having an unknown outcome."""
+        """Stop the running turn; calls in flight are recorded as having an unknown outcome.
+
+        Refused with :class:`~jixu.errors.TurnOwned` (nothing written) while another process holds a live claim
+        on the turn: interrupt it there, or stop that process.
+        """
         sibling = self._harness.working_on(self)
         if sibling is not None:  # the loop running the turn is another handle's (see _follow)
             await sibling.interrupt(reason)
@@ -312,7 +316,16 @@ class Thread:
         await stop_calls(self._harness, thread_id=self.thread_id)  # a call gone on past its timeout stops too
         await self.log.writer.idle()
         self.log.sync()
-        if self.log.state.active_turn() is not None:
+        turn = self.log.state.active_turn()
+        if turn is not None:
+            # Another live process runs the turn: it is not ended under that process, which would go on with its
+            # calls and find its turn gone (as a resolution is refused until that process stopped).
+            claim = self.log.live_claim(self._harness.owner)
+            if claim is not None:
+                raise TurnOwned(f"turn {turn.turn_id} of thread {self.thread_id} is run by {claim.lease.owner} "
+                                f"(epoch {claim.lease.epoch}; {claim.held_for()}): interrupt it in that process, "
+                                "or stop that process (its drain ends the turn's calls; the turn then waits here)",
+                                thread_id=self.thread_id, turn_id=turn.turn_id)
             fence = await self._claim()
             try:
                 self.log.end_running_turn(reason, fence)
