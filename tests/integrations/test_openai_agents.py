@@ -35,7 +35,7 @@ from agents.models.interface import ModelTracing
 from agents.tool import LocalShellTool
 from openai import AsyncOpenAI, InternalServerError
 
-from jixu import InvalidInput, RecoveryResolver, StepMismatch, StepOutcomeUnknown
+from jixu import InvalidInput, RecoveryResolver, StepFailed, StepMismatch, StepOutcomeUnknown, ToolError
 from jixu.integrations.openai_agents import (
     DurableRunner,
     ToolPolicy,
@@ -381,6 +381,55 @@ def test_a_tool_that_raises_after_its_side_effect_is_unknown_and_an_abandoned_ou
     assert result.final_output == "wrote it" and sent == ["ada"], "never sent again"
     [told] = _tool_messages(openai_server.bodies[1])
     assert told.startswith("The outcome of this call is unknown")
+
+
+@pytest.mark.parametrize("formatter", ["default", "custom", "none"])
+def test_an_unsafe_tool_raising_tool_error_is_told_to_the_model_as_the_sdk_tells_a_tool_error(
+        tmp_path: Path, openai_server: FakeOpenAI, formatter: str) -> None:
+    """``jixu.ToolError`` is a determinate failure (the call did no harm): the model is told through the tool's own
+    failure formatter, as the SDK tells it any tool error, and the run goes on; its sibling ran once. It used to end
+    the run failed, and the same call again then started a new run that repeated the sibling's charge. With the
+    SDK's handler off (``failure_error_function=None``) the error is raised, as the SDK raises it."""
+    charged: list[str] = []
+    sent: list[str] = []
+    options: dict[str, Any] = {} if formatter == "default" else {
+        "failure_error_function": None if formatter == "none" else (lambda ctx, error: f"mail failed: {error}")}
+
+    @function_tool
+    def charge(order: str) -> str:
+        """Charge an order."""
+        charged.append(order)
+        return f"charged {order}"
+
+    @function_tool(**options)
+    def send_mail(to: str) -> str:
+        """Send a mail."""
+        sent.append(to)
+        raise ToolError("the mail server refused the message: nothing was sent", code="refused")
+
+    def shop() -> Agent[Any]:
+        client = AsyncOpenAI(base_url=openai_server.url, api_key="sk-test", max_retries=0)
+        return Agent(name="shop", model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client),
+                     tools=[charge, send_mail])
+
+    url, found = _url(tmp_path), []
+    openai_server.script(Completion(calls=[Call("c1", "charge", '{"order": "7"}'),
+                                           Call("m1", "send_mail", '{"to": "ada"}')]), DONE)
+    if formatter == "none":
+        with pytest.raises(StepFailed):
+            DurableRunner(url).run_sync(shop(), "Charge 7, mail ada", started=found.append)
+        assert charged == ["7"] and sent == ["ada"] and len(openai_server.requests) == 1
+        return
+    result = DurableRunner(url).run_sync(shop(), "Charge 7, mail ada", started=found.append)
+    assert result.final_output == "wrote it" and charged == ["7"] and sent == ["ada"]
+    told = dict(zip(["c1", "m1"], _tool_messages(openai_server.bodies[1]), strict=True))
+    assert told["c1"] == "charged 7"
+    assert told["m1"] == ("An error occurred while running the tool. Please try again." if formatter == "default"
+                          else "mail failed: the mail server refused the message: nothing was sent")
+    log = _log(url, found[0])
+    [failed] = [e for e in log.events() if e.type == "tool.failed"]
+    assert failed.data["error"]["code"] == "refused" and failed.data["indeterminate"] is False
+    assert [e.data["outcome"] for e in log.events() if e.type == "turn.ended"] == ["completed"]
 
 
 # --- approval ------------------------------------------------------------------------------------------------

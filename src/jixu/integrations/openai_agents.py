@@ -100,6 +100,7 @@ try:
         ToolOutputFileContent,
         ToolOutputImage,
         ToolOutputText,
+        maybe_invoke_function_tool_failure_error_function,
     )
     from pydantic import BaseModel, TypeAdapter, ValidationError
 except ImportError as error:  # without the extra: say what to install
@@ -526,6 +527,14 @@ class _RunSteps:
                     return DEFAULT_APPROVAL_REJECTION_MESSAGE  # what the SDK tells the model of a rejection
                 if reason == "abandoned_unknown":
                     return RESOLUTION_MESSAGES["abandoned_unknown"]  # what a jixu agent's model is told
+                if reason == "failed":
+                    # A determinate failure (the tool raised jixu.ToolError: it did no harm), recorded: told to the
+                    # model as the SDK tells it a tool's error (the tool's failure formatter; with none, the SDK
+                    # raises, and so does this), from the record, so a rerun tells it the same.
+                    told = await maybe_invoke_function_tool_failure_error_function(
+                        function_tool=tool, context=ctx, error=ToolError.recorded(failed.details.get("error")))
+                    if told is not None:
+                        return told
                 raise
 
         # The SDK never interrupts for approval here: a call needing one is parked by jixu and waits for it. Its

@@ -56,6 +56,7 @@ from jixu.ledger import Store, content_hash
 from jixu.ledger.encoding import JSONObject
 from jixu.threads.harness import Harness
 from jixu.threads.model import unfinished_answer
+from jixu.threads.projection import RESOLUTION_MESSAGES
 from jixu.threads.steps import DurableRun, run_failure, steps_agent
 from jixu.threads.tools import (
     CallTrackingExecutor,
@@ -73,7 +74,7 @@ try:
     from pydantic_ai import _utils as _pydantic_utils
     from pydantic_ai.durable_exec import JSON_CODEC, CallToolResult
     from pydantic_ai.durable_exec._toolset import unwrap_tool_call_result, wrap_tool_call_result
-    from pydantic_ai.exceptions import ApprovalRequired, ModelHTTPError
+    from pydantic_ai.exceptions import ApprovalRequired, ModelHTTPError, ToolFailed
     from pydantic_ai.messages import ModelMessage, ModelResponse
     from pydantic_ai.models import CompletedStreamedResponse, Model, ModelRequestParameters, StreamedResponse
     from pydantic_ai.models import infer_model as _infer_model
@@ -464,10 +465,20 @@ class JixuToolset(WrapperToolset[Any]):
                 semantics=spec.semantics, probe=_probe_of(spec), probe_timeout=spec.probe_timeout,
                 requires_approval=approval, timeout=timeout, key=key)
         except StepFailed as failed:
-            if failed.details.get("reason") != "denied":
-                raise
-            note = failed.details.get("error")  # the operator's note: the model is told, as pydantic-ai tells it
-            return ToolDenied(f"The tool call was denied: {note}" if note else "The tool call was denied.")
+            reason = failed.details.get("reason")
+            if reason == "denied":
+                note = failed.details.get("error")  # the operator's note: the model is told, as pydantic-ai tells it
+                return ToolDenied(f"The tool call was denied: {note}" if note else "The tool call was denied.")
+            if reason == "abandoned_unknown":
+                # An operator accepted the unknown outcome: the model is told so (as a jixu agent's model is) and the
+                # run goes on. Failing the run instead would make running the code again start a new run, which
+                # would call every tool, unsafe ones included, once more.
+                return RESOLUTION_MESSAGES["abandoned_unknown"]
+            if reason == "failed":
+                # A determinate failure (the tool raised jixu.ToolError: it did no harm), recorded: told to the model
+                # as pydantic-ai's ToolFailed tells it, from the record, so a rerun tells it the same.
+                raise ToolFailed(ToolError.recorded(failed.details.get("error")).message) from None
+            raise
 
 
 def _toolset_timeout(toolset: Any) -> Any:

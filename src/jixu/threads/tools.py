@@ -95,6 +95,16 @@ class ToolError(Exception):
         """``{"type": "tool_error", "code", "message", "data"}``, ready for JSON."""
         return {"type": "tool_error", "code": self.code, "message": self.message, "data": copy.deepcopy(self.data)}
 
+    @classmethod
+    def recorded(cls, error: object) -> ToolError:
+        """The error a recorded determinate failure holds (:meth:`to_dict`'s output; anything else as its text),
+        e.g. to tell a rerun's framework what the first run's did."""
+        if not isinstance(error, dict):
+            return cls(str(error))
+        code = error.get("code")
+        return cls(str(error.get("message")), code=code if isinstance(code, str) and code else "tool_error",
+                   data=error.get("data"))
+
 
 # --- probes ---------------------------------------------------------------------------
 
