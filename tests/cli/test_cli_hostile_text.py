@@ -126,7 +126,8 @@ def corrupt(store: Hostile) -> str:
     """Append an effect event with a hostile effect id to the normal thread (through the ledger: its chain stays
     valid, the thread becomes corrupt); the thread's id."""
     data = json.dumps({"effect_id": "[/bold] [red]FAILED[/red]", "result": SHORT})
-    result = store.jixu("ledger", "append", str(store.db), f"thread/{store.normal}", "tool.completed", data)
+    result = store.jixu("ledger", "append", str(store.db), f"thread/{store.normal}", "tool.completed", data,
+                        "--force")
     assert result.returncode == 0, result.stderr
     return store.normal
 

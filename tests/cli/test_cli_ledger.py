@@ -7,6 +7,8 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from jixu.ledger import SQLiteStore
 from jixu.ledger.encoding import content_hash
 from tests.helpers import run_jixu
@@ -133,3 +135,22 @@ def test_verify_names_a_rewrite_under_a_genuine_checkpoint_contradicted_and_an_e
     found = run_jixu("verify", str(edited))
     assert found.returncode == 1
     assert "(1 forged)" in found.stdout, found.stdout
+
+
+@pytest.mark.parametrize("stream", ["thread/01M98TFAAYE54KGZDV00346BK4", "run/01M98TFAAYE54KGZDV00346BK4",
+                                    "request/01M98TFAAYE54KGZDV00346BK4", "project/calc"])
+def test_a_raw_append_to_a_stream_jixu_keeps_needs_force(tmp_path: Path, stream: str) -> None:
+    """An audit: a raw `tool.outcome_resolved` onto a thread whose owner was mid-call was recorded (the owner's
+    real receipt then refused), where `jixu threads resolve` refuses it while the call may run. A stream jixu keeps
+    is not appended to raw unless asked with --force."""
+    db = tmp_path / "t.db"
+    resolution = json.dumps({"effect_id": "e1", "resolution": "not_occurred", "resolution_id": "r1"})
+    refused = jixu("ledger", "append", str(db), stream, "tool.outcome_resolved", resolution, "--json")
+    assert refused.returncode == 6, refused.stderr
+    assert json.loads(refused.stdout)["error"]["code"] == "invalid_input" and "--force" in refused.stdout
+    with SQLiteStore(db) as store:
+        assert store.stream_info(stream) is None, "nothing was appended"
+    forced = jixu("ledger", "append", str(db), stream, "tool.outcome_resolved", resolution, "--force")
+    assert forced.returncode == 0, forced.stderr
+    with SQLiteStore(db) as store:
+        assert [e.type for e in store.read(stream)] == ["tool.outcome_resolved"]

@@ -108,6 +108,15 @@ def ledger_group() -> None:
     """Read and append raw ledger events."""
 
 
+_KEPT_BY_JIXU = {
+    "thread/": "a thread's record: change it with `jixu threads` (send, resolve, approve, deny, resume)",
+    "run/": "a run's journal: change it with `jixu runs`",
+    "request/": "an execution request's record: change it with `jixu runs` (resolve-request, ...)",
+    "project/": "a project's record: change it with `jixu projects`",
+}
+"""Streams whose events jixu's harness writes after its own checks (the turn's owner, the effect's state)."""
+
+
 @ledger_group.command("append")
 @click.argument("store")
 @click.argument("stream")
@@ -117,11 +126,22 @@ def ledger_group() -> None:
               help="The head seq you expect (default: the current head, read just before).")
 @click.option("--id", "event_id", default=None, help="Event id (a ULID) to make a retried append idempotent.")
 @click.option("--actor", default=None, help="Recorded in the event's meta as the actor.")
+@click.option("--force", is_flag=True,
+              help="Append to a stream jixu keeps (thread/, run/, request/, project/) without its checks.")
 @json_option
 def append_command(store: str, stream: str, event_type: str, data: str, expected_seq: int | None,
-                   event_id: str | None, actor: str | None, as_json: bool) -> None:
-    """Append one event of EVENT_TYPE with DATA (a JSON object) to STREAM (refused if STREAM does not verify)."""
+                   event_id: str | None, actor: str | None, force: bool, as_json: bool) -> None:
+    """Append one event of EVENT_TYPE with DATA (a JSON object) to STREAM (refused if STREAM does not verify).
+
+    A stream jixu keeps (a thread's, a run's, ...) is refused without --force: its commands check what a raw
+    append does not (an operator's resolution of a call another process still runs would be recorded, and that
+    process's receipt then refused).
+    """
     with handled(as_json):
+        kept = next((what for prefix, what in _KEPT_BY_JIXU.items() if stream.startswith(prefix)), None)
+        if kept is not None and not force:
+            raise InvalidInput(f"{stream!r} is {kept}; a raw append skips their checks (nothing was appended; "
+                               "--force appends it anyway)", field="stream")
         try:
             payload = json.loads(data)
         except ValueError as exc:
