@@ -113,6 +113,12 @@ def test_a_paused_owner_on_this_machine_keeps_its_turn_from_recovery_until_it_is
                               "--expected-epoch", "1")
     assert code == 4 and refused["error"]["code"] == "turn_owned", refused
     assert "still runs on this machine" in refused["error"]["message"]
+    # Another worker finding the turn says the same (it used to advise the recovery just refused).
+    second = workers(sqlite.url, "worker-b", "--lease-ttl", "1", env={"JIXU_TEST_OUTSIDE": str(outside)})
+    wait_until(lambda: "needs an operator" in second.output(), "worker-b to leave the turn to an operator")
+    advice = second.output()
+    assert "still runs on this machine: stop it first" in advice and "jixu turns recover" not in advice, advice
+    assert second.stop() == 0
     first.kill()
     code, recovered = jixu_json("turns", "recover", sqlite.url, thread_id, turn_id, "--request-id", REQUEST,
                                 "--expected-epoch", "1")

@@ -620,6 +620,9 @@ class Thread:
             return None  # killed between taking the lease and recording its claim: it did nothing under it
         if self._harness.takeover == "safe" and self._safe_to_take_over():
             return None
+        live = self.log.live_claim(self._harness.owner)
+        if live is not None:  # stopped (SIGSTOP, a paused VM) or left processes running: recovery is refused too
+            return f"turn {turn.turn_id}'s owner {lease.owner} (epoch {lease.epoch}) may still act: {live.held_for()}"
         return (f"turn {turn.turn_id}'s owner {lease.owner} (epoch {lease.epoch}) stopped renewing its lease "
                 f"{now - lease.expires_at:.1f}s ago; recover the turn explicitly: jixu turns recover STORE "
                 f"{self.thread_id} {turn.turn_id} --request-id HEX --expected-epoch {lease.epoch}")
