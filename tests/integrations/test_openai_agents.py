@@ -36,6 +36,7 @@ from agents.tool import LocalShellTool
 from openai import AsyncOpenAI, InternalServerError
 
 from jixu import InvalidInput, RecoveryResolver, StepFailed, StepMismatch, StepOutcomeUnknown, ToolError
+from jixu.errors import ToolDefinitionError
 from jixu.integrations.openai_agents import (
     DurableRunner,
     ToolPolicy,
@@ -521,6 +522,18 @@ def test_what_cannot_be_recorded_is_refused_before_anything_runs(tmp_path: Path,
         ToolPolicy("sometimes")  # type: ignore[arg-type]
     with pytest.raises(InvalidInput, match="above @function_tool"):
         durable_tool()(lambda ctx: None)  # type: ignore[arg-type]
+    # A declaration a jixu tool refuses is refused when made, naming the tool (it was found only once a paid
+    # model call had asked for the tool, naming an internal function), as are options nothing would take.
+    with pytest.raises(ToolDefinitionError, match=r"append_line.*probe_timeout needs a probe"):
+        durable_tool(probe_timeout=5)(function_tool(lambda text: text, name_override="append_line"))
+    with pytest.raises(ToolDefinitionError, match="append_line"):
+        DurableRunner(url, tools={"append_line": ToolPolicy("unsafe", lambda q: None, -1)})
+    with pytest.raises(InvalidInput, match="tools must map"):
+        DurableRunner(url, tools=["append_line"])  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="bogus_opt"):
+        DurableRunner(url, bogus_opt=1)
+    with pytest.raises(InvalidInput, match="recorded model response"):
+        load_model_response({})
     assert openai_server.requests == [] and not (tmp_path / "jixu.db").exists()
 
     async def inside() -> None:

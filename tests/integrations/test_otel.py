@@ -255,4 +255,6 @@ def test_instrument_refuses_a_capture_flag_that_is_not_a_bool() -> None:
 
     with pytest.raises(InvalidInput, match="capture_content"):
         instrument(capture_content="yes")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="tracer_provider"):
+        instrument("x")  # type: ignore[arg-type]
     assert not tracing.tracer().enabled

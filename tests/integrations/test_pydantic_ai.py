@@ -534,6 +534,15 @@ def test_declarations_are_checked_when_made(tmp_path: Path) -> None:
         JixuAgent(agent, tmp_path / "b.db", tool_semantics={"noop": "sometimes"})  # type: ignore[dict-item]
     with pytest.raises(InvalidInput):
         current_effect()
+    with pytest.raises(InvalidInput, match="recorded model response"):
+        load_response({})
+    # A misspelt tool name would leave the real tool undeclared (unsafe, no probe) without a word.
+    with pytest.raises(InvalidInput, match=r"'nop'.*its tools: 'noop'") as unknown:
+        JixuAgent(agent, tmp_path / "c.db", tool_semantics={"nop": "read_only"})
+    assert unknown.value.details["field"] == "tool_semantics"
+    with pytest.raises(InvalidInput, match="probes names no tool"):
+        JixuAgent(agent, tmp_path / "c.db", probes={"noop_": lambda q: None})
+    assert not (tmp_path / "c.db").exists(), "nothing was opened"
 
 
 def test_a_run_without_a_thread_id_is_refused_and_records_nothing(tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ import contextvars
 import dataclasses
 import hashlib
 import importlib
+import inspect
 import json
 import math
 import os
@@ -72,7 +73,7 @@ from jixu.threads.steps import (
     durable,
     run_failure,
 )
-from jixu.threads.tools import ProbeQuery, ToolContext, ToolError
+from jixu.threads.tools import ProbeQuery, Tool, ToolContext, ToolError
 
 try:
     from agents import (
@@ -107,6 +108,11 @@ except ImportError as error:  # without the extra: say what to install
     raise MissingExtra.needed("openai-agents", "jixu.integrations.openai_agents (the OpenAI Agents SDK, tested with "
                               "0.24)", error) from error
 
+
+_HARNESS_OPTIONS: frozenset[str] = frozenset(
+    name for name, parameter in inspect.signature(Harness.__init__).parameters.items()
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY)
+"""What ``DurableRunner(store, **harness)`` may pass on to its :class:`~jixu.Harness`."""
 
 _REFUSED_INPUT = "Invalid JSON input for tool"
 """How the SDK's function tools begin the error for arguments they refuse before running (not JSON, not an object,
@@ -152,6 +158,18 @@ class ToolPolicy:
         if self.probe is not None and not callable(self.probe):
             raise InvalidInput("probe must be a function taking a ProbeQuery", field="probe")
 
+    def checked(self, name: str) -> ToolPolicy:
+        """This policy, checked by the rules of a jixu tool for the SDK tool ``name``
+        (:class:`~jixu.errors.ToolDefinitionError` names what is wrong), before anything runs."""
+
+        def declared(ctx: ToolContext) -> Any:  # pragma: no cover - never called: only the declaration is checked
+            return None
+
+        declared.__name__ = declared.__qualname__ = name  # what an error names: the tool, not this stand-in
+        Tool(declared, name=_step_name(name), semantics=self.semantics, probe=self.probe,
+             probe_timeout=self.probe_timeout)
+        return self
+
 
 _POLICY_ATTRIBUTE = "_jixu_tool_policy"
 
@@ -166,7 +184,7 @@ def durable_tool(*, semantics: Semantics = "unsafe", probe: Callable[[ProbeQuery
         if not isinstance(tool, FunctionTool):
             raise InvalidInput("@durable_tool(...) goes above @function_tool: it declares a FunctionTool",
                                field="tool")
-        setattr(tool, _POLICY_ATTRIBUTE, policy)
+        setattr(tool, _POLICY_ATTRIBUTE, policy.checked(tool.name))
         return tool
 
     return declare
@@ -226,7 +244,18 @@ def dump_model_response(response: ModelResponse) -> JSONObject:
 
 
 def load_model_response(data: Mapping[str, Any]) -> ModelResponse:
-    """The :class:`agents.ModelResponse` that :func:`dump_model_response` recorded."""
+    """The :class:`agents.ModelResponse` that :func:`dump_model_response` recorded (anything else:
+    :class:`~jixu.errors.InvalidInput`)."""
+    try:
+        return _load_model_response(data)
+    except (KeyError, TypeError, AttributeError, ValueError) as error:  # pydantic's ValidationError is a ValueError
+        if isinstance(error, InvalidInput):
+            raise
+        raise InvalidInput(f"not a recorded model response: {type(error).__name__}: {error}"[:500],
+                           field="response") from error
+
+
+def _load_model_response(data: Mapping[str, Any]) -> ModelResponse:
     output: list[Any] = []
     for item in data["output"]:
         name = item.get("class")
@@ -788,12 +817,18 @@ class DurableRunner:
         if isinstance(target, Harness) and harness:
             raise InvalidInput(f"harness options ({', '.join(sorted(harness))}) go to your Harness itself",
                                field="harness")
+        unknown = sorted(set(harness) - _HARNESS_OPTIONS)
+        if unknown:
+            raise InvalidInput(f"unknown harness option(s) {', '.join(unknown)} (a Harness takes "
+                               f"{', '.join(sorted(_HARNESS_OPTIONS))})", field="harness")
+        if tools is not None and (not isinstance(tools, Mapping) or not all(isinstance(k, str) for k in tools)):
+            raise InvalidInput("tools must map tool names to a ToolPolicy or a semantics", field="tools")
         self._target = target
         self._harness_options = harness
         self._approval_poll = approval_poll
         policies: dict[str, ToolPolicy] = {}
         for name, given in (tools or {}).items():
-            policies[name] = given if isinstance(given, ToolPolicy) else ToolPolicy(given)
+            policies[name] = (given if isinstance(given, ToolPolicy) else ToolPolicy(given)).checked(name)
         self._policies = policies
 
     def _durable(self, agent: Agent[Any], thread_id: str | None, name: str, run_key: str | None) -> DurableRun:

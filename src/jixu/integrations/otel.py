@@ -168,6 +168,9 @@ def instrument(tracer_provider: trace.TracerProvider | None = None, *,
     """
     if capture_content is not None and not isinstance(capture_content, bool):
         raise InvalidInput("capture_content must be True, False or None", field="capture_content")
+    if tracer_provider is not None and not callable(getattr(tracer_provider, "get_tracer", None)):
+        raise InvalidInput("tracer_provider must be an OpenTelemetry TracerProvider (or None: the global one)",
+                           field="tracer_provider")
     installed = OTelTracer(tracer_provider, capture_content=capture_content)
     tracing.set_tracer(installed)
     return installed

@@ -125,6 +125,7 @@ class EffectSpec:
         def declared(ctx: ToolContext) -> Any:  # pragma: no cover - never called: only the declaration is checked
             return None
 
+        declared.__name__ = declared.__qualname__ = name  # what an error names: the tool, not this stand-in
         Tool(declared, name=_step_name(name), semantics=self.semantics, probe=self.probe,
              probe_timeout=self.probe_timeout, timeout=self.timeout)
         return self
@@ -224,8 +225,11 @@ def dump_response(response: ModelResponse) -> JSONObject:
 
 
 def load_response(payload: JSONObject) -> ModelResponse:
-    """The model response :func:`dump_response` recorded, rebuilt."""
-    [message] = ModelMessagesTypeAdapter.validate_python([payload])
+    """The model response :func:`dump_response` recorded, rebuilt (anything else: :class:`~jixu.errors.InvalidInput`)."""
+    try:
+        [message] = ModelMessagesTypeAdapter.validate_python([payload])
+    except ValueError as error:  # pydantic's ValidationError
+        raise InvalidInput(f"not a recorded model response: {error}"[:500], field="response") from error
     if not isinstance(message, ModelResponse):
         raise InvalidInput(f"the recorded model response is a {type(message).__name__}", field="response")
     return message
@@ -498,9 +502,11 @@ def _declared(agent: Agent[Any, Any], tool_semantics: Mapping[str, Semantics] | 
               probes: Mapping[str, Callable[[ProbeQuery], Any]] | None) -> _Policy:
     """Each tool's declaration: ``@effect`` on its function, overridden by ``tool_semantics`` and ``probes``."""
     specs: dict[str, EffectSpec] = {}
+    names: set[str] = set()
 
     def collect(toolset: AbstractToolset[Any]) -> None:
         if isinstance(toolset, FunctionToolset):
+            names.update(toolset.tools)
             for name, declared in toolset.tools.items():
                 found = getattr(declared.function, _EFFECT_ATTRIBUTE, None)
                 if isinstance(found, EffectSpec):
@@ -508,9 +514,17 @@ def _declared(agent: Agent[Any, Any], tool_semantics: Mapping[str, Semantics] | 
 
     for toolset in agent.toolsets:
         toolset.apply(collect)
+    # Only plain function toolsets name their tools before a run: another (an MCP server's, a prefixing wrapper)
+    # names them when a run lists them.
+    static = all(isinstance(toolset, FunctionToolset) for toolset in agent.toolsets)
     for field, given in (("tool_semantics", tool_semantics), ("probes", probes)):
         if given is not None and (not isinstance(given, Mapping) or not all(isinstance(k, str) for k in given)):
             raise InvalidInput(f"{field} must map tool names to declarations", field=field)
+        unknown = sorted(set(given or {}) - names)
+        if unknown and static:
+            # A misspelt name would leave the real tool without its declaration (unsafe, no probe) unnoticed.
+            raise InvalidInput(f"{field} names no tool of the agent: {', '.join(map(repr, unknown))} (its tools: "
+                               f"{', '.join(map(repr, sorted(names))) or 'none'})", field=field)
     for name in {*(tool_semantics or {}), *(probes or {})}:
         base = specs.get(name) or EffectSpec()
         specs[name] = replace(base, semantics=(tool_semantics or {}).get(name, base.semantics),
