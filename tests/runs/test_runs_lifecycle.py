@@ -7,6 +7,7 @@ import asyncio
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -234,6 +235,43 @@ def test_a_retry_after_beyond_an_hour_waits_for_an_operator_not_for_the_provider
         resumed = await runs.resume(run_id, "ops")
         assert resumed.status == "queued"
         assert (await runs.execute(run_id)).status == "succeeded"
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("operation", ["resume", "handoff"])
+def test_two_operators_resuming_at_once_one_wins_and_the_other_is_told_at_run_level(
+        store: Store, tmp_path: Path, operation: str) -> None:
+    """An audit: the second of two concurrent resumes (or handoffs) got the ledger's bare ConcurrencyError."""
+    register(store, make_origin(tmp_path))
+    providers = {"scripted": ScriptedProvider("scripted", [ProviderError("credits", kind="quota"), fix]),
+                 "other": ScriptedProvider("other", [fix])}
+    first, second = (Runs(store, tmp_path / "ws", providers, owner=owner) for owner in ("ops-a", "ops-b"))
+
+    async def scenario() -> None:
+        run_id = await first.create_run("calc", "fix add()", provider="scripted")
+        assert (await first.execute(run_id)).status == "paused"
+        reached, go = asyncio.Event(), asyncio.Event()
+        reconcile = second._reconciliation
+
+        async def held(*args: Any, **kwargs: Any) -> Any:  # the second has read the journal and decided
+            found = await reconcile(*args, **kwargs)
+            reached.set()
+            await go.wait()
+            return found
+
+        second._reconciliation = held  # type: ignore[method-assign]
+        act = (lambda runs, who: runs.resume(run_id, who)) if operation == "resume" else (
+            lambda runs, who: runs.handoff(run_id, "other", who))
+        late = asyncio.create_task(act(second, "ops-b"))
+        await asyncio.wait_for(reached.wait(), 10)
+        assert (await act(first, "ops-a")).status == "queued"
+        go.set()
+        with pytest.raises(RunStateError, match=r"changed while it was being .* nothing was recorded"):
+            await late
+        entries, valid = await first.journal(run_id)
+        kind = "run.resumed" if operation == "resume" else "run.handed_off"
+        assert valid and [e["data"]["actor"] for e in entries if e["type"] == kind] == ["ops-a"]
 
     run(scenario())
 

@@ -796,10 +796,23 @@ class Runs:
                                     f"{'; '.join(reconciled.data['details'])}. Nothing was run; restore the "
                                     "workspace and resume again, or cancel and retry", run_id=run_id,
                                     details=reconciled.data["details"])
-        log.append([reconciled, NewEvent("run.resumed", {"reason": "explicit", "actor": actor, "note": note,
-                                                         "previous_status": status}, log.meta(actor))],
-                   enqueue=self._work_item(log, queue))
+        self._operate(log, "resumed", [reconciled, NewEvent("run.resumed", {
+            "reason": "explicit", "actor": actor, "note": note, "previous_status": status}, log.meta(actor))],
+                      enqueue=self._work_item(log, queue))
         return self._state(log)
+
+    def _operate(self, log: RunLog, what: str, events: list[NewEvent], *, enqueue: tuple[str, str] | None) -> None:
+        """Append an operator's operation decided on the journal as read; another writer moved it meanwhile (a
+        second operator, a worker): :class:`~jixu.errors.RunStateError`, nothing recorded (the operation was
+        decided on a state that is gone: look at the run again)."""
+        try:
+            log.append(events, enqueue=enqueue)
+        except ConcurrencyError as error:
+            log.sync()
+            status, reason, _analysis, _info = self._status(log)
+            raise RunStateError(f"run {log.run_id} changed while it was being {what} (it is {status} now: {reason}); "
+                                f"nothing was recorded: look at it again", run_id=log.run_id,
+                                status=status) from error
 
     async def _no_earlier_agent(self, log: RunLog, actor: str, stop: bool, what: str) -> None:
         """Refuse (:class:`~jixu.errors.AgentStillRunning`) while an earlier attempt's process runs; with
@@ -855,7 +868,7 @@ class Runs:
         snapshot = provider_snapshot(chosen, len(record.providers) + 1)
         plan = record.plan or {"revision": 0, "tasks": []}
         meta = log.meta(actor)
-        log.append([
+        self._operate(log, "handed off", [
             reconciled,
             NewEvent("run.handed_off", {"provider": snapshot, "previous_provider": record.provider,
                                         "tested": {"ok": tested.ok, "message": tested.message}, "actor": actor,
