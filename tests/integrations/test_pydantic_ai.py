@@ -337,20 +337,26 @@ def test_a_request_an_operator_settled_without_its_response_is_asked_again(tmp_p
     assert len(server.requests) == 2
 
 
-def test_an_abandoned_unknown_call_is_told_to_the_model_and_a_rerun_repeats_nothing(tmp_path: Path,
-                                                                                   server: FakeOpenAI) -> None:
-    """An operator's ``abandoned_unknown`` (offered by the error) ends the step with what the model is told, as for a
-    jixu agent; it used to end the run failed, and the same call again then started a new run that charged again."""
-    charged: list[int] = []
-    url = f"sqlite:///{tmp_path / 'jixu.db'}"
+def _charging(server: FakeOpenAI, error: Exception) -> tuple[Agent[Any, Any], list[int]]:
+    """An agent on ``server`` whose one tool, ``charge`` (unsafe), notes each call and raises ``error``."""
+    calls: list[int] = []
     agent = Agent(_openai(server), name="shop")
 
     @agent.tool_plain
     def charge(order: int) -> str:
         """Charge an order."""
-        charged.append(order)
-        raise ConnectionResetError("the bank hung up after taking the charge")
+        calls.append(order)
+        raise error
 
+    return agent, calls
+
+
+def test_an_abandoned_unknown_call_is_told_to_the_model_and_a_rerun_repeats_nothing(tmp_path: Path,
+                                                                                   server: FakeOpenAI) -> None:
+    """An operator's ``abandoned_unknown`` (offered by the error) ends the step with what the model is told, as for a
+    jixu agent; it used to end the run failed, and the same call again then started a new run that charged again."""
+    url = f"sqlite:///{tmp_path / 'jixu.db'}"
+    agent, charged = _charging(server, ConnectionResetError("the bank hung up after taking the charge"))
     server.script(CHARGE)
     with JixuAgent(agent, url) as durable:
         thread_id = durable.new_thread_sync()
@@ -374,16 +380,8 @@ def test_a_tool_error_is_told_to_the_model_as_pydantic_ai_tells_a_failed_tool(tm
                                                                              server: FakeOpenAI) -> None:
     """An unsafe tool raising ``jixu.ToolError`` (it knows it did no harm) is a determinate failure: the model is
     told, as pydantic-ai's ``ToolFailed`` tells it, and the run goes on (it used to end failed)."""
-    tried: list[int] = []
     url = f"sqlite:///{tmp_path / 'jixu.db'}"
-    agent = Agent(_openai(server), name="shop")
-
-    @agent.tool_plain
-    def charge(order: int) -> str:
-        """Charge an order."""
-        tried.append(order)
-        raise ToolError("card declined: nothing was charged", code="declined")
-
+    agent, tried = _charging(server, ToolError("card declined: nothing was charged", code="declined"))
     server.script(CHARGE, Completion(text="The card was declined."))
     with JixuAgent(agent, url) as durable:
         thread_id = durable.new_thread_sync()
