@@ -186,3 +186,26 @@ def test_a_stopped_server_ends_within_its_drain_timeout_though_a_def_tool_still_
         assert took < 8, f"exited {took:.1f}s after SIGTERM with --drain-timeout 1\n{server.output()}"
         assert "cut off by ending the process" in server.output(), server.output()
     assert not late.exists(), "the cut-off call acted after its server stopped"
+
+
+@linux_proc
+@pytest.mark.parametrize("processes", ["0", "2"])
+def test_the_servers_worker_claims_within_the_limits_it_is_given(tmp_path: Path, processes: str) -> None:
+    """An audit: `jixu serve`'s worker (in process or in worker processes) took no limits, so beside `jixu worker`s
+    given `--global-limit` / `--project-limit` it claimed without any. It takes the same options now."""
+    with served(tmp_path, "--worker-processes", processes, "--global-limit", "3", "--project-limit", "demo=1") as server:
+        threads = []
+        for _ in range(4):
+            made = server.client.post("/threads", json={"project": "demo"})
+            assert made.status_code == 201, made.text
+            threads.append(made.json()["thread_id"])
+            sent = server.client.post(f"/threads/{threads[-1]}/inputs", json={"input": "transfer"})
+            assert sent.status_code == 202, sent.text
+        store = SQLiteStore(server.store_path)
+        try:
+            wait_until(lambda: len(store.list_work(state="claimed")) >= 1, "a transfer to be claimed")
+            time.sleep(1.5)  # the workers look again and again meanwhile (each transfer stays in flight)
+            claimed, pending = store.list_work(state="claimed"), store.list_work(state="pending")
+            assert (len(claimed), len(pending)) == (1, 3), (claimed, pending, server.output())
+        finally:
+            store.close()

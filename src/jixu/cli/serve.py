@@ -12,7 +12,7 @@ import click
 
 from jixu.cli.output import EXIT_OK, console, handled, literal
 from jixu.cli.runs import DEFAULT_WORKSPACE_ROOT, PROVIDERS_ENV, WORKSPACE_ENV, load_providers
-from jixu.cli.worker import open_store_label
+from jixu.cli.worker import limit_options, open_store_label, parse_project_limits
 from jixu.errors import InvalidInput, require_extra
 from jixu.ledger import DEFAULT_STORE_URL, open_store
 from jixu.runs.operations import PUBLISHERS_ENV, REMOTES_ENV, load_publishers, load_remotes
@@ -58,12 +58,14 @@ from jixu.scheduling.workers import (
               help="Threads for plain `def` tools in the worker (per process with --worker-processes).")
 @click.option("--max-body-bytes", type=click.IntRange(1024, 64 * 1024 * 1024), default=1024 * 1024,
               show_default=True, help="Larger request bodies are refused with 413.")
+@limit_options
 @click.option("--drain-timeout", type=click.IntRange(0, 3600), default=10, show_default=True,
               help="Seconds a stop gives requests and the worker's turns in flight before cutting them off (a call "
                    "cut off is recorded with an unknown outcome) and exiting.")
 def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, providers_spec: str | None,
                   workspace_root: str, publishers_spec: str | None, remotes_spec: str | None, no_worker: bool, owner: str | None, max_body_bytes: int,
-                  concurrency: int, worker_processes: int, tool_threads: int, drain_timeout: int) -> None:
+                  concurrency: int, worker_processes: int, tool_threads: int, global_limit: int | None,
+                  project_limits: tuple[str, ...], default_project_limit: int | None, drain_timeout: int) -> None:
     """Serve the HTTP API over STORE: threads, runs, projects and tokens under /api/v1.
 
     Callers authenticate with bearer tokens: make the first one with
@@ -101,6 +103,7 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
         remotes_spec = remotes_spec if (remotes_spec or "").strip() else None
         publishers = load_publishers(publishers_spec)
         remotes = load_remotes(remotes_spec) if remotes_spec else None
+        limits = parse_project_limits(project_limits)
         store = open_store(store_url)
         listener = listen(host, port)
     lifespan: list[Any] = []
@@ -108,7 +111,9 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
         config = WorkerConfig(store_url=store_url, agent=agent_spec, owner=owner or default_owner(),
                               providers=providers_spec if providers is not None else None, workspace_root=str(root),
                               publishers=publishers_spec, remotes=remotes_spec, concurrency=concurrency,
-                              tool_threads=tool_threads, drain_timeout=float(drain_timeout))
+                              tool_threads=tool_threads, drain_timeout=float(drain_timeout),
+                              global_limit=global_limit, project_limits=limits,
+                              default_project_limit=default_project_limit)
         if worker_processes:
             with handled(False):
                 lifespan.append(BackgroundPool(config, worker_processes).lifespan)

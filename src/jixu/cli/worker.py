@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -46,6 +48,23 @@ def parse_project_limits(values: tuple[str, ...]) -> dict[str, int]:
             raise InvalidInput(f"--project-limit names project {project!r} twice", field="project_limit")
         limits[project] = int(number)
     return limits
+
+
+def limit_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The claim limits every process claiming from a store takes (``jixu worker``, ``jixu serve``): each claim
+    applies the claiming process's own, so they hold across processes given the same ones."""
+    for option in reversed([
+        click.option("--global-limit", type=click.IntRange(1, UNBOUNDED), default=None,
+                     help="Most items claimed at once across all workers and projects (default: unbounded). Give "
+                          "every process claiming from the store the same limits: each claim applies its own."),
+        click.option("--project-limit", "project_limits", multiple=True, metavar="PROJECT=N",
+                     help="Most items of PROJECT claimed at once (repeatable)."),
+        click.option("--default-project-limit", type=click.IntRange(0, UNBOUNDED), default=None,
+                     help="Most items claimed at once for projects without --project-limit (default: the global "
+                          "limit)."),
+    ]):
+        command = option(command)
+    return command
 
 
 def rich_report(owner: str) -> Report:
@@ -91,12 +110,7 @@ def rich_report(owner: str) -> Report:
 @click.option("--owner", default=None, metavar="NAME",
               help="Worker name (prefix NAME-1…NAME-N with several processes); stable across restarts, unique "
                    "among running workers. Default: worker@<hostname>.")
-@click.option("--global-limit", type=click.IntRange(1, UNBOUNDED), default=None,
-              help="Most items claimed at once across all workers and projects (default: unbounded).")
-@click.option("--project-limit", "project_limits", multiple=True, metavar="PROJECT=N",
-              help="Most items of PROJECT claimed at once (repeatable).")
-@click.option("--default-project-limit", type=click.IntRange(0, UNBOUNDED), default=None,
-              help="Most items claimed at once for projects without --project-limit (default: the global limit).")
+@limit_options
 @click.option("--takeover", type=click.Choice(["never", "safe"]), default="never", show_default=True,
               help="safe: continue another worker's expired turn when the resolver finds every open effect safe; "
                    "never: leave it for `jixu turns recover`.")
