@@ -21,7 +21,8 @@ from jixu.errors import (
 )
 from jixu.ledger import NewEvent
 from jixu.ledger.store import Fence, LeaseTake
-from jixu.threads.log import ThreadLog
+from jixu.scheduling import submit_turn
+from jixu.threads.log import NOBODY_RUNS, ThreadLog
 from tests.threads.conftest import Ledger, of_type, run, wait_for
 
 REQUEST = "0123456789abcdef0123456789abcdef"
@@ -121,6 +122,26 @@ def test_another_process_cannot_interrupt_a_turn_a_live_owner_runs(ledger: Ledge
         assert (state.status, state.last_reply) == ("idle", "Charged.")
         ended = of_type(await thread.events(), "turn.ended")
         assert [e.data["outcome"] for e in ended] == ["completed"]
+
+    run(scenario())
+
+
+def test_a_turn_nobody_holds_says_so_and_one_held_elsewhere_names_its_holder(ledger: Ledger) -> None:
+    """An audit: after a drain gave a turn's claim back (its work queued again), every surface showed `running`
+    with no reason, read as a worker stuck on it."""
+    owner = ledger.harness(quick_agent(), owner="worker-a", lease_ttl=30)
+    viewer = ledger.harness(quick_agent(), owner="viewer", lease_ttl=30)
+
+    async def scenario() -> None:
+        thread = await owner.create_thread()
+        submit_turn(ledger.store(), thread.thread_id, "charge 42")  # queued: nobody holds it yet
+        seen = await viewer.open_thread(thread.thread_id, resume=False)
+        state = seen.state()
+        assert (state.status, state.reason) == ("running", NOBODY_RUNS)
+        other = await owner.create_thread()
+        other.log.start_turn("charge 43", owner="worker-a", ttl=30)  # held by a live process
+        state = (await viewer.open_thread(other.thread_id, resume=False)).state()
+        assert state.status == "running" and "is in progress in worker-a" in state.reason, state.reason
 
     run(scenario())
 

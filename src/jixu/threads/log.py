@@ -203,7 +203,19 @@ def shown_status(action: Action, analysis: Analysis, *, running: bool,
             if elsewhere is not None:
                 return "running", elsewhere, True
         return action.status, action.reason, False
+    if not running and in_progress is not None:
+        # The turn goes on, but not in this process: in another that holds its claim, or in none (a drain gave the
+        # claim back; its holder died): say which, so "running" is not read as a stuck worker.
+        elsewhere = in_progress()
+        if elsewhere is not None:
+            return "running", elsewhere, True
+        return "running", NOBODY_RUNS, False
     return "running", "", False
+
+
+NOBODY_RUNS = ("no process runs the turn now: it goes on when a worker claims its queued work, or a program "
+               "waits on the thread")
+"""The reason of a turn that goes on but that no live process holds (see :func:`shown_status`)."""
 
 
 def build_state(thread_state: ThreadState, analysis: Analysis, *, max_steps: int = DEFAULT_MAX_STEPS,
