@@ -987,3 +987,36 @@ def test_an_unsafe_tools_sdk_timeout_leaves_its_call_unknown_and_the_model_never
     log = _log(_url(tmp_path), found[0])
     decision = RecoveryResolver.analyze(log.events()).decisions[_effect(log, "charge:c1#1")]
     assert decision.state == "unknown"
+
+
+def test_a_def_sibling_that_completes_while_an_unsafe_call_fails_keeps_its_result(
+        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    """An audit: an unsafe tool's exception reaches the SDK (its handler is off for unsafe tools), and the SDK
+    cancels the other calls of the response: a plain `def` sibling, which cannot be stopped, went on, returned,
+    and was recorded interrupted (unknown). The failing step now waits for its siblings in threads first."""
+    ended: list[str] = []
+
+    @function_tool(failure_error_function=None)
+    async def boom() -> str:
+        """Act, then fail without an answer."""
+        await asyncio.sleep(0.05)
+        raise ConnectionResetError("the server hung up after acting")
+
+    @function_tool
+    def slow_sync() -> str:
+        """Take a while, then answer."""
+        time.sleep(0.5)
+        ended.append("sync ok")
+        return "sync ok"
+
+    client = AsyncOpenAI(base_url=openai_server.url, api_key="sk-test", max_retries=0)
+    agent = Agent(name="siblings", model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client),
+                  tools=[boom, slow_sync])
+    url, found = _url(tmp_path), []
+    openai_server.script(Completion(calls=[Call("b1", "boom", "{}"), Call("s1", "slow_sync", "{}")]))
+    with pytest.raises(StepOutcomeUnknown):
+        DurableRunner(url).run_sync(agent, "Go.", started=found.append)
+    assert ended == ["sync ok"]
+    decisions = {d.name: d for d in RecoveryResolver.analyze(_log(url, found[0]).events()).decisions.values()}
+    assert decisions["boom"].state == "unknown"
+    assert (decisions["slow_sync"].state, decisions["slow_sync"].reason) == ("completed", "succeeded")

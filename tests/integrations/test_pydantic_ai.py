@@ -942,3 +942,47 @@ def test_a_sibling_failing_leaves_the_run_unfinished_while_a_call_of_it_is_unkno
     assert len(bank.read_text().splitlines()) == 1, bank.read_text()
     assert [t for t, _name in events].count("turn.started") == 1, "a new run started beside the unfinished one"
     assert events.count(("tool.requested", "charge")) == 1, "the charge was asked for again"
+
+
+def test_a_def_sibling_that_completes_while_another_call_fails_keeps_its_result(tmp_path: Path) -> None:
+    """An audit: `boom` (unsafe, raises after acting) and `slow_sync` (a plain `def`, 0.5 s) asked at once;
+    pydantic-ai cancelled `slow_sync` when `boom` raised, and its step recorded it interrupted (unknown) while its
+    thread went on and returned "sync ok", which the run waited for and dropped: an operator had to settle a call
+    that completed. The failing step now waits for its siblings in threads first."""
+    ended: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[ToolCallPart("boom", {}, tool_call_id="b1"),
+                                    ToolCallPart("slow_sync", {}, tool_call_id="s1")])
+
+    agent = Agent(FunctionModel(model), name="siblings")
+
+    @agent.tool_plain
+    async def boom() -> str:
+        """Act, then fail without an answer."""
+        await asyncio.sleep(0.05)
+        raise ConnectionResetError("the server hung up after acting")
+
+    @agent.tool_plain
+    def slow_sync() -> str:
+        """Take a while, then answer."""
+        time.sleep(0.5)
+        ended.append("sync ok")
+        return "sync ok"
+
+    url = f"sqlite:///{tmp_path / 'jixu.db'}"
+    with JixuAgent(agent, url) as durable:
+        thread_id = durable.new_thread_sync()
+        with pytest.raises(StepOutcomeUnknown, match="boom"):
+            durable.run_sync("Go.", thread_id=thread_id)
+    assert ended == ["sync ok"]
+    log, store = _events(url, thread_id)
+    try:
+        decisions = {d.name: d for d in RecoveryResolver.analyze(log.events()).decisions.values()}
+        assert decisions["boom"].state == "unknown"
+        assert (decisions["slow_sync"].state, decisions["slow_sync"].reason) == ("completed", "succeeded")
+        [completed] = [e for e in log.events() if e.type == "tool.completed"
+                       and e.data["effect_id"] == decisions["slow_sync"].effect_id]
+        assert "sync ok" in json.dumps(completed.data["result"])
+    finally:
+        store.close()

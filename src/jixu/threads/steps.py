@@ -76,6 +76,7 @@ from jixu.threads.tools import (
     Tool,
     ToolContext,
     call_ended,
+    call_running,
     call_user_function,
     stop_calls,
 )
@@ -672,11 +673,36 @@ class DurableRun:
             async with lock:
                 thread.refuse_if_draining()
                 return await self._carry_out(thread, step, tool)
+        except Exception:
+            await self._thread_siblings_ended(key)
+            raise
         finally:
             self._in_steps[task] -= 1
             if not self._in_steps[task]:
                 del self._in_steps[task]
             self._steps_changed.set()
+
+    async def _thread_siblings_ended(self, key: str) -> None:
+        """Before step ``key``'s error reaches its caller, wait for the other steps of this run whose calls run in
+        a worker thread to end.
+
+        A framework running calls at once (pydantic-ai's, the Agents SDK's) cancels every sibling when one raises;
+        a call in a thread cannot be stopped (the block's end waits for it anyway), and its step, cancelled, would
+        record it ``interrupted`` (unknown) and drop the result it then returns: an operator would have to settle a
+        call that completed. Waited for, it records what it returned. Coroutines are not waited for: a
+        cancellation stops them, and their steps record that honestly.
+        """
+        waited: set[str] = set()
+        while True:
+            self._steps_changed.clear()
+            for other, lock in self._carrying_out.items():
+                intents = self._steps.get(other)
+                if other != key and lock.locked() and intents and call_running(str(intents[-1].get("effect_id"))):
+                    waited.add(other)
+            waited = {other for other in waited if self._carrying_out[other].locked()}
+            if not waited:
+                return
+            await self._steps_changed.wait()
 
     def _replayed(self, thread: Thread, step: Step) -> Any:
         """What ``step`` recorded in the ended run: its result, or the error it ends with; never a new call."""
