@@ -31,6 +31,7 @@ from pydantic_ai.messages import (
     ToolReturnPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.toolsets import FunctionToolset
 from pydantic_ai.usage import RequestUsage
 
 from jixu import (
@@ -534,13 +535,41 @@ def test_declarations_are_checked_when_made(tmp_path: Path) -> None:
         current_effect()
     with pytest.raises(InvalidInput, match="recorded model response"):
         load_response({})
-    # A misspelt tool name would leave the real tool undeclared (unsafe, no probe) without a word.
-    with pytest.raises(InvalidInput, match=r"'nop'.*its tools: 'noop'") as unknown:
-        JixuAgent(agent, tmp_path / "c.db", tool_semantics={"nop": "read_only"})
-    assert unknown.value.details["field"] == "tool_semantics"
-    with pytest.raises(InvalidInput, match="probes names no tool"):
-        JixuAgent(agent, tmp_path / "c.db", probes={"noop_": lambda q: None})
-    assert not (tmp_path / "c.db").exists(), "nothing was opened"
+    # A misspelt tool name would leave the real tool undeclared (unsafe, no probe) without a word: a run, which
+    # knows every tool it offers (the agent's, added since, its own toolsets'), refuses it before anything runs.
+    with JixuAgent(agent, tmp_path / "c.db", tool_semantics={"nop": "read_only"}) as durable:
+        thread_id = durable.new_thread_sync()
+        with pytest.raises(InvalidInput, match=r"'nop'.*its tools: 'noop'") as unknown:
+            durable.run_sync("hello", thread_id=thread_id)
+        assert unknown.value.details["field"] == "tool_semantics"
+        assert [e.type for e in ThreadLog.load(durable.harness.store, thread_id).events()] == ["thread.created"]
+    with JixuAgent(agent, tmp_path / "d.db", probes={"noop_": lambda q: None}) as durable, \
+            pytest.raises(InvalidInput, match="probes names no tool"):
+        durable.run_sync("hello", thread_id=durable.new_thread_sync())
+
+
+def test_a_declaration_may_name_a_tool_the_run_brings_or_one_added_since(tmp_path: Path) -> None:
+    """The review of the check above: a tool of the run's own toolsets, or one added to the agent after the
+    JixuAgent was made, is declared by name as before."""
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return f"found {key}"
+
+    agent = Agent(FunctionModel(_call_then_echo("lookup", {"key": "k"})), name="declared")
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    with JixuAgent(agent, url, tool_semantics={"lookup": "read_only", "later": "idempotent"}) as durable:
+
+        @agent.tool_plain
+        def later() -> str:
+            """Added after the JixuAgent."""
+            return "later"
+
+        thread_id = durable.new_thread_sync()
+        result = durable.run_sync("go", thread_id=thread_id, toolsets=[FunctionToolset([lookup])])
+        assert result.output == "found k"
+        intents = [e.data for e in ThreadLog.load(durable.harness.store, thread_id).events()
+                   if e.type == "tool.requested" and e.data["name"] != MODEL_STEP]
+        assert [(i["name"], i["semantics"]) for i in intents] == [("lookup", "read_only")]
 
 
 def test_a_run_without_a_thread_id_is_refused_and_records_nothing(tmp_path: Path) -> None:

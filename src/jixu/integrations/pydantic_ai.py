@@ -499,8 +499,13 @@ def _toolset_timeout(toolset: Any) -> Any:
 
 
 def _declared(agent: Agent[Any, Any], tool_semantics: Mapping[str, Semantics] | None,
-              probes: Mapping[str, Callable[[ProbeQuery], Any]] | None) -> _Policy:
-    """Each tool's declaration: ``@effect`` on its function, overridden by ``tool_semantics`` and ``probes``."""
+              probes: Mapping[str, Callable[[ProbeQuery], Any]] | None, *,
+              run_toolsets: Sequence[AbstractToolset[Any]] | None = None) -> _Policy:
+    """Each tool's declaration: ``@effect`` on its function, overridden by ``tool_semantics`` and ``probes``.
+
+    With ``run_toolsets`` (a run's: the agent's toolsets and its own are then all it offers), a name in
+    ``tool_semantics`` or ``probes`` that none of them has is refused when they are all plain function toolsets.
+    """
     specs: dict[str, EffectSpec] = {}
     names: set[str] = set()
 
@@ -512,19 +517,20 @@ def _declared(agent: Agent[Any, Any], tool_semantics: Mapping[str, Semantics] | 
                 if isinstance(found, EffectSpec):
                     specs[name] = found
 
-    for toolset in agent.toolsets:
+    toolsets = [*agent.toolsets, *(run_toolsets or ())]
+    for toolset in toolsets:
         toolset.apply(collect)
-    # Only plain function toolsets name their tools before a run: another (an MCP server's, a prefixing wrapper)
-    # names them when a run lists them.
-    static = all(isinstance(toolset, FunctionToolset) for toolset in agent.toolsets)
+    # Only plain function toolsets name their tools before a run lists them (not an MCP server's, nor a prefixing
+    # wrapper's); and only a run knows them all (a run's own toolsets, a tool added to the agent after this).
+    static = run_toolsets is not None and all(isinstance(toolset, FunctionToolset) for toolset in toolsets)
     for field, given in (("tool_semantics", tool_semantics), ("probes", probes)):
         if given is not None and (not isinstance(given, Mapping) or not all(isinstance(k, str) for k in given)):
             raise InvalidInput(f"{field} must map tool names to declarations", field=field)
         unknown = sorted(set(given or {}) - names)
         if unknown and static:
             # A misspelt name would leave the real tool without its declaration (unsafe, no probe) unnoticed.
-            raise InvalidInput(f"{field} names no tool of the agent: {', '.join(map(repr, unknown))} (its tools: "
-                               f"{', '.join(map(repr, sorted(names))) or 'none'})", field=field)
+            raise InvalidInput(f"{field} names no tool of the run: {', '.join(map(repr, unknown))} (its tools: "
+                               f"{', '.join(map(repr, sorted(names))) or 'none'}); nothing was run", field=field)
     for name in {*(tool_semantics or {}), *(probes or {})}:
         base = specs.get(name) or EffectSpec()
         specs[name] = replace(base, semantics=(tool_semantics or {}).get(name, base.semantics),
@@ -612,7 +618,8 @@ class JixuAgent:
         chosen = model if model is not None else self.agent.model
         if chosen is None:
             raise InvalidInput("the agent has no model: give one to the Agent or to run(model=...)", field="model")
-        policy = _declared(self.agent, self._tool_semantics, self._probes)  # tools added since are declared too
+        # Tools added since, and the run's own, are declared too; a declaration naming no tool of the run is refused.
+        policy = _declared(self.agent, self._tool_semantics, self._probes, run_toolsets=toolsets or ())
         async with DurableRun(self.harness, thread_id, name=self.name, approval_poll=self._approval_poll,
                               run_key=run_key) as run:
             durable_model = JixuModel(_infer_model(chosen), run)
