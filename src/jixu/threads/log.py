@@ -37,6 +37,7 @@ from jixu.kernel import (
     LiveClaim,
     StreamWriter,
     acquire_claim,
+    dead_holder,
     given_back_on_failure,
     live_claim,
     process_identity,
@@ -184,14 +185,16 @@ InProgress = Callable[[], "str | None"]
 asked only of a thread that would otherwise wait."""
 
 
-def shown_status(action: Action, analysis: Analysis, *, running: bool,
-                 in_progress: InProgress | None) -> tuple[str, str, bool]:
+def shown_status(action: Action, analysis: Analysis, *, running: bool, in_progress: InProgress | None,
+                 unheld: Callable[[], str] | None = None) -> tuple[str, str, bool]:
     """The status and reason every surface shows of a sound thread whose loop decided ``action``, and whether the
     turn is in progress in another process.
 
     ``running``: this process runs the turn. When another live process holds the turn's claim (``in_progress``),
     the calls without a receipt are in flight there, not waiting for an operator (a resolution is refused until
-    the claim ends): the thread shows ``running``, or ``waiting`` for the approval of its parked calls only."""
+    the claim ends): the thread shows ``running``, or ``waiting`` for the approval of its parked calls only. A
+    turn that goes on but that no live process holds says what continues it (``unheld``, e.g.
+    :meth:`ThreadLog.unheld_reason`)."""
     if isinstance(action, Stop) and action.status == "paused":
         return action.status, action.reason, False  # also while this process waits out an automatic pause
     if isinstance(action, Stop) and not running:
@@ -203,34 +206,35 @@ def shown_status(action: Action, analysis: Analysis, *, running: bool,
             if elsewhere is not None:
                 return "running", elsewhere, True
         return action.status, action.reason, False
-    if not running and in_progress is not None:
+    if not running and in_progress is not None and unheld is not None:
         # The turn goes on, but not in this process: in another that holds its claim, or in none (a drain gave the
         # claim back; its holder died): say which, so "running" is not read as a stuck worker.
         elsewhere = in_progress()
         if elsewhere is not None:
             return "running", elsewhere, True
-        return "running", NOBODY_RUNS, False
+        return "running", unheld(), False
     return "running", "", False
 
 
 NOBODY_RUNS = ("no process runs the turn now: it goes on when a worker claims its queued work, or a program "
                "waits on the thread")
-"""The reason of a turn that goes on but that no live process holds (see :func:`shown_status`)."""
+"""The reason of a turn that goes on but that no process holds (see :meth:`ThreadLog.unheld_reason`)."""
 
 
 def build_state(thread_state: ThreadState, analysis: Analysis, *, max_steps: int = DEFAULT_MAX_STEPS,
                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, running: bool = False,
                 context_budget: int | None = None, corrupt: Corruption | None = None,
-                in_progress: InProgress | None = None) -> State:
-    """The public :class:`State` of a projected thread (pure but for ``in_progress``, see :func:`shown_status`);
-    ``corrupt``: the thread's corruption verdict."""
+                in_progress: InProgress | None = None, unheld: Callable[[], str] | None = None) -> State:
+    """The public :class:`State` of a projected thread (pure but for ``in_progress`` and ``unheld``, see
+    :func:`shown_status`); ``corrupt``: the thread's corruption verdict."""
     action = decide(thread_state, analysis, max_steps=max_steps, max_attempts=max_attempts,
                     context_budget=context_budget)
     elsewhere = False
     if corrupt is not None:
         status, reason = "corrupt", f"{corrupt.summary()}; it will not run"
     else:
-        status, reason, elsewhere = shown_status(action, analysis, running=running, in_progress=in_progress)
+        status, reason, elsewhere = shown_status(action, analysis, running=running, in_progress=in_progress,
+                                                 unheld=unheld)
     waiting = []
     blocking = action.effect_ids if isinstance(action, Stop) else ()
     # A corrupt thread waits for nothing an operator could give it: no decision is offered on it. Nor does one
@@ -511,7 +515,8 @@ class ThreadLog:
         return self._whole_reply(build_state(self.state, self.analysis(), max_steps=max_steps,
                                              max_attempts=max_attempts, running=running and corrupt is None,
                                              context_budget=context_budget, corrupt=corrupt,
-                                             in_progress=partial(self.in_progress_elsewhere, owner)))
+                                             in_progress=partial(self.in_progress_elsewhere, owner),
+                                             unheld=self.unheld_reason))
 
     def _whole_reply(self, state: State) -> State:
         """``state`` with ``last_reply`` read from its artifact when the reply was stored as one.
@@ -755,6 +760,22 @@ class ThreadLog:
         (:func:`~jixu.kernel.ownership.live_claim`: released, its holder proven gone with nothing left running, or
         expired with a holder not known to still run on this machine)."""
         return live_claim(self.store, self.turn_key, self.holder_process, owner, released_too=released_too)
+
+    def unheld_reason(self) -> str:
+        """What continues the active turn that no live process holds: a worker or a program waiting on the thread
+        (:data:`NOBODY_RUNS`: no claim, one given back, its holder proven gone), or an operator's recovery (a claim
+        that expired while its holder is not proven gone)."""
+        turn = self.state.active_turn()
+        lease = self.store.get_lease(self.turn_key)
+        if turn is None or lease is None or lease.released or dead_holder(lease, self.holder_process) is not None:
+            return NOBODY_RUNS
+        late = self.store.now() - lease.expires_at
+        if late <= 0 or not self.claim_recorded(lease):
+            return NOBODY_RUNS  # its own holder's (a restart takes it back), or one that recorded nothing under it
+        return (f"its owner {lease.owner} (epoch {lease.epoch}) stopped renewing its claim {late:.1f}s ago and is "
+                f"not proven gone: recover the turn (jixu turns recover STORE {self.thread_id} {turn.turn_id} "
+                f"--request-id HEX --expected-epoch {lease.epoch}), or let a worker with --takeover safe continue "
+                "it when nothing of it is in doubt")
 
     def in_progress_elsewhere(self, owner: str | None = None) -> str | None:
         """Why the thread's turn is in progress in a process other than ``owner`` (its live claim, even on a turn

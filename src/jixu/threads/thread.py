@@ -171,9 +171,9 @@ class Thread:
         return self.log.analysis()
 
     def state(self) -> State:
-        """The current state (no I/O unless the history contradicts itself, the last reply is a new artifact, or
-        the thread would wait on an operator: then the turn's claim is read, since another process holding it has
-        its calls in flight).
+        """The current state (no I/O unless the history contradicts itself, the last reply is a new artifact, the
+        thread would wait on an operator, or its turn goes on but not in this process: then the turn's claim is
+        read, since another process holding it has its calls in flight, and the reason says who continues it).
 
         ``last_reply`` is the whole text even when the reply was stored as an
         artifact (the turns keep the short placeholder and ``reply_artifact``).
