@@ -209,3 +209,18 @@ def test_the_servers_worker_claims_within_the_limits_it_is_given(tmp_path: Path,
             assert (len(claimed), len(pending)) == (1, 3), (claimed, pending, server.output())
         finally:
             store.close()
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    (["--agent", "tests.server.agents:agent", "--project-limit", "bad\tname=1"], "project"),
+    (["--agent", "tests.server.agents:agent", "--project-limit", "demo"], "PROJECT=N"),
+    (["--no-worker", "--global-limit", "2"], "starts none"),
+    (["--project-limit", "demo=1"], "starts none"),
+])
+def test_serve_refuses_limits_it_cannot_apply_before_it_listens(tmp_path: Path, options: list[str],
+                                                               says: str) -> None:
+    """The review of the options above: a malformed limit printed a traceback (exit 1) once the server was
+    listening; limits given to a server that starts no worker were taken without a word and applied by nobody."""
+    result = jixu("serve", "--store", f"sqlite:///{tmp_path / 'x.db'}", "--port", str(free_port()), *options)
+    assert result.returncode == 6, (result.returncode, result.stdout, result.stderr)
+    assert says in result.stderr and "Traceback" not in result.stderr + result.stdout, result.stderr

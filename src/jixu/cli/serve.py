@@ -104,16 +104,22 @@ def serve_command(store_url: str, host: str, port: int, agent_spec: str | None, 
         publishers = load_publishers(publishers_spec)
         remotes = load_remotes(remotes_spec) if remotes_spec else None
         limits = parse_project_limits(project_limits)
+        config = None
+        if not no_worker and (agent is not None or providers is not None):
+            config = WorkerConfig(store_url=store_url, agent=agent_spec, owner=owner or default_owner(),
+                                  providers=providers_spec if providers is not None else None,
+                                  workspace_root=str(root), publishers=publishers_spec, remotes=remotes_spec,
+                                  concurrency=concurrency, tool_threads=tool_threads,
+                                  drain_timeout=float(drain_timeout), global_limit=global_limit,
+                                  project_limits=limits, default_project_limit=default_project_limit)
+        elif global_limit is not None or limits or default_project_limit is not None:
+            raise InvalidInput("the claim limits are this server's worker's, and it starts none (--no-worker, or "
+                               "no --agent / --providers): give them to the `jixu worker`s instead",
+                               field="global_limit")
         store = open_store(store_url)
         listener = listen(host, port)
     lifespan: list[Any] = []
-    if not no_worker and (agent is not None or providers is not None):
-        config = WorkerConfig(store_url=store_url, agent=agent_spec, owner=owner or default_owner(),
-                              providers=providers_spec if providers is not None else None, workspace_root=str(root),
-                              publishers=publishers_spec, remotes=remotes_spec, concurrency=concurrency,
-                              tool_threads=tool_threads, drain_timeout=float(drain_timeout),
-                              global_limit=global_limit, project_limits=limits,
-                              default_project_limit=default_project_limit)
+    if config is not None:
         if worker_processes:
             with handled(False):
                 lifespan.append(BackgroundPool(config, worker_processes).lifespan)
