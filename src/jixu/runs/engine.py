@@ -791,7 +791,7 @@ class Runs:
         await self._no_earlier_agent(log, actor, stop_agents, "resumed")
         reconciled, outcome = await self._reconciliation(log, actor, "resume")
         if outcome == "mismatch":
-            log.append([reconciled], enqueue=self._work_item(log, False))
+            self._operate(log, "resumed", [reconciled], enqueue=self._work_item(log, False))
             raise WorkspaceMismatch(f"run {run_id}'s workspace does not match its journal: "
                                     f"{'; '.join(reconciled.data['details'])}. Nothing was run; restore the "
                                     "workspace and resume again, or cancel and retry", run_id=run_id,
@@ -824,8 +824,17 @@ class Runs:
             return
         events, remaining = await asyncio.to_thread(stop_open, log, by=actor, trigger="resume",
                                                     grace=self.stop_grace)
-        if events:
-            log.append(events)
+        for _ in range(3):
+            if not events:
+                break
+            try:
+                log.append(events)  # facts (the processes stopped): kept whatever another writer appended meanwhile
+                break
+            except ConcurrencyError:
+                log.sync()
+        else:
+            raise RunStateError(f"run {log.run_id}'s journal kept moving while recording the processes stopped "
+                                f"before it was {what}; look at it again", run_id=log.run_id)
         if remaining:
             raise still_running(log.run_id, remaining, what)
 
@@ -860,7 +869,7 @@ class Runs:
         await self._no_earlier_agent(log, actor, False, "handed off")
         reconciled, outcome = await self._reconciliation(log, actor, "handoff")
         if outcome == "mismatch":
-            log.append([reconciled])
+            self._operate(log, "handed off", [reconciled], enqueue=None)
             raise WorkspaceMismatch(f"run {run_id}'s workspace does not match its journal: "
                                     f"{'; '.join(reconciled.data['details'])}; nothing was handed off",
                                     run_id=run_id, details=reconciled.data["details"])
