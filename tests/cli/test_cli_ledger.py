@@ -138,7 +138,8 @@ def test_verify_names_a_rewrite_under_a_genuine_checkpoint_contradicted_and_an_e
 
 
 @pytest.mark.parametrize("stream", ["thread/01M98TFAAYE54KGZDV00346BK4", "run/01M98TFAAYE54KGZDV00346BK4",
-                                    "request/01M98TFAAYE54KGZDV00346BK4", "project/calc"])
+                                    "request/01M98TFAAYE54KGZDV00346BK4", "project/calc", "auth/token/t1",
+                                    "idempotency/k1", "artifact/a1"])
 def test_a_raw_append_to_a_stream_jixu_keeps_needs_force(tmp_path: Path, stream: str) -> None:
     """An audit: a raw `tool.outcome_resolved` onto a thread whose owner was mid-call was recorded (the owner's
     real receipt then refused), where `jixu threads resolve` refuses it while the call may run. A stream jixu keeps
@@ -154,3 +155,16 @@ def test_a_raw_append_to_a_stream_jixu_keeps_needs_force(tmp_path: Path, stream:
     assert forced.returncode == 0, forced.stderr
     with SQLiteStore(db) as store:
         assert [e.type for e in store.read(stream)] == ["tool.outcome_resolved"]
+
+
+def test_the_streams_refused_raw_are_every_prefix_jixu_keeps() -> None:
+    from jixu.cli.ledger import _KEPT_BY_JIXU
+    from jixu.ledger.artifacts import ARTIFACT_PREFIX
+    from jixu.runs.model import PROJECT_PREFIX, RUN_PREFIX
+    from jixu.runs.requests.status import REQUEST_PREFIX
+    from jixu.server.auth import TOKEN_PREFIX
+    from jixu.server.idempotency import REQUEST_PREFIX as IDEMPOTENCY_PREFIX
+    from jixu.threads.log import THREAD_PREFIX
+
+    assert set(_KEPT_BY_JIXU) == {THREAD_PREFIX, RUN_PREFIX, REQUEST_PREFIX, PROJECT_PREFIX, TOKEN_PREFIX,
+                                  IDEMPOTENCY_PREFIX, ARTIFACT_PREFIX}

@@ -113,6 +113,9 @@ _KEPT_BY_JIXU = {
     "run/": "a run's journal: change it with `jixu runs`",
     "request/": "an execution request's record: change it with `jixu runs` (resolve-request, ...)",
     "project/": "a project's record: change it with `jixu projects`",
+    "auth/token/": "an API token's record: change it with `jixu tokens`",
+    "idempotency/": "the record of an API request's answer: the server keeps it",
+    "artifact/": "an artifact's record: jixu keeps it",
 }
 """Streams whose events jixu's harness writes after its own checks (the turn's owner, the effect's state)."""
 
@@ -127,7 +130,8 @@ _KEPT_BY_JIXU = {
 @click.option("--id", "event_id", default=None, help="Event id (a ULID) to make a retried append idempotent.")
 @click.option("--actor", default=None, help="Recorded in the event's meta as the actor.")
 @click.option("--force", is_flag=True,
-              help="Append to a stream jixu keeps (thread/, run/, request/, project/) without its checks.")
+              help="Append to a stream jixu keeps (thread/, run/, request/, project/, auth/token/, idempotency/, "
+                   "artifact/) without its checks.")
 @json_option
 def append_command(store: str, stream: str, event_type: str, data: str, expected_seq: int | None,
                    event_id: str | None, actor: str | None, force: bool, as_json: bool) -> None:
