@@ -8,6 +8,7 @@ do next.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -485,13 +486,23 @@ class MCPToolOutcomeUnknown(JixuError):
     code = "mcp_tool_outcome_unknown"
 
 
+def seconds_or_none(value: object) -> float | None:
+    """``value`` as seconds to wait (a finite number >= 0, not a bool), else None: a provider's retry-after as
+    recorded (a value that is none, NaN or infinite could not be recorded, and would stop the failure's receipt)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
 class ModelError(JixuError):
-    """A model driver failed. ``indeterminate`` says whether the call may have been processed."""
+    """A model driver failed. ``indeterminate`` says whether the call may have been processed; ``retry_after``
+    (seconds) is kept only when it is a finite number >= 0."""
 
     code = "model_error"
 
     def __init__(self, message: str, *, kind: str = "transient", indeterminate: bool = True,
                  retry_after: float | None = None, **details: Any) -> None:
+        retry_after = seconds_or_none(retry_after)
         super().__init__(message, kind=kind, indeterminate=indeterminate, retry_after=retry_after, **details)
         self.kind = kind
         self.indeterminate = indeterminate
@@ -567,4 +578,5 @@ __all__ = [
     "UnsupportedStoreUrl",
     "WorkspaceMismatch",
     "require_extra",
+    "seconds_or_none",
 ]

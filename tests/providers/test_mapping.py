@@ -607,3 +607,13 @@ def test_redaction_removes_the_drivers_key_and_anything_shaped_like_a_provider_k
     text = model.redact("got my-private-token-123 and sk-proj-abcdefghijklmnopqrstuvwxyz0123 and task-list")
     assert "my-private-token-123" not in text and "abcdefghijklmnopqrstuvwxyz" not in text
     assert "sk-proj-a...[redacted]" in text and "task-list" in text
+
+
+@pytest.mark.parametrize("asked", [float("inf"), float("nan"), -0.5, True, "10", None])
+def test_a_model_error_keeps_only_a_retry_after_a_wait_can_be_made_of(asked: Any) -> None:
+    """An infinite or NaN retry-after (from a custom driver) could not be recorded in the failure's receipt."""
+    from jixu.errors import ModelError
+
+    error = ModelError("429", kind="rate_limit", indeterminate=False, retry_after=asked)
+    assert error.retry_after is None and error.to_dict()["retry_after"] is None
+    assert ModelError("429", kind="rate_limit", retry_after=2).retry_after == 2.0

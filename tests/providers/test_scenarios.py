@@ -118,6 +118,7 @@ def test_a_retry_after_beyond_an_hour_pauses_for_an_operator(openai_server: Fake
         thread, state, events = await ask(harness)  # within ask's 20 s: the hour and a second is not waited out
         assert state.status == "paused" and "rate_limit" in state.reason
         assert pauses(events) == [("rate_limit", False, None)]
+        assert "the provider asked to wait 3601 s" in state.reason, state.reason
         paused = of_type(events, "turn.paused")[0].data
         assert paused["retry_after"] == MAX_RETRY_AFTER + 1 and paused["resume_at"] is None
         assert not of_type(events, "turn.resumed") and len(openai_server.requests) == 1

@@ -232,6 +232,7 @@ def test_a_retry_after_beyond_an_hour_waits_for_an_operator_not_for_the_provider
         assert (state.status, state.pause_reason) == ("paused", "rate_limit")
         assert [(p["automatic"], p["delay"], p["resume_at"], p["retry_after"]) for p in state.pauses] == [
             (False, None, None, MAX_RETRY_AFTER + 1)]
+        assert "the provider asked to wait 3601 s" in state.reason, state.reason
         resumed = await runs.resume(run_id, "ops")
         assert resumed.status == "queued"
         assert (await runs.execute(run_id)).status == "succeeded"
@@ -239,10 +240,12 @@ def test_a_retry_after_beyond_an_hour_waits_for_an_operator_not_for_the_provider
     run(scenario())
 
 
+@pytest.mark.parametrize("mismatch", [False, True])
 @pytest.mark.parametrize("operation", ["resume", "handoff"])
 def test_two_operators_resuming_at_once_one_wins_and_the_other_is_told_at_run_level(
-        store: Store, tmp_path: Path, operation: str) -> None:
-    """An audit: the second of two concurrent resumes (or handoffs) got the ledger's bare ConcurrencyError."""
+        store: Store, tmp_path: Path, operation: str, mismatch: bool) -> None:
+    """An audit: the second of two concurrent resumes (or handoffs) got the ledger's bare ConcurrencyError; also
+    when its own look at the workspace found a mismatch (its record of it met the first one's)."""
     register(store, make_origin(tmp_path))
     providers = {"scripted": ScriptedProvider("scripted", [ProviderError("credits", kind="quota"), fix]),
                  "other": ScriptedProvider("other", [fix])}
@@ -255,10 +258,10 @@ def test_two_operators_resuming_at_once_one_wins_and_the_other_is_told_at_run_le
         reconcile = second._reconciliation
 
         async def held(*args: Any, **kwargs: Any) -> Any:  # the second has read the journal and decided
-            found = await reconcile(*args, **kwargs)
+            found, outcome = await reconcile(*args, **kwargs)
             reached.set()
             await go.wait()
-            return found
+            return found, "mismatch" if mismatch else outcome
 
         second._reconciliation = held  # type: ignore[method-assign]
         act = (lambda runs, who: runs.resume(run_id, who)) if operation == "resume" else (
@@ -272,6 +275,26 @@ def test_two_operators_resuming_at_once_one_wins_and_the_other_is_told_at_run_le
         entries, valid = await first.journal(run_id)
         kind = "run.resumed" if operation == "resume" else "run.handed_off"
         assert valid and [e["data"]["actor"] for e in entries if e["type"] == kind] == ["ops-a"]
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("asked", [float("inf"), float("nan"), -1.0, True, "soon"])
+def test_a_retry_after_no_wait_can_be_made_of_is_dropped_and_the_backoff_used(store: Store, tmp_path: Path,
+                                                                            asked: Any) -> None:
+    """The review of the cap above: an infinite or NaN retry-after from a provider of runs could not be recorded
+    (the failure's receipt refused), leaving the run interrupted with its task in doubt."""
+    register(store, make_origin(tmp_path))
+    limited = ProviderError("429", kind="rate_limit", retry_after=asked)
+    assert limited.retry_after is None and limited.to_dict()["retry_after"] is None
+    runs = Runs(store, tmp_path / "ws", {"scripted": ScriptedProvider("scripted", [limited, fix])},
+                retry_backoff=0.01)
+
+    async def scenario() -> None:
+        run_id = await runs.create_run("calc", "fix add()", provider="scripted")
+        state = await asyncio.wait_for(runs.execute(run_id), 30)
+        assert state.status == "succeeded", state.reason
+        assert [(p["automatic"], p["retry_after"]) for p in state.pauses] == [(True, None)]
 
     run(scenario())
 

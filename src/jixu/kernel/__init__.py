@@ -14,7 +14,7 @@ their pure decide step, their projection and their drivers.
 
 from jixu.kernel.commits import Commitment, Commits
 from jixu.kernel.effects import INTERRUPTED, Outcome, marker, perform
-from jixu.kernel.loop import LOOP_STOPPED, check_backoff, drive, pause_delay, sleep_until
+from jixu.kernel.loop import LOOP_STOPPED, asked_too_long, check_backoff, drive, pause_delay, sleep_until
 from jixu.kernel.ownership import (
     DEFAULT_LEASE_TTL,
     STOP_GRACE_S,
@@ -83,6 +83,7 @@ __all__ = [
     "marker",
     "own_lease",
     "owner_gone",
+    "asked_too_long",
     "check_backoff",
     "pause_delay",
     "perform",

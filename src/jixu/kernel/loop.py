@@ -12,15 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 from jixu.errors import ConcurrencyError, InvalidInput, JixuError
 from jixu.kernel.writer import StreamWriter, unrecorded_receipts
 from jixu.ledger.store import Store
 
-MAX_AUTOMATIC_RETRIES = 3
+MAX_AUTOMATIC_RETRIES: Final = 3
 """Automatic resumes of a pause (rate limit, transient failure) before it waits for an operator."""
+
+AUTOMATIC_PAUSES: Final = frozenset({"rate_limit", "transient"})
+"""The provider failures whose pause ends by itself (at most :data:`MAX_AUTOMATIC_RETRIES` times)."""
+
+OPERATOR_PAUSES: Final = frozenset({"quota", "authentication"})
+"""The provider failures whose pause an operator ends (waiting does not lift them)."""
 
 MAX_RETRY_AFTER = 3600.0
 """The longest wait a provider's retry-after is honoured for by itself (seconds); a longer one (a day's quota, a
@@ -72,6 +78,16 @@ def check_backoff(name: str, value: object) -> float:
     return float(value)
 
 
+def asked_too_long(pause: Mapping[str, Any]) -> str:
+    """For a recorded pause made an operator's because the provider asked to wait longer than
+    :data:`MAX_RETRY_AFTER`: what it asked (for the pause's reason), else ``""``."""
+    asked = pause.get("retry_after")
+    if pause.get("automatic") or isinstance(asked, bool) or not isinstance(asked, int | float) \
+            or not asked > MAX_RETRY_AFTER:
+        return ""
+    return f" (the provider asked to wait {asked:.0f} s, longer than the hour jixu waits by itself)"
+
+
 def pause_delay(retry_after: float | None, retries_used: int, *, backoff: float, cap: float) -> float | None:
     """The delay of an automatic pause: the provider's ``retry_after``, else ``backoff * 2**n`` with +-20 %
     jitter, capped at ``cap``. None when the provider asks for more than :data:`MAX_RETRY_AFTER`: the pause is
@@ -89,4 +105,4 @@ async def sleep_until(store: Store, resume_at: object) -> None:
             await asyncio.sleep(remaining)
 
 
-__all__ = ["LOOP_STOPPED", "MAX_AUTOMATIC_RETRIES", "MAX_RETRY_AFTER", "check_backoff", "drive", "pause_delay", "sleep_until"]
+__all__ = ["AUTOMATIC_PAUSES", "LOOP_STOPPED", "MAX_AUTOMATIC_RETRIES", "OPERATOR_PAUSES", "MAX_RETRY_AFTER", "asked_too_long", "check_backoff", "drive", "pause_delay", "sleep_until"]

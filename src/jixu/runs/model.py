@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from jixu.errors import InvalidInput, InvalidPolicy, ProjectCorrupt, ProjectExists, ProjectNotFound
 from jixu.kernel import record
+from jixu.kernel.loop import AUTOMATIC_PAUSES, MAX_AUTOMATIC_RETRIES, OPERATOR_PAUSES
 from jixu.ledger import NewEvent, Store, project
 from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
 from jixu.ledger.event import Event
@@ -52,10 +53,6 @@ REQUEST_TASK_KINDS: Final[dict[str, str]] = {"publication": "publish", "deploy":
 RUN_STATUSES: Final = ("queued", "running", "paused", "interrupted", "needs_reconciliation", "failed",
                        "succeeded", "cancelled", "corrupt")
 FINISHED: Final = frozenset({"failed", "succeeded", "cancelled"})
-AUTOMATIC_PAUSES: Final = frozenset({"rate_limit", "transient"})
-OPERATOR_PAUSES: Final = frozenset({"quota", "authentication"})
-MAX_AUTOMATIC_RETRIES: Final = 3
-"""Automatic resumes after rate limits and transient failures before a pause waits for an operator."""
 MAX_DISPATCHES: Final = 3
 """Dispatches of one retry-safe task intent whose outcome stayed unknown before it needs an operator."""
 

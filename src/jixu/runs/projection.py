@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from jixu.kernel.loop import asked_too_long
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.event import Event
 from jixu.recovery import PHASES, Analysis, EffectDecision
@@ -492,7 +493,8 @@ def decide(record: RunRecord, analysis: Analysis) -> Action:
         if pause.get("automatic"):
             resume_at = pause.get("resume_at")
             return AutoResume(float(resume_at) if isinstance(resume_at, int | float) else None)
-        return Stop("paused", f"{pause.get('reason')}: waiting for an explicit resume or a handoff")
+        return Stop("paused", f"{pause.get('reason')}{asked_too_long(pause)}: waiting for an explicit resume or a "
+                              "handoff")
     plan = record.plan
     if plan is None:
         return Stop("needs_reconciliation", "the journal has no plan")
@@ -612,7 +614,7 @@ def derive_status(record: RunRecord, analysis: Analysis, ownership: str) -> tupl
         if pause.get("automatic"):
             return "paused", (f"{pause.get('reason')}: automatic retry {record.auto_retries + 1} of "
                               f"{MAX_AUTOMATIC_RETRIES} after {pause.get('delay')}s")
-        return "paused", f"{pause.get('reason')}: waiting for an explicit resume or a handoff"
+        return "paused", f"{pause.get('reason')}{asked_too_long(pause)}: waiting for an explicit resume or a handoff"
     if ownership == "live":
         return "running", ""
     unknown = _unknown(record, analysis)

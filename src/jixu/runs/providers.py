@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from jixu.errors import JixuError
+from jixu.errors import JixuError, seconds_or_none
 from jixu.ledger.encoding import JSONObject, content_hash
 from jixu.runs.processes import ProcessHook
 
@@ -28,12 +28,14 @@ PAUSE_KINDS = ("rate_limit", "quota", "authentication", "transient")
 
 
 class ProviderError(JixuError):
-    """A provider refused or failed in a way that pauses the run (see the module docstring)."""
+    """A provider refused or failed in a way that pauses the run (see the module docstring); ``retry_after``
+    (seconds) is kept only when it is a finite number >= 0."""
 
     code = "provider_error"
 
     def __init__(self, message: str, *, kind: ProviderErrorKind, retry_after: float | None = None,
                  **details: Any) -> None:
+        retry_after = seconds_or_none(retry_after)
         super().__init__(message, kind=kind, retry_after=retry_after, **details)
         self.kind = kind
         self.retry_after = retry_after

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jixu.kernel.loop import AUTOMATIC_PAUSES, MAX_AUTOMATIC_RETRIES, OPERATOR_PAUSES, asked_too_long
 from jixu.ledger.encoding import JSONObject
 from jixu.recovery import Analysis
 from jixu.threads.compaction import MIN_COMPACTED_MESSAGES, over_budget
@@ -114,10 +115,6 @@ class FailTurn:
 Action = (Stop | Dispatch | RequestModel | RequestCompaction | RequestTools | Probe | ResolveByProbe | CompleteTurn
           | FailTurn | PauseTurn)
 
-MAX_AUTOMATIC_RETRIES = 3
-"""Automatic retries after rate limits and transient provider failures before the turn stays paused."""
-AUTOMATIC_PAUSES = frozenset({"rate_limit", "transient"})
-OPERATOR_PAUSES = frozenset({"quota", "authentication"})
 
 
 def failure_reason(turn_id: str, error: JSONObject | None) -> str:
@@ -150,7 +147,7 @@ def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attemp
                     pending)
     if turn is not None and turn.pause is not None:
         automatic = bool(turn.pause.get("automatic"))
-        return Stop("paused", f"paused ({turn.pause.get('reason')}): "
+        return Stop("paused", f"paused ({turn.pause.get('reason')}{asked_too_long(turn.pause)}): "
                     + ("retrying automatically after the recorded delay" if automatic
                        else "resume it explicitly (`jixu threads resume`, the API's resume, thread.resume()) once "
                             "the cause is fixed"))
