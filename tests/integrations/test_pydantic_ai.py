@@ -1015,3 +1015,28 @@ def test_a_def_sibling_that_completes_while_another_call_fails_keeps_its_result(
         assert "sync ok" in json.dumps(completed.data["result"])
     finally:
         store.close()
+
+
+def test_an_output_function_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """An audit: with `output_type=send_email`, a SIGKILL while `send_email` ran and the rerun sent the mail twice:
+    pydantic-ai calls an output function outside the agent's toolsets, so no step records it, and the rerun
+    replayed the model's answer and called it again. It is refused (make it a tool), by the agent and by a run."""
+    from pydantic_ai import NativeOutput, TextOutput, ToolOutput
+
+    def send_email(to: str) -> str:
+        """Send a mail."""
+        return f"sent to {to}"
+
+    def echo(text: str) -> str:
+        return text
+
+    for spec in (send_email, [str, ToolOutput(send_email)], TextOutput(echo), NativeOutput([send_email])):
+        with pytest.raises(InvalidInput, match="nothing would record that call"):
+            JixuAgent(Agent(FunctionModel(_call_then_echo("noop", {})), output_type=spec), tmp_path / "a.db")
+    agent = Agent(FunctionModel(_call_then_echo("noop", {})), name="plain")
+    with JixuAgent(agent, tmp_path / "b.db") as durable:
+        thread_id = durable.new_thread_sync()
+        with pytest.raises(InvalidInput, match="'send_email'"):
+            durable.run_sync("mail ada", thread_id=thread_id, output_type=send_email)
+        assert [e.type for e in ThreadLog.load(durable.harness.store, thread_id).events()] == ["thread.created"]
+    assert not (tmp_path / "a.db").exists()

@@ -70,7 +70,14 @@ from jixu.threads.tools import (
 )
 
 try:
-    from pydantic_ai import Agent, ModelMessagesTypeAdapter
+    from pydantic_ai import (
+        Agent,
+        ModelMessagesTypeAdapter,
+        NativeOutput,
+        PromptedOutput,
+        TextOutput,
+        ToolOutput,
+    )
     from pydantic_ai import _utils as _pydantic_utils
     from pydantic_ai.durable_exec import JSON_CODEC, CallToolResult
     from pydantic_ai.durable_exec._toolset import unwrap_tool_call_result, wrap_tool_call_result
@@ -541,6 +548,31 @@ def _declared(agent: Agent[Any, Any], tool_semantics: Mapping[str, Semantics] | 
 # --- the agent --------------------------------------------------------------------------------
 
 
+def _output_functions(spec: Any) -> list[str]:
+    """The functions an output spec has pydantic-ai call (an output function, ``ToolOutput(f)``, ``TextOutput(f)``,
+    ``NativeOutput([f])``, ...), by name: pydantic-ai calls them outside the agent's toolsets, so no step records
+    them, and a rerun that replays the model's answer would call them again."""
+    if inspect.isroutine(spec) or isinstance(spec, functools.partial):
+        return [getattr(spec, "__name__", None) or repr(spec)]
+    if isinstance(spec, list | tuple):
+        return [name for each in spec for name in _output_functions(each)]
+    if isinstance(spec, ToolOutput):
+        return _output_functions(spec.output)
+    if isinstance(spec, TextOutput):
+        return _output_functions(spec.output_function)
+    if isinstance(spec, NativeOutput | PromptedOutput):
+        return _output_functions(spec.outputs)
+    return []
+
+
+def _refuse_output_functions(spec: Any, field: str) -> None:
+    found = _output_functions(spec)
+    if found:
+        raise InvalidInput(f"{field} has pydantic-ai call {', '.join(map(repr, found))} with the model's output: "
+                           "nothing would record that call, so a rerun after a crash would make it again; make it a "
+                           "tool (a step with its semantics) and output its result's type instead", field=field)
+
+
 def _failure(error: BaseException) -> JSONObject | None:
     """The error a run ends with for good, or None when it must stay unfinished for a rerun.
 
@@ -575,6 +607,7 @@ class JixuAgent:
         self.agent = agent
         self.name = name or agent.name or "pydantic-ai"
         self._tool_semantics, self._probes = tool_semantics, probes
+        _refuse_output_functions(agent.output_type, "output_type")
         _declared(agent, tool_semantics, probes)  # checked now: a bad declaration fails here, before any run
         self._approval_poll = approval_poll
         if isinstance(store, Harness):
@@ -620,6 +653,7 @@ class JixuAgent:
             raise InvalidInput("the agent has no model: give one to the Agent or to run(model=...)", field="model")
         # Tools added since, and the run's own, are declared too; a declaration naming no tool of the run is refused.
         policy = _declared(self.agent, self._tool_semantics, self._probes, run_toolsets=toolsets or ())
+        _refuse_output_functions(run_options.get("output_type"), "output_type")
         async with DurableRun(self.harness, thread_id, name=self.name, approval_poll=self._approval_poll,
                               run_key=run_key) as run:
             durable_model = JixuModel(_infer_model(chosen), run)
