@@ -62,9 +62,10 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _http_server(journal: Path, env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A real uvicorn process serving the test server over streamable HTTP on a free port."""
-    port = _free_port()
+def _http_server(journal: Path, env: dict[str, str] | None = None,
+                 port: int | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real uvicorn process serving the test server over streamable HTTP on ``port`` (default: a free one)."""
+    port = port if port is not None else _free_port()
     process = subprocess.Popen([sys.executable, str(SERVER), "--http", str(port)],
                                env={**python_env(), "MCP_JOURNAL": str(journal), **(env or {})},
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -497,3 +498,59 @@ def test_the_example_runs_offline(tmp_path: Path) -> None:
         '  charge -> {"result": "charged 120 cents for o-7"}',
         "reopened: idle; tool calls recorded before 2, after 2, all completed",
     ]
+
+
+@pytest.mark.crash
+def test_a_restarted_http_server_is_met_with_a_new_session_and_the_refused_call_did_not_run(tmp_path: Path) -> None:
+    """An audit: after the server restarted (a deploy), every call on the connection failed with "-32600: Session
+    not found", recorded as an unknown outcome (an unsafe call that never reached the server then waited for an
+    operator), and the session was never replaced. The refusal is a call not run, and the next call opens a new
+    session."""
+    journal = tmp_path / "journal.jsonl"
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+
+    async def restarted() -> None:
+        with contextlib.ExitStack() as first:
+            first.enter_context(_http_server(journal, port=port))
+            async with jixu_mcp.connect_http(url) as server:
+                assert await server.call("price", {"sku": "apple"}) == {"sku": "apple", "cents": 120}
+                first.close()  # the server is killed; the same URL is served again by a new process
+                with _http_server(journal, port=port):
+                    with pytest.raises(jixu.ToolError) as refused:
+                        await server.call("charge", {"order": "o-9", "cents": 5})
+                    assert refused.value.code == "mcp_not_run", refused.value.message
+                    assert _calls(journal, "charge") == [], "the call never reached a server"
+                    assert await server.call("price", {"sku": "pear"}) == {"sku": "pear", "cents": 90}
+
+    asyncio.run(restarted())
+
+
+@pytest.mark.crash
+def test_a_server_started_again_with_a_tool_listed_otherwise_refuses_that_tool_unsent(tmp_path: Path) -> None:
+    """An audit: a session replaced after the server died kept the first listing: a call built on the old schema
+    was sent to a tool that now takes other arguments (recorded unknown), and a tool that lost its read-only hint
+    was still retried as read-only. A tool the new session lists otherwise is refused, nothing sent; the others go
+    on."""
+    journal = tmp_path / "journal.jsonl"
+    script_copy = tmp_path / "mcp_server.py"
+    script_copy.write_text(SERVER.read_text())
+
+    async def scenario() -> None:
+        async with _stdio(tmp_path, journal, script=script_copy) as server:
+            assert await server.call("price", {"sku": "apple"}) == {"sku": "apple", "cents": 120}
+            changed = script_copy.read_text().replace("async def price(sku: str, ctx: Context)",
+                                                      "async def price(sku: str, currency: str, ctx: Context)")
+            assert changed != script_copy.read_text()
+            script_copy.write_text(changed)  # its next start lists price with another schema
+            os.kill(int(_calls(journal, "price")[-1]["pid"]), signal.SIGKILL)
+            session = server._session
+            assert session is not None
+            await asyncio.wait_for(session.ended.wait(), 30)
+            assert await server.call("stock.count") == 3  # started again: it runs
+            with pytest.raises(jixu.ToolError) as refused:
+                await server.call("price", {"sku": "pear"})
+            assert refused.value.code == "mcp_tool_changed" and "inputSchema" in refused.value.message
+            assert len(_calls(journal, "price")) == 1, "the call was not sent"
+
+    asyncio.run(scenario())

@@ -82,9 +82,12 @@ META_EFFECT_ID = "jixu/effect_id"
 META_ATTEMPT = "jixu/attempt"
 KEY_ARGUMENT = "idempotency_key"
 """The input property jixu fills with the idempotency key when a tool's schema declares it."""
-NOT_RUN_CODES = frozenset({-32601, -32602})
+SESSION_GONE = -32600
+"""JSON-RPC's invalid request: the SDK's answer when the server no longer knows the session (an HTTP 404 for its
+``Mcp-Session-Id``: the server restarted); the request was refused before anything ran."""
+NOT_RUN_CODES = frozenset({-32601, -32602, SESSION_GONE})
 """JSON-RPC error codes that say the server did not run the tool (method or tool not found, invalid
-arguments); every other error leaves the outcome unknown."""
+arguments, an invalid request: a session it does not know); every other error leaves the outcome unknown."""
 CLOSE_TIMEOUT = 10.0
 CONNECTION_CLOSED = -32000
 _CONTEXT = "jixu_context"
@@ -507,7 +510,7 @@ class Connection:
         :class:`~jixu.ToolError`. An agent's or a step's calls go through :meth:`tools` / :meth:`step`."""
         self.tool(name)  # raises, naming the tools there are, when it has none of that name
         listed = self._listed[name]
-        wire = await self._send(listed.name, dict(arguments or {}), {})
+        wire = await self._send(listed, dict(arguments or {}), {})
         return tool_result(wire, tool=listed.name)
 
     async def _call(self, listed: _Listed, arguments: dict[str, Any], ctx: ToolContext, *,
@@ -518,7 +521,7 @@ class Connection:
             arguments = {**arguments, listed.key_argument: ctx.idempotency_key}
         meta = {META_IDEMPOTENCY_KEY: ctx.idempotency_key, META_EFFECT_ID: ctx.effect_id, META_ATTEMPT: ctx.attempt}
         try:
-            return tool_result(await self._send(listed.name, arguments, meta), tool=listed.name)
+            return tool_result(await self._send(listed, arguments, meta), tool=listed.name)
         except ToolError as error:
             if not error_unknown or error.code != "mcp_tool_error":
                 raise
@@ -527,6 +530,15 @@ class Connection:
                 "answers an exception raised after the tool acted the same way, so whether it acted is unknown "
                 "(declare it in errors_before_acting= if its errors always come before it acts)",
                 server=self._label, tool=listed.name, content=error.data) from error
+
+    def _changed(self, listed: _Listed) -> str | None:
+        """How the session's latest listing differs from ``listed`` (what the connection's tools were built from,
+        when it was opened), in what the calls rest on; None when it does not."""
+        now = next((item for item in self._last_listing if item.get("name") == listed.name), None)
+        if now is None:
+            return "no longer listed"
+        differ = [field for field in _LISTED_AS if now.get(field) != listed.wire.get(field)]
+        return f"its {' and '.join(differ)} changed" if differ else None
 
     async def _live(self) -> _Session:
         """The live session, a new one when it ended; :class:`~jixu.ToolError` ``mcp_unavailable`` (nothing was
@@ -548,11 +560,20 @@ class Connection:
                                 data={"server": self._label}) from exc
             return self._session
 
-    async def _send(self, name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    async def _send(self, listed: _Listed, arguments: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
         session = await self._live()
+        name = listed.name
+        changed = self._changed(listed)
+        if changed is not None:
+            raise ToolError(f"the MCP server {self._label} now lists {name!r} otherwise than when this connection "
+                            f"was opened ({changed}); the call was not sent: open a new connection (its tools are "
+                            "then a new revision of the agent)", code="mcp_tool_changed",
+                            data={"server": self._label, "tool": name, "changed": changed})
         try:
             return await session.call_tool(name, arguments, meta)
         except MCPError as exc:
+            if exc.code == SESSION_GONE:
+                session.discard()  # the server does not know the session (restarted): the next call opens a new one
             if exc.code in NOT_RUN_CODES:
                 raise ToolError(f"the MCP server did not run {name!r}: {exc.message}", code="mcp_not_run",
                                 data={"code": exc.code, "message": exc.message}) from exc
@@ -569,6 +590,10 @@ class Connection:
             raise MCPConnectionError(f"the call of {name!r} on the MCP server {self._label} failed: "
                                      f"{_describe(exc)}; its outcome is unknown", server=self._label,
                                      tool=name) from exc
+
+
+_LISTED_AS = ("inputSchema", "annotations")
+"""What of a listed tool the calls made through a connection rest on: its arguments and its hints (semantics)."""
 
 
 def _describe(exc: BaseException) -> str:
@@ -630,6 +655,6 @@ def connect_http(url: str, *, headers: Mapping[str, str] | None = None, connect_
     return Connection(transport, label=url, **options)
 
 
-__all__ = ["KEY_ARGUMENT", "META_ATTEMPT", "META_EFFECT_ID", "META_IDEMPOTENCY_KEY", "NOT_RUN_CODES",
+__all__ = ["KEY_ARGUMENT", "META_ATTEMPT", "META_EFFECT_ID", "META_IDEMPOTENCY_KEY", "NOT_RUN_CODES", "SESSION_GONE",
            "ConnectOptions", "Connection", "Transport", "connect", "connect_http", "connect_stdio",
            "semantics_from_annotations", "tool_result"]
