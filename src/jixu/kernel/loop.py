@@ -105,4 +105,5 @@ async def sleep_until(store: Store, resume_at: object) -> None:
             await asyncio.sleep(remaining)
 
 
-__all__ = ["AUTOMATIC_PAUSES", "LOOP_STOPPED", "MAX_AUTOMATIC_RETRIES", "OPERATOR_PAUSES", "MAX_RETRY_AFTER", "asked_too_long", "check_backoff", "drive", "pause_delay", "sleep_until"]
+__all__ = ["AUTOMATIC_PAUSES", "LOOP_STOPPED", "MAX_AUTOMATIC_RETRIES", "MAX_RETRY_AFTER", "OPERATOR_PAUSES",
+           "asked_too_long", "check_backoff", "drive", "pause_delay", "sleep_until"]
