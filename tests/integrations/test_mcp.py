@@ -547,7 +547,7 @@ def test_a_server_started_again_with_a_tool_listed_otherwise_refuses_that_tool_u
             session = server._session
             assert session is not None
             await asyncio.wait_for(session.ended.wait(), 30)
-            assert await server.call("stock.count") == 3  # started again: it runs
+            assert await server.call("stock.count") == {"result": 3}  # started again: it runs
             with pytest.raises(jixu.ToolError) as refused:
                 await server.call("price", {"sku": "pear"})
             assert refused.value.code == "mcp_tool_changed" and "inputSchema" in refused.value.message
