@@ -20,10 +20,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -554,3 +556,92 @@ def test_a_server_started_again_with_a_tool_listed_otherwise_refuses_that_tool_u
             assert len(_calls(journal, "price")) == 1, "the call was not sent"
 
     asyncio.run(scenario())
+
+
+class _AnswersOddly(BaseHTTPRequestHandler):
+    """A streamable-HTTP MCP server, by hand, that runs ``send_mail`` and then answers the call with what the SDK's
+    client turns into -32600 though the tool ran: a 202 with no body, or a body that is no JSON nor event stream."""
+
+    mode = "202"
+    ran: ClassVar[list[dict[str, Any]]] = []
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _reply(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Mcp-Session-Id", "s1")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        message = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        method = message.get("method")
+        if "id" not in message:
+            return self._reply(202, b"")
+        if method == "initialize":
+            result: dict[str, Any] = {"protocolVersion": message["params"]["protocolVersion"],
+                                      "capabilities": {"tools": {}}, "serverInfo": {"name": "odd", "version": "1"}}
+        elif method == "tools/list":
+            result = {"tools": [{"name": "send_mail", "inputSchema": {"type": "object", "properties": {}}}]}
+        elif method == "tools/call":
+            type(self).ran.append(message)  # the side effect happens here
+            if self.mode == "202":
+                return self._reply(202, b"")
+            return self._reply(200, b"<html>sent</html>", "text/html")
+        else:
+            result = {}
+        return self._reply(200, json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}).encode())
+
+    def do_DELETE(self) -> None:
+        self._reply(200, b"")
+
+
+@pytest.mark.parametrize("mode", ["202", "html"])
+def test_an_invalid_request_answer_after_the_server_ran_the_tool_leaves_it_unknown(mode: str) -> None:
+    """The review of -32600 as "not run": the SDK's client answers -32600 also when the server ran the call and
+    then answered with a 202 or an unexpected content type. Only its "session not found / terminated" is a call
+    not run; these stay an unknown outcome (a model told "not run" would send the mail again)."""
+    handler = type("Handler", (_AnswersOddly,), {"mode": mode, "ran": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    async def scenario() -> None:
+        async with jixu_mcp.connect_http(f"http://127.0.0.1:{server.server_port}/mcp") as connection:
+            with pytest.raises(MCPConnectionError, match="its outcome is unknown"):
+                await connection.call("send_mail", {})
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(handler.ran) == 1
+
+
+def test_a_listing_changed_only_in_words_or_order_is_the_same_tool() -> None:
+    """The review of `mcp_tool_changed`: annotations absent or `{}`, an explicit false hint, a title, a property's
+    description or the order of `required` made a tool count as changed (every call refused until reconnecting);
+    what calls rest on (the semantics its hints give, the arguments' schema) is what is compared."""
+    from jixu.integrations.mcp import _Listed
+
+    first = {"name": "ship", "annotations": {},
+             "inputSchema": {"type": "object", "required": ["order", "title"],
+                             "properties": {"order": {"type": "string"}, "title": {"type": "string"}}}}
+    connection = jixu_mcp.connect(lambda: None)
+    listed = _Listed(first, "ship", None)
+    same = {"name": "ship", "description": "Ship it.", "annotations": {"readOnlyHint": False, "title": "Ship"},
+            "inputSchema": {"type": "object", "required": ["title", "order"], "title": "ship_args",
+                            "properties": {"order": {"type": "string", "description": "The order id."},
+                                           "title": {"type": "string", "title": "Title"}}}}
+    connection._last_listing = [same]
+    assert connection._changed(listed) is None
+    connection._last_listing = [{**same, "annotations": {"readOnlyHint": True}}]
+    assert connection._changed(listed) == "its annotations changed"
+    without_title = {**same["inputSchema"], "properties": {"order": {"type": "string"}}}  # an argument gone
+    connection._last_listing = [{**same, "inputSchema": without_title}]
+    assert connection._changed(listed) == "its inputSchema changed"
+    connection._last_listing = []
+    assert connection._changed(listed) == "no longer listed"

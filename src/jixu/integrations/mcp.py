@@ -82,12 +82,14 @@ META_EFFECT_ID = "jixu/effect_id"
 META_ATTEMPT = "jixu/attempt"
 KEY_ARGUMENT = "idempotency_key"
 """The input property jixu fills with the idempotency key when a tool's schema declares it."""
-SESSION_GONE = -32600
-"""JSON-RPC's invalid request: the SDK's answer when the server no longer knows the session (an HTTP 404 for its
-``Mcp-Session-Id``: the server restarted); the request was refused before anything ran."""
-NOT_RUN_CODES = frozenset({-32601, -32602, SESSION_GONE})
+NOT_RUN_CODES = frozenset({-32601, -32602})
 """JSON-RPC error codes that say the server did not run the tool (method or tool not found, invalid
-arguments, an invalid request: a session it does not know); every other error leaves the outcome unknown."""
+arguments); every other error leaves the outcome unknown, but :data:`SESSION_GONE`."""
+SESSION_GONE = (-32600, frozenset({"Session not found", "Session terminated"}))
+"""The answer (code, messages) to a call on a session the server no longer knows (an HTTP 404 for its
+``Mcp-Session-Id``: the server restarted), the server's own or the SDK client's: refused before anything ran.
+The client also answers -32600 with other messages for requests the server may have run (a 202 for a request,
+an unexpected content type, a redirect not followed): those leave the outcome unknown."""
 CLOSE_TIMEOUT = 10.0
 CONNECTION_CLOSED = -32000
 _CONTEXT = "jixu_context"
@@ -533,11 +535,17 @@ class Connection:
 
     def _changed(self, listed: _Listed) -> str | None:
         """How the session's latest listing differs from ``listed`` (what the connection's tools were built from,
-        when it was opened), in what the calls rest on; None when it does not."""
+        when it was opened) in what the calls rest on: the semantics its hints give, its arguments' schema (words
+        for people, and the order of ``required``, aside); None when it does not."""
         now = next((item for item in self._last_listing if item.get("name") == listed.name), None)
         if now is None:
             return "no longer listed"
-        differ = [field for field in _LISTED_AS if now.get(field) != listed.wire.get(field)]
+        differ = []
+        if semantics_from_annotations(now.get("annotations")) != semantics_from_annotations(
+                listed.wire.get("annotations")):
+            differ.append("annotations")
+        if _schema_shape(now.get("inputSchema") or {}) != _schema_shape(listed.wire.get("inputSchema") or {}):
+            differ.append("inputSchema")
         return f"its {' and '.join(differ)} changed" if differ else None
 
     async def _live(self) -> _Session:
@@ -572,9 +580,10 @@ class Connection:
         try:
             return await session.call_tool(name, arguments, meta)
         except MCPError as exc:
-            if exc.code == SESSION_GONE:
+            gone = exc.code == SESSION_GONE[0] and exc.message in SESSION_GONE[1]
+            if gone:
                 session.discard()  # the server does not know the session (restarted): the next call opens a new one
-            if exc.code in NOT_RUN_CODES:
+            if exc.code in NOT_RUN_CODES or gone:
                 raise ToolError(f"the MCP server did not run {name!r}: {exc.message}", code="mcp_not_run",
                                 data={"code": exc.code, "message": exc.message}) from exc
             if exc.code == CONNECTION_CLOSED or session.ended.is_set():
@@ -592,8 +601,23 @@ class Connection:
                                      tool=name) from exc
 
 
-_LISTED_AS = ("inputSchema", "annotations")
-"""What of a listed tool the calls made through a connection rest on: its arguments and its hints (semantics)."""
+_FOR_PEOPLE = frozenset({"description", "title", "examples", "$comment"})
+"""Keywords of a JSON Schema that say nothing of what a value must be."""
+_NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+"""Keywords whose object maps names (an argument may be called ``title``) to schemas."""
+
+
+def _schema_shape(value: Any, *, names: bool = False) -> Any:
+    """A JSON Schema as it constrains values: without its words for people, ``required`` as a set."""
+    if isinstance(value, list):
+        return [_schema_shape(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    if names:
+        return {name: _schema_shape(schema) for name, schema in value.items()}
+    return {key: (frozenset(map(str, item)) if key == "required" and isinstance(item, list)
+                  else _schema_shape(item, names=key in _NAMED))
+            for key, item in value.items() if key not in _FOR_PEOPLE}
 
 
 def _describe(exc: BaseException) -> str:
