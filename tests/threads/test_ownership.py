@@ -150,6 +150,10 @@ def test_a_turn_nobody_holds_says_so_and_one_held_elsewhere_names_its_holder(led
         await asyncio.sleep(0.1)
         state = (await viewer.open_thread(other.thread_id, resume=False)).state()
         assert state.status == "running" and "jixu turns recover" in state.reason, state.reason
+        # Seen by its own owner, which takes it back at once: nobody runs it (the review of the reason above).
+        mine = ledger.harness(quick_agent(), owner="worker-a", lease_ttl=30)
+        state = (await mine.open_thread(other.thread_id, resume=False)).state()
+        assert (state.status, state.reason) == ("running", NOBODY_RUNS)
 
     run(scenario())
 

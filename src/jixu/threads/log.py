@@ -40,6 +40,7 @@ from jixu.kernel import (
     dead_holder,
     given_back_on_failure,
     live_claim,
+    own_lease,
     process_identity,
     record,
     recovery_claim,
@@ -516,7 +517,7 @@ class ThreadLog:
                                              max_attempts=max_attempts, running=running and corrupt is None,
                                              context_budget=context_budget, corrupt=corrupt,
                                              in_progress=partial(self.in_progress_elsewhere, owner),
-                                             unheld=self.unheld_reason))
+                                             unheld=partial(self.unheld_reason, owner)))
 
     def _whole_reply(self, state: State) -> State:
         """``state`` with ``last_reply`` read from its artifact when the reply was stored as one.
@@ -761,13 +762,14 @@ class ThreadLog:
         expired with a holder not known to still run on this machine)."""
         return live_claim(self.store, self.turn_key, self.holder_process, owner, released_too=released_too)
 
-    def unheld_reason(self) -> str:
+    def unheld_reason(self, owner: str | None = None) -> str:
         """What continues the active turn that no live process holds: a worker or a program waiting on the thread
-        (:data:`NOBODY_RUNS`: no claim, one given back, its holder proven gone), or an operator's recovery (a claim
-        that expired while its holder is not proven gone)."""
+        (:data:`NOBODY_RUNS`: no claim, one given back, its holder proven gone, ``owner``'s own, which it takes
+        back at once), or an operator's recovery (a claim that expired while its holder is not proven gone)."""
         turn = self.state.active_turn()
         lease = self.store.get_lease(self.turn_key)
-        if turn is None or lease is None or lease.released or dead_holder(lease, self.holder_process) is not None:
+        if turn is None or lease is None or lease.released or own_lease(lease, owner, self.holder_process) \
+                or dead_holder(lease, self.holder_process) is not None:
             return NOBODY_RUNS
         late = self.store.now() - lease.expires_at
         if late <= 0 or not self.claim_recorded(lease):
