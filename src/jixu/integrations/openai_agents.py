@@ -73,7 +73,7 @@ from jixu.threads.steps import (
     durable,
     run_failure,
 )
-from jixu.threads.tools import ProbeQuery, Tool, ToolContext, ToolError
+from jixu.threads.tools import ProbeQuery, ToolContext, ToolError, check_declaration
 
 try:
     from agents import (
@@ -161,13 +161,8 @@ class ToolPolicy:
     def checked(self, name: str) -> ToolPolicy:
         """This policy, checked by the rules of a jixu tool for the SDK tool ``name``
         (:class:`~jixu.errors.ToolDefinitionError` names what is wrong), before anything runs."""
-
-        def declared(ctx: ToolContext) -> Any:  # pragma: no cover - never called: only the declaration is checked
-            return None
-
-        declared.__name__ = declared.__qualname__ = name  # what an error names: the tool, not this stand-in
-        Tool(declared, name=_step_name(name), semantics=self.semantics, probe=self.probe,
-             probe_timeout=self.probe_timeout)
+        check_declaration(name, _step_name(name), semantics=self.semantics, probe=self.probe,
+                          probe_timeout=self.probe_timeout)
         return self
 
 

@@ -62,10 +62,10 @@ from jixu.threads.tools import (
     CallTrackingExecutor,
     Occurred,
     ProbeQuery,
-    Tool,
     ToolContext,
     ToolError,
     call_user_function,
+    check_declaration,
     running_in_this_thread,
 )
 
@@ -128,13 +128,8 @@ class EffectSpec:
         if self.semantics not in get_args(Semantics):
             raise InvalidInput(f"tool {name!r}: semantics must be one of {get_args(Semantics)}, got "
                                f"{self.semantics!r}", field="semantics", tool=name)
-
-        def declared(ctx: ToolContext) -> Any:  # pragma: no cover - never called: only the declaration is checked
-            return None
-
-        declared.__name__ = declared.__qualname__ = name  # what an error names: the tool, not this stand-in
-        Tool(declared, name=_step_name(name), semantics=self.semantics, probe=self.probe,
-             probe_timeout=self.probe_timeout, timeout=self.timeout)
+        check_declaration(name, _step_name(name), semantics=self.semantics, probe=self.probe,
+                          probe_timeout=self.probe_timeout, timeout=self.timeout)
         return self
 
 

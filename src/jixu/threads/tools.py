@@ -1652,6 +1652,18 @@ def _probe_problem(probe: object, semantics: str) -> str | None:
     return None
 
 
+def check_declaration(name: str, jixu_name: str, *, semantics: Semantics, probe: Callable[[ProbeQuery], Any] | None,
+                      probe_timeout: float | None, timeout: float | None = None) -> None:
+    """Check another framework's declaration of its tool ``name`` (called ``jixu_name`` as a step) by the rules of
+    a jixu :class:`Tool`, before anything runs: :class:`~jixu.errors.ToolDefinitionError` names the tool."""
+
+    def declared(ctx: ToolContext) -> Any:  # pragma: no cover - never called: only the declaration is checked
+        return None
+
+    declared.__name__ = declared.__qualname__ = name  # what an error names: the tool, not this stand-in
+    Tool(declared, name=jixu_name, semantics=semantics, probe=probe, probe_timeout=probe_timeout, timeout=timeout)
+
+
 @overload
 def tool(
     fn: Callable[..., Any],
@@ -1711,4 +1723,5 @@ def tool(
 
 
 __all__ = ["DEFAULT_PROBE_TIMEOUT", "DEFINITE_ANSWERS", "ArgumentsSchema", "DontKnow", "NotOccurred", "Occurred",
-           "ProbeAnswer", "ProbeQuery", "Semantics", "Tool", "ToolContext", "ToolError", "tool"]
+           "ProbeAnswer", "ProbeQuery", "Semantics", "Tool", "ToolContext", "ToolError", "check_declaration",
+           "tool"]
