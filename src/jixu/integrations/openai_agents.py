@@ -244,8 +244,6 @@ def load_model_response(data: Mapping[str, Any]) -> ModelResponse:
     try:
         return _load_model_response(data)
     except (KeyError, TypeError, AttributeError, ValueError) as error:  # pydantic's ValidationError is a ValueError
-        if isinstance(error, InvalidInput):
-            raise
         raise InvalidInput(f"not a recorded model response: {type(error).__name__}: {error}"[:500],
                            field="response") from error
 

@@ -483,6 +483,11 @@ def _failure_message(error: JSONObject) -> str:
     return str(error.get("message") or error.get("type") or "failed")
 
 
+def _operator_pause(pause: JSONObject) -> str:
+    """The reason of a pause an operator ends (what :func:`decide` stops on and :func:`derive_status` shows)."""
+    return f"{pause.get('reason')}{asked_too_long(pause)}: waiting for an explicit resume or a handoff"
+
+
 def decide(record: RunRecord, analysis: Analysis) -> Action:
     """The next action for a run (pure: reads its arguments only)."""
     stop = _journal_stop(record, analysis)
@@ -493,8 +498,7 @@ def decide(record: RunRecord, analysis: Analysis) -> Action:
         if pause.get("automatic"):
             resume_at = pause.get("resume_at")
             return AutoResume(float(resume_at) if isinstance(resume_at, int | float) else None)
-        return Stop("paused", f"{pause.get('reason')}{asked_too_long(pause)}: waiting for an explicit resume or a "
-                              "handoff")
+        return Stop("paused", _operator_pause(pause))
     plan = record.plan
     if plan is None:
         return Stop("needs_reconciliation", "the journal has no plan")
@@ -614,7 +618,7 @@ def derive_status(record: RunRecord, analysis: Analysis, ownership: str) -> tupl
         if pause.get("automatic"):
             return "paused", (f"{pause.get('reason')}: automatic retry {record.auto_retries + 1} of "
                               f"{MAX_AUTOMATIC_RETRIES} after {pause.get('delay')}s")
-        return "paused", f"{pause.get('reason')}{asked_too_long(pause)}: waiting for an explicit resume or a handoff"
+        return "paused", _operator_pause(pause)
     if ownership == "live":
         return "running", ""
     unknown = _unknown(record, analysis)

@@ -116,7 +116,6 @@ Action = (Stop | Dispatch | RequestModel | RequestCompaction | RequestTools | Pr
           | FailTurn | PauseTurn)
 
 
-
 def failure_reason(turn_id: str, error: JSONObject | None) -> str:
     """What a failed turn's ``State.reason`` says: its error's type and message, as the turn recorded them."""
     error = error or {}
