@@ -1723,5 +1723,4 @@ def tool(
 
 
 __all__ = ["DEFAULT_PROBE_TIMEOUT", "DEFINITE_ANSWERS", "ArgumentsSchema", "DontKnow", "NotOccurred", "Occurred",
-           "ProbeAnswer", "ProbeQuery", "Semantics", "Tool", "ToolContext", "ToolError", "check_declaration",
-           "tool"]
+           "ProbeAnswer", "ProbeQuery", "Semantics", "Tool", "ToolContext", "ToolError", "tool"]
