@@ -365,3 +365,68 @@ def test_a_session_expires_after_the_servers_session_ttl(tmp_path: Path) -> None
     finally:
         servers[0].stop()
         stores[0].close()
+
+
+# --- a token whose stream does not verify ----------------------------------------------------------------------
+
+
+def _raw_target(api: Api, tmp_path: Path) -> str:
+    url = api.store.url or ""
+    return str(tmp_path / "api.db") if url.startswith("sqlite") else url
+
+
+def test_a_token_edited_in_the_database_authenticates_nobody_and_is_listed_corrupt(any_api: Api,
+                                                                                  tmp_path: Path) -> None:
+    from tests.attacker import Raw
+
+    admin = any_api.client("admin")
+    made = admin.post("/tokens", json={"name": "reader", "roles": {"alpha": "viewer"}})
+    revoked = admin.post("/tokens", json={"name": "gone", "roles": {"alpha": "editor"}})
+    assert made.status_code == revoked.status_code == 201
+    reader, gone = made.json(), revoked.json()
+    assert admin.post(f"/tokens/{gone['token']['token_id']}/revoke", json={}).status_code == 200
+    assert_problem(whoami(any_api.url, gone["secret"]), 401, "unauthorized")
+    with Raw(_raw_target(any_api, tmp_path)).transaction() as run:
+        # A viewer made an admin (its hash not recomputed), and a revocation changed into another event.
+        run("UPDATE jixu_events SET data = replace(data, '\"kind\":\"project\"', '\"kind\":\"admin\"') "
+            "WHERE stream = ?", f"auth/token/{reader['token']['token_id']}")
+        run("UPDATE jixu_events SET type = 'token.noted' WHERE stream = ? AND seq = 2",
+            f"auth/token/{gone['token']['token_id']}")
+    # Seq 1 is bad: nothing of the token verifies, so its secret is nobody's and the caller is told nothing more.
+    assert_problem(whoami(any_api.url, reader["secret"]), 401, "unauthorized")
+    assert_problem(httpx.post(f"{any_api.url}/api/v1/tokens", json={"name": "mallory", "admin": True},
+                              headers={"Authorization": f"Bearer {reader['secret']}"}), 401, "unauthorized")
+    # Seq 2 is bad: the token as created verifies, its secret holder is told why it no longer works.
+    body = assert_problem(whoami(any_api.url, gone["secret"]), 401, "token_corrupt")
+    assert body["first_bad_seq"] == 2 and body["reason"] == "payload_changed"
+    listed = {t["token_id"]: t for t in admin.get("/tokens").json()["tokens"]}
+    bad_reader = listed[reader["token"]["token_id"]]
+    assert bad_reader["corruption"]["first_bad_seq"] == 1 and bad_reader["kind"] == "project"
+    assert bad_reader["roles"] == {} and bad_reader["name"] == ""  # nothing unverified is shown as the token's
+    bad_gone = listed[gone["token"]["token_id"]]
+    assert bad_gone["corruption"]["first_bad_seq"] == 2 and bad_gone["name"] == "gone"
+    assert listed[any_api.token_ids["admin"]]["corruption"] is None
+    assert "mallory" not in {t["name"] for t in listed.values()}
+    one = admin.get(f"/tokens/{gone['token']['token_id']}").json()
+    assert one["corruption"]["reason"] == "payload_changed"
+    # Nothing is appended to a broken stream: neither rotated nor revoked.
+    for action in ("rotate", "revoke"):
+        refused = assert_problem(admin.post(f"/tokens/{gone['token']['token_id']}/{action}", json={}), 409,
+                                 "token_corrupt")
+        assert refused["first_bad_seq"] == 2
+    assert any_api.store.stream_info(f"auth/token/{gone['token']['token_id']}").head_seq == 2
+
+
+def test_the_cli_lists_a_token_whose_stream_does_not_verify_as_corrupt(tmp_path: Path) -> None:
+    from tests.attacker import Raw, flip_data_byte
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    made = _jixu("tokens", "create", "--store", url, "--project", "alpha", "--role", "viewer", "--json")
+    token_id = json.loads(made.stdout)["token"]["token_id"]
+    flip_data_byte(Raw(tmp_path / "cli.db"), f"auth/token/{token_id}", 1)
+    [row] = json.loads(_jixu("tokens", "list", "--store", url, "--json").stdout)
+    assert row["corruption"]["first_bad_seq"] == 1
+    table = _jixu("tokens", "list", "--store", url)
+    assert table.returncode == 0 and "corrupt" in table.stdout
+    refused = _jixu("tokens", "revoke", token_id, "--store", url)
+    assert refused.returncode != 0 and "corrupt" in refused.stderr

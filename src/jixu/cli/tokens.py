@@ -104,7 +104,8 @@ def _print_secret(made: dict[str, Any]) -> None:
 @target_options
 @json_option
 def list_command(store_url: str | None, server: str | None, token: str | None, as_json: bool) -> None:
-    """List every token: id, name, kind, roles, who made it, expiry, last use, revoked or not."""
+    """List every token: id, name, kind, roles, who made it, expiry, last use, revoked or not (or corrupt: its
+    stream does not verify, it authenticates nobody)."""
     with handled(as_json):
         client = _remote(store_url, server, token)
         if client is None:
@@ -121,7 +122,9 @@ def list_command(store_url: str | None, server: str | None, token: str | None, a
     for column in ("name", "kind", "roles", "created by", "expires", "last used", "state"):
         table.add_column(column)
     for row in rows:
-        state = ("[red]revoked[/]" if row["revoked"] else "[yellow]expired[/]" if row.get("expired") else
+        broken = row.get("corruption")
+        state = (f"[red]corrupt[/] (first bad event #{broken.get('first_bad_seq')}, {literal(str(broken.get('reason')))})"
+                 if broken else "[red]revoked[/]" if row["revoked"] else "[yellow]expired[/]" if row.get("expired") else
                  f"rotated {literal(_short(row.get('rotated_at')))}" if row.get("rotated_at") else "")
         table.add_row(literal(row["token_id"]), literal(row["name"]), literal(row["kind"]),
                       literal(", ".join(f"{p}: {r}" for p, r in row["roles"].items())), literal(row["created_by"]),

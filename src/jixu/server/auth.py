@@ -13,6 +13,12 @@ an event (it changes all the time): the server notes it in the store's
 credential-use rows (:meth:`jixu.ledger.Store.record_use`), at most once a
 minute per token and process.
 
+A token is read from *verified* events only, like a project (decision 0068): a
+token stream that does not verify authenticates nobody (401 ``token_corrupt``,
+naming the first bad seq and the reason), is listed with its ``corruption``,
+shows only what its events before the break say, and is neither rotated nor
+revoked (:class:`TokenCorrupt`). A role edited into the file is never a role.
+
 Roles per project: ``viewer`` reads, ``editor`` also sends input, creates
 threads and runs and recovers conversation turns, ``operator`` also resolves
 outcomes, approves or denies parked calls, reconciles, hands off, resumes and
@@ -33,12 +39,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from jixu.errors import InvalidInput, JixuError, NotFound
+from jixu.errors import InvalidInput, JixuError, NotFound, StreamCorrupt
 from jixu.kernel import record
 from jixu.ledger import Event, NewEvent, Store, is_valid_id, new_id
+from jixu.ledger.encoding import JSONObject
 from jixu.ledger.event import format_timestamp
+from jixu.ledger.projection import project as project_stream
+from jixu.ledger.trust import record_break
+from jixu.recovery.corruption import Corruption, corruption
 from jixu.runs.model import check_project_name
-from jixu.server.problems import FORBIDDEN, TOKEN_EXPIRED, UNAUTHORIZED, HTTPProblem
+from jixu.server.problems import FORBIDDEN, TOKEN_CORRUPT, TOKEN_EXPIRED, UNAUTHORIZED, HTTPProblem
 
 TOKEN_PREFIX = "auth/token/"
 ROLES = ("viewer", "editor", "operator")
@@ -61,6 +71,12 @@ class TokenNotFound(NotFound):
     """No token with this id exists."""
 
     code = "token_not_found"
+
+
+class TokenCorrupt(StreamCorrupt):
+    """The token's stream does not verify: it authenticates nobody and is neither rotated nor revoked."""
+
+    code = "token_corrupt"
 
 
 class TokenRevoked(JixuError):
@@ -111,6 +127,9 @@ class TokenInfo:
     secret_sha256: str = field(default="", repr=False)
     previous_secrets: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     """Rotated-out secrets' hashes with the time each stops working (a rotation's grace period)."""
+    corruption: Corruption | None = None
+    """Why the token's stream does not verify (the fields above then say only what the events before the break
+    say), or ``None``."""
 
     def expired(self, now: datetime | None = None) -> bool:
         """True once ``expires_at`` has passed."""
@@ -130,7 +149,8 @@ class TokenInfo:
         return {"token_id": self.token_id, "name": self.name, "kind": "admin" if self.admin else "project",
                 "roles": dict(self.roles), "created_at": self.created_at, "created_by": self.created_by,
                 "revoked": self.revoked, "revoked_at": self.revoked_at, "expires_at": self.expires_at,
-                "expired": self.expired(), "rotated_at": self.rotated_at, "last_used_at": self.last_used_at}
+                "expired": self.expired(), "rotated_at": self.rotated_at, "last_used_at": self.last_used_at,
+                "corruption": self.corruption.to_dict() if self.corruption is not None else None}
 
 
 @dataclass(frozen=True)
@@ -273,13 +293,70 @@ def _with_use(store: Store, tokens: list[TokenInfo]) -> list[TokenInfo]:
             for t, key in zip(tokens, keys, strict=True)]
 
 
+class _TokenEvents:
+    """A token stream's events in order (a token is a few events: never checkpointed)."""
+
+    name = "token"
+    version = 1
+
+    def initial(self) -> list[Event]:
+        """No events yet."""
+        return []
+
+    def apply(self, state: list[Event], event: Event) -> list[Event]:
+        """``state`` with ``event`` added."""
+        state.append(event)
+        return state
+
+    def dump(self, state: list[Event]) -> JSONObject:
+        """The events (the protocol asks for it; token streams are never checkpointed)."""
+        return {"events": [event.to_dict() for event in state]}
+
+    def load(self, data: JSONObject) -> list[Event]:
+        """Never called: token streams are never checkpointed."""
+        raise InvalidInput("token streams are never checkpointed")
+
+
+def _verified(store: Store, token_id: str) -> TokenInfo | None:
+    """The token ``token_id`` as its verified events say, with its corruption when its stream does not verify
+    (a break found is recorded, as every verified read does); ``None`` when there is no such token."""
+    stream = token_stream(token_id)
+    if store.stream_info(stream) is None:
+        return None
+    try:
+        projected = project_stream(store, stream, _TokenEvents(), use_checkpoint=False)
+    except NotFound:
+        return None
+    found = corruption(stream, chain=projected.chain, analysis=None)
+    events = projected.state
+    if found is None:
+        return _info(events) if events and events[0].type == "token.created" else None
+    record_break(store, projected.chain)
+    if events and events[0].type == "token.created":
+        return dataclasses.replace(_info(events), corruption=found)
+    return TokenInfo(token_id=token_id, name="", admin=False, roles={}, created_at="", created_by="",
+                     corruption=found)
+
+
 def _read_token(store: Store, token_id: str) -> TokenInfo:
     if not is_valid_id(token_id):
         raise InvalidInput(f"token id {token_id!r} is not a valid id", field="token_id")
-    events = store.read(token_stream(token_id))
-    if not events or events[0].type != "token.created":
+    token = _verified(store, token_id)
+    if token is None:
         raise TokenNotFound(f"no token {token_id}", token_id=token_id)
-    return _info(events)
+    return token
+
+
+def _sound(token: TokenInfo) -> TokenInfo:
+    """``token`` when its stream verifies, else :class:`TokenCorrupt` (nothing is appended to a broken stream)."""
+    found = token.corruption
+    if found is not None:
+        raise TokenCorrupt(f"token {token.token_id}'s stream is corrupt: {found.summary()}. It authenticates nobody "
+                           f"and is neither rotated nor revoked; make a new token, and inspect this one with `jixu "
+                           f"verify STORE --stream {token_stream(token.token_id)}`", token_id=token.token_id,
+                           stream=token_stream(token.token_id), first_bad_seq=found.first_bad_seq,
+                           reason=found.reason, detail=found.detail)
+    return token
 
 
 def get_token(store: Store, token_id: str) -> TokenInfo:
@@ -294,9 +371,10 @@ def list_tokens(store: Store) -> list[TokenInfo]:
     while True:
         page = store.list_streams(TOKEN_PREFIX, after=after, limit=1000)
         for info in page:
-            events = store.read(info.stream)
-            if events and events[0].type == "token.created":
-                tokens.append(_info(events))
+            token_id = info.stream[len(TOKEN_PREFIX):]
+            token = _verified(store, token_id) if is_valid_id(token_id) else None
+            if token is not None:
+                tokens.append(token)
         if len(page) < 1000:
             return _with_use(store, tokens)
         after = page[-1].stream
@@ -312,7 +390,7 @@ def rotate_token(store: Store, token_id: str, *, actor: str = "jixu",
     new secret). A revoked token is refused (:class:`TokenRevoked`).
     """
     grace = _check_seconds(grace_seconds, "grace_seconds", MAX_GRACE_SECONDS, minimum=0)
-    token = _read_token(store, token_id)
+    token = _sound(_read_token(store, token_id))
     if token.revoked:
         raise TokenRevoked(f"token {token_id} is revoked; make a new one", token_id=token_id)
     secret = _new_secret()
@@ -330,7 +408,7 @@ def revoke_token(store: Store, token_id: str, *, actor: str = "jixu", reason: st
     """Record that a token may no longer be used (idempotent: revoking twice changes nothing)."""
     if reason is not None and (not isinstance(reason, str) or len(reason) > 1000):
         raise InvalidInput("reason must be a string of at most 1000 characters", field="reason")
-    token = get_token(store, token_id)
+    token = _sound(get_token(store, token_id))
     if token.revoked:
         store.revoke_sessions(token_id)  # a revocation recorded by a process that stopped before ending them
         return token
@@ -352,7 +430,12 @@ def token_id_of(authorization: str | None) -> str | None:
 
 
 def principal_of(token: TokenInfo) -> Principal:
-    """The caller ``token`` makes, when it may still be used (401 problem when revoked or expired)."""
+    """The caller ``token`` makes, when it may still be used (401 problem when corrupt, revoked or expired)."""
+    found = token.corruption
+    if found is not None:
+        raise HTTPProblem(TOKEN_CORRUPT, f"token {token.token_id}'s stream is corrupt ({found.summary()}): it "
+                                         "authenticates nobody; ask an admin for a new token", status=401,
+                          token_id=token.token_id, first_bad_seq=found.first_bad_seq, reason=found.reason)
     if token.revoked:
         raise HTTPProblem(UNAUTHORIZED, "unknown or revoked token")
     if token.expired():
@@ -364,16 +447,17 @@ def principal_of(token: TokenInfo) -> Principal:
 
 def token_principal(store: Store, token_id: str) -> Principal:
     """The caller token ``token_id`` makes, without its secret (a server-side session proved it already)."""
-    events = store.read(token_stream(token_id)) if is_valid_id(token_id) else []
-    if not events or events[0].type != "token.created":
+    token = _verified(store, token_id) if is_valid_id(token_id) else None
+    if token is None:
         raise HTTPProblem(UNAUTHORIZED, "unknown or revoked token")
-    return principal_of(_info(events))
+    return principal_of(token)
 
 
 def authenticate(store: Store, authorization: str | None) -> Principal:
     """The caller named by an ``Authorization: Bearer jixu_…`` header (401 problem when absent or wrong).
 
-    An expired token is told so (``token_expired``), but only to a caller that knows its secret.
+    An expired token is told so (``token_expired``), and one whose stream does not verify (``token_corrupt``), but
+    only to a caller that knows its secret (as its verified events record it).
     """
     if not authorization:
         raise HTTPProblem(UNAUTHORIZED, "send a bearer token: Authorization: Bearer jixu_<id>_<secret> "
@@ -383,11 +467,8 @@ def authenticate(store: Store, authorization: str | None) -> Principal:
     if match is None:
         raise HTTPProblem(UNAUTHORIZED, "the Authorization header must be 'Bearer jixu_<id>_<secret>'")
     token_id, secret = match.groups()
-    events = store.read(token_stream(token_id))
-    if not events or events[0].type != "token.created":
-        raise HTTPProblem(UNAUTHORIZED, "unknown or revoked token")
-    token = _info(events)
-    if not token.accepts(secret):
+    token = _verified(store, token_id)
+    if token is None or not token.accepts(secret):  # a corrupt token is told so only to who knows its secret
         raise HTTPProblem(UNAUTHORIZED, "unknown or revoked token")
     return principal_of(token)
 
@@ -401,6 +482,7 @@ __all__ = [
     "MAX_GRACE_SECONDS",
     "MAX_LIFETIME_SECONDS",
     "USE_KEY_PREFIX",
+    "TokenCorrupt",
     "TokenNotFound",
     "TokenRevoked",
     "authenticate",

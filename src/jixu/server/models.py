@@ -239,6 +239,9 @@ class Token(Out):
     rotated_at: str | None = Field(description="When its secret was last replaced.")
     last_used_at: str | None = Field(description="When a server last saw it used (to within a minute); null: "
                                                  "never seen.")
+    corruption: JSON | None = Field(default=None, description=(
+        "Set (first_bad_seq, reason, detail) when the token's stream does not verify: it authenticates nobody, "
+        "and the fields above say only what its events before the break say."))
 
 
 class TokenPage(Out):

@@ -21,6 +21,9 @@ PROBLEM_MEDIA_TYPE = "application/problem+json"
 
 UNAUTHORIZED = "unauthorized"
 TOKEN_EXPIRED = "token_expired"
+TOKEN_CORRUPT = "token_corrupt"
+"""401 when the caller's token's stream does not verify; 409 (:class:`~jixu.server.auth.TokenCorrupt`) when an admin
+acts on such a token."""
 RATE_LIMITED = "too_many_failed_logins"
 FORBIDDEN = "forbidden"
 REQUEST_TOO_LARGE = "request_too_large"
@@ -163,6 +166,7 @@ __all__ = [
     "REQUEST_ID_REUSED",
     "REQUEST_IN_PROGRESS",
     "REQUEST_TOO_LARGE",
+    "TOKEN_CORRUPT",
     "TOKEN_EXPIRED",
     "UNAUTHORIZED",
     "HTTPProblem",
