@@ -290,7 +290,8 @@ def test_a_break_once_found_is_kept_even_if_the_event_is_put_back(tmp_path: Path
         assert project(store, STREAM, TallyProjection()).checkpoint == "broken"
 
 
-def test_an_unsealed_break_record_is_ignored(tmp_path: Path) -> None:
+def test_a_break_record_no_key_here_checks_still_stops_the_stream(tmp_path: Path) -> None:
+    """Decision 0069: a recorded break whose seal fails (edited) is still a break, vouching for nothing."""
     path = _ledger(tmp_path, 20)
     raw = Raw(path)
     original = raw.row(STREAM, 7).data_json
@@ -302,8 +303,42 @@ def test_an_unsealed_break_record_is_ignored(tmp_path: Path) -> None:
         run("UPDATE jixu_checkpoints SET digest = ? WHERE stream = ? AND name = ?", "0" * 64, STREAM, VERDICT_NAME)
         run("UPDATE jixu_events SET data = ? WHERE stream = ? AND seq = 7", original, STREAM)
     with SQLiteStore(path) as store:
-        assert recorded_break(store, STREAM) is None
-        assert verdict(store, STREAM).valid
+        found = recorded_break(store, STREAM)
+        assert found is not None and (found.reason, found.first_bad_seq, found.vouched_before) == (
+            "break_unchecked", 7, 1)
+        assert "not sealed" in (found.detail or "")
+        again = verdict(store, STREAM)
+        assert (again.valid, again.reason) == (False, "break_unchecked")
+        assert project(store, STREAM, TallyProjection()).chain.reason == "break_unchecked"
+
+
+@pytest.mark.parametrize("lose", ["delete", "garbage", "open_to_others", "rotate_then_retire"])
+def test_a_break_recorded_under_a_key_since_lost_or_retired_is_still_a_break(key_file: Path, tmp_path: Path,
+                                                                             lose: str) -> None:
+    """Seen by an audit: a rewrite found (and recorded) under one key was acted on again once that key was
+    deleted, replaced by garbage, opened to others or rotated out and retired, and the next checkpoint, sealed
+    by a new key, then vouched for the rewritten history."""
+    path = _ledger(tmp_path, 20)
+    rewrite_from(Raw(path), STREAM, 5)
+    with SQLiteStore(path) as store:
+        assert verdict(store, STREAM, checkpoints=[TallyProjection.name]).reason == "rewritten"
+    if lose == "delete":
+        key_file.unlink()
+    elif lose == "garbage":
+        key_file.write_text("hello\n")
+    elif lose == "open_to_others":
+        key_file.chmod(0o644)
+    else:
+        rotate_keys()
+        retire_keys()
+    with SQLiteStore(path) as store:
+        if lose == "delete":
+            sealing_keyring()  # a new key where the old one was (a process sealing something else made it)
+        opened = project(store, STREAM, TallyProjection())
+        assert (opened.chain.valid, opened.chain.reason, opened.checkpoint) == (False, "break_unchecked", "broken")
+        checked = verdict(store, STREAM, checkpoints=[TallyProjection.name])
+        assert (checked.valid, checked.reason, checked.vouched_before) == (False, "break_unchecked", 1)
+        assert "not held here" in (checked.detail or "") or "not sealed" in (checked.detail or "")
 
 
 def test_breaks_are_kept_in_every_store(store: Store) -> None:
@@ -397,3 +432,33 @@ def test_a_checkpoint_written_between_a_readers_two_reads_is_no_rewrite(tmp_path
         assert report.valid, report
         assert recorded_break(store, STREAM) is None
         assert writer.read_checkpoint(STREAM, "tally").seq == 21  # type: ignore[union-attr]
+
+
+def test_retiring_keys_with_the_store_keeps_its_breaks_checkable(key_file: Path, tmp_path: Path) -> None:
+    """`jixu keys retire --store`: a break recorded under the old key is sealed again by the current key, and a
+    rewrite only an old key's checkpoint proves is found and recorded, before the old key goes (decision 0069)."""
+    from tests.helpers import run_jixu
+
+    class AsThread(TallyProjection):
+        name = "thread"  # the checkpoint a thread's stream keeps (what `jixu verify` checks)
+
+    thread = "thread/01M9900000000000000000000T"
+    path = _ledger(tmp_path, 20)
+    with SQLiteStore(path) as store:
+        fill(store, thread, 0, 10)
+        save_checkpoint(store, thread, AsThread(), project(store, thread, AsThread()))
+    flip_data_byte(Raw(path), STREAM, 7)
+    with SQLiteStore(path) as store:
+        assert verdict(store, STREAM).reason == "payload_changed"  # recorded under the first key
+    rotate_keys()
+    rewrite_from(Raw(path), thread, 4)  # found by nobody yet: only its checkpoint, sealed by the first key, knows
+    retired = run_jixu("keys", "retire", "--store", f"sqlite:///{path}", "--json")
+    assert retired.returncode == 0, retired.stderr
+    report = __import__("json").loads(retired.stdout)
+    assert len(report["keys"]) == 1 and list(report["breaks_sealed_again"].values()) == [1]
+    with SQLiteStore(path) as store:
+        first = recorded_break(store, STREAM)
+        assert first is not None and (first.reason, first.first_bad_seq) == ("payload_changed", 7)
+        second = recorded_break(store, thread)
+        assert second is not None and second.reason == "rewritten"
+        assert project(store, thread, AsThread()).chain.reason == "rewritten"

@@ -22,7 +22,7 @@ import pytest
 
 import jixu
 from jixu import Agent, Harness, ScriptedModel, ToolCall, tool
-from jixu.errors import RunCorrupt, ThreadCorrupt
+from jixu.errors import RunCorrupt, StoreError, ThreadCorrupt
 from jixu.kernel.writer import BREAK_WATCH_INTERVAL_S
 from jixu.ledger import SQLiteStore
 from jixu.ledger.trust import verdict
@@ -248,10 +248,10 @@ def test_a_held_handle_whose_loop_starts_after_a_break_was_recorded_claims_nothi
 
 @pytest.mark.parametrize("digest", [b"\x00\xff", "hmac-sha256:k1:00", "sha256:00", None],
                          ids=["blob", "forged", "unsealed", "not-utf8"])
-def test_a_verdict_row_nobody_sealed_stops_no_thread(tmp_path: Path, digest: object) -> None:
-    """A verdict row written by raw SQL without the key is no recorded break. Seen by an audit: one whose digest
-    was stored as a BLOB made the watch's read raise TypeError into the step of another, untouched thread (its
-    turn failed and it showed running for good)."""
+def test_a_verdict_row_nobody_sealed_stops_its_own_thread_only(tmp_path: Path, digest: object) -> None:
+    """A verdict row written by raw SQL without the key is a break no key checks (decision 0069): it stops its
+    own thread, and only that one. Seen by an audit: one whose digest was stored as a BLOB made the watch's read
+    raise TypeError into the step of another, untouched thread (its turn failed and it showed running for good)."""
     path = tmp_path / "forged-verdict.db"
 
     async def scenario() -> None:
@@ -272,8 +272,12 @@ def test_a_verdict_row_nobody_sealed_stops_no_thread(tmp_path: Path, digest: obj
             await asyncio.sleep(BREAK_WATCH_INTERVAL_S + 0.1)
             await two.send("look up 42")  # an untouched thread: its steps read every watched stream's break at once
             assert (await two.wait()).status == "idle"
-            if digest is not None:  # the thread whose row it is: nothing sealed, nothing stops it
+            calls = len(TOOL_CALLS)
+            # The thread whose row it is: a break recorded, whoever sealed it (a row no decoder reads: the store's
+            # error, refusing as well).
+            with pytest.raises(ThreadCorrupt if digest is not None else StoreError,
+                               match="cannot be checked" if digest is not None else "decode"):
                 await one.send("look up 42")
-                assert (await one.wait()).status == "idle"
+            assert len(TOOL_CALLS) == calls
 
     run(scenario)

@@ -11,12 +11,12 @@ import click
 from rich.table import Table
 
 from jixu.cli.output import EXIT_CHECK_FAILED, console, emit_json, handled, json_option, literal
-from jixu.errors import InvalidInput, NotFound, StreamCorrupt
+from jixu.errors import InvalidInput, KeyUnavailable, NotFound, StreamCorrupt
 from jixu.ledger import NewEvent, Store, VerifyReport, open_store
 from jixu.ledger.chain import REASONS
 from jixu.ledger.keys import Keyring, keyring, retire_keys, rotate_keys
 from jixu.ledger.projection import CheckpointAudit, Projection, audit_checkpoint
-from jixu.ledger.trust import verdict
+from jixu.ledger.trust import reseal_break, verdict
 from jixu.recovery import RecoveryResolver
 
 STORE_HELP = "Store: a SQLite file path, sqlite:///PATH, or another store URL."
@@ -35,9 +35,9 @@ def checkpointed(stream: str) -> list[Projection[Any]]:
     return []
 
 
-def stream_verdict(opened: Store, stream: str) -> VerifyReport:
+def stream_verdict(opened: Store, stream: str, keys: Keyring | None = None) -> VerifyReport:
     """The ledger's verdict on ``stream`` with the checkpoints its kind keeps (a break found is recorded)."""
-    return verdict(opened, stream, checkpoints=[p.name for p in checkpointed(stream)])
+    return verdict(opened, stream, checkpoints=[p.name for p in checkpointed(stream)], keys=keys)
 
 
 def check_stream(opened: Store, stream: str) -> tuple[VerifyReport, list[CheckpointAudit]]:
@@ -311,9 +311,34 @@ def keys_rotate_command(path: str | None, as_json: bool) -> None:
 
 @keys_group.command("retire")
 @click.option("--file", "path", default=None, help="The key file (default: $JIXU_KEY_FILE or the user's).")
+@click.option("--store", "stores", multiple=True, metavar="STORE",
+              help="A store whose recorded breaks are sealed again with the current key first (repeatable).")
 @json_option
-def keys_retire_command(path: str | None, as_json: bool) -> None:
-    """Keep only the current key: checkpoints sealed by the others are no longer trusted (they are rebuilt)."""
+def keys_retire_command(path: str | None, stores: tuple[str, ...], as_json: bool) -> None:
+    """Keep only the current key: checkpoints sealed by the others are no longer trusted (they are rebuilt).
+
+    With --store (give every store these keys seal), each store is verified first, every stream with the keys
+    held now (a checkpoint that proves a rewrite records its break), and each recorded break is sealed again with
+    the current key, so it stays checkable (decision 0069). Without it, breaks recorded under a retired key show
+    as break_unchecked: still corrupt, but their details are no longer vouched for.
+    """
+    resealed: dict[str, int] = {}
     with handled(as_json):
+        found = keyring(path)
+        if found.current is None:
+            raise KeyUnavailable(f"no key to keep: {found.problem}", path=str(found.path))
+        for url in stores:
+            with open_store(url, create=False) as opened:
+                count = 0
+                for stream in _streams(opened):
+                    stream_verdict(opened, stream, found)  # records a break an old key's checkpoint proves
+                    count += reseal_break(opened, stream, found)
+                resealed[url] = count
         found = retire_keys(path)
+    if as_json:
+        emit_json({**_key_report(found), "breaks_sealed_again": resealed})
+        return
+    for url, count in resealed.items():
+        console.print(f"{count} recorded break(s) of {literal(url)} sealed again with key {found.current}",
+                      highlight=False)
     _print_keys(found, as_json)

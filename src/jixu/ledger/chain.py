@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from jixu.ledger.event import DOMAIN_TAG, StoredRow, envelope_text, envelope_text_of
 
-Reason = Literal["payload_changed", "reordered", "gap", "bad_link", "head_mismatch", "rewritten"]
+Reason = Literal["payload_changed", "reordered", "gap", "bad_link", "head_mismatch", "rewritten", "break_unchecked"]
 
 REASONS: dict[str, str] = {
     "payload_changed": "the event's content no longer matches its recorded hash",
@@ -26,6 +26,8 @@ REASONS: dict[str, str] = {
     "bad_link": "prev_hash does not match the hash of the event before it",
     "head_mismatch": "the stream's recorded head does not match its last event",
     "rewritten": "the events no longer match a sealed checkpoint: history before it was rewritten or removed",
+    "break_unchecked": "a break is recorded for the stream, but no key held here can check its record: none of "
+                       "its events is trusted",
 }
 
 

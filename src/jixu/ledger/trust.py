@@ -27,7 +27,7 @@ from jixu.errors import StoreError
 from jixu.ledger.chain import Reason, VerifyReport, row_hash
 from jixu.ledger.encoding import canonical_text
 from jixu.ledger.event import utc_now_text
-from jixu.ledger.keys import Keyring, SealStatus, keyring, sealing_keyring
+from jixu.ledger.keys import SEAL_PREFIX, Keyring, SealStatus, keyring, sealing_keyring
 from jixu.ledger.store import STREAMS_AT_ONCE, Checkpoint, Store
 
 CHECKPOINT_TAG = b"jixu.checkpoint.v3\x00"
@@ -128,7 +128,7 @@ def _verdict_parts(stream: str, text: str) -> list[bytes]:
 
 
 def recorded_break(store: Store, stream: str, keys: Keyring | None = None) -> VerifyReport | None:
-    """The break recorded for ``stream`` by a process holding the key, if any (an unsealed row is ignored)."""
+    """The break recorded for ``stream``, if any (see :func:`break_of`: one no key held here checks counts too)."""
     return break_of(stream, store.read_checkpoint(stream, VERDICT_NAME), keys)
 
 
@@ -146,17 +146,32 @@ def recorded_breaks(store: Store, streams: Sequence[str], keys: Keyring | None =
 
 
 def break_of(stream: str, row: Checkpoint | None, keys: Keyring | None = None) -> VerifyReport | None:
-    """The break ``row`` (``stream``'s :data:`VERDICT_NAME` row as read, or None) records, if it is sealed."""
-    if row is None or not isinstance(row.state_json, str) or not isinstance(row.digest, str):
-        return None  # an edited row (a BLOB, say) seals nothing
-    keys = keys if keys is not None else keyring()
-    if keys.check(row.digest, VERDICT_TAG, _verdict_parts(stream, row.state_json)) != "sealed":
+    """The break ``row`` (``stream``'s :data:`VERDICT_NAME` row as read, or None) records.
+
+    A row whose seal a key held here checks gives its break as recorded. Any other row still means that a break
+    was recorded (decision 0069): its seal made by a key not held here (the key file lost, replaced or retired),
+    forged, or its text edited, it is ``break_unchecked``, vouching for none of the stream's events, so losing a
+    key never turns a stream found broken back into one that is acted on.
+    """
+    if row is None:
         return None
+    keys = keys if keys is not None else keyring()
+    text, seal = row.state_json, row.digest
+    status = keys.check(seal, VERDICT_TAG, _verdict_parts(stream, text)) if isinstance(text, str) else "unsealed"
+    if status == "sealed":
+        found = _recorded(stream, text)
+        if found is not None:
+            return found
+    return _unchecked(stream, row, status, keys)
+
+
+def _recorded(stream: str, text: str) -> VerifyReport | None:
+    """The break a sealed verdict text records (None when the text is not one: a seal over garbage)."""
     try:
-        data = json.loads(row.state_json)
+        data = json.loads(text)
         reason = data["reason"]
         seq = int(data["first_bad_seq"])
-        if reason not in _REASONS:
+        if reason not in _REASONS or seq < 1:
             return None
         vouched = data.get("vouched_before")
         return VerifyReport(stream=stream, valid=False, count=int(data["count"]), head_hash=str(data["head_hash"]),
@@ -165,6 +180,36 @@ def break_of(stream: str, row: Checkpoint | None, keys: Keyring | None = None) -
                                    "corrupt)", vouched_before=int(vouched) if vouched is not None else None)
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _unchecked(stream: str, row: Checkpoint, status: str, keys: Keyring) -> VerifyReport:
+    """A recorded break no key held here can check: its seq as the row says (at least 1), trusting nothing."""
+    seq = row.seq if isinstance(row.seq, int) and not isinstance(row.seq, bool) and row.seq >= 1 else 1
+    seal = row.digest if isinstance(row.digest, str) else ""
+    key = seal[len(SEAL_PREFIX):].partition(":")[0] if seal.startswith(SEAL_PREFIX) else None
+    why = {"unknown_key": f"sealed by key {key}, which is not held here"
+                          + (f" ({keys.problem})" if keys.problem else ""),
+           "forged": f"its seal is not key {key}'s: the record was changed"}.get(status, "its record is not sealed")
+    return VerifyReport(stream=stream, valid=False, count=0, head_hash="", first_bad_seq=seq,
+                        reason="break_unchecked", vouched_before=1,
+                        detail=f"a break is recorded for this stream at seq {seq} ({why}): it cannot be checked, so "
+                               "the stream stays corrupt and none of its events is trusted; give this process the "
+                               "key file that sealed it, or let `jixu keys retire --store` seal recorded breaks "
+                               "again before retiring a key")
+
+
+def reseal_break(store: Store, stream: str, keys: Keyring) -> bool:
+    """Seal ``stream``'s recorded break again with the current key of ``keys`` when another key of ``keys``
+    sealed it (before the others are retired, decision 0069); True if it was sealed again."""
+    row = store.read_checkpoint(stream, VERDICT_NAME)
+    current = keys.current
+    if row is None or current is None or not isinstance(row.state_json, str) or not isinstance(row.digest, str):
+        return False
+    parts = _verdict_parts(stream, row.state_json)
+    if row.digest.startswith(f"{SEAL_PREFIX}{current}:") or keys.check(row.digest, VERDICT_TAG, parts) != "sealed":
+        return False
+    store.write_checkpoint(replace(row, digest=keys.seal(VERDICT_TAG, parts)))
+    return True
 
 
 def record_break(store: Store, report: VerifyReport, keys: Keyring | None = None) -> bool:
@@ -225,4 +270,4 @@ def verdict(store: Store, stream: str, *, checkpoints: Iterable[str] = (), keys:
 
 
 __all__ = ["CHECKPOINT_TAG", "VERDICT_NAME", "anchor_holds", "behind_break", "break_of", "checkpoint_parts", "contradicted", "record_break",
-           "recorded_break", "recorded_breaks", "rewritten", "seal_checkpoint", "seal_status", "verdict"]
+           "recorded_break", "recorded_breaks", "reseal_break", "rewritten", "seal_checkpoint", "seal_status", "verdict"]
