@@ -639,8 +639,10 @@ def test_a_drain_lets_the_steps_in_flight_finish_and_records_them(tmp_path: Path
     on and acted, but the store closed before their receipts. Their receipts are recorded before the run is given
     back."""
     ran: list[int] = []
+    entered: list[int] = []
 
     async def step(ctx: ToolContext, number: int) -> int:
+        entered.append(number)
         await asyncio.sleep(0.2 * number)
         ran.append(number)
         return number
@@ -648,21 +650,29 @@ def test_a_drain_lets_the_steps_in_flight_finish_and_records_them(tmp_path: Path
     async def go() -> str:
         harness = Harness(steps_agent("steps"), tmp_path / "drain.db")
         thread_id: list[str] = []
+        draining = asyncio.Event()
 
         async def block() -> None:
             async with harness.durable(None, name="drained") as run:
                 thread_id.append(run.thread_id)
 
                 async def late() -> Any:
-                    await asyncio.sleep(0.1)
+                    await draining.wait()  # asked once the drain began (not after a guessed delay: CI is slow)
                     return await run.effect("late", {}, key="late", call=lambda ctx: "late")
 
                 await asyncio.gather(*(run.effect("s", {"n": n}, key=f"s{n}", call=lambda ctx, n=n: step(ctx, n))
                                        for n in (1, 2, 3)), late())
 
         task = asyncio.create_task(block())
-        await asyncio.sleep(0.05)
-        await harness.shutdown(drain_timeout=5)
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(entered) < 3 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        assert sorted(entered) == [1, 2, 3], "the three steps are in flight"
+        shutdown = asyncio.create_task(harness.shutdown(drain_timeout=5))
+        while not harness.closing:
+            await asyncio.sleep(0)
+        draining.set()
+        await shutdown
         with pytest.raises(jixu.ThreadBusy):
             await task
         return thread_id[0]
