@@ -277,3 +277,45 @@ def test_a_tampered_run_or_request_page_shows_corrupt_and_offers_nothing(run_mat
         shots(page, "run-corrupt")
     finally:
         served.stop()
+
+
+def test_a_threads_changed_project_moves_it_in_no_list(tmp_path: Path) -> None:
+    """Seen by an audit: the Studio's list took a thread's project from its first event unverified, so one whose
+    ``metadata.project`` was changed from alpha to beta was listed to beta's viewers and hidden from alpha's, while
+    the API kept it in alpha. Both now take it from one place (``project_of_stream``)."""
+    from jixu import Harness
+    from tests.server.agents import agent as api_agent
+
+    path = tmp_path / "moved.db"
+    store = SQLiteStore(path)
+
+    async def make() -> str:
+        harness = Harness(api_agent(), store, owner="maker")
+        thread = await harness.create_thread(metadata={"project": "alpha"})
+        await thread.send("hello")
+        await thread.wait()
+        return thread.thread_id
+
+    thread_id = run(make)
+    _, alpha = create_token(store, "alpha-viewer", roles={"alpha": "viewer"}, actor="test")
+    _, beta = create_token(store, "beta-viewer", roles={"beta": "viewer"}, actor="test")
+    with Raw(path).transaction() as sql:
+        sql("UPDATE jixu_events SET data = replace(data, '\"project\":\"alpha\"', '\"project\":\"beta\"'), "
+            "meta = replace(meta, '\"project\":\"alpha\"', '\"project\":\"beta\"') WHERE stream = ? AND seq = 1",
+            f"thread/{thread_id}")
+    server = LiveServer(create_app(store, routers=[studio_router()]))
+    server.start()
+    try:
+        for token, listed in ((alpha, True), (beta, False)):
+            with httpx.Client(base_url=server.url, timeout=WAIT) as client:
+                http_login(client, token)
+                page = client.get("/studio/threads")
+                assert page.status_code == 200
+                assert (thread_id in page.text) is listed, "the Studio lists a thread to the API's project only"
+                api = client.get(f"/api/v1/threads/{thread_id}", headers={"Authorization": f"Bearer {token}"})
+                assert (api.status_code == 200) is listed
+                if listed:
+                    assert api.json()["status"] == "corrupt"
+    finally:
+        server.stop()
+        store.close()

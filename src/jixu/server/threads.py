@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from jixu.errors import InvalidInput, JixuError, ProjectNotFound, ThreadNotFound
-from jixu.ledger import Event, is_valid_id
+from jixu.ledger import Event, Store, is_valid_id
 from jixu.ledger.chain import verify_rows
 from jixu.scheduling import (
     create_thread_for,
@@ -89,15 +89,25 @@ UNKNOWN_PROJECT = ""
 for: no project token's (no project is named so), so only an admin sees the thread, as ``corrupt``."""
 
 
-def _project_of_stream(services: Services, stream: str) -> str | None:
+def first_event(store: Store, stream: str, genesis_hash: str) -> Event | None:
+    """The first event of the thread stored as ``stream`` when it holds (its own hash, its link from
+    ``genesis_hash`` and to the second event) and is a thread's first (:data:`FIRST_EVENTS`); else None: one that
+    was deleted, replaced or changed says nothing about the thread (its project, its parent)."""
+    rows = list(store.read_rows(stream, 1, 2))
+    if not rows or rows[0].type not in FIRST_EVENTS or not verify_rows(stream, rows, genesis_hash=genesis_hash).valid:
+        return None
+    return rows[0].to_event()
+
+
+def project_of_stream(services: Services, stream: str) -> str | None:
     """The project of the thread stored as ``stream`` (None: no such thread), read from its first event once per
     server: the first event never changes, so neither does the answer (remembered for up to
-    :data:`PROJECTS_REMEMBERED` threads).
+    :data:`PROJECTS_REMEMBERED` threads). Every surface (the API, the Studio) takes a thread's project here.
 
-    The first event is trusted only when it holds (its own hash, its link from the genesis and to the second
-    event). One that was deleted, replaced or changed says nothing: the thread is then the project's the store
-    indexed it under when it was created (the one whose listing names it), else :data:`UNKNOWN_PROJECT`. A
-    changed ``metadata.project`` never moves a thread to another project."""
+    The first event is trusted only when it holds (:func:`first_event`). One that was deleted, replaced or
+    changed says nothing: the thread is then the project's the store indexed it under when it was created (the one
+    whose listing names it), else :data:`UNKNOWN_PROJECT`. A changed ``metadata.project`` never moves a thread to
+    another project."""
     known = services.thread_projects.get(stream)
     if known is not None:
         return known
@@ -105,14 +115,13 @@ def _project_of_stream(services: Services, stream: str) -> str | None:
     info = store.stream_info(stream)
     if info is None:
         return None
-    rows = list(store.read_rows(stream, 1, 2))
-    if not rows or rows[0].type not in FIRST_EVENTS or not verify_rows(stream, rows,
-                                                                         genesis_hash=info.genesis_hash).valid:
+    first = first_event(store, stream, info.genesis_hash)
+    if first is None:
         try:
             return check_project(info.group) if info.group is not None else UNKNOWN_PROJECT
         except InvalidInput:
             return UNKNOWN_PROJECT
-    metadata = rows[0].to_event().data.get("metadata")
+    metadata = first.data.get("metadata")
     found = project_of(metadata if isinstance(metadata, dict) else {})
     _remember_project(services, stream, found)
     return found
@@ -128,7 +137,7 @@ def thread_project(ctx: Context, thread_id: str) -> str:
     """The project of a thread (404 when it does not exist); nothing about it is revealed."""
     if not is_valid_id(thread_id):
         raise InvalidInput(f"thread id {thread_id!r} is not a valid id", field="thread_id")
-    found = _project_of_stream(ctx.services, stream_of(thread_id))
+    found = project_of_stream(ctx.services, stream_of(thread_id))
     if found is None:
         raise _hidden(thread_id)
     return found
@@ -207,7 +216,7 @@ def _unindexed_project(ctx: Context, stream: str) -> str:
     """The project of a thread the index has none for (its metadata names no usable project): only an admin's
     listing shows such a thread, with what its metadata says, or ``""``."""
     try:
-        return _project_of_stream(ctx.services, stream) or ""
+        return project_of_stream(ctx.services, stream) or ""
     except JixuError:
         return ""
 

@@ -23,7 +23,6 @@ from jixu.errors import InvalidInput, JixuError, NotFound
 from jixu.ledger import Event
 from jixu.recovery import EffectDecision
 from jixu.recovery.corruption import Corruption
-from jixu.scheduling import project_of
 from jixu.server import runs as runs_api
 from jixu.server import threads as threads_api
 from jixu.server.auth import ROLE_RANK, get_token
@@ -197,9 +196,7 @@ def thread_rows(ctx: Context) -> list[Obj]:
         for info in page:
             cursor = info.stream
             thread_id = info.stream[len(THREAD_PREFIX):]
-            first = ctx.store.read(info.stream, 1, 1)
-            metadata = first[0].data.get("metadata") if first else None
-            project = project_of(metadata if isinstance(metadata, dict) else {})
+            project = threads_api.project_of_stream(ctx.services, info.stream) or ""  # as the API says
             if not ctx.principal.visible(project):
                 continue
             log = ThreadLog.load(ctx.store, thread_id, verify=True)  # the status every surface shows
@@ -289,8 +286,8 @@ def forks_of(ctx: Context, thread_id: str) -> list[Obj]:
         for info in page:
             cursor = info.stream
             if info.stream not in known:
-                first = ctx.store.read(info.stream, 1, 1)
-                parent = first[0].data.get("parent") if first and first[0].type == "thread.forked" else None
+                first = threads_api.first_event(ctx.store, info.stream, info.genesis_hash)  # only one that holds
+                parent = first.data.get("parent") if first is not None and first.type == "thread.forked" else None
                 known[info.stream] = ((str(parent.get("thread_id")), int(parent.get("seq") or 0))
                                       if isinstance(parent, dict) else None)
             found = known[info.stream]
