@@ -353,3 +353,45 @@ def test_another_harness_shutting_down_does_not_stop_this_ones_call(tmp_path: Pa
     time.sleep(SLOW)
     assert len(_charges(bank)) == 1, _charges(bank)
     assert state.status == "idle"  # type: ignore[attr-defined]
+
+
+def test_a_call_cancelled_while_it_waited_for_a_thread_is_recorded_as_never_run(tmp_path: Path) -> None:
+    """Seen by an audit (a drain with ``--tool-threads 2`` and six blocking calls): the four calls still queued for
+    a thread were recorded ``interrupted`` (unknown: an operator asked to check calls that never ran). A call
+    cancelled before it began records a determinate ``not_started`` failure; the one cut off mid-call stays
+    unknown."""
+    release = threading.Event()
+    ran: list[int] = []
+
+    @tool(semantics="unsafe")
+    def slow(n: int) -> str:
+        """Block until released (an outside call that takes a while)."""
+        ran.append(n)
+        release.wait(10)
+        return "done"
+
+    agent = Agent("slowpoke", ScriptedModel([[ToolCall("slow", {"n": 1}), ToolCall("slow", {"n": 2})], "ok"]),
+                  tools=[slow])
+
+    async def main() -> dict[int, tuple[str, str]]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+        async with Harness(agent, f"sqlite:///{tmp_path / 'queued.db'}") as harness:
+            thread = await harness.create_thread()
+            await thread.send("go")
+            deadline = time.monotonic() + 10
+            while not ran and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)  # the second call is queued behind the first (one thread)
+            await thread.interrupt("stop")
+            release.set()
+            events = await thread.events()
+            analysis = jixu.RecoveryResolver.analyze(events)
+            numbers = {e.data["effect_id"]: e.data["args"]["n"] for e in events if e.type == "tool.requested"}
+            failed = {e.data["effect_id"]: e.data["error"]["type"] for e in events if e.type == "tool.failed"}
+            return {numbers[effect]: (analysis.decisions[effect].state, failed[effect]) for effect in numbers}
+
+    found = asyncio.run(main())
+    assert ran == [1], "the queued call never ran"
+    assert found == {1: ("unknown", "interrupted"), 2: ("completed", "not_started")}, found

@@ -61,6 +61,17 @@ INTERRUPTED = Outcome.failed({"type": "interrupted"}, indeterminate=True)
 """The receipt of a call cut off by a cancellation: it may or may not have happened."""
 
 
+NOT_STARTED = Outcome.failed({"type": "not_started", "message": "cancelled before the call began: it never ran"},
+                             indeterminate=False)
+"""The receipt of a call cancelled while it waited to start (a worker thread's queue): determinate, nothing ran."""
+
+
+class CallNotStarted(asyncio.CancelledError):
+    """A cancellation that reached a call before it began (it waited for a worker thread, and will never run):
+    :func:`perform` records it :data:`NOT_STARTED`, a determinate failure, not ``interrupted``. Still a
+    cancellation: it goes on up as one."""
+
+
 class _CutOff:
     calls = 0
 
@@ -88,7 +99,8 @@ async def perform(*, dispatch: Callable[[], Awaitable[object]], call: Callable[[
 
     ``classify`` turns an exception of the call into its outcome (be honest:
     determinate only when the error proves nothing happened). A
-    cancellation while the call runs records ``interrupted`` and goes on,
+    cancellation while the call runs records ``interrupted`` (one that reached it before it began,
+    :class:`CallNotStarted`, records :data:`NOT_STARTED`) and goes on,
     except a loop's shutdown on a :class:`CallerTask`: that one is raised
     only after the call ended and its receipt was recorded.
     ``KeyboardInterrupt`` and ``SystemExit`` are not receipts: they go on up
@@ -102,6 +114,9 @@ async def perform(*, dispatch: Callable[[], Awaitable[object]], call: Callable[[
     try:
         try:
             outcome = await call()
+        except CallNotStarted:
+            await record(NOT_STARTED)
+            raise
         except asyncio.CancelledError:
             CUT_OFF.calls += 1
             await record(interrupted)
@@ -117,4 +132,4 @@ async def perform(*, dispatch: Callable[[], Awaitable[object]], call: Callable[[
     return outcome
 
 
-__all__ = ["CUT_OFF", "INTERRUPTED", "Outcome", "marker", "perform"]
+__all__ = ["CUT_OFF", "INTERRUPTED", "NOT_STARTED", "CallNotStarted", "Outcome", "marker", "perform"]

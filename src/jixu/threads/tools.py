@@ -52,6 +52,7 @@ from contextvars import ContextVar
 from typing import Any, Literal, TypeAlias, TypeVar, overload
 
 from jixu.errors import InvalidInput, MalformedEvent, ToolDefinitionError, ToolInputError, ToolOutputError
+from jixu.kernel.effects import CallNotStarted
 from jixu.kernel.shutdown import CallerTask
 from jixu.ledger.encoding import VALUE_NESTING, canonical_text
 from jixu.ledger.event import utf8_size
@@ -247,12 +248,14 @@ async def run_call_in_thread(effect_id: str | None, fn: Callable[..., _R], /, *a
 
     try:
         return await asyncio.to_thread(run)
-    except BaseException:
+    except BaseException as error:
         with call.lock:
             if not call.started:
                 call.abandoned = True
         if call.abandoned:
             _end(effect_id, call)
+            if isinstance(error, asyncio.CancelledError):  # it will never run: say so (a determinate receipt)
+                raise CallNotStarted(*error.args) from error
         raise
 
 
