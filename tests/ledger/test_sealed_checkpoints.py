@@ -462,3 +462,28 @@ def test_retiring_keys_with_the_store_keeps_its_breaks_checkable(key_file: Path,
         second = recorded_break(store, thread)
         assert second is not None and second.reason == "rewritten"
         assert project(store, thread, AsThread()).chain.reason == "rewritten"
+
+
+def test_a_key_file_others_could_replace_is_not_used(key_file: Path, tmp_path: Path) -> None:
+    """Seen by an audit: a key in a world-writable directory, or a key file owned by another user, was used (and
+    said "seals; verifies"): whoever can replace the file can forge checkpoints and verdicts."""
+    path = _ledger(tmp_path, 5)
+    assert keyring().keys and keyring().problem is None
+    folder = key_file.parent
+    folder.chmod(0o777)
+    found = keyring()
+    assert not found.keys and "writable by others" in (found.problem or "")
+    with SQLiteStore(path) as store:
+        assert project(store, STREAM, TallyProjection()).checkpoint == "unsealed"  # nothing trusted
+    with pytest.raises(KeyUnavailable, match="writable by others"):
+        sealing_keyring()
+    folder.chmod(0o1777)  # sticky, as /tmp: nobody but the owner replaces the file
+    assert keyring().keys
+    folder.chmod(0o700)
+    if os.geteuid() != 0:
+        return  # only root can give the file to another user (CI runs as root)
+    os.chown(key_file, 12345, 12345)
+    found = keyring()
+    assert not found.keys and "belongs to user 12345" in (found.problem or "")
+    os.chown(key_file, os.geteuid(), os.getegid())
+    assert keyring().keys

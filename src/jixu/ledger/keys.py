@@ -20,8 +20,9 @@ public digest), so checkpoints are sealed with a key held in a file of its own
   so existing checkpoints stay usable until rewritten; :func:`retire_keys`
   keeps only the current key (checkpoints sealed by the others are then not
   trusted: they are replayed past and rewritten).
-* **Missing or wrong**: a file that is missing, malformed, not a regular file
-  or readable or writable by others yields no usable key (:attr:`Keyring.problem`
+* **Missing or wrong**: a file that is missing, malformed, not a regular file,
+  readable or writable by others, owned by another user (but root), or in a
+  directory another user owns or may write to (without the sticky bit) yields no usable key (:attr:`Keyring.problem`
   says why). Nothing is then trusted: every checkpoint is ignored and the
   events are replayed; nothing is sealed (:class:`~jixu.errors.KeyUnavailable`).
 
@@ -129,7 +130,7 @@ def _mac(secret: bytes, tag: bytes, parts: Iterable[bytes]) -> str:
     return mac.hexdigest()
 
 
-_CACHE: dict[Path | None, tuple[tuple[int, int, int, int] | None, Keyring]] = {}
+_CACHE: dict[Path | None, tuple[tuple[int, ...] | None, Keyring]] = {}
 _CACHE_LOCK = threading.Lock()
 
 
@@ -147,7 +148,13 @@ def keyring(path: str | os.PathLike[str] | None = None) -> Keyring:
         return Keyring(where, problem=f"the key file {where} does not exist (it is made by the first seal)")
     except OSError as error:
         return Keyring(where, problem=f"the key file {where} cannot be read: {error.strerror}")
-    version = (info.st_ino, info.st_mtime_ns, info.st_size, info.st_mode)
+    try:
+        folder = os.stat(where.parent)
+    except OSError:
+        folder = info  # not readable: _load says so
+    # The directory's owner and mode count too: a folder opened to others makes the key unusable (_load).
+    version = (info.st_ino, info.st_mtime_ns, info.st_size, info.st_mode, info.st_uid, folder.st_uid,
+               folder.st_mode)
     with _CACHE_LOCK:
         cached = _CACHE.get(where)
         if cached is not None and cached[0] == version:
@@ -164,6 +171,9 @@ def _load(path: Path, info: os.stat_result) -> Keyring:
     if info.st_mode & 0o077:
         return Keyring(path, problem=f"the key file {path} is open to others (mode {stat.S_IMODE(info.st_mode):04o}); "
                                      f"chmod 600 {path}")
+    replaceable = _replaceable_by_others(path, info)
+    if replaceable is not None:
+        return Keyring(path, problem=replaceable)
     try:
         text = path.read_text(encoding="ascii")
     except (OSError, UnicodeDecodeError) as error:
@@ -185,6 +195,27 @@ def _load(path: Path, info: os.stat_result) -> Keyring:
     if not keys:
         return Keyring(path, problem=f"the key file {path} holds no key")
     return Keyring(path, tuple(keys))
+
+
+def _replaceable_by_others(path: Path, info: os.stat_result) -> str | None:
+    """Why somebody but this process's user (or root) could put another key in ``path``'s place, or None: the
+    file owned by another user, or its directory owned by another user or writable by others without the sticky
+    bit (as ``sshd``'s StrictModes asks of its keys)."""
+    mine = (os.geteuid(), 0)
+    if info.st_uid not in mine:
+        return f"the key file {path} belongs to user {info.st_uid}, not this process's ({os.geteuid()}): that user " \
+               "could replace it"
+    try:
+        folder = os.stat(path.parent)
+    except OSError as error:
+        return f"the key file's directory {path.parent} cannot be read: {error.strerror}"
+    if folder.st_uid not in mine:
+        return f"the key file's directory {path.parent} belongs to user {folder.st_uid}: that user could replace " \
+               "the key"
+    if folder.st_mode & 0o022 and not folder.st_mode & stat.S_ISVTX:
+        return (f"the key file's directory {path.parent} is writable by others (mode "
+                f"{stat.S_IMODE(folder.st_mode):04o}): anybody could replace the key; chmod go-w {path.parent}")
+    return None
 
 
 def _text(keys: Iterable[tuple[str, bytes]]) -> str:
