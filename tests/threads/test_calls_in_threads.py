@@ -395,3 +395,83 @@ def test_a_call_cancelled_while_it_waited_for_a_thread_is_recorded_as_never_run(
     found = asyncio.run(main())
     assert ran == [1], "the queued call never ran"
     assert found == {1: ("unknown", "interrupted"), 2: ("completed", "not_started")}, found
+
+
+def test_a_step_that_acted_then_awaited_a_queued_step_is_not_recorded_as_never_run(tmp_path: Path) -> None:
+    """Found by a review of the change above: an async step that charged, then awaited an inner ``def`` step queued
+    for the one worker thread, was cancelled; both steps were recorded ``not_started`` and running the code again
+    charged again. Only the queued call's own step says it never ran; the outer one stays unknown."""
+    charged: list[str] = []
+    gate = threading.Event()
+
+    async def main() -> dict[str, str]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+        hog = asyncio.ensure_future(asyncio.to_thread(gate.wait, 5))  # the only worker thread is busy
+        url = f"sqlite:///{tmp_path / 'nested.db'}"
+        try:
+            async with jixu.durable(url, None) as run:
+                async def outer(ctx: ToolContext) -> Any:
+                    charged.append(ctx.idempotency_key)  # the outside effect happens here
+                    return await run.effect("inner", call=lambda c: "inner ran", semantics="read_only")
+
+                task = asyncio.ensure_future(run.effect("outer", call=outer, semantics="unsafe"))
+                deadline = time.monotonic() + 10
+                while not charged and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.1)  # the inner call waits for the busy thread
+                task.cancel()
+                with pytest.raises(BaseException):
+                    await task
+                gate.set()
+                await hog
+                thread_id = run.thread_id
+        except jixu.StepOutcomeUnknown:
+            pass  # the block ends saying the outer step is in doubt
+        store = jixu.open_store(url)
+        try:
+            events = store.read(f"thread/{thread_id}")
+        finally:
+            store.close()
+        names = {e.data["effect_id"]: e.data["step"].split("#")[0] for e in events if e.type == "tool.requested"}
+        return {names[e.data["effect_id"]]: e.data["error"]["type"] for e in events if e.type == "tool.failed"}
+
+    assert asyncio.run(main()) == {"inner": "not_started", "outer": "interrupted"}
+    assert len(charged) == 1
+
+
+def test_a_timeout_on_a_call_queued_for_a_thread_is_a_timeout_not_a_cancelled_turn(tmp_path: Path) -> None:
+    """Found by the same review: the first version raised a CancelledError subclass, which Python 3.11's
+    ``asyncio.timeout`` does not turn into ``TimeoutError``: a tool whose timeout passed while it waited for the
+    worker thread cancelled the whole turn (no ``turn.ended``)."""
+    release = threading.Event()
+
+    @tool(semantics="unsafe")
+    def slow(n: int) -> str:
+        """Block until released."""
+        release.wait(5)
+        return "slow done"
+
+    @tool(semantics="read_only", timeout=0.2)
+    def quick(n: int) -> str:
+        """Answer at once (once it has a thread)."""
+        return "quick done"
+
+    agent = Agent("timed", ScriptedModel([[ToolCall("slow", {"n": 1}), ToolCall("quick", {"n": 2})], "ok"]),
+                  tools=[slow, quick])
+
+    async def main() -> list[str]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+        async with Harness(agent, f"sqlite:///{tmp_path / 'timed.db'}") as harness:
+            thread = await harness.create_thread()
+            await thread.send("go")
+            await asyncio.sleep(0.6)  # quick's timeout passes while it waits for the thread slow holds
+            release.set()
+            state = await asyncio.wait_for(thread.wait(), 20)
+            assert state.status == "idle", state
+            return [e.type for e in await thread.events()]
+
+    assert asyncio.run(main())[-1] == "turn.ended"

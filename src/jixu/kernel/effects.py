@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -66,10 +67,26 @@ NOT_STARTED = Outcome.failed({"type": "not_started", "message": "cancelled befor
 """The receipt of a call cancelled while it waited to start (a worker thread's queue): determinate, nothing ran."""
 
 
-class CallNotStarted(asyncio.CancelledError):
-    """A cancellation that reached a call before it began (it waited for a worker thread, and will never run):
-    :func:`perform` records it :data:`NOT_STARTED`, a determinate failure, not ``interrupted``. Still a
-    cancellation: it goes on up as one."""
+@dataclass
+class _CallMark:
+    """What :func:`perform` learns of its own call while it runs (one per performance: never stale)."""
+
+    effect_id: str | None
+    not_started: bool = False
+
+
+_CURRENT_CALL: ContextVar[_CallMark | None] = ContextVar("jixu_current_call", default=None)
+
+
+def mark_not_started(effect_id: str) -> None:
+    """Say that the call of ``effect_id`` that :func:`perform` runs in this context was cancelled before it began
+    and will never run (it waited for a worker thread): its cancellation then records :data:`NOT_STARTED`, not
+    ``interrupted``. Only that performance's mark is set: a call performing another effect (a durable step
+    awaiting a step of its own) is untouched, and the cancellation itself goes on as it came (a plain
+    ``CancelledError``, which ``asyncio.timeout`` and task groups expect)."""
+    mark = _CURRENT_CALL.get()
+    if mark is not None and mark.effect_id == effect_id:
+        mark.not_started = True
 
 
 class _CutOff:
@@ -94,13 +111,13 @@ def marker(kind: str, effect_id: str, attempt: int, intent: JSONObject, meta: JS
 
 async def perform(*, dispatch: Callable[[], Awaitable[object]], call: Callable[[], Awaitable[Outcome]],
                   classify: Callable[[Exception], Outcome], record: Callable[[Outcome], Awaitable[object]],
-                  interrupted: Outcome = INTERRUPTED) -> Outcome:
+                  interrupted: Outcome = INTERRUPTED, effect_id: str | None = None) -> Outcome:
     """Dispatch (make the marker durable), call the driver, record exactly one receipt; returns the outcome.
 
     ``classify`` turns an exception of the call into its outcome (be honest:
     determinate only when the error proves nothing happened). A
-    cancellation while the call runs records ``interrupted`` (one that reached it before it began,
-    :class:`CallNotStarted`, records :data:`NOT_STARTED`) and goes on,
+    cancellation while the call runs records ``interrupted`` (one that reached the call of ``effect_id`` before
+    it began, :func:`mark_not_started`, records :data:`NOT_STARTED`) and goes on,
     except a loop's shutdown on a :class:`CallerTask`: that one is raised
     only after the call ended and its receipt was recorded.
     ``KeyboardInterrupt`` and ``SystemExit`` are not receipts: they go on up
@@ -111,20 +128,23 @@ async def perform(*, dispatch: Callable[[], Awaitable[object]], call: Callable[[
     caller = task if isinstance(task, CallerTask) else None
     if caller is not None:
         caller.in_flight += 1
+    mark = _CallMark(effect_id)
+    current = _CURRENT_CALL.set(mark)
     try:
         try:
             outcome = await call()
-        except CallNotStarted:
-            await record(NOT_STARTED)
-            raise
         except asyncio.CancelledError:
-            CUT_OFF.calls += 1
-            await record(interrupted)
+            if mark.not_started:
+                await record(NOT_STARTED)
+            else:
+                CUT_OFF.calls += 1
+                await record(interrupted)
             raise
         except Exception as error:
             outcome = classify(error)
         await record(outcome)
     finally:
+        _CURRENT_CALL.reset(current)
         if caller is not None:
             caller.in_flight -= 1
     if caller is not None and caller.stop_requested and not caller.in_flight:
@@ -132,4 +152,4 @@ async def perform(*, dispatch: Callable[[], Awaitable[object]], call: Callable[[
     return outcome
 
 
-__all__ = ["CUT_OFF", "INTERRUPTED", "NOT_STARTED", "CallNotStarted", "Outcome", "marker", "perform"]
+__all__ = ["CUT_OFF", "INTERRUPTED", "NOT_STARTED", "Outcome", "mark_not_started", "marker", "perform"]

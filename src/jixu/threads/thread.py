@@ -909,7 +909,8 @@ class Thread:
 
         self._in_flight.add(effect_id)
         try:
-            await perform(dispatch=dispatch, call=call, classify=classify, record=record, interrupted=INTERRUPTED)
+            await perform(dispatch=dispatch, call=call, classify=classify, record=record, interrupted=INTERRUPTED,
+                          effect_id=effect_id)
         finally:
             self._in_flight.discard(effect_id)
             while open_spans:  # left without a receipt (KeyboardInterrupt, a failed append): unknown

@@ -52,7 +52,7 @@ from contextvars import ContextVar
 from typing import Any, Literal, TypeAlias, TypeVar, overload
 
 from jixu.errors import InvalidInput, MalformedEvent, ToolDefinitionError, ToolInputError, ToolOutputError
-from jixu.kernel.effects import CallNotStarted
+from jixu.kernel.effects import mark_not_started
 from jixu.kernel.shutdown import CallerTask
 from jixu.ledger.encoding import VALUE_NESTING, canonical_text
 from jixu.ledger.event import utf8_size
@@ -254,8 +254,8 @@ async def run_call_in_thread(effect_id: str | None, fn: Callable[..., _R], /, *a
                 call.abandoned = True
         if call.abandoned:
             _end(effect_id, call)
-            if isinstance(error, asyncio.CancelledError):  # it will never run: say so (a determinate receipt)
-                raise CallNotStarted(*error.args) from error
+            if isinstance(error, asyncio.CancelledError):  # it will never run: its receipt may say so
+                mark_not_started(effect_id)
         raise
 
 
