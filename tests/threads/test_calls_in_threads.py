@@ -422,7 +422,7 @@ def test_a_step_that_acted_then_awaited_a_queued_step_is_not_recorded_as_never_r
                     await asyncio.sleep(0.01)
                 await asyncio.sleep(0.1)  # the inner call waits for the busy thread
                 task.cancel()
-                with pytest.raises(BaseException):
+                with pytest.raises(asyncio.CancelledError):
                     await task
                 gate.set()
                 await hog
