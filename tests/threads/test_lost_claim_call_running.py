@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from jixu import Agent, Harness, ScriptedModel, ToolCall, tool
+from jixu import Agent, Harness, ScriptedModel, ToolCall, ToolContext, tool
 from jixu.errors import OwnershipLost
 from jixu.ledger import SQLiteStore
 from tests.attacker import Raw
@@ -161,3 +161,42 @@ def test_a_claim_held_for_a_call_is_given_back_when_it_ends_after_the_loop_and_t
         while not (lease := store.get_lease(f"thread/{ids['thread']}/turn")) or not lease.released:
             assert time.monotonic() < deadline, "the claim was never given back"
             time.sleep(0.05)
+
+
+@pytest.mark.parametrize("taken_meanwhile", [False, True], ids=["nobody-else", "claimed-by-another"])
+def test_a_receipt_the_lost_claim_could_not_record_is_recorded_by_the_next_claim_only_if_nobody_claimed_between(
+        tmp_path: Path, taken_meanwhile: bool) -> None:
+    """Decision 0070. The loop is held past the lease while an unsafe call runs: its receipt is refused (the fence
+    is stale). Claimed again by the same harness at the next epoch, the turn records it (the call is completed, the
+    turn goes on); when another owner claimed the turn in between (its lease row moved on), the receipt is
+    dropped and the call stays unknown, for an operator."""
+    ran: list[str] = []
+
+    @tool(semantics="unsafe")
+    async def charge(ctx: ToolContext) -> str:
+        """Charge once (the loop is held meanwhile: nothing renews the claim)."""
+        ran.append(ctx.effect_id)
+        time.sleep(1.2)  # a blocking stretch in an async tool: the claim (0.4 s) lapses
+        return "charged"
+
+    agent = Agent("held", ScriptedModel([ToolCall("charge"), "done"]), tools=[charge])
+    path = tmp_path / "held.db"
+
+    async def main() -> tuple[str, str | None]:
+        async with Harness(agent, f"sqlite:///{path}", owner="holder", lease_ttl=0.4) as harness:
+            thread = await harness.create_thread()
+            await thread.send("charge it")
+            with pytest.raises(OwnershipLost):
+                await thread.wait()
+            assert harness.held_receipts, "the refused receipt is held"
+            if taken_meanwhile:  # another process's claim, as it would be written (then it gave up)
+                with Raw(path).transaction() as sql:
+                    sql("UPDATE jixu_leases SET owner = 'other', epoch = epoch + 1, released = 1 WHERE key = ?",
+                        f"thread/{thread.thread_id}/turn")
+            again = await harness.open_thread(thread.thread_id)
+            state = await again.wait()
+            return state.status, state.last_reply
+
+    status, reply = asyncio.run(main())
+    assert len(ran) == 1, "the call ran once"
+    assert (status, reply) == (("waiting", None) if taken_meanwhile else ("idle", "done"))

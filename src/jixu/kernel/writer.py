@@ -43,6 +43,7 @@ from typing import Any, Generic, TypeVar
 
 from jixu.errors import (
     ConcurrencyError,
+    FencingError,
     InvalidInput,
     JixuError,
     OutcomeUnknown,
@@ -65,6 +66,10 @@ RECEIPT_SUFFIXES = (".completed", ".failed")
 """Event types that are receipts: what a call was observed to do (a fact, kept across conflicts)."""
 
 
+FENCED_OUT_KEPT = 1000
+"""The most receipts refused for a lost fence one writer keeps (:attr:`StreamWriter.fenced_out`): the oldest go."""
+
+
 def is_receipt(event_type: str) -> bool:
     """Whether events of this type are receipts (``<kind>.completed`` / ``<kind>.failed``)."""
     return event_type.endswith(RECEIPT_SUFFIXES)
@@ -85,10 +90,10 @@ def _keep_receipts(error: BaseException, events: Sequence[PreparedEvent]) -> Non
 
 
 def _effect_of(event: PreparedEvent | Event) -> str | None:
-    return _effect_and_attempt(event)[0]
+    return effect_and_attempt(event)[0]
 
 
-def _effect_and_attempt(event: PreparedEvent | Event) -> tuple[str | None, object]:
+def effect_and_attempt(event: PreparedEvent | Event) -> tuple[str | None, object]:
     """The event's effect id (None when it names none) and its ``attempt`` as recorded, from one parse."""
     data = parse_json(event.data_json) if isinstance(event, PreparedEvent) else event.data
     if not isinstance(data, dict):
@@ -106,7 +111,7 @@ def _links(row: StoredRow, prev_hash: str) -> bool:
 def _answered_by(event: PreparedEvent | Event) -> tuple[str | None, object]:
     """What a lifecycle event that is not a receipt stands for: ``(effect, "intent")`` for an intent,
     ``(effect, attempt)`` for a dispatch marker (other events: their effect and their type)."""
-    effect, attempt = _effect_and_attempt(event)
+    effect, attempt = effect_and_attempt(event)
     if event.type.endswith(".requested"):
         return effect, "intent"
     if event.type.endswith(".dispatched"):
@@ -116,7 +121,7 @@ def _answered_by(event: PreparedEvent | Event) -> tuple[str | None, object]:
 
 def _needs(receipt: PreparedEvent | Event) -> set[tuple[str | None, object]]:
     """What a receipt answers: its effect's intent and its attempt's dispatch marker."""
-    effect, attempt = _effect_and_attempt(receipt)
+    effect, attempt = effect_and_attempt(receipt)
     return {(effect, "intent"), (effect, attempt)}
 
 
@@ -179,6 +184,9 @@ class StreamWriter(Generic[F]):
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._commits: tuple[asyncio.AbstractEventLoop, Commits] | None = None
         """The loop's commit path, looked up once per event loop."""
+        self.fenced_out: list[PreparedEvent] = []
+        """Receipts of queued appends the store refused because their fence was lost: facts this process observed,
+        kept for whoever may record them under a new claim (their callers may have been cancelled meanwhile)."""
 
     def _commits_here(self) -> Commits:
         loop = asyncio.get_running_loop()
@@ -467,6 +475,9 @@ class StreamWriter(Generic[F]):
             f"{self.stream}: the commit of this append was interrupted; whether it is durable is not known",
             stream=self.stream)
         _keep_receipts(failure, batch)
+        if isinstance(failure, FencingError):
+            self.fenced_out.extend(event for event in batch if is_receipt(event.type))
+            del self.fenced_out[:-FENCED_OUT_KEPT]
         self._fail(items, failure)
 
     def _deliver(self, items: list[_Queued], stored: list[Event]) -> None:
@@ -672,5 +683,5 @@ def chain_with_recorded_break(writer: StreamWriter[Any], chain: VerifyReport, *,
     return chain
 
 
-__all__ = ["RECEIPT_SUFFIXES", "StreamWriter", "chain_with_recorded_break", "is_receipt", "record",
-           "unrecorded_receipts"]
+__all__ = ["FENCED_OUT_KEPT", "RECEIPT_SUFFIXES", "StreamWriter", "chain_with_recorded_break", "effect_and_attempt", "is_receipt",
+           "record", "unrecorded_receipts"]

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 
 from jixu.errors import InvalidInput, ThreadBusy
 from jixu.kernel import DEFAULT_LEASE_TTL, check_backoff, tracing
-from jixu.ledger import Store, open_store
+from jixu.ledger import Fence, Store, open_store
+from jixu.ledger.event import PreparedEvent
 from jixu.threads.agent import Agent
 from jixu.threads.home import OwnLoop, on_home_loop
 from jixu.threads.log import THREAD_PREFIX, ThreadLog
@@ -151,6 +152,10 @@ class Harness:
         """Base delay of automatic retries after transient failures without a provider retry-after."""
         self.retry_backoff_cap = check_backoff("retry_backoff_cap", retry_backoff_cap)
         self.closing = False
+        self.held_receipts: dict[str, tuple[Fence, tuple[PreparedEvent, ...]]] = {}
+        """By thread: the receipts a lost turn claim (``fence``) could not record. Recorded when this process next
+        claims the turn, if nobody claimed it in between (see ``Thread._claim_turn``); at most
+        :data:`~jixu.threads.thread.HELD_RECEIPTS` threads' worth."""
         self._threads = _Handles()
         self._own_loop: OwnLoop | None = None
         """The loop of its own this harness's threads live on (see :meth:`sync`), if any."""

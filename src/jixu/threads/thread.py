@@ -47,6 +47,7 @@ from jixu.kernel import (
     tracing,
     unrecorded_receipts,
 )
+from jixu.kernel.writer import effect_and_attempt
 from jixu.ledger import Event, Fence, NewEvent, content_hash, new_id
 from jixu.ledger.artifacts import ArtifactRef, put_text
 from jixu.ledger.encoding import JSONObject, canonical_text
@@ -99,6 +100,8 @@ Action: TypeAlias = (Dispatch | RequestModel | RequestCompaction | RequestTools 
 """What the loop carries out: a decision of :func:`~jixu.threads.decide.decide` (a ``Stop`` only for an
 automatic pause, whose resume it records)."""
 
+HELD_RECEIPTS = 10_000
+"""The most threads whose lost claim's receipts a harness keeps (see ``Harness.held_receipts``): the oldest go."""
 PAUSE_LOOK_EVERY = 1.0
 """Seconds between two looks of a loop waiting out an automatic pause for a resume recorded elsewhere."""
 
@@ -407,27 +410,72 @@ class Thread:
                     log.flush()
                     raise
         except FencingError as error:
-            raise self._lost(error) from error
+            raise await self._lost(error) from error
         except asyncio.CancelledError:
             # Cancelled by the heartbeat that found the claim lost, with nothing staged to commit (a call in
             # flight, a commit awaited): the turn stopped for the same reason as above, and says so.
             found = session.cancelled_by_loss(me) if session is not None else None
             if found is not None:
-                raise self._lost(found) from found
+                raise await self._lost(found) from found
             raise
         finally:
             self._release()
 
-    def _lost(self, cause: FencingError) -> OwnershipLost:
-        """What the loop raises when ``cause`` shows the turn's claim lost; it keeps the receipts ``cause`` could not
-        record."""
+    async def _lost(self, cause: FencingError) -> OwnershipLost:
+        """What the loop raises when ``cause`` shows the turn's claim lost; it keeps the receipts that could not be
+        recorded, in the error and for this process's next claim of the turn (:meth:`_record_held_receipts`)."""
         lost = OwnershipLost(f"thread {self.thread_id}: this process no longer owns the turn ({cause.message}); "
                              "it stopped without writing anything more", thread_id=self.thread_id)
-        receipts = unrecorded_receipts(cause)
+        writer = self.log.writer
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            # A receipt's commit still queued is refused in a moment (the same lost fence): keep it as well.
+            await asyncio.wait_for(writer.idle(), self._harness.lease_ttl)
+        receipts = {event.id: event for event in (*unrecorded_receipts(cause), *writer.fenced_out)}
+        writer.fenced_out.clear()
         if receipts:
-            lost.unrecorded_receipts = receipts  # type: ignore[attr-defined]
-            lost.details["unrecorded_receipts"] = [event.id for event in receipts]
+            kept = tuple(receipts.values())
+            lost.unrecorded_receipts = kept  # type: ignore[attr-defined]
+            lost.details["unrecorded_receipts"] = list(receipts)
+            if self._fence is not None:
+                held = self._harness.held_receipts
+                if len(held) >= HELD_RECEIPTS:
+                    held.pop(next(iter(held)))
+                held[self.thread_id] = (self._fence, kept)
         return lost
+
+    def _receipts_held(self) -> bool:
+        """Whether this process holds receipts of the turn's lost claim that its next claim would record: the
+        claim's lease is still at that claim's epoch, this owner's (nobody claimed the turn since)."""
+        held = self._harness.held_receipts.get(self.thread_id)
+        if held is None:
+            return False
+        lease = self.log.store.get_lease(held[0].key)
+        return lease is not None and (lease.owner, lease.epoch) == (held[0].owner, held[0].epoch)
+
+    def _record_held_receipts(self, fence: Fence) -> None:
+        """Record the receipts this process observed under the turn's previous claim, which was lost before they
+        could be (the store stalled past the lease, say), now that it claimed the turn again, when nobody claimed
+        it in between (``fence`` the very next epoch, this owner's) and each one's effect still waits for exactly
+        that attempt's receipt, unresolved (``dispatched_without_receipt``). Otherwise they are dropped: the effect stays
+        what the resolver says.
+        An audit: a store stalled past the lease turned every call in flight into an operator's case, though the
+        worker that claimed the turn again held each call's result."""
+        lost = self._harness.held_receipts.pop(self.thread_id, None)
+        if lost is None:
+            return
+        previous, receipts = lost
+        if (fence.key, fence.owner, fence.epoch) != (previous.key, previous.owner, previous.epoch + 1):
+            return
+        decisions = self.log.open_analysis().decisions
+        due = []
+        for receipt in receipts:
+            effect_id, attempt = effect_and_attempt(receipt)
+            decision = decisions.get(effect_id) if effect_id is not None else None
+            if decision is not None and decision.reason == "dispatched_without_receipt" \
+                    and decision.resolution is None and attempt == decision.attempts:
+                due.append(receipt)
+        if due:
+            self.log.append(due, fence)
 
     async def _next_action(self) -> Action | None:
         """The next thing to do (see :func:`~jixu.threads.decide.decide`), or ``None`` when the loop must stop.
@@ -646,7 +694,9 @@ class Thread:
         if log.corruption() is not None:
             return None  # nothing is claimed on a history that does not hold (decide() stops the loop)
         analysis = log.open_analysis()
-        if turn.status == "needs_reconciliation":
+        if self._receipts_held():
+            pass  # claimed to record them first: the calls they answer may then be settled
+        elif turn.status == "needs_reconciliation":
             if analysis.requires_resolution or analysis.waiting_on_parked or analysis.has_corruption:
                 return None  # decide() reports what must be reconciled first
         elif isinstance(decide(log.state, analysis, max_steps=self._agent.max_steps,
@@ -682,6 +732,7 @@ class Thread:
             return None
         self._fence = claim.fence
         claim_taken_again(claim.fence.key)  # a give-back waiting for earlier calls would take it from this loop
+        self._record_held_receipts(claim.fence)
         return claim.fence
 
     def _release(self) -> None:
