@@ -442,11 +442,12 @@ def test_retiring_keys_with_the_store_keeps_its_breaks_checkable(key_file: Path,
     class AsThread(TallyProjection):
         name = "thread"  # the checkpoint a thread's stream keeps (what `jixu verify` checks)
 
-    thread = "thread/01M9900000000000000000000T"
+    thread, sound = "thread/01M9900000000000000000000T", "thread/01M9900000000000000000000S"
     path = _ledger(tmp_path, 20)
     with SQLiteStore(path) as store:
-        fill(store, thread, 0, 10)
-        save_checkpoint(store, thread, AsThread(), project(store, thread, AsThread()))
+        for name in (thread, sound):
+            fill(store, name, 0, 10)
+            save_checkpoint(store, name, AsThread(), project(store, name, AsThread()))
     flip_data_byte(Raw(path), STREAM, 7)
     with SQLiteStore(path) as store:
         assert verdict(store, STREAM).reason == "payload_changed"  # recorded under the first key
@@ -455,13 +456,16 @@ def test_retiring_keys_with_the_store_keeps_its_breaks_checkable(key_file: Path,
     retired = run_jixu("keys", "retire", "--store", f"sqlite:///{path}", "--json")
     assert retired.returncode == 0, retired.stderr
     report = __import__("json").loads(retired.stdout)
-    assert len(report["keys"]) == 1 and list(report["breaks_sealed_again"].values()) == [1]
+    assert len(report["keys"]) == 1
+    # STREAM's break sealed again; of the checkpoints, only the sound thread's (the other one no longer holds)
+    assert list(report["sealed_again"].values()) == [{"breaks": 1, "checkpoints": 1}]
     with SQLiteStore(path) as store:
         first = recorded_break(store, STREAM)
         assert first is not None and (first.reason, first.first_bad_seq) == ("payload_changed", 7)
         second = recorded_break(store, thread)
         assert second is not None and second.reason == "rewritten"
         assert project(store, thread, AsThread()).chain.reason == "rewritten"
+        assert project(store, sound, AsThread()).checkpoint == "used"  # still vouched for, under the current key
 
 
 def test_a_key_file_others_could_replace_is_not_used(key_file: Path, tmp_path: Path) -> None:
@@ -487,3 +491,41 @@ def test_a_key_file_others_could_replace_is_not_used(key_file: Path, tmp_path: P
     assert not found.keys and "belongs to user 12345" in (found.problem or "")
     os.chown(key_file, os.geteuid(), os.getegid())
     assert keyring().keys
+
+
+def test_retiring_keys_with_a_store_that_cannot_keep_a_break_retires_nothing(key_file: Path, tmp_path: Path) -> None:
+    """Found by a review: on a read-only store, the rewrite only the old key's checkpoint proves could not be
+    recorded, the keys were retired anyway (exit 0), and nothing could find the rewrite again."""
+    from tests.helpers import run_jixu
+
+    class AsThread(TallyProjection):
+        name = "thread"
+
+    thread = "thread/01M9900000000000000000000T"
+    path = tmp_path / "ledger.db"
+    with SQLiteStore(path) as store:
+        fill(store, thread, 0, 10)
+        save_checkpoint(store, thread, AsThread(), project(store, thread, AsThread()))
+    rotate_keys()
+    rewrite_from(Raw(path), thread, 4)
+    refused = run_jixu("keys", "retire", "--store", f"sqlite:///{path}?read_only=true")
+    assert refused.returncode != 0 and "nothing retired" in refused.stderr, refused.stderr
+    assert len(keyring().keys) == 2, "both keys kept"
+    with SQLiteStore(path) as store:
+        assert verdict(store, thread, checkpoints=["thread"], record=False).reason == "rewritten"
+
+
+def test_a_verdict_row_whose_seal_is_not_ascii_is_a_break_not_an_error(key_file: Path, tmp_path: Path) -> None:
+    """Found by a review: a seal naming a key held here with a non-ASCII mac made the key check raise TypeError,
+    and the break watch reads many streams at once: an untouched stream's read failed with it."""
+    path = _ledger(tmp_path, 5)
+    current = keyring().current
+    with Raw(path).transaction() as run:
+        run("INSERT INTO jixu_checkpoints VALUES (?, ?, 3, 1, ?, ?, ?, '2026-12-07T00:00:00Z')", STREAM, VERDICT_NAME,
+            "0" * 64, '{"first_bad_seq":3}', f"hmac-sha256:{current}:\u00e9")
+    with SQLiteStore(path) as store:
+        found = recorded_break(store, STREAM)
+        assert found is not None and (found.reason, found.first_bad_seq) == ("break_unchecked", 3)
+        assert "changed" in (found.detail or "")
+        from jixu.ledger.trust import recorded_breaks
+        assert set(recorded_breaks(store, [STREAM, "t/none"])) == {STREAM}

@@ -11,12 +11,12 @@ import click
 from rich.table import Table
 
 from jixu.cli.output import EXIT_CHECK_FAILED, console, emit_json, handled, json_option, literal
-from jixu.errors import InvalidInput, KeyUnavailable, NotFound, StreamCorrupt
+from jixu.errors import InvalidInput, KeyUnavailable, NotFound, StoreError, StreamCorrupt
 from jixu.ledger import NewEvent, Store, VerifyReport, open_store
 from jixu.ledger.chain import REASONS
 from jixu.ledger.keys import Keyring, keyring, retire_keys, rotate_keys
 from jixu.ledger.projection import CheckpointAudit, Projection, audit_checkpoint
-from jixu.ledger.trust import reseal_break, verdict
+from jixu.ledger.trust import recorded_break, reseal_break, reseal_checkpoints, verdict
 from jixu.recovery import RecoveryResolver
 
 STORE_HELP = "Store: a SQLite file path, sqlite:///PATH, or another store URL."
@@ -309,6 +309,26 @@ def keys_rotate_command(path: str | None, as_json: bool) -> None:
     _print_keys(found, as_json)
 
 
+def _seal_again(opened: Store, keys: Keyring) -> dict[str, int]:
+    """Before retiring every key of ``keys`` but the current one: verify each stream of ``opened`` (a checkpoint
+    an old key sealed that proves a rewrite records its break), and seal again with the current key each recorded
+    break and each checkpoint that still holds. A break that cannot be kept so (a read-only store, say) stops it
+    all: nothing is retired (decision 0069)."""
+    counts = {"breaks": 0, "checkpoints": 0}
+    for stream in _streams(opened):
+        names = [p.name for p in checkpointed(stream)]
+        report = stream_verdict(opened, stream, keys)
+        counts["breaks"] += reseal_break(opened, stream, keys)
+        if not report.valid:
+            kept = recorded_break(opened, stream, keys)
+            if kept is None or kept.reason == "break_unchecked":
+                raise StoreError(f"{stream} is broken ({report.reason} at seq {report.first_bad_seq}) but its break "
+                                 "could not be recorded under the current key (is the store writable?): nothing "
+                                 "retired, as the old key is what proves it", stream=stream)
+        counts["checkpoints"] += reseal_checkpoints(opened, stream, names, keys)
+    return counts
+
+
 @keys_group.command("retire")
 @click.option("--file", "path", default=None, help="The key file (default: $JIXU_KEY_FILE or the user's).")
 @click.option("--store", "stores", multiple=True, metavar="STORE",
@@ -318,27 +338,24 @@ def keys_retire_command(path: str | None, stores: tuple[str, ...], as_json: bool
     """Keep only the current key: checkpoints sealed by the others are no longer trusted (they are rebuilt).
 
     With --store (give every store these keys seal), each store is verified first, every stream with the keys
-    held now (a checkpoint that proves a rewrite records its break), and each recorded break is sealed again with
-    the current key, so it stays checkable (decision 0069). Without it, breaks recorded under a retired key show
-    as break_unchecked: still corrupt, but their details are no longer vouched for.
+    held now (a checkpoint that proves a rewrite records its break), and each recorded break, and each checkpoint
+    that still holds, is sealed again with the current key (decision 0069); a break that cannot be recorded (a
+    read-only store) stops it, nothing retired. Without it, breaks recorded under a retired key show as
+    break_unchecked: still corrupt, but their details are no longer vouched for.
     """
-    resealed: dict[str, int] = {}
+    resealed: dict[str, dict[str, int]] = {}
     with handled(as_json):
         found = keyring(path)
         if found.current is None:
             raise KeyUnavailable(f"no key to keep: {found.problem}", path=str(found.path))
         for url in stores:
             with open_store(url, create=False) as opened:
-                count = 0
-                for stream in _streams(opened):
-                    stream_verdict(opened, stream, found)  # records a break an old key's checkpoint proves
-                    count += reseal_break(opened, stream, found)
-                resealed[url] = count
-        found = retire_keys(path)
+                resealed[url] = _seal_again(opened, found)
+        found = retire_keys(path, keep=found.current)
     if as_json:
-        emit_json({**_key_report(found), "breaks_sealed_again": resealed})
+        emit_json({**_key_report(found), "sealed_again": resealed})
         return
-    for url, count in resealed.items():
-        console.print(f"{count} recorded break(s) of {literal(url)} sealed again with key {found.current}",
-                      highlight=False)
+    for url, counts in resealed.items():
+        console.print(f"{literal(url)}: {counts['breaks']} recorded break(s) and {counts['checkpoints']} "
+                      f"checkpoint(s) sealed again with key {found.current}", highlight=False)
     _print_keys(found, as_json)

@@ -120,6 +120,8 @@ class Keyring:
         secret = next((s for k, s in self.keys if k == kid), None)
         if secret is None:
             return "unknown_key"
+        if not mac.isascii():  # compare_digest refuses non-ASCII text (a row edited so): no seal of ours
+            return "forged"
         return "sealed" if hmac.compare_digest(mac, _mac(secret, tag, parts)) else "forged"
 
 
@@ -285,11 +287,17 @@ def rotate_keys(path: str | os.PathLike[str] | None = None) -> Keyring:
     return keyring(found.path)
 
 
-def retire_keys(path: str | os.PathLike[str] | None = None) -> Keyring:
-    """Keep only the current key: checkpoints sealed by the others are no longer trusted (they are rebuilt)."""
+def retire_keys(path: str | os.PathLike[str] | None = None, *, keep: str | None = None) -> Keyring:
+    """Keep only the current key: checkpoints sealed by the others are no longer trusted (they are rebuilt).
+
+    ``keep``: the key id the caller expects to be current (it sealed things again with it); another current key
+    (a rotation meanwhile) is :class:`~jixu.errors.KeyUnavailable`, nothing retired."""
     found = keyring(path)
     if found.path is None or not found.keys:
         raise KeyUnavailable(f"no key to keep: {found.problem}", path=str(found.path))
+    if keep is not None and found.current != keep:
+        raise KeyUnavailable(f"the current key is now {found.current}, not {keep} (rotated meanwhile): nothing "
+                             "retired; run it again", path=str(found.path))
     _write_new(found.path, _text(found.keys[:1]), replace=True)
     return keyring(found.path)
 

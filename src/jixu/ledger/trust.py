@@ -157,7 +157,10 @@ def break_of(stream: str, row: Checkpoint | None, keys: Keyring | None = None) -
         return None
     keys = keys if keys is not None else keyring()
     text, seal = row.state_json, row.digest
-    status = keys.check(seal, VERDICT_TAG, _verdict_parts(stream, text)) if isinstance(text, str) else "unsealed"
+    try:
+        status = keys.check(seal, VERDICT_TAG, _verdict_parts(stream, text)) if isinstance(text, str) else "unsealed"
+    except (TypeError, ValueError, UnicodeError):  # a row edited into what no seal is: never raised into a read
+        status = "unsealed"
     if status == "sealed":
         found = _recorded(stream, text)
         if found is not None:
@@ -210,6 +213,26 @@ def reseal_break(store: Store, stream: str, keys: Keyring) -> bool:
         return False
     store.write_checkpoint(replace(row, digest=keys.seal(VERDICT_TAG, parts)))
     return True
+
+
+def reseal_checkpoints(store: Store, stream: str, names: Iterable[str], keys: Keyring) -> int:
+    """Seal again with the current key of ``keys`` each of ``stream``'s checkpoints ``names`` that another key of
+    ``keys`` sealed and whose anchor still holds (before the others are retired: a checkpoint retired unsealed no
+    longer vouches for the events before it); how many were."""
+    current = keys.current
+    if current is None:
+        return 0
+    count = 0
+    for checkpoint in store.read_checkpoints(stream, list(names)).values():
+        if not isinstance(checkpoint.digest, str) or checkpoint.digest.startswith(f"{SEAL_PREFIX}{current}:"):
+            continue
+        if seal_status(keys, checkpoint) != "sealed" or not anchor_holds(store, checkpoint):
+            continue
+        store.write_checkpoint(replace(checkpoint, digest=seal_checkpoint(
+            keys, checkpoint.stream, checkpoint.name, checkpoint.seq, checkpoint.reducer_version,
+            checkpoint.head_hash, checkpoint.state_json)))
+        count += 1
+    return count
 
 
 def record_break(store: Store, report: VerifyReport, keys: Keyring | None = None) -> bool:
@@ -270,4 +293,4 @@ def verdict(store: Store, stream: str, *, checkpoints: Iterable[str] = (), keys:
 
 
 __all__ = ["CHECKPOINT_TAG", "VERDICT_NAME", "anchor_holds", "behind_break", "break_of", "checkpoint_parts", "contradicted", "record_break",
-           "recorded_break", "recorded_breaks", "reseal_break", "rewritten", "seal_checkpoint", "seal_status", "verdict"]
+           "recorded_break", "recorded_breaks", "reseal_break", "reseal_checkpoints", "rewritten", "seal_checkpoint", "seal_status", "verdict"]

@@ -321,8 +321,6 @@ def _verified(store: Store, token_id: str) -> TokenInfo | None:
     """The token ``token_id`` as its verified events say, with its corruption when its stream does not verify
     (a break found is recorded, as every verified read does); ``None`` when there is no such token."""
     stream = token_stream(token_id)
-    if store.stream_info(stream) is None:
-        return None
     try:
         projected = project_stream(store, stream, _TokenEvents(), use_checkpoint=False)
     except NotFound:
