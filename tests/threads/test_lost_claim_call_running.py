@@ -200,3 +200,4 @@ def test_a_receipt_the_lost_claim_could_not_record_is_recorded_by_the_next_claim
     status, reply = asyncio.run(main())
     assert len(ran) == 1, "the call ran once"
     assert (status, reply) == (("waiting", None) if taken_meanwhile else ("idle", "done"))
+

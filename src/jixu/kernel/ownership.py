@@ -40,7 +40,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -50,7 +50,7 @@ from jixu.kernel.batched import lease_renewals, lease_takes
 from jixu.kernel.commits import Commits
 from jixu.kernel.shutdown import ServingTask
 from jixu.kernel.writer import StreamWriter
-from jixu.ledger.event import NewEvent
+from jixu.ledger.event import NewEvent, PreparedEvent
 from jixu.ledger.store import Fence, Lease, LeaseTake, Store
 
 _log = logging.getLogger("jixu.kernel.ownership")
@@ -638,9 +638,11 @@ def holds(store: Store, fence: Fence | None) -> bool:
 
 
 async def claim_stream(writer: StreamWriter[Any], key: str, owner: str, ttl: float,
-                       claimed: Callable[[Claim], NewEvent], *, still_wanted: Callable[[], bool],
-                       tries: int = 5, holder_process: Callable[[Lease], object] | None = None) -> Claim | None:
-    """Take ``key``'s lease and record ``claimed(claim)`` in ``writer``'s stream, fenced by it.
+                       claimed: Callable[[Claim], NewEvent | Sequence[NewEvent | PreparedEvent]], *,
+                       still_wanted: Callable[[], bool], tries: int = 5,
+                       holder_process: Callable[[Lease], object] | None = None) -> Claim | None:
+    """Take ``key``'s lease and record ``claimed(claim)`` (an event, or events in order, asked again after a
+    conflict) in ``writer``'s stream, fenced by it.
 
     Neither holds the event loop: the take goes with the loop's other
     take-overs, the event through its shared commits (claims starting together
@@ -654,7 +656,8 @@ async def claim_stream(writer: StreamWriter[Any], key: str, owner: str, ttl: flo
     with given_back_on_failure(writer.store, claim.fence):
         for _ in range(tries):
             try:
-                await writer.append_async([claimed(claim)], claim.fence)
+                events = claimed(claim)
+                await writer.append_async([events] if isinstance(events, NewEvent) else events, claim.fence)
                 return claim
             except ConcurrencyError:
                 await writer.idle()

@@ -184,9 +184,10 @@ class StreamWriter(Generic[F]):
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._commits: tuple[asyncio.AbstractEventLoop, Commits] | None = None
         """The loop's commit path, looked up once per event loop."""
-        self.fenced_out: list[PreparedEvent] = []
-        """Receipts of queued appends the store refused because their fence was lost: facts this process observed,
-        kept for whoever may record them under a new claim (their callers may have been cancelled meanwhile)."""
+        self.fenced_out: list[tuple[Fence | None, PreparedEvent]] = []
+        """Receipts of queued appends the store refused because their fence was lost, with that fence: facts this
+        process observed, kept for whoever may record them under a new claim (their callers may have been
+        cancelled meanwhile)."""
 
     def _commits_here(self) -> Commits:
         loop = asyncio.get_running_loop()
@@ -317,7 +318,7 @@ class StreamWriter(Generic[F]):
 
         return self._commit_now(events, fence, both)
 
-    async def append_async(self, events: Sequence[NewEvent], fence: Fence | None = None, *,
+    async def append_async(self, events: Sequence[NewEvent | PreparedEvent], fence: Fence | None = None, *,
                            user: bool = False) -> list[Event]:
         """Append through the loop's shared commits (:class:`~jixu.kernel.commits.Commits`), serialised
         behind this writer's appends in flight; the state moves when the events are durable.
@@ -342,7 +343,7 @@ class StreamWriter(Generic[F]):
             except OutcomeUnknown:
                 # In doubt (nothing was applied): the same events again, on the shared path.
                 return await self._queued(self._prepared(events), fence, user, commits, in_doubt=True)
-        prepared = [prepare(e, self.store.max_payload_bytes) for e in events]  # a bad event joins nothing shared
+        prepared = self._prepared(events)  # a bad event joins nothing shared
         return await self._queued(prepared, fence, user, commits)
 
     async def _queued(self, prepared: list[PreparedEvent], fence: Fence | None, user: bool, commits: Commits, *,
@@ -476,7 +477,7 @@ class StreamWriter(Generic[F]):
             stream=self.stream)
         _keep_receipts(failure, batch)
         if isinstance(failure, FencingError):
-            self.fenced_out.extend(event for event in batch if is_receipt(event.type))
+            self.fenced_out.extend((fence, event) for event in batch if is_receipt(event.type))
             del self.fenced_out[:-FENCED_OUT_KEPT]
         self._fail(items, failure)
 

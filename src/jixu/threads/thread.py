@@ -25,6 +25,7 @@ from jixu.errors import (
     MalformedEvent,
     ModelError,
     OwnershipLost,
+    ReceiptConflict,
     ThreadBusy,
     TurnOwned,
 )
@@ -32,6 +33,7 @@ from jixu.kernel import (
     INTERRUPTED,
     LOOP_STOPPED,
     CallerTask,
+    Claim,
     Commits,
     Outcome,
     Session,
@@ -51,7 +53,7 @@ from jixu.kernel.writer import effect_and_attempt
 from jixu.ledger import Event, Fence, NewEvent, content_hash, new_id
 from jixu.ledger.artifacts import ArtifactRef, put_text
 from jixu.ledger.encoding import JSONObject, canonical_text
-from jixu.ledger.event import utf8_size
+from jixu.ledger.event import PreparedEvent, utf8_size
 from jixu.recovery import Analysis, EffectDecision
 from jixu.recovery.resolutions import resolution_body
 from jixu.threads.compaction import compaction_prompt, summary_problem
@@ -314,7 +316,9 @@ class Thread:
             await sibling.interrupt(reason)
         if self._task is not None and not self._task.done():
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # Stopped either way: by this cancellation, or by the claim it found lost as it ended (that error is the
+            # loop's own, for whoever waits on it); the turn is then ended below, under a claim of this call.
+            with contextlib.suppress(asyncio.CancelledError, OwnershipLost):
                 await self._task
         await stop_calls(self._harness, thread_id=self.thread_id)  # a call gone on past its timeout stops too
         await self.log.writer.idle()
@@ -426,21 +430,22 @@ class Thread:
         recorded, in the error and for this process's next claim of the turn (:meth:`_record_held_receipts`)."""
         lost = OwnershipLost(f"thread {self.thread_id}: this process no longer owns the turn ({cause.message}); "
                              "it stopped without writing anything more", thread_id=self.thread_id)
-        writer = self.log.writer
-        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-            # A receipt's commit still queued is refused in a moment (the same lost fence): keep it as well.
-            await asyncio.wait_for(writer.idle(), self._harness.lease_ttl)
-        receipts = {event.id: event for event in (*unrecorded_receipts(cause), *writer.fenced_out)}
+        writer, fence = self.log.writer, self._fence
+        if writer.busy:  # a receipt's commit still queued is refused in a moment (the same lost fence): keep it
+            with contextlib.suppress(TimeoutError):  # a cancellation (an interrupt, a drain) goes on as it came
+                await asyncio.wait_for(writer.idle(), self._harness.lease_ttl)
+        refused = [event for refused_by, event in writer.fenced_out if refused_by == fence]
         writer.fenced_out.clear()
+        receipts = {event.id: event for event in (*unrecorded_receipts(cause), *refused)}
         if receipts:
             kept = tuple(receipts.values())
             lost.unrecorded_receipts = kept  # type: ignore[attr-defined]
             lost.details["unrecorded_receipts"] = list(receipts)
-            if self._fence is not None:
+            if fence is not None:
                 held = self._harness.held_receipts
                 if len(held) >= HELD_RECEIPTS:
                     held.pop(next(iter(held)))
-                held[self.thread_id] = (self._fence, kept)
+                held[self.thread_id] = (fence, kept)
         return lost
 
     def _receipts_held(self) -> bool:
@@ -452,20 +457,20 @@ class Thread:
         lease = self.log.store.get_lease(held[0].key)
         return lease is not None and (lease.owner, lease.epoch) == (held[0].owner, held[0].epoch)
 
-    def _record_held_receipts(self, fence: Fence) -> None:
-        """Record the receipts this process observed under the turn's previous claim, which was lost before they
-        could be (the store stalled past the lease, say), now that it claimed the turn again, when nobody claimed
-        it in between (``fence`` the very next epoch, this owner's) and each one's effect still waits for exactly
-        that attempt's receipt, unresolved (``dispatched_without_receipt``). Otherwise they are dropped: the effect stays
-        what the resolver says.
-        An audit: a store stalled past the lease turned every call in flight into an operator's case, though the
-        worker that claimed the turn again held each call's result."""
-        lost = self._harness.held_receipts.pop(self.thread_id, None)
-        if lost is None:
-            return
-        previous, receipts = lost
+    def _due_receipts(self, fence: Fence) -> list[PreparedEvent]:
+        """The receipts this process observed under the turn's previous claim, lost before they could be recorded
+        (the store stalled past the lease, say), that the claim ``fence`` records with its ``turn.claimed``: only
+        when nobody claimed the turn in between (``fence`` the very next epoch, this owner's), and only those whose
+        effect still waits for exactly that attempt's receipt, unresolved (``dispatched_without_receipt``);
+        otherwise none, and the effect stays what the resolver says (decision 0070). Asked again after a
+        conflict, on the events that came meanwhile. An audit: a store stalled past the lease turned every call in
+        flight into an operator's case, though the worker that claimed the turn again held each call's result."""
+        held = self._harness.held_receipts.get(self.thread_id)
+        if held is None:
+            return []
+        previous, receipts = held
         if (fence.key, fence.owner, fence.epoch) != (previous.key, previous.owner, previous.epoch + 1):
-            return
+            return []
         decisions = self.log.open_analysis().decisions
         due = []
         for receipt in receipts:
@@ -474,8 +479,7 @@ class Thread:
             if decision is not None and decision.reason == "dispatched_without_receipt" \
                     and decision.resolution is None and attempt == decision.attempts:
                 due.append(receipt)
-        if due:
-            self.log.append(due, fence)
+        return due
 
     async def _next_action(self) -> Action | None:
         """The next thing to do (see :func:`~jixu.threads.decide.decide`), or ``None`` when the loop must stop.
@@ -719,20 +723,26 @@ class Thread:
             raise TurnOwned(problem, thread_id=self.thread_id, turn_id=turn.turn_id)
         if holds(log.store, self._fence):
             return self._fence
+        def claimed(c: Claim) -> list[NewEvent | PreparedEvent]:
+            return [NewEvent("turn.claimed", {"turn_id": turn.turn_id, **c.record()}, log.meta()),
+                    *self._due_receipts(c.fence)]  # what the lost claim before it observed (decision 0070)
+
         try:
-            claim = await claim_stream(log.writer, log.turn_key, harness.owner, harness.lease_ttl,
-                                       lambda c: NewEvent("turn.claimed", {"turn_id": turn.turn_id, **c.record()},
-                                                          log.meta()),
+            claim = await claim_stream(log.writer, log.turn_key, harness.owner, harness.lease_ttl, claimed,
                                        still_wanted=lambda: log.state.active_turn() is turn,
                                        holder_process=log.holder_process)
+        except ReceiptConflict:
+            # An operator settled a held receipt's call meanwhile: the record stands (the claim was given back).
+            harness.held_receipts.pop(self.thread_id, None)
+            return None
         except (FencingError, LeaseHeld) as error:
             raise TurnOwned(f"turn {turn.turn_id} changed hands while claiming it: {error.message}",
                             thread_id=self.thread_id, turn_id=turn.turn_id) from error
+        harness.held_receipts.pop(self.thread_id, None)  # recorded with the claim, or due no more
         if claim is None:
             return None
         self._fence = claim.fence
         claim_taken_again(claim.fence.key)  # a give-back waiting for earlier calls would take it from this loop
-        self._record_held_receipts(claim.fence)
         return claim.fence
 
     def _release(self) -> None:
