@@ -427,7 +427,7 @@ class Thread:
 
     async def _lost(self, cause: FencingError) -> OwnershipLost:
         """What the loop raises when ``cause`` shows the turn's claim lost; it keeps the receipts that could not be
-        recorded, in the error and for this process's next claim of the turn (:meth:`_record_held_receipts`)."""
+        recorded, in the error and for this process's next claim of the turn (:meth:`_due_receipts`)."""
         lost = OwnershipLost(f"thread {self.thread_id}: this process no longer owns the turn ({cause.message}); "
                              "it stopped without writing anything more", thread_id=self.thread_id)
         writer, fence = self.log.writer, self._fence
@@ -723,6 +723,7 @@ class Thread:
             raise TurnOwned(problem, thread_id=self.thread_id, turn_id=turn.turn_id)
         if holds(log.store, self._fence):
             return self._fence
+
         def claimed(c: Claim) -> list[NewEvent | PreparedEvent]:
             return [NewEvent("turn.claimed", {"turn_id": turn.turn_id, **c.record()}, log.meta()),
                     *self._due_receipts(c.fence)]  # what the lost claim before it observed (decision 0070)
