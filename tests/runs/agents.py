@@ -253,3 +253,14 @@ def slow_model_agent() -> Agent:
 def not_an_agent() -> str:
     """A factory that returns the wrong thing (the worker must refuse it)."""
     return "nope"
+
+
+def slow_start_agent() -> Agent:
+    """:func:`counter_agent`, made slowly: it touches ``JIXU_TEST_STARTING`` and then takes
+    ``JIXU_TEST_START_SLEEP`` seconds (a heavy import), so a test can signal the worker while it starts."""
+    starting = os.environ.get("JIXU_TEST_STARTING")
+    if starting:
+        with open(starting, "a") as out:
+            out.write(f"{os.getpid()}\n")
+    time.sleep(float(os.environ.get("JIXU_TEST_START_SLEEP") or 0))
+    return counter_agent()

@@ -560,3 +560,19 @@ def test_a_store_stalled_past_the_lease_leaves_no_call_in_doubt_when_nobody_else
     assert len(outside_lines(outside)) == 4, "each call ran once"
     states = {t: thread_state(store, t)["status"] for t in threads}
     assert set(states.values()) == {"idle"}, (states, worker.output()[-3000:])
+
+
+def test_a_worker_told_to_stop_while_it_starts_exits_0_and_says_so(sqlite: StoreFactory, workers: Spawn,
+                                                                   tmp_path: Path) -> None:
+    """Seen by an audit: `jixu worker` SIGTERMed while it loaded its agent died of the signal (exit 143, nothing
+    printed), though its help promises exit 0 for SIGTERM. The signal is kept until the worker runs, which then
+    stops at once."""
+    sqlite()
+    assert sqlite.url is not None
+    starting = tmp_path / "starting.txt"
+    worker = workers(sqlite.url, "early", agent="slow_start_agent",
+                     env={"JIXU_TEST_STARTING": str(starting), "JIXU_TEST_START_SLEEP": "1.5"})
+    wait_until(starting.exists, "the agent to start loading")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output()
+    assert "SIGTERM received while starting" in worker.output()

@@ -29,6 +29,7 @@ from jixu.scheduling.workers import (
     end_serving_process,
     make_agent,
     serve,
+    stop_early_on_signals,
 )
 
 KIND_STYLE = {"start": "bold green", "claim": "cyan", "finish": "green", "requeue": "yellow",
@@ -157,6 +158,8 @@ def worker_command(store_url: str, agent_spec: str | None, providers_spec: str |
     5 store problem, 6 invalid input (limits, agent or providers factory).
     """
     with handled(False):
+        if processes == 1:
+            stop_early_on_signals()  # a SIGTERM while the agent loads still ends in a clean exit 0
         limits = parse_project_limits(project_limits)
         name = owner if owner is not None else default_owner()
         if agent_spec is None and not (providers_spec or "").strip():

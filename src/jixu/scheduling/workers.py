@@ -802,6 +802,20 @@ class Worker:
         return " | ".join(commands) or f"jixu runs show {store} {state.run_id}"
 
 
+_STOPPED_EARLY: list[str] = []
+"""SIGTERM / SIGINT received while a worker process started (see :func:`stop_early_on_signals`)."""
+
+
+def stop_early_on_signals() -> None:
+    """Keep a SIGTERM or SIGINT that arrives while this worker process starts (loading its agent, opening its
+    store) instead of dying of it (exit 143, nothing said, seen by an audit): :func:`serve` then stops at once,
+    exit 0, as it would have a moment later. For a process that is a worker (the CLI's, a pool's child): an
+    embedding application keeps its own handlers."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda number, _frame: _STOPPED_EARLY.append(
+            f"{signal.Signals(number).name} received while starting"))
+
+
 async def serve(config: WorkerConfig, *, report: Report | None = None,
                 on_ready: Callable[[Worker], None] | None = None, lifeline: int | None = None) -> WorkerStats:
     """Run one worker in this process until SIGTERM/SIGINT (or an empty queue with ``exit_when_idle``).
@@ -820,6 +834,8 @@ async def serve(config: WorkerConfig, *, report: Report | None = None,
         tune_collector()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, worker.stop, f"{signal.Signals(signum).name} received")
+        if _STOPPED_EARLY:
+            worker.stop(_STOPPED_EARLY[0])
         if lifeline is not None:
             loop.add_reader(lifeline, _watch_lifeline, loop, lifeline, worker)
         if on_ready is not None:
@@ -961,6 +977,7 @@ def child_main() -> None:
     if not text:
         print(f"{CONFIG_ENV} is not set", file=sys.stderr)
         sys.exit(EXIT_INVALID_INPUT)
+    stop_early_on_signals()
     try:
         config = WorkerConfig.from_json(text)
         asyncio.run(serve(config, lifeline=_lifeline()))
@@ -1208,4 +1225,4 @@ class WorkerPool:
 __all__ = ["CONFIG_ENV", "DEFAULT_CONCURRENCY", "DEFAULT_TOOL_THREADS", "DEFAULT_WORKSPACE_ROOT", "PARENT_FD_ENV",
            "UNBOUNDED", "Report", "ToolPool", "Worker", "WorkerConfig", "WorkerPool", "WorkerStats", "child_main",
            "default_owner", "exit_code_of", "end_serving_process", "factory_spec", "load_agent_factory",
-           "load_run_providers", "make_agent", "print_report", "serve", "tune_collector", "use_tool_pool"]
+           "load_run_providers", "make_agent", "print_report", "serve", "stop_early_on_signals", "tune_collector", "use_tool_pool"]
