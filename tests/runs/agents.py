@@ -264,3 +264,17 @@ def slow_start_agent() -> Agent:
             out.write(f"{os.getpid()}\n")
     time.sleep(float(os.environ.get("JIXU_TEST_START_SLEEP") or 0))
     return counter_agent()
+
+
+@tool(semantics="unsafe")
+async def charge_noisily(ctx: ToolContext) -> str:
+    """Charge once, while a library underneath logs a warning (as psycopg's pool does of a closed connection)."""
+    import logging
+
+    logging.getLogger("psycopg.pool").warning("discarding closed connection: <test connection [BAD]>")
+    return await _outside(ctx)
+
+
+def noisy_agent() -> Agent:
+    """One unsafe tool call per turn whose library logs a warning, then ``done``."""
+    return Agent("noisy", _one_call("charge_noisily"), tools=[charge_noisily])

@@ -576,3 +576,19 @@ def test_a_worker_told_to_stop_while_it_starts_exits_0_and_says_so(sqlite: Store
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.output()
     assert "SIGTERM received while starting" in worker.output()
+
+
+def test_a_librarys_warning_in_a_worker_is_one_of_its_lines(sqlite: StoreFactory, workers: Spawn,
+                                                             tmp_path: Path) -> None:
+    """Seen by an audit: psycopg_pool's "discarding closed connection" warnings went to Python's last-resort
+    handler, bare, among the worker's timed and named lines. They are the worker's lines now."""
+    from tests.runs.agents import noisy_agent
+
+    store = sqlite()
+    assert sqlite.url is not None
+    submit_turn(store, create_thread_for(store, noisy_agent()), "charge it")
+    worker = workers(sqlite.url, "noisy", "--exit-when-idle", agent="noisy_agent",
+                     env={"JIXU_TEST_OUTSIDE": str(tmp_path / "outside.txt")})
+    assert worker.wait() == 0, worker.output()
+    [line] = [line for line in worker.output().splitlines() if "discarding closed connection" in line]
+    assert re.match(r"^\d\d:\d\d:\d\d noisy psycopg\.pool: discarding closed connection", line), line

@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import logging
 import os
 import signal
 import socket
@@ -49,7 +50,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -802,6 +803,38 @@ class Worker:
         return " | ".join(commands) or f"jixu runs show {store} {state.run_id}"
 
 
+class _ReportHandler(logging.Handler):
+    """Warnings of any library in a worker process (psycopg's pool, say) as the worker's own lines."""
+
+    def __init__(self, report: Callable[[str, str], None]) -> None:
+        super().__init__(logging.WARNING)
+        self._report = report
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._report("error" if record.levelno >= logging.ERROR else "log",
+                         f"{record.name}: {record.getMessage()}")
+        except Exception:  # a log line never stops a worker
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def logs_as_reports(report: Callable[[str, str], None]) -> Iterator[None]:
+    """While serving: log records of WARNING and above, from any logger, become ``report`` lines (time, the
+    worker's name), unless the process configured logging itself. Without it they went to Python's last-resort
+    handler, bare (an audit: psycopg_pool's "discarding closed connection" lines, no time, no worker)."""
+    root = logging.getLogger()
+    if root.handlers:
+        yield
+        return
+    handler = _ReportHandler(report)
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+
+
 _STOPPED_EARLY: list[str] = []
 """SIGTERM / SIGINT received while a worker process started (see :func:`stop_early_on_signals`)."""
 
@@ -841,7 +874,8 @@ async def serve(config: WorkerConfig, *, report: Report | None = None,
         if on_ready is not None:
             on_ready(worker)
         try:
-            return await worker.run()
+            with logs_as_reports(worker.report):
+                return await worker.run()
         finally:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
@@ -1225,4 +1259,4 @@ class WorkerPool:
 __all__ = ["CONFIG_ENV", "DEFAULT_CONCURRENCY", "DEFAULT_TOOL_THREADS", "DEFAULT_WORKSPACE_ROOT", "PARENT_FD_ENV",
            "UNBOUNDED", "Report", "ToolPool", "Worker", "WorkerConfig", "WorkerPool", "WorkerStats", "child_main",
            "default_owner", "exit_code_of", "end_serving_process", "factory_spec", "load_agent_factory",
-           "load_run_providers", "make_agent", "print_report", "serve", "stop_early_on_signals", "tune_collector", "use_tool_pool"]
+           "load_run_providers", "logs_as_reports", "make_agent", "print_report", "serve", "stop_early_on_signals", "tune_collector", "use_tool_pool"]
