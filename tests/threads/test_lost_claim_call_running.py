@@ -11,6 +11,7 @@ by moving the lease's expiry into the past, as a stall past it leaves it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -201,3 +202,60 @@ def test_a_receipt_the_lost_claim_could_not_record_is_recorded_by_the_next_claim
     assert len(ran) == 1, "the call ran once"
     assert (status, reply) == (("waiting", None) if taken_meanwhile else ("idle", "done"))
 
+
+
+@pytest.mark.parametrize("meanwhile", ["another_event", "turn_ended"])
+def test_held_receipts_go_with_their_claim_event_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             meanwhile: str) -> None:
+    """Found by a review: when another writer appended just before the claim's append, the writer's conflict path
+    recorded the held receipt on its own (before ``turn.claimed``, or after an operator's ``turn.ended``, under a
+    claim never recorded). Receipts appended with a claim stand on it: after the conflict the claim is decided
+    again, with them (the turn still active) or without them (the turn ended)."""
+    import jixu.threads.thread as thread_module
+    from jixu.ledger import NewEvent
+
+    @tool(semantics="unsafe")
+    async def charge(ctx: ToolContext) -> str:
+        """Charge once (the loop is held meanwhile: nothing renews the claim)."""
+        time.sleep(1.2)
+        return "charged"
+
+    agent = Agent("held", ScriptedModel([ToolCall("charge"), "done"]), tools=[charge])
+    path = tmp_path / "held.db"
+    real_claim_stream = thread_module.claim_stream
+    injected: list[str] = []
+
+    async def racing_claim_stream(writer: Any, key: str, owner: str, ttl: float, claimed: Any, **options: Any) -> Any:
+        def claimed_after_another_writer(claim: Any) -> Any:
+            events = claimed(claim)
+            if not injected:  # another connection appends between the claim's look and its append
+                with SQLiteStore(path) as other:
+                    head = other.read(writer.stream)[-1].seq
+                    turn = writer.state.active_turn()
+                    event = (NewEvent("turn.ended", {"turn_id": turn.turn_id, "outcome": "interrupted",
+                                                     "reason": "an operator"}, {"actor": "operator"})
+                             if meanwhile == "turn_ended" else NewEvent("agent.noted", {}, {"actor": "operator"}))
+                    other.append(writer.stream, [event], head)
+                injected.append(event.type)
+            return events
+
+        return await real_claim_stream(writer, key, owner, ttl, claimed_after_another_writer, **options)
+
+    async def main() -> list[str]:
+        async with Harness(agent, f"sqlite:///{path}", owner="holder", lease_ttl=0.4) as harness:
+            thread = await harness.create_thread()
+            await thread.send("charge it")
+            with pytest.raises(OwnershipLost):
+                await thread.wait()
+            monkeypatch.setattr(thread_module, "claim_stream", racing_claim_stream)
+            again = await harness.open_thread(thread.thread_id)
+            with contextlib.suppress(Exception):
+                await again.wait()
+            return [e.type for e in await again.events()]
+
+    types = asyncio.run(main())
+    assert injected, "the other writer's event went in"
+    if meanwhile == "turn_ended":
+        assert "tool.completed" not in types, types  # the turn ended before: nothing recorded for it after
+    else:
+        assert types.index("tool.completed") == types.index("turn.claimed", types.index("agent.noted")) + 1, types

@@ -638,7 +638,7 @@ def holds(store: Store, fence: Fence | None) -> bool:
 
 
 async def claim_stream(writer: StreamWriter[Any], key: str, owner: str, ttl: float,
-                       claimed: Callable[[Claim], NewEvent | Sequence[NewEvent | PreparedEvent]], *,
+                       claimed: Callable[[Claim], NewEvent | PreparedEvent | Sequence[NewEvent | PreparedEvent]], *,
                        still_wanted: Callable[[], bool], tries: int = 5,
                        holder_process: Callable[[Lease], object] | None = None) -> Claim | None:
     """Take ``key``'s lease and record ``claimed(claim)`` (an event, or events in order, asked again after a
@@ -657,7 +657,8 @@ async def claim_stream(writer: StreamWriter[Any], key: str, owner: str, ttl: flo
         for _ in range(tries):
             try:
                 events = claimed(claim)
-                await writer.append_async([events] if isinstance(events, NewEvent) else events, claim.fence)
+                await writer.append_async([events] if isinstance(events, NewEvent | PreparedEvent) else events,
+                                          claim.fence)
                 return claim
             except ConcurrencyError:
                 await writer.idle()

@@ -511,7 +511,8 @@ class StreamWriter(Generic[F]):
         # next attempt's marker) are facts of recorded calls, kept.
         unrecorded = {_answered_by(event) for event in batch if not is_receipt(event.type)}
         receipts = [event for event in batch if is_receipt(event.type) and not unrecorded & _needs(event)]
-        if not receipts:
+        if not receipts or any(event.type.endswith(".claimed") for event in batch):
+            # Receipts appended with a claim (a lost claim's, decision 0070) stand on it: they go with it, or not.
             raise conflict
         self._refuse_if_broken(receipts)
         # Everything other writers appended since the refused append's head (a reload may have folded it).

@@ -431,21 +431,22 @@ class Thread:
         lost = OwnershipLost(f"thread {self.thread_id}: this process no longer owns the turn ({cause.message}); "
                              "it stopped without writing anything more", thread_id=self.thread_id)
         writer, fence = self.log.writer, self._fence
-        if writer.busy:  # a receipt's commit still queued is refused in a moment (the same lost fence): keep it
-            with contextlib.suppress(TimeoutError):  # a cancellation (an interrupt, a drain) goes on as it came
-                await asyncio.wait_for(writer.idle(), self._harness.lease_ttl)
-        refused = [event for refused_by, event in writer.fenced_out if refused_by == fence]
-        writer.fenced_out.clear()
-        receipts = {event.id: event for event in (*unrecorded_receipts(cause), *refused)}
-        if receipts:
-            kept = tuple(receipts.values())
-            lost.unrecorded_receipts = kept  # type: ignore[attr-defined]
-            lost.details["unrecorded_receipts"] = list(receipts)
-            if fence is not None:
+        try:
+            if writer.busy:  # a receipt's commit still queued is refused in a moment (the same lost fence): keep it
+                with contextlib.suppress(TimeoutError):  # a cancellation (an interrupt, a drain) goes on as it came
+                    await asyncio.wait_for(writer.idle(), self._harness.lease_ttl)
+        finally:  # held even when that cancellation cut the wait short
+            refused = [event for refused_by, event in writer.fenced_out if refused_by == fence]
+            writer.fenced_out.clear()
+            receipts = {event.id: event for event in (*unrecorded_receipts(cause), *refused)}
+            if receipts and fence is not None:
                 held = self._harness.held_receipts
                 if len(held) >= HELD_RECEIPTS:
                     held.pop(next(iter(held)))
-                held[self.thread_id] = (fence, kept)
+                held[self.thread_id] = (fence, tuple(receipts.values()))
+        if receipts:
+            lost.unrecorded_receipts = tuple(receipts.values())  # type: ignore[attr-defined]
+            lost.details["unrecorded_receipts"] = list(receipts)
         return lost
 
     def _receipts_held(self) -> bool:
