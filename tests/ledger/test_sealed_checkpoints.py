@@ -529,3 +529,21 @@ def test_a_verdict_row_whose_seal_is_not_ascii_is_a_break_not_an_error(key_file:
         assert "changed" in (found.detail or "")
         from jixu.ledger.trust import recorded_breaks
         assert set(recorded_breaks(store, [STREAM, "t/none"])) == {STREAM}
+
+
+def test_a_break_no_key_checks_already_does_not_stop_retiring(key_file: Path, tmp_path: Path) -> None:
+    """A store that holds a break recorded under a key lost long ago (``break_unchecked``) would otherwise never
+    let its keys be retired again: retiring loses nothing of that break."""
+    from tests.helpers import run_jixu
+
+    path = _ledger(tmp_path, 5)
+    with Raw(path).transaction() as run:
+        run("INSERT INTO jixu_checkpoints VALUES (?, ?, 3, 1, ?, ?, ?, '2026-12-07T00:00:00Z')", STREAM, VERDICT_NAME,
+            "0" * 64, '{"first_bad_seq":3}', "hmac-sha256:0123456789abcdef:00")
+    rotate_keys()
+    retired = run_jixu("keys", "retire", "--store", f"sqlite:///{path}")
+    assert retired.returncode == 0, retired.stderr
+    assert len(keyring().keys) == 1
+    with SQLiteStore(path) as store:
+        found = recorded_break(store, STREAM)
+        assert found is not None and found.reason == "break_unchecked"
