@@ -826,9 +826,10 @@ def test_shutdown_past_its_drain_timeout_gives_a_run_back_once_its_call_in_a_thr
     for the call, then the run gives its lease back and the store closes."""
     import time
 
-    url, returned = f"sqlite:///{tmp_path / 'shutdown.db'}", []
+    url, returned, started = f"sqlite:///{tmp_path / 'shutdown.db'}", [], []
 
     def charge(ctx: ToolContext) -> str:
+        started.append(ctx.attempt)
         time.sleep(1.3)  # longer than the drain waited for a cancelled block before (max(timeout, 1 s))
         returned.append(ctx.attempt)
         return "charged"
@@ -843,7 +844,9 @@ def test_shutdown_past_its_drain_timeout_gives_a_run_back_once_its_call_in_a_thr
                 await run.effect("charge", {}, key="charge", semantics="idempotent", call=charge)
 
         task = asyncio.create_task(block())
-        await asyncio.sleep(0.1)
+        deadline = asyncio.get_running_loop().time() + 30
+        while not started and asyncio.get_running_loop().time() < deadline:  # not a guessed delay: CI is slow
+            await asyncio.sleep(0.01)
         await harness.shutdown(drain_timeout=0.1)
         assert returned == [1], "shutdown returned once the call in its thread had returned"
         with pytest.raises(asyncio.CancelledError):
