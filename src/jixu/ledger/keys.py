@@ -114,15 +114,25 @@ class Keyring:
 
     def check(self, seal: str, tag: bytes, parts: Iterable[bytes]) -> SealStatus:
         """Whether ``seal`` is this message's seal by a key held here (see :data:`SealStatus`)."""
-        if not isinstance(seal, str) or not seal.startswith(SEAL_PREFIX):  # a row edited to hold bytes, say
+        kid = sealing_key(seal)
+        if kid is None:
             return "unsealed"
-        kid, _, mac = seal[len(SEAL_PREFIX):].partition(":")
+        mac = seal[len(SEAL_PREFIX) + len(kid) + 1:]
         secret = next((s for k, s in self.keys if k == kid), None)
         if secret is None:
             return "unknown_key"
         if not mac.isascii():  # compare_digest refuses non-ASCII text (a row edited so): no seal of ours
             return "forged"
         return "sealed" if hmac.compare_digest(mac, _mac(secret, tag, parts)) else "forged"
+
+
+def sealing_key(seal: object) -> str | None:
+    """The id of the key a seal (``hmac-sha256:<key id>:<hex>``) names, or None when it is no seal at all (a row
+    edited to hold bytes, an unkeyed digest of an older version). Naming a key proves nothing: :meth:`Keyring.check`
+    does."""
+    if not isinstance(seal, str) or not seal.startswith(SEAL_PREFIX):
+        return None
+    return seal[len(SEAL_PREFIX):].partition(":")[0]
 
 
 def _mac(secret: bytes, tag: bytes, parts: Iterable[bytes]) -> str:
@@ -303,4 +313,4 @@ def retire_keys(path: str | os.PathLike[str] | None = None, *, keep: str | None 
 
 
 __all__ = ["KEY_FILE_ENV", "Keyring", "SealStatus", "default_key_path", "key_id", "keyring", "retire_keys",
-           "rotate_keys", "sealing_keyring"]
+           "rotate_keys", "sealing_key", "sealing_keyring"]

@@ -27,7 +27,7 @@ from jixu.errors import StoreError
 from jixu.ledger.chain import Reason, VerifyReport, row_hash
 from jixu.ledger.encoding import canonical_text
 from jixu.ledger.event import utc_now_text
-from jixu.ledger.keys import SEAL_PREFIX, Keyring, SealStatus, keyring, sealing_keyring
+from jixu.ledger.keys import Keyring, SealStatus, keyring, sealing_key, sealing_keyring
 from jixu.ledger.store import STREAMS_AT_ONCE, Checkpoint, Store
 
 CHECKPOINT_TAG = b"jixu.checkpoint.v3\x00"
@@ -188,8 +188,7 @@ def _recorded(stream: str, text: str) -> VerifyReport | None:
 def _unchecked(stream: str, row: Checkpoint, status: str, keys: Keyring) -> VerifyReport:
     """A recorded break no key held here can check: its seq as the row says (at least 1), trusting nothing."""
     seq = row.seq if isinstance(row.seq, int) and not isinstance(row.seq, bool) and row.seq >= 1 else 1
-    seal = row.digest if isinstance(row.digest, str) else ""
-    key = seal[len(SEAL_PREFIX):].partition(":")[0] if seal.startswith(SEAL_PREFIX) else None
+    key = sealing_key(row.digest)
     why = {"unknown_key": f"sealed by key {key}, which is not held here"
                           + (f" ({keys.problem})" if keys.problem else ""),
            "forged": f"its seal is not key {key}'s: the record was changed"}.get(status, "its record is not sealed")
@@ -209,7 +208,7 @@ def reseal_break(store: Store, stream: str, keys: Keyring) -> bool:
     if row is None or current is None or not isinstance(row.state_json, str) or not isinstance(row.digest, str):
         return False
     parts = _verdict_parts(stream, row.state_json)
-    if row.digest.startswith(f"{SEAL_PREFIX}{current}:") or keys.check(row.digest, VERDICT_TAG, parts) != "sealed":
+    if sealing_key(row.digest) == current or keys.check(row.digest, VERDICT_TAG, parts) != "sealed":
         return False
     store.write_checkpoint(replace(row, digest=keys.seal(VERDICT_TAG, parts)))
     return True
@@ -224,9 +223,8 @@ def reseal_checkpoints(store: Store, stream: str, names: Iterable[str], keys: Ke
         return 0
     count = 0
     for checkpoint in store.read_checkpoints(stream, list(names)).values():
-        if not isinstance(checkpoint.digest, str) or checkpoint.digest.startswith(f"{SEAL_PREFIX}{current}:"):
-            continue
-        if seal_status(keys, checkpoint) != "sealed" or not anchor_holds(store, checkpoint):
+        if sealing_key(checkpoint.digest) == current or seal_status(keys, checkpoint) != "sealed" \
+                or not anchor_holds(store, checkpoint):
             continue
         store.write_checkpoint(replace(checkpoint, digest=seal_checkpoint(
             keys, checkpoint.stream, checkpoint.name, checkpoint.seq, checkpoint.reducer_version,

@@ -614,7 +614,7 @@ class ThreadLog:
         """The lease key that fences the owner of this thread's active turn."""
         return f"{self.stream}/turn"
 
-    def append(self, events: Sequence[NewEvent | PreparedEvent], fence: Fence | None = None, *,
+    def append(self, events: Sequence[NewEvent], fence: Fence | None = None, *,
                enqueue: tuple[str, str] | None = None) -> list[Event]:
         """Append after this record's head, now, and project (see :class:`~jixu.kernel.StreamWriter`).
 
