@@ -45,7 +45,15 @@ from jixu.ledger.encoding import MAX_NESTING, JSONObject, canonical_text
 from jixu.ledger.event import Event, check_stream, utc_now_text
 from jixu.ledger.keys import Keyring, keyring, sealing_keyring
 from jixu.ledger.store import CHECKPOINTS_AT_ONCE, Checkpoint, Store
-from jixu.ledger.trust import VERDICT_NAME, anchor_holds, break_of, rewritten, seal_checkpoint, seal_status
+from jixu.ledger.trust import (
+    VERDICT_NAME,
+    anchor_holds,
+    break_of,
+    record_break,
+    rewritten,
+    seal_checkpoint,
+    seal_status,
+)
 
 S = TypeVar("S")
 
@@ -444,6 +452,19 @@ def project(store: Store, stream: str, projection: Projection[S], *, use_checkpo
     return Projected(state, seq, head, status, checkpoint_seq, applied, report, source)
 
 
+def project_verified(store: Store, stream: str, projection: Projection[S], *,
+                     keys: Keyring | None = None) -> Projected[S]:
+    """Fold every event of ``stream`` (no checkpoint), so its whole chain is verified in the read that is folded.
+
+    A break found is recorded (:func:`~jixu.ledger.trust.record_break`), so every later opening heeds it: the
+    read of the small streams whose state is authority (a token, a project, an execution request).
+    """
+    projected = project(store, stream, projection, use_checkpoint=False, keys=keys)
+    if not projected.chain.valid:
+        record_break(store, projected.chain, keys)
+    return projected
+
+
 AuditStatus = Literal["valid", "unsealed", "stale", "unchecked", "forged", "contradicted", "damaged"]
 """What re-projecting a checkpoint found: ``valid`` (sealed here, its anchor holds, its state is what the events
 project to); ``unsealed`` (no key here can check it, but its state is the events' projection: harmless, and not
@@ -578,6 +599,7 @@ __all__ = [
     "make_checkpoint",
     "make_chunked_checkpoint",
     "project",
+    "project_verified",
     "replay",
     "save_checkpoint",
     "write_chunked_checkpoint",

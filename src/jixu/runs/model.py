@@ -21,11 +21,11 @@ from typing import Any, Final
 from jixu.errors import InvalidInput, InvalidPolicy, ProjectCorrupt, ProjectExists, ProjectNotFound
 from jixu.kernel import record
 from jixu.kernel.loop import AUTOMATIC_PAUSES, MAX_AUTOMATIC_RETRIES, OPERATOR_PAUSES
-from jixu.ledger import NewEvent, Store, project
+from jixu.ledger import NewEvent, Store
 from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
 from jixu.ledger.event import Event
+from jixu.ledger.projection import project_verified
 from jixu.ledger.store import check_text
-from jixu.ledger.trust import record_break
 from jixu.recovery import Analysis
 from jixu.recovery.corruption import Corruption, corruption
 from jixu.runs.workspace import check_origin, origin_refs
@@ -239,10 +239,9 @@ def _established(store: Store, name: str) -> Project | None:
     stream = project_stream(check_project_name(name))
     if store.stream_info(stream) is None:
         return None
-    projected = project(store, stream, ProjectProjection(), use_checkpoint=False)
+    projected = project_verified(store, stream, ProjectProjection())
     found = corruption(stream, chain=projected.chain, analysis=None)
     if found is not None:
-        record_break(store, projected.chain)
         raise ProjectCorrupt(f"project {name}'s stream is corrupt: {found.summary()}. Nothing acts on it (no run "
                              f"is created from it, no request admitted under it); inspect it with `jixu verify "
                              f"STORE --stream {stream}`", project=name, stream=stream,

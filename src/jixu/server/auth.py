@@ -44,8 +44,7 @@ from jixu.kernel import record
 from jixu.ledger import Event, NewEvent, Store, is_valid_id, new_id
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.event import format_timestamp
-from jixu.ledger.projection import project as project_stream
-from jixu.ledger.trust import record_break
+from jixu.ledger.projection import project_verified
 from jixu.recovery.corruption import Corruption, corruption
 from jixu.runs.model import check_project_name
 from jixu.server.problems import FORBIDDEN, TOKEN_CORRUPT, TOKEN_EXPIRED, UNAUTHORIZED, HTTPProblem
@@ -322,14 +321,13 @@ def _verified(store: Store, token_id: str) -> TokenInfo | None:
     (a break found is recorded, as every verified read does); ``None`` when there is no such token."""
     stream = token_stream(token_id)
     try:
-        projected = project_stream(store, stream, _TokenEvents(), use_checkpoint=False)
+        projected = project_verified(store, stream, _TokenEvents())
     except NotFound:
         return None
     found = corruption(stream, chain=projected.chain, analysis=None)
     events = projected.state
     if found is None:
         return _info(events) if events and events[0].type == "token.created" else None
-    record_break(store, projected.chain)
     if events and events[0].type == "token.created":
         return dataclasses.replace(_info(events), corruption=found)
     return TokenInfo(token_id=token_id, name="", admin=False, roles={}, created_at="", created_by="",
