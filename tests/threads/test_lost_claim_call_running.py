@@ -259,3 +259,34 @@ def test_held_receipts_go_with_their_claim_event_or_not_at_all(tmp_path: Path, m
         assert "tool.completed" not in types, types  # the turn ended before: nothing recorded for it after
     else:
         assert types.index("tool.completed") == types.index("turn.claimed", types.index("agent.noted")) + 1, types
+
+
+def test_a_durable_run_records_its_lost_claims_receipt_when_it_is_entered_again(tmp_path: Path) -> None:
+    """Decision 0070 for durable runs (found by a review: only agent turns held them). A step's call holds the
+    loop past the lease: its receipt is refused and the block ends with ``OwnershipLost``. Entered again through
+    the same harness (nobody claimed the run in between), the step returns the recorded result without running
+    again and the run ends, instead of waiting for an operator."""
+    ran: list[str] = []
+
+    async def charge(ctx: ToolContext) -> str:
+        ran.append(ctx.effect_id)
+        time.sleep(1.2)  # a blocking stretch in an async call: the claim (0.4 s) lapses
+        return "charged"
+
+    async def main() -> tuple[Any, str, list[str]]:
+        async with Harness(Agent("held", ScriptedModel(["done"])), f"sqlite:///{tmp_path / 'held.db'}",
+                           owner="holder", lease_ttl=0.4) as harness:
+            thread = await harness.create_thread()
+            with pytest.raises(OwnershipLost):
+                async with harness.durable(thread.thread_id) as first:
+                    await first.effect("charge", {"order": 7}, call=charge)
+            assert harness.held_receipts, "the refused receipt is held"
+            async with harness.durable(thread.thread_id) as again:
+                result = await again.effect("charge", {"order": 7}, call=charge)
+            events = [e.type for e in harness.store.read(thread.log.stream)]
+            return result, again.outcome or "", events
+
+    result, ended, events = asyncio.run(main())
+    assert len(ran) == 1, "the call ran once"
+    assert result == "charged" and ended == "completed", (result, ended)
+    assert events.index("turn.claimed") < events.index("tool.completed"), events  # under the new claim

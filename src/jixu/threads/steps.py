@@ -55,7 +55,6 @@ from jixu.errors import (
     InvalidInput,
     JixuError,
     ModelError,
-    OwnershipLost,
     StepFailed,
     StepMismatch,
     StepOutcomeUnknown,
@@ -507,6 +506,7 @@ class DurableRun:
                 self._harness.close()
             return
         thread, session, me = self._thread, self._session, asyncio.current_task()
+        fence = thread._fence if thread is not None else None  # given back by _stop, before a loss is told
         self._leaving = True  # a step asked from now on is refused: the run is given back once its steps ended
         try:
             cut_off = await self._settle_steps()
@@ -516,10 +516,10 @@ class DurableRun:
         try:
             await self._stop(exc_type, exc, tb)
         except (asyncio.CancelledError, FencingError) as error:  # the run's end refused or cut off by the loss
-            self._raise_if_lost(thread, session, me, error)
+            await self._raise_if_lost(thread, session, fence, me, error)
             raise
         if exc is not None:
-            self._raise_if_lost(thread, session, me, exc)
+            await self._raise_if_lost(thread, session, fence, me, exc)
         if cut_off:
             raise asyncio.CancelledError  # the wait for its steps was cancelled: the block is, once they ended
         if self._left_unknown and thread is not None:
@@ -569,10 +569,12 @@ class DurableRun:
                     cut_off = True
         return cut_off
 
-    def _raise_if_lost(self, thread: Thread | None, session: Session | None, me: asyncio.Task[Any] | None,
-                       error: BaseException) -> None:
+    async def _raise_if_lost(self, thread: Thread | None, session: Session | None, fence: Fence | None,
+                             me: asyncio.Task[Any] | None, error: BaseException) -> None:
         """Raise :class:`~jixu.errors.OwnershipLost` when ``error`` says the run's lease was lost: a fenced write
-        refused, or the heartbeat's cancellation (taken back, so the task is not left cancelling)."""
+        refused, or the heartbeat's cancellation (taken back, so the task is not left cancelling). The receipts the
+        lost claim could not record are held for this process's next claim of the run, as a turn's are (decision
+        0070)."""
         if thread is None or session is None:
             return
         cause: FencingError | None
@@ -584,9 +586,7 @@ class DurableRun:
         else:
             cause = None
         if cause is not None:
-            raise OwnershipLost(f"thread {thread.thread_id}: this process no longer owns the durable run "
-                                f"({cause.message}); it stopped without writing anything more",
-                                thread_id=thread.thread_id, turn_id=self._turn_id) from cause
+            raise await thread._lost(cause, "the durable run", fence, turn_id=self._turn_id) from cause
 
     async def _stop(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                     tb: TracebackType | None) -> None:

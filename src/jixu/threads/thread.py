@@ -425,12 +425,14 @@ class Thread:
         finally:
             self._release()
 
-    async def _lost(self, cause: FencingError) -> OwnershipLost:
-        """What the loop raises when ``cause`` shows the turn's claim lost; it keeps the receipts that could not be
-        recorded, in the error and for this process's next claim of the turn (:meth:`_due_receipts`)."""
-        lost = OwnershipLost(f"thread {self.thread_id}: this process no longer owns the turn ({cause.message}); "
-                             "it stopped without writing anything more", thread_id=self.thread_id)
-        writer, fence = self.log.writer, self._fence
+    async def _lost(self, cause: FencingError, what: str = "the turn", lost_fence: Fence | None = None,
+                    **details: Any) -> OwnershipLost:
+        """What the loop (or a durable run, ``what``) raises when ``cause`` shows the turn's claim lost; it keeps
+        the receipts that could not be recorded, in the error and for this process's next claim of the turn
+        (:meth:`_due_receipts`). ``lost_fence``: the lost claim's fence, when it was given back already."""
+        lost = OwnershipLost(f"thread {self.thread_id}: this process no longer owns {what} ({cause.message}); "
+                             "it stopped without writing anything more", thread_id=self.thread_id, **details)
+        writer, fence = self.log.writer, lost_fence or self._fence
         try:
             if writer.busy:  # a receipt's commit still queued is refused in a moment (the same lost fence): keep it
                 with contextlib.suppress(TimeoutError):  # a cancellation (an interrupt, a drain) goes on as it came
