@@ -46,6 +46,7 @@ from jixu.integrations.openai_agents import (
     load_model_response,
 )
 from jixu.ledger import open_store
+from jixu.threads.steps import OCCURRED_WITHOUT_RESULT
 from jixu.threads.log import ThreadLog
 from tests.helpers import ROOT, python_env
 from tests.integrations.openai_agents_child import DONE, HELLO, INPUT, boss, lines, runner, writer
@@ -138,8 +139,11 @@ def test_killed_after_the_unsafe_tool_ran_the_call_is_unknown_the_probe_settles_
 
 
 @pytest.mark.crash
+@pytest.mark.parametrize("given", ["line 1 written", None], ids=["with-its-result", "without-a-result"])
 def test_without_a_probe_the_unknown_call_stops_the_agent_until_an_operator_resolves_it(
-        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+        tmp_path: Path, openai_server: FakeOpenAI, given: str | None) -> None:
+    """Resolved ``occurred`` without a result (an audit), the model is told the call happened, not ``None``: told
+    ``None``, a model may well make the call again."""
     url = _url(tmp_path)
     thread_id = _crash("after", url, tmp_path)
     tool = _after_the_kill(url, thread_id)
@@ -151,15 +155,14 @@ def test_without_a_probe_the_unknown_call_stops_the_agent_until_an_operator_reso
     assert len(lines(tmp_path / "lines.log")) == 1 and openai_server.requests == []
 
     # The operator looked at the file: the line is there.
-    _log(url, thread_id).resolve(tool, "occurred", note="the line is in the file", result="line 1 written",
-                                 actor="ops")
+    _log(url, thread_id).resolve(tool, "occurred", note="the line is in the file", result=given, actor="ops")
     openai_server.script(DONE)
     result = runner(url, tmp_path, probe=False).run_sync(writer(openai_server.url, tmp_path), INPUT,
                                                          thread_id=thread_id)
 
     assert result.final_output == "wrote it"
     assert len(lines(tmp_path / "lines.log")) == 1
-    assert _tool_messages(openai_server.bodies[0]) == ["line 1 written"]
+    assert _tool_messages(openai_server.bodies[0]) == [given or OCCURRED_WITHOUT_RESULT]
     assert _log(url, thread_id).snapshot().status == "idle"
 
 
@@ -272,6 +275,25 @@ def test_a_run_that_would_fail_again_ends_failed_and_the_thread_takes_the_next_r
     assert result.final_output == "wrote it"
     assert [e.data["outcome"] for e in _log(url, found[0]).events() if e.type == "turn.ended"] == ["failed",
                                                                                                   "completed"]
+
+
+def test_a_response_naming_no_tool_of_the_agent_ends_the_run_failed_and_the_thread_takes_the_next_run(
+        tmp_path: Path, openai_server: FakeOpenAI) -> None:
+    """Found by an audit: the SDK's ModelBehaviorError for a recorded response naming an unknown tool met every
+    rerun (the response replays), so the run stayed unfinished and the thread took no other input, for good."""
+    from agents.exceptions import ModelBehaviorError
+
+    url = _url(tmp_path)
+    openai_server.script(Completion(calls=[Call("call_nope", "nope", "{}")]))
+    found: list[str] = []
+    with pytest.raises(ModelBehaviorError):
+        runner(url, tmp_path).run_sync(writer(openai_server.url, tmp_path), INPUT, started=found.append)
+    [ended] = [e.data for e in _log(url, found[0]).events() if e.type == "turn.ended"]
+    assert ended["outcome"] == "failed" and ended["error"]["type"] == "ModelBehaviorError", ended
+    openai_server.script(DONE)
+    result = runner(url, tmp_path).run_sync(writer(openai_server.url, tmp_path), "Say done", thread_id=found[0])
+    assert result.final_output == "wrote it"
+    assert not lines(tmp_path / "lines.log"), "no tool ran"
 
 
 def test_a_rerun_that_asks_the_model_something_else_is_a_step_mismatch_and_runs_nothing(

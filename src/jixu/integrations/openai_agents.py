@@ -67,6 +67,7 @@ from jixu.threads.harness import Harness
 from jixu.threads.projection import RESOLUTION_MESSAGES
 from jixu.threads.steps import (
     DEFAULT_APPROVAL_POLL,
+    OCCURRED_WITHOUT_RESULT,
     STEP_KEY_CHARS,
     DurableRun,
     Semantics,
@@ -539,10 +540,13 @@ class _RunSteps:
                     _CURRENT.reset(token)
 
             try:
-                return await self.run.effect(_step_name(name), _plain(args, "arguments"), call=call,
-                                             semantics=policy.semantics, probe=policy.probe,
-                                             probe_timeout=policy.probe_timeout, requires_approval=approval,
-                                             timeout=timeout, key=key)
+                result = await self.run.effect(_step_name(name), _plain(args, "arguments"), call=call,
+                                               semantics=policy.semantics, probe=policy.probe,
+                                               probe_timeout=policy.probe_timeout, requires_approval=approval,
+                                               timeout=timeout, key=key)
+                if result is None and self.run.settled_without_result(key):
+                    return OCCURRED_WITHOUT_RESULT  # the model told ``None`` might make the call again
+                return result
             except StepFailed as failed:
                 reason = failed.details.get("reason")
                 if reason == "denied":
@@ -769,8 +773,10 @@ def _jixu_error(error: BaseException) -> JixuError | None:
     return None
 
 
-FINAL_ERRORS = (MaxTurnsExceeded, InputGuardrailTripwireTriggered, OutputGuardrailTripwireTriggered, StepFailed)
-"""Errors a rerun would meet again (it replays every recorded step): the run ends ``failed`` instead of staying
+FINAL_ERRORS = (MaxTurnsExceeded, InputGuardrailTripwireTriggered, OutputGuardrailTripwireTriggered, StepFailed,
+                ModelBehaviorError)
+"""Errors a rerun would meet again (it replays every recorded step; the SDK's ``ModelBehaviorError`` is about a
+recorded model response, such as one naming no tool of the agent): the run ends ``failed`` instead of staying
 unfinished and locking its thread; the next call starts the thread's next run. Unless an unsafe step of the run has
 an unknown outcome: the run then stays unfinished (:class:`~jixu.errors.StepOutcomeUnknown`), so that a next run
 cannot make that call again; the next call continues it."""

@@ -57,7 +57,7 @@ from jixu.ledger.encoding import JSONObject
 from jixu.threads.harness import Harness
 from jixu.threads.model import unfinished_answer
 from jixu.threads.projection import RESOLUTION_MESSAGES
-from jixu.threads.steps import DurableRun, run_failure, steps_agent
+from jixu.threads.steps import OCCURRED_WITHOUT_RESULT, DurableRun, run_failure, steps_agent
 from jixu.threads.tools import (
     CallTrackingExecutor,
     Occurred,
@@ -100,9 +100,6 @@ MODEL_STEP = "model_request"
 RECORD_KEY = "pydantic_ai"
 """A tool step's recorded result is ``{"pydantic_ai": <pydantic-ai's CallToolResult as JSON>}``; a result given by
 a probe or an operator (``jixu threads resolve ... --result``) is the tool's plain return value."""
-OCCURRED_WITHOUT_RESULT = ("This call happened (its outcome was settled after the fact, by a probe or an operator); "
-                           "its result was not recorded.")
-"""What the model is given for a call settled ``occurred`` without a result."""
 VOLATILE_FIELDS = frozenset({"timestamp", "run_id", "conversation_id"})
 """Message fields left out of a model request's digest: they differ between a run and its rerun, and the model is
 not asked anything different because of them."""

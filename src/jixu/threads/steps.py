@@ -93,6 +93,13 @@ DEFAULT_APPROVAL_POLL = 0.5
 # --- the pure decision ----------------------------------------------------------------------
 
 
+
+OCCURRED_WITHOUT_RESULT = ("This call happened (its outcome was settled after the fact, by a probe or an operator); "
+                           "its result was not recorded.")
+"""What an agent framework's model is told of a step settled ``occurred`` without a result
+(:meth:`DurableRun.settled_without_result`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Step:
     """What the code asks for: the step's key and the intent it would record."""
@@ -354,6 +361,18 @@ class DurableRun:
         """How the run ended (``completed``, ``failed``, ``interrupted``): a :attr:`finished` run's recorded end,
         or this block's once its ``turn.ended`` is committed; None while it runs or when it stopped unfinished."""
         return self._ended.status if self._ended is not None else self._ended_here
+
+    def settled_without_result(self, key: str) -> bool:
+        """True when step ``key`` was settled ``occurred`` by a probe or an operator who gave no result: its
+        :meth:`effect` then returned ``None`` though the call did not (a framework tells its model
+        :data:`OCCURRED_WITHOUT_RESULT` instead, never ``None``)."""
+        intents = self._steps.get(key)
+        if not intents:
+            return False
+        decision = self._decision(str(intents[-1].get("effect_id")))
+        resolution = decision.resolution if decision is not None else None
+        return (resolution is not None and resolution.get("resolution") == "occurred"
+                and resolution.get("result") is None)
 
     def state(self) -> State:
         """The thread's state as every surface shows it (``running`` while the run is in progress here)."""
@@ -946,5 +965,6 @@ def run_failure(error: Exception) -> JSONObject:
     return found
 
 
-__all__ = ["AskProbe", "AwaitApproval", "Call", "Done", "DurableRun", "Fail", "Mismatch", "ProbeAgain", "Record",
+__all__ = ["OCCURRED_WITHOUT_RESULT", "AskProbe", "AwaitApproval", "Call", "Done", "DurableRun", "Fail", "Mismatch",
+           "ProbeAgain", "Record",
            "Step", "StepAction", "Unknown", "decide_step", "durable", "latest_probe", "run_failure", "steps_agent"]
