@@ -1040,3 +1040,33 @@ def test_an_output_function_is_refused_before_anything_runs(tmp_path: Path) -> N
             durable.run_sync("mail ada", thread_id=thread_id, output_type=send_email)
         assert [e.type for e in ThreadLog.load(durable.harness.store, thread_id).events()] == ["thread.created"]
     assert not (tmp_path / "a.db").exists()
+
+
+def test_an_unsafe_tool_whose_return_cannot_be_recorded_says_so_and_stays_unknown(tmp_path: Path,
+                                                                                server: FakeOpenAI) -> None:
+    """An audit: an unsafe tool that returned a value pydantic-ai cannot serialize was an outcome "unknown" and the
+    error said nothing of why. It stays unknown (the call returned: its effect happened, its result is lost), and
+    the error names the value that cannot be recorded; the tool ran once."""
+    url = f"sqlite:///{tmp_path / 'jixu.db'}"
+    calls: list[int] = []
+    agent = Agent(_openai(server), name="shop")
+
+    @agent.tool_plain
+    def charge(order: int) -> dict[str, Any]:
+        """Charge an order."""
+        calls.append(order)
+        return {"charged": order, "handle": object()}
+
+    server.script(CHARGE)
+    with JixuAgent(agent, url) as durable:
+        thread_id = durable.new_thread_sync()
+        with pytest.raises(StepOutcomeUnknown) as unknown:
+            durable.run_sync(PROMPT, thread_id=thread_id)
+    assert calls == [7]
+    assert "cannot be recorded as JSON" in unknown.value.message, unknown.value.message
+    log, store = _events(url, thread_id)
+    try:
+        [failed] = [e for e in log.events() if e.type == "tool.failed"]
+        assert failed.data["indeterminate"] is True and "cannot be recorded" in str(failed.data["error"])
+    finally:
+        store.close()

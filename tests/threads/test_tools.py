@@ -1103,3 +1103,36 @@ def test_the_module_exports_exactly_its_public_names() -> None:
     assert sorted(module.__all__) == ["ArgumentsSchema", "DEFAULT_PROBE_TIMEOUT", "DEFINITE_ANSWERS", "DontKnow", "NotOccurred",
                                       "Occurred", "ProbeAnswer", "ProbeQuery", "Semantics", "Tool", "ToolContext",
                                       "ToolError", "tool"]
+
+
+def test_a_read_only_tool_that_raises_at_every_attempt_is_a_failure_the_model_is_told(tmp_path: Any) -> None:
+    """An audit: a read-only lookup that raised at each of its attempts stopped its thread "waiting for an operator's
+    resolution", as if it might have acted. Past its last attempt its error is its outcome: determinate, the model
+    is told, the turn goes on. An idempotent tool raising so stays unknown (it may have acted)."""
+    from jixu import Agent, Harness, ScriptedModel, ToolCall
+    from jixu.ledger import SQLiteStore
+
+    calls: list[str] = []
+
+    @tool(semantics="read_only")
+    async def lookup(sku: str) -> str:
+        """Look a product up."""
+        calls.append(sku)
+        raise ValueError(f"no such sku {sku}")
+
+    def script(messages: list[dict[str, Any]]) -> str | ToolCall:
+        last = messages[-1]
+        return ToolCall("lookup", {"sku": "x"}) if last.get("role") == "user" else f"told: {last.get('content')}"
+
+    async def main() -> tuple[Any, list[Any]]:
+        with SQLiteStore(tmp_path / "ro.db") as store:
+            async with Harness(Agent("ro", ScriptedModel(script), tools=[lookup]), store, max_attempts=3) as harness:
+                thread = await harness.create_thread()
+                await thread.send("look it up")
+                state = await thread.wait()
+                return state, [e for e in store.read(thread.log.stream) if e.type == "tool.failed"]
+
+    state, failed = asyncio.run(main())
+    assert calls == ["x", "x", "x"]
+    assert state.status == "idle" and "no such sku x" in str(state.last_reply), (state.status, state.reason)
+    assert [e.data["indeterminate"] for e in failed] == [True, True, False]

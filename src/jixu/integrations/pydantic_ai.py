@@ -90,7 +90,7 @@ try:
     from pydantic_ai.settings import ModelSettings
     from pydantic_ai.tools import RunContext, ToolDenied
     from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, ToolsetTool, WrapperToolset
-    from pydantic_core import to_jsonable_python
+    from pydantic_core import PydanticSerializationError, to_jsonable_python
 except ImportError as error:  # without the extra: say what to install
     raise MissingExtra.needed("pydantic-ai", "jixu.integrations.pydantic_ai", error) from error
 
@@ -458,9 +458,17 @@ class JixuToolset(WrapperToolset[Any]):
         async def call(jctx: ToolContext) -> JSONObject:
             token = _current.set(jctx)
             try:
-                return _record(await wrap_tool_call_result(self.wrapped.call_tool(name, tool_args, called, tool)))
+                returned = await wrap_tool_call_result(self.wrapped.call_tool(name, tool_args, called, tool))
             finally:
                 _current.reset(token)
+            try:
+                return _record(returned)
+            except PydanticSerializationError as error:
+                # The call returned, so its effect happened, but its result cannot be recorded: say so (an audit
+                # saw only "unknown outcome"); an unsafe call stays unknown for an operator, who can give it.
+                raise InvalidInput(f"tool {name!r} returned a value that cannot be recorded as JSON ({error}); "
+                                   "return plain JSON-able values (str, numbers, lists, dicts, pydantic models)",
+                                   field="result") from error
 
         try:
             return await self._durable().effect(

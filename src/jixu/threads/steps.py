@@ -760,7 +760,7 @@ class DurableRun:
             action = decide_step(step, self._steps.get(step.key, ()), self._decision, log.state,
                                  max_attempts=harness.max_attempts)
             if isinstance(action, Done):
-                return self._result(thread, step, action)
+                return self._result(thread, step, action, cause)
             if isinstance(action, Fail | Mismatch | Unknown):
                 self._raise(thread, step, action, cause)
             try:
@@ -813,7 +813,7 @@ class DurableRun:
         if isinstance(action, Fail):
             raise StepFailed(f"step {step.key!r} of durable run {self._turn_id} in thread {thread.thread_id}: "
                              f"{action.message}", thread_id=thread.thread_id, effect_id=action.effect_id,
-                             step=step.key, reason=action.reason)
+                             step=step.key, reason=action.reason) from cause
         if isinstance(action, Mismatch):
             raise StepMismatch(f"thread {thread.thread_id}, durable run {self._turn_id}: {action.message}. The "
                                "code changed under a recorded run; run the code that recorded it, or start "
@@ -823,9 +823,10 @@ class DurableRun:
             found = action.probe.get("answer")
             answer = f" (probe {action.probe.get('effect_id')}: " + (
                 f"{found.get('answer')}: {found.get('reason')})" if isinstance(found, dict) else "no answer)")
+        raised = f" (its call raised {type(cause).__name__}: {str(cause)[:500]})" if cause is not None else ""
         raise StepOutcomeUnknown(
             f"step {step.key!r} of durable run {self._turn_id} in thread {thread.thread_id}: effect "
-            f"{action.effect_id} was dispatched and its outcome is unknown; {action.why}{answer}. Find out "
+            f"{action.effect_id} was dispatched and its outcome is unknown; {action.why}{answer}{raised}. Find out "
             f"what happened, record it with `jixu threads resolve STORE {thread.thread_id} {action.effect_id} "
             "--resolution occurred|not_occurred|abandoned_unknown --note ...`, then run the code again",
             thread_id=thread.thread_id, effect_id=action.effect_id, step=step.key,
@@ -872,7 +873,7 @@ class DurableRun:
         raised: list[BaseException] = []
         self._called.add(effect_id)
         await thread._call_tool(effect_id, intent, attempt, checked=(tool, {}), dispatched=False, raised=raised,
-                                with_marker=with_marker)
+                                read_only_fails_last=False, with_marker=with_marker)
         return raised[-1] if raised else None
 
     async def _ask_probe(self, thread: Thread, tool: Tool, action: AskProbe) -> None:
@@ -911,8 +912,9 @@ class DurableRun:
 
         await thread._perform("probe", effect_id, intent, attempt, call, classify, with_marker=with_marker)
 
-    def _result(self, thread: Thread, step: Step, done: Done) -> Any:
-        """The recorded result of a settled step (read from its receipt), or :class:`StepFailed`."""
+    def _result(self, thread: Thread, step: Step, done: Done, cause: BaseException | None = None) -> Any:
+        """The recorded result of a settled step (read from its receipt), or :class:`StepFailed` (from ``cause``,
+        what its call raised here, if it did)."""
         decision, log = done.decision, thread.log
         if decision.resolution is not None:  # occurred, by an operator or a probe
             return decision.resolution.get("result")
@@ -926,7 +928,7 @@ class DurableRun:
         raise StepFailed(f"step {step.key!r} of durable run {self._turn_id} in thread {thread.thread_id} "
                          f"{'was denied' if reason == 'denied' else 'failed'} (effect {done.effect_id}): {detail}",
                          thread_id=thread.thread_id, effect_id=done.effect_id, step=step.key, reason=reason,
-                         error=detail)
+                         error=detail) from cause
 
 
 def _step_tool(name: str, call: Callable[[ToolContext], Any], **declared: Any) -> Tool:

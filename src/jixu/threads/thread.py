@@ -1151,10 +1151,12 @@ class Thread:
 
     async def _call_tool(self, effect_id: str, intent: dict[str, Any], attempt: int, *,
                          checked: tuple[Tool, dict[str, Any]] | None = None, dispatched: bool | None = None,
-                         raised: list[BaseException] | None = None, with_marker: Sequence[NewEvent] = ()) -> None:
+                         raised: list[BaseException] | None = None, with_marker: Sequence[NewEvent] = (),
+                         read_only_fails_last: bool = True) -> None:
         """Call a tool (``checked``: its arguments were validated and, unless ``dispatched`` is False, its marker
         committed already; ``raised`` collects what the call raised; ``with_marker`` as for :meth:`_perform`,
-        with ``checked``)."""
+        with ``checked``; ``read_only_fails_last``: a read-only call that raises at its last attempt failed, a
+        determinate outcome the model is told; durable steps pass False: their code decides)."""
         found = checked if checked is not None else self._checked_call(intent)
         if isinstance(found, Outcome):
             await self._record("tool", effect_id, None, found)
@@ -1181,14 +1183,18 @@ class Thread:
                 raised.append(error)
             if isinstance(error, ToolError):
                 return Outcome.failed(error.to_dict(), indeterminate=False)
+            # A read-only call acted on nothing outside: past its last attempt what it raised is its outcome (the
+            # model is told, as of a ToolError), not an unknown for an operator to settle (an audit: a lookup
+            # that raised each time stopped its thread "waiting for an operator's resolution").
+            last = read_only_fails_last and declared.semantics == "read_only" and attempt >= self._harness.max_attempts
             if isinstance(error, TimeoutError):
                 return Outcome.failed({"type": "timeout", "message": f"no answer within {declared.timeout}s"},
-                                      indeterminate=True)
+                                      indeterminate=not last)
             if isinstance(error, JixuError):
                 # The tool ran (its effect may have happened) but returned something unusable, e.g. not JSON:
                 # that is no receipt of what it did, so the outcome stays unknown.
-                return Outcome.failed(error.to_dict(), indeterminate=True)
-            return Outcome.failed(_exception_dict(error), indeterminate=True)
+                return Outcome.failed(error.to_dict(), indeterminate=not last)
+            return Outcome.failed(_exception_dict(error), indeterminate=not last)
 
         await self._perform("tool", effect_id, intent, attempt, call, classify,
                             dispatched=checked is not None if dispatched is None else dispatched,
