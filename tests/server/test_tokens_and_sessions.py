@@ -18,7 +18,7 @@ import pytest
 
 from jixu.ledger import SQLiteStore, Store
 from jixu.server import create_app, create_token
-from jixu.server.auth import USE_KEY_PREFIX, parse_duration
+from jixu.server.auth import USE_KEY_PREFIX, list_tokens, parse_duration
 from jixu.server.guard import AuthGuard, FailureLimit
 from jixu.server.problems import HTTPProblem
 from jixu.server.studio import studio_router
@@ -139,6 +139,22 @@ def test_a_revoked_token_cannot_be_rotated_and_only_admins_rotate(api: Api) -> N
     admin.post(f"/tokens/{token_id}/revoke", json={})
     assert_problem(admin.post(f"/tokens/{token_id}/rotate", json={}), 409, "token_revoked")
     assert_problem(admin.post(f"/tokens/{token_id}/rotate", json={"grace_seconds": 8 * 86400}), 422, "invalid_input")
+
+
+def test_the_last_admin_token_that_works_is_not_revoked_over_the_api(api: Api) -> None:
+    """An audit's fuzzer revoked its own, and only, admin token: every request after was 401 and only the store's
+    holder could make a new one. Over the API the last admin token that works is refused (409); with another
+    admin token made first, it is revoked."""
+    admin = api.client("admin")
+    own = api.token_ids["admin"]
+    assert_problem(admin.post(f"/tokens/{own}/revoke", json={}), 409, "last_admin_token")
+    assert admin.get("/tokens").status_code == 200, "nothing was revoked"
+    made = admin.post("/tokens", json={"name": "second-admin", "admin": True})
+    assert made.status_code == 201, made.text
+    second = made.json()["token"]["token_id"]
+    assert admin.post(f"/tokens/{own}/revoke", json={}).json()["revoked"] is True
+    assert_problem(admin.get("/tokens"), 401, "unauthorized")
+    assert [t.token_id for t in list_tokens(api.store) if t.admin and not t.revoked] == [second]
 
 
 def _jixu(*args: str) -> subprocess.CompletedProcess[str]:

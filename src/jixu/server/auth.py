@@ -84,6 +84,12 @@ class TokenRevoked(JixuError):
     code = "token_revoked"
 
 
+class LastAdminToken(JixuError):
+    """Revoking this token over the API would leave no admin token that works: nobody could manage tokens there."""
+
+    code = "last_admin_token"
+
+
 def parse_duration(text: str, field: str = "expires_in") -> int:
     """``30d``, ``12h``, ``15m``, ``45s``, ``2w`` (or plain seconds) as seconds; typed error otherwise."""
     value = text.strip() if isinstance(text, str) else ""
@@ -400,14 +406,26 @@ def rotate_token(store: Store, token_id: str, *, actor: str = "jixu",
     return get_token(store, token_id), f"jixu_{token_id}_{secret}"
 
 
-def revoke_token(store: Store, token_id: str, *, actor: str = "jixu", reason: str | None = None) -> TokenInfo:
-    """Record that a token may no longer be used (idempotent: revoking twice changes nothing)."""
+def revoke_token(store: Store, token_id: str, *, actor: str = "jixu", reason: str | None = None,
+                 keep_an_admin: bool = False) -> TokenInfo:
+    """Record that a token may no longer be used (idempotent: revoking twice changes nothing).
+
+    ``keep_an_admin`` (the HTTP API's): refuse (:class:`LastAdminToken`) to revoke the last admin token that works,
+    as nobody could then manage tokens over the API (an audit's fuzzer revoked its own, and only, admin token);
+    whoever holds the store can (``jixu tokens revoke``), and can make a new one.
+    """
     if reason is not None and (not isinstance(reason, str) or len(reason) > 1000):
         raise InvalidInput("reason must be a string of at most 1000 characters", field="reason")
     token = _sound(get_token(store, token_id))
     if token.revoked:
         store.revoke_sessions(token_id)  # a revocation recorded by a process that stopped before ending them
         return token
+    if keep_an_admin and token.admin and not any(
+            other.admin and other.token_id != token_id and other.corruption is None and not other.revoked
+            and not other.expired() for other in list_tokens(store)):
+        raise LastAdminToken(f"token {token_id} is the last admin token that works: revoked, nobody could manage "
+                             "tokens over the API. Make another admin token first (POST /tokens), or revoke it "
+                             "with `jixu tokens revoke` on the store", token_id=token_id)
     stream = token_stream(token_id)
     info = store.stream_info(stream)
     record(store, stream, [NewEvent("token.revoked", {"token_id": token_id, "actor": actor, "reason": reason},
@@ -481,6 +499,7 @@ __all__ = [
     "TokenCorrupt",
     "TokenNotFound",
     "TokenRevoked",
+    "LastAdminToken",
     "authenticate",
     "check_roles",
     "create_token",

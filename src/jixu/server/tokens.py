@@ -89,11 +89,12 @@ def rotate(token_id: TokenId, body: RotateToken, ctx: Annotated[Context, Depends
 @router.post("/{token_id}/revoke", responses=ADMIN, response_model=Token, summary="Revoke a token (admin)")
 def revoke(token_id: TokenId, body: RevokeToken, ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
     """Record that the token may no longer be used (at once, on every server over this store); its Studio
-    sessions end."""
+    sessions end. 409 ``last_admin_token`` for the last admin token that works (make another first)."""
     ctx.principal.require_admin()
 
     def operation() -> Outcome:
-        return Outcome(200, revoke_token(ctx.store, token_id, actor=ctx.actor, reason=body.reason).to_dict())
+        revoked = revoke_token(ctx.store, token_id, actor=ctx.actor, reason=body.reason, keep_an_admin=True)
+        return Outcome(200, revoked.to_dict())
 
     return ctx.mutate(body, operation)
 
