@@ -46,8 +46,8 @@ from jixu.integrations.openai_agents import (
     load_model_response,
 )
 from jixu.ledger import open_store
-from jixu.threads.steps import OCCURRED_WITHOUT_RESULT
 from jixu.threads.log import ThreadLog
+from jixu.threads.steps import OCCURRED_WITHOUT_RESULT
 from tests.helpers import ROOT, python_env
 from tests.integrations.openai_agents_child import DONE, HELLO, INPUT, boss, lines, runner, writer
 from tests.providers.fake_servers import Call, Completion, Failure, FakeOpenAI, FakeResponses, Thinking

@@ -555,8 +555,8 @@ class LiveClaim:
         if self.left_running:
             return (f"its process is gone, but processes it started still run in its process group {self.pgid} "
                     f"(pids {', '.join(map(str, self.left_running))}) and may still act: wait for them to end or "
-                    f"stop them (kill -TERM {' '.join(map(str, self.left_running))}); a worker that takes the work "
-                    "over stops them first")
+                    f"stop them (kill -TERM {' '.join(map(str, self.left_running))}); a worker stops them first "
+                    "only when it continues the turn, never while a call of it waits for an operator")
         if self.left > 0:
             return f"its claim renewed for another {self.left:.1f}s"
         return f"its claim expired {-self.left:.1f}s ago, but its process still runs on this machine: stop it first"

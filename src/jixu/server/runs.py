@@ -88,7 +88,8 @@ def create_run(body: CreateRun, ctx: Annotated[Context, Depends(mutation)]) -> J
 @router.get("", responses=READ, response_model=RunPage, summary="List runs")
 def list_runs(ctx: Annotated[Context, Depends(context)],
               project: Annotated[str | None, Query(max_length=100)] = None,
-              status: Annotated[str | None, Query(max_length=40, description="One of the run statuses")] = None,
+              status: Annotated[str | None, Query(max_length=40, description="One of the run statuses",
+                                                  json_schema_extra={"enum": list(RUN_STATUSES)})] = None,
               ) -> JSONResponse:
     """Runs the caller may see (of ``project``, in ``status``), oldest first."""
     if status is not None and status not in RUN_STATUSES:

@@ -32,6 +32,7 @@ from jixu.server.auth import authenticate
 from jixu.server.context import Authenticated, Context, Services, context, mutation, principal, services
 from jixu.server.idempotency import Outcome
 from jixu.server.models import (
+    ID,
     READ,
     WRITE,
     CreateThread,
@@ -66,6 +67,8 @@ MAX_SEQ = 2**53 - 1
 """The largest seq the API accepts: every JSON reader keeps it exact, and ``seq + MAX_PAGE`` fits every store's
 integers (SQLite and PostgreSQL stop at 2**63 - 1). A larger one is 422, never a store error."""
 _SEQ_TEXT = re.compile(r"[0-9]{1,16}")
+SEQ_PATTERN = r"^[0-9]{1,15}$"
+"""A seq as the published document declares it (within :data:`MAX_SEQ`: what the server accepts is a little wider)."""
 
 
 def parse_seq(text: str, field: str) -> int:
@@ -294,7 +297,8 @@ def sse_problem(error: JixuError, instance: str) -> str:
 async def stream_events(thread_id: ThreadId, request: Request,
                         after_seq: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
                         timeout: Annotated[float, Query(gt=0, le=3600)] = 3600,
-                        last_event_id: Annotated[str | None, Header()] = None) -> StreamingResponse:
+                        last_event_id: Annotated[str | None, Header(json_schema_extra={"pattern": SEQ_PATTERN})] = None,
+                        ) -> StreamingResponse:
     """Every event after ``after_seq`` (or the ``Last-Event-ID`` seq), then new ones as they are appended.
 
     Everything is checked before the 200: the caller, its role, the seq to start after. The stream ends after
@@ -360,7 +364,8 @@ def verify_thread(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)]
 @router.get("/{thread_id}/replay", responses=READ, response_model=ThreadState,
             summary="Rebuild the state from events alone")
 def replay_thread(thread_id: ThreadId, ctx: Annotated[Context, Depends(context)],
-                  upto: Annotated[str | None, Query(max_length=40, description="A seq or an event id")] = None,
+                  upto: Annotated[str | None, Query(max_length=40, description="A seq or an event id",
+                                                    json_schema_extra={"pattern": f"^[1-9][0-9]{{0,14}}$|{ID}"})] = None,
                   ) -> JSONResponse:
     """The state rebuilt from the events (up to ``upto``) by the pure projection; no driver is called."""
     authorize(ctx, thread_id, "viewer")
