@@ -595,7 +595,8 @@ class JixuAgent:
     ``store``: a :class:`~jixu.Harness` to run on, or a store (a URL, a path, a :class:`~jixu.ledger.Store`) for a
     harness of its own (``harness_options`` go to it: ``owner``, ``lease_ttl``, ``max_attempts``, ...).
     ``tool_semantics`` and ``probes`` declare tools by name (over :func:`effect`); a tool declared nowhere is
-    ``unsafe``. ``name``: the durable run's name (default: the agent's name).
+    ``unsafe`` (a name no tool of a run has is refused when that run starts). ``name``: the durable run's name
+    (default: the agent's name).
     """
 
     def __init__(self, agent: Agent[Any, Any], store: Harness | Store | str | Any, *,
@@ -608,7 +609,9 @@ class JixuAgent:
         self.name = name or agent.name or "pydantic-ai"
         self._tool_semantics, self._probes = tool_semantics, probes
         _refuse_output_functions(agent.output_type, "output_type")
-        _declared(agent, tool_semantics, probes)  # checked now: a bad declaration fails here, before any run
+        # Checked now: a bad semantics or probe fails here. A name no tool of the agent has may be a tool a run
+        # brings (run(toolsets=...)): each run refuses, before anything runs, one that names no tool of it.
+        _declared(agent, tool_semantics, probes)
         self._approval_poll = approval_poll
         if isinstance(store, Harness):
             if harness_options:
