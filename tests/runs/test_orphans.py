@@ -13,6 +13,7 @@ SIGKILLed; the agent, in a session of its own, outlives it. On SQLite and Postgr
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -29,7 +30,7 @@ from jixu.ledger import Store
 from jixu.runs import CommandProvider, Runs, ScriptedProvider
 from jixu.server.problems import status_of
 from tests.conftest import StoreFactory
-from tests.helpers import python_env
+from tests.helpers import python_env, run_jixu
 from tests.runs.run_helpers import FIXED, make_origin, register, run
 
 pytestmark = pytest.mark.crash
@@ -217,6 +218,11 @@ def test_resume_refuses_while_the_old_agent_lives_and_stops_it_when_asked(scene:
     assert f"pid {pids[0]}" in refused.value.message and "--stop-agents" in refused.value.message
     assert refused.value.details["processes"][0]["state"] == "alive" and status_of(refused.value) == 409
     assert len(scene.journal()) == head and all(running(pid) for pid in pids)  # nothing written, nothing stopped
+    # What `jixu runs show` offers says so (an audit: it offered a plain resume, which was then refused).
+    shown = run_jixu("runs", "show", scene.url, scene.run_id, "--json")
+    offered = {op["operation"]: op for op in json.loads(shown.stdout)["next_operations"]}
+    assert offered["resume"]["command"].endswith("--stop-agents") and "handoff" not in offered, offered
+    assert str(pids[0]) in offered["resume"]["why"]
     assert run(scene.runs.execute(scene.run_id)).status == "interrupted"  # a worker starts nothing either
     assert len(scene.journal()) == head and scene.still_writing()
     run(scene.runs.resume(scene.run_id, "ops", stop_agents=True))

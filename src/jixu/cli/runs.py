@@ -59,6 +59,7 @@ from jixu.runs.model import (
     run_stream,
 )
 from jixu.runs.operations import PLACEHOLDER, PROVIDERS_ENV, load_providers, next_operations
+from jixu.runs.orphans import survey
 from jixu.runs.projection import task_views
 from jixu.runs.providers import Provider
 from jixu.scheduling import submit_run
@@ -359,9 +360,10 @@ def print_outcome(state: RunState, store: str, providers_spec: str | None) -> No
     print_next(view, next_operations(state, store, providers_spec))
 
 
-def state_json(state: RunState, store: str, providers_spec: str | None = None) -> JSONObject:
-    """The run as JSON with the operations allowed next."""
-    return {**state.to_dict(), "next_operations": next_operations(state, store, providers_spec)}
+def state_json(state: RunState, store: str, providers_spec: str | None = None,
+               running: Sequence[JSONObject] = ()) -> JSONObject:
+    """The run as JSON with the operations allowed next (``running``: see :func:`next_operations`)."""
+    return {**state.to_dict(), "next_operations": next_operations(state, store, providers_spec, running)}
 
 
 # --- executing with a progress display -------------------------------------------------------------
@@ -602,20 +604,23 @@ def show_command(store: str, run_id: str, as_json: bool) -> None:
         info = store_.stream_info(run_stream(run_id))
         entries = info.head_seq if info is not None else 0
         family = lineage(store_, state)
+        running = survey(log.record)
     checks = failed_checks(views)
     broken = not chain.valid or bool(state.problems) or state.analysis.has_corruption
     if as_json:
-        emit_json({**state_json(state, store, os.environ.get(PROVIDERS_ENV)), "lineage": family, "tasks": [v.to_dict() for v in views],
+        emit_json({**state_json(state, store, os.environ.get(PROVIDERS_ENV), running), "lineage": family,
+                   "tasks": [v.to_dict() for v in views],
                    "failed_checks": checks, "journal": {"valid": chain.valid, "entries": entries,
                                                       "chain": chain.to_dict()}})
     else:
-        print_show(state, family, views, checks, chain, entries, store, os.environ.get(PROVIDERS_ENV))
+        print_show(state, family, views, checks, chain, entries, store, os.environ.get(PROVIDERS_ENV), running)
     if broken:
         sys.exit(EXIT_CHECK_FAILED)
 
 
 def print_show(state: RunState, family: JSONObject, views: Sequence[TaskView], checks: list[JSONObject],
-               chain: VerifyReport, entries: int, store: str, providers_spec: str | None) -> None:
+               chain: VerifyReport, entries: int, store: str, providers_spec: str | None,
+               running: Sequence[JSONObject] = ()) -> None:
     view = out()
     source, provider, policy = state.source, state.provider, state.policy
     view.print(f"[bold]run {literal(state.run_id)}[/]  {status_text(state)}", highlight=False)
@@ -695,7 +700,7 @@ def print_show(state: RunState, family: JSONObject, views: Sequence[TaskView], c
     if state.finished:
         view.print(f"finished    {state.finished.get('outcome')}: {state.finished.get('reason')}",
                    highlight=False, markup=False)
-    print_next(view, next_operations(state, store, providers_spec))
+    print_next(view, next_operations(state, store, providers_spec, running))
 
 
 @runs_group.command("plan", short_help="Show a plan revision and its tasks' states.")

@@ -6,7 +6,7 @@ Both the CLI and workers use them, so they live here rather than in an interface
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jixu.errors import InvalidInput, JixuError
@@ -75,13 +75,25 @@ def load_remotes(spec: str | None) -> dict[str, RemoteProvider]:
                             ("kind", "name", "settings", "preflight", "perform", "inspect"))
 
 
-def next_operations(state: RunState, store: str, providers_spec: str | None = None) -> list[JSONObject]:
-    """What an operator may do with the run now, each with the exact command (for a succeeded run: publish)."""
+def next_operations(state: RunState, store: str, providers_spec: str | None = None,
+                    running: Sequence[JSONObject] = ()) -> list[JSONObject]:
+    """What an operator may do with the run now, each with the exact command (for a succeeded run: publish).
+
+    ``running``: what :func:`jixu.runs.orphans.survey` found of an earlier attempt still running; while it runs,
+    resume is offered with ``--stop-agents`` (it refuses without) and handoff is not offered (it refuses)."""
     head = f"{shlex.quote(store)} {state.run_id}"
     spec = shlex.quote(providers_spec) if providers_spec else PLACEHOLDER
     ops: list[JSONObject] = []
+    alive = [entry for entry in running if entry.get("state") == "alive"]
+    pids = sorted({pid for entry in alive for pid in entry.get("members") or []})
 
     def add(operation: str, why: str, extra: str = "") -> None:
+        if alive and operation == "handoff":
+            return  # refused while an earlier attempt's process runs: resume --stop-agents first
+        if alive and operation == "resume":
+            why = (f"stop what an earlier attempt left running (processes {', '.join(map(str, pids))}: SIGTERM, then "
+                   f"SIGKILL), then {why}")
+            extra += " --stop-agents"
         ops.append({"operation": operation, "why": why, "command": f"jixu runs {operation} {head}{extra}"})
 
     status = state.status
