@@ -31,7 +31,7 @@ from agents import (
     function_tool,
     handoff,
 )
-from agents.models.interface import ModelTracing
+from agents.models.interface import Model, ModelTracing
 from agents.tool import LocalShellTool, default_tool_error_function
 from openai import AsyncOpenAI, InternalServerError
 
@@ -1042,3 +1042,85 @@ def test_a_def_sibling_that_completes_while_an_unsafe_call_fails_keeps_its_resul
     decisions = {d.name: d for d in RecoveryResolver.analyze(_log(url, found[0]).events()).decisions.values()}
     assert decisions["boom"].state == "unknown"
     assert (decisions["slow_sync"].state, decisions["slow_sync"].reason) == ("completed", "succeeded")
+
+
+class _Answers(Model):
+    """A model of the SDK's own interface (model fakes are allowed): asks for ``call`` until a tool output is in
+    its input, then answers ``done``, noting the outputs it was told; ``fail_at``: the call (1-based) that raises
+    ``error`` instead, as a provider or a model wrapper may."""
+
+    def __init__(self, call: str, arguments: str, *, fail_at: int | None = None,
+                 error: type[Exception] = RuntimeError, delay: float = 0.0) -> None:
+        self.call, self.arguments, self.fail_at, self.error, self.delay = call, arguments, fail_at, error, delay
+        self.calls, self.told = 0, []
+
+    async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+        from agents import ModelResponse, Usage
+        from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+
+        self.calls += 1
+        await asyncio.sleep(self.delay)
+        if self.calls == self.fail_at:
+            raise self.error("the model's answer could not be read this time")
+        outputs = [item for item in input if isinstance(item, dict) and item.get("type") == "function_call_output"] \
+            if isinstance(input, list) else []
+        if not outputs:
+            return ModelResponse(output=[ResponseFunctionToolCall(type="function_call", call_id="c1", name=self.call,
+                                                                  arguments=self.arguments, id="f1",
+                                                                  status="completed")],
+                                 usage=Usage(), response_id=None)
+        self.told.append(outputs[-1].get("output"))
+        return ModelResponse(output=[ResponseOutputMessage(id="m", type="message", role="assistant",
+                                                           status="completed", content=[ResponseOutputText(
+                                                               type="output_text", text="done", annotations=[])])],
+                             usage=Usage(), response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize("error", ["RuntimeError", "ModelBehaviorError"])
+def test_an_error_the_model_call_raised_leaves_the_run_unfinished_whatever_its_type(tmp_path: Path,
+                                                                                   error: str) -> None:
+    """Found by a review: with ModelBehaviorError made final (a recorded response naming no tool), the same error
+    raised by the model call itself (a provider or model wrapper) ended the run failed; the same call again then
+    started a new run and charged again. A rerun asks the model again, so the run stays unfinished."""
+    from agents.exceptions import ModelBehaviorError
+
+    charged: list[int] = []
+
+    @function_tool
+    def charge(order: int) -> str:
+        """Charge an order."""
+        charged.append(order)
+        return f"charged {order}"
+
+    model = _Answers("charge", '{"order": 7}', fail_at=2,
+                     error=ModelBehaviorError if error == "ModelBehaviorError" else RuntimeError)
+    agent = Agent("shop", model=model, tools=[charge])
+    url, found = _url(tmp_path), []
+    with pytest.raises(Exception, match="could not be read"):
+        DurableRunner(url, tools={"charge": "unsafe"}).run_sync(agent, "charge order 7", started=found.append)
+    result = DurableRunner(url, tools={"charge": "unsafe"}).run_sync(agent, "charge order 7", thread_id=found[0])
+    assert result.final_output == "done" and charged == [7], charged
+    assert [e.data["outcome"] for e in _log(url, found[0]).events() if e.type == "turn.ended"] == ["completed"]
+
+
+def test_an_agent_tool_an_operator_settled_without_a_result_is_told_as_happening_not_none(tmp_path: Path) -> None:
+    """Found by a review: the fix for function tools missed an agent used as a tool: resolved ``occurred``
+    without a result, the outer model was told 'None'."""
+    sub = Agent("sub", model=_Answers("none", "{}", delay=3.0))  # too slow for the tool's timeout
+    helper = sub.as_tool(tool_name="helper", tool_description="Helps.")
+    helper.timeout_seconds = 0.3
+    outer = _Answers("helper", '{"input": "x"}')
+    agent = Agent("outer", model=outer, tools=[helper])
+    url, found = _url(tmp_path), []
+    with pytest.raises(StepOutcomeUnknown):
+        DurableRunner(url, max_attempts=1).run_sync(agent, "go", started=found.append)
+    log = _log(url, found[0])
+    unknown = [d.effect_id for d in log.open_analysis().decisions.values() if d.state == "unknown"]
+    assert unknown
+    for effect_id in unknown:
+        log.resolve(effect_id, "occurred", note="the sub-agent ran", actor="ops")
+    assert DurableRunner(url, max_attempts=1).run_sync(agent, "go", thread_id=found[0]).final_output == "done"
+    assert outer.told == [OCCURRED_WITHOUT_RESULT]

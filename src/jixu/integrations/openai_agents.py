@@ -381,6 +381,7 @@ class _DurableModel(Model):
                     raise
                 scope.model_generation[number] = generation + 1
                 if raised:  # the SDK sees the model's own error, as without jixu
+                    steps.model_errors.append(raised[0])
                     raise raised[0] from raised[0].__cause__
                 continue  # a call that failed in an earlier process: ask the model again
             if not isinstance(recorded, dict):
@@ -456,6 +457,20 @@ class _RunSteps:
         self._policies = policies
         self.root = _Scope(self)
         self._agents: dict[int, Agent[Any]] = {}
+        self.model_errors: list[Exception] = []
+        """What the model raised in this process (re-raised to the SDK): a rerun asks the model again, so none of
+        them ends the run for good, whatever its type (a ``ModelBehaviorError`` of a model wrapper included)."""
+
+    def raised_by_model(self, error: BaseException) -> bool:
+        """True when ``error``, or what it wraps, is one the model raised here (:attr:`model_errors`)."""
+        seen: set[int] = set()
+        current: BaseException | None = error
+        while current is not None and id(current) not in seen:
+            if any(current is raised for raised in self.model_errors):
+                return True
+            seen.add(id(current))
+            current = current.__cause__ or current.__context__
+        return False
 
     def scope(self) -> _Scope:
         """The agent loop running now: an agent tool's (set while it runs), else the run's own."""
@@ -611,8 +626,11 @@ class _RunSteps:
                     _SCOPE.reset(token)
 
             try:
-                return await self.run.effect(_step_name(name), _plain(args, "arguments", strict=False), call=call,
-                                             semantics="idempotent", timeout=timeout, key=key)
+                result = await self.run.effect(_step_name(name), _plain(args, "arguments", strict=False), call=call,
+                                               semantics="idempotent", timeout=timeout, key=key)
+                if result is None and self.run.settled_without_result(key):
+                    return OCCURRED_WITHOUT_RESULT  # as for a function tool: the model told None may call again
+                return result
             except _StepStop as stop:
                 raise stop.error from stop.__cause__
 
@@ -656,6 +674,8 @@ class _RunSteps:
                 taken.append(known if known is not None else await original(ctx, input_json))
             target = taken[0]
             went = recorded.get("agent") if isinstance(recorded, dict) else None
+            if went is None and self.run.settled_without_result(key):
+                went = target.name  # an operator said it happened, without naming where to: the handoff's own agent
             if target.name != went:
                 raise StepMismatch(f"{key} of durable run {self.run.turn_id} went to agent {went!r}; it now goes "
                                    f"to {target.name!r}", thread_id=self.run.thread_id, step=key)
@@ -775,8 +795,9 @@ def _jixu_error(error: BaseException) -> JixuError | None:
 
 FINAL_ERRORS = (MaxTurnsExceeded, InputGuardrailTripwireTriggered, OutputGuardrailTripwireTriggered, StepFailed,
                 ModelBehaviorError)
-"""Errors a rerun would meet again (it replays every recorded step; the SDK's ``ModelBehaviorError`` is about a
-recorded model response, such as one naming no tool of the agent): the run ends ``failed`` instead of staying
+"""Errors a rerun would meet again (it replays every recorded step; the SDK's ``ModelBehaviorError`` about a
+recorded model response, such as one naming no tool of the agent, but not one the model call itself raised: a
+rerun asks the model again, see :meth:`_RunSteps.raised_by_model`): the run ends ``failed`` instead of staying
 unfinished and locking its thread; the next call starts the thread's next run. Unless an unsafe step of the run has
 an unknown outcome: the run then stays unfinished (:class:`~jixu.errors.StepOutcomeUnknown`), so that a next run
 cannot make that call again; the next call continues it."""
@@ -893,7 +914,8 @@ class DurableRunner:
             except Exception as error:
                 found = _jixu_error(error)
                 shown: Exception = found if isinstance(found, Exception) else error
-                failure = _final_failure(shown)
+                # The model's own error is met again by no rerun (the request is asked again): never final.
+                failure = None if steps.raised_by_model(error) else _final_failure(shown)
                 if failure is None:  # unfinished: running again with the thread id continues it
                     if shown is error:
                         raise

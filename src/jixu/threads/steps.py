@@ -371,8 +371,7 @@ class DurableRun:
             return False
         decision = self._decision(str(intents[-1].get("effect_id")))
         resolution = decision.resolution if decision is not None else None
-        return (resolution is not None and resolution.get("resolution") == "occurred"
-                and resolution.get("result") is None)
+        return resolution is not None and resolution.get("resolution") == "occurred" and "result" not in resolution
 
     def state(self) -> State:
         """The thread's state as every surface shows it (``running`` while the run is in progress here)."""
@@ -823,7 +822,8 @@ class DurableRun:
             found = action.probe.get("answer")
             answer = f" (probe {action.probe.get('effect_id')}: " + (
                 f"{found.get('answer')}: {found.get('reason')})" if isinstance(found, dict) else "no answer)")
-        raised = f" (its call raised {type(cause).__name__}: {str(cause)[:500]})" if cause is not None else ""
+        said = f": {str(cause)[:500]}" if cause is not None and str(cause) else ""
+        raised = f" (its call raised {type(cause).__name__}{said})" if cause is not None else ""
         raise StepOutcomeUnknown(
             f"step {step.key!r} of durable run {self._turn_id} in thread {thread.thread_id}: effect "
             f"{action.effect_id} was dispatched and its outcome is unknown; {action.why}{answer}{raised}. Find out "
