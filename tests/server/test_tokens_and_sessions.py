@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -446,3 +447,31 @@ def test_the_cli_lists_a_token_whose_stream_does_not_verify_as_corrupt(tmp_path:
     assert table.returncode == 0 and "corrupt" in table.stdout
     refused = _jixu("tokens", "revoke", token_id, "--store", url)
     assert refused.returncode != 0 and "corrupt" in refused.stderr
+
+
+def test_two_admins_revoking_each_other_at_once_leave_one_working(store: Store) -> None:
+    """Found by a review: the last-admin check read the tokens, then recorded the revocation; two admins revoking
+    each other at the same moment each saw the other working, and both were revoked (29 of 30 tries). The check
+    and the revocation now hold one guard (a lease), and the revocation is fenced by it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from jixu.server.auth import LastAdminToken, revoke_token
+
+    for trial in range(8):
+        first, _ = create_token(store, f"first-{trial}", admin=True)
+        second, _ = create_token(store, f"second-{trial}", admin=True)
+        barrier = threading.Barrier(2)
+
+        def revoke(token_id: str, barrier: threading.Barrier = barrier) -> str:
+            barrier.wait(5)
+            try:
+                revoke_token(store, token_id, actor="race", keep_an_admin=True)
+            except LastAdminToken:
+                return "refused"
+            return "revoked"
+
+        with ThreadPoolExecutor(2) as pool:
+            outcomes = sorted(pool.map(revoke, [first.token_id, second.token_id]))
+        working = [t.token_id for t in list_tokens(store) if t.admin and not t.revoked]
+        assert outcomes == ["refused", "revoked"] and len(working) == 1, (trial, outcomes, working)
+        revoke_token(store, working[0], actor="cleanup")  # as `jixu tokens revoke` on the store may: none works

@@ -126,19 +126,22 @@ def _needs(receipt: PreparedEvent | Event) -> set[tuple[str | None, object]]:
 
 
 def record(store: Store, stream: str, events: Sequence[NewEvent], expected_seq: int, *,
-           genesis_hash: str | None = None, enqueue: tuple[str, str] | None = None) -> list[Event]:
+           genesis_hash: str | None = None, enqueue: tuple[str, str] | None = None,
+           fence: Fence | None = None) -> list[Event]:
     """Append events that belong to no effect (a new stream's first events, a project's policy) at
-    ``expected_seq``; ``enqueue`` = ``(key, group)``: that work item too, in the same transaction. Receipts are
-    refused (:class:`~jixu.errors.InvalidInput`): they go through the stream's :class:`StreamWriter`, which keeps
-    them across other writers' events."""
+    ``expected_seq``; ``enqueue`` = ``(key, group)``: that work item too, in the same transaction; ``fence``: only
+    while that lease holds. Receipts are refused (:class:`~jixu.errors.InvalidInput`): they go through the
+    stream's :class:`StreamWriter`, which keeps them across other writers' events."""
     receipts = [event.type for event in events if is_receipt(event.type)]
     if receipts:
         raise InvalidInput(f"{stream}: {receipts[0]} is a receipt; record it through the stream's writer",
                            field="events")
     if enqueue is not None:
+        if fence is not None:
+            raise InvalidInput("an append that enqueues work is not fenced", field="fence")
         key, group = enqueue
         return store.append_and_enqueue(stream, events, expected_seq, key=key, group=group, genesis_hash=genesis_hash)
-    return store.append(stream, events, expected_seq, genesis_hash=genesis_hash)
+    return store.append(stream, events, expected_seq, fence, genesis_hash=genesis_hash)
 
 
 @dataclass(slots=True)

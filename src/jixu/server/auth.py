@@ -35,13 +35,14 @@ import hashlib
 import hmac
 import re
 import secrets
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from jixu.errors import InvalidInput, JixuError, NotFound, StreamCorrupt
+from jixu.errors import InvalidInput, JixuError, LeaseHeld, NotFound, StreamCorrupt
 from jixu.kernel import record
-from jixu.ledger import Event, NewEvent, Store, is_valid_id, new_id
+from jixu.ledger import Event, Fence, NewEvent, Store, is_valid_id, new_id
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.event import format_timestamp
 from jixu.ledger.projection import project_verified
@@ -420,18 +421,43 @@ def revoke_token(store: Store, token_id: str, *, actor: str = "jixu", reason: st
     if token.revoked:
         store.revoke_sessions(token_id)  # a revocation recorded by a process that stopped before ending them
         return token
-    if keep_an_admin and token.admin and not any(
-            other.admin and other.token_id != token_id and other.corruption is None and not other.revoked
-            and not other.expired() for other in list_tokens(store)):
-        raise LastAdminToken(f"token {token_id} is the last admin token that works: revoked, nobody could manage "
-                             "tokens over the API. Make another admin token first (POST /tokens), or revoke it "
-                             "with `jixu tokens revoke` on the store", token_id=token_id)
-    stream = token_stream(token_id)
-    info = store.stream_info(stream)
-    record(store, stream, [NewEvent("token.revoked", {"token_id": token_id, "actor": actor, "reason": reason},
-                                   {"actor": actor})], info.head_seq if info else 0)
+    guard = _admin_guard(store) if keep_an_admin and token.admin else None
+    try:
+        if guard is not None and not any(
+                other.admin and other.token_id != token_id and other.corruption is None and not other.revoked
+                and not other.expired() for other in list_tokens(store)):
+            raise LastAdminToken(f"token {token_id} is the last admin token that works: revoked, nobody could "
+                                 "manage tokens over the API. Make another admin token first (POST /tokens), or "
+                                 "revoke it with `jixu tokens revoke` on the store", token_id=token_id)
+        stream = token_stream(token_id)
+        info = store.stream_info(stream)
+        # Under the guard's fence: two admins revoking each other at once see each other working (a review), so
+        # the check and the revocation hold the guard together, and a guard lost meanwhile records nothing.
+        record(store, stream, [NewEvent("token.revoked", {"token_id": token_id, "actor": actor, "reason": reason},
+                                       {"actor": actor})], info.head_seq if info else 0, fence=guard)
+    finally:
+        if guard is not None:
+            store.release_lease(guard)
     store.revoke_sessions(token_id)  # its Studio sessions end with it (each is checked against the token too)
     return get_token(store, token_id)
+
+
+ADMIN_GUARD_KEY = "auth/admin-revocation"
+"""The lease an admin token's revocation over the API holds while it checks that another admin token works."""
+ADMIN_GUARD_TTL = 10.0
+_ADMIN_GUARD_WAIT = 5.0
+
+
+def _admin_guard(store: Store) -> Fence:
+    """The admin-revocation guard's lease (waiting up to a few seconds for another revocation to end)."""
+    deadline = time.monotonic() + _ADMIN_GUARD_WAIT
+    while True:
+        try:
+            return store.acquire_lease(ADMIN_GUARD_KEY, f"revoke:{new_id()}", ADMIN_GUARD_TTL)
+        except LeaseHeld:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
 
 
 def token_id_of(authorization: str | None) -> str | None:
