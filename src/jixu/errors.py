@@ -262,6 +262,12 @@ class TurnNotPaused(ThreadBusy):
     code = "turn_not_paused"
 
 
+class NoActiveTurn(ThreadBusy):
+    """An interrupt of a thread with no turn in progress (nothing to interrupt)."""
+
+    code = "no_active_turn"
+
+
 class TurnOwned(ThreadBusy):
     """Another process owns the thread's active turn (its lease is live, or expired but not recovered)."""
 

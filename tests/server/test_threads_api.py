@@ -405,3 +405,44 @@ def _in_flight_everywhere(api: Api) -> None:
         TRANSFER_GATE.set()
     done = settled(operator, thread_id, "idle")
     assert [t["status"] for t in done["turns"]] == ["completed"]
+
+
+def assert_problem(response: httpx.Response, status: int, code: str) -> None:
+    assert (response.status_code, response.json().get("code")) == (status, code), response.text
+
+
+def test_an_editor_interrupts_a_turn_the_servers_worker_runs_and_it_ends_at_its_next_step(any_api: Api) -> None:
+    """No surface could stop a turn another process ran (``interrupt`` was the owning program's, and ``TurnOwned``
+    elsewhere). The interrupt is recorded; the worker ends the turn once its call in flight returned, records that
+    call's receipt, and asks the model nothing more (decision 0071)."""
+    editor, viewer = any_api.client("alpha-editor"), any_api.client("alpha-viewer")
+    thread_id = new_thread(editor)
+    assert_problem(editor.post(f"/threads/{thread_id}/interrupt", json={}), 409, "no_active_turn")
+    TRANSFER_GATE.clear()
+    try:
+        editor.post(f"/threads/{thread_id}/inputs", json={"input": "transfer the money"})
+
+        def in_flight() -> bool:
+            state = editor.get(f"/threads/{thread_id}").json()
+            return any(e["name"] == "transfer" and e["state"] == "unknown" for e in state["effects"].values())
+
+        wait_for(in_flight, "the transfer to be dispatched")
+        assert_problem(viewer.post(f"/threads/{thread_id}/interrupt", json={}), 403, "forbidden")
+        asked = editor.post(f"/threads/{thread_id}/interrupt", json={"reason": "wrong account"})
+        assert asked.status_code == 200, asked.text
+        assert asked.json()["outcome"] == "requested" and asked.json()["status"] == "running"
+        assert "asked to interrupt it" in asked.json()["reason"]
+    finally:
+        TRANSFER_GATE.set()
+    state = wait_for(lambda: (s := editor.get(f"/threads/{thread_id}").json())["status"] != "running" and s,
+                     "the turn to end")
+    assert state["status"] == "idle", state["reason"]
+    events = editor.get(f"/threads/{thread_id}/events", params={"limit": 100}).json()["events"]
+    types = [e["type"] for e in events]
+    assert types[-3:] == ["turn.interrupt_requested", "tool.completed", "turn.ended"], types
+    assert types.count("model.requested") == 1, "the model was asked nothing after the interrupt"
+    ended = events[-1]["data"]
+    token = any_api.token_ids["alpha-editor"]
+    assert ended["outcome"] == "interrupted" and ended["requested_by"] == f"token:{token}", ended
+    assert ended["reason"] == f"interrupted by token:{token}: wrong account"
+    assert_problem(editor.post(f"/threads/{thread_id}/interrupt", json={}), 409, "no_active_turn")

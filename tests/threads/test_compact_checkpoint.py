@@ -158,7 +158,7 @@ def test_reopen_from_the_checkpoint_equals_replay(tmp_path: Path) -> None:
         online = await thread.wait()
         assert online.status == "idle" and online.last_reply == "done again"
         checkpoint = store.read_checkpoint(stream_of(thread.thread_id), "thread")
-        assert checkpoint is not None and checkpoint.reducer_version == REDUCER_VERSION == 10
+        assert checkpoint is not None and checkpoint.reducer_version == REDUCER_VERSION == 11
         assert checkpoint.digest == checkpoint_digest(checkpoint.stream, checkpoint.name, checkpoint.seq,
                                                       checkpoint.reducer_version, checkpoint.head_hash,
                                                       checkpoint.state_json)

@@ -309,7 +309,7 @@ def test_probes_survive_a_checkpoint_and_are_not_inherited_by_a_fork() -> None:
     del dumped["probes"]  # a fork record written by reducer version 4
     assert projection.load(dumped).probes == {}
     assert fork_state(state).probes == {}
-    assert REDUCER_VERSION == 10
+    assert REDUCER_VERSION == 11
 
 
 def test_the_model_is_told_who_settled_the_call() -> None:

@@ -49,6 +49,7 @@ _EXIT_BY_CODE: dict[str, int] = {
     "key_unavailable": EXIT_STORE,
     "thread_busy": EXIT_CONFLICT,
     "turn_not_paused": EXIT_CONFLICT,
+    "no_active_turn": EXIT_CONFLICT,
     "harness_closed": EXIT_CONFLICT,
     "incompatible_agent": EXIT_CONFLICT,
     "step_outcome_unknown": EXIT_CONFLICT,

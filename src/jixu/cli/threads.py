@@ -533,6 +533,29 @@ def resume_command(store: str, thread_id: str, note: str | None, actor: str | No
     out().print(CONTINUES, highlight=False)
 
 
+@threads_group.command("interrupt", short_help="Stop the turn in progress, whichever process runs it.")
+@click.argument("store")
+@click.argument("thread_id")
+@click.option("--reason", default=None, help="Why (recorded).")
+@click.option("--actor", default=None, help="Who interrupts (recorded; default cli:<login name>).")
+@json_option
+def interrupt_command(store: str, thread_id: str, reason: str | None, actor: str | None, as_json: bool) -> None:
+    """Stop THREAD_ID's turn in progress (exit 4 if it has none). When no process runs it, it is ended now; when
+    one does (a worker, an application), the interrupt is recorded and that process ends the turn at its next
+    step: what it has in flight finishes and is recorded, nothing new starts."""
+    who = actor if actor is not None else default_actor()
+    with opened_thread(store, thread_id, as_json, actor=who) as log:
+        outcome = log.interrupt(actor=who, reason=reason)
+        state = log.snapshot()
+    if as_json:
+        emit_json({"outcome": outcome, "thread": {"thread_id": state.thread_id, "status": state.status,
+                                                  "reason": state.reason, "seq": state.seq,
+                                                  "head_hash": state.head_hash}})
+        return
+    said = "turn ended" if outcome == "ended" else "interrupt recorded: the process running the turn ends it at its next step"
+    out().print(f"{said}; thread {literal(state.thread_id)}: {status_line(state)}", highlight=False)
+
+
 @threads_group.command("fork", short_help="Make a child thread from an event; the parent is unchanged.")
 @click.argument("store")
 @click.argument("thread_id")

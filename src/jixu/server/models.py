@@ -99,6 +99,10 @@ class Decision(Body):
     note: str | None = Field(default=None, max_length=MAX_NOTE)
 
 
+class InterruptTurn(Body):
+    reason: str | None = Field(default=None, max_length=MAX_NOTE, description="Why (recorded).")
+
+
 class RecoverTurn(Body):
     request_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="32 lower-case hex characters.")
     expected_epoch: int = Field(ge=0, description="The claim epoch you observed (state.ownership.epoch).")
@@ -295,6 +299,15 @@ class ThreadSummary(Out):
 class ThreadCreated(ThreadSummary):
     project: str
     agent: str | None
+
+
+class TurnInterrupted(Out):
+    thread_id: str = Field(pattern=ID)
+    outcome: Literal["ended", "requested"] = Field(
+        description="`ended`: no process ran the turn, it is ended; `requested`: the process running it ends it at "
+                    "its next step.")
+    status: str
+    reason: str | None
 
 
 class InputQueued(Out):

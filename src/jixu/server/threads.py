@@ -42,6 +42,7 @@ from jixu.server.models import (
     EventPage,
     ForkThread,
     InputQueued,
+    InterruptTurn,
     RecoverTurn,
     ResolveOutcome,
     SendInput,
@@ -53,6 +54,7 @@ from jixu.server.models import (
     ThreadState,
     ThreadSummary,
     TurnId,
+    TurnInterrupted,
     TurnRecovered,
     Verification,
 )
@@ -258,6 +260,25 @@ def resume_thread(thread_id: ThreadId, body: Decision, ctx: Annotated[Context, D
         log.resume_turn(actor=ctx.actor, note=body.note)
         wake(ctx, thread_id)
         return Outcome(200, summary(log))
+
+    return ctx.mutate(body, operation)
+
+
+@router.post("/{thread_id}/interrupt", responses=WRITE, response_model=TurnInterrupted,
+             summary="Interrupt the turn in progress")
+def interrupt_thread(thread_id: ThreadId, body: InterruptTurn,
+                     ctx: Annotated[Context, Depends(mutation)]) -> JSONResponse:
+    """Stop the thread's turn (editor): ended at once when no process runs it, else asked of the process that
+    does, which ends it at its next step (what it has in flight finishes and is recorded). 409 ``no_active_turn``
+    without a turn; a durable run of code is refused (its code stops it)."""
+    authorize(ctx, thread_id, "editor")
+
+    def operation() -> Outcome:
+        log = ThreadLog.load(ctx.store, thread_id, actor=ctx.actor)
+        outcome = log.interrupt(actor=ctx.actor, reason=body.reason)
+        state = log.snapshot()
+        return Outcome(200, {"thread_id": thread_id, "outcome": outcome, "status": state.status,
+                             "reason": state.reason})
 
     return ctx.mutate(body, operation)
 

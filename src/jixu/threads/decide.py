@@ -112,8 +112,17 @@ class FailTurn:
     error: JSONObject
 
 
+@dataclass(frozen=True, slots=True)
+class InterruptTurn:
+    """Another process asked the turn to stop (``turn.interrupt_requested``): end it ``interrupted`` now, between
+    steps (what was in flight has finished and is recorded)."""
+
+    turn_id: str
+    request: JSONObject
+
+
 Action = (Stop | Dispatch | RequestModel | RequestCompaction | RequestTools | Probe | ResolveByProbe | CompleteTurn
-          | FailTurn | PauseTurn)
+          | FailTurn | PauseTurn | InterruptTurn)
 
 
 def failure_reason(turn_id: str, error: JSONObject | None) -> str:
@@ -137,6 +146,8 @@ def decide(state: ThreadState, analysis: Analysis, *, max_steps: int, max_attemp
         return Stop("corrupt", f"contradictory events ({corrupt}); an operator must inspect the ledger")
     turn = state.active_turn()
     exhausted: list[str] = []
+    if turn is not None and turn.interrupt is not None and not turn.steps:
+        return InterruptTurn(turn.turn_id, turn.interrupt)
     if turn is not None and turn.status == "needs_reconciliation":
         # An operator fenced out the turn's owner: nothing runs until the open outcomes are established
         # and someone continues the turn (which records a new claim).
@@ -309,4 +320,4 @@ def _with_probe_answer(state: ThreadState, analysis: Analysis, effect_id: str) -
 
 
 __all__ = ["AUTOMATIC_PAUSES", "MAX_AUTOMATIC_RETRIES", "OPERATOR_PAUSES", "Action", "CompleteTurn", "Dispatch",
-           "FailTurn", "PauseTurn", "Probe", "RequestCompaction", "RequestModel", "RequestTools", "ResolveByProbe", "Stop", "decide", "probe_record"]
+           "FailTurn", "InterruptTurn", "PauseTurn", "Probe", "RequestCompaction", "RequestModel", "RequestTools", "ResolveByProbe", "Stop", "decide", "probe_record"]

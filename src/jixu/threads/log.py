@@ -20,10 +20,12 @@ from typing import Any, TypeVar
 from jixu.errors import (
     ConcurrencyError,
     EffectNotParked,
+    FencingError,
     InvalidId,
     InvalidInput,
     KeyUnavailable,
     LeaseHeld,
+    NoActiveTurn,
     NotFound,
     ResolutionConflict,
     ThreadBusy,
@@ -49,7 +51,7 @@ from jixu.kernel import (
 )
 from jixu.ledger import Event, Fence, NewEvent, Store, VerifyReport, new_id, project
 from jixu.ledger.artifacts import ArtifactRef, get_text
-from jixu.ledger.encoding import canonical_text
+from jixu.ledger.encoding import JSONObject, canonical_text
 from jixu.ledger.event import PreparedEvent, keep_parsed, parse_json, shared_meta
 from jixu.ledger.ids import is_valid_id
 from jixu.ledger.projection import (
@@ -65,7 +67,7 @@ from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 from jixu.recovery.corruption import Corruption, corruption
 from jixu.recovery.decision_text import decode_decisions
 from jixu.recovery.resolutions import admit_resolution, resolution_body
-from jixu.threads.decide import Action, Stop, decide, probe_record
+from jixu.threads.decide import Action, InterruptTurn, Stop, decide, probe_record
 from jixu.threads.projection import ThreadProjection, ThreadState, Turn, fork_state
 from jixu.threads.tools import claim_taken_again
 
@@ -196,6 +198,10 @@ def shown_status(action: Action, analysis: Analysis, *, running: bool, in_progre
     the claim ends): the thread shows ``running``, or ``waiting`` for the approval of its parked calls only. A
     turn that goes on but that no live process holds says what continues it (``unheld``, e.g.
     :meth:`ThreadLog.unheld_reason`)."""
+    if isinstance(action, InterruptTurn):
+        asked = f"{action.request.get('actor')} asked to interrupt it: the turn ends at its next step"
+        elsewhere = in_progress() if not running and in_progress is not None else None
+        return "running", asked + (f"; {elsewhere}" if elsewhere else ""), elsewhere is not None
     if isinstance(action, Stop) and action.status == "paused":
         return action.status, action.reason, False  # also while this process waits out an automatic pause
     if isinstance(action, Stop) and not running:
@@ -915,6 +921,51 @@ class ThreadLog:
                                              "reason": str(reason)}, self.meta())], fence)
         return True
 
+    def interrupt(self, *, actor: str = "operator", reason: str | None = None) -> str:
+        """Stop the active turn from any process (decision 0071): ``"ended"`` or ``"requested"``.
+
+        While a process runs the turn (a live claim), the ask is recorded (``turn.interrupt_requested``) and that
+        process ends the turn ``interrupted`` at its next step: what it has in flight finishes and is recorded,
+        nothing new starts. While none does (a queued turn, one waiting for an operator or paused, its owner
+        gone), the turn is ended here, under a claim taken for it. :class:`~jixu.errors.NoActiveTurn` without a
+        turn; a durable run is refused (:class:`~jixu.errors.ThreadBusy`: its own code stops it); nothing is
+        written on a corrupt thread.
+        """
+        check_text(actor, "actor", 200, required=True)
+        check_text(reason, "reason", MAX_NOTE_CHARS)
+
+        def decide() -> str:
+            self.sync()
+            self.open_to_act()
+            turn = self.state.active_turn()
+            if turn is None:
+                raise NoActiveTurn(f"thread {self.thread_id} has no turn in progress to interrupt",
+                                   thread_id=self.thread_id)
+            if turn.steps:
+                raise ThreadBusy(f"thread {self.thread_id}'s turn {turn.turn_id} is a durable run of code: its code "
+                                 "stops it (or stop the process running it)", thread_id=self.thread_id,
+                                 turn_id=turn.turn_id)
+            request: JSONObject = {"turn_id": turn.turn_id, "actor": actor, "reason": reason}
+            if self.live_claim() is not None:
+                if turn.interrupt is None:
+                    self.append([NewEvent("turn.interrupt_requested", request, self.meta(actor))])
+                return "requested"
+            lease = self.store.get_lease(self.turn_key)
+            try:
+                fence, _ = recovery_claim(self.store, self.turn_key, f"interrupt:{new_id()}", RECOVERY_TTL,
+                                          expected_epoch=lease.epoch if lease is not None else 0,
+                                          require_expired=False)  # nobody runs it (no live claim, above)
+            except (FencingError, LeaseHeld) as error:
+                raise ConcurrencyError(f"turn {turn.turn_id} was claimed meanwhile",
+                                       thread_id=self.thread_id) from error
+            try:
+                self.append([interrupted_end(turn.turn_id, request, self.meta(actor))], fence)
+            finally:
+                release(self.store, fence)
+            return "ended"
+
+        return self._decided_again(decide)
+
     def resume_turn(self, *, actor: str = "operator", note: str | None = None) -> None:
         """Record an explicit resume of a paused turn (the application's loop then continues it)."""
         check_text(actor, "actor", 200, required=True)
@@ -1131,6 +1182,13 @@ class ThreadLog:
         if event is None or event.stream != self.stream:
             raise NotFound(f"event {upto} is not in thread {self.thread_id}", event_id=upto)
         return event.seq
+
+
+def interrupted_end(turn_id: str, request: JSONObject, meta: dict[str, Any]) -> NewEvent:
+    """The ``turn.ended`` of a turn stopped because ``request`` (``turn.interrupt_requested`` data) asked it."""
+    by, why = request.get("actor"), request.get("reason")
+    return NewEvent("turn.ended", {"turn_id": turn_id, "outcome": "interrupted", "requested_by": by,
+                                   "reason": f"interrupted by {by}" + (f": {why}" if why else "")}, meta)
 
 
 def thread_corrupt(thread_id: str, found: Corruption) -> ThreadCorrupt:

@@ -26,14 +26,15 @@ from jixu.recovery.decision_text import decode_decision, encode_decision, ordina
 from jixu.threads.compaction import summary_message
 from jixu.threads.model import unfinished_answer
 
-REDUCER_VERSION = 10
+REDUCER_VERSION = 11
 """5: probes (``state.probes``, the ``probe.*`` effects and the answers they recorded). 6: agent revisions
 (``state.revisions``, ``agent.revised``, each turn's ``revisions``) and durable runs (``Turn.steps``). 7:
 ``closed_calls`` holds effect ids, not tool call ids (a model may reuse a call id in a later turn). 8: an answer
 with tool calls cut off at a limit is the turn's failure, not calls to run. 9: a durable run's key
 (``Turn.run_key``) and the turns a fork inherited (``Turn.inherited``). 10: only an answer the model finished runs its
 calls (:func:`~jixu.threads.model.unfinished_answer`: a stop reason not known to end a finished answer, such as
-Anthropic's ``refusal`` or an incomplete Responses answer, is the turn's failure too)."""
+Anthropic's ``refusal`` or an incomplete Responses answer, is the turn's failure too). 11: an interrupt another
+process asked for (``Turn.interrupt``, ``turn.interrupt_requested``)."""
 
 
 LIFECYCLE_PHASES = frozenset(
@@ -341,6 +342,9 @@ class Turn:
     """The key the durable run was started with (``Harness.durable(run_key=...)``): it names the run for good."""
     inherited: bool = False
     """Recorded in the thread this one was forked from (its events are in the parent's stream, not this one's)."""
+    interrupt: JSONObject | None = None
+    """An interrupt asked by another process while this one ran (``turn.interrupt_requested`` data): the
+    process running the turn ends it at its next step."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
@@ -350,7 +354,7 @@ class Turn:
                 "epoch": self.epoch, "recoveries": self.recoveries, "queued": self.queued,
                 "failure": self.failure, "pause": self.pause, "auto_retries": self.auto_retries,
                 "compaction_failed": self.compaction_failed, "revisions": self.revisions, "steps": self.steps,
-                "run_key": self.run_key, "inherited": self.inherited}
+                "run_key": self.run_key, "inherited": self.inherited, "interrupt": self.interrupt}
 
 
 _TURN_FIELDS = frozenset(f.name for f in fields(Turn))
@@ -1000,6 +1004,14 @@ def _turn_resumed(state: ThreadState, event: Event) -> None:
         turn.auto_retries = 0
 
 
+def _turn_interrupt_requested(state: ThreadState, event: Event) -> None:
+    """Another process asked the running turn to stop (the first ask counts; one for an ended turn is moot)."""
+    turn = state.active_turn()
+    if turn is None or turn.turn_id != event.data.get("turn_id") or turn.interrupt is not None:
+        return
+    turn.interrupt = dict(event.data)
+
+
 def _turn_recovered(state: ThreadState, event: Event) -> None:
     """An operator fenced out the turn's owner; the turn waits until its outcome is reconciled."""
     turn = state.active_turn()
@@ -1070,6 +1082,7 @@ _HANDLERS = {
     "turn.recovered": _turn_recovered,
     "turn.paused": _turn_paused,
     "turn.resumed": _turn_resumed,
+    "turn.interrupt_requested": _turn_interrupt_requested,
     "agent.revised": _agent_revised,
 }
 

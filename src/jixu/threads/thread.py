@@ -61,6 +61,7 @@ from jixu.threads.decide import (
     CompleteTurn,
     Dispatch,
     FailTurn,
+    InterruptTurn,
     PauseTurn,
     Probe,
     RequestCompaction,
@@ -71,7 +72,7 @@ from jixu.threads.decide import (
     decide,
 )
 from jixu.threads.home import on_home_loop
-from jixu.threads.log import MAX_INPUT_CHARS, State, ThreadLog, stream_of
+from jixu.threads.log import MAX_INPUT_CHARS, State, ThreadLog, interrupted_end, stream_of
 from jixu.threads.model import ModelRequest
 from jixu.threads.projection import PROBE_ACTOR_PREFIX, tool_content
 from jixu.threads.revisions import revision
@@ -98,7 +99,7 @@ YIELD_EVERY_APPENDS = 4
 """The agent loop yields to the event loop after this many appends (two agent steps)."""
 
 Action: TypeAlias = (Dispatch | RequestModel | RequestCompaction | RequestTools | Probe | ResolveByProbe | CompleteTurn
-                     | PauseTurn | FailTurn | Stop)
+                     | PauseTurn | FailTurn | InterruptTurn | Stop)
 """What the loop carries out: a decision of :func:`~jixu.threads.decide.decide` (a ``Stop`` only for an
 automatic pause, whose resume it records)."""
 
@@ -544,6 +545,8 @@ class Thread:
         elif isinstance(action, FailTurn):
             await self._commit([NewEvent("turn.ended", {
                 "turn_id": action.turn_id, "outcome": "failed", "error": action.error}, log.meta())])
+        elif isinstance(action, InterruptTurn):
+            await self._commit([interrupted_end(action.turn_id, action.request, log.meta())])
         return None
 
     # --- agent revisions ------------------------------------------------------------------
