@@ -15,7 +15,7 @@ from jixu.ledger import Store
 from jixu.scheduling import create_thread_for, enqueue_thread, submit_turn
 from jixu.threads.log import ThreadLog
 from tests.conftest import StoreFactory
-from tests.runs.agents import counter_agent
+from tests.runs.agents import booking_agent, counter_agent
 from tests.runs.conftest import Spawn, WorkerProcess, jixu_json, outside_lines, thread_state, wait_until
 
 REQUEST = "5f3c0e4b9a1d4c2e8f7a6b5c4d3e2f10"
@@ -167,3 +167,29 @@ def test_a_worker_with_a_skewed_clock_is_judged_by_the_store_clock(sqlite: Store
     assert [e.to_dict() for e in store.read(f"thread/{thread_id}")] == [e.to_dict() for e in before]
     assert len(outside_lines(outside)) == 2 and store.verify(f"thread/{thread_id}").valid
     assert skewed.stop() == 0
+
+
+def test_a_turn_left_to_an_operator_while_its_holder_runs_goes_on_once_that_holder_is_gone(
+        sqlite: StoreFactory, workers: Spawn, tmp_path: Path) -> None:
+    """Found by an audit: a worker that met an expired claim whose holder still ran here finished the work item
+    ("needs an operator"); once the holder let go (after a PostgreSQL outage it had given the turn up), nobody
+    claimed the thread again and it showed "running" for good. The item is looked at again after a lease's time:
+    here the holder, frozen in an idempotent call, is killed, and the other worker takes the turn over and
+    finishes it without anyone re-enqueueing the thread."""
+    store = sqlite()
+    assert sqlite.url is not None
+    outside = tmp_path / "outside.txt"
+    thread_id = create_thread_for(store, booking_agent(), project="shop")
+    submit_turn(store, thread_id, "book it")
+    env = {"JIXU_TEST_OUTSIDE": str(outside), "JIXU_TEST_TOOL_SLEEP": "3"}
+    first = workers(sqlite.url, "worker-a", "--lease-ttl", "1", agent="booking_agent", env=env)
+    pause_when_the_effect_runs(first, outside)
+    wait_until(lambda: ownership(store, thread_id)["expired"], "worker-a's turn lease to expire")
+    second = workers(sqlite.url, "worker-b", "--lease-ttl", "1", agent="booking_agent",
+                     env={"JIXU_TEST_OUTSIDE": str(outside)})
+    wait_until(lambda: "needs an operator" in second.output(), "worker-b to leave the turn to an operator")
+    first.kill()
+    wait_until(lambda: thread_state(store, thread_id)["status"] == "idle", "worker-b to finish the turn")
+    claims = [e.data["owner"] for e in store.read(f"thread/{thread_id}") if e.type == "turn.claimed"]
+    assert claims == ["worker-a", "worker-b"], claims
+    assert second.stop() == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -558,3 +559,31 @@ def test_a_loop_cut_off_while_recording_its_claim_gives_the_lease_back(tmp_path:
 
     run(scenario())
     store.close()
+
+
+def test_a_turn_whose_claim_was_given_back_is_not_offered_for_recovery(tmp_path: Path) -> None:
+    """Found by an audit: the Studio offered every waiting thread's recovery ("held by an owner that is gone") once
+    the claim its loop gave back had passed its expiry, though nobody held it and `jixu turns list --expired` listed
+    nothing; the operator's resolution alone continues such a turn."""
+    from jixu import Harness
+
+    @tool(semantics="unsafe")
+    async def charge() -> str:
+        """Charge (its answer is lost: the outcome stays unknown)."""
+        raise ConnectionResetError("the gateway hung up")
+
+    async def main() -> tuple[dict[str, Any], str | None]:
+        async with Harness(Agent("lost", ScriptedModel([ToolCall("charge"), "done"]), tools=[charge]),
+                           f"sqlite:///{tmp_path / 'given-back.db'}", lease_ttl=0.3) as harness:
+            thread = await harness.create_thread()
+            await thread.send("charge")
+            assert (await thread.wait()).status == "waiting"
+            await asyncio.sleep(0.5)  # past the claim's expiry
+            log = ThreadLog.load(harness.store, thread.thread_id)
+            ownership = log.ownership()
+            assert ownership is not None
+            return ownership, log.recovery_reason(ownership)
+
+    ownership, reason = asyncio.run(main())
+    assert ownership["released"] and ownership["expired"], ownership
+    assert reason is None

@@ -661,7 +661,13 @@ class Worker:
                 wait = max(self.config.poll_interval, float(ownership["expires_at"]) - float(ownership["store_now"]))
                 return _Outcome(True, f"another process owns the turn: {problem}", min(wait, self.config.lease_ttl),
                                 "requeue")
-            return _Outcome(False, f"needs an operator: {problem}", kind="operator")
+            # Looked at again after a lease's time, not finished: a claim that lapsed while its holder still runs
+            # here ends when that holder gives it back or dies, and an operator's recovery puts the turn back too.
+            # Finished, the turn was left running for nobody once its holder let go (an audit: a PostgreSQL outage
+            # of 45 s left a thread "running" for good).
+            again = max(self.config.lease_ttl, self.config.poll_interval)
+            return _Outcome(True, f"needs an operator: {problem} (looked at again in {again:.0f}s)", again,
+                            "operator")
         if self._stopping:  # stopped before the turn started here: leave it to the next worker
             return _Outcome(True, "not started: the worker is stopping", kind="requeue")
         try:

@@ -1007,6 +1007,10 @@ class ThreadLog:
         turn = self.state.active_turn()
         if ownership is None or turn is None or turn.status == "needs_reconciliation":
             return None
+        if ownership.get("released"):
+            # Given back (a loop that stopped for an operator, a drain): nobody holds it, nothing to fence out (an
+            # audit: the Studio offered every waiting thread's recovery, "held by an owner that is gone").
+            return None
         if _legacy_turn(turn):
             return "legacy_confirmed_stopped" if ownership.get("legacy") else None
         return "lease_expired" if ownership.get("expired") and not ownership.get("legacy") else None
