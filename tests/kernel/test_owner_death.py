@@ -512,29 +512,3 @@ def test_a_claimant_in_the_dead_holders_group_neither_counts_nor_stops_itself_or
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
-
-def test_a_give_back_the_store_failed_is_tried_again_in_the_background(tmp_path: Path) -> None:
-    """Found by an audit: after a PostgreSQL outage a worker's give-back of a turn it had abandoned failed (no
-    pooled connection in time) and was dropped: the claim stayed held by a process that went on running, and
-    every other worker left the thread to an operator. A give-back the store fails is asked again."""
-    from jixu.errors import StoreError
-    from jixu.kernel.ownership import release
-    from jixu.ledger import SQLiteStore
-
-    with SQLiteStore(tmp_path / "again.db") as store:
-        fence = store.acquire_lease("thread/x/turn", "worker", 30)
-        real, failures = store.release_lease, []
-
-        def flaky(given: Any) -> None:
-            if not failures:
-                failures.append(given)
-                raise StoreError("no pooled connection became free in time")
-            real(given)
-
-        store.release_lease = flaky  # type: ignore[method-assign]
-        release(store, fence)
-        assert failures and not store.get_lease("thread/x/turn").released  # type: ignore[union-attr]
-        deadline = time.monotonic() + 10
-        while not store.get_lease("thread/x/turn").released:  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, "the give-back was not tried again"
-            time.sleep(0.05)

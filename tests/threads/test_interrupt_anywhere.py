@@ -112,9 +112,28 @@ def test_an_interrupt_writes_nothing_on_a_corrupt_thread_or_a_durable_run(tmp_pa
         assert store.stream_info(log.stream).head_seq == head  # type: ignore[union-attr]
 
     async def durable() -> None:
-        async with Harness(Agent("steps", ScriptedModel(["x"])), f"sqlite:///{path}") as harness:
-            async with harness.durable() as run:
-                with pytest.raises(ThreadBusy, match="durable run"):
-                    ThreadLog.load(harness.store, run.thread_id).interrupt(actor="ops")
+        async with Harness(Agent("steps", ScriptedModel(["x"])), f"sqlite:///{path}") as harness, \
+                harness.durable() as run:
+            with pytest.raises(ThreadBusy, match="durable run"):
+                ThreadLog.load(harness.store, run.thread_id).interrupt(actor="ops")
 
     asyncio.run(durable())
+
+
+def test_an_asked_interrupt_whose_runner_is_gone_says_how_it_ends_and_a_second_one_ends_it(tmp_path: Path) -> None:
+    """Found by a review: an interrupt asked of a process that then died showed "the turn ends at its next step"
+    for good. The ask stays (the next claimer ends the turn), the status says nobody runs it and how to end it
+    now, and interrupting again ends it at once."""
+    from jixu.ledger import NewEvent
+
+    with SQLiteStore(tmp_path / "gone.db") as store:
+        thread_id = create_thread_for(store, Agent("gone", ScriptedModel(["never asked"])))
+        turn_id = submit_turn(store, thread_id, "hello")
+        log = ThreadLog.load(store, thread_id)
+        # As a process that ran the turn and died right after the ask would leave it: the ask, nobody's claim.
+        log.append([NewEvent("turn.interrupt_requested", {"turn_id": turn_id, "actor": "ops", "reason": None},
+                             log.meta("ops"))])
+        state = ThreadLog.load(store, thread_id).snapshot()
+        assert state.status == "running" and "interrupt it again to end it at once" in state.reason, state.reason
+        assert ThreadLog.load(store, thread_id).interrupt(actor="ops") == "ended"
+        assert ThreadLog.load(store, thread_id).snapshot().status == "idle"

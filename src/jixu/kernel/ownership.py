@@ -39,14 +39,13 @@ import logging
 import os
 import signal
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from jixu.errors import ConcurrencyError, FencingError, JixuError, LeaseHeld, StoreError
+from jixu.errors import ConcurrencyError, FencingError, JixuError, LeaseHeld
 from jixu.kernel.batched import lease_renewals, lease_takes
 from jixu.kernel.commits import Commits
 from jixu.kernel.shutdown import ServingTask
@@ -670,37 +669,11 @@ async def claim_stream(writer: StreamWriter[Any], key: str, owner: str, ttl: flo
     return None
 
 
-RELEASE_RETRIES = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 30.0, 30.0, 30.0, 30.0)
-"""Seconds between the tries of a give-back the store failed (an outage): about four minutes in all."""
-
-
 def release(store: Store, fence: Fence | None) -> None:
-    """Give the lease back (nothing if it was lost meanwhile). A store in trouble (an outage, a pool with no free
-    connection) is asked again in the background (:data:`RELEASE_RETRIES`): a claim left held by a process that
-    goes on running looks, to every other process, like work in flight there (an audit: after a PostgreSQL outage
-    a thread stayed "running" in a worker that had given it up)."""
-    if fence is None:
-        return
-    try:
-        store.release_lease(fence)
-    except StoreError:
-        threading.Thread(target=_release_again, args=(store, fence), name="jixu-release-again", daemon=True).start()
-    except JixuError:
-        pass
-
-
-def _release_again(store: Store, fence: Fence) -> None:
-    for delay in RELEASE_RETRIES:
-        time.sleep(delay)
-        if store.closed:
-            return
-        try:
+    """Give the lease back (nothing if it was lost meanwhile, or if the store failed: it then expires)."""
+    if fence is not None:
+        with contextlib.suppress(JixuError):
             store.release_lease(fence)
-            return
-        except StoreError:
-            continue
-        except JixuError:
-            return
 
 
 def release_later(store: Store, fence: Fence) -> None:

@@ -661,11 +661,11 @@ class Worker:
                 wait = max(self.config.poll_interval, float(ownership["expires_at"]) - float(ownership["store_now"]))
                 return _Outcome(True, f"another process owns the turn: {problem}", min(wait, self.config.lease_ttl),
                                 "requeue")
-            # Looked at again after a lease's time, not finished: a claim that lapsed while its holder still runs
-            # here ends when that holder gives it back or dies, and an operator's recovery puts the turn back too.
-            # Finished, the turn was left running for nobody once its holder let go (an audit: a PostgreSQL outage
-            # of 45 s left a thread "running" for good).
-            again = max(self.config.lease_ttl, self.config.poll_interval)
+            # Looked at again after a lease's time (5 s at least), not finished: a claim that lapsed while its
+            # holder still runs here ends when that holder gives it back or dies, and an operator's recovery puts
+            # the turn back too. Finished, the turn was left running for nobody once its holder let go (an audit: a
+            # PostgreSQL outage of 45 s left a thread "running" for good).
+            again = max(self.config.lease_ttl, 5.0)  # as the other items left for someone else: no spinning
             return _Outcome(True, f"needs an operator: {problem} (looked at again in {again:.0f}s)", again,
                             "operator")
         if self._stopping:  # stopped before the turn started here: leave it to the next worker

@@ -201,6 +201,10 @@ def shown_status(action: Action, analysis: Analysis, *, running: bool, in_progre
     if isinstance(action, InterruptTurn):
         asked = f"{action.request.get('actor')} asked to interrupt it: the turn ends at its next step"
         elsewhere = in_progress() if not running and in_progress is not None else None
+        if elsewhere is None and not running:  # its runner is gone (a review): say how it ends now
+            elsewhere = ("no process runs the turn now: it ends when a worker or a program claims it, or interrupt "
+                         "it again to end it at once")
+            return "running", f"{asked}; {elsewhere}", False
         return "running", asked + (f"; {elsewhere}" if elsewhere else ""), elsewhere is not None
     if isinstance(action, Stop) and action.status == "paused":
         return action.status, action.reason, False  # also while this process waits out an automatic pause
