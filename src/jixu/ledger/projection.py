@@ -452,7 +452,7 @@ def project(store: Store, stream: str, projection: Projection[S], *, use_checkpo
     return Projected(state, seq, head, status, checkpoint_seq, applied, report, source)
 
 
-def project_verified(store: Store, stream: str, projection: Projection[S], *,
+def fold_verified(store: Store, stream: str, projection: Projection[S], *,
                      keys: Keyring | None = None) -> Projected[S]:
     """Fold every event of ``stream`` (no checkpoint), so its whole chain is verified in the read that is folded.
 
@@ -599,7 +599,7 @@ __all__ = [
     "make_checkpoint",
     "make_chunked_checkpoint",
     "project",
-    "project_verified",
+    "fold_verified",
     "replay",
     "save_checkpoint",
     "write_chunked_checkpoint",

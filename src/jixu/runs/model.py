@@ -24,7 +24,7 @@ from jixu.kernel.loop import AUTOMATIC_PAUSES, MAX_AUTOMATIC_RETRIES, OPERATOR_P
 from jixu.ledger import NewEvent, Store
 from jixu.ledger.encoding import JSONObject, canonical_text, content_hash
 from jixu.ledger.event import Event
-from jixu.ledger.projection import project_verified
+from jixu.ledger.projection import fold_verified
 from jixu.ledger.store import check_text
 from jixu.recovery import Analysis
 from jixu.recovery.corruption import Corruption, corruption
@@ -239,7 +239,7 @@ def _established(store: Store, name: str) -> Project | None:
     stream = project_stream(check_project_name(name))
     if store.stream_info(stream) is None:
         return None
-    projected = project_verified(store, stream, ProjectProjection())
+    projected = fold_verified(store, stream, ProjectProjection())
     found = corruption(stream, chain=projected.chain, analysis=None)
     if found is not None:
         raise ProjectCorrupt(f"project {name}'s stream is corrupt: {found.summary()}. Nothing acts on it (no run "

@@ -41,11 +41,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from jixu.errors import InvalidInput, JixuError, LeaseHeld, NotFound, StreamCorrupt
-from jixu.kernel import record
+from jixu.kernel import acquire_claim, record, release
 from jixu.ledger import Event, Fence, NewEvent, Store, is_valid_id, new_id
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.event import format_timestamp
-from jixu.ledger.projection import project_verified
+from jixu.ledger.projection import fold_verified
 from jixu.recovery.corruption import Corruption, corruption
 from jixu.runs.model import check_project_name
 from jixu.server.problems import FORBIDDEN, TOKEN_CORRUPT, TOKEN_EXPIRED, UNAUTHORIZED, HTTPProblem
@@ -328,7 +328,7 @@ def _verified(store: Store, token_id: str) -> TokenInfo | None:
     (a break found is recorded, as every verified read does); ``None`` when there is no such token."""
     stream = token_stream(token_id)
     try:
-        projected = project_verified(store, stream, _TokenEvents())
+        projected = fold_verified(store, stream, _TokenEvents())
     except NotFound:
         return None
     found = corruption(stream, chain=projected.chain, analysis=None)
@@ -436,8 +436,7 @@ def revoke_token(store: Store, token_id: str, *, actor: str = "jixu", reason: st
         record(store, stream, [NewEvent("token.revoked", {"token_id": token_id, "actor": actor, "reason": reason},
                                        {"actor": actor})], info.head_seq if info else 0, fence=guard)
     finally:
-        if guard is not None:
-            store.release_lease(guard)
+        release(store, guard)
     store.revoke_sessions(token_id)  # its Studio sessions end with it (each is checked against the token too)
     return get_token(store, token_id)
 
@@ -453,7 +452,7 @@ def _admin_guard(store: Store) -> Fence:
     deadline = time.monotonic() + _ADMIN_GUARD_WAIT
     while True:
         try:
-            return store.acquire_lease(ADMIN_GUARD_KEY, f"revoke:{new_id()}", ADMIN_GUARD_TTL)
+            return acquire_claim(store, ADMIN_GUARD_KEY, f"revoke:{new_id()}", ADMIN_GUARD_TTL)
         except LeaseHeld:
             if time.monotonic() >= deadline:
                 raise

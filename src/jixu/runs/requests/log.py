@@ -11,7 +11,7 @@ from jixu.kernel import StreamWriter, chain_with_recorded_break, live_claim
 from jixu.ledger import Event, NewEvent, Store
 from jixu.ledger.encoding import JSONObject
 from jixu.ledger.ids import is_valid_id
-from jixu.ledger.projection import project_verified
+from jixu.ledger.projection import fold_verified
 from jixu.ledger.store import Lease
 from jixu.recovery import Analysis, EffectDecision, RecoveryResolver
 from jixu.recovery.corruption import Corruption, corruption
@@ -34,7 +34,7 @@ class RequestLog:
         self.store, self.request_id, self.stream = store, request_id, request_stream(request_id)
         if store.stream_info(self.stream) is None:
             raise RequestNotFound(f"no execution request {request_id} in {store.url}", request_id=request_id)
-        projected = project_verified(store, self.stream, RequestProjection())  # the whole chain, a break kept
+        projected = fold_verified(store, self.stream, RequestProjection())  # the whole chain, a break kept
         self.chain = projected.chain
         """The ledger's verdict on the request's chain when it was loaded (it is read whole: no checkpoint)."""
         self.writer: StreamWriter[RequestRecord] = StreamWriter(
