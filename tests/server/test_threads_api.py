@@ -9,13 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
-from jixu.ledger import SQLiteStore
+from jixu.ledger import SQLiteStore, Store
 from jixu.server.studio import studio_router
 from jixu.threads.log import ThreadLog
+from tests.conftest import PostgresSchema
 from tests.server.agents import TRANSFER_GATE
 from tests.server.conftest import Api, start_api, wait_for
-from tests.studio.conftest import http_login
+from tests.studio.conftest import csrf_of, http_login
 
 
 def new_thread(client: httpx.Client, project: str = "alpha") -> str:
@@ -411,10 +413,33 @@ def assert_problem(response: httpx.Response, status: int, code: str) -> None:
     assert (response.status_code, response.json().get("code")) == (status, code), response.text
 
 
-def test_an_editor_interrupts_a_turn_the_servers_worker_runs_and_it_ends_at_its_next_step(any_api: Api) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_an_editor_interrupts_a_turn_the_servers_worker_runs_and_it_ends_at_its_next_step(
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """No surface could stop a turn another process ran (``interrupt`` was the owning program's, and ``TurnOwned``
-    elsewhere). The interrupt is recorded; the worker ends the turn once its call in flight returned, records that
-    call's receipt, and asks the model nothing more (decision 0071)."""
+    elsewhere). The interrupt is recorded (here from the Studio, which offers it to editors only); the worker ends
+    the turn once its call in flight returned, records that call's receipt, and asks the model nothing more
+    (decision 0071)."""
+    schema: PostgresSchema | None = None
+    if kind == "postgres":
+        from jixu.ledger import PostgresStore
+
+        schema = PostgresSchema(request.getfixturevalue("postgres_dsn"))
+        store: Store = PostgresStore(schema.url, max_size=8)
+    else:
+        store = SQLiteStore(tmp_path / "api.db")
+    any_api, server = start_api(store, tmp_path, routers=[studio_router()])
+    try:
+        _interrupted_from_the_studio(any_api)
+    finally:
+        any_api.close()
+        server.stop()
+        store.close()
+        if schema is not None:
+            schema.drop()
+
+
+def _interrupted_from_the_studio(any_api: Api) -> None:
     editor, viewer = any_api.client("alpha-editor"), any_api.client("alpha-viewer")
     thread_id = new_thread(editor)
     assert_problem(editor.post(f"/threads/{thread_id}/interrupt", json={}), 409, "no_active_turn")
@@ -428,10 +453,19 @@ def test_an_editor_interrupts_a_turn_the_servers_worker_runs_and_it_ends_at_its_
 
         wait_for(in_flight, "the transfer to be dispatched")
         assert_problem(viewer.post(f"/threads/{thread_id}/interrupt", json={}), 403, "forbidden")
-        asked = editor.post(f"/threads/{thread_id}/interrupt", json={"reason": "wrong account"})
-        assert asked.status_code == 200, asked.text
-        assert asked.json()["outcome"] == "requested" and asked.json()["status"] == "running"
-        assert "asked to interrupt it" in asked.json()["reason"]
+        with httpx.Client(base_url=any_api.url, timeout=20) as browser:  # the Studio offers it to an editor only
+            http_login(browser, any_api.tokens["alpha-viewer"])
+            assert "/interrupt" not in browser.get(f"/studio/threads/{thread_id}").text
+        with httpx.Client(base_url=any_api.url, timeout=20) as browser:
+            http_login(browser, any_api.tokens["alpha-editor"])
+            page = browser.get(f"/studio/threads/{thread_id}").text
+            assert f'action="/studio/threads/{thread_id}/interrupt"' in page
+            asked = browser.post(f"/studio/threads/{thread_id}/interrupt",
+                                 data={"csrf_token": csrf_of(page), "reason": "wrong account"})
+            assert asked.status_code == 303 and asked.headers["location"].endswith("done=interrupt_requested"), (
+                asked.status_code, asked.text[:300])
+        shown = editor.get(f"/threads/{thread_id}").json()
+        assert shown["status"] == "running" and "asked to interrupt it" in shown["reason"], shown["reason"]
     finally:
         TRANSFER_GATE.set()
     state = wait_for(lambda: (s := editor.get(f"/threads/{thread_id}").json())["status"] != "running" and s,
@@ -446,3 +480,6 @@ def test_an_editor_interrupts_a_turn_the_servers_worker_runs_and_it_ends_at_its_
     assert ended["outcome"] == "interrupted" and ended["requested_by"] == f"token:{token}", ended
     assert ended["reason"] == f"interrupted by token:{token}: wrong account"
     assert_problem(editor.post(f"/threads/{thread_id}/interrupt", json={}), 409, "no_active_turn")
+    with httpx.Client(base_url=any_api.url, timeout=20) as browser:  # nothing to interrupt: nothing offered
+        http_login(browser, any_api.tokens["alpha-editor"])
+        assert "/interrupt" not in browser.get(f"/studio/threads/{thread_id}").text

@@ -48,6 +48,7 @@ from jixu.server.models import (
     ForkThread,
     Handoff,
     Inspect,
+    InterruptTurn,
     RecoverTurn,
     ResolveOutcome,
     ResolveRequest,
@@ -93,6 +94,9 @@ NOTICES = {
     "sent": "Input queued: a worker runs the turn.",
     "forked": "Forked: this is the child thread.",
     "thread_resumed": "Resumed: a worker continues the paused turn.",
+    "turn_interrupted": "Interrupted: no process ran the turn; it is ended.",
+    "interrupt_requested": "Interrupt recorded: the process running the turn ends it at its next step (what it has "
+                           "in flight finishes and is recorded).",
     "turn_recovered": "Recovered: the former owner is fenced out and the receipt recorded. Nothing was retried; "
                       "reconcile the turn's open effects to continue it.",
     "resumed": "Resumed: the workspace was reconciled and the run is queued for a worker.",
@@ -593,6 +597,18 @@ async def resume_thread(request: Request, thread_id: str) -> Response:
     def action(ctx: Context, form: dict[str, str]) -> str:
         threads_api.resume_thread(thread_id, Decision(note=_text(form, "note")), ctx)
         return f"{PREFIX}/threads/{thread_id}?done=thread_resumed"
+
+    return await _thread_post(request, thread_id, action)
+
+
+@router.post("/threads/{thread_id}/interrupt")
+async def interrupt_thread(request: Request, thread_id: str) -> Response:
+    """Stop the turn in progress: ended now if no process runs it, else at its runner's next step."""
+    def action(ctx: Context, form: dict[str, str]) -> str:
+        response = threads_api.interrupt_thread(thread_id, InterruptTurn(reason=_text(form, "reason")), ctx)
+        outcome = json.loads(bytes(response.body)).get("outcome")
+        done = "turn_interrupted" if outcome == "ended" else "interrupt_requested"
+        return f"{PREFIX}/threads/{thread_id}?done={done}"
 
     return await _thread_post(request, thread_id, action)
 

@@ -493,6 +493,7 @@ def thread_page(ctx: Context, thread_id: str, *, before: int | None = None, view
     messages = list(state.messages)
     hidden_messages = 0 if all_messages else max(0, len(messages) - MESSAGES_SHOWN)
     can_edit = allows(role, "editor")
+    active = log.state.active_turn()  # a durable run of code is stopped by its code, not from here
     ownership = log.ownership() if corrupt is None else None
     recovery = _recoverable(log, ownership)
     return {
@@ -516,6 +517,7 @@ def thread_page(ctx: Context, thread_id: str, *, before: int | None = None, view
         "can_operate": allows(role, "operator"), "can_edit": can_edit,
         "can_send": can_edit and state.status == "idle" and corrupt is None,
         "can_resume": can_edit and state.status == "paused" and corrupt is None,
+        "can_interrupt": can_edit and corrupt is None and active is not None and not active.steps,
     }
 
 
