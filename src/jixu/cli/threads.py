@@ -151,6 +151,12 @@ def status_line(state: State) -> str:
     return text
 
 
+def thread_summary(state: State) -> dict[str, Any]:
+    """The thread's status after an operator's command, as ``--json`` prints it."""
+    return {"thread_id": state.thread_id, "status": state.status, "reason": state.reason, "seq": state.seq,
+            "head_hash": state.head_hash}
+
+
 def load_verified(store: Store, thread_id: str, *, actor: str = "jixu") -> ThreadLog:
     """Load a thread established (its whole history verified, ``ThreadLog.load(verify=True)``), so a damaged
     history shows (and refuses) as corrupt, as on every other surface."""
@@ -387,9 +393,7 @@ def effect_summary(log: ThreadLog, effect_id: str, recorded: bool, what: str, as
     decision = effect_of(log, effect_id)
     state = log.snapshot()
     if as_json:
-        emit_json({"recorded": recorded, "effect": decision.to_dict(),
-                   "thread": {"thread_id": state.thread_id, "status": state.status, "reason": state.reason,
-                              "seq": state.seq, "head_hash": state.head_hash}})
+        emit_json({"recorded": recorded, "effect": decision.to_dict(), "thread": thread_summary(state)})
         return
     if recorded:
         out().print(f"recorded: {what}", highlight=False, markup=False)
@@ -524,9 +528,7 @@ def resume_command(store: str, thread_id: str, note: str | None, actor: str | No
         wake_worker(log)
         state = log.snapshot()
     if as_json:
-        emit_json({"recorded": True, "thread": {"thread_id": state.thread_id, "status": state.status,
-                                                "reason": state.reason, "seq": state.seq,
-                                                "head_hash": state.head_hash}})
+        emit_json({"recorded": True, "thread": thread_summary(state)})
         return
     out().print(f"recorded: turn resumed by {literal(who)}; thread {literal(state.thread_id)}: {status_line(state)}",
                 highlight=False)
@@ -548,11 +550,10 @@ def interrupt_command(store: str, thread_id: str, reason: str | None, actor: str
         outcome = log.interrupt(actor=who, reason=reason)
         state = log.snapshot()
     if as_json:
-        emit_json({"outcome": outcome, "thread": {"thread_id": state.thread_id, "status": state.status,
-                                                  "reason": state.reason, "seq": state.seq,
-                                                  "head_hash": state.head_hash}})
+        emit_json({"outcome": outcome, "thread": thread_summary(state)})
         return
-    said = "turn ended" if outcome == "ended" else "interrupt recorded: the process running the turn ends it at its next step"
+    said = ("turn ended" if outcome == "ended"
+            else "interrupt recorded: the process running the turn ends it at its next step")
     out().print(f"{said}; thread {literal(state.thread_id)}: {status_line(state)}", highlight=False)
 
 

@@ -453,7 +453,7 @@ def project(store: Store, stream: str, projection: Projection[S], *, use_checkpo
 
 
 def fold_verified(store: Store, stream: str, projection: Projection[S], *,
-                     keys: Keyring | None = None) -> Projected[S]:
+                  keys: Keyring | None = None) -> Projected[S]:
     """Fold every event of ``stream`` (no checkpoint), so its whole chain is verified in the read that is folded.
 
     A break found is recorded (:func:`~jixu.ledger.trust.record_break`), so every later opening heeds it: the
@@ -594,12 +594,12 @@ __all__ = [
     "chunk_digest",
     "chunk_name",
     "fold",
+    "fold_verified",
     "follow",
     "gc_paused",
     "make_checkpoint",
     "make_chunked_checkpoint",
     "project",
-    "fold_verified",
     "replay",
     "save_checkpoint",
     "write_chunked_checkpoint",

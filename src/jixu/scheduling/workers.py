@@ -632,6 +632,12 @@ class Worker:
             except JixuError as error:
                 self.report("error", f"{claim.key}: could not renew the work claim ({error.message})")
 
+    @property
+    def _look_again(self) -> float:
+        """The delay of an item left for someone else (a worker of its kind, an operator, a process that still holds
+        its claim): a lease's time, 5 s at least, so no worker spins on it."""
+        return max(self.config.lease_ttl, LOOK_AGAIN_S)
+
     async def _run_item(self, claim: WorkClaim) -> _Outcome:
         run_id = run_id_of(claim.key)
         if run_id is not None and self.runs is not None:
@@ -646,14 +652,14 @@ class Worker:
             what = ("not a thread" if self.runs is None else "not a run" if self.harness is None
                     else "unknown work")
             return _Outcome(True, f"{what}: left in the queue for a worker of its kind",
-                            max(self.config.lease_ttl, 5.0), "error")
+                            self._look_again, "error")
         try:
             thread = await self.harness.open_thread(thread_id, resume=False)
         except ThreadNotFound:
             return _Outcome(False, "no such thread", kind="error")
         except IncompatibleAgent as error:
             # Meant for workers of another agent: leave it for them, without spinning on it.
-            return _Outcome(True, error.message, max(self.config.lease_ttl, 5.0), "error")
+            return _Outcome(True, error.message, self._look_again, "error")
         problem = thread.claim_problem()
         if problem is not None:
             ownership = thread.log.ownership() or {}
@@ -665,7 +671,7 @@ class Worker:
             # holder still runs here ends when that holder gives it back or dies, and an operator's recovery puts
             # the turn back too. Finished, the turn was left running for nobody once its holder let go (an audit: a
             # PostgreSQL outage of 45 s left a thread "running" for good).
-            again = max(self.config.lease_ttl, 5.0)  # as the other items left for someone else: no spinning
+            again = self._look_again
             return _Outcome(True, f"needs an operator: {problem} (looked at again in {again:.0f}s)", again,
                             "operator")
         if self._stopping:  # stopped before the turn started here: leave it to the next worker
@@ -721,14 +727,14 @@ class Worker:
         except ProjectCorrupt as error:  # nothing acts under a project that does not verify: an operator's
             return _Outcome(False, error.message, kind="operator")
         except RunStateError as error:  # a cancellation of the run is in doubt: its own request settles it first
-            return _Outcome(True, error.message, max(ttl, 5.0), "requeue")
+            return _Outcome(True, error.message, self._look_again, "requeue")
         except OwnershipLost as error:  # as for a turn: the next claim finds what the run needs
             return _Outcome(True, f"OwnershipLost: {error.message}", poll, "lost")
         except AgentStillRunning as error:  # an earlier attempt's agent outlived its worker: an operator decides
             return _Outcome(False, error.message, kind="operator")
         except (UnknownProvider, ProviderMismatch) as error:
             # Meant for workers configured with another provider: leave it for them, without spinning on it.
-            return _Outcome(True, error.message, max(ttl, 5.0), "error")
+            return _Outcome(True, error.message, self._look_again, "error")
         except _CutOff:
             return _Outcome(True, "cut off by the drain; requeued: the next worker continues it, or shows it "
                                   "interrupted for an operator if a task it cut off may have run", kind="requeue")
@@ -762,7 +768,7 @@ class Worker:
             return _Outcome(True, error.message, self.config.poll_interval, "lost")
         except UnknownProvider as error:
             # Meant for workers configured with another publisher: leave it for them, without spinning on it.
-            return _Outcome(True, error.message, max(self.config.lease_ttl, 5.0), "error")
+            return _Outcome(True, error.message, self._look_again, "error")
         kind = "operator" if view.status in ("needs_reconciliation", "corrupt") else "finish"
         return _Outcome(False, f"{view.kind} request {view.status}: {view.reason}", kind=kind)
 
@@ -840,6 +846,9 @@ def logs_as_reports(report: Callable[[str, str], None]) -> Iterator[None]:
     finally:
         root.removeHandler(handler)
 
+
+LOOK_AGAIN_S = 5.0
+"""The shortest delay before a worker looks again at an item it left for someone else (see ``Worker._look_again``)."""
 
 _STOPPED_EARLY: list[str] = []
 """SIGTERM / SIGINT received while a worker process started (see :func:`stop_early_on_signals`)."""
